@@ -1,0 +1,108 @@
+"""The one attention core that every positional scheme goes through.
+
+``attention(q, k, v, ...)`` applies a scheme's rotation phases and score bias:
+
+- no bias: ``scaled_dot_product_attention`` with ``is_causal`` (PyTorch's fused
+  kernels; O(T) memory on CPU and CUDA);
+- with a bias: a chunked path over query blocks, each block one SDPA call with
+  its (block x keys) bias tile as the mask, so at most (block x T) scores exist.
+
+``naive_attention`` beside it builds the full T x T matrix and is the reference
+the tests compare against.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from posenc.encodings.base import BiasFn
+
+
+def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.Tensor:
+    """Rotate feature pairs of ``x`` by angles ``phi``: returns R(phi) x.
+
+    x: (B, H, T, D); phi: broadcastable to (B, H, T, D/2), float32 or float64
+    radians. Pairing "half" rotates (x_i, x_{i+D/2}) as Hugging Face's
+    ``rotate_half`` (x cos + rotate_half(x) sin); "adjacent" rotates
+    (x_{2i}, x_{2i+1}) as RoFormer / Meta Llama. cos and sin are taken in the
+    angles' dtype and only then cast to x's dtype (never bf16 angles).
+    """
+    cos, sin = torch.cos(phi).to(x.dtype), torch.sin(phi).to(x.dtype)
+    if pairing == "half":
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    if pairing == "adjacent":
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    raise ValueError(f"unknown pairing {pairing!r}")
+
+
+def half_to_adjacent(x: torch.Tensor) -> torch.Tensor:
+    """The feature permutation taking half pairing to adjacent pairing.
+
+    (x_0..x_{D/2-1}, x_{D/2}..x_{D-1}) -> (x_0, x_{D/2}, x_1, x_{D/2+1}, ...), so
+    ``rotate(half_to_adjacent(x), phi, "adjacent") == half_to_adjacent(rotate(x, phi, "half"))``.
+    """
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.stack((x1, x2), dim=-1).flatten(-2)
+
+
+def causal_tile(bias: Optional[BiasFn], qs: int, qe: int, ke: int, device, dtype) -> torch.Tensor:
+    """Additive mask for queries [qs, qe) over keys [0, ke): bias tile + causal -inf."""
+    i = torch.arange(qs, qe, device=device)[:, None]
+    j = torch.arange(0, ke, device=device)[None, :]
+    mask = torch.zeros(qe - qs, ke, device=device, dtype=dtype).masked_fill(j > i, float("-inf"))
+    if bias is None:
+        return mask
+    return bias(qs, qe, 0, ke).to(dtype) + mask
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    phases: Optional[torch.Tensor] = None,
+    rotate_v: bool = False,
+    pairing: str = "half",
+    bias: Optional[BiasFn] = None,
+    logit_scale: float = 1.0,
+    block_size: int = 512,
+) -> torch.Tensor:
+    """Causal attention with a scheme's phases and bias.
+
+    q, k: (B, H, T, Dk); v: (B, H, T, Dv); phases: (B|1, H|1, T, Dk/2) radians;
+    with ``rotate_v`` (Dv == Dk), v is rotated by Phi before attention and the
+    output by -Phi after (value transport, DESIGN.md section 4). Scores are
+    ``logit_scale * q.k / sqrt(Dk) + bias``. Returns (B, H, T, Dv) in v's dtype.
+    """
+    if phases is not None:
+        q, k = rotate(q, phases, pairing), rotate(k, phases, pairing)
+        if rotate_v:
+            v = rotate(v, phases, pairing)
+    scale = logit_scale / math.sqrt(q.shape[-1])
+    T = q.shape[-2]
+    if bias is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    else:
+        blocks = []
+        for qs in range(0, T, block_size):
+            qe = min(qs + block_size, T)
+            mask = causal_tile(bias, qs, qe, qe, q.device, q.dtype)
+            blocks.append(F.scaled_dot_product_attention(q[..., qs:qe, :], k[..., :qe, :], v[..., :qe, :], attn_mask=mask, scale=scale))
+        out = torch.cat(blocks, dim=-2)
+    if phases is not None and rotate_v:
+        out = rotate(out, -phases, pairing)
+    return out
+
+
+def naive_attention(q, k, v, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0) -> torch.Tensor:
+    """Reference: the full T x T causal softmax, no rotation. Shapes as ``attention``."""
+    T = q.shape[-2]
+    scores = logit_scale * (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores + causal_tile(bias, 0, T, T, q.device, q.dtype)
+    return torch.softmax(scores, dim=-1) @ v

@@ -1,0 +1,72 @@
+"""Atomic run-directory I/O: weights (safetensors), optimizer state, JSON and JSONL.
+
+Every write goes to a temporary file in the same directory and is moved into
+place with ``os.replace``, so an interrupted run never leaves a torn file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, default=str) + "\n").encode())
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    """Append one record as a single write of one line (never a partial record on resume)."""
+    line = (json.dumps(record, default=str) + "\n").encode()
+    with open(path, "ab") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSONL file; a torn last line (killed mid-write) is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def save_weights(path: Path, model: torch.nn.Module) -> None:
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(tmp))
+    os.replace(tmp, path)
+
+
+def load_weights(path: Path, model: torch.nn.Module) -> None:
+    model.load_state_dict(load_file(str(path)))
+
+
+def save_torch(path: Path, obj: Any) -> None:
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

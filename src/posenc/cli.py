@@ -1,0 +1,51 @@
+"""The ``posenc`` command line: one subcommand per job.
+
+Every subcommand module exposes ``add_parser(subparsers)`` which registers its
+parser and sets ``func``; bad input raises :class:`posenc.errors.PosencError`,
+printed here as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from posenc.errors import PosencError
+
+# subcommand modules, in the order `posenc --help` lists them
+COMMANDS = [
+    "posenc.commands.list_cmd",
+    "posenc.commands.train_cmd",
+    "posenc.commands.eval_cmd",
+    "posenc.commands.compare_cmd",
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: one line, exit 2
+        self.exit(2, f"posenc: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="posenc", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in COMMANDS:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PosencError as exc:
+        print(f"posenc: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("posenc: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""`posenc compare`: the main job (train every scheme, evaluate, report)."""
+
+from pathlib import Path
+
+from posenc.compare import compare, load_preset
+
+
+def add_parser(sub):
+    p = sub.add_parser("compare", help="train one model per scheme under one budget and compare length extrapolation")
+    p.add_argument("--preset", default="default", help="configs/NAME.yaml or a YAML path (default: default)")
+    p.add_argument("--schemes", nargs="+", help="schemes to compare (default: the preset's)")
+    p.add_argument("--seeds", type=int, nargs="+", help="seeds (the report shows mean ± half-range)")
+    p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, or a path")
+    p.add_argument("--tokenizer", help="byte or bpeN")
+    p.add_argument("--steps", type=int, help="training steps per scheme")
+    p.add_argument("--name", help="run name (directory under --out)")
+    p.add_argument("--out", type=Path, default=Path("runs"), help="output root (default runs/)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    train = {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps}.items() if v is not None}
+    preset = load_preset(args.preset, {"schemes": args.schemes, "seeds": args.seeds, "name": args.name, "train": train})
+    report = compare(preset, args.out)
+    print(report.read_text())
+    print(f"report: {report}")
+    return 0

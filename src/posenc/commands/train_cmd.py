@@ -1,0 +1,34 @@
+"""`posenc train`: train one model with one scheme."""
+
+from pathlib import Path
+
+from posenc.compare import load_preset
+from posenc.train import train
+
+
+def add_parser(sub):
+    p = sub.add_parser("train", help="train one language model with one positional scheme")
+    p.add_argument("--scheme", required=True, help="scheme name (see `posenc list`)")
+    p.add_argument("--preset", default="default", help="preset for model and budget (configs/NAME.yaml or a path)")
+    p.add_argument("--out", type=Path, help="run directory (default runs/train/<scheme>)")
+    p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, or a path")
+    p.add_argument("--tokenizer", help="byte or bpeN")
+    p.add_argument("--steps", type=int, help="training steps")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--time-budget", type=float, help="stop after this many seconds")
+    p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    overrides = {"train": {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "seed": args.seed, "time_budget": args.time_budget}.items() if v is not None}}
+    preset = load_preset(args.preset, overrides)
+    mcfg = preset.model.model_copy(update={"encoding": args.scheme})
+    from posenc import encodings
+    from posenc.compare import _dims
+
+    encodings.get(args.scheme, _dims(mcfg))  # unknown scheme: one line before any work
+    out = args.out or Path("runs") / "train" / args.scheme
+    summary = train(out, mcfg, preset.train, resume=args.resume)
+    print(f"trained {args.scheme}: {summary['steps']} steps in {summary['seconds']:.0f} s, final loss {summary['final_loss']:.4f} -> {out}")
+    return 0

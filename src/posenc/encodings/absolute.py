@@ -1,0 +1,69 @@
+"""Absolute schemes: NoPE, sinusoidal and learned position embeddings."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from posenc.encodings import register
+from posenc.encodings.base import Dims, Encoding
+from posenc.errors import PosencError
+
+
+@register
+class NoPE(Encoding):
+    """No positional encoding: causal masking alone carries position (Kazemnejad et al. 2023)."""
+
+    name = "nope"
+
+
+@register
+class Sinusoidal(Encoding):
+    """Sinusoidal embedding added to the tokens (Vaswani et al. 2017, sec. 3.5).
+
+    PE[t, 2i] = sin(t / base^(2i/d)), PE[t, 2i+1] = cos(t / base^(2i/d)); computed
+    in float64 so positions far beyond training stay exact, returned as float32.
+    """
+
+    name = "sinusoidal"
+    additive = True
+
+    def __init__(self, dims: Dims, base: float = 10000.0):
+        super().__init__(dims)
+        if dims.d_model % 2:
+            raise PosencError(f"sinusoidal needs an even d_model, got {dims.d_model}")
+        self.base = base
+
+    def embed(self, pos: torch.Tensor) -> torch.Tensor:
+        """pos: (T,) int64 -> (T, d_model) float32."""
+        d = self.dims.d_model
+        inv = self.base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=pos.device) / d)
+        ang = pos.to(torch.float64)[:, None] * inv
+        return torch.stack((ang.sin(), ang.cos()), dim=-1).flatten(-2).float()
+
+
+class LengthNotSupported(PosencError):
+    """The scheme cannot represent the requested length (learned table too short)."""
+
+
+@register
+class Learned(Encoding):
+    """Learned absolute position embedding, a table of ``train_length`` rows (GPT-2).
+
+    Inputs longer than the table raise LengthNotSupported: evaluation reports
+    them as not applicable.
+    """
+
+    name = "learned"
+    additive = True
+
+    def __init__(self, dims: Dims):
+        super().__init__(dims)
+        self.max_length = dims.train_length
+        self.table = nn.Embedding(dims.train_length, dims.d_model)
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    def embed(self, pos: torch.Tensor) -> torch.Tensor:
+        if int(pos.max()) >= self.max_length:
+            raise LengthNotSupported(f"learned positions cover {self.max_length} tokens, got {int(pos.max()) + 1}")
+        return self.table(pos)

@@ -1,0 +1,88 @@
+"""The encoding contract: the hooks a positional scheme may implement.
+
+One attention core (``posenc.attention``) serves every scheme. A scheme is a
+small ``nn.Module`` per attention layer that implements one or more hooks
+(DESIGN.md section 3); hooks it does not need return ``None``:
+
+=================  =============================================================
+``embed(pos)``     additive input embedding (T, d_model); only for schemes with
+                   ``additive = True``, built once at model level
+``transform_qk``   a feature map on q and k before rotation (xPos, PoPE)
+``phases``         rotation angles Phi (B|1, H|1, T, D/2) float32 in [0, 2 pi):
+                   q, k (and with ``rotate_v``, v) are rotated by Phi, the
+                   output back by -Phi
+``bias``           an additive score bias, as a callable giving any
+                   (query block, key block) tile without a T x T tensor
+``attend``         the whole attention, for schemes that do not factor
+=================  =============================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+# bias(q_start, q_end, k_start, k_end) -> (B|1, H, q_end-q_start, k_end-k_start) float32
+BiasFn = Callable[[int, int, int, int], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    """Sizes an encoding is built for."""
+
+    n_head: int
+    head_dim: int
+    d_model: int
+    vocab_size: int
+    train_length: int
+    layer_index: int = 0
+
+
+@dataclasses.dataclass
+class Inputs:
+    """What a layer's encoding may look at.
+
+    x: (B, T, d_model) the layer's (normalised) input; pos: (T,) int64 absolute
+    positions; tokens: (B, T) int64 token ids.
+    """
+
+    x: torch.Tensor
+    pos: torch.Tensor
+    tokens: torch.Tensor
+
+
+class Encoding(nn.Module):
+    """Base class: no positional information (NoPE). Subclasses override hooks."""
+
+    name: str = "nope"
+    additive: bool = False  # True: embed() at the input instead of attention hooks
+    rotate_v: bool = False  # rotate values by Phi and the output by -Phi
+    pairing: str = "half"  # rotary feature pairing: "half" (rotate_half) or "adjacent"
+    logit_scale: float = 1.0  # multiplies q.k / sqrt(D) (YaRN attention factor squared)
+    max_length: Optional[int] = None  # longest input the scheme supports (learned table)
+
+    def __init__(self, dims: Dims):
+        super().__init__()
+        self.dims = dims
+
+    def embed(self, pos: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+    def transform_qk(self, q, k, inp: Inputs):
+        return q, k
+
+    def phases(self, inp: Inputs) -> Optional[torch.Tensor]:
+        return None
+
+    def bias(self, inp: Inputs) -> Optional[BiasFn]:
+        return None
+
+    def attend(self, q, k, v, inp: Inputs) -> Optional[torch.Tensor]:
+        return None
+
+    def describe(self) -> str:
+        """One line for reports: the scheme and its parameters."""
+        return self.name

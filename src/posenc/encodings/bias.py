@@ -1,0 +1,61 @@
+"""Additive score biases: ALiBi.
+
+A bias is returned as a callable giving any (query block, key block) tile, so
+the attention core never builds a T x T tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from posenc.encodings import register
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """ALiBi head slopes m_h (Press et al. 2022, sec. 3), (H,) float64.
+
+    For H a power of two: geometric from 2^(-8/H) with ratio 2^(-8/H). Otherwise
+    c = 2^floor(log2 H) and the slopes are slopes(c) followed by
+    slopes(2c)[0::2][:H-c] (the reference implementation).
+    """
+
+    def power_of_two(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (h + 1) for h in range(n)]
+
+    c = 2 ** math.floor(math.log2(n_head))
+    slopes = power_of_two(c)
+    if c < n_head:
+        slopes += power_of_two(2 * c)[0::2][: n_head - c]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def distance_bias(slopes: torch.Tensor, pos: torch.Tensor) -> BiasFn:
+    """Tile function for -m_h (i - j); pos: (T,) absolute positions. Tiles (1, H, tq, tk) float32."""
+    m = slopes.to(torch.float32)[None, :, None, None]
+
+    def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+        dist = (pos[qs:qe, None] - pos[None, ks:ke]).to(torch.float32)
+        return -m * dist
+
+    return tile
+
+
+@register
+class ALiBi(Encoding):
+    """ALiBi: score bias -m_h (i - j), no embedding (Press et al. 2022, eq. in sec. 3).
+
+    Not divided by sqrt(D): the bias is added to the scaled logits.
+    """
+
+    name = "alibi"
+
+    def __init__(self, dims: Dims):
+        super().__init__(dims)
+        self.register_buffer("slopes", alibi_slopes(dims.n_head), persistent=False)
+
+    def bias(self, inp: Inputs) -> BiasFn:
+        return distance_bias(self.slopes, inp.pos)

@@ -1,0 +1,64 @@
+"""Rotary position embedding (RoPE) and its frequency helpers.
+
+RoPE (Su et al. 2021, RoFormer eq. 34) rotates each feature pair i of q and k by
+``Phi_t[i] = t * omega_i`` with ``omega_i = rope_theta^(-2i/D)``. It is the
+accumulated rotation (``posenc.encodings.accumulated``) with the constant step
+``omega``: both produce phases for the same attention core.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from posenc.encodings import register
+from posenc.encodings.base import Dims, Encoding, Inputs
+from posenc.errors import PosencError
+
+TWO_PI = 2 * math.pi
+
+
+def check_rotary_dims(dims: Dims, pairing: str) -> None:
+    if dims.head_dim % 2:
+        raise PosencError(f"rotary schemes need an even head dim, got {dims.head_dim}")
+    if pairing not in ("half", "adjacent"):
+        raise PosencError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+
+
+def rope_inv_freq(head_dim: int, rope_theta: float = 10000.0) -> torch.Tensor:
+    """omega_i = rope_theta^(-2i/D), i = 0..D/2-1: (D/2,) float64 radians per token."""
+    if rope_theta <= 1:
+        raise PosencError(f"rope_theta must be > 1, got {rope_theta}")
+    return rope_theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+
+def wrap_phases(phi: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Reduce float64 angles mod 2 pi, then cast to ``dtype`` (float32 or float64, never lower)."""
+    return torch.remainder(phi, TWO_PI).to(torch.promote_types(dtype, torch.float32))
+
+
+@register
+class RoPE(Encoding):
+    """RoPE: q, k rotated by t * rope_theta^(-2i/D) (Su et al. 2021).
+
+    Parameters: ``rope_theta`` (base, default 10000), ``pairing`` "half"
+    (Hugging Face ``rotate_half``) or "adjacent" (RoFormer / Meta); the two are a
+    fixed permutation of q/k features apart (``posenc.attention.half_to_adjacent``).
+    Phases: (1, 1, T, D/2) float32, computed as float64 t * omega mod 2 pi.
+    """
+
+    name = "rope"
+
+    def __init__(self, dims: Dims, rope_theta: float = 10000.0, pairing: str = "half"):
+        super().__init__(dims)
+        check_rotary_dims(dims, pairing)
+        self.rope_theta, self.pairing = rope_theta, pairing
+        self.register_buffer("inv_freq", rope_inv_freq(dims.head_dim, rope_theta), persistent=False)
+
+    def phases(self, inp: Inputs) -> torch.Tensor:
+        phi = inp.pos.to(torch.float64)[:, None] * self.inv_freq.to(inp.pos.device)
+        return wrap_phases(phi, inp.x.dtype)[None, None]
+
+    def describe(self) -> str:
+        return f"rope(theta={self.rope_theta:g}, {self.pairing})"

@@ -1,0 +1,109 @@
+"""Perplexity against evaluation length on held-out documents.
+
+Windows are non-overlapping and never cross a document boundary: a window of
+length L at offset s reads tokens [s, s+L) and scores targets [s+1, s+L+1), so
+consecutive windows (stride L) score every target exactly once. Perplexity is
+exp(sum of NLL / number of scored tokens), never a mean of window means.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from posenc.encodings.absolute import LengthNotSupported
+from posenc.errors import PosencError
+from posenc.model import LM
+
+
+def windows(docs: list[tuple[str, np.ndarray]], length: int, max_tokens: int | None = None) -> list[tuple[int, int]]:
+    """(doc index, start) of non-overlapping windows of ``length``, round-robin over docs.
+
+    Stops once ``max_tokens`` targets are covered (None: all windows).
+    Raises PosencError when no document is long enough for one window.
+    """
+    per_doc = [list(range(0, len(a) - length, length)) for _, a in docs]
+    out, i = [], 0
+    while any(per_doc):
+        for d, starts in enumerate(per_doc):
+            if starts:
+                out.append((d, starts.pop(0)))
+                i += length
+                if max_tokens is not None and i >= max_tokens:
+                    return out
+    if not out:
+        longest = max((len(a) for _, a in docs), default=0)
+        raise PosencError(f"evaluation length {length} exceeds the longest held-out document ({longest - 1} targets)")
+    return out
+
+
+def bucket_edges(length: int, train_length: int) -> list[int]:
+    """Position buckets inside a window: [0, L0), [L0, 2 L0), [2 L0, 4 L0), ... up to ``length``."""
+    edges, e = [0], train_length
+    while e < length:
+        edges.append(e)
+        e *= 2
+    return edges + [length]
+
+
+@torch.inference_mode()
+def evaluate_length(
+    model: LM,
+    docs: list[tuple[str, np.ndarray]],
+    length: int,
+    max_tokens: int | None = None,
+    batch_tokens: int = 8192,
+    progress: bool = True,
+) -> dict:
+    """Perplexity of ``model`` on windows of ``length`` tokens.
+
+    Returns a record: eval_length, windows, scored_tokens, nll (sum, nats), ppl,
+    bucket_edges and bucket_ppl (per position bucket). Learned tables too short
+    for ``length`` give ``ppl: None`` and ``note: "n/a"``.
+    """
+    model.eval()
+    wins = windows(docs, length, max_tokens)
+    edges = bucket_edges(length, model.cfg.train_length)
+    b_nll = np.zeros(len(edges) - 1)
+    nll_sum, count = 0.0, 0
+    per_batch = max(1, batch_tokens // length)
+    bar = tqdm(total=len(wins), desc=f"eval L={length}", unit="win", leave=False, disable=not progress)
+    try:
+        for b in range(0, len(wins), per_batch):
+            batch = np.stack([docs[d][1][s : s + length + 1] for d, s in wins[b : b + per_batch]]).astype(np.int64)
+            t = torch.from_numpy(batch)
+            nll = model.token_nll(t[:, :-1], t[:, 1:]).double()  # (B, L)
+            nll_sum += float(nll.sum())
+            count += nll.numel()
+            per_pos = nll.sum(0).numpy()
+            for i in range(len(edges) - 1):
+                b_nll[i] += per_pos[edges[i] : edges[i + 1]].sum()
+            bar.update(len(batch))
+    except LengthNotSupported as exc:
+        return {"eval_length": length, "windows": 0, "scored_tokens": 0, "nll": None, "ppl": None, "note": f"n/a: {exc}"}
+    finally:
+        bar.close()
+    b_count = np.diff(edges) * len(wins)
+    return {
+        "eval_length": length,
+        "windows": len(wins),
+        "scored_tokens": count,
+        "nll": nll_sum,
+        "ppl": math.exp(nll_sum / count),
+        "bucket_edges": edges,
+        "bucket_ppl": [math.exp(n / c) for n, c in zip(b_nll, b_count)],
+    }
+
+
+def eval_lengths(train_length: int, multiples: Iterable[int]) -> list[int]:
+    """Evaluation lengths as multiples of the training length; each must be >= 1."""
+    out = []
+    for m in multiples:
+        if m < 1:
+            raise PosencError(f"evaluation multiple must be >= 1, got {m}")
+        out.append(train_length * m)
+    return out

