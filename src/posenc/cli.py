@@ -19,6 +19,7 @@ COMMANDS = [
     "posenc.commands.train_cmd",
     "posenc.commands.eval_cmd",
     "posenc.commands.compare_cmd",
+    "posenc.commands.theory_cmd",
 ]
 
 
