@@ -21,15 +21,18 @@ def quick_run(tmp_path_factory):
 
 
 def test_quick_compare_writes_report(quick_run):
-    for name in ("report.md", "results.csv", "results.jsonl", "ppl_ratio.png", "buckets.png"):
+    for name in ("report.md", "results.csv", "results.jsonl", "ppl_ratio.png", "buckets.png", "passkey.png", "far_mass.png"):
         assert (quick_run / name).stat().st_size > 0, name
     records = [json.loads(line) for line in (quick_run / "results.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in records} == {"ppl", "passkey", "far_mass"}
+    records = [r for r in records if r["kind"] == "ppl"]
     assert {r["scheme"] for r in records} == {"nope", "rope", "alibi", "acc-rand-qkv"}
     assert {r["eval_length"] for r in records} == {32, 64, 128, 256}
     for r in records:
         assert r["scored_tokens"] == r["windows"] * r["eval_length"] and 1 < r["ppl"] < 256
     report = (quick_run / "report.md").read_text()
     assert "| acc-rand-qkv | 1.000 |" in report
+    assert "| passkey @ 256 |" in report and "## Passkey retrieval" in report and "## Far attention mass" in report
 
 
 def test_rerun_skips_finished_work(quick_run, capsys):

@@ -31,7 +31,15 @@ def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.T
     (x_{2i}, x_{2i+1}) as RoFormer / Meta Llama. cos and sin are taken in the
     angles' dtype and only then cast to x's dtype (never bf16 angles).
     """
-    cos, sin = torch.cos(phi).to(x.dtype), torch.sin(phi).to(x.dtype)
+    return rotate_cs(x, torch.cos(phi).to(x.dtype), torch.sin(phi).to(x.dtype), pairing)
+
+
+def rotate_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str = "half") -> torch.Tensor:
+    """``rotate`` with cos(phi) and sin(phi) given (broadcastable to (B, H, T, D/2), x's dtype).
+
+    Lets one layer take cos/sin of its phases once for q, k, v and the output
+    (R(-phi) is ``rotate_cs(x, cos, -sin)``).
+    """
     if pairing == "half":
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
@@ -80,10 +88,11 @@ def attention(
     output by -Phi after (value transport, DESIGN.md section 4). Scores are
     ``logit_scale * q.k / sqrt(Dk) + bias``. Returns (B, H, T, Dv) in v's dtype.
     """
-    if phases is not None:
-        q, k = rotate(q, phases, pairing), rotate(k, phases, pairing)
+    if phases is not None:  # cos/sin once per layer (float32+ angles), shared by q, k, v and the output
+        cos, sin = torch.cos(phases).to(q.dtype), torch.sin(phases).to(q.dtype)
+        q, k = rotate_cs(q, cos, sin, pairing), rotate_cs(k, cos, sin, pairing)
         if rotate_v:
-            v = rotate(v, phases, pairing)
+            v = rotate_cs(v, cos, sin, pairing)
     scale = logit_scale / math.sqrt(q.shape[-1])
     T = q.shape[-2]
     if bias is None:
@@ -96,7 +105,7 @@ def attention(
             blocks.append(F.scaled_dot_product_attention(q[..., qs:qe, :], k[..., :qe, :], v[..., :qe, :], attn_mask=mask, scale=scale))
         out = torch.cat(blocks, dim=-2)
     if phases is not None and rotate_v:
-        out = rotate(out, -phases, pairing)
+        out = rotate_cs(out, cos, -sin, pairing)
     return out
 
 

@@ -19,7 +19,9 @@ COMMANDS = [
     "posenc.commands.train_cmd",
     "posenc.commands.eval_cmd",
     "posenc.commands.compare_cmd",
+    "posenc.commands.extend_cmd",
     "posenc.commands.theory_cmd",
+    "posenc.commands.diagnose_cmd",
 ]
 
 

@@ -3,12 +3,22 @@
 ``compare(preset)`` trains each scheme (and seed) into ``runs/<name>/<scheme>/seed<k>``,
 evaluates perplexity at every length of the preset, appends one record per
 evaluation to ``runs/<name>/results.jsonl`` and writes the report. Rerunning
-skips finished trainings and evaluations and resumes interrupted ones. A scheme
-that fails (error or NaN) is reported as failed; the others go on.
+skips finished trainings and evaluations and resumes interrupted ones.
+
+Each (scheme, seed) is a job in its own spawned process (``isolate=True``), so
+a scheme that raises, produces NaN, segfaults or is killed for memory is
+reported as failed with a one-line error (full traceback in
+``<scheme>/seed<k>.error.txt``) and the other schemes' results are kept.
+Schemes registered outside posenc reach the job process by importing the
+module that defines them.
 """
 
 from __future__ import annotations
 
+import importlib
+import multiprocessing
+import signal
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -18,11 +28,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from posenc import encodings
-from posenc.checkpoint import append_jsonl, read_jsonl, write_json
+from posenc.checkpoint import append_jsonl, atomic_write_bytes, read_jsonl, write_json
 from posenc.data import load_tokens
+from posenc.diagnose import FarMassConfig, compare_extras, extras_pending
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, evaluate_length
 from posenc.model import ModelConfig
+from posenc.passkey import PasskeyConfig
 from posenc.report import write_report
 from posenc.train import TrainConfig, is_trained, load_run, train
 
@@ -35,6 +47,8 @@ class EvalConfig(BaseModel):
     multiples: list[int] = [1, 2, 4, 8, 16, 32, 64]
     max_tokens: int = Field(32768, gt=0)  # targets scored per length (fewer windows at long lengths)
     batch_tokens: int = Field(8192, gt=0)
+    passkey: PasskeyConfig = PasskeyConfig()  # passkey retrieval cells (posenc.passkey)
+    far_mass: FarMassConfig = FarMassConfig()  # the cheap diagnose pass (posenc.diagnose)
 
 
 class Preset(BaseModel):
@@ -49,6 +63,9 @@ class Preset(BaseModel):
     eval: EvalConfig = EvalConfig()
     schemes: list[str]
     seeds: list[int] = [0]
+    # RoPE context-extension rows evaluated after the plain rows on every trained RoPE
+    # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.encodings.schedules)
+    eval_schedules: list[dict[str, Any]] = []
 
 
 def preset_names() -> list[str]:
@@ -81,7 +98,47 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
         raise PosencError(f"invalid preset {path.name}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     for s in preset.schemes:  # fail fast, before any training
         encodings.get(s, _dims(preset.model))
+    for spec in preset.eval_schedules:
+        _schedule_spec(spec, preset)
     return preset
+
+
+def _schedule_spec(spec: dict, preset: Preset) -> tuple[str, dict]:
+    """(name, validated params) of one ``eval_schedules`` entry; PosencError if invalid."""
+    from posenc.encodings.schedules import check_window, schedule_params
+
+    params = dict(spec)
+    name = params.pop("schedule", None)
+    if name is None:
+        raise PosencError(f"eval_schedules entry {spec} needs a 'schedule' key")
+    full = schedule_params(name, preset.model.train_length, params)
+    check_window(full, preset.model.train_length * min(preset.eval.multiples))
+    return name, full
+
+
+def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
+    """Evaluate every ``eval_schedules`` entry on each trained RoPE scheme; returns failures."""
+    from posenc.encodings.rotary import RoPE
+    from posenc.encodings.schedules import with_rope_schedule
+
+    failures = {}
+    ropes = [s for s in preset.schemes if "+" not in s and encodings.resolve(s)[0] is RoPE]
+    for spec in preset.eval_schedules:
+        name, params = _schedule_spec(spec, preset)
+        for scheme in ropes:
+            for seed in preset.seeds:
+                run_dir = run_root / scheme / f"seed{seed}"
+                if not is_trained(run_dir):
+                    continue
+                try:
+                    model, label = with_rope_schedule(load_run(run_dir)[0], name, params)
+                    for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
+                        if (label, seed, L) not in _done(results):
+                            rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens)
+                            append_jsonl(results, {"kind": "ppl", "scheme": label, "seed": seed, "train_length": preset.model.train_length, **rec})
+                except Exception as exc:  # one broken row must not lose the others
+                    failures[f"{scheme}+{name} (seed {seed})"] = _one_line(exc)
+    return failures
 
 
 def _dims(m: ModelConfig):
@@ -109,27 +166,113 @@ def run_scheme(run_root: Path, preset: Preset, scheme: str, seed: int, data, res
         t0 = time.time()
         rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens)
         append_jsonl(results, {"kind": "ppl", "scheme": scheme, "seed": seed, "train_length": mcfg.train_length, **rec, "seconds": time.time() - t0})
+    compare_extras(model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length})
 
 
-def compare(preset: Preset, out_root: Path = Path("runs")) -> Path:
-    """Run the whole comparison; returns the report path."""
+def _done(results: Path) -> set:
+    return {(r["scheme"], r["seed"], r["eval_length"]) for r in read_jsonl(results) if r.get("kind", "ppl") == "ppl"}
+
+
+def _finished(run_root: Path, preset: Preset, scheme: str, seed: int, done: set) -> bool:
+    """Trained and every evaluation recorded: no job to start."""
+    lengths = eval_lengths(preset.model.train_length, preset.eval.multiples)
+    return (
+        is_trained(run_root / scheme / f"seed{seed}") and all((scheme, seed, L) in done for L in lengths)
+        and not extras_pending(preset.eval, preset.model.train_length, run_root / "results.jsonl", scheme, seed)
+    )
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line left unfinished by a killed writer, so the next append starts a clean line."""
+    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        text = path.read_bytes()
+        atomic_write_bytes(path, text[: text.rfind(b"\n") + 1])
+
+
+def _scheme_modules(schemes: list[str]) -> list[str]:
+    """Modules defining the schemes' classes (each part of ``A+B``), for the job process to import."""
+    mods = {encodings.resolve(part)[0].__module__ for s in schemes for part in s.split("+")}
+    return sorted(mods - {"__main__"})  # spawn re-runs __main__ itself
+
+
+def _job(run_root: Path, preset: Preset, scheme: str, seed: int, modules: list[str], error_file: Path) -> None:
+    """Entry point of a job process: one scheme and seed; an error goes to ``error_file``."""
+    try:
+        for m in modules:
+            importlib.import_module(m)
+        data = load_tokens(preset.train.corpus, preset.train.tokenizer)
+        results = run_root / "results.jsonl"
+        run_scheme(run_root, preset, scheme, seed, data, results, _done(results))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BaseException as exc:
+        error_file.write_text(f"{_one_line(exc)}\n\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def _run_job(run_root: Path, preset: Preset, scheme: str, seed: int) -> Optional[str]:
+    """Run one job in a fresh process; None on success, else its one-line error."""
+    error_file = run_root / scheme / f"seed{seed}.error.txt"
+    error_file.parent.mkdir(parents=True, exist_ok=True)
+    error_file.unlink(missing_ok=True)
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_job, args=(run_root, preset, scheme, seed, _scheme_modules([scheme]), error_file)
+    )
+    proc.start()
+    try:
+        proc.join()
+    except KeyboardInterrupt:  # the job got Ctrl-C too: let it save its checkpoint
+        proc.join()
+        raise
+    if proc.exitcode == 0:
+        return None
+    if proc.exitcode == 130:
+        raise KeyboardInterrupt
+    if error_file.exists():
+        return error_file.read_text().splitlines()[0]
+    sig = signal.Signals(-proc.exitcode).name if proc.exitcode < 0 else f"exit code {proc.exitcode}"
+    hint = " (out of memory?)" if proc.exitcode == -signal.SIGKILL else ""
+    error_file.write_text(f"job process died: {sig}{hint}\n")
+    return f"job process died: {sig}{hint}"
+
+
+def _run_inline(run_root: Path, preset: Preset, scheme: str, seed: int, data) -> Optional[str]:
+    """Run one job in this process; None on success, else its one-line error."""
+    results = run_root / "results.jsonl"
+    try:
+        run_scheme(run_root, preset, scheme, seed, data, results, _done(results))
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        (run_root / scheme).mkdir(parents=True, exist_ok=True)
+        (run_root / scheme / f"seed{seed}.error.txt").write_text(f"{_one_line(exc)}\n\n{traceback.format_exc()}")
+        return _one_line(exc)
+    return None
+
+
+def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True) -> Path:
+    """Run the whole comparison; returns the report path.
+
+    ``isolate``: one spawned process per (scheme, seed) job, so that even a
+    crash or an out-of-memory kill only fails that job; False runs the jobs in
+    this process (faster start, easier to debug; a crash ends the sweep).
+    """
     run_root = Path(out_root) / preset.name
     run_root.mkdir(parents=True, exist_ok=True)
     write_json(run_root / "preset.json", preset.model_dump())
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)
     results = run_root / "results.jsonl"
+    _drop_torn_tail(results)
     failures: dict[str, str] = {}
     for scheme in preset.schemes:
         for seed in preset.seeds:
-            done = {(r["scheme"], r["seed"], r["eval_length"]) for r in read_jsonl(results)}
-            try:
-                run_scheme(run_root, preset, scheme, seed, data, results, done)
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:  # one broken scheme must not lose the others
-                failures[f"{scheme} (seed {seed})"] = _one_line(exc)
-                (run_root / scheme).mkdir(parents=True, exist_ok=True)
-                (run_root / scheme / f"seed{seed}.error.txt").write_text(traceback.format_exc())
+            if _finished(run_root, preset, scheme, seed, _done(results)):
+                continue
+            error = _run_job(run_root, preset, scheme, seed) if isolate else _run_inline(run_root, preset, scheme, seed, data)
+            if error:  # one broken scheme must not lose the others
+                failures[f"{scheme} (seed {seed})"] = error
+                print(f"posenc: {scheme} (seed {seed}) failed: {error}", file=sys.stderr)
+    failures.update(run_schedules(run_root, preset, data, results))
     meta = {
         "name": preset.name,
         "train_length": preset.model.train_length,

@@ -8,8 +8,9 @@ hooks.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Literal, Optional
+from typing import Any, Iterator, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ from torch import nn
 
 from posenc import encodings
 from posenc.attention import attention
-from posenc.encodings.base import Dims, Inputs
+from posenc.encodings.base import BiasFn, Dims, Inputs
 from posenc.errors import PosencError
 
 
@@ -60,6 +61,27 @@ def validate_config(data: dict) -> ModelConfig:
         raise PosencError(f"invalid model config: {where}: {err['msg']}") from None
 
 
+@dataclasses.dataclass
+class AttentionInputs:
+    """One attention layer's inputs, as the attention core receives them.
+
+    q, k: (B, H, T, Dk) after the scheme's ``transform_qk``, not yet rotated;
+    v: (B, H, T, Dv); inp: the hook inputs; phases: (B|1, H|1, T, Dk/2) float32
+    radians or None; bias: tile callable or None; rotate_v, pairing,
+    logit_scale: as ``posenc.attention.attention`` takes them.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    inp: Inputs
+    phases: Optional[torch.Tensor]
+    bias: Optional[BiasFn]
+    rotate_v: bool
+    pairing: str
+    logit_scale: float
+
+
 def _norm(cfg: ModelConfig) -> nn.Module:
     return nn.RMSNorm(cfg.d_model) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model)
 
@@ -75,18 +97,30 @@ class Attention(nn.Module):
         if self.enc.additive:  # the additive embedding lives at the model input
             self.enc = encodings.get("nope", dims)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+    def attention_inputs(self, x: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor) -> AttentionInputs:
+        """The layer's q, k, v (after ``transform_qk``) and the scheme's hooks, before attention.
+
+        x: (B, T, d_model) the normalised layer input; pos: (T,) int64; tokens: (B, T) int64.
+        """
+        B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         inp = Inputs(x, pos, tokens)
         q, k = self.enc.transform_qk(q, k, inp)
-        out = self.enc.attend(q, k, v, inp)
+        return AttentionInputs(q, k, v, inp, self.enc.phases(inp), self.enc.bias(inp), self.enc.rotate_v, self.enc.pairing, self.enc.logit_scale)
+
+    def output(self, a: AttentionInputs) -> torch.Tensor:
+        """Attention of captured inputs, projected: (B, T, d_model)."""
+        out = self.enc.attend(a.q, a.k, a.v, a.inp)
         if out is None:
             out = attention(
-                q, k, v, phases=self.enc.phases(inp), rotate_v=self.enc.rotate_v, pairing=self.enc.pairing,
-                bias=self.enc.bias(inp), logit_scale=self.enc.logit_scale, block_size=self.block,
+                a.q, a.k, a.v, phases=a.phases, rotate_v=a.rotate_v, pairing=a.pairing,
+                bias=a.bias, logit_scale=a.logit_scale, block_size=self.block,
             )
-        return self.proj(out.transpose(1, 2).reshape(B, T, C))
+        B, _, T, _ = out.shape
+        return self.proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.output(self.attention_inputs(x, pos, tokens))
 
 
 class MLP(nn.Module):
@@ -114,8 +148,14 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer_index)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, pos, tokens):
-        x = x + self.attn(self.norm1(x), pos, tokens)
+    def attention_inputs(self, x, pos, tokens) -> AttentionInputs:
+        return self.attn.attention_inputs(self.norm1(x), pos, tokens)
+
+    def forward(self, x, pos, tokens, captured: Optional[AttentionInputs] = None):
+        """``captured``: this block's ``attention_inputs(x, ...)`` if already computed."""
+        if captured is None:
+            captured = self.attention_inputs(x, pos, tokens)
+        x = x + self.attn.output(captured)
         return x + self.mlp(self.norm2(x))
 
 
@@ -142,16 +182,31 @@ class LM(nn.Module):
             if not (isinstance(m, nn.Linear) and m.weight.abs().sum() == 0):  # keep zero-init step maps
                 nn.init.normal_(m.weight, std=0.02)
 
-    def hidden(self, tokens: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """tokens: (B, T) int64 -> final hidden states (B, T, d_model)."""
-        T = tokens.shape[1]
-        pos = torch.arange(T, device=tokens.device) if pos is None else pos
+    def _embed(self, tokens: torch.Tensor, pos: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = torch.arange(tokens.shape[1], device=tokens.device) if pos is None else pos
         x = self.tok(tokens)
         if self.pos_embed is not None:
             x = x + self.pos_embed.embed(pos).to(x.dtype)
+        return x, pos
+
+    def hidden(self, tokens: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """tokens: (B, T) int64 -> final hidden states (B, T, d_model)."""
+        x, pos = self._embed(tokens, pos)
         for block in self.blocks:
             x = block(x, pos, tokens)
         return self.norm(x)
+
+    def attention_inputs(self, tokens: torch.Tensor, pos: Optional[torch.Tensor] = None) -> Iterator[AttentionInputs]:
+        """Run the model on ``tokens`` (B, T) and yield each layer's AttentionInputs, first layer first.
+
+        Each layer runs after its inputs are yielded (from the same capture), so a
+        consumer holds one layer's q, k, v at a time (diagnostics, ``posenc.diagnose``).
+        """
+        x, pos = self._embed(tokens, pos)
+        for block in self.blocks:
+            captured = block.attention_inputs(x, pos, tokens)
+            yield captured
+            x = block(x, pos, tokens, captured)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.hidden(tokens) @ self.tok.weight.T

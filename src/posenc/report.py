@@ -3,7 +3,10 @@
 Reads ``results.jsonl`` (one record per finished evaluation) and writes
 ``report.md``, ``results.csv`` and ``ppl_ratio.png`` (perplexity ratio to the
 training-length perplexity against evaluation length, log axis) into the run
-directory. With several seeds a cell shows the mean and the half-range.
+directory; with passkey and far-mass records (``posenc.passkey``,
+``posenc.diagnose``) also their sections, ``passkey.png`` (accuracy heat map per
+scheme) and ``far_mass.png``. With several seeds a cell shows the mean and the
+half-range.
 """
 
 from __future__ import annotations
@@ -47,7 +50,62 @@ def _grid(records, key):
     return grid
 
 
-def markdown(records: list[dict], failures: dict[str, str], meta: dict) -> str:
+def passkey_grid(records: list[dict]) -> dict:
+    """scheme -> (length, depth) -> [correct, trials], summed over seeds; cells without trials (n/a) dropped."""
+    grid = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for r in records:
+        if r.get("kind") == "passkey" and r.get("trials"):
+            cell = grid[r["scheme"]][(r["length"], r["depth"])]
+            cell[0] += r["correct"]
+            cell[1] += r["trials"]
+    return grid
+
+
+def _passkey_at(cells: dict, L: int) -> str:
+    """Accuracy over all depths at length L, with the trial count."""
+    c = [v for (length, _), v in cells.items() if length == L]
+    n = sum(t for _, t in c)
+    return f"{sum(k for k, _ in c) / n:.2f} (n={n})" if n else "n/a"
+
+
+def passkey_markdown(records: list[dict], L0: int) -> str:
+    """The passkey section: accuracy per scheme and length (all depths pooled)."""
+    grid = passkey_grid(records)
+    if not grid:
+        return ""
+    lengths = sorted({L for cells in grid.values() for L, _ in cells})
+    cand = next(r["candidates"] for r in records if r.get("kind") == "passkey")
+    out = (
+        "\n## Passkey retrieval\n\nAccuracy (fraction of trials whose true key has the highest log-probability among "
+        f"{cand} candidates; chance {1 / cand:.2f}) per input length, pooled over depths; `passkey.png` shows each depth.\n\n"
+        "| scheme | " + " | ".join(f"{L} ({L / L0:g}x)" for L in lengths) + " |\n|---|" + "---|" * len(lengths) + "\n"
+    )
+    return out + "".join(f"| {s} | " + " | ".join(_passkey_at(cells, L) for L in lengths) + " |\n" for s, cells in grid.items())
+
+
+def far_mass_markdown(records: list[dict], L0: int) -> str:
+    """The far-mass section: mean attention mass on keys beyond the training length per scheme and length."""
+    recs = [r for r in records if r.get("kind") == "far_mass"]
+    if not recs:
+        return ""
+    lengths = sorted({r["length"] for r in recs})
+    grid = _grid([{**r, "eval_length": r["length"]} for r in recs], "far_mass_mean")
+    uniform = {r["length"]: r.get("uniform_far_mass") for r in recs}
+    out = (
+        f"\n## Far attention mass\n\nMean softmax mass on keys at distance >= {recs[0]['w']} (the training length), over "
+        "layers, heads and the queries that have such keys (`posenc diagnose` gives each layer and head; `far_mass.png`). "
+        "Uniform attention is the reference; a distance bias keeps it near 0.\n\n"
+        "| scheme | " + " | ".join(f"{L} ({L / L0:g}x)" for L in lengths) + " |\n|---|" + "---|" * len(lengths) + "\n"
+    )
+    for s, row in grid.items():
+        out += f"| {s} | " + " | ".join(_cell(row[L], ".3f") for L in lengths) + " |\n"
+    notes = {r["note"] for r in recs if r.get("note") and not r["note"].startswith("n/a")}
+    out += "| uniform | " + " | ".join(_cell([uniform[L]], ".3f") for L in lengths) + " |\n"
+    return out + "".join(f"\n- {n}\n" for n in sorted(notes))
+
+
+def markdown(records: list[dict], failures: dict[str, str], meta: dict, extras: list[dict] = ()) -> str:
+    """The report; ``extras``: passkey and far-mass records (a passkey column and their sections)."""
     lengths = sorted({r["eval_length"] for r in records})
     schemes = list(dict.fromkeys(r["scheme"] for r in records))
     L0 = meta.get("train_length")
@@ -56,12 +114,19 @@ def markdown(records: list[dict], failures: dict[str, str], meta: dict) -> str:
     for k in ("corpus", "tokenizer", "model", "budget", "seeds", "eval", "notes"):
         if meta.get(k) is not None:
             out.write(f"- **{k}**: {meta[k]}\n")
+    pk = passkey_grid(extras)
+    pk_L = max((L for cells in pk.values() for L, _ in cells), default=None)
     for title, key, fmt in (("Perplexity ratio to the training length", "ratio", ".3f"), ("Perplexity", "ppl", ".2f")):
         grid = _grid(records, key)
         head = " | ".join(f"{L} ({L // L0}x)" if L0 else str(L) for L in lengths)
-        out.write(f"\n## {title}\n\n| scheme | {head} |\n|---|{'---|' * len(lengths)}\n")
+        pk_col = key == "ratio" and pk_L is not None  # passkey accuracy at its longest length
+        head += f" | passkey @ {pk_L}" if pk_col else ""
+        out.write(f"\n## {title}\n\n| scheme | {head} |\n|---|{'---|' * (len(lengths) + pk_col)}\n")
         for s in schemes:
-            out.write(f"| {s} | " + " | ".join(_cell(grid[s][L], fmt) for L in lengths) + " |\n")
+            pk_cell = f" | {_passkey_at(pk.get(s, {}), pk_L)}" if pk_col else ""
+            out.write(f"| {s} | " + " | ".join(_cell(grid[s][L], fmt) for L in lengths) + pk_cell + " |\n")
+    out.write(passkey_markdown(extras, L0))
+    out.write(far_mass_markdown(extras, L0))
     if meta.get("descriptions"):
         out.write("\n## Schemes\n\n")
         for s, d in meta["descriptions"].items():
@@ -70,7 +135,8 @@ def markdown(records: list[dict], failures: dict[str, str], meta: dict) -> str:
         out.write("\n## Failed\n\n")
         for s, err in failures.items():
             out.write(f"- `{s}`: {err}\n")
-    out.write("\nFiles: `results.jsonl` (one record per evaluation), `results.csv`, `ppl_ratio.png`, `buckets.png`.\n")
+    pngs = ["ppl_ratio.png", "buckets.png"] + ["passkey.png"] * bool(pk) + ["far_mass.png"] * any(r.get("far_mass_mean") is not None for r in extras)
+    out.write("\nFiles: `results.jsonl` (one record per evaluation), `results.csv`, " + ", ".join(f"`{f}`" for f in pngs) + ".\n")
     return out.getvalue()
 
 
@@ -133,6 +199,58 @@ def plot_buckets(path: Path, records: list[dict], train_length: int) -> None:
     _save_fig(fig, path)
 
 
+def plot_passkey(path: Path, records: list[dict], train_length: int) -> None:
+    """Heat map per scheme: passkey accuracy by depth (rows) and input length (columns), seeds pooled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = passkey_grid(records)
+    lengths = sorted({L for cells in grid.values() for L, _ in cells})
+    depths = sorted({d for cells in grid.values() for _, d in cells})
+    fig, axes = plt.subplots(1, len(grid), figsize=(0.9 * len(lengths) + 1.6, 0.5 * len(depths) + 1.6), squeeze=False)
+    fig.set_figwidth(fig.get_figwidth() * len(grid))
+    for ax, (s, cells) in zip(axes[0], grid.items()):
+        acc = np.full((len(depths), len(lengths)), np.nan)
+        for (L, d), (c, n) in cells.items():
+            acc[depths.index(d), lengths.index(L)] = c / n
+        im = ax.imshow(acc, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        for (i, j), v in np.ndenumerate(acc):
+            ax.text(j, i, "n/a" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 else "k")
+        ax.set_xticks(range(len(lengths)), [f"{L / train_length:g}x" for L in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+        ax.set_title(s, fontsize=9)
+        ax.set_xlabel("input length / train length")
+    axes[0][0].set_ylabel("key depth")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="passkey accuracy")
+    _save_fig(fig, path)
+
+
+def plot_far_mass(path: Path, records: list[dict], train_length: int) -> None:
+    """Far attention mass (mean over layers and heads) vs evaluation length per scheme; uniform dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [{**r, "eval_length": r["length"]} for r in records if r.get("kind") == "far_mass" and r.get("far_mass_mean") is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for s, row in _grid(recs, "far_mass_mean").items():
+        ax.plot([L / train_length for L in sorted(row)], [np.mean(row[L]) for L in sorted(row)], marker="o", label=s)
+    uniform = sorted({(r["length"], r["uniform_far_mass"]) for r in recs})
+    ax.plot([L / train_length for L, _ in uniform], [u for _, u in uniform], color="gray", ls="--", label="uniform attention")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("evaluation length / training length")
+    ax.set_ylabel("attention mass at distance >= training length")
+    ax.set_title("Far attention mass (mean over layers and heads)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    _save_fig(fig, path)
+
+
 def _save_fig(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
@@ -145,11 +263,17 @@ def _save_fig(fig, path: Path) -> None:
 def write_report(run_dir: Path, meta: dict, failures: dict[str, str] | None = None) -> Path:
     """Write report.md, results.csv, ppl_ratio.png, buckets.png; returns report.md's path."""
     run_dir = Path(run_dir)
-    records = with_ratios([r for r in read_jsonl(run_dir / "results.jsonl") if r.get("kind", "ppl") == "ppl"])
+    all_records = read_jsonl(run_dir / "results.jsonl")
+    records = with_ratios([r for r in all_records if r.get("kind", "ppl") == "ppl"])
+    extras = [r for r in all_records if r.get("kind") in ("passkey", "far_mass")]
     write_csv(run_dir / "results.csv", records)
     if records:
         plot_ratio(run_dir / "ppl_ratio.png", records, meta["train_length"])
         plot_buckets(run_dir / "buckets.png", records, meta["train_length"])
+    if passkey_grid(extras):
+        plot_passkey(run_dir / "passkey.png", extras, meta["train_length"])
+    if any(r.get("far_mass_mean") is not None for r in extras):
+        plot_far_mass(run_dir / "far_mass.png", extras, meta["train_length"])
     path = run_dir / "report.md"
-    atomic_write_bytes(path, markdown(records, failures or {}, meta).encode())
+    atomic_write_bytes(path, markdown(records, failures or {}, meta, extras).encode())
     return path

@@ -5,10 +5,18 @@ A run directory holds ``config.json`` (model + training config),
 ``train.jsonl`` (one record per logged step). Batches are a pure function of
 (seed, step), so a resumed run sees exactly the batches an uninterrupted run
 would.
+
+Under ``torchrun --nproc_per_node N`` the same loop runs data-parallel
+(``posenc.distributed``): rank r trains on its rows of each global batch,
+gradients are averaged by DistributedDataParallel, the logged loss is the mean
+over ranks, and only rank 0 writes. On CUDA the forward runs under bf16
+autocast (phases and their cos/sin stay float32: ``posenc.attention.rotate``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import time
 from pathlib import Path
@@ -19,7 +27,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm.auto import tqdm
 
-from posenc.checkpoint import append_jsonl, load_weights, read_json, save_torch, save_weights, write_json
+from posenc import distributed
+from posenc.checkpoint import (
+    append_jsonl, atomic_write_bytes, load_weights, read_json, read_jsonl, save_torch, save_weights, write_json,
+)
 from posenc.data import TokenData, load_tokens
 from posenc.errors import PosencError
 from posenc.model import LM, ModelConfig, build_model, validate_config
@@ -87,6 +98,12 @@ def save_checkpoint(run_dir: Path, model: LM, opt, step: int) -> None:
     save_torch(run_dir / "state.pt", {"step": step, "optimizer": opt.state_dict()})
 
 
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log records after ``step``: a killed run logged steps its checkpoint does not hold."""
+    kept = [r for r in read_jsonl(path) if r["step"] <= step]
+    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+
+
 def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
     """Model (weights loaded), model config and training config of a run directory."""
     run_dir = Path(run_dir)
@@ -97,6 +114,17 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
     model = build_model(mcfg)
     load_weights(run_dir / "model.safetensors", model)
     return model, mcfg, tcfg
+
+
+class _TokenNLL(torch.nn.Module):
+    """forward(x, y) = the LM's per-token NLL: the call DistributedDataParallel wraps."""
+
+    def __init__(self, lm: LM):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.lm.token_nll(x, y)
 
 
 def train(
@@ -110,21 +138,27 @@ def train(
     """Train one model into ``run_dir``; returns a summary dict.
 
     With ``resume`` and a checkpoint present, continues from its step (weights,
-    optimizer, schedule and batches as if never interrupted). Ctrl-C saves a
-    checkpoint before re-raising. A NaN/inf loss raises PosencError naming the
-    step and the last good checkpoint.
+    optimizer, schedule, random draws and batches as if never interrupted; log
+    records after the checkpoint are dropped). Ctrl-C saves a checkpoint before
+    re-raising. A NaN/inf loss or gradient norm raises PosencError naming the
+    step and the last good checkpoint. Under torchrun (``WORLD_SIZE`` > 1) runs
+    data-parallel; ``batch_size`` is the global batch and must divide evenly.
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    shard = distributed.setup()
+    rows = shard.rows(tcfg.batch_size)
+    if shard.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
-    data = data or load_tokens(tcfg.corpus, tcfg.tokenizer)
+    with shard.main_first():  # rank 0 builds the token cache, the others read it
+        data = data or load_tokens(tcfg.corpus, tcfg.tokenizer)
     if mcfg.vocab_size != data.vocab_size:
         mcfg = mcfg.model_copy(update={"vocab_size": data.vocab_size})
     if len(data.train) <= mcfg.train_length + 1:
         raise PosencError(f"training split has {len(data.train)} tokens, fewer than train_length {mcfg.train_length}")
     torch.manual_seed(tcfg.seed)
-    model = build_model(mcfg)
+    model = build_model(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
     opt = make_optimizer(model, tcfg)
     step = 0
     if resume and (run_dir / "state.pt").exists():
@@ -132,49 +166,60 @@ def train(
         state = torch.load(run_dir / "state.pt", weights_only=False)
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
-    else:  # a fresh run replaces an old log and summary
+        if shard.is_main:
+            _truncate_log(run_dir / "train.jsonl", step)
+    elif shard.is_main:  # a fresh run replaces an old log and summary
         for name in ("train.jsonl", "train_summary.json"):
             (run_dir / name).unlink(missing_ok=True)
-    write_json(run_dir / "config.json", {"model": mcfg.model_dump(), "train": tcfg.model_dump()})
+    if shard.is_main:
+        write_json(run_dir / "config.json", {"model": mcfg.model_dump(), "train": tcfg.model_dump()})
+    distributed.set_batch_rows(model, rows)
+    loss_fn = distributed.wrap(_TokenNLL(model), shard)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if shard.device.type == "cuda" else contextlib.nullcontext()
     model.train()
-    t0, tokens_seen = time.time(), 0
-    last_good = step
-    bar = tqdm(total=tcfg.steps, initial=step, desc=desc or mcfg.encoding, unit="step", dynamic_ncols=True)
+    t0, tokens_seen, loss_all = time.time(), 0, None
+    last_good = step or None
+    bar = tqdm(total=tcfg.steps, initial=step, desc=desc or mcfg.encoding, unit="step", dynamic_ncols=True, disable=not shard.is_main)
     try:
         while step < tcfg.steps:
-            if tcfg.time_budget and time.time() - t0 > tcfg.time_budget:
+            if tcfg.time_budget and shard.any(time.time() - t0 > tcfg.time_budget):
                 break
-            x, y = batch_at(data.train, step, tcfg.batch_size, mcfg.train_length, tcfg.seed)
+            x, y = (t.to(shard.device) for t in batch_at(data.train, step, tcfg.batch_size, mcfg.train_length, tcfg.seed, rows))
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, tcfg)
-            loss = model.token_nll(x, y).mean()
-            if not torch.isfinite(loss):
-                raise PosencError(
-                    f"loss is {loss.item()} at step {step}; last good checkpoint: {run_dir / 'model.safetensors'} (step {last_good})"
-                )
+            with autocast:
+                loss = loss_fn(x, y).mean()  # mean over this rank's rows
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+            loss_all = float(shard.mean(loss.detach()))
+            if not (math.isfinite(loss_all) and math.isfinite(float(gnorm))):
+                what = f"loss is {loss_all}" if not math.isfinite(loss_all) else f"gradient norm is {float(gnorm)}"
+                good = f"{run_dir / 'model.safetensors'} (step {last_good})" if last_good is not None else "none yet"
+                raise PosencError(f"{what} at step {step}; last good checkpoint: {good}")
             opt.step()
             step += 1
-            tokens_seen += x.numel()
+            tokens_seen += x.numel() * shard.world
             tps = tokens_seen / max(1e-9, time.time() - t0)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tps:,.0f}")
-            if step % tcfg.log_every == 0 or step == tcfg.steps:
-                rec = {"step": step, "loss": loss.item(), "lr": lr_at(step - 1, tcfg), "grad_norm": float(gnorm), "tokens_per_s": tps}
+            bar.set_postfix(loss=f"{loss_all:.3f}", tok_s=f"{tps:,.0f}")
+            if shard.is_main and (step % tcfg.log_every == 0 or step == tcfg.steps):
+                rec = {"step": step, "loss": loss_all, "lr": lr_at(step - 1, tcfg), "grad_norm": float(gnorm), "tokens_per_s": tps}
                 append_jsonl(run_dir / "train.jsonl", rec)
             if step % tcfg.ckpt_every == 0:
-                save_checkpoint(run_dir, model, opt, step)
+                if shard.is_main:
+                    save_checkpoint(run_dir, model, opt, step)
                 last_good = step
     except KeyboardInterrupt:
-        save_checkpoint(run_dir, model, opt, step)
-        bar.close()
+        if shard.is_main:
+            save_checkpoint(run_dir, model, opt, step)
         raise
-    bar.close()
-    save_checkpoint(run_dir, model, opt, step)
-    summary = {"steps": step, "seconds": time.time() - t0, "tokens_per_s": tokens_seen / max(1e-9, time.time() - t0), "params": model.num_params(), "final_loss": loss.item() if step else None}
-    write_json(run_dir / "train_summary.json", summary)
+    finally:
+        bar.close()
+    summary = {"steps": step, "seconds": time.time() - t0, "tokens_per_s": tokens_seen / max(1e-9, time.time() - t0), "params": model.num_params(), "final_loss": loss_all}
+    if shard.is_main:
+        save_checkpoint(run_dir, model, opt, step)
+        write_json(run_dir / "train_summary.json", summary)
     return summary
 
 

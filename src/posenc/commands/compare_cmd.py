@@ -15,13 +15,14 @@ def add_parser(sub):
     p.add_argument("--steps", type=int, help="training steps per scheme")
     p.add_argument("--name", help="run name (directory under --out)")
     p.add_argument("--out", type=Path, default=Path("runs"), help="output root (default runs/)")
+    p.add_argument("--no-isolate", action="store_true", help="run every scheme in this process (no crash isolation; for debugging)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     train = {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps}.items() if v is not None}
     preset = load_preset(args.preset, {"schemes": args.schemes, "seeds": args.seeds, "name": args.name, "train": train})
-    report = compare(preset, args.out)
+    report = compare(preset, args.out, isolate=not args.no_isolate)
     print(report.read_text())
     print(f"report: {report}")
     return 0

@@ -4,6 +4,8 @@ from pathlib import Path
 
 from posenc.checkpoint import append_jsonl
 from posenc.data import load_tokens
+from posenc.encodings.schedules import check_window, with_rope_schedule
+from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, evaluate_length
 from posenc.train import load_run
 
@@ -14,17 +16,49 @@ def add_parser(sub):
     p.add_argument("--multiples", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64], help="lengths as multiples of the training length")
     p.add_argument("--max-tokens", type=int, default=32768, help="scored tokens per length")
     p.add_argument("--corpus", help="evaluate on another corpus's held-out documents")
+    g = p.add_argument_group("RoPE context extension (RoPE runs only, no retraining)")
+    g.add_argument("--rope-schedule", metavar="NAME", help="pi, ntk, dynamic, yarn, llama3, rerope, leaky-rerope")
+    g.add_argument("--factor", type=float, help="scale factor s (pi, ntk, dynamic, yarn, llama3)")
+    g.add_argument("--window", type=int, help="ReRoPE window w (tokens)")
+    g.add_argument("--leak", type=float, help="leaky ReRoPE slope divisor k (> 1)")
+    g.add_argument("--rope-param", nargs="+", default=[], metavar="KEY=VALUE", help="other schedule parameters, e.g. beta_fast=32 attention_factor=1.2 truncate=false")
     p.set_defaults(func=run)
+
+
+def _value(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return float(text)
+    except ValueError:
+        raise PosencError(f"--rope-param value {text!r} is not a number or true/false") from None
+
+
+def schedule_args(args) -> dict:
+    """Schedule parameters from --factor/--window/--leak/--rope-param."""
+    params = {"factor": args.factor, "window": args.window, "leak": args.leak}
+    for item in args.rope_param:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise PosencError(f"--rope-param expects KEY=VALUE, got {item!r}")
+        params[key.replace("-", "_")] = _value(val)
+    return params
 
 
 def run(args) -> int:
     model, mcfg, tcfg = load_run(args.run_dir)
+    lengths = eval_lengths(mcfg.train_length, args.multiples)
+    scheme = mcfg.encoding
+    if args.rope_schedule:
+        model, scheme = with_rope_schedule(model, args.rope_schedule, schedule_args(args))
+        check_window(model.blocks[0].attn.enc.schedule_params, min(lengths))
     data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
+    print(f"scheme: {scheme}")
     base = None
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
-    for L in eval_lengths(mcfg.train_length, args.multiples):
+    for L in lengths:
         rec = evaluate_length(model, data.val_docs, L, args.max_tokens)
-        append_jsonl(Path(args.run_dir) / "eval.jsonl", {"scheme": mcfg.encoding, "train_length": mcfg.train_length, **rec})
+        append_jsonl(Path(args.run_dir) / "eval.jsonl", {"scheme": scheme, "train_length": mcfg.train_length, **rec})
         if rec["ppl"] is None:
             print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}")
             continue

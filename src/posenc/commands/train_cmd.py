@@ -1,7 +1,8 @@
-"""`posenc train`: train one model with one scheme."""
+"""`posenc train`: train one model with one scheme (one process, or data-parallel under torchrun)."""
 
 from pathlib import Path
 
+from posenc import distributed
 from posenc.compare import load_preset
 from posenc.train import train
 
@@ -14,6 +15,7 @@ def add_parser(sub):
     p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, or a path")
     p.add_argument("--tokenizer", help="byte or bpeN")
     p.add_argument("--steps", type=int, help="training steps")
+    p.add_argument("--batch-size", type=int, help="global batch size (split evenly over torchrun processes)")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--time-budget", type=float, help="stop after this many seconds")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
@@ -21,7 +23,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    overrides = {"train": {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "seed": args.seed, "time_budget": args.time_budget}.items() if v is not None}}
+    overrides = {"train": {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed, "time_budget": args.time_budget}.items() if v is not None}}
     preset = load_preset(args.preset, overrides)
     mcfg = preset.model.model_copy(update={"encoding": args.scheme})
     from posenc import encodings
@@ -29,6 +31,11 @@ def run(args) -> int:
 
     encodings.get(args.scheme, _dims(mcfg))  # unknown scheme: one line before any work
     out = args.out or Path("runs") / "train" / args.scheme
-    summary = train(out, mcfg, preset.train, resume=args.resume)
-    print(f"trained {args.scheme}: {summary['steps']} steps in {summary['seconds']:.0f} s, final loss {summary['final_loss']:.4f} -> {out}")
+    try:
+        summary = train(out, mcfg, preset.train, resume=args.resume)
+    finally:
+        distributed.teardown()
+    if distributed.rank() == 0:
+        loss = "n/a (nothing left to train)" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
+        print(f"trained {args.scheme}: {summary['steps']} steps in {summary['seconds']:.0f} s, final loss {loss} -> {out}")
     return 0

@@ -71,6 +71,6 @@ def get(name: str, dims: Dims | None = None, **params: Any) -> Encoding:
 
 
 # Importing the families registers them.
-from posenc.encodings import absolute, accumulated, bias, rotary  # noqa: E402,F401
+from posenc.encodings import absolute, accumulated, bias, forget, householder, polar, rotary, xpos  # noqa: E402,F401
 
 __all__ = ["Dims", "Encoding", "Inputs", "alias", "describe_all", "get", "names", "register", "resolve"]

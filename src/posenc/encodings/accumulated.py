@@ -13,7 +13,9 @@ Step angles are theta = c_b + a_b * u with u in [-1, 1]:
 - ``center="zero"``: c_b = 0, a_b = a, theta ~ U[-a, a] (the paper's Example 1).
 and u is
 - ``mode="random"``: i.i.d. U[-1, 1] per (sequence, head, position, block);
-  a fresh seeded draw each training forward, a fixed seed at evaluation;
+  a fresh draw each training forward, seeded by (seed, forward counter, global
+  batch row) so data-parallel ranks draw their slice of one global draw; a
+  fixed seed at evaluation;
 - ``mode="token"``: a fixed random U[-1, 1] per token id (seeded table);
 - ``mode="learned"``: tanh(W x_t) from the layer's input (zero-initialised, so
   the drift variant starts as RoPE).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -56,6 +59,7 @@ class Accumulated(Encoding):
     """
 
     name = "accumulated"
+    batch_row_offset = 0  # first global batch row held by this process (posenc.distributed.set_batch_rows)
 
     def __init__(
         self,
@@ -103,12 +107,26 @@ class Accumulated(Encoding):
             return torch.tanh(self.step(inp.x)).view(B, T, H, half).transpose(1, 2)
         if self.mode == "token":
             return self.token_u[inp.tokens].transpose(1, 2)
-        if self.training:  # fresh draw per forward, reproducible from (seed, counter)
-            g = torch.Generator().manual_seed(self.seed * 7919 + int(self.draws))
-            self.draws += 1
-            return (torch.rand(B, H, T, half, generator=g) * 2 - 1).to(inp.x.device)
+        if self.training:
+            return self._fresh_draw(B, H, T, half, inp.x.device)
         g = torch.Generator().manual_seed(self.seed)  # evaluation: the same draw for every window
         return (torch.rand(1, H, T, half, generator=g) * 2 - 1).to(inp.x.device)
+
+    def _fresh_draw(self, B: int, H: int, T: int, half: int, device: torch.device) -> torch.Tensor:
+        """Training draw (B, H, T, D/2) in [-1, 1): global batch row r from a generator seeded by (seed, counter, r).
+
+        Seeding per global row makes data-parallel ranks, each holding rows
+        [batch_row_offset, batch_row_offset + B), draw exactly their slice of the
+        single-process draw; the counter (saved with the weights) makes a resumed
+        run draw what an uninterrupted one would.
+        """
+        draw = int(self.draws)
+        self.draws += 1
+        rows = []
+        for r in range(self.batch_row_offset, self.batch_row_offset + B):
+            seed = int(np.random.SeedSequence([self.seed, draw, r]).generate_state(1, np.uint64)[0])
+            rows.append(torch.rand(H, T, half, generator=torch.Generator(device).manual_seed(seed), device=device))
+        return torch.stack(rows) * 2 - 1
 
     def phases(self, inp: Inputs) -> torch.Tensor:
         theta = self.center_b + self.width_b * self._u(inp)  # (B|1, H, T, D/2)

@@ -1,7 +1,9 @@
 """Composition of schemes: one part per hook (e.g. accumulated rotation + ALiBi).
 
 ``get("acc-rand-qkv+alibi")`` builds each part once; phases, q/k transform,
-rotate_v, pairing and logit scale come from the single rotary part, biases add.
+rotate_v, pairing and logit scale come from the single rotary part, biases add;
+a part that replaces attention (``attend``: PaTH, xPos, PoPE, ReRoPE) gets the
+other parts' bias, e.g. ``path+forget``.
 """
 
 from __future__ import annotations
@@ -26,12 +28,19 @@ class Composite(Encoding):
         rotary = [p for p in parts if type(p).phases is not Encoding.phases or type(p).transform_qk is not Encoding.transform_qk]
         if len(rotary) > 1:
             raise PosencError(f"{spec!r}: at most one rotary part can be combined")
-        self.rotary = rotary[0] if rotary else None
+        self._rotary = rotary  # a plain list: each part is registered once (under parts), so weights save
         if self.rotary is not None:
             self.rotate_v, self.pairing, self.logit_scale = self.rotary.rotate_v, self.rotary.pairing, self.rotary.logit_scale
         self.attenders = [p for p in parts if type(p).attend is not Encoding.attend]
         if len(self.attenders) > 1:
             raise PosencError(f"{spec!r}: at most one part may replace attention")
+        if self.attenders and self.rotary is not None and self.attenders[0] is not self.rotary:
+            raise PosencError(f"{spec!r}: {self.attenders[0].name!r} replaces attention and cannot take another rotary part")
+
+    @property
+    def rotary(self):
+        """The rotary part (phases / transform_qk), or None."""
+        return self._rotary[0] if self._rotary else None
 
     def transform_qk(self, q, k, inp: Inputs):
         return self.rotary.transform_qk(q, k, inp) if self.rotary is not None else (q, k)
@@ -48,7 +57,8 @@ class Composite(Encoding):
         return lambda qs, qe, ks, ke: sum(f(qs, qe, ks, ke) for f in fns)
 
     def attend(self, q, k, v, inp: Inputs):
-        return self.attenders[0].attend(q, k, v, inp) if self.attenders else None
+        """The attending part's attention, given the other parts' summed bias."""
+        return self.attenders[0].attend(q, k, v, inp, bias=self.bias(inp)) if self.attenders else None
 
     def describe(self) -> str:
         return " + ".join(p.describe() for p in self.parts)

@@ -45,20 +45,48 @@ class RoPE(Encoding):
     Parameters: ``rope_theta`` (base, default 10000), ``pairing`` "half"
     (Hugging Face ``rotate_half``) or "adjacent" (RoFormer / Meta); the two are a
     fixed permutation of q/k features apart (``posenc.attention.half_to_adjacent``).
+    ``schedule`` (``posenc.encodings.schedules``: pi, ntk, dynamic, yarn, llama3,
+    rerope, leaky-rerope) with ``schedule_params`` changes the frequencies and
+    ``logit_scale`` (= attention_factor^2); ReRoPE replaces attention (``attend``).
     Phases: (1, 1, T, D/2) float32, computed as float64 t * omega mod 2 pi.
     """
 
     name = "rope"
 
-    def __init__(self, dims: Dims, rope_theta: float = 10000.0, pairing: str = "half"):
+    def __init__(self, dims: Dims, rope_theta: float = 10000.0, pairing: str = "half", schedule: str | None = None, schedule_params: dict | None = None):
         super().__init__(dims)
         check_rotary_dims(dims, pairing)
-        self.rope_theta, self.pairing = rope_theta, pairing
-        self.register_buffer("inv_freq", rope_inv_freq(dims.head_dim, rope_theta), persistent=False)
+        self.rope_theta, self.pairing, self.schedule = rope_theta, pairing, schedule
+        inv_freq = rope_inv_freq(dims.head_dim, rope_theta)
+        if schedule is not None:
+            from posenc.encodings.schedules import SCHEDULES, schedule_params as check
+
+            self.schedule_params = check(schedule, dims.train_length, schedule_params)
+            inv_freq, attention_factor = SCHEDULES[schedule](dims.head_dim, rope_theta, self.schedule_params, None)
+            self.logit_scale = attention_factor**2  # the factor multiplies cos and sin
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def phases(self, inp: Inputs) -> torch.Tensor:
-        phi = inp.pos.to(torch.float64)[:, None] * self.inv_freq.to(inp.pos.device)
+        inv_freq = self.inv_freq
+        if self.schedule == "dynamic":  # from the current length, every call
+            from posenc.encodings.schedules import SCHEDULES
+
+            inv_freq, _ = SCHEDULES["dynamic"](self.dims.head_dim, self.rope_theta, self.schedule_params, int(inp.pos.max()) + 1)
+        phi = inp.pos.to(torch.float64)[:, None] * inv_freq.to(inp.pos.device)
         return wrap_phases(phi, inp.x.dtype)[None, None]
 
+    def attend(self, q, k, v, inp: Inputs, bias=None):
+        if self.schedule not in ("rerope", "leaky-rerope"):
+            return None  # the core's rotary path
+        from posenc.encodings.schedules import rerope_attention
+
+        p = self.schedule_params
+        return rerope_attention(q, k, v, inp.pos, self.inv_freq, int(p["window"]), p.get("leak"), pairing=self.pairing, bias=bias, logit_scale=self.logit_scale)
+
     def describe(self) -> str:
-        return f"rope(theta={self.rope_theta:g}, {self.pairing})"
+        extra = ""
+        if self.schedule is not None:
+            from posenc.encodings.schedules import schedule_label
+
+            extra = f", {schedule_label(self.schedule, self.schedule_params)}"
+        return f"rope(theta={self.rope_theta:g}, {self.pairing}{extra})"

@@ -1,0 +1,71 @@
+"""FoX-style forget gate: a data-dependent score bias (Lin et al. 2025, "Forgetting
+Transformer", eq. 4-6).
+
+Per head h and token t, f_t = sigmoid(w_h^T x_t + b_h) in (0, 1); the bias of
+query i over key j <= i is
+
+    D_ij = log prod_{t=j+1..i} f_t = Lambda_i - Lambda_j,   Lambda = cumsum(log f)
+
+log f = logsigmoid(.) is taken in float32 and summed in float64 (long inputs),
+and tiles are clamped to <= 0, so only non-positive differences are ever
+exponentiated by the softmax (rounding cannot make a causal entry positive).
+Alone (``forget``) it is FoX over NoPE; with ``+`` it adds to any other part
+(``acc-rand-qkv+forget``, ``path+forget`` = PaTH-FoX).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc.encodings import register
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+
+
+def log_forget_cumsum(logits: torch.Tensor) -> torch.Tensor:
+    """Lambda = cumsum(logsigmoid(logits)) over the last dim: (B, H, T) -> (B, H, T) float64."""
+    return torch.cumsum(F.logsigmoid(logits.float()).double(), dim=-1)
+
+
+def forget_bias(lam: torch.Tensor) -> BiasFn:
+    """Tile function for Lambda_i - Lambda_j (clamped <= 0); lam: (B, H, T) float64. Tiles (B, H, tq, tk) float32."""
+
+    def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+        return (lam[..., qs:qe, None] - lam[..., None, ks:ke]).clamp(max=0.0).float()
+
+    return tile
+
+
+@register
+class ForgetGate(Encoding):
+    """FoX forget gate: score bias Lambda_i - Lambda_j, Lambda = cumsum log sigmoid(W x + b) (Lin et al. 2025).
+
+    One gate per head from the layer's input x (B, T, d_model); the bias tiles
+    are (B, H, tq, tk) float32, never a T x T tensor in the chunked path.
+    """
+
+    name = "forget"
+
+    def __init__(self, dims: Dims):
+        super().__init__(dims)
+        self.gate = nn.Linear(dims.d_model, dims.n_head, bias=True)
+
+    def log_lambda(self, inp: Inputs) -> torch.Tensor:
+        """Lambda: (B, H, T) float64."""
+        return log_forget_cumsum(self.gate(inp.x).transpose(1, 2))
+
+    def bias(self, inp: Inputs) -> BiasFn:
+        return forget_bias(self.log_lambda(inp))
+
+    def describe(self) -> str:
+        return "forget gate (FoX): bias cumsum log sigmoid(Wx+b), float64 prefix sums"
+
+
+def forget_bias_naive(logits: torch.Tensor) -> torch.Tensor:
+    """Reference: D_ij = sum_{j<t<=i} log sigmoid(logits_t) by explicit masked sums, (B, H, T, T) float64."""
+    T = logits.shape[-1]
+    logf = torch.log(torch.sigmoid(logits.double()))
+    t = torch.arange(T)
+    window = (t[:, None, None] >= t[None, None, :]) & (t[None, None, :] > t[None, :, None])  # [i, j, t]: j < t <= i
+    return torch.einsum("bht,ijt->bhij", logf, window.double())

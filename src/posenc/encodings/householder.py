@@ -1,0 +1,183 @@
+"""PaTH: attention with accumulated Householder-like transforms (Yang et al. 2025,
+"PaTH Attention: Position Encoding via Accumulating Householder Transformations", sec. 2-3).
+
+Per head, token t has H_t = I - beta_t w_t w_t^T with beta_t = 2 sigmoid(.) in
+(0, 2) and w_t unit-norm (low-rank projection of x, short causal depthwise
+convolution, SiLU, L2 norm; as flash-linear-attention's ``PaTHAttention``)::
+
+    s_ij = q_i^T H_i H_{i-1} ... H_{j+1} k_j   (j <= i; the empty product for j = i)
+
+Three implementations that agree (tests):
+
+1. ``householder_naive.path_scores_naive`` builds the products; ``path_decode``
+   is the decoding form (appending token t updates every cached key:
+   k_j <- k_j - beta_t (w_t . k_j) w_t);
+2. ``path_attention`` (CPU/any device, PyTorch): blocks of C tokens. In block b,
+   with W, beta, K, Q its rows, the UT transform A = I + diag(beta) tril(W W^T, -1)
+   gives U = A^-1 diag(beta) W with H_{last} ... H_{first} = I - W^T U, and
+   C = A^-1 diag(beta) tril(W K^T, -1). Then
+     intra-block scores     S = tril(Q K^T) - tril(Q W^T) C,
+     keys to the block end  K^ = K - C^T W           (k^_j = H_last ... H_{j+1} k_j),
+     queries to its start   Q^ = Q - tril(Q W^T) U   (q^_i = H_first ... H_i q_i).
+   Key blocks are then scanned right to left with an online softmax: scores
+   Q^ K^_b^T, then Q^ <- Q^ - (Q^ W_b^T) U_b carries the queries across block b.
+   All query blocks advance together, so the loop has T/C steps and holds
+   O(T C) scores at a time (forward memory O(T (C + D))).
+3. on CUDA, flash-linear-attention's ``parallel_path_attn`` (``posenc[cuda]``),
+   layout [B, T, H, D], fp32 w and beta; used when ``fla`` imports, there is no
+   extra bias and the head dim is 16, 32 or 64 (else a one-line warning and 2.).
+   Untested here (no GPU).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc.encodings import register
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.errors import PosencError
+
+FLA_HEAD_DIMS = (16, 32, 64)
+
+
+def _ut_transform(q, k, w, beta):
+    """Per-block quantities; all inputs blocked: (B, H, n, C, D) and beta (B, H, n, C).
+
+    Returns (S intra-block scores (.., C, C), K^ (.., C, D), Q^ (.., C, D), U (.., C, D)).
+    """
+    C = q.shape[-2]
+    eye = torch.eye(C, dtype=q.dtype, device=q.device)
+    bcol = beta[..., None]
+    A = eye + bcol * (w @ w.transpose(-1, -2)).tril(-1)
+    U = torch.linalg.solve_triangular(A, bcol * w, upper=False, unitriangular=True)
+    Cm = torch.linalg.solve_triangular(A, bcol * (w @ k.transpose(-1, -2)).tril(-1), upper=False, unitriangular=True)
+    qw = (q @ w.transpose(-1, -2)).tril()
+    S = (q @ k.transpose(-1, -2)).tril() - qw @ Cm
+    return S, k - Cm.transpose(-1, -2) @ w, q - qw @ U, U
+
+
+def _bias_tiles(bias: BiasFn, T: int, C: int, q_blocks: range, r: int) -> torch.Tensor:
+    """Bias tiles of (query block b, key block b - r) for b in q_blocks, zero-padded to C x C: (B|1, H, nb, C, C)."""
+    tiles = []
+    for b in q_blocks:
+        qs, ks = b * C, (b - r) * C
+        t = bias(qs, min(qs + C, T), ks, min(ks + C, T))
+        tiles.append(F.pad(t, (0, C - t.shape[-1], 0, C - t.shape[-2])))
+    return torch.stack(tiles, dim=2)
+
+
+def path_attention(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0, block_size: int = 64) -> torch.Tensor:
+    """Blockwise PaTH attention (module docstring, 2.).
+
+    q, k, w: (B, H, T, D) float32/64 (w unit-norm); v: (B, H, T, Dv); beta: (B, H, T)
+    in (0, 2); bias: optional tile function added to the scaled scores. Scores
+    are ``logit_scale * s_ij / sqrt(D) + bias``. Returns (B, H, T, Dv) in v's dtype.
+    """
+    B, H, T, D = q.shape
+    C = min(block_size, T)
+    n = -(-T // C)
+    pad = n * C - T  # padded tokens: w = 0, beta = 0 (H = I), keys masked by causality
+    dt = q.dtype
+    q, k, w = (F.pad(x.to(dt), (0, 0, 0, pad)).view(B, H, n, C, D) for x in (q, k, w))
+    vb = F.pad(v, (0, 0, 0, pad)).view(B, H, n, C, -1).to(dt)
+    beta = F.pad(beta.to(dt), (0, pad)).view(B, H, n, C)
+    S, Kh, Qh, U = _ut_transform(q, k, w, beta)
+    scale = logit_scale / math.sqrt(D)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    s = (S * scale).masked_fill(~causal, float("-inf"))
+    if bias is not None:
+        s = s + _bias_tiles(bias, T, C, range(n), 0).to(s.dtype)
+    m = s.amax(-1)  # online softmax state per query: max, normaliser, output
+    p = torch.exp(s - m[..., None])
+    l, o = p.sum(-1), p @ vb
+    for r in range(1, n):  # key block b - r for every query block b >= r
+        qc = Qh[:, :, r:]
+        s = (qc @ Kh[:, :, : n - r].transpose(-1, -2)) * scale
+        if bias is not None:
+            s = s + _bias_tiles(bias, T, C, range(r, n), r).to(s.dtype)
+        m_new = torch.maximum(m[:, :, r:], s.amax(-1))
+        p = torch.exp(s - m_new[..., None])
+        corr = torch.exp(m[:, :, r:] - m_new)
+        l = torch.cat((l[:, :, :r], l[:, :, r:] * corr + p.sum(-1)), dim=2)
+        o = torch.cat((o[:, :, :r], o[:, :, r:] * corr[..., None] + p @ vb[:, :, : n - r]), dim=2)
+        m = torch.cat((m[:, :, :r], m_new), dim=2)
+        if r < n - 1:  # carry the queries across key block b - r
+            Qh = torch.cat((Qh[:, :, :r], qc - (qc @ w[:, :, : n - r].transpose(-1, -2)) @ U[:, :, : n - r]), dim=2)
+    out = (o / l[..., None]).view(B, H, n * C, -1)[:, :, :T]
+    return out.to(v.dtype)
+
+
+def _fla_kernel():
+    """flash-linear-attention's PaTH kernel, or None (no CUDA or ``fla`` not installed)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from fla.ops.path_attn.parallel import parallel_path_attn
+    except ImportError:
+        try:  # older releases name it parallel_path_attention
+            from fla.ops.path_attn.parallel import parallel_path_attention as parallel_path_attn
+        except ImportError:
+            return None
+    return parallel_path_attn
+
+
+def fla_path_attention(kernel, q, k, v, w, beta, logit_scale: float = 1.0) -> torch.Tensor:
+    """Call ``parallel_path_attn`` (layout [B, T, H, D], w and beta float32); shapes as ``path_attention``."""
+    o, _ = kernel(
+        q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2),
+        w=w.transpose(1, 2).float().contiguous(), beta=beta.transpose(1, 2).float().contiguous(),
+        scale=logit_scale / math.sqrt(q.shape[-1]),
+    )
+    return o.transpose(1, 2)
+
+
+@register
+class PaTH(Encoding):
+    """PaTH: scores q_i^T H_i ... H_{j+1} k_j, H_t = I - beta_t w_t w_t^T (Yang et al. 2025).
+
+    Parameters: rank (low-rank w projection, default 32 as fla), conv_size
+    (short causal depthwise convolution, default 3), block_size (C, default 64),
+    use_kernel (the fla CUDA kernel when available). w: (B, H, T, D) float32,
+    beta: (B, H, T) float32, from the layer's input x. Replaces attention.
+    """
+
+    name = "path"
+
+    def __init__(self, dims: Dims, rank: int = 32, conv_size: int = 3, block_size: int = 64, use_kernel: bool = True):
+        super().__init__(dims)
+        if rank < 1 or conv_size < 1 or block_size < 1:
+            raise PosencError(f"path: rank, conv_size and block_size must be >= 1, got {rank}, {conv_size}, {block_size}")
+        width = dims.n_head * dims.head_dim
+        self.w_proj = nn.Sequential(nn.Linear(dims.d_model, rank, bias=False), nn.Linear(rank, width, bias=False))
+        self.w_conv = nn.Conv1d(width, width, conv_size, groups=width, bias=False, padding=conv_size - 1)
+        self.beta_proj = nn.Linear(dims.d_model, dims.n_head, bias=True)
+        self.block_size, self.use_kernel, self._warned = block_size, use_kernel, False
+
+    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, d_model) -> w (B, H, T, D) unit-norm float32, beta (B, H, T) float32 in (0, 2)."""
+        B, T, _ = x.shape
+        x = x.float()
+        u = self.w_conv(self.w_proj(x).transpose(1, 2))[..., :T]  # causal: left padding only kept
+        w = F.normalize(F.silu(u).view(B, self.dims.n_head, self.dims.head_dim, T).transpose(-1, -2), dim=-1)
+        return w, 2 * torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
+
+    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
+        w, beta = self.gates(inp.x)
+        kernel = _fla_kernel() if (self.use_kernel and q.is_cuda and bias is None) else None
+        if kernel is not None and q.shape[-1] not in FLA_HEAD_DIMS:
+            if not self._warned:
+                warnings.warn(f"path: head dim {q.shape[-1]} not supported by the fla kernel {FLA_HEAD_DIMS}; using the PyTorch path")
+                self._warned = True
+            kernel = None
+        if kernel is not None:
+            return fla_path_attention(kernel, q, k, v, w, beta, self.logit_scale)
+        return path_attention(q, k, v, w.to(q.dtype), beta, bias=bias, logit_scale=self.logit_scale, block_size=self.block_size)
+
+    def describe(self) -> str:
+        return f"PaTH (accumulated Householder), w rank {self.w_proj[0].out_features}, conv {self.w_conv.kernel_size[0]}, block {self.block_size}"

@@ -1,0 +1,105 @@
+"""xPos: RoPE with an exponential decay per frequency pair (Sun et al. 2023, "A
+Length-Extrapolatable Transformer", eq. 7-9).
+
+Score of query n and key m (pair i, zeta_i = (2i + 0.4 D) / (1.4 D) < 1, scale
+base B = 512)::
+
+    s_nm = sum_i zeta_i^((n-m)/B) * <R(n omega_i) q_n, R(m omega_i) k_m>_i
+
+The factorised form q_n zeta^(n/B), k_m zeta^(-m/B) under/overflows once n/B is
+large (zeta^(-1e6/512) = inf in float32). Here every query block [qs, qe) with
+offset o = pos[qs] scales q_n by zeta^((n-o)/B) (exponent in [0, block/B]) and
+k_m by zeta^((o-m)/B): for m < o the exponent is positive (the factor can only
+underflow towards its true, tiny value), for o <= m < qe it is at most block/B.
+The product is zeta^((n-m)/B) exactly; no unbounded exponent ever appears.
+Scales are computed in float64 as exp(x ln zeta), then cast (>= float32).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from posenc.attention import causal_tile, rotate
+from posenc.encodings import register
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.rotary import check_rotary_dims, rope_inv_freq, wrap_phases
+
+
+def xpos_zeta(head_dim: int) -> torch.Tensor:
+    """zeta_i = (2i + 0.4 D) / (1.4 D), i = 0..D/2-1: (D/2,) float64 in (0, 1)."""
+    return (torch.arange(0, head_dim, 2, dtype=torch.float64) + 0.4 * head_dim) / (1.4 * head_dim)
+
+
+def _per_feature(x: torch.Tensor, pairing: str) -> torch.Tensor:
+    """(..., D/2) per-pair values -> (..., D) per feature."""
+    return torch.cat((x, x), dim=-1) if pairing == "half" else x.repeat_interleave(2, dim=-1)
+
+
+def xpos_block(q, k, pos, inv_freq, zeta, scale_base, qs, qe, pairing="half"):
+    """Rotated and decayed q of queries [qs, qe) and k of keys [0, qe), relative to offset pos[qs].
+
+    q, k: (B, H, T, D); pos: (T,) int64; inv_freq, zeta: (D/2,) float64.
+    Returns (q_blk (B, H, qe-qs, D), k_pre (B, H, qe, D)) in q's dtype whose dot
+    products are s_nm (module docstring) without the 1/sqrt(D).
+    """
+    p = pos.to(torch.float64)
+    ln_zeta = torch.log(zeta).to(pos.device)
+
+    def scaled(x, positions, exponent):
+        phi = wrap_phases(positions[:, None] * inv_freq.to(pos.device), x.dtype)
+        factor = torch.exp(exponent[:, None] / scale_base * ln_zeta).to(x.dtype)
+        return rotate(x, phi, pairing) * _per_feature(factor, pairing)
+
+    o = p[qs]
+    return scaled(q[..., qs:qe, :], p[qs:qe], p[qs:qe] - o), scaled(k[..., :qe, :], p[:qe], o - p[:qe])
+
+
+@register
+class XPos(Encoding):
+    """xPos: RoPE times zeta_i^((n-m)/B), zeta_i = (2i+0.4D)/(1.4D), B = 512 (Sun et al. 2023).
+
+    Parameters: rope_theta, scale_base B, pairing, block_size (queries per block).
+    Replaces attention (``attend``): per query block one SDPA call over the
+    block's keys with the causal tile (plus any other part's bias); at most
+    (block x T) scores. Input q, k: (B, H, T, D) float32/64; output (B, H, T, Dv).
+    """
+
+    name = "xpos"
+
+    def __init__(self, dims: Dims, rope_theta: float = 10000.0, scale_base: float = 512.0, pairing: str = "half", block_size: int = 512):
+        super().__init__(dims)
+        check_rotary_dims(dims, pairing)
+        self.pairing, self.scale_base, self.block_size = pairing, float(scale_base), block_size
+        self.register_buffer("inv_freq", rope_inv_freq(dims.head_dim, rope_theta), persistent=False)
+        self.register_buffer("zeta", xpos_zeta(dims.head_dim), persistent=False)
+
+    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
+        T, scale = q.shape[-2], self.logit_scale / math.sqrt(q.shape[-1])
+        out = []
+        for qs in range(0, T, self.block_size):
+            qe = min(qs + self.block_size, T)
+            qb, kb = xpos_block(q, k, inp.pos, self.inv_freq, self.zeta, self.scale_base, qs, qe, self.pairing)
+            mask = causal_tile(bias, qs, qe, qe, q.device, q.dtype)
+            out.append(F.scaled_dot_product_attention(qb, kb, v[..., :qe, :], attn_mask=mask, scale=scale))
+        return torch.cat(out, dim=-2)
+
+    def describe(self) -> str:
+        return f"xpos(B={self.scale_base:g}, {self.pairing})"
+
+
+def xpos_naive_scores(q, k, pos, rope_theta=10000.0, scale_base=512.0, pairing="half"):
+    """Reference: the full (T, T) xPos score matrix from the formula, float64, no 1/sqrt(D).
+
+    q, k: (B, H, T, D); zeta^((n-m)/B) is evaluated directly for every pair.
+    """
+    D = q.shape[-1]
+    inv_freq, zeta = rope_inv_freq(D, rope_theta), xpos_zeta(D)
+    phi = pos.to(torch.float64)[:, None] * inv_freq
+    rq, rk = rotate(q.double(), phi, pairing), rotate(k.double(), phi, pairing)
+    rel = (pos[:, None] - pos[None, :]).to(torch.float64).clamp(min=0)  # j > i is masked anyway
+    decay = _per_feature(zeta ** (rel[..., None] / scale_base), pairing)  # (T, T, D)
+    return torch.einsum("bhnd,bhmd,nmd->bhnm", rq, rk, decay)

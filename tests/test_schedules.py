@@ -1,0 +1,155 @@
+"""RoPE schedules: golden equality with transformers' ROPE_INIT_FUNCTIONS; ReRoPE against the full matrix; bad input."""
+
+import math
+
+import pytest
+import torch
+import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from posenc import encodings
+from posenc.attention import attention, rotate
+from posenc.encodings.base import Dims, Inputs
+from posenc.encodings.rotary import rope_inv_freq
+from posenc.encodings.schedules import SCHEDULES, check_window, rerope_attention, schedule_params, with_rope_schedule
+from posenc.errors import PosencError
+from posenc.model import build_model
+
+D, THETA, L0 = 64, 10000.0, 128
+
+
+def hf(rope_type, seq_len=None, **params):
+    cfg = transformers.LlamaConfig(
+        hidden_size=4 * D, num_attention_heads=4, head_dim=D, max_position_embeddings=L0,
+        rope_parameters={"rope_type": rope_type, "rope_theta": THETA, **params},
+    )
+    inv, af = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu", seq_len=seq_len)
+    return inv.double(), af
+
+
+def ours(name, seq_len=None, **params):
+    return SCHEDULES[name](D, THETA, schedule_params(name, L0, params), seq_len)
+
+
+@pytest.mark.parametrize("factor", [2.0, 8.0, 32.0])
+def test_pi_and_llama3_equal_transformers(factor):
+    for name, hf_name, extra in (("pi", "linear", {}), ("llama3", "llama3", {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": L0})):
+        inv, af = ours(name, factor=factor)
+        ref, ref_af = hf(hf_name, factor=factor, **extra)
+        assert torch.allclose(inv, ref, rtol=1e-6, atol=0) and af == ref_af == 1.0
+
+
+@pytest.mark.parametrize("factor,extra", [(8.0, {}), (4.0, {"truncate": False}), (16.0, {"beta_fast": 16.0, "beta_slow": 2.0}), (8.0, {"attention_factor": 1.5})])
+def test_yarn_equals_transformers(factor, extra):
+    inv, af = ours("yarn", factor=factor, **extra)
+    ref, ref_af = hf("yarn", factor=factor, original_max_position_embeddings=L0, **extra)
+    assert torch.allclose(inv, ref, rtol=1e-6, atol=0)
+    assert af == pytest.approx(ref_af, rel=1e-12)
+    if "attention_factor" in extra:
+        assert af == 1.5  # an explicit factor wins
+    else:
+        assert af == pytest.approx(0.1 * math.log(factor) + 1)
+    omega = rope_inv_freq(D, THETA)
+    assert inv[0] == omega[0] and inv[-1] == pytest.approx(omega[-1] / factor)  # high kept, low interpolated
+
+
+@pytest.mark.parametrize("seq_len", [100, 128, 300, 1024])
+def test_dynamic_ntk_equals_transformers_and_is_never_stale(seq_len):
+    inv, _ = ours("dynamic", seq_len=seq_len, factor=4.0)
+    ref, _ = hf("dynamic", seq_len=seq_len, factor=4.0)
+    assert torch.allclose(inv, ref, rtol=1e-6, atol=0)
+    dims = Dims(n_head=1, head_dim=D, d_model=D, vocab_size=256, train_length=L0)
+    rope = encodings.get("rope", dims, schedule="dynamic", schedule_params={"factor": 4.0})
+
+    def phases(T):
+        return rope.phases(Inputs(torch.zeros(1, T, D), torch.arange(T), torch.zeros(1, T, dtype=torch.long)))
+
+    long = phases(4096)
+    short = phases(seq_len)  # after a longer input: computed from this length only
+    want = (torch.arange(seq_len, dtype=torch.float64)[:, None] * inv).remainder(2 * math.pi).float()
+    assert torch.allclose(short[0, 0], want, atol=1e-5)
+    assert not torch.allclose(long[0, 0, :seq_len], short[0, 0], atol=1e-3)  # a stale base would match `long`
+
+
+def test_ntk_base_rescale_interpolates_lowest_frequency_by_s():
+    inv, af = ours("ntk", factor=8.0)
+    omega = rope_inv_freq(D, THETA)
+    assert inv[0] == omega[0] and inv[-1].item() == pytest.approx(omega[-1].item() / 8, rel=1e-12) and af == 1.0
+
+
+def test_yarn_logit_scale_is_attention_factor_squared():
+    dims = Dims(n_head=1, head_dim=D, d_model=D, vocab_size=256, train_length=L0)
+    rope = encodings.get("rope", dims, schedule="yarn", schedule_params={"factor": 8.0})
+    assert rope.logit_scale == pytest.approx((0.1 * math.log(8) + 1) ** 2)
+
+
+@pytest.mark.parametrize("leak", [None, 4.0])
+def test_rerope_equals_full_matrix_with_clamped_positions(leak):
+    T, Dh, w = 40, 8, 6
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, T, Dh, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
+    inv = rope_inv_freq(Dh)
+    pos = torch.arange(T)
+    fast = rerope_attention(q, k, v, pos, inv, w, leak, block_size=7)
+    rel = (pos[:, None] - pos[None, :]).double()
+    rel = torch.where(rel < w, rel, w + (rel - w) / leak if leak else torch.full_like(rel, w))
+    # reference: score of (i, j) = <R(rel) q_i, k_j>, built entry by entry (T x T)
+    phi = rel[..., None] * inv  # (T, T, D/2)
+    rq = rotate(q[:, :, :, None, :].expand(-1, -1, -1, T, -1), phi)
+    scores = (rq * k[:, :, None, :, :]).sum(-1) / math.sqrt(Dh)
+    ref = torch.softmax(scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), -1) @ v
+    assert torch.allclose(fast, ref, atol=1e-10)
+    for a, b in zip(torch.autograd.grad(fast.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))):
+        assert torch.allclose(a, b, atol=1e-10)
+    plain = attention(q, k, v, phases=(pos.double()[:, None] * inv)[None, None])
+    assert not torch.allclose(fast, plain, atol=1e-3)
+
+
+def test_schedule_applies_to_trained_rope_model():
+    model = build_model({"n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 16})
+    tokens = torch.randint(0, 256, (1, 64))
+    ext, label = with_rope_schedule(model, "yarn", {"factor": 4.0})
+    assert label == "rope+yarn(s=4)"
+    assert ext.blocks[0].attn.enc.logit_scale == pytest.approx((0.1 * math.log(4) + 1) ** 2)
+    assert not torch.allclose(ext(tokens), model(tokens), atol=1e-4)
+    rr, label = with_rope_schedule(model, "rerope", {"window": 8})
+    assert label == "rope+rerope(w=8)"
+    with pytest.raises(PosencError, match="window 8 must be < the evaluation length 8"):
+        rr(tokens[:, :8])
+    assert torch.isfinite(rr(tokens)).all()
+
+
+@pytest.mark.parametrize(
+    "name,params,msg",
+    [
+        ("yarn", {"factor": 0.5}, "factor must be >= 1"),
+        ("yarn", {"factor": 4, "beta_fast": 1, "beta_slow": 1}, "beta_fast > beta_slow"),
+        ("rerope", {"window": 0}, "window must be a positive integer"),
+        ("rerope", {}, "needs window"),
+        ("leaky-rerope", {"window": 4, "leak": 0.5}, "leak k must be > 1"),
+        ("nope", {}, "unknown rope schedule 'nope'"),
+        ("pi", {"factor": 2, "window": 3}, "takes factor; got window"),
+    ],
+)
+def test_bad_schedule_input(name, params, msg):
+    with pytest.raises(PosencError, match=msg):
+        schedule_params(name, L0, params)
+    with pytest.raises(PosencError, match="must be < the evaluation length 64"):
+        check_window({"window": 64}, 64)
+
+
+def test_schedule_rejects_non_rope_model():
+    model = build_model({"n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 16, "encoding": "alibi"})
+    with pytest.raises(PosencError, match="apply to RoPE models"):
+        with_rope_schedule(model, "yarn", {"factor": 2})
+
+
+def test_preset_eval_schedules_are_validated_before_training():
+    from posenc.compare import load_preset
+
+    preset = load_preset("quick", {"eval_schedules": [{"schedule": "yarn", "factor": 4}, {"schedule": "rerope", "window": 8}]})
+    assert len(preset.eval_schedules) == 2
+    with pytest.raises(PosencError, match="factor must be >= 1"):
+        load_preset("quick", {"eval_schedules": [{"schedule": "yarn", "factor": 0.5}]})
+    with pytest.raises(PosencError, match="window 32 must be < the evaluation length 32"):
+        load_preset("quick", {"eval_schedules": [{"schedule": "rerope", "window": 32}]})

@@ -1,0 +1,119 @@
+"""A sweep survives broken schemes: a NaN loss and a killed process fail alone; reruns resume.
+
+The broken schemes live in a plugin module written to a temporary directory
+(on sys.path), so the spawned job processes register them by importing it; the
+fixture unregisters them afterwards so no other test sees them.
+"""
+
+import importlib
+import json
+import sys
+
+import pytest
+
+from posenc import encodings
+from posenc.compare import _drop_torn_tail, compare, load_preset
+
+PLUGIN = '''
+import os, signal
+import torch
+from posenc.encodings import register
+from posenc.encodings.base import Encoding
+
+
+@register
+class NaNPhases(Encoding):
+    """test-only: phases are NaN, so the loss is NaN at the first step"""
+    name = "test-nan"
+    def phases(self, inp):
+        return torch.full((1, 1, inp.x.shape[1], self.dims.head_dim // 2), float("nan"))
+
+
+@register
+class Killed(Encoding):
+    """test-only: the process is killed (as by the out-of-memory killer)"""
+    name = "test-kill"
+    def phases(self, inp):
+        os.kill(os.getpid(), signal.SIGKILL)
+'''
+BROKEN = ["test-nan", "test-kill"]
+
+
+@pytest.fixture
+def broken_schemes(tmp_path, monkeypatch):
+    plugin_dir = tmp_path / "plugin"
+    plugin_dir.mkdir()
+    (plugin_dir / "posenc_broken_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    importlib.import_module("posenc_broken_plugin")
+    yield
+    for name in BROKEN:
+        encodings._REGISTRY.pop(name, None)
+    sys.modules.pop("posenc_broken_plugin", None)
+
+
+@pytest.fixture
+def corpus(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for i in range(10):
+        d.joinpath(f"doc{i}.txt").write_text(" ".join(f"word{(i * 7 + j * j) % 53}" for j in range(600)))
+    return d
+
+
+def tiny_preset(corpus, schemes):
+    return load_preset("quick", {
+        "name": "sweep", "schemes": schemes,
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+        "train": {"corpus": str(corpus), "steps": 4, "batch_size": 2, "ckpt_every": 2, "threads": 1},
+        "eval": {"multiples": [1, 2], "max_tokens": 64, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
+    })
+
+
+def test_broken_schemes_fail_alone_and_rerun_resumes(broken_schemes, corpus, tmp_path, capsys):
+    preset = tiny_preset(corpus, ["rope", *BROKEN])
+    report = compare(preset, tmp_path / "runs")
+    err = capsys.readouterr().err
+    run = tmp_path / "runs" / "sweep"
+    records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    ppl = [r for r in records if r["kind"] == "ppl"]
+    assert sorted((r["scheme"], r["eval_length"]) for r in ppl) == [("rope", 16), ("rope", 32)]
+    assert all(1 < r["ppl"] < 300 for r in ppl)
+    text = report.read_text()
+    assert "loss is nan at step 0; last good checkpoint: none yet" in text
+    assert "job process died: SIGKILL (out of memory?)" in text
+    for name in BROKEN:  # one line each on stderr, the traceback in a file
+        line = next(l for l in err.splitlines() if l.startswith(f"posenc: {name} (seed 0) failed: "))
+        assert "Traceback" not in line
+        assert (run / name / "seed0.error.txt").exists()
+    assert "Traceback" in (run / "test-nan" / "seed0.error.txt").read_text()
+
+    # a rerun (here in-process) skips finished jobs (no new records) and retries the failed ones
+    with open(run / "results.jsonl", "ab") as f:
+        f.write(b'{"kind": "ppl", "scheme": "ro')  # a record torn by a kill mid-write
+    compare(tiny_preset(corpus, ["rope", "test-nan"]), tmp_path / "runs", isolate=False)
+    after = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    assert after == records
+    assert "posenc: test-nan (seed 0) failed" in capsys.readouterr().err
+
+
+def test_interrupted_evaluation_resumes(corpus, tmp_path):
+    preset = tiny_preset(corpus, ["rope"])
+    compare(preset, tmp_path / "runs", isolate=False)
+    results = tmp_path / "runs" / "sweep" / "results.jsonl"
+    lines = results.read_text().splitlines()
+    assert [json.loads(line)["eval_length"] for line in lines[:2]] == [16, 32]
+    results.write_text(lines[0] + "\n" + lines[1][:20])  # killed while writing the second record
+    compare(preset, tmp_path / "runs", isolate=False)
+    again = results.read_text().splitlines()
+    assert again[0] == lines[0] and json.loads(again[1])["eval_length"] == 32 and len(again) == len(lines)
+
+
+def test_drop_torn_tail(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_bytes(b'{"a": 1}\n{"b"')
+    _drop_torn_tail(p)
+    assert p.read_bytes() == b'{"a": 1}\n'
+    _drop_torn_tail(p)
+    assert p.read_bytes() == b'{"a": 1}\n'
