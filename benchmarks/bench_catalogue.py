@@ -4,8 +4,8 @@ memory, and xPos / PoPE attention time relative to RoPE.
     .venv/bin/python benchmarks/bench_catalogue.py [--threads 1] [--out benchmarks/results]
 
 Times are medians of torch.utils.benchmark measurements after a warm-up call,
-forward only. Peak memory is the resident-set growth of a fresh subprocess
-(ru_maxrss after - before), forward in inference mode. The load average
+forward only. Peak memory is the peak resident-set growth of one call in a fresh
+subprocess (VmHWM after resetting it, minus VmRSS before), forward in inference mode. The load average
 before and after is recorded: the machine is shared, so ratios are more
 trustworthy than absolute times.
 """
@@ -58,23 +58,34 @@ def bench_path(T: int) -> dict:
         ref = path_attention_naive(*args)
         err = float((fast - ref).abs().max())
         t_fast, n_fast = median_seconds(lambda: path_attention(*args, block_size=64), 7)
-        t_ref, n_ref = median_seconds(lambda: path_attention_naive(*args), 3)
+        t_ref, n_ref = median_seconds(lambda: path_attention_naive(*args), 3, warmup=0)  # ~1 min a call; warm from `ref`
     return {"T": T, "B": 1, "H": 1, "D": 64, "block": 64, "blockwise_s": t_fast, "blockwise_runs": n_fast,
             "naive_s": t_ref, "naive_runs": n_ref, "speedup": t_ref / t_fast, "max_abs_diff": err}
 
 
-_MEM_CHILD = """
-import resource, sys, torch
+# Peak resident memory of one call: reset the high-water mark (Linux clear_refs "5"), run,
+# then VmHWM minus the resident size before the call.
+_PEAK = """
+def _status(key):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":")) / 1024
+def assert_finite(x):
+    assert bool(x.isfinite().all())
+def peak_growth(fn):
+    open("/proc/self/clear_refs", "w").write("5")
+    before = _status("VmRSS")
+    fn()
+    return _status("VmHWM") - before
+"""
+
+_MEM_CHILD = _PEAK + """
+import sys, torch
 torch.set_num_threads(1)
 sys.path.insert(0, {bench!r})
 from bench_catalogue import path_inputs
 from posenc.encodings.householder import path_attention
 args = path_inputs({T})
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 with torch.inference_mode():
-    out = path_attention(*args, block_size={C})
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print((after - before) / 1024)
+    print(peak_growth(lambda: path_attention(*args, block_size={C})))
 """
 
 
@@ -86,18 +97,16 @@ def bench_path_memory(T: int, C: int = 64) -> dict:
             "one_T_by_T_float32_MiB": T * T * 4 / 2**20}
 
 
-_LONG_CHILD = """
-import resource, time, torch
+_LONG_CHILD = _PEAK + """
+import time, torch
 torch.set_num_threads(1)
 from posenc.model import build_model
 model = build_model({{"n_layer": 1, "n_head": 2, "d_model": 64, "train_length": {L0}, "encoding": {scheme!r}}}).eval()
 tokens = torch.randint(0, 256, (1, {T}))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.time()
 with torch.inference_mode():
-    nll = model.token_nll(tokens[:, :-1], tokens[:, 1:])
-assert torch.isfinite(nll).all()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024, time.time() - t0)
+    mb = peak_growth(lambda: assert_finite(model.token_nll(tokens[:, :-1], tokens[:, 1:])))
+print(mb, time.time() - t0)
 """
 
 

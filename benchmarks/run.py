@@ -14,7 +14,9 @@ average) and ``suite.md`` (the tables). Sections, each per scheme in
 - ``train``: training tokens/s of the default ``compare`` model (batch 16 x 128,
   AdamW step included); ratio to RoPE. Goal: >= 0.85x except PaTH on CPU.
 - ``memory``: peak resident memory (VmHWM) of a fresh process that builds the
-  default model and evaluates one 32768-token window with
+  default model (with ``--memory-layers`` layers, default 1: in inference mode
+  activations are freed layer by layer, so the peak is one layer's; each further
+  layer adds its ~3 MB of weights) and evaluates one 32768-token window with
   ``posenc.evaluate.evaluate_length``. Goal: <= 4 GiB.
 
 Timings use ``torch.utils.benchmark.Timer`` (one thread, warm-up first); the
@@ -74,30 +76,67 @@ def attention_case(scheme: str, T: int) -> Timer:
     return Timer("step()", globals={"step": step}, num_threads=1, label="attention", sub_label=scheme, description=str(T))
 
 
-def bench_attention(schemes: list[str], rounds: int) -> dict:
-    times = {s: {T: [] for T in ATTN_LENGTHS} for s in schemes}
-    timers = {(s, T): attention_case(s, T) for s in schemes for T in ATTN_LENGTHS}
-    for t in timers.values():  # warm-up
-        t.timeit(1)
+def _warm(make, *args):
+    """(case, None) after one warm-up run, or (None, error line) when the scheme cannot run."""
+    try:
+        case = make(*args)
+        case.timeit(1)
+        return case, None
+    except Exception as exc:  # reported in the table; the other schemes go on
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def paired(timers: dict, rounds: int, number: int, section: str) -> dict:
+    """Median time and median paired ratio to RoPE per case.
+
+    ``timers``: (scheme, key) -> Timer, with a ("rope", key) entry for every key.
+    Each round times every case right after RoPE at the same key, so load that
+    changes over the run cancels in the ratio.
+    """
+    times = {c: [] for c in timers}
+    ratios = {c: [] for c in timers}
     for r in range(rounds):
+        for (s, key), timer in timers.items():
+            if s == "rope":
+                continue
+            ref = timers["rope", key].timeit(number).median
+            t = timer.timeit(number).median
+            times["rope", key].append(ref)
+            times[s, key].append(t)
+            ratios[s, key].append(t / ref)
+        print(f"{section} round {r + 1}/{rounds} done, load {loadavg()}", file=sys.stderr)
+    return {c: {"seconds": float(np.median(times[c])), "ratio": float(np.median(ratios[c])) if ratios[c] else 1.0} for c in timers}
+
+
+def bench_attention(schemes: list[str], rounds: int) -> dict:
+    timers, rows = {}, {}
+    for s in schemes:
         for T in ATTN_LENGTHS:
-            for s in schemes:
-                times[s][T].append(timers[s, T].timeit(1).median)
-        print(f"attention round {r + 1}/{rounds} done, load {loadavg()}", file=sys.stderr)
-    return {s: {T: float(np.median(v)) for T, v in row.items()} for s, row in times.items()}
+            timer, err = _warm(attention_case, s, T)
+            if err:
+                rows[s] = {"error": err}
+                break
+            timers[s, T] = timer
+    for (s, T), cell in paired({c: t for c, t in timers.items() if c[0] not in rows}, rounds, 1, "attention").items():
+        rows.setdefault(s, {})[str(T)] = cell
+    return rows
 
 
 # ---------------------------------------------------------------- training throughput
 
 
-def train_case(scheme: str):
-    """(Timer of one training step, tokens per step) for the default compare model."""
+TRAIN_TOKENS = 16 * 128  # the default preset's batch (checked in train_case)
+
+
+def train_case(scheme: str) -> Timer:
+    """Timer of one training step of the default compare model (batch 16 x 128, AdamW)."""
     preset = load_preset("default")
     cfg = default_model(scheme)
     torch.manual_seed(0)
     model = build_model(cfg).train()
     opt = make_optimizer(model, preset.train)
     B, T = preset.train.batch_size, cfg.train_length
+    assert B * T == TRAIN_TOKENS, "update TRAIN_TOKENS to the default preset's batch"
     x, y = torch.randint(0, cfg.vocab_size, (2, B, T))
 
     def step():
@@ -107,30 +146,31 @@ def train_case(scheme: str):
         torch.nn.utils.clip_grad_norm_(model.parameters(), preset.train.grad_clip)
         opt.step()
 
-    return Timer("step()", globals={"step": step}, num_threads=1, label="train", sub_label=scheme), B * T
+    return Timer("step()", globals={"step": step}, num_threads=1, label="train", sub_label=scheme)
 
 
 def bench_train(schemes: list[str], rounds: int) -> dict:
-    cases = {s: train_case(s) for s in schemes}
-    times = {s: [] for s in schemes}
-    for timer, _ in cases.values():
-        timer.timeit(2)
-    for r in range(rounds):
-        for s in schemes:
-            times[s].append(cases[s][0].timeit(2).median)
-        print(f"train round {r + 1}/{rounds} done, load {loadavg()}", file=sys.stderr)
-    return {s: cases[s][1] / float(np.median(times[s])) for s in schemes}
+    timers, rows = {}, {}
+    for s in schemes:
+        timer, err = _warm(train_case, s)
+        if err:
+            rows[s] = {"error": err}
+        else:
+            timers[s, "step"] = timer
+    for (s, _), cell in paired(timers, rounds, 2, "train").items():
+        rows[s] = {"tokens_per_s": TRAIN_TOKENS / cell["seconds"], "ratio": 1 / cell["ratio"]}
+    return rows
 
 
 # ---------------------------------------------------------------- peak memory
 
 
-def memory_child(scheme: str) -> None:
+def memory_child(scheme: str, layers: int) -> None:
     """In a fresh process: evaluate one MEM_LENGTH window; print peak RSS and timing as JSON."""
     from posenc.evaluate import evaluate_length
 
     torch.set_num_threads(1)
-    cfg = default_model(scheme)
+    cfg = default_model(scheme).model_copy(update={"n_layer": layers})
     model = build_model(cfg)
     rng = np.random.default_rng(0)
     docs = [("synthetic", rng.integers(0, cfg.vocab_size, MEM_LENGTH + 1).astype(np.uint16))]
@@ -147,8 +187,8 @@ def _vm(key: str) -> int:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
-def run_memory_child(scheme: str, timeout: float) -> dict:
-    cmd = [sys.executable, __file__, "--memory-child", scheme]
+def run_memory_child(scheme: str, layers: int, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--memory-child", scheme, "--memory-layers", str(layers)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
     except subprocess.TimeoutExpired:
@@ -158,9 +198,9 @@ def run_memory_child(scheme: str, timeout: float) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def bench_memory(schemes: list[str], workers: int, timeout: float) -> dict:
+def bench_memory(schemes: list[str], layers: int, workers: int, timeout: float) -> dict:
     with ThreadPoolExecutor(workers) as pool:
-        out = dict(zip(schemes, pool.map(lambda s: run_memory_child(s, timeout), schemes)))
+        out = dict(zip(schemes, pool.map(lambda s: run_memory_child(s, layers, timeout), schemes)))
     print(f"memory done, load {loadavg()}", file=sys.stderr)
     return out
 
@@ -168,73 +208,86 @@ def bench_memory(schemes: list[str], workers: int, timeout: float) -> dict:
 # ---------------------------------------------------------------- report
 
 
+TITLES = {
+    "attention": "Attention layer forward + backward (training mode), time ratio to RoPE + SDPA",
+    "train": "Training throughput of the default `compare` model (16 x 128 tokens per step, AdamW)",
+    "memory": f"Peak resident memory evaluating one {MEM_LENGTH}-token window (fresh process, VmHWM)",
+}
+
+
+def section_markdown(name: str, sec: dict) -> list[str]:
+    rows = sec["rows"]
+    head = ["", f"## {TITLES[name]}", "", f"`{sec['command']}`, {sec['date']}, {sec['seconds']} s; load average before "
+            f"{sec['load_before']}, after {sec['load_after']}."]
+    if name == "attention":
+        head += ["Each cell: median over rounds of the time ratio to RoPE timed just before it (batch 1; the goal for "
+                 "accumulated QK/QKV is <= 1.15x). First row: RoPE's median time.", "",
+                 "| scheme | " + " | ".join(f"T={T}" for T in ATTN_LENGTHS) + " |", "|---|" + "---|" * len(ATTN_LENGTHS),
+                 "| rope (ms) | " + " | ".join(f"{1e3 * rows['rope'][str(T)]['seconds']:.1f}" for T in ATTN_LENGTHS) + " |"]
+        for s, row in rows.items():
+            cells = [f"failed: {row['error']}"] if "error" in row else [f"{row[str(T)]['ratio']:.2f}x" for T in ATTN_LENGTHS]
+            head.append(f"| {s} | " + " | ".join(cells) + " |")
+    elif name == "train":
+        head += ["Ratio: median over rounds of the step-time ratio, inverted (goal >= 0.85x except PaTH on CPU).", "",
+                 "| scheme | tokens/s | ratio to RoPE |", "|---|---|---|"]
+        head += [f"| {s} | failed: {r['error']} | |" if "error" in r else f"| {s} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f}x |" for s, r in rows.items()]
+    else:
+        head += [f"Goal: <= 4 GiB. The default model with {sec['layers']} layer(s) (inference frees activations layer "
+                 "by layer). `before eval`: the process after imports and model build.", "",
+                 "| scheme | peak (GiB) | before eval (GiB) | eval time (s) | note |", "|---|---|---|---|---|"]
+        for s, r in rows.items():
+            if "error" in r:
+                head.append(f"| {s} | failed | | | {r['error']} |")
+            else:
+                head.append(f"| {s} | {r['peak_bytes'] / GIB:.2f} | {r['before_eval_bytes'] / GIB:.2f} | {r['seconds']:.0f} | {r['note'] or ''} |")
+    return head
+
+
 def markdown(res: dict) -> str:
     m = res["machine"]
-    lines = [
-        "# Benchmark suite",
-        "",
-        f"`{res['command']}` on {m['cpu']} ({m['cores']} cores, shared), torch {m['torch']}, {res['date']}; "
-        f"load average before {m['load_before']}, after {m['load_after']}. Medians over interleaved rounds; "
-        "ratios are to RoPE measured in the same run.",
-    ]
-    if "attention" in res:
-        a = res["attention"]
-        lines += ["", "## Attention layer forward + backward (training mode), time ratio to RoPE + SDPA", "",
-                  "Goal: accumulated QK/QKV <= 1.15x. RoPE's absolute times are in the first row.", "",
-                  "| scheme | " + " | ".join(f"T={T}" for T in ATTN_LENGTHS) + " |", "|---|" + "---|" * len(ATTN_LENGTHS)]
-        lines.append("| rope (ms) | " + " | ".join(f"{1e3 * a['rope'][str(T)]:.1f}" for T in ATTN_LENGTHS) + " |")
-        for s, row in a.items():
-            lines.append(f"| {s} | " + " | ".join(f"{row[str(T)] / a['rope'][str(T)]:.2f}x" for T in ATTN_LENGTHS) + " |")
-    if "train" in res:
-        t = res["train"]
-        lines += ["", "## Training throughput of the default `compare` model (16 x 128 tokens per step, AdamW)", "",
-                  "Goal: >= 0.85x RoPE for every scheme except PaTH on CPU.", "",
-                  "| scheme | tokens/s | ratio to RoPE |", "|---|---|---|"]
-        lines += [f"| {s} | {v:,.0f} | {v / t['rope']:.2f}x |" for s, v in t.items()]
-    if "memory" in res:
-        lines += ["", f"## Peak resident memory evaluating one {MEM_LENGTH}-token window (fresh process, VmHWM)", "",
-                  "Goal: <= 4 GiB. `before eval` is the process after imports and model build.", "",
-                  "| scheme | peak (GiB) | before eval (GiB) | eval time (s) | note |", "|---|---|---|---|---|"]
-        for s, r in res["memory"].items():
-            if "error" in r:
-                lines.append(f"| {s} | failed | | | {r['error']} |")
-            else:
-                lines.append(f"| {s} | {r['peak_bytes'] / GIB:.2f} | {r['before_eval_bytes'] / GIB:.2f} | {r['seconds']:.0f} | {r['note'] or ''} |")
+    lines = ["# Benchmark suite", "", f"{m['cpu']}, {m['cores']} cores shared with other work, torch {m['torch']}. "
+             "Every scheme registered at the time of the run; ratios are to RoPE within one interleaved run per section."]
+    for name in TITLES:
+        if name in res["sections"]:
+            lines += section_markdown(name, res["sections"][name])
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sections", nargs="+", default=["attention", "train", "memory"], choices=["attention", "train", "memory"])
+    p.add_argument("--sections", nargs="+", default=list(TITLES), choices=list(TITLES))
     p.add_argument("--schemes", nargs="+", help="default: every registered scheme (posenc.encodings.names())")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median over them)")
+    p.add_argument("--memory-layers", type=int, default=1, help="layers of the default model in the memory section")
     p.add_argument("--memory-workers", type=int, default=2, help="memory subprocesses at a time")
     p.add_argument("--memory-timeout", type=float, default=1200, help="seconds per memory subprocess")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--out", type=Path, default=OUT, help="results folder; sections not run are kept from its suite.json")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
-        memory_child(args.memory_child)
+        memory_child(args.memory_child, args.memory_layers)
         return 0
     schemes = args.schemes or encodings.names()
     schemes = ["rope"] + [s for s in schemes if s != "rope"]
-    res = {
-        "command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__, "load_before": loadavg()},
-        "schemes": schemes,
+    path = args.out / "suite.json"
+    res = json.loads(path.read_text()) if path.exists() else {"sections": {}}
+    res["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__}
+    run = {
+        "attention": lambda: bench_attention(schemes, args.rounds),
+        "train": lambda: bench_train(schemes, args.rounds),
+        "memory": lambda: bench_memory(schemes, args.memory_layers, args.memory_workers, args.memory_timeout),
     }
-    t0 = time.time()
-    if "attention" in args.sections:
-        res["attention"] = {s: {str(T): v for T, v in row.items()} for s, row in bench_attention(schemes, args.rounds).items()}
-    if "train" in args.sections:
-        res["train"] = bench_train(schemes, args.rounds)
-    if "memory" in args.sections:
-        res["memory"] = bench_memory(schemes, args.memory_workers, args.memory_timeout)
-    res["machine"]["load_after"] = loadavg()
-    res["seconds"] = round(time.time() - t0)
+    for name in args.sections:
+        sec = {"command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": loadavg(), "rounds": args.rounds}
+        if name == "memory":
+            sec["layers"] = args.memory_layers
+        t0 = time.time()
+        sec["rows"] = run[name]()
+        sec.update(load_after=loadavg(), seconds=round(time.time() - t0))
+        res["sections"][name] = sec
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "suite.json").write_text(json.dumps(res, indent=2) + "\n")
+    path.write_text(json.dumps(res, indent=2) + "\n")
     (args.out / "suite.md").write_text(markdown(res))
     print(markdown(res))
     return 0

@@ -121,16 +121,17 @@ def test_rerope_params_and_bad_factor():
 # ---------------------------------------------------------------- ReRoPE
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("window,leak,block", [(1, 0.0, 7), (5, 0.0, 16), (23, 0.125, 9), (40, 0.5, 64)])
-def test_rerope_blockwise_matches_naive(window, leak, block):
+def test_rerope_blockwise_matches_naive(window, leak, block, fused):
     torch.manual_seed(window)
     q, k, v = torch.randn(2, 6, 50, 16), torch.randn(2, 3, 50, 16), torch.randn(2, 3, 50, 16)
     inv = OMEGA[:8].float()
-    got = rerope.rerope_attention(q, k, v, inv, window, leak, block=block)
+    got = rerope.rerope_attention(q, k, v, inv, window, leak, block=block, fused=fused)
     want = rerope.rerope_attention_naive(q, k, v, inv, window, leak)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     # decoding: the last queries against all keys
-    got = rerope.rerope_attention(q[:, :, -3:], k, v, inv, window, leak, block=block)
+    got = rerope.rerope_attention(q[:, :, -3:], k, v, inv, window, leak, block=block, fused=fused)
     torch.testing.assert_close(got, want[:, :, -3:], atol=2e-5, rtol=1e-4)
 
 

@@ -89,10 +89,11 @@ def far_mass_markdown(records: list[dict], L0: int) -> str:
     if not recs:
         return ""
     lengths = sorted({r["length"] for r in recs})
+    w = next((r["w"] for r in recs if "w" in r), L0)  # "not supported" records carry no w
     grid = _grid([{**r, "eval_length": r["length"]} for r in recs], "far_mass_mean")
     uniform = {r["length"]: r.get("uniform_far_mass") for r in recs}
     out = (
-        f"\n## Far attention mass\n\nMean softmax mass on keys at distance >= {recs[0]['w']} (the training length), over "
+        f"\n## Far attention mass\n\nMean softmax mass on keys at distance >= {w} (the training length), over "
         "layers, heads and the queries that have such keys (`posenc diagnose` gives each layer and head; `far_mass.png`). "
         "Uniform attention is the reference; a distance bias keeps it near 0.\n\n"
         "| scheme | " + " | ".join(f"{L} ({L / L0:g}x)" for L in lengths) + " |\n|---|" + "---|" * len(lengths) + "\n"

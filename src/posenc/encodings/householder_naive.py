@@ -11,7 +11,6 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from posenc.encodings.base import BiasFn
 
@@ -20,21 +19,20 @@ def path_scores_naive(q, k, w, beta) -> torch.Tensor:
     """s_ij = q_i^T H_i H_{i-1} ... H_{j+1} k_j with H_t = I - beta_t w_t w_t^T, built as products.
 
     Keeps P[j] = H_i ... H_{j+1} for the current i; each new token multiplies every
-    P[j] by H_i on the left (rank-1 update) and appends P[i] = I. Returns (B, H, T, T),
-    -inf above the diagonal, without 1/sqrt(D).
+    P[j] by H_i on the left (a rank-1 update) and appends P[i] = I. Returns
+    (B, H, T, T), -inf above the diagonal, without 1/sqrt(D).
     """
     B, H, T, D = q.shape
     eye = torch.eye(D, dtype=q.dtype, device=q.device).expand(B, H, 1, D, D)
     P = eye[:, :, :0]
-    rows = []
+    scores = q.new_full((B, H, T, T), float("-inf"))  # rows written in place: a list of rows fragments the heap
     for i in range(T):
         wi, bi = w[:, :, i], beta[:, :, i]
         # H_i P = P - beta_i w_i (w_i^T P)
         P = P - bi[..., None, None, None] * wi[:, :, None, :, None] * torch.einsum("bhd,bhjde->bhje", wi, P)[..., None, :]
         P = torch.cat((P, eye), dim=2)
-        s = torch.einsum("bhd,bhjde,bhje->bhj", q[:, :, i], P, k[:, :, : i + 1])
-        rows.append(F.pad(s, (0, T - i - 1), value=float("-inf")))
-    return torch.stack(rows, dim=2)
+        scores[:, :, i, : i + 1] = torch.einsum("bhd,bhjde,bhje->bhj", q[:, :, i], P, k[:, :, : i + 1])
+    return scores
 
 
 def path_attention_naive(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0) -> torch.Tensor:

@@ -45,6 +45,28 @@ def rotate(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.
     return x * cos + rot_half * sin
 
 
+def _attend(q, k, v, keep, scale, fused):
+    """Softmax attention of q (B, H, bq, D) over k, v (B, H, n, D), where ``keep`` (bq, n)
+    bool or None (all keys); returns (out (B, H, bq, D), logsumexp (B, H, bq)). A row
+    with no key gives out 0, lse -inf. ``fused``: torch's CPU flash kernel (it returns
+    the logsumexp), else matmuls."""
+    if fused:
+        bias = None if keep is None else torch.zeros(keep.shape, dtype=q.dtype).masked_fill_(~keep, -math.inf)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
+        return out, lse if keep is None else lse.masked_fill(~keep.any(-1), -math.inf)
+    s = q @ k.transpose(-1, -2) * scale
+    if keep is not None:
+        s.masked_fill_(~keep, -math.inf)
+    lse = s.logsumexp(-1)
+    return (s - lse.nan_to_num(neginf=0.0)[..., None]).exp_() @ v, lse
+
+
+def _merge(parts):
+    """One softmax over disjoint key sets from their (out, logsumexp) pairs."""
+    lse = torch.stack([lse for _, lse in parts]).logsumexp(0)
+    return sum(o * (part_lse - lse).exp()[..., None] for o, part_lse in parts)
+
+
 def rerope_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -54,7 +76,8 @@ def rerope_attention(
     leak: float = 0.0,
     q_pos: torch.Tensor | None = None,
     scale: float | None = None,
-    block: int = 256,
+    block: int = 512,
+    fused: bool | None = None,
 ) -> torch.Tensor:
     """Causal (leaky) ReRoPE attention, blockwise over query blocks.
 
@@ -67,46 +90,46 @@ def rerope_attention(
         leak: slope beyond the window (0: ReRoPE, 1/k: leaky ReRoPE).
         q_pos: (Tq,) integer query positions; default ``Tk - Tq + arange(Tq)``.
         scale: logit scale, default 1/sqrt(D).
-        block: queries per block; peak memory ~ H * block * Tk floats.
+        block: queries per block; peak memory ~ block * Tk mask entries (fused) or
+            H * block * Tk scores (matmul path).
+        fused: use torch's CPU flash kernel per part (default: on CPU).
 
     Returns:
-        (B, H, Tq, D) attention output.
+        (B, H, Tq, D) attention output. The near part (keys within the window) and
+        the far part are attended separately and merged by their logsumexps, which
+        equals one softmax over both.
     """
-    B, H, Tq, D = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
-    G = H // Hkv
+    Tq, D = q.shape[2], q.shape[3]
+    Tk, G = k.shape[2], q.shape[1] // k.shape[1]
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
+    fused = q.device.type == "cpu" if fused is None else fused
     if q_pos is None:
         q_pos = torch.arange(Tk - Tq, Tk, device=q.device)
     k_pos = torch.arange(Tk, device=q.device)
-    q = q.view(B, Hkv, G, Tq, D)
-    q_near, k_near = rotate(q, q_pos, inv_freq), rotate(k, k_pos, inv_freq)[:, :, None]
-    q_far = rotate(q, window + (q_pos - window) * leak, inv_freq)
-    k_far = rotate(k, k_pos * leak, inv_freq)[:, :, None]
-    v = v[:, :, None]
+    k_near = rotate(k, k_pos, inv_freq).repeat_interleave(G, dim=1)
+    k_far = rotate(k, k_pos * leak, inv_freq).repeat_interleave(G, dim=1)
+    v = v.repeat_interleave(G, dim=1)
+    q_near, q_far = rotate(q, q_pos, inv_freq), rotate(q, window + (q_pos - window) * leak, inv_freq)
     out = torch.empty_like(q)
     for a in range(0, Tq, block):
-        p = q_pos[a : a + block]
-        p_lo, p_hi = int(p[0]), int(p[-1])
-        # near keys: j in (i - w, i]; far keys: j <= i - w
-        n0, n1, f1 = max(0, p_lo - window + 1), p_hi + 1, max(0, p_hi - window + 1)
-        jn = k_pos[n0:n1]
-        s_near = (q_near[..., a : a + block, :] @ k_near[..., n0:n1, :].transpose(-1, -2)) * scale
-        s_near.masked_fill_((jn[None, :] > p[:, None]) | (jn[None, :] <= p[:, None] - window), -math.inf)
-        m = s_near.amax(-1, keepdim=True)
-        if f1 > 0:
-            s_far = (q_far[..., a : a + block, :] @ k_far[..., :f1, :].transpose(-1, -2)) * scale
-            s_far.masked_fill_(k_pos[None, :f1] > p[:, None] - window, -math.inf)
-            m = torch.maximum(m, s_far.amax(-1, keepdim=True))
-        e_near = (s_near - m).exp_()
-        den = e_near.sum(-1, keepdim=True)
-        num = e_near @ v[..., n0:n1, :]
-        if f1 > 0:
-            e_far = (s_far - m).exp_()
-            den = den + e_far.sum(-1, keepdim=True)
-            num = num + e_far @ v[..., :f1, :]
-        out[..., a : a + block, :] = num / den
-    return out.view(B, H, Tq, D)
+        p = q_pos[a : a + block, None]
+        lo, hi = int(p[0]), int(p[-1])
+        qn, qf = q_near[:, :, a : a + block], q_far[:, :, a : a + block]
+        # Keys by role for this block: far j <= i - w, near i - w < j <= i. Masks only
+        # where the role changes inside the block (triangles of width < block).
+        f0, f1 = max(0, lo - window + 1), max(0, hi - window + 1)
+        n1 = hi + 1
+        m0, m1 = min(max(hi - window + 1, f0), lo + 1), lo + 1
+        parts = []
+        for kk, q_, j0, j1, rule in ((k_far, qf, 0, f0, None), (k_far, qf, f0, f1, "far"),
+                                     (k_near, qn, f0, m0, "near"), (k_near, qn, m0, m1, None),
+                                     (k_near, qn, m1, n1, "near")):
+            if j1 > j0:
+                j = k_pos[None, j0:j1]
+                keep = None if rule is None else (j <= p - window) if rule == "far" else (j > p - window) & (j <= p)
+                parts.append(_attend(q_, kk[:, :, j0:j1], v[:, :, j0:j1], keep, scale, fused))
+        out[:, :, a : a + block] = _merge(parts)
+    return out
 
 
 def rerope_attention_naive(q, k, v, inv_freq, window, leak=0.0, scale=None):
