@@ -75,11 +75,11 @@ def evaluate_length(
     try:
         for b in range(0, len(wins), per_batch):
             batch = np.stack([docs[d][1][s : s + length + 1] for d, s in wins[b : b + per_batch]]).astype(np.int64)
-            t = torch.from_numpy(batch)
+            t = torch.from_numpy(batch).to(next(model.parameters()).device)
             nll = model.token_nll(t[:, :-1], t[:, 1:]).double()  # (B, L)
             nll_sum += float(nll.sum())
             count += nll.numel()
-            per_pos = nll.sum(0).numpy()
+            per_pos = nll.sum(0).cpu().numpy()
             for i in range(len(edges) - 1):
                 b_nll[i] += per_pos[edges[i] : edges[i + 1]].sum()
             bar.update(len(batch))

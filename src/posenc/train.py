@@ -105,7 +105,7 @@ def _truncate_log(path: Path, step: int) -> None:
 
 
 def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
-    """Model (weights loaded), model config and training config of a run directory."""
+    """Model (weights loaded, on the default device: CUDA if present), model and training config of a run."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").exists() or not (run_dir / "model.safetensors").exists():
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
@@ -113,7 +113,7 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
     mcfg, tcfg = validate_config(cfg["model"]), validate_train_config(cfg["train"])
     model = build_model(mcfg)
     load_weights(run_dir / "model.safetensors", model)
-    return model, mcfg, tcfg
+    return model.to(distributed.default_device()), mcfg, tcfg
 
 
 class _TokenNLL(torch.nn.Module):
