@@ -148,6 +148,7 @@ class Accumulated(Encoding):
 
 alias("acc-rand-qk", "accumulated", "accumulated random rotations on Q/K", mode="random", rotate="qk")
 alias("acc-rand-qkv", "accumulated", "accumulated random rotations on Q/K/V", mode="random", rotate="qkv")
+alias("acc-zero-qkv", "accumulated", "accumulated random rotations on Q/K/V, steps U[-1, 1] (Example 1, beta 0.84)", mode="random", rotate="qkv", center="zero", a=1.0)
 alias("acc-token-qkv", "accumulated", "accumulated per-token-id rotations on Q/K/V", mode="token", rotate="qkv")
 alias("acc-learned-qk", "accumulated", "accumulated learned rotations on Q/K", mode="learned", rotate="qk")
 alias("acc-learned-qkv", "accumulated", "accumulated learned rotations on Q/K/V", mode="learned", rotate="qkv")
