@@ -55,3 +55,17 @@ def test_learned_beyond_table_is_not_applicable():
     assert evaluate_length(model, docs, 8, progress=False)["ppl"] is not None
     rec = evaluate_length(model, docs, 16, progress=False)
     assert rec["ppl"] is None and rec["note"].startswith("n/a")
+
+
+def test_span_makes_every_length_score_the_same_targets():
+    docs = [("a", np.arange(200)), ("short", np.arange(40)), ("b", np.arange(129)), ("c", np.arange(300))]
+    targets = {}
+    for L in (16, 32, 64, 128):
+        wins = windows(docs, L, max_tokens=200, span=128)
+        targets[L] = sorted((d, t) for d, s in wins for t in range(s + 1, s + L + 1))
+    assert targets[16] == targets[32] == targets[64] == targets[128]
+    assert {d for d, _ in targets[16]} == {0, 2} and len(targets[16]) == 256  # 2 spans of 128 cover 200
+    with pytest.raises(PosencError, match="not a multiple"):
+        windows(docs, 48, span=128)
+    with pytest.raises(PosencError, match="exceeds the longest"):
+        windows(docs, 16, span=512)

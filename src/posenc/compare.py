@@ -134,11 +134,16 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
                     model, label = with_rope_schedule(load_run(run_dir)[0], name, params)
                     for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
                         if (label, seed, L) not in _done(results):
-                            rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens)
+                            rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset))
                             append_jsonl(results, {"kind": "ppl", "scheme": label, "seed": seed, "train_length": preset.model.train_length, **rec})
                 except Exception as exc:  # one broken row must not lose the others
                     failures[f"{scheme}+{name} (seed {seed})"] = _one_line(exc)
     return failures
+
+
+def _span(preset: Preset) -> int:
+    """Every length scores the same text: the first (longest length) targets of each held-out work used."""
+    return max(eval_lengths(preset.model.train_length, preset.eval.multiples))
 
 
 def _dims(m: ModelConfig):
@@ -164,7 +169,7 @@ def run_scheme(run_root: Path, preset: Preset, scheme: str, seed: int, data, res
         if (scheme, seed, L) in done:
             continue
         t0 = time.time()
-        rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens)
+        rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset))
         append_jsonl(results, {"kind": "ppl", "scheme": scheme, "seed": seed, "train_length": mcfg.train_length, **rec, "seconds": time.time() - t0})
     compare_extras(model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length})
 
@@ -281,7 +286,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True)
         "model": f"{preset.model.n_layer} layers, width {preset.model.d_model}, {preset.model.n_head} heads, {preset.model.mlp}, {preset.model.norm}, train length {preset.model.train_length}",
         "budget": f"{preset.train.steps} steps x {preset.train.batch_size} x {preset.model.train_length} tokens, lr {preset.train.lr}",
         "seeds": preset.seeds,
-        "eval": f"non-overlapping windows, at most {preset.eval.max_tokens} scored tokens per length",
+        "eval": f"non-overlapping windows; every length scores the same text: the first {_span(preset)} targets of each of the first {-(-preset.eval.max_tokens // _span(preset))} held-out works",
         "descriptions": {s: encodings.get(s, _dims(preset.model.model_copy(update={"vocab_size": data.vocab_size}))).describe() for s in preset.schemes},
         "notes": preset.description or None,
     }

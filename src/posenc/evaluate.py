@@ -20,12 +20,26 @@ from posenc.errors import PosencError
 from posenc.model import LM
 
 
-def windows(docs: list[tuple[str, np.ndarray]], length: int, max_tokens: int | None = None) -> list[tuple[int, int]]:
-    """(doc index, start) of non-overlapping windows of ``length``, round-robin over docs.
+def windows(
+    docs: list[tuple[str, np.ndarray]], length: int, max_tokens: int | None = None, span: int | None = None
+) -> list[tuple[int, int]]:
+    """(doc index, start) of non-overlapping windows of ``length``.
 
-    Stops once ``max_tokens`` targets are covered (None: all windows).
+    With ``span`` (a multiple of ``length``), every length scores the same text:
+    the first ``span`` targets of each document long enough, in order, for as
+    many documents as ``max_tokens`` needs (rounded up to whole spans); use the
+    longest evaluation length as the span so that perplexity ratios between
+    lengths compare the same tokens. Without it, windows are taken round-robin
+    over documents until ``max_tokens`` targets are covered (None: all windows).
     Raises PosencError when no document is long enough for one window.
     """
+    if span is not None:
+        if span % length:
+            raise PosencError(f"evaluation span {span} is not a multiple of the evaluation length {length}")
+        usable = [d for d, (_, a) in enumerate(docs) if len(a) > span]
+        _check_long_enough(usable, docs, span)
+        n = len(usable) if max_tokens is None else min(len(usable), -(-max_tokens // span))
+        return [(d, s) for d in usable[:n] for s in range(0, span, length)]
     per_doc = [list(range(0, len(a) - length, length)) for _, a in docs]
     out, i = [], 0
     while any(per_doc):
@@ -35,10 +49,14 @@ def windows(docs: list[tuple[str, np.ndarray]], length: int, max_tokens: int | N
                 i += length
                 if max_tokens is not None and i >= max_tokens:
                     return out
-    if not out:
+    _check_long_enough(out, docs, length)
+    return out
+
+
+def _check_long_enough(found: list, docs, length: int) -> None:
+    if not found:
         longest = max((len(a) for _, a in docs), default=0)
         raise PosencError(f"evaluation length {length} exceeds the longest held-out document ({longest - 1} targets)")
-    return out
 
 
 def bucket_edges(length: int, train_length: int) -> list[int]:
@@ -58,15 +76,16 @@ def evaluate_length(
     max_tokens: int | None = None,
     batch_tokens: int = 8192,
     progress: bool = True,
+    span: int | None = None,
 ) -> dict:
-    """Perplexity of ``model`` on windows of ``length`` tokens.
+    """Perplexity of ``model`` on windows of ``length`` tokens (``span``: see ``windows``).
 
     Returns a record: eval_length, windows, scored_tokens, nll (sum, nats), ppl,
     bucket_edges and bucket_ppl (per position bucket). Learned tables too short
     for ``length`` give ``ppl: None`` and ``note: "n/a"``.
     """
     model.eval()
-    wins = windows(docs, length, max_tokens)
+    wins = windows(docs, length, max_tokens, span)
     edges = bucket_edges(length, model.cfg.train_length)
     b_nll = np.zeros(len(edges) - 1)
     nll_sum, count = 0.0, 0

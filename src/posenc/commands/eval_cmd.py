@@ -57,7 +57,7 @@ def run(args) -> int:
     base = None
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
     for L in lengths:
-        rec = evaluate_length(model, data.val_docs, L, args.max_tokens)
+        rec = evaluate_length(model, data.val_docs, L, args.max_tokens, span=max(lengths))
         append_jsonl(Path(args.run_dir) / "eval.jsonl", {"scheme": scheme, "train_length": mcfg.train_length, **rec})
         if rec["ppl"] is None:
             print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}")
