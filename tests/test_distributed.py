@@ -25,12 +25,8 @@ schemes: [acc-rand-qkv]
 
 
 @pytest.fixture
-def setup(tmp_path, monkeypatch):
-    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(10):
-        corpus.joinpath(f"doc{i}.txt").write_text(" ".join(f"w{(i * 5 + j * j) % 41}" for j in range(500)))
+def setup(tmp_path, tiny_corpus):
+    corpus = tiny_corpus
     preset = tmp_path / "tiny.yaml"
     preset.write_text(PRESET.replace("threads: 1}", f"threads: 1, corpus: {corpus}}}"))
     return tmp_path, preset

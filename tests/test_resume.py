@@ -22,12 +22,8 @@ schemes: [acc-rand-qkv]
 
 
 @pytest.fixture
-def setup(tmp_path, monkeypatch):
-    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(10):
-        corpus.joinpath(f"doc{i}.txt").write_text(" ".join(f"w{(i * 3 + j * j) % 37}" for j in range(400)))
+def setup(tmp_path, tiny_corpus):
+    corpus = tiny_corpus
 
     def preset(steps):
         path = tmp_path / f"tiny{steps}.yaml"

@@ -53,13 +53,8 @@ def broken_schemes(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def corpus(tmp_path, monkeypatch):
-    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
-    d = tmp_path / "corpus"
-    d.mkdir()
-    for i in range(10):
-        d.joinpath(f"doc{i}.txt").write_text(" ".join(f"word{(i * 7 + j * j) % 53}" for j in range(600)))
-    return d
+def corpus(tiny_corpus):
+    return tiny_corpus
 
 
 def tiny_preset(corpus, schemes):
