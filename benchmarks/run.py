@@ -1,6 +1,6 @@
 """The benchmark suite: every registered scheme against RoPE, in one interleaved run.
 
-    .venv/bin/python benchmarks/run.py            # all three sections (~15 min on 2 shared cores)
+    .venv/bin/python benchmarks/run.py            # all three sections (~50 min on 2 cores)
     .venv/bin/python benchmarks/run.py --sections attention --rounds 3
 
 Writes ``benchmarks/results/suite.json`` (raw medians, ratios, machine, load
@@ -14,10 +14,9 @@ average) and ``suite.md`` (the tables). Sections, each per scheme in
 - ``train``: training tokens/s of the default ``compare`` model (batch 16 x 128,
   AdamW step included); ratio to RoPE. Goal: >= 0.85x except PaTH on CPU.
 - ``memory``: peak resident memory (VmHWM) of a fresh process that builds the
-  default model (with ``--memory-layers`` layers, default 1: in inference mode
-  activations are freed layer by layer, so the peak is one layer's; each further
-  layer adds its ~3 MB of weights) and evaluates one 32768-token window with
-  ``posenc.evaluate.evaluate_length``. Goal: <= 4 GiB.
+  default ``compare`` model (all its layers; ``--memory-layers`` overrides) and
+  evaluates one 32768-token window with ``posenc.evaluate.evaluate_length``,
+  one thread per process. Goal: <= 4 GiB.
 
 Timings use ``torch.utils.benchmark.Timer`` (one thread, warm-up first); the
 schemes are interleaved round by round so that the load of a shared machine
@@ -232,8 +231,8 @@ def section_markdown(name: str, sec: dict) -> list[str]:
                  "| scheme | tokens/s | ratio to RoPE |", "|---|---|---|"]
         head += [f"| {s} | failed: {r['error']} | |" if "error" in r else f"| {s} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f}x |" for s, r in rows.items()]
     else:
-        head += [f"Goal: <= 4 GiB. The default model with {sec['layers']} layer(s) (inference frees activations layer "
-                 "by layer). `before eval`: the process after imports and model build.", "",
+        head += [f"Goal: <= 4 GiB. The default `compare` model with {sec['layers']} layer(s), one thread per process. "
+                 "`before eval`: the process after imports and model build.", "",
                  "| scheme | peak (GiB) | before eval (GiB) | eval time (s) | note |", "|---|---|---|---|---|"]
         for s, r in rows.items():
             if "error" in r:
@@ -245,7 +244,7 @@ def section_markdown(name: str, sec: dict) -> list[str]:
 
 def markdown(res: dict) -> str:
     m = res["machine"]
-    lines = ["# Benchmark suite", "", f"{m['cpu']}, {m['cores']} cores shared with other work, torch {m['torch']}. "
+    lines = ["# Benchmark suite", "", f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}. "
              "Every scheme registered at the time of the run; ratios are to RoPE within one interleaved run per section."]
     for name in TITLES:
         if name in res["sections"]:
@@ -258,12 +257,13 @@ def main(argv=None) -> int:
     p.add_argument("--sections", nargs="+", default=list(TITLES), choices=list(TITLES))
     p.add_argument("--schemes", nargs="+", help="default: every registered scheme (posenc.encodings.names())")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median over them)")
-    p.add_argument("--memory-layers", type=int, default=1, help="layers of the default model in the memory section")
+    p.add_argument("--memory-layers", type=int, help="layers of the model in the memory section (default: the default model's)")
     p.add_argument("--memory-workers", type=int, default=2, help="memory subprocesses at a time")
-    p.add_argument("--memory-timeout", type=float, default=1200, help="seconds per memory subprocess")
+    p.add_argument("--memory-timeout", type=float, default=3600, help="seconds per memory subprocess")
     p.add_argument("--out", type=Path, default=OUT, help="results folder; sections not run are kept from its suite.json")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.memory_layers = args.memory_layers or load_preset("default").model.n_layer
     if args.memory_child:
         memory_child(args.memory_child, args.memory_layers)
         return 0

@@ -75,6 +75,7 @@ def test_empty_corpus(tmp_path, capsys):
     (tmp_path / "empty" / "a.txt").write_text("  \n")
     code, _, err = run_cli(capsys, "train", "--scheme", "rope", "--preset", "quick", "--corpus", str(tmp_path / "empty"), "--out", str(tmp_path / "r"))
     assert code == 2 and "is empty" in err
+    assert not (tmp_path / "r").exists()  # bad input leaves no empty run directory
 
 
 def test_list(capsys):

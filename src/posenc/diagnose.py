@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
 from posenc.attention import causal_tile, rotate
-from posenc.checkpoint import append_jsonl, atomic_write_bytes, read_jsonl, write_json
+from posenc.checkpoint import append_jsonl, atomic_write_bytes, read_jsonl, save_figure, write_json
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.encodings.accumulated import Accumulated, spectral_gap
 from posenc.encodings.base import Encoding
@@ -328,15 +328,6 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> None:
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    _plt().close(fig)
-    atomic_write_bytes(Path(path), buf.getvalue())
-
-
 def plot_vs_length(path: Path, res: dict, key: str, ref: str, ylabel: str, dotted: Optional[str] = None) -> None:
     """One subplot per layer, one line per head (``dotted``: a second quantity per head, dotted),
     the uniform reference dashed; x = length / train length."""
@@ -359,7 +350,7 @@ def plot_vs_length(path: Path, res: dict, key: str, ref: str, ylabel: str, dotte
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{res['scheme']}: {ylabel}")
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_spectral_gap(path: Path, res: dict) -> None:
@@ -380,7 +371,7 @@ def plot_spectral_gap(path: Path, res: dict) -> None:
     ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def write_outputs(res: dict, out: Path) -> list[Path]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.checkpoint import atomic_write_bytes, read_jsonl
+from posenc.checkpoint import atomic_write_bytes, read_jsonl, save_figure
 
 CSV_FIELDS = ["scheme", "seed", "train_length", "eval_length", "windows", "scored_tokens", "nll", "ppl", "ratio", "note"]
 
@@ -164,6 +164,9 @@ def plot_ratio(path: Path, records: list[dict], train_length: int) -> None:
             ax.plot(xs, ys, marker="o", label=s)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")  # 2, not 2x10^0, on a log axis
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_xlabel("evaluation length / training length")
     ax.set_ylabel("perplexity / perplexity at training length")
@@ -171,7 +174,7 @@ def plot_ratio(path: Path, records: list[dict], train_length: int) -> None:
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    _save_fig(fig, path)
+    save_figure(fig, path)
 
 
 def plot_buckets(path: Path, records: list[dict], train_length: int) -> None:
@@ -197,7 +200,7 @@ def plot_buckets(path: Path, records: list[dict], train_length: int) -> None:
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    _save_fig(fig, path)
+    save_figure(fig, path)
 
 
 def plot_passkey(path: Path, records: list[dict], train_length: int) -> None:
@@ -225,7 +228,7 @@ def plot_passkey(path: Path, records: list[dict], train_length: int) -> None:
         ax.set_xlabel("input length / train length")
     axes[0][0].set_ylabel("key depth")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="passkey accuracy")
-    _save_fig(fig, path)
+    save_figure(fig, path)
 
 
 def plot_far_mass(path: Path, records: list[dict], train_length: int) -> None:
@@ -249,16 +252,7 @@ def plot_far_mass(path: Path, records: list[dict], train_length: int) -> None:
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    _save_fig(fig, path)
-
-
-def _save_fig(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(Path(path), buf.getvalue())
+    save_figure(fig, path)
 
 
 def write_report(run_dir: Path, meta: dict, failures: dict[str, str] | None = None) -> Path:

@@ -147,8 +147,6 @@ def train(
     run_dir = Path(run_dir)
     shard = distributed.setup()
     rows = shard.rows(tcfg.batch_size)
-    if shard.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     with shard.main_first():  # rank 0 builds the token cache, the others read it
@@ -157,6 +155,8 @@ def train(
         mcfg = mcfg.model_copy(update={"vocab_size": data.vocab_size})
     if len(data.train) <= mcfg.train_length + 1:
         raise PosencError(f"training split has {len(data.train)} tokens, fewer than train_length {mcfg.train_length}")
+    if shard.is_main:  # after the corpus loads, so bad input leaves no empty run directory
+        run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(tcfg.seed)
     model = build_model(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
     opt = make_optimizer(model, tcfg)

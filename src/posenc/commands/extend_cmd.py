@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from posenc.checkpoint import append_jsonl, read_jsonl
 from posenc.errors import PosencError
 
 BUDGET_NOTE = """\
@@ -133,28 +134,16 @@ class _Store:
 
     def __init__(self, path: Path, tag: str):
         self.path, self.tag = path, tag
-        self.records = [r for r in self._read() if r.get("setting") == tag]
+        self.records = [r for r in read_jsonl(path) if r.get("setting") == tag]
         self.done = {r["key"] for r in self.records}
         self.by_sig = {}
         for r in self.records:
             if r["kind"] == "ppl":
                 self.by_sig.setdefault((r["signature"], r["doc"], r["begin"], r["length"]), r)
 
-    def _read(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        out = []
-        for line in self.path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by an interrupted write
-        return out
-
     def add(self, record: dict) -> None:
         record["setting"] = self.tag
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_jsonl(self.path, record)
         self.records.append(record)
         self.done.add(record["key"])
         if record["kind"] == "ppl":

@@ -7,15 +7,14 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 from collections import defaultdict
 from pathlib import Path
 
+from posenc.checkpoint import atomic_write_bytes, save_figure
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+
+def write_atomic(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
 
 
 def ppl_rows(records: list[dict]) -> list[dict]:
@@ -108,7 +107,7 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    _savefig(fig, out / "ppl_vs_length.png")
+    save_figure(fig, out / "ppl_vs_length.png")
 
     if ppl:  # per-position loss at each method's longest length
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -122,7 +121,7 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        _savefig(fig, out / "ppl_by_position.png")
+        save_figure(fig, out / "ppl_by_position.png")
 
     if passkey:
         import numpy as np
@@ -143,16 +142,7 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
                    yticks=range(len(depths)), yticklabels=[f"{d:g}" for d in depths] if n == 0 else [])
         axes[0][0].set_ylabel("key depth")
         fig.colorbar(im, ax=axes[0].tolist(), label="accuracy")
-        _savefig(fig, out / "passkey.png")
-
-
-def _savefig(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+        save_figure(fig, out / "passkey.png")
 
 
 def write_report(out: Path, records: list[dict], methods: list[str], header: str) -> str:

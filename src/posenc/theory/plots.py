@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from posenc.checkpoint import save_figure
 
 def write_all(out: Path, results: dict) -> list[Path]:
     """Write every plot whose check ran; returns the paths written."""
@@ -37,9 +38,7 @@ def _figure(width: float, height: float) -> Figure:
 
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=110)
-    os.replace(tmp, path)
+    save_figure(fig, path)
     return path
 
 

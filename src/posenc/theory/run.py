@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -13,6 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from posenc.checkpoint import atomic_write_bytes
 from posenc.errors import PosencError
 from posenc.theory import decay, mass, mixing, plots, scores
 from posenc.theory.stats import check_eps
@@ -283,14 +283,8 @@ def _summary_markdown(report: dict, plot_files: list[str]) -> str:
 def _write(out: Path, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     written = plots.write_all(out, report["results"])
-    _atomic_text(out / "summary.md", _summary_markdown(report, [p.name for p in written]))
-    _atomic_text(out / "results.json", json.dumps(_finite(report), indent=1, allow_nan=False))
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_bytes(out / "summary.md", _summary_markdown(report, [p.name for p in written]).encode())
+    atomic_write_bytes(out / "results.json", json.dumps(_finite(report), indent=1, allow_nan=False).encode())
 
 
 def _finite(obj):
