@@ -149,6 +149,22 @@ def write_csv(path: Path, records: list[dict]) -> None:
     atomic_write_bytes(path, buf.getvalue().encode())
 
 
+def plain_log_ticks(axis) -> None:
+    """Label a log axis's ticks as plain numbers (2, not 2x10^0); of the minor ticks only
+    2x and 5x when the axis spans a decade or more (else their labels collide)."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(v, _):
+        lo, hi = axis.get_view_interval()
+        lead = round(v / 10 ** math.floor(math.log10(v)))
+        return f"{v:g}" if hi < 10 * lo or lead in (2, 5) else ""
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
 def plot_ratio(path: Path, records: list[dict], train_length: int) -> None:
     import matplotlib
 
@@ -164,9 +180,7 @@ def plot_ratio(path: Path, records: list[dict], train_length: int) -> None:
             ax.plot(xs, ys, marker="o", label=s)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")  # 2, not 2x10^0, on a log axis
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
+    plain_log_ticks(ax.yaxis)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_xlabel("evaluation length / training length")
     ax.set_ylabel("perplexity / perplexity at training length")

@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from posenc.checkpoint import atomic_write_bytes, save_figure
+from posenc.report import plain_log_ticks
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -104,6 +105,7 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
     lengths = sorted({r["length"] for r in ppl})
     ax.set_xticks(lengths, [_k(L) for L in lengths], minor=False)
     ax.xaxis.set_minor_locator(NullLocator())
+    plain_log_ticks(ax.yaxis)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
@@ -118,6 +120,7 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
                 xs = [(i + 0.5) * r["bucket"] for i, v in enumerate(r["bucket_ppl"]) if v]
                 ax.plot(xs, [v for v in r["bucket_ppl"] if v], label=f"{m} @ {_k(r['length'])}")
         ax.set(yscale="log", xlabel="position in window (tokens)", ylabel="bucket perplexity")
+        plain_log_ticks(ax.yaxis)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
