@@ -23,12 +23,13 @@ from posenc.checkpoint import append_jsonl, read_jsonl
 from posenc.errors import PosencError
 
 BUDGET_NOTE = """\
-Budget (2 CPU cores, SmolLM2-135M, native context L0 = 8K): one 16K forward takes
-~85-140 s on an idle machine (ReRoPE more: two rotations, attention in parts), one
-32K forward ~300-450 s. The default run (~30 min) therefore scores ONE window per point
-on the first held-out work (Hamlet): every method at 8K (1x) and 16K (2x), only the
+Budget (2 CPU cores, SmolLM2-135M, native context L0 = 8K): one 8K forward takes
+~35 s on an idle machine, one 16K forward ~105 s (ReRoPE ~120 s), one 32K forward
+~335 s. The default run (26 min measured) therefore scores ONE window per point on the
+first held-out work (Hamlet): every method at 8K (1x) and 16K (2x), only the
 --long-methods (default: dynamic) at 32K (4x); passkey at 8K, depth 0.5, 1 trial, for
-none and yarn. Forwards whose effective RoPE equals one already measured (dynamic NTK
+none and yarn. `posenc extend --lengths 32768 --long-methods` then adds 32K for every
+method to the same run (~45 min more). Forwards whose effective RoPE equals one already measured (dynamic NTK
 at L <= L0, ReRoPE with window >= L) are reused, not rerun. --reproduce runs the
 calibration protocol (first 32,768 tokens of Hamlet, every non-overlapping window,
 1K..32K, all methods; hours on 2 cores; resumable). --quick (a few minutes): 512 and
