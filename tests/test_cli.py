@@ -35,6 +35,11 @@ def test_quick_compare_writes_report(quick_run):
     assert "| passkey @ 256 |" in report and "## Passkey retrieval" in report and "## Far attention mass" in report
 
 
+def test_report_files_get_the_usual_file_mode(quick_run):
+    modes = {p.name: p.stat().st_mode & 0o777 for p in quick_run.iterdir() if p.is_file()}
+    assert modes["report.md"] == modes["ppl_ratio.png"] == modes["results.jsonl"]  # atomic writes are not 0600
+
+
 def test_rerun_skips_finished_work(quick_run, capsys):
     before = (quick_run / "results.jsonl").read_text()
     code, out, _ = run_cli(capsys, "compare", "--preset", "quick", "--out", str(quick_run.parent))
@@ -87,5 +92,11 @@ def test_train_then_eval(tmp_path, capsys):
     run = tmp_path / "run"
     code, out, _ = run_cli(capsys, "train", "--scheme", "learned", "--preset", "quick", "--steps", "4", "--out", str(run))
     assert code == 0 and (run / "model.safetensors").exists()
+    weights = (run / "model.safetensors").read_bytes()
+    code, _, err = run_cli(capsys, "train", "--scheme", "rope", "--preset", "quick", "--steps", "4", "--out", str(run))
+    assert code == 2 and "already holds a run; pass --resume" in err  # never overwritten silently
+    code, _, err = run_cli(capsys, "train", "--scheme", "rope", "--preset", "quick", "--steps", "8", "--out", str(run), "--resume")
+    assert code == 2 and err.count("\n") == 1 and "its model differs (encoding 'learned' -> 'rope')" in err
+    assert (run / "model.safetensors").read_bytes() == weights
     code, out, _ = run_cli(capsys, "eval", str(run), "--multiples", "1", "2", "--max-tokens", "256")
     assert code == 0 and "n/a" in out  # learned table is 32 long: 64 is not applicable

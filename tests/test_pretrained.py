@@ -3,6 +3,7 @@ token accounting, passkey prompts, bad input, and the real SmolLM2 GGUF."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -301,11 +302,20 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
     assert main([*argv, "--lengths", "100000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("posenc: error: length 100000 exceeds the held-out text")
+    for bad, message in ((["--stride", "0"], "--stride must be in [1, 16]"), (["--docs", "nosuch"], "unknown document")):
+        assert main([*argv, "--lengths", "16", "32", *bad]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # bad input touches no output directory
     assert main([*argv, "--lengths", "16", "32"]) == 0  # and a tiny end-to-end run writes the report
     assert (tmp_path / "o" / "results.md").exists() and (tmp_path / "o" / "ppl_vs_length.png").exists()
     lines = (tmp_path / "o" / "records.jsonl").read_text().splitlines()
+    config = (tmp_path / "o" / "config.json").read_text()
+    assert main([*argv, "--lengths", "100000"]) == 2
+    assert (tmp_path / "o" / "config.json").read_text() == config  # a failed call keeps the earlier run's files
     assert main([*argv, "--lengths", "16", "32"]) == 0  # resume: nothing recomputed
     assert (tmp_path / "o" / "records.jsonl").read_text().splitlines() == lines
+    calls = json.loads((tmp_path / "o" / "config.json").read_text())["invocations"]
+    assert [c["lengths"] for c in calls] == [[16, 32], [16, 32]]
 
 
 # ---------------------------------------------------------------- the real model

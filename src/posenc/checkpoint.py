@@ -16,10 +16,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read the process umask (os has no getter)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a uniquely named temporary file (safe with concurrent writers)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the mode open() would
     with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()

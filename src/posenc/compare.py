@@ -95,7 +95,8 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
         preset = Preset(**data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise PosencError(f"invalid preset {path.name}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        where = f"preset {path.name}" + (" with command-line options" if any((overrides or {}).values()) else "")
+        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     for s in preset.schemes:  # fail fast, before any training
         encodings.get(s, _dims(preset.model))
     for spec in preset.eval_schedules:

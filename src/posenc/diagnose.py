@@ -45,6 +45,7 @@ from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, windows
 from posenc.model import LM, AttentionInputs
+from posenc.report import plain_log_ticks
 from posenc.theory.mixing import window_size
 from posenc.theory.stats import check_eps
 
@@ -343,6 +344,7 @@ def plot_vs_length(path: Path, res: dict, key: str, ref: str, ylabel: str, dotte
                 ax.plot(xs, [r[dotted][layer][h] for r in rows], ls=":", color=line.get_color())
         ax.plot(xs, [r[ref] for r in rows], color="gray", ls="--", label="uniform")
         ax.set_xscale("log", base=2)
+        plain_log_ticks(ax.xaxis)
         ax.set_title(f"layer {layer}")
         ax.set_xlabel("eval length / train length")
         ax.grid(True, alpha=0.3)

@@ -179,6 +179,7 @@ def plot_ratio(path: Path, records: list[dict], train_length: int) -> None:
         if xs:
             ax.plot(xs, ys, marker="o", label=s)
     ax.set_xscale("log", base=2)
+    plain_log_ticks(ax.xaxis)
     ax.set_yscale("log")
     plain_log_ticks(ax.yaxis)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
@@ -207,6 +208,7 @@ def plot_buckets(path: Path, records: list[dict], train_length: int) -> None:
         mids = [(a + b) / 2 / train_length for a, b in zip(r["bucket_edges"][:-1], r["bucket_edges"][1:])]
         ax.plot(mids, r["bucket_ppl"], marker=".", label=f"{s} (L={r['eval_length']})")
     ax.set_xscale("log", base=2)
+    plain_log_ticks(ax.xaxis)
     ax.set_yscale("log")
     ax.set_xlabel("position in window / training length")
     ax.set_ylabel("perplexity of the position bucket")
@@ -259,6 +261,7 @@ def plot_far_mass(path: Path, records: list[dict], train_length: int) -> None:
     uniform = sorted({(r["length"], r["uniform_far_mass"]) for r in recs})
     ax.plot([L / train_length for L, _ in uniform], [u for _, u in uniform], color="gray", ls="--", label="uniform attention")
     ax.set_xscale("log", base=2)
+    plain_log_ticks(ax.xaxis)
     ax.set_ylim(0, 1)
     ax.set_xlabel("evaluation length / training length")
     ax.set_ylabel("attention mass at distance >= training length")

@@ -127,6 +127,15 @@ class _TokenNLL(torch.nn.Module):
         return self.lm.token_nll(x, y)
 
 
+def _check_same_model(run_dir: Path, mcfg: ModelConfig) -> None:
+    """Raise PosencError when the run in ``run_dir`` was trained with another model config."""
+    saved = read_json(run_dir / "config.json")["model"]
+    now = json.loads(json.dumps(mcfg.model_dump(), default=str))  # as config.json stores it
+    diff = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in now.items() if saved.get(k) != v]
+    if diff:
+        raise PosencError(f"cannot resume {run_dir}: its model differs ({'; '.join(diff)}); use another --out")
+
+
 def train(
     run_dir: Path,
     mcfg: ModelConfig,
@@ -162,6 +171,7 @@ def train(
     opt = make_optimizer(model, tcfg)
     step = 0
     if resume and (run_dir / "state.pt").exists():
+        _check_same_model(run_dir, mcfg)
         load_weights(run_dir / "model.safetensors", model)
         state = torch.load(run_dir / "state.pt", weights_only=False)
         opt.load_state_dict(state["optimizer"])

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from posenc.checkpoint import append_jsonl, read_jsonl
+from posenc.checkpoint import append_jsonl, read_json, read_jsonl, write_json
 from posenc.errors import PosencError
 
 BUDGET_NOTE = """\
@@ -97,11 +97,15 @@ def _resolve_args(args) -> dict:
         raise PosencError("lengths, --max-tokens, --bucket and --trials must be positive")
     if any(not 0 <= d <= 1 for d in cfg["passkey_depths"]):
         raise PosencError("passkey depths must lie in [0, 1]")
+    span = min(cfg["lengths"]) - (args.bos == "prepend")
+    if args.stride is not None and not 1 <= args.stride <= span:
+        raise PosencError(f"--stride must be in [1, {span}] (the text span of the shortest length), got {args.stride}")
     cfg["name"] = args.name or preset
     return cfg
 
 
-def _documents(args, tokenizer) -> list[tuple[str, list[int]]]:
+def _held_out(args) -> list:
+    """The held-out documents named by ``--docs`` (checked before the model loads)."""
     from posenc.data import load_corpus
 
     val = load_corpus(args.corpus).val
@@ -113,7 +117,7 @@ def _documents(args, tokenizer) -> list[tuple[str, list[int]]]:
         if missing:
             raise PosencError(f"unknown document(s) {', '.join(missing)}; held-out: {', '.join(sorted(names))}")
         val = [d for d in val if d.name in args.docs]
-    return [(d.name, tokenizer(d.text, add_special_tokens=False)["input_ids"][: args.max_tokens]) for d in val]
+    return val
 
 
 def _plan_windows(docs, length, cfg, args):
@@ -196,29 +200,38 @@ def _passkey_points(model, tok, method, cfg, store, args) -> None:
                            f"{'ok' if res['correct'] else 'wrong'} ({res['answer']!r}, {time.time() - t0:.0f} s)")
 
 
+def _write_config(path: Path, setting: dict, invocation: dict) -> None:
+    """config.json: the setting, and every invocation (lengths, methods, ...) run on it in this directory."""
+    old = read_json(path) if path.exists() else {}
+    calls = old.get("invocations", []) if {k: old.get(k) for k in setting} == setting else []
+    write_json(path, {**setting, "invocations": calls + [invocation]})
+
+
 def run(args) -> int:
     from posenc.pretrained import loading, report, schedules
 
     cfg = _resolve_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out or Path("runs") / "extend" / cfg["name"])
-    out.mkdir(parents=True, exist_ok=True)
+    held_out = _held_out(args)
     loaded = loading.load(args.model)
     model, tok = loaded.model, loaded.tokenizer
     l0 = schedules.native_context(model.config)
-    docs = _documents(args, tok)
+    docs = [(d.name, tok(d.text, add_special_tokens=False)["input_ids"][: args.max_tokens]) for d in held_out]
     args.bos_id = tok.bos_token_id if args.bos == "prepend" else None
     if args.bos == "prepend" and args.bos_id is None:
         raise PosencError(f"{args.model} has no BOS token; use --bos none")
+    plan = {L: _plan_windows(docs, L, cfg, args) for L in cfg["lengths"]}
+    # all input checked: only now touch the output directory
+    out = Path(args.out or Path("runs") / "extend" / cfg["name"])
+    out.mkdir(parents=True, exist_ok=True)
     setting = {"model": args.model, "corpus": args.corpus, "docs": [d for d, _ in docs], "factor": args.factor,
                "max_tokens": args.max_tokens, "stride": args.stride, "bos": args.bos, "bucket": args.bucket,
                "rerope_window": args.rerope_window, "leaky_k": args.leaky_k, "seed": args.seed}
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
-    report.write_atomic(out / "config.json", json.dumps({**setting, **cfg, "native_context": l0,
-                                                         "source": loaded.source}, indent=1))
+    _write_config(out / "config.json", {**setting, "native_context": l0, "source": loaded.source},
+                  {**cfg, "methods": list(args.methods)})
     store = _Store(out / "records.jsonl", tag)
-    plan = {L: _plan_windows(docs, L, cfg, args) for L in cfg["lengths"]}
     for method in args.methods:
         schedules.apply_method(model, schedules.Extension(method, args.factor, args.rerope_window, args.leaky_k))
         for L in cfg["lengths"]:

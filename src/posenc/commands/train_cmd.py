@@ -4,6 +4,7 @@ from pathlib import Path
 
 from posenc import distributed
 from posenc.compare import load_preset
+from posenc.errors import PosencError
 from posenc.train import train
 
 
@@ -31,6 +32,8 @@ def run(args) -> int:
 
     encodings.get(args.scheme, _dims(mcfg))  # unknown scheme: one line before any work
     out = args.out or Path("runs") / "train" / args.scheme
+    if not args.resume and (out / "model.safetensors").exists():
+        raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
     try:
         summary = train(out, mcfg, preset.train, resume=args.resume)
     finally:

@@ -118,7 +118,7 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
             if rs:
                 r = max(rs, key=lambda r: r["length"])
                 xs = [(i + 0.5) * r["bucket"] for i, v in enumerate(r["bucket_ppl"]) if v]
-                ax.plot(xs, [v for v in r["bucket_ppl"] if v], label=f"{m} @ {_k(r['length'])}")
+                ax.plot(xs, [v for v in r["bucket_ppl"] if v], marker=".", label=f"{m} @ {_k(r['length'])}")
         ax.set(yscale="log", xlabel="position in window (tokens)", ylabel="bucket perplexity")
         plain_log_ticks(ax.yaxis)
         ax.legend(fontsize=8)
