@@ -30,10 +30,10 @@ first held-out work (Hamlet): every method at 8K (1x) and 16K (2x), only the
 --long-methods (default: dynamic) at 32K (4x); passkey at 8K, depth 0.5, 1 trial, for
 none and yarn. `posenc extend --lengths 32768 --long-methods` then adds 32K for every
 method to the same run (~45 min more). Forwards whose effective RoPE equals one already
-measured (dynamic NTK at L <= L0, ReRoPE with window >= L) are reused, not rerun. --reproduce runs the
-calibration protocol (first 32,768 tokens of Hamlet, every non-overlapping window,
-1K..32K, all methods; hours on 2 cores; resumable). --quick (a few minutes): 512 and
-1K tokens, passkey at 1K: a smoke test of the whole pipeline."""
+measured (dynamic NTK at L <= L0, ReRoPE with window >= L) are reused, not rerun.
+--reproduce runs the calibration protocol (first 32,768 tokens of Hamlet, every
+non-overlapping window, 1K..32K, all methods; hours on 2 cores; resumable). --quick
+(~1 minute with the model cached): 512 and 1K tokens, passkey at 1K: a smoke test."""
 
 PRESETS = {
     "default": dict(lengths=[8192, 16384, 32768], long_methods=["dynamic"], max_windows=1,
