@@ -14,10 +14,6 @@ from posenc.checkpoint import atomic_write_bytes, save_figure
 from posenc.report import plain_log_ticks
 
 
-def write_atomic(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
 def ppl_rows(records: list[dict]) -> list[dict]:
     """One row per (method, factor, length): windows, scored tokens, PPL and per-bucket sums."""
     groups = defaultdict(list)
@@ -152,10 +148,10 @@ def write_report(out: Path, records: list[dict], methods: list[str], header: str
     """Write all report files under ``out``; returns the markdown."""
     ppl, pk = ppl_rows(records), passkey_rows(records)
     md = markdown(ppl, pk, methods, header)
-    write_atomic(out / "results.md", md)
-    write_atomic(out / "ppl.csv", _csv(ppl, ["method", "factor", "length", "stride", "bos", "windows",
-                                              "scored_tokens", "ppl", "docs", "seconds", "reused_from"]))
-    write_atomic(out / "passkey.csv", _csv(pk, ["method", "factor", "length", "depth", "trials", "correct",
-                                                 "accuracy", "prompt_tokens"]))
+    atomic_write_bytes(out / "results.md", md.encode())
+    atomic_write_bytes(out / "ppl.csv", _csv(ppl, ["method", "factor", "length", "stride", "bos", "windows",
+                                                    "scored_tokens", "ppl", "docs", "seconds", "reused_from"]).encode())
+    atomic_write_bytes(out / "passkey.csv", _csv(pk, ["method", "factor", "length", "depth", "trials", "correct",
+                                                       "accuracy", "prompt_tokens"]).encode())
     plots(out, ppl, pk, methods)
     return md
