@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posenc import encodings
-from posenc.attention import attention, half_to_adjacent, naive_attention, rotate
+from posenc.attention import attention, half_to_adjacent, naive_attention, rotate, rotate_shared
 from posenc.encodings.accumulated import accumulate
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.rotary import rope_inv_freq
@@ -52,16 +52,16 @@ def test_accumulated_fast_path_equals_explicit_transports(dtype, tol, rotate_v):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(T, D, generator=g, dtype=dtype) for _ in range(3))
     theta = (torch.rand(T, D // 2, generator=g, dtype=torch.float64) * 2 - 1) * 1.3
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    fast = attention(*(t[None, None] for t in leaves), phases=accumulate(theta, dtype=dtype)[None, None], rotate_v=rotate_v)[0, 0]
-    ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    _, ref = naive_transport_attention(*ref_leaves, theta.to(dtype), rotate_v)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, theta)]
+    fast = attention(*(t[None, None] for t in leaves[:3]), phases=accumulate(leaves[3], dtype=dtype)[None, None], rotate_v=rotate_v)[0, 0]
+    ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v, theta.to(dtype))]
+    _, ref = naive_transport_attention(*ref_leaves, rotate_v)
     assert torch.allclose(fast, ref, atol=tol, rtol=0)
     w = torch.randn(T, D, generator=g, dtype=dtype)
     (fast * w).sum().backward()
     (ref * w).sum().backward()
-    for a, b in zip(leaves, ref_leaves):
-        assert torch.allclose(a.grad, b.grad, atol=tol * 10, rtol=0)
+    for a, b in zip(leaves, ref_leaves):  # q, k, v and the step angles
+        assert torch.allclose(a.grad.to(dtype), b.grad, atol=tol * 10, rtol=0)
 
 
 def test_accumulated_scores_equal_explicit_transports():
@@ -137,6 +137,26 @@ def test_random_steps_fresh_in_training_fixed_in_eval():
     assert not torch.allclose(a, b)
     enc.eval()
     assert torch.equal(enc.phases(inp), enc.phases(inp))
+
+
+@pytest.mark.parametrize("pairing", ["half", "adjacent"])
+@pytest.mark.parametrize("sign", [1, -1])
+@pytest.mark.parametrize("phi_shape", [(2, 3, 9, 4), (1, 1, 9, 4)])
+def test_rotate_shared_equals_autograd_reference(pairing, sign, phi_shape):
+    """The analytic-gradient rotation (fast path) against rotate() with autograd through cos/sin."""
+    g = torch.Generator().manual_seed(2)
+    base = torch.randn(2, 9, 3, 3, 8, generator=g, dtype=torch.float64)
+    phi = (torch.rand(phi_shape, generator=g, dtype=torch.float64) * 20).requires_grad_(True)
+    x = base.permute(2, 0, 3, 1, 4)[1].detach().requires_grad_(True)  # a strided view, as the layer's q/k/v
+    x_ref, phi_ref = x.detach().clone().requires_grad_(True), phi.detach().clone().requires_grad_(True)
+    y = rotate_shared(x, phi, torch.cos(phi), torch.sin(phi), pairing, sign)
+    y_ref = rotate(x_ref, sign * phi_ref, pairing)
+    assert torch.allclose(y, y_ref, atol=1e-12, rtol=0)
+    w = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    (y * w).sum().backward()
+    (y_ref * w).sum().backward()
+    assert torch.allclose(x.grad, x_ref.grad, atol=1e-12, rtol=0)
+    assert torch.allclose(phi.grad, phi_ref.grad, atol=1e-12, rtol=0)
 
 
 def test_naive_attention_matches_sdpa_path():

@@ -129,7 +129,7 @@ class Accumulated(Encoding):
         return torch.stack(rows) * 2 - 1
 
     def phases(self, inp: Inputs) -> torch.Tensor:
-        theta = self.center_b + self.width_b * self._u(inp)  # (B|1, H, T, D/2)
+        theta = torch.addcmul(self.center_b, self.width_b, self._u(inp))  # c_b + a_b * u: (B|1, H, T, D/2)
         return accumulate(theta, dtype=inp.x.dtype)
 
     def spectral_gap(self) -> torch.Tensor:
