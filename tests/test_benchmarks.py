@@ -1,0 +1,47 @@
+"""The benchmark scripts keep running: the GPU check's CPU smoke mode and a one-round suite.
+
+No timing is asserted here (speed targets live in benchmarks/results); these catch a script
+that no longer runs against the current package, which CI would otherwise never notice.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from posenc import encodings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(args, out_env=None, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(out_env or {})}
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def test_gpu_check_smoke_run_on_cpu(tmp_path):
+    run_script(["benchmarks/gpu_check.py", "--device", "cpu", "--tiny", "--steps", "1"], {"OUT": str(tmp_path)})
+    res = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert list(res["agreement"]) == ["rope"] + [s for s in encodings.names() if s != "rope"]
+    for scheme, r in res["agreement"].items():
+        assert "error" not in r, (scheme, r)
+        # CPU against CPU with the same weights and inputs: the comparison must find no difference at all
+        assert r["layer"]["ok"] and r["layer"]["out"] == 0 and r["layer"]["grad_x"] == 0, (scheme, r)
+        assert r["model"]["ok"] and r["model"]["rel_f32"] == 0, (scheme, r)
+    tps = res["throughput"]["tokens_per_s"]
+    assert set(tps) == set(res["agreement"]) and all(isinstance(v, float) and v > 0 for v in tps.values()), tps
+    assert "| acc-rand-qkv |" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_suite_one_round_writes_ratio_tables(tmp_path):
+    run_script(["benchmarks/run.py", "--sections", "attention", "train", "--schemes", "acc-rand-qk", "--rounds", "1", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "suite.json").read_text())["sections"]
+    attn, train = res["attention"]["rows"], res["train"]["rows"]
+    assert set(attn) == set(train) == {"rope", "acc-rand-qk"}
+    assert all(attn["rope"][T]["ratio"] == 1.0 and attn["acc-rand-qk"][T]["ratio"] > 0 for T in ("1024", "2048", "4096"))
+    assert train["rope"]["ratio"] == 1.0 and train["acc-rand-qk"]["tokens_per_s"] > 0
+    md = (tmp_path / "suite.md").read_text()
+    assert "| acc-rand-qk |" in md and "Training throughput" in md
