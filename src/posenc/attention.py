@@ -8,7 +8,8 @@
   its (block x keys) bias tile as the mask, so at most (block x T) scores exist.
 
 ``naive_attention`` beside it builds the full T x T matrix and is the reference
-the tests compare against.
+the tests compare against. Rotations likewise: ``rotate_shared`` (the core's, one
+cos/sin per layer and an analytic phase gradient) beside ``rotate`` (autograd).
 """
 
 from __future__ import annotations
@@ -30,18 +31,12 @@ def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.T
     ``rotate_half`` (x cos + rotate_half(x) sin); "adjacent" rotates
     (x_{2i}, x_{2i+1}) as RoFormer / Meta Llama. cos and sin are taken in the
     angles' dtype and only then cast to x's dtype (never bf16 angles).
-    """
-    return rotate_cs(x, torch.cos(phi).to(x.dtype), torch.sin(phi).to(x.dtype), pairing)
-
-
-def rotate_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str = "half") -> torch.Tensor:
-    """``rotate`` with cos(phi) and sin(phi) given (broadcastable to (B, H, T, D/2), x's dtype).
-
-    Lets one layer take cos/sin of its phases once for q, k, v and the output
-    (R(-phi) is ``rotate_cs(x, cos, -sin)``).
+    Gradients by autograd through cos and sin: the reference for ``rotate_shared``.
+    Raises ValueError for an unknown pairing.
     """
     if pairing not in ("half", "adjacent"):
         raise ValueError(f"unknown pairing {pairing!r}")
+    cos, sin = torch.cos(phi).to(x.dtype), torch.sin(phi).to(x.dtype)
     x1, x2 = _pairs(x, pairing)
     y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
     return torch.cat((y1, y2), dim=-1) if pairing == "half" else torch.stack((y1, y2), dim=-1).flatten(-2)
