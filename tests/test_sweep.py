@@ -12,7 +12,9 @@ import sys
 import pytest
 
 from posenc import encodings
+from posenc.cli import main
 from posenc.compare import _drop_torn_tail, compare, load_preset
+from posenc.errors import PosencError
 
 PLUGIN = '''
 import os, signal
@@ -68,7 +70,8 @@ def tiny_preset(corpus, schemes):
 
 def test_broken_schemes_fail_alone_and_rerun_resumes(broken_schemes, corpus, tmp_path, capsys):
     preset = tiny_preset(corpus, ["rope", *BROKEN])
-    report = compare(preset, tmp_path / "runs")
+    report, failures = compare(preset, tmp_path / "runs")
+    assert sorted(failures) == ["test-kill (seed 0)", "test-nan (seed 0)"]
     err = capsys.readouterr().err
     run = tmp_path / "runs" / "sweep"
     records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
@@ -112,3 +115,34 @@ def test_drop_torn_tail(tmp_path):
     assert p.read_bytes() == b'{"a": 1}\n'
     _drop_torn_tail(p)
     assert p.read_bytes() == b'{"a": 1}\n'
+
+
+def test_rerun_with_other_settings_is_refused(corpus, tmp_path):
+    """Reruns skip finished jobs, so a changed budget would relabel old results: refused before any work."""
+    compare(tiny_preset(corpus, ["rope"]), tmp_path / "runs", isolate=False)
+    run = tmp_path / "runs" / "sweep"
+    before = {p: p.read_bytes() for p in (run / "preset.json", run / "results.jsonl", run / "report.md")}
+    changed = tiny_preset(corpus, ["rope"]).model_copy(deep=True)
+    changed.train.steps = 3
+    with pytest.raises(PosencError, match=r"holds results made with other settings \(train.steps 4 -> 3\); use another --name or --out"):
+        compare(changed, tmp_path / "runs", isolate=False)
+    assert {p: p.read_bytes() for p in before} == before
+    grown = tiny_preset(corpus, ["rope", "alibi"]).model_copy(deep=True)  # more schemes, lengths, threads: allowed
+    grown.eval.multiples = [1, 2, 4]
+    grown.train.threads = 2
+    _, failures = compare(grown, tmp_path / "runs", isolate=False)
+    assert failures == {}
+
+
+@pytest.mark.parametrize("name", ["../escape", "", "a/b", ".."])
+def test_run_name_must_be_a_plain_directory_name(name, capsys):
+    assert main(["compare", "--preset", "quick", "--name", name]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc: error: invalid preset quick.yaml with command-line options: name:") and len(err.splitlines()) == 1
+
+
+def test_compare_exit_status_is_1_when_a_job_failed(broken_schemes, corpus, tmp_path, capsys, monkeypatch):
+    preset = tmp_path / "p.yaml"
+    preset.write_text(json.dumps(tiny_preset(corpus, ["rope", "test-nan"]).model_dump(mode="json")))
+    assert main(["compare", "--preset", str(preset), "--out", str(tmp_path / "runs"), "--no-isolate"]) == 1
+    assert "posenc: 1 job(s) failed: test-nan (seed 0)" in capsys.readouterr().err

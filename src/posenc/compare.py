@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from posenc import encodings
-from posenc.checkpoint import append_jsonl, atomic_write_bytes, read_jsonl, write_json
+from posenc.checkpoint import append_jsonl, atomic_write_bytes, read_json, read_jsonl, write_json
 from posenc.data import load_tokens
 from posenc.diagnose import FarMassConfig, compare_extras, extras_pending
 from posenc.errors import PosencError
@@ -67,6 +67,13 @@ class Preset(BaseModel):
     # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.encodings.schedules)
     eval_schedules: list[dict[str, Any]] = []
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:  # the run directory under --out, never outside it
+        if not v or v in (".", "..") or not all(c.isalnum() or c in "._-" for c in v):
+            raise ValueError(f"must be a plain directory name (letters, digits, . _ -), got {v!r}")
+        return v
+
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -95,7 +102,7 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
         preset = Preset(**data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = f"preset {path.name}" + (" with command-line options" if any((overrides or {}).values()) else "")
+        where = f"preset {path.name}" + (" with command-line options" if any(v not in (None, {}) for v in (overrides or {}).values()) else "")
         raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     for s in preset.schemes:  # fail fast, before any training
         encodings.get(s, _dims(preset.model))
@@ -256,17 +263,49 @@ def _run_inline(run_root: Path, preset: Preset, scheme: str, seed: int, data) ->
     return None
 
 
-def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True) -> Path:
-    """Run the whole comparison; returns the report path.
+# set per job, free to grow, or without effect on the results
+_FREE_SETTINGS = {"model.encoding", "train.seed", "train.threads", "train.ckpt_every", "train.log_every", "eval.multiples", "eval.batch_tokens"}
+
+
+def _settings(preset: Preset) -> dict[str, Any]:
+    """The settings every result of a run directory shares (model, training, evaluation), flattened."""
+    flat = {f"{section}.{k}": v for section in ("model", "train", "eval") for k, v in getattr(preset, section).model_dump(mode="json").items()}
+    return {k: v for k, v in flat.items() if k not in _FREE_SETTINGS}
+
+
+def _check_same_settings(run_root: Path, preset: Preset) -> None:
+    """Raise PosencError when ``run_root`` holds results made with other settings.
+
+    Reruns skip what is finished, so mixing settings would label old results with
+    new settings; schemes, seeds, lengths and extension rows may be added.
+    """
+    path = run_root / "preset.json"
+    if not path.exists():
+        return
+    try:
+        old = _settings(Preset(**read_json(path)))
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise PosencError(f"{path} is unreadable ({_one_line(exc)}); use another --name or --out") from None
+    now = _settings(preset)
+    diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if old.get(k) != v]
+    if diff:
+        raise PosencError(f"{run_root} holds results made with other settings ({'; '.join(diff)}); use another --name or --out")
+
+
+def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True) -> tuple[Path, dict[str, str]]:
+    """Run the whole comparison; returns the report path and the failed jobs ({job: one-line error}).
 
     ``isolate``: one spawned process per (scheme, seed) job, so that even a
     crash or an out-of-memory kill only fails that job; False runs the jobs in
     this process (faster start, easier to debug; a crash ends the sweep).
+    Raises PosencError before any work when ``out_root/name`` holds results made
+    with other model, training or evaluation settings.
     """
     run_root = Path(out_root) / preset.name
+    data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
+    _check_same_settings(run_root, preset)
     run_root.mkdir(parents=True, exist_ok=True)
     write_json(run_root / "preset.json", preset.model_dump())
-    data = load_tokens(preset.train.corpus, preset.train.tokenizer)
     results = run_root / "results.jsonl"
     _drop_torn_tail(results)
     failures: dict[str, str] = {}
@@ -291,4 +330,4 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True)
         "descriptions": {s: encodings.get(s, _dims(preset.model.model_copy(update={"vocab_size": data.vocab_size}))).describe() for s in preset.schemes},
         "notes": preset.description or None,
     }
-    return write_report(run_root, meta, failures)
+    return write_report(run_root, meta, failures), failures

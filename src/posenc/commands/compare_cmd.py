@@ -1,5 +1,6 @@
 """`posenc compare`: the main job (train every scheme, evaluate, report)."""
 
+import sys
 from pathlib import Path
 
 from posenc.compare import compare, load_preset
@@ -16,13 +17,17 @@ def add_parser(sub):
     p.add_argument("--name", help="run name (directory under --out)")
     p.add_argument("--out", type=Path, default=Path("runs"), help="output root (default runs/)")
     p.add_argument("--no-isolate", action="store_true", help="run every scheme in this process (no crash isolation; for debugging)")
+    p.epilog = "Exit status: 0 when every job finished, 1 when some failed (their errors are in the report), 2 for bad input."
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     train = {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps}.items() if v is not None}
     preset = load_preset(args.preset, {"schemes": args.schemes, "seeds": args.seeds, "name": args.name, "train": train})
-    report = compare(preset, args.out, isolate=not args.no_isolate)
+    report, failures = compare(preset, args.out, isolate=not args.no_isolate)
     print(report.read_text())
     print(f"report: {report}")
+    if failures:  # the others' results are in the report; scripts still learn that some failed
+        print(f"posenc: {len(failures)} job(s) failed: {', '.join(failures)}", file=sys.stderr)
+        return 1
     return 0
