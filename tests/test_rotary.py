@@ -159,6 +159,14 @@ def test_rotate_shared_equals_autograd_reference(pairing, sign, phi_shape):
     assert torch.allclose(phi.grad, phi_ref.grad, atol=1e-12, rtol=0)
 
 
+def test_rotate_shared_rejects_what_it_cannot_rotate():
+    x, phi = torch.randn(1, 2, 5, 8), torch.rand(3, 2, 5, 4)  # phases would enlarge x
+    with pytest.raises(ValueError, match=r"phases \(3, 2, 5, 4\) do not broadcast to the feature pairs \(1, 2, 5, 4\)"):
+        rotate_shared(x, phi, phi.cos(), phi.sin())
+    with pytest.raises(ValueError, match="sign"):
+        rotate_shared(x, phi[:1], phi[:1].cos(), phi[:1].sin(), sign=2)
+
+
 def test_naive_attention_matches_sdpa_path():
     q, k, v = (torch.randn(2, 3, 33, 8, dtype=torch.float64) for _ in range(3))
     assert torch.allclose(attention(q, k, v), naive_attention(q, k, v), atol=1e-10)

@@ -72,6 +72,7 @@ class _Rotation(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # no double backward (nor has the CPU SDPA kernel)
     def backward(ctx, g):
         y, cos, sin = ctx.saved_tensors
         gx = _rotate_into(g, cos, sin, -ctx.sign, ctx.pairing) if ctx.needs_input_grad[0] else None
@@ -89,8 +90,15 @@ def rotate_shared(x: torch.Tensor, phi: torch.Tensor, cos: torch.Tensor, sin: to
 
     x: (B, H, T, D); phi: broadcastable to (B, H, T, D/2), float32+ radians; sign: +1 or -1.
     Same values and gradients as ``rotate(x, sign * phi, pairing)`` (tested), with
-    one cos/sin per layer and a cheaper backward (``_Rotation``).
+    one cos/sin per layer and a cheaper backward (``_Rotation``). Raises ValueError
+    for an unknown pairing, a sign other than +-1, or phases that do not broadcast
+    to x's pairs without enlarging them.
     """
+    if pairing not in ("half", "adjacent") or sign not in (1, -1):
+        raise ValueError(f"pairing must be 'half' or 'adjacent' and sign +-1, got {pairing!r}, {sign!r}")
+    pairs = (*x.shape[:-1], x.shape[-1] // 2)
+    if x.shape[-1] % 2 or torch.broadcast_shapes(pairs, phi.shape, cos.shape, sin.shape) != pairs:
+        raise ValueError(f"phases {tuple(phi.shape)} do not broadcast to the feature pairs {pairs} of x")
     return _Rotation.apply(x, phi, cos.detach(), sin.detach(), sign, pairing)
 
 
