@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 import pytest
 import torch
 
+import posenc.train
 from posenc import encodings
 from posenc.cli import main
 from posenc.encodings.base import Encoding
@@ -58,6 +60,39 @@ def test_kill_9_then_resume_equals_uninterrupted(setup):
     got, want = records(run), records(tmp_path / "whole")
     assert [r["step"] for r in got] == list(range(1, steps + 1))  # steps logged after the checkpoint were dropped
     assert [r["loss"] for r in got] == [r["loss"] for r in want]  # bitwise: deterministic CPU settings
+
+
+def test_resume_takes_weights_from_state_pt(setup, monkeypatch):
+    """A kill between the checkpoint's two writes leaves model.safetensors of another step: resume must not use it."""
+    tmp_path, preset = setup
+    args = ["train", "--scheme", "acc-rand-qkv", "--preset", preset(30)]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    run = tmp_path / "cut"
+    real_lr_at = posenc.train.lr_at
+
+    def interrupt_at_15(step, cfg):
+        if step == 15:
+            raise KeyboardInterrupt  # Ctrl-C: checkpoint at step 15, then re-raised
+        return real_lr_at(step, cfg)
+
+    monkeypatch.setattr(posenc.train, "lr_at", interrupt_at_15)
+    assert main([*args, "--out", str(run)]) == 130
+    monkeypatch.setattr(posenc.train, "lr_at", real_lr_at)
+    assert torch.load(run / "state.pt", weights_only=False)["step"] == 15
+    shutil.copy(tmp_path / "whole" / "model.safetensors", run / "model.safetensors")  # weights of another step
+    assert main([*args, "--out", str(run), "--resume"]) == 0
+    assert [r["loss"] for r in records(run)] == [r["loss"] for r in records(tmp_path / "whole")]
+
+
+def test_resume_without_state_pt_is_refused(setup, capsys):
+    tmp_path, preset = setup
+    args = ["train", "--scheme", "acc-rand-qkv", "--preset", preset(10), "--out", str(tmp_path / "r")]
+    assert main(args) == 0
+    (tmp_path / "r" / "state.pt").unlink()
+    weights = (tmp_path / "r" / "model.safetensors").read_bytes()
+    assert main([*args, "--resume"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"posenc: error: cannot resume {tmp_path / 'r'}: it has weights but no state.pt (optimizer state); use another --out"
+    assert (tmp_path / "r" / "model.safetensors").read_bytes() == weights
 
 
 class NaNAfter(Encoding):

@@ -1,7 +1,8 @@
 """Training loop: AdamW, warmup + cosine, gradient clipping, atomic checkpoints, resume.
 
 A run directory holds ``config.json`` (model + training config),
-``model.safetensors`` (weights), ``state.pt`` (optimizer state and step) and
+``model.safetensors`` (weights), ``state.pt`` (the resume point: weights, optimizer state and
+step in one atomically written file) and
 ``train.jsonl`` (one record per logged step). Batches are a pure function of
 (seed, step), so a resumed run sees exactly the batches an uninterrupted run
 would.
@@ -94,8 +95,10 @@ def make_optimizer(model: LM, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 def save_checkpoint(run_dir: Path, model: LM, opt, step: int) -> None:
+    # state.pt alone resumes (weights included): a kill between the two writes cannot pair
+    # weights and optimizer state of different steps
+    save_torch(run_dir / "state.pt", {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()})
     save_weights(run_dir / "model.safetensors", model)
-    save_torch(run_dir / "state.pt", {"step": step, "optimizer": opt.state_dict()})
 
 
 def _truncate_log(path: Path, step: int) -> None:
@@ -172,12 +175,17 @@ def train(
     step = 0
     if resume and (run_dir / "state.pt").exists():
         _check_same_model(run_dir, mcfg)
-        load_weights(run_dir / "model.safetensors", model)
         state = torch.load(run_dir / "state.pt", weights_only=False)
+        if "model" in state:
+            model.load_state_dict(state["model"])
+        else:  # written before state.pt held the weights
+            load_weights(run_dir / "model.safetensors", model)
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
         if shard.is_main:
             _truncate_log(run_dir / "train.jsonl", step)
+    elif resume and (run_dir / "model.safetensors").exists():  # starting over would overwrite these weights
+        raise PosencError(f"cannot resume {run_dir}: it has weights but no state.pt (optimizer state); use another --out")
     elif shard.is_main:  # a fresh run replaces an old log and summary
         for name in ("train.jsonl", "train_summary.json"):
             (run_dir / name).unlink(missing_ok=True)
