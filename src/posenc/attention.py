@@ -138,7 +138,7 @@ def attention(
 
     q, k: (B, H, T, Dk); v: (B, H, T, Dv); phases: (B|1, H|1, T, Dk/2) radians;
     with ``rotate_v`` (Dv == Dk), v is rotated by Phi before attention and the
-    output by -Phi after (value transport, DESIGN.md section 4). Scores are
+    output by -Phi after (value transport, ``posenc.encodings.accumulated``). Scores are
     ``logit_scale * q.k / sqrt(Dk) + bias``. Returns (B, H, T, Dv) in v's dtype.
     """
     if phases is not None:  # cos/sin once per layer (float32+ angles), shared by q, k, v and the output

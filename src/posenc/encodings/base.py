@@ -2,7 +2,7 @@
 
 One attention core (``posenc.attention``) serves every scheme. A scheme is a
 small ``nn.Module`` per attention layer that implements one or more hooks
-(DESIGN.md section 3); hooks it does not need return ``None``:
+(the table below); hooks it does not need return ``None``:
 
 =================  =============================================================
 ``embed(pos)``     additive input embedding (T, d_model); only for schemes with

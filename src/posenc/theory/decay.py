@@ -9,7 +9,7 @@ position i and a key at j, averaged over random content q = k ~ N(0, I/d)
 - RoPE (Su et al. 2024), theta_b = base^(-2b/d): (2/d) sum_b cos(D theta_b);
 - xPos (Sun et al. 2023): RoPE times zeta_b^(D/B), zeta_b = (2b + 0.4 d)/(1.4 d), B = 512:
   (2/d) sum_b zeta_b^(D/B) cos(D theta_b); scales are taken relative to the key
-  position so only the bounded exponent D/B appears (DESIGN 4, xPos);
+  position so only the bounded exponent D/B appears (``posenc.encodings.xpos``);
 - PoPE (Gopalakrishnan et al. 2025): d frequencies theta_c = base^(-(c-1)/d), c = 1..d
   (the survey writes base^((c-1)/d), dropping the minus sign), magnitudes softplus:
   score sum_c mu_qc mu_kc cos((j - i) theta_c + delta_c); with delta = 0,
