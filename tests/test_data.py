@@ -70,3 +70,7 @@ def test_missing_and_empty(tmp_path):
     (tmp_path / "e").mkdir()
     with pytest.raises(PosencError, match="empty"):
         data.load_corpus(str(tmp_path / "e"))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "blob.bin").write_bytes(b"\xff\xfe\x00\x81binary")
+    with pytest.raises(PosencError, match=r"has no UTF-8 text \(1 file\(s\) skipped as binary\)"):
+        data.load_corpus(str(tmp_path / "b"))

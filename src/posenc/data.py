@@ -154,12 +154,14 @@ def _local(spec: str) -> Corpus:
     if not path.exists():
         raise PosencError(f"corpus {spec!r} not found (not a known corpus, file or directory)")
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-    docs = []
+    docs, binary = [], 0
     for p in files:
         try:
             docs.append(Document(str(p.relative_to(path)) if p != path else p.name, p.read_text(encoding="utf-8")))
         except UnicodeDecodeError:
-            continue  # binary file in a text directory
+            binary += 1  # binary file in a text directory
+    if not docs and binary:
+        raise PosencError(f"corpus {spec!r} has no UTF-8 text ({binary} file(s) skipped as binary)")
     return _split_every(docs, path.name)
 
 
