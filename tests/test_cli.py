@@ -100,3 +100,27 @@ def test_train_then_eval(tmp_path, capsys):
     assert (run / "model.safetensors").read_bytes() == weights
     code, out, _ = run_cli(capsys, "eval", str(run), "--multiples", "1", "2", "--max-tokens", "256")
     assert code == 0 and "n/a" in out  # learned table is 32 long: 64 is not applicable
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory):
+    """A 4-step RoPE run for the bad-input tests below."""
+    run = tmp_path_factory.mktemp("rope") / "run"
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "4", "--out", str(run)]) == 0
+    return run
+
+
+def _one_line_exit_2(capsys, argv, message):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("posenc: error: ") and message in err, err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--max-tokens", "0"], "max_tokens (scored tokens per length) must be >= 1, got 0"),
+        (["--max-tokens", "-5"], "must be >= 1, got -5"),
+    ],
+)
+def test_eval_bad_options_one_line_exit_2(rope_run, capsys, argv, message):
+    _one_line_exit_2(capsys, ["eval", str(rope_run), "--multiples", "1", *argv], message)

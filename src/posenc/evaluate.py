@@ -31,8 +31,11 @@ def windows(
     longest evaluation length as the span so that perplexity ratios between
     lengths compare the same tokens. Without it, windows are taken round-robin
     over documents until ``max_tokens`` targets are covered (None: all windows).
-    Raises PosencError when no document is long enough for one window.
+    Raises PosencError when no document is long enough for one window, or when
+    ``max_tokens`` < 1 (no windows: nothing to score).
     """
+    if max_tokens is not None and max_tokens < 1:
+        raise PosencError(f"max_tokens (scored tokens per length) must be >= 1, got {max_tokens}")
     if span is not None:
         if span % length:
             raise PosencError(f"evaluation span {span} is not a multiple of the evaluation length {length}")
