@@ -123,6 +123,10 @@ def test_schedule_applies_to_trained_rope_model():
     "name,params,msg",
     [
         ("yarn", {"factor": 0.5}, "factor must be >= 1"),
+        ("yarn", {"factor": float("inf")}, "factor must be finite, got inf"),
+        ("yarn", {"factor": 2, "attention_factor": 0.0}, "attention_factor must be > 0, got 0.0"),
+        ("yarn", {"factor": 2, "attention_factor": float("inf")}, "attention_factor must be finite"),
+        ("leaky-rerope", {"window": 4, "leak": float("inf")}, "leak must be finite"),
         ("yarn", {"factor": 4, "beta_fast": 1, "beta_slow": 1}, "beta_fast > beta_slow"),
         ("rerope", {"window": 0}, "window must be a positive integer"),
         ("rerope", {}, "needs window"),

@@ -135,8 +135,8 @@ def schedule_params(name: str, train_length: int, params: Optional[dict] = None)
     """Validated parameters of schedule ``name`` with defaults filled in.
 
     Raises PosencError (one line) for an unknown schedule or parameter, a missing
-    required one, factor < 1, beta_fast <= beta_slow, window <= 0, leak <= 1,
-    high_freq_factor <= low_freq_factor.
+    required one, a non-finite number, factor < 1, attention_factor <= 0,
+    beta_fast <= beta_slow, window <= 0, leak <= 1, high_freq_factor <= low_freq_factor.
     """
     if name not in SCHEDULES:
         raise PosencError(f"unknown rope schedule {name!r}; valid: {', '.join(SCHEDULES)}")
@@ -149,8 +149,13 @@ def schedule_params(name: str, train_length: int, params: Optional[dict] = None)
     missing = [k for k in _REQUIRED & set(out) if out[k] is None]
     if missing:
         raise PosencError(f"rope schedule {name!r} needs {', '.join(sorted(missing))}")
+    for k, v in out.items():  # inf/nan pass the range checks below as NaN logits
+        if isinstance(v, float) and not math.isfinite(v):
+            raise PosencError(f"rope schedule {name!r}: {k} must be finite, got {v}")
     if "factor" in out and not out["factor"] >= 1:
         raise PosencError(f"rope schedule {name!r}: factor must be >= 1, got {out['factor']}")
+    if out.get("attention_factor") is not None and not out["attention_factor"] > 0:
+        raise PosencError(f"rope schedule {name!r}: attention_factor must be > 0, got {out['attention_factor']}")
     if name == "yarn" and not out["beta_fast"] > out["beta_slow"] > 0:
         raise PosencError(f"yarn needs beta_fast > beta_slow > 0, got beta_fast={out['beta_fast']}, beta_slow={out['beta_slow']}")
     if name == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"] > 0:
