@@ -120,6 +120,10 @@ def _one_line_exit_2(capsys, argv, message):
     [
         (["--max-tokens", "0"], "max_tokens (scored tokens per length) must be >= 1, got 0"),
         (["--max-tokens", "-5"], "must be >= 1, got -5"),
+        (["--rope-schedule", "yarn", "--factor", "inf"], "factor must be finite, got inf"),
+        (["--rope-schedule", "yarn", "--factor", "2", "--rope-param", "attention_factor=0"], "attention_factor must be > 0"),
+        (["--factor", "8"], "--factor/--window/--leak/--rope-param need --rope-schedule"),
+        (["--rope-param", "beta_fast=16"], "need --rope-schedule"),
     ],
 )
 def test_eval_bad_options_one_line_exit_2(rope_run, capsys, argv, message):

@@ -46,6 +46,9 @@ def schedule_args(args) -> dict:
 
 
 def run(args) -> int:
+    given = [args.factor, args.window, args.leak, *args.rope_param]
+    if not args.rope_schedule and any(v is not None for v in given):  # else silently ignored
+        raise PosencError("--factor/--window/--leak/--rope-param need --rope-schedule")
     model, mcfg, tcfg = load_run(args.run_dir)
     lengths = eval_lengths(mcfg.train_length, args.multiples)
     scheme = mcfg.encoding
