@@ -7,6 +7,7 @@ from posenc import encodings
 from posenc.attention import attention, naive_attention
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.bias import alibi_slopes
+from posenc.errors import PosencError
 
 REFERENCE = {  # the ALiBi reference implementation's get_slopes(n)
     8: [2.0**-i for i in range(1, 9)],
@@ -46,3 +47,9 @@ def test_composite_adds_rotary_phases_and_bias():
     enc.eval()
     assert enc.rotate_v and enc.phases(inp).shape == (1, 4, 12, 4)
     assert torch.equal(enc.bias(inp)(0, 12, 0, 12), encodings.get("alibi", dims).bias(inp)(0, 12, 0, 12))
+
+
+@pytest.mark.parametrize("spec", ["alibi+alibi", "rope+alibi+rope"])
+def test_composite_rejects_repeated_part(spec):
+    with pytest.raises(PosencError, match="each part may appear once; repeated"):
+        encodings.get(spec)

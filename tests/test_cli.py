@@ -128,3 +128,8 @@ def _one_line_exit_2(capsys, argv, message):
 )
 def test_eval_bad_options_one_line_exit_2(rope_run, capsys, argv, message):
     _one_line_exit_2(capsys, ["eval", str(rope_run), "--multiples", "1", *argv], message)
+
+
+def test_train_repeated_composite_part(tmp_path, capsys):
+    argv = ["train", "--scheme", "alibi+alibi", "--preset", "quick", "--out", str(tmp_path / "r")]
+    _one_line_exit_2(capsys, argv, "'alibi+alibi': each part may appear once; repeated 'alibi'")

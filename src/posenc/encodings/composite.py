@@ -15,7 +15,7 @@ from posenc.errors import PosencError
 
 
 class Composite(Encoding):
-    """Several schemes in one attention layer; at most one rotary and one ``attend`` part."""
+    """Several distinct schemes in one attention layer; at most one rotary and one ``attend`` part."""
 
     name = "composite"
 
@@ -23,6 +23,10 @@ class Composite(Encoding):
         super().__init__(dims)
         self.parts = nn.ModuleList(parts)
         self.spec = spec
+        names = spec.split("+")
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:  # e.g. alibi+alibi would silently double the bias
+            raise PosencError(f"{spec!r}: each part may appear once; repeated {', '.join(map(repr, repeated))}")
         if any(p.additive for p in parts):
             raise PosencError(f"{spec!r}: additive embeddings cannot be combined with '+'")
         rotary = [p for p in parts if type(p).phases is not Encoding.phases or type(p).transform_qk is not Encoding.transform_qk]
