@@ -133,3 +133,18 @@ def test_eval_bad_options_one_line_exit_2(rope_run, capsys, argv, message):
 def test_train_repeated_composite_part(tmp_path, capsys):
     argv = ["train", "--scheme", "alibi+alibi", "--preset", "quick", "--out", str(tmp_path / "r")]
     _one_line_exit_2(capsys, argv, "'alibi+alibi': each part may appear once; repeated 'alibi'")
+
+
+def test_hf_corpus_unreachable(tmp_path, capsys, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'foo' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--corpus", "hf:foo", "--out", str(tmp_path / "r")]
+    _one_line_exit_2(capsys, argv, "could not fetch Hugging Face dataset 'foo' (no network?)")
+    argv[6] = f"hf:text:{tmp_path / 'missing.txt'}"
+    monkeypatch.undo()
+    _one_line_exit_2(capsys, argv, "Hugging Face dataset 'text:")
+    assert not (tmp_path / "r").exists()

@@ -172,10 +172,17 @@ def _huggingface(spec: str) -> Corpus:
     except ImportError as exc:
         raise PosencError("hf: corpora need the 'datasets' package: pip install 'posenc[hub]'") from exc
     parts = spec[3:].split(":", 1)
-    if parts[0] in ("text", "json") and len(parts) == 2:
-        ds = datasets.load_dataset(parts[0], data_files=parts[1])
-    else:
-        ds = datasets.load_dataset(*parts)
+    try:
+        if parts[0] in ("text", "json") and len(parts) == 2:
+            ds = datasets.load_dataset(parts[0], data_files=parts[1])
+        else:
+            ds = datasets.load_dataset(*parts)
+    except ConnectionError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise PosencError(f"could not fetch Hugging Face dataset {spec[3:]!r} (no network?): {first}") from None
+    except FileNotFoundError as exc:  # a missing local file or an unknown Hub dataset
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise PosencError(f"Hugging Face dataset {spec[3:]!r} not found: {first}") from None
     docs = {}
     for split in ds:
         col = "text" if "text" in ds[split].column_names else ds[split].column_names[0]
