@@ -148,3 +148,32 @@ def test_hf_corpus_unreachable(tmp_path, capsys, monkeypatch):
     monkeypatch.undo()
     _one_line_exit_2(capsys, argv, "Hugging Face dataset 'text:")
     assert not (tmp_path / "r").exists()
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    "damage,name,message",
+    [
+        (lambda p: p.write_text("{not json"), "config.json", "is damaged (not valid JSON"),
+        (lambda p: p.write_text("{}"), "config.json", "is damaged: it needs 'model' and 'train' sections"),
+        (_truncate, "model.safetensors", "is damaged or unreadable"),
+        (_truncate, "state.pt", "is damaged or unreadable"),
+    ],
+)
+@pytest.mark.parametrize("command", ["eval", "resume"])
+def test_damaged_run_dir_one_line_exit_2(rope_run, tmp_path, capsys, damage, name, message, command):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(rope_run, run)
+    damage(run / name)
+    if command == "eval":
+        if name == "state.pt":
+            pytest.skip("eval does not read state.pt")
+        argv = ["eval", str(run), "--multiples", "1", "--max-tokens", "64"]
+    else:
+        argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "6", "--out", str(run), "--resume"]
+    _one_line_exit_2(capsys, argv, f"{run / name} {message}")

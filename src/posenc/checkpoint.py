@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from posenc.errors import PosencError
 
 
 _UMASK = os.umask(0o022)
@@ -49,7 +53,10 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text())
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PosencError(f"{path} is damaged (not valid JSON: {exc})") from None
 
 
 def append_jsonl(path: Path, record: dict) -> None:
@@ -83,7 +90,35 @@ def save_weights(path: Path, model: torch.nn.Module) -> None:
 
 
 def load_weights(path: Path, model: torch.nn.Module) -> None:
-    model.load_state_dict(load_file(str(path)))
+    try:
+        state = load_file(str(path))
+    except SafetensorError as exc:  # truncated or overwritten
+        raise PosencError(f"{path} is damaged or unreadable ({exc})") from None
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:  # the multi-line key/shape report: its first line is enough
+        raise PosencError(f"{path} does not match the run's model config: {str(exc).splitlines()[0]}") from None
+
+
+def check_run(run_dir: Path, state: bool = False) -> None:
+    """Fail fast, with one line naming the file, on a damaged run directory.
+
+    Checks what ``posenc.train.load_run`` and resuming index without a check:
+    config.json's ``model`` and ``train`` sections and (with ``state``) that
+    state.pt loads (memory-mapped: cheap). Missing files are left to the
+    loaders' own messages; invalid JSON and damaged weights raise there too.
+    """
+    cfg_path, state_path = Path(run_dir) / "config.json", Path(run_dir) / "state.pt"
+    if cfg_path.exists():
+        cfg = read_json(cfg_path)
+        if not (isinstance(cfg, dict) and all(isinstance(cfg.get(k), dict) for k in ("model", "train"))):
+            raise PosencError(f"{cfg_path} is damaged: it needs 'model' and 'train' sections")
+    if state and state_path.exists():
+        try:
+            torch.load(state_path, mmap=True, weights_only=False)
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
+            first = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__  # torch's are long
+            raise PosencError(f"{state_path} is damaged or unreadable ({first})") from None
 
 
 def save_torch(path: Path, obj: Any) -> None:
