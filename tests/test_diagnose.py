@@ -174,3 +174,12 @@ def test_diagnose_without_checkpoint_exits_2(tmp_path, capsys):
     assert main(["diagnose", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("posenc: error: ") and "has no checkpoint" in err
+
+
+@pytest.mark.parametrize("window", ["256", "100000"])
+def test_diagnose_window_beyond_every_length_exits_2(trained_run, capsys, window):
+    """w >= the longest evaluation length leaves no query with far keys: every far mass would be n/a."""
+    assert main(["diagnose", str(trained_run), "--multiples", "1", "8", "--window", window, "--out", str(trained_run / "w")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"far-mass distance w={window} must be < the longest evaluation length 256" in err
+    assert not (trained_run / "w").exists()

@@ -193,11 +193,14 @@ def diagnose_model(
     ``far_mass`` and ``entropy`` lists, their means and the uniform reference),
     ``spectral_gap`` (per layer: beta (H, D/2), baseline (D/2,), w_eps) or None,
     and ``note`` when the scheme is not supported. Raises PosencError for
-    impossible lengths or eps.
+    impossible lengths or eps, or a ``w`` no evaluation length reaches.
     """
     check_eps(eps)
     model.eval()
     cfg = model.cfg
+    lengths = eval_lengths(cfg.train_length, multiples)
+    if w is not None and lengths and w >= max(lengths):  # no query has keys that far: every far mass n/a
+        raise PosencError(f"far-mass distance w={w} must be < the longest evaluation length {max(lengths)}")
     w = cfg.train_length if w is None else w
     if w < 1 or n_windows < 1:
         raise PosencError(f"need a far-mass distance w >= 1 and >= 1 window per length, got w={w}, windows={n_windows}")
@@ -210,7 +213,7 @@ def diagnose_model(
     H, L_n = cfg.n_head, cfg.n_layer
     phasors = [torch.zeros(H, cfg.head_dim // 2, dtype=torch.complex128) for _ in range(L_n)]
     steps = [0] * L_n
-    plan = [(L, windows(docs, L, n_windows * L)) for L in eval_lengths(cfg.train_length, multiples)]
+    plan = [(L, windows(docs, L, n_windows * L)) for L in lengths]
     bar = tqdm(total=sum(len(ws) for _, ws in plan), desc="diagnose", unit="win", leave=False, disable=not progress)
     for L, wins in plan:
         far, ent, bound = (torch.zeros(L_n, H, dtype=torch.float64) for _ in range(3))
