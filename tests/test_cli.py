@@ -1,6 +1,7 @@
 """End to end through the CLI: a tiny compare writes the report; bad input exits 2 with one line."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +178,12 @@ def test_damaged_run_dir_one_line_exit_2(rope_run, tmp_path, capsys, damage, nam
     else:
         argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "6", "--out", str(run), "--resume"]
     _one_line_exit_2(capsys, argv, f"{run / name} {message}")
+
+
+def test_train_out_cannot_be_created(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory\n")
+    outs = [tmp_path / "file", tmp_path / "file" / "run"] + ([Path("/proc/nope")] if Path("/proc/self").exists() else [])
+    for out in outs:
+        argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(out)]
+        _one_line_exit_2(capsys, argv, f"cannot create run directory {out}: ")
+    assert (tmp_path / "file").read_text() == "not a directory\n"

@@ -48,6 +48,15 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
     atomic_write_bytes(Path(path), buf.getvalue())
 
 
+def make_run_dir(path: Path) -> None:
+    """``mkdir -p path``; PosencError naming it when impossible (a file there, an unwritable place)."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc
+        raise PosencError(f"cannot create run directory {path}: {why}") from None
+
+
 def write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, default=str) + "\n").encode())
 

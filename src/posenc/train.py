@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from posenc import distributed
 from posenc.checkpoint import (
-    append_jsonl, atomic_write_bytes, load_weights, read_json, read_jsonl, save_torch, save_weights, write_json,
+    append_jsonl, atomic_write_bytes, load_weights, make_run_dir, read_json, read_jsonl, save_torch, save_weights, write_json,
 )
 from posenc.data import TokenData, load_tokens
 from posenc.errors import PosencError
@@ -168,7 +168,7 @@ def train(
     if len(data.train) <= mcfg.train_length + 1:
         raise PosencError(f"training split has {len(data.train)} tokens, fewer than train_length {mcfg.train_length}")
     if shard.is_main:  # after the corpus loads, so bad input leaves no empty run directory
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(run_dir)
     torch.manual_seed(tcfg.seed)
     model = build_model(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
     opt = make_optimizer(model, tcfg)
