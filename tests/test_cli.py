@@ -55,6 +55,7 @@ def test_rerun_skips_finished_work(quick_run, capsys):
         (["compare", "--preset", "quick", "--corpus", "/nonexistent/corpus"], "not found"),
         (["compare", "--preset", "quick", "--steps", "0"], "train.steps"),
         (["compare", "--preset", "quick", "--tokenizer", "wordpiece"], "unknown tokenizer"),
+        (["compare", "--preset", "quick", "--seeds", "0", "-1"], "seeds.1: Input should be greater than or equal to 0"),
         (["eval", "/nonexistent/run"], "has no checkpoint"),
     ],
 )
@@ -187,3 +188,15 @@ def test_train_out_cannot_be_created(tmp_path, capsys):
         argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(out)]
         _one_line_exit_2(capsys, argv, f"cannot create run directory {out}: ")
     assert (tmp_path / "file").read_text() == "not a directory\n"
+
+
+def test_negative_seed_and_empty_preset_lists(tmp_path, capsys):
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--seed", "-1", "--out", str(tmp_path / "r")]
+    _one_line_exit_2(capsys, argv, "train.seed: Input should be greater than or equal to 0")
+    assert not (tmp_path / "r").exists()
+    preset = tmp_path / "p.yaml"
+    for body, message in [("schemes: []\n", "schemes: List should have at least 1 item"),
+                          ("schemes: [rope]\nseeds: []\n", "seeds: List should have at least 1 item"),
+                          ("schemes: [rope]\nseeds: [-2]\n", "seeds.0: Input should be greater than or equal to 0")]:
+        preset.write_text("name: p\nmodel: {n_layer: 1, n_head: 2, d_model: 16}\ntrain: {steps: 1}\n" + body)
+        _one_line_exit_2(capsys, ["compare", "--preset", str(preset), "--out", str(tmp_path)], message)

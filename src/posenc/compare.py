@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -61,8 +61,8 @@ class Preset(BaseModel):
     model: ModelConfig
     train: TrainConfig
     eval: EvalConfig = EvalConfig()
-    schemes: list[str]
-    seeds: list[int] = [0]
+    schemes: list[str] = Field(min_length=1)
+    seeds: list[Annotated[int, Field(ge=0)]] = Field([0], min_length=1)
     # RoPE context-extension rows evaluated after the plain rows on every trained RoPE
     # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.encodings.schedules)
     eval_schedules: list[dict[str, Any]] = []

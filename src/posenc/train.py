@@ -51,7 +51,7 @@ class TrainConfig(BaseModel):
     warmup: int = Field(50, ge=0)
     weight_decay: float = Field(0.1, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    seed: int = 0
+    seed: int = Field(0, ge=0)  # numpy's generators take no negative seed
     time_budget: Optional[float] = Field(None, gt=0)
     ckpt_every: int = Field(100, gt=0)
     log_every: int = Field(10, gt=0)
