@@ -156,25 +156,28 @@ def _truncate(path):
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+NOT_JSON, NO_SECTIONS = (lambda p: p.write_text("{not json")), (lambda p: p.write_text("{}"))
+EVAL, RESUME = "eval", "resume"
+
+
 @pytest.mark.parametrize(
-    "damage,name,message",
-    [
-        (lambda p: p.write_text("{not json"), "config.json", "is damaged (not valid JSON"),
-        (lambda p: p.write_text("{}"), "config.json", "is damaged: it needs 'model' and 'train' sections"),
-        (_truncate, "model.safetensors", "is damaged or unreadable"),
-        (_truncate, "state.pt", "is damaged or unreadable"),
+    "command,name,damage,message",
+    [  # every file each command reads (eval needs no state.pt; resuming takes the weights from state.pt)
+        (EVAL, "config.json", NOT_JSON, "is damaged (not valid JSON"),
+        (EVAL, "config.json", NO_SECTIONS, "is damaged: it needs 'model' and 'train' sections"),
+        (EVAL, "model.safetensors", _truncate, "is damaged or unreadable"),
+        (RESUME, "config.json", NOT_JSON, "is damaged (not valid JSON"),
+        (RESUME, "config.json", NO_SECTIONS, "is damaged: it needs 'model' and 'train' sections"),
+        (RESUME, "state.pt", _truncate, "is damaged or unreadable"),
     ],
 )
-@pytest.mark.parametrize("command", ["eval", "resume"])
-def test_damaged_run_dir_one_line_exit_2(rope_run, tmp_path, capsys, damage, name, message, command):
+def test_damaged_run_dir_one_line_exit_2(rope_run, tmp_path, capsys, command, name, damage, message):
     import shutil
 
     run = tmp_path / "run"
     shutil.copytree(rope_run, run)
     damage(run / name)
-    if (command, name) in {("eval", "state.pt"), ("resume", "model.safetensors")}:
-        pytest.skip("not read: eval needs no state.pt; resuming may take the weights from state.pt")
-    if command == "eval":
+    if command == EVAL:
         argv = ["eval", str(run), "--multiples", "1", "--max-tokens", "64"]
     else:
         argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "6", "--out", str(run), "--resume"]

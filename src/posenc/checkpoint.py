@@ -109,25 +109,26 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
         raise PosencError(f"{path} does not match the run's model config: {str(exc).splitlines()[0]}") from None
 
 
-def check_run(run_dir: Path, state: bool = False) -> None:
-    """Fail fast, with one line naming the file, on a damaged run directory.
+def check_run(run_dir: Path) -> None:
+    """Fail fast, with one line naming the file, on a damaged config.json in ``run_dir``.
 
-    Checks what ``posenc.train.load_run`` and resuming index without a check:
-    config.json's ``model`` and ``train`` sections and (with ``state``) that
-    state.pt loads (memory-mapped: cheap). Missing files are left to the
-    loaders' own messages; invalid JSON and damaged weights raise there too.
+    ``posenc.train.load_run`` and resuming index its ``model`` and ``train``
+    sections; missing files are left to the loaders' own messages.
     """
-    cfg_path, state_path = Path(run_dir) / "config.json", Path(run_dir) / "state.pt"
+    cfg_path = Path(run_dir) / "config.json"
     if cfg_path.exists():
         cfg = read_json(cfg_path)
         if not (isinstance(cfg, dict) and all(isinstance(cfg.get(k), dict) for k in ("model", "train"))):
             raise PosencError(f"{cfg_path} is damaged: it needs 'model' and 'train' sections")
-    if state and state_path.exists():
-        try:
-            torch.load(state_path, mmap=True, weights_only=False)
-        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
-            first = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__  # torch's are long
-            raise PosencError(f"{state_path} is damaged or unreadable ({first})") from None
+
+
+def load_torch(path: Path) -> Any:
+    """``torch.load`` of a file ``save_torch`` wrote; PosencError naming it when damaged."""
+    try:
+        return torch.load(path, weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
+        first = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__  # torch's are long
+        raise PosencError(f"{path} is damaged or unreadable ({first})") from None
 
 
 def save_torch(path: Path, obj: Any) -> None:

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from posenc import distributed
 from posenc.checkpoint import (
-    append_jsonl, atomic_write_bytes, load_weights, make_run_dir, read_json, read_jsonl, save_torch, save_weights, write_json,
+    append_jsonl, atomic_write_bytes, load_torch, load_weights, make_run_dir, read_json, read_jsonl, save_torch, save_weights, write_json,
 )
 from posenc.data import TokenData, load_tokens
 from posenc.errors import PosencError
@@ -175,7 +175,7 @@ def train(
     step = 0
     if resume and (run_dir / "state.pt").exists():
         _check_same_model(run_dir, mcfg)
-        state = torch.load(run_dir / "state.pt", weights_only=False)
+        state = load_torch(run_dir / "state.pt")
         if "model" in state:
             model.load_state_dict(state["model"])
         else:  # written before state.pt held the weights

@@ -35,8 +35,8 @@ def run(args) -> int:
     out = args.out or Path("runs") / "train" / args.scheme
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
-    if args.resume:  # a damaged checkpoint: one line now, not a traceback mid-resume
-        check_run(out, state=True)
+    if args.resume:  # a damaged config.json: one line, not a traceback
+        check_run(out)
     try:
         summary = train(out, mcfg, preset.train, resume=args.resume)
     finally:
