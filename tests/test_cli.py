@@ -190,6 +190,7 @@ def test_train_out_cannot_be_created(tmp_path, capsys):
     for out in outs:
         argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(out)]
         _one_line_exit_2(capsys, argv, f"cannot create run directory {out}: ")
+    _one_line_exit_2(capsys, ["compare", "--preset", "quick", "--out", str(tmp_path / "file")], f"cannot create run directory {tmp_path / 'file' / 'quick'}: ")
     assert (tmp_path / "file").read_text() == "not a directory\n"
 
 

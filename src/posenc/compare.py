@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from posenc import encodings
-from posenc.checkpoint import append_jsonl, atomic_write_bytes, read_json, read_jsonl, write_json
+from posenc.checkpoint import append_jsonl, atomic_write_bytes, make_run_dir, read_json, read_jsonl, write_json
 from posenc.data import load_tokens
 from posenc.diagnose import FarMassConfig, compare_extras, extras_pending
 from posenc.errors import PosencError
@@ -304,7 +304,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True)
     run_root = Path(out_root) / preset.name
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
     _check_same_settings(run_root, preset)
-    run_root.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_root)
     write_json(run_root / "preset.json", preset.model_dump())
     results = run_root / "results.jsonl"
     _drop_torn_tail(results)
