@@ -142,7 +142,8 @@ def attention(
     ``logit_scale * q.k / sqrt(Dk) + bias``. Returns (B, H, T, Dv) in v's dtype.
     """
     if phases is not None:  # cos/sin once per layer (float32+ angles), shared by q, k, v and the output
-        cos, sin = torch.cos(phases).to(q.dtype), torch.sin(phases).to(q.dtype)
+        with torch.no_grad():  # the phase gradient comes from rotate_shared's backward, not through cos/sin
+            cos, sin = torch.cos(phases).to(q.dtype), torch.sin(phases).to(q.dtype)
         q, k = rotate_shared(q, phases, cos, sin, pairing), rotate_shared(k, phases, cos, sin, pairing)
         if rotate_v:
             v = rotate_shared(v, phases, cos, sin, pairing)
