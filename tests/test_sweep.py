@@ -117,7 +117,7 @@ def test_drop_torn_tail(tmp_path):
     assert p.read_bytes() == b'{"a": 1}\n'
 
 
-def test_rerun_with_other_settings_is_refused(corpus, tmp_path):
+def test_rerun_with_other_settings_is_refused(corpus, tmp_path, monkeypatch):
     """Reruns skip finished jobs, so a changed budget would relabel old results: refused before any work."""
     compare(tiny_preset(corpus, ["rope"]), tmp_path / "runs", isolate=False)
     run = tmp_path / "runs" / "sweep"
@@ -127,11 +127,16 @@ def test_rerun_with_other_settings_is_refused(corpus, tmp_path):
     with pytest.raises(PosencError, match=r"holds results made with other settings \(train.steps 4 -> 3\); use another --name or --out"):
         compare(changed, tmp_path / "runs", isolate=False)
     assert {p: p.read_bytes() for p in before} == before
-    grown = tiny_preset(corpus, ["rope", "alibi"]).model_copy(deep=True)  # more schemes, lengths, threads: allowed
+    grown = tiny_preset(corpus, ["rope", "alibi"]).model_copy(deep=True)  # more cells, memory knobs: allowed
     grown.eval.multiples = [1, 2, 4]
-    grown.train.threads = 2
+    grown.eval.far_mass.multiples = [2, 4]
+    grown.eval.passkey.depths = [0.5, 0.9]
+    grown.train.threads, grown.model.attn_block_size = 2, 8
+    monkeypatch.chdir(corpus.parent)
+    grown.train.corpus = f"./{corpus.name}/"  # the same corpus, spelled relative to the working directory
     _, failures = compare(grown, tmp_path / "runs", isolate=False)
     assert failures == {}
+    assert json.loads((run / "preset.json").read_text())["train"]["corpus"] == str(corpus.resolve())
 
 
 @pytest.mark.parametrize("name", ["../escape", "", "a/b", ".."])

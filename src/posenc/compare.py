@@ -263,14 +263,32 @@ def _run_inline(run_root: Path, preset: Preset, scheme: str, seed: int, data) ->
     return None
 
 
-# set per job, free to grow, or without effect on the results
-_FREE_SETTINGS = {"model.encoding", "train.seed", "train.threads", "train.ckpt_every", "train.log_every", "eval.multiples", "eval.batch_tokens"}
+# set per job, lists of cells that may grow (results are kept per cell), or memory/speed knobs
+_FREE_SETTINGS = {
+    "model.encoding", "model.attn_block_size", "train.seed", "train.threads", "train.ckpt_every", "train.log_every",
+    "eval.multiples", "eval.batch_tokens", "eval.passkey.lengths_multiples", "eval.passkey.depths", "eval.far_mass.multiples",
+}
+
+
+def _flatten(d: dict, prefix: str) -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def _settings(preset: Preset) -> dict[str, Any]:
     """The settings every result of a run directory shares (model, training, evaluation), flattened."""
-    flat = {f"{section}.{k}": v for section in ("model", "train", "eval") for k, v in getattr(preset, section).model_dump(mode="json").items()}
+    flat = _flatten(preset.model_dump(mode="json", include={"model", "train", "eval"}), "")
     return {k: v for k, v in flat.items() if k not in _FREE_SETTINGS}
+
+
+def _absolute_corpus(preset: Preset) -> Preset:
+    """A local corpus by its absolute path, so one run directory means one corpus from any working directory."""
+    spec = preset.train.corpus
+    if spec in ("shakespeare", "pystdlib") or spec.startswith("hf:") or not Path(spec).expanduser().exists():
+        return preset
+    return preset.model_copy(update={"train": preset.train.model_copy(update={"corpus": str(Path(spec).expanduser().resolve())})})
 
 
 def _check_same_settings(run_root: Path, preset: Preset) -> None:
@@ -302,6 +320,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True)
     with other model, training or evaluation settings.
     """
     run_root = Path(out_root) / preset.name
+    preset = _absolute_corpus(preset)
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
     _check_same_settings(run_root, preset)
     make_run_dir(run_root)
