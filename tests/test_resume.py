@@ -84,6 +84,17 @@ def test_resume_takes_weights_from_state_pt(setup, monkeypatch):
     assert [r["loss"] for r in records(run)] == [r["loss"] for r in records(tmp_path / "whole")]
 
 
+def test_resume_of_a_finished_run_keeps_it(setup, capsys):
+    tmp_path, preset = setup
+    run = tmp_path / "done"
+    assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(12), "--out", str(run)]) == 0
+    files = {p.name: p.read_bytes() for p in run.iterdir()}
+    assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(12), "--out", str(run), "--resume"]) == 0
+    assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(5), "--out", str(run), "--resume"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"posenc: error: cannot resume {run}: it has trained 12 steps, more than steps=5"
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == files
+
+
 def test_resume_without_state_pt_is_refused(setup, capsys):
     tmp_path, preset = setup
     args = ["train", "--scheme", "acc-rand-qkv", "--preset", preset(10), "--out", str(tmp_path / "r")]

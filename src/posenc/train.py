@@ -182,6 +182,10 @@ def train(
             load_weights(run_dir / "model.safetensors", model)
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
+        if step > tcfg.steps:
+            raise PosencError(f"cannot resume {run_dir}: it has trained {step} steps, more than steps={tcfg.steps}")
+        if step == tcfg.steps and is_trained(run_dir):  # finished: keep its summary and log as they are
+            return read_json(run_dir / "train_summary.json")
         if shard.is_main:
             _truncate_log(run_dir / "train.jsonl", step)
     elif resume and (run_dir / "model.safetensors").exists():  # starting over would overwrite these weights
