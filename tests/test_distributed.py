@@ -72,7 +72,7 @@ def test_shard_rows():
 def test_paper_preset_runs_a_few_steps_on_cpu(setup):
     """The paper preset's model (16 x 768, BPE) on a tiny stand-in corpus: 2 optimizer steps on 64-token rows.
 
-    The training loop itself is covered above; here no 1.4 GB checkpoint is written, to keep CI quick.
+    The training loop itself is covered above; here no 2 GiB checkpoint is written, to keep CI quick.
     """
     tmp_path, _ = setup
     preset = load_preset("paper", {"train": {"corpus": str(tmp_path / "corpus")}})
