@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from posenc.errors import PosencError
+from posenc.errors import PosencError, first_line
 
 
 _UMASK = os.umask(0o022)
@@ -127,8 +127,7 @@ def load_torch(path: Path) -> Any:
     try:
         return torch.load(path, weights_only=False)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
-        first = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__  # torch's are long
-        raise PosencError(f"{path} is damaged or unreadable ({first})") from None
+        raise PosencError(f"{path} is damaged or unreadable ({first_line(exc).split('. ')[0]})") from None  # torch's are long
 
 
 def save_torch(path: Path, obj: Any) -> None:

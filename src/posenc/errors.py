@@ -7,3 +7,9 @@ class PosencError(Exception):
     Raised anywhere in posenc for problems the user can fix; ``posenc.cli.main``
     turns it into ``posenc: error: <message>`` on stderr and exit code 2.
     """
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type name when it has none (for one-line errors)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
