@@ -109,19 +109,6 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
         raise PosencError(f"{path} does not match the run's model config: {str(exc).splitlines()[0]}") from None
 
 
-def check_run(run_dir: Path) -> None:
-    """Fail fast, with one line naming the file, on a damaged config.json in ``run_dir``.
-
-    ``posenc.train.load_run`` and resuming index its ``model`` and ``train``
-    sections; missing files are left to the loaders' own messages.
-    """
-    cfg_path = Path(run_dir) / "config.json"
-    if cfg_path.exists():
-        cfg = read_json(cfg_path)
-        if not (isinstance(cfg, dict) and all(isinstance(cfg.get(k), dict) for k in ("model", "train"))):
-            raise PosencError(f"{cfg_path} is damaged: it needs 'model' and 'train' sections")
-
-
 def load_torch(path: Path) -> Any:
     """``torch.load`` of a file ``save_torch`` wrote; PosencError naming it when damaged."""
     try:

@@ -107,12 +107,21 @@ def _truncate_log(path: Path, step: int) -> None:
     atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
 
+def read_run_config(run_dir: Path) -> dict:
+    """A run's config.json; PosencError naming it when damaged or without its model/train sections."""
+    path = Path(run_dir) / "config.json"
+    cfg = read_json(path)
+    if not (isinstance(cfg, dict) and all(isinstance(cfg.get(k), dict) for k in ("model", "train"))):
+        raise PosencError(f"{path} is damaged: it needs 'model' and 'train' sections")
+    return cfg
+
+
 def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
     """Model (weights loaded, on the default device: CUDA if present), model and training config of a run."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").exists() or not (run_dir / "model.safetensors").exists():
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
-    cfg = read_json(run_dir / "config.json")
+    cfg = read_run_config(run_dir)
     mcfg, tcfg = validate_config(cfg["model"]), validate_train_config(cfg["train"])
     model = build_model(mcfg)
     load_weights(run_dir / "model.safetensors", model)
@@ -132,7 +141,7 @@ class _TokenNLL(torch.nn.Module):
 
 def _check_same_model(run_dir: Path, mcfg: ModelConfig) -> None:
     """Raise PosencError when the run in ``run_dir`` was trained with another model config."""
-    saved = read_json(run_dir / "config.json")["model"]
+    saved = read_run_config(run_dir)["model"]
     now = json.loads(json.dumps(mcfg.model_dump(), default=str))  # as config.json stores it
     diff = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in now.items() if saved.get(k) != v]
     if diff:

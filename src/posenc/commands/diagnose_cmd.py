@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-from posenc.checkpoint import check_run
 from posenc.data import load_tokens
 from posenc.diagnose import DEFAULT_MULTIPLES, diagnose_model, write_outputs
 from posenc.train import load_run
@@ -27,7 +26,6 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    check_run(args.run_dir)
     model, _, tcfg = load_run(args.run_dir)
     data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
     res = diagnose_model(model.to(args.device), data.val_docs, args.multiples, args.window, args.windows, args.eps)

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from posenc.checkpoint import append_jsonl, check_run
+from posenc.checkpoint import append_jsonl
 from posenc.data import load_tokens
 from posenc.encodings.schedules import check_window, with_rope_schedule
 from posenc.errors import PosencError
@@ -49,7 +49,6 @@ def run(args) -> int:
     given = [args.factor, args.window, args.leak, *args.rope_param]
     if not args.rope_schedule and any(v is not None for v in given):  # else silently ignored
         raise PosencError("--factor/--window/--leak/--rope-param need --rope-schedule")
-    check_run(args.run_dir)
     model, mcfg, tcfg = load_run(args.run_dir)
     lengths = eval_lengths(mcfg.train_length, args.multiples)
     scheme = mcfg.encoding

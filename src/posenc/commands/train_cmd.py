@@ -3,7 +3,6 @@
 from pathlib import Path
 
 from posenc import distributed
-from posenc.checkpoint import check_run
 from posenc.compare import load_preset
 from posenc.errors import PosencError
 from posenc.train import train
@@ -35,8 +34,6 @@ def run(args) -> int:
     out = args.out or Path("runs") / "train" / args.scheme
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
-    if args.resume:  # a damaged config.json: one line, not a traceback
-        check_run(out)
     try:
         summary = train(out, mcfg, preset.train, resume=args.resume)
     finally:
