@@ -105,7 +105,7 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
         where = f"preset {path.name}" + (" with command-line options" if any(v not in (None, {}) for v in (overrides or {}).values()) else "")
         raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     for s in preset.schemes:  # fail fast, before any training
-        encodings.get(s, _dims(preset.model))
+        encodings.get(s, _dims(preset.model), **preset.model.encoding_params)
     for spec in preset.eval_schedules:
         _schedule_spec(spec, preset)
     return preset
@@ -130,7 +130,7 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
     from posenc.encodings.schedules import with_rope_schedule
 
     failures = {}
-    ropes = [s for s in preset.schemes if "+" not in s and encodings.resolve(s)[0] is RoPE]
+    ropes = [s for s in preset.schemes if [c for c, _ in encodings.parts(s)] == [RoPE]]
     for spec in preset.eval_schedules:
         name, params = _schedule_spec(spec, preset)
         for scheme in ropes:
@@ -204,7 +204,7 @@ def _drop_torn_tail(path: Path) -> None:
 
 def _scheme_modules(schemes: list[str]) -> list[str]:
     """Modules defining the schemes' classes (each part of ``A+B``), for the job process to import."""
-    mods = {encodings.resolve(part)[0].__module__ for s in schemes for part in s.split("+")}
+    mods = {cls.__module__ for s in schemes for cls, _ in encodings.parts(s)}
     return sorted(mods - {"__main__"})  # spawn re-runs __main__ itself
 
 
@@ -337,6 +337,8 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True)
                 failures[f"{scheme} (seed {seed})"] = error
                 print(f"posenc: {scheme} (seed {seed}) failed: {error}", file=sys.stderr)
     failures.update(run_schedules(run_root, preset, data, results))
+    dims = _dims(preset.model.model_copy(update={"vocab_size": data.vocab_size}))
+    encs = {s: encodings.get(s, dims, **preset.model.encoding_params) for s in preset.schemes}
     meta = {
         "name": preset.name,
         "train_length": preset.model.train_length,
@@ -346,7 +348,8 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True)
         "budget": f"{preset.train.steps} steps x {preset.train.batch_size} x {preset.model.train_length} tokens, lr {preset.train.lr}",
         "seeds": preset.seeds,
         "eval": f"non-overlapping windows; every length scores the same text: the first {_span(preset)} targets of each of the first {-(-preset.eval.max_tokens // _span(preset))} held-out works",
-        "descriptions": {s: encodings.get(s, _dims(preset.model.model_copy(update={"vocab_size": data.vocab_size}))).describe() for s in preset.schemes},
+        "descriptions": {s: e.describe() for s, e in encs.items()},
+        "mixing_windows": {s: e.mixing_window(0.01) for s, e in encs.items()},
         "notes": preset.description or None,
     }
     return write_report(run_root, meta, failures), failures

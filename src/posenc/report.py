@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from posenc.checkpoint import atomic_write_bytes, read_jsonl, save_figure
+from posenc.claims import claims_markdown
 
 CSV_FIELDS = ["scheme", "seed", "train_length", "eval_length", "windows", "scored_tokens", "nll", "ppl", "ratio", "note"]
 
@@ -126,6 +127,8 @@ def markdown(records: list[dict], failures: dict[str, str], meta: dict, extras: 
         for s in schemes:
             pk_cell = f" | {_passkey_at(pk.get(s, {}), pk_L)}" if pk_col else ""
             out.write(f"| {s} | " + " | ".join(_cell(grid[s][L], fmt) for L in lengths) + pk_cell + " |\n")
+    out.write(claims_markdown(records, L0))
+    out.write(window_markdown(records, meta.get("mixing_windows") or {}, L0))
     out.write(passkey_markdown(extras, L0))
     out.write(far_mass_markdown(extras, L0))
     if meta.get("descriptions"):
@@ -136,9 +139,74 @@ def markdown(records: list[dict], failures: dict[str, str], meta: dict, extras: 
         out.write("\n## Failed\n\n")
         for s, err in failures.items():
             out.write(f"- `{s}`: {err}\n")
-    pngs = ["ppl_ratio.png", "buckets.png"] + ["passkey.png"] * bool(pk) + ["far_mass.png"] * any(r.get("far_mass_mean") is not None for r in extras)
+    pngs = ["ppl_ratio.png", "buckets.png"] + ["window.png"] * bool(window_rows(records, meta.get("mixing_windows") or {}, L0)) + ["passkey.png"] * bool(pk) + ["far_mass.png"] * any(r.get("far_mass_mean") is not None for r in extras)
     out.write("\nFiles: `results.jsonl` (one record per evaluation), `results.csv`, " + ", ".join(f"`{f}`" for f in pngs) + ".\n")
     return out.getvalue()
+
+
+def window_rows(records: list[dict], windows: dict[str, float], L0: int) -> list[dict]:
+    """Schemes with a known mixing window (random step laws), by window: w_0.01, ppl at 1x, ratios at 32x and the longest length.
+
+    Empty unless at least three schemes have distinct windows (a sweep, e.g. the ``window`` preset).
+    """
+    known = {s: w for s, w in windows.items() if w is not None}
+    if len(set(known.values())) < 3:
+        return []
+    ppl, ratio = _grid(records, "ppl"), _grid(records, "ratio")
+    longest = max(r["eval_length"] for r in records)
+    rows = []
+    for s, w in sorted(known.items(), key=lambda kv: kv[1]):
+        rows.append({"scheme": s, "w": w, "w_ratio": w / L0, "ppl1": ppl[s].get(L0, []), "r32": ratio[s].get(32 * L0, []), "rmax": ratio[s].get(longest, []), "longest": longest})
+    return rows
+
+
+def window_markdown(records: list[dict], windows: dict[str, float], L0: int) -> str:
+    """The mixing-window section: extrapolation against w_0.01 / training length, beside the theory's prediction."""
+    rows = window_rows(records, windows, L0)
+    if not rows:
+        return ""
+    Lx = f"{rows[0]['longest'] // L0}x"
+    out = (
+        "\n## Mixing window vs extrapolation\n\n"
+        "w_0.01 = ceil(log 0.01 / log beta) of the step law (beta = |sin a / a| for U[-a, a] steps), the distance beyond "
+        "which routes are decorrelated to 1% (arXiv 2606.24975, Theorem 1; `posenc theory`, check 1). The theory predicts "
+        "that extrapolation holds while the window fits inside the training length (w_0.01 / L <= 1): every route "
+        "longer than the window looks alike, and training saw such routes. `window.png` plots these rows.\n\n"
+        f"| scheme | w_0.01 (tokens) | w_0.01 / L | predicted | ppl at 1x | ratio at 32x | ratio at {Lx} |\n|---|---|---|---|---|---|---|\n"
+    )
+    for r in rows:
+        pred = "extrapolates" if r["w_ratio"] <= 1 else "degrades"
+        out += f"| {r['scheme']} | {r['w']:g} | {r['w_ratio']:.3g} | {pred} | {_cell(r['ppl1'], '.2f')} | {_cell(r['r32'], '.3f')} | {_cell(r['rmax'], '.3f')} |\n"
+    return out
+
+
+def plot_window(path: Path, rows: list[dict], train_length: int) -> None:
+    """Ratio at 32x and the longest length, and the 1x perplexity, against w_0.01 / training length (log x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x = [r["w_ratio"] for r in rows]
+    for key, label in (("r32", "ratio at 32x"), ("rmax", f"ratio at {rows[0]['longest'] // train_length}x")):
+        pts = [(xi, np.mean(r[key])) for xi, r in zip(x, rows) if r[key]]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    pts = [(xi, np.mean(r["ppl1"])) for xi, r in zip(x, rows) if r["ppl1"]]
+    bx.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color="C2")
+    for a in (ax, bx):
+        a.axvline(1.0, color="gray", ls="--", lw=1, label="theory: extrapolates left of w_0.01 = L")
+        a.set_xscale("log")
+        plain_log_ticks(a.xaxis)
+        a.set_xlabel("mixing window w_0.01 / training length")
+        a.grid(True, which="both", alpha=0.3)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_ylabel("perplexity / perplexity at training length")
+    ax.legend(fontsize=8)
+    bx.set_ylabel("perplexity at the training length")
+    fig.suptitle("Accumulated random rotations: step half-width a sets the mixing window")
+    fig.tight_layout()
+    save_figure(fig, path)
 
 
 def write_csv(path: Path, records: list[dict]) -> None:
@@ -282,6 +350,9 @@ def write_report(run_dir: Path, meta: dict, failures: dict[str, str] | None = No
     if records:
         plot_ratio(run_dir / "ppl_ratio.png", records, meta["train_length"])
         plot_buckets(run_dir / "buckets.png", records, meta["train_length"])
+    rows = window_rows(records, meta.get("mixing_windows") or {}, meta["train_length"]) if records else []
+    if rows:
+        plot_window(run_dir / "window.png", rows, meta["train_length"])
     if passkey_grid(extras):
         plot_passkey(run_dir / "passkey.png", extras, meta["train_length"])
     if any(r.get("far_mass_mean") is not None for r in extras):

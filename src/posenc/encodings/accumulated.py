@@ -8,17 +8,28 @@ q_i^T P(j->i) k_j in O(T) memory. With ``rotate="qkv"`` values are transported
 too: c_i = sum_j a_ij P(j->i) v_j = R(-Phi_i) sum_j a_ij R(Phi_j) v_j.
 
 Step angles are theta = c_b + a_b * u with u in [-1, 1]:
-- ``center="rope"`` (drift): c_b = a_b = omega_b = rope_theta^(-2b/D), so
-  theta ~ U[0, 2 omega_b] has RoPE's frequency as its mean;
-- ``center="zero"``: c_b = 0, a_b = a, theta ~ U[-a, a] (the paper's Example 1).
+- ``center="zero"`` (default, the paper's Example 1): c_b = 0, a_b = a on every
+  block, theta ~ U[-a, a]. The spectral gap beta = |sin a / a| is the same for
+  every block, so every block mixes within w_eps = ceil(log eps / log beta)
+  tokens. The default a = 1 gives beta = 0.841 and w_0.01 = 27 tokens, well
+  inside a training length of 128 or more: routes longer than the window are
+  decorrelated during training already, so longer contexts add only more of
+  what training saw (the paper's mechanism). Smaller a widens the window
+  (a = 0.1: 2,760 tokens); ``posenc compare --preset window`` sweeps it.
+- ``center="rope"`` (drift, an ablation; ``acc-drift-*``): c_b = a_b = omega_b =
+  rope_theta^(-2b/D), so theta ~ U[0, 2 omega_b] has RoPE's frequency as its
+  mean; low-frequency blocks have beta ~ 1 and never mix at these lengths.
 and u is
 - ``mode="random"``: i.i.d. U[-1, 1] per (sequence, head, position, block);
   a fresh draw each training forward, seeded by (seed, forward counter, global
   batch row) so data-parallel ranks draw their slice of one global draw; a
   fixed seed at evaluation;
 - ``mode="token"``: a fixed random U[-1, 1] per token id (seeded table);
-- ``mode="learned"``: tanh(W x_t) from the layer's input (zero-initialised, so
-  the drift variant starts as RoPE).
+- ``mode="learned"``: tanh(W x_t) from the layer's input x_t, bounded by a_b.
+  ``init="zero"`` starts with W = 0 (no rotation: the model starts as NoPE and
+  learns how much to rotate), ``init="random"`` with W ~ N(0, 0.02^2);
+  ``learn_a=True`` makes the half-width a learned parameter per head and block
+  (a_hb = a * exp(s_hb), s = 0 at init).
 For uniform u the spectral gap of block b is beta_b = |E exp(i theta)| = |sin a_b / a_b|.
 Phases are summed in float64, reduced mod 2 pi, then cast to float32.
 """
@@ -35,6 +46,7 @@ from posenc.encodings import alias, register
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.rotary import check_rotary_dims, rope_inv_freq, wrap_phases
 from posenc.errors import PosencError
+from posenc.theory.mixing import window_size
 
 
 def accumulate(theta: torch.Tensor, dim: int = -2, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -53,9 +65,11 @@ class Accumulated(Encoding):
     """Accumulated SO(2) rotations: random, per-token or learned step angles; rotating QK or QKV.
 
     Parameters: mode ("random" | "token" | "learned"), rotate ("qk" | "qkv"),
-    center ("rope" | "zero"), a (half-width for center="zero", radians),
-    rope_theta, pairing, seed. Phases: (B, H, T, D/2) float32 ((1, H, T, D/2)
-    for fixed per-position draws at evaluation).
+    center ("zero" | "rope"), a (half-width for center="zero", radians, > 0),
+    init ("zero" | "random", learned W), learn_a (learned per-head, per-block
+    half-width), rope_theta, pairing, seed. Phases: (B, H, T, D/2) float32
+    ((1, H, T, D/2) for fixed per-position draws at evaluation).
+    Raises PosencError for an invalid parameter value.
     """
 
     name = "accumulated"
@@ -66,23 +80,27 @@ class Accumulated(Encoding):
         dims: Dims,
         mode: str = "random",
         rotate: str = "qk",
-        center: str = "rope",
-        a: float = math.pi / 2,
+        center: str = "zero",
+        a: float = 1.0,
+        init: str = "zero",
+        learn_a: bool = False,
         rope_theta: float = 10000.0,
         pairing: str = "half",
         seed: int = 0,
     ):
         super().__init__(dims)
         check_rotary_dims(dims, pairing)
-        if mode not in ("random", "token", "learned"):
-            raise PosencError(f"accumulated mode must be random, token or learned, got {mode!r}")
-        if rotate not in ("qk", "qkv"):
-            raise PosencError(f"accumulated rotate must be 'qk' or 'qkv', got {rotate!r}")
-        if center not in ("rope", "zero"):
-            raise PosencError(f"accumulated center must be 'rope' or 'zero', got {center!r}")
-        if center == "zero" and not a > 0:
-            raise PosencError(f"accumulated half-width a must be > 0, got {a}")
-        self.mode, self.center, self.pairing, self.a = mode, center, pairing, a
+        _check_choice("mode", mode, ("random", "token", "learned"))
+        _check_choice("rotate", rotate, ("qk", "qkv"))
+        _check_choice("center", center, ("zero", "rope"))
+        _check_choice("init", init, ("zero", "random"))
+        if not (isinstance(a, (int, float)) and math.isfinite(a) and a > 0):
+            raise PosencError(f"accumulated half-width a must be a finite number > 0, got {a!r}")
+        if (init != "zero" or learn_a) and mode != "learned":
+            raise PosencError("accumulated init and learn_a apply to mode='learned' only")
+        if learn_a and center != "zero":
+            raise PosencError("accumulated learn_a needs center='zero' (the drift half-widths are RoPE's frequencies)")
+        self.mode, self.center, self.pairing, self.a, self.init = mode, center, pairing, float(a), init
         self.rotate_v = rotate == "qkv"
         self.seed = seed * 1_000_003 + dims.layer_index
         half = dims.head_dim // 2
@@ -97,7 +115,12 @@ class Accumulated(Encoding):
             self.register_buffer("token_u", torch.rand(dims.vocab_size, dims.n_head, half, generator=g) * 2 - 1, persistent=False)
         if mode == "learned":
             self.step = nn.Linear(dims.d_model, dims.n_head * half, bias=False)
-            nn.init.zeros_(self.step.weight)
+            nn.init.zeros_(self.step.weight) if init == "zero" else nn.init.normal_(self.step.weight, std=0.02)
+        self.log_a = nn.Parameter(torch.zeros(dims.n_head, half)) if learn_a else None
+
+    def widths(self) -> torch.Tensor:
+        """Half-widths a_b: (D/2,) float32, or (H, D/2) when learned (``learn_a``)."""
+        return self.width_b if self.log_a is None else self.width_b * self.log_a.float().exp()
 
     def _u(self, inp: Inputs) -> torch.Tensor:
         """Unit steps u in [-1, 1]: (B|1, H, T, D/2) float32."""
@@ -129,27 +152,51 @@ class Accumulated(Encoding):
         return torch.stack(rows) * 2 - 1
 
     def phases(self, inp: Inputs) -> torch.Tensor:
-        theta = torch.addcmul(self.center_b, self.width_b, self._u(inp))  # c_b + a_b * u: (B|1, H, T, D/2)
+        widths = self.widths()
+        widths = widths[:, None, :] if widths.dim() == 2 else widths  # (H, 1, D/2) per head
+        theta = torch.addcmul(self.center_b, widths, self._u(inp))  # c_b + a_b * u: (B|1, H, T, D/2)
         return accumulate(theta, dtype=inp.x.dtype)
 
     def spectral_gap(self) -> torch.Tensor:
-        """(D/2,) float64: beta_b of the step distribution (uniform u; learned: at init spread)."""
-        return spectral_gap(self.width_b)
+        """(D/2,) float64: beta_b = |sin a_b / a_b| of uniform steps (learned: the bound's law; learned a: mean over heads)."""
+        widths = self.widths().detach()
+        return spectral_gap(widths.mean(0) if widths.dim() == 2 else widths)
+
+    def mixing_window(self, eps: float = 0.01) -> float | None:
+        """The slowest block's w_eps = ceil(log eps / log beta_b) in tokens (inf when a block never mixes);
+        None for learned steps (their law is known after training: ``posenc diagnose`` reads it back)."""
+        return None if self.mode == "learned" else self._window(eps)
+
+    def _window(self, eps: float) -> float:
+        return max(window_size(float(b), eps) for b in self.spectral_gap())
 
     def describe(self) -> str:
         dist = "U[0, 2 omega_b]" if self.center == "rope" else f"U[-{self.a:g}, {self.a:g}]"
+        src = {
+            "random": "i.i.d. per position",
+            "token": "fixed per token id",
+            "learned": f"learned a*tanh(Wx), W {'= 0' if self.init == 'zero' else '~ N(0, 0.02^2)'} at init" + (", learned a per head and block" if self.log_a is not None else ""),
+        }[self.mode]
         beta = self.spectral_gap()
-        src = {"random": "i.i.d. per position", "token": "fixed per token id", "learned": "learned a*tanh(Wx)"}[self.mode]
+        law = "step law" if self.mode != "learned" else "bound's step law"
         return (
             f"accumulated SO(2) {'QKV' if self.rotate_v else 'QK'}, steps {dist}, {src}; "
-            f"beta range [{beta.min():.3f}, {beta.max():.3f}]"
+            f"{law} beta range [{beta.min():.3f}, {beta.max():.3f}], mixing window w_0.01 = {self._window(0.01):g} tokens"
         )
 
 
-alias("acc-rand-qk", "accumulated", "accumulated random rotations on Q/K", mode="random", rotate="qk")
-alias("acc-rand-qkv", "accumulated", "accumulated random rotations on Q/K/V", mode="random", rotate="qkv")
-alias("acc-zero-qkv", "accumulated", "accumulated random rotations on Q/K/V, steps U[-1, 1] (Example 1, beta 0.84)", mode="random", rotate="qkv", center="zero", a=1.0)
-alias("acc-token-qkv", "accumulated", "accumulated per-token-id rotations on Q/K/V", mode="token", rotate="qkv")
-alias("acc-learned-qk", "accumulated", "accumulated learned rotations on Q/K", mode="learned", rotate="qk")
-alias("acc-learned-qkv", "accumulated", "accumulated learned rotations on Q/K/V", mode="learned", rotate="qkv")
+def _check_choice(key: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise PosencError(f"accumulated {key} must be one of {', '.join(valid)}; got {value!r}")
+
+
+alias("acc-rand-qk", "accumulated", "accumulated random rotations on Q/K, steps U[-1, 1] (Example 1)", mode="random", rotate="qk")
+alias("acc-rand-qkv", "accumulated", "accumulated random rotations on Q/K/V, steps U[-1, 1] (Example 1)", mode="random", rotate="qkv")
+alias("acc-drift-qk", "accumulated", "ablation: random rotations on Q/K, steps U[0, 2 omega_b] around RoPE's frequencies", mode="random", rotate="qk", center="rope")
+alias("acc-drift-qkv", "accumulated", "ablation: random rotations on Q/K/V, steps U[0, 2 omega_b] around RoPE's frequencies", mode="random", rotate="qkv", center="rope")
+alias("acc-token-qk", "accumulated", "accumulated per-token-id rotations on Q/K, steps U[-1, 1]", mode="token", rotate="qk")
+alias("acc-token-qkv", "accumulated", "accumulated per-token-id rotations on Q/K/V, steps U[-1, 1]", mode="token", rotate="qkv")
+alias("acc-learned-qk", "accumulated", "accumulated learned rotations on Q/K, steps tanh(Wx) in [-1, 1], W = 0 at init", mode="learned", rotate="qk")
+alias("acc-learned-qkv", "accumulated", "accumulated learned rotations on Q/K/V, steps tanh(Wx) in [-1, 1], W = 0 at init", mode="learned", rotate="qkv")
+alias("hybrid", "acc-learned-qkv+forget", "accumulated learned Q/K/V rotations with a FoX forget gate (far-mass control)")
 alias("rope-adjacent", "rope", "RoPE with adjacent (RoFormer/Meta) pairing", pairing="adjacent")

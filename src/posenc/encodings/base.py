@@ -83,6 +83,11 @@ class Encoding(nn.Module):
     def attend(self, q, k, v, inp: Inputs) -> Optional[torch.Tensor]:
         return None
 
+    def mixing_window(self, eps: float = 0.01) -> Optional[float]:
+        """Tokens after which the scheme's random step law decorrelates routes to ``eps`` (arXiv 2606.24975,
+        Theorem 1), known before training; None when the scheme has no step law (or a learned one)."""
+        return None
+
     def describe(self) -> str:
         """One line for reports: the scheme and its parameters."""
         return self.name

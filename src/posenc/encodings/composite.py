@@ -23,7 +23,7 @@ class Composite(Encoding):
         super().__init__(dims)
         self.parts = nn.ModuleList(parts)
         self.spec = spec
-        names = spec.split("+")
+        names = [p.name for p in parts]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:  # e.g. alibi+alibi would silently double the bias
             raise PosencError(f"{spec!r}: each part may appear once; repeated {', '.join(map(repr, repeated))}")
@@ -63,6 +63,9 @@ class Composite(Encoding):
     def attend(self, q, k, v, inp: Inputs):
         """The attending part's attention, given the other parts' summed bias."""
         return self.attenders[0].attend(q, k, v, inp, bias=self.bias(inp)) if self.attenders else None
+
+    def mixing_window(self, eps: float = 0.01):
+        return self.rotary.mixing_window(eps) if self.rotary is not None else None
 
     def describe(self) -> str:
         return " + ".join(p.describe() for p in self.parts)

@@ -1,0 +1,189 @@
+"""The claims of arXiv 2606.24975 ("Why do accumulated transformations extrapolate?"), checked on a compare run.
+
+Each claim is a conjunction of comparisons between schemes' values over seeds
+(perplexity at the training length, or perplexity ratio at a length). A
+comparison ``x <= y`` *holds* when every seed's x is at most every seed's y
+(max x <= min y), *does not hold* when min x > max y, and is *within noise*
+when the seed ranges overlap; a claim holds when all its comparisons hold,
+does not hold when one does not, and is within noise otherwise. With one seed
+the ranges are points. Claims whose schemes were not run are omitted.
+
+Thresholds (stated in the report): "flat" is a ratio <= 1 + FLAT_TOL at the
+longest length; "degrades" is a ratio > 1 + FLAT_TOL; "matches RoPE at 1x" is a
+perplexity <= RoPE's times (1 + MATCH_TOL); "near training-length perplexity at
+16x" is a ratio <= NEAR_16X.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Callable, Optional
+
+import numpy as np
+
+HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
+FLAT_TOL = 0.02
+MATCH_TOL = 0.02
+NEAR_16X = 1.10
+
+# the roles the claims compare, by scheme name in the default preset
+ROPE, ALIBI, HYBRID, ROPE_FORGET = "rope", "alibi", "hybrid", "rope+forget"
+RANDOM_QK, RANDOM_QKV, LEARNED_QK, LEARNED_QKV = "acc-rand-qk", "acc-rand-qkv", "acc-learned-qk", "acc-learned-qkv"
+
+
+@dataclasses.dataclass
+class Claim:
+    """One checked claim: its text, verdict and the numbers it rests on."""
+
+    key: str
+    text: str
+    verdict: str
+    evidence: str
+
+
+def _fmt(values: list[float], fmt: str = ".3f") -> str:
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return f"{format(np.mean(values), fmt)} ± {format((max(values) - min(values)) / 2, fmt)}"
+
+
+def at_most(x: list[float], y: list[float]) -> str:
+    """Verdict of x <= y over seeds: holds if max x <= min y, does not hold if min x > max y, else within noise."""
+    if max(x) <= min(y):
+        return HOLDS
+    if min(x) > max(y):
+        return FAILS
+    return NOISE
+
+
+def combine(verdicts: list[str]) -> str:
+    """A conjunction: does not hold if any part does not, holds if all hold, else within noise."""
+    if FAILS in verdicts:
+        return FAILS
+    return HOLDS if all(v == HOLDS for v in verdicts) else NOISE
+
+
+class Table:
+    """Values over seeds by (scheme, evaluation length): perplexity and ratio."""
+
+    def __init__(self, records: list[dict], train_length: int):
+        self.L0 = train_length
+        self.ppl: dict = defaultdict(lambda: defaultdict(list))
+        self.ratio: dict = defaultdict(lambda: defaultdict(list))
+        for r in records:
+            if r.get("ppl") is not None:
+                self.ppl[r["scheme"]][r["eval_length"]].append(r["ppl"])
+            if r.get("ratio") is not None:
+                self.ratio[r["scheme"]][r["eval_length"]].append(r["ratio"])
+        self.longest = max((L for row in self.ratio.values() for L in row), default=None)
+
+    def has(self, *schemes: str, L: Optional[int] = None) -> bool:
+        return all(self.ppl[s].get(self.L0) and (L is None or self.ratio[s].get(L)) for s in schemes)
+
+    def ppl1(self, s: str) -> list[float]:
+        return self.ppl[s][self.L0]
+
+    def r(self, s: str, L: int) -> list[float]:
+        return self.ratio[s][L]
+
+
+def _x(t: Table, L: int) -> str:
+    return f"{L // t.L0}x"
+
+
+def _better_than_rope(t: Table, s: str) -> Optional[Claim]:
+    lengths = [L for L in (16 * t.L0, t.longest) if L in t.ratio[s]]
+    if not t.has(s, ROPE) or not lengths or not all(t.ratio[ROPE].get(L) for L in lengths):
+        return None
+    lengths = sorted(set(lengths))
+    verdict = combine([at_most(t.r(s, L), t.r(ROPE, L)) for L in lengths])
+    ev = "; ".join(f"ratio at {_x(t, L)}: {s} {_fmt(t.r(s, L))} vs rope {_fmt(t.r(ROPE, L))}" for L in lengths)
+    return Claim("i", f"random accumulated rotations ({s}) extrapolate better than RoPE", verdict, ev)
+
+
+def _learned(t: Table) -> Optional[Claim]:
+    L16 = 16 * t.L0
+    if not t.has(LEARNED_QKV, ROPE, L=L16):
+        return None
+    bar = [v * (1 + MATCH_TOL) for v in t.ppl1(ROPE)]
+    verdict = combine([at_most(t.ppl1(LEARNED_QKV), bar), at_most(t.r(LEARNED_QKV, L16), [NEAR_16X])])
+    ev = (f"ppl at 1x: {LEARNED_QKV} {_fmt(t.ppl1(LEARNED_QKV), '.2f')} vs rope {_fmt(t.ppl1(ROPE), '.2f')} "
+          f"(bar: rope x {1 + MATCH_TOL:g}); ratio at 16x: {_fmt(t.r(LEARNED_QKV, L16))} (bar: {NEAR_16X:g})")
+    return Claim("ii", "learned rotations match RoPE at 1x and stay near 1x perplexity at 16x", verdict, ev)
+
+
+def _qkv_beats_qk(t: Table, qk: str, qkv: str) -> Optional[Claim]:
+    L = t.longest
+    if not t.has(qk, qkv, L=L):
+        return None
+    ev = f"ratio at {_x(t, L)}: {qkv} {_fmt(t.r(qkv, L))} vs {qk} {_fmt(t.r(qk, L))}"
+    return Claim("iii", f"rotating Q/K/V extrapolates better than Q/K only ({qkv} vs {qk})", at_most(t.r(qkv, L), t.r(qk, L)), ev)
+
+
+def _rotation_degrades(t: Table) -> Optional[Claim]:
+    L = t.longest
+    rotary = [s for s in (ROPE, RANDOM_QK, RANDOM_QKV, LEARNED_QK, LEARNED_QKV) if t.has(s, L=L)]
+    if not rotary or not t.has(ALIBI, L=L):
+        return None
+    flat = [1 + FLAT_TOL]
+    parts = [at_most(flat, t.r(s, L)) for s in rotary] + [at_most(t.r(ALIBI, L), flat)]
+    ev = f"ratio at {_x(t, L)} (flat: <= {1 + FLAT_TOL:g}): " + ", ".join(f"{s} {_fmt(t.r(s, L))}" for s in rotary + [ALIBI])
+    return Claim("iv", "rotation-only models degrade at the longest length while ALiBi stays flat", combine(parts), ev)
+
+
+def _hybrid_flat(t: Table) -> Optional[Claim]:
+    L = t.longest
+    if not t.has(HYBRID, ROPE, L=L):
+        return None
+    verdict = combine([at_most(t.r(HYBRID, L), [1 + FLAT_TOL]), at_most(t.ppl1(HYBRID), t.ppl1(ROPE))])
+    ev = (f"ratio at {_x(t, L)}: {_fmt(t.r(HYBRID, L))} (flat: <= {1 + FLAT_TOL:g}); "
+          f"ppl at 1x: hybrid {_fmt(t.ppl1(HYBRID), '.2f')} vs rope {_fmt(t.ppl1(ROPE), '.2f')}")
+    return Claim("v", "the hybrid (accumulated rotation + far-mass control) is flat and as good as RoPE at 1x", verdict, ev)
+
+
+def _hybrid_vs_rope_forget(t: Table) -> Optional[Claim]:
+    L = t.longest
+    if not t.has(HYBRID, ROPE_FORGET, L=L):
+        return None
+    far = {s: t.ppl[s][L] for s in (HYBRID, ROPE_FORGET)}
+    verdict = combine([at_most(t.ppl1(HYBRID), t.ppl1(ROPE_FORGET)), at_most(far[HYBRID], far[ROPE_FORGET])])
+    ev = (f"ppl at 1x: hybrid {_fmt(t.ppl1(HYBRID), '.2f')} vs rope+forget {_fmt(t.ppl1(ROPE_FORGET), '.2f')}; "
+          f"ppl at {_x(t, L)}: {_fmt(far[HYBRID], '.2f')} vs {_fmt(far[ROPE_FORGET], '.2f')}")
+    return Claim("vi", "the hybrid matches or beats rope+forget (accumulated rotation adds something once far mass is controlled)", verdict, ev)
+
+
+CHECKS: list[Callable[[Table], Optional[Claim]]] = [
+    lambda t: _better_than_rope(t, RANDOM_QK),
+    lambda t: _better_than_rope(t, RANDOM_QKV),
+    _learned,
+    lambda t: _qkv_beats_qk(t, RANDOM_QK, RANDOM_QKV),
+    lambda t: _qkv_beats_qk(t, LEARNED_QK, LEARNED_QKV),
+    _rotation_degrades,
+    _hybrid_flat,
+    _hybrid_vs_rope_forget,
+]
+
+
+def check_claims(records: list[dict], train_length: int) -> list[Claim]:
+    """Every claim whose schemes are in ``records`` (ppl records with ``ratio``), in the paper's order."""
+    table = Table(records, train_length)
+    if table.longest is None:
+        return []
+    return [c for c in (check(table) for check in CHECKS) if c is not None]
+
+
+def claims_markdown(records: list[dict], train_length: int) -> str:
+    """The report's claims section (empty when no claim's schemes were run)."""
+    claims = check_claims(records, train_length)
+    if not claims:
+        return ""
+    out = (
+        "\n## The paper's claims (arXiv 2606.24975), checked on this run\n\n"
+        "Computed from the tables above. A comparison holds when it holds for every seed's value against every "
+        "other seed's (ranges do not overlap), is within noise when the ranges overlap. "
+        f"Flat: ratio <= {1 + FLAT_TOL:g}; matches RoPE at 1x: perplexity <= RoPE's x {1 + MATCH_TOL:g}; "
+        f"near 1x perplexity at 16x: ratio <= {NEAR_16X:g}.\n\n"
+        "| claim | verdict | numbers |\n|---|---|---|\n"
+    )
+    return out + "".join(f"| ({c.key}) {c.text} | **{c.verdict}** | {c.evidence} |\n" for c in claims)
