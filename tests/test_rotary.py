@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,7 +10,7 @@ from posenc import encodings
 from posenc.attention import attention, half_to_adjacent, naive_attention, rotate, rotate_shared
 from posenc.encodings.accumulated import accumulate
 from posenc.encodings.base import Dims, Inputs
-from posenc.encodings.rotary import rope_inv_freq
+from posenc.encodings.phase import rope_inv_freq
 
 
 def block_rotation(angles: torch.Tensor) -> torch.Tensor:
@@ -115,17 +116,21 @@ def test_phase_precision_at_one_million_tokens():
     assert err32 > 1e-3  # the float64 accumulation is needed
 
 
-def test_accumulated_module_phases_are_prefix_sums_of_its_steps():
+@pytest.mark.parametrize("spec", ["acc-token-qkv", "acc-token-qkv:center=rope"])
+def test_accumulated_module_phases_are_prefix_sums_of_its_steps(spec):
     dims = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
-    enc = encodings.get("acc-token-qkv", dims)
+    enc = encodings.get(spec, dims)
     tokens = torch.randint(0, 256, (2, 30))
     inp = Inputs(torch.zeros(2, 30, 16), torch.arange(30), tokens)
     theta = enc.center_b + enc.width_b * enc.token_u[tokens].transpose(1, 2)
     assert torch.allclose(enc.phases(inp), accumulate(theta), atol=1e-6)
     assert enc.rotate_v
-    # steps lie in [0, 2 omega_b] and the spectral gap is |sin(omega)/omega|
-    assert float(theta.min()) >= 0 and bool((theta <= 2 * enc.center_b + 1e-7).all())
-    assert torch.allclose(enc.spectral_gap(), (torch.sin(enc.width_b.double()) / enc.width_b.double()).abs())
+    if spec == "acc-token-qkv":  # Example 1: U[-1, 1] on every block, beta = sin(1) / 1
+        assert float(theta.min()) >= -1 and float(theta.max()) <= 1 and float(theta.min()) < -0.5 < 0.5 < float(theta.max())
+        np.testing.assert_allclose(enc.spectral_gap().numpy(), math.sin(1.0), rtol=1e-7)
+    else:  # drift: steps lie in [0, 2 omega_b], beta = |sin(omega)/omega|
+        assert float(theta.min()) >= 0 and bool((theta <= 2 * enc.center_b + 1e-7).all())
+        assert torch.allclose(enc.spectral_gap(), (torch.sin(enc.width_b.double()) / enc.width_b.double()).abs())
 
 
 def test_random_steps_fresh_in_training_fixed_in_eval():

@@ -10,8 +10,9 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from posenc import encodings
 from posenc.attention import attention, rotate
 from posenc.encodings.base import Dims, Inputs
-from posenc.encodings.rotary import rope_inv_freq
-from posenc.encodings.schedules import SCHEDULES, check_window, rerope_attention, schedule_params, with_rope_schedule
+from posenc.encodings.phase import rope_inv_freq
+from posenc.encodings.schedules import SCHEDULES, check_window, rerope_attention, schedule_params
+from posenc.model import with_rope_schedule
 from posenc.errors import PosencError
 from posenc.model import build_model
 

@@ -15,12 +15,13 @@ cos/sin per layer and an analytic phase gradient) beside ``rotate`` (autograd).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-from posenc.encodings.base import BiasFn
+# bias(q_start, q_end, k_start, k_end) -> (B|1, H, q_end-q_start, k_end-k_start) float32
+BiasFn = Callable[[int, int, int, int], torch.Tensor]
 
 
 def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.Tensor:

@@ -20,6 +20,8 @@ from torch import nn
 from posenc import encodings
 from posenc.attention import attention
 from posenc.encodings.base import BiasFn, Dims, Inputs
+from posenc.encodings.rotary import RoPE
+from posenc.encodings.schedules import schedule_label, schedule_params
 from posenc.errors import PosencError
 
 
@@ -232,3 +234,19 @@ def build_model(config: ModelConfig | dict) -> LM:
     """Build an LM from a ModelConfig or a dict (validated; PosencError if invalid)."""
     cfg = config if isinstance(config, ModelConfig) else validate_config(config)
     return LM(cfg)
+
+
+def with_rope_schedule(model, name: str, params: Optional[dict] = None):
+    """A copy of a trained RoPE ``LM`` whose RoPE layers use schedule ``name``.
+
+    Returns (model, label) with label like ``rope+yarn(s=8)``. Raises PosencError
+    if the model's scheme is not RoPE or the parameters are invalid.
+    """
+    cfg = model.cfg
+    if [cls for cls, _ in encodings.parts(cfg.encoding)] != [RoPE]:
+        raise PosencError(f"rope schedules apply to RoPE models; this run uses {cfg.encoding!r}")
+    full = schedule_params(name, cfg.train_length, params)
+    new_cfg = cfg.model_copy(update={"encoding_params": {**cfg.encoding_params, "schedule": name, "schedule_params": full}})
+    out = build_model(new_cfg)
+    out.load_state_dict(model.state_dict())
+    return out, f"{cfg.encoding}+{schedule_label(name, full)}"

@@ -4,7 +4,8 @@ from pathlib import Path
 
 from posenc.checkpoint import append_jsonl
 from posenc.data import load_tokens
-from posenc.encodings.schedules import check_window, with_rope_schedule
+from posenc.encodings.schedules import check_window
+from posenc.model import with_rope_schedule
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, evaluate_length
 from posenc.train import load_run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc.encodings import register
+from posenc.encodings.registry import register
 from posenc.encodings.base import Dims, Encoding
 from posenc.errors import PosencError
 

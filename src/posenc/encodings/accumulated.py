@@ -42,9 +42,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from posenc.encodings import alias, register
+from posenc.encodings.registry import alias, register
 from posenc.encodings.base import Dims, Encoding, Inputs
-from posenc.encodings.rotary import check_rotary_dims, rope_inv_freq, wrap_phases
+from posenc.encodings.phase import check_rotary_dims, rope_inv_freq, wrap_phases
 from posenc.errors import PosencError
 from posenc.theory.mixing import window_size
 

@@ -20,13 +20,13 @@ small ``nn.Module`` per attention layer that implements one or more hooks
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
-# bias(q_start, q_end, k_start, k_end) -> (B|1, H, q_end-q_start, k_end-k_start) float32
-BiasFn = Callable[[int, int, int, int], torch.Tensor]
+from posenc.attention import BiasFn  # noqa: F401 (the bias hook's type, re-exported)
+
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from posenc.encodings import register
+from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
 
 

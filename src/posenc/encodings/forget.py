@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc.encodings import register
+from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
 
 

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc.attention import attention
-from posenc.encodings import register
+from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
-from posenc.encodings.rotary import wrap_phases
+from posenc.encodings.phase import wrap_phases
 from posenc.errors import PosencError
 
 TWO_PI = 2 * math.pi

@@ -47,7 +47,7 @@ import torch
 
 from posenc.attention import causal_tile, rotate
 from posenc.encodings.base import BiasFn
-from posenc.encodings.rotary import rope_inv_freq, wrap_phases
+from posenc.encodings.phase import rope_inv_freq, wrap_phases
 from posenc.errors import PosencError
 
 ScheduleFn = Callable[[int, float, dict, Optional[int]], tuple[torch.Tensor, float]]
@@ -228,23 +228,3 @@ def rerope_attention(
         s = far * scale + causal_tile(bias, qs, qe, qe, q.device, far.dtype)
         out.append(torch.softmax(s, dim=-1).to(v.dtype) @ v[..., :qe, :])
     return torch.cat(out, dim=-2)
-
-
-def with_rope_schedule(model, name: str, params: Optional[dict] = None):
-    """A copy of a trained RoPE ``LM`` whose RoPE layers use schedule ``name``.
-
-    Returns (model, label) with label like ``rope+yarn(s=8)``. Raises PosencError
-    if the model's scheme is not RoPE or the parameters are invalid.
-    """
-    from posenc.encodings import resolve
-    from posenc.encodings.rotary import RoPE
-    from posenc.model import build_model
-
-    cfg = model.cfg
-    if "+" in cfg.encoding or resolve(cfg.encoding, cfg.encoding_params)[0] is not RoPE:
-        raise PosencError(f"rope schedules apply to RoPE models; this run uses {cfg.encoding!r}")
-    full = schedule_params(name, cfg.train_length, params)
-    new_cfg = cfg.model_copy(update={"encoding_params": {**cfg.encoding_params, "schedule": name, "schedule_params": full}})
-    out = build_model(new_cfg)
-    out.load_state_dict(model.state_dict())
-    return out, f"{cfg.encoding}+{schedule_label(name, full)}"

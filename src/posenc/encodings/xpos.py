@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc.attention import causal_tile, rotate
-from posenc.encodings import register
+from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
-from posenc.encodings.rotary import check_rotary_dims, rope_inv_freq, wrap_phases
+from posenc.encodings.phase import check_rotary_dims, rope_inv_freq, wrap_phases
 
 
 def xpos_zeta(head_dim: int) -> torch.Tensor:

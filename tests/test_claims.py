@@ -1,0 +1,103 @@
+"""The report's paper-claims section and mixing-window section, on synthetic results tables."""
+
+import pytest
+
+from posenc.claims import FAILS, HOLDS, NOISE, at_most, check_claims, claims_markdown, combine
+from posenc.report import markdown, window_markdown, window_rows, with_ratios
+
+L0 = 128
+
+
+def table(rows: dict[str, dict[int, list[float]]]) -> list[dict]:
+    """scheme -> {multiple: [ppl per seed]} -> ppl records with ratios (seed i is the i-th value)."""
+    recs = [
+        {"kind": "ppl", "scheme": s, "seed": i, "train_length": L0, "eval_length": m * L0, "ppl": p}
+        for s, by_m in rows.items() for m, ppls in by_m.items() for i, p in enumerate(ppls)
+    ]
+    return with_ratios(recs)
+
+
+def row(p1: list[float], r16: list[float], r128: list[float]) -> dict[int, list[float]]:
+    return {1: p1, 16: [p * r for p, r in zip(p1, r16)], 128: [p * r for p, r in zip(p1, r128)]}
+
+
+def verdicts(rows) -> dict[str, str]:
+    return {f"{c.key}:{c.text.split('(')[1].split(')')[0] if c.key in ('i', 'iii') else ''}": c.verdict for c in check_claims(table(rows), L0)}
+
+
+def test_comparison_verdicts():
+    assert at_most([1.0, 1.1], [1.2, 1.3]) == HOLDS
+    assert at_most([1.0], [1.0]) == HOLDS
+    assert at_most([1.4, 1.5], [1.2, 1.3]) == FAILS
+    assert at_most([1.0, 1.25], [1.2, 1.3]) == NOISE
+    assert combine([HOLDS, HOLDS]) == HOLDS and combine([HOLDS, NOISE]) == NOISE and combine([NOISE, FAILS]) == FAILS
+
+
+def test_paper_pattern_every_claim_holds():
+    rows = {
+        "rope": row([6.4], [1.8], [3.3]),
+        "alibi": row([6.7], [0.99], [0.98]),
+        "acc-rand-qk": row([7.2], [1.3], [2.0]),
+        "acc-rand-qkv": row([7.3], [1.05], [1.2]),
+        "acc-learned-qkv": row([6.4], [1.06], [1.3]),
+        "hybrid": row([5.8], [0.99], [0.99]),
+        "rope+forget": row([6.4], [0.99], [0.98]),
+    }
+    v = verdicts(rows)
+    assert v == {"i:acc-rand-qk": HOLDS, "i:acc-rand-qkv": HOLDS, "ii:": HOLDS, "iii:acc-rand-qkv vs acc-rand-qk": HOLDS,
+                 "iv:": HOLDS, "v:": HOLDS, "vi:": HOLDS}
+
+
+def test_each_claim_can_fail():
+    rows = {
+        "rope": row([6.4], [1.2], [1.5]),
+        "alibi": row([6.7], [1.1], [1.3]),  # ALiBi not flat: (iv) fails
+        "acc-rand-qk": row([7.2], [1.3], [1.4]),
+        "acc-rand-qkv": row([7.3], [1.3], [1.6]),  # worse than RoPE and than QK
+        "acc-learned-qkv": row([6.9], [1.06], [1.3]),  # 7.8% worse than RoPE at 1x: (ii) fails
+        "hybrid": row([6.6], [0.99], [1.05]),  # not flat, worse than RoPE at 1x
+        "rope+forget": row([6.4], [0.99], [0.98]),
+    }
+    v = verdicts(rows)
+    assert v == {"i:acc-rand-qk": FAILS, "i:acc-rand-qkv": FAILS, "ii:": FAILS, "iii:acc-rand-qkv vs acc-rand-qk": FAILS,
+                 "iv:": FAILS, "v:": FAILS, "vi:": FAILS}
+
+
+def test_overlapping_seed_ranges_are_within_noise():
+    rows = {
+        "rope": row([6.4, 6.3, 6.5], [1.8, 1.5, 2.0], [3.3, 2.6, 3.5]),
+        "acc-rand-qk": row([7.2, 7.1, 7.3], [1.3, 1.2, 1.4], [2.0, 1.5, 2.5]),
+        "acc-rand-qkv": row([7.3, 7.2, 7.4], [1.1, 1.0, 1.2], [1.9, 1.4, 2.5]),
+        "hybrid": row([5.8, 5.9, 6.35], [0.99, 0.99, 0.99], [0.99, 0.99, 0.99]),
+        "rope+forget": row([6.4, 6.3, 6.3], [0.99, 0.99, 0.99], [0.98, 0.98, 0.98]),
+    }
+    v = verdicts(rows)
+    assert v["iii:acc-rand-qkv vs acc-rand-qk"] == NOISE  # QKV 1.4-2.5 vs QK 1.5-2.5 at 128x
+    assert v["i:acc-rand-qkv"] == HOLDS  # 16x and 128x ranges below RoPE's
+    assert v["v:"] == NOISE and v["vi:"] == NOISE  # hybrid 1x range 5.8-6.35 overlaps RoPE's 6.3-6.5
+    md = claims_markdown(table(rows), L0)
+    assert "ratio at 128x: acc-rand-qkv 1.933 ± 0.550 vs acc-rand-qk 2.000 ± 0.500" in md  # mean ± half-range
+
+
+def test_claims_whose_schemes_were_not_run_are_omitted():
+    assert check_claims(table({"nope": row([10.0], [1.1], [1.2]), "alibi": row([6.7], [1.0], [1.0])}), L0) == []
+    assert claims_markdown(table({"nope": row([10.0], [1.1], [1.2])}), L0) == ""
+    keys = [c.key for c in check_claims(table({"rope": row([6.4], [1.8], [3.3]), "acc-rand-qkv": row([7.3], [1.05], [1.2])}), L0)]
+    assert keys == ["i"]
+
+
+def test_report_carries_the_claims_section():
+    rows = {"rope": row([6.4], [1.8], [3.3]), "alibi": row([6.7], [0.99], [0.98])}
+    md = markdown(table(rows), {}, {"name": "t", "train_length": L0})
+    assert "## The paper's claims" in md and "| (iv) rotation-only models degrade" in md and "**holds**" in md
+
+
+def test_window_section_sorts_by_window_and_predicts_from_the_training_length():
+    rows = {f"acc-rand-qkv:a={a}": row([7.0], [1.0 + a / 10], [1.1]) for a in (2, 1, 0.1)}
+    windows = {"acc-rand-qkv:a=2": 6, "acc-rand-qkv:a=1": 27, "acc-rand-qkv:a=0.1": 2763, "rope": None}
+    got = window_rows(table(rows), windows, L0)
+    assert [r["scheme"] for r in got] == ["acc-rand-qkv:a=2", "acc-rand-qkv:a=1", "acc-rand-qkv:a=0.1"]
+    assert got[2]["w_ratio"] == pytest.approx(2763 / 128) and got[0]["rmax"] == [pytest.approx(1.1)]
+    md = window_markdown(table(rows), windows, L0)
+    assert "| acc-rand-qkv:a=1 | 27 | 0.211 | extrapolates |" in md and "| acc-rand-qkv:a=0.1 | 2763 | 21.6 | degrades |" in md
+    assert window_rows(table(rows), {"acc-rand-qkv:a=2": 6, "acc-rand-qkv:a=1": 27}, L0) == []  # fewer than 3 windows

@@ -1,0 +1,143 @@
+"""Scheme specs NAME:key=value[,key=value] (per part of a composition) and the accumulated step laws."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from posenc import build_model, encodings
+from posenc.cli import main
+from posenc.encodings.accumulated import Accumulated
+from posenc.encodings.base import Dims, Inputs
+from posenc.encodings.composite import Composite
+from posenc.encodings.forget import ForgetGate
+from posenc.encodings.rotary import RoPE
+from posenc.errors import PosencError
+
+DIMS = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
+
+
+def test_spec_parameters_reach_the_scheme():
+    enc = encodings.get("acc-rand-qkv:a=0.3", DIMS)
+    assert isinstance(enc, Accumulated) and enc.a == 0.3 and enc.rotate_v and enc.mode == "random"
+    assert torch.allclose(enc.width_b, torch.full((4,), 0.3))
+    rope = encodings.get("rope:rope_theta=500000", DIMS)
+    assert isinstance(rope, RoPE)
+    np.testing.assert_allclose(rope.inv_freq.numpy(), 500000.0 ** (-np.arange(0, 8, 2) / 8), rtol=1e-6)
+    learned = encodings.get("acc-learned-qkv:init=random,learn_a=true", DIMS)
+    assert learned.init == "random" and learned.log_a is not None and learned.step.weight.abs().sum() > 0
+
+
+def test_spec_parameters_per_part_of_a_composition():
+    enc = encodings.get("acc-rand-qkv:a=0.3,seed=4+alibi", DIMS)
+    assert isinstance(enc, Composite) and enc.rotary.a == 0.3 and enc.rotary.seed == 4 * 1_000_003
+    assert [type(p).__name__ for p in enc.parts] == ["Accumulated", "ALiBi"]
+
+
+def test_named_composition_expands_to_its_parts():
+    assert [c for c, _ in encodings.parts("hybrid")] == [Accumulated, ForgetGate]
+    enc = encodings.get("hybrid", DIMS)
+    assert enc.rotary.mode == "learned" and enc.rotary.rotate_v and enc.rotary.center == "zero"
+    assert encodings.parts("hybrid") == encodings.parts("acc-learned-qkv+forget")
+
+
+def test_spec_values_are_typed():
+    _, params = encodings.resolve("accumulated:a=2,learn_a=true,mode=learned,seed=3")
+    assert params == {"a": 2, "learn_a": True, "mode": "learned", "seed": 3}
+    assert isinstance(encodings.resolve("accumulated:a=0.25")[1]["a"], float)
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("acc-rand-qkv:b=1", "scheme 'acc-rand-qkv' has no parameter 'b'"),
+        ("acc-rand-qkv:a", "expected key=value, got 'a'"),
+        ("acc-rand-qkv:a=", "expected key=value"),
+        ("acc-rand-qkv:a=-1", "half-width a must be a finite number > 0"),
+        ("acc-rand-qkv:a=nan", "half-width a must be a finite number > 0"),
+        ("acc-rand-qkv:mode=bogus", "mode must be one of random, token, learned"),
+        ("acc-rand-qkv:learn_a=true", "apply to mode='learned' only"),
+        ("acc-drift-qkv:mode=learned,learn_a=true", "learn_a needs center='zero'"),
+        ("hybrid:a=1", "'hybrid' is a composition"),
+        ("nosuch:a=1", "unknown scheme 'nosuch'"),
+        (":a=1", "missing scheme name"),
+        ("alibi:x=1", "scheme 'alibi' has no parameter 'x'"),
+        ("alibi+alibi:x=1", "has no parameter 'x'"),
+    ],
+)
+def test_bad_specs_are_one_line_errors(spec, message):
+    with pytest.raises(PosencError) as err:
+        encodings.get(spec, DIMS)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_params_with_a_composition_are_refused():
+    with pytest.raises(PosencError, match="give parameters per part"):
+        encodings.get("acc-rand-qkv+alibi", DIMS, a=0.3)
+    with pytest.raises(PosencError, match="give parameters per part"):
+        build_model({"encoding": "hybrid", "encoding_params": {"a": 2.0}, "n_layer": 1, "d_model": 16, "n_head": 2})
+
+
+def test_cli_rejects_a_bad_spec_with_exit_2(tmp_path, capsys):
+    assert main(["train", "--scheme", "acc-rand-qkv:a=0", "--preset", "quick", "--steps", "1", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "half-width a must be" in err
+
+
+def test_spec_is_stored_in_the_run_config_and_reloads(tmp_path):
+    run = tmp_path / "r"
+    assert main(["train", "--scheme", "acc-rand-qkv:a=0.5+alibi", "--preset", "quick", "--steps", "2", "--out", str(run)]) == 0
+    from posenc.train import load_run
+
+    model = load_run(run)[0]
+    assert model.cfg.encoding == "acc-rand-qkv:a=0.5+alibi" and model.blocks[0].attn.enc.rotary.a == 0.5
+
+
+# ---------------------------------------------------------------- step laws
+
+
+@pytest.mark.parametrize("a", [0.1, 0.5, 1.0, 2.0, 3.0])
+def test_random_step_law_gap_and_window(a):
+    enc = encodings.get(f"acc-rand-qkv:a={a}", DIMS)
+    beta = abs(math.sin(a) / a)
+    np.testing.assert_allclose(enc.spectral_gap().numpy(), beta, rtol=1e-6)  # every block, Example 1
+    assert enc.mixing_window(0.01) == math.ceil(math.log(0.01) / math.log(beta) * (1 - 1e-12))
+
+
+def test_default_random_steps_mix_inside_the_training_length():
+    enc = encodings.get("acc-rand-qkv", DIMS)
+    assert enc.center == "zero" and enc.a == 1.0
+    assert enc.mixing_window(0.01) == 27 and enc.spectral_gap()[0] == pytest.approx(0.8415, abs=1e-4)
+    drift = encodings.get("acc-drift-qkv", Dims(4, 64, 256, 256, 128))
+    assert drift.mixing_window(0.01) > 1e5  # low-frequency blocks of the RoPE-centred law never mix
+
+
+@torch.no_grad()
+def _learned_steps(enc: Accumulated, x: torch.Tensor) -> torch.Tensor:
+    inp = Inputs(x, torch.arange(x.shape[1]), torch.zeros(x.shape[:2], dtype=torch.int64))
+    phi = enc.phases(inp).double()
+    return torch.remainder(torch.diff(phi, dim=-2, prepend=torch.zeros_like(phi[..., :1, :])) + math.pi, 2 * math.pi) - math.pi
+
+
+def test_learned_step_law_is_zero_centred_and_bounded():
+    x = torch.randn(4, 64, 16, generator=torch.Generator().manual_seed(0))
+    zero = encodings.get("acc-learned-qkv", DIMS)
+    assert _learned_steps(zero, x).abs().max() < 1e-6  # W = 0 at init: no rotation (starts as NoPE, not RoPE)
+    rand = encodings.get("acc-learned-qkv:init=random,a=2", DIMS)
+    with torch.no_grad():
+        rand.step.weight.normal_(std=3.0)  # saturate tanh: steps fill [-a, a]
+    steps = _learned_steps(rand, x)
+    assert steps.abs().max() <= 2.0 + 1e-5 and steps.abs().max() > 1.9
+    assert abs(float(steps.mean())) < 0.1  # tanh(W x) is odd in x: zero-centred for symmetric inputs
+    neg = _learned_steps(rand, -x)
+    torch.testing.assert_close(neg, -steps, atol=1e-5, rtol=0)
+
+
+def test_learned_half_width_is_a_parameter_that_trains():
+    enc = encodings.get("acc-learned-qkv:learn_a=true,init=random", DIMS)
+    assert enc.log_a.shape == (2, 4) and torch.allclose(enc.widths(), torch.ones(2, 4))
+    x = torch.randn(1, 10, 16)
+    inp = Inputs(x, torch.arange(10), torch.zeros(1, 10, dtype=torch.int64))
+    enc.phases(inp).sum().backward()
+    assert enc.log_a.grad is not None and enc.log_a.grad.abs().sum() > 0
