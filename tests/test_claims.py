@@ -79,6 +79,12 @@ def test_overlapping_seed_ranges_are_within_noise():
     assert "ratio at 128x: acc-rand-qkv 1.933 ± 0.550 vs acc-rand-qk 2.000 ± 0.500" in md  # mean ± half-range
 
 
+def test_degrading_is_strictly_above_the_flat_threshold():
+    rows = {"rope": row([6.4], [1.5], [1.02]), "alibi": row([6.7], [1.0], [1.02])}
+    (claim,) = [c for c in check_claims(table(rows), L0) if c.key == "iv"]
+    assert claim.verdict == FAILS  # 1.02 is flat, so RoPE does not degrade
+
+
 def test_claims_whose_schemes_were_not_run_are_omitted():
     assert check_claims(table({"nope": row([10.0], [1.1], [1.2]), "alibi": row([6.7], [1.0], [1.0])}), L0) == []
     assert claims_markdown(table({"nope": row([10.0], [1.1], [1.2])}), L0) == ""

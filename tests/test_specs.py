@@ -54,8 +54,18 @@ def test_spec_values_are_typed():
         ("acc-rand-qkv:b=1", "scheme 'acc-rand-qkv' has no parameter 'b'"),
         ("acc-rand-qkv:a", "expected key=value, got 'a'"),
         ("acc-rand-qkv:a=", "expected key=value"),
-        ("acc-rand-qkv:a=-1", "half-width a must be a finite number > 0"),
-        ("acc-rand-qkv:a=nan", "half-width a must be a finite number > 0"),
+        ("acc-rand-qkv:a=-1", "half-width a must be in (0, pi]"),
+        ("acc-rand-qkv:a=4", "half-width a must be in (0, pi]"),
+        ("acc-rand-qkv:a=nan", "a=nan: expected float"),
+        ("acc-rand-qkv:a=1e39", "half-width a must be in (0, pi]"),
+        ("acc-rand-qkv:a=true", "a=True: expected float"),
+        ("acc-rand-qkv:a=1,a=2", "duplicate key 'a'"),
+        ("acc-learned-qkv:learn_a=yes", "learn_a='yes': expected bool"),
+        ("acc-rand-qkv:seed=1.5", "seed=1.5: expected int"),
+        ("rope:rope_theta=abc", "rope_theta='abc': expected float"),
+        ("acc-drift-qkv:a=0.3", "a applies to center='zero'"),
+        ("rope: rope_theta=5", "contains whitespace"),
+        ("learn_a=true", "quote specs with ',' in YAML lists"),
         ("acc-rand-qkv:mode=bogus", "mode must be one of random, token, learned"),
         ("acc-rand-qkv:learn_a=true", "apply to mode='learned' only"),
         ("acc-drift-qkv:mode=learned,learn_a=true", "learn_a needs center='zero'"),
@@ -70,6 +80,16 @@ def test_bad_specs_are_one_line_errors(spec, message):
     with pytest.raises(PosencError) as err:
         encodings.get(spec, DIMS)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_plus_inside_a_value_does_not_split_the_spec():
+    assert encodings.get("rope:rope_theta=1e+4", DIMS).rope_theta == 1e4
+    assert len(encodings.parts("acc-rand-qkv:a=1e-1+alibi")) == 2
+
+
+def test_a_parameter_given_twice_is_refused():
+    with pytest.raises(PosencError, match="given both in the spec and separately"):
+        encodings.get("acc-rand-qkv:a=0.3", DIMS, a=0.5)
 
 
 def test_params_with_a_composition_are_refused():

@@ -10,7 +10,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    print("schemes (combine with '+', e.g. acc-rand-qkv+alibi):")
+    print("schemes (parameters with ':', parts with '+', e.g. acc-rand-qkv:a=0.3+alibi):")
     for name, doc in encodings.describe_all().items():
         print(f"  {name:18s} {doc}")
     print("presets: " + ", ".join(preset_names()))

@@ -30,7 +30,7 @@ def run(args) -> int:
     from posenc import encodings
     from posenc.compare import _dims
 
-    encodings.get(args.scheme, _dims(mcfg))  # unknown scheme: one line before any work
+    encodings.get(args.scheme, _dims(mcfg), **mcfg.encoding_params)  # unknown scheme: one line before any work
     out = args.out or Path("runs") / "train" / args.scheme
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")

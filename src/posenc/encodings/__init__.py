@@ -13,7 +13,7 @@ from typing import Any
 from posenc.encodings import absolute, accumulated, bias, forget, householder, polar, rotary, xpos  # noqa: F401 (registers the families)
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
-from posenc.encodings.registry import alias, describe_all, names, parts, register, resolve
+from posenc.encodings.registry import split_part, alias, describe_all, names, parts, register, resolve
 from posenc.errors import PosencError
 
 
@@ -36,6 +36,9 @@ def get(spec: str, dims: Dims | None = None, **params: Any) -> Encoding:
     resolved = parts(spec)
     if len(resolved) == 1:
         cls, merged = resolved[0]
+        clash = sorted(set(params) & set(split_part(spec)[1]))
+        if clash:
+            raise PosencError(f"{spec!r}: parameter {', '.join(map(repr, clash))} given both in the spec and separately")
         return _build(cls, {**merged, **params}, dims, spec)
     if params:
         raise PosencError(f"{spec!r} is a composition: give parameters per part (NAME:key=value)")

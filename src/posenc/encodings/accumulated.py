@@ -29,7 +29,8 @@ and u is
   ``init="zero"`` starts with W = 0 (no rotation: the model starts as NoPE and
   learns how much to rotate), ``init="random"`` with W ~ N(0, 0.02^2);
   ``learn_a=True`` makes the half-width a learned parameter per head and block
-  (a_hb = a * exp(s_hb), s = 0 at init).
+  (a_hb = a * exp(s_hb), s = 0 at init; s is a 2-D weight, so AdamW's weight
+  decay pulls it towards the prior a).
 For uniform u the spectral gap of block b is beta_b = |E exp(i theta)| = |sin a_b / a_b|.
 Phases are summed in float64, reduced mod 2 pi, then cast to float32.
 """
@@ -65,7 +66,7 @@ class Accumulated(Encoding):
     """Accumulated SO(2) rotations: random, per-token or learned step angles; rotating QK or QKV.
 
     Parameters: mode ("random" | "token" | "learned"), rotate ("qk" | "qkv"),
-    center ("zero" | "rope"), a (half-width for center="zero", radians, > 0),
+    center ("zero" | "rope"), a (half-width for center="zero", radians, in (0, pi], default 1),
     init ("zero" | "random", learned W), learn_a (learned per-head, per-block
     half-width), rope_theta, pairing, seed. Phases: (B, H, T, D/2) float32
     ((1, H, T, D/2) for fixed per-position draws at evaluation).
@@ -81,7 +82,7 @@ class Accumulated(Encoding):
         mode: str = "random",
         rotate: str = "qk",
         center: str = "zero",
-        a: float = 1.0,
+        a: float | None = None,
         init: str = "zero",
         learn_a: bool = False,
         rope_theta: float = 10000.0,
@@ -94,8 +95,11 @@ class Accumulated(Encoding):
         _check_choice("rotate", rotate, ("qk", "qkv"))
         _check_choice("center", center, ("zero", "rope"))
         _check_choice("init", init, ("zero", "random"))
-        if not (isinstance(a, (int, float)) and math.isfinite(a) and a > 0):
-            raise PosencError(f"accumulated half-width a must be a finite number > 0, got {a!r}")
+        if center == "rope" and a is not None:
+            raise PosencError("accumulated a applies to center='zero' (the drift half-widths are RoPE's frequencies)")
+        a = 1.0 if a is None else a
+        if not 0 < a <= math.pi:  # U[-pi, pi] is already uniform on the circle (beta = 0)
+            raise PosencError(f"accumulated half-width a must be in (0, pi], got {a!r}")
         if (init != "zero" or learn_a) and mode != "learned":
             raise PosencError("accumulated init and learn_a apply to mode='learned' only")
         if learn_a and center != "zero":
@@ -177,12 +181,12 @@ class Accumulated(Encoding):
             "token": "fixed per token id",
             "learned": f"learned a*tanh(Wx), W {'= 0' if self.init == 'zero' else '~ N(0, 0.02^2)'} at init" + (", learned a per head and block" if self.log_a is not None else ""),
         }[self.mode]
+        head = f"accumulated SO(2) {'QKV' if self.rotate_v else 'QK'}, steps "
+        if self.mode == "learned":
+            bound = "a" if self.log_a is not None else f"{self.a:g}"
+            return head + f"in [-{bound}, {bound}], {src}; step law and mixing window known after training (posenc diagnose)"
         beta = self.spectral_gap()
-        law = "step law" if self.mode != "learned" else "bound's step law"
-        return (
-            f"accumulated SO(2) {'QKV' if self.rotate_v else 'QK'}, steps {dist}, {src}; "
-            f"{law} beta range [{beta.min():.3f}, {beta.max():.3f}], mixing window w_0.01 = {self._window(0.01):g} tokens"
-        )
+        return head + f"{dist}, {src}; beta range [{beta.min():.3f}, {beta.max():.3f}], mixing window w_0.01 = {self._window(0.01):g} tokens"
 
 
 def _check_choice(key: str, value: str, valid: tuple[str, ...]) -> None:

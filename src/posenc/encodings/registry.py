@@ -11,6 +11,9 @@ e.g. ``hybrid``). ``parts(spec)`` parses and validates a spec; building it is
 from __future__ import annotations
 
 import inspect
+import math
+import re
+import typing
 from typing import Any
 
 from posenc.encodings.base import Encoding
@@ -55,22 +58,49 @@ def _value(text: str) -> Any:
     return text
 
 
-def _split_part(part: str) -> tuple[str, dict[str, Any]]:
+def split_part(part: str) -> tuple[str, dict[str, Any]]:
     """``NAME:k=v,k=v`` -> (NAME, {k: v}); PosencError if malformed."""
+    if any(c.isspace() for c in part):
+        raise PosencError(f"scheme spec {part!r} contains whitespace")
     name, _, args = part.partition(":")
-    params = {}
-    for item in filter(None, args.split(",")) if args else ():
+    if "=" in name:  # a YAML flow list [a:x=1,y=2] splits at the comma
+        raise PosencError(f"scheme spec {part!r} has no scheme name (quote specs with ',' in YAML lists)")
+    params: dict[str, Any] = {}
+    for item in args.split(",") if args else ():
         key, eq, val = item.partition("=")
-        if not eq or not key.strip() or not val.strip():
+        if not eq or not key or not val:
             raise PosencError(f"scheme spec {part!r}: expected key=value, got {item!r}")
-        params[key.strip()] = _value(val.strip())
-    if not name.strip():
+        if key in params:
+            raise PosencError(f"scheme spec {part!r}: duplicate key {key!r}")
+        params[key] = _value(val)
+    if not name:
         raise PosencError(f"scheme spec {part!r}: missing scheme name")
-    return name.strip(), params
+    return name, params
+
+
+def _split_spec(spec: str) -> list[str]:
+    """The parts of ``A+B``: a ``+`` starts a part only before a letter (``a=1e+3`` stays whole)."""
+    return re.split(r"\+(?=[A-Za-z])", spec)
 
 
 def _accepted(cls: type[Encoding]) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters) - {"self", "dims"}
+
+
+def _check_types(name: str, cls: type[Encoding], params: dict[str, Any]) -> None:
+    """Each value against the constructor's annotation (bool, int, float, str); PosencError naming the key."""
+    hints = typing.get_type_hints(cls.__init__)
+    for key, value in params.items():
+        want = {t for t in typing.get_args(hints.get(key)) or (hints.get(key),) if t in (bool, int, float, str)}
+        ok = (
+            (bool in want and isinstance(value, bool))
+            or (int in want and isinstance(value, int) and not isinstance(value, bool))
+            or (float in want and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+            or (str in want and isinstance(value, str))
+            or not want  # dicts, objects: the constructor checks them
+        )
+        if not ok:
+            raise PosencError(f"scheme {name!r}: {key}={value!r}: expected {' or '.join(sorted(t.__name__ for t in want))}")
 
 
 def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encoding], dict[str, Any]]:
@@ -78,7 +108,7 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
 
     Raises PosencError for an unknown name or a parameter the scheme does not take.
     """
-    base, own = _split_part(name)
+    base, own = split_part(name)
     params = {**own, **(params or {})}
     name = base
     while name in _ALIASES:
@@ -92,14 +122,15 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     unknown = sorted(set(params) - _accepted(cls))
     if unknown:
         raise PosencError(f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(_accepted(cls))) or 'none'}")
+    _check_types(base, cls, params)
     return cls, params
 
 
 def parts(spec: str) -> list[tuple[type[Encoding], dict[str, Any]]]:
     """(class, parameters) of every part of ``spec``, named compositions expanded; PosencError if invalid."""
     out = []
-    for part in spec.split("+"):
-        base, params = _split_part(part)
+    for part in _split_spec(spec):
+        base, params = split_part(part)
         target = _ALIASES.get(base, ("",))[0]
         if "+" in target and not params:
             out += parts(target)
