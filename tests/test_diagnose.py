@@ -141,10 +141,13 @@ class _CustomAttend(Encoding):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def test_custom_attend_is_reported_not_supported(monkeypatch):
-    monkeypatch.setitem(encodings._REGISTRY, _CustomAttend.name, _CustomAttend)
-    docs = [("x", np.zeros(200, dtype=np.uint16))]
-    res = diagnose_model(tiny(_CustomAttend.name), docs, multiples=[1, 2], progress=False)
+def test_custom_attend_is_reported_not_supported():
+    encodings.register(_CustomAttend)
+    try:
+        docs = [("x", np.zeros(200, dtype=np.uint16))]
+        res = diagnose_model(tiny(_CustomAttend.name), docs, multiples=[1, 2], progress=False)
+    finally:
+        encodings.unregister(_CustomAttend.name)
     assert res["note"].startswith("not supported") and res["lengths"] == []
 
 

@@ -125,7 +125,7 @@ class NaNAfter(Encoding):
 def nan_scheme():
     encodings.register(NaNAfter)
     yield
-    encodings._REGISTRY.pop(NaNAfter.name)
+    encodings.unregister(NaNAfter.name)
 
 
 def test_nan_loss_stops_with_one_line_naming_step_and_checkpoint(setup, nan_scheme, capsys):

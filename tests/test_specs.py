@@ -9,7 +9,7 @@ import torch
 from posenc import build_model, encodings
 from posenc.cli import main
 from posenc.encodings.accumulated import Accumulated
-from posenc.encodings.base import Dims, Inputs
+from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
 from posenc.encodings.forget import ForgetGate
 from posenc.encodings.rotary import RoPE
@@ -112,6 +112,17 @@ def test_spec_is_stored_in_the_run_config_and_reloads(tmp_path):
 
     model = load_run(run)[0]
     assert model.cfg.encoding == "acc-rand-qkv:a=0.5+alibi" and model.blocks[0].attn.enc.rotary.a == 0.5
+
+
+def test_a_taken_name_cannot_be_registered_again():
+    class Other(Encoding):
+        name = "rope"
+
+    with pytest.raises(PosencError, match="'rope' is already registered"):
+        encodings.register(Other)
+    with pytest.raises(PosencError, match="'hybrid' is already registered"):
+        encodings.alias("hybrid", "rope", "a second hybrid")
+    assert encodings.resolve("rope")[0] is RoPE
 
 
 # ---------------------------------------------------------------- step laws

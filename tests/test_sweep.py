@@ -50,7 +50,7 @@ def broken_schemes(tmp_path, monkeypatch):
     importlib.import_module("posenc_broken_plugin")
     yield
     for name in BROKEN:
-        encodings._REGISTRY.pop(name, None)
+        encodings.unregister(name)
     sys.modules.pop("posenc_broken_plugin", None)
 
 

@@ -16,6 +16,7 @@ module that defines them.
 from __future__ import annotations
 
 import importlib
+import importlib.resources
 import multiprocessing
 import signal
 import sys
@@ -38,7 +39,7 @@ from posenc.passkey import PasskeyConfig
 from posenc.report import write_report
 from posenc.train import TrainConfig, is_trained, load_run, train
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+PRESETS = importlib.resources.files("posenc") / "configs"  # package data: works from a wheel too
 
 
 class EvalConfig(BaseModel):
@@ -76,18 +77,18 @@ class Preset(BaseModel):
 
 
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    return sorted(p.name.removesuffix(".yaml") for p in PRESETS.iterdir() if p.name.endswith(".yaml"))
 
 
 def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> Preset:
-    """A preset by name (configs/NAME.yaml) or path; ``overrides`` replace top-level keys.
+    """A preset by name (posenc/configs/NAME.yaml, package data) or path; ``overrides`` replace top-level keys.
 
     Raises PosencError for an unknown preset, invalid YAML or invalid values.
     """
     path = Path(name_or_path)
     if not path.suffix:
-        path = CONFIG_DIR / f"{name_or_path}.yaml"
-    if not path.exists():
+        path = PRESETS / f"{name_or_path}.yaml"
+    if not path.is_file():
         raise PosencError(f"unknown preset {name_or_path!r}; valid: {', '.join(preset_names())}")
     try:
         data = yaml.safe_load(path.read_text()) or {}

@@ -8,7 +8,7 @@ from posenc.compare import compare, load_preset
 
 def add_parser(sub):
     p = sub.add_parser("compare", help="train one model per scheme under one budget and compare length extrapolation")
-    p.add_argument("--preset", default="default", help="configs/NAME.yaml or a YAML path (default: default)")
+    p.add_argument("--preset", default="default", help="a preset name (posenc list) or a YAML path (default: default)")
     p.add_argument("--schemes", nargs="+", help="schemes to compare (default: the preset's)")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (the report shows mean ± half-range)")
     p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, or a path")

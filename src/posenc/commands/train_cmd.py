@@ -11,7 +11,7 @@ from posenc.train import train
 def add_parser(sub):
     p = sub.add_parser("train", help="train one language model with one positional scheme")
     p.add_argument("--scheme", required=True, help="scheme name (see `posenc list`)")
-    p.add_argument("--preset", default="default", help="preset for model and budget (configs/NAME.yaml or a path)")
+    p.add_argument("--preset", default="default", help="preset for model and budget (a preset name (posenc list) or a path)")
     p.add_argument("--out", type=Path, help="run directory (default runs/train/<scheme>)")
     p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, or a path")
     p.add_argument("--tokenizer", help="byte or bpeN")

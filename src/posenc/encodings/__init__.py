@@ -13,7 +13,7 @@ from typing import Any
 from posenc.encodings import absolute, accumulated, bias, forget, householder, polar, rotary, xpos  # noqa: F401 (registers the families)
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
-from posenc.encodings.registry import split_part, alias, describe_all, names, parts, register, resolve
+from posenc.encodings.registry import alias, describe_all, names, parts, register, resolve, split_part, unregister
 from posenc.errors import PosencError
 
 
@@ -45,4 +45,4 @@ def get(spec: str, dims: Dims | None = None, **params: Any) -> Encoding:
     return Composite(dims, [_build(c, p, dims, spec) for c, p in resolved], spec)
 
 
-__all__ = ["Dims", "Encoding", "Inputs", "alias", "describe_all", "get", "names", "parts", "register", "resolve"]
+__all__ = ["Dims", "Encoding", "Inputs", "alias", "describe_all", "get", "names", "parts", "register", "resolve", "unregister"]

@@ -24,14 +24,29 @@ _ALIASES: dict[str, tuple[str, dict[str, Any], str]] = {}
 
 
 def register(cls: type[Encoding]) -> type[Encoding]:
-    """Class decorator: make a scheme available by its ``name``."""
+    """Class decorator: make a scheme available by its ``name``; PosencError if the name is taken."""
+    _check_free(cls.name)
     _REGISTRY[cls.name] = cls
     return cls
 
 
 def alias(name: str, spec: str, doc: str, **params: Any) -> None:
     """Register ``name`` as ``spec`` (a scheme, or a composition ``A+B``) with preset parameters."""
+    _check_free(name)
     _ALIASES[name] = (spec, params, doc)
+
+
+def unregister(name: str) -> None:
+    """Remove a scheme or alias (for schemes registered by a test or a notebook); KeyError if unknown."""
+    if name in _REGISTRY:
+        del _REGISTRY[name]
+    else:
+        del _ALIASES[name]
+
+
+def _check_free(name: str) -> None:
+    if name in _REGISTRY or name in _ALIASES:
+        raise PosencError(f"scheme name {name!r} is already registered")
 
 
 def names() -> list[str]:
