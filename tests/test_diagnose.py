@@ -127,6 +127,9 @@ def test_learned_steps_at_init_are_constant_and_rope_never_mixes():
         for g in res["spectral_gap"]:
             np.testing.assert_allclose(g["beta"], 1.0, atol=1e-9)  # zero-initialised step map: theta = 0
             assert all(w is None for row in g["w_eps"] for w in row)  # beta = 1: no mixing window
+            drift = np.asarray(g["mean_step"])  # RoPE rotates by omega_b every token; learned steps start at 0
+            want = 10000.0 ** (-np.arange(0, 16, 2) / 16) if scheme == "rope" else np.zeros(8)
+            np.testing.assert_allclose(drift, np.broadcast_to(want, drift.shape), atol=1e-6)
         base = np.asarray(res["spectral_gap"][0]["baseline"])
         if scheme == "rope":
             assert (base == 1).all()

@@ -251,7 +251,9 @@ def diagnose_model(
             beta = phasors[layer].abs() / max(1, steps[layer])
             beta = torch.where(1 - beta < BETA_ONE, torch.ones_like(beta), beta)
             w_eps = [[_finite(window_size(float(b), eps)) for b in row] for row in beta.tolist()]
-            out["spectral_gap"].append({"layer": layer, "steps": steps[layer], "beta": beta.tolist(), "baseline": base, "w_eps": w_eps})
+            drift = torch.angle(phasors[layer])  # arg mean exp(i theta): the steps' mean rotation per token
+            out["spectral_gap"].append({"layer": layer, "steps": steps[layer], "beta": beta.tolist(), "baseline": base,
+                                        "w_eps": w_eps, "mean_step": drift.tolist()})
     return out
 
 
@@ -307,17 +309,20 @@ def markdown(res: dict) -> str:
         lines += ["## Spectral gap of the step angles", "",
                   f"beta_b = |mean exp(i theta)| per head and frequency block over held-out tokens; baseline: the "
                   f"scheme's step law (|sin a_b / a_b|; RoPE 1); w_eps = ceil(log eps / log beta), eps = {res['eps']:g}.", "",
-                  "| layer | beta min / median / max | baseline min / median / max | max abs(beta - baseline) | w_eps median | blocks with w_eps <= train length |",
-                  "|---|---|---|---|---|---|"]
+                  "Blocks that do not mix within the training length keep a near-constant step; their mean step "
+                  "arg mean exp(i theta) says whether they still rotate (RoPE-like, unseen phases at longer lengths) or stand still (NoPE-like).", "",
+                  "| layer | beta min / median / max | baseline min / median / max | max abs(beta - baseline) | w_eps median | blocks with w_eps <= train length | others: median abs(mean step) (rad/token) |",
+                  "|---|---|---|---|---|---|---|"]
         for g in res["spectral_gap"]:
             beta = np.asarray(g["beta"])
             base = np.asarray(g["baseline"]) if g["baseline"] is not None else None
             w_eps = np.array([np.inf if x is None else x for row in g["w_eps"] for x in row], dtype=float)
             rng = lambda x: f"{x.min():.4f} / {np.median(x):.4f} / {x.max():.4f}"  # noqa: E731
+            slow = np.abs(np.asarray(g["mean_step"])).ravel()[w_eps > res["train_length"]]
             lines.append(
                 f"| {g['layer']} | {rng(beta)} | {rng(base) if base is not None else 'n/a'} | "
                 f"{_fmt(np.abs(beta - base).max() if base is not None else None, '.4f')} | {np.median(w_eps):g} | "
-                f"{int((w_eps <= res['train_length']).sum())}/{w_eps.size} |"
+                f"{int((w_eps <= res['train_length']).sum())}/{w_eps.size} | {_fmt(np.median(slow) if slow.size else None, '.2e')} |"
             )
         lines.append("")
     return "\n".join(lines)
