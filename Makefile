@@ -22,7 +22,7 @@ demo: install
 	$(BIN)/posenc compare --preset default
 
 test: install-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "slow or not slow"
 
 clean:
 	rm -rf $(VENV) runs

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from posenc import encodings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +24,7 @@ def run_script(args, out_env=None, timeout=600):
     return proc
 
 
+@pytest.mark.slow
 def test_gpu_check_smoke_run_on_cpu(tmp_path):
     run_script(["benchmarks/gpu_check.py", "--device", "cpu", "--tiny", "--steps", "1"], {"OUT": str(tmp_path)})
     res = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -36,6 +39,7 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
     assert "| acc-rand-qkv |" in (tmp_path / "gpu_check.md").read_text()
 
 
+@pytest.mark.slow
 def test_suite_one_round_writes_ratio_tables(tmp_path):
     run_script(["benchmarks/run.py", "--sections", "attention", "train", "--schemes", "acc-rand-qk", "--rounds", "1", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "suite.json").read_text())["sections"]

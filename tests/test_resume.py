@@ -39,6 +39,7 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_equals_uninterrupted(setup):
     tmp_path, preset = setup
     steps = 120

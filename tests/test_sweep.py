@@ -68,6 +68,7 @@ def tiny_preset(corpus, schemes):
     })
 
 
+@pytest.mark.slow
 def test_broken_schemes_fail_alone_and_rerun_resumes(broken_schemes, corpus, tmp_path, capsys):
     preset = tiny_preset(corpus, ["rope", *BROKEN])
     report, failures = compare(preset, tmp_path / "runs")

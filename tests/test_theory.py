@@ -272,6 +272,7 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, extra):
     assert not (tmp_path / "x").exists()  # validated before any work
 
 
+@pytest.mark.slow
 def test_cli_quick_writes_summary_results_and_plots(tmp_path, capsys):
     out = tmp_path / "theory"
     assert main(["theory", "--quick", "--out", str(out), "--dims", "8", "16", "--seed", "3"]) == 0
