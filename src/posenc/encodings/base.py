@@ -68,6 +68,18 @@ class Encoding(nn.Module):
         super().__init__()
         self.dims = dims
 
+    def _apply(self, fn, recurse=True):
+        """Casts of the model (``.to(torch.bfloat16)``, ``.half()``) move this scheme's floating buffers
+        (frequencies, step laws, slopes) to the new device but keep them at float32 or better:
+        in bf16, RoPE's angle t * omega at t = 10^4 would be off by up to pi."""
+        before = {n: b for n, b in self._buffers.items() if b is not None and b.is_floating_point()}
+        super()._apply(fn, recurse)
+        for n, b in before.items():
+            now = self._buffers[n]
+            if now.dtype != b.dtype and torch.finfo(now.dtype).bits < 32:
+                self._buffers[n] = b.to(now.device)
+        return self
+
     def embed(self, pos: torch.Tensor) -> Optional[torch.Tensor]:
         return None
 
