@@ -35,3 +35,17 @@ def test_rope_phases_at_long_positions_do_not_depend_on_the_module_dtype():
     assert after.dtype == torch.float32 and torch.equal(after, before)
     exact = torch.remainder(pos.double()[:, None] * (10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)), 2 * math.pi)
     torch.testing.assert_close(after[0, 0].double(), exact, atol=1e-5, rtol=0)
+
+
+def test_nonsensical_parameters_and_inputs_are_one_line_errors():
+    from posenc import encodings
+    from posenc.errors import PosencError
+
+    for params in ({"rope_theta": float("nan")}, {"rope_theta": float("inf")}, {"rope_theta": 0.5}, {"rope_theta": "x"}):
+        with pytest.raises(PosencError, match="rope_theta"):
+            encodings.get("rope", **params)
+    model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 32})
+    with pytest.raises(PosencError, match="T >= 1"):
+        model(torch.zeros(1, 0, dtype=torch.int64))
+    with pytest.raises(PosencError, match="positions must be"):
+        model.hidden(torch.zeros(1, 5, dtype=torch.int64), torch.arange(4))

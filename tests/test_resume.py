@@ -138,3 +138,13 @@ def test_nan_loss_stops_with_one_line_naming_step_and_checkpoint(setup, nan_sche
     last = err.splitlines()[-1]  # after the closed progress bar
     assert last == f"posenc: error: loss is nan at step 14; last good checkpoint: {run / 'model.safetensors'} (step 10)"
     assert torch.load(run / "state.pt", weights_only=False)["step"] == 10  # the good checkpoint is kept
+
+
+def test_resume_state_pt_without_step_or_optimizer_is_one_line(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(run)]) == 0
+    torch.save({"model": {}}, run / "state.pt")  # unpickles, but is not a resume point
+    capsys.readouterr()
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "4", "--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "state.pt is damaged: no step, optimizer" in err

@@ -185,6 +185,10 @@ class LM(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
 
     def _embed(self, tokens: torch.Tensor, pos: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if tokens.dim() != 2 or tokens.shape[1] == 0:
+            raise PosencError(f"tokens must be (batch, T) with T >= 1, got shape {tuple(tokens.shape)}")
+        if pos is not None and pos.shape != (tokens.shape[1],):
+            raise PosencError(f"positions must be ({tokens.shape[1]},) for T = {tokens.shape[1]}, got shape {tuple(pos.shape)}")
         pos = torch.arange(tokens.shape[1], device=tokens.device) if pos is None else pos
         x = self.tok(tokens)
         if self.pos_embed is not None:

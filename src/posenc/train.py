@@ -185,6 +185,9 @@ def train(
     if resume and (run_dir / "state.pt").exists():
         _check_same_model(run_dir, mcfg)
         state = load_torch(run_dir / "state.pt")
+        missing = [k for k in ("step", "optimizer") if not isinstance(state, dict) or k not in state]
+        if missing:
+            raise PosencError(f"{run_dir / 'state.pt'} is damaged: no {', '.join(missing)}; use another --out")
         if "model" in state:
             model.load_state_dict(state["model"])
         else:  # written before state.pt held the weights

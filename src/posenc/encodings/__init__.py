@@ -13,11 +13,12 @@ from typing import Any
 from posenc.encodings import absolute, accumulated, bias, forget, householder, polar, rotary, xpos  # noqa: F401 (registers the families)
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
-from posenc.encodings.registry import alias, describe_all, names, parts, register, resolve, split_part, unregister
+from posenc.encodings.registry import alias, check_types, describe_all, names, parts, register, resolve, split_part, unregister
 from posenc.errors import PosencError
 
 
 def _build(cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str) -> Encoding:
+    check_types(spec, cls, params)  # parameters given in Python too, not only in the spec
     try:
         return cls(dims, **params)
     except (TypeError, ValueError) as exc:

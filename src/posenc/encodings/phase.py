@@ -21,8 +21,8 @@ def check_rotary_dims(dims: Dims, pairing: str) -> None:
 
 def rope_inv_freq(head_dim: int, rope_theta: float = 10000.0) -> torch.Tensor:
     """omega_i = rope_theta^(-2i/D), i = 0..D/2-1: (D/2,) float64 radians per token."""
-    if rope_theta <= 1:
-        raise PosencError(f"rope_theta must be > 1, got {rope_theta}")
+    if not (math.isfinite(rope_theta) and rope_theta > 1):
+        raise PosencError(f"rope_theta must be a finite number > 1, got {rope_theta}")
     return rope_theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
 

@@ -102,7 +102,7 @@ def _accepted(cls: type[Encoding]) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters) - {"self", "dims"}
 
 
-def _check_types(name: str, cls: type[Encoding], params: dict[str, Any]) -> None:
+def check_types(name: str, cls: type[Encoding], params: dict[str, Any]) -> None:
     """Each value against the constructor's annotation (bool, int, float, str); PosencError naming the key."""
     hints = typing.get_type_hints(cls.__init__)
     for key, value in params.items():
@@ -137,7 +137,7 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     unknown = sorted(set(params) - _accepted(cls))
     if unknown:
         raise PosencError(f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(_accepted(cls))) or 'none'}")
-    _check_types(base, cls, params)
+    check_types(base, cls, params)
     return cls, params
 
 
