@@ -1,0 +1,126 @@
+"""Learned relative-distance score biases: T5 buckets and Kerple.
+
+Both add b_h(i - j) to the scaled logits of query i over key j <= i, as a tile
+callable (``posenc.attention``), so evaluation never holds a T x T tensor:
+
+- T5 (Raffel et al. 2020, sec. 2.1; Hugging Face ``T5Attention._relative_position_bucket``
+  with ``bidirectional=False``): distance n = i - j goes to bucket n when
+  n < B/2, else B/2 + floor(log(n / (B/2)) / log(D / (B/2)) * (B - B/2)), capped at
+  B - 1 (B buckets, D max_distance); one learned scalar per bucket and head
+  (zero at init: the model starts as NoPE).
+- Kerple (Chi et al. 2022, eq. 6-7): logarithmic ``-r1 log(1 + r2 |i - j|)`` or
+  power ``-r1 |i - j|^r2``, learned r1, r2 per head, kept positive by clamping
+  at 1e-2 (power: r2 <= 2, a conditionally positive definite kernel) as the
+  reference implementation does; initialised uniformly in (0, 2) and (0, 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.registry import alias, register
+from posenc.errors import PosencError
+
+KERPLE_EPS = 1e-2
+
+
+def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """T5's causal bucket of each distance i - j >= 0 (int64 tensor, same shape)."""
+    n = distance.clamp(min=0)
+    exact = num_buckets // 2
+    large = exact + (torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact) * (num_buckets - exact)).long()
+    return torch.where(n < exact, n, large.clamp(max=num_buckets - 1))
+
+
+@register
+class T5Bias(Encoding):
+    """T5 relative bias: a learned scalar per distance bucket and head (Raffel et al. 2020).
+
+    Parameters: num_buckets (>= 2, default 32), max_distance (> num_buckets / 2, default 128).
+    Tiles (1, H, tq, tk) float32.
+    """
+
+    name = "t5"
+
+    def __init__(self, dims: Dims, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__(dims)
+        if num_buckets < 2 or max_distance <= num_buckets // 2:
+            raise PosencError(f"t5 needs num_buckets >= 2 and max_distance > num_buckets / 2, got {num_buckets}, {max_distance}")
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.table = nn.Parameter(torch.zeros(num_buckets, dims.n_head))
+
+    def bias(self, inp: Inputs) -> BiasFn:
+        pos = inp.pos
+
+        def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+            bucket = t5_bucket(pos[qs:qe, None] - pos[None, ks:ke], self.num_buckets, self.max_distance)
+            return self.table.float()[bucket].permute(2, 0, 1)[None]
+
+        return tile
+
+    def describe(self) -> str:
+        return f"T5 relative bias, {self.num_buckets} buckets up to distance {self.max_distance}, learned per head"
+
+
+@register
+class Kerple(Encoding):
+    """Kerple: -r1 log(1 + r2 |i-j|) ("log") or -r1 |i-j|^r2 ("power"), learned r1, r2 > 0 per head (Chi et al. 2022).
+
+    Parameters: variant ("log" | "power"). Tiles (1, H, tq, tk) float32.
+    """
+
+    name = "kerple"
+
+    def __init__(self, dims: Dims, variant: str = "log"):
+        super().__init__(dims)
+        if variant not in ("log", "power"):
+            raise PosencError(f"kerple variant must be 'log' or 'power', got {variant!r}")
+        self.variant = variant
+        self.r1 = nn.Parameter(torch.rand(dims.n_head) * 2)
+        self.r2 = nn.Parameter(torch.rand(dims.n_head))
+
+    def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(r1, r2) as used: clamped to >= 1e-2 (power: r2 <= 2), (H,) float32."""
+        r2_max = 2.0 if self.variant == "power" else None
+        return self.r1.float().clamp(min=KERPLE_EPS), self.r2.float().clamp(min=KERPLE_EPS, max=r2_max)
+
+    def bias(self, inp: Inputs) -> BiasFn:
+        pos = inp.pos
+
+        def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+            r1, r2 = (c[None, :, None, None] for c in self.coefficients())
+            dist = (pos[qs:qe, None] - pos[None, ks:ke]).abs().float()
+            if self.variant == "log":
+                return -r1 * torch.log1p(r2 * dist)
+            return -r1 * dist.pow(r2)
+
+        return tile
+
+    def describe(self) -> str:
+        form = "-r1 log(1 + r2 |i-j|)" if self.variant == "log" else "-r1 |i-j|^r2"
+        return f"Kerple ({self.variant}): bias {form}, learned r1, r2 per head"
+
+
+alias("kerple-power", "kerple", "Kerple power variant -r1 |i-j|^r2", variant="power")
+
+
+def relative_bias_naive(enc: Encoding, pos: list[int]) -> torch.Tensor:
+    """Reference: b[h, i, j] by an explicit loop over query/key pairs, (1, H, T, T) float64 (0 above the diagonal)."""
+    H, T = enc.dims.n_head, len(pos)
+    out = torch.zeros(1, H, T, T, dtype=torch.float64)
+    for i in range(T):
+        for j in range(i + 1):
+            n = pos[i] - pos[j]
+            for h in range(H):
+                if isinstance(enc, T5Bias):
+                    exact = enc.num_buckets // 2
+                    b = n if n < exact else min(enc.num_buckets - 1, exact + int(math.log(n / exact) / math.log(enc.max_distance / exact) * (enc.num_buckets - exact)))
+                    out[0, h, i, j] = enc.table[b, h]
+                else:  # tensors, so gradients reach r1 and r2
+                    r1, r2 = (c[h].double() for c in enc.coefficients())
+                    out[0, h, i, j] = -r1 * (torch.log1p(r2 * n) if enc.variant == "log" else torch.tensor(float(n), dtype=torch.float64) ** r2)
+    return out
