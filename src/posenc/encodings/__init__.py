@@ -21,7 +21,7 @@ def _build(cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str) -
     check_types(spec, cls, params)  # parameters given in Python too, not only in the spec
     try:
         return cls(dims, **params)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, AttributeError) as exc:
         raise PosencError(f"invalid parameters for scheme {spec!r}: {exc}") from None
 
 

@@ -100,6 +100,8 @@ class Accumulated(Encoding):
         a = 1.0 if a is None else a
         if not 0 < a <= math.pi:  # U[-pi, pi] is already uniform on the circle (beta = 0)
             raise PosencError(f"accumulated half-width a must be in (0, pi], got {a!r}")
+        if not 0 <= seed < 2**31:
+            raise PosencError(f"accumulated seed must be in [0, 2^31), got {seed}")
         if (init != "zero" or learn_a) and mode != "learned":
             raise PosencError("accumulated init and learn_a apply to mode='learned' only")
         if learn_a and center != "zero":

@@ -63,6 +63,7 @@ class Encoding(nn.Module):
     pairing: str = "half"  # rotary feature pairing: "half" (rotate_half) or "adjacent"
     logit_scale: float = 1.0  # multiplies q.k / sqrt(D) (YaRN attention factor squared)
     max_length: Optional[int] = None  # longest input the scheme supports (learned table)
+    internal: tuple[str, ...] = ()  # constructor parameters a scheme spec may not set
 
     def __init__(self, dims: Dims):
         super().__init__()

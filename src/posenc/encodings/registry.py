@@ -130,10 +130,16 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
         target, preset, _ = _ALIASES[name]
         if "+" in target:
             raise PosencError(f"{base!r} is a composition ({target}); give parameters to its parts")
+        fixed = sorted(set(own) & set(preset))
+        if fixed:  # acc-rand-qkv:mode=token would train another scheme under this name
+            raise PosencError(f"{base!r} fixes {', '.join(f'{k}={preset[k]!r}' for k in fixed)}; use {target!r} with the parameters you want")
         name, params = target, {**preset, **params}
     if name not in _REGISTRY:
         raise PosencError(f"unknown scheme {base!r}; valid: {', '.join(names())}")
     cls = _REGISTRY[name]
+    internal = sorted(set(own) & set(cls.internal))
+    if internal:
+        raise PosencError(f"scheme {base!r}: {', '.join(internal)} cannot be set in a spec")
     unknown = sorted(set(params) - _accepted(cls))
     if unknown:
         raise PosencError(f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(_accepted(cls))) or 'none'}")

@@ -48,8 +48,8 @@ class T5Bias(Encoding):
 
     def __init__(self, dims: Dims, num_buckets: int = 32, max_distance: int = 128):
         super().__init__(dims)
-        if num_buckets < 2 or max_distance <= num_buckets // 2:
-            raise PosencError(f"t5 needs num_buckets >= 2 and max_distance > num_buckets / 2, got {num_buckets}, {max_distance}")
+        if not 2 <= num_buckets <= 4096 or max_distance <= num_buckets // 2:
+            raise PosencError(f"t5 needs 2 <= num_buckets <= 4096 and max_distance > num_buckets / 2, got {num_buckets}, {max_distance}")
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Parameter(torch.zeros(num_buckets, dims.n_head))
 

@@ -31,6 +31,7 @@ class RoPE(Encoding):
     """
 
     name = "rope"
+    internal = ("schedule", "schedule_params")  # set by with_rope_schedule (posenc eval --rope-schedule), not by specs
 
     def __init__(self, dims: Dims, rope_theta: float = 10000.0, pairing: str = "half", schedule: str | None = None, schedule_params: dict | None = None):
         super().__init__(dims)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from posenc.attention import causal_tile, rotate
 from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.errors import PosencError
 from posenc.encodings.phase import check_rotary_dims, rope_inv_freq, wrap_phases
 
 
@@ -73,6 +74,8 @@ class XPos(Encoding):
     def __init__(self, dims: Dims, rope_theta: float = 10000.0, scale_base: float = 512.0, pairing: str = "half", block_size: int = 512):
         super().__init__(dims)
         check_rotary_dims(dims, pairing)
+        if not (math.isfinite(scale_base) and scale_base > 0) or block_size < 1:
+            raise PosencError(f"xpos needs scale_base > 0 and block_size >= 1, got {scale_base}, {block_size}")
         self.pairing, self.scale_base, self.block_size = pairing, float(scale_base), block_size
         self.register_buffer("inv_freq", rope_inv_freq(dims.head_dim, rope_theta), persistent=False)
         self.register_buffer("zeta", xpos_zeta(dims.head_dim), persistent=False)
