@@ -77,6 +77,9 @@ def test_overlapping_seed_ranges_are_within_noise():
     assert v["v:"] == NOISE and v["vi:"] == NOISE  # hybrid 1x range 5.8-6.35 overlaps RoPE's 6.3-6.5
     md = claims_markdown(table(rows), L0)
     assert "ratio at 128x: acc-rand-qkv 1.933 ± 0.550 vs acc-rand-qk 2.000 ± 0.500" in md  # mean ± half-range
+    assert "One seed" not in md
+    one = {s: {m: v[:1] for m, v in r.items()} for s, r in rows.items()}
+    assert "One seed: no noise estimate" in claims_markdown(table(one), L0)
 
 
 def test_degrading_is_strictly_above_the_flat_threshold():

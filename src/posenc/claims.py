@@ -180,6 +180,10 @@ def check_claims(records: list[dict], train_length: int) -> list[Claim]:
     return [c for c in (check(table) for check in CHECKS) if c is not None]
 
 
+def _one_seed(records: list[dict]) -> bool:
+    return len({r["seed"] for r in records}) == 1
+
+
 def claims_markdown(records: list[dict], train_length: int) -> str:
     """The report's claims section (empty when no claim's schemes were run)."""
     claims = check_claims(records, train_length)
@@ -191,7 +195,8 @@ def claims_markdown(records: list[dict], train_length: int) -> str:
         "other seed's (ranges do not overlap), is within noise when the ranges overlap. "
         f"Flat: ratio <= {1 + FLAT_TOL:g}, degrades: ratio > {1 + FLAT_TOL:g}; matches RoPE at 1x (ii): perplexity <= "
         f"RoPE's x {1 + MATCH_TOL:g}; near 1x perplexity at 16x: ratio <= {NEAR_16X:g}; (v) and (vi): perplexity <= the "
-        "baseline's, no tolerance.\n\n"
+        "baseline's, no tolerance."
+        + (" One seed: no noise estimate, so no verdict can be 'within noise'." if _one_seed(records) else "") + "\n\n"
         "| claim | verdict | numbers |\n|---|---|---|\n"
     )
     return out + "".join(f"| ({c.key}) {c.text} | **{c.verdict}** | {c.evidence} |\n" for c in claims)

@@ -21,6 +21,7 @@ from posenc.errors import PosencError
 
 _REGISTRY: dict[str, type[Encoding]] = {}
 _ALIASES: dict[str, tuple[str, dict[str, Any], str]] = {}
+RENAMED = {"acc-zero-qkv": "acc-rand-qkv"}  # names of earlier releases -> today's scheme with that meaning
 
 
 def register(cls: type[Encoding]) -> type[Encoding]:
@@ -134,6 +135,8 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
         if fixed:  # acc-rand-qkv:mode=token would train another scheme under this name
             raise PosencError(f"{base!r} fixes {', '.join(f'{k}={preset[k]!r}' for k in fixed)}; use {target!r} with the parameters you want")
         name, params = target, {**preset, **params}
+    if name in RENAMED:
+        raise PosencError(f"scheme {name!r} was renamed: use {RENAMED[name]!r} (README, 'Renamed')")
     if name not in _REGISTRY:
         raise PosencError(f"unknown scheme {base!r}; valid: {', '.join(names())}")
     cls = _REGISTRY[name]
