@@ -122,7 +122,8 @@ def check_types(name: str, cls: type[Encoding], params: dict[str, Any]) -> None:
 def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encoding], dict[str, Any]]:
     """Scheme class and merged parameters of one part (``NAME`` or ``NAME:k=v``, not a composition).
 
-    Raises PosencError for an unknown name or a parameter the scheme does not take.
+    Raises PosencError for an unknown name or a parameter the scheme does not take; value
+    types are checked where the scheme is built (``posenc.encodings.get``).
     """
     base, own = split_part(name)
     params = {**own, **(params or {})}
@@ -146,7 +147,6 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     unknown = sorted(set(params) - _accepted(cls))
     if unknown:
         raise PosencError(f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(_accepted(cls))) or 'none'}")
-    check_types(base, cls, params)
     return cls, params
 
 
