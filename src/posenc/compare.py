@@ -34,7 +34,7 @@ from posenc.data import load_tokens
 from posenc.diagnose import FarMassConfig, compare_extras, extras_pending
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, evaluate_length
-from posenc.model import ModelConfig, with_rope_schedule
+from posenc.model import ModelConfig, is_rope, with_rope_schedule
 from posenc.passkey import PasskeyConfig
 from posenc.report import write_report
 from posenc.train import TrainConfig, is_trained, load_run, train
@@ -127,10 +127,9 @@ def _schedule_spec(spec: dict, preset: Preset) -> tuple[str, dict]:
 
 def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
     """Evaluate every ``eval_schedules`` entry on each trained RoPE scheme; returns failures."""
-    from posenc.encodings.rotary import RoPE
 
     failures = {}
-    ropes = [s for s in preset.schemes if [c for c, _ in encodings.parts(s)] == [RoPE]]
+    ropes = [s for s in preset.schemes if is_rope(s)]
     for spec in preset.eval_schedules:
         name, params = _schedule_spec(spec, preset)
         for scheme in ropes:

@@ -240,6 +240,11 @@ def build_model(config: ModelConfig | dict) -> LM:
     return LM(cfg)
 
 
+def is_rope(spec: str) -> bool:
+    """Whether ``spec`` is plain RoPE (any parameters), the schemes RoPE schedules apply to."""
+    return [cls for cls, _ in encodings.parts(spec)] == [RoPE]
+
+
 def with_rope_schedule(model, name: str, params: Optional[dict] = None):
     """A copy of a trained RoPE ``LM`` whose RoPE layers use schedule ``name``.
 
@@ -247,7 +252,7 @@ def with_rope_schedule(model, name: str, params: Optional[dict] = None):
     if the model's scheme is not RoPE or the parameters are invalid.
     """
     cfg = model.cfg
-    if [cls for cls, _ in encodings.parts(cfg.encoding)] != [RoPE]:
+    if not is_rope(cfg.encoding):
         raise PosencError(f"rope schedules apply to RoPE models; this run uses {cfg.encoding!r}")
     full = schedule_params(name, cfg.train_length, params)
     new_cfg = cfg.model_copy(update={"encoding_params": {**cfg.encoding_params, "schedule": name, "schedule_params": full}})
