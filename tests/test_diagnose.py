@@ -139,8 +139,9 @@ def test_learned_steps_at_init_are_constant_and_rope_never_mixes():
 
 class _CustomAttend(Encoding):
     name = "test-diagnose-attend"
+    replaces_attention = True
 
-    def attend(self, q, k, v, inp):
+    def attend(self, q, k, v, inp, bias=None):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 

@@ -31,14 +31,14 @@ def test_spec_parameters_reach_the_scheme():
 
 def test_spec_parameters_per_part_of_a_composition():
     enc = encodings.get("acc-rand-qkv:a=0.3,seed=4+alibi", DIMS)
-    assert isinstance(enc, Composite) and enc.rotary.a == 0.3 and enc.rotary.seed == 4 * 1_000_003
+    assert isinstance(enc, Composite) and enc.rotary_part.a == 0.3 and enc.rotary_part.seed == 4 * 1_000_003
     assert [type(p).__name__ for p in enc.parts] == ["Accumulated", "ALiBi"]
 
 
 def test_named_composition_expands_to_its_parts():
     assert [c for c, _ in encodings.parts("hybrid")] == [Accumulated, ForgetGate]
     enc = encodings.get("hybrid", DIMS)
-    assert enc.rotary.mode == "learned" and enc.rotary.rotate_v and enc.rotary.center == "zero"
+    assert enc.rotary_part.mode == "learned" and enc.rotary_part.rotate_v and enc.rotary_part.center == "zero"
     assert encodings.parts("hybrid") == encodings.parts("acc-learned-qkv+forget")
 
 
@@ -119,7 +119,7 @@ def test_spec_is_stored_in_the_run_config_and_reloads(tmp_path):
     from posenc.train import load_run
 
     model = load_run(run)[0]
-    assert model.cfg.encoding == "acc-rand-qkv:a=0.5+alibi" and model.blocks[0].attn.enc.rotary.a == 0.5
+    assert model.cfg.encoding == "acc-rand-qkv:a=0.5+alibi" and model.blocks[0].attn.enc.rotary_part.a == 0.5
 
 
 def test_a_taken_name_cannot_be_registered_again():

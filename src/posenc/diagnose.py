@@ -38,10 +38,7 @@ from tqdm.auto import tqdm
 from posenc.attention import causal_tile, rotate
 from posenc.checkpoint import append_jsonl, atomic_write_bytes, read_jsonl, save_figure, write_json
 from posenc.encodings.absolute import LengthNotSupported
-from posenc.encodings.accumulated import Accumulated, spectral_gap
 from posenc.encodings.base import Encoding
-from posenc.encodings.composite import Composite
-from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, windows
 from posenc.model import LM, AttentionInputs
@@ -149,29 +146,15 @@ def step_phasor_sums(phases: torch.Tensor, n_head: int) -> tuple[torch.Tensor, i
 # ---------------------------------------------------------------- whole model
 
 
-@torch.inference_mode()
 def replaces_attention(model: LM) -> bool:
-    """True when some layer's scheme replaces attention (``attend`` returns a result): no (q, k) softmax to read.
-
-    Probed on a two-token input, since ``attend`` may decline by returning None
-    (e.g. RoPE without the ReRoPE schedule).
-    """
-    probe = torch.zeros(1, 2, dtype=torch.int64, device=next(model.parameters()).device)
-    return any(b.attn.enc.attend(a.q, a.k, a.v, a.inp) is not None for b, a in zip(model.blocks, model.attention_inputs(probe)))
-
-
-def _rotary_part(enc: Encoding) -> Optional[Encoding]:
-    return enc.rotary if isinstance(enc, Composite) else enc
+    """True when some layer's scheme replaces attention (``attend``): no (q, k) softmax to read."""
+    return any(b.attn.enc.replaces_attention for b in model.blocks)
 
 
 def baseline_gap(enc: Encoding) -> Optional[list[float]]:
     """The scheme's step-law spectral gap per block, (D/2,): uniform steps |sin a_b / a_b|; RoPE 1."""
-    part = _rotary_part(enc)
-    if isinstance(part, Accumulated):
-        return part.spectral_gap().tolist()
-    if isinstance(part, RoPE):
-        return spectral_gap(torch.zeros_like(part.inv_freq)).tolist()
-    return None
+    gap = enc.spectral_gap()
+    return None if gap is None else gap.tolist()
 
 
 @torch.inference_mode()

@@ -19,7 +19,7 @@ from torch import nn
 
 from posenc import encodings
 from posenc.attention import attention
-from posenc.encodings.base import BiasFn, Dims, Inputs
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
 from posenc.encodings.rotary import RoPE
 from posenc.encodings.schedules import schedule_label, schedule_params
 from posenc.errors import PosencError
@@ -67,7 +67,7 @@ def validate_config(data: dict) -> ModelConfig:
 class AttentionInputs:
     """One attention layer's inputs, as the attention core receives them.
 
-    q, k: (B, H, T, Dk) after the scheme's ``transform_qk``, not yet rotated;
+    q, k: (B, H, T, Dk), not yet rotated;
     v: (B, H, T, Dv); inp: the hook inputs; phases: (B|1, H|1, T, Dk/2) float32
     radians or None; bias: tile callable or None; rotate_v, pairing,
     logit_scale: as ``posenc.attention.attention`` takes them.
@@ -100,20 +100,20 @@ class Attention(nn.Module):
             self.enc = encodings.get("nope", dims)
 
     def attention_inputs(self, x: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor) -> AttentionInputs:
-        """The layer's q, k, v (after ``transform_qk``) and the scheme's hooks, before attention.
+        """The layer's q, k, v and the scheme's hooks, before attention.
 
         x: (B, T, d_model) the normalised layer input; pos: (T,) int64; tokens: (B, T) int64.
         """
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         inp = Inputs(x, pos, tokens)
-        q, k = self.enc.transform_qk(q, k, inp)
         return AttentionInputs(q, k, v, inp, self.enc.phases(inp), self.enc.bias(inp), self.enc.rotate_v, self.enc.pairing, self.enc.logit_scale)
 
     def output(self, a: AttentionInputs) -> torch.Tensor:
         """Attention of captured inputs, projected: (B, T, d_model)."""
-        out = self.enc.attend(a.q, a.k, a.v, a.inp)
-        if out is None:
+        if self.enc.replaces_attention:
+            out = self.enc.attend(a.q, a.k, a.v, a.inp)
+        else:
             out = attention(
                 a.q, a.k, a.v, phases=a.phases, rotate_v=a.rotate_v, pairing=a.pairing,
                 bias=a.bias, logit_scale=a.logit_scale, block_size=self.block,
@@ -173,15 +173,17 @@ class LM(nn.Module):
         self.pos_embed = probe if probe.additive else None
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.norm = _norm(cfg)
-        self.apply(self._init)
+        self._init_weights()
         for name, p in self.named_parameters():  # GPT-2 scaled init of residual projections
             if name.endswith(("proj.weight", "down.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)) and getattr(m, "weight", None) is not None:
-            if not (isinstance(m, nn.Linear) and m.weight.abs().sum() == 0):  # keep zero-init step maps
+    def _init_weights(self) -> None:
+        """N(0, 0.02^2) for every Linear and Embedding weight except the layers a scheme starts at zero
+        (``Encoding.zero_init``, e.g. the learned step map: the model starts without rotation)."""
+        keep = {id(m) for enc in self.modules() if isinstance(enc, Encoding) for m in enc.zero_init()}
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)) and id(m) not in keep:
                 nn.init.normal_(m.weight, std=0.02)
 
     def _embed(self, tokens: torch.Tensor, pos: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -74,6 +74,7 @@ class Accumulated(Encoding):
     """
 
     name = "accumulated"
+    rotary = True
     batch_row_offset = 0  # first global batch row held by this process (posenc.distributed.set_batch_rows)
 
     def __init__(
@@ -167,6 +168,9 @@ class Accumulated(Encoding):
         """(D/2,) float64: beta_b = |sin a_b / a_b| of uniform steps (learned: the bound's law; learned a: mean over heads)."""
         widths = self.widths().detach()
         return spectral_gap(widths.mean(0) if widths.dim() == 2 else widths)
+
+    def zero_init(self) -> tuple[nn.Module, ...]:
+        return (self.step,) if self.mode == "learned" and self.init == "zero" else ()
 
     def mixing_window(self, eps: float = 0.01) -> float | None:
         """The slowest block's w_eps = ceil(log eps / log beta_b) in tokens (inf when a block never mixes);

@@ -1,20 +1,33 @@
 """The encoding contract: the hooks a positional scheme may implement.
 
 One attention core (``posenc.attention``) serves every scheme. A scheme is a
-small ``nn.Module`` per attention layer that implements one or more hooks
-(the table below); hooks it does not need return ``None``:
+small ``nn.Module`` per attention layer that declares what it does (the flags)
+and implements the matching hooks; the model and compositions read the flags,
+never which methods a class overrides:
 
-=================  =============================================================
-``embed(pos)``     additive input embedding (T, d_model); only for schemes with
-                   ``additive = True``, built once at model level
-``transform_qk``   a feature map on q and k before rotation (xPos, PoPE)
-``phases``         rotation angles Phi (B|1, H|1, T, D/2) float32 in [0, 2 pi):
-                   q, k (and with ``rotate_v``, v) are rotated by Phi, the
-                   output back by -Phi
-``bias``           an additive score bias, as a callable giving any
-                   (query block, key block) tile without a T x T tensor
-``attend``         the whole attention, for schemes that do not factor
-=================  =============================================================
+======================  ===================  ======================================
+flag                    hook                 what it gives
+======================  ===================  ======================================
+``additive``            ``embed(pos)``       additive input embedding (T, d_model),
+                                             built once at model level
+``rotary``              ``phases(inp)``      rotation angles Phi (B|1, H|1, T, D/2)
+                                             float32 in [0, 2 pi): q, k (and with
+                                             ``rotate_v``, v) rotated by Phi, the
+                                             output back by -Phi
+``has_bias``            ``bias(inp)``        an additive score bias, as a callable
+                                             giving any (query block, key block)
+                                             tile without a T x T tensor
+``replaces_attention``  ``attend(...)``      the whole attention, for schemes that
+                                             do not factor; takes the other parts'
+                                             bias in a composition
+======================  ===================  ======================================
+
+A hook whose flag is False returns None. Flags may be set per instance in
+``__init__`` (RoPE replaces attention only with the ReRoPE schedule). The test
+``tests/test_contract.py`` builds every registered scheme and checks that each
+flag matches what its hook returns. ``spectral_gap`` and ``mixing_window`` report
+a rotary scheme's step law (``posenc diagnose``); ``zero_init`` names the layers
+the scheme starts at zero, which the model's weight initialisation leaves alone.
 """
 
 from __future__ import annotations
@@ -26,7 +39,6 @@ import torch
 from torch import nn
 
 from posenc.attention import BiasFn  # noqa: F401 (the bias hook's type, re-exported)
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +76,9 @@ class Encoding(nn.Module):
     logit_scale: float = 1.0  # multiplies q.k / sqrt(D) (YaRN attention factor squared)
     max_length: Optional[int] = None  # longest input the scheme supports (learned table)
     internal: tuple[str, ...] = ()  # constructor parameters a scheme spec may not set
+    rotary: bool = False  # phases() gives rotation angles
+    has_bias: bool = False  # bias() gives a score bias
+    replaces_attention: bool = False  # attend() gives the attention output
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -84,17 +99,23 @@ class Encoding(nn.Module):
     def embed(self, pos: torch.Tensor) -> Optional[torch.Tensor]:
         return None
 
-    def transform_qk(self, q, k, inp: Inputs):
-        return q, k
-
     def phases(self, inp: Inputs) -> Optional[torch.Tensor]:
         return None
 
     def bias(self, inp: Inputs) -> Optional[BiasFn]:
         return None
 
-    def attend(self, q, k, v, inp: Inputs) -> Optional[torch.Tensor]:
+    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None) -> Optional[torch.Tensor]:
+        """q, k: (B, H, T, Dk), v: (B, H, T, Dv) -> (B, H, T, Dv); ``bias``: the other parts' score bias."""
         return None
+
+    def spectral_gap(self) -> Optional[torch.Tensor]:
+        """(D/2,) float64 |E exp(i theta_b)| of the step law per frequency block, or None (no step law)."""
+        return None
+
+    def zero_init(self) -> tuple[nn.Module, ...]:
+        """Layers this scheme initialises to zero (the model's normal init skips them)."""
+        return ()
 
     def mixing_window(self, eps: float = 0.01) -> Optional[float]:
         """Tokens after which the scheme's random step law decorrelates routes to ``eps`` (arXiv 2606.24975,

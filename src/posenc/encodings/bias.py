@@ -52,6 +52,7 @@ class ALiBi(Encoding):
     """
 
     name = "alibi"
+    has_bias = True
 
     def __init__(self, dims: Dims):
         super().__init__(dims)

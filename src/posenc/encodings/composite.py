@@ -2,6 +2,7 @@
 
 ``get("acc-rand-qkv+alibi")`` builds each part once; phases, q/k transform,
 rotate_v, pairing and logit scale come from the single rotary part, biases add;
+the composite's flags (``rotary``, ``has_bias``, ``replaces_attention``) are its parts';
 a part that replaces attention (``attend``: PaTH, xPos, PoPE, ReRoPE) gets the
 other parts' bias, e.g. ``path+forget``.
 """
@@ -29,43 +30,45 @@ class Composite(Encoding):
             raise PosencError(f"{spec!r}: each part may appear once; repeated {', '.join(map(repr, repeated))}")
         if any(p.additive for p in parts):
             raise PosencError(f"{spec!r}: additive embeddings cannot be combined with '+'")
-        rotary = [p for p in parts if type(p).phases is not Encoding.phases or type(p).transform_qk is not Encoding.transform_qk]
+        rotary = [p for p in parts if p.rotary]
         if len(rotary) > 1:
             raise PosencError(f"{spec!r}: at most one rotary part can be combined")
         self._rotary = rotary  # a plain list: each part is registered once (under parts), so weights save
-        if self.rotary is not None:
-            self.rotate_v, self.pairing, self.logit_scale = self.rotary.rotate_v, self.rotary.pairing, self.rotary.logit_scale
-        self.attenders = [p for p in parts if type(p).attend is not Encoding.attend]
-        if len(self.attenders) > 1:
+        self.rotary, self.has_bias = bool(rotary), any(p.has_bias for p in parts)
+        if rotary:
+            self.rotate_v, self.pairing, self.logit_scale = rotary[0].rotate_v, rotary[0].pairing, rotary[0].logit_scale
+        self._attenders = [p for p in parts if p.replaces_attention]
+        self.replaces_attention = bool(self._attenders)
+        if len(self._attenders) > 1:
             raise PosencError(f"{spec!r}: at most one part may replace attention")
-        if self.attenders and self.rotary is not None and self.attenders[0] is not self.rotary:
-            raise PosencError(f"{spec!r}: {self.attenders[0].name!r} replaces attention and cannot take another rotary part")
+        if self._attenders and rotary and self._attenders[0] is not rotary[0]:
+            raise PosencError(f"{spec!r}: {self._attenders[0].name!r} replaces attention and cannot take another rotary part")
 
     @property
-    def rotary(self):
-        """The rotary part (phases / transform_qk), or None."""
+    def rotary_part(self) -> Encoding | None:
+        """The rotary part (phases), or None."""
         return self._rotary[0] if self._rotary else None
 
-    def transform_qk(self, q, k, inp: Inputs):
-        return self.rotary.transform_qk(q, k, inp) if self.rotary is not None else (q, k)
-
     def phases(self, inp: Inputs):
-        return self.rotary.phases(inp) if self.rotary is not None else None
+        return self.rotary_part.phases(inp) if self.rotary else None
 
     def bias(self, inp: Inputs):
-        fns = [f for f in (p.bias(inp) for p in self.parts) if f is not None]
+        fns = [p.bias(inp) for p in self.parts if p.has_bias]
         if not fns:
             return None
         if len(fns) == 1:
             return fns[0]
         return lambda qs, qe, ks, ke: sum(f(qs, qe, ks, ke) for f in fns)
 
-    def attend(self, q, k, v, inp: Inputs):
+    def attend(self, q, k, v, inp: Inputs, bias=None):
         """The attending part's attention, given the other parts' summed bias."""
-        return self.attenders[0].attend(q, k, v, inp, bias=self.bias(inp)) if self.attenders else None
+        return self._attenders[0].attend(q, k, v, inp, bias=self.bias(inp)) if self.replaces_attention else None
+
+    def spectral_gap(self):
+        return self.rotary_part.spectral_gap() if self.rotary else None
 
     def mixing_window(self, eps: float = 0.01):
-        return self.rotary.mixing_window(eps) if self.rotary is not None else None
+        return self.rotary_part.mixing_window(eps) if self.rotary else None
 
     def describe(self) -> str:
         return " + ".join(p.describe() for p in self.parts)

@@ -46,6 +46,7 @@ class ForgetGate(Encoding):
     """
 
     name = "forget"
+    has_bias = True
 
     def __init__(self, dims: Dims):
         super().__init__(dims)

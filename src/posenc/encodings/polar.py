@@ -63,6 +63,7 @@ class PoPE(Encoding):
     """
 
     name = "pope"
+    replaces_attention = True
 
     def __init__(self, dims: Dims, base: float = 10000.0, block_size: int = 512):
         super().__init__(dims)

@@ -45,6 +45,7 @@ class T5Bias(Encoding):
     """
 
     name = "t5"
+    has_bias = True
 
     def __init__(self, dims: Dims, num_buckets: int = 32, max_distance: int = 128):
         super().__init__(dims)
@@ -74,6 +75,7 @@ class Kerple(Encoding):
     """
 
     name = "kerple"
+    has_bias = True
 
     def __init__(self, dims: Dims, variant: str = "log"):
         super().__init__(dims)

@@ -31,12 +31,14 @@ class RoPE(Encoding):
     """
 
     name = "rope"
+    rotary = True
     internal = ("schedule", "schedule_params")  # set by with_rope_schedule (posenc eval --rope-schedule), not by specs
 
     def __init__(self, dims: Dims, rope_theta: float = 10000.0, pairing: str = "half", schedule: str | None = None, schedule_params: dict | None = None):
         super().__init__(dims)
         check_rotary_dims(dims, pairing)
         self.rope_theta, self.pairing, self.schedule = rope_theta, pairing, schedule
+        self.replaces_attention = schedule in ("rerope", "leaky-rerope")
         inv_freq = rope_inv_freq(dims.head_dim, rope_theta)
         if schedule is not None:
             self.schedule_params = check_schedule_params(schedule, dims.train_length, schedule_params)
@@ -52,10 +54,14 @@ class RoPE(Encoding):
         return wrap_phases(phi, inp.x.dtype)[None, None]
 
     def attend(self, q, k, v, inp: Inputs, bias=None):
-        if self.schedule not in ("rerope", "leaky-rerope"):
+        if not self.replaces_attention:
             return None  # the core's rotary path
         p = self.schedule_params
         return rerope_attention(q, k, v, inp.pos, self.inv_freq, int(p["window"]), p.get("leak"), pairing=self.pairing, bias=bias, logit_scale=self.logit_scale)
+
+    def spectral_gap(self) -> torch.Tensor:
+        """(D/2,) float64 ones: a constant step never mixes."""
+        return torch.ones(self.dims.head_dim // 2, dtype=torch.float64)
 
     def describe(self) -> str:
         extra = ""
