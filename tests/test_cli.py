@@ -92,6 +92,10 @@ def test_empty_corpus(tmp_path, capsys):
 def test_list(capsys):
     code, out, _ = run_cli(capsys, "list")
     assert code == 0 and "acc-rand-qkv" in out and "alibi" in out and "quick" in out
+    groups = out.split("\n\n")  # one block per family, its scheme lines under its heading
+    biases = next(g for g in groups if g.startswith("score biases:"))
+    assert "  alibi " in biases and "arXiv:2108.12409" in biases and "  rope " not in biases
+    assert "  irope " in next(g for g in groups if g.startswith("per-layer mixes:"))
 
 
 def test_train_then_eval(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Scheme specs NAME:key=value[,key=value] (per part of a composition) and the accumulated step laws."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from posenc.encodings.composite import Composite
 from posenc.encodings.forget import ForgetGate
 from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
+from posenc.model import ModelConfig, is_rope
 
 DIMS = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
 
@@ -180,3 +182,27 @@ def test_learned_half_width_is_a_parameter_that_trains():
     inp = Inputs(x, torch.arange(10), torch.zeros(1, 10, dtype=torch.int64))
     enc.phases(inp).sum().backward()
     assert enc.log_a.grad is not None and enc.log_a.grad.abs().sum() > 0
+
+
+def test_layer_pattern_repeats_over_layers():
+    model = build_model({"vocab_size": 32, "n_layer": 5, "n_head": 2, "d_model": 16, "train_length": 16, "encoding": "irope"})
+    assert [b.attn.enc.name for b in model.blocks] == ["rope", "rope", "rope", "nope", "rope"]
+    model = build_model({"vocab_size": 32, "n_layer": 3, "n_head": 2, "d_model": 16, "train_length": 16, "encoding": "acc-rand-qkv:a=0.5|alibi"})
+    assert [type(b.attn.enc).__name__ for b in model.blocks] == ["Accumulated", "ALiBi", "Accumulated"]
+    assert model.blocks[2].attn.enc.a == 0.5 and model.blocks[2].attn.enc.seed == 2  # seed offset by the layer index
+    assert model.token_nll(torch.randint(0, 32, (1, 8)), torch.randint(0, 32, (1, 8))).isfinite().all()
+    assert encodings.describe("irope").startswith("per layer, repeating: rope(") and encodings.describe("irope").endswith("| nope")
+    assert not is_rope("irope") and is_rope("rope:rope_theta=500")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("rope||nope", "empty layer entry"),
+    ("rope|nop", "unknown scheme 'nop'"),
+    ("irope:rope_theta=5", "is a per-layer pattern"),
+    ("rope|sinusoidal", "cannot be in a '|' pattern"),
+    ("rope|acc-rand-qkv:a=9", "a must be in (0, pi]"),
+])
+def test_bad_layer_patterns_are_one_line(spec, message):
+    cfg = ModelConfig(vocab_size=32, n_layer=2, n_head=2, d_model=16, train_length=16, encoding=spec)
+    with pytest.raises(PosencError, match=re.escape(message)):
+        cfg.check_encoding()

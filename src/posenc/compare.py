@@ -106,7 +106,7 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
         where = f"preset {path.name}" + (" with command-line options" if any(v not in (None, {}) for v in (overrides or {}).values()) else "")
         raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     for s in preset.schemes:  # fail fast, before any training
-        encodings.get(s, _dims(preset.model), **preset.model.encoding_params)
+        preset.model.model_copy(update={"encoding": s}).check_encoding()
     for spec in preset.eval_schedules:
         _schedule_spec(spec, preset)
     return preset
@@ -123,6 +123,12 @@ def _schedule_spec(spec: dict, preset: Preset) -> tuple[str, dict]:
     full = schedule_params(name, preset.model.train_length, params)
     check_window(full, preset.model.train_length * min(preset.eval.multiples))
     return name, full
+
+
+def _mixing_window(spec: str, mcfg: ModelConfig) -> float | None:
+    """The slowest mixing window w_0.01 over the layers (None: no random step law in any layer)."""
+    windows = [encodings.get(spec, mcfg.dims(i), **mcfg.encoding_params).mixing_window(0.01) for i in range(min(mcfg.n_layer, len(encodings.layer_pattern(spec))))]
+    return max((w for w in windows if w is not None), default=None)
 
 
 def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
@@ -152,11 +158,6 @@ def _span(preset: Preset) -> int:
     """Every length scores the same text: the first (longest length) targets of each held-out work used."""
     return max(eval_lengths(preset.model.train_length, preset.eval.multiples))
 
-
-def _dims(m: ModelConfig):
-    from posenc.encodings.base import Dims
-
-    return Dims(m.n_head, m.head_dim, m.d_model, m.vocab_size, m.train_length)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -202,8 +203,8 @@ def _drop_torn_tail(path: Path) -> None:
 
 
 def _scheme_modules(schemes: list[str]) -> list[str]:
-    """Modules defining the schemes' classes (each part of ``A+B``), for the job process to import."""
-    mods = {cls.__module__ for s in schemes for cls, _ in encodings.parts(s)}
+    """Modules defining the schemes' classes (each part of ``A+B``, each entry of ``A|B``), for the job process to import."""
+    mods = {cls.__module__ for s in schemes for entry in encodings.layer_pattern(s) for cls, _ in encodings.parts(entry)}
     return sorted(mods - {"__main__"})  # spawn re-runs __main__ itself
 
 
@@ -336,8 +337,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True)
                 failures[f"{scheme} (seed {seed})"] = error
                 print(f"posenc: {scheme} (seed {seed}) failed: {error}", file=sys.stderr)
     failures.update(run_schedules(run_root, preset, data, results))
-    dims = _dims(preset.model.model_copy(update={"vocab_size": data.vocab_size}))
-    encs = {s: encodings.get(s, dims, **preset.model.encoding_params) for s in preset.schemes}
+    mcfg = preset.model.model_copy(update={"vocab_size": data.vocab_size})
     meta = {
         "name": preset.name,
         "train_length": preset.model.train_length,
@@ -347,8 +347,8 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True)
         "budget": f"{preset.train.steps} steps x {preset.train.batch_size} x {preset.model.train_length} tokens, lr {preset.train.lr}",
         "seeds": preset.seeds,
         "eval": f"non-overlapping windows; every length scores the same text: the first {_span(preset)} targets of each of the first {-(-preset.eval.max_tokens // _span(preset))} held-out works",
-        "descriptions": {s: e.describe() for s, e in encs.items()},
-        "mixing_windows": {s: e.mixing_window(0.01) for s, e in encs.items()},
+        "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
+        "mixing_windows": {s: _mixing_window(s, mcfg) for s in preset.schemes},
         "notes": preset.description or None,
     }
     return write_report(run_root, meta, failures), failures

@@ -52,6 +52,15 @@ class ModelConfig(BaseModel):
     def head_dim(self) -> int:
         return self.d_model // self.n_head
 
+    def dims(self, layer_index: int = 0) -> Dims:
+        """The sizes layer ``layer_index``'s scheme is built for."""
+        return Dims(self.n_head, self.head_dim, self.d_model, self.vocab_size, self.train_length, layer_index)
+
+    def check_encoding(self) -> None:
+        """Build the scheme of each distinct layer once: PosencError (one line) before any work if it is invalid."""
+        for i in range(min(self.n_layer, len(encodings.layer_pattern(self.encoding)))):
+            encodings.get(self.encoding, self.dims(i), **self.encoding_params)
+
 
 def validate_config(data: dict) -> ModelConfig:
     """ModelConfig from a dict; a one-line PosencError on invalid input."""
@@ -94,10 +103,9 @@ class Attention(nn.Module):
         self.n_head, self.head_dim, self.block = cfg.n_head, cfg.head_dim, cfg.attn_block_size
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        dims = Dims(cfg.n_head, cfg.head_dim, cfg.d_model, cfg.vocab_size, cfg.train_length, layer_index)
-        self.enc = encodings.get(cfg.encoding, dims, **cfg.encoding_params)
+        self.enc = encodings.get(cfg.encoding, cfg.dims(layer_index), **cfg.encoding_params)
         if self.enc.additive:  # the additive embedding lives at the model input
-            self.enc = encodings.get("nope", dims)
+            self.enc = encodings.get("nope", cfg.dims(layer_index))
 
     def attention_inputs(self, x: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor) -> AttentionInputs:
         """The layer's q, k, v and the scheme's hooks, before attention.
@@ -168,8 +176,7 @@ class LM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        dims = Dims(cfg.n_head, cfg.head_dim, cfg.d_model, cfg.vocab_size, cfg.train_length)
-        probe = encodings.get(cfg.encoding, dims, **cfg.encoding_params)
+        probe = encodings.get(cfg.encoding, cfg.dims(), **cfg.encoding_params)
         self.pos_embed = probe if probe.additive else None
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.norm = _norm(cfg)
@@ -243,8 +250,8 @@ def build_model(config: ModelConfig | dict) -> LM:
 
 
 def is_rope(spec: str) -> bool:
-    """Whether ``spec`` is plain RoPE (any parameters), the schemes RoPE schedules apply to."""
-    return [cls for cls, _ in encodings.parts(spec)] == [RoPE]
+    """Whether ``spec`` is plain RoPE (any parameters) in every layer, the schemes RoPE schedules apply to."""
+    return len(encodings.layer_pattern(spec)) == 1 and [cls for cls, _ in encodings.parts(spec)] == [RoPE]
 
 
 def with_rope_schedule(model, name: str, params: Optional[dict] = None):

@@ -1,17 +1,19 @@
-"""`posenc list`: the registered schemes and presets."""
+"""`posenc list`: the registered schemes by family (with their sources) and the presets."""
 
 from posenc import encodings
 from posenc.compare import preset_names
 
 
 def add_parser(sub):
-    p = sub.add_parser("list", help="list positional schemes and presets")
+    p = sub.add_parser("list", help="list positional schemes (by family, with sources) and presets")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    print("schemes (parameters with ':', parts with '+', e.g. acc-rand-qkv:a=0.3+alibi):")
-    for name, doc in encodings.describe_all().items():
-        print(f"  {name:18s} {doc}")
-    print("presets: " + ", ".join(preset_names()))
+    print("schemes (parameters with ':', parts with '+', layers with '|', e.g. acc-rand-qkv:a=0.3+alibi, rope|rope|rope|nope):")
+    for family, rows in encodings.catalogue().items():
+        print(f"\n{family}:")
+        for name, doc, source in rows:
+            print(f"  {name:18s} {doc}" + (f" [{source}]" if source else ""))
+    print("\npresets: " + ", ".join(preset_names()))
     return 0

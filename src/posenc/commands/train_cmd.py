@@ -27,10 +27,7 @@ def run(args) -> int:
     overrides = {"train": {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed, "time_budget": args.time_budget}.items() if v is not None}}
     preset = load_preset(args.preset, overrides)
     mcfg = preset.model.model_copy(update={"encoding": args.scheme})
-    from posenc import encodings
-    from posenc.compare import _dims
-
-    encodings.get(args.scheme, _dims(mcfg), **mcfg.encoding_params)  # unknown scheme: one line before any work
+    mcfg.check_encoding()  # unknown scheme: one line before any work
     out = args.out or Path("runs") / "train" / args.scheme
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")

@@ -3,7 +3,9 @@
 A spec is one or more parts joined by ``+``, each ``NAME`` or
 ``NAME:key=value[,key=value]`` (``posenc.encodings.registry``): e.g.
 ``acc-rand-qkv:a=0.3+alibi``. Parts combine one per hook: phases from the
-rotary part, biases added (``posenc.encodings.composite``).
+rotary part, biases added (``posenc.encodings.composite``). Specs joined by
+``|`` are a per-layer pattern repeated over the layers (``rope|rope|rope|nope``,
+alias ``irope``): layer i gets entry i mod n.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 from posenc.encodings import absolute, accumulated, bias, forget, householder, polar, relative, rotary, xpos  # noqa: F401 (registers the families)
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
-from posenc.encodings.registry import alias, check_types, describe_all, names, parts, register, resolve, split_part, unregister
+from posenc.encodings.registry import alias, catalogue, check_types, layer_pattern, names, parts, register, resolve, split_part, unregister
 from posenc.errors import PosencError
 
 
@@ -26,14 +28,17 @@ def _build(cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str) -
 
 
 def get(spec: str, dims: Dims | None = None, **params: Any) -> Encoding:
-    """Build scheme ``spec`` for one attention layer.
+    """Build scheme ``spec`` for one attention layer (``dims.layer_index`` picks a pattern's entry).
 
     ``dims`` defaults to a small layer (4 heads of 32, vocab 256, length 128);
-    ``params`` apply to a single-part spec (for a composition give them in the
-    spec, per part). Raises PosencError for an unknown name, an unknown
-    parameter or an invalid value.
+    ``params`` apply to a single-part spec (for a composition or a pattern give
+    them in the spec, per part). Raises PosencError for an unknown name, an
+    unknown parameter, an invalid value, or an additive embedding in a pattern.
     """
     dims = dims or Dims(n_head=4, head_dim=32, d_model=128, vocab_size=256, train_length=128)
+    pattern = layer_pattern(spec)
+    if len(pattern) > 1:
+        return _layer_of(pattern, spec, dims, params)
     resolved = parts(spec)
     if len(resolved) == 1:
         cls, merged = resolved[0]
@@ -46,4 +51,20 @@ def get(spec: str, dims: Dims | None = None, **params: Any) -> Encoding:
     return Composite(dims, [_build(c, p, dims, spec) for c, p in resolved], spec)
 
 
-__all__ = ["Dims", "Encoding", "Inputs", "alias", "describe_all", "get", "names", "parts", "register", "resolve", "unregister"]
+def _layer_of(pattern: list[str], spec: str, dims: Dims, params: dict) -> Encoding:
+    if params:
+        raise PosencError(f"{spec!r} is a per-layer pattern: give parameters per entry (NAME:key=value)")
+    if any(cls.additive for entry in pattern for cls, _ in parts(entry)):  # also checks every entry's names
+        raise PosencError(f"{spec!r}: additive embeddings act at the input, not per layer; they cannot be in a '|' pattern")
+    return get(pattern[dims.layer_index % len(pattern)], dims)
+
+
+def describe(spec: str, dims: Dims | None = None, **params: Any) -> str:
+    """One line for reports: the scheme and its parameters; a pattern as its entries joined by ' | '."""
+    pattern = layer_pattern(spec)
+    if len(pattern) == 1:
+        return get(spec, dims, **params).describe()
+    return "per layer, repeating: " + " | ".join(get(entry, dims).describe() for entry in pattern)
+
+
+__all__ = ["Dims", "Encoding", "Inputs", "alias", "catalogue", "describe", "get", "layer_pattern", "names", "parts", "register", "resolve", "unregister"]

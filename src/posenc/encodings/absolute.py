@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc.encodings.registry import register
+from posenc.encodings.registry import alias, register
 from posenc.encodings.base import Dims, Encoding
 from posenc.errors import PosencError
 
@@ -15,6 +15,10 @@ class NoPE(Encoding):
     """No positional encoding: causal masking alone carries position (Kazemnejad et al. 2023)."""
 
     name = "nope"
+    family, source = "none and absolute", "Kazemnejad et al. 2023, arXiv:2305.19466"
+
+
+alias("irope", "rope|rope|rope|nope", "iRoPE-style layer mix: every fourth layer NoPE (Llama 4), the others RoPE")
 
 
 @register
@@ -26,6 +30,7 @@ class Sinusoidal(Encoding):
     """
 
     name = "sinusoidal"
+    family, source = "none and absolute", "Vaswani et al. 2017, arXiv:1706.03762, sec. 3.5"
     additive = True
 
     def __init__(self, dims: Dims, base: float = 10000.0):
@@ -55,6 +60,7 @@ class Learned(Encoding):
     """
 
     name = "learned"
+    family, source = "none and absolute", "Radford et al. 2019 (GPT-2)"
     additive = True
 
     def __init__(self, dims: Dims):

@@ -74,6 +74,7 @@ class Accumulated(Encoding):
     """
 
     name = "accumulated"
+    family, source = "accumulated transports", "arXiv 2606.24975 (Example 1; learned steps)"
     rotary = True
     batch_row_offset = 0  # first global batch row held by this process (posenc.distributed.set_batch_rows)
 

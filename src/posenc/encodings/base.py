@@ -76,6 +76,8 @@ class Encoding(nn.Module):
     logit_scale: float = 1.0  # multiplies q.k / sqrt(D) (YaRN attention factor squared)
     max_length: Optional[int] = None  # longest input the scheme supports (learned table)
     internal: tuple[str, ...] = ()  # constructor parameters a scheme spec may not set
+    family: str = "other"  # the group `posenc list` shows it in
+    source: str = ""  # the paper (authors, year, arXiv id, equation)
     rotary: bool = False  # phases() gives rotation angles
     has_bias: bool = False  # bias() gives a score bias
     replaces_attention: bool = False  # attend() gives the attention output

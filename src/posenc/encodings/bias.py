@@ -52,6 +52,7 @@ class ALiBi(Encoding):
     """
 
     name = "alibi"
+    family, source = "score biases", "Press et al. 2022, arXiv:2108.12409"
     has_bias = True
 
     def __init__(self, dims: Dims):

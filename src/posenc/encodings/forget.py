@@ -46,6 +46,7 @@ class ForgetGate(Encoding):
     """
 
     name = "forget"
+    family, source = "score biases", "Lin et al. 2025, arXiv:2503.02130 (Forgetting Transformer)"
     has_bias = True
 
     def __init__(self, dims: Dims):

@@ -148,6 +148,7 @@ class PaTH(Encoding):
     """
 
     name = "path"
+    family, source = "accumulated transports", "Yang et al. 2025, PaTH attention (Householder transforms)"
     replaces_attention = True
 
     def __init__(self, dims: Dims, rank: int = 32, conv_size: int = 3, block_size: int = 64, use_kernel: bool = True):

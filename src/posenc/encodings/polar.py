@@ -63,6 +63,7 @@ class PoPE(Encoding):
     """
 
     name = "pope"
+    family, source = "rotary", "Gopalakrishnan et al. 2025, PoPE (polar coordinate positions)"
     replaces_attention = True
 
     def __init__(self, dims: Dims, base: float = 10000.0, block_size: int = 512):

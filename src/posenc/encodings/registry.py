@@ -2,7 +2,8 @@
 
 A scheme spec is one or more parts joined by ``+``, each ``NAME`` or
 ``NAME:key=value[,key=value]``: ``rope:rope_theta=500000``,
-``acc-rand-qkv:a=0.3+alibi``. ``NAME`` is a registered scheme or an alias (a
+``acc-rand-qkv:a=0.3+alibi``. Specs joined by ``|`` are a per-layer pattern,
+repeated over the layers: ``rope|rope|rope|nope`` (alias ``irope``). ``NAME`` is a registered scheme or an alias (a
 scheme with preset parameters, e.g. ``acc-rand-qkv``, or a named composition,
 e.g. ``hybrid``). ``parts(spec)`` parses and validates a spec; building it is
 ``posenc.encodings.get``.
@@ -55,11 +56,19 @@ def names() -> list[str]:
     return sorted(set(_REGISTRY) | set(_ALIASES))
 
 
-def describe_all() -> dict[str, str]:
-    """name -> first docstring line (or the alias's description)."""
-    out = {n: (c.__doc__ or "").strip().splitlines()[0] for n, c in _REGISTRY.items()}
-    out.update({n: f"{doc} (= {s}{' ' + str(p) if p else ''})" for n, (s, p, doc) in _ALIASES.items()})
-    return dict(sorted(out.items()))
+def catalogue() -> dict[str, list[tuple[str, str, str]]]:
+    """Every scheme and alias by family: {family: [(name, first docstring line or alias doc, source)]}.
+
+    An alias is in its target's family (its source is the target's); named compositions and per-layer
+    patterns form their own.
+    """
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for name, cls in _REGISTRY.items():
+        out.setdefault(cls.family, []).append((name, (cls.__doc__ or "").strip().splitlines()[0], cls.source))
+    for name, (target, params, doc) in _ALIASES.items():
+        family = "per-layer mixes" if "|" in target else "compositions" if "+" in target else _REGISTRY[target].family
+        out.setdefault(family, []).append((name, f"{doc} (= {target}{' ' + str(params) if params else ''})", ""))
+    return {f: sorted(rows) for f, rows in sorted(out.items())}
 
 
 def _value(text: str) -> Any:
@@ -130,7 +139,7 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     name = base
     while name in _ALIASES:
         target, preset, _ = _ALIASES[name]
-        if "+" in target:
+        if "+" in target or "|" in target:
             raise PosencError(f"{base!r} is a composition ({target}); give parameters to its parts")
         fixed = sorted(set(own) & set(preset))
         if fixed:  # acc-rand-qkv:mode=token would train another scheme under this name
@@ -148,6 +157,25 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     if unknown:
         raise PosencError(f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(_accepted(cls))) or 'none'}")
     return cls, params
+
+
+def layer_pattern(spec: str) -> list[str]:
+    """The per-layer specs of ``spec``: ``A|B|C`` gives layer i the spec at i mod 3 (iRoPE-style
+    NoPE layers: ``rope|rope|rope|nope``); a named pattern (``irope``) is expanded; any other
+    spec is one entry, used by every layer. PosencError for an empty entry or parameters on a
+    named pattern."""
+    items = spec.split("|")
+    if any(not item for item in items):
+        raise PosencError(f"scheme spec {spec!r}: empty layer entry in a '|' pattern")
+    if len(items) > 1:
+        return [s for item in items for s in layer_pattern(item)]
+    base, params = split_part(spec)
+    target = _ALIASES.get(base, ("",))[0]
+    if "|" not in target:
+        return [spec]
+    if params:
+        raise PosencError(f"{base!r} is a per-layer pattern ({target}); give parameters to its entries")
+    return layer_pattern(target)
 
 
 def parts(spec: str) -> list[tuple[type[Encoding], dict[str, Any]]]:

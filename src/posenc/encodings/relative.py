@@ -45,6 +45,7 @@ class T5Bias(Encoding):
     """
 
     name = "t5"
+    family, source = "score biases", "Raffel et al. 2020, arXiv:1910.10683, sec. 2.1"
     has_bias = True
 
     def __init__(self, dims: Dims, num_buckets: int = 32, max_distance: int = 128):
@@ -75,6 +76,7 @@ class Kerple(Encoding):
     """
 
     name = "kerple"
+    family, source = "score biases", "Chi et al. 2022, arXiv:2205.09921"
     has_bias = True
 
     def __init__(self, dims: Dims, variant: str = "log"):

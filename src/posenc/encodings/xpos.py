@@ -70,6 +70,7 @@ class XPos(Encoding):
     """
 
     name = "xpos"
+    family, source = "rotary", "Sun et al. 2023, arXiv:2212.10554"
     replaces_attention = True
 
     def __init__(self, dims: Dims, rope_theta: float = 10000.0, scale_base: float = 512.0, pairing: str = "half", block_size: int = 512):
