@@ -27,6 +27,7 @@ from posenc.encodings.base import Encoding
 class NaNPhases(Encoding):
     """test-only: phases are NaN, so the loss is NaN at the first step"""
     name = "test-nan"
+    rotary = True
     def phases(self, inp):
         return torch.full((1, 1, inp.x.shape[1], self.dims.head_dim // 2), float("nan"))
 
@@ -35,6 +36,7 @@ class NaNPhases(Encoding):
 class Killed(Encoding):
     """test-only: the process is killed (as by the out-of-memory killer)"""
     name = "test-kill"
+    rotary = True
     def phases(self, inp):
         os.kill(os.getpid(), signal.SIGKILL)
 '''
