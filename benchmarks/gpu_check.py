@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from posenc import encodings
-from posenc.compare import load_preset
+from posenc.config import load_preset
 from posenc.encodings.base import Inputs
 from posenc.model import Attention, ModelConfig, build_model
 from posenc.train import make_optimizer

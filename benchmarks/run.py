@@ -40,7 +40,7 @@ import torch
 from torch.utils.benchmark import Timer
 
 from posenc import encodings
-from posenc.compare import load_preset
+from posenc.config import load_preset
 from posenc.model import Attention, build_model
 from posenc.train import make_optimizer
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from posenc import distributed, encodings
-from posenc.compare import load_preset
+from posenc.config import load_preset
 from posenc.encodings.base import Dims, Inputs
 from posenc.errors import PosencError
 from posenc.data import load_tokens

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from posenc import build_model
-from posenc.compare import compare, load_preset
+from posenc.compare import compare
+from posenc.config import load_preset
 from posenc.data import ByteTokenizer
 from posenc.errors import PosencError
 from posenc.passkey import NEEDLE, QUESTION, PasskeyConfig, draw_keys, make_sample, passkey_records

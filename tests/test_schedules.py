@@ -150,7 +150,7 @@ def test_schedule_rejects_non_rope_model():
 
 
 def test_preset_eval_schedules_are_validated_before_training():
-    from posenc.compare import load_preset
+    from posenc.config import load_preset
 
     preset = load_preset("quick", {"eval_schedules": [{"schedule": "yarn", "factor": 4}, {"schedule": "rerope", "window": 8}]})
     assert len(preset.eval_schedules) == 2

@@ -13,7 +13,9 @@ import pytest
 
 from posenc import encodings
 from posenc.cli import main
-from posenc.compare import _drop_torn_tail, compare, load_preset
+from posenc.compare import compare
+from posenc.config import load_preset
+from posenc.jobs import drop_torn_tail
 from posenc.errors import PosencError
 
 PLUGIN = '''
@@ -111,12 +113,12 @@ def test_interrupted_evaluation_resumes(corpus, tmp_path):
     assert again[0] == lines[0] and json.loads(again[1])["eval_length"] == 32 and len(again) == len(lines)
 
 
-def test_drop_torn_tail(tmp_path):
+def testdrop_torn_tail(tmp_path):
     p = tmp_path / "r.jsonl"
     p.write_bytes(b'{"a": 1}\n{"b"')
-    _drop_torn_tail(p)
+    drop_torn_tail(p)
     assert p.read_bytes() == b'{"a": 1}\n'
-    _drop_torn_tail(p)
+    drop_torn_tail(p)
     assert p.read_bytes() == b'{"a": 1}\n'
 
 

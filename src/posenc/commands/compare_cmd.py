@@ -3,7 +3,8 @@
 import sys
 from pathlib import Path
 
-from posenc.compare import compare, load_preset
+from posenc.compare import compare
+from posenc.config import load_preset
 
 
 def add_parser(sub):

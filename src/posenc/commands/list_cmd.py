@@ -1,7 +1,7 @@
 """`posenc list`: the registered schemes by family (with their sources) and the presets."""
 
 from posenc import encodings
-from posenc.compare import preset_names
+from posenc.config import preset_names
 
 
 def add_parser(sub):

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from posenc import distributed
-from posenc.compare import load_preset
+from posenc.config import load_preset
 from posenc.errors import PosencError
 from posenc.train import train
 

@@ -1,0 +1,114 @@
+"""Configs as data: the comparison preset (model, training, evaluation, schemes) and its loading.
+
+Presets are YAML files shipped as package data (``posenc/configs/NAME.yaml``,
+read with ``importlib.resources``, so an installed wheel has them); a path to a
+YAML file works too. Every section is a pydantic model: unknown keys and bad
+values are one-line errors before any work.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from posenc.diagnose import FarMassConfig
+from posenc.encodings.schedules import check_window, schedule_params
+from posenc.errors import PosencError
+from posenc.model import ModelConfig
+from posenc.passkey import PasskeyConfig
+from posenc.train import TrainConfig
+
+PRESETS = importlib.resources.files("posenc") / "configs"  # package data: works from a wheel too
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    multiples: list[int] = [1, 2, 4, 8, 16, 32, 64]
+    max_tokens: int = Field(32768, gt=0)  # targets scored per length (fewer windows at long lengths)
+    batch_tokens: int = Field(8192, gt=0)
+    passkey: PasskeyConfig = PasskeyConfig()  # passkey retrieval cells (posenc.passkey)
+    far_mass: FarMassConfig = FarMassConfig()  # the cheap diagnose pass (posenc.diagnose)
+
+
+class Preset(BaseModel):
+    """A comparison: model, training budget, evaluation and the schemes to run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    model: ModelConfig
+    train: TrainConfig
+    eval: EvalConfig = EvalConfig()
+    schemes: list[str] = Field(min_length=1)
+    seeds: list[Annotated[int, Field(ge=0)]] = Field([0], min_length=1)
+    # RoPE context-extension rows evaluated after the plain rows on every trained RoPE
+    # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.encodings.schedules)
+    eval_schedules: list[dict[str, Any]] = []
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:  # the run directory under --out, never outside it
+        if not v or v in (".", "..") or not all(c.isalnum() or c in "._-" for c in v):
+            raise ValueError(f"must be a plain directory name (letters, digits, . _ -), got {v!r}")
+        return v
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in PRESETS.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> Preset:
+    """A preset by name (posenc/configs/NAME.yaml, package data) or path; ``overrides`` replace top-level keys.
+
+    Raises PosencError for an unknown preset, invalid YAML or invalid values.
+    """
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESETS / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise PosencError(f"unknown preset {name_or_path!r}; valid: {', '.join(preset_names())}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise PosencError(f"preset {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict):
+            data[key] = {**data.get(key, {}), **value}
+        elif value is not None:
+            data[key] = value
+    try:
+        preset = Preset(**data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = f"preset {path.name}" + (" with command-line options" if any(v not in (None, {}) for v in (overrides or {}).values()) else "")
+        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    for s in preset.schemes:  # fail fast, before any training
+        preset.model.model_copy(update={"encoding": s}).check_encoding()
+    for spec in preset.eval_schedules:
+        schedule_spec(spec, preset)
+    return preset
+
+
+def schedule_spec(spec: dict, preset: Preset) -> tuple[str, dict]:
+    """(name, validated params) of one ``eval_schedules`` entry; PosencError if invalid."""
+    params = dict(spec)
+    name = params.pop("schedule", None)
+    if name is None:
+        raise PosencError(f"eval_schedules entry {spec} needs a 'schedule' key")
+    full = schedule_params(name, preset.model.train_length, params)
+    check_window(full, preset.model.train_length * min(preset.eval.multiples))
+    return name, full
+
+
+def absolute_corpus(preset: Preset) -> Preset:
+    """A local corpus by its absolute path, so one run directory means one corpus from any working directory."""
+    spec = preset.train.corpus
+    if spec in ("shakespeare", "pystdlib") or spec.startswith("hf:") or not Path(spec).expanduser().exists():
+        return preset
+    return preset.model_copy(update={"train": preset.train.model_copy(update={"corpus": str(Path(spec).expanduser().resolve())})})

@@ -1,0 +1,144 @@
+"""The job runner of a sweep: process isolation, settings compatibility and result records.
+
+A job is a module-level function called with picklable arguments. ``run_isolated``
+runs it in a fresh spawned process, so a job that raises, produces NaN, segfaults
+or is killed for memory fails alone with a one-line error (full traceback in its
+error file); ``run_inline`` runs it in this process (for debugging). Schemes
+registered outside posenc reach the job process by importing the modules that
+define them (``scheme_modules``).
+
+A run directory holds results made with one set of settings: ``check_same_settings``
+refuses a rerun with other ones (it would label old results with new settings).
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from pydantic import ValidationError
+
+from posenc import encodings
+from posenc.checkpoint import atomic_write_bytes, read_json, read_jsonl
+from posenc.config import Preset
+from posenc.errors import PosencError
+
+
+def one_line(exc: BaseException) -> str:
+    """``TypeName: first line of the message``."""
+    msg = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {msg[0] if msg else ''}"
+
+
+def scheme_modules(schemes: list[str]) -> list[str]:
+    """Modules defining the schemes' classes (each part of ``A+B``, each entry of ``A|B``), for a job process to import."""
+    mods = {cls.__module__ for s in schemes for entry in encodings.layer_pattern(s) for cls, _ in encodings.parts(entry)}
+    return sorted(mods - {"__main__"})  # spawn re-runs __main__ itself
+
+
+def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path) -> None:
+    """Entry point of a job process; an error goes to ``error_file``."""
+    try:
+        for m in modules:
+            importlib.import_module(m)
+        fn(*args)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BaseException as exc:
+        error_file.write_text(f"{one_line(exc)}\n\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def run_isolated(fn: Callable, args: tuple, error_file: Path, modules: list[str]) -> Optional[str]:
+    """Run ``fn(*args)`` in a fresh spawned process; None on success, else its one-line error.
+
+    Ctrl-C reaches the job too: it is waited for (it saves its checkpoint) and re-raised here.
+    """
+    error_file.parent.mkdir(parents=True, exist_ok=True)
+    error_file.unlink(missing_ok=True)
+    proc = multiprocessing.get_context("spawn").Process(target=_entry, args=(fn, args, modules, error_file))
+    proc.start()
+    try:
+        proc.join()
+    except KeyboardInterrupt:
+        proc.join()
+        raise
+    if proc.exitcode == 0:
+        return None
+    if proc.exitcode == 130:
+        raise KeyboardInterrupt
+    if error_file.exists():
+        return error_file.read_text().splitlines()[0]
+    sig = signal.Signals(-proc.exitcode).name if proc.exitcode < 0 else f"exit code {proc.exitcode}"
+    hint = " (out of memory?)" if proc.exitcode == -signal.SIGKILL else ""
+    error_file.write_text(f"job process died: {sig}{hint}\n")
+    return f"job process died: {sig}{hint}"
+
+
+def run_inline(fn: Callable, args: tuple, error_file: Path) -> Optional[str]:
+    """Run ``fn(*args)`` in this process; None on success, else its one-line error (traceback in ``error_file``)."""
+    try:
+        fn(*args)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        error_file.parent.mkdir(parents=True, exist_ok=True)
+        error_file.write_text(f"{one_line(exc)}\n\n{traceback.format_exc()}")
+        return one_line(exc)
+    return None
+
+
+def done_cells(results: Path) -> set[tuple[str, int, int]]:
+    """(scheme, seed, eval_length) of every perplexity record in ``results``."""
+    return {(r["scheme"], r["seed"], r["eval_length"]) for r in read_jsonl(results) if r.get("kind", "ppl") == "ppl"}
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut a last line left unfinished by a killed writer, so the next append starts a clean line."""
+    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        text = path.read_bytes()
+        atomic_write_bytes(path, text[: text.rfind(b"\n") + 1])
+
+
+# set per job, lists of cells that may grow (results are kept per cell), or memory/speed knobs
+FREE_SETTINGS = {
+    "model.encoding", "model.attn_block_size", "train.seed", "train.threads", "train.ckpt_every", "train.log_every",
+    "eval.multiples", "eval.batch_tokens", "eval.passkey.lengths_multiples", "eval.passkey.depths", "eval.far_mass.multiples",
+}
+
+
+def _flatten(d: dict, prefix: str) -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def settings(preset: Preset) -> dict[str, Any]:
+    """The settings every result of a run directory shares (model, training, evaluation), flattened."""
+    flat = _flatten(preset.model_dump(mode="json", include={"model", "train", "eval"}), "")
+    return {k: v for k, v in flat.items() if k not in FREE_SETTINGS}
+
+
+def check_same_settings(run_root: Path, preset: Preset) -> None:
+    """Raise PosencError when ``run_root`` holds results made with other settings.
+
+    Reruns skip what is finished, so mixing settings would label old results with
+    new settings; schemes, seeds, lengths and extension rows may be added.
+    """
+    path = run_root / "preset.json"
+    if not path.exists():
+        return
+    try:
+        old = settings(Preset(**read_json(path)))
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise PosencError(f"{path} is unreadable ({one_line(exc)}); use another --name or --out") from None
+    now = settings(preset)
+    diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if old.get(k) != v]
+    if diff:
+        raise PosencError(f"{run_root} holds results made with other settings ({'; '.join(diff)}); use another --name or --out")
