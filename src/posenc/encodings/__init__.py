@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posenc.encodings import absolute, accumulated, bias, forget, householder, polar, relative, rotary, xpos  # noqa: F401 (registers the families)
+from posenc.encodings import absolute, accumulated, bias, cope, dape, fire, forget, householder, polar, relative, rotary, xpos  # noqa: F401 (registers the families)
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
 from posenc.encodings.registry import alias, check_types, describe_all, names, parts, register, resolve, split_part, unregister
