@@ -32,7 +32,7 @@ from posenc.encodings.householder import path_attention
 from posenc.encodings.householder_naive import path_attention_naive
 
 
-LONG_SCHEMES = ["rope", "xpos", "pope", "path", "forget", "acc-rand-qkv+forget", "acc-rand-qkv+alibi", "path+forget"]
+LONG_SCHEMES = ["rope", "xpos", "pope", "path", "forget", "acc-rand-qkv+forget", "acc-rand-qkv+alibi", "path+forget", "fire", "cope", "dape"]
 
 
 def path_inputs(T, B=1, H=1, D=64, seed=0):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posenc.encodings import absolute, accumulated, bias, forget, householder, polar, relative, rotary, xpos  # noqa: F401 (registers the families)
+from posenc.encodings import absolute, accumulated, bias, cope, dape, fire, forget, householder, polar, relative, rotary, xpos  # noqa: F401 (registers the families)
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
 from posenc.encodings.registry import alias, catalogue, check_types, layer_pattern, names, parts, register, resolve, split_part, unregister

@@ -1,0 +1,97 @@
+"""FIRE: functional interpolation for relative positions (Li et al. 2024, "Functional
+Interpolation for Relative Positions Improves Long Context Transformers", ICLR,
+arXiv 2310.04418: the FIRE bias and the PyTorch listing of its appendix).
+
+Score bias of query i over key j <= i, per head h::
+
+    b_h(i, j) = f_h( psi(i - j) / (psi(max(L, i)) + 1e-6) ),   psi(x) = log(1 + c x)
+
+f: R -> R^H a one-hidden-layer ReLU MLP per layer (width 32, shared by the heads, one
+output per head); c > 0 and the threshold L > 0 are learned. Initialisation as the
+reference listing: c = 0.1 (used as |c|), MLP as ``nn.Linear``'s default; L = |m| L0
+with a learned multiplier m = 1 and L0 fixed. L0 defaults to a quarter of the training
+length: the listing's ``init_L=512`` (FIRE trains at 2048) and the DAPE authors' FIRE
+(``noise_seq_length: 128`` in ``configs/125M/512/125M_fire.yml``, training length 512)
+are both that ratio. Positions, psi and the MLP are evaluated in float32 (float64 for a
+float64 module); tiles are computed in key chunks so no (T x T x width) tensor exists.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.mlp import PointMLP
+from posenc.encodings.registry import register
+from posenc.errors import PosencError
+
+FIRE_EPS = 1e-6  # the reference's guard on the normaliser psi(max(L, i)), 0 at i = 0 with L -> 0
+KEY_CHUNK = 512  # keys per MLP call: the hidden layer is (queries x KEY_CHUNK x width)
+
+
+def fire_input(i: torch.Tensor, j: torch.Tensor, c: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+    """psi(i - j) / (psi(max(L, i)) + eps), psi(x) = log(1 + c x), distances below 0 (masked keys) taken as 0.
+
+    i: (tq, 1), j: (1, tk) positions, c, L: scalars, all one float dtype -> (tq, tk).
+    """
+    return torch.log1p(c * (i - j).clamp(min=0)) / (torch.log1p(c * torch.maximum(i, L)) + FIRE_EPS)
+
+
+@register
+class FIRE(Encoding):
+    """FIRE: bias f(psi(i-j) / psi(max(L, i))), psi(x) = log(1 + c x), f a learned MLP (Li et al. 2024).
+
+    Parameters: mlp_width (>= 1, default 32), init_c (> 0, default 0.1), init_L (> 0,
+    default train_length / 4). Tiles (1, H, tq, tk) float32 (float64 for a float64
+    module). Raises PosencError for a parameter out of range.
+    """
+
+    name = "fire"
+    has_bias = True
+
+    def __init__(self, dims: Dims, mlp_width: int = 32, init_c: float = 0.1, init_L: Optional[float] = None):
+        super().__init__(dims)
+        init_L = float(dims.train_length / 4 if init_L is None else init_L)
+        if mlp_width < 1 or not init_c > 0 or not init_L > 0:
+            raise PosencError(f"fire needs mlp_width >= 1, init_c > 0 and init_L > 0, got {mlp_width}, {init_c}, {init_L}")
+        self.init_c, self.init_L = init_c, init_L
+        self.mlp = PointMLP(1, mlp_width, dims.n_head, "relu")
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+
+    def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(c, L) as used: |c| and |m| L0, 0-dim, float32 (float64 for a float64 module)."""
+        dt = torch.promote_types(self.c.dtype, torch.float32)
+        return self.c.to(dt).abs(), (self.L_multiplier.to(dt) * self.init_L).abs()
+
+    def bias(self, inp: Inputs) -> BiasFn:
+        pos = inp.pos
+
+        def chunk(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+            c, L = self.coefficients()
+            x = fire_input(pos[qs:qe, None].to(c.dtype), pos[None, ks:ke].to(c.dtype), c, L)
+            return self.mlp(x[..., None]).permute(2, 0, 1)[None]
+
+        def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+            return torch.cat([chunk(qs, qe, a, min(a + KEY_CHUNK, ke)) for a in range(ks, ke, KEY_CHUNK)], dim=-1)
+
+        return tile
+
+    def describe(self) -> str:
+        return f"FIRE: bias f(log(1+c(i-j)) / log(1+c max(L,i))), MLP width {self.mlp.w1.shape[0]}, learned c (init {self.init_c:g}), L (init {self.init_L:g})"
+
+
+def fire_bias_naive(enc: FIRE, pos: list[int]) -> torch.Tensor:
+    """Reference: b[h, i, j] by an explicit loop over query/key pairs, (1, H, T, T) float64 (0 above the diagonal)."""
+    H, T = enc.dims.n_head, len(pos)
+    c, L = enc.c.double().abs(), (enc.L_multiplier.double() * enc.init_L).abs()
+    w1, b1, w2, b2 = (p.double() for p in (enc.mlp.w1, enc.mlp.b1, enc.mlp.w2, enc.mlp.b2))
+    out = torch.zeros(1, H, T, T, dtype=torch.float64)
+    for i in range(T):
+        for j in range(i + 1):
+            x = torch.log(1 + c * (pos[i] - pos[j])) / (torch.log(1 + c * torch.clamp(L, min=pos[i])) + FIRE_EPS)
+            out[0, :, i, j] = w2 @ torch.relu(w1[:, 0] * x + b1) + b2
+    return out
