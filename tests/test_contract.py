@@ -58,3 +58,10 @@ def test_model_init_keeps_declared_zero_layers():
         assert 0.01 < float(block.attn.qkv.weight.detach().std()) < 0.03  # N(0, 0.02^2)
     model = LM(cfg.model_copy(update={"encoding_params": {"init": "random"}}))
     assert all(b.attn.enc.zero_init() == () and float(b.attn.enc.step.weight.detach().std()) > 0.01 for b in model.blocks)
+
+
+def test_every_scheme_has_a_family_and_a_source():
+    for family, entries in encodings.catalogue().items():
+        assert family != "other", [name for name, _, _ in entries]
+    classes = {cls for name in names() for entry in encodings.layer_pattern(name) for cls, _ in encodings.parts(entry)}
+    assert all(cls.source for cls in classes), [cls.name for cls in classes if not cls.source]

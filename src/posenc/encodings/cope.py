@@ -65,6 +65,7 @@ class CoPE(Encoding):
 
     name = "cope"
     replaces_attention = True
+    family, source = "contextual and adaptive", "Golovneva et al. 2024, arXiv:2405.18719 (CoPE)"
 
     def __init__(self, dims: Dims, npos_max: int = 64, block_size: int = 512):
         super().__init__(dims)

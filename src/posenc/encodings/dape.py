@@ -57,6 +57,7 @@ class DAPE(Encoding):
 
     name = "dape"
     replaces_attention = True
+    family, source = "contextual and adaptive", "Zheng et al. 2024, arXiv:2405.14722 (DAPE)"
 
     def __init__(self, dims: Dims, base: str = "alibi", mlp_width: int = 32, block_size: int = 512):
         super().__init__(dims)

@@ -51,6 +51,7 @@ class FIRE(Encoding):
 
     name = "fire"
     has_bias = True
+    family, source = "score biases", "Li et al. 2024, arXiv:2310.04418 (FIRE)"
 
     def __init__(self, dims: Dims, mlp_width: int = 32, init_c: float = 0.1, init_L: Optional[float] = None):
         super().__init__(dims)
