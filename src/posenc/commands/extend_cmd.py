@@ -97,9 +97,9 @@ def _resolve_args(args) -> dict:
         raise PosencError("lengths, --max-tokens, --bucket and --trials must be positive")
     if any(not 0 <= d <= 1 for d in cfg["passkey_depths"]):
         raise PosencError("passkey depths must lie in [0, 1]")
-    span = min(cfg["lengths"]) - (args.bos == "prepend")
-    if args.stride is not None and not 1 <= args.stride <= span:
-        raise PosencError(f"--stride must be in [1, {span}] (the text span of the shortest length), got {args.stride}")
+    targets = min(cfg["lengths"]) - 1  # per window of the shortest length, either BOS policy
+    if args.stride is not None and not 1 <= args.stride <= targets:
+        raise PosencError(f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {args.stride}")
     cfg["name"] = args.name or preset
     return cfg
 
@@ -175,14 +175,14 @@ def _ppl_points(model, method, L, windows, doc_tokens, store, args) -> None:
             schedules.reset_rotary(model)
             res = ev.score_window(model, doc_tokens[doc], win, bos_id, args.bucket)
         store.add({"kind": "ppl", "key": key, "method": method, "factor": args.factor, "length": L,
-                   "stride": args.stride or win.span, "bos": args.bos, "doc": doc, "begin": win.begin,
+                   "stride": args.stride or L - 1, "bos": args.bos, "doc": doc, "begin": win.begin,
                    "bucket": args.bucket, "signature": sig, "seconds": round(time.time() - t0, 2), **res})
         tqdm.write(f"{method:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
                    f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
 
 
 def _passkey_points(model, tok, method, cfg, store, args) -> None:
-    from posenc.pretrained import evaluate as ev
+    from posenc import passkey
     from posenc.pretrained import schedules
 
     for L in cfg["passkey_lengths"]:
@@ -193,7 +193,7 @@ def _passkey_points(model, tok, method, cfg, store, args) -> None:
                     continue
                 t0 = time.time()
                 schedules.reset_rotary(model)
-                res = ev.passkey_trial(model, tok, L, depth, ev.passkey_key(args.seed, L, depth, trial))
+                res = passkey.passkey_trial(model, tok, L, depth, passkey.passkey_key(args.seed, L, depth, trial))
                 store.add({"kind": "passkey", "key": key, "method": method, "factor": args.factor, "length": L,
                            "depth": depth, "trial": trial, "seconds": round(time.time() - t0, 2), **res})
                 tqdm.write(f"{method:>12} passkey L={L} depth={depth} trial={trial}: "
@@ -228,6 +228,8 @@ def run(args) -> int:
     setting = {"model": args.model, "corpus": args.corpus, "docs": [d for d, _ in docs], "factor": args.factor,
                "max_tokens": args.max_tokens, "stride": args.stride, "bos": args.bos, "bucket": args.bucket,
                "rerope_window": args.rerope_window, "leaky_k": args.leaky_k, "seed": args.seed}
+    if args.bos == "none" and args.stride is None:  # its windows moved when each window's first target got
+        setting["accounting"] = 2  # scored: records of earlier runs are not reused
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
     _write_config(out / "config.json", {**setting, "native_context": l0, "source": loaded.source},
                   {**cfg, "methods": list(args.methods)})
