@@ -90,3 +90,12 @@ def test_own_and_hf_paths_give_the_same_nll():
     res = [hf.score_window(_AsHF(lm), tokens, w, None, bucket=8) for w in hf.windows(len(tokens), 17)]
     assert sum(r["n_scored"] for r in res) == own["scored_tokens"] == 64
     assert sum(r["nll_sum"] for r in res) == pytest.approx(own["nll"], rel=1e-6)
+
+
+def test_extend_ignores_records_of_the_old_bos_none_accounting():
+    from posenc.commands.extend_cmd import _skipped_a_target
+
+    old = {"kind": "ppl", "bos": "none", "length": 16, "stride": 16, "begin": 16}  # skipped target 16
+    assert _skipped_a_target(old) and not _skipped_a_target({**old, "begin": 0})  # the first window was right
+    assert not _skipped_a_target({**old, "stride": 15}) and not _skipped_a_target({**old, "bos": "prepend", "stride": 15})
+    assert not _skipped_a_target({"kind": "passkey", "length": 16})

@@ -133,13 +133,19 @@ def _plan_windows(docs, length, cfg, args):
     return out[: cfg["max_windows"]] if cfg["max_windows"] else out
 
 
+def _skipped_a_target(record: dict) -> bool:
+    """A --bos none window after the first from before the accounting fix (stride = length): its first target
+    was never scored and its begin is off the current grid, so the record is ignored."""
+    return record["kind"] == "ppl" and record["bos"] == "none" and record["stride"] >= record["length"] and record["begin"] > 0
+
+
 class _Store:
     """Records of one setting in ``records.jsonl``: appended one per window / trial and
     flushed at once, so an interrupted run resumes by skipping finished keys."""
 
     def __init__(self, path: Path, tag: str):
         self.path, self.tag = path, tag
-        self.records = [r for r in read_jsonl(path) if r.get("setting") == tag]
+        self.records = [r for r in read_jsonl(path) if r.get("setting") == tag and not _skipped_a_target(r)]
         self.done = {r["key"] for r in self.records}
         self.by_sig = {}
         for r in self.records:
@@ -228,8 +234,6 @@ def run(args) -> int:
     setting = {"model": args.model, "corpus": args.corpus, "docs": [d for d, _ in docs], "factor": args.factor,
                "max_tokens": args.max_tokens, "stride": args.stride, "bos": args.bos, "bucket": args.bucket,
                "rerope_window": args.rerope_window, "leaky_k": args.leaky_k, "seed": args.seed}
-    if args.bos == "none" and args.stride is None:  # its windows moved when each window's first target got
-        setting["accounting"] = 2  # scored: records of earlier runs are not reused
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
     _write_config(out / "config.json", {**setting, "native_context": l0, "source": loaded.source},
                   {**cfg, "methods": list(args.methods)})
