@@ -30,6 +30,7 @@ from posenc.checkpoint import atomic_write_bytes
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.householder import path_attention
 from posenc.encodings.householder_naive import path_attention_naive
+from posenc.reporting import markdown_table
 
 
 LONG_SCHEMES = ["rope", "xpos", "pope", "path", "forget", "acc-rand-qkv+forget", "acc-rand-qkv+alibi", "path+forget", "fire", "cope", "dape"]
@@ -143,7 +144,19 @@ def bench_ratios(T: int) -> dict:
 
 
 def markdown(res: dict) -> str:
-    p, m, r = res["path"], res["path_memory"], res["ratios"]
+    p, m, r, long = res["path"], res["path_memory"], res["ratios"], res["long_eval"]
+    path = markdown_table(["T", "B x H x D", "blockwise (s)", "naive reference (s)", "speed-up", "max abs diff"], [[
+        p["T"], f"{p['B']} x {p['H']} x {p['D']}", f"{p['blockwise_s']:.3f} (median of {p['blockwise_runs']})",
+        f"{p['naive_s']:.2f} (median of {p['naive_runs']})", f"**{p['speedup']:.0f}x**", f"{p['max_abs_diff']:.1e}"]])
+    memory = markdown_table(["T", "D", "block", "peak RSS growth (MiB)", "inputs q,k,v,w (MiB)", "one T x T float32 matrix (MiB)"],
+                            [[m["T"], m["D"], m["block"], f"{m['peak_growth_MiB']:.0f}", f"{m['inputs_MiB']:.0f}",
+                              f"{m['one_T_by_T_float32_MiB']:.0f}"]])
+    ratios = markdown_table(["scheme", "median (ms)", "ratio to RoPE"], [
+        ["rope (rotate + SDPA)", f"{r['rope_s'] * 1e3:.1f}", "1.00"],
+        ["xpos (blockwise offsets, SDPA per 512-query block)", f"{r['xpos_s'] * 1e3:.1f}", f"{r['xpos_over_rope']:.2f}"],
+        ["pope (2D features, SDPA)", f"{r['pope_s'] * 1e3:.1f}", f"{r['pope_over_rope']:.2f}"]])
+    evals = markdown_table(["scheme", "peak RSS growth (MiB)", "seconds"],
+                           [[f"`{e['scheme']}`", f"{e['peak_growth_MiB']:.0f}", f"{e['seconds']:.1f}"] for e in long])
     return f"""# Catalogue benchmark
 
 Machine: {res['machine']}; torch {res['torch']}; {res['threads']} thread(s).
@@ -152,34 +165,25 @@ absolute times are noisy, ratios less so). Forward only, float32, medians after 
 
 ## PaTH: blockwise (UT transform + right-to-left scan, block {p['block']}) vs the product-building reference
 
-| T | B x H x D | blockwise (s) | naive reference (s) | speed-up | max abs diff |
-|---|---|---|---|---|---|
-| {p['T']} | {p['B']} x {p['H']} x {p['D']} | {p['blockwise_s']:.3f} (median of {p['blockwise_runs']}) | {p['naive_s']:.2f} (median of {p['naive_runs']}) | **{p['speedup']:.0f}x** | {p['max_abs_diff']:.1e} |
+{path}
 
 Goal >= 10x: {'met' if p['speedup'] >= 10 else 'NOT met'}.
 
 ## PaTH peak memory (forward, inference mode, fresh process)
 
-| T | D | block | peak RSS growth (MiB) | inputs q,k,v,w (MiB) | one T x T float32 matrix (MiB) |
-|---|---|---|---|---|---|
-| {m['T']} | {m['D']} | {m['block']} | {m['peak_growth_MiB']:.0f} | {m['inputs_MiB']:.0f} | {m['one_T_by_T_float32_MiB']:.0f} |
+{memory}
 
 ## Attention time relative to RoPE (T = {r['T']}, B x H x D = {r['B']} x {r['H']} x {r['D']})
 
-| scheme | median (ms) | ratio to RoPE |
-|---|---|---|
-| rope (rotate + SDPA) | {r['rope_s'] * 1e3:.1f} | 1.00 |
-| xpos (blockwise offsets, SDPA per 512-query block) | {r['xpos_s'] * 1e3:.1f} | {r['xpos_over_rope']:.2f} |
-| pope (2D features, SDPA) | {r['pope_s'] * 1e3:.1f} | {r['pope_over_rope']:.2f} |
+{ratios}
 
-## Evaluation at 128x the training length (1 layer, 2 heads of 32, L0 = 128, T = {res['long_eval'][0]['T']})
+## Evaluation at 128x the training length (1 layer, 2 heads of 32, L0 = 128, T = {long[0]['T']})
 
 Forward of the whole model in inference mode, fresh process per scheme; one T x T float32 score
-matrix per head would be {res['long_eval'][0]['one_T_by_T_float32_per_head_MiB']:.0f} MiB.
+matrix per head would be {long[0]['one_T_by_T_float32_per_head_MiB']:.0f} MiB.
 
-| scheme | peak RSS growth (MiB) | seconds |
-|---|---|---|
-""" + "".join(f"| `{e['scheme']}` | {e['peak_growth_MiB']:.0f} | {e['seconds']:.1f} |\n" for e in res["long_eval"])
+{evals}
+"""
 
 
 def main() -> None:

@@ -33,9 +33,11 @@ from pathlib import Path
 import torch
 
 from posenc import encodings
+from posenc.checkpoint import atomic_write_bytes
 from posenc.config import load_preset
 from posenc.encodings.base import Inputs
 from posenc.model import Attention, ModelConfig, build_model
+from posenc.reporting import markdown_table
 from posenc.train import make_optimizer
 
 T0 = time.time()
@@ -136,21 +138,23 @@ def fla_available() -> bool:
 
 def markdown(res: dict) -> str:
     lines = [f"# GPU check on {res['device_name']}", "", f"torch {res['torch']}, flash-linear-attention kernel: "
-             f"{res['fla']}, {res['seconds']:.0f} s.", "", "## CUDA vs CPU (small inputs, eval mode)", "",
-             "| scheme | layer out | grad x | grad W | model NLL f32 | model NLL bf16 | phases under autocast | ok |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{res['fla']}, {res['seconds']:.0f} s.", "", "## CUDA vs CPU (small inputs, eval mode)", ""]
+    rows = []
     for s, r in res["agreement"].items():
         if "error" in r:
-            lines.append(f"| {s} | error: {r['error']} | | | | | | no |")
+            rows.append([s, f"error: {r['error']}", "", "", "", "", "", "no"])
             continue
         la, ma = r["layer"], r["model"]
-        lines.append(f"| {s} | {la['out']:.1e} | {la['grad_x']:.1e} | {la['grad_w']:.1e} | {ma['rel_f32']:.1e} | "
-                     f"{ma['rel_bf16']:.1e} | {ma['phase_dtype']} | {'yes' if la['ok'] and ma['ok'] else 'NO'} |")
+        rows.append([s, f"{la['out']:.1e}", f"{la['grad_x']:.1e}", f"{la['grad_w']:.1e}", f"{ma['rel_f32']:.1e}",
+                     f"{ma['rel_bf16']:.1e}", ma["phase_dtype"], "yes" if la["ok"] and ma["ok"] else "NO"])
+    lines.append(markdown_table(["scheme", "layer out", "grad x", "grad W", "model NLL f32", "model NLL bf16",
+                                 "phases under autocast", "ok"], rows))
     t = res["throughput"]
-    lines += ["", f"## Paper-preset training throughput ({t['config']})", "", "| scheme | tokens/s | ratio to RoPE |", "|---|---|---|"]
     base = t["tokens_per_s"].get("rope")
-    for s, v in t["tokens_per_s"].items():
-        lines.append(f"| {s} | {v} | |" if isinstance(v, str) else f"| {s} | {v:,.0f} | {v / base:.2f}x |" if base else f"| {s} | {v:,.0f} | |")
+    rows = [[s, v, ""] if isinstance(v, str) else [s, f"{v:,.0f}", f"{v / base:.2f}x" if base else ""]
+            for s, v in t["tokens_per_s"].items()]
+    lines += ["", f"## Paper-preset training throughput ({t['config']})", "",
+              markdown_table(["scheme", "tokens/s", "ratio to RoPE"], rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -197,8 +201,8 @@ def main(argv=None) -> int:
     res["seconds"] = time.time() - T0
     out = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(res, indent=2) + "\n")
-    (out / "gpu_check.md").write_text(markdown(res))
+    atomic_write_bytes(out / "gpu_check.json", (json.dumps(res, indent=2) + "\n").encode())
+    atomic_write_bytes(out / "gpu_check.md", markdown(res).encode())
     print(markdown(res))
     return 0
 

@@ -40,8 +40,10 @@ import torch
 from torch.utils.benchmark import Timer
 
 from posenc import encodings
+from posenc.checkpoint import atomic_write_bytes
 from posenc.config import load_preset
 from posenc.model import Attention, build_model
+from posenc.reporting import markdown_table
 from posenc.train import make_optimizer
 
 OUT = Path(__file__).resolve().parent / "results"
@@ -220,25 +222,23 @@ def section_markdown(name: str, sec: dict) -> list[str]:
             f"{sec['load_before']}, after {sec['load_after']}."]
     if name == "attention":
         head += ["Each cell: median over rounds of the time ratio to RoPE timed just before it (batch 1; the goal for "
-                 "accumulated QK/QKV is <= 1.15x). First row: RoPE's median time.", "",
-                 "| scheme | " + " | ".join(f"T={T}" for T in ATTN_LENGTHS) + " |", "|---|" + "---|" * len(ATTN_LENGTHS),
-                 "| rope (ms) | " + " | ".join(f"{1e3 * rows['rope'][str(T)]['seconds']:.1f}" for T in ATTN_LENGTHS) + " |"]
-        for s, row in rows.items():
-            cells = [f"failed: {row['error']}"] if "error" in row else [f"{row[str(T)]['ratio']:.2f}x" for T in ATTN_LENGTHS]
-            head.append(f"| {s} | " + " | ".join(cells) + " |")
+                 "accumulated QK/QKV is <= 1.15x). First row: RoPE's median time.", ""]
+        cells = [["rope (ms)", *(f"{1e3 * rows['rope'][str(T)]['seconds']:.1f}" for T in ATTN_LENGTHS)]]
+        cells += [[s, f"failed: {row['error']}"] if "error" in row else [s, *(f"{row[str(T)]['ratio']:.2f}x" for T in ATTN_LENGTHS)]
+                  for s, row in rows.items()]
+        head.append(markdown_table(["scheme", *(f"T={T}" for T in ATTN_LENGTHS)], cells))
     elif name == "train":
+        cells = [[s, f"failed: {r['error']}", ""] if "error" in r else [s, f"{r['tokens_per_s']:,.0f}", f"{r['ratio']:.2f}x"]
+                 for s, r in rows.items()]
         head += ["Ratio: median over rounds of the step-time ratio, inverted (goal >= 0.85x except PaTH on CPU).", "",
-                 "| scheme | tokens/s | ratio to RoPE |", "|---|---|---|"]
-        head += [f"| {s} | failed: {r['error']} | |" if "error" in r else f"| {s} | {r['tokens_per_s']:,.0f} | {r['ratio']:.2f}x |" for s, r in rows.items()]
+                 markdown_table(["scheme", "tokens/s", "ratio to RoPE"], cells)]
     else:
         head += [f"Goal: <= 4 GiB. The default `compare` model with {sec['layers']} layer(s), one thread per process. "
-                 "`before eval`: the process after imports and model build.", "",
-                 "| scheme | peak (GiB) | before eval (GiB) | eval time (s) | note |", "|---|---|---|---|---|"]
-        for s, r in rows.items():
-            if "error" in r:
-                head.append(f"| {s} | failed | | | {r['error']} |")
-            else:
-                head.append(f"| {s} | {r['peak_bytes'] / GIB:.2f} | {r['before_eval_bytes'] / GIB:.2f} | {r['seconds']:.0f} | {r['note'] or ''} |")
+                 "`before eval`: the process after imports and model build.", ""]
+        cells = [[s, "failed", "", "", r["error"]] if "error" in r else
+                 [s, f"{r['peak_bytes'] / GIB:.2f}", f"{r['before_eval_bytes'] / GIB:.2f}", f"{r['seconds']:.0f}", r["note"] or ""]
+                 for s, r in rows.items()]
+        head.append(markdown_table(["scheme", "peak (GiB)", "before eval (GiB)", "eval time (s)", "note"], cells))
     return head
 
 
@@ -287,8 +287,8 @@ def main(argv=None) -> int:
         sec.update(load_after=loadavg(), seconds=round(time.time() - t0))
         res["sections"][name] = sec
     args.out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=2) + "\n")
-    (args.out / "suite.md").write_text(markdown(res))
+    atomic_write_bytes(path, (json.dumps(res, indent=2) + "\n").encode())
+    atomic_write_bytes(args.out / "suite.md", markdown(res).encode())
     print(markdown(res))
     return 0
 

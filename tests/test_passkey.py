@@ -136,3 +136,15 @@ def test_compare_report_has_passkey_column_heat_map_and_far_mass(tmp_path):
     before = (run / "results.jsonl").read_text()
     compare(load_preset(str(preset)), tmp_path, isolate=False)  # rerun: nothing re-evaluated
     assert (run / "results.jsonl").read_text() == before
+
+
+def test_generation_prompt_is_task_then_whole_sentences():
+    """The Hugging Face prompt: task, filler sentences, needle after round(depth * n) of them, question."""
+    from posenc.passkey import FILLER, TASK, passkey_prompt
+
+    words = lambda text, **_: {"input_ids": text.split()}  # noqa: E731
+    ids, text = passkey_prompt(words, 120, 0.25, 12345)
+    n = text.count(FILLER)
+    parts = [TASK, *[FILLER.strip()] * round(n * 0.25), "The pass key is 12345. Remember it. 12345 is the pass key.",
+             *[FILLER.strip()] * (n - round(n * 0.25)), QUESTION.strip()]
+    assert text == " ".join(parts) and ids == text.split() and 120 - 19 < len(ids) <= 120 and n == 3

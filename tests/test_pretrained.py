@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from posenc import passkey  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
 from posenc.pretrained import evaluate as ev  # noqa: E402
 from posenc.pretrained import rerope, schedules  # noqa: E402
@@ -184,14 +185,12 @@ def test_windows_score_every_target_once(n, length, stride, bos):
     assert count.max() == 1
     expect = np.zeros(n, dtype=int)
     expect[0 if bos else 1 : wins[-1].hi] = 1
-    if stride is None and not bos:  # non-overlapping windows: a window's first token is context only
-        expect[[w.begin for w in wins]] = 0
     assert (count == expect).all()
-    if stride is None:
-        assert len(wins) == n // (length - bos) and sum(w.n_scored for w in wins) == len(wins) * (length - 1)
+    if stride is None:  # consecutive windows' targets tile the text, with either BOS policy
+        assert len(wins) == (n - length + bos) // (length - 1) + 1 and sum(w.n_scored for w in wins) == len(wins) * (length - 1)
     assert ev.windows(length - 1 - bos, length, stride, bos) == []
     with pytest.raises(PosencError):
-        ev.windows(n, length, length + 1)
+        ev.windows(n, length, length)
 
 
 def test_score_window_matches_full_forward():
@@ -226,7 +225,7 @@ def word_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = (ev.PASSKEY_TASK + " " + ev.PASSKEY_FILLER + " " + ev.PASSKEY_QUESTION + " Remember it. is pass key")
+    words = (passkey.TASK + " " + passkey.FILLER + passkey.QUESTION + " Remember it. is pass key")
     vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate("0123456789")}}
     for wd in words.replace(".", " . ").replace("?", " ? ").split():
         vocab.setdefault(wd, len(vocab))
@@ -238,25 +237,26 @@ def word_tokenizer():
 @pytest.mark.parametrize("length", [120, 500, 2000])
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
 def test_passkey_prompt_length(word_tokenizer, length, depth):
-    ids, text = ev.passkey_prompt(word_tokenizer, length, depth, 12345)
+    ids, text = passkey.passkey_prompt(word_tokenizer, length, depth, 12345)
     assert ids == word_tokenizer(text, add_special_tokens=False)["input_ids"]  # beyond model_max_length: no truncation
-    per = len(word_tokenizer(ev.PASSKEY_FILLER + " ", add_special_tokens=False)["input_ids"])
+    per = len(word_tokenizer(passkey.FILLER, add_special_tokens=False)["input_ids"])
     assert length - per < len(ids) <= length
-    n = text.count(ev.PASSKEY_FILLER)
-    assert text.split("The pass key is 12345")[0].count(ev.PASSKEY_FILLER) == round(n * depth)
-    assert text.startswith(ev.PASSKEY_TASK) and text.endswith(ev.PASSKEY_QUESTION)
+    n = text.count(passkey.FILLER)
+    assert text.split("The pass key is 12345")[0].count(passkey.FILLER) == round(n * depth)
+    assert text.startswith(passkey.TASK) and text.endswith(passkey.QUESTION.rstrip())
 
 
 def test_passkey_too_short_and_answer_parsing(word_tokenizer):
     with pytest.raises(PosencError):
-        ev.passkey_prompt(word_tokenizer, 20, 0.5, 12345)
-    assert ev.first_integer(" 12345. Remember") == 12345 and ev.first_integer(" no idea") is None
-    assert ev.first_integer("1234 56") == 1234 and ev.passkey_key(0, 8192, 0.5, 0) == ev.passkey_key(0, 8192, 0.5, 0)
+        passkey.passkey_prompt(word_tokenizer, 20, 0.5, 12345)
+    assert passkey.first_integer(" 12345. Remember") == 12345 and passkey.first_integer(" no idea") is None
+    assert passkey.first_integer("1234 56") == 1234
+    assert passkey.passkey_key(0, 8192, 0.5, 0) == passkey.passkey_key(0, 8192, 0.5, 0)
 
 
 def test_passkey_trial_runs_generation(word_tokenizer):
     model = tiny_model()
-    res = ev.passkey_trial(model, word_tokenizer, 150, 0.5, 54321, new_tokens=3)
+    res = passkey.passkey_trial(model, word_tokenizer, 150, 0.5, 54321, new_tokens=3)
     assert res["prompt_tokens"] <= 150 and isinstance(res["correct"], bool)
 
 
@@ -296,13 +296,13 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
     model = tiny_model()
     model.save_pretrained(tmp_path / "tiny")
     word_tokenizer.save_pretrained(tmp_path / "tiny")
-    (tmp_path / "corpus.txt").write_text((ev.PASSKEY_FILLER + "\n") * 40)
+    (tmp_path / "corpus.txt").write_text((passkey.FILLER + "\n") * 40)
     argv = ["extend", "--model", str(tmp_path / "tiny"), "--corpus", str(tmp_path / "corpus.txt"), "--out",
             str(tmp_path / "o"), "--methods", "none", "--passkey-lengths"]
     assert main([*argv, "--lengths", "100000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("posenc: error: length 100000 exceeds the held-out text")
-    for bad, message in ((["--stride", "0"], "--stride must be in [1, 16]"), (["--docs", "nosuch"], "unknown document")):
+    for bad, message in ((["--stride", "0"], "--stride must be in [1, 15]"), (["--docs", "nosuch"], "unknown document")):
         assert main([*argv, "--lengths", "16", "32", *bad]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # bad input touches no output directory

@@ -36,18 +36,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def save_figure(fig, path: Path, dpi: int = 110) -> None:
-    """Render a matplotlib figure as PNG, write it atomically and close it (if pyplot manages it)."""
-    import io
-
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
-    atomic_write_bytes(Path(path), buf.getvalue())
-
-
 def make_run_dir(path: Path) -> None:
     """``mkdir -p path``; PosencError naming it when impossible (a file there, an unwritable place)."""
     try:

@@ -23,6 +23,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from posenc.reporting import markdown_table
+
 HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
 FLAT_TOL = 0.02
 MATCH_TOL = 0.02
@@ -197,6 +199,6 @@ def claims_markdown(records: list[dict], train_length: int) -> str:
         f"RoPE's x {1 + MATCH_TOL:g}; near 1x perplexity at 16x: ratio <= {NEAR_16X:g}; (v) and (vi): perplexity <= the "
         "baseline's, no tolerance."
         + (" One seed: no noise estimate, so no verdict can be 'within noise'." if _one_seed(records) else "") + "\n\n"
-        "| claim | verdict | numbers |\n|---|---|---|\n"
     )
-    return out + "".join(f"| ({c.key}) {c.text} | **{c.verdict}** | {c.evidence} |\n" for c in claims)
+    rows = [[f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence] for c in claims]
+    return out + markdown_table(["claim", "verdict", "numbers"], rows) + "\n"

@@ -36,13 +36,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
 from posenc.attention import causal_tile, rotate
-from posenc.checkpoint import append_jsonl, atomic_write_bytes, read_jsonl, save_figure, write_json
+from posenc.checkpoint import append_jsonl, atomic_write_bytes, read_jsonl, write_json
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.encodings.base import Encoding
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, windows
 from posenc.model import LM, AttentionInputs
-from posenc.report import plain_log_ticks
+from posenc.reporting import figure, log_scale, markdown_table, save_figure
 from posenc.theory.mixing import window_size
 from posenc.theory.stats import check_eps
 
@@ -270,8 +270,7 @@ def markdown(res: dict) -> str:
     if res["note"]:
         return "\n".join(lines + [f"**{res['note']}**", ""])
     rows = res["lengths"]
-    head = "| layer.head | " + " | ".join(f"{r['length']} ({r['multiple']:g}x)" for r in rows) + " |"
-    sep = "|---|" + "---|" * len(rows)
+    head = ["layer.head", *(f"{r['length']} ({r['multiple']:g}x)" for r in rows)]
     n_layer = max((len(r.get("entropy") or []) for r in rows), default=0)
     n_head = max((len(r["entropy"][0]) for r in rows if r.get("entropy")), default=0)
     for title, key, ref in (
@@ -280,53 +279,38 @@ def markdown(res: dict) -> str:
          "mean over the same queries", "far_mass_bound", None),
         ("Attention entropy (nats; mean over queries)", "entropy", "uniform_entropy"),
     ):
-        lines += [f"## {title}", "", head, sep]
-        for layer in range(n_layer):
-            for h in range(n_head):
-                cells = [_fmt(r[key][layer][h]) if r.get(key) else "n/a" for r in rows]
-                lines.append(f"| {layer}.{h} | " + " | ".join(cells) + " |")
-        if ref:
-            lines.append("| uniform | " + " | ".join(_fmt(r.get(ref)) for r in rows) + " |")
-        lines.append("")
+        cells = [[f"{layer}.{h}", *(_fmt(r[key][layer][h]) if r.get(key) else "n/a" for r in rows)]
+                 for layer in range(n_layer) for h in range(n_head)]
+        cells += [["uniform", *(_fmt(r.get(ref)) for r in rows)]] if ref else []
+        lines += [f"## {title}", "", markdown_table(head, cells), ""]
     if res["spectral_gap"]:
         lines += ["## Spectral gap of the step angles", "",
                   f"beta_b = |mean exp(i theta)| per head and frequency block over held-out tokens; baseline: the "
                   f"scheme's step law (|sin a_b / a_b|; RoPE 1); w_eps = ceil(log eps / log beta), eps = {res['eps']:g}.", "",
                   "Blocks that do not mix within the training length keep a near-constant step; their mean step "
-                  "arg mean exp(i theta) says whether they still rotate (RoPE-like, unseen phases at longer lengths) or stand still (NoPE-like).", "",
-                  "| layer | beta min / median / max | baseline min / median / max | max abs(beta - baseline) | w_eps median | blocks with w_eps <= train length | others: median abs(mean step) (rad/token) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "arg mean exp(i theta) says whether they still rotate (RoPE-like, unseen phases at longer lengths) or stand still (NoPE-like).", ""]
+        head = ["layer", "beta min / median / max", "baseline min / median / max", "max abs(beta - baseline)", "w_eps median",
+                "blocks with w_eps <= train length", "others: median abs(mean step) (rad/token)"]
+        cells = []
         for g in res["spectral_gap"]:
             beta = np.asarray(g["beta"])
             base = np.asarray(g["baseline"]) if g["baseline"] is not None else None
             w_eps = np.array([np.inf if x is None else x for row in g["w_eps"] for x in row], dtype=float)
             rng = lambda x: f"{x.min():.4f} / {np.median(x):.4f} / {x.max():.4f}"  # noqa: E731
             slow = np.abs(np.asarray(g["mean_step"])).ravel()[w_eps > res["train_length"]]
-            lines.append(
-                f"| {g['layer']} | {rng(beta)} | {rng(base) if base is not None else 'n/a'} | "
-                f"{_fmt(np.abs(beta - base).max() if base is not None else None, '.4f')} | {np.median(w_eps):g} | "
-                f"{int((w_eps <= res['train_length']).sum())}/{w_eps.size} | {_fmt(np.median(slow) if slow.size else None, '.2e')} |"
-            )
-        lines.append("")
+            cells.append([g["layer"], rng(beta), rng(base) if base is not None else "n/a",
+                          _fmt(np.abs(beta - base).max() if base is not None else None, ".4f"), f"{np.median(w_eps):g}",
+                          f"{int((w_eps <= res['train_length']).sum())}/{w_eps.size}", _fmt(np.median(slow) if slow.size else None, ".2e")])
+        lines += [markdown_table(head, cells), ""]
     return "\n".join(lines)
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_vs_length(path: Path, res: dict, key: str, ref: str, ylabel: str, dotted: Optional[str] = None) -> None:
     """One subplot per layer, one line per head (``dotted``: a second quantity per head, dotted),
     the uniform reference dashed; x = length / train length."""
-    plt = _plt()
     rows = [r for r in res["lengths"] if r.get(key)]
     n_layer = len(rows[0][key]) if rows else 1
-    fig, axes = plt.subplots(1, n_layer, figsize=(3.2 * n_layer, 3.2), squeeze=False, sharey=True)
+    fig, axes = figure(1, n_layer, figsize=(3.2 * n_layer, 3.2), squeeze=False, sharey=True)
     xs = [r["multiple"] for r in rows]
     for layer, ax in enumerate(axes[0]):
         for h in range(len(rows[0][key][layer]) if rows else 0):
@@ -334,8 +318,7 @@ def plot_vs_length(path: Path, res: dict, key: str, ref: str, ylabel: str, dotte
             if dotted:
                 ax.plot(xs, [r[dotted][layer][h] for r in rows], ls=":", color=line.get_color())
         ax.plot(xs, [r[ref] for r in rows], color="gray", ls="--", label="uniform")
-        ax.set_xscale("log", base=2)
-        plain_log_ticks(ax.xaxis)
+        log_scale(ax, "x", base=2)
         ax.set_title(f"layer {layer}")
         ax.set_xlabel("eval length / train length")
         ax.grid(True, alpha=0.3)
@@ -348,8 +331,7 @@ def plot_vs_length(path: Path, res: dict, key: str, ref: str, ylabel: str, dotte
 
 def plot_spectral_gap(path: Path, res: dict) -> None:
     """beta per frequency block: mean over heads (band: min..max) per layer; the baseline dashed."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = figure(figsize=(6.5, 4))
     for g in res["spectral_gap"]:
         beta = np.asarray(g["beta"])
         b = np.arange(beta.shape[1])

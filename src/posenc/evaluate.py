@@ -1,9 +1,10 @@
 """Perplexity against evaluation length on held-out documents.
 
-Windows are non-overlapping and never cross a document boundary: a window of
-length L at offset s reads tokens [s, s+L) and scores targets [s+1, s+L+1), so
-consecutive windows (stride L) score every target exactly once. Perplexity is
-exp(sum of NLL / number of scored tokens), never a mean of window means.
+Windows never cross a document boundary: a window of length L at offset s reads
+tokens [s, s+L) and scores targets [s+1, s+L+1), i.e. a ``posenc.scoring``
+window of L + 1 text tokens, so consecutive windows (stride L) score every
+target exactly once. Perplexity is exp(sum of NLL / number of scored tokens),
+never a mean of window means.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tqdm.auto import tqdm
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.errors import PosencError
 from posenc.model import LM
+from posenc.scoring import windows as text_windows
 
 
 def windows(
@@ -42,8 +44,8 @@ def windows(
         usable = [d for d, (_, a) in enumerate(docs) if len(a) > span]
         _check_long_enough(usable, docs, span)
         n = len(usable) if max_tokens is None else min(len(usable), -(-max_tokens // span))
-        return [(d, s) for d in usable[:n] for s in range(0, span, length)]
-    per_doc = [list(range(0, len(a) - length, length)) for _, a in docs]
+        return [(d, w.begin) for d in usable[:n] for w in text_windows(span + 1, length + 1)]
+    per_doc = [[w.begin for w in text_windows(len(a), length + 1)] for _, a in docs]
     out, i = [], 0
     while any(per_doc):
         for d, starts in enumerate(per_doc):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import nn
 
-from posenc import encodings
+from posenc import encodings, scoring
 from posenc.attention import attention
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
 from posenc.encodings.rotary import RoPE
@@ -227,17 +227,8 @@ class LM(nn.Module):
         return self.hidden(tokens) @ self.tok.weight.T
 
     def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-        """Per-token negative log-likelihood (nats), (B, T) float32.
-
-        The output head is applied in chunks of positions so (T x vocab) logits
-        are never held whole for long inputs.
-        """
-        h = self.hidden(tokens)
-        out = [
-            F.cross_entropy((h[:, s : s + chunk] @ self.tok.weight.T).float().flatten(0, 1), targets[:, s : s + chunk].flatten(), reduction="none")
-            for s in range(0, h.shape[1], chunk)
-        ]
-        return torch.cat([o.view(tokens.shape[0], -1) for o in out], dim=1)
+        """Per-token negative log-likelihood (nats), (B, T) float32 (``posenc.scoring.token_nll``)."""
+        return scoring.token_nll(self.hidden(tokens), lambda h: h @ self.tok.weight.T, targets, chunk)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

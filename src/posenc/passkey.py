@@ -1,24 +1,30 @@
-"""Passkey retrieval for small trained models, scored by log-probability rank.
+"""Passkey retrieval: the prompt (one set of texts) and its two ways of scoring.
 
-The task of Mohtashami & Jaggi 2023 ("Landmark Attention", sec. 4.2): a key of
-``digits`` random digits is hidden at a chosen depth in repeated filler text and
-asked for at the end::
+The task of Mohtashami & Jaggi 2023 ("Landmark Attention", sec. 4.2): a key is
+hidden at a chosen depth in repeated filler text and asked for at the end::
 
-    <filler> The pass key is 12345. Remember it. 12345 is the pass key. <filler>
+    [TASK] <filler> The pass key is 12345. Remember it. 12345 is the pass key. <filler>
     What is the pass key? The pass key is 12345
 
-Small models cannot follow instructions, so nothing is generated: a trial is
-correct when the true key's continuation has a strictly higher total
-log-probability than each of ``candidates - 1`` other random keys of the same
-length (chance level 1 / candidates). The model reads exactly ``length`` tokens:
-the prompt plus the key without its last token; the key's tokens are the last
-targets. Depth d puts the needle after round(d * F) of the F filler tokens
-(0: at the start, 1: right before the question).
+Depth d puts the needle after round(d * F) of the F filler units (``needle_cut``;
+0: at the start, 1: right before the question).
+
+- Small trained models (``make_sample``, ``trial``, ``passkey_records``) cannot
+  follow instructions, so nothing is generated: a trial is correct when the true
+  key's continuation has a strictly higher total log-probability than each of
+  ``candidates - 1`` other random keys of the same token count (chance level
+  1 / candidates). The model reads exactly ``length`` tokens: the prompt plus the
+  key without its last token; the filler is cycled token by token to fill them.
+- Instruction-tuned Hugging Face models (``passkey_prompt``, ``passkey_trial``)
+  get the task line and whole filler sentences, and generate greedily; a trial is
+  correct when the first integer of the output equals the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
+import re
 import time
 from typing import Annotated, Iterator
 
@@ -30,6 +36,8 @@ from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths
 from posenc.model import LM
 
+TASK = ("There is an important info hidden inside a lot of irrelevant text. "
+        "Find it and memorize it. I will quiz you about the important information there.")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "What is the pass key? The pass key is "
@@ -75,9 +83,14 @@ def make_sample(tokenizer, length: int, depth: float, key: str, filler: str = FI
     if n_fill < 0:
         raise PosencError(f"passkey length {length} is shorter than the needle and question ({length - n_fill} tokens)")
     fill = np.resize(_encode(tokenizer, filler), n_fill)  # the filler repeated (cycled) to n_fill tokens
-    cut = round(depth * n_fill)
+    cut = needle_cut(n_fill, depth)
     tokens = np.concatenate([fill[:cut], needle, fill[cut:], question, key_t])
     return Sample(tokens, cut, len(key_t))
+
+
+def needle_cut(n_filler: int, depth: float) -> int:
+    """Filler units (tokens or sentences) before the needle at ``depth`` in [0, 1]."""
+    return round(depth * n_filler)
 
 
 def draw_keys(rng: np.random.Generator, tokenizer, n: int, digits: int, tries: int = 1000) -> list[str]:
@@ -134,3 +147,62 @@ def passkey_records(model: LM, tokenizer, cfg: PasskeyConfig, done: set = frozen
                 yield {**rec, "trials": 0, "correct": 0, "accuracy": None, "note": f"n/a: {exc}"}
                 continue
             yield {**rec, "trials": cfg.trials, "correct": correct, "accuracy": correct / cfg.trials, "seconds": time.time() - t0}
+
+
+# ---------------------------------------------------------------- generation (Hugging Face models)
+
+
+def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> tuple[list[int], str]:
+    """Token ids of the prompt with ``TASK`` and whole filler sentences, at most ``length``
+    tokens, the needle after ``needle_cut`` of them; ends with the question (no key).
+
+    The filler count is the largest that fits; the returned ids are exactly the
+    tokenization of the returned text (no truncation). Raises PosencError when
+    ``length`` cannot hold the task, needle and question.
+    """
+
+    def build(n: int) -> str:
+        before = needle_cut(n, depth)
+        return (TASK + " " + FILLER * before + NEEDLE.format(key=key) + FILLER * (n - before) + QUESTION).rstrip()
+
+    def count(n: int) -> int:
+        return len(tokenizer(build(n), add_special_tokens=False, truncation=False)["input_ids"])
+
+    per = count(11) - count(10)
+    n = max(0, (length - count(0)) // per)
+    while n > 0 and count(n) > length:
+        n -= 1
+    text = build(n)
+    ids = tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"]
+    if len(ids) > length:
+        raise PosencError(f"passkey length {length} is too short for the prompt ({len(ids)} tokens without filler)")
+    return ids, text
+
+
+def first_integer(text: str) -> int | None:
+    """The first run of digits in ``text`` as an int (None if there is none)."""
+    m = re.search(r"\d+", text)
+    return int(m.group()) if m else None
+
+
+def passkey_key(seed: int, length: int, depth: float, trial: int) -> int:
+    """A reproducible 5-digit key for one (length, depth, trial) cell."""
+    return random.Random(f"{seed}-{length}-{depth}-{trial}").randint(10000, 99999)
+
+
+@torch.inference_mode()
+def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tokens: int = 8) -> dict:
+    """Greedy generation on one ``passkey_prompt``; correct iff the first integer equals ``key``.
+
+    model: a Hugging Face causal LM. The model input is asserted to be the full
+    prompt: its length is recorded as ``prompt_tokens`` (<= ``length``).
+    """
+    ids, _ = passkey_prompt(tokenizer, length, depth, key)
+    x = torch.tensor([ids])
+    assert x.shape[1] == len(ids) <= length
+    pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                         pad_token_id=pad)
+    answer = tokenizer.decode(out[0, x.shape[1] :], skip_special_tokens=True)
+    got = first_integer(answer)
+    return {"key": key, "answer": answer, "got": got, "correct": got == key, "prompt_tokens": len(ids)}

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.checkpoint import atomic_write_bytes, read_jsonl, save_figure
+from posenc.checkpoint import atomic_write_bytes, read_jsonl
 from posenc.claims import claims_markdown
+from posenc.reporting import figure, log_scale, markdown_table, save_figure
 
 CSV_FIELDS = ["scheme", "seed", "train_length", "eval_length", "windows", "scored_tokens", "nll", "ppl", "ratio", "note"]
 
@@ -79,9 +80,9 @@ def passkey_markdown(records: list[dict], L0: int) -> str:
     out = (
         "\n## Passkey retrieval\n\nAccuracy (fraction of trials whose true key has the highest log-probability among "
         f"{cand} candidates; chance {1 / cand:.2f}) per input length, pooled over depths; `passkey.png` shows each depth.\n\n"
-        "| scheme | " + " | ".join(f"{L} ({L / L0:g}x)" for L in lengths) + " |\n|---|" + "---|" * len(lengths) + "\n"
     )
-    return out + "".join(f"| {s} | " + " | ".join(_passkey_at(cells, L) for L in lengths) + " |\n" for s, cells in grid.items())
+    rows = [[s, *(_passkey_at(cells, L) for L in lengths)] for s, cells in grid.items()]
+    return out + markdown_table(["scheme", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows) + "\n"
 
 
 def far_mass_markdown(records: list[dict], L0: int) -> str:
@@ -97,12 +98,11 @@ def far_mass_markdown(records: list[dict], L0: int) -> str:
         f"\n## Far attention mass\n\nMean softmax mass on keys at distance >= {w} (the training length), over "
         "layers, heads and the queries that have such keys (`posenc diagnose` gives each layer and head; `far_mass.png`). "
         "Uniform attention is the reference; a distance bias keeps it near 0.\n\n"
-        "| scheme | " + " | ".join(f"{L} ({L / L0:g}x)" for L in lengths) + " |\n|---|" + "---|" * len(lengths) + "\n"
     )
-    for s, row in grid.items():
-        out += f"| {s} | " + " | ".join(_cell(row[L], ".3f") for L in lengths) + " |\n"
+    rows = [[s, *(_cell(row[L], ".3f") for L in lengths)] for s, row in grid.items()]
+    rows.append(["uniform", *(_cell([uniform[L]], ".3f") for L in lengths)])
+    out += markdown_table(["scheme", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows) + "\n"
     notes = {r["note"] for r in recs if r.get("note") and not r["note"].startswith("n/a")}
-    out += "| uniform | " + " | ".join(_cell([uniform[L]], ".3f") for L in lengths) + " |\n"
     return out + "".join(f"\n- {n}\n" for n in sorted(notes))
 
 
@@ -120,13 +120,10 @@ def markdown(records: list[dict], failures: dict[str, str], meta: dict, extras: 
     pk_L = max((L for cells in pk.values() for L, _ in cells), default=None)
     for title, key, fmt in (("Perplexity ratio to the training length", "ratio", ".3f"), ("Perplexity", "ppl", ".2f")):
         grid = _grid(records, key)
-        head = " | ".join(f"{L} ({L // L0}x)" if L0 else str(L) for L in lengths)
         pk_col = key == "ratio" and pk_L is not None  # passkey accuracy at its longest length
-        head += f" | passkey @ {pk_L}" if pk_col else ""
-        out.write(f"\n## {title}\n\n| scheme | {head} |\n|---|{'---|' * (len(lengths) + pk_col)}\n")
-        for s in schemes:
-            pk_cell = f" | {_passkey_at(pk.get(s, {}), pk_L)}" if pk_col else ""
-            out.write(f"| {s} | " + " | ".join(_cell(grid[s][L], fmt) for L in lengths) + pk_cell + " |\n")
+        head = ["scheme", *(f"{L} ({L // L0}x)" if L0 else str(L) for L in lengths)] + [f"passkey @ {pk_L}"] * pk_col
+        rows = [[s, *(_cell(grid[s][L], fmt) for L in lengths)] + [_passkey_at(pk.get(s, {}), pk_L)] * pk_col for s in schemes]
+        out.write(f"\n## {title}\n\n" + markdown_table(head, rows) + "\n")
     out.write(claims_markdown(records, L0))
     out.write(window_markdown(records, meta.get("mixing_windows") or {}, L0))
     out.write(passkey_markdown(extras, L0))
@@ -172,22 +169,16 @@ def window_markdown(records: list[dict], windows: dict[str, float], L0: int) -> 
         "which routes are decorrelated to 1% (arXiv 2606.24975, Theorem 1; `posenc theory`, check 1). The theory predicts "
         "that extrapolation holds while the window fits inside the training length (w_0.01 / L <= 1): every route "
         "longer than the window looks alike, and training saw such routes. `window.png` plots these rows.\n\n"
-        f"| scheme | w_0.01 (tokens) | w_0.01 / L | predicted | ppl at 1x | ratio at 32x | ratio at {Lx} |\n|---|---|---|---|---|---|---|\n"
     )
-    for r in rows:
-        pred = "extrapolates" if r["w_ratio"] <= 1 else "degrades"
-        out += f"| {r['scheme']} | {r['w']:g} | {r['w_ratio']:.3g} | {pred} | {_cell(r['ppl1'], '.2f')} | {_cell(r['r32'], '.3f')} | {_cell(r['rmax'], '.3f')} |\n"
-    return out
+    head = ["scheme", "w_0.01 (tokens)", "w_0.01 / L", "predicted", "ppl at 1x", "ratio at 32x", f"ratio at {Lx}"]
+    cells = [[r["scheme"], f"{r['w']:g}", f"{r['w_ratio']:.3g}", "extrapolates" if r["w_ratio"] <= 1 else "degrades",
+              _cell(r["ppl1"], ".2f"), _cell(r["r32"], ".3f"), _cell(r["rmax"], ".3f")] for r in rows]
+    return out + markdown_table(head, cells) + "\n"
 
 
 def plot_window(path: Path, rows: list[dict], train_length: int) -> None:
     """Ratio at 32x and the longest length, and the 1x perplexity, against w_0.01 / training length (log x)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, bx) = figure(1, 2, figsize=(11, 4.2))
     x = [r["w_ratio"] for r in rows]
     for key, label in (("r32", "ratio at 32x"), ("rmax", f"ratio at {rows[0]['longest'] // train_length}x")):
         pts = [(xi, np.mean(r[key])) for xi, r in zip(x, rows) if r[key]]
@@ -196,8 +187,7 @@ def plot_window(path: Path, rows: list[dict], train_length: int) -> None:
     bx.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color="C2")
     for a in (ax, bx):
         a.axvline(1.0, color="gray", ls="--", lw=1, label="theory: extrapolates left of w_0.01 = L")
-        a.set_xscale("log")
-        plain_log_ticks(a.xaxis)
+        log_scale(a, "x")
         a.set_xlabel("mixing window w_0.01 / training length")
         a.grid(True, which="both", alpha=0.3)
     ax.axhline(1.0, color="gray", lw=0.8)
@@ -217,39 +207,16 @@ def write_csv(path: Path, records: list[dict]) -> None:
     atomic_write_bytes(path, buf.getvalue().encode())
 
 
-def plain_log_ticks(axis) -> None:
-    """Label a log axis's ticks as plain numbers (2, not 2x10^0); of the minor ticks only
-    2x and 5x when the axis spans a decade or more (else their labels collide)."""
-    import math
-
-    from matplotlib.ticker import FuncFormatter
-
-    def minor(v, _):
-        lo, hi = axis.get_view_interval()
-        lead = round(v / 10 ** math.floor(math.log10(v)))
-        return f"{v:g}" if hi < 10 * lo or lead in (2, 5) else ""
-
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(FuncFormatter(minor))
-
-
 def plot_ratio(path: Path, records: list[dict], train_length: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = figure(figsize=(7, 4.5))
     grid = _grid(records, "ratio")
     for s, row in grid.items():
         xs = [L / train_length for L in sorted(row) if any(v is not None for v in row[L])]
         ys = [np.mean([v for v in row[L] if v is not None]) for L in sorted(row) if any(v is not None for v in row[L])]
         if xs:
             ax.plot(xs, ys, marker="o", label=s)
-    ax.set_xscale("log", base=2)
-    plain_log_ticks(ax.xaxis)
-    ax.set_yscale("log")
-    plain_log_ticks(ax.yaxis)
+    log_scale(ax, "x", base=2)
+    log_scale(ax, "y")
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_xlabel("evaluation length / training length")
     ax.set_ylabel("perplexity / perplexity at training length")
@@ -262,12 +229,7 @@ def plot_ratio(path: Path, records: list[dict], train_length: int) -> None:
 
 def plot_buckets(path: Path, records: list[dict], train_length: int) -> None:
     """Per-position-bucket perplexity at the longest evaluated length, per scheme."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = figure(figsize=(7, 4.5))
     longest = {}
     for r in records:
         if r.get("bucket_ppl") and r["eval_length"] >= longest.get(r["scheme"], {}).get("eval_length", 0):
@@ -275,8 +237,7 @@ def plot_buckets(path: Path, records: list[dict], train_length: int) -> None:
     for s, r in longest.items():
         mids = [(a + b) / 2 / train_length for a, b in zip(r["bucket_edges"][:-1], r["bucket_edges"][1:])]
         ax.plot(mids, r["bucket_ppl"], marker=".", label=f"{s} (L={r['eval_length']})")
-    ax.set_xscale("log", base=2)
-    plain_log_ticks(ax.xaxis)
+    log_scale(ax, "x", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("position in window / training length")
     ax.set_ylabel("perplexity of the position bucket")
@@ -289,15 +250,10 @@ def plot_buckets(path: Path, records: list[dict], train_length: int) -> None:
 
 def plot_passkey(path: Path, records: list[dict], train_length: int) -> None:
     """Heat map per scheme: passkey accuracy by depth (rows) and input length (columns), seeds pooled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     grid = passkey_grid(records)
     lengths = sorted({L for cells in grid.values() for L, _ in cells})
     depths = sorted({d for cells in grid.values() for _, d in cells})
-    fig, axes = plt.subplots(1, len(grid), figsize=(0.9 * len(lengths) + 1.6, 0.5 * len(depths) + 1.6), squeeze=False)
+    fig, axes = figure(1, len(grid), figsize=(0.9 * len(lengths) + 1.6, 0.5 * len(depths) + 1.6), squeeze=False)
     fig.set_figwidth(fig.get_figwidth() * len(grid))
     for ax, (s, cells) in zip(axes[0], grid.items()):
         acc = np.full((len(depths), len(lengths)), np.nan)
@@ -317,19 +273,13 @@ def plot_passkey(path: Path, records: list[dict], train_length: int) -> None:
 
 def plot_far_mass(path: Path, records: list[dict], train_length: int) -> None:
     """Far attention mass (mean over layers and heads) vs evaluation length per scheme; uniform dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     recs = [{**r, "eval_length": r["length"]} for r in records if r.get("kind") == "far_mass" and r.get("far_mass_mean") is not None]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = figure(figsize=(7, 4.5))
     for s, row in _grid(recs, "far_mass_mean").items():
         ax.plot([L / train_length for L in sorted(row)], [np.mean(row[L]) for L in sorted(row)], marker="o", label=s)
     uniform = sorted({(r["length"], r["uniform_far_mass"]) for r in recs})
     ax.plot([L / train_length for L, _ in uniform], [u for _, u in uniform], color="gray", ls="--", label="uniform attention")
-    ax.set_xscale("log", base=2)
-    plain_log_ticks(ax.xaxis)
+    log_scale(ax, "x", base=2)
     ax.set_ylim(0, 1)
     ax.set_xlabel("evaluation length / training length")
     ax.set_ylabel("attention mass at distance >= training length")

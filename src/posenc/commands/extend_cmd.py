@@ -97,9 +97,9 @@ def _resolve_args(args) -> dict:
         raise PosencError("lengths, --max-tokens, --bucket and --trials must be positive")
     if any(not 0 <= d <= 1 for d in cfg["passkey_depths"]):
         raise PosencError("passkey depths must lie in [0, 1]")
-    span = min(cfg["lengths"]) - (args.bos == "prepend")
-    if args.stride is not None and not 1 <= args.stride <= span:
-        raise PosencError(f"--stride must be in [1, {span}] (the text span of the shortest length), got {args.stride}")
+    targets = min(cfg["lengths"]) - 1  # per window of the shortest length, either BOS policy
+    if args.stride is not None and not 1 <= args.stride <= targets:
+        raise PosencError(f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {args.stride}")
     cfg["name"] = args.name or preset
     return cfg
 
@@ -133,13 +133,19 @@ def _plan_windows(docs, length, cfg, args):
     return out[: cfg["max_windows"]] if cfg["max_windows"] else out
 
 
+def _skipped_a_target(record: dict) -> bool:
+    """A --bos none window after the first from before the accounting fix (stride = length): its first target
+    was never scored and its begin is off the current grid, so the record is ignored."""
+    return record["kind"] == "ppl" and record["bos"] == "none" and record["stride"] >= record["length"] and record["begin"] > 0
+
+
 class _Store:
     """Records of one setting in ``records.jsonl``: appended one per window / trial and
     flushed at once, so an interrupted run resumes by skipping finished keys."""
 
     def __init__(self, path: Path, tag: str):
         self.path, self.tag = path, tag
-        self.records = [r for r in read_jsonl(path) if r.get("setting") == tag]
+        self.records = [r for r in read_jsonl(path) if r.get("setting") == tag and not _skipped_a_target(r)]
         self.done = {r["key"] for r in self.records}
         self.by_sig = {}
         for r in self.records:
@@ -175,14 +181,14 @@ def _ppl_points(model, method, L, windows, doc_tokens, store, args) -> None:
             schedules.reset_rotary(model)
             res = ev.score_window(model, doc_tokens[doc], win, bos_id, args.bucket)
         store.add({"kind": "ppl", "key": key, "method": method, "factor": args.factor, "length": L,
-                   "stride": args.stride or win.span, "bos": args.bos, "doc": doc, "begin": win.begin,
+                   "stride": args.stride or L - 1, "bos": args.bos, "doc": doc, "begin": win.begin,
                    "bucket": args.bucket, "signature": sig, "seconds": round(time.time() - t0, 2), **res})
         tqdm.write(f"{method:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
                    f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
 
 
 def _passkey_points(model, tok, method, cfg, store, args) -> None:
-    from posenc.pretrained import evaluate as ev
+    from posenc import passkey
     from posenc.pretrained import schedules
 
     for L in cfg["passkey_lengths"]:
@@ -193,7 +199,7 @@ def _passkey_points(model, tok, method, cfg, store, args) -> None:
                     continue
                 t0 = time.time()
                 schedules.reset_rotary(model)
-                res = ev.passkey_trial(model, tok, L, depth, ev.passkey_key(args.seed, L, depth, trial))
+                res = passkey.passkey_trial(model, tok, L, depth, passkey.passkey_key(args.seed, L, depth, trial))
                 store.add({"kind": "passkey", "key": key, "method": method, "factor": args.factor, "length": L,
                            "depth": depth, "trial": trial, "seconds": round(time.time() - t0, 2), **res})
                 tqdm.write(f"{method:>12} passkey L={L} depth={depth} trial={trial}: "

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from posenc.theory.run import DEFAULT_DIMS, DEFAULT_DISTS, markdown_table, run_theory
+from posenc.theory.run import DEFAULT_DIMS, DEFAULT_DISTS, checks_table, run_theory
 
 
 def add_parser(sub):
@@ -27,7 +27,7 @@ def add_parser(sub):
 def run(args) -> int:
     report = run_theory(args.out, dists=tuple(args.dists), dims=tuple(args.dims), mix_dim=args.mix_dim,
                         eps=args.eps, seed=args.seed, quick=args.quick)
-    print(markdown_table(report["table"]))
+    print(checks_table(report["table"]))
     held = sum(r["holds"] for r in report["table"])
     print(f"\n{held}/{len(report['table'])} checks hold; {report['runtime_s']:.1f} s; wrote {args.out}/summary.md")
     return 0 if report["all_hold"] else 1

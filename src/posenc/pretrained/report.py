@@ -10,8 +10,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from posenc.checkpoint import atomic_write_bytes, save_figure
-from posenc.report import plain_log_ticks
+from posenc.checkpoint import atomic_write_bytes
+from posenc.reporting import figure, log_scale, markdown_table, save_figure
 
 
 def ppl_rows(records: list[dict]) -> list[dict]:
@@ -62,61 +62,53 @@ def _k(n: int) -> str:
 
 
 def markdown(ppl: list[dict], passkey: list[dict], methods: list[str], header: str) -> str:
-    lines = [header, "", "## Perplexity (lower is better)", ""]
     lengths = sorted({r["length"] for r in ppl})
     cell = {(r["method"], r["length"]): r for r in ppl}
-    lines += ["| method | " + " | ".join(_k(L) for L in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
-    for m in methods:
-        vals = [f"{cell[m, L]['ppl']:.2f}" if (m, L) in cell else "-" for L in lengths]
-        lines.append(f"| {m} | " + " | ".join(vals) + " |")
-    lines += ["", "Scored tokens per point (windows):", ""]
-    lines += ["| method | " + " | ".join(_k(L) for L in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
-    for m in methods:
-        vals = [f"{cell[m, L]['scored_tokens']} ({cell[m, L]['windows']})" if (m, L) in cell else "-" for L in lengths]
-        lines.append(f"| {m} | " + " | ".join(vals) + " |")
+    head = ["method", *(_k(L) for L in lengths)]
+    lines = [header, "", "## Perplexity (lower is better)", "",
+             markdown_table(head, [[m, *(f"{cell[m, L]['ppl']:.2f}" if (m, L) in cell else "-" for L in lengths)]
+                                   for m in methods]),
+             "", "Scored tokens per point (windows):", "",
+             markdown_table(head, [[m, *(f"{cell[m, L]['scored_tokens']} ({cell[m, L]['windows']})" if (m, L) in cell else "-"
+                                         for L in lengths)] for m in methods])]
     if passkey:
         cols = sorted({(r["length"], r["depth"]) for r in passkey})
         pk = {(r["method"], r["length"], r["depth"]): r for r in passkey}
-        lines += ["", "## Passkey retrieval (correct / trials)", ""]
-        lines += ["| method | " + " | ".join(f"{_k(L)} @ {d:g}" for L, d in cols) + " |", "|---" * (len(cols) + 1) + "|"]
-        for m in methods:
-            vals = [f"{pk[m, L, d]['correct']}/{pk[m, L, d]['trials']}" if (m, L, d) in pk else "-" for L, d in cols]
-            lines.append(f"| {m} | " + " | ".join(vals) + " |")
+        rows = [[m, *(f"{pk[m, L, d]['correct']}/{pk[m, L, d]['trials']}" if (m, L, d) in pk else "-" for L, d in cols)]
+                for m in methods]
+        lines += ["", "## Passkey retrieval (correct / trials)", "",
+                  markdown_table(["method", *(f"{_k(L)} @ {d:g}" for L, d in cols)], rows)]
     return "\n".join(lines) + "\n"
 
 
 def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import NullLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = figure(figsize=(7, 4.5))
     for m in methods:
         rs = sorted((r for r in ppl if r["method"] == m), key=lambda r: r["length"])
         if rs:
             ax.plot([r["length"] for r in rs], [r["ppl"] for r in rs], marker="o", label=m)
-    ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity")
+    ax.set(xscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity")
+    log_scale(ax, "y")
     lengths = sorted({r["length"] for r in ppl})
     ax.set_xticks(lengths, [_k(L) for L in lengths], minor=False)
     ax.xaxis.set_minor_locator(NullLocator())
-    plain_log_ticks(ax.yaxis)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     save_figure(fig, out / "ppl_vs_length.png")
 
     if ppl:  # per-position loss at each method's longest length
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = figure(figsize=(7, 4.5))
         for m in methods:
             rs = [r for r in ppl if r["method"] == m]
             if rs:
                 r = max(rs, key=lambda r: r["length"])
                 xs = [(i + 0.5) * r["bucket"] for i, v in enumerate(r["bucket_ppl"]) if v]
                 ax.plot(xs, [v for v in r["bucket_ppl"] if v], marker=".", label=f"{m} @ {_k(r['length'])}")
-        ax.set(yscale="log", xlabel="position in window (tokens)", ylabel="bucket perplexity")
-        plain_log_ticks(ax.yaxis)
+        ax.set(xlabel="position in window (tokens)", ylabel="bucket perplexity")
+        log_scale(ax, "y")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
@@ -128,7 +120,7 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
         lengths = sorted({r["length"] for r in passkey})
         depths = sorted({r["depth"] for r in passkey})
         ms = [m for m in methods if any(r["method"] == m for r in passkey)]
-        fig, axes = plt.subplots(1, len(ms), figsize=(1.6 * len(ms) + 1.5, 3), squeeze=False, constrained_layout=True)
+        fig, axes = figure(1, len(ms), figsize=(1.6 * len(ms) + 1.5, 3), squeeze=False, layout="constrained")
         for n, (ax, m) in enumerate(zip(axes[0], ms)):
             grid = np.full((len(depths), len(lengths)), np.nan)
             for r in passkey:

@@ -1,14 +1,13 @@
-"""PNG plots of the theory checks (matplotlib, Agg canvas: no display, no pyplot state)."""
+"""PNG plots of the theory checks (``posenc.reporting`` figures: Agg canvas, atomic writes)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from posenc.checkpoint import save_figure
+from posenc.reporting import figure, save_figure
 
 def write_all(out: Path, results: dict) -> list[Path]:
     """Write every plot whose check ran; returns the paths written."""
@@ -23,28 +22,21 @@ def write_all(out: Path, results: dict) -> list[Path]:
     written = []
     for name, (draw, data) in makers.items():
         if data:
-            fig = draw(data)
-            written.append(_save(fig, out / name))
+            written.append(save_figure(draw(data), out / name))
     return written
 
 
-def _figure(width: float, height: float) -> Figure:
-    # fixed margins: tight_layout costs a full tick layout per axes, most of the plotting time
-    fig = Figure(figsize=(width, height))
+def _figure(width: float, height: float, nrows: int = 1, ncols: int = 1, **kwargs):
+    """``posenc.reporting.figure`` with fixed margins: tight_layout costs a full tick layout
+    per axes, most of the plotting time."""
+    fig, axes = figure(nrows, ncols, figsize=(width, height), **kwargs)
     fig.subplots_adjust(left=0.7 / width, right=0.98, bottom=0.5 / height, top=1 - 0.35 / height,
                         wspace=0.25, hspace=0.35)
-    return fig
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    FigureCanvasAgg(fig)
-    save_figure(fig, path)
-    return path
+    return fig, axes
 
 
 def _mixing(results: dict) -> Figure:
-    fig = _figure(11, 4.2)
-    ax, bx = fig.subplots(1, 2)
+    fig, (ax, bx) = _figure(11, 4.2, 1, 2)
     for i, r in enumerate(results.values()):
         n = np.arange(len(r["norm_sim"]))
         color = f"C{i}"
@@ -72,8 +64,7 @@ def _mixing(results: dict) -> Figure:
 
 
 def _context(r: dict) -> Figure:
-    fig = _figure(6, 4.2)
-    ax = fig.subplots()
+    fig, ax = _figure(6, 4.2)
     for c in r["contexts"]:
         ax.semilogy(np.maximum(c["profile"], 1e-4), ".", ms=4, label=f"L = {c['length']}: w = {c['window_sim']}")
     n = np.arange(len(r["contexts"][0]["profile"]))
@@ -87,8 +78,7 @@ def _context(r: dict) -> Figure:
 
 
 def _score_gap(results: dict) -> Figure:
-    fig = _figure(4 * len(results), 7.5)
-    axes = fig.subplots(2, len(results), squeeze=False)
+    fig, axes = _figure(4 * len(results), 7.5, 2, len(results), squeeze=False)
     edges = np.linspace(-1, 1, 81)
     centers = (edges[1:] + edges[:-1]) / 2
     for col, r in enumerate(results.values()):
@@ -112,8 +102,7 @@ def _score_gap(results: dict) -> Figure:
 
 
 def _far_mass(r: dict) -> Figure:
-    fig = _figure(6.5, 4.5)
-    ax = fig.subplots()
+    fig, ax = _figure(6.5, 4.5)
     M = np.array(r["Ms"])
     labels = {"none": "no bias", "alibi": f"ALiBi m={r['alibi_slope']:g}", "forget_gate": "forget gate"}
     for i, (key, label) in enumerate(labels.items()):
@@ -129,8 +118,7 @@ def _far_mass(r: dict) -> Figure:
 
 
 def _value(r: dict) -> Figure:
-    fig = _figure(6.5, 4.5)
-    ax = fig.subplots()
+    fig, ax = _figure(6.5, 4.5)
     rows = r["per_M"]
     M = np.array([x["M"] for x in rows])
     series = {
@@ -150,8 +138,7 @@ def _value(r: dict) -> Figure:
 
 
 def _decay(r: dict) -> Figure:
-    fig = _figure(11, 4.2)
-    ax, bx = fig.subplots(1, 2)
+    fig, (ax, bx) = _figure(11, 4.2, 1, 2)
     dist, grid = np.array(r["dist"]), np.array(r["grid"])
     for i, (name, s) in enumerate(r["schemes"].items()):
         if name == "alibi":

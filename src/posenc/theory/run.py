@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from posenc.checkpoint import atomic_write_bytes
 from posenc.errors import PosencError
+from posenc.reporting import markdown_table
 from posenc.theory import decay, mass, mixing, plots, scores
 from posenc.theory.stats import check_eps
 from posenc.theory.steps import SO2Uniform, parse_dist
@@ -250,12 +251,10 @@ def _translation_rows(r: dict) -> list[dict]:
 # ---- outputs
 
 
-def markdown_table(rows: list[dict]) -> str:
-    lines = ["| check | prediction (bound / closed form) | simulation | holds |", "|---|---|---|---|"]
-    for r in rows:
-        cells = [r["check"], r["prediction"], r["simulation"], "yes" if r["holds"] else "**no**"]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines)
+def checks_table(rows: list[dict]) -> str:
+    """The summary table: one markdown row per check (``summary_table`` rows)."""
+    return markdown_table(["check", "prediction (bound / closed form)", "simulation", "holds"],
+                          [[r["check"], r["prediction"], r["simulation"], "yes" if r["holds"] else "**no**"] for r in rows])
 
 
 def _summary_markdown(report: dict, plot_files: list[str]) -> str:
@@ -267,7 +266,7 @@ def _summary_markdown(report: dict, plot_files: list[str]) -> str:
         f"Seed {c['seed']}, eps {c['eps']}, mixing d={c['mix_dim']}, score-gap d={c['dims']}"
         f"{', quick budget' if c['quick'] else ''}; float64; runtime {report['runtime_s']:.1f} s. "
         f"**{held}/{len(rows)} checks hold.**",
-        markdown_table(rows),
+        checks_table(rows),
     ]
     survey = report["results"].get("decay", {}).get("schemes", {}).get("pope-survey-sign")
     if survey:
