@@ -37,6 +37,7 @@ from posenc.evaluate import eval_lengths, evaluate_length
 from posenc.model import ModelConfig, is_rope, with_rope_schedule
 from posenc.passkey import PasskeyConfig
 from posenc.report import write_report
+from posenc.rope import check_window, schedule_params
 from posenc.train import TrainConfig, is_trained, load_run, train
 
 PRESETS = importlib.resources.files("posenc") / "configs"  # package data: works from a wheel too
@@ -65,7 +66,7 @@ class Preset(BaseModel):
     schemes: list[str] = Field(min_length=1)
     seeds: list[Annotated[int, Field(ge=0)]] = Field([0], min_length=1)
     # RoPE context-extension rows evaluated after the plain rows on every trained RoPE
-    # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.encodings.schedules)
+    # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.rope)
     eval_schedules: list[dict[str, Any]] = []
 
     @field_validator("name")
@@ -114,8 +115,6 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
 
 def _schedule_spec(spec: dict, preset: Preset) -> tuple[str, dict]:
     """(name, validated params) of one ``eval_schedules`` entry; PosencError if invalid."""
-    from posenc.encodings.schedules import check_window, schedule_params
-
     params = dict(spec)
     name = params.pop("schedule", None)
     if name is None:
