@@ -305,7 +305,8 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
     assert main([*argv, "--lengths", "100000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("posenc: error: length 100000 exceeds the held-out text")
-    for bad, message in ((["--stride", "0"], "--stride must be in [1, 16]"), (["--docs", "nosuch"], "unknown document")):
+    for bad, message in ((["--stride", "0"], "--stride must be in [1, 16]"), (["--docs", "nosuch"], "unknown document"),
+                         (["--methods", "leaky-rerope", "--factor", "1"], "needs factor s > 1")):
         assert main([*argv, "--lengths", "16", "32", *bad]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # bad input touches no output directory

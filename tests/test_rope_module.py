@@ -90,12 +90,16 @@ def test_blockwise_equals_naive_values_and_gradients(pairing, window, leak, bloc
     q, k, v = _inputs(2, 4, 2, tq, Tk, Dh, torch.float64, seed=window + block)
     table = torch.randn(1, 4, Tk, Tk, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
 
+    tiles = []
+
     def bias(qs, qe, ks, ke):
+        tiles.append((qe - qs, ke - ks))
         return table[:, :, qs:qe, ks:ke]
 
     inv = rope.rope_inv_freq(Dh)
     kw = dict(pairing=pairing, bias=bias, scale=0.7)
     fast = rerope.rerope_attention(q, k, v, inv, window, leak, block_size=block, **kw)
+    assert max(r for r, _ in tiles) <= block and sum(r * c for r, c in tiles) <= tq * (Tk + block)  # no Tq x Tk matrix
     ref = rerope.naive(q, k, v, inv, window, leak, **kw)
     assert fast.shape == (2, 4, tq, Dh + 2) and fast.dtype == torch.float64
     torch.testing.assert_close(fast, ref, atol=1e-12, rtol=1e-10)
@@ -109,10 +113,14 @@ def test_fused_kernel_equals_matmul_path(leak):
     q, k, v = (t.detach() for t in _inputs(1, 4, 2, 45, 45, 16, torch.float32, seed=3))
     v = v[..., :16]  # the flash kernel needs Dv == D
     inv = rope.rope_inv_freq(16)
-    with torch.no_grad():
-        fused = rerope.rerope_attention(q, k, v, inv, 9, leak, block_size=10, fused=True)
-        plain = rerope.rerope_attention(q, k, v, inv, 9, leak, block_size=10, fused=False)
-    torch.testing.assert_close(fused, plain, atol=2e-5, rtol=1e-4)
+    table = torch.randn(1, 4, 45, 45, generator=torch.Generator().manual_seed(2))
+    for bias in (None, lambda qs, qe, ks, ke: table[:, :, qs:qe, ks:ke]):
+        with torch.no_grad():
+            fused = rerope.rerope_attention(q, k, v, inv, 9, leak, bias=bias, block_size=10, fused=True)
+            plain = rerope.rerope_attention(q, k, v, inv, 9, leak, bias=bias, block_size=10, fused=False)
+            ref = rerope.naive(q, k, v, inv, 9, leak, bias=bias)
+        torch.testing.assert_close(fused, plain, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(fused, ref, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name,leak", [("rerope", None), ("leaky-rerope", 4.0)])

@@ -222,6 +222,8 @@ def run(args) -> int:
     loaded = loading.load(args.model)
     model, tok = loaded.model, loaded.tokenizer
     l0 = schedules.native_context(model.config)
+    for method in args.methods:  # window and leak against L0, before any output
+        schedules.method_params(schedules.Extension(method, args.factor, args.rerope_window, args.leak), l0)
     docs = [(d.name, tok(d.text, add_special_tokens=False)["input_ids"][: args.max_tokens]) for d in held_out]
     args.bos_id = tok.bos_token_id if args.bos == "prepend" else None
     if args.bos == "prepend" and args.bos_id is None:

@@ -58,7 +58,7 @@ def method_params(ext: Extension, l0: int) -> dict:
     """The validated ``posenc.rope`` parameters of ``ext`` for native context ``l0``.
 
     Raises PosencError for an unknown or renamed method, factor < 1, a window < 1,
-    k <= 1 (also the default k at s = 1), or a default k with w >= L0.
+    k <= 1, or a default k with s = 1 or w >= L0.
     """
     name = rope.check_name(ext.method)
     if ext.factor < 1:
@@ -70,8 +70,9 @@ def method_params(ext: Extension, l0: int) -> dict:
     w = ext.window or l0 // 4
     given = {"window": w}
     if name == "leaky-rerope":
-        if ext.leak is None and w >= l0:
-            raise PosencError(f"leaky-rerope window {w} must be below the native context {l0} (or give --leak)")
+        if ext.leak is None and not (w < l0 and ext.factor > 1):  # else the default k would be <= 1
+            raise PosencError(f"leaky-rerope's default k = (s L0 - w)/(L0 - w) needs factor s > 1 and window {w} "
+                              f"< L0 = {l0}; give --leak k > 1")
         given["leak"] = ext.leak if ext.leak is not None else (ext.factor * l0 - w) / (l0 - w)
     return rope.schedule_params(name, l0, given)
 

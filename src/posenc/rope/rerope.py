@@ -59,7 +59,9 @@ def _attend(q, k, v, keep, bias, scale, fused):
     kernel (returns the logsumexp; no gradient through it), else matmuls.
     """
     if fused:
-        mask = None if keep is None else torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, -math.inf)
+        mask = None if bias is None else bias.to(q.dtype)
+        if keep is not None:
+            mask = (torch.zeros(keep.shape, dtype=q.dtype, device=q.device) if mask is None else mask).masked_fill(~keep, -math.inf)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)
         return out, lse if keep is None else lse.masked_fill(~keep.any(-1), -math.inf)
     s = q @ k.transpose(-1, -2) * scale
@@ -111,7 +113,7 @@ def rerope_attention(
         scale: multiplies q.k; default 1/sqrt(D).
         block_size: queries per block: at most H x block x Tk scores (or mask entries) exist.
         fused: torch's CPU flash kernel per tile (default: on CPU when no gradient is
-            needed, there is no bias and Dv == D; it gives no gradient through the logsumexp).
+            needed and Dv == D; it gives no gradient through the logsumexp).
 
     Returns:
         (B, H, Tq, Dv) in v's dtype. Equals ``naive`` (tested: values and gradients).
@@ -120,7 +122,7 @@ def rerope_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if fused is None:
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        fused = q.device.type == "cpu" and bias is None and not grad and v.shape[-1] == q.shape[-1]
+        fused = q.device.type == "cpu" and not grad and v.shape[-1] == q.shape[-1]
     q_pos = torch.arange(Tk - Tq, Tk, device=q.device) if q_pos is None else q_pos.to(q.device)
     k_pos = torch.arange(Tk, device=q.device)
     slope, qp, kp = _slope(leak), q_pos.to(torch.float64), k_pos.to(torch.float64)  # int * float would be float32
