@@ -157,8 +157,8 @@ def naive(q, k, v, inv_freq, window, leak=None, *, q_pos=None, pairing="half", b
     relative positions, each score ``<R(pos(i, j)) q_i, k_j>``; O(Tq Tk D) memory, tests only."""
     Tq, Tk, H = q.shape[2], k.shape[2], q.shape[1]
     k, v = _gqa(k, H), _gqa(v, H)
-    i = (torch.arange(Tk - Tq, Tk) if q_pos is None else q_pos)[:, None].to(torch.float64)
-    j = torch.arange(Tk, dtype=torch.float64)[None, :]
+    i = (torch.arange(Tk - Tq, Tk, device=q.device) if q_pos is None else q_pos)[:, None].to(torch.float64)
+    j = torch.arange(Tk, dtype=torch.float64, device=q.device)[None, :]
     rel = torch.where(i - j < window, i - j, window + (i - j - window) * _slope(leak))
     q_rot = _rot(q[:, :, :, None, :], rel, inv_freq, pairing)  # (B, H, Tq, Tk, D)
     scores = (q_rot * k[:, :, None]).sum(-1) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
