@@ -14,9 +14,11 @@ transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from posenc import passkey  # noqa: E402
+from posenc.attention import rotate  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
 from posenc.pretrained import evaluate as ev  # noqa: E402
-from posenc.pretrained import rerope, schedules  # noqa: E402
+from posenc.pretrained import schedules  # noqa: E402
+from posenc.rope import rerope  # noqa: E402
 from posenc.pretrained.schedules import Extension, apply_method  # noqa: E402
 
 BASE, D, L0 = 10000.0, 32, 2048
@@ -109,31 +111,32 @@ def test_signature_identifies_equal_forwards():
 
 
 def test_rerope_params_and_bad_factor():
-    assert schedules.rerope_params(Extension("rerope", 2.0), 8192) == (2048, 0.0)
-    w, leak = schedules.rerope_params(Extension("leaky_rerope", 2.0), 8192)
-    assert w == 2048 and w + (2 * 8192 - w) * leak == pytest.approx(8192)  # largest relative position at s L0 is L0
+    assert schedules.method_params(Extension("rerope", 2.0), 8192) == {"window": 2048}
+    p = schedules.method_params(Extension("leaky-rerope", 2.0), 8192)
+    w, k = p["window"], p["leak"]
+    assert w == 2048 and w + (2 * 8192 - w) / k == pytest.approx(8192)  # largest relative position at s L0 is L0
     with pytest.raises(PosencError):
         apply_method(tiny_model(), Extension("pi", 0.5))
-    for bad in (Extension("leaky_rerope", 2.0, window=8192), Extension("leaky_rerope", 2.0, leaky_k=0.5),
+    for bad in (Extension("leaky-rerope", 2.0, window=8192), Extension("leaky-rerope", 2.0, leak=0.5),
                 Extension("rerope", 2.0, window=-3)):
         with pytest.raises(PosencError):
-            schedules.rerope_params(bad, 8192)
+            schedules.method_params(bad, 8192)
 
 
 # ---------------------------------------------------------------- ReRoPE
 
 
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("window,leak,block", [(1, 0.0, 7), (5, 0.0, 16), (23, 0.125, 9), (40, 0.5, 64)])
+@pytest.mark.parametrize("window,leak,block", [(1, None, 7), (5, None, 16), (23, 8.0, 9), (40, 2.0, 64)])
 def test_rerope_blockwise_matches_naive(window, leak, block, fused):
     torch.manual_seed(window)
     q, k, v = torch.randn(2, 6, 50, 16), torch.randn(2, 3, 50, 16), torch.randn(2, 3, 50, 16)
     inv = OMEGA[:8].float()
-    got = rerope.rerope_attention(q, k, v, inv, window, leak, block=block, fused=fused)
-    want = rerope.rerope_attention_naive(q, k, v, inv, window, leak)
+    got = rerope.rerope_attention(q, k, v, inv, window, leak, block_size=block, fused=fused)
+    want = rerope.naive(q, k, v, inv, window, leak)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     # decoding: the last queries against all keys
-    got = rerope.rerope_attention(q[:, :, -3:], k, v, inv, window, leak, block=block, fused=fused)
+    got = rerope.rerope_attention(q[:, :, -3:], k, v, inv, window, leak, block_size=block, fused=fused)
     torch.testing.assert_close(got, want[:, :, -3:], atol=2e-5, rtol=1e-4)
 
 
@@ -141,10 +144,10 @@ def test_rerope_wide_window_is_rope():
     torch.manual_seed(1)
     q, k, v = torch.randn(1, 4, 40, 16), torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 16)
     inv, pos = OMEGA[:8].float(), torch.arange(40)
+    phi = pos[:, None] * OMEGA[:8]
     want = torch.nn.functional.scaled_dot_product_attention(
-        rerope.rotate(q, pos, inv), rerope.rotate(k, pos, inv).repeat_interleave(2, 1), v.repeat_interleave(2, 1),
-        is_causal=True)
-    torch.testing.assert_close(rerope.rerope_attention(q, k, v, inv, 40, 0.0, block=8), want, atol=2e-5, rtol=1e-4)
+        rotate(q, phi), rotate(k, phi).repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+    torch.testing.assert_close(rerope.rerope_attention(q, k, v, inv, 40, block_size=8), want, atol=2e-5, rtol=1e-4)
 
 
 def test_rerope_in_model_and_with_kv_cache():
@@ -155,9 +158,9 @@ def test_rerope_in_model_and_with_kv_cache():
         plain = model(ids).logits
         apply_method(model, Extension("rerope", window=60))  # w >= T: plain RoPE
         torch.testing.assert_close(model(ids).logits, plain, atol=1e-4, rtol=1e-4)
-        assert model.config._attn_implementation == rerope.ATTN_NAME
+        assert model.config._attn_implementation == schedules.ATTN_NAME
         assert torch.allclose(model.model.rotary_emb.inv_freq.double(), OMEGA, rtol=1e-6)
-        apply_method(model, Extension("leaky_rerope", window=8, leaky_k=4.0))
+        apply_method(model, Extension("leaky-rerope", window=8, leak=4.0))
         full = model(ids).logits
         assert not torch.allclose(full, plain, atol=1e-3)
         out = model(ids[:, :57], use_cache=True)  # prefill then decode: cached keys are unrotated
@@ -302,7 +305,8 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
     assert main([*argv, "--lengths", "100000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("posenc: error: length 100000 exceeds the held-out text")
-    for bad, message in ((["--stride", "0"], "--stride must be in [1, 15]"), (["--docs", "nosuch"], "unknown document")):
+    for bad, message in ((["--stride", "0"], "--stride must be in [1, 15]"), (["--docs", "nosuch"], "unknown document"),
+                         (["--methods", "leaky-rerope", "--factor", "1"], "needs factor s > 1")):
         assert main([*argv, "--lengths", "16", "32", *bad]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # bad input touches no output directory

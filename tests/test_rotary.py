@@ -10,7 +10,7 @@ from posenc import encodings
 from posenc.attention import attention, half_to_adjacent, naive_attention, rotate, rotate_shared
 from posenc.encodings.accumulated import accumulate
 from posenc.encodings.base import Dims, Inputs
-from posenc.encodings.phase import rope_inv_freq
+from posenc.rope import rope_inv_freq
 
 
 def block_rotation(angles: torch.Tensor) -> torch.Tensor:

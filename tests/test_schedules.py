@@ -10,8 +10,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from posenc import encodings
 from posenc.attention import attention, rotate
 from posenc.encodings.base import Dims, Inputs
-from posenc.encodings.phase import rope_inv_freq
-from posenc.encodings.schedules import SCHEDULES, check_window, rerope_attention, schedule_params
+from posenc.rope import SCHEDULES, check_window, rerope_attention, rope_inv_freq, schedule_params
 from posenc.model import with_rope_schedule
 from posenc.errors import PosencError
 from posenc.model import build_model
@@ -91,7 +90,7 @@ def test_rerope_equals_full_matrix_with_clamped_positions(leak):
     q, k, v = (torch.randn(2, 2, T, Dh, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
     inv = rope_inv_freq(Dh)
     pos = torch.arange(T)
-    fast = rerope_attention(q, k, v, pos, inv, w, leak, block_size=7)
+    fast = rerope_attention(q, k, v, inv, w, leak, block_size=7)
     rel = (pos[:, None] - pos[None, :]).double()
     rel = torch.where(rel < w, rel, w + (rel - w) / leak if leak else torch.full_like(rel, w))
     # reference: score of (i, j) = <R(rel) q_i, k_j>, built entry by entry (T x T)

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from posenc.diagnose import FarMassConfig
-from posenc.encodings.schedules import check_window, schedule_params
+from posenc.rope import check_window, schedule_params
 from posenc.errors import PosencError
 from posenc.model import ModelConfig
 from posenc.passkey import PasskeyConfig
@@ -48,7 +48,7 @@ class Preset(BaseModel):
     schemes: list[str] = Field(min_length=1)
     seeds: list[Annotated[int, Field(ge=0)]] = Field([0], min_length=1)
     # RoPE context-extension rows evaluated after the plain rows on every trained RoPE
-    # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.encodings.schedules)
+    # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.rope)
     eval_schedules: list[dict[str, Any]] = []
 
     @field_validator("name")

@@ -21,7 +21,7 @@ from posenc import encodings, scoring
 from posenc.attention import attention
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
 from posenc.encodings.rotary import RoPE
-from posenc.encodings.schedules import schedule_label, schedule_params
+from posenc.rope import schedule_label, schedule_params
 from posenc.errors import PosencError
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from posenc.checkpoint import append_jsonl
 from posenc.data import load_tokens
-from posenc.encodings.schedules import check_window
+from posenc.rope import NAMES, check_window
 from posenc.model import with_rope_schedule
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, evaluate_length
@@ -18,10 +18,10 @@ def add_parser(sub):
     p.add_argument("--max-tokens", type=int, default=32768, help="scored tokens per length")
     p.add_argument("--corpus", help="evaluate on another corpus's held-out documents")
     g = p.add_argument_group("RoPE context extension (RoPE runs only, no retraining)")
-    g.add_argument("--rope-schedule", metavar="NAME", help="pi, ntk, dynamic, yarn, llama3, rerope, leaky-rerope")
+    g.add_argument("--rope-schedule", metavar="NAME", help=", ".join(NAMES))
     g.add_argument("--factor", type=float, help="scale factor s (pi, ntk, dynamic, yarn, llama3)")
     g.add_argument("--window", type=int, help="ReRoPE window w (tokens)")
-    g.add_argument("--leak", type=float, help="leaky ReRoPE slope divisor k (> 1)")
+    g.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k")
     g.add_argument("--rope-param", nargs="+", default=[], metavar="KEY=VALUE", help="other schedule parameters, e.g. beta_fast=32 attention_factor=1.2 truncate=false")
     p.set_defaults(func=run)
 

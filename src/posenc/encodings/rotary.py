@@ -1,4 +1,4 @@
-"""Rotary position embedding (RoPE) and its frequency helpers.
+"""Rotary position embedding (RoPE) for own models; frequencies and schedules from ``posenc.rope``.
 
 RoPE (Su et al. 2021, RoFormer eq. 34) rotates each feature pair i of q and k by
 ``Phi_t[i] = t * omega_i`` with ``omega_i = rope_theta^(-2i/D)``. It is the
@@ -8,13 +8,14 @@ accumulated rotation (``posenc.encodings.accumulated``) with the constant step
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from posenc import rope
 from posenc.encodings.base import Dims, Encoding, Inputs
-from posenc.encodings.phase import check_rotary_dims, rope_inv_freq, wrap_phases
+from posenc.encodings.phase import check_rotary_dims
 from posenc.encodings.registry import register
-from posenc.encodings.schedules import SCHEDULES, rerope_attention, schedule_label
-from posenc.encodings.schedules import schedule_params as check_schedule_params  # the constructor takes a schedule_params dict
 
 
 @register
@@ -24,9 +25,11 @@ class RoPE(Encoding):
     Parameters: ``rope_theta`` (base, default 10000), ``pairing`` "half"
     (Hugging Face ``rotate_half``) or "adjacent" (RoFormer / Meta); the two are a
     fixed permutation of q/k features apart (``posenc.attention.half_to_adjacent``).
-    ``schedule`` (``posenc.encodings.schedules``: pi, ntk, dynamic, yarn, llama3,
-    rerope, leaky-rerope) with ``schedule_params`` changes the frequencies and
-    ``logit_scale`` (= attention_factor^2); ReRoPE replaces attention (``attend``).
+    ``schedule`` (``posenc.rope``: none, pi, ntk, dynamic, yarn, llama3, rerope,
+    leaky-rerope) with ``schedule_params`` changes the frequencies and
+    ``logit_scale`` (= attention_factor^2); ReRoPE replaces attention (``attend``,
+    ``posenc.rope.rerope_attention``). Raises PosencError for an odd head dim, an
+    unknown pairing or invalid schedule parameters.
     Phases: (1, 1, T, D/2) float32, computed as float64 t * omega mod 2 pi.
     """
 
@@ -39,26 +42,33 @@ class RoPE(Encoding):
         super().__init__(dims)
         check_rotary_dims(dims, pairing)
         self.rope_theta, self.pairing, self.schedule = rope_theta, pairing, schedule
-        self.replaces_attention = schedule in ("rerope", "leaky-rerope")
-        inv_freq = rope_inv_freq(dims.head_dim, rope_theta)
+        self.replaces_attention = schedule in rope.RELATIVE
+        inv_freq = rope.rope_inv_freq(dims.head_dim, rope_theta)
         if schedule is not None:
-            self.schedule_params = check_schedule_params(schedule, dims.train_length, schedule_params)
-            inv_freq, attention_factor = SCHEDULES[schedule](dims.head_dim, rope_theta, self.schedule_params, None)
+            self.schedule_params = rope.schedule_params(schedule, dims.train_length, schedule_params)
+            inv_freq, attention_factor = rope.SCHEDULES[schedule](dims.head_dim, rope_theta, self.schedule_params, None)
             self.logit_scale = attention_factor**2  # the factor multiplies cos and sin
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def phases(self, inp: Inputs) -> torch.Tensor:
         inv_freq = self.inv_freq
         if self.schedule == "dynamic":  # from the current length, every call
-            inv_freq, _ = SCHEDULES["dynamic"](self.dims.head_dim, self.rope_theta, self.schedule_params, int(inp.pos.max()) + 1)
+            inv_freq, _ = rope.SCHEDULES["dynamic"](self.dims.head_dim, self.rope_theta, self.schedule_params, int(inp.pos.max()) + 1)
         phi = inp.pos.to(torch.float64)[:, None] * inv_freq.to(inp.pos.device)
-        return wrap_phases(phi, inp.x.dtype)[None, None]
+        return rope.wrap_phases(phi, inp.x.dtype)[None, None]
 
     def attend(self, q, k, v, inp: Inputs, bias=None):
+        """ReRoPE's attention for the ``rerope`` schedules (None: the core's rotary path).
+
+        q, k: (B, H, T, D), v: (B, H, T, Dv); ``bias``: the other parts' BiasFn of a
+        composed scheme. Raises PosencError if the window is not below T (plain RoPE then).
+        """
         if not self.replaces_attention:
-            return None  # the core's rotary path
+            return None
         p = self.schedule_params
-        return rerope_attention(q, k, v, inp.pos, self.inv_freq, int(p["window"]), p.get("leak"), pairing=self.pairing, bias=bias, logit_scale=self.logit_scale)
+        rope.check_window(p, q.shape[-2])
+        return rope.rerope_attention(q, k, v, self.inv_freq, int(p["window"]), p.get("leak"), q_pos=inp.pos - inp.pos[0],
+                                     pairing=self.pairing, bias=bias, scale=self.logit_scale / math.sqrt(q.shape[-1]))
 
     def spectral_gap(self) -> torch.Tensor:
         """(D/2,) float64 ones: a constant step never mixes."""
@@ -67,5 +77,5 @@ class RoPE(Encoding):
     def describe(self) -> str:
         extra = ""
         if self.schedule is not None:
-            extra = f", {schedule_label(self.schedule, self.schedule_params)}"
+            extra = f", {rope.schedule_label(self.schedule, self.schedule_params)}"
         return f"rope(theta={self.rope_theta:g}, {self.pairing}{extra})"

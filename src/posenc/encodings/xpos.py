@@ -27,7 +27,8 @@ from posenc.attention import causal_tile, rotate
 from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
 from posenc.errors import PosencError
-from posenc.encodings.phase import check_rotary_dims, rope_inv_freq, wrap_phases
+from posenc.encodings.phase import check_rotary_dims
+from posenc.rope import rope_inv_freq, wrap_phases
 
 
 def xpos_zeta(head_dim: int) -> torch.Tensor:

@@ -1,24 +1,17 @@
-"""Context-extension methods for a loaded Hugging Face RoPE model.
+"""Context-extension methods for a loaded Hugging Face RoPE model: the adapter to ``posenc.rope``.
 
-Each method is a RoPE configuration (transformers' ``rope_parameters``, read by
-the rotary embedding; frequencies from
-``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``) or, for ReRoPE, an
-attention function. With scale factor s, native context L0, head dim d, base b:
-
-- ``none``: plain RoPE, omega_i = b^(-2i/d).
-- ``pi``: position interpolation, omega_i / s (Chen et al. 2023, eq. 2); ``linear``.
-- ``ntk``: NTK-aware static base b * s^(d/(d-2)) (bloc97 2023); ``default`` with a new base.
-- ``dynamic``: dynamic NTK, base b * (s L/L0 - (s-1))^(d/(d-2)) at length L > L0 (emozilla 2023).
-- ``yarn``: NTK-by-parts + attention temperature (Peng et al. 2023, sec. 3.2-3.4):
-  omega_i unchanged where r_i = L0 omega_i / (2 pi) > beta_fast = 32, omega_i / s where
-  r_i < beta_slow = 1; cos and sin scaled by 0.1 ln s + 1 (logits by its square).
-  Between, transformers (like the authors' code) ramps linearly in the dimension
-  index i (i.e. in log r) between the integer indices bracketing r = 32 and r = 1;
-  the paper's eq. 18 writes the ramp linear in r itself. Same end points, different
-  weights in between; posenc keeps transformers' (the published YaRN figures use it).
-- ``llama3``: Llama 3.1 bands, wavelengths < L0/4 unchanged, > L0 divided by s, smooth between.
-- ``rerope`` / ``leaky_rerope``: relative positions clamped at a window (Su 2023), see
-  :mod:`posenc.pretrained.rerope`.
+A method is a ``posenc.rope`` schedule (none, pi, ntk, dynamic, yarn, llama3,
+rerope, leaky-rerope: formulas, defaults and sources there). The frequency
+schedules become transformers' ``rope_parameters`` (``posenc.rope.hf``), read by
+the model's rotary embedding through ``ROPE_INIT_FUNCTIONS``; ReRoPE becomes an
+attention function: :func:`install` swaps the rotary embedding for one that
+returns ``cos = 1, sin = 0`` (so attention receives unrotated q and k, and the KV
+cache stores unrotated keys, as ReRoPE decoding needs) and registers
+:func:`attention_forward` (``posenc.rope.rerope_attention``) in transformers'
+``AttentionInterface``. Works for models whose attention rotates q/k with
+``apply_rotary_pos_emb`` from ``model.model.rotary_emb`` and then calls the
+attention interface (Llama, Mistral, Qwen2/3, SmolLM, ...), with the half-split
+(``rotate_half``) pairing.
 """
 
 from __future__ import annotations
@@ -27,26 +20,28 @@ import dataclasses
 import hashlib
 
 import torch
+from torch import nn
 
+from posenc import rope
 from posenc.errors import PosencError
-from posenc.pretrained import rerope
 
-METHODS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "rerope", "leaky_rerope")
+METHODS = rope.NAMES
+ATTN_NAME = "posenc_rerope"
 
 
 @dataclasses.dataclass(frozen=True)
 class Extension:
     """One context-extension setting.
 
-    ``factor`` s >= 1; ``window`` w (tokens) and ``leaky_k`` k only for the ReRoPE
-    methods (``None``: w = L0/4, k = (s L0 - w)/(L0 - w), so that the largest
+    ``factor`` s >= 1; ``window`` w (tokens) and ``leak`` k (Su's k > 1) only for the
+    ReRoPE methods (``None``: w = L0/4, k = (s L0 - w)/(L0 - w), so that the largest
     relative position at s L0 is L0).
     """
 
     method: str
     factor: float = 2.0
     window: int | None = None
-    leaky_k: float | None = None
+    leak: float | None = None
 
 
 def native_context(config) -> int:
@@ -59,41 +54,27 @@ def head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def rerope_params(ext: Extension, l0: int) -> tuple[int, float]:
-    """(window w, leak) for a ReRoPE method; leak = 0 for ReRoPE, 1/k for leaky."""
+def method_params(ext: Extension, l0: int) -> dict:
+    """The validated ``posenc.rope`` parameters of ``ext`` for native context ``l0``.
+
+    Raises PosencError for an unknown or renamed method, factor < 1, a window < 1,
+    k <= 1, or a default k with s = 1 or w >= L0.
+    """
+    name = rope.check_name(ext.method)
+    if ext.factor < 1:
+        raise PosencError(f"scale factor must be >= 1, got {ext.factor}")
+    if name == "none":
+        return {}
+    if name not in rope.RELATIVE:
+        return rope.schedule_params(name, l0, {"factor": float(ext.factor)})
     w = ext.window or l0 // 4
-    if w < 1:
-        raise PosencError(f"ReRoPE window must be >= 1 token, got {w}")
-    if ext.method == "rerope":
-        return w, 0.0
-    if ext.leaky_k is None and w >= l0:
-        raise PosencError(f"leaky ReRoPE window {w} must be below the native context {l0} (or give --leaky-k)")
-    k = ext.leaky_k or max(1.0, (ext.factor * l0 - w) / (l0 - w))
-    if k < 1:
-        raise PosencError(f"leaky ReRoPE k must be >= 1, got {k}")
-    return w, 1.0 / k
-
-
-def rope_parameters(ext: Extension, base_params: dict, config) -> dict:
-    """The ``rope_parameters`` dict for ``ext`` given the model's original ones."""
-    theta = float(base_params["rope_theta"])
-    s, l0, d = float(ext.factor), native_context(config), head_dim(config)
-    common = {"rope_theta": theta}
-    if ext.method in ("none", "rerope", "leaky_rerope"):
-        return {"rope_type": "default", **common}
-    if ext.method == "pi":
-        return {"rope_type": "linear", "factor": s, **common}
-    if ext.method == "ntk":
-        return {"rope_type": "default", "rope_theta": theta * s ** (d / (d - 2))}
-    if ext.method == "dynamic":
-        return {"rope_type": "dynamic", "factor": s, **common}
-    if ext.method == "yarn":
-        return {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": l0,
-                "beta_fast": 32.0, "beta_slow": 1.0, **common}
-    if ext.method == "llama3":
-        return {"rope_type": "llama3", "factor": s, "original_max_position_embeddings": l0,
-                "low_freq_factor": 1.0, "high_freq_factor": 4.0, **common}
-    raise PosencError(f"unknown method {ext.method!r} (choose from {', '.join(METHODS)})")
+    given = {"window": w}
+    if name == "leaky-rerope":
+        if ext.leak is None and not (w < l0 and ext.factor > 1):  # else the default k would be <= 1
+            raise PosencError(f"leaky-rerope's default k = (s L0 - w)/(L0 - w) needs factor s > 1 and window {w} "
+                              f"< L0 = {l0}; give --leak k > 1")
+        given["leak"] = ext.leak if ext.leak is not None else (ext.factor * l0 - w) / (l0 - w)
+    return rope.schedule_params(name, l0, given)
 
 
 def apply_method(model, ext: Extension) -> None:
@@ -102,23 +83,21 @@ def apply_method(model, ext: Extension) -> None:
     Sets ``config.rope_parameters`` and rebuilds ``model.model.rotary_emb`` from it
     (the only module that reads it), so ``rotary_emb.inv_freq`` and
     ``attention_scaling`` are the method's. The original RoPE parameters are kept
-    in ``model.posenc_base_rope`` so methods can be switched repeatedly.
-    Raises PosencError for factor < 1 or an unknown method.
+    in ``model.posenc_base_rope`` (and L0 in ``posenc_l0``) so methods can be switched
+    repeatedly.
+    Raises PosencError as :func:`method_params`.
     """
-    if ext.factor < 1:
-        raise PosencError(f"scale factor must be >= 1, got {ext.factor}")
-    if ext.method not in METHODS:
-        raise PosencError(f"unknown method {ext.method!r} (choose from {', '.join(METHODS)})")
     config = model.config
     if not hasattr(model, "posenc_base_rope"):
-        model.posenc_base_rope = dict(config.rope_parameters)
+        model.posenc_base_rope, model.posenc_l0 = dict(config.rope_parameters), native_context(config)
         model.posenc_rotary_cls = type(model.model.rotary_emb)
         model.posenc_attn = config._attn_implementation
-    config.rope_parameters = rope_parameters(ext, model.posenc_base_rope, config)
+    params = method_params(ext, model.posenc_l0)
+    theta = float(model.posenc_base_rope["rope_theta"])
+    config.rope_parameters = rope.hf_rope_parameters(ext.method, params, theta, head_dim(config))
     rotary = model.posenc_rotary_cls(config=config)
-    if ext.method in ("rerope", "leaky_rerope"):
-        window, leak = rerope_params(ext, native_context(config))
-        rerope.install(model, rotary.inv_freq, window, leak)
+    if ext.method in rope.RELATIVE:
+        install(model, rotary.inv_freq, params["window"], params.get("leak"))
     else:
         model.model.rotary_emb = rotary
         model.set_attn_implementation(model.posenc_attn)
@@ -142,7 +121,55 @@ def signature(model, length: int) -> str:
     h = hashlib.sha256(rot.inv_freq.float().numpy().tobytes())
     h.update(repr(float(rot.attention_scaling)).encode())
     rr = getattr(model.model.layers[0].self_attn, "rerope", None)
-    if model.config._attn_implementation == rerope.ATTN_NAME and rr[1] < length:
+    if model.config._attn_implementation == ATTN_NAME and rr[1] < length:
         h.update(repr(rr[1:]).encode())
     reset_rotary(model)
     return h.hexdigest()[:16]
+
+
+class IdentityRotary(nn.Module):
+    """Stands in for ``model.model.rotary_emb``: cos = 1, sin = 0 (no rotation).
+
+    Keeps the real frequencies as ``inv_freq`` (D/2,) and ``attention_scaling``
+    (1.0) so they can be read back like any transformers rotary embedding.
+    """
+
+    def __init__(self, inv_freq: torch.Tensor):
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq.clone(), persistent=False)
+        self.attention_scaling = 1.0
+
+    def forward(self, x, position_ids):
+        shape = (*position_ids.shape, 2 * self.inv_freq.shape[0])
+        return torch.ones(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device)
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, position_ids=None, **kwargs):
+    """transformers ``AttentionInterface`` entry: (B, H, Tq, D) -> ((B, Tq, H, D), None).
+
+    Reads ``module.rerope = (inv_freq, window, leak)`` set by :func:`install`; q, k, v
+    at float32 or better. Batch of unpadded sequences starting at position 0
+    (``attention_mask`` unused).
+    """
+    inv_freq, window, leak = module.rerope
+    q_pos = position_ids[0] if position_ids is not None else None
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    out = rope.rerope_attention(query.to(dtype), key.to(dtype), value.to(dtype), inv_freq, window, leak,
+                                q_pos=q_pos, scale=scaling)
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def install(model, inv_freq: torch.Tensor, window: int, leak: float | None) -> None:
+    """Switch a Llama-family model to (leaky) ReRoPE attention in place.
+
+    ``inv_freq`` (D/2,) are the unscaled RoPE frequencies; ``window`` w (tokens);
+    ``leak`` None (ReRoPE) or Su's k > 1. Undone by rebuilding ``model.model.rotary_emb``
+    and setting the attention implementation back (:func:`apply_method` does).
+    """
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, attention_forward)
+    model.model.rotary_emb = IdentityRotary(inv_freq)
+    for layer in model.model.layers:
+        layer.self_attn.rerope = (inv_freq, int(window), None if leak is None else float(leak))
+    model.set_attn_implementation(ATTN_NAME)

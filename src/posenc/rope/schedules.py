@@ -1,4 +1,4 @@
-"""RoPE context-extension schedules, applied at evaluation to a trained RoPE model.
+"""RoPE frequencies and context-extension schedules: the one definition for own and Hugging Face models.
 
 Each frequency schedule is a small pure function in the style of Hugging Face's
 ``modeling_rope_utils`` (one registry dict, ``SCHEDULES``)::
@@ -13,6 +13,7 @@ is ``original_max_position_embeddings`` (default: the model's training length),
 =================  ==========================================================  ==================
 name               inverse frequencies                                          source
 =================  ==========================================================  ==================
+``none``           omega_i (plain RoPE)                                         Su et al. 2021
 ``pi``             omega_i / s (positions / s)                                  Chen et al. 2023, eq. 2
 ``ntk``            base' = base * s^(D/(D-2)) (static)                          bloc97 2023 (NTK-aware)
 ``dynamic``        base' = base * (s L/L0 - (s-1))^(D/(D-2)) for L = the        emozilla 2023;
@@ -33,9 +34,10 @@ with ``truncate``) indices where r = beta_fast and r = beta_slow. posenc follows
 the reference code, so its frequencies equal transformers' (golden tests).
 ``factor`` is always the given s, never replaced by a length ratio.
 
-ReRoPE is an attention path (``rerope_attention``): per query block, in-window
-scores use the normal rotation and beyond-window scores rotate q by position w
-(or the leaky position) relative to k; at most two (block x keys) tiles exist.
+ReRoPE and leaky ReRoPE keep plain frequencies and replace attention
+(``posenc.rope.rerope``). ``none`` is plain RoPE. One name per schedule is used by
+``posenc eval --rope-schedule``, presets, ``posenc extend --methods`` and every
+report; ``posenc.rope.hf`` maps a schedule to transformers' ``rope_parameters``.
 """
 
 from __future__ import annotations
@@ -45,12 +47,34 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from posenc.attention import causal_tile, rotate
-from posenc.encodings.base import BiasFn
-from posenc.encodings.phase import rope_inv_freq, wrap_phases
 from posenc.errors import PosencError
 
 ScheduleFn = Callable[[int, float, dict, Optional[int]], tuple[torch.Tensor, float]]
+TWO_PI = 2 * math.pi
+
+
+def rope_inv_freq(head_dim: int, rope_theta: float = 10000.0) -> torch.Tensor:
+    """omega_i = rope_theta^(-2i/D), i = 0..D/2-1: (D/2,) float64 radians per token (Su et al. 2021, RoFormer).
+
+    Raises PosencError unless rope_theta is a finite number > 1.
+    """
+    if not (math.isfinite(rope_theta) and rope_theta > 1):
+        raise PosencError(f"rope_theta must be a finite number > 1, got {rope_theta}")
+    return rope_theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+
+def wrap_phases(phi: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Reduce float64 angles mod 2 pi, then cast to ``dtype`` (float32 or float64, never lower).
+
+    The result is contiguous: the four rotations of an attention layer run ~1.5x
+    faster on CPU than with the permuted layout a per-head projection leaves.
+    """
+    return torch.remainder(phi, TWO_PI).to(torch.promote_types(dtype, torch.float32), memory_format=torch.contiguous_format)
+
+
+def ntk_base(rope_theta: float, factor: float, head_dim: int) -> float:
+    """NTK-aware base b * s^(D/(D-2)) (bloc97 2023): the lowest frequency divided by s, the highest kept."""
+    return rope_theta * factor ** (head_dim / (head_dim - 2))
 
 
 def _pi(head_dim, rope_theta, p, seq_len):
@@ -58,15 +82,13 @@ def _pi(head_dim, rope_theta, p, seq_len):
 
 
 def _ntk(head_dim, rope_theta, p, seq_len):
-    base = rope_theta * p["factor"] ** (head_dim / (head_dim - 2))
-    return rope_inv_freq(head_dim, base), 1.0
+    return rope_inv_freq(head_dim, ntk_base(rope_theta, p["factor"], head_dim)), 1.0
 
 
 def _dynamic(head_dim, rope_theta, p, seq_len):
     L0, s = p["original_max_position_embeddings"], p["factor"]
     L = max(seq_len or L0, L0)  # the current length only: never a stale longer one
-    base = rope_theta * (s * L / L0 - (s - 1)) ** (head_dim / (head_dim - 2))
-    return rope_inv_freq(head_dim, base), 1.0
+    return rope_inv_freq(head_dim, ntk_base(rope_theta, s * L / L0 - (s - 1), head_dim)), 1.0
 
 
 def yarn_attention_factor(s: float) -> float:
@@ -109,6 +131,7 @@ def _plain(head_dim, rope_theta, p, seq_len):
 
 
 SCHEDULES: dict[str, ScheduleFn] = {
+    "none": _plain,
     "pi": _pi,
     "ntk": _ntk,
     "dynamic": _dynamic,
@@ -120,6 +143,7 @@ SCHEDULES: dict[str, ScheduleFn] = {
 
 # Parameters each schedule takes and their defaults (None: required; L0 filled in).
 _PARAMS: dict[str, dict[str, Any]] = {
+    "none": {},
     "pi": {"factor": None},
     "ntk": {"factor": None},
     "dynamic": {"factor": None, "original_max_position_embeddings": "L0"},
@@ -129,21 +153,32 @@ _PARAMS: dict[str, dict[str, Any]] = {
     "leaky-rerope": {"window": None, "leak": None},
 }
 _REQUIRED = {"factor", "window", "leak"}
+NAMES = tuple(SCHEDULES)  # the one naming: CLI, presets, reports
+RELATIVE = ("rerope", "leaky-rerope")  # schedules that replace attention (posenc.rope.rerope)
+RENAMED = {"leaky_rerope": "leaky-rerope"}  # spellings of earlier releases
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a schedule; PosencError naming the new spelling of a renamed one, or the valid names."""
+    if name in RENAMED:
+        raise PosencError(f"rope schedule {name!r} was renamed: use {RENAMED[name]!r}")
+    if name not in SCHEDULES:
+        raise PosencError(f"unknown rope schedule {name!r}; valid: {', '.join(NAMES)}")
+    return name
 
 
 def schedule_params(name: str, train_length: int, params: Optional[dict] = None) -> dict[str, Any]:
     """Validated parameters of schedule ``name`` with defaults filled in.
 
-    Raises PosencError (one line) for an unknown schedule or parameter, a missing
+    Raises PosencError (one line) for an unknown or renamed schedule or parameter, a missing
     required one, a non-finite number, factor < 1, attention_factor <= 0,
     beta_fast <= beta_slow, window <= 0, leak <= 1, high_freq_factor <= low_freq_factor.
     """
-    if name not in SCHEDULES:
-        raise PosencError(f"unknown rope schedule {name!r}; valid: {', '.join(SCHEDULES)}")
+    check_name(name)
     given = {k: v for k, v in (params or {}).items() if v is not None}
     unknown = set(given) - set(_PARAMS[name])
     if unknown:
-        raise PosencError(f"rope schedule {name!r} takes {', '.join(_PARAMS[name])}; got {', '.join(sorted(unknown))}")
+        raise PosencError(f"rope schedule {name!r} takes {', '.join(_PARAMS[name]) or 'no parameters'}; got {', '.join(sorted(unknown))}")
     out = {k: train_length if d == "L0" else d for k, d in _PARAMS[name].items()}
     out.update(given)
     missing = [k for k in _REQUIRED & set(out) if out[k] is None]
@@ -175,56 +210,10 @@ def check_window(params: dict, eval_length: int) -> None:
 
 
 def schedule_label(name: str, params: dict) -> str:
-    """Short row name, e.g. ``yarn(s=8)``, ``rerope(w=64)``, ``leaky-rerope(w=64,k=16)``."""
+    """Short row name, e.g. ``yarn(s=8)``, ``rerope(w=64)``, ``leaky-rerope(w=64,k=16)``, ``none``."""
+    if not params:
+        return name
     if "window" in params:
         return f"{name}(w={params['window']:g}" + (f",k={params['leak']:g})" if "leak" in params else ")")
     return f"{name}(s={params['factor']:g})"
 
-
-def rerope_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    pos: torch.Tensor,
-    inv_freq: torch.Tensor,
-    window: int,
-    leak: Optional[float] = None,
-    *,
-    pairing: str = "half",
-    bias: Optional[BiasFn] = None,
-    logit_scale: float = 1.0,
-    block_size: int = 512,
-) -> torch.Tensor:
-    """Causal attention with ReRoPE / leaky ReRoPE relative positions (Su 2023).
-
-    q, k: (B, H, T, D), v: (B, H, T, Dv), pos: (T,) int64, inv_freq: (D/2,)
-    float64. Relative position of query i and key j: i-j for i-j < w, else w
-    (``leak`` None) or w + (i-j-w)/leak. Beyond-window scores rotate q by
-    w (leaky: i/k + w - w/k) and k by 0 (leaky: j/k): only positions of one token
-    each, so per query block only (block x keys) tiles exist, never T x T.
-    Angles in float64 mod 2 pi. Returns (B, H, T, Dv) in v's dtype.
-    """
-    if window >= q.shape[-2]:
-        raise PosencError(f"rerope window {window} must be < the evaluation length {q.shape[-2]}")
-    p = pos.to(torch.float64)
-
-    def rot(x, positions):
-        return rotate(x, wrap_phases(positions[:, None] * inv_freq.to(pos.device), x.dtype), pairing)
-
-    q_in, k_in = rot(q, p), rot(k, p)
-    if leak is None:
-        q_out, k_out = rot(q, torch.full_like(p, float(window))), k
-    else:
-        q_out, k_out = rot(q, p / leak + window * (1 - 1 / leak)), rot(k, p / leak)
-    scale = logit_scale / math.sqrt(q.shape[-1])
-    out = []
-    for qs in range(0, q.shape[-2], block_size):
-        qe = min(qs + block_size, q.shape[-2])
-        band = max(0, qs - window + 1)  # keys before `band` are beyond the window for every query here
-        far = q_out[..., qs:qe, :] @ k_out[..., :qe, :].transpose(-1, -2)
-        near = q_in[..., qs:qe, :] @ k_in[..., band:qe, :].transpose(-1, -2)
-        dist = (pos[qs:qe, None] - pos[None, band:qe])
-        far[..., band:] = torch.where(dist < window, near, far[..., band:])
-        s = far * scale + causal_tile(bias, qs, qe, qe, q.device, far.dtype)
-        out.append(torch.softmax(s, dim=-1).to(v.dtype) @ v[..., :qe, :])
-    return torch.cat(out, dim=-2)

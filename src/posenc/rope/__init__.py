@@ -1,0 +1,31 @@
+"""RoPE and its context extensions, one definition for own models and Hugging Face models.
+
+- :mod:`.schedules`: frequencies ``rope_inv_freq``, angle wrapping ``wrap_phases``,
+  one pure function per schedule (``SCHEDULES``: none, pi, ntk, dynamic, yarn, llama3,
+  rerope, leaky-rerope), one defaults table and validator (``schedule_params``).
+- :mod:`.rerope`: ReRoPE / leaky ReRoPE attention, blockwise, beside its naive reference.
+- :mod:`.hf`: a schedule as transformers' ``rope_parameters``.
+
+Users: ``posenc.encodings.rotary.RoPE`` (own models, ``posenc eval --rope-schedule``)
+and ``posenc.pretrained.schedules`` (``posenc extend``). Layering: this package
+depends only on ``posenc.errors`` and ``posenc.attention``.
+"""
+
+from posenc.rope.hf import hf_rope_parameters
+from posenc.rope.rerope import rerope_attention
+from posenc.rope.schedules import (
+    NAMES,
+    RELATIVE,
+    SCHEDULES,
+    check_name,
+    check_window,
+    rope_inv_freq,
+    schedule_label,
+    schedule_params,
+    wrap_phases,
+)
+
+__all__ = [
+    "NAMES", "RELATIVE", "SCHEDULES", "check_name", "check_window", "hf_rope_parameters", "rerope_attention",
+    "rope_inv_freq", "schedule_label", "schedule_params", "wrap_phases",
+]
