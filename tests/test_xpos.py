@@ -8,7 +8,7 @@ import torch
 from posenc import encodings
 from posenc.attention import naive_attention
 from posenc.encodings.base import Dims, Inputs
-from posenc.encodings.xpos import xpos_block, xpos_naive_scores, xpos_zeta
+from posenc.encodings.xpos import query_blocks, xpos_block, xpos_naive_scores, xpos_zeta
 
 
 def test_zeta_values():
@@ -51,3 +51,18 @@ def test_logits_at_one_million_are_finite_and_exact():
     # the factorised form q zeta^(n/B), k zeta^(-m/B) overflows in float32 there
     ln = torch.log(xpos_zeta(D)).float()
     assert not torch.isfinite(torch.exp(-float(pos[-1]) / 512 * ln)).all()
+
+
+def test_position_gap_inside_a_block_stays_finite_and_exact():
+    """Position ids with a 10^5 gap inside one query block: the block splits at the gap (no inf * 0 = NaN)."""
+    dims = Dims(n_head=1, head_dim=8, d_model=8, vocab_size=256, train_length=16)
+    enc = encodings.get("xpos", dims, scale_base=8.0, block_size=64)
+    pos = torch.cat((torch.arange(10), torch.arange(100_000, 100_010)))
+    T = len(pos)
+    assert query_blocks(pos, 64, 64.0) == [(0, 10), (10, 20)]
+    inp = Inputs(torch.zeros(1, T, 8), pos, torch.zeros(1, T, dtype=torch.long))
+    q, k, v = (torch.randn(1, 1, T, 8, dtype=torch.float64) for _ in range(3))
+    out = enc.attend(q, k, v, inp)
+    scores = xpos_naive_scores(q, k, pos, scale_base=8.0) / math.sqrt(8)
+    ref = torch.softmax(scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), -1) @ v
+    assert torch.isfinite(out).all() and torch.allclose(out, ref, atol=1e-10)

@@ -27,8 +27,10 @@ BiasFn = Callable[[int, int, int, int], torch.Tensor]
 def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.Tensor:
     """Rotate feature pairs of ``x`` by angles ``phi``: returns R(phi) x.
 
-    x: (B, H, T, D); phi: broadcastable to (B, H, T, D/2), float32 or float64
-    radians. Pairing "half" rotates (x_i, x_{i+D/2}) as Hugging Face's
+    x: (B, H, T, D); phi: broadcastable to (B, H, T, P), float32 or float64
+    radians, P <= D/2 pairs: with P < D/2 only the first 2P features rotate and
+    the rest pass unchanged (partial rotary, GPT-NeoX / Hugging Face
+    ``partial_rotary_factor``; pairs within those 2P features). Pairing "half" rotates (x_i, x_{i+D/2}) as Hugging Face's
     ``rotate_half`` (x cos + rotate_half(x) sin); "adjacent" rotates
     (x_{2i}, x_{2i+1}) as RoFormer / Meta Llama. cos and sin are taken in the
     angles' dtype and only then cast to x's dtype (never bf16 angles).
@@ -37,6 +39,9 @@ def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.T
     """
     if pairing not in ("half", "adjacent"):
         raise ValueError(f"unknown pairing {pairing!r}")
+    r = 2 * phi.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat((rotate(x[..., :r], phi, pairing), x[..., r:]), dim=-1)
     cos, sin = torch.cos(phi).to(x.dtype), torch.sin(phi).to(x.dtype)
     x1, x2 = _pairs(x, pairing)
     y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
@@ -89,7 +94,8 @@ class _Rotation(torch.autograd.Function):
 def rotate_shared(x: torch.Tensor, phi: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str = "half", sign: int = 1) -> torch.Tensor:
     """R(sign * phi) x from precomputed ``cos = cos(phi)``, ``sin = sin(phi)`` (x's dtype), gradients to x and phi.
 
-    x: (B, H, T, D); phi: broadcastable to (B, H, T, D/2), float32+ radians; sign: +1 or -1.
+    x: (B, H, T, D); phi: broadcastable to (B, H, T, P), float32+ radians, P <= D/2
+    (P < D/2: partial rotary, as ``rotate``); sign: +1 or -1.
     Same values and gradients as ``rotate(x, sign * phi, pairing)`` (tested), with
     one cos/sin per layer and a cheaper backward (``_Rotation``). Raises ValueError
     for an unknown pairing, a sign other than +-1, or phases that do not broadcast
@@ -97,6 +103,9 @@ def rotate_shared(x: torch.Tensor, phi: torch.Tensor, cos: torch.Tensor, sin: to
     """
     if pairing not in ("half", "adjacent") or sign not in (1, -1):
         raise ValueError(f"pairing must be 'half' or 'adjacent' and sign +-1, got {pairing!r}, {sign!r}")
+    r = 2 * phi.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat((rotate_shared(x[..., :r], phi, cos, sin, pairing, sign), x[..., r:]), dim=-1)
     pairs = (*x.shape[:-1], x.shape[-1] // 2)
     if x.shape[-1] % 2 or torch.broadcast_shapes(pairs, phi.shape, cos.shape, sin.shape) != pairs:
         raise ValueError(f"phases {tuple(phi.shape)} do not broadcast to the feature pairs {pairs} of x")
@@ -137,9 +146,11 @@ def attention(
 ) -> torch.Tensor:
     """Causal attention with a scheme's phases and bias.
 
-    q, k: (B, H, T, Dk); v: (B, H, T, Dv); phases: (B|1, H|1, T, Dk/2) radians;
+    q, k: (B, H, T, Dk); v: (B, H, T, Dv); phases: (B|1, H|1, T, P) radians, P <= Dk/2
+    (P < Dk/2: only the first 2P features of each head rotate, partial rotary);
     with ``rotate_v`` (Dv == Dk), v is rotated by Phi before attention and the
-    output by -Phi after (value transport, ``posenc.encodings.accumulated``). Scores are
+    output by -Phi after (value transport, ``posenc.encodings.accumulated``; with
+    partial rotary the unrotated value features are plain attention values). Scores are
     ``logit_scale * q.k / sqrt(Dk) + bias``. Returns (B, H, T, Dv) in v's dtype.
     """
     if phases is not None:  # cos/sin once per layer (float32+ angles), shared by q, k, v and the output

@@ -42,6 +42,7 @@ from posenc.encodings.base import Encoding
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, windows
 from posenc.model import LM, AttentionInputs
+from posenc.passkey import passkey_records
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
 from posenc.theory.mixing import window_size
 from posenc.theory.stats import check_eps
@@ -194,7 +195,7 @@ def diagnose_model(
         return out
     device = next(model.parameters()).device
     H, L_n = cfg.n_head, cfg.n_layer
-    phasors = [torch.zeros(H, cfg.head_dim // 2, dtype=torch.complex128) for _ in range(L_n)]
+    phasors = [0] * L_n  # per layer: sum of exp(i theta), (H, P) complex128 once the layer has phases
     steps = [0] * L_n
     plan = [(L, windows(docs, L, n_windows * L)) for L in lengths]
     bar = tqdm(total=sum(len(ws) for _, ws in plan), desc="diagnose", unit="win", leave=False, disable=not progress)
@@ -228,9 +229,9 @@ def diagnose_model(
         out["lengths"].append(rec)
     bar.close()
     if any(steps):
-        base = baseline_gap(model.blocks[0].attn.enc)
         out["spectral_gap"] = []
-        for layer in range(L_n):
+        for layer in (i for i in range(L_n) if steps[i]):  # rotary layers (a '|' pattern may mix in others)
+            base = baseline_gap(model.blocks[layer].attn.enc)
             beta = phasors[layer].abs() / max(1, steps[layer])
             beta = torch.where(1 - beta < BETA_ONE, torch.ones_like(beta), beta)
             w_eps = [[_finite(window_size(float(b), eps)) for b in row] for row in beta.tolist()]
@@ -402,8 +403,6 @@ def compare_extras(model: LM, ev, data, results: Path, base: dict) -> None:
     base: {"scheme", "seed", "train_length"} copied into each record; records
     already present are skipped (a rerun resumes).
     """
-    from posenc.passkey import passkey_records
-
     done = _recorded(results, base["scheme"], base["seed"])
     for rec in passkey_records(model, data.tokenizer, ev.passkey, {(L, d) for k, L, d in done if k == "passkey"}):
         append_jsonl(results, {"kind": "passkey", **base, **rec})

@@ -45,7 +45,7 @@ from torch import nn
 
 from posenc.encodings.registry import alias, register
 from posenc.encodings.base import Dims, Encoding, Inputs
-from posenc.encodings.phase import check_rotary_dims
+from posenc.encodings.phase import check_rotary_dims, rotary_dim
 from posenc.rope import rope_inv_freq, wrap_phases
 from posenc.errors import PosencError
 from posenc.theory.mixing import window_size
@@ -69,8 +69,10 @@ class Accumulated(Encoding):
     Parameters: mode ("random" | "token" | "learned"), rotate ("qk" | "qkv"),
     center ("zero" | "rope"), a (half-width for center="zero", radians, in (0, pi], default 1),
     init ("zero" | "random", learned W), learn_a (learned per-head, per-block
-    half-width), rope_theta, pairing, seed. Phases: (B, H, T, D/2) float32
-    ((1, H, T, D/2) for fixed per-position draws at evaluation).
+    half-width), rope_theta, pairing, seed, rotary_fraction f (partial rotary: only
+    the first int(f D) features of each head rotate, with fD/2 blocks; under Q/K/V
+    the unrotated value features are plain attention values). Phases: (B, H, T, fD/2)
+    float32 ((1, H, T, fD/2) for fixed per-position draws at evaluation).
     Raises PosencError for an invalid parameter value.
     """
 
@@ -91,6 +93,7 @@ class Accumulated(Encoding):
         rope_theta: float = 10000.0,
         pairing: str = "half",
         seed: int = 0,
+        rotary_fraction: float = 1.0,
     ):
         super().__init__(dims)
         check_rotary_dims(dims, pairing)
@@ -112,8 +115,9 @@ class Accumulated(Encoding):
         self.mode, self.center, self.pairing, self.a, self.init = mode, center, pairing, float(a), init
         self.rotate_v = rotate == "qkv"
         self.seed = seed * 1_000_003 + dims.layer_index
-        half = dims.head_dim // 2
-        omega = rope_inv_freq(dims.head_dim, rope_theta).float()
+        self.rotary_fraction, rot = rotary_fraction, rotary_dim(dims, rotary_fraction)
+        self.n_blocks = half = rot // 2  # frequency blocks (rotated feature pairs)
+        omega = rope_inv_freq(rot, rope_theta).float()
         width = omega if center == "rope" else torch.full((half,), float(a))
         self.register_buffer("center_b", omega if center == "rope" else torch.zeros(half), persistent=False)
         self.register_buffer("width_b", width, persistent=False)
@@ -134,7 +138,7 @@ class Accumulated(Encoding):
     def _u(self, inp: Inputs) -> torch.Tensor:
         """Unit steps u in [-1, 1]: (B|1, H, T, D/2) float32."""
         B, T = inp.tokens.shape
-        H, half = self.dims.n_head, self.dims.head_dim // 2
+        H, half = self.dims.n_head, self.n_blocks
         if self.mode == "learned":
             return torch.tanh(self.step(inp.x)).view(B, T, H, half).transpose(1, 2)
         if self.mode == "token":
@@ -189,7 +193,7 @@ class Accumulated(Encoding):
             "token": "fixed per token id",
             "learned": f"learned a*tanh(Wx), W {'= 0' if self.init == 'zero' else '~ N(0, 0.02^2)'} at init" + (", learned a per head and block" if self.log_a is not None else ""),
         }[self.mode]
-        head = f"accumulated SO(2) {'QKV' if self.rotate_v else 'QK'}, steps "
+        head = f"accumulated SO(2) {'QKV' if self.rotate_v else 'QK'}" + (f" on {self.rotary_fraction:g} of each head" if self.rotary_fraction < 1 else "") + ", steps "
         if self.mode == "learned":
             bound = "a" if self.log_a is not None else f"{self.a:g}"
             return head + f"in [-{bound}, {bound}], {src}; step law and mixing window known after training (posenc diagnose)"

@@ -14,7 +14,8 @@ import torch
 
 from posenc import rope
 from posenc.encodings.base import Dims, Encoding, Inputs
-from posenc.encodings.phase import check_rotary_dims
+from posenc.encodings.phase import check_rotary_dims, rotary_dim
+from posenc.errors import PosencError
 from posenc.encodings.registry import register
 
 
@@ -29,8 +30,10 @@ class RoPE(Encoding):
     leaky-rerope) with ``schedule_params`` changes the frequencies and
     ``logit_scale`` (= attention_factor^2); ReRoPE replaces attention (``attend``,
     ``posenc.rope.rerope_attention``). Raises PosencError for an odd head dim, an
-    unknown pairing or invalid schedule parameters.
-    Phases: (1, 1, T, D/2) float32, computed as float64 t * omega mod 2 pi.
+    unknown pairing or invalid schedule parameters. ``rotary_fraction`` f < 1 rotates
+    only the first int(f D) features of each head, with frequencies of that dim
+    (Hugging Face ``partial_rotary_factor``; not with the ReRoPE schedules).
+    Phases: (1, 1, T, fD/2) float32, computed as float64 t * omega mod 2 pi.
     """
 
     name = "rope"
@@ -38,22 +41,25 @@ class RoPE(Encoding):
     rotary = True
     internal = ("schedule", "schedule_params")  # set by with_rope_schedule (posenc eval --rope-schedule), not by specs
 
-    def __init__(self, dims: Dims, rope_theta: float = 10000.0, pairing: str = "half", schedule: str | None = None, schedule_params: dict | None = None):
+    def __init__(self, dims: Dims, rope_theta: float = 10000.0, pairing: str = "half", schedule: str | None = None, schedule_params: dict | None = None, rotary_fraction: float = 1.0):
         super().__init__(dims)
         check_rotary_dims(dims, pairing)
-        self.rope_theta, self.pairing, self.schedule = rope_theta, pairing, schedule
+        self.rope_theta, self.pairing, self.schedule, self.rotary_fraction = rope_theta, pairing, schedule, rotary_fraction
+        self.rot_dim = rotary_dim(dims, rotary_fraction)
         self.replaces_attention = schedule in rope.RELATIVE
-        inv_freq = rope.rope_inv_freq(dims.head_dim, rope_theta)
+        if self.replaces_attention and self.rot_dim < dims.head_dim:
+            raise PosencError(f"rope schedule {schedule!r} rotates every feature; rotary_fraction must be 1")
+        inv_freq = rope.rope_inv_freq(self.rot_dim, rope_theta)
         if schedule is not None:
             self.schedule_params = rope.schedule_params(schedule, dims.train_length, schedule_params)
-            inv_freq, attention_factor = rope.SCHEDULES[schedule](dims.head_dim, rope_theta, self.schedule_params, None)
+            inv_freq, attention_factor = rope.SCHEDULES[schedule](self.rot_dim, rope_theta, self.schedule_params, None)
             self.logit_scale = attention_factor**2  # the factor multiplies cos and sin
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def phases(self, inp: Inputs) -> torch.Tensor:
         inv_freq = self.inv_freq
         if self.schedule == "dynamic":  # from the current length, every call
-            inv_freq, _ = rope.SCHEDULES["dynamic"](self.dims.head_dim, self.rope_theta, self.schedule_params, int(inp.pos.max()) + 1)
+            inv_freq, _ = rope.SCHEDULES["dynamic"](self.rot_dim, self.rope_theta, self.schedule_params, int(inp.pos.max()) + 1)
         phi = inp.pos.to(torch.float64)[:, None] * inv_freq.to(inp.pos.device)
         return rope.wrap_phases(phi, inp.x.dtype)[None, None]
 
@@ -72,10 +78,12 @@ class RoPE(Encoding):
 
     def spectral_gap(self) -> torch.Tensor:
         """(D/2,) float64 ones: a constant step never mixes."""
-        return torch.ones(self.dims.head_dim // 2, dtype=torch.float64)
+        return torch.ones(self.rot_dim // 2, dtype=torch.float64)
 
     def describe(self) -> str:
         extra = ""
         if self.schedule is not None:
             extra = f", {rope.schedule_label(self.schedule, self.schedule_params)}"
+        if self.rot_dim < self.dims.head_dim:
+            extra += f", rotary_fraction={self.rotary_fraction:g}"
         return f"rope(theta={self.rope_theta:g}, {self.pairing}{extra})"

@@ -12,7 +12,10 @@ offset o = pos[qs] scales q_n by zeta^((n-o)/B) (exponent in [0, block/B]) and
 k_m by zeta^((o-m)/B): for m < o the exponent is positive (the factor can only
 underflow towards its true, tiny value), for o <= m < qe it is at most block/B.
 The product is zeta^((n-m)/B) exactly; no unbounded exponent ever appears.
-Scales are computed in float64 as exp(x ln zeta), then cast (>= float32).
+Position ids with a gap (non-contiguous, non-decreasing) would stretch a block's
+span and with it those exponents, so a block also ends before its span passes
+``MAX_SPAN_BASES`` B (``query_blocks``). Scales are computed in float64 as
+exp(x ln zeta), then cast (>= float32).
 """
 
 from __future__ import annotations
@@ -39,6 +42,24 @@ def xpos_zeta(head_dim: int) -> torch.Tensor:
 def _per_feature(x: torch.Tensor, pairing: str) -> torch.Tensor:
     """(..., D/2) per-pair values -> (..., D) per feature."""
     return torch.cat((x, x), dim=-1) if pairing == "half" else x.repeat_interleave(2, dim=-1)
+
+
+MAX_SPAN_BASES = 8  # zeta_min^(-8) = (1.4/0.4)^8 ~ 2e4: finite even in float16
+
+
+def query_blocks(pos: torch.Tensor, block_size: int, max_span: float) -> list[tuple[int, int]]:
+    """[qs, qe) query blocks of at most ``block_size`` positions whose span pos[qe-1] - pos[qs] <= max_span.
+
+    pos: (T,) int64 non-decreasing position ids; a gap longer than max_span starts a new block.
+    """
+    T, out, qs = len(pos), [], 0
+    while qs < T:
+        qe = min(qs + block_size, T)
+        beyond = (pos[qs:qe] - pos[qs] > max_span).nonzero()
+        qe = qs + int(beyond[0]) if len(beyond) else qe
+        out.append((qs, qe))
+        qs = qe
+    return out
 
 
 def xpos_block(q, k, pos, inv_freq, zeta, scale_base, qs, qe, pairing="half"):
@@ -86,8 +107,7 @@ class XPos(Encoding):
     def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
         T, scale = q.shape[-2], self.logit_scale / math.sqrt(q.shape[-1])
         out = []
-        for qs in range(0, T, self.block_size):
-            qe = min(qs + self.block_size, T)
+        for qs, qe in query_blocks(inp.pos, self.block_size, MAX_SPAN_BASES * self.scale_base):
             qb, kb = xpos_block(q, k, inp.pos, self.inv_freq, self.zeta, self.scale_base, qs, qe, self.pairing)
             mask = causal_tile(bias, qs, qe, qe, q.device, q.dtype)
             out.append(F.scaled_dot_product_attention(qb, kb, v[..., :qe, :], attn_mask=mask, scale=scale))
