@@ -93,7 +93,7 @@ def test_own_and_hf_paths_give_the_same_nll():
 
 
 def test_extend_ignores_records_of_the_old_bos_none_accounting():
-    from posenc.commands.extend_cmd import _skipped_a_target
+    from posenc.extend import _skipped_a_target
 
     old = {"kind": "ppl", "bos": "none", "length": 16, "stride": 16, "begin": 16}  # skipped target 16
     assert _skipped_a_target(old) and not _skipped_a_target({**old, "begin": 0})  # the first window was right

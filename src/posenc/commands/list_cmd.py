@@ -2,6 +2,7 @@
 
 from posenc import encodings
 from posenc.config import preset_names
+from posenc.extend import preset_names as extend_presets
 
 
 def add_parser(sub):
@@ -16,4 +17,5 @@ def run(args) -> int:
         for name, doc, source in rows:
             print(f"  {name:18s} {doc}" + (f" [{source}]" if source else ""))
     print("\npresets: " + ", ".join(preset_names()))
+    print("extend presets (posenc extend --preset): " + ", ".join(extend_presets()))
     return 0

@@ -1,0 +1,276 @@
+"""Context extension of a pretrained RoPE model, measured: the job behind ``posenc extend``.
+
+``extend(cfg)`` scores perplexity vs length and passkey retrieval for each method
+(none, PI, NTK-aware, dynamic NTK, YaRN, Llama-3, ReRoPE, leaky ReRoPE: ``posenc.rope``)
+on held-out text. Each window and passkey trial is one record appended to
+``records.jsonl`` at once, so an interrupted run resumes where it stopped; the records
+are summarised in ``results.md``, CSV files and plots (``posenc.pretrained.report``)
+under ``runs/extend/<name>/``.
+
+The configuration is :class:`ExtendConfig`; presets are YAML files shipped as package
+data (``posenc/configs/extend/NAME.yaml``, read with ``importlib.resources``, so an
+installed wheel has them) or a path. Their keys are the command's flags; unknown keys
+and bad values are one-line errors before any work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tqdm import tqdm
+
+from posenc import passkey
+from posenc.checkpoint import append_jsonl, read_json, read_jsonl, write_json
+from posenc.data import Document, load_corpus
+from posenc.errors import PosencError
+from posenc.jobs import drop_torn_tail
+from posenc.pretrained import evaluate, loading, report, schedules
+from posenc.rope import NAMES, check_name
+from posenc.scoring import Window
+
+PRESETS = importlib.resources.files("posenc") / "configs" / "extend"  # package data: works from a wheel too
+# the setting: records of another setting in the same directory are kept, not shown (their tag differs)
+SETTING = ("model", "corpus", "docs", "factor", "max_tokens", "stride", "bos", "bucket", "rerope_window", "leak", "seed")
+# what one call ran, listed in config.json
+INVOCATION = ("lengths", "long_methods", "max_windows", "passkey_lengths", "passkey_depths", "passkey_methods", "name", "methods")
+
+
+class ExtendConfig(BaseModel):
+    """One ``posenc extend`` run; lengths, windows and strides in tokens of the model's tokenizer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)  # the run directory runs/extend/<name> (the default output)
+    model: str = loading.DEFAULT_MODEL  # 'smollm2', a .gguf file, a model directory or a hub id
+    corpus: str = "shakespeare"  # corpus spec (posenc.data); its held-out documents are scored
+    docs: list[str] = Field(["first"], min_length=1)  # held-out document names, 'all' or 'first'
+    max_tokens: int = Field(32768, ge=2)  # the first max_tokens tokens of each document
+    factor: float = Field(2.0, ge=1)  # scale factor s
+    stride: Optional[int] = None  # sliding-window stride in text tokens; None: non-overlapping windows
+    bos: Literal["none", "prepend"] = "none"  # none: windows of raw text; prepend: BOS + length - 1 text tokens
+    bucket: int = Field(1024, ge=1)  # position-bucket width of the per-position loss
+    rerope_window: Optional[int] = None  # ReRoPE window w; None: L0/4
+    leak: Optional[float] = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
+    seed: int = 0  # seed of the passkey keys
+    methods: list[str] = Field(list(NAMES), min_length=1)
+    lengths: list[Annotated[int, Field(ge=2)]] = Field(min_length=1)  # model positions per window
+    long_methods: Optional[list[str]] = None  # only these at lengths > factor x L0; None: every method
+    max_windows: int = Field(0, ge=0)  # windows per (method, length); 0: all
+    passkey_lengths: list[Annotated[int, Field(ge=1)]] = []  # prompt lengths; empty: no passkey
+    passkey_depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.5]
+    passkey_methods: Optional[list[str]] = None  # None: every method
+    trials: int = Field(1, ge=1)  # passkey trials per (length, depth) cell
+    threads: Optional[int] = None  # torch CPU threads; None: torch's choice
+
+
+def preset_names() -> list[str]:
+    """Names of the shipped extend presets (``posenc/configs/extend/*.yaml``)."""
+    return sorted(p.name.removesuffix(".yaml") for p in PRESETS.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> ExtendConfig:
+    """An extend preset by name (package data) or YAML path; ``overrides`` (given flags) replace its keys.
+
+    Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or
+    bad value, an unknown method, or a stride outside [1, shortest length - 1].
+    """
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESETS / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise PosencError(f"unknown extend preset {name_or_path!r}; valid: {', '.join(preset_names())}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise PosencError(f"extend preset {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise PosencError(f"extend preset {path} is not a YAML mapping of settings")
+    try:
+        cfg = ExtendConfig.model_validate({**data, **(overrides or {})})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = f"extend preset {path.name}" + (" with command-line options" if overrides else "")
+        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: ExtendConfig) -> None:
+    """What field bounds cannot say: method names, and a stride that fits the shortest length."""
+    for m in [*cfg.methods, *(cfg.long_methods or []), *(cfg.passkey_methods or [])]:
+        check_name(m)
+    targets = min(cfg.lengths) - 1  # per window of the shortest length, either BOS policy
+    if cfg.stride is not None and not 1 <= cfg.stride <= targets:
+        raise PosencError(f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {cfg.stride}")
+
+
+def _extension(cfg: ExtendConfig, method: str) -> schedules.Extension:
+    return schedules.Extension(method, cfg.factor, cfg.rerope_window, cfg.leak)
+
+
+def _held_out(cfg: ExtendConfig) -> list[Document]:
+    """The held-out documents named by ``cfg.docs`` (checked before the model loads)."""
+    val = load_corpus(cfg.corpus).val
+    if cfg.docs == ["first"]:
+        return val[:1]
+    if cfg.docs == ["all"]:
+        return val
+    names = {d.name for d in val}
+    missing = [n for n in cfg.docs if n not in names]
+    if missing:
+        raise PosencError(f"unknown document(s) {', '.join(missing)}; held-out: {', '.join(sorted(names))}")
+    return [d for d in val if d.name in cfg.docs]
+
+
+def _plan_windows(docs: list[tuple[str, list[int]]], length: int, cfg: ExtendConfig) -> list[tuple[str, Window]]:
+    """(document, window) pairs scored at ``length``: every window of every document, the first ``max_windows``."""
+    out = [(name, w) for name, toks in docs for w in evaluate.windows(len(toks), length, cfg.stride, cfg.bos == "prepend")]
+    if not out:
+        longest = max(len(t) for _, t in docs)
+        raise PosencError(f"length {length} exceeds the held-out text ({longest} tokens in the longest document "
+                          f"after --max-tokens {cfg.max_tokens})")
+    return out[: cfg.max_windows] if cfg.max_windows else out
+
+
+def _skipped_a_target(record: dict) -> bool:
+    """A --bos none window after the first from before the accounting fix (stride = length): its first target
+    was never scored and its begin is off the current grid, so the record is ignored."""
+    return record["kind"] == "ppl" and record["bos"] == "none" and record["stride"] >= record["length"] and record["begin"] > 0
+
+
+class _Store:
+    """Records of one setting in ``records.jsonl``: appended one per window / trial and
+    flushed at once, so an interrupted run resumes by skipping finished keys."""
+
+    def __init__(self, path: Path, tag: str):
+        drop_torn_tail(path)  # a record cut by a kill must not swallow the next one
+        self.path, self.tag = path, tag
+        self.records = [r for r in read_jsonl(path) if r.get("setting") == tag and not _skipped_a_target(r)]
+        self.done = {r["key"] for r in self.records}
+        self.by_sig = {}
+        for r in self.records:
+            if r["kind"] == "ppl":
+                self.by_sig.setdefault((r["signature"], r["doc"], r["begin"], r["length"]), r)
+
+    def add(self, record: dict) -> None:
+        record["setting"] = self.tag
+        append_jsonl(self.path, record)
+        self.records.append(record)
+        self.done.add(record["key"])
+        if record["kind"] == "ppl":
+            self.by_sig.setdefault((record["signature"], record["doc"], record["begin"], record["length"]), record)
+
+
+def _ppl_points(model, method: str, L: int, windows: list, doc_tokens: dict, store: _Store, cfg: ExtendConfig,
+                bos_id: int | None) -> None:
+    """Score the windows of one (method, length) point, reusing forwards with an equal signature."""
+    sig = schedules.signature(model, L)
+    for doc, win in tqdm(windows, desc=f"{method} ppl@{L}", leave=False):
+        key = f"ppl|{method}|{L}|{doc}|{win.begin}"
+        if key in store.done:
+            continue
+        prev = store.by_sig.get((sig, doc, win.begin, L))
+        t0 = time.time()
+        if prev is not None:
+            res = {k: prev[k] for k in ("nll_sum", "n_scored", "bucket_nll", "bucket_n")}
+            res["reused_from"] = prev["method"]
+        else:
+            schedules.reset_rotary(model)
+            res = evaluate.score_window(model, doc_tokens[doc], win, bos_id, cfg.bucket)
+        store.add({"kind": "ppl", "key": key, "method": method, "factor": cfg.factor, "length": L,
+                   "stride": cfg.stride or L - 1, "bos": cfg.bos, "doc": doc, "begin": win.begin,
+                   "bucket": cfg.bucket, "signature": sig, "seconds": round(time.time() - t0, 2), **res})
+        tqdm.write(f"{method:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
+                   f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
+
+
+def _passkey_points(model, tok, method: str, store: _Store, cfg: ExtendConfig) -> None:
+    """Run the passkey trials of one method not yet recorded."""
+    for L in cfg.passkey_lengths:
+        for depth in cfg.passkey_depths:
+            for trial in range(cfg.trials):
+                key = f"passkey|{method}|{L}|{depth}|{trial}"
+                if key in store.done:
+                    continue
+                t0 = time.time()
+                schedules.reset_rotary(model)
+                res = passkey.passkey_trial(model, tok, L, depth, passkey.passkey_key(cfg.seed, L, depth, trial))
+                store.add({"kind": "passkey", "key": key, "method": method, "factor": cfg.factor, "length": L,
+                           "depth": depth, "trial": trial, "seconds": round(time.time() - t0, 2), **res})
+                tqdm.write(f"{method:>12} passkey L={L} depth={depth} trial={trial}: "
+                           f"{'ok' if res['correct'] else 'wrong'} ({res['answer']!r}, {time.time() - t0:.0f} s)")
+
+
+def _write_config(path: Path, setting: dict, invocation: dict) -> None:
+    """config.json: the setting, and every invocation (lengths, methods, ...) run on it in this directory."""
+    old = read_json(path) if path.exists() else {}
+    calls = old.get("invocations", []) if {k: old.get(k) for k in setting} == setting else []
+    write_json(path, {**setting, "invocations": calls + [invocation]})
+
+
+def _open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -> _Store:
+    """Record this call in ``config.json`` and open the records of its setting."""
+    setting = {**{k: getattr(cfg, k) for k in SETTING}, "docs": [d for d, _ in docs]}
+    tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
+    _write_config(out / "config.json", {**setting, "native_context": l0, "source": source},
+                  {k: getattr(cfg, k) for k in INVOCATION})
+    return _Store(out / "records.jsonl", tag)
+
+
+def _inputs(cfg: ExtendConfig) -> tuple[loading.Loaded, int, list, dict, int | None]:
+    """Model, native context L0, (document, tokens) pairs, windows per length and BOS id: every input checked."""
+    documents = _held_out(cfg)
+    loaded = loading.load(cfg.model)
+    l0 = schedules.native_context(loaded.model.config)
+    for method in cfg.methods:  # window and leak against L0
+        schedules.method_params(_extension(cfg, method), l0)
+    tok = loaded.tokenizer
+    docs = [(d.name, tok(d.text, add_special_tokens=False)["input_ids"][: cfg.max_tokens]) for d in documents]
+    bos_id = tok.bos_token_id if cfg.bos == "prepend" else None
+    if cfg.bos == "prepend" and bos_id is None:
+        raise PosencError(f"{cfg.model} has no BOS token; use --bos none")
+    return loaded, l0, docs, {L: _plan_windows(docs, L, cfg) for L in cfg.lengths}, bos_id
+
+
+def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
+    """Score every (method, length) window and passkey trial of ``cfg`` not yet recorded, then write the report.
+
+    ``out``: the run directory (default ``runs/extend/<cfg.name>``). Returns it and the
+    report's markdown (also in ``out/results.md``). Raises PosencError before ``out`` is
+    touched for an unknown document, a model posenc cannot load or extend, a ReRoPE window
+    or leak invalid for the model's native context L0, a length longer than the held-out
+    text, or ``bos: prepend`` without a BOS token.
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    loaded, l0, docs, plan, bos_id = _inputs(cfg)
+    out = Path(out or Path("runs") / "extend" / cfg.name)  # all input checked: only now touch the output directory
+    out.mkdir(parents=True, exist_ok=True)
+    store = _open_store(out, cfg, docs, l0, loaded.source)
+    model = loaded.model
+    for method in cfg.methods:
+        schedules.apply_method(model, _extension(cfg, method))
+        for L in cfg.lengths:
+            if L <= cfg.factor * l0 or cfg.long_methods is None or method in cfg.long_methods:
+                _ppl_points(model, method, L, plan[L], dict(docs), store, cfg, bos_id)
+        if method in (cfg.passkey_methods or cfg.methods):
+            _passkey_points(model, loaded.tokenizer, method, store, cfg)
+    methods = [m for m in schedules.METHODS if m in cfg.methods or any(r["method"] == m for r in store.records)]
+    return out, report.write_report(out, store.records, methods, _header(cfg, l0, docs))
+
+
+def _header(cfg: ExtendConfig, l0: int, docs: list) -> str:
+    """The report's first lines: model, L0, factor, text, BOS policy, windows, passkey scoring."""
+    return (f"# posenc extend: {cfg.model} (native context {l0}, factor {cfg.factor:g})\n\n"
+            f"Text: {', '.join(d for d, _ in docs)} (first {cfg.max_tokens} tokens each), "
+            f"BOS policy {cfg.bos}, {'stride ' + str(cfg.stride) if cfg.stride else 'non-overlapping windows'}; "
+            f"passkey greedy, first integer of the output compared exactly.")

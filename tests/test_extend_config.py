@@ -1,0 +1,93 @@
+"""posenc extend's configuration: shipped YAML presets, bad presets as one-line errors, flags over presets."""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+
+import pytest
+
+from posenc.cli import build_parser, main
+from posenc.commands import extend_cmd
+from posenc.errors import PosencError
+from posenc.extend import ExtendConfig, load_preset, preset_names
+from posenc.rope import NAMES
+
+REPO = Path(__file__).resolve().parents[1]
+# the presets of the command before they became YAML files
+SHIPPED = {
+    "default": dict(lengths=[8192, 16384, 32768], long_methods=["dynamic"], max_windows=1,
+                    passkey_lengths=[8192], passkey_depths=[0.5], passkey_methods=["none", "yarn"]),
+    "quick": dict(lengths=[512, 1024], long_methods=None, max_windows=1,
+                  passkey_lengths=[1024], passkey_depths=[0.5], passkey_methods=["none", "yarn"]),
+    "reproduce": dict(lengths=[1024, 2048, 4096, 8192, 16384, 32768], long_methods=None, max_windows=0,
+                      passkey_lengths=[], passkey_depths=[0.5], passkey_methods=None),
+}
+COMMON = dict(model="smollm2", corpus="shakespeare", docs=["first"], max_tokens=32768, factor=2.0, stride=None,
+              bos="none", bucket=1024, rerope_window=None, leak=None, seed=0, methods=list(NAMES), trials=1, threads=None)
+
+
+def parse(*argv: str) -> ExtendConfig:
+    return extend_cmd.config(build_parser().parse_args(["extend", *argv]))
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_presets_load(name):
+    assert preset_names() == sorted(SHIPPED)
+    cfg = load_preset(name)
+    assert cfg.model_dump() == {"name": name, **COMMON, **SHIPPED[name]}
+    assert parse(f"--{name}" if name != "default" else "--preset=default") == cfg  # --quick, --reproduce: shorthands
+
+
+def test_package_data_ships_every_preset():
+    tomllib = pytest.importorskip("tomllib")
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["posenc"]
+    src = REPO / "src" / "posenc"
+    shipped = [p.relative_to(src).as_posix() for p in (src / "configs").rglob("*.yaml")]
+    assert "configs/extend/quick.yaml" in shipped
+    assert all(any(fnmatch.fnmatch(p, g) and p.count("/") == g.count("/") for g in globs) for p in shipped)
+
+
+def test_flags_override_the_preset(tmp_path):
+    cfg = parse("--quick", "--lengths", "64", "128", "--factor", "4", "--long-methods", "--passkey-lengths",
+                "--methods", "none", "yarn", "--name", "mine", "--stride", "9")
+    assert (cfg.lengths, cfg.factor, cfg.long_methods, cfg.passkey_lengths) == ([64, 128], 4.0, None, [])
+    assert (cfg.methods, cfg.name, cfg.stride) == (["none", "yarn"], "mine", 9)
+    assert (cfg.max_windows, cfg.passkey_methods, cfg.bucket) == (1, ["none", "yarn"], 1024)  # the rest: quick's
+    assert parse("--long-methods", "yarn").long_methods == ["yarn"] and parse().long_methods == ["dynamic"]
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nlengths: [16, 32]\nfactor: 2\nbos: prepend\n")
+    cfg = parse("--preset", str(path), "--bos", "none")
+    assert (cfg.name, cfg.lengths, cfg.bos) == ("mine", [16, 32], "none")
+    assert type(cfg.factor) is float  # YAML 2 and --factor 2 give one setting tag (2.0 in its JSON)
+    with pytest.raises(SystemExit):  # one preset at a time
+        build_parser().parse_args(["extend", "--quick", "--preset", "default"])
+
+
+@pytest.mark.parametrize("text,message", [
+    ("name: x\nlengths: [16]\nlenghts: [32]\n", "invalid extend preset bad.yaml: lenghts: Extra inputs are not permitted"),
+    ("name: x\nlengths: [16]\nfactor: 0.5\n", "invalid extend preset bad.yaml: factor: Input should be greater than or equal to 1"),
+    ("name: x\nlengths: [1]\n", "invalid extend preset bad.yaml: lengths.0: Input should be greater than or equal to 2"),
+    ("name: x\n", "invalid extend preset bad.yaml: lengths: Field required"),
+    ("name: x\nlengths: [16]\nmethods: [leaky_rerope]\n", "rope schedule 'leaky_rerope' was renamed: use 'leaky-rerope'"),
+    ("name: x\nlengths: [16, 32]\nstride: 16\n", "--stride must be in [1, 15]"),
+    ("name: [x\n", "is not valid YAML"),
+    ("- name\n", "is not a YAML mapping"),
+])
+def test_bad_preset_is_one_line_error(tmp_path, text, message):
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(PosencError) as err:
+        load_preset(str(tmp_path / "bad.yaml"))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_bad_preset_or_flag_exits_2(tmp_path, capsys):
+    out = tmp_path / "o"
+    for argv, message in ((["--preset", "nosuch"], "unknown extend preset 'nosuch'; valid: default, quick, reproduce"),
+                          (["--factor", "0.5"], "with command-line options: factor: Input should be greater than or equal to 1"),
+                          (["--leaky-k", "2"], "--leaky-k was renamed: use --leak"),
+                          (["--methods", "nosuch"], "unknown rope schedule 'nosuch'")):
+        assert main(["extend", *argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err
+    assert not out.exists()
