@@ -59,8 +59,38 @@ class Preset(BaseModel):
         return v
 
 
-def preset_names() -> list[str]:
-    return sorted(p.name.removesuffix(".yaml") for p in PRESETS.iterdir() if p.name.endswith(".yaml"))
+def preset_names(folder=PRESETS) -> list[str]:
+    """The presets shipped in ``folder`` (package data)."""
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_preset(name_or_path: str, folder=PRESETS, kind: str = "preset") -> tuple[Path, dict]:
+    """(path, settings) of preset ``name_or_path``: a name in ``folder`` or a YAML path.
+
+    Raises PosencError (one line, naming the ``kind``) for an unknown preset, invalid YAML or a
+    file that is not a mapping of settings.
+    """
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = folder / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {', '.join(preset_names(folder))}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise PosencError(f"{kind} {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise PosencError(f"{kind} {path} is not a YAML mapping of settings")
+    return path, data
+
+
+def validated(cls: type[BaseModel], data: dict, where: str):
+    """``cls`` built from ``data``; the first validation error as one PosencError line naming ``where``."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
 
 
 def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> Preset:
@@ -68,26 +98,14 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
 
     Raises PosencError for an unknown preset, invalid YAML or invalid values.
     """
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PRESETS / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise PosencError(f"unknown preset {name_or_path!r}; valid: {', '.join(preset_names())}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise PosencError(f"preset {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    path, data = read_preset(name_or_path)
     for key, value in (overrides or {}).items():
         if isinstance(value, dict):
             data[key] = {**data.get(key, {}), **value}
         elif value is not None:
             data[key] = value
-    try:
-        preset = Preset(**data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = f"preset {path.name}" + (" with command-line options" if any(v not in (None, {}) for v in (overrides or {}).values()) else "")
-        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    given = any(v not in (None, {}) for v in (overrides or {}).values())
+    preset = validated(Preset, data, f"preset {path.name}" + (" with command-line options" if given else ""))
     for s in preset.schemes:  # fail fast, before any training
         preset.model.model_copy(update={"encoding": s}).check_encoding()
     for spec in preset.eval_schedules:

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import torch
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from posenc import passkey
 from posenc.checkpoint import append_jsonl, read_json, read_jsonl, write_json
+from posenc.config import preset_names as shipped, read_preset, validated
 from posenc.data import Document, load_corpus
 from posenc.errors import PosencError
 from posenc.jobs import drop_torn_tail
@@ -74,7 +74,7 @@ class ExtendConfig(BaseModel):
 
 def preset_names() -> list[str]:
     """Names of the shipped extend presets (``posenc/configs/extend/*.yaml``)."""
-    return sorted(p.name.removesuffix(".yaml") for p in PRESETS.iterdir() if p.name.endswith(".yaml"))
+    return shipped(PRESETS)
 
 
 def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> ExtendConfig:
@@ -83,23 +83,9 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or
     bad value, an unknown method, or a stride outside [1, shortest length - 1].
     """
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PRESETS / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise PosencError(f"unknown extend preset {name_or_path!r}; valid: {', '.join(preset_names())}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise PosencError(f"extend preset {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise PosencError(f"extend preset {path} is not a YAML mapping of settings")
-    try:
-        cfg = ExtendConfig.model_validate({**data, **(overrides or {})})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = f"extend preset {path.name}" + (" with command-line options" if overrides else "")
-        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    path, data = read_preset(name_or_path, PRESETS, "extend preset")
+    where = f"extend preset {path.name}" + (" with command-line options" if overrides else "")
+    cfg = validated(ExtendConfig, {**data, **(overrides or {})}, where)
     _check(cfg)
     return cfg
 
