@@ -24,7 +24,8 @@ from posenc.theory.decay import pope_frequencies, sinusoidal_table, xpos_zeta
 from posenc.theory.mass import _geometric_form, alibi_bounds, far_mass_bound, forget_gate_bound, gate_mean
 from posenc.theory.scores import tail_bound
 from posenc.theory.stats import bernstein_tol
-from posenc.theory.steps import SO2Uniform, rotate, unit_vectors
+from posenc.attention import rotate
+from posenc.theory.steps import SO2Uniform, unit_vectors
 
 
 @pytest.fixture(autouse=True)
@@ -197,7 +198,7 @@ def test_conditional_covariance_formula_by_simulating_values():
     psi = 2 * torch.rand(m, d // 2, generator=gen, dtype=torch.float64)
     g = torch.randn(draws, 1, d, generator=gen, dtype=torch.float64)
     noise = torch.randn(draws, m, d, generator=gen, dtype=torch.float64)
-    e = (a[None, :, None] * rotate(g + noise, psi.expand(draws, m, -1))).sum(1)
+    e = (a[None, :, None] * rotate(g + noise, psi.expand(draws, m, -1), "adjacent")).sum(1)
     z = (a[:, None] * torch.polar(torch.ones_like(psi), psi)).sum(0)
     predicted = torch.diag((z.abs().square() + a.square().sum()).repeat_interleave(2))
     np.testing.assert_allclose(torch.cov(e.T), predicted, atol=6 * float(predicted.max()) / math.sqrt(draws))

@@ -30,7 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc.theory.stats import z_value
-from posenc.theory.steps import DTYPE, rope_frequencies, rotate
+from posenc.attention import rotate
+from posenc.rope import rope_inv_freq
+from posenc.theory.steps import DTYPE
 
 XPOS_SCALE_BASE = 512
 ALIBI_SLOPE = 1 / 16
@@ -41,7 +43,7 @@ CHECKPOINTS = (1, 16, 256, 4096)  # distances quoted in the summary
 
 def sinusoidal_table(pos: torch.Tensor, d: int) -> torch.Tensor:
     """Transformer table: PE[..., 2b] = sin(pos w_b), PE[..., 2b+1] = cos(pos w_b): (..., d)."""
-    ang = pos[..., None] * rope_frequencies(d)
+    ang = pos[..., None] * rope_inv_freq(d)
     return torch.stack([torch.sin(ang), torch.cos(ang)], -1).flatten(-2)
 
 
@@ -58,18 +60,18 @@ def pope_frequencies(d: int, base: float = POPE_BASE, survey_sign: bool = False)
 
 def _rope(base):
     def score(q, k, i, j):
-        theta = rope_frequencies(q.shape[-1], base)
-        return (rotate(q, i[..., None] * theta) * rotate(k, j[..., None] * theta)).sum(-1)
+        theta = rope_inv_freq(q.shape[-1], base)
+        return (rotate(q, i[..., None] * theta, "adjacent") * rotate(k, j[..., None] * theta, "adjacent")).sum(-1)
 
     return score
 
 
 def _xpos(q, k, i, j):
     d = q.shape[-1]
-    theta, zeta = rope_frequencies(d), xpos_zeta(d)
+    theta, zeta = rope_inv_freq(d), xpos_zeta(d)
     # q scaled by zeta^((i - c)/B), k by zeta^(-(j - c)/B) with offset c = j
     scale = (zeta ** ((i - j)[..., None] / XPOS_SCALE_BASE)).repeat_interleave(2, -1)
-    return (rotate(q, i[..., None] * theta) * scale * rotate(k, j[..., None] * theta)).sum(-1)
+    return (rotate(q, i[..., None] * theta, "adjacent") * scale * rotate(k, j[..., None] * theta, "adjacent")).sum(-1)
 
 
 def _pope(q, k, i, j, delta=None):
@@ -106,12 +108,12 @@ def expected_score(scheme: str, dist: np.ndarray, d: int) -> np.ndarray:
     """Closed-form E score(D) over q = k ~ N(0, I/d) (module docstring): (len(dist),) float64."""
     D = np.asarray(dist, dtype=float)[:, None]
     if scheme == "sinusoidal":
-        return 1 + np.cos(D * rope_frequencies(d).numpy()).sum(1)
+        return 1 + np.cos(D * rope_inv_freq(d).numpy()).sum(1)
     if scheme.startswith("rope-"):
-        return np.cos(D * rope_frequencies(d, float(scheme[5:])).numpy()).mean(1)
+        return np.cos(D * rope_inv_freq(d, float(scheme[5:])).numpy()).mean(1)
     if scheme == "xpos":
         z = xpos_zeta(d).numpy()
-        return (z ** (D / XPOS_SCALE_BASE) * np.cos(D * rope_frequencies(d).numpy())).mean(1)
+        return (z ** (D / XPOS_SCALE_BASE) * np.cos(D * rope_inv_freq(d).numpy())).mean(1)
     if scheme.startswith("pope"):
         theta = pope_frequencies(d, survey_sign=scheme == "pope-survey-sign").numpy()
         return _softplus_sq(d) * np.cos(D * theta).sum(1)
@@ -243,7 +245,7 @@ def _accumulated_pairs(q, k, i, j, shifts, a, vocab, gen) -> dict:
 
     def route_score(theta, ii, jj):
         phi = torch.cat([torch.zeros_like(theta[:1]), theta[1:].cumsum(0)])  # step t acts at token t
-        return (rotate(q, -phi[ii.long()]) * rotate(k, -phi[jj.long()])).sum(-1)
+        return (rotate(q, -phi[ii.long()], "adjacent") * rotate(k, -phi[jj.long()], "adjacent")).sum(-1)
 
     shifted_tokens = [torch.cat([torch.randint(0, vocab, (s,), generator=gen), tokens]) for s in shifts]
     return {

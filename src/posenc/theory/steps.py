@@ -24,22 +24,13 @@ import math
 
 import torch
 
+from posenc.attention import rotate
 from posenc.errors import PosencError
+from posenc.rope import rope_inv_freq
 
 DTYPE = torch.float64
 KNOWN = "so2:<a>, so2-drift[:base], householder, haar"
 _STEP_CHUNK = 16  # steps summed per tensor op: bounds memory at samples x blocks x 16
-
-
-def rope_frequencies(d: int, base: float = 10000.0) -> torch.Tensor:
-    """RoPE frequencies omega_b = base^(-2b/d), b = 0 .. d/2 - 1: (d/2,) float64."""
-    return base ** (-2.0 * torch.arange(d // 2, dtype=DTYPE) / d)
-
-
-def rotate(x: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair (x_{2b}, x_{2b+1}) of x (..., d) by phi (..., d/2) radians."""
-    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
-    return torch.view_as_real(z * torch.polar(torch.ones_like(phi), phi)).flatten(-2)
 
 
 def phasor_mean(phi: torch.Tensor, dim) -> torch.Tensor:
@@ -106,7 +97,7 @@ class SO2Steps(StepDist):
         return block_matrix(means)
 
     def apply(self, k, n, gen):
-        return rotate(k, self.route_phases(n, k.shape[0], gen))
+        return rotate(k, self.route_phases(n, k.shape[0], gen), "adjacent")
 
 
 class SO2Uniform(SO2Steps):
@@ -130,7 +121,7 @@ class SO2Drift(SO2Steps):
     def __init__(self, d: int, base: float = 10000.0):
         self.name = "so2-drift" if base == 10000.0 else f"so2-drift:{base:g}"
         self.d, self.base = d, base
-        self.omega = rope_frequencies(d, base)
+        self.omega = rope_inv_freq(d, base)
 
     def angles(self, shape, gen):
         u = torch.rand(*shape, self.d // 2, generator=gen, dtype=DTYPE)
