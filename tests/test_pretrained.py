@@ -254,13 +254,16 @@ def test_passkey_too_short_and_answer_parsing(word_tokenizer):
         passkey.passkey_prompt(word_tokenizer, 20, 0.5, 12345)
     assert passkey.first_integer(" 12345. Remember") == 12345 and passkey.first_integer(" no idea") is None
     assert passkey.first_integer("1234 56") == 1234
-    assert passkey.passkey_key(0, 8192, 0.5, 0) == passkey.passkey_key(0, 8192, 0.5, 0)
+    keys = [passkey.passkey_key(0, 8192, 0.5, t) for t in range(20)]
+    assert all(10000 <= k <= 99999 for k in keys) and len(set(keys)) >= 18  # 5 digits, a new key per trial
+    assert keys == [passkey.passkey_key(0, 8192, 0.5, t) for t in range(20)]  # and reproducible
 
 
 def test_passkey_trial_runs_generation(word_tokenizer):
     model = tiny_model()
     res = passkey.passkey_trial(model, word_tokenizer, 150, 0.5, 54321, new_tokens=3)
-    assert res["prompt_tokens"] <= 150 and isinstance(res["correct"], bool)
+    assert res["key"] == 54321 and 0 < res["prompt_tokens"] <= 150
+    assert res["got"] == passkey.first_integer(res["answer"]) and res["correct"] == (res["got"] == 54321)
 
 
 # ---------------------------------------------------------------- bad input
