@@ -289,3 +289,17 @@ def test_cli_quick_writes_summary_results_and_plots(tmp_path, capsys):
     for name in ("mixing", "window_context", "score_gap", "far_mass", "value_incoherence", "decay"):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob(".*tmp"))  # atomic writes leave no temp files
+
+
+def test_budgets_are_shipped_presets(tmp_path):
+    from posenc.theory.run import load_budget
+
+    full, quick = load_budget("full"), load_budget("quick")
+    assert full.mix_samples == 20000 and full.mass_Ms == tuple(2**i for i in range(4, 17)) and full.decay_max_dist == 8192
+    assert quick.mix_samples == 2000 and quick.context_lengths == (256, 1024) and quick.value_Ms == tuple(2**i for i in range(4, 11))
+    bad = tmp_path / "b.yaml"
+    bad.write_text(quick.model_dump_json().replace("mix_samples", "mix_sample"))
+    with pytest.raises(PosencError, match="invalid theory budget b.yaml: mix_sample"):
+        load_budget(str(bad))
+    with pytest.raises(PosencError, match="unknown theory budget 'nosuch'; valid: full, quick"):
+        load_budget("nosuch")

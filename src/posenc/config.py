@@ -8,21 +8,19 @@ values are one-line errors before any work.
 
 from __future__ import annotations
 
-import importlib.resources
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from posenc.diagnose import FarMassConfig
 from posenc.rope import check_window, schedule_params
 from posenc.errors import PosencError
 from posenc.model import ModelConfig
 from posenc.passkey import PasskeyConfig
+from posenc.presets import read_preset, validated
 from posenc.train import TrainConfig
 
-PRESETS = importlib.resources.files("posenc") / "configs"  # package data: works from a wheel too
 
 
 class EvalConfig(BaseModel):
@@ -57,40 +55,6 @@ class Preset(BaseModel):
         if not v or v in (".", "..") or not all(c.isalnum() or c in "._-" for c in v):
             raise ValueError(f"must be a plain directory name (letters, digits, . _ -), got {v!r}")
         return v
-
-
-def preset_names(folder=PRESETS) -> list[str]:
-    """The presets shipped in ``folder`` (package data)."""
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
-
-
-def read_preset(name_or_path: str, folder=PRESETS, kind: str = "preset") -> tuple[Path, dict]:
-    """(path, settings) of preset ``name_or_path``: a name in ``folder`` or a YAML path.
-
-    Raises PosencError (one line, naming the ``kind``) for an unknown preset, invalid YAML or a
-    file that is not a mapping of settings.
-    """
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = folder / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {', '.join(preset_names(folder))}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise PosencError(f"{kind} {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise PosencError(f"{kind} {path} is not a YAML mapping of settings")
-    return path, data
-
-
-def validated(cls: type[BaseModel], data: dict, where: str):
-    """``cls`` built from ``data``; the first validation error as one PosencError line naming ``where``."""
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
 
 
 def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> Preset:

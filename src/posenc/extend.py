@@ -16,7 +16,6 @@ and bad values are one-line errors before any work.
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import json
 import math
 import time
@@ -29,7 +28,7 @@ from tqdm import tqdm
 
 from posenc import passkey
 from posenc.checkpoint import append_jsonl, read_json, read_jsonl, write_json
-from posenc.config import preset_names as shipped, read_preset, validated
+from posenc.presets import SHIPPED, preset_names as shipped, read_preset, validated
 from posenc.data import Document, load_corpus
 from posenc.errors import PosencError
 from posenc.jobs import drop_torn_tail
@@ -37,7 +36,7 @@ from posenc.pretrained import evaluate, loading, report, schedules
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
 
-PRESETS = importlib.resources.files("posenc") / "configs" / "extend"  # package data: works from a wheel too
+PRESETS = SHIPPED / "extend"
 # the setting: records of another setting in the same directory are kept, not shown (their tag differs)
 SETTING = ("model", "corpus", "docs", "factor", "max_tokens", "stride", "bos", "bucket", "rerope_window", "leak", "seed")
 # what one call ran, listed in config.json

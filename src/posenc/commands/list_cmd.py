@@ -1,7 +1,7 @@
 """`posenc list`: the registered schemes by family (with their sources) and the presets."""
 
 from posenc import encodings
-from posenc.config import preset_names
+from posenc.presets import preset_names
 from posenc.extend import preset_names as extend_presets
 
 

@@ -6,14 +6,15 @@ import json
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from posenc.checkpoint import atomic_write_bytes
 from posenc.errors import PosencError
+from posenc.presets import SHIPPED, read_preset, validated
 from posenc.reporting import markdown_table
 from posenc.theory import decay, mass, mixing, plots, scores
 from posenc.theory.stats import check_eps
@@ -23,28 +24,30 @@ DEFAULT_DISTS = ("so2:1", "so2:0.5", "so2:2", "so2-drift", "householder", "haar"
 DEFAULT_DIMS = (8, 16, 32, 64, 128)
 
 
-@dataclass(frozen=True)
-class Budget:
-    """Sample sizes; FULL fits in about a minute on one core, QUICK in seconds."""
+class Budget(BaseModel):
+    """Sample sizes of the checks (presets ``configs/theory/{full,quick}.yaml``): full fits in about
+    a minute on one core, quick in seconds."""
 
-    mix_samples: int
-    mix_matrix_samples: int  # householder / haar: d x d products per sample
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mix_samples: int = Field(gt=0)
+    mix_matrix_samples: int = Field(gt=0)  # householder / haar: d x d products per sample
     context_lengths: tuple[int, ...]
-    context_samples: int
-    gap_samples: int
-    gap_householder_samples: int
+    context_samples: int = Field(gt=0)
+    gap_samples: int = Field(gt=0)
+    gap_householder_samples: int = Field(gt=0)
     mass_Ms: tuple[int, ...]
-    mass_samples: int
+    mass_samples: int = Field(gt=0)
     value_Ms: tuple[int, ...]
-    value_samples: int
-    decay_max_dist: int
-    decay_samples: int
+    value_samples: int = Field(gt=0)
+    decay_max_dist: int = Field(gt=0)
+    decay_samples: int = Field(gt=0)
 
 
-FULL = Budget(20000, 5000, (512, 2048, 8192), 2000, 5000, 1000,
-              tuple(2**i for i in range(4, 17)), 64, tuple(2**i for i in range(4, 13)), 256, 8192, 2000)
-QUICK = Budget(2000, 500, (256, 1024), 500, 1000, 200,
-               tuple(2**i for i in range(4, 11)), 16, tuple(2**i for i in range(4, 11)), 64, 1024, 300)
+def load_budget(name: str) -> Budget:
+    """A shipped budget (``full``, ``quick``) or a YAML path; PosencError (one line) if invalid."""
+    path, data = read_preset(name, SHIPPED / "theory", "theory budget")
+    return validated(Budget, data, f"theory budget {path.name}")
 
 
 def run_theory(
@@ -68,7 +71,7 @@ def run_theory(
         raise PosencError("need at least one distribution and one dimension")
     steps = [parse_dist(s, d) for s in dists for d in (mix_dim, *dims)]  # validate before any work
     so2 = next((s for s in steps if isinstance(s, SO2Uniform)), SO2Uniform(mix_dim, 1.0))
-    budget = QUICK if quick else FULL
+    budget = load_budget("quick" if quick else "full")
     stages = _stages(list(dict.fromkeys(dists)), tuple(dims), mix_dim, eps, seed, so2.a, budget)
     start = time.perf_counter()
     results = {"mixing": {}, "score_gap": {}, "skipped": {}}
@@ -86,7 +89,7 @@ def run_theory(
     runtime = time.perf_counter() - start
     table = summary_table(results)
     config = {"dists": list(dists), "dims": list(dims), "mix_dim": mix_dim, "eps": eps, "seed": seed,
-              "quick": quick, "budget": asdict(budget)}
+              "quick": quick, "budget": budget.model_dump()}
     report = {"config": config, "runtime_s": runtime, "all_hold": all(r["holds"] for r in table),
               "table": table, "results": results}
     _write(Path(out), report)

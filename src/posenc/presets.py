@@ -1,0 +1,50 @@
+"""Presets as data: YAML files shipped as package data (``posenc/configs/``, read with
+``importlib.resources`` so an installed wheel has them) or given by path, validated by a pydantic
+model into a one-line error. compare (``posenc.config``), extend and theory read theirs here.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from posenc.errors import PosencError
+
+SHIPPED = importlib.resources.files("posenc") / "configs"  # package data: works from a wheel too
+
+
+def preset_names(folder=SHIPPED) -> list[str]:
+    """The presets shipped in ``folder`` (package data)."""
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_preset(name_or_path: str, folder=SHIPPED, kind: str = "preset") -> tuple[Path, dict]:
+    """(path, settings) of preset ``name_or_path``: a name in ``folder`` or a YAML path.
+
+    Raises PosencError (one line, naming the ``kind``) for an unknown preset, invalid YAML or a
+    file that is not a mapping of settings.
+    """
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = folder / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {', '.join(preset_names(folder))}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise PosencError(f"{kind} {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise PosencError(f"{kind} {path} is not a YAML mapping of settings")
+    return path, data
+
+
+def validated(cls: type[BaseModel], data: dict, where: str):
+    """``cls`` built from ``data``; the first validation error as one PosencError line naming ``where``."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
