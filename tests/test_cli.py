@@ -212,3 +212,9 @@ def test_negative_seed_and_empty_preset_lists(tmp_path, capsys):
                           ("schemes: [rope]\nseeds: [-2]\n", "seeds.0: Input should be greater than or equal to 0")]:
         preset.write_text("name: p\nmodel: {n_layer: 1, n_head: 2, d_model: 16}\ntrain: {steps: 1}\n" + body)
         _one_line_exit_2(capsys, ["compare", "--preset", str(preset), "--out", str(tmp_path)], message)
+
+
+@pytest.mark.parametrize("device, message", [("bogus", "unknown device 'bogus'"), ("cuda:7", "device 'cuda:7' is not available here")])
+def test_diagnose_bad_device_is_one_line(tmp_path, capsys, device, message):
+    code, _, err = run_cli(capsys, "diagnose", str(tmp_path / "nosuch"), "--device", device)
+    assert code == 2 and err.count("\n") == 1 and message in err

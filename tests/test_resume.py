@@ -161,3 +161,14 @@ def test_resume_state_pt_without_step_or_optimizer_is_one_line(tmp_path, capsys)
     assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "4", "--out", str(run), "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "state.pt is damaged: no step, optimizer" in err
+
+
+def test_resume_with_other_training_settings_is_refused(setup, capsys):
+    tmp_path, preset = setup
+    run = tmp_path / "r"
+    assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(10), "--out", str(run)]) == 0
+    files = {p.name: p.read_bytes() for p in run.iterdir()}
+    assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(20), "--out", str(run), "--resume", "--seed", "3", "--batch-size", "4"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"posenc: error: cannot resume {run}: its training differs (batch_size 2 -> 4; seed 0 -> 3); use another --out"
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == files  # nothing touched
+    assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(20), "--out", str(run), "--resume"]) == 0  # more steps: fine

@@ -156,3 +156,12 @@ def test_compare_exit_status_is_1_when_a_job_failed(broken_schemes, corpus, tmp_
     preset.write_text(json.dumps(tiny_preset(corpus, ["rope", "test-nan"]).model_dump(mode="json")))
     assert main(["compare", "--preset", str(preset), "--out", str(tmp_path / "runs"), "--no-isolate"]) == 1
     assert "posenc: 1 job(s) failed: test-nan (seed 0)" in capsys.readouterr().err
+
+
+def test_too_short_held_out_text_fails_before_training(tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("to be or not to be " * 40)
+    code = main(["compare", "--preset", "quick", "--schemes", "rope", "--steps", "2", "--corpus", str(corpus), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("posenc: error: evaluation length 256 exceeds the longest held-out document")
+    assert not (tmp_path / "o").exists()

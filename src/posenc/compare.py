@@ -23,7 +23,7 @@ from posenc.checkpoint import append_jsonl, make_run_dir, write_json
 from posenc.config import Preset, absolute_corpus, schedule_spec
 from posenc.data import load_tokens
 from posenc.diagnose import compare_extras, extras_pending
-from posenc.evaluate import eval_lengths, evaluate_length
+from posenc.evaluate import eval_lengths, evaluate_length, windows
 from posenc.jobs import check_same_settings, done_cells, drop_torn_tail, one_line, run_inline, run_isolated, scheme_modules
 from posenc.model import ModelConfig, is_rope, with_rope_schedule
 from posenc.report import write_report
@@ -105,6 +105,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True)
     run_root = Path(out_root) / preset.name
     preset = absolute_corpus(preset)
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
+    windows(data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset))  # held-out text long enough
     check_same_settings(run_root, preset)
     make_run_dir(run_root)
     write_json(run_root / "preset.json", preset.model_dump())

@@ -77,6 +77,17 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def check_device(name: str) -> torch.device:
+    """``name`` as a torch device that exists here; PosencError (one line) for a bad name or an absent device."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise PosencError(f"unknown device {name!r} (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        raise PosencError(f"device {name!r} is not available here (torch {torch.__version__}, cuda available: {torch.cuda.is_available()})")
+    return device
+
+
 def default_device() -> torch.device:
     """CUDA when a GPU is present, else CPU."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

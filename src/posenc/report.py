@@ -93,14 +93,14 @@ def far_mass_markdown(records: list[dict], L0: int) -> str:
     lengths = sorted({r["length"] for r in recs})
     w = next((r["w"] for r in recs if "w" in r), L0)  # "not supported" records carry no w
     grid = _grid([{**r, "eval_length": r["length"]} for r in recs], "far_mass_mean")
-    uniform = {r["length"]: r.get("uniform_far_mass") for r in recs}
+    uniform = {r["length"]: r["uniform_far_mass"] for r in recs if r.get("uniform_far_mass") is not None}  # "not supported" records carry none
     out = (
         f"\n## Far attention mass\n\nMean softmax mass on keys at distance >= {w} (the training length), over "
         "layers, heads and the queries that have such keys (`posenc diagnose` gives each layer and head; `far_mass.png`). "
         "Uniform attention is the reference; a distance bias keeps it near 0.\n\n"
     )
     rows = [[s, *(_cell(row[L], ".3f") for L in lengths)] for s, row in grid.items()]
-    rows.append(["uniform", *(_cell([uniform[L]], ".3f") for L in lengths)])
+    rows.append(["uniform", *(_cell([uniform.get(L)], ".3f") for L in lengths)])
     out += markdown_table(["scheme", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows) + "\n"
     notes = {r["note"] for r in recs if r.get("note") and not r["note"].startswith("n/a")}
     return out + "".join(f"\n- {n}\n" for n in sorted(notes))

@@ -139,13 +139,22 @@ class _TokenNLL(torch.nn.Module):
         return self.lm.token_nll(x, y)
 
 
-def _check_same_model(run_dir: Path, mcfg: ModelConfig) -> None:
-    """Raise PosencError when the run in ``run_dir`` was trained with another model config."""
-    saved = read_run_config(run_dir)["model"]
-    now = json.loads(json.dumps(mcfg.model_dump(), default=str))  # as config.json stores it
-    diff = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in now.items() if saved.get(k) != v]
-    if diff:
-        raise PosencError(f"cannot resume {run_dir}: its model differs ({'; '.join(diff)}); use another --out")
+RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads"}  # may change on resume
+
+
+def _check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
+    """Raise PosencError when the run in ``run_dir`` was trained with another model or training config.
+
+    Resuming continues the same loss curve: only the step count, time budget, checkpoint
+    and log intervals and CPU threads may change.
+    """
+    saved = read_run_config(run_dir)
+    for section, cfg, free in (("model", mcfg, set()), ("training", tcfg, RESUME_FREE)):
+        now = json.loads(json.dumps(cfg.model_dump(), default=str))  # as config.json stores it
+        old = saved["model" if section == "model" else "train"]
+        diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if k not in free and old.get(k) != v]
+        if diff:
+            raise PosencError(f"cannot resume {run_dir}: its {section} differs ({'; '.join(diff)}); use another --out")
 
 
 def train(
@@ -183,7 +192,7 @@ def train(
     opt = make_optimizer(model, tcfg)
     step = 0
     if resume and (run_dir / "state.pt").exists():
-        _check_same_model(run_dir, mcfg)
+        _check_same_run(run_dir, mcfg, tcfg)
         state = load_torch(run_dir / "state.pt")
         missing = [k for k in ("step", "optimizer") if not isinstance(state, dict) or k not in state]
         if missing:

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from posenc.data import load_tokens
+from posenc.distributed import check_device
 from posenc.diagnose import DEFAULT_MULTIPLES, diagnose_model, write_outputs
 from posenc.train import load_run
 
@@ -26,9 +27,10 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    device = check_device(args.device)
     model, _, tcfg = load_run(args.run_dir)
     data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
-    res = diagnose_model(model.to(args.device), data.val_docs, args.multiples, args.window, args.windows, args.eps)
+    res = diagnose_model(model.to(device), data.val_docs, args.multiples, args.window, args.windows, args.eps)
     paths = write_outputs(res, args.out or Path(args.run_dir) / "diagnose")
     print(paths[0].read_text())
     print("wrote " + ", ".join(str(p) for p in paths))
