@@ -32,7 +32,8 @@ from posenc.train import is_trained, load_run, train
 
 def _mixing_window(spec: str, mcfg: ModelConfig) -> float | None:
     """The slowest mixing window w_0.01 over the layers (None: no random step law in any layer)."""
-    windows = [encodings.get(spec, mcfg.dims(i), **mcfg.encoding_params).mixing_window(0.01) for i in range(min(mcfg.n_layer, len(encodings.layer_pattern(spec))))]
+    mcfg = mcfg.model_copy(update={"encoding": spec})
+    windows = [encodings.get(spec, mcfg.dims(i), **mcfg.encoding_params).mixing_window(0.01) for i in mcfg.distinct_layers()]
     return max((w for w in windows if w is not None), default=None)
 
 

@@ -56,9 +56,13 @@ class ModelConfig(BaseModel):
         """The sizes layer ``layer_index``'s scheme is built for."""
         return Dims(self.n_head, self.head_dim, self.d_model, self.vocab_size, self.train_length, layer_index)
 
+    def distinct_layers(self) -> range:
+        """Indices of the layers whose schemes can differ (a '|' pattern repeats after its length)."""
+        return range(min(self.n_layer, len(encodings.layer_pattern(self.encoding))))
+
     def check_encoding(self) -> None:
         """Build the scheme of each distinct layer once: PosencError (one line) before any work if it is invalid."""
-        for i in range(min(self.n_layer, len(encodings.layer_pattern(self.encoding)))):
+        for i in self.distinct_layers():
             encodings.get(self.encoding, self.dims(i), **self.encoding_params)
 
 

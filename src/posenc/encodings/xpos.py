@@ -105,7 +105,7 @@ class XPos(Encoding):
         self.register_buffer("zeta", xpos_zeta(dims.head_dim), persistent=False)
 
     def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
-        T, scale = q.shape[-2], self.logit_scale / math.sqrt(q.shape[-1])
+        scale = self.logit_scale / math.sqrt(q.shape[-1])
         out = []
         for qs, qe in query_blocks(inp.pos, self.block_size, MAX_SPAN_BASES * self.scale_base):
             qb, kb = xpos_block(q, k, inp.pos, self.inv_freq, self.zeta, self.scale_base, qs, qe, self.pairing)
