@@ -20,7 +20,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-# bias(q_start, q_end, k_start, k_end) -> (B|1, H, q_end-q_start, k_end-k_start) float32
+# bias(q_start, q_end, k_start, k_end) -> (B|1, H, q_end-q_start, k_end-k_start) float32, a new tensor
+# (the core masks it in place)
 BiasFn = Callable[[int, int, int, int], torch.Tensor]
 
 
@@ -123,13 +124,15 @@ def half_to_adjacent(x: torch.Tensor) -> torch.Tensor:
 
 
 def causal_tile(bias: Optional[BiasFn], qs: int, qe: int, ke: int, device, dtype) -> torch.Tensor:
-    """Additive mask for queries [qs, qe) over keys [0, ke): bias tile + causal -inf."""
-    i = torch.arange(qs, qe, device=device)[:, None]
-    j = torch.arange(0, ke, device=device)[None, :]
-    mask = torch.zeros(qe - qs, ke, device=device, dtype=dtype).masked_fill(j > i, float("-inf"))
-    if bias is None:
-        return mask
-    return bias(qs, qe, 0, ke).to(dtype) + mask
+    """Additive mask for queries [qs, qe) over keys [0, ke): bias tile + causal -inf.
+
+    Keys before ``qs`` are visible to every query of the block, so only the diagonal
+    square gets -inf (in place: a BiasFn returns a new tile that the caller owns).
+    """
+    tile = torch.zeros(1, 1, qe - qs, ke, device=device, dtype=dtype) if bias is None else bias(qs, qe, 0, ke).to(dtype)
+    diag = torch.ones(qe - qs, ke - qs, device=device, dtype=torch.bool).triu(1)
+    tile[..., qs:ke].masked_fill_(diag, float("-inf"))
+    return tile
 
 
 def attention(

@@ -34,12 +34,16 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
 
 
 def distance_bias(slopes: torch.Tensor, pos: torch.Tensor) -> BiasFn:
-    """Tile function for -m_h (i - j); pos: (T,) absolute positions. Tiles (1, H, tq, tk) float32."""
-    m = slopes.to(torch.float32)[None, :, None, None]
+    """Tile function for -m_h (i - j); pos: (T,) absolute positions. Tiles (1, H, tq, tk) float32.
+
+    Written m_h j' - m_h i' with positions taken relative to the tile's first query
+    (exact integers in float32 below 2^24), so the tile costs one float32 pass.
+    """
+    m = slopes.to(torch.float32)[None, :, None]
 
     def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
-        dist = (pos[qs:qe, None] - pos[None, ks:ke]).to(torch.float32)
-        return -m * dist
+        rows, cols = ((pos[a:b] - pos[qs]).to(torch.float32) for a, b in ((qs, qe), (ks, ke)))
+        return (m * cols)[..., None, :] - (m * rows)[..., :, None]
 
     return tile
 

@@ -6,9 +6,10 @@ query i over key j <= i is
 
     D_ij = log prod_{t=j+1..i} f_t = Lambda_i - Lambda_j,   Lambda = cumsum(log f)
 
-log f = logsigmoid(.) is taken in float32 and summed in float64 (long inputs),
-and tiles are clamped to <= 0, so only non-positive differences are ever
-exponentiated by the softmax (rounding cannot make a causal entry positive).
+log f = logsigmoid(.) is taken in float32 and summed in float64 (long inputs);
+tiles are differences relative to their first query, rounded to float32 and
+clamped to <= 0, so only non-positive differences are ever exponentiated by the
+softmax (rounding cannot make a causal entry positive).
 Alone (``forget``) it is FoX over NoPE; with ``+`` it adds to any other part
 (``acc-rand-qkv+forget``, ``path+forget`` = PaTH-FoX).
 """
@@ -29,10 +30,18 @@ def log_forget_cumsum(logits: torch.Tensor) -> torch.Tensor:
 
 
 def forget_bias(lam: torch.Tensor) -> BiasFn:
-    """Tile function for Lambda_i - Lambda_j (clamped <= 0); lam: (B, H, T) float64. Tiles (B, H, tq, tk) float32."""
+    """Tile function for Lambda_i - Lambda_j (clamped <= 0); lam: (B, H, T) float64. Tiles (B, H, tq, tk) float32.
+
+    Both sides are taken relative to Lambda at the tile's first query in float64 and
+    only then rounded to float32, so the tile is one float32 pass: near the diagonal
+    the offsets are small (exact to float32 rounding of a block's worth of log-gates);
+    far keys, where the offset is large, carry a bias whose softmax weight is ~0.
+    """
 
     def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
-        return (lam[..., qs:qe, None] - lam[..., None, ks:ke]).clamp(max=0.0).float()
+        ref = lam[..., qs : qs + 1]
+        rows, cols = (lam[..., qs:qe] - ref).float(), (lam[..., ks:ke] - ref).float()
+        return (rows[..., :, None] - cols[..., None, :]).clamp_(max=0.0)
 
     return tile
 
