@@ -20,10 +20,12 @@ Step angles are theta = c_b + a_b * u with u in [-1, 1]:
   rope_theta^(-2b/D), so theta ~ U[0, 2 omega_b] has RoPE's frequency as its
   mean; low-frequency blocks have beta ~ 1 and never mix at these lengths.
 and u is
-- ``mode="random"``: i.i.d. U[-1, 1] per (sequence, head, position, block);
-  a fresh draw each training forward, seeded by (seed, forward counter, global
-  batch row) so data-parallel ranks draw their slice of one global draw; a
-  fixed seed at evaluation;
+- ``mode="random"``: i.i.d. U[-1, 1] per (sequence, head, position, block),
+  a counter-based hash of (seed, forward counter, global batch row, position,
+  head, block) (``posenc.encodings.draw``): a fresh draw each training forward,
+  data-parallel ranks draw their slice of one global draw, and a position's step
+  does not depend on the sequence length (token-by-token decoding sees the
+  parallel forward's steps); at evaluation one fixed draw per position;
 - ``mode="token"``: a fixed random U[-1, 1] per token id (seeded table);
 - ``mode="learned"``: tanh(W x_t) from the layer's input x_t, bounded by a_b.
   ``init="zero"`` starts with W = 0 (no rotation: the model starts as NoPE and
@@ -39,16 +41,19 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import nn
 
 from posenc.encodings.registry import alias, register
 from posenc.encodings.base import Dims, Encoding, Inputs
+from posenc.encodings.draw import counter_uniform
 from posenc.encodings.phase import check_rotary_dims, rotary_dim
 from posenc.rope import rope_inv_freq, wrap_phases
 from posenc.errors import PosencError
 from posenc.theory.mixing import window_size
+
+
+EVAL_DRAW = 2**31 - 1  # the draw counter value reserved for evaluation (training never reaches it)
 
 
 def accumulate(theta: torch.Tensor, dim: int = -2, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -143,26 +148,12 @@ class Accumulated(Encoding):
             return torch.tanh(self.step(inp.x)).view(B, T, H, half).transpose(1, 2)
         if self.mode == "token":
             return self.token_u[inp.tokens].transpose(1, 2)
-        if self.training:
-            return self._fresh_draw(B, H, T, half, inp.x.device)
-        g = torch.Generator().manual_seed(self.seed)  # evaluation: the same draw for every window
-        return (torch.rand(1, H, T, half, generator=g) * 2 - 1).to(inp.x.device)
-
-    def _fresh_draw(self, B: int, H: int, T: int, half: int, device: torch.device) -> torch.Tensor:
-        """Training draw (B, H, T, D/2) in [-1, 1): global batch row r from a generator seeded by (seed, counter, r).
-
-        Seeding per global row makes data-parallel ranks, each holding rows
-        [batch_row_offset, batch_row_offset + B), draw exactly their slice of the
-        single-process draw; the counter (saved with the weights) makes a resumed
-        run draw what an uninterrupted one would.
-        """
-        draw = int(self.draws)
-        self.draws += 1
-        rows = []
-        for r in range(self.batch_row_offset, self.batch_row_offset + B):
-            seed = int(np.random.SeedSequence([self.seed, draw, r]).generate_state(1, np.uint64)[0])
-            rows.append(torch.rand(H, T, half, generator=torch.Generator(device).manual_seed(seed), device=device))
-        return torch.stack(rows) * 2 - 1
+        if not self.training:  # evaluation: one fixed draw per position, the same for every row and window
+            return counter_uniform(self.seed, torch.tensor(EVAL_DRAW), torch.zeros(1, dtype=torch.int64), inp.pos, H, half)
+        rows = torch.arange(self.batch_row_offset, self.batch_row_offset + B)
+        u = counter_uniform(self.seed, self.draws, rows, inp.pos, H, half)
+        self.draws += 1  # a tensor, saved with the weights: a resumed run draws what an uninterrupted one would
+        return u
 
     def phases(self, inp: Inputs) -> torch.Tensor:
         widths = self.widths()
