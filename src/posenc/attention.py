@@ -14,14 +14,19 @@ cos/sin per layer and an analytic phase gradient) beside ``rotate`` (autograd).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from posenc.errors import PosencError
 
 # bias(q_start, q_end, k_start, k_end) -> (B|1, H, q_end-q_start, k_end-k_start) float32, a new tensor
-# (the core masks it in place)
+# (the core masks it in place); a pointwise bias may also carry ``at(b, h, q_idx, kv_idx)``, the same
+# value for one score (FlexAttention's score_mod on CUDA, ``flex_causal``)
 BiasFn = Callable[[int, int, int, int], torch.Tensor]
 
 
@@ -45,16 +50,23 @@ def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.T
         return torch.cat((rotate(x[..., :r], phi, pairing), x[..., r:]), dim=-1)
     cos, sin = torch.cos(phi).to(x.dtype), torch.sin(phi).to(x.dtype)
     x1, x2 = _pairs(x, pairing)
-    y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-    return torch.cat((y1, y2), dim=-1) if pairing == "half" else torch.stack((y1, y2), dim=-1).flatten(-2)
+    return _join(x1 * cos - x2 * sin, x2 * cos + x1 * sin, pairing)
 
 
 def _pairs(x: torch.Tensor, pairing: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x.chunk(2, dim=-1) if pairing == "half" else (x[..., 0::2], x[..., 1::2])
 
 
+def _join(y1: torch.Tensor, y2: torch.Tensor, pairing: str) -> torch.Tensor:
+    """The inverse of ``_pairs``."""
+    return torch.cat((y1, y2), dim=-1) if pairing == "half" else torch.stack((y1, y2), dim=-1).flatten(-2)
+
+
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int, pairing: str) -> torch.Tensor:
     """R(sign * phi) x without autograd, written into one output (no cat, no negated sin): 4 elementwise passes."""
+    if torch.compiler.is_compiling():  # dynamo cannot trace out= into strided views; inductor fuses these anyway
+        x1, x2 = _pairs(x, pairing)
+        return _join(x1 * cos - sign * x2 * sin, x2 * cos + sign * x1 * sin, pairing)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     (x1, x2), (y1, y2) = _pairs(x, pairing), _pairs(y, pairing)
     torch.mul(x1, cos, out=y1).addcmul_(x2, sin, value=-sign)
@@ -135,6 +147,16 @@ def causal_tile(bias: Optional[BiasFn], qs: int, qe: int, ke: int, device, dtype
     return tile
 
 
+def check_shapes(q: torch.Tensor, k: torch.Tensor, phases: Optional[torch.Tensor]) -> None:
+    """PosencError (one line) for an empty sequence, more queries than keys, or phases that do not fit."""
+    if q.shape[-2] == 0:
+        raise PosencError("attention needs T >= 1 positions, got an empty sequence")
+    if q.shape[-2] > k.shape[-2]:
+        raise PosencError(f"more queries ({q.shape[-2]}) than keys ({k.shape[-2]})")
+    if phases is not None and (phases.shape[-2] != k.shape[-2] or 2 * phases.shape[-1] > q.shape[-1]):
+        raise PosencError(f"phases {tuple(phases.shape)} do not fit T = {k.shape[-2]} positions of head dim {q.shape[-1]}")
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -149,33 +171,61 @@ def attention(
 ) -> torch.Tensor:
     """Causal attention with a scheme's phases and bias.
 
-    q, k: (B, H, T, Dk); v: (B, H, T, Dv); phases: (B|1, H|1, T, P) radians, P <= Dk/2
+    q: (B, H, Tq, Dk), the queries of the last Tq positions (Tq = T in a parallel
+    forward; fewer when decoding with a cache); k: (B, H, T, Dk); v: (B, H, T, Dv);
+    phases: (B|1, H|1, T, P) radians, P <= Dk/2
     (P < Dk/2: only the first 2P features of each head rotate, partial rotary);
     with ``rotate_v`` (Dv == Dk), v is rotated by Phi before attention and the
     output by -Phi after (value transport, ``posenc.encodings.accumulated``; with
     partial rotary the unrotated value features are plain attention values). Scores are
-    ``logit_scale * q.k / sqrt(Dk) + bias``. Returns (B, H, T, Dv) in v's dtype.
+    ``logit_scale * q.k / sqrt(Dk) + bias``. Returns (B, H, Tq, Dv) in v's dtype.
     """
+    T = k.shape[-2]
+    q_start = T - q.shape[-2]  # absolute row of the first query
+    check_shapes(q, k, phases)
     if phases is not None:  # cos/sin once per layer (float32+ angles), shared by q, k, v and the output
         with torch.no_grad():  # the phase gradient comes from rotate_shared's backward, not through cos/sin
             cos, sin = torch.cos(phases).to(q.dtype), torch.sin(phases).to(q.dtype)
-        q, k = rotate_shared(q, phases, cos, sin, pairing), rotate_shared(k, phases, cos, sin, pairing)
+        rows = slice(q_start, T)
+        q = rotate_shared(q, phases[..., rows, :], cos[..., rows, :], sin[..., rows, :], pairing)
+        k = rotate_shared(k, phases, cos, sin, pairing)
         if rotate_v:
             v = rotate_shared(v, phases, cos, sin, pairing)
     scale = logit_scale / math.sqrt(q.shape[-1])
-    T = q.shape[-2]
-    if bias is None:
+    if q.is_cuda and q_start == 0 and getattr(bias, "at", None) is not None:
+        out = flex_causal(q, k, v, bias.at, scale)
+    elif bias is None and q_start == 0:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    elif bias is None and q.shape[-2] == 1:  # one new token sees every key
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale)
     else:
         blocks = []
-        for qs in range(0, T, block_size):
+        for qs in range(q_start, T, block_size):
             qe = min(qs + block_size, T)
             mask = causal_tile(bias, qs, qe, qe, q.device, q.dtype)
-            blocks.append(F.scaled_dot_product_attention(q[..., qs:qe, :], k[..., :qe, :], v[..., :qe, :], attn_mask=mask, scale=scale))
+            blocks.append(F.scaled_dot_product_attention(q[..., qs - q_start : qe - q_start, :], k[..., :qe, :], v[..., :qe, :], attn_mask=mask, scale=scale))
         out = torch.cat(blocks, dim=-2)
     if phases is not None and rotate_v:
-        out = rotate_shared(out, phases, cos, sin, pairing, sign=-1)
+        out = rotate_shared(out, phases[..., rows, :], cos[..., rows, :], sin[..., rows, :], pairing, sign=-1)
     return out
+
+
+@functools.cache
+def _compiled_flex():
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: Callable, scale: float) -> torch.Tensor:
+    """Causal FlexAttention (compiled) with scores ``scale * q.k + at(b, h, q_idx, kv_idx)``: (B, H, T, Dv).
+
+    The CUDA path of pointwise score biases (a BiasFn's ``at``: ALiBi, the forget gate
+    and their sums): a block mask skips the masked half, no bias tile is stored. On
+    CPU the chunked path is faster (measured: ``benchmarks/``) and is the reference;
+    ``tests/test_flex.py`` checks this one against it on CPU.
+    """
+    T = q.shape[-2]
+    mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, T, T, device=q.device)
+    return _compiled_flex()(q, k, v, score_mod=lambda score, b, h, qi, ki: score + at(b, h, qi, ki), block_mask=mask, scale=scale)
 
 
 def naive_attention(q, k, v, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0) -> torch.Tensor:

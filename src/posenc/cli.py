@@ -18,6 +18,7 @@ COMMANDS = [
     "posenc.commands.list_cmd",
     "posenc.commands.train_cmd",
     "posenc.commands.eval_cmd",
+    "posenc.commands.generate_cmd",
     "posenc.commands.compare_cmd",
     "posenc.commands.extend_cmd",
     "posenc.commands.theory_cmd",

@@ -14,6 +14,7 @@ preset is ``posenc.config.Preset``.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,8 @@ from posenc.config import Preset, absolute_corpus, schedule_spec
 from posenc.data import load_tokens
 from posenc.diagnose import compare_extras, extras_pending
 from posenc.evaluate import eval_lengths, evaluate_length, windows
-from posenc.jobs import check_same_settings, done_cells, drop_torn_tail, one_line, run_inline, run_isolated, scheme_modules
+from posenc.errors import PosencError
+from posenc.jobs import check_same_settings, done_cells, drop_torn_tail, one_line, run_inline, run_pool, scheme_modules
 from posenc.model import ModelConfig, is_rope, with_rope_schedule
 from posenc.report import write_report
 from posenc.train import is_trained, load_run, train
@@ -65,15 +67,34 @@ def _span(preset: Preset) -> int:
     return max(eval_lengths(preset.model.train_length, preset.eval.multiples))
 
 
-def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None) -> None:
-    """One job: train (or resume) and evaluate one scheme and seed, appending result records."""
+def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int) -> None:
+    """Train (or resume) one job data-parallel: ``posenc train`` under torchrun with ``nproc`` processes on this machine.
+
+    Reads the sweep's ``preset.json`` (the resolved preset), so the run is the one the sweep would train.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "posenc.cli", "train", "--scheme", scheme, "--preset", str(run_root / "preset.json"),
+           "--seed", str(seed), "--out", str(run_root / scheme / f"seed{seed}"), "--resume"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        lines = [line for line in proc.stderr.splitlines() if "posenc: error:" in line] or proc.stderr.strip().splitlines()[-1:]
+        raise PosencError(f"torchrun training of {scheme} (seed {seed}) failed: {lines[0] if lines else f'exit code {proc.returncode}'}")
+
+
+def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, nproc: int = 1) -> None:
+    """One job: train (or resume) and evaluate one scheme and seed, appending result records.
+
+    ``nproc`` > 1 trains data-parallel under torchrun (``train_under_torchrun``); evaluation runs here.
+    """
     data = data or load_tokens(preset.train.corpus, preset.train.tokenizer)
     results = run_root / "results.jsonl"
     done = done_cells(results)
     run_dir = run_root / scheme / f"seed{seed}"
     mcfg = preset.model.model_copy(update={"encoding": scheme, "vocab_size": data.vocab_size})
     tcfg = preset.train.model_copy(update={"seed": seed})
-    if not is_trained(run_dir):
+    if not is_trained(run_dir) and nproc > 1:
+        train_under_torchrun(run_root, scheme, seed, nproc)
+    elif not is_trained(run_dir):
         train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{scheme} s{seed}")
     model, _, _ = load_run(run_dir)
     for L in eval_lengths(mcfg.train_length, preset.eval.multiples):
@@ -94,15 +115,23 @@ def _finished(run_root: Path, preset: Preset, scheme: str, seed: int, done: set)
     )
 
 
-def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True) -> tuple[Path, dict[str, str]]:
+def _error_file(run_root: Path, scheme: str, seed: int) -> Path:
+    return run_root / scheme / f"seed{seed}.error.txt"
+
+
+def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True, parallel: int = 1, nproc_per_node: int = 1) -> tuple[Path, dict[str, str]]:
     """Run the whole comparison; returns the report path and the failed jobs ({job: one-line error}).
 
     ``isolate``: one spawned process per (scheme, seed) job, so that even a
     crash or an out-of-memory kill only fails that job; False runs the jobs in
     this process (faster start, easier to debug; a crash ends the sweep).
+    ``parallel``: jobs at once, each pinned to its own devices (``posenc.jobs.run_pool``);
+    ``nproc_per_node``: processes (GPUs) per job, training under torchrun.
     Raises PosencError before any work when ``out_root/name`` holds results made
-    with other model, training or evaluation settings.
+    with other model, training or evaluation settings, or for too few GPUs.
     """
+    if parallel < 1 or nproc_per_node < 1 or (not isolate and (parallel > 1 or nproc_per_node > 1)):
+        raise PosencError(f"--parallel and --nproc-per-node must be >= 1 and need job isolation, got {parallel}, {nproc_per_node}")
     run_root = Path(out_root) / preset.name
     preset = absolute_corpus(preset)
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
@@ -113,15 +142,18 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True)
     results = run_root / "results.jsonl"
     drop_torn_tail(results)
     failures: dict[str, str] = {}
-    for scheme in preset.schemes:
-        for seed in preset.seeds:
-            if _finished(run_root, preset, scheme, seed, done_cells(results)):
-                continue
-            args, error_file = (run_root, preset, scheme, seed), run_root / scheme / f"seed{seed}.error.txt"
-            error = run_isolated(run_job, args, error_file, scheme_modules([scheme])) if isolate else run_inline(run_job, (*args, data), error_file)
-            if error:  # one broken scheme must not lose the others
-                failures[f"{scheme} (seed {seed})"] = error
-                print(f"posenc: {scheme} (seed {seed}) failed: {error}", file=sys.stderr)
+    pending = [(scheme, seed) for scheme in preset.schemes for seed in preset.seeds
+               if not _finished(run_root, preset, scheme, seed, done_cells(results))]
+    if isolate:
+        jobs = [(run_job, (run_root, preset, scheme, seed, None, nproc_per_node), _error_file(run_root, scheme, seed), scheme_modules([scheme]))
+                for scheme, seed in pending]
+        errors = {pending[i]: e for i, e in run_pool(jobs, parallel, nproc_per_node).items()}
+    else:
+        errors = {(sc, sd): run_inline(run_job, (run_root, preset, sc, sd, data), _error_file(run_root, sc, sd)) for sc, sd in pending}
+    for (scheme, seed), error in errors.items():
+        if error:  # one broken scheme must not lose the others
+            failures[f"{scheme} (seed {seed})"] = error
+            print(f"posenc: {scheme} (seed {seed}) failed: {error}", file=sys.stderr)
     failures.update(run_schedules(run_root, preset, data, results))
     return write_report(run_root, _meta(preset, data), failures), failures
 

@@ -1,7 +1,8 @@
 """The job runner of a sweep: process isolation, settings compatibility and result records.
 
-A job is a module-level function called with picklable arguments. ``run_isolated``
-runs it in a fresh spawned process, so a job that raises, produces NaN, segfaults
+A job is a module-level function called with picklable arguments. ``run_pool``
+runs each in a fresh spawned process (several at once, each pinned to its own
+devices), so a job that raises, produces NaN, segfaults
 or is killed for memory fails alone with a one-line error (full traceback in its
 error file); ``run_inline`` runs it in this process (for debugging). Schemes
 registered outside posenc reach the job process by importing the modules that
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import multiprocessing.connection
+import os
 import signal
 import sys
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import torch
 from pydantic import ValidationError
 
 from posenc import encodings
@@ -41,9 +45,13 @@ def scheme_modules(schemes: list[str]) -> list[str]:
     return sorted(mods - {"__main__"})  # spawn re-runs __main__ itself
 
 
-def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path) -> None:
-    """Entry point of a job process; an error goes to ``error_file``."""
+def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, env: dict[str, str]) -> None:
+    """Entry point of a job process; an error goes to ``error_file``. ``env`` pins its devices and threads
+    (set before the job touches CUDA, which reads ``CUDA_VISIBLE_DEVICES`` when it first initialises)."""
     try:
+        os.environ.update(env)
+        if "OMP_NUM_THREADS" in env:
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
         for m in modules:
             importlib.import_module(m)
         fn(*args)
@@ -54,15 +62,20 @@ def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path) -> N
         sys.exit(1)
 
 
-def run_isolated(fn: Callable, args: tuple, error_file: Path, modules: list[str]) -> Optional[str]:
-    """Run ``fn(*args)`` in a fresh spawned process; None on success, else its one-line error.
+def start_isolated(fn: Callable, args: tuple, error_file: Path, modules: list[str], env: Optional[dict[str, str]] = None):
+    """Start ``fn(*args)`` in a fresh spawned process (``finish_isolated`` collects it)."""
+    error_file.parent.mkdir(parents=True, exist_ok=True)
+    error_file.unlink(missing_ok=True)
+    proc = multiprocessing.get_context("spawn").Process(target=_entry, args=(fn, args, modules, error_file, env or {}))
+    proc.start()
+    return proc
+
+
+def finish_isolated(proc, error_file: Path) -> Optional[str]:
+    """Wait for a job process; None on success, else its one-line error.
 
     Ctrl-C reaches the job too: it is waited for (it saves its checkpoint) and re-raised here.
     """
-    error_file.parent.mkdir(parents=True, exist_ok=True)
-    error_file.unlink(missing_ok=True)
-    proc = multiprocessing.get_context("spawn").Process(target=_entry, args=(fn, args, modules, error_file))
-    proc.start()
     try:
         proc.join()
     except KeyboardInterrupt:
@@ -78,6 +91,46 @@ def run_isolated(fn: Callable, args: tuple, error_file: Path, modules: list[str]
     hint = " (out of memory?)" if proc.exitcode == -signal.SIGKILL else ""
     error_file.write_text(f"job process died: {sig}{hint}\n")
     return f"job process died: {sig}{hint}"
+
+
+def slot_env(slot: int, parallel: int, nproc: int) -> dict[str, str]:
+    """Devices and threads of parallel job ``slot``: its own ``nproc`` GPUs (CUDA_VISIBLE_DEVICES), or on CPU
+    an equal share of the cores (OMP_NUM_THREADS). Raises PosencError when there are too few GPUs."""
+    if parallel == 1 and nproc == 1:
+        return {}
+    if torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        if len(gpus) < parallel * nproc:
+            raise PosencError(f"--parallel {parallel} x --nproc-per-node {nproc} needs {parallel * nproc} GPUs, found {len(gpus)}")
+        return {"CUDA_VISIBLE_DEVICES": ",".join(gpus[slot * nproc : (slot + 1) * nproc])}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // (parallel * nproc)))}
+
+
+def run_pool(jobs: list[tuple[Callable, tuple, Path, list[str]]], parallel: int, nproc: int = 1) -> dict[int, str]:
+    """Run isolated jobs (fn, args, error file, modules), ``parallel`` at a time, each pinned by ``slot_env``.
+
+    Returns {index of a failed job: its one-line error}. Ctrl-C waits for the running jobs and re-raises.
+    """
+    envs = [slot_env(slot, parallel, nproc) for slot in range(parallel)]  # too few GPUs: before any job starts
+    queue, running, failures = list(enumerate(jobs)), {}, {}
+    try:
+        while queue or running:
+            while queue and len(running) < parallel:
+                slot = min(set(range(parallel)) - {s for s, _, _ in running.values()})
+                i, (fn, args, error_file, modules) = queue.pop(0)
+                running[i] = (slot, start_isolated(fn, args, error_file, modules, envs[slot]), error_file)
+            multiprocessing.connection.wait([proc.sentinel for _, proc, _ in running.values()])
+            for i in [i for i, (_, proc, _) in running.items() if not proc.is_alive()]:
+                _, proc, error_file = running.pop(i)
+                error = finish_isolated(proc, error_file)
+                if error:
+                    failures[i] = error
+    except KeyboardInterrupt:
+        for _, proc, _ in running.values():
+            proc.join()
+        raise
+    return failures
 
 
 def run_inline(fn: Callable, args: tuple, error_file: Path) -> Optional[str]:
@@ -107,7 +160,7 @@ def drop_torn_tail(path: Path) -> None:
 
 # set per job, lists of cells that may grow (results are kept per cell), or memory/speed knobs
 FREE_SETTINGS = {
-    "model.encoding", "model.attn_block_size", "train.seed", "train.threads", "train.ckpt_every", "train.log_every",
+    "model.encoding", "model.attn_block_size", "train.seed", "train.threads", "train.compile", "train.ckpt_every", "train.log_every",
     "eval.multiples", "eval.batch_tokens", "eval.passkey.lengths_multiples", "eval.passkey.depths", "eval.far_mass.multiples",
 }
 

@@ -97,6 +97,41 @@ class AttentionInputs:
     logit_scale: float
 
 
+@dataclasses.dataclass
+class LayerCache:
+    """One layer's decoding state: every position's normalised input x (B, T, d_model) and
+    unrotated k, v (B, H, T, D) (and q, for schemes whose attention does not factor).
+
+    Keys are cached before rotation, so a scheme's hooks are recomputed over the
+    whole prefix at each step (O(T) work and memory, never T x T): phases and
+    biases are then exactly the parallel forward's, whatever the scheme (token-
+    dependent steps, cumulative gates, a base that changes with length).
+    """
+
+    x: Optional[torch.Tensor] = None
+    q: Optional[torch.Tensor] = None
+    k: Optional[torch.Tensor] = None
+    v: Optional[torch.Tensor] = None
+
+    def append(self, **new: Optional[torch.Tensor]) -> None:
+        for name, t in new.items():
+            if t is not None:
+                old = getattr(self, name)
+                setattr(self, name, t if old is None else torch.cat((old, t), dim=-2))
+
+
+class Cache:
+    """Incremental decoding state of an ``LM`` (``LM.decode``): the tokens so far (B, T) and one LayerCache per layer."""
+
+    def __init__(self, n_layer: int):
+        self.tokens: Optional[torch.Tensor] = None
+        self.layers = [LayerCache() for _ in range(n_layer)]
+
+    @property
+    def length(self) -> int:
+        return 0 if self.tokens is None else self.tokens.shape[1]
+
+
 def _norm(cfg: ModelConfig) -> nn.Module:
     return nn.RMSNorm(cfg.d_model) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model)
 
@@ -116,9 +151,16 @@ class Attention(nn.Module):
 
         x: (B, T, d_model) the normalised layer input; pos: (T,) int64; tokens: (B, T) int64.
         """
+        q, k, v = self.project(x)
+        return self.hooked(q, k, v, Inputs(x, pos, tokens))
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v: (B, H, T, D) each, from x (B, T, d_model)."""
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        inp = Inputs(x, pos, tokens)
+        return self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+
+    def hooked(self, q, k, v, inp: Inputs) -> AttentionInputs:
+        """q (the last Tq positions), k, v (all T) with the scheme's hooks evaluated on ``inp`` (all T)."""
         return AttentionInputs(q, k, v, inp, self.enc.phases(inp), self.enc.bias(inp), self.enc.rotate_v, self.enc.pairing, self.enc.logit_scale)
 
     def output(self, a: AttentionInputs) -> torch.Tensor:
@@ -135,6 +177,18 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return self.output(self.attention_inputs(x, pos, tokens))
+
+    def decode(self, x: torch.Tensor, cache: LayerCache, pos: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Attention of the n new positions over the cached prefix and themselves: (B, n, d_model).
+
+        x: (B, n, d_model) the normalised inputs of the new positions; pos: (T,) and
+        tokens: (B, T) of the whole sequence so far, new positions last.
+        """
+        q, k, v = self.project(x)
+        whole = self.enc.replaces_attention  # no query-suffix form: the whole attention, last rows kept
+        cache.append(x=x, q=q if whole else None, k=k, v=v)  # all along T (dim -2)
+        a = self.hooked(cache.q if whole else q, cache.k, cache.v, Inputs(cache.x, pos, tokens))
+        return self.output(a)[:, -x.shape[1] :]
 
 
 class MLP(nn.Module):
@@ -170,6 +224,10 @@ class Block(nn.Module):
         if captured is None:
             captured = self.attention_inputs(x, pos, tokens)
         x = x + self.attn.output(captured)
+        return x + self.mlp(self.norm2(x))
+
+    def decode(self, x, cache: LayerCache, pos, tokens):
+        x = x + self.attn.decode(self.norm1(x), cache, pos, tokens)
         return x + self.mlp(self.norm2(x))
 
 
@@ -230,12 +288,84 @@ class LM(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.hidden(tokens) @ self.tok.weight.T
 
+    def decode(self, tokens: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Feed the next n tokens (B, n) int64 through ``cache`` (updated in place): their logits (B, n, vocab).
+
+        A prompt may be fed at once or in chunks and then one token at a time; the
+        logits equal the parallel forward's at the same positions (dynamic NTK:
+        those of the parallel forward of the prefix so far, as its base follows
+        the current length). Raises PosencError for a bad shape, a batch size other
+        than the cache's, or a length beyond a learned position table.
+        """
+        if tokens.dim() != 2 or tokens.shape[1] == 0:
+            raise PosencError(f"tokens must be (batch, n) with n >= 1, got shape {tuple(tokens.shape)}")
+        if cache.tokens is not None and cache.tokens.shape[0] != tokens.shape[0]:
+            raise PosencError(f"the cache holds batch size {cache.tokens.shape[0]}, got {tokens.shape[0]} new rows")
+        whole = tokens if cache.tokens is None else torch.cat((cache.tokens, tokens), dim=1)
+        self.check_length(whole.shape[1])
+        pos = torch.arange(whole.shape[1], device=tokens.device)
+        x, _ = self._embed(tokens, pos[cache.length :])
+        for block, layer in zip(self.blocks, cache.layers):
+            x = block.decode(x, layer, pos, whole)
+        cache.tokens = whole
+        return self.norm(x) @ self.tok.weight.T
+
+    def check_length(self, length: int) -> None:
+        """PosencError if some layer's scheme (a learned position table) cannot take ``length`` tokens."""
+        limits = [e.max_length for e in self.modules() if isinstance(e, Encoding) and e.max_length is not None]
+        if limits and length > min(limits):
+            raise PosencError(f"{length} tokens exceed the learned position table of {min(limits)} positions")
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None, seed: Optional[int] = None) -> torch.Tensor:
+        """The prompt (B, T) or (T,) int64 followed by ``max_new_tokens`` sampled tokens: (B, T + n) or (T + n,).
+
+        temperature 0 is greedy; top_k keeps the k most likely tokens; seed makes
+        sampling reproducible. Runs in evaluation mode (fixed random draws) with
+        the KV cache (``decode``). Raises PosencError for an empty prompt or a bad argument.
+        """
+        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
+            raise PosencError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise PosencError(f"temperature must be finite and >= 0, got {temperature!r}")
+        if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
+            raise PosencError(f"top_k must be an integer >= 1, got {top_k!r}")
+        flat = prompt_ids.dim() == 1
+        ids = prompt_ids[None] if flat else prompt_ids
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise PosencError(f"the prompt must be (T,) or (batch, T) with T >= 1 tokens, got shape {tuple(prompt_ids.shape)}")
+        self.check_length(ids.shape[1] + max_new_tokens)
+        gen = None if seed is None else torch.Generator(ids.device).manual_seed(seed)
+        was_training, cache, out = self.training, Cache(len(self.blocks)), [ids]
+        self.eval()
+        try:
+            logits = self.decode(ids, cache)[:, -1]
+            for i in range(max_new_tokens):
+                out.append(sample(logits, temperature, top_k, gen))
+                if i + 1 < max_new_tokens:
+                    logits = self.decode(out[-1], cache)[:, -1]
+        finally:
+            self.train(was_training)
+        result = torch.cat(out, dim=1)
+        return result[0] if flat else result
+
     def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
         """Per-token negative log-likelihood (nats), (B, T) float32 (``posenc.scoring.token_nll``)."""
         return scoring.token_nll(self.hidden(tokens), lambda h: h @ self.tok.weight.T, targets, chunk)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One token per row from logits (B, vocab): (B, 1) int64. temperature 0 is argmax."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
 def build_model(config: ModelConfig | dict) -> LM:

@@ -9,12 +9,15 @@ hidden at a chosen depth in repeated filler text and asked for at the end::
 Depth d puts the needle after round(d * F) of the F filler units (``needle_cut``;
 0: at the start, 1: right before the question).
 
-- Small trained models (``make_sample``, ``trial``, ``passkey_records``) cannot
-  follow instructions, so nothing is generated: a trial is correct when the true
-  key's continuation has a strictly higher total log-probability than each of
-  ``candidates - 1`` other random keys of the same token count (chance level
-  1 / candidates). The model reads exactly ``length`` tokens: the prompt plus the
-  key without its last token; the filler is cycled token by token to fill them.
+- Small trained models (``make_sample``, ``trial``, ``passkey_records``) hardly
+  follow instructions, so the default ``mode: rank`` generates nothing: a trial
+  is correct when the true key's continuation has a strictly higher total
+  log-probability than each of ``candidates - 1`` other random keys of the same
+  token count (chance level 1 / candidates). ``mode: generate`` decodes the key's
+  tokens greedily after the prompt (``LM.generate``, KV cache) and is correct on
+  an exact match (chance ~0). Either way the model reads exactly ``length``
+  tokens: the prompt plus the key without its last token; the filler is cycled
+  token by token to fill them.
 - Instruction-tuned Hugging Face models (``passkey_prompt``, ``passkey_trial``)
   get the task line and whole filler sentences, and generate greedily; a trial is
   correct when the first integer of the output equals the key.
@@ -26,7 +29,7 @@ import dataclasses
 import random
 import re
 import time
-from typing import Annotated, Iterator
+from typing import Annotated, Iterator, Literal
 
 import numpy as np
 import torch
@@ -54,6 +57,7 @@ class PasskeyConfig(BaseModel):
     candidates: int = Field(5, ge=2)  # the true key and candidates - 1 others
     digits: int = Field(5, ge=1, le=18)
     seed: int = 0
+    mode: Literal["rank", "generate"] = "rank"  # log-probability rank of the true key, or exact greedy generation
 
 
 @dataclasses.dataclass
@@ -113,10 +117,15 @@ def continuation_nll(model: LM, batch: np.ndarray, n_last: int) -> torch.Tensor:
     return model.token_nll(t[:, :-1], t[:, 1:])[:, -n_last:].double().sum(1).cpu()
 
 
-def trial(model: LM, tokenizer, length: int, depth: float, rng: np.random.Generator, candidates: int, digits: int) -> bool:
-    """One trial: True when the true key (hidden in the prompt) is strictly the most likely candidate."""
+def trial(model: LM, tokenizer, length: int, depth: float, rng: np.random.Generator, candidates: int, digits: int, mode: str = "rank") -> bool:
+    """One trial. rank: True when the true key (hidden in the prompt) is strictly the most likely candidate;
+    generate: True when greedy decoding after the prompt reproduces the key's tokens exactly."""
     keys = draw_keys(rng, tokenizer, candidates, digits)
     sample = make_sample(tokenizer, length, depth, keys[0])
+    if mode == "generate":
+        key = torch.from_numpy(sample.tokens[-sample.key_len :])
+        prompt = torch.from_numpy(sample.tokens[: -sample.key_len]).to(next(model.parameters()).device)
+        return bool(torch.equal(model.generate(prompt, sample.key_len, temperature=0)[-sample.key_len :].cpu(), key))
     batch = np.repeat(sample.tokens[None], candidates, axis=0)
     for i, k in enumerate(keys):
         batch[i, -sample.key_len :] = _encode(tokenizer, k)
@@ -138,11 +147,11 @@ def passkey_records(model: LM, tokenizer, cfg: PasskeyConfig, done: set = frozen
             if (L, depth) in done:
                 continue
             t0, correct = time.time(), 0
-            rec = {"length": L, "depth": depth, "candidates": cfg.candidates, "digits": cfg.digits}
+            rec = {"length": L, "depth": depth, "mode": cfg.mode, "candidates": cfg.candidates, "digits": cfg.digits}
             try:
                 for t in range(cfg.trials):
                     rng = np.random.default_rng([cfg.seed, L, round(depth * 1e6), t])
-                    correct += trial(model, tokenizer, L, depth, rng, cfg.candidates, cfg.digits)
+                    correct += trial(model, tokenizer, L, depth, rng, cfg.candidates, cfg.digits, cfg.mode)
             except PosencError as exc:  # a learned table too short, or no room for the needle
                 yield {**rec, "trials": 0, "correct": 0, "accuracy": None, "note": f"n/a: {exc}"}
                 continue

@@ -76,10 +76,12 @@ def passkey_markdown(records: list[dict], L0: int) -> str:
     if not grid:
         return ""
     lengths = sorted({L for cells in grid.values() for L, _ in cells})
-    cand = next(r["candidates"] for r in records if r.get("kind") == "passkey")
+    first = next(r for r in records if r.get("kind") == "passkey")
+    what = (f"whose true key has the highest log-probability among {first['candidates']} candidates; chance {1 / first['candidates']:.2f}"
+            if first.get("mode", "rank") == "rank" else "whose key greedy decoding reproduces exactly")
     out = (
-        "\n## Passkey retrieval\n\nAccuracy (fraction of trials whose true key has the highest log-probability among "
-        f"{cand} candidates; chance {1 / cand:.2f}) per input length, pooled over depths; `passkey.png` shows each depth.\n\n"
+        f"\n## Passkey retrieval\n\nAccuracy (fraction of trials {what}) per input length, pooled over depths; "
+        "`passkey.png` shows each depth.\n\n"
     )
     rows = [[s, *(_passkey_at(cells, L) for L in lengths)] for s, cells in grid.items()]
     return out + markdown_table(["scheme", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows) + "\n"

@@ -56,6 +56,7 @@ class TrainConfig(BaseModel):
     ckpt_every: int = Field(100, gt=0)
     log_every: int = Field(10, gt=0)
     threads: Optional[int] = Field(None, gt=0)
+    compile: bool = False  # torch.compile the model's forward (same losses to float rounding; faster on GPU)
 
 
 def validate_train_config(data: dict) -> TrainConfig:
@@ -139,7 +140,7 @@ class _TokenNLL(torch.nn.Module):
         return self.lm.token_nll(x, y)
 
 
-RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads"}  # may change on resume
+RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads", "compile"}  # may change on resume
 
 
 def _check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
@@ -218,6 +219,8 @@ def train(
         write_json(run_dir / "config.json", {"model": mcfg.model_dump(), "train": tcfg.model_dump()})
     distributed.set_batch_rows(model, rows)
     loss_fn = distributed.wrap(_TokenNLL(model), shard)
+    if tcfg.compile:
+        loss_fn = torch.compile(loss_fn)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if shard.device.type == "cuda" else contextlib.nullcontext()
     model.train()
     t0, tokens_seen, loss_all = time.time(), 0, None

@@ -18,6 +18,8 @@ def add_parser(sub):
     p.add_argument("--name", help="run name (directory under --out)")
     p.add_argument("--out", type=Path, default=Path("runs"), help="output root (default runs/)")
     p.add_argument("--no-isolate", action="store_true", help="run every scheme in this process (no crash isolation; for debugging)")
+    p.add_argument("--parallel", type=int, default=1, metavar="K", help="jobs at once, each on its own GPUs (or its share of the CPU cores)")
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="processes (GPUs) per job: training under torchrun, data-parallel")
     p.epilog = "Exit status: 0 when every job finished, 1 when some failed (their errors are in the report), 2 for bad input."
     p.set_defaults(func=run)
 
@@ -25,7 +27,7 @@ def add_parser(sub):
 def run(args) -> int:
     train = {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps}.items() if v is not None}
     preset = load_preset(args.preset, {"schemes": args.schemes, "seeds": args.seeds, "name": args.name, "train": train})
-    report, failures = compare(preset, args.out, isolate=not args.no_isolate)
+    report, failures = compare(preset, args.out, isolate=not args.no_isolate, parallel=args.parallel, nproc_per_node=args.nproc_per_node)
     print(report.read_text())
     print(f"report: {report}")
     if failures:  # the others' results are in the report; scripts still learn that some failed

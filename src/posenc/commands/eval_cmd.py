@@ -6,6 +6,7 @@ from posenc.checkpoint import append_jsonl
 from posenc.data import load_tokens
 from posenc.rope import NAMES, check_window
 from posenc.model import with_rope_schedule
+from posenc.passkey import PasskeyConfig, passkey_records
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, evaluate_length
 from posenc.train import load_run
@@ -17,6 +18,7 @@ def add_parser(sub):
     p.add_argument("--multiples", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64], help="lengths as multiples of the training length")
     p.add_argument("--max-tokens", type=int, default=32768, help="scored tokens per length")
     p.add_argument("--corpus", help="evaluate on another corpus's held-out documents")
+    p.add_argument("--passkey", choices=["rank", "generate"], help="also passkey retrieval at 1x and 4x: by log-probability rank, or by greedy generation of the key")
     g = p.add_argument_group("RoPE context extension (RoPE runs only, no retraining)")
     g.add_argument("--rope-schedule", metavar="NAME", help=", ".join(NAMES))
     g.add_argument("--factor", type=float, help="scale factor s (pi, ntk, dynamic, yarn, llama3)")
@@ -69,4 +71,10 @@ def run(args) -> int:
         base = base or (rec["ppl"] if L == mcfg.train_length else None)
         ratio = f"{rec['ppl'] / base:7.3f}" if base else ""
         print(f"{L:>8} {rec['windows']:>8} {rec['scored_tokens']:>8} {rec['ppl']:>10.3f} {ratio}")
+    if args.passkey:
+        print(f"passkey ({args.passkey}):\n{'length':>8} {'depth':>6} {'accuracy':>9}")
+        for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey)):
+            append_jsonl(Path(args.run_dir) / "eval.jsonl", {"kind": "passkey", "scheme": scheme, **rec})
+            acc = "n/a" if rec["accuracy"] is None else f"{rec['correct']}/{rec['trials']}"
+            print(f"{rec['length']:>8} {rec['depth']:>6g} {acc:>9}")
     return 0

@@ -20,11 +20,12 @@ def add_parser(sub):
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--time-budget", type=float, help="stop after this many seconds")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (train.compile)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    overrides = {"train": {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed, "time_budget": args.time_budget}.items() if v is not None}}
+    overrides = {"train": {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed, "time_budget": args.time_budget, "compile": args.compile}.items() if v is not None}}
     preset = load_preset(args.preset, overrides)
     mcfg = preset.model.model_copy(update={"encoding": args.scheme})
     mcfg.check_encoding()  # unknown scheme: one line before any work

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -37,6 +39,8 @@ class Sinusoidal(Encoding):
         super().__init__(dims)
         if dims.d_model % 2:
             raise PosencError(f"sinusoidal needs an even d_model, got {dims.d_model}")
+        if not (math.isfinite(base) and base > 1):
+            raise PosencError(f"sinusoidal base must be a finite number > 1, got {base}")
         self.base = base
 
     def embed(self, pos: torch.Tensor) -> torch.Tensor:

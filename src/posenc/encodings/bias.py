@@ -33,18 +33,21 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-def distance_bias(slopes: torch.Tensor, pos: torch.Tensor) -> BiasFn:
-    """Tile function for -m_h (i - j); pos: (T,) absolute positions. Tiles (1, H, tq, tk) float32.
+def distance_bias(slopes: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn:
+    """Tile function for -m_h (i - j); pos: (T,) absolute positions. Tiles (1, H, tq, tk) in ``dtype`` (>= float32).
 
-    Written m_h j' - m_h i' with positions taken relative to the tile's first query
-    (exact integers in float32 below 2^24), so the tile costs one float32 pass.
+    i - j is formed from positions relative to the tile's first query, exact
+    integers in float32 below 2^24, so a tile costs two passes and its
+    values do not depend on where the tile starts (decoding equals the parallel forward).
     """
-    m = slopes.to(torch.float32)[None, :, None]
+    m = slopes.to(dtype)[None, :, None, None]
 
     def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
-        rows, cols = ((pos[a:b] - pos[qs]).to(torch.float32) for a, b in ((qs, qe), (ks, ke)))
-        return (m * cols)[..., None, :] - (m * rows)[..., :, None]
+        rows, cols = ((pos[a:b] - pos[qs]).to(dtype) for a, b in ((qs, qe), (ks, ke)))
+        return -m * (rows[:, None] - cols[None, :])
 
+    rel, m_h = (pos - pos[0]).to(dtype), slopes.to(dtype)
+    tile.at = lambda b, h, qi, ki: -m_h[h] * (rel[qi] - rel[ki])
     return tile
 
 
@@ -64,4 +67,4 @@ class ALiBi(Encoding):
         self.register_buffer("slopes", alibi_slopes(dims.n_head), persistent=False)
 
     def bias(self, inp: Inputs) -> BiasFn:
-        return distance_bias(self.slopes, inp.pos)
+        return distance_bias(self.slopes, inp.pos, torch.promote_types(inp.x.dtype, torch.float32))

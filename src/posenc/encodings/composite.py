@@ -58,7 +58,14 @@ class Composite(Encoding):
             return None
         if len(fns) == 1:
             return fns[0]
-        return lambda qs, qe, ks, ke: sum(f(qs, qe, ks, ke) for f in fns)
+
+        def tile(qs, qe, ks, ke):
+            return sum(f(qs, qe, ks, ke) for f in fns)
+
+        ats = [getattr(f, "at", None) for f in fns]
+        if all(a is not None for a in ats):  # pointwise parts sum pointwise (FlexAttention on CUDA)
+            tile.at = lambda b, h, qi, ki: sum(a(b, h, qi, ki) for a in ats)
+        return tile
 
     def attend(self, q, k, v, inp: Inputs, bias=None):
         """The attending part's attention, given the other parts' summed bias."""

@@ -29,20 +29,22 @@ def log_forget_cumsum(logits: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(F.logsigmoid(logits.float()).double(), dim=-1)
 
 
-def forget_bias(lam: torch.Tensor) -> BiasFn:
-    """Tile function for Lambda_i - Lambda_j (clamped <= 0); lam: (B, H, T) float64. Tiles (B, H, tq, tk) float32.
+def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn:
+    """Tile function for Lambda_i - Lambda_j (clamped <= 0); lam: (B, H, T) float64. Tiles (B, H, tq, tk) in ``dtype``.
 
-    Both sides are taken relative to Lambda at the tile's first query in float64 and
-    only then rounded to float32, so the tile is one float32 pass: near the diagonal
-    the offsets are small (exact to float32 rounding of a block's worth of log-gates);
-    far keys, where the offset is large, carry a bias whose softmax weight is ~0.
+    Both sides are taken relative to Lambda at the tile's first query in float64
+    and only then rounded to ``dtype`` (float32; float64 in a float64 model), so
+    the tile is one pass: near the diagonal the offsets are small (exact to the
+    rounding of a block's worth of log-gates); far keys, where the offset is
+    large, carry a bias whose softmax weight is ~0.
     """
 
     def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
         ref = lam[..., qs : qs + 1]
-        rows, cols = (lam[..., qs:qe] - ref).float(), (lam[..., ks:ke] - ref).float()
+        rows, cols = (lam[..., qs:qe] - ref).to(dtype), (lam[..., ks:ke] - ref).to(dtype)
         return (rows[..., :, None] - cols[..., None, :]).clamp_(max=0.0)
 
+    tile.at = lambda b, h, qi, ki: (lam[b, h, qi] - lam[b, h, ki]).clamp(max=0.0).to(dtype)
     return tile
 
 
@@ -67,7 +69,7 @@ class ForgetGate(Encoding):
         return log_forget_cumsum(self.gate(inp.x).transpose(1, 2))
 
     def bias(self, inp: Inputs) -> BiasFn:
-        return forget_bias(self.log_lambda(inp))
+        return forget_bias(self.log_lambda(inp), torch.promote_types(inp.x.dtype, torch.float32))
 
     def describe(self) -> str:
         return "forget gate (FoX): bias cumsum log sigmoid(Wx+b), float64 prefix sums"

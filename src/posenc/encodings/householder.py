@@ -162,12 +162,12 @@ class PaTH(Encoding):
         self.block_size, self.use_kernel, self._warned = block_size, use_kernel, False
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, d_model) -> w (B, H, T, D) unit-norm float32, beta (B, H, T) float32 in (0, 2)."""
+        """x (B, T, d_model) -> w (B, H, T, D) unit-norm, beta (B, H, T) in (0, 2), float32 or better (float64 in a float64 model)."""
         B, T, _ = x.shape
-        x = x.float()
-        u = self.w_conv(self.w_proj(x).transpose(1, 2))[..., :T]  # causal: left padding only kept
+        wide = torch.promote_types(x.dtype, torch.float32)
+        u = self.w_conv(self.w_proj(x).transpose(1, 2))[..., :T].to(wide)  # causal: left padding only kept
         w = F.normalize(F.silu(u).view(B, self.dims.n_head, self.dims.head_dim, T).transpose(-1, -2), dim=-1)
-        return w, 2 * torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
+        return w, 2 * torch.sigmoid(self.beta_proj(x).to(wide)).transpose(1, 2)
 
     def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
         w, beta = self.gates(inp.x)

@@ -36,8 +36,8 @@ TWO_PI = 2 * math.pi
 
 def pope_freqs(head_dim: int, base: float = 10000.0) -> torch.Tensor:
     """theta_c = base^(-(c-1)/D), c = 1..D: (D,) float64 radians per token, decreasing from 1."""
-    if base <= 1:
-        raise PosencError(f"PoPE base must be > 1, got {base}")
+    if not (math.isfinite(base) and base > 1):
+        raise PosencError(f"PoPE base must be a finite number > 1, got {base}")
     return base ** (-torch.arange(head_dim, dtype=torch.float64) / head_dim)
 
 
@@ -68,6 +68,8 @@ class PoPE(Encoding):
 
     def __init__(self, dims: Dims, base: float = 10000.0, block_size: int = 512):
         super().__init__(dims)
+        if block_size < 1:
+            raise PosencError(f"pope needs block_size >= 1, got {block_size}")
         self.base, self.block_size = base, block_size
         self.register_buffer("freqs", pope_freqs(dims.head_dim, base), persistent=False)
         self.delta = nn.Parameter(torch.zeros(dims.n_head, dims.head_dim))

@@ -60,7 +60,7 @@ class T5Bias(Encoding):
 
         def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
             bucket = t5_bucket(pos[qs:qe, None] - pos[None, ks:ke], self.num_buckets, self.max_distance)
-            return self.table.float()[bucket].permute(2, 0, 1)[None]
+            return self.table.to(torch.promote_types(self.table.dtype, torch.float32))[bucket].permute(2, 0, 1)[None]
 
         return tile
 
@@ -72,7 +72,7 @@ class T5Bias(Encoding):
 class Kerple(Encoding):
     """Kerple: -r1 log(1 + r2 |i-j|) ("log") or -r1 |i-j|^r2 ("power"), learned r1, r2 > 0 per head (Chi et al. 2022).
 
-    Parameters: variant ("log" | "power"). Tiles (1, H, tq, tk) float32.
+    Parameters: variant ("log" | "power"). Tiles (1, H, tq, tk) float32 (float64 for a float64 module).
     """
 
     name = "kerple"
@@ -88,16 +88,16 @@ class Kerple(Encoding):
         self.r2 = nn.Parameter(torch.rand(dims.n_head))
 
     def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(r1, r2) as used: clamped to >= 1e-2 (power: r2 <= 2), (H,) float32."""
-        r2_max = 2.0 if self.variant == "power" else None
-        return self.r1.float().clamp(min=KERPLE_EPS), self.r2.float().clamp(min=KERPLE_EPS, max=r2_max)
+        """(r1, r2) as used: clamped to >= 1e-2 (power: r2 <= 2), (H,) float32 (float64 for a float64 module)."""
+        r2_max, dt = 2.0 if self.variant == "power" else None, torch.promote_types(self.r1.dtype, torch.float32)
+        return self.r1.to(dt).clamp(min=KERPLE_EPS), self.r2.to(dt).clamp(min=KERPLE_EPS, max=r2_max)
 
     def bias(self, inp: Inputs) -> BiasFn:
         pos = inp.pos
 
         def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
             r1, r2 = (c[None, :, None, None] for c in self.coefficients())
-            dist = (pos[qs:qe, None] - pos[None, ks:ke]).abs().float()
+            dist = (pos[qs:qe, None] - pos[None, ks:ke]).abs().to(r1.dtype)
             if self.variant == "log":
                 return -r1 * torch.log1p(r2 * dist)
             return -r1 * dist.pow(r2)

@@ -1,0 +1,133 @@
+"""A sweep of bad inputs: each is one line and exit 2 on the command line (PosencError in Python),
+and no earlier result is touched."""
+
+import hashlib
+import inspect
+import math
+
+import pytest
+import torch
+
+from posenc import build_model, encodings
+from posenc.attention import attention
+from posenc.cli import main
+from posenc.encodings.base import Dims
+from posenc.errors import PosencError
+
+DIMS = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
+
+
+def numeric_params():
+    """(scheme, parameter) for every float or int constructor parameter of every registered class."""
+    out = []
+    for name in encodings.names():
+        resolved = encodings.parts(name) if len(encodings.layer_pattern(name)) == 1 else []
+        if len(resolved) != 1 or resolved[0][0].name != name:  # aliases and compositions share their classes' parameters
+            continue
+        cls = resolved[0][0]
+        for p in inspect.signature(cls.__init__).parameters.values():
+            numeric = type(p.default) in (int, float) or any(t in str(p.annotation) for t in ("float", "int"))
+            if p.name not in ("self", "dims", *cls.internal) and numeric:
+                out.append((name, p.name))
+    return out
+
+
+@pytest.mark.parametrize("scheme,param", numeric_params())
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1e9])
+def test_every_numeric_scheme_parameter_is_checked(scheme, param, value):
+    with pytest.raises(PosencError, match=param.split("_")[0]):
+        encodings.get(scheme, DIMS, **{param: value})
+
+
+def test_the_sweep_covers_the_numeric_parameters():
+    found = set(numeric_params())
+    assert {("rope", "rope_theta"), ("accumulated", "a"), ("xpos", "scale_base"), ("pope", "base"), ("t5", "num_buckets")} <= found
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda q: dict(q=q[..., :0, :], k=q[..., :0, :], v=q[..., :0, :]), "T >= 1"),
+    (lambda q: dict(q=q, k=q[..., :3, :], v=q[..., :3, :]), "more queries"),
+    (lambda q: dict(q=q, k=q, v=q, phases=torch.zeros(1, 1, 5, 3)), "phases"),
+    (lambda q: dict(q=q, k=q, v=q, phases=torch.zeros(1, 1, 6, 8)), "phases"),
+])
+def test_attention_core_shape_errors_are_one_line(make, message):
+    q = torch.randn(1, 2, 6, 8)
+    with pytest.raises(PosencError, match=message):
+        attention(**make(q))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A 4-step run of the learned absolute table (32 positions), the reference for 'nothing touched'."""
+    out = tmp_path_factory.mktemp("bad") / "run"
+    assert main(["train", "--scheme", "learned", "--preset", "quick", "--steps", "4", "--out", str(out)]) == 0
+    return out
+
+
+def digest(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def bad_commands(run):
+    train = ["train", "--preset", "quick", "--steps", "2", "--out", str(run), "--resume"]  # past the "holds a run" check
+    return [
+        (["generate", str(run.parent / "missing"), "--prompt", "To be"], "has no checkpoint"),
+        (["generate", str(run), "--prompt", ""], "--prompt is empty"),
+        (["generate", str(run), "--prompt", "To be", "--max-new-tokens", "-1"], "max_new_tokens must be"),
+        (["generate", str(run), "--prompt", "To be", "--temperature", "nan"], "temperature must be"),
+        (["generate", str(run), "--prompt", "To be", "--temperature", "-1"], "temperature must be"),
+        (["generate", str(run), "--prompt", "To be", "--top-k", "0"], "top_k must be"),
+        (["generate", str(run), "--prompt", "x" * 30, "--max-new-tokens", "5"], "exceed the learned position table of 32"),
+        (["generate", str(run), "--prompt", "To be", "--max-new-tokens", "many"], "invalid int value"),
+        (["generate", str(run)], "--prompt"),
+        (["eval", str(run), "--passkey", "guess"], "invalid choice"),
+        ([*train, "--scheme", "rope:rope_theta=nan"], "rope_theta"),
+        ([*train, "--scheme", "acc-rand-qkv:a=0"], "half-width a"),
+        ([*train, "--scheme", "xpos:scale_base=inf"], "scale_base"),
+        ([*train, "--scheme", "pope:base=nan"], "base"),
+        ([*train, "--scheme", "rope:bogus=1"], "bogus"),
+        ([*train, "--scheme", "rope+"], "rope+"),
+        ([*train, "--scheme", ""], "scheme"),
+        ([*train, "--scheme", "rope", "--batch-size", "-1"], "batch_size"),
+        ([*train, "--scheme", "rope", "--tokenizer", "bpe10"], "unknown tokenizer"),
+    ]
+
+
+def test_bad_commands_are_one_line_and_touch_nothing(run, capsys):
+    before = digest(run)
+    for argv, message in bad_commands(run):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and message in err, (argv, err)
+        assert digest(run) == before, argv
+
+
+def test_resume_of_a_state_without_its_keys_is_one_line(run, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    torch.save({"step": 3}, copy / "state.pt")
+    code = main(["train", "--scheme", "learned", "--preset", "quick", "--steps", "6", "--out", str(copy), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "state.pt is damaged: no optimizer; use another --out" in err, err
+
+
+def test_generate_prints_the_models_greedy_continuation(run, capsys):
+    from posenc.train import load_run
+
+    assert main(["generate", str(run), "--prompt", "To be", "--max-new-tokens", "8", "--temperature", "0"]) == 0
+    model, _, _ = load_run(run)
+    ids = model.generate(torch.tensor(list(b"To be")), 8, temperature=0)
+    assert capsys.readouterr().out == bytes(ids.tolist()).decode("utf-8", errors="replace") + "\n"
+
+
+def test_model_api_rejects_bad_shapes():
+    model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 16})
+    with pytest.raises(PosencError, match="T >= 1"):
+        model(torch.zeros(2, 0, dtype=torch.long))
+    with pytest.raises(PosencError, match="tokens must be"):
+        model(torch.zeros(5, dtype=torch.long))

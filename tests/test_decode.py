@@ -1,0 +1,120 @@
+"""Incremental decoding (LM.decode with a Cache) equals the parallel forward, for every scheme."""
+
+import pytest
+import torch
+
+from posenc import encodings
+from posenc.config import load_preset
+from posenc.errors import PosencError
+from posenc.model import Cache, build_model
+from posenc.presets import preset_names
+from posenc.rope import NAMES as SCHEDULES
+
+PRESET_SPECS = sorted({s for name in preset_names() for s in load_preset(name).schemes})
+SPECS = sorted(set(encodings.names()) | set(PRESET_SPECS) | {"acc-rand-qkv:a=0.3+alibi", "path+forget", "rope:rotary_fraction=0.5", "rope|nope"})
+T = 20
+
+
+def model(spec, dtype=torch.float64, **params):
+    cfg = {"encoding": spec, "n_layer": 2, "n_head": 2, "d_model": 32, "train_length": T, "encoding_params": params}
+    return build_model(cfg).to(dtype).eval()
+
+
+def decoded(m, x, cuts=(7, 12)):
+    """Logits of a prefill of x[:, :cuts[0]], a chunk up to cuts[1], then one token at a time."""
+    cache, out, start = Cache(len(m.blocks)), [], 0
+    for end in (*cuts, *range(cuts[-1] + 1, x.shape[1] + 1)):
+        out.append(m.decode(x[:, start:end], cache))
+        start = end
+    assert cache.length == x.shape[1]
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_decode_equals_parallel_float64(spec):
+    torch.manual_seed(0)
+    m, x = model(spec), torch.randint(0, 256, (2, T))
+    with torch.no_grad():
+        err = (decoded(m, x) - m(x)).abs().max().item()
+    assert err < 1e-10, err
+
+
+@pytest.mark.parametrize("spec", ["rope", "alibi", "hybrid", "rope+forget", "acc-rand-qkv", "path", "xpos", "cope"])
+def test_decode_equals_parallel_float32(spec):
+    torch.manual_seed(1)
+    m, x = model(spec, torch.float32), torch.randint(0, 256, (2, T))
+    with torch.no_grad():
+        err = (decoded(m, x) - m(x)).abs().max().item()
+    assert err < 1e-5, err
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_decode_equals_parallel_for_rope_schedules(schedule):
+    """Every schedule, with the window of ReRoPE inside the sequence; dynamic NTK's base follows the
+    length so far, so its step t equals the parallel forward of the prefix [0, t]."""
+    torch.manual_seed(2)
+    params = {"none": {}, "rerope": {"window": 6}, "leaky-rerope": {"window": 6, "leak": 4.0}}.get(schedule, {"factor": 4.0})
+    m = model("rope", schedule=schedule, schedule_params=params)
+    x = torch.randint(0, 256, (1, T))
+    with torch.no_grad():
+        got = decoded(m, x, cuts=(8,))
+        if schedule == "dynamic":
+            ref = torch.cat([m(x[:, : t + 1])[:, -1:] for t in range(8, T)], dim=1)
+            got = got[:, 8:]
+        else:
+            ref = m(x)
+    assert (got - ref).abs().max().item() < 1e-10
+
+
+def test_chunked_prefill_leaves_the_state_of_one_prefill():
+    torch.manual_seed(3)
+    m, x = model("hybrid"), torch.randint(0, 256, (2, 15))
+    one, chunks = Cache(2), Cache(2)
+    with torch.no_grad():
+        m.decode(x, one)
+        for a, b in ((0, 4), (4, 5), (5, 15)):
+            m.decode(x[:, a:b], chunks)
+    for l1, l2 in zip(one.layers, chunks.layers):
+        for name in ("x", "k", "v"):
+            assert torch.allclose(getattr(l1, name), getattr(l2, name), atol=1e-12, rtol=0)
+
+
+def test_generate_greedy_continues_with_the_parallel_argmax():
+    torch.manual_seed(4)
+    m, prompt = model("acc-rand-qkv"), torch.randint(0, 256, (5,))
+    out = m.generate(prompt, 6, temperature=0)
+    assert out.shape == (11,) and torch.equal(out[:5], prompt)
+    with torch.no_grad():
+        for t in range(5, 11):  # each new token is the parallel forward's argmax on what precedes it
+            assert int(out[t]) == int(m(out[None, :t])[0, -1].argmax())
+
+
+def test_generate_samples_reproducibly_and_respects_top_k():
+    torch.manual_seed(5)
+    m, prompt = model("rope", torch.float32), torch.randint(0, 256, (2, 4))
+    a, b = m.generate(prompt, 8, temperature=1.0, top_k=3, seed=7), m.generate(prompt, 8, temperature=1.0, top_k=3, seed=7)
+    assert a.shape == (2, 12) and torch.equal(a, b)
+    assert not torch.equal(a, m.generate(prompt, 8, temperature=1.0, top_k=3, seed=8))
+    out = m.generate(prompt, 1, top_k=1, seed=0)  # top-1 sampling is greedy
+    assert torch.equal(out, m.generate(prompt, 1, temperature=0))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_new_tokens": -1}, "max_new_tokens"),
+    ({"max_new_tokens": 2, "temperature": float("nan")}, "temperature"),
+    ({"max_new_tokens": 2, "top_k": 0}, "top_k"),
+])
+def test_generate_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(PosencError, match=match):
+        model("rope").generate(torch.tensor([1, 2]), **kwargs)
+
+
+def test_generate_rejects_an_empty_prompt_and_a_length_beyond_a_learned_table():
+    with pytest.raises(PosencError, match="T >= 1"):
+        model("rope").generate(torch.zeros(0, dtype=torch.long), 3)
+    with pytest.raises(PosencError, match=f"exceed the learned position table of {T}"):
+        model("learned").generate(torch.zeros(T - 2, dtype=torch.long), 3)
+    m, cache = model("rope"), Cache(2)
+    m.decode(torch.zeros(2, 3, dtype=torch.long), cache)
+    with pytest.raises(PosencError, match="batch size 2"):
+        m.decode(torch.zeros(1, 1, dtype=torch.long), cache)
