@@ -132,7 +132,8 @@ def _one_line_exit_2(capsys, argv, message):
         (["--max-tokens", "-5"], "must be >= 1, got -5"),
         (["--rope-schedule", "yarn", "--factor", "inf"], "factor must be finite, got inf"),
         (["--rope-schedule", "yarn", "--factor", "2", "--rope-param", "attention_factor=0"], "attention_factor must be > 0"),
-        (["--factor", "8"], "--factor/--window/--leak/--rope-param need --rope-schedule"),
+        (["--factor", "8"], "--factor/--rerope-window/--leak/--rope-param need --rope-schedule"),
+        (["--rope-schedule", "rerope", "--window", "64"], "--window was renamed: use --rerope-window"),
         (["--rope-param", "beta_fast=16"], "need --rope-schedule"),
     ],
 )

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from posenc import build_model
+from posenc import build_model, encodings
+from posenc.attention import rotate
 from posenc.encodings.base import Encoding, Inputs
 
 SCHEMES = ["rope", "rope:rope_theta=500000", "acc-rand-qkv", "acc-drift-qkv", "acc-token-qkv", "xpos", "pope", "alibi", "hybrid"]
@@ -49,3 +50,37 @@ def test_nonsensical_parameters_and_inputs_are_one_line_errors():
         model(torch.zeros(1, 0, dtype=torch.int64))
     with pytest.raises(PosencError, match="positions must be"):
         model.hidden(torch.zeros(1, 5, dtype=torch.int64), torch.arange(4))
+
+
+@pytest.mark.parametrize("scheme", encodings.names())
+def test_every_scheme_under_cpu_bf16_autocast_has_a_finite_loss_and_float32_angles(scheme):
+    torch.manual_seed(0)
+    model = build_model({"encoding": scheme, "n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 32})
+    x = torch.randint(0, 256, (2, 32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model.token_nll(x, x).mean()
+        for a in model.attention_inputs(x):
+            assert a.phases is None or a.phases.dtype in (torch.float32, torch.float64)
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_bf16_rope_angles_and_relative_scores_do_not_drift_with_position():
+    """A bf16 model: RoPE's angle at positions up to 131072 within 1e-3 rad of float64, and the score of
+    one (q, k) pair at a fixed offset the same wherever the pair sits."""
+    model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 32}).to(torch.bfloat16)
+    enc = model.blocks[0].attn.enc
+    pos = torch.tensor([0, 1, 4095, 65536, 131071])
+    phases = enc.phases(Inputs(torch.zeros(1, 5, 32, dtype=torch.bfloat16), pos, torch.zeros(1, 5, dtype=torch.int64)))[0, 0]
+    exact = pos.double()[:, None] * (10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+    diff = torch.remainder(phases.double() - exact + math.pi, 2 * math.pi) - math.pi
+    assert float(diff.abs().max()) < 1e-3
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 1, 16, generator=g)
+    scores = []
+    for start in (0, 1000, 65000, 131000):
+        p = torch.tensor([start, start + 7])
+        phi = enc.phases(Inputs(torch.zeros(1, 2, 32, dtype=torch.bfloat16), p, torch.zeros(1, 2, dtype=torch.int64)))
+        scores.append(float((rotate(q, phi[..., 1:, :]) * rotate(k, phi[..., :1, :])).sum()))
+    assert max(scores) - min(scores) < 1e-4, scores

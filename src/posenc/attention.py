@@ -192,7 +192,7 @@ def attention(
         if rotate_v:
             v = rotate_shared(v, phases, cos, sin, pairing)
     scale = logit_scale / math.sqrt(q.shape[-1])
-    if q.is_cuda and q_start == 0 and getattr(bias, "at", None) is not None:
+    if q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and getattr(bias, "at", None) is not None:
         out = flex_causal(q, k, v, bias.at, scale)
     elif bias is None and q_start == 0:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
@@ -218,10 +218,12 @@ def _compiled_flex():
 def flex_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: Callable, scale: float) -> torch.Tensor:
     """Causal FlexAttention (compiled) with scores ``scale * q.k + at(b, h, q_idx, kv_idx)``: (B, H, T, Dv).
 
-    The CUDA path of pointwise score biases (a BiasFn's ``at``: ALiBi, the forget gate
-    and their sums): a block mask skips the masked half, no bias tile is stored. On
-    CPU the chunked path is faster (measured: ``benchmarks/``) and is the reference;
-    ``tests/test_flex.py`` checks this one against it on CPU.
+    The CUDA evaluation path of pointwise score biases (a BiasFn's ``at``: ALiBi, the
+    forget gate and their sums): a block mask skips the masked half, no bias tile is
+    stored. Training keeps the chunked path (its bias gradients, e.g. the forget gate's,
+    are the tested ones; FlexAttention has no backward on CPU to test against). On CPU
+    the chunked path is faster and is the reference; ``tests/test_flex.py`` checks
+    this one against it on CPU (compiled).
     """
     T = q.shape[-2]
     mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, T, T, device=q.device)

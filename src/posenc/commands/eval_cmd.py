@@ -1,5 +1,6 @@
 """`posenc eval RUN_DIR`: perplexity against evaluation length for one trained run."""
 
+import argparse
 from pathlib import Path
 
 from posenc.checkpoint import append_jsonl
@@ -22,7 +23,8 @@ def add_parser(sub):
     g = p.add_argument_group("RoPE context extension (RoPE runs only, no retraining)")
     g.add_argument("--rope-schedule", metavar="NAME", help=", ".join(NAMES))
     g.add_argument("--factor", type=float, help="scale factor s (pi, ntk, dynamic, yarn, llama3)")
-    g.add_argument("--window", type=int, help="ReRoPE window w (tokens)")
+    g.add_argument("--rerope-window", type=int, help="ReRoPE window w (tokens)")
+    g.add_argument("--window", type=int, help=argparse.SUPPRESS)  # renamed as in extend: a one-line error
     g.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k")
     g.add_argument("--rope-param", nargs="+", default=[], metavar="KEY=VALUE", help="other schedule parameters, e.g. beta_fast=32 attention_factor=1.2 truncate=false")
     p.set_defaults(func=run)
@@ -38,8 +40,8 @@ def _value(text: str):
 
 
 def schedule_args(args) -> dict:
-    """Schedule parameters from --factor/--window/--leak/--rope-param."""
-    params = {"factor": args.factor, "window": args.window, "leak": args.leak}
+    """Schedule parameters from --factor/--rerope-window/--leak/--rope-param."""
+    params = {"factor": args.factor, "window": args.rerope_window, "leak": args.leak}
     for item in args.rope_param:
         key, sep, val = item.partition("=")
         if not sep:
@@ -49,9 +51,11 @@ def schedule_args(args) -> dict:
 
 
 def run(args) -> int:
-    given = [args.factor, args.window, args.leak, *args.rope_param]
+    if args.window is not None:
+        raise PosencError("--window was renamed: use --rerope-window (as in posenc extend)")
+    given = [args.factor, args.rerope_window, args.leak, *args.rope_param]
     if not args.rope_schedule and any(v is not None for v in given):  # else silently ignored
-        raise PosencError("--factor/--window/--leak/--rope-param need --rope-schedule")
+        raise PosencError("--factor/--rerope-window/--leak/--rope-param need --rope-schedule")
     model, mcfg, tcfg = load_run(args.run_dir)
     lengths = eval_lengths(mcfg.train_length, args.multiples)
     scheme = mcfg.encoding

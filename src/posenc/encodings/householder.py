@@ -179,7 +179,9 @@ class PaTH(Encoding):
             kernel = None
         if kernel is not None:
             return fla_path_attention(kernel, q, k, v, w, beta, self.logit_scale)
-        return path_attention(q, k, v, w.to(q.dtype), beta, bias=bias, logit_scale=self.logit_scale, block_size=self.block_size)
+        wide = torch.promote_types(q.dtype, torch.float32)  # the Householder products in float32+ (bf16 autocast too)
+        out = path_attention(q.to(wide), k.to(wide), v.to(wide), w.to(wide), beta.to(wide), bias=bias, logit_scale=self.logit_scale, block_size=self.block_size)
+        return out.to(v.dtype)
 
     def describe(self) -> str:
         return f"PaTH (accumulated Householder), w rank {self.w_proj[0].out_features}, conv {self.w_conv.kernel_size[0]}, block {self.block_size}"
