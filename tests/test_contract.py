@@ -34,6 +34,7 @@ def test_flags_match_hooks(spec):
     assert enc.rotary == (enc.phases(inp) is not None)
     assert enc.has_bias == (enc.bias(inp) is not None)
     assert enc.replaces_attention == (enc.attend(q, k, v, inp) is not None)
+    assert enc.has_logits == (enc.logits(q, k, inp, None, 0, 6) is not None) and (enc.replaces_attention or not enc.has_logits)
     assert enc.rotary == (enc.spectral_gap() is not None)
 
 

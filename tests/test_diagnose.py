@@ -189,3 +189,24 @@ def test_diagnose_window_beyond_every_length_exits_2(trained_run, capsys, window
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"far-mass distance w={window} must be < the longest evaluation length 256" in err
     assert not (trained_run / "w").exists()
+
+
+@pytest.mark.parametrize("scheme", ["cope", "dape", "cope+alibi"])
+def test_attending_schemes_are_read_through_their_logits(scheme):
+    """diagnose reads exactly the softmax the model attends with: its logits give the layer's output."""
+    torch.manual_seed(0)
+    model, w = tiny(scheme), 16
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "pos_emb" in name:  # CoPE's position embeddings start at 0
+                torch.nn.init.normal_(param, std=0.5)
+        tokens = torch.randint(0, 256, (2, 48))
+        for layer, a in enumerate(model.attention_inputs(tokens)):
+            enc, T = model.blocks[layer].attn.enc, a.q.shape[-2]
+            p = torch.softmax(enc.logits(a.q, a.k, a.inp, a.bias, 0, T), dim=-1)
+            torch.testing.assert_close(p @ a.v, enc.attend(a.q, a.k, a.v, a.inp), atol=1e-6, rtol=1e-5)
+            i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+            far = (p * (i - j >= w)).sum(-1)[..., w:].double().sum((0, 2))
+            torch.testing.assert_close(layer_sums(a, w, block_elems=2 * 2 * 48 * 8, enc=enc)["far"], far, atol=1e-9, rtol=1e-6)
+    res = diagnose_model(model, [("x", np.arange(300, dtype=np.uint16) % 256)], multiples=[1, 2], progress=False)
+    assert res["note"] is None and res["lengths"][1]["far_mass_mean"] > 0

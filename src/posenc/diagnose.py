@@ -20,8 +20,9 @@ measured inside a trained posenc model, per layer and head, against evaluation l
 Memory is bounded as in evaluation: per layer, the captured q, k (rotated by the
 scheme's phases) and bias tiles are reduced one query block at a time, so at most
 (block x T) probabilities exist; ``naive_layer_sums`` (the full T x T matrix) is
-the reference. Schemes whose attention is a custom ``attend`` (PaTH, ReRoPE) have
-no (q, k) softmax to read and are reported as not supported.
+the reference. Schemes whose attention is a custom ``attend`` are read through their
+``logits`` hook (CoPE, DAPE); those without one (PaTH, xPos, PoPE, ReRoPE) have no
+softmax to read and are reported as not supported.
 """
 
 from __future__ import annotations
@@ -105,17 +106,22 @@ def _reduce(logits: torch.Tensor, qs: int, w: int) -> dict[str, torch.Tensor]:
 
 
 @torch.inference_mode()
-def layer_sums(a: AttentionInputs, w: int, block_elems: int = BLOCK_ELEMS) -> dict[str, torch.Tensor]:
+def layer_sums(a: AttentionInputs, w: int, block_elems: int = BLOCK_ELEMS, enc: Optional[Encoding] = None) -> dict[str, torch.Tensor]:
     """Streaming sums over one layer's queries, per head: ``far``, ``entropy``, ``bound`` (H,) float64.
 
     Divide ``far`` and ``bound`` by the number of queries with far keys
     (B * max(0, T - w)) and ``entropy`` by B * T for means. Query blocks hold at
-    most ``block_elems`` logits (at least one query row).
+    most ``block_elems`` logits (at least one query row). ``enc``: the layer's scheme,
+    whose own ``logits`` are read when it replaces attention (CoPE, DAPE).
     """
     q, k = rotated_qk(a)
     B, H, T, _ = q.shape
     qb = max(1, min(T, block_elems // (B * H * T)))
-    sums = [_reduce(block_logits(a, q, k, qs, min(qs + qb, T)), qs, w) for qs in range(0, T, qb)]
+    if enc is not None and enc.replaces_attention:
+        logits = lambda qs, qe: enc.logits(a.q, a.k, a.inp, a.bias, qs, qe).float()  # noqa: E731
+    else:
+        logits = lambda qs, qe: block_logits(a, q, k, qs, qe)  # noqa: E731
+    sums = [_reduce(logits(qs, min(qs + qb, T)), qs, w) for qs in range(0, T, qb)]
     return {key: sum(s[key] for s in sums).cpu() for key in sums[0]}
 
 
@@ -147,9 +153,9 @@ def step_phasor_sums(phases: torch.Tensor, n_head: int) -> tuple[torch.Tensor, i
 # ---------------------------------------------------------------- whole model
 
 
-def replaces_attention(model: LM) -> bool:
-    """True when some layer's scheme replaces attention (``attend``): no (q, k) softmax to read."""
-    return any(b.attn.enc.replaces_attention for b in model.blocks)
+def unreadable(model: LM) -> bool:
+    """True when some layer's scheme replaces attention without exposing its logits: no softmax to read."""
+    return any(b.attn.enc.replaces_attention and not b.attn.enc.has_logits for b in model.blocks)
 
 
 def baseline_gap(enc: Encoding) -> Optional[list[float]]:
@@ -190,8 +196,8 @@ def diagnose_model(
         raise PosencError(f"need a far-mass distance w >= 1 and >= 1 window per length, got w={w}, windows={n_windows}")
     out = {"scheme": cfg.encoding, "describe": (model.pos_embed or model.blocks[0].attn.enc).describe(), "train_length": cfg.train_length,
            "w": w, "eps": eps, "windows_per_length": n_windows, "lengths": [], "spectral_gap": None, "note": None}
-    if replaces_attention(model):
-        out["note"] = f"not supported: {cfg.encoding} replaces attention (custom attend), so there is no (q, k) softmax to read"
+    if unreadable(model):
+        out["note"] = f"not supported: {cfg.encoding} replaces attention without exposing its logits, so there is no softmax to read"
         return out
     device = next(model.parameters()).device
     H, L_n = cfg.n_head, cfg.n_layer
@@ -206,7 +212,7 @@ def diagnose_model(
             for d, s in wins:
                 tokens = torch.from_numpy(docs[d][1][s : s + L].astype(np.int64))[None].to(device)
                 for layer, a in enumerate(model.attention_inputs(tokens)):
-                    sums = layer_sums(a, w, block_elems)
+                    sums = layer_sums(a, w, block_elems, model.blocks[layer].attn.enc)
                     far[layer] += sums["far"]
                     ent[layer] += sums["entropy"]
                     bound[layer] += sums["bound"]

@@ -20,6 +20,10 @@ flag                    hook                 what it gives
 ``replaces_attention``  ``attend(...)``      the whole attention, for schemes that
                                              do not factor; takes the other parts'
                                              bias in a composition
+``has_logits``          ``logits(...)``      an attending scheme's causal logits of
+                                             one query block (its ``attend`` is a
+                                             softmax of them; ``posenc diagnose``
+                                             reads them)
 ======================  ===================  ======================================
 
 A hook whose flag is False returns None. Flags may be set per instance in
@@ -81,6 +85,7 @@ class Encoding(nn.Module):
     rotary: bool = False  # phases() gives rotation angles
     has_bias: bool = False  # bias() gives a score bias
     replaces_attention: bool = False  # attend() gives the attention output
+    has_logits: bool = False  # logits() gives an attending scheme's logits per query block
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -110,6 +115,18 @@ class Encoding(nn.Module):
     def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None) -> Optional[torch.Tensor]:
         """q, k: (B, H, T, Dk), v: (B, H, T, Dv) -> (B, H, T, Dv); ``bias``: the other parts' score bias."""
         return None
+
+    def logits(self, q, k, inp: Inputs, bias: Optional[BiasFn], qs: int, qe: int) -> Optional[torch.Tensor]:
+        """Causal logits of queries [qs, qe) over keys [0, qe): (B, H, qe-qs, qe) float32+, -inf above the diagonal."""
+        return None
+
+    def attend_by_logits(self, q, k, v, inp: Inputs, bias: Optional[BiasFn], block_size: int) -> torch.Tensor:
+        """``attend`` of a scheme with ``logits``: softmax per query block of ``block_size``, then values; (B, H, T, Dv) in v's dtype."""
+        T, out = q.shape[-2], []
+        for qs in range(0, T, block_size):
+            qe = min(qs + block_size, T)
+            out.append(torch.softmax(self.logits(q, k, inp, bias, qs, qe), dim=-1).to(v.dtype) @ v[..., :qe, :])
+        return torch.cat(out, dim=-2)
 
     def spectral_gap(self) -> Optional[torch.Tensor]:
         """(D/2,) float64 |E exp(i theta_b)| of the step law per frequency block, or None (no step law)."""

@@ -39,6 +39,7 @@ class Composite(Encoding):
             self.rotate_v, self.pairing, self.logit_scale = rotary[0].rotate_v, rotary[0].pairing, rotary[0].logit_scale
         self._attenders = [p for p in parts if p.replaces_attention]
         self.replaces_attention = bool(self._attenders)
+        self.has_logits = self.replaces_attention and self._attenders[0].has_logits
         if len(self._attenders) > 1:
             raise PosencError(f"{spec!r}: at most one part may replace attention")
         if self._attenders and rotary and self._attenders[0] is not rotary[0]:
@@ -66,6 +67,10 @@ class Composite(Encoding):
         if all(a is not None for a in ats):  # pointwise parts sum pointwise (FlexAttention on CUDA)
             tile.at = lambda b, h, qi, ki: sum(a(b, h, qi, ki) for a in ats)
         return tile
+
+    def logits(self, q, k, inp: Inputs, bias, qs: int, qe: int):
+        """The attending part's logits, given the other parts' summed bias (``bias(inp)``)."""
+        return self._attenders[0].logits(q, k, inp, bias, qs, qe) if self.has_logits else None
 
     def attend(self, q, k, v, inp: Inputs, bias=None):
         """The attending part's attention, given the other parts' summed bias."""

@@ -64,7 +64,7 @@ class CoPE(Encoding):
     """
 
     name = "cope"
-    replaces_attention = True
+    replaces_attention = has_logits = True
     family, source = "contextual and adaptive", "Golovneva et al. 2024, arXiv:2405.18719 (CoPE)"
 
     def __init__(self, dims: Dims, npos_max: int = 64, block_size: int = 512):
@@ -74,15 +74,12 @@ class CoPE(Encoding):
         self.npos_max, self.block_size = npos_max, block_size
         self.pos_emb = nn.Parameter(torch.zeros(dims.head_dim, npos_max))
 
+    def logits(self, q, k, inp: Inputs, bias: Optional[BiasFn], qs: int, qe: int):
+        logits = cope_logits(q, k, self.pos_emb, qs, qe, self.logit_scale / math.sqrt(q.shape[-1]))
+        return logits + causal_tile(bias, qs, qe, qe, q.device, logits.dtype)
+
     def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
-        T, scale = q.shape[-2], self.logit_scale / math.sqrt(q.shape[-1])
-        out = []
-        for qs in range(0, T, self.block_size):
-            qe = min(qs + self.block_size, T)
-            logits = cope_logits(q, k, self.pos_emb, qs, qe, scale)
-            logits = logits + causal_tile(bias, qs, qe, qe, q.device, logits.dtype)
-            out.append(torch.softmax(logits, dim=-1).to(v.dtype) @ v[..., :qe, :])
-        return torch.cat(out, dim=-2)
+        return self.attend_by_logits(q, k, v, inp, bias, self.block_size)
 
     def describe(self) -> str:
         return f"CoPE: contextual positions from sigmoid(q.k) gates, {self.npos_max} interpolated position embeddings"

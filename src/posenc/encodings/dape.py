@@ -56,7 +56,7 @@ class DAPE(Encoding):
     """
 
     name = "dape"
-    replaces_attention = True
+    replaces_attention = has_logits = True
     family, source = "contextual and adaptive", "Zheng et al. 2024, arXiv:2405.14722 (DAPE)"
 
     def __init__(self, dims: Dims, base: str = "alibi", mlp_width: int = 32, block_size: int = 512):
@@ -69,17 +69,15 @@ class DAPE(Encoding):
         self.base = BASES[base](dims)
         self.mlp = PointMLP(2 * dims.n_head, mlp_width, dims.n_head, "leaky_relu")
 
-    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
+    def logits(self, q, k, inp: Inputs, bias: Optional[BiasFn], qs: int, qe: int):
         base = self.base.bias(inp)
         total = base if bias is None else (lambda *t: base(*t) + bias(*t))
-        T, C, scale = q.shape[-2], self.block_size, self.logit_scale / math.sqrt(q.shape[-1])
-        out = []
-        for qs in range(0, T, C):
-            qe = min(qs + C, T)
-            logits = torch.cat([dape_tile(q, k, total, self.mlp, scale, qs, qe, ks, min(ks + C, qe)) for ks in range(0, qe, C)], dim=-1)
-            logits = logits + causal_tile(None, qs, qe, qe, q.device, logits.dtype)
-            out.append(torch.softmax(logits, dim=-1).to(v.dtype) @ v[..., :qe, :])
-        return torch.cat(out, dim=-2)
+        C, scale = self.block_size, self.logit_scale / math.sqrt(q.shape[-1])
+        logits = torch.cat([dape_tile(q, k, total, self.mlp, scale, qs, qe, ks, min(ks + C, qe)) for ks in range(0, qe, C)], dim=-1)
+        return logits + causal_tile(None, qs, qe, qe, q.device, logits.dtype)
+
+    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
+        return self.attend_by_logits(q, k, v, inp, bias, self.block_size)
 
     def describe(self) -> str:
         return f"DAPE: logits A + B + MLP([A; B]) over heads (width {self.mlp.w1.shape[0]}), base bias B = {self.base.describe()}"
