@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -64,14 +65,14 @@ def main(argv=None) -> int:
                "max_err_float32": decode_error(s, torch.float32), "max_err_float64": decode_error(s, torch.float64)}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    meta = {"prompt": args.prompt, "new_tokens": args.new_tokens, "threads": torch.get_num_threads(),
+    meta = {"prompt": args.prompt, "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
             "machine": platform.processor() or platform.machine(), "torch": torch.__version__}
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(args.out / "generate.json", json.dumps({"meta": meta, "rows": rows}, indent=1).encode())
     table = markdown_table(["scheme", "tokens/s", "max err float32", "max err float64"],
                            [[r["scheme"], f"{r['tokens_per_s']:.0f}", f"{r['max_err_float32']:.1e}", f"{r['max_err_float64']:.1e}"] for r in rows])
     head = (f"# Generation with the KV cache\n\nDefault model, greedy, {args.prompt}-token prompt + {args.new_tokens} new tokens, "
-            f"{meta['threads']} threads, torch {meta['torch']}. Errors: max |parallel - decoded| logits (2-layer model, 64 tokens).\n\n")
+            f"{meta['threads']} threads, torch {meta['torch']}, load average {meta['load_average'][0]:.1f}. Errors: max |parallel - decoded| logits (2-layer model, 64 tokens).\n\n")
     atomic_write_bytes(args.out / "generate.md", (head + table + "\n").encode())
     return 0
 

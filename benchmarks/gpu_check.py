@@ -12,9 +12,16 @@ CPU and CUDA see the same angles):
 - bf16 autocast on the device vs float32 on CPU: the model's mean NLL
   (pass: relative difference <= 2e-2) and that phases stay float32 under
   autocast.
-Part 2, throughput: the ``paper`` preset's model (16 x 768, vocab 32768, length
-512) trained for a few steps per scheme on random tokens (bf16 autocast, AdamW,
-gradient clipping as ``posenc.train``), tokens/s as a ratio to RoPE.
+Part 2, FlexAttention (the CUDA evaluation path of ALiBi and the forget gate)
+against the chunked path: one attention call at T = 16384 and 65536.
+Part 3, memory: peak device memory of scoring one 65,536-token window with the
+``paper`` preset's model, per default scheme.
+Part 4, throughput: the ``paper`` preset's model (16 x 768, vocab 32768, length
+512) trained for a few steps per default scheme on random tokens (bf16 autocast,
+AdamW, gradient clipping as ``posenc.train``), eager (tokens/s and ratio to RoPE)
+and under ``torch.compile``.
+
+Exit status 1 when a CUDA path disagrees with the CPU path (part 1), else 0.
 
 Results: ``gpu_check.json`` and ``gpu_check.md`` under ``$OUT`` when set (the
 device tool's output folder), else ``benchmarks/results``. A time budget
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -33,14 +41,18 @@ from pathlib import Path
 import torch
 
 from posenc import encodings
+from posenc.attention import attention
 from posenc.checkpoint import atomic_write_bytes
 from posenc.config import load_preset
 from posenc.encodings.base import Inputs
+from posenc.encodings.bias import alibi_slopes, distance_bias
+from posenc.encodings.forget import forget_bias, log_forget_cumsum
 from posenc.model import Attention, ModelConfig, build_model
 from posenc.reporting import markdown_table
 from posenc.train import make_optimizer
 
 T0 = time.time()
+FLEX_COLUMNS = ("alibi flex", "alibi chunked", "forget flex", "forget chunked")
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -99,17 +111,18 @@ def model_agreement(scheme: str, device: torch.device, T: int) -> dict:
     }
 
 
-def throughput(scheme: str, device: torch.device, cfg: ModelConfig, batch: int, steps: int) -> float:
-    """Training tokens/s of ``cfg`` with ``scheme`` on random tokens (bf16 autocast on CUDA)."""
+def throughput(scheme: str, device: torch.device, cfg: ModelConfig, batch: int, steps: int, compiled: bool = False) -> float:
+    """Training tokens/s of ``cfg`` with ``scheme`` on random tokens (bf16 autocast on CUDA), eager or compiled."""
     preset = load_preset("paper")
     torch.manual_seed(0)
     model = build_model(cfg.model_copy(update={"encoding": scheme})).to(device).train()
     opt = make_optimizer(model, preset.train)
     x, y = torch.randint(0, cfg.vocab_size, (2, batch, cfg.train_length), device=device)
+    nll = torch.compile(model.token_nll) if compiled else model.token_nll
 
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = model.token_nll(x, y).mean()
+            loss = nll(x, y).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), preset.train.grad_clip)
@@ -128,6 +141,45 @@ def throughput(scheme: str, device: torch.device, cfg: ModelConfig, batch: int, 
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return tps
+
+
+def eval_peak_memory(scheme: str, device: torch.device, cfg: ModelConfig, T: int) -> dict:
+    """Peak device memory (GiB) and seconds of scoring one T-token window with the paper model (bf16 autocast)."""
+    torch.manual_seed(0)
+    model = build_model(cfg.model_copy(update={"encoding": scheme})).to(device).eval()
+    tok = torch.randint(0, cfg.vocab_size, (1, T + 1), device=device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        nll = float(model.token_nll(tok[:, :-1], tok[:, 1:]).mean())
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"peak_gib": peak, "seconds": time.perf_counter() - t, "finite": math.isfinite(nll)}
+
+
+def flex_vs_chunked(device: torch.device, T: int) -> dict:
+    """Seconds of one causal attention (12 heads x 64, bf16 on CUDA) with an ALiBi and a forget-gate bias:
+    FlexAttention (evaluation, no grad) against the chunked path (taken whenever grad is enabled)."""
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q, k, v = (torch.randn(1, 12, T, 64, device=device, dtype=dt) for _ in range(3))
+    biases = {"alibi": distance_bias(alibi_slopes(12).to(device), torch.arange(T, device=device)),
+              "forget": forget_bias(log_forget_cumsum(torch.randn(1, 12, T, device=device) + 3))}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out = {}
+    for name, bias in biases.items():
+        for path, grad in (("flex", False), ("chunked", True)):
+            with torch.set_grad_enabled(grad):
+                attention(q, k, v, bias=bias)  # warm-up (compilation)
+                sync()
+                t = time.perf_counter()
+                attention(q, k, v, bias=bias)
+                sync()
+            out[f"{name} {path}"] = time.perf_counter() - t
+    return out
 
 
 def fla_available() -> bool:
@@ -151,10 +203,17 @@ def markdown(res: dict) -> str:
                                  "phases under autocast", "ok"], rows))
     t = res["throughput"]
     base = t["tokens_per_s"].get("rope")
-    rows = [[s, v, ""] if isinstance(v, str) else [s, f"{v:,.0f}", f"{v / base:.2f}x" if base else ""]
+    fmt = lambda v: v if isinstance(v, str) else f"{v:,.0f}"  # noqa: E731
+    rows = [[s, fmt(v), "" if isinstance(v, str) or not base else f"{v / base:.2f}x", fmt(t["compiled"].get(s, "not run"))]
             for s, v in t["tokens_per_s"].items()]
     lines += ["", f"## Paper-preset training throughput ({t['config']})", "",
-              markdown_table(["scheme", "tokens/s", "ratio to RoPE"], rows)]
+              markdown_table(["scheme", "tokens/s eager", "ratio to RoPE", "tokens/s compiled"], rows)]
+    lines += ["", f"## Scoring one {res['memory_length']}-token window with the paper model (bf16 autocast)", "",
+              markdown_table(["scheme", "peak memory (GiB)", "seconds"],
+                             [[s, m, ""] if isinstance(m, str) else [s, f"{m['peak_gib']:.2f}", f"{m['seconds']:.1f}"] for s, m in res["memory"].items()])]
+    lines += ["", "## FlexAttention vs the chunked path (one attention call, 12 heads x 64)", "",
+              markdown_table(["T", *FLEX_COLUMNS], [[T, *(f"{r[c] * 1e3:.1f} ms" for c in FLEX_COLUMNS)] if isinstance(r, dict) else [T, r]
+                                                    for T, r in res["flex"].items()])]
     return "\n".join(lines) + "\n"
 
 
@@ -185,26 +244,39 @@ def main(argv=None) -> int:
     cfg = load_preset("paper").model.model_copy(update={"vocab_size": 32768})
     if args.tiny:
         cfg = cfg.model_copy(update={"n_layer": 2, "d_model": 96, "n_head": 2, "train_length": 64, "vocab_size": 512})
-    batch = 2 if args.tiny else args.batch
+    batch, default = 2 if args.tiny else args.batch, load_preset("default").schemes
+    deadline = T0 + args.budget
+    res["flex"] = {T: guarded(lambda: flex_vs_chunked(device, T), deadline) for T in ((512, 1024) if args.tiny else (16384, 65536))}
+    res["memory_length"] = 1024 if args.tiny else 65536
+    res["memory"] = {s: guarded(lambda: eval_peak_memory(s, device, cfg, res["memory_length"]), deadline) for s in default}
     res["throughput"] = {"config": f"{cfg.n_layer} layers, width {cfg.d_model}, vocab {cfg.vocab_size}, {batch} x {cfg.train_length} tokens/step, "
                                    f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, {args.steps} timed steps after 2 warm-up",
-                         "tokens_per_s": {}}
-    for s in schemes:
-        if time.time() - T0 > args.budget:
-            res["throughput"]["tokens_per_s"][s] = "skipped (time budget)"
-            continue
-        try:
-            res["throughput"]["tokens_per_s"][s] = throughput(s, device, cfg, batch, args.steps)
-        except Exception as exc:
-            res["throughput"]["tokens_per_s"][s] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        print(f"[{time.time() - T0:5.0f} s] throughput {s}: {res['throughput']['tokens_per_s'][s]}", flush=True)
+                         "tokens_per_s": {}, "compiled": {}}
+    for key, compiled in (("tokens_per_s", False), ("compiled", True)):
+        for s in default[:1] if compiled and args.tiny else default:  # --tiny: one compiled scheme (a smoke run)
+            res["throughput"][key][s] = guarded(lambda: throughput(s, device, cfg, batch, args.steps, compiled), deadline)
+            print(f"[{time.time() - T0:5.0f} s] throughput {key} {s}: {res['throughput'][key][s]}", flush=True)
     res["seconds"] = time.time() - T0
     out = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / "gpu_check.json", (json.dumps(res, indent=2) + "\n").encode())
     atomic_write_bytes(out / "gpu_check.md", markdown(res).encode())
     print(markdown(res))
-    return 0
+    failed = [s for s, r in res["agreement"].items() if "error" in r or not (r["layer"]["ok"] and r["model"]["ok"])]
+    if failed:
+        print(f"gpu_check: CUDA disagrees with CPU for {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def guarded(work, deadline: float):
+    """``work()``, or a string saying why not: skipped past ``deadline`` (time.time()), or its error (the others go on)."""
+    if time.time() > deadline:
+        return "skipped (time budget)"
+    try:
+        return work()
+    except Exception as exc:
+        return f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ average) and ``suite.md`` (the tables). Sections, each per scheme in
   RoPE (RoPE + SDPA). Goal: accumulated QK/QKV <= 1.15x.
 - ``train``: training tokens/s of the default ``compare`` model (batch 16 x 128,
   AdamW step included); ratio to RoPE. Goal: >= 0.85x except PaTH on CPU.
+- ``compile``: training tokens/s of the same model eager and under
+  ``torch.compile`` (``train.compile``), timed alternately; speedup.
 - ``memory``: peak resident memory (VmHWM) of a fresh process that builds the
   default ``compare`` model (all its layers; ``--memory-layers`` overrides) and
   evaluates one 32768-token window with ``posenc.evaluate.evaluate_length``,
@@ -129,8 +131,8 @@ def bench_attention(schemes: list[str], rounds: int) -> dict:
 TRAIN_TOKENS = 16 * 128  # the default preset's batch (checked in train_case)
 
 
-def train_case(scheme: str) -> Timer:
-    """Timer of one training step of the default compare model (batch 16 x 128, AdamW)."""
+def train_case(scheme: str, compiled: bool = False) -> Timer:
+    """Timer of one training step of the default compare model (batch 16 x 128, AdamW), eager or under torch.compile."""
     preset = load_preset("default")
     cfg = default_model(scheme)
     torch.manual_seed(0)
@@ -139,9 +141,10 @@ def train_case(scheme: str) -> Timer:
     B, T = preset.train.batch_size, cfg.train_length
     assert B * T == TRAIN_TOKENS, "update TRAIN_TOKENS to the default preset's batch"
     x, y = torch.randint(0, cfg.vocab_size, (2, B, T))
+    nll = torch.compile(model.token_nll) if compiled else model.token_nll
 
     def step():
-        loss = model.token_nll(x, y).mean()
+        loss = nll(x, y).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), preset.train.grad_clip)
@@ -160,6 +163,27 @@ def bench_train(schemes: list[str], rounds: int) -> dict:
             timers[s, "step"] = timer
     for (s, _), cell in paired(timers, rounds, 2, "train").items():
         rows[s] = {"tokens_per_s": TRAIN_TOKENS / cell["seconds"], "ratio": 1 / cell["ratio"]}
+    return rows
+
+
+def bench_compile(schemes: list[str], rounds: int) -> dict:
+    """Eager against compiled training steps per scheme, timed alternately; median over rounds."""
+    rows, timers = {}, {}
+    for s in schemes:
+        for mode in ("eager", "compiled"):
+            timer, err = _warm(train_case, s, mode == "compiled")
+            if err:
+                rows[s] = {"error": err}
+                break
+            timers[s, mode] = timer
+    times = {c: [] for c in timers}
+    for r in range(rounds):
+        for c, timer in timers.items():
+            times[c].append(timer.timeit(2).median)
+        print(f"compile round {r + 1}/{rounds} done, load {loadavg()}", file=sys.stderr)
+    for s in {s for s, _ in timers}:
+        eager, comp = (float(np.median(times[s, m])) for m in ("eager", "compiled"))
+        rows[s] = {"eager_tokens_per_s": TRAIN_TOKENS / eager, "compiled_tokens_per_s": TRAIN_TOKENS / comp, "speedup": eager / comp}
     return rows
 
 
@@ -213,6 +237,7 @@ TITLES = {
     "attention": "Attention layer forward + backward (training mode), time ratio to RoPE + SDPA",
     "train": "Training throughput of the default `compare` model (16 x 128 tokens per step, AdamW)",
     "memory": f"Peak resident memory evaluating one {MEM_LENGTH}-token window (fresh process, VmHWM)",
+    "compile": "Training throughput eager vs torch.compile (default model, 16 x 128 tokens per step, AdamW, CPU)",
 }
 
 
@@ -220,6 +245,8 @@ def section_markdown(name: str, sec: dict) -> list[str]:
     rows = sec["rows"]
     head = ["", f"## {TITLES[name]}", "", f"`{sec['command']}`, {sec['date']}, {sec['seconds']} s; load average before "
             f"{sec['load_before']}, after {sec['load_after']}."]
+    if sec.get("earlier"):
+        head += ["", "Rows of other schemes kept from earlier runs: " + "; ".join(f"`{c}`" for c in sec["earlier"]) + "."]
     if name == "attention":
         head += ["Each cell: median over rounds of the time ratio to RoPE timed just before it (batch 1; the goal for "
                  "accumulated QK/QKV is <= 1.15x). First row: RoPE's median time.", ""]
@@ -232,6 +259,11 @@ def section_markdown(name: str, sec: dict) -> list[str]:
                  for s, r in rows.items()]
         head += ["Ratio: median over rounds of the step-time ratio, inverted (goal >= 0.85x except PaTH on CPU).", "",
                  markdown_table(["scheme", "tokens/s", "ratio to RoPE"], cells)]
+    elif name == "compile":
+        cells = [[s, f"failed: {r['error']}", "", ""] if "error" in r else
+                 [s, f"{r['eager_tokens_per_s']:,.0f}", f"{r['compiled_tokens_per_s']:,.0f}", f"{r['speedup']:.2f}x"] for s, r in rows.items()]
+        head += ["One thread; eager and compiled steps timed alternately, median over rounds (compilation excluded).", "",
+                 markdown_table(["scheme", "eager tokens/s", "compiled tokens/s", "speedup"], cells)]
     else:
         head += [f"Goal: <= 4 GiB. The default `compare` model with {sec['layers']} layer(s), one thread per process. "
                  "`before eval`: the process after imports and model build.", ""]
@@ -276,6 +308,7 @@ def main(argv=None) -> int:
         "attention": lambda: bench_attention(schemes, args.rounds),
         "train": lambda: bench_train(schemes, args.rounds),
         "memory": lambda: bench_memory(schemes, args.memory_layers, args.memory_workers, args.memory_timeout),
+        "compile": lambda: bench_compile(schemes, args.rounds),
     }
     for name in args.sections:
         sec = {"command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -285,6 +318,11 @@ def main(argv=None) -> int:
         t0 = time.time()
         sec["rows"] = run[name]()
         sec.update(load_after=loadavg(), seconds=round(time.time() - t0))
+        old = res["sections"].get(name, {})
+        kept = {s: r for s, r in old.get("rows", {}).items() if s not in sec["rows"]}
+        if kept:  # rows of schemes not run now stay, with the command that measured them
+            sec["rows"] = {**sec["rows"], **kept}
+            sec["earlier"] = sorted({*old.get("earlier", []), f"{old['command']} ({old['date']})"}) if "command" in old else old.get("earlier", [])
         res["sections"][name] = sec
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, (json.dumps(res, indent=2) + "\n").encode())

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from posenc import encodings
+from posenc.config import load_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,8 +35,12 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
         # CPU against CPU with the same weights and inputs: the comparison must find no difference at all
         assert r["layer"]["ok"] and r["layer"]["out"] == 0 and r["layer"]["grad_x"] == 0, (scheme, r)
         assert r["model"]["ok"] and r["model"]["rel_f32"] == 0, (scheme, r)
-    tps = res["throughput"]["tokens_per_s"]
-    assert set(tps) == set(res["agreement"]) and all(isinstance(v, float) and v > 0 for v in tps.values()), tps
+    default = load_preset("default").schemes
+    tps, compiled = res["throughput"]["tokens_per_s"], res["throughput"]["compiled"]
+    assert list(tps) == default and all(isinstance(v, float) and v > 0 for v in tps.values()), tps
+    assert list(compiled) == default[:1] and compiled[default[0]] > 0, compiled
+    assert list(res["memory"]) == default and all(m["finite"] and m["seconds"] > 0 for m in res["memory"].values()), res["memory"]
+    assert all(set(r) == {"alibi flex", "alibi chunked", "forget flex", "forget chunked"} for r in res["flex"].values()), res["flex"]
     assert "| acc-rand-qkv |" in (tmp_path / "gpu_check.md").read_text()
 
 
