@@ -128,6 +128,7 @@ class Accumulated(Encoding):
         self.register_buffer("width_b", width, persistent=False)
         # Training draws advance this counter; it is saved so a resumed run draws the same angles.
         self.register_buffer("draws", torch.zeros((), dtype=torch.int64))
+        self.uses_tokens = mode == "token"
         if mode == "token":
             g = torch.Generator().manual_seed(self.seed)
             self.register_buffer("token_u", torch.rand(dims.vocab_size, dims.n_head, half, generator=g) * 2 - 1, persistent=False)
@@ -142,11 +143,13 @@ class Accumulated(Encoding):
 
     def _u(self, inp: Inputs) -> torch.Tensor:
         """Unit steps u in [-1, 1]: (B|1, H, T, D/2) float32."""
-        B, T = inp.tokens.shape
+        B, T = inp.x.shape[:2]
         H, half = self.dims.n_head, self.n_blocks
         if self.mode == "learned":
             return torch.tanh(self.step(inp.x)).view(B, T, H, half).transpose(1, 2)
         if self.mode == "token":
+            if inp.tokens is None:
+                raise PosencError("per-token-id steps (mode='token') need the token ids; this layer has none")
             return self.token_u[inp.tokens].transpose(1, 2)
         if not self.training:  # evaluation: one fixed draw per position, the same for every row and window
             return counter_uniform(self.seed, torch.tensor(EVAL_DRAW), torch.zeros(1, dtype=torch.int64), inp.pos, H, half)
@@ -165,6 +168,11 @@ class Accumulated(Encoding):
         """(D/2,) float64: beta_b = |sin a_b / a_b| of uniform steps (learned: the bound's law; learned a: mean over heads)."""
         widths = self.widths().detach()
         return spectral_gap(widths.mean(0) if widths.dim() == 2 else widths)
+
+    def neutral_init(self) -> None:
+        """Learned steps: W = 0, so every step is the center (0, or RoPE's omega_b with center='rope')."""
+        if self.mode == "learned":
+            nn.init.zeros_(self.step.weight)
 
     def zero_init(self) -> tuple[nn.Module, ...]:
         return (self.step,) if self.mode == "learned" and self.init == "zero" else ()

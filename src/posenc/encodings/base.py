@@ -31,7 +31,9 @@ A hook whose flag is False returns None. Flags may be set per instance in
 ``tests/test_contract.py`` builds every registered scheme and checks that each
 flag matches what its hook returns. ``spectral_gap`` and ``mixing_window`` report
 a rotary scheme's step law (``posenc diagnose``); ``zero_init`` names the layers
-the scheme starts at zero, which the model's weight initialisation leaves alone.
+the scheme starts at zero, which the model's weight initialisation leaves alone;
+``neutral_init`` sets learned parts to start neutral on a pretrained model;
+``uses_tokens`` marks schemes that read token ids.
 """
 
 from __future__ import annotations
@@ -62,12 +64,14 @@ class Inputs:
     """What a layer's encoding may look at.
 
     x: (B, T, d_model) the layer's (normalised) input; pos: (T,) int64 absolute
-    positions; tokens: (B, T) int64 token ids.
+    positions; tokens: (B, T) int64 token ids, or None where the layer has none
+    (a drop-in ``posenc.Attention``, a Hugging Face model): schemes that read them
+    (``uses_tokens``) then raise PosencError.
     """
 
     x: torch.Tensor
     pos: torch.Tensor
-    tokens: torch.Tensor
+    tokens: Optional[torch.Tensor] = None
 
 
 class Encoding(nn.Module):
@@ -86,6 +90,7 @@ class Encoding(nn.Module):
     has_bias: bool = False  # bias() gives a score bias
     replaces_attention: bool = False  # attend() gives the attention output
     has_logits: bool = False  # logits() gives an attending scheme's logits per query block
+    uses_tokens: bool = False  # the hooks read Inputs.tokens (token ids), not only x and pos
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -135,6 +140,10 @@ class Encoding(nn.Module):
     def zero_init(self) -> tuple[nn.Module, ...]:
         """Layers this scheme initialises to zero (the model's normal init skips them)."""
         return ()
+
+    def neutral_init(self) -> None:
+        """Set the learned parts (if any) so the scheme starts as close as it can to adding nothing learned:
+        used when a scheme is attached to a pretrained model (``posenc.hf.apply_scheme``). Default: nothing."""
 
     def mixing_window(self, eps: float = 0.01) -> Optional[float]:
         """Tokens after which the scheme's random step law decorrelates routes to ``eps`` (arXiv 2606.24975,
