@@ -3,7 +3,8 @@
 from posenc import encodings
 from posenc.attention import attention
 from posenc.errors import PosencError
+from posenc.layer import Attention, LayerCache, Prepared, attend, prepare
 from posenc.model import LM, ModelConfig, build_model
 
-__all__ = ["LM", "ModelConfig", "PosencError", "attention", "build_model", "encodings"]
+__all__ = ["LM", "Attention", "LayerCache", "ModelConfig", "PosencError", "Prepared", "attend", "attention", "build_model", "encodings", "prepare"]
 __version__ = "0.1.0"

@@ -8,7 +8,6 @@ hooks.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Iterator, Literal, Optional
 
@@ -18,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from torch import nn
 
 from posenc import encodings, scoring
-from posenc.attention import attention
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.base import Dims, Encoding
+from posenc.layer import Attention, AttentionInputs, LayerCache
 from posenc.encodings.rotary import RoPE
 from posenc.rope import schedule_label, schedule_params
 from posenc.errors import PosencError
@@ -41,11 +40,14 @@ class ModelConfig(BaseModel):
     encoding: str = "rope"
     encoding_params: dict[str, Any] = {}
     attn_block_size: int = Field(512, gt=0)
+    n_kv_head: Optional[int] = Field(None, gt=0)  # grouped-query attention; None: n_head
 
     @model_validator(mode="after")
     def _check(self):
         if self.d_model % self.n_head:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
+        if self.n_kv_head is not None and self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
         return self
 
     @property
@@ -76,50 +78,6 @@ def validate_config(data: dict) -> ModelConfig:
         raise PosencError(f"invalid model config: {where}: {err['msg']}") from None
 
 
-@dataclasses.dataclass
-class AttentionInputs:
-    """One attention layer's inputs, as the attention core receives them.
-
-    q, k: (B, H, T, Dk), not yet rotated;
-    v: (B, H, T, Dv); inp: the hook inputs; phases: (B|1, H|1, T, Dk/2) float32
-    radians or None; bias: tile callable or None; rotate_v, pairing,
-    logit_scale: as ``posenc.attention.attention`` takes them.
-    """
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    inp: Inputs
-    phases: Optional[torch.Tensor]
-    bias: Optional[BiasFn]
-    rotate_v: bool
-    pairing: str
-    logit_scale: float
-
-
-@dataclasses.dataclass
-class LayerCache:
-    """One layer's decoding state: every position's normalised input x (B, T, d_model) and
-    unrotated k, v (B, H, T, D) (and q, for schemes whose attention does not factor).
-
-    Keys are cached before rotation, so a scheme's hooks are recomputed over the
-    whole prefix at each step (O(T) work and memory, never T x T): phases and
-    biases are then exactly the parallel forward's, whatever the scheme (token-
-    dependent steps, cumulative gates, a base that changes with length).
-    """
-
-    x: Optional[torch.Tensor] = None
-    q: Optional[torch.Tensor] = None
-    k: Optional[torch.Tensor] = None
-    v: Optional[torch.Tensor] = None
-
-    def append(self, **new: Optional[torch.Tensor]) -> None:
-        for name, t in new.items():
-            if t is not None:
-                old = getattr(self, name)
-                setattr(self, name, t if old is None else torch.cat((old, t), dim=-2))
-
-
 class Cache:
     """Incremental decoding state of an ``LM`` (``LM.decode``): the tokens so far (B, T) and one LayerCache per layer."""
 
@@ -134,61 +92,6 @@ class Cache:
 
 def _norm(cfg: ModelConfig) -> nn.Module:
     return nn.RMSNorm(cfg.d_model) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model)
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_index: int):
-        super().__init__()
-        self.n_head, self.head_dim, self.block = cfg.n_head, cfg.head_dim, cfg.attn_block_size
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.enc = encodings.get(cfg.encoding, cfg.dims(layer_index), **cfg.encoding_params)
-        if self.enc.additive:  # the additive embedding lives at the model input
-            self.enc = encodings.get("nope", cfg.dims(layer_index))
-
-    def attention_inputs(self, x: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor) -> AttentionInputs:
-        """The layer's q, k, v and the scheme's hooks, before attention.
-
-        x: (B, T, d_model) the normalised layer input; pos: (T,) int64; tokens: (B, T) int64.
-        """
-        q, k, v = self.project(x)
-        return self.hooked(q, k, v, Inputs(x, pos, tokens))
-
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v: (B, H, T, D) each, from x (B, T, d_model)."""
-        B, T, _ = x.shape
-        return self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-
-    def hooked(self, q, k, v, inp: Inputs) -> AttentionInputs:
-        """q (the last Tq positions), k, v (all T) with the scheme's hooks evaluated on ``inp`` (all T)."""
-        return AttentionInputs(q, k, v, inp, self.enc.phases(inp), self.enc.bias(inp), self.enc.rotate_v, self.enc.pairing, self.enc.logit_scale)
-
-    def output(self, a: AttentionInputs) -> torch.Tensor:
-        """Attention of captured inputs, projected: (B, T, d_model)."""
-        if self.enc.replaces_attention:
-            out = self.enc.attend(a.q, a.k, a.v, a.inp)
-        else:
-            out = attention(
-                a.q, a.k, a.v, phases=a.phases, rotate_v=a.rotate_v, pairing=a.pairing,
-                bias=a.bias, logit_scale=a.logit_scale, block_size=self.block,
-            )
-        B, _, T, _ = out.shape
-        return self.proj(out.transpose(1, 2).reshape(B, T, -1))
-
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return self.output(self.attention_inputs(x, pos, tokens))
-
-    def decode(self, x: torch.Tensor, cache: LayerCache, pos: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Attention of the n new positions over the cached prefix and themselves: (B, n, d_model).
-
-        x: (B, n, d_model) the normalised inputs of the new positions; pos: (T,) and
-        tokens: (B, T) of the whole sequence so far, new positions last.
-        """
-        q, k, v = self.project(x)
-        whole = self.enc.replaces_attention  # no query-suffix form: the whole attention, last rows kept
-        cache.append(x=x, q=q if whole else None, k=k, v=v)  # all along T (dim -2)
-        a = self.hooked(cache.q if whole else q, cache.k, cache.v, Inputs(cache.x, pos, tokens))
-        return self.output(a)[:, -x.shape[1] :]
 
 
 class MLP(nn.Module):
@@ -213,7 +116,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_index: int):
         super().__init__()
         self.norm1, self.norm2 = _norm(cfg), _norm(cfg)
-        self.attn = Attention(cfg, layer_index)
+        self.attn = Attention.from_config(cfg, layer_index)
         self.mlp = MLP(cfg)
 
     def attention_inputs(self, x, pos, tokens) -> AttentionInputs:
@@ -227,6 +130,7 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
     def decode(self, x, cache: LayerCache, pos, tokens):
+        """x: (B, n, d_model), pos: (n,), tokens: (B, n): the new positions only."""
         x = x + self.attn.decode(self.norm1(x), cache, pos, tokens)
         return x + self.mlp(self.norm2(x))
 
@@ -306,7 +210,7 @@ class LM(nn.Module):
         pos = torch.arange(whole.shape[1], device=tokens.device)
         x, _ = self._embed(tokens, pos[cache.length :])
         for block, layer in zip(self.blocks, cache.layers):
-            x = block.decode(x, layer, pos, whole)
+            x = block.decode(x, layer, pos[cache.length :], tokens)
         cache.tokens = whole
         return self.norm(x) @ self.tok.weight.T
 

@@ -1,0 +1,275 @@
+"""One attention layer with any positional scheme: the module ``LM`` is built from, and its functional form.
+
+- :class:`Attention`: a drop-in ``nn.Module`` for your own transformer block,
+  ``forward(x, positions=None, cache=None)``, with grouped-query attention
+  (``n_kv_head``) and incremental decoding (:class:`LayerCache`). ``posenc.model.LM``
+  builds every layer from it (:meth:`Attention.from_config`).
+- :func:`prepare` / :func:`attend`: the same two steps for q, k, v from your own
+  projections: evaluate a scheme's hooks (phases, bias) on the layer input, then
+  run the attention core (``posenc.attention.attention``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+from posenc import encodings
+from posenc.attention import attention
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.errors import PosencError
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A scheme's hooks evaluated on one layer input, as the attention core takes them.
+
+    inp: the hook inputs (x (B, T, d_model), pos (T,) int64, tokens (B, T) or None);
+    phases: (B|1, H|1, T, P) float32 radians or None; bias: tile callable or None;
+    rotate_v, pairing, logit_scale: as ``posenc.attention.attention`` takes them;
+    encoding: the scheme (its ``attend`` for schemes that replace attention).
+    """
+
+    inp: Inputs
+    phases: Optional[torch.Tensor]
+    bias: Optional[BiasFn]
+    rotate_v: bool
+    pairing: str
+    logit_scale: float
+    encoding: Encoding
+
+
+@dataclasses.dataclass
+class AttentionInputs(Prepared):
+    """One attention layer's inputs: the Prepared hooks and q: (B, H, Tq, Dk), k: (B, H, T, Dk),
+    v: (B, H, T, Dv), not yet rotated, keys and values already repeated to the H query heads."""
+
+    q: Optional[torch.Tensor] = None
+    k: Optional[torch.Tensor] = None
+    v: Optional[torch.Tensor] = None
+
+
+def hooks(enc: Encoding, inp: Inputs) -> Prepared:
+    """``enc``'s hooks on ``inp`` (whole sequence so far)."""
+    return Prepared(inp, enc.phases(inp), enc.bias(inp), enc.rotate_v, enc.pairing, enc.logit_scale, enc)
+
+
+def prepare(
+    scheme: Union[str, Encoding],
+    x: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    *,
+    n_head: Optional[int] = None,
+    head_dim: Optional[int] = None,
+    tokens: Optional[torch.Tensor] = None,
+    train_length: int = 128,
+) -> Prepared:
+    """Evaluate a scheme's hooks on a layer input, for :func:`attend`.
+
+    scheme: a spec (``"alibi"``, ``"rope:rope_theta=500000"``; needs ``n_head``,
+    ``head_dim`` defaults to d_model / n_head) or a built scheme
+    (``posenc.encodings.get(spec, dims)``; required for schemes with learned
+    parameters, which must live in your module to be trained); x: (B, T, d_model)
+    the layer's (normalised) input, any float dtype; positions: (T,) int64,
+    default arange(T); tokens: (B, T) int64, only for per-token-id schemes.
+    Raises PosencError (one line) for bad shapes, an invalid spec, an additive
+    scheme (it acts at the input embedding) or a spec with learned parameters.
+    """
+    x = _check_x(x)
+    if isinstance(scheme, str):
+        if n_head is None:
+            raise PosencError("prepare(spec, ...) needs n_head (or pass a built scheme)")
+        d = x.shape[-1]
+        dims = Dims(n_head, head_dim or d // n_head, d, 0, train_length)
+        scheme = encodings.get(scheme, dims)
+        if any(True for _ in scheme.parameters()):
+            raise PosencError(f"{scheme.describe()} has learned parameters: build it once with posenc.encodings.get and keep it in your module")
+    _check_scheme(scheme)
+    return hooks(scheme, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared, block_size: int = 512) -> torch.Tensor:
+    """Causal attention of q over k, v with the prepared scheme: (B, H, Tq, Dv) in v's dtype.
+
+    q: (B, H, Tq, Dk), the queries of the last Tq of the T positions; k: (B, Hkv, T, Dk);
+    v: (B, Hkv, T, Dv), unrotated; Hkv divides H (grouped-query attention: query
+    head h uses key/value head h // (H / Hkv)). ``block_size``: query rows per
+    bias tile. Raises PosencError for shapes that do not fit.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
+        raise PosencError(f"q, k, v must be (B, H, T, D) with matching batch, heads and length; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
+    p = prepared
+    if p.encoding.replaces_attention:  # no query-suffix form: every query is given
+        if q.shape[-2] != k.shape[-2]:
+            raise PosencError(f"{p.encoding.describe()} attends with all T queries; got {q.shape[-2]} of {k.shape[-2]}")
+        return p.encoding.attend(q, k, v, p.inp)
+    return attention(q, k, v, phases=p.phases, rotate_v=p.rotate_v, pairing=p.pairing, bias=p.bias,
+                     logit_scale=p.logit_scale, block_size=block_size)
+
+
+def repeat_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
+    """(B, Hkv, T, D) -> (B, n_head, T, D), head h from head h // (n_head / Hkv); PosencError if Hkv does not divide n_head."""
+    if n_head % t.shape[1]:
+        raise PosencError(f"{t.shape[1]} key/value heads do not divide {n_head} query heads")
+    return t if t.shape[1] == n_head else t.repeat_interleave(n_head // t.shape[1], dim=1)
+
+
+@dataclasses.dataclass
+class LayerCache:
+    """One layer's decoding state: every position's normalised input x (B, T, d_model), positions
+    pos (T,), token ids (B, T) or None, and unrotated k, v (B, Hkv, T, D) (and q, for schemes
+    whose attention does not factor).
+
+    Keys are cached before rotation, so a scheme's hooks are recomputed over the
+    whole prefix at each step (O(T) work and memory, never T x T): phases and
+    biases are then exactly the parallel forward's, whatever the scheme (token-
+    dependent steps, cumulative gates, a base that changes with length).
+    """
+
+    x: Optional[torch.Tensor] = None
+    q: Optional[torch.Tensor] = None
+    k: Optional[torch.Tensor] = None
+    v: Optional[torch.Tensor] = None
+    pos: Optional[torch.Tensor] = None
+    tokens: Optional[torch.Tensor] = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.pos is None else self.pos.shape[0]
+
+    def append(self, **new: Optional[torch.Tensor]) -> None:
+        for name, t in new.items():
+            if t is not None:
+                old = getattr(self, name)
+                dim = -1 if name in ("pos", "tokens") else -2  # the time axis
+                setattr(self, name, t if old is None else torch.cat((old, t), dim=dim))
+
+
+def _check_x(x: torch.Tensor, d_model: Optional[int] = None) -> torch.Tensor:
+    if x.dim() != 3 or x.shape[1] == 0 or (d_model is not None and x.shape[2] != d_model):
+        want = d_model if d_model is not None else "d_model"
+        raise PosencError(f"x must be (batch, T, {want}) with T >= 1, got shape {tuple(x.shape)}")
+    return x
+
+
+def _positions(positions: Optional[torch.Tensor], n: int, start: int, device) -> torch.Tensor:
+    """positions (n,) int64 as given, default arange(start, start + n); PosencError for another shape or dtype."""
+    if positions is None:
+        return torch.arange(start, start + n, device=device)
+    if positions.shape != (n,) or positions.dtype != torch.int64:
+        raise PosencError(f"positions must be ({n},) int64 for T = {n}, got shape {tuple(positions.shape)} {positions.dtype}")
+    return positions
+
+
+def _check_scheme(enc: Encoding) -> None:
+    if enc.additive:
+        raise PosencError(f"{enc.describe()} is an additive input embedding: add enc.embed(positions) to the token embeddings instead")
+
+
+class Attention(nn.Module):
+    """Causal self-attention with a positional scheme: ``forward(x, positions=None, cache=None)``.
+
+    d_model: model width; n_head: query heads (head dim d_model / n_head);
+    scheme: a scheme spec (``posenc list``) or a built Encoding; n_kv_head: key/value
+    heads for grouped-query attention (divides n_head; None: n_head, with one fused
+    ``qkv`` projection d_model -> 3 d_model, as every posenc checkpoint); train_length:
+    the training context (tokens) the scheme is told; vocab_size: only for
+    per-token-id schemes (``acc-token-*``, which also need ``tokens``); layer_index:
+    the entry of a per-layer pattern (``rope|nope``) and the random-step seed offset;
+    block_size: query rows per bias tile. Projections have no bias. Raises
+    PosencError for sizes that do not divide, an invalid spec or an additive scheme.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        scheme: Union[str, Encoding] = "acc-rand-qkv:a=1",
+        n_kv_head: Optional[int] = None,
+        train_length: int = 128,
+        *,
+        vocab_size: int = 0,
+        layer_index: int = 0,
+        block_size: int = 512,
+    ):
+        super().__init__()
+        kv = n_kv_head or n_head
+        if d_model % n_head or n_head % kv:
+            raise PosencError(f"d_model {d_model} must divide into n_head {n_head} heads, and n_kv_head {kv} must divide n_head")
+        self.d_model, self.n_head, self.n_kv_head, self.head_dim, self.block = d_model, n_head, kv, d_model // n_head, block_size
+        self.qkv = nn.Linear(d_model, (n_head + 2 * kv) * self.head_dim, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+        dims = Dims(n_head, self.head_dim, d_model, vocab_size, train_length, layer_index)
+        self.enc = encodings.get(scheme, dims) if isinstance(scheme, str) else scheme
+        _check_scheme(self.enc)
+
+    @classmethod
+    def from_config(cls, cfg, layer_index: int) -> "Attention":
+        """Layer ``layer_index`` of a ``posenc.model.ModelConfig`` (an additive scheme gives NoPE layers:
+        its embedding lives at the model input)."""
+        dims = cfg.dims(layer_index)
+        enc = encodings.get(cfg.encoding, dims, **cfg.encoding_params)
+        enc = encodings.get("nope", dims) if enc.additive else enc
+        return cls(cfg.d_model, cfg.n_head, enc, cfg.n_kv_head, cfg.train_length, vocab_size=cfg.vocab_size,
+                   layer_index=layer_index, block_size=cfg.attn_block_size)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q: (B, H, T, D), k, v: (B, Hkv, T, D), from x (B, T, d_model)."""
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, -1, self.head_dim).transpose(1, 2).split((self.n_head, self.n_kv_head, self.n_kv_head), dim=1)
+        return q, k, v
+
+    def hooked(self, q, k, v, inp: Inputs) -> AttentionInputs:
+        """q (the last Tq positions), k, v (all T) with the scheme's hooks evaluated on ``inp`` (all T)."""
+        p = hooks(self.enc, inp)
+        return AttentionInputs(**vars(p), q=q, k=repeat_kv(k, self.n_head), v=repeat_kv(v, self.n_head))
+
+    def attention_inputs(self, x: torch.Tensor, pos: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> AttentionInputs:
+        """The layer's q, k, v and the scheme's hooks, before attention.
+
+        x: (B, T, d_model) the normalised layer input; pos: (T,) int64; tokens: (B, T) int64 or None.
+        """
+        q, k, v = self.project(x)
+        return self.hooked(q, k, v, Inputs(x, pos, tokens))
+
+    def output(self, a: AttentionInputs) -> torch.Tensor:
+        """Attention of captured inputs, projected: (B, Tq, d_model)."""
+        out = attend(a.q, a.k, a.v, a, self.block)
+        B, _, T, _ = out.shape
+        return self.proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None, cache: Optional[LayerCache] = None,
+                tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (B, T, d_model) -> (B, T, d_model), x's dtype.
+
+        positions: (T,) int64 absolute positions of x's rows (default arange(T), or
+        the T positions after the cache's); cache: a LayerCache, updated in place,
+        for incremental decoding (feed a prompt, then one token at a time; outputs
+        equal the parallel forward's, in evaluation mode); tokens: (B, T) int64,
+        only for per-token-id schemes. Raises PosencError for bad shapes.
+        """
+        _check_x(x, self.d_model)
+        if cache is not None:
+            return self.decode(x, cache, positions, tokens)
+        return self.output(self.attention_inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
+
+    def decode(self, x: torch.Tensor, cache: LayerCache, positions: Optional[torch.Tensor] = None,
+               tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Attention of the n new positions over the cached prefix and themselves: (B, n, d_model).
+
+        x: (B, n, d_model) the normalised inputs of the new positions; positions: (n,)
+        int64 (default the n after the cache's); tokens: (B, n) int64 or None, as before.
+        """
+        if cache.x is not None and (cache.x.shape[0] != x.shape[0] or (tokens is None) != (cache.tokens is None)):
+            raise PosencError(f"the cache holds batch size {cache.x.shape[0]}{' and token ids' if cache.tokens is not None else ''}; "
+                              f"got {x.shape[0]} rows{' and token ids' if tokens is not None else ''}")
+        pos = _positions(positions, x.shape[1], cache.length, x.device)
+        q, k, v = self.project(x)
+        whole = self.enc.replaces_attention  # no query-suffix form: the whole attention, last rows kept
+        cache.append(x=x, q=q if whole else None, k=k, v=v, pos=pos, tokens=tokens)
+        a = self.hooked(cache.q if whole else q, cache.k, cache.v, Inputs(cache.x, cache.pos, cache.tokens))
+        return self.output(a)[:, -x.shape[1] :]
