@@ -15,11 +15,12 @@ from typing import Any
 from posenc.encodings import absolute, accumulated, bias, cope, dape, fire, forget, householder, polar, relative, rotary, xpos  # noqa: F401 (registers the families)
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
-from posenc.encodings.registry import alias, catalogue, check_types, layer_pattern, names, parts, register, resolve, split_part, unregister
+from posenc.encodings.registry import _accepted, alias, catalogue, check_types, layer_pattern, names, parts, register, resolve, split_part, unregister
 from posenc.errors import PosencError
 
 
-def _build(cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str) -> Encoding:
+def _build(cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str, defaults: dict[str, Any] | None = None) -> Encoding:
+    params = {**{k: v for k, v in (defaults or {}).items() if k in _accepted(cls)}, **params}
     check_types(spec, cls, params)  # parameters given in Python too, not only in the spec
     try:
         return cls(dims, **params)
@@ -27,36 +28,37 @@ def _build(cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str) -
         raise PosencError(f"invalid parameters for scheme {spec!r}: {exc}") from None
 
 
-def get(spec: str, dims: Dims | None = None, **params: Any) -> Encoding:
+def get(spec: str, dims: Dims | None = None, defaults: dict[str, Any] | None = None, **params: Any) -> Encoding:
     """Build scheme ``spec`` for one attention layer (``dims.layer_index`` picks a pattern's entry).
 
     ``dims`` defaults to a small layer (4 heads of 32, vocab 256, length 128);
     ``params`` apply to a single-part spec (for a composition or a pattern give
-    them in the spec, per part). Raises PosencError for an unknown name, an
+    them in the spec, per part); ``defaults`` go to every part that takes them and
+    does not set them (a pretrained model's ``rope_theta``). Raises PosencError for an unknown name, an
     unknown parameter, an invalid value, or an additive embedding in a pattern.
     """
     dims = dims or Dims(n_head=4, head_dim=32, d_model=128, vocab_size=256, train_length=128)
     pattern = layer_pattern(spec)
     if len(pattern) > 1:
-        return _layer_of(pattern, spec, dims, params)
+        return _layer_of(pattern, spec, dims, params, defaults)
     resolved = parts(spec)
     if len(resolved) == 1:
         cls, merged = resolved[0]
         clash = sorted(set(params) & set(split_part(spec)[1]))
         if clash:
             raise PosencError(f"{spec!r}: parameter {', '.join(map(repr, clash))} given both in the spec and separately")
-        return _build(cls, {**merged, **params}, dims, spec)
+        return _build(cls, {**merged, **params}, dims, spec, defaults)
     if params:
         raise PosencError(f"{spec!r} is a composition: give parameters per part (NAME:key=value)")
-    return Composite(dims, [_build(c, p, dims, spec) for c, p in resolved], spec)
+    return Composite(dims, [_build(c, p, dims, spec, defaults) for c, p in resolved], spec)
 
 
-def _layer_of(pattern: list[str], spec: str, dims: Dims, params: dict) -> Encoding:
+def _layer_of(pattern: list[str], spec: str, dims: Dims, params: dict, defaults: dict[str, Any] | None) -> Encoding:
     if params:
         raise PosencError(f"{spec!r} is a per-layer pattern: give parameters per entry (NAME:key=value)")
     if any(cls.additive for entry in pattern for cls, _ in parts(entry)):  # also checks every entry's names
         raise PosencError(f"{spec!r}: additive embeddings act at the input, not per layer; they cannot be in a '|' pattern")
-    return get(pattern[dims.layer_index % len(pattern)], dims)
+    return get(pattern[dims.layer_index % len(pattern)], dims, defaults)
 
 
 def describe(spec: str, dims: Dims | None = None, **params: Any) -> str:

@@ -1,0 +1,116 @@
+"""Any posenc scheme inside a Hugging Face Llama-family model, through transformers' own attention interface.
+
+:func:`apply_scheme` keeps every weight of the model and changes only how
+attention sees positions: the rotary embedding becomes the identity
+(``posenc.pretrained.schedules.IdentityRotary``: q and k reach attention, and the
+KV cache, unrotated), each layer's ``self_attn`` gets the scheme as a submodule
+``posenc`` (built for the model's heads, head dim and ``rope_theta``), and
+:func:`attention_forward`, registered in ``AttentionInterface`` as ``"posenc"``,
+evaluates the scheme's hooks and calls the posenc attention core
+(``posenc.layer.attend``: GQA key/value heads repeated, the model's softmax
+scaling kept). No modelling code is copied: projections, norms, MLPs and the
+cache are the model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+
+from posenc import encodings
+from posenc.encodings.base import Dims, Encoding, Inputs
+from posenc.errors import PosencError
+from posenc.layer import attend, hooks
+from posenc.pretrained.loading import check_rope
+from posenc.pretrained.schedules import IdentityRotary, head_dim, native_context
+
+ATTN_NAME = "posenc"
+
+
+def apply_scheme(model, spec: str) -> None:
+    """Replace the RoPE attention of ``model`` (a transformers Llama-family causal LM) with scheme ``spec``, in place.
+
+    Every layer gets ``self_attn.posenc``, the scheme built for the model's query
+    heads, head dim, hidden size, vocabulary, native context (train length) and
+    layer index, with the model's ``rope_theta`` for every part that takes one and
+    does not set it. Learned parts are new parameters of the model (trained with
+    it), started neutral where the scheme allows (``Encoding.neutral_init``:
+    learned steps W = 0, forget gate f ~ 1). What happens to the pretrained behaviour:
+
+    - ``rope`` (and ``rope:pairing=half`` etc. with the model's theta): identical
+      logits (tested; float32 rounding of the angles aside);
+    - ``acc-learned-qk:center=rope`` at W = 0: RoPE shifted by one step, identical at start
+      (the Q/K/V variant also rotates values: a change);
+    - every other family (random or learned accumulated steps, ALiBi, forget
+      gates, NoPE, PaTH, ...) changes what attention sees: the model must be
+      fine-tuned to recover its quality.
+
+    Inputs must be unpadded batches starting at position 0 (``attention_mask`` is not
+    read; positions are 0..T-1; key positions come from the cache length); token ids
+    are not available to attention, so per-token-id schemes (``acc-token-*``) are refused.
+    Raises PosencError for a model that is not a plain full-RoPE Llama-family decoder,
+    an invalid spec, an additive scheme, or one that needs token ids.
+    """
+    from transformers import AttentionInterface  # optional dependency (posenc[pretrained])
+
+    check_rope(model, type(model).__name__)
+    config, layers = model.config, model.model.layers
+    theta = float(config.rope_parameters["rope_theta"])
+    param = next(model.parameters())
+    for i, layer in enumerate(layers):
+        dims = Dims(config.num_attention_heads, head_dim(config), config.hidden_size, config.vocab_size, native_context(config), i)
+        enc = encodings.get(spec, dims, defaults={"rope_theta": theta})
+        _check_scheme(enc, spec)
+        for part in enc.modules():
+            if isinstance(part, Encoding):
+                part.neutral_init()
+        layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype)
+        layer.self_attn.posenc_x = None
+        if not hasattr(layer.self_attn, "posenc_hook"):
+            layer.self_attn.posenc_hook = layer.self_attn.register_forward_pre_hook(_keep_input, with_kwargs=True)
+    AttentionInterface.register(ATTN_NAME, attention_forward)
+    model.model.rotary_emb = IdentityRotary(model.model.rotary_emb.inv_freq)
+    model.set_attn_implementation(ATTN_NAME)
+    model.posenc_scheme = spec
+
+
+def _check_scheme(enc: Encoding, spec: str) -> None:
+    if enc.additive:
+        raise PosencError(f"{spec!r} is an additive input embedding; apply_scheme replaces attention only")
+    if any(getattr(m, "uses_tokens", False) for m in enc.modules()):
+        raise PosencError(f"{spec!r} reads token ids, which a Hugging Face attention layer does not receive")
+
+
+def _keep_input(module, args, kwargs):
+    """Forward pre-hook on ``self_attn``: keep the layer's normalised input (B, Tq, hidden) for the scheme's hooks."""
+    module.posenc_new_x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+
+def _layer_input(module, n_keys: int) -> torch.Tensor:
+    """The inputs x of all n_keys positions: this call's rows after the ones kept from earlier decoding steps."""
+    new = module.posenc_new_x
+    if new.shape[1] == n_keys:
+        x = new
+    elif module.posenc_x is not None and module.posenc_x.shape[1] + new.shape[1] == n_keys:
+        x = torch.cat((module.posenc_x, new), dim=1)
+    else:
+        raise PosencError(f"posenc attention got {n_keys} keys for {new.shape[1]} new rows and no matching history "
+                          "(a cache not filled by this model?)")
+    module.posenc_x = x.detach()  # for the next decoding step; no graph kept
+    return x
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                      position_ids: Optional[torch.Tensor] = None, **kwargs):
+    """transformers ``AttentionInterface`` entry: query (B, H, Tq, D), key, value (B, Hkv, T, D) unrotated
+    -> ((B, Tq, H, D), None). The queries are the last Tq of the T positions 0..T-1."""
+    n_keys = key.shape[-2]
+    x = _layer_input(module, n_keys)
+    pos = torch.arange(n_keys, device=query.device)
+    prepared = hooks(module.posenc, Inputs(x, pos))
+    scale = prepared.logit_scale * scaling * math.sqrt(query.shape[-1])  # the model's softmax scale, not 1/sqrt(D)
+    out = attend(query, key, value, dataclasses.replace(prepared, logit_scale=scale))
+    return out.transpose(1, 2).contiguous(), None

@@ -1,0 +1,97 @@
+"""posenc.hf.apply_scheme: any scheme inside a tiny Hugging Face Llama (GQA: 4 heads, 2 key/value heads)."""
+
+import pytest
+import torch
+
+from posenc.errors import PosencError
+
+transformers = pytest.importorskip("transformers")
+from posenc import hf  # noqa: E402
+from posenc.encodings.rotary import RoPE  # noqa: E402
+
+THETA = 5000.0
+
+
+def llama(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
+                                   rope_parameters={"rope_type": "default", "rope_theta": THETA})
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("spec", ["rope", "acc-learned-qk:center=rope"])
+def test_identity_equivalent_schemes_reproduce_the_model(spec):
+    """RoPE with the model's own theta (taken from the config), and learned steps around RoPE's frequencies at W = 0."""
+    model, ids = llama(), torch.randint(0, 128, (2, 40))
+    before = logits(model, ids)
+    hf.apply_scheme(model, spec)
+    assert model.config._attn_implementation == hf.ATTN_NAME
+    enc = model.model.layers[0].self_attn.posenc
+    assert enc.modules().__next__() is enc and (not isinstance(enc, RoPE) or enc.rope_theta == THETA)
+    after = logits(model, ids)
+    assert (after - before).abs().max().item() < 1e-6, (after - before).abs().max().item()  # float32 rounding
+    assert before.abs().max().item() > 0.1  # not a trivially small comparison
+
+
+def test_a_different_theta_changes_the_model():
+    model, ids = llama(), torch.randint(0, 128, (1, 40))
+    before = logits(model, ids)
+    hf.apply_scheme(model, "rope:rope_theta=10")
+    assert (logits(model, ids) - before).abs().max().item() > 1e-3  # 1000x the rounding of the identity test
+
+
+def test_decoding_with_the_hf_cache_equals_the_full_forward():
+    model, ids = llama(1), torch.randint(0, 128, (1, 20))
+    hf.apply_scheme(model, "hybrid")
+    with torch.no_grad():
+        full = model(ids).logits
+        out = model(ids[:, :12], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(12, 20):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("spec", ["acc-rand-qkv", "alibi", "hybrid"])
+def test_swapped_model_is_finite_and_trains(spec):
+    model, ids = llama(2), torch.randint(0, 128, (4, 32))
+    hf.apply_scheme(model, spec)
+    names = {n for n, _ in model.named_parameters() if ".posenc." in n}
+    assert (spec == "hybrid") == bool(names)  # learned parts are model parameters
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(20):
+        loss = model(ids, labels=ids).loss
+        assert torch.isfinite(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_forget_gate_starts_neutral():
+    model = llama()
+    hf.apply_scheme(model, "hybrid")
+    gate = model.model.layers[1].self_attn.posenc.parts[1].gate
+    assert gate.weight.abs().max().item() == 0 and torch.all(gate.bias == 8.0)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("sinusoidal", "additive input embedding"),
+    ("acc-token-qkv", "reads token ids"),
+    ("nosuch", "unknown scheme"),
+])
+def test_refused_schemes_are_one_line_errors(spec, message):
+    with pytest.raises(PosencError, match=message) as exc:
+        hf.apply_scheme(llama(), spec)
+    assert "\n" not in str(exc.value)
