@@ -95,3 +95,13 @@ def test_refused_schemes_are_one_line_errors(spec, message):
     with pytest.raises(PosencError, match=message) as exc:
         hf.apply_scheme(llama(), spec)
     assert "\n" not in str(exc.value)
+
+
+def test_schemes_that_replace_attention_run_full_forwards_and_refuse_cached_decoding():
+    model, ids = llama(3), torch.randint(0, 128, (1, 12))
+    hf.apply_scheme(model, "path")
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+        assert torch.isfinite(out.logits).all()
+        with pytest.raises(PosencError, match="attends with all T queries"):
+            model(ids[:, :1], cache=out.past_key_values, use_cache=True)
