@@ -211,11 +211,12 @@ class Attention(nn.Module):
     def from_config(cls, cfg, layer_index: int) -> "Attention":
         """Layer ``layer_index`` of a ``posenc.model.ModelConfig`` (an additive scheme gives NoPE layers:
         its embedding lives at the model input)."""
-        dims = cfg.dims(layer_index)
-        enc = encodings.get(cfg.encoding, dims, **cfg.encoding_params)
-        enc = encodings.get("nope", dims) if enc.additive else enc
-        return cls(cfg.d_model, cfg.n_head, enc, cfg.n_kv_head, cfg.train_length, vocab_size=cfg.vocab_size,
-                   layer_index=layer_index, block_size=cfg.attn_block_size)
+        layer = cls(cfg.d_model, cfg.n_head, "nope", cfg.n_kv_head, cfg.train_length, vocab_size=cfg.vocab_size,
+                    layer_index=layer_index, block_size=cfg.attn_block_size)
+        enc = encodings.get(cfg.encoding, cfg.dims(layer_index), **cfg.encoding_params)  # after the projections: the
+        if not enc.additive:  # random-number order (hence the initial weights) of every posenc model so far
+            layer.enc = enc
+        return layer
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q: (B, H, T, D), k, v: (B, Hkv, T, D), from x (B, T, d_model)."""
