@@ -63,8 +63,8 @@ def layer_agreement(scheme: str, device: torch.device, T: int) -> dict:
     """float32 device vs CPU for one attention layer: output, input grad, weight grads."""
     cfg = ModelConfig(n_layer=1, n_head=4, d_model=128, train_length=256, encoding=scheme)
     torch.manual_seed(0)
-    cpu = Attention(cfg, 0).eval()
-    dev = Attention(cfg, 0).eval()
+    cpu = Attention.from_config(cfg, 0).eval()
+    dev = Attention.from_config(cfg, 0).eval()
     dev.load_state_dict(cpu.state_dict())
     dev.to(device)
     x = torch.randn(2, T, cfg.d_model)
@@ -74,7 +74,7 @@ def layer_agreement(scheme: str, device: torch.device, T: int) -> dict:
     grads = []
     for layer, dv in ((cpu, torch.device("cpu")), (dev, device)):
         xi = x.to(dv).requires_grad_(True)
-        y = layer(xi, pos.to(dv), tokens.to(dv))
+        y = layer(xi, pos.to(dv), tokens=tokens.to(dv))
         (y * w.to(dv)).sum().backward()
         grads.append((y, xi.grad, {n: p.grad for n, p in layer.named_parameters() if p.grad is not None}))
     (y0, gx0, gw0), (y1, gx1, gw1) = grads

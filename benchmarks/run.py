@@ -69,12 +69,12 @@ def attention_case(scheme: str, T: int) -> Timer:
     """Timer of one layer's forward + backward at length T (training mode: fresh random draws)."""
     cfg = default_model(scheme)
     torch.manual_seed(0)
-    layer = Attention(cfg, 0).train()
+    layer = Attention.from_config(cfg, 0).train()
     x = torch.randn(1, T, cfg.d_model, requires_grad=True)
     pos, tokens = torch.arange(T), torch.randint(0, cfg.vocab_size, (1, T))
 
     def step():
-        layer(x, pos, tokens).sum().backward()
+        layer(x, pos, tokens=tokens).sum().backward()
 
     return Timer("step()", globals={"step": step}, num_threads=1, label="attention", sub_label=scheme, description=str(T))
 
