@@ -188,6 +188,11 @@ def fla_available() -> bool:
     return _fla_kernel() is not None
 
 
+def _tps(v) -> str:
+    """A tokens/s cell: the number, or the reason there is none."""
+    return v if isinstance(v, str) else f"{v:,.0f}"
+
+
 def markdown(res: dict) -> str:
     lines = [f"# GPU check on {res['device_name']}", "", f"torch {res['torch']}, flash-linear-attention kernel: "
              f"{res['fla']}, {res['seconds']:.0f} s.", "", "## CUDA vs CPU (small inputs, eval mode)", ""]
@@ -203,8 +208,7 @@ def markdown(res: dict) -> str:
                                  "phases under autocast", "ok"], rows))
     t = res["throughput"]
     base = t["tokens_per_s"].get("rope")
-    fmt = lambda v: v if isinstance(v, str) else f"{v:,.0f}"  # noqa: E731
-    rows = [[s, fmt(v), "" if isinstance(v, str) or not base else f"{v / base:.2f}x", fmt(t["compiled"].get(s, "not run"))]
+    rows = [[s, _tps(v), "" if isinstance(v, str) or not base else f"{v / base:.2f}x", _tps(t["compiled"].get(s, "not run"))]
             for s, v in t["tokens_per_s"].items()]
     lines += ["", f"## Paper-preset training throughput ({t['config']})", "",
               markdown_table(["scheme", "tokens/s eager", "ratio to RoPE", "tokens/s compiled"], rows)]

@@ -117,10 +117,11 @@ def layer_sums(a: AttentionInputs, w: int, block_elems: int = BLOCK_ELEMS, enc: 
     q, k = rotated_qk(a)
     B, H, T, _ = q.shape
     qb = max(1, min(T, block_elems // (B * H * T)))
-    if enc is not None and enc.replaces_attention:
-        logits = lambda qs, qe: enc.logits(a.q, a.k, a.inp, a.bias, qs, qe).float()  # noqa: E731
-    else:
-        logits = lambda qs, qe: block_logits(a, q, k, qs, qe)  # noqa: E731
+    def logits(qs: int, qe: int) -> torch.Tensor:
+        if enc is not None and enc.replaces_attention:
+            return enc.logits(a.q, a.k, a.inp, a.bias, qs, qe).float()
+        return block_logits(a, q, k, qs, qe)
+
     sums = [_reduce(logits(qs, min(qs + qb, T)), qs, w) for qs in range(0, T, qb)]
     return {key: sum(s[key] for s in sums).cpu() for key in sums[0]}
 
