@@ -90,10 +90,13 @@ def bad_commands(run):
         ([*train, "--scheme", ""], "scheme"),
         ([*train, "--scheme", "rope", "--batch-size", "-1"], "batch_size"),
         ([*train, "--scheme", "rope", "--tokenizer", "bpe10"], "unknown tokenizer"),
+        (["train", "--scheme", "rope", "--preset", "quick", "--out", ""], "--out is empty"),
+        (["compare", "--preset", str(run.parent / "latin1.yaml"), "--out", str(run.parent)], "is not UTF-8 text"),
     ]
 
 
 def test_bad_commands_are_one_line_and_touch_nothing(run, capsys):
+    (run.parent / "latin1.yaml").write_bytes(b"\xff\xfe\x00bad")
     before = digest(run)
     for argv, message in bad_commands(run):
         try:

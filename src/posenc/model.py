@@ -236,8 +236,10 @@ class LM(nn.Module):
             raise PosencError(f"top_k must be an integer >= 1, got {top_k!r}")
         flat = prompt_ids.dim() == 1
         ids = prompt_ids[None] if flat else prompt_ids
-        if ids.dim() != 2 or ids.shape[1] == 0:
-            raise PosencError(f"the prompt must be (T,) or (batch, T) with T >= 1 tokens, got shape {tuple(prompt_ids.shape)}")
+        if ids.dim() != 2 or ids.shape[1] == 0 or ids.is_floating_point() or ids.is_complex():
+            raise PosencError(f"the prompt must be (T,) or (batch, T) integer token ids, T >= 1; got shape {tuple(prompt_ids.shape)}, {prompt_ids.dtype}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
+            raise PosencError(f"prompt token ids must lie in [0, {self.cfg.vocab_size}), got [{int(ids.min())}, {int(ids.max())}]")
         self.check_length(ids.shape[1] + max_new_tokens)
         gen = None if seed is None else torch.Generator(ids.device).manual_seed(seed)
         was_training, cache, out = self.training, Cache(len(self.blocks)), [ids]

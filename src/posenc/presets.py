@@ -33,9 +33,11 @@ def read_preset(name_or_path: str, folder=SHIPPED, kind: str = "preset") -> tupl
     if not path.is_file():
         raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {', '.join(preset_names(folder))}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise PosencError(f"{kind} {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise PosencError(f"{kind} {path} is not UTF-8 text") from None
     if not isinstance(data, dict):
         raise PosencError(f"{kind} {path} is not a YAML mapping of settings")
     return path, data

@@ -1,5 +1,6 @@
 """`posenc train`: train one model with one scheme (one process, or data-parallel under torchrun)."""
 
+import argparse
 from pathlib import Path
 
 from posenc import distributed
@@ -12,7 +13,7 @@ def add_parser(sub):
     p = sub.add_parser("train", help="train one language model with one positional scheme")
     p.add_argument("--scheme", required=True, help="scheme name (see `posenc list`)")
     p.add_argument("--preset", default="default", help="preset for model and budget (a preset name (posenc list) or a path)")
-    p.add_argument("--out", type=Path, help="run directory (default runs/train/<scheme>)")
+    p.add_argument("--out", type=_run_dir, help="run directory (default runs/train/<scheme>)")
     p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, or a path")
     p.add_argument("--tokenizer", help="byte or bpeN")
     p.add_argument("--steps", type=int, help="training steps")
@@ -22,6 +23,12 @@ def add_parser(sub):
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (train.compile)")
     p.set_defaults(func=run)
+
+
+def _run_dir(text: str) -> Path:
+    if not text.strip():  # Path("") is the current directory: a run would be written into it
+        raise argparse.ArgumentTypeError("--out is empty: give a run directory")
+    return Path(text)
 
 
 def run(args) -> int:
