@@ -111,7 +111,8 @@ def far_mass_markdown(records: list[dict], L0: int) -> str:
 def markdown(records: list[dict], failures: dict[str, str], meta: dict, extras: list[dict] = ()) -> str:
     """The report; ``extras``: passkey and far-mass records (a passkey column and their sections)."""
     lengths = sorted({r["eval_length"] for r in records})
-    schemes = list(dict.fromkeys(r["scheme"] for r in records))
+    seen = list(dict.fromkeys(r["scheme"] for r in records))  # parallel jobs append in finishing order
+    schemes = [s for s in meta.get("descriptions", {}) if s in seen] + [s for s in seen if s not in meta.get("descriptions", {})]
     L0 = meta.get("train_length")
     out = io.StringIO()
     out.write(f"# posenc compare: {meta.get('name', '')}\n\n")
