@@ -206,7 +206,6 @@ class LM(nn.Module):
         if cache.tokens is not None and cache.tokens.shape[0] != tokens.shape[0]:
             raise PosencError(f"the cache holds batch size {cache.tokens.shape[0]}, got {tokens.shape[0]} new rows")
         whole = tokens if cache.tokens is None else torch.cat((cache.tokens, tokens), dim=1)
-        self.check_length(whole.shape[1])
         pos = torch.arange(whole.shape[1], device=tokens.device)
         x, _ = self._embed(tokens, pos[cache.length :])
         for block, layer in zip(self.blocks, cache.layers):
@@ -216,9 +215,9 @@ class LM(nn.Module):
 
     def check_length(self, length: int) -> None:
         """PosencError if some layer's scheme (a learned position table) cannot take ``length`` tokens."""
-        limits = [e.max_length for e in self.modules() if isinstance(e, Encoding) and e.max_length is not None]
-        if limits and length > min(limits):
-            raise PosencError(f"{length} tokens exceed the learned position table of {min(limits)} positions")
+        limit = None if self.pos_embed is None else self.pos_embed.max_length  # only additive tables have one
+        if limit is not None and length > limit:
+            raise PosencError(f"{length} tokens exceed the learned position table of {limit} positions")
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None, seed: Optional[int] = None) -> torch.Tensor:
