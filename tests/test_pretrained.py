@@ -223,20 +223,6 @@ def test_score_window_matches_full_forward():
 # ---------------------------------------------------------------- passkey
 
 
-@pytest.fixture(scope="module")
-def word_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = (passkey.TASK + " " + passkey.FILLER + passkey.QUESTION + " Remember it. is pass key")
-    vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate("0123456789")}}
-    for wd in words.replace(".", " . ").replace("?", " ? ").split():
-        vocab.setdefault(wd, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", model_max_length=64)
-
-
 @pytest.mark.parametrize("length", [120, 500, 2000])
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
 def test_passkey_prompt_length(word_tokenizer, length, depth):

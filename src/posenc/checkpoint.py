@@ -79,18 +79,27 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
-def save_weights(path: Path, model: torch.nn.Module) -> None:
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write named tensors as one safetensors file, atomically."""
     tmp = Path(path).with_name(Path(path).name + ".tmp")
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp))
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
     os.replace(tmp, path)
 
 
-def load_weights(path: Path, model: torch.nn.Module) -> None:
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The named tensors of a safetensors file; PosencError naming it when damaged."""
     try:
-        state = load_file(str(path))
+        return load_file(str(path))
     except SafetensorError as exc:  # truncated or overwritten
         raise PosencError(f"{path} is damaged or unreadable ({exc})") from None
+
+
+def save_weights(path: Path, model: torch.nn.Module) -> None:
+    save_tensors(path, model.state_dict())
+
+
+def load_weights(path: Path, model: torch.nn.Module) -> None:
+    state = load_tensors(path)
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:  # the multi-line key/shape report: its first line is enough

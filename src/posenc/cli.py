@@ -21,6 +21,7 @@ COMMANDS = [
     "posenc.commands.generate_cmd",
     "posenc.commands.compare_cmd",
     "posenc.commands.extend_cmd",
+    "posenc.commands.finetune_cmd",
     "posenc.commands.theory_cmd",
     "posenc.commands.diagnose_cmd",
 ]

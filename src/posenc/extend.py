@@ -89,11 +89,11 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
     path, data = read_preset(name_or_path, PRESETS, "extend preset")
     where = f"extend preset {path.name}" + (" with command-line options" if overrides else "")
     cfg = validated(ExtendConfig, {**data, **(overrides or {})}, where)
-    _check(cfg)
+    check_config(cfg)
     return cfg
 
 
-def _check(cfg: ExtendConfig) -> None:
+def check_config(cfg: ExtendConfig) -> None:
     """What field bounds cannot say: method names, and a stride that fits the shortest length."""
     for m in [*cfg.methods, *(cfg.long_methods or []), *(cfg.passkey_methods or [])]:
         check_name(m)
@@ -109,7 +109,7 @@ def _extension(cfg: ExtendConfig, method: str) -> schedules.Extension:
     return schedules.Extension(method, cfg.factor, cfg.rerope_window, cfg.leak)
 
 
-def _held_out(cfg: ExtendConfig) -> list[Document]:
+def held_out(cfg: ExtendConfig) -> list[Document]:
     """The held-out documents named by ``cfg.docs`` (checked before the model loads)."""
     val = load_corpus(cfg.corpus).val
     if cfg.docs == ["first"]:
@@ -209,7 +209,7 @@ def _write_config(path: Path, setting: dict, invocation: dict) -> None:
     write_json(path, {**setting, "invocations": calls + [invocation]})
 
 
-def _open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -> _Store:
+def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -> _Store:
     """Record this call in ``config.json`` and open the records of its setting."""
     setting = {**{k: getattr(cfg, k) for k in SETTING}, "docs": [d for d, _ in docs]}
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
@@ -218,10 +218,10 @@ def _open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) 
     return _Store(out / "records.jsonl", tag)
 
 
-def _inputs(cfg: ExtendConfig) -> tuple[loading.Loaded, int, list, dict, int | None]:
-    """Model, native context L0, (document, tokens) pairs, windows per length and BOS id: every input checked."""
-    documents = _held_out(cfg)
-    loaded = loading.load(cfg.model)
+def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded) -> tuple[int, list, dict, int | None]:
+    """Native context L0, (document, tokens) pairs, windows per length and BOS id of ``cfg`` for a loaded model:
+    every input checked (PosencError as :func:`extend`)."""
+    documents = held_out(cfg)
     l0 = schedules.native_context(loaded.model.config)
     for method in cfg.methods:  # window and leak against L0
         schedules.method_params(_extension(cfg, method), l0)
@@ -232,7 +232,7 @@ def _inputs(cfg: ExtendConfig) -> tuple[loading.Loaded, int, list, dict, int | N
     bos_id = tok.bos_token_id if cfg.bos == "prepend" else None
     if cfg.bos == "prepend" and bos_id is None:
         raise PosencError(f"{cfg.model} has no BOS token; use --bos none")
-    return loaded, l0, docs, {L: _plan_windows(docs, L, cfg) for L in cfg.lengths}, bos_id
+    return l0, docs, {L: _plan_windows(docs, L, cfg) for L in cfg.lengths}, bos_id
 
 
 def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
@@ -246,10 +246,12 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    loaded, l0, docs, plan, bos_id = _inputs(cfg)
+    held_out(cfg)  # a bad document name fails before the model loads
+    loaded = loading.load(cfg.model)
+    l0, docs, plan, bos_id = eval_inputs(cfg, loaded)
     out = Path(out or Path("runs") / "extend" / cfg.name)  # all input checked: only now touch the output directory
     out.mkdir(parents=True, exist_ok=True)
-    store = _open_store(out, cfg, docs, l0, loaded.source)
+    store = open_store(out, cfg, docs, l0, loaded.source)
     model = loaded.model
     for method in cfg.methods:
         schedules.apply_method(model, _extension(cfg, method))
@@ -271,10 +273,16 @@ def _scheme_points(model, tok, spec: str, plan: dict, doc_tokens: dict, store: _
     """Perplexity (lengths up to factor x L0, all with a bare --long-methods) and passkey (every passkey length)
     of the model with scheme ``spec`` in its attention, without fine-tuning."""
     hf.apply_scheme(model, spec)
-    label = SCHEME_LABEL + spec
-    for L in cfg.lengths:
-        if L <= cfg.factor * l0 or cfg.long_methods is None:
-            _ppl_points(model, label, L, plan[L], doc_tokens, store, cfg, bos_id)
+    lengths = [L for L in cfg.lengths if L <= cfg.factor * l0 or cfg.long_methods is None]
+    measure(model, tok, SCHEME_LABEL + spec, lengths, plan, doc_tokens, store, cfg, bos_id)
+
+
+def measure(model, tok, label: str, lengths: list[int], plan: dict, doc_tokens: dict, store: _Store, cfg: ExtendConfig,
+            bos_id: int | None) -> None:
+    """Record perplexity at ``lengths`` (windows from ``plan``) and passkey (``cfg.passkey_lengths``) of ``model``
+    as it is now, under ``label``; points already in ``store`` are skipped."""
+    for L in lengths:
+        _ppl_points(model, label, L, plan[L], doc_tokens, store, cfg, bos_id)
     _passkey_points(model, tok, label, store, cfg)
 
 

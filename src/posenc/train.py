@@ -102,7 +102,7 @@ def save_checkpoint(run_dir: Path, model: LM, opt, step: int) -> None:
     save_weights(run_dir / "model.safetensors", model)
 
 
-def _truncate_log(path: Path, step: int) -> None:
+def truncate_log(path: Path, step: int) -> None:
     """Drop log records after ``step``: a killed run logged steps its checkpoint does not hold."""
     kept = [r for r in read_jsonl(path) if r["step"] <= step]
     atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
@@ -209,7 +209,7 @@ def train(
         if step == tcfg.steps and is_trained(run_dir):  # finished: keep its summary and log as they are
             return read_json(run_dir / "train_summary.json")
         if shard.is_main:
-            _truncate_log(run_dir / "train.jsonl", step)
+            truncate_log(run_dir / "train.jsonl", step)
     elif resume and (run_dir / "model.safetensors").exists():  # starting over would overwrite these weights
         raise PosencError(f"cannot resume {run_dir}: it has weights but no state.pt (optimizer state); use another --out")
     elif shard.is_main:  # a fresh run replaces an old log and summary

@@ -125,6 +125,8 @@ def signature(model, length: int) -> str:
         h.update(repr(rr[1:]).encode())
     if getattr(model, "posenc_scheme", None):  # a posenc scheme in attention (posenc.hf.apply_scheme)
         h.update(b"scheme:" + model.posenc_scheme.encode())
+    if getattr(model, "posenc_weights", None):  # weights changed since loading (posenc.finetune)
+        h.update(b"weights:" + model.posenc_weights.encode())
     reset_rotary(model)
     return h.hexdigest()[:16]
 

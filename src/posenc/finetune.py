@@ -1,0 +1,292 @@
+"""Fine-tuning a pretrained RoPE model after a scheme swap or a RoPE schedule: the job behind ``posenc finetune``.
+
+``finetune(cfg)`` loads the model (``posenc.pretrained.loading``), puts a posenc scheme
+into its attention (``posenc.hf.apply_scheme``) or sets a RoPE context-extension method
+(``posenc.pretrained.schedules.apply_method``), scores it with ``posenc extend``'s
+perplexity/passkey protocol, trains it for ``steps`` steps on random windows of
+``length`` tokens of the corpus's training documents (the model's tokenizer), and scores
+it again. With ``lora_rank`` > 0 only LoRA adapters (``peft``) on ``lora_targets`` and the
+scheme's own parameters train; with 0 every weight does.
+
+Run directory ``runs/finetune/<name>/``: ``finetune.json`` (the training settings), ``state.pt``
+(trained tensors, optimizer state and step: the resume point), ``trained.safetensors``
+(the trained tensors by name: LoRA adapters and scheme parameters, or every weight),
+``train.jsonl`` (loss per step), ``loss.png``, and the evaluation records and report
+(``records.jsonl``, ``results.md``, CSV files and plots, as ``posenc extend`` writes them).
+An interrupted run resumes where it stopped: training from its last checkpoint, with the
+batches an uninterrupted run would see, and evaluation from its last record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm.auto import tqdm
+
+from posenc import extend, hf
+from posenc.checkpoint import (
+    append_jsonl, load_torch, make_run_dir, read_json, read_jsonl, save_tensors, save_torch, write_json,
+)
+from posenc.data import load_corpus
+from posenc.errors import PosencError
+from posenc.presets import SHIPPED, preset_names as shipped, read_preset, validated
+from posenc.pretrained import loading, report, schedules
+from posenc.reporting import figure, save_figure
+from posenc.train import batch_at, lr_at, truncate_log
+
+PRESETS = SHIPPED / "finetune"
+# what may change when an interrupted run resumes: everything else must equal config.json
+SETTINGS = "finetune.json"  # the training settings (config.json is the evaluation's, as posenc extend writes it)
+RESUME_FREE = {"ckpt_every", "threads", "eval_lengths", "eval_windows", "passkey_lengths", "passkey_depths", "trials"}
+
+
+class FinetuneConfig(BaseModel):
+    """One ``posenc finetune`` run; lengths in tokens of the model's tokenizer, lr in AdamW units."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)  # the run directory runs/finetune/<name> (the default output)
+    model: str = loading.DEFAULT_MODEL  # 'smollm2', a .gguf file, a model directory or a hub id
+    scheme: Optional[str] = None  # a posenc scheme put into the model's attention (posenc.hf.apply_scheme)
+    method: str = "none"  # or a RoPE context-extension method (posenc.rope); not with a scheme
+    factor: float = Field(2.0, ge=1)  # the method's scale factor s
+    corpus: str = "shakespeare"  # trained on its training documents, scored on its held-out ones
+    length: int = Field(1024, ge=2)  # tokens per training sequence
+    steps: int = Field(50, gt=0)
+    batch_size: int = Field(1, gt=0)
+    lr: float = Field(2e-4, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup: int = Field(5, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    lora_rank: int = Field(8, ge=0)  # 0: full fine-tuning
+    lora_alpha: float = Field(16.0, gt=0)
+    lora_targets: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    seed: int = Field(0, ge=0)  # batches, LoRA and scheme initialisation, passkey keys
+    ckpt_every: int = Field(10, gt=0)
+    eval_lengths: list[Annotated[int, Field(ge=2)]] = Field([1024], min_length=1)
+    eval_windows: int = Field(4, ge=0)  # windows per length; 0: all
+    docs: list[str] = Field(["first"], min_length=1)  # held-out document names, 'all' or 'first'
+    max_tokens: int = Field(32768, ge=2)  # the first max_tokens tokens of each held-out document
+    bos: Literal["none", "prepend"] = "none"
+    passkey_lengths: list[Annotated[int, Field(ge=1)]] = []
+    passkey_depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.5]
+    trials: int = Field(1, ge=1)
+    threads: Optional[int] = Field(None, gt=0)
+
+
+def preset_names() -> list[str]:
+    """Names of the shipped finetune presets (``posenc/configs/finetune/*.yaml``)."""
+    return shipped(PRESETS)
+
+
+def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> FinetuneConfig:
+    """A finetune preset by name (package data) or YAML path, ``overrides`` (given flags) replacing its keys.
+
+    Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or bad
+    value, an unknown method or invalid scheme, or a scheme together with a method.
+    """
+    path, data = read_preset(name_or_path, PRESETS, "finetune preset")
+    where = f"finetune preset {path.name}" + (" with command-line options" if overrides else "")
+    cfg = validated(FinetuneConfig, {**data, **(overrides or {})}, where)
+    extend.check_config(eval_config(cfg))
+    if cfg.scheme and cfg.method != "none":
+        raise PosencError(f"give a scheme or a RoPE method, not both (scheme {cfg.scheme!r}, method {cfg.method!r})")
+    return cfg
+
+
+def eval_config(cfg: FinetuneConfig) -> extend.ExtendConfig:
+    """The ``posenc extend`` settings that score the model before and after training."""
+    return extend.ExtendConfig(
+        name=cfg.name, model=cfg.model, corpus=cfg.corpus, docs=cfg.docs, max_tokens=cfg.max_tokens, factor=cfg.factor,
+        bos=cfg.bos, seed=cfg.seed, methods=[cfg.method], schemes=[cfg.scheme] if cfg.scheme else [],
+        lengths=cfg.eval_lengths, long_methods=None, max_windows=cfg.eval_windows, passkey_lengths=cfg.passkey_lengths,
+        passkey_depths=cfg.passkey_depths, trials=cfg.trials)
+
+
+def train_stream(cfg: FinetuneConfig, tokenizer) -> np.ndarray:
+    """The corpus's training documents in the model's tokenizer, joined by EOS: (N,) int64.
+    Raises PosencError when it is not longer than one training sequence."""
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids = []
+    for doc in load_corpus(cfg.corpus).train:
+        ids += tokenizer(doc.text, add_special_tokens=False)["input_ids"] + eos
+    if len(ids) <= cfg.length + 1:
+        raise PosencError(f"the training documents of {cfg.corpus} have {len(ids)} tokens, too few for --length {cfg.length}")
+    return np.asarray(ids, dtype=np.int64)
+
+
+def adapt(model, cfg: FinetuneConfig) -> str:
+    """Put ``cfg``'s scheme or RoPE method into ``model`` (seeded by ``cfg.seed``); returns its report label."""
+    torch.manual_seed(cfg.seed)
+    schedules.apply_method(model, schedules.Extension(cfg.method, cfg.factor))  # keeps the base RoPE, as extend does
+    if cfg.scheme:
+        hf.apply_scheme(model, cfg.scheme)
+        return extend.SCHEME_LABEL + cfg.scheme
+    return cfg.method
+
+
+def trainable(model, cfg: FinetuneConfig) -> dict[str, torch.nn.Parameter]:
+    """Mark what trains and return it by name: LoRA adapters (``peft``, seeded by ``cfg.seed``; the base frozen)
+    and the scheme's own parameters (``self_attn.posenc``), or every parameter when ``lora_rank`` is 0.
+    Raises PosencError when peft is missing or a LoRA target names no module of the model."""
+    if cfg.lora_rank == 0:
+        model.requires_grad_(True)
+    else:
+        try:
+            from peft import LoraConfig, inject_adapter_in_model  # optional dependency (posenc[pretrained])
+        except ImportError:
+            raise PosencError("LoRA needs peft: pip install 'posenc[pretrained]' (or --lora-rank 0)") from None
+        torch.manual_seed(cfg.seed)
+        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=cfg.lora_targets)
+        try:
+            inject_adapter_in_model(lora, model)  # in place; freezes every other weight
+        except ValueError as exc:
+            raise PosencError(f"LoRA targets {cfg.lora_targets}: {str(exc).splitlines()[0][:200]}") from None
+        for name, p in model.named_parameters():
+            if ".posenc." in name:  # new parameters of the scheme: trained in full
+                p.requires_grad_(True)
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _settings(cfg: FinetuneConfig) -> dict:
+    return {k: v for k, v in cfg.model_dump().items() if k not in RESUME_FREE}
+
+
+def check_resumable(out: Path, cfg: FinetuneConfig) -> None:
+    """Raise PosencError when ``out`` holds a checkpoint trained with other settings than ``cfg``'s
+    (only ``RESUME_FREE`` keys may change)."""
+    if not (out / "state.pt").exists():
+        return
+    old = read_json(out / SETTINGS) if (out / SETTINGS).exists() else {}
+    diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in json.loads(json.dumps(_settings(cfg))).items() if old.get(k) != v]
+    if diff:
+        raise PosencError(f"cannot resume {out}: its settings differ ({'; '.join(diff)}); use another --name or --out")
+
+
+def _resume(out: Path, params: dict, opt) -> int:
+    """Load the checkpoint in ``out`` if there is one into ``params`` and ``opt``; returns its step."""
+    state_path = out / "state.pt"
+    if not state_path.exists():
+        return 0
+    state = load_torch(state_path)
+    if not isinstance(state, dict) or set(state.get("trained", {})) != set(params):
+        raise PosencError(f"{state_path} does not hold this run's trained tensors; use another --name or --out")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(state["trained"][name])
+    opt.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def _checkpoint(out: Path, params: dict, opt, step: int) -> None:
+    # state.pt alone resumes; trained.safetensors is the same tensors for other tools
+    save_torch(out / "state.pt", {"step": step, "trained": {k: p.detach() for k, p in params.items()},
+                                  "optimizer": opt.state_dict()})
+    save_tensors(out / "trained.safetensors", params)
+
+
+def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, out: Path) -> None:
+    """AdamW on ``params`` (warmup + cosine, gradient clipping) up to ``cfg.steps``, resuming from ``out``.
+
+    Each step's batch is ``posenc.train.batch_at`` of (seed, step); the loss is the mean next-token NLL
+    (nats). Raises PosencError on a non-finite loss or gradient norm, naming the step."""
+    make_run_dir(out)
+    opt = torch.optim.AdamW(params.values(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    step = _resume(out, params, opt)
+    write_json(out / SETTINGS, _settings(cfg))
+    truncate_log(out / "train.jsonl", step)
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc="finetune", unit="step", dynamic_ncols=True)
+    try:
+        while step < cfg.steps:
+            t0 = time.time()
+            x, y = batch_at(stream, step, cfg.batch_size, cfg.length, cfg.seed)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, cfg)
+            logits = model(input_ids=x, use_cache=False).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip))
+            value = loss.item()
+            if not (math.isfinite(value) and math.isfinite(gnorm)):
+                raise PosencError(f"loss {value}, gradient norm {gnorm} at step {step}; last checkpoint in {out}")
+            opt.step()
+            step += 1
+            append_jsonl(out / "train.jsonl", {"step": step, "loss": value, "lr": lr_at(step - 1, cfg),
+                                               "grad_norm": gnorm, "seconds": round(time.time() - t0, 3)})
+            bar.update(1)
+            bar.set_postfix(loss=f"{value:.3f}")
+            if step % cfg.ckpt_every == 0 or step == cfg.steps:
+                _checkpoint(out, params, opt, step)
+    except KeyboardInterrupt:
+        _checkpoint(out, params, opt, step)
+        raise
+    finally:
+        bar.close()
+    model.eval()
+
+
+def finetune(cfg: FinetuneConfig, out: Optional[Path] = None) -> tuple[Path, str]:
+    """Score, train and score again the adapted model of ``cfg``; returns the run directory and the report's markdown.
+
+    ``out``: the run directory (default ``runs/finetune/<cfg.name>``). Raises PosencError, before
+    ``out`` is touched, for everything ``posenc extend`` refuses, a corpus too short for ``length``,
+    or a missing peft; later, for a run directory of other settings or a non-finite loss.
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    ecfg = eval_config(cfg)
+    extend.held_out(ecfg)  # a bad document name fails before the model loads
+    loaded = loading.load(cfg.model)
+    l0, docs, plan, bos_id = extend.eval_inputs(ecfg, loaded)
+    stream = train_stream(cfg, loaded.tokenizer)
+    model, tok = loaded.model, loaded.tokenizer
+    label = adapt(model, cfg)
+    params = trainable(model, cfg)  # LoRA starts at zero: the model is unchanged until it trains
+    out = Path(out or Path("runs") / "finetune" / cfg.name)
+    make_run_dir(out)
+    check_resumable(out, cfg)
+    store = extend.open_store(out, ecfg, docs, l0, loaded.source)
+    extend.measure(model, tok, label, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)  # before any training
+    train_steps(model, params, stream, cfg, out)
+    tuned = f"{label}, fine-tuned {cfg.steps} steps"
+    model.posenc_weights = tuned + " " + json.dumps(_settings(cfg), sort_keys=True)  # no reuse of the scores before
+    with torch.no_grad():
+        extend.measure(model, tok, tuned, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)
+    log = read_jsonl(out / "train.jsonl")
+    _loss_plot(out, log, tuned)
+    header = _header(cfg, label, l0, params, log)
+    return out, report.write_report(out, store.records, [label, tuned], header)
+
+
+def _loss_plot(out: Path, log: list[dict], label: str) -> None:
+    fig, ax = figure(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in log], [r["loss"] for r in log], lw=1)
+    ax.set(xlabel="step", ylabel="training loss (nats/token)", title=label)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, out / "loss.png")
+
+
+def _header(cfg: FinetuneConfig, label: str, l0: int, params: dict, log: list[dict]) -> str:
+    """The report's first lines: model, adaptation, what trained, time and loss."""
+    n = sum(p.numel() for p in params.values())
+    what = f"LoRA rank {cfg.lora_rank} on {', '.join(cfg.lora_targets)}" if cfg.lora_rank else "every weight"
+    k = max(1, len(log) // 10)
+    loss = (f"mean loss of the first {k} steps {np.mean([r['loss'] for r in log[:k]]):.3f}, "
+            f"of the last {k} {np.mean([r['loss'] for r in log[-k:]]):.3f}") if log else "no steps logged"
+    return (f"# posenc finetune: {cfg.model} (native context {l0}) with {label}\n\n"
+            f"Trained {cfg.steps} steps of {cfg.batch_size} x {cfg.length} tokens of {cfg.corpus} ({what}, "
+            f"{n:,} trained parameters, lr {cfg.lr:g}): {sum(r['seconds'] for r in log):.0f} s of training; {loss}.\n\n"
+            f"Scored on held-out text as `posenc extend` scores: {', '.join(d for d in cfg.docs)}, "
+            f"{cfg.eval_windows or 'all'} window(s) per length, BOS policy {cfg.bos}.")
