@@ -23,7 +23,8 @@ from posenc.theory import (
 from posenc.theory.decay import pope_frequencies, sinusoidal_table, xpos_zeta
 from posenc.theory.mass import _geometric_form, alibi_bounds, far_mass_bound, forget_gate_bound, gate_mean
 from posenc.theory.scores import tail_bound
-from posenc.theory.stats import bernstein_tol
+from posenc.theory.run import Check, Row, run_check
+from posenc.theory.stats import bernstein_tol, compare
 from posenc.attention import rotate
 from posenc.theory.steps import SO2Uniform, unit_vectors
 
@@ -34,6 +35,36 @@ def one_thread():
     torch.set_num_threads(1)  # small tensors; the cores are shared
     yield
     torch.set_num_threads(old)
+
+
+# ---- the one check helper: compare a simulation with its bound, a check's rows
+
+
+def test_compare_sides_tolerances_and_nan():
+    assert compare([1.0, 2.0], [1.1, 1.9], 0.1 + 1e-12) and not compare([1.0, 2.0], [1.1, 1.9], 0.09)
+    assert compare(torch.tensor([0.5, 0.7]), 0.65, 0.05, "upper") and not compare(0.71, 0.65, 0.05, "upper")
+    assert compare(np.array([0.5, 0.7]), 0.55, 0.05, "lower") and not compare(0.49, 0.55, 0.05, "lower")
+    assert compare(0.0, 5.0, side="upper") and not compare(0.0, 5.0, side="lower")  # tol 0: the bound itself
+    assert compare([[1.0, 3.0]], [1.0, 3.0], [0.0, 0.0]) and not compare([[1.0, 3.0]], [1.0, 3.5], [0.0, 0.4])
+    assert not compare(math.nan, 0.0, math.inf) and not compare([0.0, math.nan], 0.0, 1.0, "upper")
+    with pytest.raises(PosencError, match="side must be one of both, upper, lower, got 'two-sided'"):
+        compare(1.0, 1.0, side="two-sided")
+
+
+def test_run_check_stores_the_result_and_returns_its_rows():
+    results = {"mixing": {}, "skipped": {}}
+    named = Check("mixing", "so2:1", lambda: {"holds": True, "x": 2}, lambda r: [Row("1 a", "x = 2", f"x {r['x']}", 1)])
+    rows = run_check(named, results)
+    assert rows == [{"check": "1 a", "prediction": "x = 2", "simulation": "x 2", "holds": True}]
+    assert type(rows[0]["holds"]) is bool and results["mixing"] == {"so2:1": {"holds": True, "x": 2}}
+    two = Check("decay", None, lambda: {"holds": False}, lambda r: [Row("5 a", "p", "s", r["holds"])] * 2)
+    assert [r["holds"] for r in run_check(two, results)] == [False, False] and results["decay"] == {"holds": False}
+
+    def no_far_regime():
+        raise PosencError("window 10^7 > 2048 steps")
+
+    assert run_check(Check("score_gap", "so2-drift", no_far_regime, lambda r: []), results) == []
+    assert results["skipped"] == {"score_gap so2-drift": "window 10^7 > 2048 steps"}
 
 
 # ---- check 1: mixing window

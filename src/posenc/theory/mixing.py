@@ -15,7 +15,7 @@ import math
 import torch
 
 from posenc.errors import PosencError
-from posenc.theory.stats import bernstein_tol, check_eps
+from posenc.theory.stats import bernstein_tol, check_eps, compare
 from posenc.theory.steps import DTYPE, SO2Steps, SO2Uniform, block_norms, parse_dist, phasor_mean
 
 _HORIZON_CAP = 256  # longest simulated route when the window is longer (drift blocks)
@@ -79,7 +79,7 @@ def mixing_window(
         "norm_sim": sim.tolist(), "norm_pred": pred.tolist(),
         "tolerance": tol, "max_error": float((sim - pred).abs().max()),
     }
-    out["holds"] = out["max_error"] <= tol
+    out["holds"] = compare(sim, pred, tol)
     if isinstance(steps, SO2Steps):
         out["blocks"] = _block_check(steps, mean, n, eps, samples, delta)
         out["holds"] = out["holds"] and out["blocks"]["holds"]
@@ -88,12 +88,12 @@ def mixing_window(
 
 def _block_check(steps: SO2Steps, mean, n, eps, samples, delta) -> dict:
     betas = steps.block_means().abs()
-    err = (block_norms(mean) - betas[None, :] ** n[:, None]).abs().max()
+    sim, pred = block_norms(mean), betas[None, :] ** n[:, None]
     tol = bernstein_tol(samples, 2, delta / mean.shape[0] / betas.numel())
     return {
         "beta": betas.tolist(),
         "window": [window_size(float(b), eps) for b in betas],
-        "tolerance": tol, "max_error": float(err), "holds": bool(err <= tol),
+        "tolerance": tol, "max_error": float((sim - pred).abs().max()), "holds": compare(sim, pred, tol),
     }
 
 
@@ -129,7 +129,7 @@ def window_vs_context(
     return {
         "dist": steps.name, "d": d, "eps": eps, "samples": samples, "beta": beta, "window": window,
         "lengths": list(lengths), "contexts": per_length,
-        "holds": all(abs(c["window_sim"] - window) <= c["tolerance"] for c in per_length),
+        "holds": compare([c["window_sim"] for c in per_length], window, [c["tolerance"] for c in per_length]),
     }
 
 

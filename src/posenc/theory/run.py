@@ -6,7 +6,9 @@ import json
 import math
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,6 +46,50 @@ class Budget(BaseModel):
     decay_samples: int = Field(gt=0)
 
 
+class Row(NamedTuple):
+    """One row of the summary table; ``simulation`` states the tolerance the check is held to."""
+
+    check: str
+    prediction: str  # the bound or closed form
+    simulation: str
+    holds: bool
+
+
+@dataclass(frozen=True)
+class Check:
+    """One Monte Carlo check of ``posenc theory``: what it samples and how it is reported.
+
+    ``sample()`` simulates and compares with the closed form or bound within a
+    tolerance set by the sample size (:func:`posenc.theory.stats.compare`); it
+    returns a JSON-ready dict with ``holds``, stored as results[key][name]
+    (results[key] when ``name`` is None), or raises PosencError when the check
+    does not apply (it is then skipped). ``rows(result)`` are its table rows.
+    """
+
+    key: str
+    name: str | None
+    sample: Callable[[], dict]
+    rows: Callable[[dict], list[Row]]
+
+
+def run_check(check: Check, results: dict) -> list[dict]:
+    """Run ``check`` and store its result (or why it was skipped) in ``results``.
+
+    ``results`` needs the dicts ``skipped`` and, for a named check, ``results[check.key]``.
+    Returns the rows {check, prediction, simulation, holds} (str, str, str, bool); none if skipped.
+    """
+    try:
+        value = check.sample()
+    except PosencError as exc:  # a distribution without a far regime, e.g. so2-drift
+        results["skipped"][f"{check.key} {check.name}" if check.name else check.key] = str(exc)
+        return []
+    if check.name:
+        results[check.key][check.name] = value
+    else:
+        results[check.key] = value
+    return [{**row._asdict(), "holds": bool(row.holds)} for row in check.rows(value)]
+
+
 def load_budget(name: str) -> Budget:
     """A shipped budget (``full``, ``quick``) or a YAML path; PosencError (one line) if invalid."""
     path, data = read_preset(name, SHIPPED / "theory", "theory budget")
@@ -72,22 +118,13 @@ def run_theory(
     steps = [parse_dist(s, d) for s in dists for d in (mix_dim, *dims)]  # validate before any work
     so2 = next((s for s in steps if isinstance(s, SO2Uniform)), SO2Uniform(mix_dim, 1.0))
     budget = load_budget("quick" if quick else "full")
-    stages = _stages(list(dict.fromkeys(dists)), tuple(dims), mix_dim, eps, seed, so2.a, budget)
+    checks = _checks(list(dict.fromkeys(dists)), tuple(dims), mix_dim, eps, seed, so2.a, budget)
     start = time.perf_counter()
-    results = {"mixing": {}, "score_gap": {}, "skipped": {}}
+    results, table = {"mixing": {}, "score_gap": {}, "skipped": {}}, []
     with _torch_threads(1):  # small tensors: one thread is faster and leaves the shared cores free
-        for key, name, fn in tqdm(stages, desc="posenc theory", unit="check", disable=None):
-            try:
-                value = fn()
-            except PosencError as exc:  # a distribution without a far regime, e.g. so2-drift
-                results["skipped"][f"{key} {name}" if name else key] = str(exc)
-                continue
-            if name:
-                results[key][name] = value
-            else:
-                results[key] = value
+        for check in tqdm(checks, desc="posenc theory", unit="check", disable=None):
+            table += run_check(check, results)
     runtime = time.perf_counter() - start
-    table = summary_table(results)
     config = {"dists": list(dists), "dims": list(dims), "mix_dim": mix_dim, "eps": eps, "seed": seed,
               "quick": quick, "budget": budget.model_dump()}
     report = {"config": config, "runtime_s": runtime, "all_hold": all(r["holds"] for r in table),
@@ -96,28 +133,32 @@ def run_theory(
     return report
 
 
-def _stages(names: list[str], dims, mix_dim, eps, seed, a, b: Budget):
+def _checks(names: list[str], dims, mix_dim, eps, seed, a, b: Budget) -> list[Check]:
+    """Every check in table order; each samples with its own seed."""
+
     def mix(name):
         matrix = name in ("householder", "haar")
-        return lambda: mixing.mixing_window(name, mix_dim, eps, b.mix_matrix_samples if matrix else b.mix_samples,
-                                            n_max=4 if name == "haar" else None, seed=seed)
+        return Check("mixing", name, lambda: mixing.mixing_window(
+            name, mix_dim, eps, b.mix_matrix_samples if matrix else b.mix_samples,
+            n_max=4 if name == "haar" else None, seed=seed), _mixing_rows)
 
     def gap(name):
         n = b.gap_householder_samples if name == "householder" else b.gap_samples
-        return lambda: scores.score_gap(name, dims, eps, n, seed=seed + 1)
+        return Check("score_gap", name, lambda: scores.score_gap(name, dims, eps, n, seed=seed + 1), _gap_rows)
 
     so2 = f"so2:{a:g}"
     return [
-        *[("mixing", name, mix(name)) for name in names],
-        ("window_vs_context", None, lambda: mixing.window_vs_context(so2, mix_dim, b.context_lengths, eps,
-                                                                     b.context_samples, seed=seed + 2)),
-        *[("score_gap", name, gap(name)) for name in names],
-        ("far_mass", None, lambda: mass.far_mass(Ms=b.mass_Ms, d=mix_dim, a=a, samples=b.mass_samples, seed=seed + 3)),
-        ("value", None, lambda: mass.value_incoherence(Ms=b.value_Ms, d=mix_dim, a=a, samples=b.value_samples,
-                                                       seed=seed + 4)),
-        ("decay", None, lambda: decay.long_range_decay(max_dist=b.decay_max_dist, samples=b.decay_samples,
-                                                       seed=seed + 5)),
-        ("translation", None, lambda: decay.translation_invariance(seed=seed + 6)),
+        *[mix(name) for name in names],
+        Check("window_vs_context", None, lambda: mixing.window_vs_context(
+            so2, mix_dim, b.context_lengths, eps, b.context_samples, seed=seed + 2), _context_rows),
+        *[gap(name) for name in names],
+        Check("far_mass", None, lambda: mass.far_mass(
+            Ms=b.mass_Ms, d=mix_dim, a=a, samples=b.mass_samples, seed=seed + 3), _mass_rows),
+        Check("value", None, lambda: mass.value_incoherence(
+            Ms=b.value_Ms, d=mix_dim, a=a, samples=b.value_samples, seed=seed + 4), _value_rows),
+        Check("decay", None, lambda: decay.long_range_decay(
+            max_dist=b.decay_max_dist, samples=b.decay_samples, seed=seed + 5), _decay_rows),
+        Check("translation", None, lambda: decay.translation_invariance(seed=seed + 6), _translation_rows),
     ]
 
 
@@ -131,35 +172,14 @@ def _torch_threads(n: int):
         torch.set_num_threads(old)
 
 
-# ---- summary table: one function per check, each row check | prediction | simulation | holds
-
-
-def summary_table(results: dict) -> list[dict]:
-    """Rows {check, prediction, simulation, holds} for every check that ran."""
-    rows = [_mixing_row(r) for r in results["mixing"].values()]
-    if "window_vs_context" in results:
-        rows.append(_context_row(results["window_vs_context"]))
-    rows += [_gap_row(r) for r in results["score_gap"].values()]
-    if "far_mass" in results:
-        rows += _mass_rows(results["far_mass"])
-    if "value" in results:
-        rows.append(_value_row(results["value"]))
-    if "decay" in results:
-        rows += _decay_rows(results["decay"])
-    if "translation" in results:
-        rows += _translation_rows(results["translation"])
-    return rows
-
-
-def _row(check, prediction, simulation, holds) -> dict:
-    return {"check": check, "prediction": prediction, "simulation": simulation, "holds": bool(holds)}
+# ---- table rows: one function per check (Check.rows), each row check | prediction | simulation | holds
 
 
 def _g(x: float, digits: int = 3) -> str:
     return "inf" if x is None or x == math.inf else f"{x:.{digits}g}"
 
 
-def _mixing_row(r: dict) -> dict:
+def _mixing_rows(r: dict) -> list[Row]:
     forms = {"so2-drift": "beta_b = |sin w_b / w_b|", "householder": "beta = 1 - E[beta_H]/d", "haar": "beta = ||E U||"}
     form = forms.get(r["dist"].split(":")[0], "beta = |sin a / a|")
     if r["dist"].startswith("so2-drift"):
@@ -171,16 +191,16 @@ def _mixing_row(r: dict) -> dict:
         pred = f"{form} = {_g(r['beta'], 4)}; ‖E P_n‖ = beta^n; w_eps = {_g(r['window'])}"
         sim = (f"‖mean M‖ = {_g(r['beta_mc'], 4)}; max_n err {_g(r['max_error'])} "
                f"(tol {_g(r['tolerance'])}, N={r['samples']})")
-    return _row(f"1 mixing {r['dist']} (d={r['d']}, eps={r['eps']:g})", pred, sim, r["holds"])
+    return [Row(f"1 mixing {r['dist']} (d={r['d']}, eps={r['eps']:g})", pred, sim, r["holds"])]
 
 
-def _context_row(r: dict) -> dict:
+def _context_rows(r: dict) -> list[Row]:
     ctx = r["contexts"]
     sim = "; ".join(f"L={c['length']}: w={c['window_sim']} (±{c['tolerance']:.1f})" for c in ctx)
-    return _row(f"1 window vs context {r['dist']}", f"w_eps = {r['window']} for every L", sim, r["holds"])
+    return [Row(f"1 window vs context {r['dist']}", f"w_eps = {r['window']} for every L", sim, r["holds"])]
 
 
-def _gap_row(r: dict) -> dict:
+def _gap_rows(r: dict) -> list[Row]:
     t = 0.5
     ti = min(range(len(r["thresholds"])), key=lambda i: abs(r["thresholds"][i] - t))
     bound = {"haar": "Levy 2exp(-d t^2/2)", "householder": "Chebyshev E[s^2]/t^2"}.get(r["dist"], "Hoeffding")
@@ -191,31 +211,31 @@ def _gap_row(r: dict) -> dict:
     sim = ("tail " + "/".join(_g(p["tail_sim"][ti], 2) for p in r["per_dim"])
            + "; far std " + "/".join(_g(p["far_std"], 2) for p in r["per_dim"])
            + f"; near mean {_g(last['near_mean'], 3)}")
-    return _row(f"2 score gap {r['dist']} (n_far = 2w)", pred, sim, r["holds"])
+    return [Row(f"2 score gap {r['dist']} (n_far = 2w)", pred, sim, r["holds"])]
 
 
-def _mass_rows(r: dict) -> list[dict]:
+def _mass_rows(r: dict) -> list[Row]:
     m0, m1, c = r["Ms"][0], r["Ms"][-1], r["checks"]
     span = f"M={m0}..{m1}"
     mean = r["rho_mean"]
     return [
-        _row(f"3 far mass, bounded logits (K={r['K']}, lambda={r['lambda']:g})",
+        Row(f"3 far mass, bounded logits (K={r['K']}, lambda={r['lambda']:g})",
              f"rho_D >= M/(M+K e^(2 lambda)): {_g(r['lower_bound'][0])} -> {_g(r['lower_bound'][-1])} ({span})",
              f"min rho_D {_g(r['rho_min']['none'][0])} -> {_g(r['rho_min']['none'][-1], 4)}; "
              f"worst case attains the bound: {'yes' if c['tight'] else 'no'}",
              c["bound"] and c["tight"]),
-        _row(f"3 far mass, ALiBi slope {r['alibi_slope']:g}",
+        Row(f"3 far mass, ALiBi slope {r['alibi_slope']:g}",
              f"rho_D <= 1/(1+e^(-2 lambda)(e^(mK)-1)) = {_g(r['alibi_sup'])} for all M",
              f"mean rho_D {_g(mean['alibi'][0])} -> {_g(mean['alibi'][-1])}, max {_g(max(r['rho_max']['alibi']))}",
              c["alibi"]),
-        _row(f"3 far mass, forget gate z~N({r['gate']['mu']:g},{r['gate']['sigma']:g})",
+        Row(f"3 far mass, forget gate z~N({r['gate']['mu']:g},{r['gate']['sigma']:g})",
              f"E rho_D <= {_g(r['forget_gate_sup'])} for all M (Jensen, E f = {_g(r['gate']['mean'])})",
              f"mean rho_D {_g(mean['forget_gate'][0])} -> {_g(mean['forget_gate'][-1])}",
              c["forget_gate"]),
     ]
 
 
-def _value_row(r: dict) -> dict:
+def _value_rows(r: dict) -> list[Row]:
     lo, hi = r["per_M"][0], r["per_M"][-1]
     pred = (f"coherent ‖Cov‖ = rho_D^2 + Σa^2 = {_g(hi['coherent'])}; incoherent E tr(Cov)/d = "
             f"Σ a_j a_l beta^|j-l| + Σa^2 = {_g(hi['incoherent_pred'])} (M={hi['M']})")
@@ -223,21 +243,21 @@ def _value_row(r: dict) -> dict:
            f"‖Cov‖ {_g(hi['incoherent'])}; "
            f"coherent/incoherent {_g(lo['coherent'] / lo['incoherent'])}x (M={lo['M']}) -> "
            f"{_g(hi['coherent'] / hi['incoherent'])}x (M={hi['M']})")
-    return _row("4 value-side incoherence (SO(2) vs identity)", pred, sim, r["holds"])
+    return [Row("4 value-side incoherence (SO(2) vs identity)", pred, sim, r["holds"])]
 
 
-def _decay_rows(r: dict) -> list[dict]:
+def _decay_rows(r: dict) -> list[Row]:
     rows = []
     for name, s in r["schemes"].items():
         if "holds" not in s:  # closed form only: reported as a note
             continue
         at = ", ".join(f"{_g(v, 2)}@{D}" for D, v in s["at"].items())
-        rows.append(_row(f"5 decay {name} (d={r['d']})", f"E s(D)/E s(0): {at}; far |.| {_g(s['far_residual'], 2)}",
+        rows.append(Row(f"5 decay {name} (d={r['d']})", f"E s(D)/E s(0): {at}; far |.| {_g(s['far_residual'], 2)}",
                          f"max |MC - closed| = {s['max_z_error']:.2f} SE (tol {r['z']:.2f})", s["holds"]))
     return rows
 
 
-def _translation_rows(r: dict) -> list[dict]:
+def _translation_rows(r: dict) -> list[Row]:
     s = r["schemes"]
     groups = {
         "relative: " + ", ".join(decay.RELATIVE): (decay.RELATIVE, "invariant: s(i+s, j+s) = s(i, j)"),
@@ -247,7 +267,7 @@ def _translation_rows(r: dict) -> list[dict]:
     rows = []
     for label, (names, pred) in groups.items():
         sim = "rel change " + ", ".join(f"{_g(s[n]['rel_change'], 2)}" for n in names) + f" (shifts {r['shifts']})"
-        rows.append(_row(f"5 translation {label}", pred, sim, all(s[n]["holds"] for n in names)))
+        rows.append(Row(f"5 translation {label}", pred, sim, all(s[n]["holds"] for n in names)))
     return rows
 
 
@@ -255,7 +275,7 @@ def _translation_rows(r: dict) -> list[dict]:
 
 
 def checks_table(rows: list[dict]) -> str:
-    """The summary table: one markdown row per check (``summary_table`` rows)."""
+    """The summary table: one markdown row per row dict of :func:`run_check`."""
     return markdown_table(["check", "prediction (bound / closed form)", "simulation", "holds"],
                           [[r["check"], r["prediction"], r["simulation"], "yes" if r["holds"] else "**no**"] for r in rows])
 

@@ -24,7 +24,7 @@ import torch
 
 from posenc.errors import PosencError
 from posenc.theory.mixing import window_size
-from posenc.theory.stats import proportion_tol, z_value
+from posenc.theory.stats import compare, proportion_tol, z_value
 from posenc.theory.steps import DTYPE, Haar, Householder, SO2Steps, StepDist, parse_dist, unit_vectors
 
 FAR_CAP = 4096  # longest far route simulated; windows beyond it have no reachable far regime
@@ -84,9 +84,9 @@ def score_gap(
     tol = proportion_tol(samples, delta / tests)
     z = z_value(2 * len(dims), delta)
     for r in per_dim:
-        r["tail_holds"] = all(s <= b + tol for s, b in zip(r["tail_sim"], r["tail_bound"]))
+        r["tail_holds"] = compare(r["tail_sim"], r["tail_bound"], tol, "upper")
         r["mean_holds"] = all(
-            abs(r[f"{w}_mean"] - r[f"{w}_pred"]) <= z * r[f"{w}_se"] + 1e-12 for w in ("near", "far")
+            compare(r[f"{w}_mean"], r[f"{w}_pred"], z * r[f"{w}_se"] + 1e-12) for w in ("near", "far")
         )
     return {
         "dist": per_dim[0]["dist"], "dims": list(dims), "samples": samples, "thresholds": list(thresholds),

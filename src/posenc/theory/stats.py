@@ -1,7 +1,8 @@
 """Monte Carlo tolerances that follow from the sample size.
 
 Every check compares a closed form (or bound) with a simulation at a stated
-family-wise failure probability ``delta`` (default 1e-3 per check).
+family-wise failure probability ``delta`` (default 1e-3 per check), through
+:func:`compare`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,29 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
+import torch
+
 from posenc.errors import PosencError
+
+SIDES = ("both", "upper", "lower")
+
+
+def compare(sim, bound, tol=0.0, side: str = "both") -> bool:
+    """Whether a simulation meets its closed form or bound within ``tol`` at every point.
+
+    ``side``: ``"both"`` |sim - bound| <= tol (a closed form), ``"upper"``
+    sim <= bound + tol (an upper bound), ``"lower"`` sim >= bound - tol (a lower
+    bound). sim, bound, tol: floats, sequences, arrays or tensors that broadcast
+    together, compared in float64; NaN never holds. PosencError for another side.
+    """
+    if side not in SIDES:
+        raise PosencError(f"side must be one of {', '.join(SIDES)}, got {side!r}")
+    sim, bound, tol = (torch.as_tensor(x, dtype=torch.float64) for x in (sim, bound, tol))
+    if side == "upper":
+        return bool((sim <= bound + tol).all())
+    if side == "lower":
+        return bool((sim >= bound - tol).all())
+    return bool(((sim - bound).abs() <= tol).all())
 
 
 def bernstein_tol(samples: int, d: int, delta: float) -> float:
