@@ -71,6 +71,15 @@ def forget_gate_bound(M, K: int, lam: float, f: float):
     return 1 / (1 + math.exp(-2 * lam) * (1 - f) / tail)
 
 
+def gate_log_decay(z: torch.Tensor) -> torch.Tensor:
+    """Forget-gate bias Lambda_n of the routes n = 0..R-1: the sum of log sigmoid(z_t) over the
+    route's n tokens (FoX's Lambda_i - Lambda_j, ``posenc.encodings.forget``).
+
+    z: (samples, R-1) gate logits of the tokens from the query back; returns (samples, R), z's dtype, Lambda_0 = 0.
+    """
+    return torch.cat([torch.zeros_like(z[:, :1]), F.logsigmoid(z).cumsum(1)], 1)
+
+
 def route_scores(steps: SO2Uniform, q: torch.Tensor, routes: int, samples: int, gen) -> torch.Tensor:
     """s_n = q^T P_n q for n = 0..routes-1 along one step sequence per sample: (samples, routes)."""
     weights = q.view(-1, 2).square().sum(-1)  # |q_b|^2
@@ -121,7 +130,7 @@ def far_mass(
     base = torch.exp(lam * (route_scores(steps, q, routes, samples, gen) - 1))  # e^{l - lambda} <= 1
     n = torch.arange(routes, dtype=DTYPE)
     z = torch.randn(samples, routes - 1, generator=gen, dtype=DTYPE) * gate[1] + gate[0]
-    log_gate = torch.cat([torch.zeros(samples, 1, dtype=DTYPE), F.logsigmoid(z).cumsum(1)], 1)
+    log_gate = gate_log_decay(z)
     rho = {
         "none": _far_share(base, K, list(Ms)),
         "alibi": _far_share(base * torch.exp(-slope * n), K, list(Ms)),
