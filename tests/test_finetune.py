@@ -125,3 +125,16 @@ def test_bad_input_is_one_line_and_touches_nothing(llama_dir, capsys, extra, mes
     last = err.strip().splitlines()[-1]  # after transformers' loading progress bar, when the model loaded
     assert "Traceback" not in err and last.startswith("posenc: error:") and message in last
     assert not (llama_dir / "o").exists()
+
+
+def test_shipped_presets_and_flags():
+    assert ft.preset_names() == ["default", "quick"]
+    cfg = ft.load_preset("default")
+    assert (cfg.model, cfg.scheme, cfg.length, cfg.steps, cfg.lora_rank, cfg.eval_lengths) == ("smollm2", "acc-rand-qk", 1024, 50, 8, [1024])
+    from posenc.cli import build_parser
+    from posenc.commands import finetune_cmd
+
+    args = build_parser().parse_args(["finetune", "--preset", "quick", "--lora-rank", "0", "--scheme", "alibi", "--passkey-lengths"])
+    cfg = finetune_cmd.config(args)
+    assert (cfg.name, cfg.steps, cfg.lora_rank, cfg.scheme, cfg.passkey_lengths) == ("quick", 5, 0, "alibi", [])
+    assert args.func is finetune_cmd.run

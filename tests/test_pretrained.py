@@ -322,13 +322,13 @@ def test_extend_with_posenc_schemes(tmp_path, word_tokenizer):
     argv = ["extend", "--model", str(tmp_path / "tiny"), "--corpus", str(tmp_path / "corpus.txt"), "--out",
             str(tmp_path / "o"), "--methods", "none", "--lengths", "16", "32", "--passkey-lengths", "120"]
     assert main([*argv, "--scheme", "nosuch"]) == 2 and not (tmp_path / "o").exists()
-    assert main([*argv, "--scheme", "rope", "alibi"]) == 0
+    assert main([*argv, "--scheme", "rope", "alibi", "xpos"]) == 0  # xPos replaces attention: passkey without the cache
     records = [json.loads(line) for line in (tmp_path / "o" / "records.jsonl").read_text().splitlines()]
     ppl = {(r["method"], r["length"]): r["nll_sum"] / r["n_scored"] for r in records if r["kind"] == "ppl"}
     for L in (16, 32):
         assert abs(ppl["scheme:rope", L] - ppl["none", L]) < 1e-5
         assert abs(ppl["scheme:alibi", L] - ppl["none", L]) > 1e-4
-    assert {r["method"] for r in records if r["kind"] == "passkey"} == {"none", "scheme:rope", "scheme:alibi"}
+    assert {r["method"] for r in records if r["kind"] == "passkey"} == {"none", "scheme:rope", "scheme:alibi", "scheme:xpos"}
     assert "scheme:alibi" in (tmp_path / "o" / "results.md").read_text()
 
 

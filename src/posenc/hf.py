@@ -52,14 +52,17 @@ def apply_scheme(model, spec: str) -> None:
     read; positions are 0..T-1; key positions come from the cache length); token ids
     are not available to attention, so per-token-id schemes (``acc-token-*``) are refused;
     schemes that replace attention (xPos, PoPE, PaTH, CoPE, DAPE) need every query, so
-    decoding them with the model's KV cache raises PosencError (full forwards work).
+    decoding them with the model's KV cache raises PosencError (full forwards work; such a
+    model has ``posenc_full_forward`` True, and ``posenc.passkey`` generates without the cache).
     Raises PosencError for a model that is not a plain full-RoPE Llama-family decoder,
     an invalid spec, an additive scheme, or one that needs token ids.
     """
     from transformers import AttentionInterface  # optional dependency (posenc[pretrained])
 
     param = next(model.parameters())
-    for layer, enc in zip(model.model.layers, layer_schemes(model, spec)):
+    schemes = layer_schemes(model, spec)
+    model.posenc_full_forward = any(enc.replaces_attention for enc in schemes)  # generation without the KV cache
+    for layer, enc in zip(model.model.layers, schemes):
         layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype)
         layer.self_attn.posenc_x = None
         if not hasattr(layer.self_attn, "posenc_hook"):

@@ -203,7 +203,8 @@ def passkey_key(seed: int, length: int, depth: float, trial: int) -> int:
 def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tokens: int = 8) -> dict:
     """Greedy generation on one ``passkey_prompt``; correct iff the first integer equals ``key``.
 
-    model: a Hugging Face causal LM. The model input is asserted to be the full
+    model: a Hugging Face causal LM (generating with its KV cache unless ``model.posenc_full_forward``:
+    a posenc scheme that replaces attention, ``posenc.hf``). The model input is asserted to be the full
     prompt: its length is recorded as ``prompt_tokens`` (<= ``length``).
     """
     ids, _ = passkey_prompt(tokenizer, length, depth, key)
@@ -211,7 +212,7 @@ def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tok
     assert x.shape[1] == len(ids) <= length
     pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
-                         pad_token_id=pad)
+                         pad_token_id=pad, use_cache=not getattr(model, "posenc_full_forward", False))
     answer = tokenizer.decode(out[0, x.shape[1] :], skip_special_tokens=True)
     got = first_integer(answer)
     return {"key": key, "answer": answer, "got": got, "correct": got == key, "prompt_tokens": len(ids)}

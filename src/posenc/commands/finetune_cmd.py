@@ -49,9 +49,14 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def config(args) -> FinetuneConfig:
+    """The preset named by ``--preset`` with every given flag replacing its value."""
     given = {k: v for k, v in vars(args).items() if k in FinetuneConfig.model_fields and v is not None}
-    out, markdown = finetune(load_preset(args.preset, given), args.out)
+    return load_preset(args.preset, given)
+
+
+def run(args) -> int:
+    out, markdown = finetune(config(args), args.out)
     print(markdown)
     print(f"results in {out}/")
     return 0

@@ -3,6 +3,7 @@
 from posenc import encodings
 from posenc.presets import preset_names
 from posenc.extend import preset_names as extend_presets
+from posenc.finetune import preset_names as finetune_presets
 
 
 def add_parser(sub):
@@ -18,4 +19,5 @@ def run(args) -> int:
             print(f"  {name:18s} {doc}" + (f" [{source}]" if source else ""))
     print("\npresets: " + ", ".join(preset_names()))
     print("extend presets (posenc extend --preset): " + ", ".join(extend_presets()))
+    print("finetune presets (posenc finetune --preset): " + ", ".join(finetune_presets()))
     return 0
