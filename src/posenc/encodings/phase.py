@@ -17,7 +17,9 @@ def rotary_dim(dims: Dims, fraction: float) -> int:
     """Features rotated per head for partial rotary: int(head_dim * fraction), as Hugging Face's
     ``partial_rotary_factor`` (GPT-NeoX rotates 25%). PosencError unless fraction is in (0, 1] and
     the result is an even number >= 2."""
-    r = int(dims.head_dim * fraction) if 0 < fraction <= 1 else 0
+    if not 0 < fraction <= 1:
+        raise PosencError(f"rotary_fraction must be in (0, 1], got {fraction}")
+    r = int(dims.head_dim * fraction)
     if r < 2 or r % 2:
-        raise PosencError(f"rotary_fraction must be in (0, 1] and give an even rotary dim >= 2 of head dim {dims.head_dim}, got {fraction} ({r})")
+        raise PosencError(f"rotary_fraction {fraction} rotates int({dims.head_dim} * {fraction}) = {r} features of head dim {dims.head_dim}; it must give an even rotary dim >= 2")
     return r

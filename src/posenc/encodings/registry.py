@@ -87,7 +87,9 @@ def split_part(part: str) -> tuple[str, dict[str, Any]]:
     """``NAME:k=v,k=v`` -> (NAME, {k: v}); PosencError if malformed."""
     if any(c.isspace() for c in part):
         raise PosencError(f"scheme spec {part!r} contains whitespace")
-    name, _, args = part.partition(":")
+    name, colon, args = part.partition(":")
+    if colon and not args:  # "rope:" would silently mean "rope"
+        raise PosencError(f"scheme spec {part!r}: empty parameter list after ':' (give key=value, or drop the ':')")
     if "=" in name:  # a YAML flow list [a:x=1,y=2] splits at the comma
         raise PosencError(f"scheme spec {part!r} has no scheme name (quote specs with ',' in YAML lists)")
     params: dict[str, Any] = {}
@@ -104,8 +106,13 @@ def split_part(part: str) -> tuple[str, dict[str, Any]]:
 
 
 def _split_spec(spec: str) -> list[str]:
-    """The parts of ``A+B``: a ``+`` starts a part only before a letter (``a=1e+3`` stays whole)."""
-    return re.split(r"\+(?=[A-Za-z])", spec)
+    """The parts of ``A+B``: a ``+`` starts a part only before a letter (``a=1e+3`` stays whole);
+    PosencError for an empty part (``rope+``, ``+rope``, ``rope++alibi``)."""
+    split = re.split(r"\+(?=[A-Za-z]|\+|$)", spec)
+    for i, part in enumerate(split):
+        if not part and len(split) > 1:
+            raise PosencError(f"scheme spec {spec!r}: the part {'after' if i else 'before'} '+' is empty")
+    return split
 
 
 def _accepted(cls: type[Encoding]) -> set[str]:
@@ -124,6 +131,8 @@ def check_types(name: str, cls: type[Encoding], params: dict[str, Any]) -> None:
             or (str in want and isinstance(value, str))
             or not want  # dicts, objects: the constructor checks them
         )
+        if not ok and isinstance(value, float) and not math.isfinite(value) and float in want:
+            raise PosencError(f"scheme {name!r}: {key}={value!r}: must be a finite number")
         if not ok:
             raise PosencError(f"scheme {name!r}: {key}={value!r}: expected {' or '.join(sorted(t.__name__ for t in want))}")
 
