@@ -135,3 +135,15 @@ def test_model_api_rejects_bad_shapes():
         model(torch.zeros(2, 0, dtype=torch.long))
     with pytest.raises(PosencError, match="tokens must be"):
         model(torch.zeros(5, dtype=torch.long))
+
+
+def test_ctrl_c_while_the_command_modules_import_is_an_interrupt(monkeypatch, capsys):
+    import importlib
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib, "import_module", interrupted)  # build_parser imports the command modules
+    assert main(["list"]) == 130
+    out = capsys.readouterr()
+    assert out.err == "posenc: interrupted\n" and out.out == ""

@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
+    try:  # build_parser imports the command modules (torch: seconds), so Ctrl-C there is an interrupt too
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except PosencError as exc:
         print(f"posenc: error: {exc}", file=sys.stderr)
