@@ -138,7 +138,13 @@ def _one_line_exit_2(capsys, argv, message):
     ],
 )
 def test_eval_bad_options_one_line_exit_2(rope_run, capsys, argv, message):
-    _one_line_exit_2(capsys, ["eval", str(rope_run), "--multiples", "1", *argv], message)
+    code, out, err = run_cli(capsys, "eval", str(rope_run), "--multiples", "1", *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("posenc: error: ") and message in err, (out, err)
+
+
+def test_eval_bad_max_tokens_prints_only_the_error(rope_run, capsys):
+    code, out, err = run_cli(capsys, "eval", str(rope_run), "--max-tokens", "0")
+    assert (code, out, err) == (2, "", "posenc: error: max_tokens (scored tokens per length) must be >= 1, got 0\n")
 
 
 def test_train_repeated_composite_part(tmp_path, capsys):

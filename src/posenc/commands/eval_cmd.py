@@ -9,7 +9,7 @@ from posenc.rope import NAMES, check_window
 from posenc.model import with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
 from posenc.errors import PosencError
-from posenc.evaluate import eval_lengths, evaluate_length
+from posenc.evaluate import eval_lengths, evaluate_length, windows
 from posenc.train import load_run
 
 
@@ -63,6 +63,7 @@ def run(args) -> int:
         model, scheme = with_rope_schedule(model, args.rope_schedule, schedule_args(args))
         check_window(model.blocks[0].attn.enc.schedule_params, min(lengths))
     data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
+    windows(data.val_docs, max(lengths), args.max_tokens, span=max(lengths))  # bad --max-tokens, short text: before any output
     print(f"scheme: {scheme}")
     base = None
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
