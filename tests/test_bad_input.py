@@ -147,3 +147,17 @@ def test_ctrl_c_while_the_command_modules_import_is_an_interrupt(monkeypatch, ca
     assert main(["list"]) == 130
     out = capsys.readouterr()
     assert out.err == "posenc: interrupted\n" and out.out == ""
+
+
+def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, capsys):
+    from posenc.config import load_preset
+    from posenc.presets import SHIPPED
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mypreset").write_text((SHIPPED / "quick.yaml").read_text().replace("name: quick", "name: mine"))
+    assert load_preset("./mypreset").name == "mine" and load_preset("mypreset").name == "mine"
+    (tmp_path / "quick").write_text("name: stray\n")  # a stray local file does not shadow a shipped name
+    assert load_preset("quick").name == "quick"
+    (tmp_path / "bad").write_text((SHIPPED / "quick.yaml").read_text() + "bogus: 1\n")
+    code = main(["compare", "--preset", "./bad", "--out", str(tmp_path)])
+    assert (code, capsys.readouterr().err) == (2, "posenc: error: invalid preset bad: bogus: Extra inputs are not permitted\n")

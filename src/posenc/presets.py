@@ -22,14 +22,15 @@ def preset_names(folder=SHIPPED) -> list[str]:
 
 
 def read_preset(name_or_path: str, folder=SHIPPED, kind: str = "preset") -> tuple[Path, dict]:
-    """(path, settings) of preset ``name_or_path``: a name in ``folder`` or a YAML path.
+    """(path, settings) of preset ``name_or_path``: a name in ``folder`` or a YAML file's path (any extension).
 
     Raises PosencError (one line, naming the ``kind``) for an unknown preset, invalid YAML or a
     file that is not a mapping of settings.
     """
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = folder / f"{name_or_path}.yaml"
+    path, shipped = Path(name_or_path), folder / f"{name_or_path}.yaml"
+    bare = not path.suffix and path.name == name_or_path  # "quick"; "./mypreset" and "my.yaml" are paths
+    if bare and (shipped.is_file() or not path.is_file()):  # a shipped name wins over a stray local file
+        path = shipped
     if not path.is_file():
         raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {', '.join(preset_names(folder))}")
     try:
