@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import posenc
 from posenc import build_model, encodings
 from posenc.attention import attention
 from posenc.cli import main
@@ -161,3 +162,24 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
     (tmp_path / "bad").write_text((SHIPPED / "quick.yaml").read_text() + "bogus: 1\n")
     code = main(["compare", "--preset", "./bad", "--out", str(tmp_path)])
     assert (code, capsys.readouterr().err) == (2, "posenc: error: invalid preset bad: bogus: Extra inputs are not permitted\n")
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: posenc.Attention(64, 0), "d_model, n_head and n_kv_head must be >= 1, got 64, 0, 0"),
+    (lambda: posenc.Attention(64, 4, scheme=None), "scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got NoneType"),
+    (lambda: build_model(["rope"]), "a model config is a ModelConfig or a dict of its settings (e.g. {'encoding': 'rope'}), got list"),
+    (lambda: posenc.Attention(64, 4, scheme="acc-token-qk"),
+     "accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got 0"),
+    (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate("To be", 2),
+     "the prompt must be token ids (a tensor or a list of ints), got str"),
+])
+def test_python_api_bad_arguments_are_one_line(make, message):
+    with pytest.raises(PosencError) as err:
+        make()
+    assert str(err.value) == message
+
+
+def test_generate_takes_a_list_of_token_ids():
+    model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 16})
+    ids = model.generate([84, 111, 32], 4, temperature=0)
+    assert torch.equal(ids, model.generate(torch.tensor([84, 111, 32]), 4, temperature=0)) and ids.shape == (7,)

@@ -198,6 +198,10 @@ class Attention(nn.Module):
     ):
         super().__init__()
         kv = n_kv_head or n_head
+        if min(d_model, n_head, kv) < 1:  # before the modulo below divides by them
+            raise PosencError(f"d_model, n_head and n_kv_head must be >= 1, got {d_model}, {n_head}, {kv}")
+        if not isinstance(scheme, (str, Encoding)):
+            raise PosencError(f"scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got {type(scheme).__name__}")
         if d_model % n_head or n_head % kv:
             raise PosencError(f"d_model {d_model} must divide into n_head {n_head} heads, and n_kv_head {kv} must divide n_head")
         self.d_model, self.n_head, self.n_kv_head, self.head_dim, self.block = d_model, n_head, kv, d_model // n_head, block_size

@@ -70,6 +70,8 @@ class ModelConfig(BaseModel):
 
 def validate_config(data: dict) -> ModelConfig:
     """ModelConfig from a dict; a one-line PosencError on invalid input."""
+    if not isinstance(data, dict):  # ModelConfig(**data) would raise a TypeError about '**'
+        raise PosencError(f"a model config is a ModelConfig or a dict of its settings (e.g. {{'encoding': 'rope'}}), got {type(data).__name__}")
     try:
         return ModelConfig(**data)
     except ValidationError as exc:
@@ -221,7 +223,7 @@ class LM(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None, seed: Optional[int] = None) -> torch.Tensor:
-        """The prompt (B, T) or (T,) int64 followed by ``max_new_tokens`` sampled tokens: (B, T + n) or (T + n,).
+        """The prompt (B, T) or (T,) int64 (a tensor or a list) followed by ``max_new_tokens`` sampled tokens: (B, T + n) or (T + n,).
 
         temperature 0 is greedy; top_k keeps the k most likely tokens; seed makes
         sampling reproducible. Runs in evaluation mode (fixed random draws) with
@@ -233,6 +235,11 @@ class LM(nn.Module):
             raise PosencError(f"temperature must be finite and >= 0, got {temperature!r}")
         if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
             raise PosencError(f"top_k must be an integer >= 1, got {top_k!r}")
+        if not isinstance(prompt_ids, torch.Tensor):  # a list of ids is as good as a tensor; checked below
+            try:
+                prompt_ids = torch.as_tensor(prompt_ids, device=self.tok.weight.device)
+            except (TypeError, ValueError, RuntimeError):
+                raise PosencError(f"the prompt must be token ids (a tensor or a list of ints), got {type(prompt_ids).__name__}") from None
         flat = prompt_ids.dim() == 1
         ids = prompt_ids[None] if flat else prompt_ids
         if ids.dim() != 2 or ids.shape[1] == 0 or ids.is_floating_point() or ids.is_complex():

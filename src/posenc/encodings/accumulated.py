@@ -115,6 +115,8 @@ class Accumulated(Encoding):
             raise PosencError(f"accumulated seed must be in [0, 2^31), got {seed}")
         if (init != "zero" or learn_a) and mode != "learned":
             raise PosencError("accumulated init and learn_a apply to mode='learned' only")
+        if mode == "token" and (dims.vocab_size or 0) < 1:  # else an empty table, and an index error at the first token
+            raise PosencError(f"accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got {dims.vocab_size}")
         if learn_a and center != "zero":
             raise PosencError("accumulated learn_a needs center='zero' (the drift half-widths are RoPE's frequencies)")
         self.mode, self.center, self.pairing, self.a, self.init = mode, center, pairing, float(a), init
