@@ -1,13 +1,15 @@
 """Sweeps on several devices: `compare --parallel K` and `--nproc-per-node N` give the sequential results (CPU, gloo)."""
 
+import importlib
 import json
+import sys
 
 import pytest
 
 from posenc.compare import compare
 from posenc.config import load_preset
 from posenc.errors import PosencError
-from posenc.jobs import slot_env
+from posenc.jobs import run_pool, slot_env
 
 
 def ppl(run_root):
@@ -47,3 +49,38 @@ def test_parallel_needs_isolation_and_positive_counts(tmp_path):
         compare(quick("x", ["rope"]), tmp_path, isolate=False, parallel=2)
     with pytest.raises(PosencError, match="--parallel and --nproc-per-node"):
         compare(quick("x", ["rope"]), tmp_path, parallel=0)
+
+
+POOL_JOBS = '''
+import time
+from pathlib import Path
+
+
+def fail():
+    raise ValueError("bad job")
+
+
+def wait_for(go, out):
+    for _ in range(600):  # up to a minute for the other job's failure to be reported
+        if Path(go).exists():
+            Path(out).write_text("saw the failure")
+            return
+        time.sleep(0.1)
+    Path(out).write_text("timed out")
+'''
+
+
+def test_a_failed_parallel_job_is_reported_while_the_others_run(tmp_path, monkeypatch):
+    (tmp_path / "posenc_pool_jobs.py").write_text(POOL_JOBS)  # importable by the spawned job processes
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "posenc_pool_jobs", raising=False)
+    mod = importlib.import_module("posenc_pool_jobs")
+    go, out, seen = tmp_path / "go", tmp_path / "out", []
+
+    def on_failure(i, error):
+        seen.append((i, error))
+        go.touch()  # lets the waiting job finish: a report only at the end would come too late for it
+
+    jobs = [(mod.fail, (), tmp_path / "fail.txt", []), (mod.wait_for, (str(go), str(out)), tmp_path / "wait.txt", [])]
+    assert run_pool(jobs, parallel=2, on_failure=on_failure) == {0: "ValueError: bad job"}
+    assert seen == [(0, "ValueError: bad job")] and out.read_text() == "saw the failure"

@@ -144,16 +144,20 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     failures: dict[str, str] = {}
     pending = [(scheme, seed) for scheme in preset.schemes for seed in preset.seeds
                if not _finished(run_root, preset, scheme, seed, done_cells(results))]
+
+    def failed(scheme: str, seed: int, error: str) -> None:  # one broken scheme must not lose the others
+        failures[f"{scheme} (seed {seed})"] = error
+        print(f"posenc: {scheme} (seed {seed}) failed: {error}", file=sys.stderr)  # now, not when the sweep ends
+
     if isolate:
         jobs = [(run_job, (run_root, preset, scheme, seed, None, nproc_per_node), _error_file(run_root, scheme, seed), scheme_modules([scheme]))
                 for scheme, seed in pending]
-        errors = {pending[i]: e for i, e in run_pool(jobs, parallel, nproc_per_node).items()}
+        run_pool(jobs, parallel, nproc_per_node, on_failure=lambda i, error: failed(*pending[i], error))
     else:
-        errors = {(sc, sd): run_inline(run_job, (run_root, preset, sc, sd, data), _error_file(run_root, sc, sd)) for sc, sd in pending}
-    for (scheme, seed), error in errors.items():
-        if error:  # one broken scheme must not lose the others
-            failures[f"{scheme} (seed {seed})"] = error
-            print(f"posenc: {scheme} (seed {seed}) failed: {error}", file=sys.stderr)
+        for scheme, seed in pending:
+            error = run_inline(run_job, (run_root, preset, scheme, seed, data), _error_file(run_root, scheme, seed))
+            if error:
+                failed(scheme, seed, error)
     failures.update(run_schedules(run_root, preset, data, results))
     return write_report(run_root, _meta(preset, data), failures), failures
 

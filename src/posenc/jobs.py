@@ -107,10 +107,12 @@ def slot_env(slot: int, parallel: int, nproc: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // (parallel * nproc)))}
 
 
-def run_pool(jobs: list[tuple[Callable, tuple, Path, list[str]]], parallel: int, nproc: int = 1) -> dict[int, str]:
+def run_pool(jobs: list[tuple[Callable, tuple, Path, list[str]]], parallel: int, nproc: int = 1,
+             on_failure: Optional[Callable[[int, str], None]] = None) -> dict[int, str]:
     """Run isolated jobs (fn, args, error file, modules), ``parallel`` at a time, each pinned by ``slot_env``.
 
-    Returns {index of a failed job: its one-line error}. Ctrl-C waits for the running jobs and re-raises.
+    Returns {index of a failed job: its one-line error}; ``on_failure(index, error)`` is called as each
+    job fails (a long sweep reports it then, not hours later). Ctrl-C waits for the running jobs and re-raises.
     """
     envs = [slot_env(slot, parallel, nproc) for slot in range(parallel)]  # too few GPUs: before any job starts
     queue, running, failures = list(enumerate(jobs)), {}, {}
@@ -126,6 +128,8 @@ def run_pool(jobs: list[tuple[Callable, tuple, Path, list[str]]], parallel: int,
                 error = finish_isolated(proc, error_file)
                 if error:
                     failures[i] = error
+                    if on_failure:
+                        on_failure(i, error)
     except KeyboardInterrupt:
         for _, proc, _ in running.values():
             proc.join()
