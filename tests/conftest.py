@@ -37,3 +37,23 @@ def word_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", model_max_length=64)
+
+
+def hf_full_and_decoded(model, ids, prefix: int):
+    """Logits (B, T, V) of a Hugging Face causal LM on ``ids`` (B, T): the full forward, and a prefill of
+    ``prefix`` tokens then one token at a time through the model's own KV cache."""
+    with torch.no_grad():
+        full = model(ids).logits
+        out = model(ids[:, :prefix], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(prefix, ids.shape[1]):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    return full, torch.cat(steps, dim=1)
+
+
+@pytest.fixture(scope="session")
+def hf_decode():
+    """:func:`hf_full_and_decoded`, for tests of Hugging Face models with a posenc scheme."""
+    return hf_full_and_decoded

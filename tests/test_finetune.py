@@ -88,7 +88,7 @@ def test_interrupted_run_resumes_to_the_same_tensors(llama_dir, monkeypatch):
     assert main(argv(llama_dir, *common, "--lr", "1e-3", "--out", str(llama_dir / "cut"))) == 2  # other settings
 
 
-def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir):
+def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir, hf_decode):
     cfg = ft.load_preset("quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"),
                                    "scheme": "acc-learned-qk+forget", "steps": 4, "lr": 1e-2, "length": 32})
     loaded = loading.load(cfg.model)
@@ -98,16 +98,8 @@ def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir):
     ft.train_steps(model, params, ft.train_stream(cfg, loaded.tokenizer), cfg, llama_dir / "run")
     steps = [p for k, p in params.items() if k.endswith("posenc.parts.0.step.weight")]
     assert steps and all(float(p.detach().abs().max()) > 0 for p in steps)  # the learned steps moved from W = 0
-    ids = torch.randint(0, model.config.vocab_size, (1, 20))
-    with torch.no_grad():
-        full = model(ids).logits
-        out = model(ids[:, :12], use_cache=True)
-        logits, cache = [out.logits], out.past_key_values
-        for t in range(12, 20):
-            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
-            logits.append(out.logits)
-            cache = out.past_key_values
-    assert torch.allclose(torch.cat(logits, 1), full, atol=1e-5)
+    full, decoded = hf_decode(model, torch.randint(0, model.config.vocab_size, (1, 20)), 12)
+    assert torch.allclose(decoded, full, atol=1e-5)
 
 
 @pytest.mark.parametrize("extra, message", [

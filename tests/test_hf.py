@@ -46,18 +46,11 @@ def test_a_different_theta_changes_the_model():
     assert (logits(model, ids) - before).abs().max().item() > 1e-3  # 1000x the rounding of the identity test
 
 
-def test_decoding_with_the_hf_cache_equals_the_full_forward():
+def test_decoding_with_the_hf_cache_equals_the_full_forward(hf_decode):
     model, ids = llama(1), torch.randint(0, 128, (1, 20))
     hf.apply_scheme(model, "hybrid")
-    with torch.no_grad():
-        full = model(ids).logits
-        out = model(ids[:, :12], use_cache=True)
-        steps, cache = [out.logits], out.past_key_values
-        for t in range(12, 20):
-            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
-            steps.append(out.logits)
-            cache = out.past_key_values
-    assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-4
+    full, decoded = hf_decode(model, ids, 12)
+    assert (decoded - full).abs().max().item() < 1e-4
 
 
 @pytest.mark.parametrize("spec", ["acc-rand-qkv", "alibi", "hybrid"])
