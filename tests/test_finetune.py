@@ -56,7 +56,10 @@ def test_finetune_end_to_end(llama_dir):
     assert sum(r["loss"] for r in log[-3:]) < 0.97 * sum(r["loss"] for r in log[:3])
     trained = load_file(out / "trained.safetensors")
     lora = [k for k in trained if ".lora_" in k]
-    assert len(lora) == 2 * 4 * 2 and len(trained) == len(lora)  # A and B on q/k/v/o of 2 layers; random steps have no weights
+    assert len(lora) == 2 * 4 * 2  # A and B on q/k/v/o of 2 layers
+    assert all(".posenc." in k for k in trained if ".lora_" not in k)  # and the schemes' buffers: random steps have no weights
+    assert {k: int(v) for k, v in trained.items() if k.endswith("draws")} == {  # their draw counters: one draw per
+        f"model.layers.{i}.self_attn.posenc.draws": 12 for i in range(2)}  # training step; scoring uses the fixed draw
     assert any(float(v.abs().max()) > 0 for k, v in trained.items() if "lora_B" in k)  # B starts at 0 and trained
     md = (out / "results.md").read_text()
     assert label in md and tuned in md and "LoRA rank 8" in md
@@ -64,7 +67,7 @@ def test_finetune_end_to_end(llama_dir):
 
 
 def test_interrupted_run_resumes_to_the_same_tensors(llama_dir, monkeypatch):
-    common = ["--scheme", "acc-learned-qk", "--steps", "5", "--ckpt-every", "2", "--lora-rank", "0"]
+    common = ["--scheme", "acc-rand-qk+forget", "--steps", "5", "--ckpt-every", "2", "--lora-rank", "0"]
     assert main(argv(llama_dir, *common, "--out", str(llama_dir / "whole"))) == 0
     batch_at = ft.batch_at
 
@@ -79,7 +82,9 @@ def test_interrupted_run_resumes_to_the_same_tensors(llama_dir, monkeypatch):
     monkeypatch.setattr(ft, "batch_at", batch_at)
     assert main(argv(llama_dir, *common, "--out", str(llama_dir / "cut"))) == 0
     whole, cut = load_file(llama_dir / "whole" / "trained.safetensors"), load_file(llama_dir / "cut" / "trained.safetensors")
-    assert set(whole) == set(cut) and any(".posenc." in k for k in whole)  # every weight and the learned steps
+    assert set(whole) == set(cut) and any(".posenc." in k for k in whole)  # every weight and the forget gates
+    draws = [k for k in whole if k.endswith("draws")]  # the random-draw counters: one training draw per step
+    assert draws and all(int(whole[k]) == 5 for k in draws)
     for k in whole:
         assert torch.equal(whole[k], cut[k]), k
     log = (llama_dir / "cut" / "train.jsonl").read_text().splitlines()

@@ -172,26 +172,33 @@ def check_resumable(out: Path, cfg: FinetuneConfig) -> None:
         raise PosencError(f"cannot resume {out}: its settings differ ({'; '.join(diff)}); use another --name or --out")
 
 
-def _resume(out: Path, params: dict, opt) -> int:
-    """Load the checkpoint in ``out`` if there is one into ``params`` and ``opt``; returns its step."""
+def _resume(out: Path, tensors: dict, opt) -> int:
+    """Load the checkpoint in ``out``, if there is one, into ``tensors`` (:func:`trained_state`) and ``opt``;
+    returns its step."""
     state_path = out / "state.pt"
     if not state_path.exists():
         return 0
     state = load_torch(state_path)
-    if not isinstance(state, dict) or set(state.get("trained", {})) != set(params):
+    if not isinstance(state, dict) or set(state.get("trained", {})) != set(tensors):
         raise PosencError(f"{state_path} does not hold this run's trained tensors; use another --name or --out")
     with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(state["trained"][name])
+        for name, t in tensors.items():
+            t.copy_(state["trained"][name])
     opt.load_state_dict(state["optimizer"])
     return int(state["step"])
 
 
-def _checkpoint(out: Path, params: dict, opt, step: int) -> None:
+def trained_state(model, params: dict) -> dict[str, torch.Tensor]:
+    """What training changes, by name: ``params`` and the schemes' buffers (e.g. the random-draw counter of
+    ``acc-rand-*``, so a resumed run draws the angles an uninterrupted one would)."""
+    buffers = {name: b for name, b in model.named_buffers() if ".posenc." in name}
+    return {**{k: p.detach() for k, p in params.items()}, **buffers}
+
+
+def _checkpoint(out: Path, state: dict, opt, step: int) -> None:
     # state.pt alone resumes; trained.safetensors is the same tensors for other tools
-    save_torch(out / "state.pt", {"step": step, "trained": {k: p.detach() for k, p in params.items()},
-                                  "optimizer": opt.state_dict()})
-    save_tensors(out / "trained.safetensors", params)
+    save_torch(out / "state.pt", {"step": step, "trained": state, "optimizer": opt.state_dict()})
+    save_tensors(out / "trained.safetensors", state)
 
 
 def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, out: Path) -> None:
@@ -201,7 +208,8 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
     (nats). Raises PosencError on a non-finite loss or gradient norm, naming the step."""
     make_run_dir(out)
     opt = torch.optim.AdamW(params.values(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    step = _resume(out, params, opt)
+    state = trained_state(model, params)  # views of the model's tensors: always current
+    step = _resume(out, state, opt)
     write_json(out / SETTINGS, _settings(cfg))
     truncate_log(out / "train.jsonl", step)
     model.train()
@@ -227,9 +235,9 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
             bar.update(1)
             bar.set_postfix(loss=f"{value:.3f}")
             if step % cfg.ckpt_every == 0 or step == cfg.steps:
-                _checkpoint(out, params, opt, step)
+                _checkpoint(out, state, opt, step)
     except KeyboardInterrupt:
-        _checkpoint(out, params, opt, step)
+        _checkpoint(out, state, opt, step)
         raise
     finally:
         bar.close()

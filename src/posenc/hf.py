@@ -63,7 +63,7 @@ def apply_scheme(model, spec: str) -> None:
     schemes = layer_schemes(model, spec)
     model.posenc_full_forward = any(enc.replaces_attention for enc in schemes)  # generation without the KV cache
     for layer, enc in zip(model.model.layers, schemes):
-        layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype)
+        layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype).train(model.training)  # eval: fixed draws
         layer.self_attn.posenc_x = None
         if not hasattr(layer.self_attn, "posenc_hook"):
             layer.self_attn.posenc_hook = layer.self_attn.register_forward_pre_hook(_keep_input, with_kwargs=True)
