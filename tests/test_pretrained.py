@@ -356,3 +356,35 @@ def test_smollm2_gguf_short_perplexity():
     # measured with transformers 5 / gguf 0.19 on x86-64 CPU, float32 (posenc 2026-11-30)
     assert ppl["none"] == pytest.approx(15.645, rel=2e-3)
     assert ppl["pi"] == pytest.approx(63.86, rel=2e-3)  # PI without fine-tuning blurs short-range positions
+
+
+@pytest.mark.slow
+def test_every_rotary_and_bias_scheme_in_smollm2():
+    """posenc.hf.apply_scheme on SmolLM2-135M: every attention scheme gives a finite perplexity on 256 tokens of
+    Hamlet; 'rope' reproduces the model's (results/smollm2-schemes/ holds the 1K sweep)."""
+    from posenc import encodings, hf
+    from posenc.data import load_corpus
+    from posenc.pretrained import loading
+
+    loaded = loading.load("smollm2")
+    hamlet = next(d for d in load_corpus("shakespeare").val if d.name == "hamlet")
+    tokens = np.asarray(loaded.tokenizer(hamlet.text[:4000], add_special_tokens=False)["input_ids"])
+    window = ev.windows(len(tokens), 256)[0]
+    apply_method(loaded.model, Extension("none"))
+
+    def nll() -> float:
+        res = ev.score_window(loaded.model, tokens, window, None, bucket=256)
+        return res["nll_sum"] / res["n_scored"]
+
+    base = nll()
+    catalogue = [name for rows in encodings.catalogue().values() for name, _, _ in rows]
+    refused = {"learned", "sinusoidal", "acc-token-qk", "acc-token-qkv"}  # input embeddings; token ids
+    specs = [s for s in catalogue if s not in refused] + ["rope+forget"]
+    assert len(specs) == len(catalogue) - 4 + 1 >= 24
+    got = {}
+    for spec in specs:
+        hf.apply_scheme(loaded.model, spec)
+        got[spec] = nll()
+    assert all(math.isfinite(v) for v in got.values()), got
+    assert got["rope"] == pytest.approx(base, rel=1e-6)  # float32 rounding of the angles
+    assert got["nope"] > base + 1  # and a swap that removes RoPE is seen
