@@ -5,6 +5,8 @@ and bad input is a one-line error that touches no output directory."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 import torch
@@ -72,13 +74,13 @@ def test_interrupted_run_resumes_to_the_same_tensors(llama_dir, monkeypatch):
     batch_at = ft.batch_at
 
     def interrupt_at_3(stream, step, *args):
-        if step == 3:
-            raise KeyboardInterrupt
+        if step == 3:  # a real Ctrl-C, before this step's forward (which advances the draw counters)
+            os.kill(os.getpid(), signal.SIGINT)
         return batch_at(stream, step, *args)
 
     monkeypatch.setattr(ft, "batch_at", interrupt_at_3)
     assert main(argv(llama_dir, *common, "--out", str(llama_dir / "cut"))) == 130
-    assert torch.load(llama_dir / "cut" / "state.pt")["step"] == 3  # Ctrl-C saved a checkpoint
+    assert torch.load(llama_dir / "cut" / "state.pt")["step"] == 4  # Ctrl-C: the step in flight ends, then a checkpoint
     monkeypatch.setattr(ft, "batch_at", batch_at)
     assert main(argv(llama_dir, *common, "--out", str(llama_dir / "cut"))) == 0
     whole, cut = load_file(llama_dir / "whole" / "trained.safetensors"), load_file(llama_dir / "cut" / "trained.safetensors")
@@ -115,6 +117,7 @@ def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir, h
     (["--scheme", "acc-token-qk"], "token ids"),
     (["--preset", "nosuch"], "unknown finetune preset"),
     (["--steps", "0"], "steps"),
+    (["--passkey-lengths", "40"], "passkey length 40 is too short"),
 ])
 def test_bad_input_is_one_line_and_touches_nothing(llama_dir, capsys, extra, message):
     assert main(argv(llama_dir, "--steps", "2", "--out", str(llama_dir / "o"), *extra)) == 2
@@ -135,3 +138,14 @@ def test_shipped_presets_and_flags():
     cfg = finetune_cmd.config(args)
     assert (cfg.name, cfg.steps, cfg.lora_rank, cfg.scheme, cfg.passkey_lengths) == ("quick", 5, 0, "alibi", [])
     assert args.func is finetune_cmd.run
+    for flags, want in ((["--method", "yarn"], (None, "yarn")), (["--scheme", "alibi"], ("alibi", "none")),
+                        (["--preset", "quick"], ("acc-rand-qk", "none"))):  # a flag replaces the preset's adaptation
+        cfg = finetune_cmd.config(build_parser().parse_args(["finetune", *flags]))
+        assert (cfg.scheme, cfg.method) == want
+
+
+def test_a_rope_schedule_fine_tunes(llama_dir):
+    out = llama_dir / "yarn"
+    assert main(argv(llama_dir, "--method", "yarn", "--factor", "2", "--steps", "2", "--out", str(out))) == 0
+    assert {r["method"] for r in records(out)} == {"yarn", "yarn, fine-tuned 2 steps"}
+    assert json.loads((out / "finetune.json").read_text())["method"] == "yarn"

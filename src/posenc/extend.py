@@ -232,6 +232,8 @@ def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded) -> tuple[int, list, d
     bos_id = tok.bos_token_id if cfg.bos == "prepend" else None
     if cfg.bos == "prepend" and bos_id is None:
         raise PosencError(f"{cfg.model} has no BOS token; use --bos none")
+    if cfg.passkey_lengths:  # a prompt too long for the shortest passkey length fails now, not after scoring
+        passkey.passkey_prompt(tok, min(cfg.passkey_lengths), cfg.passkey_depths[0], 99999)
     return l0, docs, {L: _plan_windows(docs, L, cfg) for L in cfg.lengths}, bos_id
 
 

@@ -40,12 +40,13 @@ from posenc.errors import PosencError
 from posenc.presets import SHIPPED, preset_names as shipped, read_preset, validated
 from posenc.pretrained import loading, report, schedules
 from posenc.reporting import figure, save_figure
-from posenc.train import batch_at, lr_at, truncate_log
+from posenc.train import StopNow, batch_at, ctrl_c_between_steps, lr_at, make_optimizer, truncate_log
 
 PRESETS = SHIPPED / "finetune"
-# what may change when an interrupted run resumes: everything else must equal config.json
 SETTINGS = "finetune.json"  # the training settings (config.json is the evaluation's, as posenc extend writes it)
-RESUME_FREE = {"ckpt_every", "threads", "eval_lengths", "eval_windows", "passkey_lengths", "passkey_depths", "trials"}
+# what may change when a run resumes (scoring, run name, checkpoint interval): the rest must equal finetune.json
+RESUME_FREE = {"name", "ckpt_every", "threads", "eval_lengths", "eval_windows", "docs", "max_tokens", "bos",
+               "passkey_lengths", "passkey_depths", "trials"}
 
 
 class FinetuneConfig(BaseModel):
@@ -97,10 +98,15 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
     path, data = read_preset(name_or_path, PRESETS, "finetune preset")
     where = f"finetune preset {path.name}" + (" with command-line options" if overrides else "")
     cfg = validated(FinetuneConfig, {**data, **(overrides or {})}, where)
-    extend.check_config(eval_config(cfg))
+    check_config(cfg)
+    return cfg
+
+
+def check_config(cfg: FinetuneConfig) -> None:
+    """What field bounds cannot say: a scheme or a method (not both), and extend's checks of the scoring."""
     if cfg.scheme and cfg.method != "none":
         raise PosencError(f"give a scheme or a RoPE method, not both (scheme {cfg.scheme!r}, method {cfg.method!r})")
-    return cfg
+    extend.check_config(eval_config(cfg))
 
 
 def eval_config(cfg: FinetuneConfig) -> extend.ExtendConfig:
@@ -162,11 +168,13 @@ def _settings(cfg: FinetuneConfig) -> dict:
 
 
 def check_resumable(out: Path, cfg: FinetuneConfig) -> None:
-    """Raise PosencError when ``out`` holds a checkpoint trained with other settings than ``cfg``'s
-    (only ``RESUME_FREE`` keys may change)."""
-    if not (out / "state.pt").exists():
+    """Raise PosencError when ``out`` holds a run trained with other settings than ``cfg``'s (only
+    ``RESUME_FREE`` keys may change), or a checkpoint without its settings."""
+    if not (out / SETTINGS).exists():
+        if (out / "state.pt").exists():
+            raise PosencError(f"cannot resume {out}: it has state.pt but no {SETTINGS}; use another --out")
         return
-    old = read_json(out / SETTINGS) if (out / SETTINGS).exists() else {}
+    old = read_json(out / SETTINGS)
     diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in json.loads(json.dumps(_settings(cfg))).items() if old.get(k) != v]
     if diff:
         raise PosencError(f"cannot resume {out}: its settings differ ({'; '.join(diff)}); use another --name or --out")
@@ -189,8 +197,8 @@ def _resume(out: Path, tensors: dict, opt) -> int:
 
 
 def trained_state(model, params: dict) -> dict[str, torch.Tensor]:
-    """What training changes, by name: ``params`` and the schemes' buffers (e.g. the random-draw counter of
-    ``acc-rand-*``, so a resumed run draws the angles an uninterrupted one would)."""
+    """The tensors a resume needs, by name: ``params`` and every buffer of the schemes (among them the
+    random-draw counter of ``acc-rand-*``, so a resumed run draws the angles an uninterrupted one would)."""
     buffers = {name: b for name, b in model.named_buffers() if ".posenc." in name}
     return {**{k: p.detach() for k, p in params.items()}, **buffers}
 
@@ -201,46 +209,57 @@ def _checkpoint(out: Path, state: dict, opt, step: int) -> None:
     save_tensors(out / "trained.safetensors", state)
 
 
+def _step(model, opt, params: dict, stream: np.ndarray, step: int, cfg: FinetuneConfig) -> dict:
+    """One optimiser step on the batch of ``step``; its log record (loss in nats, lr, gradient norm, seconds).
+    Raises PosencError on a non-finite loss or gradient norm (before the update)."""
+    t0 = time.time()
+    x, y = batch_at(stream, step, cfg.batch_size, cfg.length, cfg.seed)
+    for g in opt.param_groups:
+        g["lr"] = lr_at(step, cfg)
+    logits = model(input_ids=x, use_cache=False).logits
+    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip))
+    value = loss.item()
+    if not (math.isfinite(value) and math.isfinite(gnorm)):
+        raise PosencError(f"loss {value}, gradient norm {gnorm} at step {step}; the last checkpoint is kept")
+    opt.step()
+    return {"loss": value, "lr": lr_at(step, cfg), "grad_norm": gnorm, "seconds": round(time.time() - t0, 3)}
+
+
 def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, out: Path) -> None:
     """AdamW on ``params`` (warmup + cosine, gradient clipping) up to ``cfg.steps``, resuming from ``out``.
 
     Each step's batch is ``posenc.train.batch_at`` of (seed, step); the loss is the mean next-token NLL
     (nats). Raises PosencError on a non-finite loss or gradient norm, naming the step."""
     make_run_dir(out)
-    opt = torch.optim.AdamW(params.values(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    opt = make_optimizer(model, cfg)  # over what requires gradients: exactly ``params``
     state = trained_state(model, params)  # views of the model's tensors: always current
     step = _resume(out, state, opt)
     write_json(out / SETTINGS, _settings(cfg))
     truncate_log(out / "train.jsonl", step)
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="finetune", unit="step", dynamic_ncols=True)
-    try:
-        while step < cfg.steps:
-            t0 = time.time()
-            x, y = batch_at(stream, step, cfg.batch_size, cfg.length, cfg.seed)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, cfg)
-            logits = model(input_ids=x, use_cache=False).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip))
-            value = loss.item()
-            if not (math.isfinite(value) and math.isfinite(gnorm)):
-                raise PosencError(f"loss {value}, gradient norm {gnorm} at step {step}; last checkpoint in {out}")
-            opt.step()
-            step += 1
-            append_jsonl(out / "train.jsonl", {"step": step, "loss": value, "lr": lr_at(step - 1, cfg),
-                                               "grad_norm": gnorm, "seconds": round(time.time() - t0, 3)})
-            bar.update(1)
-            bar.set_postfix(loss=f"{value:.3f}")
-            if step % cfg.ckpt_every == 0 or step == cfg.steps:
-                _checkpoint(out, state, opt, step)
-    except KeyboardInterrupt:
-        _checkpoint(out, state, opt, step)
-        raise
-    finally:
-        bar.close()
+    with ctrl_c_between_steps() as interrupted:
+        try:
+            while step < cfg.steps:
+                if interrupted():
+                    raise KeyboardInterrupt
+                record = _step(model, opt, params, stream, step, cfg)
+                step += 1
+                append_jsonl(out / "train.jsonl", {"step": step, **record})
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['loss']:.3f}")
+                if step % cfg.ckpt_every == 0 or step == cfg.steps:
+                    _checkpoint(out, state, opt, step)
+        except StopNow:
+            raise
+        except KeyboardInterrupt:
+            _checkpoint(out, state, opt, step)
+            raise
+        finally:
+            bar.close()
     model.eval()
 
 
@@ -251,6 +270,7 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None) -> tuple[Path, str
     ``out`` is touched, for everything ``posenc extend`` refuses, a corpus too short for ``length``,
     or a missing peft; later, for a run directory of other settings or a non-finite loss.
     """
+    check_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ecfg = eval_config(cfg)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -88,9 +90,43 @@ def batch_at(stream: np.ndarray, step: int, batch_size: int, length: int, seed: 
     return t[:, :-1], t[:, 1:]
 
 
-def make_optimizer(model: LM, cfg: TrainConfig) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
+class StopNow(KeyboardInterrupt):
+    """A second Ctrl-C: stop at once, without a checkpoint (the step in flight is lost, the last checkpoint kept)."""
+
+
+@contextlib.contextmanager
+def ctrl_c_between_steps():
+    """Within: the first Ctrl-C (SIGINT) only sets a flag, read by the yielded ``interrupted()`` at the top of
+    a step, so the checkpoint written then holds one step's weights, optimizer state and draw counters; a
+    second raises StopNow. Where SIGINT is ignored (a background job) or not ours (not the main thread),
+    ``interrupted()`` stays False."""
+    hits = []
+
+    def handler(signum, frame):
+        hits.append(signum)
+        if len(hits) > 1:
+            raise StopNow
+        print("posenc: stopping after this step (Ctrl-C again: at once, without a checkpoint)", file=sys.stderr)
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield lambda: False
+        return
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        yield lambda: bool(hits)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW (betas 0.9, 0.95) over the parameters of ``model`` that require gradients: weight decay on
+    matrices, none on vectors and scalars (norms, biases, gates). ``cfg``: anything with ``lr`` and ``weight_decay``."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
 
@@ -170,8 +206,8 @@ def train(
 
     With ``resume`` and a checkpoint present, continues from its step (weights,
     optimizer, schedule, random draws and batches as if never interrupted; log
-    records after the checkpoint are dropped). Ctrl-C saves a checkpoint before
-    re-raising. A NaN/inf loss or gradient norm raises PosencError naming the
+    records after the checkpoint are dropped). Ctrl-C lets the step in flight end, saves a
+    checkpoint and re-raises (a second Ctrl-C stops at once, keeping the last checkpoint). A NaN/inf loss or gradient norm raises PosencError naming the
     step and the last good checkpoint. Under torchrun (``WORLD_SIZE`` > 1) runs
     data-parallel; ``batch_size`` is the global batch and must divide evenly.
     """
@@ -226,42 +262,47 @@ def train(
     t0, tokens_seen, loss_all = time.time(), 0, None
     last_good = step or None
     bar = tqdm(total=tcfg.steps, initial=step, desc=desc or mcfg.encoding, unit="step", dynamic_ncols=True, disable=not shard.is_main)
-    try:
-        while step < tcfg.steps:
-            if tcfg.time_budget and shard.any(time.time() - t0 > tcfg.time_budget):
-                break
-            x, y = (t.to(shard.device) for t in batch_at(data.train, step, tcfg.batch_size, mcfg.train_length, tcfg.seed, rows))
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, tcfg)
-            with autocast:
-                loss = loss_fn(x, y).mean()  # mean over this rank's rows
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-            loss_all = float(shard.mean(loss.detach()))
-            if not (math.isfinite(loss_all) and math.isfinite(float(gnorm))):
-                what = f"loss is {loss_all}" if not math.isfinite(loss_all) else f"gradient norm is {float(gnorm)}"
-                good = f"{run_dir / 'model.safetensors'} (step {last_good})" if last_good is not None else "none yet"
-                raise PosencError(f"{what} at step {step}; last good checkpoint: {good}")
-            opt.step()
-            step += 1
-            tokens_seen += x.numel() * shard.world
-            tps = tokens_seen / max(1e-9, time.time() - t0)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_all:.3f}", tok_s=f"{tps:,.0f}")
-            if shard.is_main and (step % tcfg.log_every == 0 or step == tcfg.steps):
-                rec = {"step": step, "loss": loss_all, "lr": lr_at(step - 1, tcfg), "grad_norm": float(gnorm), "tokens_per_s": tps}
-                append_jsonl(run_dir / "train.jsonl", rec)
-            if step % tcfg.ckpt_every == 0:
-                if shard.is_main:
-                    save_checkpoint(run_dir, model, opt, step)
-                last_good = step
-    except KeyboardInterrupt:
-        if shard.is_main:
-            save_checkpoint(run_dir, model, opt, step)
-        raise
-    finally:
-        bar.close()
+    with ctrl_c_between_steps() as interrupted:
+        try:
+            while step < tcfg.steps:
+                if tcfg.time_budget and shard.any(time.time() - t0 > tcfg.time_budget):
+                    break
+                if shard.any(interrupted()):  # every rank stops at the same step boundary
+                    raise KeyboardInterrupt
+                x, y = (t.to(shard.device) for t in batch_at(data.train, step, tcfg.batch_size, mcfg.train_length, tcfg.seed, rows))
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(step, tcfg)
+                with autocast:
+                    loss = loss_fn(x, y).mean()  # mean over this rank's rows
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+                loss_all = float(shard.mean(loss.detach()))
+                if not (math.isfinite(loss_all) and math.isfinite(float(gnorm))):
+                    what = f"loss is {loss_all}" if not math.isfinite(loss_all) else f"gradient norm is {float(gnorm)}"
+                    good = f"{run_dir / 'model.safetensors'} (step {last_good})" if last_good is not None else "none yet"
+                    raise PosencError(f"{what} at step {step}; last good checkpoint: {good}")
+                opt.step()
+                step += 1
+                tokens_seen += x.numel() * shard.world
+                tps = tokens_seen / max(1e-9, time.time() - t0)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_all:.3f}", tok_s=f"{tps:,.0f}")
+                if shard.is_main and (step % tcfg.log_every == 0 or step == tcfg.steps):
+                    rec = {"step": step, "loss": loss_all, "lr": lr_at(step - 1, tcfg), "grad_norm": float(gnorm), "tokens_per_s": tps}
+                    append_jsonl(run_dir / "train.jsonl", rec)
+                if step % tcfg.ckpt_every == 0:
+                    if shard.is_main:
+                        save_checkpoint(run_dir, model, opt, step)
+                    last_good = step
+        except StopNow:
+            raise
+        except KeyboardInterrupt:
+            if shard.is_main:
+                save_checkpoint(run_dir, model, opt, step)
+            raise
+        finally:
+            bar.close()
     summary = {"steps": step, "seconds": time.time() - t0, "tokens_per_s": tokens_seen / max(1e-9, time.time() - t0), "params": model.num_params(), "final_loss": loss_all}
     if shard.is_main:
         save_checkpoint(run_dir, model, opt, step)

@@ -23,8 +23,9 @@ def add_parser(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="default", help=f"a preset ({', '.join(preset_names())}) or a YAML path")
     p.add_argument("--model", help="'smollm2' (default), a .gguf file, a model directory or a hub id")
-    p.add_argument("--scheme", help="posenc scheme put into the model's attention (posenc.hf.apply_scheme)")
-    p.add_argument("--method", help=f"or a RoPE context-extension method ({', '.join(NAMES)}); not with --scheme")
+    p.add_argument("--scheme", help="posenc scheme put into the model's attention (posenc.hf.apply_scheme; "
+                   "default acc-rand-qk)")
+    p.add_argument("--method", help=f"or a RoPE context-extension method ({', '.join(NAMES)}) instead of a scheme")
     p.add_argument("--factor", type=float, help="the method's scale factor s (default 2)")
     p.add_argument("--corpus", help="corpus spec (default shakespeare): trains on its training documents")
     p.add_argument("--length", type=int, help="tokens per training sequence (default 1024)")
@@ -50,8 +51,13 @@ def add_parser(sub) -> None:
 
 
 def config(args) -> FinetuneConfig:
-    """The preset named by ``--preset`` with every given flag replacing its value."""
+    """The preset named by ``--preset`` with every given flag replacing its value; a given ``--method``
+    replaces the preset's scheme (and ``--scheme`` its method): one adaptation per run."""
     given = {k: v for k, v in vars(args).items() if k in FinetuneConfig.model_fields and v is not None}
+    if args.method is not None and args.scheme is None:
+        given["scheme"] = None
+    if args.scheme is not None and args.method is None:
+        given["method"] = "none"
     return load_preset(args.preset, given)
 
 
