@@ -207,8 +207,9 @@ def train(
     With ``resume`` and a checkpoint present, continues from its step (weights,
     optimizer, schedule, random draws and batches as if never interrupted; log
     records after the checkpoint are dropped). Ctrl-C lets the step in flight end, saves a
-    checkpoint and re-raises (a second Ctrl-C stops at once, keeping the last checkpoint). A NaN/inf loss or gradient norm raises PosencError naming the
-    step and the last good checkpoint. Under torchrun (``WORLD_SIZE`` > 1) runs
+    checkpoint and re-raises (a second Ctrl-C stops at once, keeping the last checkpoint).
+    A NaN/inf loss or gradient norm raises PosencError naming the step and the last good
+    checkpoint. Under torchrun (``WORLD_SIZE`` > 1) runs
     data-parallel; ``batch_size`` is the global batch and must divide evenly.
     """
     run_dir = Path(run_dir)
