@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 from safetensors.torch import load_file  # noqa: E402
 
+from posenc import checkpoint  # noqa: E402
 from posenc import finetune as ft  # noqa: E402
 from posenc import passkey  # noqa: E402
 from posenc.cli import main  # noqa: E402
@@ -79,7 +80,11 @@ def test_interrupted_run_resumes_to_the_same_tensors(llama_dir, monkeypatch):
         return batch_at(stream, step, *args)
 
     monkeypatch.setattr(ft, "batch_at", interrupt_at_3)
-    assert main(argv(llama_dir, *common, "--out", str(llama_dir / "cut"))) == 130
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job ignores it)
+    try:
+        assert main(argv(llama_dir, *common, "--out", str(llama_dir / "cut"))) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert torch.load(llama_dir / "cut" / "state.pt")["step"] == 4  # Ctrl-C: the step in flight ends, then a checkpoint
     monkeypatch.setattr(ft, "batch_at", batch_at)
     assert main(argv(llama_dir, *common, "--out", str(llama_dir / "cut"))) == 0
@@ -92,7 +97,10 @@ def test_interrupted_run_resumes_to_the_same_tensors(llama_dir, monkeypatch):
     log = (llama_dir / "cut" / "train.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in log] == [1, 2, 3, 4, 5]
     assert {r["key"] for r in records(llama_dir / "cut")} == {r["key"] for r in records(llama_dir / "whole")}
+    files = {f.name: f.read_bytes() for f in (llama_dir / "cut").iterdir()}
     assert main(argv(llama_dir, *common, "--lr", "1e-3", "--out", str(llama_dir / "cut"))) == 2  # other settings
+    assert {f.name: f.read_bytes() for f in (llama_dir / "cut").iterdir()} == files
+    assert oct((llama_dir / "cut" / "trained.safetensors").stat().st_mode & 0o777) == oct(0o666 & ~checkpoint._UMASK)
 
 
 def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir, hf_decode):
@@ -112,7 +120,8 @@ def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir, h
 @pytest.mark.parametrize("extra, message", [
     (["--scheme", "alibi", "--method", "yarn"], "not both"),
     (["--method", "nosuch"], "nosuch"),
-    (["--lora-targets", "nosuch_proj"], "LoRA targets"),
+    (["--lora-targets", "q_proj", "nosuch_proj"], "LoRA target(s) nosuch_proj name no module"),
+    (["--lora-targets", "self_attn"], "peft cannot put LoRA on self_attn"),
     (["--length", "100000"], "too few for --length 100000"),
     (["--scheme", "acc-token-qk"], "token ids"),
     (["--preset", "nosuch"], "unknown finetune preset"),

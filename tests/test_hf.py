@@ -96,5 +96,17 @@ def test_schemes_that_replace_attention_run_full_forwards_and_refuse_cached_deco
     with torch.no_grad():
         out = model(ids, use_cache=True)
         assert torch.isfinite(out.logits).all()
-        with pytest.raises(PosencError, match="attends with all T queries"):
+        with pytest.raises(PosencError, match=r"'path' replaces attention .* \(generate\(\.\.\., use_cache=False\)"):
             model(ids[:, :1], cache=out.past_key_values, use_cache=True)
+        full = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False, use_cache=False)
+        assert full.shape == (1, 15) and torch.equal(full[:, :12], ids)
+
+
+def test_padded_batches_are_refused():
+    model, ids = llama(3), torch.randint(0, 128, (2, 8))
+    hf.apply_scheme(model, "rope")
+    mask = torch.ones_like(ids)
+    assert torch.isfinite(model(ids, attention_mask=mask).logits).all()
+    mask[0, :3] = 0  # left padding: posenc's attention would read the pads as positions 0..2
+    with pytest.raises(PosencError, match="unpadded batches"):
+        model(ids, attention_mask=mask)

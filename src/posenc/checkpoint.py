@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from posenc.errors import PosencError, first_line
 
@@ -81,9 +81,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     """Write named tensors as one safetensors file, atomically."""
-    tmp = Path(path).with_name(Path(path).name + ".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, path)
+    atomic_write_bytes(path, save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}))
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:

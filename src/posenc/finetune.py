@@ -151,12 +151,18 @@ def trainable(model, cfg: FinetuneConfig) -> dict[str, torch.nn.Parameter]:
             from peft import LoraConfig, inject_adapter_in_model  # optional dependency (posenc[pretrained])
         except ImportError:
             raise PosencError("LoRA needs peft: pip install 'posenc[pretrained]' (or --lora-rank 0)") from None
+        modules = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        missing = [t for t in cfg.lora_targets if t not in modules]
+        if missing:
+            raise PosencError(f"LoRA target(s) {', '.join(missing)} name no module of the model "
+                              "(Llama-family attention: q_proj, k_proj, v_proj, o_proj; MLP: gate_proj, up_proj, down_proj)")
         torch.manual_seed(cfg.seed)
         lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=cfg.lora_targets)
         try:
             inject_adapter_in_model(lora, model)  # in place; freezes every other weight
         except ValueError as exc:
-            raise PosencError(f"LoRA targets {cfg.lora_targets}: {str(exc).splitlines()[0][:200]}") from None
+            raise PosencError(f"peft cannot put LoRA on {', '.join(cfg.lora_targets)} (give Linear layers): "
+                              f"{str(exc).splitlines()[0][:120]}") from None
         for name, p in model.named_parameters():
             if ".posenc." in name:  # new parameters of the scheme: trained in full
                 p.requires_grad_(True)
@@ -271,6 +277,8 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None) -> tuple[Path, str
     or a missing peft; later, for a run directory of other settings or a non-finite loss.
     """
     check_config(cfg)
+    out = Path(out or Path("runs") / "finetune" / cfg.name)
+    check_resumable(out, cfg)  # a run of other settings is refused before the model loads
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ecfg = eval_config(cfg)
@@ -281,9 +289,7 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None) -> tuple[Path, str
     model, tok = loaded.model, loaded.tokenizer
     label = adapt(model, cfg)
     params = trainable(model, cfg)  # LoRA starts at zero: the model is unchanged until it trains
-    out = Path(out or Path("runs") / "finetune" / cfg.name)
     make_run_dir(out)
-    check_resumable(out, cfg)
     store = extend.open_store(out, ecfg, docs, l0, loaded.source)
     extend.measure(model, tok, label, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)  # before any training
     train_steps(model, params, stream, cfg, out)
@@ -311,7 +317,7 @@ def _header(cfg: FinetuneConfig, label: str, l0: int, params: dict, log: list[di
     n = sum(p.numel() for p in params.values())
     what = f"LoRA rank {cfg.lora_rank} on {', '.join(cfg.lora_targets)}" if cfg.lora_rank else "every weight"
     k = max(1, len(log) // 10)
-    loss = (f"mean loss of the first {k} steps {np.mean([r['loss'] for r in log[:k]]):.3f}, "
+    loss = (f"mean loss of the first {k} step(s) {np.mean([r['loss'] for r in log[:k]]):.3f}, "
             f"of the last {k} {np.mean([r['loss'] for r in log[-k:]]):.3f}") if log else "no steps logged"
     return (f"# posenc finetune: {cfg.model} (native context {l0}) with {label}\n\n"
             f"Trained {cfg.steps} steps of {cfg.batch_size} x {cfg.length} tokens of {cfg.corpus} ({what}, "

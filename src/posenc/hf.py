@@ -48,8 +48,8 @@ def apply_scheme(model, spec: str) -> None:
       gates, NoPE, PaTH, ...) changes what attention sees: the model must be
       fine-tuned to recover its quality.
 
-    Inputs must be unpadded batches starting at position 0 (``attention_mask`` is not
-    read; positions are 0..T-1; key positions come from the cache length); token ids
+    Inputs must be unpadded batches starting at position 0 (an ``attention_mask`` with zeros
+    raises PosencError; positions are 0..T-1; key positions come from the cache length); token ids
     are not available to attention, so per-token-id schemes (``acc-token-*``) are refused;
     schemes that replace attention (xPos, PoPE, PaTH, CoPE, DAPE) need every query, so
     decoding them with the model's KV cache raises PosencError (full forwards work; such a
@@ -64,10 +64,12 @@ def apply_scheme(model, spec: str) -> None:
     model.posenc_full_forward = any(enc.replaces_attention for enc in schemes)  # generation without the KV cache
     for layer, enc in zip(model.model.layers, schemes):
         layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype).train(model.training)  # eval: fixed draws
-        layer.self_attn.posenc_x = None
+        layer.self_attn.posenc_x, layer.self_attn.posenc_spec = None, spec
         if not hasattr(layer.self_attn, "posenc_hook"):
             layer.self_attn.posenc_hook = layer.self_attn.register_forward_pre_hook(_keep_input, with_kwargs=True)
     AttentionInterface.register(ATTN_NAME, attention_forward)
+    if not hasattr(model.model, "posenc_padding_hook"):
+        model.model.posenc_padding_hook = model.model.register_forward_pre_hook(_refuse_padding, with_kwargs=True)
     model.model.rotary_emb = IdentityRotary(model.model.rotary_emb.inv_freq)
     model.set_attn_implementation(ATTN_NAME)
     model.posenc_scheme = spec
@@ -98,6 +100,15 @@ def _check_scheme(enc: Encoding, spec: str) -> None:
         raise PosencError(f"{spec!r} reads token ids, which a Hugging Face attention layer does not receive")
 
 
+def _refuse_padding(module, args, kwargs):
+    """Forward pre-hook on the decoder: posenc's attention reads positions 0..T-1 of every row, so a padded
+    batch (zeros in ``attention_mask``) would be scored wrongly; refuse it instead."""
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all()):
+        raise PosencError("a model with a posenc scheme takes unpadded batches (attention_mask has zeros): "
+                          "run rows of different lengths one at a time")
+
+
 def _keep_input(module, args, kwargs):
     """Forward pre-hook on ``self_attn``: keep the layer's normalised input (B, Tq, hidden) for the scheme's hooks."""
     module.posenc_new_x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
@@ -122,6 +133,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling: float,
     """transformers ``AttentionInterface`` entry: query (B, H, Tq, D), key, value (B, Hkv, T, D) unrotated
     -> ((B, Tq, H, D), None). The queries are the last Tq of the T positions 0..T-1."""
     n_keys = key.shape[-2]
+    if module.posenc.replaces_attention and query.shape[-2] != n_keys:
+        raise PosencError(f"{module.posenc_spec!r} replaces attention and needs every query: "
+                          "decode without the KV cache (generate(..., use_cache=False))")
     x = _layer_input(module, n_keys)
     pos = torch.arange(n_keys, device=query.device)
     prepared = hooks(module.posenc, Inputs(x, pos))

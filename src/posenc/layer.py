@@ -84,9 +84,9 @@ def prepare(
             raise PosencError("prepare(spec, ...) needs n_head (or pass a built scheme)")
         d = x.shape[-1]
         dims = Dims(n_head, head_dim or d // n_head, d, 0, train_length)
-        scheme = encodings.get(scheme, dims)
+        spec, scheme = scheme, encodings.get(scheme, dims)
         if any(True for _ in scheme.parameters()):
-            raise PosencError(f"{scheme.describe()} has learned parameters: build it once with posenc.encodings.get and keep it in your module")
+            raise PosencError(f"{spec!r} has learned parameters: build it once with posenc.encodings.get and keep it in your module")
     _check_scheme(scheme)
     return hooks(scheme, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
 
