@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from posenc import encodings, hf, passkey
 from posenc.checkpoint import append_jsonl, read_json, read_jsonl, write_json
-from posenc.presets import SHIPPED, preset_names as shipped, read_preset, validated
+from posenc.presets import SHIPPED, load_flat, preset_names as shipped
 from posenc.data import Document, load_corpus
 from posenc.errors import PosencError
 from posenc.jobs import drop_torn_tail
@@ -86,9 +86,7 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or
     bad value, an unknown method, or a stride outside [1, shortest length - 1].
     """
-    path, data = read_preset(name_or_path, PRESETS, "extend preset")
-    where = f"extend preset {path.name}" + (" with command-line options" if overrides else "")
-    cfg = validated(ExtendConfig, {**data, **(overrides or {})}, where)
+    cfg = load_flat(ExtendConfig, name_or_path, PRESETS, "extend preset", overrides)
     check_config(cfg)
     return cfg
 

@@ -37,7 +37,7 @@ from posenc.checkpoint import (
 )
 from posenc.data import load_corpus
 from posenc.errors import PosencError
-from posenc.presets import SHIPPED, preset_names as shipped, read_preset, validated
+from posenc.presets import SHIPPED, load_flat, preset_names as shipped
 from posenc.pretrained import loading, report, schedules
 from posenc.reporting import figure, save_figure
 from posenc.train import StopNow, batch_at, ctrl_c_between_steps, lr_at, make_optimizer, truncate_log
@@ -95,9 +95,7 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or bad
     value, an unknown method or invalid scheme, or a scheme together with a method.
     """
-    path, data = read_preset(name_or_path, PRESETS, "finetune preset")
-    where = f"finetune preset {path.name}" + (" with command-line options" if overrides else "")
-    cfg = validated(FinetuneConfig, {**data, **(overrides or {})}, where)
+    cfg = load_flat(FinetuneConfig, name_or_path, PRESETS, "finetune preset", overrides)
     check_config(cfg)
     return cfg
 

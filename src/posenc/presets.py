@@ -51,3 +51,12 @@ def validated(cls: type[BaseModel], data: dict, where: str):
     except ValidationError as exc:
         err = exc.errors()[0]
         raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def load_flat(cls: type[BaseModel], name_or_path: str, folder, kind: str, overrides: dict | None = None):
+    """A preset whose keys are a command's flags: ``cls`` built from preset ``name_or_path`` (a name in
+    ``folder`` or a YAML path) with ``overrides`` (the given flags) replacing its keys. PosencError as
+    :func:`read_preset` and :func:`validated`, naming the ``kind``."""
+    path, data = read_preset(name_or_path, folder, kind)
+    where = f"{kind} {path.name}" + (" with command-line options" if overrides else "")
+    return validated(cls, {**data, **(overrides or {})}, where)
