@@ -12,9 +12,9 @@ from posenc.finetune import FinetuneConfig, finetune, load_preset, preset_names
 from posenc.rope import NAMES
 
 BUDGET_NOTE = """\
-Budget (SmolLM2-135M, measured on one thread of a 2-core machine with another job beside it): a LoRA
-step of 1K tokens took 15-40 s (median ~25 s), a 1K scoring window 6-15 s; the default (50 steps,
-4 windows before and after) took ~20-25 minutes. --preset quick (5 steps of 256 tokens) is a smoke
+Budget (SmolLM2-135M, measured): a LoRA step of 1K tokens takes ~10 s on an idle 2-core machine
+(--threads 2), 15-40 s on one thread beside another job; the default (50 steps, 4 scoring windows
+before and after) takes ~10-12 minutes on the idle machine. --preset quick (5 steps of 256 tokens) is a smoke
 test. Ctrl-C ends the step in flight and checkpoints; a rerun resumes (also after a kill, from the
 last --ckpt-every checkpoint)."""
 
