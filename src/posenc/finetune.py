@@ -9,12 +9,13 @@ it again. With ``lora_rank`` > 0 only LoRA adapters (``peft``) on ``lora_targets
 scheme's own parameters train; with 0 every weight does.
 
 Run directory ``runs/finetune/<name>/``: ``finetune.json`` (the training settings), ``state.pt``
-(trained tensors, optimizer state and step: the resume point), ``trained.safetensors``
+(trained tensors, the schemes' buffers, optimizer state and step: the resume point), ``trained.safetensors``
 (the trained tensors by name: LoRA adapters and scheme parameters, or every weight),
 ``train.jsonl`` (loss per step), ``loss.png``, and the evaluation records and report
 (``records.jsonl``, ``results.md``, CSV files and plots, as ``posenc extend`` writes them).
-An interrupted run resumes where it stopped: training from its last checkpoint, with the
-batches an uninterrupted run would see, and evaluation from its last record.
+Ctrl-C ends the step in flight and checkpoints. An interrupted run resumes where it stopped:
+training from its last checkpoint, with the batches and random draws an uninterrupted run would
+see, and evaluation from its last record.
 """
 
 from __future__ import annotations
@@ -271,8 +272,8 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None) -> tuple[Path, str
     """Score, train and score again the adapted model of ``cfg``; returns the run directory and the report's markdown.
 
     ``out``: the run directory (default ``runs/finetune/<cfg.name>``). Raises PosencError, before
-    ``out`` is touched, for everything ``posenc extend`` refuses, a corpus too short for ``length``,
-    or a missing peft; later, for a run directory of other settings or a non-finite loss.
+    ``out`` is touched, for a run directory of other settings, everything ``posenc extend`` refuses,
+    a corpus too short for ``length``, a bad LoRA target or a missing peft; later, for a non-finite loss.
     """
     check_config(cfg)
     out = Path(out or Path("runs") / "finetune" / cfg.name)
