@@ -120,7 +120,7 @@ def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir, h
 @pytest.mark.parametrize("extra, message", [
     (["--scheme", "alibi", "--method", "yarn"], "not both"),
     (["--method", "nosuch"], "nosuch"),
-    (["--lora-targets", "q_proj", "nosuch_proj"], "LoRA target(s) nosuch_proj name no module"),
+    (["--lora-targets", "q_proj", "nosuch_proj"], "no module of the model is named nosuch_proj"),
     (["--lora-targets", "self_attn"], "peft cannot put LoRA on self_attn"),
     (["--length", "100000"], "too few for --length 100000"),
     (["--scheme", "acc-token-qk"], "token ids"),

@@ -153,8 +153,8 @@ def trainable(model, cfg: FinetuneConfig) -> dict[str, torch.nn.Parameter]:
         modules = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
         missing = [t for t in cfg.lora_targets if t not in modules]
         if missing:
-            raise PosencError(f"LoRA target(s) {', '.join(missing)} name no module of the model "
-                              "(Llama-family attention: q_proj, k_proj, v_proj, o_proj; MLP: gate_proj, up_proj, down_proj)")
+            raise PosencError(f"no module of the model is named {', '.join(missing)} (LoRA targets in a Llama-family "
+                              "model: q_proj, k_proj, v_proj, o_proj; MLP: gate_proj, up_proj, down_proj)")
         torch.manual_seed(cfg.seed)
         lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=cfg.lora_targets)
         try:
@@ -242,6 +242,8 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
     opt = make_optimizer(model, cfg)  # over what requires gradients: exactly ``params``
     state = trained_state(model, params)  # views of the model's tensors: always current
     step = _resume(out, state, opt)
+    if step:
+        tqdm.write(f"posenc: resuming {out} at step {step} of {cfg.steps}")
     write_json(out / SETTINGS, _settings(cfg))
     truncate_log(out / "train.jsonl", step)
     model.train()
