@@ -216,10 +216,9 @@ def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -
     return _Store(out / "records.jsonl", tag)
 
 
-def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded) -> tuple[int, list, dict, int | None]:
-    """Native context L0, (document, tokens) pairs, windows per length and BOS id of ``cfg`` for a loaded model:
-    every input checked (PosencError as :func:`extend`)."""
-    documents = held_out(cfg)
+def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Document]) -> tuple[int, list, dict, int | None]:
+    """Native context L0, (document, tokens) pairs, windows per length and BOS id of ``cfg`` for a loaded model
+    and the held-out ``documents`` (:func:`held_out`): every input checked (PosencError as :func:`extend`)."""
     l0 = schedules.native_context(loaded.model.config)
     for method in cfg.methods:  # window and leak against L0
         schedules.method_params(_extension(cfg, method), l0)
@@ -246,9 +245,9 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    held_out(cfg)  # a bad document name fails before the model loads
+    documents = held_out(cfg)  # a bad document name fails before the model loads
     loaded = loading.load(cfg.model)
-    l0, docs, plan, bos_id = eval_inputs(cfg, loaded)
+    l0, docs, plan, bos_id = eval_inputs(cfg, loaded, documents)
     out = Path(out or Path("runs") / "extend" / cfg.name)  # all input checked: only now touch the output directory
     out.mkdir(parents=True, exist_ok=True)
     store = open_store(out, cfg, docs, l0, loaded.source)

@@ -283,9 +283,9 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None) -> tuple[Path, str
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ecfg = eval_config(cfg)
-    extend.held_out(ecfg)  # a bad document name fails before the model loads
+    documents = extend.held_out(ecfg)  # a bad document name fails before the model loads
     loaded = loading.load(cfg.model)
-    l0, docs, plan, bos_id = extend.eval_inputs(ecfg, loaded)
+    l0, docs, plan, bos_id = extend.eval_inputs(ecfg, loaded, documents)
     stream = train_stream(cfg, loaded.tokenizer)
     model, tok = loaded.model, loaded.tokenizer
     label = adapt(model, cfg)
