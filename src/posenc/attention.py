@@ -39,12 +39,14 @@ def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.T
     ``partial_rotary_factor``; pairs within those 2P features). Pairing "half" rotates (x_i, x_{i+D/2}) as Hugging Face's
     ``rotate_half`` (x cos + rotate_half(x) sin); "adjacent" rotates
     (x_{2i}, x_{2i+1}) as RoFormer / Meta Llama. cos and sin are taken in the
-    angles' dtype and only then cast to x's dtype (never bf16 angles).
+    angles' dtype and only then cast to the rotation's (never bf16 angles): x's
+    dtype, float32+ under autocast (``rotation_dtype``, the dtype returned).
     Gradients by autograd through cos and sin: the reference for ``rotate_shared``.
     Raises ValueError for an unknown pairing.
     """
     if pairing not in ("half", "adjacent"):
         raise ValueError(f"unknown pairing {pairing!r}")
+    x = x.to(rotation_dtype(x))
     r = 2 * phi.shape[-1]
     if r < x.shape[-1]:
         return torch.cat((rotate(x[..., :r], phi, pairing), x[..., r:]), dim=-1)
@@ -179,14 +181,17 @@ def attention(
     output by -Phi after (value transport, ``posenc.encodings.accumulated``; with
     partial rotary the unrotated value features are plain attention values). Scores are
     ``logit_scale * q.k / sqrt(Dk) + bias``. Returns (B, H, Tq, Dv) in v's dtype.
+    Under autocast q, k, v are rotated in float32+ (``rotation_dtype``) and reach the
+    kernel so; autocast then sets only the kernel's precision.
     """
     T = k.shape[-2]
     q_start = T - q.shape[-2]  # absolute row of the first query
     check_shapes(q, k, phases)
-    if phases is not None:  # cos/sin once per layer (float32+ angles), shared by q, k, v and the output
-        with torch.no_grad():  # the phase gradient comes from rotate_shared's backward, not through cos/sin
-            cos, sin = torch.cos(phases).to(q.dtype), torch.sin(phases).to(q.dtype)
-        rows = slice(q_start, T)
+    out_dtype = v.dtype
+    if phases is not None:
+        rows, dtype = slice(q_start, T), rotation_dtype(q)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)  # no-ops outside autocast
+        cos, sin = _cos_sin(phases, dtype)
         q = rotate_shared(q, phases[..., rows, :], cos[..., rows, :], sin[..., rows, :], pairing)
         k = rotate_shared(k, phases, cos, sin, pairing)
         if rotate_v:
@@ -206,8 +211,31 @@ def attention(
             blocks.append(F.scaled_dot_product_attention(q[..., qs - q_start : qe - q_start, :], k[..., :qe, :], v[..., :qe, :], attn_mask=mask, scale=scale))
         out = torch.cat(blocks, dim=-2)
     if phases is not None and rotate_v:
-        out = rotate_shared(out, phases[..., rows, :], cos[..., rows, :], sin[..., rows, :], pairing, sign=-1)
-    return out
+        out = rotate_shared(out.to(dtype), phases[..., rows, :], cos[..., rows, :], sin[..., rows, :], pairing, sign=-1)
+    return out.to(out_dtype)
+
+
+def rotation_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the core rotates ``x`` in: x's own, or at least float32 under autocast.
+
+    Autocast hands bf16/fp16 q, k, v from its Linear layers; rotating them there
+    would quantise cos/sin and the rotated vectors (a fixed q, k pair's score then
+    drifts with position by ~0.1). Under autocast the rotation (elementwise ops,
+    which autocast leaves alone) runs in float32+ and its outputs stay float32, so
+    only the attention kernel runs at autocast's precision. A model cast to bf16
+    (no autocast) rotates in bf16, from float32+ angles.
+    """
+    dtype = x.dtype
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.promote_types(dtype, torch.float32)
+    return dtype
+
+
+def _cos_sin(phases: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin once per layer, taken in the angles' float32+ dtype, then cast to the rotation's; shared by q, k,
+    v and the output (no gradient: the phase gradient comes from rotate_shared's backward)."""
+    with torch.no_grad():
+        return torch.cos(phases).to(dtype), torch.sin(phases).to(dtype)
 
 
 @functools.cache
