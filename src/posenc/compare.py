@@ -21,7 +21,7 @@ from pathlib import Path
 
 from posenc import encodings
 from posenc.checkpoint import append_jsonl, make_run_dir, write_json
-from posenc.config import Preset, absolute_corpus, schedule_spec
+from posenc.config import Preset, absolute_corpus, schedule_spec, task_specs
 from posenc.data import load_tokens
 from posenc.diagnose import compare_extras, extras_pending
 from posenc.evaluate import eval_lengths, evaluate_length, windows
@@ -29,14 +29,8 @@ from posenc.errors import PosencError
 from posenc.jobs import check_same_settings, done_cells, drop_torn_tail, one_line, run_inline, run_pool, scheme_modules
 from posenc.model import ModelConfig, is_rope, with_rope_schedule
 from posenc.report import write_report
+from posenc.retrieval import compare_tasks, mixing_window
 from posenc.train import is_trained, load_run, train
-
-
-def _mixing_window(spec: str, mcfg: ModelConfig) -> float | None:
-    """The slowest mixing window w_0.01 over the layers (None: no random step law in any layer)."""
-    mcfg = mcfg.model_copy(update={"encoding": spec})
-    windows = [encodings.get(spec, mcfg.dims(i), **mcfg.encoding_params).mixing_window(0.01) for i in mcfg.distinct_layers()]
-    return max((w for w in windows if w is not None), default=None)
 
 
 def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
@@ -132,6 +126,8 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     """
     if parallel < 1 or nproc_per_node < 1 or (not isolate and (parallel > 1 or nproc_per_node > 1)):
         raise PosencError(f"--parallel and --nproc-per-node must be >= 1 and need job isolation, got {parallel}, {nproc_per_node}")
+    if task_specs(preset):  # synthetic tasks: scored on answers, not perplexity
+        return compare_tasks(preset, out_root, isolate, parallel)
     run_root = Path(out_root) / preset.name
     preset = absolute_corpus(preset)
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
@@ -175,7 +171,7 @@ def _meta(preset: Preset, data) -> dict:
         "seeds": preset.seeds,
         "eval": f"non-overlapping windows; every length scores the same text: the first {_span(preset)} targets of each of the first {-(-preset.eval.max_tokens // _span(preset))} held-out works",
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
-        "mixing_windows": {s: _mixing_window(s, mcfg) for s in preset.schemes},
+        "mixing_windows": {s: mixing_window(s, mcfg) for s in preset.schemes},
         "notes": preset.description or None,
     }
 

@@ -19,6 +19,7 @@ from posenc.errors import PosencError
 from posenc.model import ModelConfig
 from posenc.passkey import PasskeyConfig
 from posenc.presets import read_preset, validated
+from posenc.tasks import get_task, is_task
 from posenc.train import TrainConfig
 
 
@@ -31,6 +32,19 @@ class EvalConfig(BaseModel):
     batch_tokens: int = Field(8192, gt=0)
     passkey: PasskeyConfig = PasskeyConfig()  # passkey retrieval cells (posenc.passkey)
     far_mass: FarMassConfig = FarMassConfig()  # the cheap diagnose pass (posenc.diagnose)
+
+
+class TaskEvalConfig(BaseModel):
+    """Scoring of synthetic tasks (``posenc.taskeval``): lengths, and the answers each cell aims for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    multiples: list[Annotated[int, Field(gt=0)]] = [1, 4, 16, 32]  # sequence lengths; probes reach the largest
+    answers: int = Field(2000, gt=0)  # answers per cell (a 1-point standard error near 90% needs ~900)
+    max_tokens: int = Field(65536, gt=0)  # ... or this many tokens per cell, whichever comes first
+    batch_tokens: int = Field(16384, gt=0)
+    horizon_tol: float = Field(0.05, gt=0, lt=1)  # horizon: accuracy within this of in-distribution accuracy
+    learned: float = Field(0.9, gt=0, le=1)  # in-distribution accuracy below this: "did not learn the task"
 
 
 class Preset(BaseModel):
@@ -48,6 +62,14 @@ class Preset(BaseModel):
     # RoPE context-extension rows evaluated after the plain rows on every trained RoPE
     # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.rope)
     eval_schedules: list[dict[str, Any]] = []
+    # synthetic tasks (posenc.tasks): each scheme trains and is scored on each; a task corpus in
+    # train.corpus alone means tasks: [that corpus]
+    tasks: list[str] = []
+    task_eval: TaskEvalConfig = TaskEvalConfig()
+    # a text comparison's run directory (relative to the working directory) for the retrieval claim R1
+    text_results: Optional[str] = None
+    # published numbers to print beside ours: {source: str, metric: str, tests: [..], rows: {scheme: [..]}}
+    reference: Optional[dict[str, Any]] = None
 
     @field_validator("name")
     @classmethod
@@ -74,7 +96,16 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
         preset.model.model_copy(update={"encoding": s}).check_encoding()
     for spec in preset.eval_schedules:
         schedule_spec(spec, preset)
+    for spec in task_specs(preset):
+        get_task(spec).check_length(preset.model.train_length)
+    if preset.tasks and is_task(preset.train.corpus):
+        raise PosencError(f"preset {preset.name}: give the tasks in 'tasks' or in train.corpus, not both")
     return preset
+
+
+def task_specs(preset: Preset) -> list[str]:
+    """The synthetic tasks a preset trains on: ``tasks``, or ``[train.corpus]`` when that is a task, else []."""
+    return preset.tasks or ([preset.train.corpus] if is_task(preset.train.corpus) else [])
 
 
 def schedule_spec(spec: dict, preset: Preset) -> tuple[str, dict]:

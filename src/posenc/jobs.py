@@ -165,7 +165,7 @@ def drop_torn_tail(path: Path) -> None:
 # set per job, lists of cells that may grow (results are kept per cell), or memory/speed knobs
 FREE_SETTINGS = {
     "model.encoding", "model.attn_block_size", "train.seed", "train.threads", "train.compile", "train.ckpt_every", "train.log_every",
-    "eval.multiples", "eval.batch_tokens", "eval.passkey.lengths_multiples", "eval.passkey.depths", "eval.far_mass.multiples",
+    "eval.multiples", "eval.batch_tokens", "task_eval.multiples", "task_eval.batch_tokens", "task_eval.horizon_tol", "task_eval.learned", "eval.passkey.lengths_multiples", "eval.passkey.depths", "eval.far_mass.multiples",
 }
 
 
@@ -178,7 +178,7 @@ def _flatten(d: dict, prefix: str) -> dict[str, Any]:
 
 def settings(preset: Preset) -> dict[str, Any]:
     """The settings every result of a run directory shares (model, training, evaluation), flattened."""
-    flat = _flatten(preset.model_dump(mode="json", include={"model", "train", "eval"}), "")
+    flat = _flatten(preset.model_dump(mode="json", include={"model", "train", "eval", "task_eval"}), "")
     return {k: v for k, v in flat.items() if k not in FREE_SETTINGS}
 
 

@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from posenc.checkpoint import (
     append_jsonl, atomic_write_bytes, load_torch, load_weights, make_run_dir, read_json, read_jsonl, save_torch, save_weights, write_json,
 )
 from posenc.data import TokenData, load_tokens
+from posenc.tasks import TaskData
 from posenc.errors import PosencError
 from posenc.model import LM, ModelConfig, build_model, validate_config
 
@@ -59,6 +60,8 @@ class TrainConfig(BaseModel):
     log_every: int = Field(10, gt=0)
     threads: Optional[int] = Field(None, gt=0)
     compile: bool = False  # torch.compile the model's forward (same losses to float rounding; faster on GPU)
+    # "answers": the mean NLL over a task's answer positions only (posenc.tasks); "all": every target
+    loss: Literal["all", "answers"] = "all"
 
 
 def validate_train_config(data: dict) -> TrainConfig:
@@ -90,6 +93,22 @@ def batch_at(stream: np.ndarray, step: int, batch_size: int, length: int, seed: 
     return t[:, :-1], t[:, 1:]
 
 
+def training_batch(data: TokenData | TaskData, step: int, tcfg: TrainConfig, length: int, rows: slice = slice(None)):
+    """(inputs, targets, answers) of ``step``: (B, length) int64 twice, then the (B, length) bool mask of the
+    targets the loss averages over (``tcfg.loss`` "answers" on a task), or None for every target."""
+    if isinstance(data, TaskData):
+        b = data.batch(step, tcfg.batch_size, length, tcfg.seed, rows)
+        return b.inputs, b.targets, b.answer if tcfg.loss == "answers" else None
+    return (*batch_at(data.train, step, tcfg.batch_size, length, tcfg.seed, rows), None)
+
+
+def mean_loss(nll: torch.Tensor, answers: Optional[torch.Tensor]) -> torch.Tensor:
+    """The mean of the (B, T) per-target NLL over ``answers`` (every target when None)."""
+    if answers is None:
+        return nll.mean()
+    return (nll * answers).sum() / answers.sum().clamp(min=1)
+
+
 class StopNow(KeyboardInterrupt):
     """A second Ctrl-C: stop at once, without a checkpoint (the step in flight is lost, the last checkpoint kept)."""
 
@@ -119,6 +138,17 @@ def ctrl_c_between_steps():
         yield lambda: bool(hits)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def check_data(data: TokenData | TaskData, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
+    """PosencError when the data cannot train this model: a text stream shorter than a window, answer-only
+    loss on text (it has no answer positions), a task whose training sequences do not fit the length."""
+    if isinstance(data, TaskData):
+        data.task.check_length(mcfg.train_length)
+    elif tcfg.loss == "answers":
+        raise PosencError(f"train.loss 'answers' needs a synthetic task corpus (posenc.tasks), not {tcfg.corpus!r}")
+    elif len(data.train) <= mcfg.train_length + 1:
+        raise PosencError(f"training split has {len(data.train)} tokens, fewer than train_length {mcfg.train_length}")
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -218,11 +248,10 @@ def train(
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     with shard.main_first():  # rank 0 builds the token cache, the others read it
-        data = data or load_tokens(tcfg.corpus, tcfg.tokenizer)
+        data = data or load_tokens(tcfg.corpus, tcfg.tokenizer, tasks=True)
     if mcfg.vocab_size != data.vocab_size:
         mcfg = mcfg.model_copy(update={"vocab_size": data.vocab_size})
-    if len(data.train) <= mcfg.train_length + 1:
-        raise PosencError(f"training split has {len(data.train)} tokens, fewer than train_length {mcfg.train_length}")
+    check_data(data, mcfg, tcfg)
     if shard.is_main:  # after the corpus loads, so bad input leaves no empty run directory
         make_run_dir(run_dir)
     torch.manual_seed(tcfg.seed)
@@ -270,11 +299,11 @@ def train(
                     break
                 if shard.any(interrupted()):  # every rank stops at the same step boundary
                     raise KeyboardInterrupt
-                x, y = (t.to(shard.device) for t in batch_at(data.train, step, tcfg.batch_size, mcfg.train_length, tcfg.seed, rows))
+                x, y, answers = (t if t is None else t.to(shard.device) for t in training_batch(data, step, tcfg, mcfg.train_length, rows))
                 for g in opt.param_groups:
                     g["lr"] = lr_at(step, tcfg)
                 with autocast:
-                    loss = loss_fn(x, y).mean()  # mean over this rank's rows
+                    loss = mean_loss(loss_fn(x, y), answers)  # mean over this rank's rows (answers)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)

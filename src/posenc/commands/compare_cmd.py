@@ -12,7 +12,8 @@ def add_parser(sub):
     p.add_argument("--preset", default="default", help="a preset name (posenc list) or a YAML path (default: default)")
     p.add_argument("--schemes", nargs="+", help="schemes to compare (default: the preset's)")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (the report shows mean ± half-range)")
-    p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, or a path")
+    p.add_argument("--tasks", nargs="+", help="synthetic tasks to train and score on (flipflop, mqar:pairs=8, ...; default: the preset's)")
+    p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, a path, or a synthetic task (flipflop, mqar)")
     p.add_argument("--tokenizer", help="byte or bpeN")
     p.add_argument("--steps", type=int, help="training steps per scheme")
     p.add_argument("--name", help="run name (directory under --out)")
@@ -26,7 +27,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     train = {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps}.items() if v is not None}
-    preset = load_preset(args.preset, {"schemes": args.schemes, "seeds": args.seeds, "name": args.name, "train": train})
+    preset = load_preset(args.preset, {"schemes": args.schemes, "seeds": args.seeds, "tasks": args.tasks, "name": args.name, "train": train})
     report, failures = compare(preset, args.out, isolate=not args.no_isolate, parallel=args.parallel, nproc_per_node=args.nproc_per_node)
     print(report.read_text())
     print(f"report: {report}")

@@ -1,0 +1,114 @@
+"""Comparisons on synthetic tasks: does a scheme still *use* what lies beyond its training length?
+
+``compare_tasks(preset)`` trains one model per (task, scheme, seed) into
+``runs/<name>/<task>/<scheme>/seed<k>`` on the task's generator (``posenc.tasks``), scores
+it with ``posenc.taskeval`` and appends one record per job to ``runs/<name>/results.jsonl``
+(``kind: "task"``: the cells of every test, length and evidence-distance bucket), then writes
+the report (``posenc.retrieval_report``). Jobs run isolated and resume like ``posenc.compare``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from posenc import encodings
+from posenc.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
+from posenc.config import Preset, task_specs
+from posenc.data import load_tokens
+from posenc.errors import PosencError
+from posenc.jobs import check_same_settings, drop_torn_tail, run_inline, run_pool, scheme_modules
+from posenc.model import ModelConfig
+from posenc.retrieval_report import write_task_report
+from posenc.stamp import run_stamp
+from posenc.taskeval import evaluate_task
+from posenc.tasks import get_task
+from posenc.train import is_trained, load_run, train
+
+
+def mixing_window(spec: str, mcfg: ModelConfig) -> float | None:
+    """The slowest mixing window w_0.01 (tokens) over the layers (None: no random step law in any layer)."""
+    mcfg = mcfg.model_copy(update={"encoding": spec})
+    windows = [encodings.get(spec, mcfg.dims(i), **mcfg.encoding_params).mixing_window(0.01) for i in mcfg.distinct_layers()]
+    return max((w for w in windows if w is not None), default=None)
+
+
+def done_jobs(results: Path) -> set[tuple[str, str, int]]:
+    """(task, scheme, seed) of every task record in ``results``."""
+    return {(r["task"], r["scheme"], r["seed"]) for r in read_jsonl(results) if r.get("kind") == "task"}
+
+
+def run_task_job(run_root: Path, preset: Preset, task: str, scheme: str, seed: int) -> None:
+    """Train (or resume) one scheme on one task and record its scores (one record, written once)."""
+    data = load_tokens(task, tasks=True)
+    run_dir = run_root / task / scheme / f"seed{seed}"
+    mcfg = preset.model.model_copy(update={"encoding": scheme, "vocab_size": data.vocab_size})
+    tcfg = preset.train.model_copy(update={"seed": seed, "corpus": task})
+    if not is_trained(run_dir):
+        train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{task} {scheme} s{seed}")
+    model = load_run(run_dir)[0]
+    ev = preset.task_eval
+    t0 = time.time()
+    cells = evaluate_task(model, data.task, mcfg.train_length, ev.multiples, ev.answers, ev.max_tokens, ev.batch_tokens)
+    summary = read_json(run_dir / "train_summary.json")
+    append_jsonl(run_root / "results.jsonl", {
+        "kind": "task", "task": task, "scheme": scheme, "seed": seed, "train_length": mcfg.train_length,
+        "train_seconds": summary["seconds"], "eval_seconds": time.time() - t0, "threads": run_stamp()["threads"], "cells": cells,
+    })
+
+
+def compare_tasks(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True, parallel: int = 1) -> tuple[Path, dict[str, str]]:
+    """Every (task, scheme, seed) of ``preset`` trained, scored and reported; returns the report path and
+    the failed jobs ({job: one-line error}). Raises PosencError before any work for a run directory of
+    other settings."""
+    if parallel < 1 or (not isolate and parallel > 1):
+        raise PosencError(f"--parallel must be >= 1 and needs job isolation, got {parallel}")
+    run_root = Path(out_root) / preset.name
+    tasks = task_specs(preset)
+    for task in tasks:
+        get_task(task).check_length(preset.model.train_length)
+    check_same_settings(run_root, preset)
+    make_run_dir(run_root)
+    write_json(run_root / "preset.json", preset.model_dump())
+    results = run_root / "results.jsonl"
+    drop_torn_tail(results)
+    done = done_jobs(results)
+    pending = [(t, s, seed) for t in tasks for s in preset.schemes for seed in preset.seeds if (t, s, seed) not in done]
+    failures: dict[str, str] = {}
+
+    def failed(task: str, scheme: str, seed: int, error: str) -> None:
+        failures[f"{task} {scheme} (seed {seed})"] = error
+        print(f"posenc: {task} {scheme} (seed {seed}) failed: {error}", file=sys.stderr)
+
+    def error_file(task: str, scheme: str, seed: int) -> Path:
+        return run_root / task / scheme / f"seed{seed}.error.txt"
+
+    if isolate:
+        jobs = [(run_task_job, (run_root, preset, *job), error_file(*job), scheme_modules([job[1]])) for job in pending]
+        run_pool(jobs, parallel, on_failure=lambda i, error: failed(*pending[i], error))
+    else:
+        for job in pending:
+            error = run_inline(run_task_job, (run_root, preset, *job), error_file(*job))
+            if error:
+                failed(*job, error)
+    return write_task_report(run_root, task_meta(preset), failures), failures
+
+
+def task_meta(preset: Preset) -> dict:
+    """The report's header: tasks, model, budget, evaluation, each scheme's mixing window, the stamp."""
+    m, t = preset.model, preset.train
+    return {
+        "name": preset.name,
+        "train_length": m.train_length,
+        "tasks": {spec: get_task(spec).describe() for spec in task_specs(preset)},
+        "model": f"{m.n_layer} layers, width {m.d_model}, {m.n_head} heads, {m.mlp}, {m.norm}, train length {m.train_length}",
+        "budget": f"{t.steps} steps x {t.batch_size} sequences of {m.train_length} tokens, lr {t.lr}, loss on {t.loss}",
+        "seeds": preset.seeds,
+        "eval": preset.task_eval.model_dump(),
+        "mixing_windows": {s: mixing_window(s, m) for s in preset.schemes},
+        "text_results": preset.text_results,
+        "reference": preset.reference,
+        "notes": preset.description or None,
+        "stamp": run_stamp(),
+    }

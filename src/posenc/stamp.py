@@ -1,0 +1,54 @@
+"""What decides a run's numbers, recorded with it: versions, commit, device, threads, command line.
+
+Learned schemes' results change with the thread count by percents, so a run that cannot be
+matched to its threads and code cannot be compared; every run directory's ``preset.json``
+(and the report header) carries ``run_stamp()``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    """The checkout's commit (with ``+dirty`` for uncommitted changes) when posenc runs from a git checkout, else None."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def run_stamp() -> dict:
+    """{posenc, commit, torch, transformers, python, platform, device, threads, command}: plain JSON values."""
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
+    return {
+        "posenc": _version("posenc"),
+        "commit": git_commit(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "command": " ".join(Path(sys.argv[0]).name if i == 0 else a for i, a in enumerate(sys.argv)),
+    }

@@ -1,0 +1,76 @@
+"""Scoring a model on a synthetic task (``posenc.tasks``): accuracy and NLL at the answer positions.
+
+Each test cell (test, sequence length) is scored on sequences drawn from a fixed evaluation
+seed, so every scheme and seed sees the same sequences. Answers are counted per evidence-
+distance bucket (powers of two: bucket b holds distances in [b, 2b)). Cells stop drawing
+when they hold ``answers`` answers or have used ``max_tokens`` tokens, whichever is first.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+
+from posenc.tasks import Task, Test
+
+EVAL_SEED = 1_000_003  # evaluation sequences never coincide with a training seed's batches
+
+
+def bucket(distance: torch.Tensor) -> torch.Tensor:
+    """Power-of-two bucket of each distance >= 1 (int64 in, int64 out): 2**floor(log2 d)."""
+    return torch.pow(2, torch.floor(torch.log2(distance.double())).long())
+
+
+def score_batch(logits: torch.Tensor, targets: torch.Tensor, answer: torch.Tensor, distance: torch.Tensor) -> dict[int, list[float]]:
+    """{bucket: [answers, correct, nll sum]} of one batch. logits (B, T, V); the rest (B, T)."""
+    logp = torch.log_softmax(logits[answer].double(), dim=-1)
+    y = targets[answer]
+    correct = (logp.argmax(-1) == y).double()
+    nll = -logp.gather(-1, y[:, None])[:, 0]
+    b = bucket(distance[answer])
+    out = {}
+    for key in b.unique().tolist():
+        sel = b == key
+        out[int(key)] = [float(sel.sum()), float(correct[sel].sum()), float(nll[sel].sum())]
+    return out
+
+
+@torch.no_grad()
+def score_test(model: torch.nn.Module, task: Task, test: Test, answers: int, max_tokens: int, batch_tokens: int) -> dict[int, list[float]]:
+    """{bucket: [answers, correct, nll sum]} of one test cell, drawn from a seed of its name and length."""
+    seed = EVAL_SEED + zlib.crc32(f"{test.name}:{test.length}".encode())
+    totals: dict[int, list[float]] = {}
+    rows_per_batch = max(1, batch_tokens // test.length)
+    device = next(model.parameters()).device
+    step, tokens, found = 0, 0, 0
+    while found < answers and tokens < max_tokens:
+        b = task.batch(seed, step, range(rows_per_batch), test.length, **test.settings)
+        logits = model(b.inputs.to(device)).float().cpu()
+        for key, (n, c, nll) in score_batch(logits, b.targets, b.answer, b.distance).items():
+            t = totals.setdefault(key, [0.0, 0.0, 0.0])
+            t[0], t[1], t[2] = t[0] + n, t[1] + c, t[2] + nll
+        found += int(b.answer.sum())
+        tokens += b.inputs.numel()
+        step += 1
+    return totals
+
+
+def evaluate_task(model: torch.nn.Module, task: Task, train_length: int, multiples: list[int], answers: int, max_tokens: int, batch_tokens: int) -> list[dict]:
+    """One record per (test, length, bucket): ``n`` answers, ``correct``, ``nll`` (sum, nats)."""
+    was_training = model.training
+    model.eval()
+    records = []
+    try:
+        for test in task.tests(train_length, multiples):
+            for b, (n, c, nll) in sorted(score_test(model, task, test, answers, max_tokens, batch_tokens).items()):
+                records.append({"test": test.name, "length": test.length, "bucket": b, "n": int(n), "correct": int(c), "nll": nll})
+    finally:
+        model.train(was_training)
+    return records
+
+
+def standard_error(p: float, n: int) -> float:
+    """Binomial standard error of an accuracy ``p`` measured on ``n`` answers."""
+    return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")

@@ -1,0 +1,289 @@
+"""Synthetic tasks: answer marks and evidence distances on hand-built and brute-force-checked sequences,
+seeded batches, bad specs, answer-only loss, scoring, horizons and the retrieval claims."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from posenc.checkpoint import read_jsonl
+from posenc.claims import FAILS, HOLDS, NOISE
+from posenc.config import load_preset
+from posenc.errors import PosencError
+from posenc.retrieval_report import TaskTable, at_most, claim_r1, claim_r2, claim_r3, claim_r4, claim_r5, horizon
+from posenc.taskeval import bucket, score_batch
+from posenc.tasks import B0, B1, I, R, W, get_task, is_task
+from posenc.train import mean_loss
+
+
+def _check_flipflop(tok, answer, distance):
+    """Brute force: an answer exactly at each read's bit, equal to the last write's bit, at the distance between them."""
+    last_write_bit = None
+    for t in range(len(tok) - 1):
+        if tok[t] == W and t % 2 == 0:
+            last_write_bit = t + 1
+        is_read = t % 2 == 0 and tok[t] == R
+        assert answer[t] == is_read, t
+        if is_read:
+            assert tok[t + 1] == tok[last_write_bit]
+            assert distance[t] == t + 1 - last_write_bit
+        else:
+            assert distance[t] == 0
+
+
+@pytest.mark.parametrize("p_ignore", [0.0, 0.5, 0.8, 0.98])
+def test_flipflop_marks_match_brute_force(p_ignore):
+    task = get_task(f"flipflop:p_ignore={p_ignore}")
+    for seed in range(5):
+        tok, answer, distance = task.row(np.random.default_rng(seed), 301)
+        assert tok[0] == W and len(tok) == 302 and set(tok[0::2]) <= {W, R, I} and set(tok[1::2]) <= {B0, B1}
+        _check_flipflop(tok, answer, distance)
+
+
+def test_flipflop_density():
+    tok, answer, _ = get_task("flipflop").row(np.random.default_rng(0), 200_001)
+    instr = tok[0::2]
+    assert abs(np.mean(instr == I) - 0.8) < 0.01 and abs(np.mean(instr == R) - 0.1) < 0.01
+    assert answer.sum() == (instr[:-1] == R).sum() + (instr[-1] == R and len(tok) % 2 == 0)
+
+
+def test_flipflop_probe_by_hand():
+    task = get_task("flipflop")
+    tok, answer, distance = task.row(np.random.default_rng(3), 8 + 6 + 1, gap=6)
+    # 8 prefix tokens, then: write b, (ignore x) twice, read b
+    tail = tok[8:]
+    assert [tail[0], tail[2], tail[4], tail[6]] == [W, I, I, R]
+    assert tail[1] == tail[7] and tail[1] in (B0, B1)
+    assert answer.tolist() == [False] * 14 + [True] and distance[-1] == 6 and distance[:-1].sum() == 0
+    _check_flipflop(tok, answer, distance)  # the prefix's reads are not answers, but the brute force sees them
+    with pytest.raises(PosencError, match="even"):
+        task.row(np.random.default_rng(0), 20, gap=5)
+
+
+def test_flipflop_probe_is_marked_only_at_its_read():
+    task = get_task("flipflop")
+    tok, answer, distance = task.row(np.random.default_rng(1), 128 + 64 + 1, gap=64)
+    assert answer.sum() == 1 and answer[-1] and distance[-1] == 64
+    write_bit = len(tok) - 1 - 64
+    assert tok[write_bit - 1] == W and tok[write_bit] == tok[-1]
+    assert all(tok[i] == I for i in range(write_bit + 1, len(tok) - 2, 2))
+
+
+def _check_mqar(task, tok, answer, distance):
+    v = task.values
+    K, V, P = v["keys"], v["values"], v["pairs"]
+    q0 = len(tok) - 2 * P
+    pairs = {}
+    for i, t in enumerate(tok[:q0]):
+        if v["fused"] and t >= K + V + v["filler"]:
+            pairs[(t - K - V - v["filler"]) // V] = (K + (t - K - V - v["filler"]) % V, i)
+        elif not v["fused"] and t < K:
+            pairs[t] = (tok[i + 1], i + 1)
+    assert len(pairs) == P
+    for t in range(len(tok) - 1):
+        expect = t >= q0 and (t - q0) % 2 == 0
+        assert answer[t] == expect
+        if expect:
+            value, where = pairs[tok[t]]
+            assert tok[t + 1] == value and distance[t] == t + 1 - where
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_mqar_marks_match_brute_force(fused):
+    task = get_task(f"mqar:pairs=5,keys=9,values=7,filler=3,gap=4-40,fused={str(fused).lower()}")
+    for seed in range(6):
+        tok, answer, distance = task.row(np.random.default_rng(seed), 64)
+        assert len(tok) == 65 and tok.max() < task.vocab_size
+        _check_mqar(task, tok, answer, distance)
+
+
+def test_mqar_by_hand_gap_and_near():
+    task = get_task("mqar:pairs=2,keys=4,values=4,filler=2,gap=0-4")
+    tok, answer, distance = task.row(np.random.default_rng(0), 2 * 2 + 3 + 2 * 2 - 1, gap=3)
+    assert all(t < 4 for t in tok[0:4:2]) and all(4 <= t < 8 for t in tok[1:4:2])  # pairs at the start (no filler)
+    assert all(8 <= t < 10 for t in tok[4:7])  # the gap's filler
+    assert answer.nonzero()[0].tolist() == [7, 9]
+    _check_mqar(task, tok, answer, distance)
+    tok, answer, distance = task.row(np.random.default_rng(0), 40, pre=33)  # near: 33 filler, pairs, queries at once
+    assert all(8 <= t < 10 for t in tok[:33]) and tok[33] < 4
+    _check_mqar(task, tok, answer, distance)
+    assert sorted(distance[answer].tolist()) in ([4, 4], [2, 6])
+
+
+def test_batches_are_functions_of_seed_step_row():
+    task = get_task("mqar")
+    full = task.batch(7, 3, range(8), 128)
+    part = task.batch(7, 3, range(8)[2:5], 128)
+    assert torch.equal(full.inputs[2:5], part.inputs) and torch.equal(full.distance[2:5], part.distance)
+    assert torch.equal(task.batch(7, 3, range(8), 128).inputs, full.inputs)
+    assert not torch.equal(task.batch(7, 4, range(8), 128).inputs, full.inputs)
+    assert torch.equal(full.targets[:, :-1], full.inputs[:, 1:])
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("flipflop:p_ignore=1.5", "p_ignore must be in"),
+    ("flipflop:bogus=1", "unknown parameter 'bogus'"),
+    ("flipflop:p_ignore=x", "p_ignore must be float"),
+    ("mqar:pairs=20,keys=4", "at least as many keys"),
+    ("mqar:gap=9-3", "LO > HI"),
+    ("mqar:gap=a", "gap must be N or LO-HI"),
+    ("mqar:", "empty parameter list"),
+    ("mqar:pairs", "expected key=value"),
+    ("fliflop", None),
+])
+def test_bad_task_specs(spec, message):
+    if message is None:
+        assert not is_task(spec)
+        return
+    with pytest.raises(PosencError, match=message):
+        get_task(spec)
+
+
+def test_gap_longer_than_training_length_is_refused():
+    with pytest.raises(PosencError, match="exceeds the training length"):
+        load_preset("retrieval", {"tasks": ["mqar:gap=0-200"]})
+
+
+def test_task_corpus_in_a_text_command_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "posenc.cli", "eval", "--run", str(tmp_path), "--corpus", "flipflop"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    proc = subprocess.run([sys.executable, "-m", "posenc.cli", "train", "--scheme", "rope", "--preset", "quick", "--corpus", "flipflop:p_ignore=1.5",
+                           "--out", str(tmp_path / "r")], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "p_ignore must be in" in proc.stderr
+
+
+def test_answer_loss_on_text_is_refused(tmp_path):
+    from posenc.model import ModelConfig
+    from posenc.train import TrainConfig, train
+
+    with pytest.raises(PosencError, match="needs a synthetic task corpus"):
+        train(tmp_path / "r", ModelConfig(n_layer=1, d_model=32, n_head=2, train_length=16), TrainConfig(loss="answers", corpus="pystdlib", steps=1))
+
+
+def test_mean_loss_averages_answers_only():
+    nll = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    answers = torch.tensor([[False, True, False], [True, False, True]])
+    assert mean_loss(nll, answers).item() == pytest.approx((2 + 4 + 6) / 3)
+    assert mean_loss(nll, None).item() == pytest.approx(3.5)
+
+
+def test_score_batch_counts_per_bucket():
+    assert bucket(torch.tensor([1, 2, 3, 4, 7, 8, 1000])).tolist() == [1, 2, 2, 4, 4, 8, 512]
+    logits = torch.zeros(1, 4, 3)
+    logits[0, 0, 1] = logits[0, 1, 2] = logits[0, 2, 0] = logits[0, 3, 1] = 5.0
+    targets = torch.tensor([[1, 0, 0, 1]])
+    answer = torch.tensor([[True, True, False, True]])
+    distance = torch.tensor([[2, 3, 0, 9]])
+    out = score_batch(logits, targets, answer, distance)
+    assert sorted(out) == [2, 8]
+    assert out[2][:2] == [2.0, 1.0] and out[8][:2] == [1.0, 1.0]
+    p = torch.log_softmax(torch.tensor([0.0, 5.0, 0.0]), -1)
+    assert out[8][2] == pytest.approx(-p[1].item())
+
+
+def test_horizon():
+    assert horizon({8: 0.99, 16: 0.97, 32: 0.92, 64: 0.99}, 0.98, 0.05) == 16
+    assert horizon({8: 0.99, 16: 0.99}, 0.98, 0.05) == 16
+    assert horizon({8: 0.5, 16: 0.99}, 0.98, 0.05) is None
+
+
+def test_at_most_with_noise():
+    assert at_most([0.1], [0.2], 0.01) == HOLDS
+    assert at_most([0.25], [0.2], 0.01) == FAILS
+    assert at_most([0.21], [0.2], 0.01) == NOISE
+
+
+def _records(task, table):
+    """Records from {scheme: {seed: {(test, length, bucket): accuracy}}} with 1,000 answers a cell."""
+    return [{"kind": "task", "task": task, "scheme": s, "seed": seed, "train_seconds": 1, "eval_seconds": 1,
+             "cells": [{"test": t, "length": L, "bucket": b, "n": 1000, "correct": round(1000 * a), "nll": 0.0} for (t, L, b), a in cells.items()]}
+            for s, seeds in table.items() for seed, cells in seeds.items()]
+
+
+def _gap(id_acc, curve, near=None):
+    cells = {("id", 128, 8): id_acc, **{("gap", b + 129, b): a for b, a in curve.items()}}
+    for L, a in (near or {}).items():
+        cells[("near", L, 64)] = a
+    return cells
+
+
+def _table(task, table):
+    return TaskTable(_records(task, table), task, 128, 0.05, 0.9)
+
+
+def test_claim_r1_verdicts():
+    flat = {"alibi": [0.99], "forget": [0.99]}
+    far = _gap(0.99, {64: 0.99, 128: 0.99, 256: 0.98})
+    near = _gap(0.99, {64: 0.99, 128: 0.99, 256: 0.6})
+    assert claim_r1(_table("flipflop", {"alibi": {0: near}, "forget": {0: far}}), flat).verdict == HOLDS
+    assert claim_r1(_table("flipflop", {"alibi": {0: far}, "forget": {0: far}}), flat).verdict == FAILS
+    assert claim_r1(_table("flipflop", {"alibi": {0: near, 1: far}, "forget": {0: far}}), flat).verdict == NOISE
+    not_learned = _gap(0.6, {64: 0.6})
+    assert claim_r1(_table("flipflop", {"alibi": {0: not_learned}}), flat) is None
+
+
+def test_claim_r2_verdicts():
+    windows = {"acc-rand-qkv": 27, "acc-rand-qkv:a=0.5": 110, "acc-rand-qkv:a=2": 6}
+    follows = {"acc-rand-qkv:a=2": {0: _gap(0.95, {8: 0.95, 16: 0.5})},
+               "acc-rand-qkv": {0: _gap(0.95, {8: 0.95, 16: 0.95, 32: 0.95, 64: 0.5})},
+               "acc-rand-qkv:a=0.5": {0: _gap(0.95, {8: 0.95, 256: 0.95, 512: 0.5})}}
+    assert claim_r2(_table("flipflop", follows), windows).verdict == HOLDS
+    flat_horizon = {s: {0: _gap(0.95, {8: 0.95, 2048: 0.95})} for s in windows}
+    assert claim_r2(_table("flipflop", flat_horizon), windows).verdict == FAILS
+
+
+def test_claim_r3_and_r5_and_r4():
+    windows = {"acc-rand-qk": 27, "acc-rand-qkv": 27}
+    t = _table("flipflop", {"acc-rand-qk": {0: _gap(0.95, {8: 0.95, 32: 0.8, 64: 0.7})}, "acc-rand-qkv": {0: _gap(0.95, {8: 0.95, 32: 0.6, 64: 0.5})}})
+    assert claim_r3(t, windows).verdict == HOLDS
+    t = _table("flipflop", {"acc-rand-qk": {0: _gap(0.95, {32: 0.5, 64: 0.5})}, "acc-rand-qkv": {0: _gap(0.95, {32: 0.9, 64: 0.9})}})
+    assert claim_r3(t, windows).verdict == FAILS
+
+    def sparse(err):
+        return {("id", 128, 8): 0.99, ("sparse", 128, 8): 1 - err}
+
+    assert claim_r5(_table("flipflop", {"path": {0: sparse(0.0)}, "forget": {0: sparse(0.1)}, "rope": {0: sparse(0.3)}})).verdict == HOLDS
+    assert claim_r5(_table("flipflop", {"path": {0: sparse(0.3)}, "forget": {0: sparse(0.0)}, "rope": {0: sparse(0.3)}})).verdict == FAILS
+
+    erode = {"rope": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.4})}, "alibi": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.94})}}
+    assert claim_r4(_table("mqar", erode)).verdict == HOLDS
+    keeps = {"rope": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.95})}, "alibi": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.94})}}
+    assert claim_r4(_table("mqar", keeps)).verdict == FAILS
+
+
+def _tiny_preset(tmp_path, **over):
+    body = {"name": "tiny", "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 32},
+            "train": {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2},
+            "tasks": ["flipflop", "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-8"],
+            "task_eval": {"multiples": [1, 2], "answers": 40, "max_tokens": 1024}, "schemes": ["rope", "acc-rand-qkv"], **over}
+    import yaml
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def test_compare_tasks_end_to_end_resumes_and_refuses_other_settings(tmp_path):
+    from posenc.compare import compare
+
+    preset = load_preset(str(_tiny_preset(tmp_path)))
+    report, failures = compare(preset, tmp_path / "runs", isolate=False)
+    assert not failures
+    records = read_jsonl(tmp_path / "runs" / "tiny" / "results.jsonl")
+    assert sorted((r["task"], r["scheme"]) for r in records) == sorted((t, s) for t in preset.tasks for s in preset.schemes)
+    flip = next(r for r in records if r["task"] == "flipflop")
+    tests = {c["test"] for c in flip["cells"]}
+    assert tests == {"id", "sparse", "dense", "gap"}
+    gaps = {c["bucket"] for c in flip["cells"] if c["test"] == "gap"}
+    assert gaps == {8, 16, 32, 64}  # powers of two up to the longest test length (2 x 32)
+    text = report.read_text()
+    assert "## flipflop" in text and "horizon" in text and "did not learn" in text
+    assert (tmp_path / "runs" / "tiny" / "distance-flipflop.png").exists()
+    assert (tmp_path / "runs" / "tiny" / "retrieval.csv").read_text().count("\n") == 1 + sum(len(r["cells"]) for r in records)
+    compare(preset, tmp_path / "runs", isolate=False)  # a rerun: nothing new
+    assert len(read_jsonl(tmp_path / "runs" / "tiny" / "results.jsonl")) == len(records)
+    other = load_preset(str(_tiny_preset(tmp_path, task_eval={"multiples": [1, 2], "answers": 41, "max_tokens": 1024})))
+    with pytest.raises(PosencError, match="other settings"):
+        compare(other, tmp_path / "runs", isolate=False)
