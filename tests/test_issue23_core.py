@@ -46,3 +46,28 @@ def test_rotation_under_bf16_autocast_keeps_relative_scores_to_64k(monkeypatch):
     assert rq.dtype == torch.float32
     scores = _scores(rq[0, 0], rk[0, 0])
     assert max(scores) - min(scores) < 1e-4, scores
+
+
+@pytest.mark.parametrize("cast", ["float", "half", "bf16"])
+def test_casts_keep_float64_frequencies_and_relative_scores_to_64k(cast):
+    """After .float() / .half() / .to(bf16) RoPE's frequencies are still float64: the angles to 131072 stay within
+    1e-5 rad of float64's (a float32 copy puts them up to 3.9e-3 off), and a fixed float32 q, k pair at offset 5
+    scores the same to 64K within 1e-4."""
+    model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 1, "d_model": 64})
+    enc = model.blocks[0].attn.enc
+    assert enc.inv_freq.dtype == torch.float64
+    model = {"float": model.float, "half": model.half, "bf16": lambda: model.to(torch.bfloat16)}[cast]()
+    assert enc.inv_freq.dtype == torch.float64
+    pos = torch.tensor([4095, 65536, 131071])
+    exact = pos.double()[:, None] * (10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64))
+    diff = torch.remainder(enc.phases(Inputs(torch.zeros(1, 3, 64), pos))[0, 0].double() - exact + math.pi, 2 * math.pi) - math.pi
+    assert float(diff.abs().max()) < 1e-5
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 64, generator=g), torch.randn(1, 1, 1, 64, generator=g)
+    scores = []
+    for s in STARTS:
+        phi = enc.phases(Inputs(torch.zeros(1, 2, 64), torch.tensor([s, s + OFFSET])))
+        scores.append(float((core.rotate(q, phi[..., 1:, :]).double() * core.rotate(k, phi[..., :1, :]).double()).sum()))
+    assert max(scores) - min(scores) < 1e-4, scores
+    model.double()  # raising precision is allowed
+    assert enc.inv_freq.dtype == torch.float64

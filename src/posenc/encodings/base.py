@@ -97,14 +97,15 @@ class Encoding(nn.Module):
         self.dims = dims
 
     def _apply(self, fn, recurse=True):
-        """Casts of the model (``.to(torch.bfloat16)``, ``.half()``) move this scheme's floating buffers
-        (frequencies, step laws, slopes) to the new device but keep them at float32 or better:
-        in bf16, RoPE's angle t * omega at t = 10^4 would be off by up to pi."""
+        """Casts of the model (``.float()``, ``.half()``, ``.to(torch.bfloat16)``) move this scheme's floating
+        buffers (frequencies, step laws, slopes) to the new device but never lower their precision (``.double()``
+        may raise it): in bf16, RoPE's angle t * omega at t = 10^4 would be off by up to pi, and float32
+        frequencies put it 3.9e-3 rad off at t = 131072."""
         before = {n: b for n, b in self._buffers.items() if b is not None and b.is_floating_point()}
         super()._apply(fn, recurse)
         for n, b in before.items():
             now = self._buffers[n]
-            if now.dtype != b.dtype and torch.finfo(now.dtype).bits < 32:
+            if torch.finfo(now.dtype).bits < torch.finfo(b.dtype).bits:
                 self._buffers[n] = b.to(now.device)
         return self
 
