@@ -8,19 +8,22 @@ import torch
 
 from posenc import build_model
 from posenc.errors import PosencError
-from posenc.evaluate import bucket_edges, evaluate_length, windows
+from posenc.evaluate import bucket_edges, evaluate_length, plan, windows
 
 
 def test_windows_score_every_target_once():
-    docs = [("a", np.arange(101)), ("b", np.arange(50)), ("c", np.arange(10))]
+    """Every target 1..N-1 of each document at least L + 1 tokens long, each once (a last window overlapping its
+    predecessor scores only what is left); shorter documents have no window."""
+    docs = [("a", np.arange(101)), ("b", np.arange(50)), ("c", np.arange(10)), ("d", np.arange(17)), ("e", np.arange(16))]
     L = 16
     seen = {d: np.zeros(len(a), int) for d, (_, a) in enumerate(docs)}
-    for d, s in windows(docs, L):
-        seen[d][s + 1 : s + L + 1] += 1  # targets of the window
+    for d, w in plan(docs, L):
+        assert w.span == L + 1 and w.begin + 1 <= w.lo < w.hi == w.begin + L + 1 <= len(docs[d][1])
+        seen[d][w.lo : w.hi] += 1
     for d, (_, a) in enumerate(docs):
-        n_win = (len(a) - 1) // L
-        assert seen[d][1 : 1 + n_win * L].tolist() == [1] * (n_win * L)
-        assert seen[d].sum() == n_win * L and seen[d].max() <= 1
+        assert seen[d].tolist() == ([0] + [1] * (len(a) - 1) if len(a) > L else [0] * len(a))
+    assert windows(docs, L) == [(d, w.begin) for d, w in plan(docs, L)]
+    assert [w.begin for d, w in plan(docs, L) if d == 0] == [0, 16, 32, 48, 64, 80, 84]  # 84: the last 17 tokens
 
 
 def test_windows_respect_token_cap_and_reject_too_long():
@@ -37,15 +40,15 @@ def test_evaluate_length_sums_nll_over_scored_tokens():
     rng = np.random.default_rng(0)
     docs = [("x", rng.integers(0, 256, 70).astype(np.uint16)), ("y", rng.integers(0, 256, 40).astype(np.uint16))]
     rec = evaluate_length(model, docs, 16, progress=False)
-    assert rec["windows"] == 4 + 2 and rec["scored_tokens"] == 6 * 16
-    # the same NLL computed window by window
+    assert rec["windows"] == (4 + 1) + (2 + 1) and rec["scored_tokens"] == 69 + 39  # every target of both
+    # the same NLL computed window by window, each target once
     total = 0.0
-    for d, s in windows(docs, 16):
-        a = torch.from_numpy(docs[d][1][s : s + 17].astype(np.int64))[None]
+    for d, w in plan(docs, 16):
+        a = torch.from_numpy(docs[d][1][w.begin : w.begin + 17].astype(np.int64))[None]
         with torch.no_grad():
-            total += float(model.token_nll(a[:, :-1], a[:, 1:]).double().sum())
+            total += float(model.token_nll(a[:, :-1], a[:, 1:]).double()[0, w.lo - w.begin - 1 :].sum())
     assert rec["nll"] == pytest.approx(total, rel=1e-6)
-    assert rec["ppl"] == pytest.approx(math.exp(total / 96), rel=1e-6)
+    assert rec["ppl"] == pytest.approx(math.exp(total / 108), rel=1e-6)
     assert rec["bucket_edges"] == bucket_edges(16, 8) == [0, 8, 16]
 
 

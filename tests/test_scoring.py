@@ -14,6 +14,22 @@ from posenc.pretrained import evaluate as hf
 from posenc.scoring import Window, check_once, token_nll, windows
 
 
+def _check_plan(n: int, span: int, stride, bos: bool) -> list[Window]:
+    """The plan's property: each target 1..n-1 (0..n-1 with BOS) scored exactly once, with its context inside a
+    window of exactly ``span`` tokens; no window for a document shorter than one."""
+    wins = windows(n, span, stride, bos)
+    count = np.zeros(n, dtype=int)
+    for w in wins:
+        assert w.span == span and 0 <= w.begin and w.begin + span <= n and w.hi == w.begin + span
+        assert w.begin + (not bos) <= w.lo < w.hi  # each target has its context inside the window
+        count[w.lo : w.hi] += 1
+    expect = np.zeros(n, dtype=int)
+    if n >= span:
+        expect[(not bos) :] = 1
+    assert (count == expect).all(), (n, span, stride, bos)
+    return wins
+
+
 @pytest.mark.parametrize("bos", [False, True])
 @pytest.mark.parametrize("stride", [None, 1, "half", "max"])
 @pytest.mark.parametrize("span", [2, 5, 16])
@@ -21,20 +37,28 @@ from posenc.scoring import Window, check_once, token_nll, windows
 def test_every_target_scored_exactly_once(n, span, stride, bos):
     per_window = span - (not bos)
     stride = {"half": max(1, per_window // 2), "max": per_window}.get(stride, stride)
-    wins = windows(n, span, stride, bos)
-    count = np.zeros(n, dtype=int)
-    for w in wins:
-        assert w.span == span and w.begin + span <= n and w.hi == w.begin + span
-        assert w.lo >= w.begin + (not bos)  # each target has its context inside the window
-        count[w.lo : w.hi] += 1
-    covered = wins[-1].hi if wins else 0
-    expect = np.zeros(n, dtype=int)
-    expect[(not bos) : covered] = 1
-    assert (count == expect).all()
-    step = stride or per_window
-    assert len(wins) == (max(0, (n - span) // step + 1))
-    if n >= span + per_window:  # room for a second window: its first target is scored too
-        assert count[wins[1].begin + (not bos)] == 1
+    wins = _check_plan(n, span, stride, bos)
+    grid = max(0, (n - span) // (stride or per_window) + 1)  # windows on the stride grid, then one for the rest
+    assert len(wins) == grid + (grid > 0 and wins[grid - 1].hi < n)
+
+
+def test_random_lengths_windows_and_strides_score_every_target_once():
+    rng = np.random.default_rng(23)
+    for _ in range(3000):
+        span = int(rng.integers(2, 60))
+        bos = bool(rng.integers(2))
+        n = int(rng.integers(1, 400))
+        stride = None if rng.integers(4) == 0 else int(rng.integers(1, span - (not bos) + 1))
+        _check_plan(n, span, stride, bos)
+
+
+def test_the_reported_case_scores_all_1099_targets():
+    """1,100 tokens, windows of 1,024, stride 512 planned one window: 76 targets were never scored."""
+    wins = hf.windows(1100, 1024, 512)
+    assert [(w.begin, w.lo, w.hi) for w in wins] == [(0, 1, 1024), (76, 1024, 1100)]
+    assert sum(w.n_scored for w in wins) == 1099
+    wins = hf.windows(2048, 1024)  # the default stride left the last target unscored
+    assert wins[-1].hi == 2048 and sum(w.n_scored for w in wins) == 2047
 
 
 def test_bos_none_default_stride_scores_each_windows_first_target():
@@ -50,11 +74,13 @@ def test_bad_stride_and_bad_plans_raise():
         with pytest.raises(PosencError, match=r"stride must be in \[1, 9\]"):
             windows(100, 10, stride)
     assert windows(100, 10, 10, bos=True)[1].begin == 10
-    check_once([Window(0, 10, 1, 10), Window(9, 10, 10, 19)], 1)
+    check_once([Window(0, 10, 1, 10), Window(9, 10, 10, 19)], 1, 19)
     with pytest.raises(RuntimeError, match="exactly once"):
-        check_once([Window(0, 10, 1, 10), Window(10, 10, 11, 20)], 1)  # target 10 skipped
+        check_once([Window(0, 10, 1, 10), Window(10, 10, 11, 20)], 1, 20)  # target 10 skipped
     with pytest.raises(RuntimeError, match="exactly once"):
-        check_once([Window(0, 10, 1, 10), Window(5, 10, 9, 15)], 1)  # target 9 twice
+        check_once([Window(0, 10, 1, 10), Window(5, 10, 9, 15)], 1, 15)  # target 9 twice
+    with pytest.raises(RuntimeError, match="exactly once"):
+        check_once([Window(0, 10, 1, 10), Window(9, 10, 10, 19)], 1, 25)  # targets 19..24 never scored
 
 
 def test_token_nll_chunks_equal_one_pass_and_check_shapes():
@@ -88,7 +114,7 @@ def test_own_and_hf_paths_give_the_same_nll():
     own = evaluate_length(lm, [("x", tokens)], 16, progress=False)
     # own windows read 16 tokens and score the next 16: HF windows of 17 positions, no BOS
     res = [hf.score_window(_AsHF(lm), tokens, w, None, bucket=8) for w in hf.windows(len(tokens), 17)]
-    assert sum(r["n_scored"] for r in res) == own["scored_tokens"] == 64
+    assert sum(r["n_scored"] for r in res) == own["scored_tokens"] == 69  # every target of 70 tokens
     assert sum(r["nll_sum"] for r in res) == pytest.approx(own["nll"], rel=1e-6)
 
 

@@ -1,10 +1,11 @@
 """Perplexity against evaluation length on held-out documents.
 
 Windows never cross a document boundary: a window of length L at offset s reads
-tokens [s, s+L) and scores targets [s+1, s+L+1), i.e. a ``posenc.scoring``
+tokens [s, s+L) and predicts targets [s+1, s+L+1), i.e. a ``posenc.scoring``
 window of L + 1 text tokens, so consecutive windows (stride L) score every
-target exactly once. Perplexity is exp(sum of NLL / number of scored tokens),
-never a mean of window means.
+target exactly once; a document's last window may overlap its predecessor
+(``posenc.scoring.windows``) and then scores only the targets after it.
+Perplexity is exp(sum of NLL / number of scored tokens), never a mean of window means.
 """
 
 from __future__ import annotations
@@ -19,21 +20,29 @@ from tqdm.auto import tqdm
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.errors import PosencError
 from posenc.model import LM
-from posenc.scoring import windows as text_windows
+from posenc.scoring import Window, windows as text_windows
 
 
 def windows(
     docs: list[tuple[str, np.ndarray]], length: int, max_tokens: int | None = None, span: int | None = None
 ) -> list[tuple[int, int]]:
-    """(doc index, start) of non-overlapping windows of ``length``.
+    """(doc index, start) of the windows of ``length`` that :func:`plan` scores (its arguments and errors)."""
+    return [(d, w.begin) for d, w in plan(docs, length, max_tokens, span)]
+
+
+def plan(
+    docs: list[tuple[str, np.ndarray]], length: int, max_tokens: int | None = None, span: int | None = None
+) -> list[tuple[int, Window]]:
+    """(doc index, ``posenc.scoring.Window`` of ``length + 1`` text tokens) of every window scored at ``length``.
 
     With ``span`` (a multiple of ``length``), every length scores the same text:
     the first ``span`` targets of each document long enough, in order, for as
     many documents as ``max_tokens`` needs (rounded up to whole spans); use the
     longest evaluation length as the span so that perplexity ratios between
     lengths compare the same tokens. Without it, windows are taken round-robin
-    over documents until ``max_tokens`` targets are covered (None: all windows).
-    Raises PosencError when no document is long enough for one window, or when
+    over documents until ``max_tokens`` targets are covered (None: every target of
+    every document at least ``length + 1`` tokens long, each once). Raises
+    PosencError when no document is long enough for one window, or when
     ``max_tokens`` < 1 (no windows: nothing to score).
     """
     if max_tokens is not None and max_tokens < 1:
@@ -44,14 +53,14 @@ def windows(
         usable = [d for d, (_, a) in enumerate(docs) if len(a) > span]
         _check_long_enough(usable, docs, span)
         n = len(usable) if max_tokens is None else min(len(usable), -(-max_tokens // span))
-        return [(d, w.begin) for d in usable[:n] for w in text_windows(span + 1, length + 1)]
-    per_doc = [[w.begin for w in text_windows(len(a), length + 1)] for _, a in docs]
+        return [(d, w) for d in usable[:n] for w in text_windows(span + 1, length + 1)]
+    per_doc = [text_windows(len(a), length + 1) for _, a in docs]
     out, i = [], 0
     while any(per_doc):
-        for d, starts in enumerate(per_doc):
-            if starts:
-                out.append((d, starts.pop(0)))
-                i += length
+        for d, wins in enumerate(per_doc):
+            if wins:
+                out.append((d, wins.pop(0)))
+                i += out[-1][1].n_scored
                 if max_tokens is not None and i >= max_tokens:
                     return out
     _check_long_enough(out, docs, length)
@@ -83,35 +92,39 @@ def evaluate_length(
     progress: bool = True,
     span: int | None = None,
 ) -> dict:
-    """Perplexity of ``model`` on windows of ``length`` tokens (``span``: see ``windows``).
+    """Perplexity of ``model`` on the windows of ``length`` tokens that :func:`plan` gives (``max_tokens``, ``span``).
 
     Returns a record: eval_length, windows, scored_tokens, nll (sum, nats), ppl,
     bucket_edges and bucket_ppl (per position bucket). Learned tables too short
     for ``length`` give ``ppl: None`` and ``note: "n/a"``.
     """
     model.eval()
-    wins = windows(docs, length, max_tokens, span)
+    wins = plan(docs, length, max_tokens, span)
     edges = bucket_edges(length, model.cfg.train_length)
-    b_nll = np.zeros(len(edges) - 1)
+    b_nll, b_count = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1, dtype=np.int64)
     nll_sum, count = 0.0, 0
     per_batch = max(1, batch_tokens // length)
     bar = tqdm(total=len(wins), desc=f"eval L={length}", unit="win", leave=False, disable=not progress)
     try:
         for b in range(0, len(wins), per_batch):
-            batch = np.stack([docs[d][1][s : s + length + 1] for d, s in wins[b : b + per_batch]]).astype(np.int64)
+            chunk = wins[b : b + per_batch]
+            batch = np.stack([docs[d][1][w.begin : w.begin + length + 1] for d, w in chunk]).astype(np.int64)
             t = torch.from_numpy(batch).to(next(model.parameters()).device)
-            nll = model.token_nll(t[:, :-1], t[:, 1:]).double()  # (B, L)
-            nll_sum += float(nll.sum())
-            count += nll.numel()
-            per_pos = nll.sum(0).cpu().numpy()
+            nll = model.token_nll(t[:, :-1], t[:, 1:]).double().cpu()  # (B, L): entry j predicts text token begin + 1 + j
+            # a document's last window may overlap its predecessor: only its targets from w.lo on count
+            first = torch.tensor([w.lo - w.begin - 1 for _, w in chunk])
+            keep = torch.arange(length)[None] >= first[:, None]
+            nll_sum += float(nll[keep].sum())
+            count += int(keep.sum())
+            per_pos, n_pos = (nll * keep).sum(0).numpy(), keep.sum(0).numpy()
             for i in range(len(edges) - 1):
                 b_nll[i] += per_pos[edges[i] : edges[i + 1]].sum()
+                b_count[i] += n_pos[edges[i] : edges[i + 1]].sum()
             bar.update(len(batch))
     except LengthNotSupported as exc:
         return {"eval_length": length, "windows": 0, "scored_tokens": 0, "nll": None, "ppl": None, "note": f"n/a: {exc}"}
     finally:
         bar.close()
-    b_count = np.diff(edges) * len(wins)
     return {
         "eval_length": length,
         "windows": len(wins),

@@ -6,9 +6,11 @@ Accounting. A window reads ``span`` consecutive text tokens of one document,
 tokens that have context inside the window: ``[begin + 1, begin + span)`` without
 BOS, ``[begin, begin + span)`` with it. Windows start every ``stride`` text tokens;
 the default stride is the number of targets per window, so consecutive windows'
-targets tile the text. A window scores only the targets its predecessor did not,
-so every target from the first window's first target to the last window's end is
-scored exactly once (checked on every plan) and PPL = exp(sum NLL / scored tokens).
+targets tile the text. When the last of them ends before the document does, one
+more window, the document's last ``span`` tokens, scores the targets left. A window
+scores only the targets its predecessor did not, so every target of a document of
+N >= span tokens, 1..N-1 (0..N-1 with BOS), is scored exactly once (checked on
+every plan) and PPL = exp(sum NLL / scored tokens).
 """
 
 from __future__ import annotations
@@ -37,14 +39,17 @@ class Window:
 
 
 def windows(n_tokens: int, span: int, stride: int | None = None, bos: bool = False) -> list[Window]:
-    """Every full window of ``span`` text tokens over a document of ``n_tokens`` tokens.
+    """Windows of ``span`` text tokens that score every target of a document of ``n_tokens`` tokens once.
 
     ``stride`` (text tokens between window starts) defaults to the targets per
     window (``span - 1`` without BOS, ``span`` with it); a smaller stride gives
     sliding windows whose later members score only their last ``stride`` targets.
-    Returns [] when the document is shorter than one window. Raises PosencError
-    for a stride outside [1, targets per window] (a larger one would skip
-    targets), RuntimeError if the plan does not score each target exactly once.
+    If the windows on the stride grid end before the document does, a last window
+    reads the document's last ``span`` tokens (off the grid: every window keeps the
+    full length) and scores only the targets after its predecessor's. Returns []
+    when the document is shorter than one window. Raises PosencError for a stride
+    outside [1, targets per window] (a larger one would skip targets), RuntimeError
+    if the plan does not score each target exactly once.
     """
     first = 0 if bos else 1  # a window's first target, relative to its begin
     per_window = span - first
@@ -56,22 +61,24 @@ def windows(n_tokens: int, span: int, stride: int | None = None, bos: bool = Fal
     for begin in range(0, n_tokens - span + 1, stride):
         out.append(Window(begin, span, max(begin + first, done), begin + span))
         done = begin + span
-    check_once(out, first)
+    if out and done < n_tokens:  # the targets after the grid's last window (fewer than stride)
+        out.append(Window(n_tokens - span, span, done, n_tokens))
+    check_once(out, first, n_tokens)
     return out
 
 
-def check_once(wins: list[Window], first: int) -> None:
-    """Raise RuntimeError unless ``wins`` score each target of their range exactly once:
-    each window's targets start where its predecessor's end (the first at ``begin + first``),
-    lie inside the window, and their count is the length of the range."""
+def check_once(wins: list[Window], first: int, n_tokens: int) -> None:
+    """Raise RuntimeError unless ``wins`` score each target ``first``..``n_tokens - 1`` of the document exactly
+    once (no window: nothing to check): each window's targets are non-empty, lie inside it with their context,
+    and start where its predecessor's end; the first starts at ``first``, the last ends at ``n_tokens``."""
     if not wins:
         return
-    starts = [wins[0].begin + first] + [w.hi for w in wins[:-1]]
-    inside = all(w.begin + first <= w.lo <= w.hi <= w.begin + w.span for w in wins)
-    scored = sum(w.n_scored for w in wins)
-    if not inside or [w.lo for w in wins] != starts or scored != wins[-1].hi - starts[0]:
-        raise RuntimeError(f"token accounting: {scored} targets scored for the range "
-                           f"[{starts[0]}, {wins[-1].hi}); each must be scored exactly once")
+    starts = [first] + [w.hi for w in wins[:-1]]
+    inside = all(w.begin + first <= w.lo < w.hi <= w.begin + w.span <= n_tokens for w in wins)
+    if not inside or [w.lo for w in wins] != starts or wins[-1].hi != n_tokens:
+        scored = sum(w.n_scored for w in wins)
+        raise RuntimeError(f"token accounting: {scored} targets scored for the {n_tokens - first} targets "
+                           f"[{first}, {n_tokens}); each must be scored exactly once")
 
 
 def token_nll(hidden: torch.Tensor, logits: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor,
