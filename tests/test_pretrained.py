@@ -250,7 +250,7 @@ def test_passkey_too_short_and_answer_parsing(word_tokenizer):
 def test_passkey_trial_runs_generation(word_tokenizer):
     model = tiny_model()
     res = passkey.passkey_trial(model, word_tokenizer, 150, 0.5, 54321, new_tokens=3)
-    assert res["key"] == 54321 and 0 < res["prompt_tokens"] <= 150
+    assert res["passkey"] == 54321 and 0 < res["prompt_tokens"] <= 150
     assert res["got"] == passkey.first_integer(res["answer"]) and res["correct"] == (res["got"] == 54321)
 
 

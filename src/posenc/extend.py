@@ -137,15 +137,32 @@ def _skipped_a_target(record: dict) -> bool:
     return record["kind"] == "ppl" and record["bos"] == "none" and record["stride"] >= record["length"] and record["begin"] > 0
 
 
+def _trial_key(method: str, length: int, depth: float, trial: int) -> str:
+    """The resume key of one passkey trial."""
+    return f"passkey|{method}|{length}|{depth}|{trial}"
+
+
+def _with_resume_key(record: dict) -> dict:
+    """A passkey record from before the passkey number had its own field: the number had overwritten the
+    resume key (so each rerun ran the trial again); the key is rebuilt and the number kept as ``passkey``."""
+    if record["kind"] != "passkey" or isinstance(record["key"], str):
+        return record
+    return {**record, "passkey": record["key"], "key": _trial_key(record["method"], record["length"], record["depth"], record["trial"])}
+
+
 class _Store:
     """Records of one setting in ``records.jsonl``: appended one per window / trial and
-    flushed at once, so an interrupted run resumes by skipping finished keys."""
+    flushed at once, so an interrupted run resumes by skipping finished keys (a key
+    recorded twice by an earlier release counts once)."""
 
     def __init__(self, path: Path, tag: str):
         drop_torn_tail(path)  # a record cut by a kill must not swallow the next one
         self.path, self.tag = path, tag
-        self.records = [r for r in read_jsonl(path) if r.get("setting") == tag and not _skipped_a_target(r)]
-        self.done = {r["key"] for r in self.records}
+        self.records, self.done = [], set()
+        for r in map(_with_resume_key, read_jsonl(path)):
+            if r.get("setting") == tag and not _skipped_a_target(r) and r["key"] not in self.done:
+                self.records.append(r)
+                self.done.add(r["key"])
         self.by_sig = {}
         for r in self.records:
             if r["kind"] == "ppl":
@@ -188,7 +205,7 @@ def _passkey_points(model, tok, method: str, store: _Store, cfg: ExtendConfig) -
     for L in cfg.passkey_lengths:
         for depth in cfg.passkey_depths:
             for trial in range(cfg.trials):
-                key = f"passkey|{method}|{L}|{depth}|{trial}"
+                key = _trial_key(method, L, depth, trial)
                 if key in store.done:
                     continue
                 t0 = time.time()
@@ -259,6 +276,8 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
                 _ppl_points(model, method, L, plan[L], dict(docs), store, cfg, bos_id)
         if method in (cfg.passkey_methods or cfg.methods):
             _passkey_points(model, loaded.tokenizer, method, store, cfg)
+    if cfg.schemes:  # a scheme goes into the model's own RoPE, not into the last method's
+        schedules.apply_method(model, _extension(cfg, "none"))
     for spec in cfg.schemes:  # last: the model keeps the posenc attention
         _scheme_points(model, loaded.tokenizer, spec, plan, dict(docs), store, cfg, l0, bos_id)
     labels = [SCHEME_LABEL + s for s in cfg.schemes]

@@ -203,7 +203,8 @@ def passkey_key(seed: int, length: int, depth: float, trial: int) -> int:
 def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tokens: int = 8) -> dict:
     """Greedy generation on one ``passkey_prompt``; correct iff the first integer equals ``key``.
 
-    model: a Hugging Face causal LM (generating with its KV cache unless ``model.posenc_full_forward``:
+    Returns {passkey (``key``), answer (the decoded output), got (its first integer or None), correct,
+    prompt_tokens}. model: a Hugging Face causal LM (generating with its KV cache unless ``model.posenc_full_forward``:
     a posenc scheme that replaces attention, ``posenc.hf``). The model input is asserted to be the full
     prompt: its length is recorded as ``prompt_tokens`` (<= ``length``).
     """
@@ -215,4 +216,4 @@ def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tok
                          pad_token_id=pad, use_cache=not getattr(model, "posenc_full_forward", False))
     answer = tokenizer.decode(out[0, x.shape[1] :], skip_special_tokens=True)
     got = first_integer(answer)
-    return {"key": key, "answer": answer, "got": got, "correct": got == key, "prompt_tokens": len(ids)}
+    return {"passkey": key, "answer": answer, "got": got, "correct": got == key, "prompt_tokens": len(ids)}
