@@ -10,11 +10,22 @@ evaluates the scheme's hooks and calls the posenc attention core
 (``posenc.layer.attend``: GQA key/value heads repeated, the model's softmax
 scaling kept). No modelling code is copied: projections, norms, MLPs and the
 cache are the model's.
+
+Decoding state: a scheme's hooks are recomputed over the whole prefix at every
+step from each position's normalised layer input x, so x is decoding state
+beside the keys and values. It lives in transformers' ``Cache``, never on the
+model: each layer entry of a ``DynamicCache`` (the default cache of ``generate``
+and of ``model(..., use_cache=True)``) becomes a :func:`cache_layer_type`, a
+``DynamicLayer`` that keeps x with its keys and values and reorders, crops,
+selects, repeats and resets it with them (beam search, assisted decoding, a new
+sequence). Two caches never share state, so a forward of another sequence
+between two decoding steps changes nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional
 
@@ -49,7 +60,9 @@ def apply_scheme(model, spec: str) -> None:
       fine-tuned to recover its quality.
 
     Inputs must be unpadded batches starting at position 0 (an ``attention_mask`` with zeros
-    raises PosencError; positions are 0..T-1; key positions come from the cache length); token ids
+    raises PosencError; positions are 0..T-1; key positions come from the cache length); cached
+    decoding takes transformers' ``DynamicCache`` (the default; another cache type, or one holding
+    positions this model did not decode, raises PosencError); token ids
     are not available to attention, so per-token-id schemes (``acc-token-*``) are refused;
     schemes that replace attention (xPos, PoPE, PaTH, CoPE, DAPE) need every query, so
     decoding them with the model's KV cache raises PosencError (full forwards work; such a
@@ -64,9 +77,9 @@ def apply_scheme(model, spec: str) -> None:
     model.posenc_full_forward = any(enc.replaces_attention for enc in schemes)  # generation without the KV cache
     for layer, enc in zip(model.model.layers, schemes):
         layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype).train(model.training)  # eval: fixed draws
-        layer.self_attn.posenc_x, layer.self_attn.posenc_spec = None, spec
+        layer.self_attn.posenc_spec = spec
         if not hasattr(layer.self_attn, "posenc_hook"):
-            layer.self_attn.posenc_hook = layer.self_attn.register_forward_pre_hook(_keep_input, with_kwargs=True)
+            layer.self_attn.posenc_hook = layer.self_attn.register_forward_pre_hook(_decoding_state, with_kwargs=True)
     AttentionInterface.register(ATTN_NAME, attention_forward)
     if not hasattr(model.model, "posenc_padding_hook"):
         model.model.posenc_padding_hook = model.model.register_forward_pre_hook(_refuse_padding, with_kwargs=True)
@@ -109,34 +122,113 @@ def _refuse_padding(module, args, kwargs):
                           "run rows of different lengths one at a time")
 
 
-def _keep_input(module, args, kwargs):
-    """Forward pre-hook on ``self_attn``: keep the layer's normalised input (B, Tq, hidden) for the scheme's hooks."""
-    module.posenc_new_x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+@functools.cache
+def cache_layer_type():
+    """The cache layer of a model with a posenc scheme: transformers' ``DynamicLayer`` (keys, values
+    (B, Hkv, T, D)) that also holds ``x`` (B, T, hidden), every cached position's normalised layer input
+    in the model's dtype (None while empty), and applies each of the cache's operations (reorder for beam
+    search, crop, batch select and repeat, reset, offload) to x as to the keys. Built on first use:
+    transformers is an optional dependency."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PosencLayer(DynamicLayer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.x: Optional[torch.Tensor] = None
+
+        def reset(self) -> None:
+            super().reset()
+            self.x = None
+
+        def crop(self, tokens_to_remove: int) -> None:
+            super().crop(tokens_to_remove)  # raises for the legacy positive form, as for the keys
+            if tokens_to_remove and self.x is not None:
+                self.x = self.x[:, : -abs(tokens_to_remove)]
+
+        def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+            super().reorder_cache(beam_idx)
+            if self.x is not None:
+                self.x = self.x.index_select(0, beam_idx.to(self.x.device))
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            super().batch_repeat_interleave(repeats)
+            if self.x is not None:
+                self.x = self.x.repeat_interleave(repeats, dim=0)
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            super().batch_select_indices(indices)
+            if self.x is not None:
+                self.x = self.x[indices, ...]
+
+        def offload(self):
+            super().offload()
+            if self.x is not None:
+                self.x = self.x.to("cpu", non_blocking=True)
+
+        def prefetch(self):
+            super().prefetch()
+            if self.x is not None:
+                self.x = self.x.to(self.device, non_blocking=True)
+
+    return PosencLayer
 
 
-def _layer_input(module, n_keys: int) -> torch.Tensor:
-    """The inputs x of all n_keys positions: this call's rows after the ones kept from earlier decoding steps."""
-    new = module.posenc_new_x
-    if new.shape[1] == n_keys:
-        x = new
-    elif module.posenc_x is not None and module.posenc_x.shape[1] + new.shape[1] == n_keys:
-        x = torch.cat((module.posenc_x, new), dim=1)
-    else:
-        raise PosencError(f"posenc attention got {n_keys} keys for {new.shape[1]} new rows and no matching history "
-                          "(a cache not filled by this model?)")
-    module.posenc_x = x.detach()  # for the next decoding step; no graph kept
+def _cache_layer(cache, layer_idx: int):
+    """Entry ``layer_idx`` of ``cache`` as a :func:`cache_layer_type`: an empty ``DynamicLayer`` (or a
+    lazily grown cache's missing entry) is replaced by one. PosencError for another cache type or an
+    entry that already holds positions without posenc's state (filled before ``apply_scheme``)."""
+    from transformers.cache_utils import DynamicLayer
+
+    kind, layers = cache_layer_type(), getattr(cache, "layers", None)
+    if layers is not None and len(layers) <= layer_idx and getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
+        layers.extend(kind() for _ in range(layer_idx + 1 - len(layers)))  # what Cache.update would append
+    entry = layers[layer_idx] if layers is not None and layer_idx < len(layers) else None
+    if isinstance(entry, kind):
+        return entry
+    if type(entry) is not DynamicLayer:
+        raise PosencError(f"a model with a posenc scheme decodes with transformers' DynamicCache (the default); got "
+                          f"{type(cache).__name__}{f' with {type(entry).__name__} layers' if entry is not None else ''}")
+    if entry.get_seq_length():
+        raise PosencError(f"the KV cache holds {entry.get_seq_length()} positions this posenc model did not decode "
+                          "(filled before apply_scheme?): start from an empty cache")
+    layers[layer_idx] = kind()
+    return layers[layer_idx]
+
+
+def _decoding_state(module, args, kwargs):
+    """Forward pre-hook on ``self_attn``: hands :func:`attention_forward` this call's normalised layer input
+    (B, Tq, hidden) as ``posenc_x`` and the layer's cache entry (None without a cache) as ``posenc_layer``."""
+    new = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    layer = None if cache is None else _cache_layer(cache, module.layer_idx)
+    return args, {**kwargs, "posenc_x": new, "posenc_layer": layer}
+
+
+def _layer_input(new: torch.Tensor, layer, n_keys: int) -> torch.Tensor:
+    """The inputs x (B, n_keys, hidden) of all n_keys positions: the cache entry's, then this call's rows
+    ``new``; the entry keeps them (no graph) for the next step."""
+    old = None if layer is None else layer.x
+    have = 0 if old is None else old.shape[1]
+    if have + new.shape[1] != n_keys or (old is not None and old.shape[0] != new.shape[0]):
+        raise PosencError(f"posenc attention got {n_keys} keys for {new.shape[1]} new positions and {have} cached inputs "
+                          "(a KV cache changed outside transformers' Cache methods?)")
+    x = new if old is None else torch.cat((old.to(new.device), new), dim=1)  # an offloaded cache keeps x on the CPU
+    if layer is not None:
+        layer.x = x.detach()
     return x
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
-                      position_ids: Optional[torch.Tensor] = None, **kwargs):
+                      position_ids: Optional[torch.Tensor] = None, posenc_x: Optional[torch.Tensor] = None,
+                      posenc_layer=None, **kwargs):
     """transformers ``AttentionInterface`` entry: query (B, H, Tq, D), key, value (B, Hkv, T, D) unrotated
-    -> ((B, Tq, H, D), None). The queries are the last Tq of the T positions 0..T-1."""
+    -> ((B, Tq, H, D), None). The queries are the last Tq of the T positions 0..T-1; ``posenc_x`` and
+    ``posenc_layer`` come from the pre-hook :func:`_decoding_state`."""
     n_keys = key.shape[-2]
     if module.posenc.replaces_attention and query.shape[-2] != n_keys:
         raise PosencError(f"{module.posenc_spec!r} replaces attention and needs every query: "
                           "decode without the KV cache (generate(..., use_cache=False))")
-    x = _layer_input(module, n_keys)
+    x = _layer_input(posenc_x, posenc_layer, n_keys)
     pos = torch.arange(n_keys, device=query.device)
     prepared = hooks(module.posenc, Inputs(x, pos))
     scale = prepared.logit_scale * scaling * math.sqrt(query.shape[-1])  # the model's softmax scale, not 1/sqrt(D)
