@@ -71,3 +71,31 @@ def test_casts_keep_float64_frequencies_and_relative_scores_to_64k(cast):
     assert max(scores) - min(scores) < 1e-4, scores
     model.double()  # raising precision is allowed
     assert enc.inv_freq.dtype == torch.float64
+
+
+def test_bugs_inside_a_scheme_raise_with_their_traceback_and_bad_values_are_one_line_errors():
+    """A mistyped attribute inside a scheme is a bug (AttributeError, traceback), not 'invalid parameters'."""
+    from posenc import encodings
+    from posenc.encodings.base import Encoding
+    from posenc.errors import PosencError
+
+    @encodings.register
+    class Broken(Encoding):
+        name = "issue23-broken"
+
+        def __init__(self, dims, width: int = 2):
+            super().__init__(dims)
+            self.width = self.widht  # the bug
+
+    try:
+        with pytest.raises(AttributeError, match="widht"):
+            encodings.get("issue23-broken")
+        with pytest.raises(PosencError, match="width='x': expected int"):  # a bad value is still the user's
+            encodings.get("issue23-broken:width=x")
+    finally:
+        encodings.unregister("issue23-broken")
+    for params, message in (({"schedule": "yarn", "schedule_params": 5}, "expected dict"),
+                            ({"schedule": "yarn", "schedule_params": {"factor": "x"}}, "factor='x': expected a finite number"),
+                            ({"schedule_params": {"factor": 2.0}}, "need a schedule")):
+        with pytest.raises(PosencError, match=message):
+            encodings.get("rope", **params)

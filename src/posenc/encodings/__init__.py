@@ -22,10 +22,7 @@ from posenc.errors import PosencError
 def _build(cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str, defaults: dict[str, Any] | None = None) -> Encoding:
     params = {**{k: v for k, v in (defaults or {}).items() if k in _accepted(cls)}, **params}
     check_types(spec, cls, params)  # parameters given in Python too, not only in the spec
-    try:
-        return cls(dims, **params)
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise PosencError(f"invalid parameters for scheme {spec!r}: {exc}") from None
+    return cls(dims, **params)  # invalid values are PosencErrors of the scheme; anything else is a bug: its traceback
 
 
 def get(spec: str, dims: Dims | None = None, defaults: dict[str, Any] | None = None, **params: Any) -> Encoding:

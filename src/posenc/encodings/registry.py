@@ -120,16 +120,18 @@ def _accepted(cls: type[Encoding]) -> set[str]:
 
 
 def check_types(name: str, cls: type[Encoding], params: dict[str, Any]) -> None:
-    """Each value against the constructor's annotation (bool, int, float, str); PosencError naming the key."""
+    """Each value against the constructor's annotation (bool, int, float, str, dict); PosencError naming the key.
+    A dict's entries, and values of other annotations, are the constructor's to check."""
     hints = typing.get_type_hints(cls.__init__)
     for key, value in params.items():
-        want = {t for t in typing.get_args(hints.get(key)) or (hints.get(key),) if t in (bool, int, float, str)}
+        want = {t for t in typing.get_args(hints.get(key)) or (hints.get(key),) if t in (bool, int, float, str, dict)}
         ok = (
             (bool in want and isinstance(value, bool))
             or (int in want and isinstance(value, int) and not isinstance(value, bool))
             or (float in want and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
             or (str in want and isinstance(value, str))
-            or not want  # dicts, objects: the constructor checks them
+            or (dict in want and isinstance(value, dict))
+            or not want
         )
         if not ok and isinstance(value, float) and not math.isfinite(value) and float in want:
             raise PosencError(f"scheme {name!r}: {key}={value!r}: must be a finite number")

@@ -30,7 +30,7 @@ class RoPE(Encoding):
     leaky-rerope) with ``schedule_params`` changes the frequencies and
     ``logit_scale`` (= attention_factor^2); ReRoPE replaces attention (``attend``,
     ``posenc.rope.rerope_attention``). Raises PosencError for an odd head dim, an
-    unknown pairing or invalid schedule parameters. ``rotary_fraction`` f < 1 rotates
+    unknown pairing, or schedule parameters that are invalid or without a schedule. ``rotary_fraction`` f < 1 rotates
     only the first int(f D) features of each head, with frequencies of that dim
     (Hugging Face ``partial_rotary_factor``; not with the ReRoPE schedules).
     Phases: (1, 1, T, fD/2) float32, computed as float64 t * omega mod 2 pi.
@@ -50,7 +50,10 @@ class RoPE(Encoding):
         if self.replaces_attention and self.rot_dim < dims.head_dim:
             raise PosencError(f"rope schedule {schedule!r} rotates every feature; rotary_fraction must be 1")
         inv_freq = rope.rope_inv_freq(self.rot_dim, rope_theta)
+        if schedule is None and schedule_params:
+            raise PosencError(f"rope schedule_params {schedule_params!r} need a schedule")
         if schedule is not None:
+            _check_schedule_values(schedule, schedule_params or {})
             self.schedule_params = rope.schedule_params(schedule, dims.train_length, schedule_params)
             inv_freq, attention_factor = rope.SCHEDULES[schedule](self.rot_dim, rope_theta, self.schedule_params, None)
             self.logit_scale = attention_factor**2  # the factor multiplies cos and sin
@@ -87,3 +90,14 @@ class RoPE(Encoding):
         if self.rot_dim < self.dims.head_dim:
             extra += f", rotary_fraction={self.rotary_fraction:g}"
         return f"rope(theta={self.rope_theta:g}, {self.pairing}{extra})"
+
+
+def _check_schedule_values(schedule: str, params: dict) -> None:
+    """PosencError unless every schedule parameter is unset (None), true/false, a finite number or a list of them
+    (the schedule checks names and ranges, ``posenc.rope.schedule_params``)."""
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and (isinstance(v, bool) or math.isfinite(v))
+
+    for key, value in params.items():
+        if not (value is None or number(value) or (isinstance(value, list) and all(map(number, value)))):
+            raise PosencError(f"rope schedule {schedule!r}: {key}={value!r}: expected a finite number, true/false or a list of numbers")
