@@ -6,27 +6,34 @@ query i over key j <= i is
 
     D_ij = log prod_{t=j+1..i} f_t = Lambda_i - Lambda_j,   Lambda = cumsum(log f)
 
-log f = logsigmoid(.) is taken in float32 and summed in float64 (long inputs);
-tiles are differences relative to their first query, rounded to float32 and
-clamped to <= 0, so only non-positive differences are ever exponentiated by the
-softmax (rounding cannot make a causal entry positive).
-Alone (``forget``) it is FoX over NoPE; with ``+`` it adds to any other part
-(``acc-rand-qkv+forget``, ``path+forget`` = PaTH-FoX).
+log f = logsigmoid(.) is taken in float32 (float64 in a float64 model) and summed
+in float64 (long inputs); tiles are differences relative to their first query,
+rounded to float32 and clamped to <= 0, so only non-positive differences are ever
+exponentiated by the softmax (rounding cannot make a causal entry positive).
+Alone (``forget``) it is FoX over NoPE, the bias added to q.k / sqrt(D) as in Lin
+et al. and flash-linear-attention's ``forgetting_attn``; with ``+`` it adds to any
+other part (``acc-rand-qkv+forget``). ``scaled=true`` multiplies the bias by
+1 / sqrt(D) too: flash-linear-attention's PaTH-FoX adds the gates to q.k before
+its score scale (``parallel_path_attn``, kernel and decoding), so its PaTH-FoX is
+``path-fox`` = ``path+forget:scaled=true``; ``path+forget`` keeps FoX's unscaled gate.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc.encodings.registry import register
+from posenc.encodings.registry import alias, register
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
 
 
 def log_forget_cumsum(logits: torch.Tensor) -> torch.Tensor:
-    """Lambda = cumsum(logsigmoid(logits)) over the last dim: (B, H, T) -> (B, H, T) float64."""
-    return torch.cumsum(F.logsigmoid(logits.float()).double(), dim=-1)
+    """Lambda = cumsum(logsigmoid(logits)) over the last dim: (B, H, T) -> (B, H, T) float64.
+    The log-gates are taken in the logits' dtype, float32 at least (bf16 gates would be off by ~1e-3)."""
+    return torch.cumsum(F.logsigmoid(logits.to(torch.promote_types(logits.dtype, torch.float32))).double(), dim=-1)
 
 
 def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn:
@@ -56,20 +63,24 @@ class ForgetGate(Encoding):
     """FoX forget gate: score bias Lambda_i - Lambda_j, Lambda = cumsum log sigmoid(W x + b) (Lin et al. 2025).
 
     One gate per head from the layer's input x (B, T, d_model); the bias tiles
-    are (B, H, tq, tk) float32, never a T x T tensor in the chunked path.
+    are (B, H, tq, tk) float32 (float64 in a float64 model), never a T x T tensor
+    in the chunked path. ``scaled``: the bias times 1 / sqrt(head_dim), as
+    flash-linear-attention's PaTH-FoX (``path-fox``).
     """
 
     name = "forget"
     family, source = "score biases", "Lin et al. 2025, arXiv:2503.02130 (Forgetting Transformer)"
     has_bias = True
 
-    def __init__(self, dims: Dims):
+    def __init__(self, dims: Dims, scaled: bool = False):
         super().__init__(dims)
         self.gate = nn.Linear(dims.d_model, dims.n_head, bias=True)
+        self.scaled = scaled
+        self.bias_scale = 1 / math.sqrt(dims.head_dim) if scaled else 1.0
 
     def log_lambda(self, inp: Inputs) -> torch.Tensor:
-        """Lambda: (B, H, T) float64."""
-        return log_forget_cumsum(self.gate(inp.x).transpose(1, 2))
+        """Lambda (times ``bias_scale``): (B, H, T) float64."""
+        return log_forget_cumsum(self.gate(inp.x).transpose(1, 2)) * self.bias_scale
 
     def neutral_init(self) -> None:
         """W = 0, b = NEUTRAL_GATE_BIAS: every f_t = sigmoid(8) ~ 0.99966 (-3.4e-4 nats of bias per token of distance)."""
@@ -80,7 +91,10 @@ class ForgetGate(Encoding):
         return forget_bias(self.log_lambda(inp), torch.promote_types(inp.x.dtype, torch.float32))
 
     def describe(self) -> str:
-        return "forget gate (FoX): bias cumsum log sigmoid(Wx+b), float64 prefix sums"
+        return "forget gate (FoX): bias cumsum log sigmoid(Wx+b), float64 prefix sums" + (", times 1/sqrt(D)" if self.scaled else "")
+
+
+alias("path-fox", "path+forget:scaled=true", "flash-linear-attention's PaTH-FoX: PaTH with a forget gate scaled by 1/sqrt(D) with the scores")
 
 
 def forget_bias_naive(logits: torch.Tensor) -> torch.Tensor:
