@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -171,6 +172,73 @@ def test_rerope_in_model_and_with_kv_cache():
             torch.testing.assert_close(out.logits[:, -1], full[:, t], atol=1e-4, rtol=1e-4)
         apply_method(model, Extension("none"))  # switching back restores SDPA
         torch.testing.assert_close(model(ids).logits, plain, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- padding and the KV cache
+
+
+@pytest.mark.parametrize("method", schedules.METHODS)
+def test_left_padded_batches_score_as_their_unpadded_rows(method):
+    """Every method, a left-padded batch with and without generate's position_ids (mask cumsum - 1), then two
+    decoding steps through the cache: each row's logits equal its own unpadded run's (ReRoPE window 8 < T)."""
+    model = tiny_model()
+    apply_method(model, Extension(method, 2.0, window=8, leak=4.0))
+    rows = [torch.randint(0, 97, (n,)) for n in (30, 23, 17)]
+    T, B = 28, len(rows)  # the prefill; rows[b][T - 30 + len:] are decoded one token at a time
+    ids, mask = torch.zeros(B, 30, dtype=torch.long), torch.zeros(B, 30, dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, 30 - len(r) :], mask[b, 30 - len(r) :] = r, 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        alone = [model(r[None]).logits[0] for r in rows]
+        for kw in ({}, {"position_ids": positions[:, :T]}):
+            out = model(ids[:, :T], attention_mask=mask[:, :T], use_cache=True, **kw)
+            steps = [out.logits]
+            for t in (T, T + 1):
+                extra = {"position_ids": positions[:, t : t + 1]} if kw else {}
+                out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=out.past_key_values, use_cache=True, **extra)
+                steps.append(out.logits)
+            batch = torch.cat(steps, 1)
+            for b, r in enumerate(rows):
+                torch.testing.assert_close(batch[b, 30 - len(r) :], alone[b], atol=1e-4, rtol=1e-4)
+
+
+def short_model(l0: int = 16) -> LlamaForCausalLM:
+    """tiny_model's sizes with native context ``l0``."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=l0, attn_implementation="sdpa",
+                      rope_parameters={"rope_type": "default", "rope_theta": BASE})
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_dynamic_ntk_past_the_native_length_refuses_padding_and_warns_for_cached_decoding():
+    """Dynamic NTK, L0 = 16: cached decoding up to L0 equals the full forward (no warning); past it the cached
+    keys keep their step's base, logits differ and a one-line warning says so; a padded batch past L0 is refused."""
+    model = short_model()
+    apply_method(model, Extension("dynamic", 4.0))
+    ids = torch.randint(0, 97, (1, 24))
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning up to L0, nor for full forwards past it
+        full = [model(ids[:, : t + 1]).logits[0, -1] for t in range(24)]  # each step's exact logits
+        out = model(ids[:, :10], use_cache=True)
+        got = [out.logits[0, -1]]
+        for t in range(10, 16):
+            out = model(ids[:, t : t + 1], cache=out.past_key_values, use_cache=True)
+            got.append(out.logits[0, -1])
+    assert max((g - f).abs().max().item() for g, f in zip(got, full[9:16])) < 1e-5
+    with torch.inference_mode(), pytest.warns(UserWarning, match=r"^dynamic NTK decoded with the KV cache past L0 = 16: .*use_cache=False\) is exact\)$"):
+        for t in range(16, 24):
+            out = model(ids[:, t : t + 1], cache=out.past_key_values, use_cache=True)
+            got.append(out.logits[0, -1])
+    assert max((g - f).abs().max().item() for g, f in zip(got[7:], full[16:])) > 1e-3  # the stale keys, as documented (100x)
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[0, :5] = 0
+    with pytest.raises(PosencError, match=r"^dynamic NTK gives a padded batch one base from its longest row: past L0 = 16"):
+        model(torch.randint(0, 97, (2, 20)), attention_mask=mask)
+    assert torch.isfinite(model(torch.randint(0, 97, (2, 16)), attention_mask=mask[:, :16]).logits).all()  # up to L0: exact
+    apply_method(model, Extension("none"))  # the checks follow the method
+    assert torch.isfinite(model(torch.randint(0, 97, (2, 20)), attention_mask=mask).logits).all()
 
 
 # ---------------------------------------------------------------- token accounting

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import warnings
 
 import torch
 from torch import nn
@@ -85,6 +86,11 @@ def apply_method(model, ext: Extension) -> None:
     ``attention_scaling`` are the method's. The original RoPE parameters are kept
     in ``model.posenc_base_rope`` (and L0 in ``posenc_l0``) so methods can be switched
     repeatedly.
+
+    Padded batches (``attention_mask`` with zeros) score each row as its unpadded run
+    (tested for every method), except dynamic NTK past L0, which transformers computes
+    with one base for the whole batch: refused (PosencError). Dynamic NTK decoded with
+    the KV cache past L0 warns once (:func:`_dynamic_inputs`).
     Raises PosencError as :func:`method_params`.
     """
     config = model.config
@@ -96,12 +102,41 @@ def apply_method(model, ext: Extension) -> None:
     theta = float(model.posenc_base_rope["rope_theta"])
     config.rope_parameters = rope.hf_rope_parameters(ext.method, params, theta, head_dim(config))
     rotary = model.posenc_rotary_cls(config=config)
+    # transformers' dynamic NTK rescales past max_position_embeddings (its original_max_seq_len)
+    model.model.posenc_dynamic_l0 = rotary.original_max_seq_len if ext.method == "dynamic" else None
+    if not hasattr(model.model, "posenc_dynamic_hook"):
+        model.model.posenc_dynamic_hook = model.model.register_forward_pre_hook(_dynamic_inputs, with_kwargs=True)
     if ext.method in rope.RELATIVE:
         install(model, rotary.inv_freq, params["window"], params.get("leak"))
     else:
         model.model.rotary_emb = rotary
         model.set_attn_implementation(model.posenc_attn)
     model.posenc_extension = ext
+
+
+def _dynamic_inputs(module, args, kwargs):
+    """Forward pre-hook on the decoder (``model.model``), active while dynamic NTK is set
+    (``module.posenc_dynamic_l0`` = L0): transformers computes one base for the batch from
+    its longest position, so a padded batch of more than L0 positions would score its
+    shorter rows with another base than alone (PosencError); and it rotates each key once,
+    when it is cached, so cached decoding past L0 keeps the prompt's keys at the prefill
+    length's base and each generated key at its step's base while the new query gets the
+    current one: logits then differ from a full forward of the same tokens (a one-line
+    warning, once)."""
+    l0 = module.posenc_dynamic_l0
+    ids = kwargs.get("input_ids")
+    ids = ids if ids is not None else kwargs.get("inputs_embeds", args[0] if args else None)
+    if l0 is None or ids is None:
+        return
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    past = cache.get_seq_length() if cache is not None else 0
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all()) and past + ids.shape[1] > l0:
+        raise PosencError(f"dynamic NTK gives a padded batch one base from its longest row: past L0 = {l0} positions "
+                          "its shorter rows would score otherwise than alone; run rows of different lengths one at a time")
+    if past and past + ids.shape[1] > l0:
+        warnings.warn(f"dynamic NTK decoded with the KV cache past L0 = {l0}: cached keys keep the base of the step "
+                      "that cached them, so logits differ from a full forward (generate(..., use_cache=False) is exact)")
 
 
 def reset_rotary(model) -> None:
@@ -148,19 +183,37 @@ class IdentityRotary(nn.Module):
         return torch.ones(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device)
 
 
-def attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, position_ids=None, **kwargs):
+def attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """transformers ``AttentionInterface`` entry: (B, H, Tq, D) -> ((B, Tq, H, D), None).
 
     Reads ``module.rerope = (inv_freq, window, leak)`` set by :func:`install`; q, k, v
-    at float32 or better. Batch of unpadded sequences starting at position 0
-    (``attention_mask`` unused).
+    at float32 or better. Positions are the key indices 0..Tk-1, the queries the last
+    Tq (``position_ids`` unused): (leaky) ReRoPE depends only on i - j, so with the pads
+    masked a left-padded row scores as its unpadded run. ``attention_mask``: transformers'
+    boolean (B, 1, Tq, Tk) mask (True: attend), built for padded batches only, or None.
+    Raises PosencError for another mask type (a float 4D mask passed by hand).
     """
     inv_freq, window, leak = module.rerope
-    q_pos = position_ids[0] if position_ids is not None else None
     dtype = torch.promote_types(query.dtype, torch.float32)
+    bias = None if attention_mask is None else _mask_bias(attention_mask, key.shape[-2] - query.shape[-2], dtype)
     out = rope.rerope_attention(query.to(dtype), key.to(dtype), value.to(dtype), inv_freq, window, leak,
-                                q_pos=q_pos, scale=scaling)
+                                bias=bias, scale=scaling)
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _mask_bias(mask: torch.Tensor, first: int, dtype: torch.dtype):
+    """``posenc.attention.BiasFn`` of a boolean mask (B, 1, Tq, Tk) whose row 0 is query position ``first``:
+    tiles (B, 1, q1 - q0, k1 - k0) of 0 where the query attends and the dtype's lowest finite value elsewhere
+    (finite: a pad query with no key to attend stays finite, and every real query's weight on a pad is 0)."""
+    if mask.dtype != torch.bool:
+        raise PosencError(f"ReRoPE attention takes transformers' boolean attention mask, got a {mask.dtype} mask")
+    low = torch.finfo(dtype).min
+
+    def tile(q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
+        keep = mask[:, :, q0 - first : q1 - first, k0:k1]
+        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, low)
+
+    return tile
 
 
 def install(model, inv_freq: torch.Tensor, window: int, leak: float | None) -> None:
@@ -171,8 +224,10 @@ def install(model, inv_freq: torch.Tensor, window: int, leak: float | None) -> N
     and setting the attention implementation back (:func:`apply_method` does).
     """
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(ATTN_NAME, attention_forward)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)  # else a custom attention gets no mask: padding ignored
     model.model.rotary_emb = IdentityRotary(inv_freq)
     for layer in model.model.layers:
         layer.self_attn.rerope = (inv_freq, int(window), None if leak is None else float(leak))
