@@ -287,3 +287,16 @@ def test_compare_tasks_end_to_end_resumes_and_refuses_other_settings(tmp_path):
     other = load_preset(str(_tiny_preset(tmp_path, task_eval={"multiples": [1, 2], "answers": 41, "max_tokens": 1024})))
     with pytest.raises(PosencError, match="other settings"):
         compare(other, tmp_path / "runs", isolate=False)
+
+
+def test_claim_r4_on_flipflop_reads_near_buckets_of_the_id_test():
+    def cells(far_acc):
+        out = {("id", 128, 2): 0.99, ("id", 128, 8): 0.99, ("id", 128, 64): 0.99}
+        out.update({("id", 4096, 2): far_acc, ("id", 4096, 8): far_acc, ("id", 4096, 64): 0.2})  # the far bucket is not near recall
+        return out
+
+    t = _table("flipflop", {"rope": {0: cells(0.6)}, "forget": {0: cells(0.98)}})
+    c = claim_r4(t)
+    assert c.verdict == HOLDS and "rope 39.0" in c.evidence and "forget 1.0" in c.evidence
+    t = _table("flipflop", {"rope": {0: cells(0.99)}, "forget": {0: cells(0.98)}})
+    assert claim_r4(t).verdict == FAILS
