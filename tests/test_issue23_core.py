@@ -136,3 +136,37 @@ def test_path_fox_matches_flash_linear_attentions_pathfox():
     torch.testing.assert_close(fox.attend(q, k, v, inp), ref, rtol=0, atol=1e-10)
     fox_unscaled = torch.softmax(path_scores_naive(q, k, w, beta) / math.sqrt(16) + G[..., :, None] - G[..., None, :], dim=-1) @ v
     torch.testing.assert_close(plain.attend(q, k, v, inp), fox_unscaled, rtol=0, atol=1e-10)
+
+
+def test_eval_says_which_text_it_scored_and_when_it_is_fewer_tokens_than_asked(tmp_path, capsys):
+    from posenc.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--multiples", "1", "--max-tokens", "100000000"]) == 0
+    text = [line for line in capsys.readouterr().out.splitlines() if line.startswith("text: ")]
+    assert len(text) == 1 and "held-out document(s) of shakespeare" in text[0]
+    assert "fewer than --max-tokens 100000000: no other held-out document has" in text[0]
+    assert "posenc compare scores this text when its longest length is" in text[0]
+
+
+def test_decode_with_an_id_outside_the_vocabulary_is_a_one_line_error():
+    from posenc.errors import PosencError
+    from posenc.model import Cache
+
+    model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 32, "vocab_size": 50})
+    for bad in (50, -1):
+        with pytest.raises(PosencError, match=r"token ids must lie in \[0, 50\)"):
+            model.decode(torch.tensor([[1, bad]]), Cache(1))
+
+
+def test_xpos_refuses_decreasing_positions():
+    """Decreasing position ids gave NaN: the decay factor grows without bound for keys after their query."""
+    from posenc.errors import PosencError
+
+    model = build_model({"encoding": "xpos", "n_layer": 1, "n_head": 2, "d_model": 32})
+    tokens = torch.randint(0, 256, (1, 10))
+    assert torch.isfinite(model.hidden(tokens, torch.arange(10) * 3)).all()  # gaps are fine
+    with pytest.raises(PosencError, match="xpos needs non-decreasing position ids"):
+        model.hidden(tokens, torch.arange(10).flip(0))

@@ -71,3 +71,43 @@ def test_records_of_the_old_passkey_field_resume_and_count_once(tmp_path):
     store = extend._Store(path, "t")
     assert [(r["key"], r["passkey"]) for r in store.records] == [("passkey|none|120|0.5|0", 12345)]
     assert extend._trial_key("none", 120, 0.5, 0) in store.done
+
+
+def test_a_literal_special_token_in_a_document_is_text(tmp_path):
+    """'<s>' written in a document is tokenized as text, not as the BOS id (extend's documents, finetune's stream)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from posenc import finetune
+
+    t = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2, "<": 3, "s": 4, ">": 5}, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]", bos_token="<s>", eos_token="</s>")
+    assert tok("a <s> b", add_special_tokens=False)["input_ids"] == [1, tok.bos_token_id, 2]  # what it did
+    ids = extend.text_ids(tok, "a <s> b </s>")
+    assert ids[:5] == [1, 3, 4, 5, 2] and not {tok.bos_token_id, tok.eos_token_id} & set(ids)
+    (tmp_path / "c.txt").write_text("a <s> b\n" * 50)
+    cfg = finetune.FinetuneConfig(name="x", corpus=str(tmp_path / "c.txt"), length=8)
+    stream = finetune.train_stream(cfg, tok)
+    assert tok.bos_token_id not in stream.tolist() and stream.tolist().count(tok.eos_token_id) == 1  # one document
+
+
+def test_extend_refuses_lengths_no_method_would_score(llama_dir, capsys):
+    """Lengths above factor x L0 are scored only by --long-methods: with none of them in --methods the table was empty."""
+    out = llama_dir / "o"
+    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
+            "--methods", "none", "--factor", "1", "--lengths", "16", "300", "--long-methods", "dynamic", "--passkey-lengths"]
+    assert main(argv) == 2 and not out.exists()
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
+    assert last.startswith("posenc: error: --lengths 300 exceed factor x native length = 256") and "--long-methods (dynamic)" in last
+
+
+def test_finetune_without_peft_names_finetune_and_peft(llama_dir, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft raises ImportError
+    argv = ["finetune", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--length", "32",
+            "--steps", "1", "--eval-lengths", "16", "--out", str(llama_dir / "f")]
+    assert main(argv) == 2 and not (llama_dir / "f").exists()
+    err = capsys.readouterr().err
+    assert err == "posenc: error: posenc finetune needs peft: pip install 'posenc[pretrained]' (or --lora-rank 0: no peft)\n"

@@ -242,13 +242,26 @@ def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Docum
     for spec in cfg.schemes:  # built for the model's sizes, not yet applied
         hf.layer_schemes(loaded.model, spec)
     tok = loaded.tokenizer
-    docs = [(d.name, tok(d.text, add_special_tokens=False)["input_ids"][: cfg.max_tokens]) for d in documents]
+    docs = [(d.name, text_ids(tok, d.text)[: cfg.max_tokens]) for d in documents]
     bos_id = tok.bos_token_id if cfg.bos == "prepend" else None
     if cfg.bos == "prepend" and bos_id is None:
         raise PosencError(f"{cfg.model} has no BOS token; use --bos none")
     if cfg.passkey_lengths:  # a prompt too long for the shortest passkey length fails now, not after scoring
         passkey.passkey_prompt(tok, min(cfg.passkey_lengths), cfg.passkey_depths[0], 99999)
-    return l0, docs, {L: _plan_windows(docs, L, cfg) for L in cfg.lengths}, bos_id
+    plan = {L: _plan_windows(docs, L, cfg) for L in cfg.lengths}
+    long = [L for L in cfg.lengths if L > cfg.factor * l0]
+    if long and cfg.long_methods is not None and not set(cfg.long_methods) & set(cfg.methods):
+        raise PosencError(f"--lengths {' '.join(map(str, long))} exceed factor x native length = {cfg.factor * l0:g}, where "
+                          f"only --long-methods ({' '.join(cfg.long_methods) or 'none'}) are scored, and --methods has none "
+                          "of them: nothing would score there (add one to --methods, or give a bare --long-methods)")
+    return l0, docs, plan, bos_id
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of a document's text (a Hugging Face tokenizer, no special tokens added). A string spelling a
+    special token ('<s>', '</s>') is text like any other, never the special id: a document quoting '<s>'
+    would otherwise get a BOS in its middle."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
 def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
@@ -258,7 +271,8 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
     report's markdown (also in ``out/results.md``). Raises PosencError before ``out`` is
     touched for an unknown document, a model posenc cannot load or extend, a ReRoPE window
     or leak invalid for the model's native context L0, a length longer than the held-out
-    text, or ``bos: prepend`` without a BOS token.
+    text, a length beyond factor x L0 that no method would score (``long_methods``), or
+    ``bos: prepend`` without a BOS token.
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

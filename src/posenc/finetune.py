@@ -20,6 +20,7 @@ see, and evaluation from its last record.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import time
@@ -123,10 +124,23 @@ def train_stream(cfg: FinetuneConfig, tokenizer) -> np.ndarray:
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ids = []
     for doc in load_corpus(cfg.corpus).train:
-        ids += tokenizer(doc.text, add_special_tokens=False)["input_ids"] + eos
+        ids += extend.text_ids(tokenizer, doc.text) + eos
     if len(ids) <= cfg.length + 1:
         raise PosencError(f"the training documents of {cfg.corpus} have {len(ids)} tokens, too few for --length {cfg.length}")
     return np.asarray(ids, dtype=np.int64)
+
+
+def check_dependencies(cfg: FinetuneConfig) -> None:
+    """PosencError naming every missing package of posenc[pretrained] this run needs (peft only for LoRA)."""
+    missing = []
+    for name in ("transformers", "gguf", "accelerate", *(("peft",) if cfg.lora_rank else ())):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise PosencError(f"posenc finetune needs {', '.join(missing)}: pip install 'posenc[pretrained]'"
+                          + (" (or --lora-rank 0: no peft)" if missing == ["peft"] else ""))
 
 
 def adapt(model, cfg: FinetuneConfig) -> str:
@@ -274,10 +288,12 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None) -> tuple[Path, str
     """Score, train and score again the adapted model of ``cfg``; returns the run directory and the report's markdown.
 
     ``out``: the run directory (default ``runs/finetune/<cfg.name>``). Raises PosencError, before
-    ``out`` is touched, for a run directory of other settings, everything ``posenc extend`` refuses,
-    a corpus too short for ``length``, a bad LoRA target or a missing peft; later, for a non-finite loss.
+    ``out`` is touched, for a missing dependency (transformers, gguf, accelerate; peft for LoRA), a run
+    directory of other settings, everything ``posenc extend`` refuses, a corpus too short for ``length``
+    or a bad LoRA target; later, for a non-finite loss.
     """
     check_config(cfg)
+    check_dependencies(cfg)
     out = Path(out or Path("runs") / "finetune" / cfg.name)
     check_resumable(out, cfg)  # a run of other settings is refused before the model loads
     if cfg.threads:

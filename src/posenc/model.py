@@ -200,11 +200,13 @@ class LM(nn.Module):
         A prompt may be fed at once or in chunks and then one token at a time; the
         logits equal the parallel forward's at the same positions (dynamic NTK:
         those of the parallel forward of the prefix so far, as its base follows
-        the current length). Raises PosencError for a bad shape, a batch size other
-        than the cache's, or a length beyond a learned position table.
+        the current length). Raises PosencError for a bad shape, token ids outside the
+        vocabulary, a batch size other than the cache's, or a length beyond a learned position table.
         """
         if tokens.dim() != 2 or tokens.shape[1] == 0:
             raise PosencError(f"tokens must be (batch, n) with n >= 1, got shape {tuple(tokens.shape)}")
+        if int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size:
+            raise PosencError(f"token ids must lie in [0, {self.cfg.vocab_size}), got [{int(tokens.min())}, {int(tokens.max())}]")
         if cache.tokens is not None and cache.tokens.shape[0] != tokens.shape[0]:
             raise PosencError(f"the cache holds batch size {cache.tokens.shape[0]}, got {tokens.shape[0]} new rows")
         whole = tokens if cache.tokens is None else torch.cat((cache.tokens, tokens), dim=1)

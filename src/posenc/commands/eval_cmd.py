@@ -9,7 +9,7 @@ from posenc.rope import NAMES, check_window
 from posenc.model import with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
 from posenc.errors import PosencError
-from posenc.evaluate import eval_lengths, evaluate_length, windows
+from posenc.evaluate import eval_lengths, evaluate_length, plan
 from posenc.train import load_run
 
 
@@ -50,6 +50,21 @@ def schedule_args(args) -> dict:
     return params
 
 
+def scored_text(docs: list, corpus: str, span: int, max_tokens: int) -> str:
+    """One line naming the text every length scores (the first ``span`` targets of the documents used) and its
+    size, saying so when it is not ``max_tokens`` targets. PosencError as ``posenc.evaluate.plan``."""
+    wins = plan(docs, span, max_tokens, span=span)
+    used = [docs[d][0] for d in dict.fromkeys(d for d, _ in wins)]
+    scored = sum(w.n_scored for _, w in wins)
+    line = (f"text: the first {span} targets of {len(used)} held-out document(s) of {corpus} ({', '.join(used)}), "
+            f"{scored} targets per length")
+    if scored < max_tokens:
+        line += f", fewer than --max-tokens {max_tokens}: no other held-out document has {span + 1} tokens"
+    elif scored > max_tokens:
+        line += f", more than --max-tokens {max_tokens}: whole spans of the longest length"
+    return line + f" (posenc compare scores this text when its longest length is {span} and its max_tokens {max_tokens})"
+
+
 def run(args) -> int:
     if args.window is not None:
         raise PosencError("--window was renamed: use --rerope-window (as in posenc extend)")
@@ -62,9 +77,10 @@ def run(args) -> int:
     if args.rope_schedule:
         model, scheme = with_rope_schedule(model, args.rope_schedule, schedule_args(args))
         check_window(model.blocks[0].attn.enc.schedule_params, min(lengths))
-    data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
-    windows(data.val_docs, max(lengths), args.max_tokens, span=max(lengths))  # bad --max-tokens, short text: before any output
-    print(f"scheme: {scheme}")
+    corpus = args.corpus or tcfg.corpus
+    data = load_tokens(corpus, tcfg.tokenizer)
+    text = scored_text(data.val_docs, corpus, max(lengths), args.max_tokens)  # bad --max-tokens, short text: before any output
+    print(f"scheme: {scheme}\n{text}")
     base = None
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
     for L in lengths:

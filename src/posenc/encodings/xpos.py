@@ -89,6 +89,8 @@ class XPos(Encoding):
     Replaces attention (``attend``): per query block one SDPA call over the
     block's keys with the causal tile (plus any other part's bias); at most
     (block x T) scores. Input q, k: (B, H, T, D) float32/64; output (B, H, T, Dv).
+    Raises PosencError for decreasing position ids (a key after its query in
+    position would get a growing factor zeta^((n-m)/B), n < m: inf and NaN).
     """
 
     name = "xpos"
@@ -105,6 +107,8 @@ class XPos(Encoding):
         self.register_buffer("zeta", xpos_zeta(dims.head_dim), persistent=False)
 
     def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
+        if bool((inp.pos[1:] < inp.pos[:-1]).any()):
+            raise PosencError("xpos needs non-decreasing position ids: its decay zeta^((n-m)/B) is for keys at or before their query")
         scale = self.logit_scale / math.sqrt(q.shape[-1])
         out = []
         for qs, qe in query_blocks(inp.pos, self.block_size, MAX_SPAN_BASES * self.scale_base):
