@@ -115,7 +115,7 @@ def test_fox_log_gates_take_the_inputs_precision():
 
 def test_path_fox_matches_flash_linear_attentions_pathfox():
     """flash-linear-attention's PaTH-FoX: softmax((q^T H_i..H_{j+1} k_j + G_i - G_j) / sqrt(D)) v, G = cumsum of the
-    log-gates (``parallel_path_attn``). ``path-fox`` gives it; ``path+forget`` adds FoX's unscaled gate."""
+    log-gates (``parallel_path_attn``). ``path+forget:scaled=true`` gives it; ``path+forget`` adds FoX's unscaled gate."""
     from posenc import encodings
     from posenc.encodings.base import Dims
     from posenc.encodings.householder_naive import path_scores_naive
@@ -125,7 +125,7 @@ def test_path_fox_matches_flash_linear_attentions_pathfox():
     x = torch.randn(1, 12, 32, dtype=torch.float64)
     inp = Inputs(x, torch.arange(12))
     q, k, v = (torch.randn(1, 2, 12, 16, dtype=torch.float64) for _ in range(3))
-    fox = encodings.get("path-fox", dims).double()
+    fox = encodings.get("path+forget:scaled=true", dims).double()
     plain = encodings.get("path+forget", dims).double()
     plain.load_state_dict(fox.state_dict())
     path, gate = fox.parts

@@ -15,7 +15,7 @@ et al. and flash-linear-attention's ``forgetting_attn``; with ``+`` it adds to a
 other part (``acc-rand-qkv+forget``). ``scaled=true`` multiplies the bias by
 1 / sqrt(D) too: flash-linear-attention's PaTH-FoX adds the gates to q.k before
 its score scale (``parallel_path_attn``, kernel and decoding), so its PaTH-FoX is
-``path-fox`` = ``path+forget:scaled=true``; ``path+forget`` keeps FoX's unscaled gate.
+``path+forget:scaled=true``; ``path+forget`` (the default) keeps FoX's unscaled gate.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc.encodings.registry import alias, register
+from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
 
 
@@ -65,7 +65,7 @@ class ForgetGate(Encoding):
     One gate per head from the layer's input x (B, T, d_model); the bias tiles
     are (B, H, tq, tk) float32 (float64 in a float64 model), never a T x T tensor
     in the chunked path. ``scaled``: the bias times 1 / sqrt(head_dim), as
-    flash-linear-attention's PaTH-FoX (``path-fox``).
+    flash-linear-attention's PaTH-FoX (``path+forget:scaled=true``).
     """
 
     name = "forget"
@@ -93,8 +93,6 @@ class ForgetGate(Encoding):
     def describe(self) -> str:
         return "forget gate (FoX): bias cumsum log sigmoid(Wx+b), float64 prefix sums" + (", times 1/sqrt(D)" if self.scaled else "")
 
-
-alias("path-fox", "path+forget:scaled=true", "flash-linear-attention's PaTH-FoX: PaTH with a forget gate scaled by 1/sqrt(D) with the scores")
 
 
 def forget_bias_naive(logits: torch.Tensor) -> torch.Tensor:
