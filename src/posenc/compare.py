@@ -20,15 +20,16 @@ import time
 from pathlib import Path
 
 from posenc import encodings
-from posenc.checkpoint import append_jsonl, make_run_dir, write_json
+from posenc.checkpoint import append_jsonl
 from posenc.config import Preset, absolute_corpus, schedule_spec, task_specs
 from posenc.data import load_tokens
 from posenc.diagnose import compare_extras, extras_pending
 from posenc.evaluate import eval_lengths, evaluate_length, windows
 from posenc.errors import PosencError
-from posenc.jobs import check_same_settings, done_cells, drop_torn_tail, one_line, run_inline, run_pool, scheme_modules
-from posenc.model import ModelConfig, is_rope, with_rope_schedule
+from posenc.jobs import check_same_settings, record_run, done_cells, drop_torn_tail, one_line, run_inline, run_pool, scheme_modules
+from posenc.model import is_rope, with_rope_schedule
 from posenc.report import write_report
+from posenc.stamp import run_stamp, stamp_line
 from posenc.retrieval import compare_tasks, mixing_window
 from posenc.train import is_trained, load_run, train
 
@@ -133,8 +134,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
     windows(data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset))  # held-out text long enough
     check_same_settings(run_root, preset)
-    make_run_dir(run_root)
-    write_json(run_root / "preset.json", preset.model_dump())
+    record_run(run_root, preset)
     results = run_root / "results.jsonl"
     drop_torn_tail(results)
     failures: dict[str, str] = {}
@@ -173,5 +173,6 @@ def _meta(preset: Preset, data) -> dict:
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
         "mixing_windows": {s: mixing_window(s, mcfg) for s in preset.schemes},
         "notes": preset.description or None,
+        "run": stamp_line(run_stamp()),
     }
 

@@ -28,9 +28,10 @@ import torch
 from pydantic import ValidationError
 
 from posenc import encodings
-from posenc.checkpoint import atomic_write_bytes, read_json, read_jsonl
+from posenc.checkpoint import append_jsonl, atomic_write_bytes, make_run_dir, read_json, read_jsonl, write_json
 from posenc.config import Preset
 from posenc.errors import PosencError
+from posenc.stamp import run_stamp
 
 
 def one_line(exc: BaseException) -> str:
@@ -180,6 +181,14 @@ def settings(preset: Preset) -> dict[str, Any]:
     """The settings every result of a run directory shares (model, training, evaluation), flattened."""
     flat = _flatten(preset.model_dump(mode="json", include={"model", "train", "eval", "task_eval"}), "")
     return {k: v for k, v in flat.items() if k not in FREE_SETTINGS}
+
+
+def record_run(run_root: Path, preset: Preset) -> None:
+    """Write the resolved preset (``preset.json``) and append this invocation's stamp (versions, commit,
+    device, threads, command; ``posenc.stamp``) to ``invocations.jsonl``: a resumed run keeps every one."""
+    make_run_dir(run_root)
+    write_json(run_root / "preset.json", preset.model_dump())
+    append_jsonl(run_root / "invocations.jsonl", run_stamp())
 
 
 def check_same_settings(run_root: Path, preset: Preset) -> None:

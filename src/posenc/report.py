@@ -116,7 +116,7 @@ def markdown(records: list[dict], failures: dict[str, str], meta: dict, extras: 
     L0 = meta.get("train_length")
     out = io.StringIO()
     out.write(f"# posenc compare: {meta.get('name', '')}\n\n")
-    for k in ("corpus", "tokenizer", "model", "budget", "seeds", "eval", "notes"):
+    for k in ("corpus", "tokenizer", "model", "budget", "seeds", "eval", "run", "notes"):
         if meta.get(k) is not None:
             out.write(f"- **{k}**: {meta[k]}\n")
     pk = passkey_grid(extras)
@@ -128,6 +128,9 @@ def markdown(records: list[dict], failures: dict[str, str], meta: dict, extras: 
         rows = [[s, *(_cell(grid[s][L], fmt) for L in lengths)] + [_passkey_at(pk.get(s, {}), pk_L)] * pk_col for s in schemes]
         out.write(f"\n## {title}\n\n" + markdown_table(head, rows) + "\n")
     out.write(claims_markdown(records, L0))
+    out.write("\nFlat perplexity does not say whether a scheme still uses what lies beyond its training length: "
+              "`posenc compare --preset retrieval` measures that on tasks with a known distance to the evidence "
+              "(flip-flop, associative recall; `results/retrieval/`).\n")
     out.write(window_markdown(records, meta.get("mixing_windows") or {}, L0))
     out.write(passkey_markdown(extras, L0))
     out.write(far_mass_markdown(extras, L0))

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 from posenc import encodings
-from posenc.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
+from posenc.checkpoint import append_jsonl, read_json, read_jsonl
 from posenc.config import Preset, task_specs
 from posenc.data import load_tokens
 from posenc.errors import PosencError
-from posenc.jobs import check_same_settings, drop_torn_tail, run_inline, run_pool, scheme_modules
+from posenc.jobs import check_same_settings, record_run, drop_torn_tail, run_inline, run_pool, scheme_modules
 from posenc.model import ModelConfig
 from posenc.retrieval_report import write_task_report
 from posenc.stamp import run_stamp
@@ -69,8 +69,7 @@ def compare_tasks(preset: Preset, out_root: Path = Path("runs"), isolate: bool =
     for task in tasks:
         get_task(task).check_length(preset.model.train_length)
     check_same_settings(run_root, preset)
-    make_run_dir(run_root)
-    write_json(run_root / "preset.json", preset.model_dump())
+    record_run(run_root, preset)
     results = run_root / "results.jsonl"
     drop_torn_tail(results)
     done = done_jobs(results)

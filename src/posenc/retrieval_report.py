@@ -26,6 +26,7 @@ from posenc.checkpoint import atomic_write_bytes, read_jsonl
 from posenc.claims import FAILS, FLAT_TOL, HOLDS, NOISE, Claim, Table, combine
 from posenc.report import with_ratios
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
+from posenc.stamp import stamp_line
 from posenc.taskeval import standard_error
 from posenc.tasks import get_task
 
@@ -371,12 +372,12 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
     ev, L0, windows = meta["eval"], meta["train_length"], meta.get("mixing_windows") or {}
     text = meta.get("text_results")
     text_records = read_text_results(Path(text)) if text else []
-    st = meta.get("stamp") or {}
+    st = meta["stamp"]
     lines = [f"# posenc retrieval: {meta['name']}", "",
              f"- model: {meta['model']}", f"- budget: {meta['budget']}", f"- seeds: {meta['seeds']}",
              f"- evaluation: answers per cell {ev['answers']} (or {ev['max_tokens']} tokens), lengths {ev['multiples']} x {L0}; "
              f"learned: id accuracy >= {100 * ev['learned']:.0f}%; horizon: accuracy within {100 * ev['horizon_tol']:.0f} points of id",
-             f"- run: posenc {st.get('posenc')}, commit {st.get('commit')}, torch {st.get('torch')}, {st.get('device')}, command `{st.get('command')}`",
+             f"- run: {stamp_line(st)} (each invocation: `invocations.jsonl`; each job's threads: its record)",
              f"- noise: a comparison is over seeds ({len(meta['seeds'])}) plus two binomial standard errors of the test sets; "
              + ("one seed does not measure training noise (thread count changes learned schemes' weights)" if len(meta["seeds"]) == 1 else "the seed range is the training noise"),
              ""]

@@ -52,3 +52,9 @@ def run_stamp() -> dict:
         "threads": torch.get_num_threads(),
         "command": " ".join(Path(sys.argv[0]).name if i == 0 else a for i, a in enumerate(sys.argv)),
     }
+
+
+def stamp_line(stamp: dict) -> str:
+    """The stamp as one line for a report header."""
+    return (f"posenc {stamp['posenc']} (commit {stamp['commit'] or 'n/a'}), torch {stamp['torch']}, transformers {stamp['transformers']}, "
+            f"{stamp['device']}, {stamp['threads']} threads, python {stamp['python']} on {stamp['platform']}; command: `{stamp['command']}`")

@@ -1,6 +1,7 @@
 """Training loop: AdamW, warmup + cosine, gradient clipping, atomic checkpoints, resume.
 
-A run directory holds ``config.json`` (model + training config),
+A run directory holds ``config.json`` (model + training config, and the stamp of the invocation
+that last wrote it: ``posenc.stamp``),
 ``model.safetensors`` (weights), ``state.pt`` (the resume point: weights, optimizer state and
 step in one atomically written file) and
 ``train.jsonl`` (one record per logged step). Batches are a pure function of
@@ -35,6 +36,7 @@ from posenc.checkpoint import (
     append_jsonl, atomic_write_bytes, load_torch, load_weights, make_run_dir, read_json, read_jsonl, save_torch, save_weights, write_json,
 )
 from posenc.data import TokenData, load_tokens
+from posenc.stamp import run_stamp
 from posenc.tasks import TaskData
 from posenc.errors import PosencError
 from posenc.model import LM, ModelConfig, build_model, validate_config
@@ -282,7 +284,7 @@ def train(
         for name in ("train.jsonl", "train_summary.json"):
             (run_dir / name).unlink(missing_ok=True)
     if shard.is_main:
-        write_json(run_dir / "config.json", {"model": mcfg.model_dump(), "train": tcfg.model_dump()})
+        write_json(run_dir / "config.json", {"model": mcfg.model_dump(), "train": tcfg.model_dump(), "stamp": run_stamp()})
     distributed.set_batch_rows(model, rows)
     loss_fn = distributed.wrap(_TokenNLL(model), shard)
     if tcfg.compile:
