@@ -176,13 +176,15 @@ def test_rerope_in_model_and_with_kv_cache():
 
 # ---------------------------------------------------------------- padding and the KV cache
 
+SHORT, LONG = tuple(1.0 + 0.05 * i for i in range(D // 2)), tuple(1.0 + 0.5 * i for i in range(D // 2))  # LongRoPE lists
 
-@pytest.mark.parametrize("method", schedules.METHODS)
+
+@pytest.mark.parametrize("method", [*schedules.METHODS, "longrope"])
 def test_left_padded_batches_score_as_their_unpadded_rows(method):
     """Every method, a left-padded batch with and without generate's position_ids (mask cumsum - 1), then two
     decoding steps through the cache: each row's logits equal its own unpadded run's (ReRoPE window 8 < T)."""
     model = tiny_model()
-    apply_method(model, Extension(method, 2.0, window=8, leak=4.0))
+    apply_method(model, Extension(method, 2.0, window=8, leak=4.0, short_factor=SHORT, long_factor=LONG))
     rows = [torch.randint(0, 97, (n,)) for n in (30, 23, 17)]
     T, B = 28, len(rows)  # the prefill; rows[b][T - 30 + len:] are decoded one token at a time
     ids, mask = torch.zeros(B, 30, dtype=torch.long), torch.zeros(B, 30, dtype=torch.long)
@@ -212,11 +214,16 @@ def short_model(l0: int = 16) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg).eval()
 
 
-def test_dynamic_ntk_past_the_native_length_refuses_padding_and_warns_for_cached_decoding():
-    """Dynamic NTK, L0 = 16: cached decoding up to L0 equals the full forward (no warning); past it the cached
-    keys keep their step's base, logits differ and a one-line warning says so; a padded batch past L0 is refused."""
+@pytest.mark.parametrize("ext,label,kept", [
+    (Extension("dynamic", 4.0), "dynamic NTK takes its base", "the base of the step that cached them"),
+    (Extension("longrope", 4.0, short_factor=SHORT, long_factor=LONG), "LongRoPE takes its factor list", "the short factors up to L0"),
+])
+def test_length_switches_past_the_native_length_refuse_padding_and_warn_for_cached_decoding(ext, label, kept):
+    """Dynamic NTK and LongRoPE, L0 = 16: cached decoding up to L0 equals the full forward (no warning); past it the
+    cached keys keep their step's frequencies, logits differ and a one-line warning says so; a padded batch past
+    L0 is refused."""
     model = short_model()
-    apply_method(model, Extension("dynamic", 4.0))
+    apply_method(model, ext)
     ids = torch.randint(0, 97, (1, 24))
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning up to L0, nor for full forwards past it
@@ -227,18 +234,37 @@ def test_dynamic_ntk_past_the_native_length_refuses_padding_and_warns_for_cached
             out = model(ids[:, t : t + 1], cache=out.past_key_values, use_cache=True)
             got.append(out.logits[0, -1])
     assert max((g - f).abs().max().item() for g, f in zip(got, full[9:16])) < 1e-5
-    with torch.inference_mode(), pytest.warns(UserWarning, match=r"^dynamic NTK decoded with the KV cache past L0 = 16: .*use_cache=False\) is exact\)$"):
+    name = label.split(" takes")[0]
+    with torch.inference_mode(), pytest.warns(UserWarning, match=rf"^{name} decoded with the KV cache past L0 = 16: cached keys keep "
+                                                                  rf"{kept}, .*use_cache=False\) is exact\)$"):
         for t in range(16, 24):
             out = model(ids[:, t : t + 1], cache=out.past_key_values, use_cache=True)
             got.append(out.logits[0, -1])
     assert max((g - f).abs().max().item() for g, f in zip(got[7:], full[16:])) > 1e-3  # the stale keys, as documented (100x)
     mask = torch.ones(2, 20, dtype=torch.long)
     mask[0, :5] = 0
-    with pytest.raises(PosencError, match=r"^dynamic NTK gives a padded batch one base from its longest row: past L0 = 16"):
+    with pytest.raises(PosencError, match=rf"^{label} for a padded batch from its longest row: past L0 = 16"):
         model(torch.randint(0, 97, (2, 20)), attention_mask=mask)
     assert torch.isfinite(model(torch.randint(0, 97, (2, 16)), attention_mask=mask[:, :16]).logits).all()  # up to L0: exact
     apply_method(model, Extension("none"))  # the checks follow the method
     assert torch.isfinite(model(torch.randint(0, 97, (2, 20)), attention_mask=mask).logits).all()
+
+
+def test_longrope_on_a_pretrained_model_switches_lists_past_l0():
+    """transformers' rotary with posenc's longrope parameters: the short list up to L0, the long one past it, the
+    attention factor sqrt(1 + ln s / ln L0) at every length; without lists the method is a one-line error."""
+    model = short_model()
+    apply_method(model, Extension("longrope", 4.0, short_factor=SHORT, long_factor=LONG))
+    omega = BASE ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    for T, ext in ((16, SHORT), (17, LONG)):
+        with torch.inference_mode():
+            model(torch.randint(0, 97, (1, T)))
+        inv, scale = read_back(model)
+        assert torch.allclose(inv, omega / torch.tensor(ext, dtype=torch.float64), rtol=1e-6)
+        assert scale == pytest.approx(math.sqrt(1 + math.log(4) / math.log(16)))
+    assert schedules.signature(model, 16) != schedules.signature(model, 17)
+    with pytest.raises(PosencError, match=r"^rope schedule 'longrope' needs long_factor, short_factor$"):
+        apply_method(model, Extension("longrope", 4.0))
 
 
 # ---------------------------------------------------------------- token accounting

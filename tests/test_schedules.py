@@ -71,6 +71,83 @@ def test_dynamic_ntk_equals_transformers_and_is_never_stale(seq_len):
     assert not torch.allclose(long[0, 0, :seq_len], short[0, 0], atol=1e-3)  # a stale base would match `long`
 
 
+SHORT = [1.0 + 0.05 * i for i in range(D // 2)]  # LongRoPE lists as a model ships them (D/2 each)
+LONG = [1.0 + 0.5 * i for i in range(D // 2)]
+
+
+@pytest.mark.parametrize("factor,attention_factor", [(8.0, None), (32.0, None), (1.0, None), (4.0, 1.3)])
+@pytest.mark.parametrize("seq_len", [None, 100, L0, L0 + 1, 4 * L0])
+def test_longrope_equals_transformers(factor, attention_factor, seq_len):
+    """Frequencies omega_i / short_i up to L0 (seq_len <= L0 or unknown), omega_i / long_i past it; attention factor
+    sqrt(1 + ln s / ln L0) unless given; equal to transformers' _compute_longrope_parameters, float32 rounding."""
+    from transformers.modeling_rope_utils import _compute_longrope_parameters
+
+    params = {"factor": factor, "short_factor": SHORT, "long_factor": LONG, "attention_factor": attention_factor}
+    inv, af = ours("longrope", seq_len=seq_len, **params)
+    cfg = transformers.LlamaConfig(hidden_size=4 * D, num_attention_heads=4, head_dim=D, max_position_embeddings=L0,
+                                   rope_parameters={"rope_type": "longrope", "rope_theta": THETA,
+                                                    "original_max_position_embeddings": L0, **{k: v for k, v in params.items() if v is not None}})
+    ref, ref_af = _compute_longrope_parameters(cfg, "cpu", seq_len=seq_len)
+    assert torch.allclose(inv, ref.double(), rtol=1e-6, atol=0) and af == pytest.approx(ref_af, rel=1e-12)
+    ext = LONG if seq_len is not None and seq_len > L0 else SHORT  # the switch: L0 itself keeps the short list
+    assert torch.allclose(inv, rope_inv_freq(D, THETA) / torch.tensor(ext, dtype=torch.float64), rtol=1e-12)
+    assert af == (attention_factor or (math.sqrt(1 + math.log(factor) / math.log(L0)) if factor > 1 else 1.0))
+
+
+def test_a_phi3_config_is_longrope_with_factor_from_its_lengths():
+    """Phi-3 leaves factor unset: transformers takes max_position_embeddings / original (32 here); posenc's longrope
+    with that factor gives its frequencies and attention factor, and its rotary switches lists past L0."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    cfg = transformers.Phi3Config(hidden_size=4 * D, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32 * L0,
+                                  original_max_position_embeddings=L0,
+                                  rope_parameters={"rope_type": "longrope", "rope_theta": THETA, "short_factor": SHORT, "long_factor": LONG})
+    rotary = Phi3RotaryEmbedding(cfg)
+    for T, long in ((L0, False), (L0 + 1, True)):
+        rotary(torch.zeros(1), torch.arange(T)[None])  # transformers picks the list for this forward
+        inv, af = ours("longrope", seq_len=T, factor=32.0, short_factor=SHORT, long_factor=LONG)
+        assert torch.allclose(rotary.inv_freq.double(), inv, rtol=1e-6) and rotary.attention_scaling == pytest.approx(af, rel=1e-12)
+        assert af == pytest.approx(math.sqrt(1 + math.log(32) / math.log(L0)))
+        assert torch.allclose(inv, rope_inv_freq(D, THETA) / torch.tensor(LONG if long else SHORT, dtype=torch.float64))
+
+
+def test_longrope_through_hf_rope_parameters():
+    from posenc.rope import hf_rope_parameters
+
+    params = schedule_params("longrope", L0, {"factor": 8.0, "short_factor": SHORT, "long_factor": LONG})
+    rp = hf_rope_parameters("longrope", params, THETA, D)
+    assert rp == {"rope_type": "longrope", "rope_theta": THETA, "factor": 8.0, "original_max_position_embeddings": L0,
+                  "short_factor": SHORT, "long_factor": LONG}
+    for seq_len in (None, 2 * L0):
+        inv, af = hf("longrope", seq_len, **{k: v for k, v in rp.items() if k not in ("rope_type", "rope_theta")})
+        want, want_af = ours("longrope", seq_len=seq_len, factor=8.0, short_factor=SHORT, long_factor=LONG)
+        assert torch.allclose(inv, want, rtol=1e-6) and af == pytest.approx(want_af, rel=1e-12)
+    with pytest.raises(PosencError, match=r"^longrope: short_factor has 32 entries; head dim 32 needs 16$"):
+        hf_rope_parameters("longrope", params, THETA, 32)
+
+
+@pytest.mark.parametrize("params,msg", [
+    ({"factor": 4.0}, "rope schedule 'longrope' needs long_factor, short_factor"),
+    ({"factor": 4.0, "short_factor": SHORT, "long_factor": [1.0, 0.0]}, r"long_factor must be a non-empty list of finite numbers > 0"),
+    ({"factor": 4.0, "short_factor": [], "long_factor": LONG}, "short_factor must be a non-empty list"),
+    ({"factor": 4.0, "short_factor": 2.0, "long_factor": LONG}, "short_factor must be a non-empty list"),
+    ({"factor": 4.0, "short_factor": SHORT, "long_factor": [float("nan")] * (D // 2)}, "long_factor must be a non-empty list"),
+    ({"factor": 0.5, "short_factor": SHORT, "long_factor": LONG}, "factor must be >= 1"),
+])
+def test_bad_longrope_input(params, msg):
+    with pytest.raises(PosencError, match=msg) as exc:
+        schedule_params("longrope", L0, params)
+    assert "\n" not in str(exc.value)
+
+
+def test_longrope_lists_must_fit_the_head_dim_and_are_never_a_default():
+    from posenc.rope import NAMES, check_name
+
+    with pytest.raises(PosencError, match=r"^longrope: long_factor has 16 entries; head dim 64 needs 32$"):
+        ours("longrope", seq_len=2 * L0, factor=4.0, short_factor=SHORT, long_factor=SHORT[:16])
+    assert "longrope" not in NAMES and check_name("longrope") == "longrope"  # a model ships the lists: no default run
+
+
 def test_ntk_base_rescale_interpolates_lowest_frequency_by_s():
     inv, af = ours("ntk", factor=8.0)
     omega = rope_inv_freq(D, THETA)

@@ -1,7 +1,7 @@
 """Context-extension methods for a loaded Hugging Face RoPE model: the adapter to ``posenc.rope``.
 
 A method is a ``posenc.rope`` schedule (none, pi, ntk, dynamic, yarn, llama3,
-rerope, leaky-rerope: formulas, defaults and sources there). The frequency
+longrope, rerope, leaky-rerope: formulas, defaults and sources there). The frequency
 schedules become transformers' ``rope_parameters`` (``posenc.rope.hf``), read by
 the model's rotary embedding through ``ROPE_INIT_FUNCTIONS``; ReRoPE becomes an
 attention function: :func:`install` swaps the rotary embedding for one that
@@ -36,13 +36,16 @@ class Extension:
 
     ``factor`` s >= 1; ``window`` w (tokens) and ``leak`` k (Su's k > 1) only for the
     ReRoPE methods (``None``: w = L0/4, k = (s L0 - w)/(L0 - w), so that the largest
-    relative position at s L0 is L0).
+    relative position at s L0 is L0); ``short_factor``, ``long_factor`` (D/2 numbers
+    each, a model's searched lists) only for ``longrope``, which needs them.
     """
 
     method: str
     factor: float = 2.0
     window: int | None = None
     leak: float | None = None
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
 
 def native_context(config) -> int:
@@ -59,13 +62,16 @@ def method_params(ext: Extension, l0: int) -> dict:
     """The validated ``posenc.rope`` parameters of ``ext`` for native context ``l0``.
 
     Raises PosencError for an unknown or renamed method, factor < 1, a window < 1,
-    k <= 1, or a default k with s = 1 or w >= L0.
+    k <= 1, a default k with s = 1 or w >= L0, or longrope without valid factor lists.
     """
     name = rope.check_name(ext.method)
     if ext.factor < 1:
         raise PosencError(f"scale factor must be >= 1, got {ext.factor}")
     if name == "none":
         return {}
+    if name in rope.SHIPPED:
+        lists = {"short_factor": ext.short_factor, "long_factor": ext.long_factor}
+        return rope.schedule_params(name, l0, {"factor": float(ext.factor), **{k: v and list(v) for k, v in lists.items()}})
     if name not in rope.RELATIVE:
         return rope.schedule_params(name, l0, {"factor": float(ext.factor)})
     w = ext.window or l0 // 4
@@ -88,9 +94,9 @@ def apply_method(model, ext: Extension) -> None:
     repeatedly.
 
     Padded batches (``attention_mask`` with zeros) score each row as its unpadded run
-    (tested for every method), except dynamic NTK past L0, which transformers computes
-    with one base for the whole batch: refused (PosencError). Dynamic NTK decoded with
-    the KV cache past L0 warns once (:func:`_dynamic_inputs`).
+    (tested for every method), except dynamic NTK and LongRoPE past L0, which transformers
+    computes with one base or factor list for the whole batch: refused (PosencError). Both
+    warn once when decoded with the KV cache past L0 (:func:`_length_switch`).
     Raises PosencError as :func:`method_params`.
     """
     config = model.config
@@ -102,10 +108,12 @@ def apply_method(model, ext: Extension) -> None:
     theta = float(model.posenc_base_rope["rope_theta"])
     config.rope_parameters = rope.hf_rope_parameters(ext.method, params, theta, head_dim(config))
     rotary = model.posenc_rotary_cls(config=config)
-    # transformers' dynamic NTK rescales past max_position_embeddings (its original_max_seq_len)
-    model.model.posenc_dynamic_l0 = rotary.original_max_seq_len if ext.method == "dynamic" else None
-    if not hasattr(model.model, "posenc_dynamic_hook"):
-        model.model.posenc_dynamic_hook = model.model.register_forward_pre_hook(_dynamic_inputs, with_kwargs=True)
+    # where transformers switches frequencies with the length: dynamic NTK past max_position_embeddings
+    # (its original_max_seq_len), LongRoPE past original_max_position_embeddings
+    l0 = rotary.original_max_seq_len if ext.method == "dynamic" else params.get("original_max_position_embeddings")
+    model.model.posenc_switch = (ext.method, l0) if ext.method in _SWITCHES else None
+    if not hasattr(model.model, "posenc_switch_hook"):
+        model.model.posenc_switch_hook = model.model.register_forward_pre_hook(_length_switch, with_kwargs=True)
     if ext.method in rope.RELATIVE:
         install(model, rotary.inv_freq, params["window"], params.get("leak"))
     else:
@@ -114,29 +122,34 @@ def apply_method(model, ext: Extension) -> None:
     model.posenc_extension = ext
 
 
-def _dynamic_inputs(module, args, kwargs):
-    """Forward pre-hook on the decoder (``model.model``), active while dynamic NTK is set
-    (``module.posenc_dynamic_l0`` = L0): transformers computes one base for the batch from
-    its longest position, so a padded batch of more than L0 positions would score its
-    shorter rows with another base than alone (PosencError); and it rotates each key once,
-    when it is cached, so cached decoding past L0 keeps the prompt's keys at the prefill
-    length's base and each generated key at its step's base while the new query gets the
-    current one: logits then differ from a full forward of the same tokens (a one-line
-    warning, once)."""
-    l0 = module.posenc_dynamic_l0
+# the schedules whose frequencies transformers picks per forward from the largest position + 1:
+# (name, what is picked, what keys cached before a later forward keep)
+_SWITCHES = {"dynamic": ("dynamic NTK", "its base", "the base of the step that cached them"),
+             "longrope": ("LongRoPE", "its factor list", "the short factors up to L0")}
+
+
+def _length_switch(module, args, kwargs):
+    """Forward pre-hook on the decoder (``model.model``), active while dynamic NTK or LongRoPE is
+    set (``module.posenc_switch`` = (method, L0)). transformers picks their frequencies once per
+    forward, from the batch's largest position + 1: a padded batch of more than L0 positions
+    would score its shorter rows otherwise than alone (PosencError). It rotates each key once,
+    when it is cached: decoding with the KV cache past L0 keeps the cached keys at the
+    frequencies of their step while the new query takes the current ones, so logits differ
+    from a full forward of the same tokens (a one-line warning, once)."""
     ids = kwargs.get("input_ids")
     ids = ids if ids is not None else kwargs.get("inputs_embeds", args[0] if args else None)
-    if l0 is None or ids is None:
+    if module.posenc_switch is None or ids is None:
         return
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    past = cache.get_seq_length() if cache is not None else 0
+    (method, l0), cache = module.posenc_switch, kwargs.get("cache", kwargs.get("past_key_values"))
+    label, picked, kept = _SWITCHES[method]
+    total = ids.shape[1] + (cache.get_seq_length() if cache is not None else 0)
     mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all()) and past + ids.shape[1] > l0:
-        raise PosencError(f"dynamic NTK gives a padded batch one base from its longest row: past L0 = {l0} positions "
-                          "its shorter rows would score otherwise than alone; run rows of different lengths one at a time")
-    if past and past + ids.shape[1] > l0:
-        warnings.warn(f"dynamic NTK decoded with the KV cache past L0 = {l0}: cached keys keep the base of the step "
-                      "that cached them, so logits differ from a full forward (generate(..., use_cache=False) is exact)")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all()) and total > l0:
+        raise PosencError(f"{label} takes {picked} for a padded batch from its longest row: past L0 = {l0} positions its "
+                          "shorter rows would score otherwise than alone; run rows of different lengths one at a time")
+    if total > ids.shape[1] and total > l0:
+        warnings.warn(f"{label} decoded with the KV cache past L0 = {l0}: cached keys keep {kept}, so logits differ "
+                      "from a full forward (generate(..., use_cache=False) is exact)")
 
 
 def reset_rotary(model) -> None:

@@ -2,7 +2,7 @@
 
 - :mod:`.schedules`: frequencies ``rope_inv_freq``, angle wrapping ``wrap_phases``,
   one pure function per schedule (``SCHEDULES``: none, pi, ntk, dynamic, yarn, llama3,
-  rerope, leaky-rerope), one defaults table and validator (``schedule_params``).
+  longrope, rerope, leaky-rerope), one defaults table and validator (``schedule_params``).
 - :mod:`.rerope`: ReRoPE / leaky ReRoPE attention, blockwise, beside its naive reference.
 - :mod:`.hf`: a schedule as transformers' ``rope_parameters``.
 
@@ -17,6 +17,7 @@ from posenc.rope.schedules import (
     NAMES,
     RELATIVE,
     SCHEDULES,
+    SHIPPED,
     check_name,
     check_window,
     rope_inv_freq,
@@ -26,6 +27,6 @@ from posenc.rope.schedules import (
 )
 
 __all__ = [
-    "NAMES", "RELATIVE", "SCHEDULES", "check_name", "check_window", "hf_rope_parameters", "rerope_attention",
+    "NAMES", "RELATIVE", "SCHEDULES", "SHIPPED", "check_name", "check_window", "hf_rope_parameters", "rerope_attention",
     "rope_inv_freq", "schedule_label", "schedule_params", "wrap_phases",
 ]

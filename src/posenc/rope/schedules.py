@@ -24,6 +24,10 @@ name               inverse frequencies                                          
                    0.1 ln s + 1 unless ``attention_factor`` is given
 ``llama3``         wavelength bands: > L0/low_freq_factor -> omega/s,           Meta Llama 3.1;
                    < L0/high_freq_factor -> omega, smooth in between            HF ``llama3``
+``longrope``       omega_i / short_factor_i while the sequence length L <= L0,  Ding et al. 2024
+                   omega_i / long_factor_i for L > L0 (lists of D/2 factors     (LongRoPE), Phi-3;
+                   a model ships); attention factor sqrt(1 + ln s / ln L0)      HF ``longrope``
+                   for s > 1 unless ``attention_factor`` is given
 ``rerope``         omega; relative position min(i-j, w) (``window`` w)          Su 2023 (ReRoPE)
 ``leaky-rerope``   omega; relative position w + (i-j-w)/k beyond w (``leak``)   Su 2023
 =================  ==========================================================  ==================
@@ -38,6 +42,15 @@ ReRoPE and leaky ReRoPE keep plain frequencies and replace attention
 (``posenc.rope.rerope``). ``none`` is plain RoPE. One name per schedule is used by
 ``posenc eval --rope-schedule``, presets, ``posenc extend --methods`` and every
 report; ``posenc.rope.hf`` maps a schedule to transformers' ``rope_parameters``.
+
+LongRoPE's switch: the schedule takes the long factors for a sequence of L > L0
+positions (``seq_len``; L = L0 keeps the short ones), as transformers'
+``_compute_longrope_parameters``; the attention factor does not change at the
+switch. Its factor lists come from a search per model (Phi-3 ships them), so
+``longrope`` has no defaults and is not among the ``NAMES`` that commands default to.
+A transformers model picks one list per forward from its largest position + 1, so
+with the KV cache the keys cached before the switch keep the short factors while
+later queries and keys take the long ones (``posenc.pretrained.schedules`` warns).
 """
 
 from __future__ import annotations
@@ -126,6 +139,27 @@ def _llama3(head_dim, rope_theta, p, seq_len):
     return torch.where((wavelen >= L0 / hi) & (wavelen <= L0 / lo), mid, out), 1.0
 
 
+def longrope_attention_factor(s: float, L0: int) -> float:
+    """LongRoPE's sqrt(1 + ln s / ln L0) for s > 1, else 1 (transformers' default for ``longrope``)."""
+    return math.sqrt(1 + math.log(s) / math.log(L0)) if s > 1 else 1.0
+
+
+def longrope_factors(p: dict, head_dim: int, long: bool) -> torch.Tensor:
+    """The (D/2,) float64 ``long_factor`` (``long``) or ``short_factor`` list of validated parameters ``p``;
+    PosencError unless it has D/2 entries."""
+    key = "long_factor" if long else "short_factor"
+    if len(p[key]) != head_dim // 2:
+        raise PosencError(f"longrope: {key} has {len(p[key])} entries; head dim {head_dim} needs {head_dim // 2}")
+    return torch.tensor(p[key], dtype=torch.float64)
+
+
+def _longrope(head_dim, rope_theta, p, seq_len):
+    L0 = p["original_max_position_embeddings"]
+    ext = longrope_factors(p, head_dim, long=seq_len is not None and seq_len > L0)
+    af = p["attention_factor"] if p["attention_factor"] is not None else longrope_attention_factor(p["factor"], L0)
+    return rope_inv_freq(head_dim, rope_theta) / ext, float(af)
+
+
 def _plain(head_dim, rope_theta, p, seq_len):
     return rope_inv_freq(head_dim, rope_theta), 1.0
 
@@ -137,6 +171,7 @@ SCHEDULES: dict[str, ScheduleFn] = {
     "dynamic": _dynamic,
     "yarn": _yarn,
     "llama3": _llama3,
+    "longrope": _longrope,
     "rerope": _plain,
     "leaky-rerope": _plain,
 }
@@ -149,11 +184,13 @@ _PARAMS: dict[str, dict[str, Any]] = {
     "dynamic": {"factor": None, "original_max_position_embeddings": "L0"},
     "yarn": {"factor": None, "original_max_position_embeddings": "L0", "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None, "truncate": True},
     "llama3": {"factor": None, "original_max_position_embeddings": "L0", "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "longrope": {"factor": None, "original_max_position_embeddings": "L0", "short_factor": None, "long_factor": None, "attention_factor": None},
     "rerope": {"window": None},
     "leaky-rerope": {"window": None, "leak": None},
 }
-_REQUIRED = {"factor", "window", "leak"}
-NAMES = tuple(SCHEDULES)  # the one naming: CLI, presets, reports
+_REQUIRED = {"factor", "window", "leak", "short_factor", "long_factor"}
+SHIPPED = ("longrope",)  # parameters a model ships (searched factor lists): valid by name, never a default method
+NAMES = tuple(n for n in SCHEDULES if n not in SHIPPED)  # the one naming (CLI, presets, reports) and the default methods
 RELATIVE = ("rerope", "leaky-rerope")  # schedules that replace attention (posenc.rope.rerope)
 RENAMED = {"leaky_rerope": "leaky-rerope"}  # spellings of earlier releases
 
@@ -163,7 +200,7 @@ def check_name(name: str) -> str:
     if name in RENAMED:
         raise PosencError(f"rope schedule {name!r} was renamed: use {RENAMED[name]!r}")
     if name not in SCHEDULES:
-        raise PosencError(f"unknown rope schedule {name!r}; valid: {', '.join(NAMES)}")
+        raise PosencError(f"unknown rope schedule {name!r}; valid: {', '.join(SCHEDULES)}")
     return name
 
 
@@ -172,7 +209,9 @@ def schedule_params(name: str, train_length: int, params: Optional[dict] = None)
 
     Raises PosencError (one line) for an unknown or renamed schedule or parameter, a missing
     required one, a non-finite number, factor < 1, attention_factor <= 0,
-    beta_fast <= beta_slow, window <= 0, leak <= 1, high_freq_factor <= low_freq_factor.
+    beta_fast <= beta_slow, window <= 0, leak <= 1, high_freq_factor <= low_freq_factor,
+    LongRoPE factor lists that are not non-empty lists of finite numbers > 0 (their length,
+    D/2, is checked where the head dim is known: the schedule function).
     """
     check_name(name)
     given = {k: v for k, v in (params or {}).items() if v is not None}
@@ -199,6 +238,13 @@ def schedule_params(name: str, train_length: int, params: Optional[dict] = None)
         raise PosencError(f"rope schedule {name!r}: window must be a positive integer, got {out['window']}")
     if "leak" in out and not out["leak"] > 1:
         raise PosencError(f"leaky-rerope: leak k must be > 1, got {out['leak']}")
+    for key in ("short_factor", "long_factor"):
+        if key in out:
+            v = out[key]
+            if not (isinstance(v, (list, tuple)) and v and all(isinstance(f, (int, float)) and not isinstance(f, bool)
+                                                              and math.isfinite(f) and f > 0 for f in v)):
+                raise PosencError(f"longrope: {key} must be a non-empty list of finite numbers > 0, got {v!r}")
+            out[key] = [float(f) for f in v]
     return out
 
 
