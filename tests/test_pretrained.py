@@ -250,6 +250,24 @@ def test_length_switches_past_the_native_length_refuse_padding_and_warn_for_cach
     assert torch.isfinite(model(torch.randint(0, 97, (2, 20)), attention_mask=mask).logits).all()
 
 
+@pytest.mark.parametrize("method", [m for m in schedules.METHODS if m != "dynamic"])
+def test_fixed_frequency_methods_decode_with_the_cache_exactly_past_the_native_length(method):
+    """L0 = 16: every method whose frequencies do not depend on the length (ReRoPE: keys cached unrotated, window 4)
+    decodes through the KV cache to 2 L0 with the full forward's logits at every step, and says nothing."""
+    model = short_model()
+    apply_method(model, Extension(method, 2.0, window=4, leak=4.0))
+    ids = torch.randint(0, 97, (1, 32))
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        full = model(ids).logits[0]
+        out = model(ids[:, :8], use_cache=True)
+        got = [out.logits[0]]
+        for t in range(8, 32):
+            out = model(ids[:, t : t + 1], cache=out.past_key_values, use_cache=True)
+            got.append(out.logits[0])
+    assert (torch.cat(got) - full).abs().max().item() < 1e-4
+
+
 def test_longrope_on_a_pretrained_model_switches_lists_past_l0():
     """transformers' rotary with posenc's longrope parameters: the short list up to L0, the long one past it, the
     attention factor sqrt(1 + ln s / ln L0) at every length; without lists the method is a one-line error."""
