@@ -94,7 +94,6 @@ class ForgetGate(Encoding):
         return "forget gate (FoX): bias cumsum log sigmoid(Wx+b), float64 prefix sums" + (", times 1/sqrt(D)" if self.scaled else "")
 
 
-
 def forget_bias_naive(logits: torch.Tensor) -> torch.Tensor:
     """Reference: D_ij = sum_{j<t<=i} log sigmoid(logits_t) by explicit masked sums, (B, H, T, T) float64."""
     T = logits.shape[-1]
