@@ -11,7 +11,11 @@ import argparse
 import importlib
 import sys
 
+import torch
+
+import posenc
 from posenc.errors import PosencError
+from posenc.stamp import git_commit
 
 # subcommand modules, in the order `posenc --help` lists them
 COMMANDS = [
@@ -34,6 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="posenc", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"posenc {posenc.__version__} (commit {git_commit() or 'n/a'}), torch {torch.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
         importlib.import_module(name).add_parser(sub)

@@ -118,6 +118,8 @@ W, R, I, B0, B1 = range(5)
 
 
 class FlipFlop(Task):
+    """Flip-flop language modelling (Liu et al. 2023): repeat the last written bit after each read."""
+
     name = "flipflop"
     params = {"p_ignore": (float, 0.8), "sparse": (float, 0.98), "dense": (float, 0.1)}
     vocab_size = 5
@@ -184,6 +186,8 @@ def _flipflop_pairs(rng: np.random.Generator, n: int, p_ignore: float) -> tuple[
 
 
 class MQAR(Task):
+    """Multi-query associative recall with a gap (Zoology): each key's value after a filler gap."""
+
     name = "mqar"
     params = {"pairs": (int, 4), "keys": (int, 16), "values": (int, 16), "filler": (int, 16), "gap": (str, "0-64"), "fused": (bool, False)}
 
