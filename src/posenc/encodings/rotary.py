@@ -99,5 +99,5 @@ def _check_schedule_values(schedule: str, params: dict) -> None:
         return isinstance(v, (int, float)) and (isinstance(v, bool) or math.isfinite(v))
 
     for key, value in params.items():
-        if not (value is None or number(value) or (isinstance(value, list) and all(map(number, value)))):
+        if not (value is None or number(value) or (isinstance(value, (list, tuple)) and all(map(number, value)))):
             raise PosencError(f"rope schedule {schedule!r}: {key}={value!r}: expected a finite number, true/false or a list of numbers")
