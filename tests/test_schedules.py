@@ -234,3 +234,25 @@ def test_preset_eval_schedules_are_validated_before_training():
         load_preset("quick", {"eval_schedules": [{"schedule": "yarn", "factor": 0.5}]})
     with pytest.raises(PosencError, match="window 32 must be < the evaluation length 32"):
         load_preset("quick", {"eval_schedules": [{"schedule": "rerope", "window": 32}]})
+
+
+def test_own_model_longrope_switches_lists_past_the_training_length():
+    import torch
+
+    from posenc import encodings, rope
+    from posenc.encodings.base import Dims, Inputs
+
+    dims = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=16, train_length=16)
+    params = {"factor": 4.0, "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0]}
+    enc = encodings.get("rope", dims, schedule="longrope", schedule_params=params)
+    full = rope.schedule_params("longrope", 16, params)
+    x = torch.zeros(1, 32, 16)
+    for T in (16, 17, 32):
+        phases = enc.phases(Inputs(x=x[:, :T], pos=torch.arange(T)))
+        inv_freq, _ = rope.SCHEDULES["longrope"](8, enc.rope_theta, full, T)
+        want = (T - 1) * inv_freq.double()  # phases are wrapped: compare the rotation
+        assert torch.allclose(torch.cos(phases[0, 0, -1].double()), torch.cos(want), atol=1e-5)
+        assert torch.allclose(torch.sin(phases[0, 0, -1].double()), torch.sin(want), atol=1e-5)
+    short, _ = rope.SCHEDULES["longrope"](8, enc.rope_theta, full, 16)
+    long, _ = rope.SCHEDULES["longrope"](8, enc.rope_theta, full, 17)
+    assert not torch.allclose(short, long)

@@ -61,8 +61,8 @@ class RoPE(Encoding):
 
     def phases(self, inp: Inputs) -> torch.Tensor:
         inv_freq = self.inv_freq
-        if self.schedule == "dynamic":  # from the current length, every call
-            inv_freq, _ = rope.SCHEDULES["dynamic"](self.rot_dim, self.rope_theta, self.schedule_params, int(inp.pos.max()) + 1)
+        if self.schedule in ("dynamic", "longrope"):  # from the current length, every call (LongRoPE switches lists past L0)
+            inv_freq, _ = rope.SCHEDULES[self.schedule](self.rot_dim, self.rope_theta, self.schedule_params, int(inp.pos.max()) + 1)
         phi = inp.pos.to(torch.float64)[:, None] * inv_freq.to(inp.pos.device)
         return rope.wrap_phases(phi, inp.x.dtype)[None, None]
 
