@@ -300,3 +300,22 @@ def test_claim_r4_on_flipflop_reads_near_buckets_of_the_id_test():
     assert c.verdict == HOLDS and "rope 39.0" in c.evidence and "forget 1.0" in c.evidence
     t = _table("flipflop", {"rope": {0: cells(0.99)}, "forget": {0: cells(0.98)}})
     assert claim_r4(t).verdict == FAILS
+
+
+def test_repeated_seeds_schemes_or_tasks_are_refused():
+    for key, value in (("seeds", [0, 0]), ("schemes", ["rope", "rope"]), ("tasks", ["flipflop", "flipflop"])):
+        with pytest.raises(PosencError, match="repeated"):
+            load_preset("retrieval", {key: value})
+    proc = subprocess.run([sys.executable, "-m", "posenc.cli", "compare", "--preset", "quick", "--seeds", "0", "0"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "0 repeated" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_a_small_corpus_trains_with_a_warning(tmp_path, capsys):
+    from posenc.model import ModelConfig
+    from posenc.train import TrainConfig, train
+
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("to be or not to be, that is the question. " * 70)  # ~3K bytes
+    train(tmp_path / "r", ModelConfig(n_layer=1, d_model=32, n_head=2, train_length=16), TrainConfig(corpus=str(corpus), steps=2, batch_size=2, warmup=1))
+    err = capsys.readouterr().err
+    assert "only 2,648 tokens" in err and "memorisation" in err

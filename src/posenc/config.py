@@ -71,6 +71,14 @@ class Preset(BaseModel):
     # published numbers to print beside ours: {source: str, metric: str, tests: [..], rows: {scheme: [..]}}
     reference: Optional[dict[str, Any]] = None
 
+    @field_validator("schemes", "seeds", "tasks")
+    @classmethod
+    def _distinct(cls, v: list) -> list:  # a repeat would run once and be reported as if it were two
+        repeated = sorted({str(x) for x in v if v.count(x) > 1})
+        if repeated:
+            raise ValueError(f"each entry once: {', '.join(repeated)} repeated")
+        return v
+
     @field_validator("name")
     @classmethod
     def _plain_name(cls, v: str) -> str:  # the run directory under --out, never outside it

@@ -38,6 +38,7 @@ from posenc.checkpoint import (
 from posenc.data import TokenData, load_tokens
 from posenc.stamp import run_stamp
 from posenc.tasks import TaskData
+from posenc.tracking import NO_TRACKER, Tracker
 from posenc.errors import PosencError
 from posenc.model import LM, ModelConfig, build_model, validate_config
 
@@ -142,6 +143,9 @@ def ctrl_c_between_steps():
         signal.signal(signal.SIGINT, previous)
 
 
+SMALL_CORPUS = 100_000  # tokens; nanoGPT's smallest corpus (Shakespeare, characters) has 1M
+
+
 def check_data(data: TokenData | TaskData, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
     """PosencError when the data cannot train this model: a text stream shorter than a window, answer-only
     loss on text (it has no answer positions), a task whose training sequences do not fit the length."""
@@ -151,6 +155,10 @@ def check_data(data: TokenData | TaskData, mcfg: ModelConfig, tcfg: TrainConfig)
         raise PosencError(f"train.loss 'answers' needs a synthetic task corpus (posenc.tasks), not {tcfg.corpus!r}")
     elif len(data.train) <= mcfg.train_length + 1:
         raise PosencError(f"training split has {len(data.train)} tokens, fewer than train_length {mcfg.train_length}")
+    elif len(data.train) < SMALL_CORPUS:
+        seen = tcfg.steps * tcfg.batch_size * mcfg.train_length
+        print(f"posenc: warning: the training split has only {len(data.train):,} tokens (the budget reads {seen:,}, "
+              f"{seen / len(data.train):.2g} times the split): numbers will measure memorisation", file=sys.stderr)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -233,6 +241,7 @@ def train(
     resume: bool = False,
     data: Optional[TokenData] = None,
     desc: str = "",
+    tracker: Tracker = NO_TRACKER,
 ) -> dict:
     """Train one model into ``run_dir``; returns a summary dict.
 
@@ -241,7 +250,9 @@ def train(
     records after the checkpoint are dropped). Ctrl-C lets the step in flight end, saves a
     checkpoint and re-raises (a second Ctrl-C stops at once, keeping the last checkpoint).
     A NaN/inf loss or gradient norm raises PosencError naming the step and the last good
-    checkpoint. Under torchrun (``WORLD_SIZE`` > 1) runs
+    checkpoint. ``tracker`` gets each logged step's loss, lr, tokens/s and gradient norm (give it on
+    rank 0 only). The progress bar shows on a terminal only; elsewhere (a log file) each checkpoint
+    prints one line. Under torchrun (``WORLD_SIZE`` > 1) runs
     data-parallel; ``batch_size`` is the global batch and must divide evenly.
     """
     run_dir = Path(run_dir)
@@ -291,9 +302,11 @@ def train(
         loss_fn = torch.compile(loss_fn)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if shard.device.type == "cuda" else contextlib.nullcontext()
     model.train()
+    tracker.start(step)
     t0, tokens_seen, loss_all = time.time(), 0, None
     last_good = step or None
-    bar = tqdm(total=tcfg.steps, initial=step, desc=desc or mcfg.encoding, unit="step", dynamic_ncols=True, disable=not shard.is_main)
+    # disable=None: no bar unless stderr is a terminal (a log file would get one line of carriage returns)
+    bar = tqdm(total=tcfg.steps, initial=step, desc=desc or mcfg.encoding, unit="step", dynamic_ncols=True, disable=None if shard.is_main else True)
     with ctrl_c_between_steps() as interrupted:
         try:
             while step < tcfg.steps:
@@ -323,16 +336,19 @@ def train(
                 if shard.is_main and (step % tcfg.log_every == 0 or step == tcfg.steps):
                     rec = {"step": step, "loss": loss_all, "lr": lr_at(step - 1, tcfg), "grad_norm": float(gnorm), "tokens_per_s": tps}
                     append_jsonl(run_dir / "train.jsonl", rec)
+                    tracker.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step)
                 if step % tcfg.ckpt_every == 0:
                     if shard.is_main:
                         save_checkpoint(run_dir, model, opt, step)
+                        if bar.disable:
+                            print(f"{desc or mcfg.encoding}: step {step}/{tcfg.steps}, loss {loss_all:.3f}, {tps:,.0f} tokens/s, checkpoint {run_dir}", file=sys.stderr)
                     last_good = step
         except StopNow:
             raise
         except KeyboardInterrupt:
             if shard.is_main:
                 save_checkpoint(run_dir, model, opt, step)
-            raise
+            raise KeyboardInterrupt(f"{run_dir} checkpointed at step {step} of {tcfg.steps}") from None
         finally:
             bar.close()
     summary = {"steps": step, "seconds": time.time() - t0, "tokens_per_s": tokens_seen / max(1e-9, time.time() - t0), "params": model.num_params(), "final_loss": loss_all}
