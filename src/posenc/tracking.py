@@ -1,0 +1,155 @@
+"""Experiment tracking: a run's metrics to TensorBoard or Weights & Biases, or nowhere (the default).
+
+``open_tracker(kind, log_dir, name, group, config)`` gives a :class:`Tracker`: the training loops
+(``posenc.train.train``, ``posenc.finetune.train_steps``) log loss, learning rate, tokens/s and
+gradient norm at each logged step, and the commands log each evaluation (perplexity and accuracy
+by length) at the step the model was trained to. The run's config and stamp are its hyper-parameters.
+
+TensorBoard (``posenc[tensorboard]``) writes event files into ``log_dir`` (the run directory, so
+``tensorboard --logdir runs/<name>`` lists one run per scheme and seed); W&B (``posenc[wandb]``)
+writes under ``log_dir/wandb`` and, with ``WANDB_MODE=offline``, needs no network (``wandb sync``
+uploads the run later; project from ``WANDB_PROJECT``, default ``posenc``). Both packages are
+imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from posenc.errors import PosencError
+
+KINDS = ("none", "tensorboard", "wandb")
+_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+class Tracker:
+    """Where a run's metrics go; this default drops them. A context manager: leaving it closes the tracker."""
+
+    def start(self, step: int) -> None:
+        """The run (re)starts after ``step``: what an interrupted invocation logged past it is dropped."""
+
+    def log(self, metrics: dict[str, float | None], step: int) -> None:
+        """Record ``metrics`` (name -> value; None and non-finite values are skipped) at training ``step``."""
+
+    def close(self) -> None:
+        """Flush and finish the run."""
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+NO_TRACKER = Tracker()
+
+
+def flat_params(config: dict, prefix: str = "") -> dict[str, Any]:
+    """``config`` flattened to ``a.b`` keys with scalar values (lists and None as JSON text): hyper-parameters."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update(flat_params(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (bool, int, float, str)) else json.dumps(v, default=str)
+    return out
+
+
+def _finite(metrics: dict[str, float | None]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+
+
+class TensorBoardTracker(Tracker):
+    """Event files in ``log_dir`` (``torch.utils.tensorboard``); the config as hyper-parameters and as JSON text."""
+
+    def __init__(self, log_dir: Path, config: dict):
+        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams
+
+        self.writer = SummaryWriter(str(log_dir))
+        for summary in hparams(flat_params(config), {}):  # experiment, session start and end: the HParams tab
+            self.writer.file_writer.add_summary(summary)
+        self.writer.add_text("config", "```json\n" + json.dumps(config, indent=1, default=str) + "\n```")
+
+    def start(self, step: int) -> None:
+        if step > 0:  # as SummaryWriter(purge_step=step): readers drop earlier events at steps >= step
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+            self.writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+
+    def log(self, metrics: dict[str, float | None], step: int) -> None:
+        for k, v in _finite(metrics).items():
+            self.writer.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker(Tracker):
+    """One W&B run named ``name`` in group ``group``, files under ``log_dir/wandb``; the config as its config."""
+
+    def __init__(self, log_dir: Path, name: str, group: str, config: dict):
+        import wandb
+
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "posenc"), name=name, group=group,
+                                  dir=str(log_dir), config=config, settings=wandb.Settings(silent=True))
+        except Exception as exc:  # no API key, no network: wandb's own errors are long
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise PosencError(f"wandb could not start a run ({first}); WANDB_MODE=offline writes it under "
+                              f"{log_dir}/wandb without network (upload later with `wandb sync`)") from None
+
+    def log(self, metrics: dict[str, float | None], step: int) -> None:
+        values = _finite(metrics)
+        if values:
+            self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def check_kind(kind: str) -> None:
+    """PosencError (one line) for an unknown kind or a tracker whose package is not installed."""
+    if kind not in KINDS:
+        raise PosencError(f"unknown --log {kind!r}; valid: {', '.join(KINDS)}")
+    if kind != "none":
+        try:
+            importlib.import_module(_PACKAGES[kind])
+        except ImportError:
+            raise PosencError(f"--log {kind} needs {_PACKAGES[kind]}: pip install 'posenc[{kind}]'") from None
+
+
+def open_tracker(kind: str, log_dir: Path, name: str, group: str, config: dict) -> Tracker:
+    """A tracker of ``kind`` ("none", "tensorboard", "wandb") for the run ``name`` (its scheme, seed, ...)
+    in ``group`` (a sweep's name), writing into ``log_dir``; ``config``: JSON-able hyper-parameters
+    (settings and stamp). Raises PosencError as :func:`check_kind`, or when W&B cannot start a run."""
+    check_kind(kind)
+    if kind == "tensorboard":
+        return TensorBoardTracker(log_dir, config)
+    if kind == "wandb":
+        return WandbTracker(log_dir, name, group, config)
+    return NO_TRACKER
+
+
+def eval_metrics(records: list[dict], train_length: int) -> dict[str, float | None]:
+    """Tracker metrics of compare's evaluation records: ``eval/ppl@Mx`` and ``eval/ratio@Mx`` of ppl records
+    (with ``ratio``), ``eval/passkey@Mx`` (accuracy) of passkey records pooled over depths, M = length / train_length."""
+    out: dict[str, float | None] = {}
+    hits: dict[str, list[int]] = {}
+    for r in records:
+        if r.get("kind", "ppl") == "ppl":
+            x = f"{r['eval_length'] / train_length:g}x"
+            out[f"eval/ppl@{x}"] = r.get("ppl")
+            out[f"eval/ratio@{x}"] = r.get("ratio")
+        elif r.get("kind") == "passkey" and r.get("trials"):
+            cell = hits.setdefault(f"eval/passkey@{r['length'] / train_length:g}x", [0, 0])
+            cell[0] += r["correct"]
+            cell[1] += r["trials"]
+    out.update({k: c / n for k, (c, n) in hits.items()})
+    return out
