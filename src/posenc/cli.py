@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 import torch
@@ -45,15 +46,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def interrupted_message(exc: KeyboardInterrupt, argv: list[str]) -> str:
+    """What Ctrl-C prints. A command that checkpointed raises ``KeyboardInterrupt(where, *flags)``: where its
+    work is kept, and the flags a rerun needs beyond ``argv`` (e.g. ``--resume``); the message then names
+    the command that resumes it."""
+    if not exc.args or not exc.args[0]:
+        return "posenc: interrupted"
+    where, extra = str(exc.args[0]), [str(a) for a in exc.args[1:] if str(a) not in argv]
+    return f"posenc: interrupted: {where}\nposenc: resume with: {shlex.join(['posenc', *argv, *extra])}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:  # build_parser imports the command modules (torch: seconds), so Ctrl-C there is an interrupt too
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except PosencError as exc:
         print(f"posenc: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("posenc: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(interrupted_message(exc, argv), file=sys.stderr)
         return 130
 
 

@@ -18,19 +18,26 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
+
+import torch
 
 from posenc import encodings
-from posenc.checkpoint import append_jsonl
+from posenc.checkpoint import append_jsonl, read_json, read_jsonl
 from posenc.config import Preset, absolute_corpus, schedule_spec, task_specs
 from posenc.data import load_tokens
 from posenc.diagnose import compare_extras, extras_pending
 from posenc.evaluate import eval_lengths, evaluate_length, windows
 from posenc.errors import PosencError
-from posenc.jobs import check_same_settings, record_run, done_cells, drop_torn_tail, one_line, run_inline, run_pool, scheme_modules
+from posenc.jobs import (
+    LAUNCHERS, ClusterConfig, check_same_settings, done_cells, drop_torn_tail, executor, one_line, record_run, run_inline, run_pool, run_submitit,
+    scheme_modules,
+)
 from posenc.model import is_rope, with_rope_schedule
-from posenc.report import write_report
+from posenc.report import with_ratios, write_report
 from posenc.stamp import run_stamp, stamp_line
-from posenc.retrieval import compare_tasks, mixing_window
+from posenc.retrieval import compare_tasks, done_jobs, mixing_window
+from posenc.tracking import check_kind, eval_metrics, open_tracker
 from posenc.train import is_trained, load_run, train
 
 
@@ -62,24 +69,26 @@ def _span(preset: Preset) -> int:
     return max(eval_lengths(preset.model.train_length, preset.eval.multiples))
 
 
-def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int) -> None:
+def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int, log: str = "none") -> None:
     """Train (or resume) one job data-parallel: ``posenc train`` under torchrun with ``nproc`` processes on this machine.
 
     Reads the sweep's ``preset.json`` (the resolved preset), so the run is the one the sweep would train.
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "posenc.cli", "train", "--scheme", scheme, "--preset", str(run_root / "preset.json"),
-           "--seed", str(seed), "--out", str(run_root / scheme / f"seed{seed}"), "--resume"]
+           "--seed", str(seed), "--out", str(run_root / scheme / f"seed{seed}"), "--resume", "--log", log]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         lines = [line for line in proc.stderr.splitlines() if "posenc: error:" in line] or proc.stderr.strip().splitlines()[-1:]
         raise PosencError(f"torchrun training of {scheme} (seed {seed}) failed: {lines[0] if lines else f'exit code {proc.returncode}'}")
 
 
-def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, nproc: int = 1) -> None:
+def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, nproc: int = 1, log: str = "none") -> None:
     """One job: train (or resume) and evaluate one scheme and seed, appending result records.
 
     ``nproc`` > 1 trains data-parallel under torchrun (``train_under_torchrun``); evaluation runs here.
+    ``log``: a tracker kind (``posenc.tracking``) for the training steps and the job's evaluations
+    (logged at the trained step count), in the run directory, named ``<name>/<scheme>/seed<k>``.
     """
     data = data or load_tokens(preset.train.corpus, preset.train.tokenizer)
     results = run_root / "results.jsonl"
@@ -87,18 +96,25 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
     run_dir = run_root / scheme / f"seed{seed}"
     mcfg = preset.model.model_copy(update={"encoding": scheme, "vocab_size": data.vocab_size})
     tcfg = preset.train.model_copy(update={"seed": seed})
-    if not is_trained(run_dir) and nproc > 1:
-        train_under_torchrun(run_root, scheme, seed, nproc)
-    elif not is_trained(run_dir):
-        train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{scheme} s{seed}")
-    model, _, _ = load_run(run_dir)
-    for L in eval_lengths(mcfg.train_length, preset.eval.multiples):
-        if (scheme, seed, L) in done:
-            continue
-        t0 = time.time()
-        rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset))
-        append_jsonl(results, {"kind": "ppl", "scheme": scheme, "seed": seed, "train_length": mcfg.train_length, **rec, "seconds": time.time() - t0})
-    compare_extras(model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length})
+    config = {"name": preset.name, "scheme": scheme, "seed": seed, "model": mcfg.model_dump(), "train": tcfg.model_dump(),
+              "eval": preset.eval.model_dump(), "stamp": run_stamp()}
+    with open_tracker(log, run_dir, f"{preset.name}/{scheme}/seed{seed}", preset.name, config) as tracker:
+        if not is_trained(run_dir) and nproc > 1:
+            train_under_torchrun(run_root, scheme, seed, nproc, log)
+        elif not is_trained(run_dir):
+            train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{scheme} s{seed}", tracker=tracker)
+        model, _, _ = load_run(run_dir)
+        for L in eval_lengths(mcfg.train_length, preset.eval.multiples):
+            if (scheme, seed, L) in done:
+                continue
+            t0 = time.time()
+            rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens,
+                                  progress=sys.stderr.isatty(), span=_span(preset))
+            append_jsonl(results, {"kind": "ppl", "scheme": scheme, "seed": seed, "train_length": mcfg.train_length, **rec, "seconds": time.time() - t0})
+        compare_extras(model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length})
+        mine = [r for r in read_jsonl(results) if r.get("scheme") == scheme and r.get("seed") == seed]
+        evals = with_ratios([r for r in mine if r.get("kind", "ppl") == "ppl"]) + [r for r in mine if r.get("kind") == "passkey"]
+        tracker.log(eval_metrics(evals, mcfg.train_length), read_json(run_dir / "train_summary.json")["steps"])
 
 
 def _finished(run_root: Path, preset: Preset, scheme: str, seed: int, done: set) -> bool:
@@ -114,7 +130,8 @@ def _error_file(run_root: Path, scheme: str, seed: int) -> Path:
     return run_root / scheme / f"seed{seed}.error.txt"
 
 
-def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True, parallel: int = 1, nproc_per_node: int = 1) -> tuple[Path, dict[str, str]]:
+def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True, parallel: int = 1, nproc_per_node: int = 1,
+            log: str = "none", launcher: str = "pool", cluster: Optional[ClusterConfig] = None) -> tuple[Path, dict[str, str]]:
     """Run the whole comparison; returns the report path and the failed jobs ({job: one-line error}).
 
     ``isolate``: one spawned process per (scheme, seed) job, so that even a
@@ -122,40 +139,72 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     this process (faster start, easier to debug; a crash ends the sweep).
     ``parallel``: jobs at once, each pinned to its own devices (``posenc.jobs.run_pool``);
     ``nproc_per_node``: processes (GPUs) per job, training under torchrun.
+    ``log``: a tracker kind for every job (``posenc.tracking``). ``launcher``: "pool" (this machine,
+    ``run_pool``), or submitit ("slurm": one scheduler job per scheme and seed with ``cluster``'s
+    resources; "local": the same jobs through submitit's LocalExecutor), waited for here; job files go
+    to ``out_root/name/submitit``. Every launcher skips finished jobs and resumes interrupted ones.
     Raises PosencError before any work when ``out_root/name`` holds results made
-    with other model, training or evaluation settings, or for too few GPUs.
+    with other model, training or evaluation settings, for too few GPUs, a missing tracker or launcher
+    package, or a launcher other than the pool for synthetic tasks.
     """
     if parallel < 1 or nproc_per_node < 1 or (not isolate and (parallel > 1 or nproc_per_node > 1)):
         raise PosencError(f"--parallel and --nproc-per-node must be >= 1 and need job isolation, got {parallel}, {nproc_per_node}")
+    if launcher not in LAUNCHERS:
+        raise PosencError(f"unknown --launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
+    if launcher != "pool" and (not isolate or parallel > 1):
+        raise PosencError(f"--launcher {launcher} runs every job at once in its own process: no --no-isolate or --parallel")
+    check_kind(log)
     if task_specs(preset):  # synthetic tasks: scored on answers, not perplexity
+        if launcher != "pool" or log != "none":
+            raise PosencError("synthetic-task comparisons run on this machine's pool without --log: no --launcher or --log")
+        run_root = Path(out_root) / preset.name
+        check_same_settings(run_root, preset)  # before saying anything about its jobs
+        n_jobs = len(task_specs(preset)) * len(preset.schemes) * len(preset.seeds)
+        if len(done_jobs(run_root / "results.jsonl") & {(t, s, k) for t in task_specs(preset) for s in preset.schemes for k in preset.seeds}) == n_jobs:
+            _all_done(run_root, n_jobs)
         return compare_tasks(preset, out_root, isolate, parallel)
+    if launcher != "pool":
+        cluster = cluster or ClusterConfig()
+        if cluster.gpus_per_job is None:
+            cluster = cluster.model_copy(update={"gpus_per_job": nproc_per_node if launcher == "slurm" or torch.cuda.is_available() else 0})
+        if 0 < cluster.gpus_per_job < nproc_per_node:  # 0: CPU jobs (torchrun over gloo)
+            raise PosencError(f"--gpus-per-job {cluster.gpus_per_job} is fewer than --nproc-per-node {nproc_per_node}")
     run_root = Path(out_root) / preset.name
     preset = absolute_corpus(preset)
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
     windows(data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset))  # held-out text long enough
     check_same_settings(run_root, preset)
+    ex = executor(launcher, run_root / "submitit", cluster, f"posenc-{preset.name}") if launcher != "pool" else None
     record_run(run_root, preset)
     results = run_root / "results.jsonl"
     drop_torn_tail(results)
     failures: dict[str, str] = {}
     pending = [(scheme, seed) for scheme in preset.schemes for seed in preset.seeds
                if not _finished(run_root, preset, scheme, seed, done_cells(results))]
+    if not pending:
+        _all_done(run_root, len(preset.schemes) * len(preset.seeds))
 
     def failed(scheme: str, seed: int, error: str) -> None:  # one broken scheme must not lose the others
         failures[f"{scheme} (seed {seed})"] = error
         print(f"posenc: {scheme} (seed {seed}) failed: {error}", file=sys.stderr)  # now, not when the sweep ends
 
-    if isolate:
-        jobs = [(run_job, (run_root, preset, scheme, seed, None, nproc_per_node), _error_file(run_root, scheme, seed), scheme_modules([scheme]))
-                for scheme, seed in pending]
+    jobs = [(run_job, (run_root, preset, scheme, seed, None, nproc_per_node, log), _error_file(run_root, scheme, seed), scheme_modules([scheme]))
+            for scheme, seed in pending]
+    if ex is not None:
+        run_submitit(jobs, ex, poll_s=1 if launcher == "local" else 30, on_failure=lambda i, error: failed(*pending[i], error))
+    elif isolate:
         run_pool(jobs, parallel, nproc_per_node, on_failure=lambda i, error: failed(*pending[i], error))
     else:
         for scheme, seed in pending:
-            error = run_inline(run_job, (run_root, preset, scheme, seed, data), _error_file(run_root, scheme, seed))
+            error = run_inline(run_job, (run_root, preset, scheme, seed, data, 1, log), _error_file(run_root, scheme, seed))
             if error:
                 failed(scheme, seed, error)
     failures.update(run_schedules(run_root, preset, data, results))
     return write_report(run_root, _meta(preset, data), failures), failures
+
+
+def _all_done(run_root: Path, n_jobs: int) -> None:
+    print(f"posenc: all {n_jobs} jobs already done in {run_root} (the report is rewritten)", file=sys.stderr)
 
 
 def _meta(preset: Preset, data) -> dict:

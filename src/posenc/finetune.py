@@ -42,6 +42,8 @@ from posenc.errors import PosencError
 from posenc.presets import SHIPPED, load_flat, preset_names as shipped
 from posenc.pretrained import loading, report, schedules
 from posenc.reporting import figure, save_figure
+from posenc.stamp import run_stamp
+from posenc.tracking import NO_TRACKER, Tracker, check_kind, open_tracker
 from posenc.train import StopNow, batch_at, ctrl_c_between_steps, lr_at, make_optimizer, truncate_log
 
 PRESETS = SHIPPED / "finetune"
@@ -247,11 +249,13 @@ def _step(model, opt, params: dict, stream: np.ndarray, step: int, cfg: Finetune
     return {"loss": value, "lr": lr_at(step, cfg), "grad_norm": gnorm, "seconds": round(time.time() - t0, 3)}
 
 
-def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, out: Path) -> None:
+def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, out: Path, tracker: Tracker = NO_TRACKER) -> None:
     """AdamW on ``params`` (warmup + cosine, gradient clipping) up to ``cfg.steps``, resuming from ``out``.
 
     Each step's batch is ``posenc.train.batch_at`` of (seed, step); the loss is the mean next-token NLL
-    (nats). Raises PosencError on a non-finite loss or gradient norm, naming the step."""
+    (nats). ``tracker`` gets each step's loss, lr, gradient norm and tokens/s. The progress bar shows on a
+    terminal only; elsewhere each checkpoint prints one line. Raises PosencError on a non-finite loss or
+    gradient norm, naming the step; Ctrl-C checkpoints and raises KeyboardInterrupt saying where."""
     make_run_dir(out)
     opt = make_optimizer(model, cfg)  # over what requires gradients: exactly ``params``
     state = trained_state(model, params)  # views of the model's tensors: always current
@@ -261,7 +265,8 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
     write_json(out / SETTINGS, _settings(cfg))
     truncate_log(out / "train.jsonl", step)
     model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc="finetune", unit="step", dynamic_ncols=True)
+    tracker.start(step)
+    bar = tqdm(total=cfg.steps, initial=step, desc="finetune", unit="step", dynamic_ncols=True, disable=None)  # None: terminals only
     with ctrl_c_between_steps() as interrupted:
         try:
             while step < cfg.steps:
@@ -270,30 +275,37 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
                 record = _step(model, opt, params, stream, step, cfg)
                 step += 1
                 append_jsonl(out / "train.jsonl", {"step": step, **record})
+                tokens_per_s = cfg.batch_size * cfg.length / max(record["seconds"], 1e-9)
+                tracker.log({"train/loss": record["loss"], "train/lr": record["lr"], "train/grad_norm": record["grad_norm"],
+                             "train/tokens_per_s": tokens_per_s}, step)
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.3f}")
                 if step % cfg.ckpt_every == 0 or step == cfg.steps:
                     _checkpoint(out, state, opt, step)
+                    if bar.disable:
+                        tqdm.write(f"finetune: step {step}/{cfg.steps}, loss {record['loss']:.3f}, {tokens_per_s:,.0f} tokens/s, checkpoint {out}")
         except StopNow:
             raise
         except KeyboardInterrupt:
             _checkpoint(out, state, opt, step)
-            raise
+            raise KeyboardInterrupt(f"{out} checkpointed at step {step} of {cfg.steps}") from None
         finally:
             bar.close()
     model.eval()
 
 
-def finetune(cfg: FinetuneConfig, out: Optional[Path] = None) -> tuple[Path, str]:
+def finetune(cfg: FinetuneConfig, out: Optional[Path] = None, log: str = "none") -> tuple[Path, str]:
     """Score, train and score again the adapted model of ``cfg``; returns the run directory and the report's markdown.
 
-    ``out``: the run directory (default ``runs/finetune/<cfg.name>``). Raises PosencError, before
+    ``out``: the run directory (default ``runs/finetune/<cfg.name>``). ``log``: a tracker kind
+    (``posenc.tracking``) for the training steps and both scorings (at step 0 and at ``steps``). Raises PosencError, before
     ``out`` is touched, for a missing dependency (transformers, gguf, accelerate; peft for LoRA), a run
     directory of other settings, everything ``posenc extend`` refuses, a corpus too short for ``length``
     or a bad LoRA target; later, for a non-finite loss.
     """
     check_config(cfg)
     check_dependencies(cfg)
+    check_kind(log)
     out = Path(out or Path("runs") / "finetune" / cfg.name)
     check_resumable(out, cfg)  # a run of other settings is refused before the model loads
     if cfg.threads:
@@ -308,16 +320,35 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None) -> tuple[Path, str
     params = trainable(model, cfg)  # LoRA starts at zero: the model is unchanged until it trains
     make_run_dir(out)
     store = extend.open_store(out, ecfg, docs, l0, loaded.source)
-    extend.measure(model, tok, label, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)  # before any training
-    train_steps(model, params, stream, cfg, out)
     tuned = f"{label}, fine-tuned {cfg.steps} steps"
-    model.posenc_weights = tuned + " " + json.dumps(_settings(cfg), sort_keys=True)  # no reuse of the scores before
-    with torch.no_grad():
-        extend.measure(model, tok, tuned, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)
+    with open_tracker(log, out, cfg.name, "finetune", {"finetune": cfg.model_dump(), "stamp": run_stamp()}) as tracker:
+        extend.measure(model, tok, label, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)  # before any training
+        tracker.log(scores(store.records, label), 0)
+        train_steps(model, params, stream, cfg, out, tracker)
+        model.posenc_weights = tuned + " " + json.dumps(_settings(cfg), sort_keys=True)  # no reuse of the scores before
+        with torch.no_grad():
+            extend.measure(model, tok, tuned, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)
+        tracker.log(scores(store.records, tuned), cfg.steps)
     log = read_jsonl(out / "train.jsonl")
     _loss_plot(out, log, tuned)
     header = _header(cfg, label, l0, params, log)
     return out, report.write_report(out, store.records, [label, tuned], header)
+
+
+def scores(records: list[dict], label: str) -> dict[str, float]:
+    """Tracker metrics of one scoring (``label``) in extend's records: ``eval/ppl@L`` (exp of the summed NLL over
+    the scored tokens of every window of length L) and ``eval/passkey@L`` (fraction of trials correct)."""
+    nll: dict[int, list[float]] = {}
+    keys: dict[int, list[int]] = {}
+    for r in records:
+        if r["method"] == label and r["kind"] == "ppl":
+            cell = nll.setdefault(r["length"], [0.0, 0])
+            cell[0] += r["nll_sum"]
+            cell[1] += r["n_scored"]
+        elif r["method"] == label and r["kind"] == "passkey":
+            keys.setdefault(r["length"], []).append(bool(r["correct"]))
+    return {**{f"eval/ppl@{L}": math.exp(s / n) for L, (s, n) in nll.items() if n},
+            **{f"eval/passkey@{L}": sum(v) / len(v) for L, v in keys.items()}}
 
 
 def _loss_plot(out: Path, log: list[dict], label: str) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from posenc import encodings
 from posenc.checkpoint import append_jsonl, atomic_write_bytes, make_run_dir, read_json, read_jsonl, write_json
@@ -134,6 +134,90 @@ def run_pool(jobs: list[tuple[Callable, tuple, Path, list[str]]], parallel: int,
     except KeyboardInterrupt:
         for _, proc, _ in running.values():
             proc.join()
+        raise
+    return failures
+
+
+LAUNCHERS = ("pool", "local", "slurm")  # pool: run_pool on this machine; local, slurm: submitit (run_submitit)
+
+
+class ClusterConfig(BaseModel):
+    """Resources of each submitit job (``run_submitit``): partition, GPUs, wall-clock limit (minutes), memory (GB)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partition: Optional[str] = None  # the scheduler's default when None
+    gpus_per_job: Optional[int] = Field(None, ge=0)  # None: --nproc-per-node (on CPU with the local executor: 0)
+    time_min: int = Field(240, gt=0)
+    mem_gb: Optional[float] = Field(None, gt=0)  # the scheduler's default when None
+
+
+def _cluster_entry(fn: Callable, args: tuple, modules: list[str], error_file: Path) -> None:
+    """What a submitit job runs: the schemes' modules imported, then ``fn(*args)``; an error also goes to
+    ``error_file`` (one line, then the traceback), as a pool job's does."""
+    for m in modules:
+        importlib.import_module(m)
+    try:
+        fn(*args)
+    except BaseException as exc:
+        error_file.write_text(f"{one_line(exc)}\n\n{traceback.format_exc()}")
+        raise
+
+
+def executor(launcher: str, folder: Path, cluster: ClusterConfig, name: str = "posenc"):
+    """A submitit executor ("local": LocalExecutor, this machine; "slurm": the Slurm cluster) writing its job
+    files (logs, pickles) into ``folder``. PosencError when submitit is missing or Slurm cannot be reached."""
+    try:
+        import submitit
+    except ImportError:
+        raise PosencError(f"--launcher {launcher} needs submitit: pip install 'posenc[slurm]'") from None
+    if launcher == "local":
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=cluster.time_min, gpus_per_node=cluster.gpus_per_job)
+        return ex
+    try:
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    except Exception as exc:  # no sbatch here
+        raise PosencError(f"--launcher slurm: submitit cannot use Slurm here ({one_line(exc)})") from None
+    params = {"timeout_min": cluster.time_min, "gpus_per_node": cluster.gpus_per_job, "nodes": 1, "tasks_per_node": 1, "name": name}
+    params |= {k: v for k, v in {"slurm_partition": cluster.partition, "mem_gb": cluster.mem_gb}.items() if v is not None}
+    ex.update_parameters(**params)
+    return ex
+
+
+def run_submitit(jobs: list[tuple[Callable, tuple, Path, list[str]]], ex, poll_s: float = 5,
+                 on_failure: Optional[Callable[[int, str], None]] = None) -> dict[int, str]:
+    """Submit each job (fn, args, error file, modules) through the submitit executor ``ex`` (``executor``) and
+    wait for all of them; returns {index of a failed job: its one-line error}, calling ``on_failure`` as
+    each fails (a job killed at its time limit fails too: a rerun resumes it from its last checkpoint).
+    Ctrl-C cancels the jobs not finished (they keep their last checkpoints) and re-raises."""
+    import submitit
+
+    if not jobs:
+        return {}
+    for _, _, error_file, _ in jobs:
+        error_file.parent.mkdir(parents=True, exist_ok=True)
+        error_file.unlink(missing_ok=True)
+    with ex.batch():  # one submission (a Slurm job array where the scheduler has them)
+        submitted = [ex.submit(_cluster_entry, fn, args, modules, error_file) for fn, args, error_file, modules in jobs]
+    index = {job.job_id: i for i, job in enumerate(submitted)}
+    failures: dict[int, str] = {}
+    try:
+        for job in submitit.helpers.as_completed(submitted, poll_frequency=poll_s):
+            exc = job.exception()
+            if exc is None:
+                continue
+            i = index[job.job_id]
+            error_file = jobs[i][2]
+            failures[i] = error_file.read_text().splitlines()[0] if error_file.exists() else one_line(exc)
+            if not error_file.exists():  # killed (time limit, memory, cancelled): the scheduler's word
+                error_file.write_text(f"{failures[i]}\n\n{exc}\n")
+            if on_failure:
+                on_failure(i, failures[i])
+    except KeyboardInterrupt:
+        for job in submitted:
+            if not job.done():
+                job.cancel(check=False)
         raise
     return failures
 

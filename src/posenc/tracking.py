@@ -77,10 +77,10 @@ class TensorBoardTracker(Tracker):
         self.writer.add_text("config", "```json\n" + json.dumps(config, indent=1, default=str) + "\n```")
 
     def start(self, step: int) -> None:
-        if step > 0:  # as SummaryWriter(purge_step=step): readers drop earlier events at steps >= step
+        if step > 0:  # as SummaryWriter(purge_step=step + 1): readers drop earlier events past the checkpoint
             from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-            self.writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+            self.writer.file_writer.add_event(Event(step=step + 1, session_log=SessionLog(status=SessionLog.START)))
 
     def log(self, metrics: dict[str, float | None], step: int) -> None:
         for k, v in _finite(metrics).items():

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from posenc.finetune import FinetuneConfig, finetune, load_preset, preset_names
 from posenc.rope import NAMES
+from posenc.tracking import KINDS
+from posenc.train import StopNow
 
 BUDGET_NOTE = """\
 Budget (SmolLM2-135M, measured): a LoRA step of 1K tokens takes ~10 s on an idle 2-core machine
@@ -49,6 +51,8 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--name", help="run name (default: the preset's name)")
     p.add_argument("--out", type=Path, help="output directory (default runs/finetune/<name>)")
+    p.add_argument("--log", choices=KINDS, default="none", help="experiment tracking: TensorBoard event files or a W&B run "
+                   "(WANDB_MODE=offline: no network) in the output directory (default none)")
     p.set_defaults(func=run)
 
 
@@ -64,7 +68,12 @@ def config(args) -> FinetuneConfig:
 
 
 def run(args) -> int:
-    out, markdown = finetune(config(args), args.out)
+    try:
+        out, markdown = finetune(config(args), args.out, log=args.log)
+    except StopNow:  # a second Ctrl-C: no new checkpoint
+        raise KeyboardInterrupt("stopped at once; the run keeps its last checkpoint") from None
+    except KeyboardInterrupt as exc:  # cli prints it with the command that resumes (the same one)
+        raise KeyboardInterrupt(str(exc) or "the run keeps its last checkpoint and records") from None
     print(markdown)
     print(f"results in {out}/")
     return 0

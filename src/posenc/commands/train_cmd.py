@@ -6,7 +6,9 @@ from pathlib import Path
 from posenc import distributed
 from posenc.config import load_preset
 from posenc.errors import PosencError
-from posenc.train import train
+from posenc.stamp import run_stamp
+from posenc.tracking import KINDS, check_kind, open_tracker
+from posenc.train import StopNow, train
 
 
 def add_parser(sub):
@@ -22,6 +24,8 @@ def add_parser(sub):
     p.add_argument("--time-budget", type=float, help="stop after this many seconds")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (train.compile)")
+    p.add_argument("--log", choices=KINDS, default="none", help="experiment tracking: TensorBoard event files or a W&B run "
+                   "(WANDB_MODE=offline: no network) in the run directory (default none)")
     p.set_defaults(func=run)
 
 
@@ -39,8 +43,15 @@ def run(args) -> int:
     out = args.out or Path("runs") / "train" / args.scheme
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
+    check_kind(args.log)
+    config = {"name": out.name, "scheme": args.scheme, "model": mcfg.model_dump(), "train": preset.train.model_dump(), "stamp": run_stamp()}
     try:
-        summary = train(out, mcfg, preset.train, resume=args.resume)
+        with open_tracker(args.log if distributed.rank() == 0 else "none", out, f"{out.name}/{args.scheme}", "train", config) as tracker:
+            summary = train(out, mcfg, preset.train, resume=args.resume, tracker=tracker)
+    except StopNow:  # a second Ctrl-C: no new checkpoint
+        raise KeyboardInterrupt(f"stopped at once; {out} keeps its last checkpoint", "--resume") from None
+    except KeyboardInterrupt as exc:
+        raise KeyboardInterrupt(str(exc) or f"{out} keeps its last checkpoint", "--resume") from None
     finally:
         distributed.teardown()
     if distributed.rank() == 0:

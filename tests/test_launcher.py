@@ -1,0 +1,72 @@
+"""compare through submitit: real jobs on submitit's LocalExecutor (CPU) train and evaluate, a failed job fails alone,
+a rerun resumes and a rerun of other settings is refused as on the local pool; the Slurm flags reach sbatch."""
+
+import json
+
+import pytest
+
+from posenc.cli import main
+from posenc.compare import compare
+from posenc.config import load_preset
+from posenc.errors import PosencError
+from posenc.jobs import ClusterConfig, executor
+
+submitit = pytest.importorskip("submitit")
+
+
+def tiny_preset(corpus, schemes, steps=4):
+    return load_preset("quick", {
+        "name": "sweep", "schemes": schemes,
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+        "train": {"corpus": str(corpus), "steps": steps, "batch_size": 2, "ckpt_every": 2, "threads": 1},
+        "eval": {"multiples": [1, 2], "max_tokens": 64, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
+    })
+
+
+@pytest.mark.slow
+def test_local_submitit_jobs_train_evaluate_and_resume(tiny_corpus, tmp_path, capsys):
+    run = tmp_path / "runs" / "sweep"
+    (run / "alibi").mkdir(parents=True)
+    (run / "alibi" / "seed0").write_text("a file where the run directory goes")  # this job fails in its process
+    report, failures = compare(tiny_preset(tiny_corpus, ["rope", "alibi"]), tmp_path / "runs", launcher="local",
+                               cluster=ClusterConfig(time_min=5))
+    records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["scheme"], r["eval_length"]) for r in records if r["kind"] == "ppl") == [("rope", 16), ("rope", 32)]
+    assert all(1 < r["ppl"] < 300 for r in records if r["kind"] == "ppl")
+    assert json.loads((run / "rope" / "seed0" / "train_summary.json").read_text())["steps"] == 4
+    assert list(failures) == ["alibi (seed 0)"] and "alibi" in failures["alibi (seed 0)"]
+    assert "Traceback" in (run / "alibi" / "seed0.error.txt").read_text()
+    assert any((run / "submitit").glob("*_log.out"))  # submitit's own job files
+    assert "## Failed" in report.read_text()
+    assert f"posenc: alibi (seed 0) failed: {failures['alibi (seed 0)']}" in capsys.readouterr().err
+
+    (run / "alibi" / "seed0").unlink()  # rerun: the finished job is skipped, the failed one runs
+    _, failures = compare(tiny_preset(tiny_corpus, ["rope", "alibi"]), tmp_path / "runs", launcher="local", cluster=ClusterConfig(time_min=5))
+    after = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    assert not failures and after[: len(records)] == records
+    assert sorted(r["scheme"] for r in after[len(records):] if r["kind"] == "ppl") == ["alibi", "alibi"]
+    compare(tiny_preset(tiny_corpus, ["rope", "alibi"]), tmp_path / "runs", launcher="local")
+    assert "posenc: all 2 jobs already done" in capsys.readouterr().err
+    with pytest.raises(PosencError, match=r"holds results made with other settings \(train.steps 4 -> 6\)"):
+        compare(tiny_preset(tiny_corpus, ["rope"], steps=6), tmp_path / "runs", launcher="local")
+
+
+def test_slurm_flags_reach_the_sbatch_script(tmp_path, monkeypatch):
+    import submitit.slurm.slurm as slurm
+
+    monkeypatch.setattr(slurm.SlurmExecutor, "affinity", staticmethod(lambda: 2))  # as on a node where srun exists
+    ex = executor("slurm", tmp_path, ClusterConfig(partition="gpu", gpus_per_job=4, time_min=600, mem_gb=64), "posenc-paper")
+    text = ex._executor._make_submission_file_text("CMD", "uid")
+    for line in ("--partition=gpu", "--gpus-per-node=4", "--time=600", "--mem=64GB", "--job-name=posenc-paper", "--nodes=1"):
+        assert f"#SBATCH {line}\n" in text
+
+
+def test_slurm_where_there_is_none_is_one_line(tiny_corpus, tmp_path, capsys):
+    code = main(["compare", "--preset", "quick", "--schemes", "rope", "--steps", "2", "--corpus", str(tiny_corpus),
+                 "--out", str(tmp_path / "o"), "--launcher", "slurm", "--partition", "gpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("posenc: error: --launcher slurm: submitit cannot use Slurm here")
+    assert main(["compare", "--preset", "quick", "--time-min", "5", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == "posenc: error: --time-min: only with --launcher slurm (or local)\n"
+    assert main(["compare", "--preset", "quick", "--launcher", "local", "--time-min", "0", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith("posenc: error: invalid cluster flags: time_min: Input should be greater than 0")
