@@ -47,10 +47,10 @@ from torch import nn
 from posenc.encodings.registry import alias, register
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.draw import counter_uniform
+from posenc.encodings.mixing import window_size
 from posenc.encodings.phase import check_rotary_dims, rotary_dim
 from posenc.rope import rope_inv_freq, wrap_phases
 from posenc.errors import PosencError
-from posenc.theory.mixing import window_size
 
 
 EVAL_DRAW = 2**31 - 1  # the draw counter value reserved for evaluation (training never reaches it)
@@ -83,7 +83,7 @@ class Accumulated(Encoding):
 
     name = "accumulated"
     family, source = "accumulated transports", "arXiv 2606.24975 (Example 1; learned steps)"
-    rotary = True
+    rotary = accumulates = True  # decoding keeps the running phase (base.RunningPhaseState)
     batch_row_offset = 0  # first global batch row held by this process (posenc.distributed.set_batch_rows)
 
     def __init__(
@@ -160,11 +160,14 @@ class Accumulated(Encoding):
         self.draws += 1  # a tensor, saved with the weights: a resumed run draws what an uninterrupted one would
         return u
 
-    def phases(self, inp: Inputs) -> torch.Tensor:
+    def steps(self, inp: Inputs) -> torch.Tensor:
+        """Step angles c_b + a_b u of inp's positions: (B|1, H, T, D/2) float32 (float64 in a float64 model)."""
         widths = self.widths()
         widths = widths[:, None, :] if widths.dim() == 2 else widths  # (H, 1, D/2) per head
-        theta = torch.addcmul(self.center_b, widths, self._u(inp))  # c_b + a_b * u: (B|1, H, T, D/2)
-        return accumulate(theta, dtype=inp.x.dtype)
+        return torch.addcmul(self.center_b, widths, self._u(inp))
+
+    def phases(self, inp: Inputs) -> torch.Tensor:
+        return accumulate(self.steps(inp), dtype=inp.x.dtype)
 
     def spectral_gap(self) -> torch.Tensor:
         """(D/2,) float64: beta_b = |sin a_b / a_b| of uniform steps (learned: the bound's law; learned a: mean over heads)."""

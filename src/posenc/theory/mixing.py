@@ -2,7 +2,8 @@
 
 Paper "Why do accumulated transformations extrapolate?" (arXiv 2606.24975), Sec. 3,
 Theorem 1: for i.i.d. steps with ||E[M]||_op <= beta < 1, ||E[P_n]||_op <= beta^n,
-so routes longer than w_eps = ceil(log eps / log beta) are decorrelated to eps.
+so routes longer than w_eps = ceil(log eps / log beta) are decorrelated to eps
+(:func:`posenc.encodings.mixing.window_size`, the core's formula).
 w_eps depends on beta and eps only, not on the context length. For every
 distribution in :mod:`posenc.theory.steps`, E[M] is normal, so the bound is an
 equality: ||E[P_n]||_op = ||E[M]^n||_op = beta^n.
@@ -14,29 +15,13 @@ import math
 
 import torch
 
+from posenc.encodings.mixing import window_size
 from posenc.errors import PosencError
-from posenc.theory.stats import bernstein_tol, check_eps, compare
+from posenc.theory.stats import bernstein_tol, compare
 from posenc.theory.steps import DTYPE, SO2Steps, SO2Uniform, block_norms, parse_dist, phasor_mean
 
 _HORIZON_CAP = 256  # longest simulated route when the window is longer (drift blocks)
 _PROFILE_ELEMS = 2**20  # angles held at once when simulating whole contexts
-
-
-def window_size(beta: float, eps: float) -> float:
-    """w_eps = ceil(log eps / log beta), the first n with beta^n <= eps.
-
-    beta = 0 gives 1 (one step mixes, e.g. Haar); beta >= 1 gives ``math.inf``
-    (no window: deterministic steps such as RoPE never decorrelate).
-    """
-    check_eps(eps)
-    if beta < 0:
-        raise PosencError(f"spectral gap beta must be >= 0, got {beta}")
-    if beta == 0:
-        return 1
-    if beta >= 1:
-        return math.inf
-    # shave a few ulps so that beta^n == eps exactly gives n, not n + 1
-    return max(1, math.ceil(math.log(eps) / math.log(beta) * (1 - 1e-12)))
 
 
 def _horizon(window: float) -> int:

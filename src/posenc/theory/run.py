@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from posenc.checkpoint import atomic_write_bytes
+from posenc.encodings.mixing import check_eps
 from posenc.errors import PosencError
 from posenc.presets import SHIPPED, read_preset, validated
 from posenc.reporting import markdown_table
 from posenc.theory import decay, mass, mixing, plots, scores
-from posenc.theory.stats import check_eps
 from posenc.theory.steps import SO2Uniform, parse_dist
 
 DEFAULT_DISTS = ("so2:1", "so2:0.5", "so2:2", "so2-drift", "householder", "haar")

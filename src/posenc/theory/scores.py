@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from posenc.errors import PosencError
-from posenc.theory.mixing import window_size
+from posenc.encodings.mixing import window_size
 from posenc.theory.stats import compare, proportion_tol, z_value
 from posenc.theory.steps import DTYPE, Haar, Householder, SO2Steps, StepDist, parse_dist, unit_vectors
 

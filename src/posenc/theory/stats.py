@@ -12,6 +12,7 @@ from statistics import NormalDist
 
 import torch
 
+from posenc.encodings.mixing import check_eps  # noqa: F401 (posenc.diagnose reads it here)
 from posenc.errors import PosencError
 
 SIDES = ("both", "upper", "lower")
@@ -57,9 +58,3 @@ def proportion_tol(samples: int, delta: float) -> float:
 def z_value(tests: int, delta: float) -> float:
     """Two-sided normal quantile for ``tests`` comparisons at family-wise level delta (Bonferroni)."""
     return NormalDist().inv_cdf(1.0 - delta / (2.0 * tests))
-
-
-def check_eps(eps: float) -> None:
-    """Mixing tolerance must lie in (0, 1)."""
-    if not 0.0 < eps < 1.0:
-        raise PosencError(f"eps must be in (0, 1), got {eps}")
