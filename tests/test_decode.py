@@ -74,9 +74,10 @@ def test_chunked_prefill_leaves_the_state_of_one_prefill():
         m.decode(x, one)
         for a, b in ((0, 4), (4, 5), (5, 15)):
             m.decode(x[:, a:b], chunks)
-    for l1, l2 in zip(one.layers, chunks.layers):
-        for name in ("x", "k", "v"):
-            assert torch.allclose(getattr(l1, name), getattr(l2, name), atol=1e-12, rtol=0)
+    for l1, l2 in zip(one.layers, chunks.layers):  # rotated keys and values, running phase, cumulative log-gates
+        (rot1, gate1), (rot2, gate2) = l1.state.states, l2.state.states
+        for a, b in ((l1.k, l2.k), (l1.v, l2.v), (rot1.phi.value, rot2.phi.value), (gate1.lam.value, gate2.lam.value)):
+            assert torch.allclose(a, b, atol=1e-12, rtol=0)
 
 
 def test_generate_greedy_continues_with_the_parallel_argmax():

@@ -191,7 +191,7 @@ def attention(
     if phases is not None:
         rows, dtype = slice(q_start, T), rotation_dtype(q)
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)  # no-ops outside autocast
-        cos, sin = _cos_sin(phases, dtype)
+        cos, sin = cos_sin(phases, dtype)
         q = rotate_shared(q, phases[..., rows, :], cos[..., rows, :], sin[..., rows, :], pairing)
         k = rotate_shared(k, phases, cos, sin, pairing)
         if rotate_v:
@@ -231,7 +231,7 @@ def rotation_dtype(x: torch.Tensor) -> torch.dtype:
     return dtype
 
 
-def _cos_sin(phases: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def cos_sin(phases: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin once per layer, taken in the angles' float32+ dtype, then cast to the rotation's; shared by q, k,
     v and the output (no gradient: the phase gradient comes from rotate_shared's backward)."""
     with torch.no_grad():

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from posenc import encodings
-from posenc.attention import attention
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.attention import attention, cos_sin, rotate_shared, rotation_dtype
+from posenc.encodings.base import BiasFn, Buffer, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 
 
@@ -118,35 +118,61 @@ def repeat_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
     return t if t.shape[1] == n_head else t.repeat_interleave(n_head // t.shape[1], dim=1)
 
 
-@dataclasses.dataclass
 class LayerCache:
-    """One layer's decoding state: every position's normalised input x (B, T, d_model), positions
-    pos (T,), token ids (B, T) or None, and unrotated k, v (B, Hkv, T, D) (and q, for schemes
-    whose attention does not factor).
+    """One layer's decoding state, filled by ``Attention.decode``.
 
-    Keys are cached before rotation, so a scheme's hooks are recomputed over the
-    whole prefix at each step (O(T) work and memory, never T x T): phases and
-    biases are then exactly the parallel forward's, whatever the scheme (token-
-    dependent steps, cumulative gates, a base that changes with length).
+    Incremental (the default, for a scheme with a ``DecodeState``): keys and values
+    ``k``, ``v`` (B, Hkv, T, D) in the form the attention reads them (rotated into
+    the absolute frame once for rotary schemes; a scheme that replaces attention
+    keeps its own form, e.g. PaTH's transformed keys), positions ``pos`` (T,), and
+    the scheme's state (running phase, cumulative log-gates); a step costs O(T D)
+    and never re-runs the hooks over the prefix. Reference (``reference=True``, and
+    every scheme without a DecodeState, or with per-head keys under grouped-query
+    attention): every position's input ``x``, token ids, unrotated ``k``, ``v`` (and
+    ``q`` for schemes that replace attention), the hooks recomputed over the whole
+    prefix at every step. All in preallocated buffers whose capacity doubles
+    (``capacity``: rows reserved at the first step).
     """
 
-    x: Optional[torch.Tensor] = None
-    q: Optional[torch.Tensor] = None
-    k: Optional[torch.Tensor] = None
-    v: Optional[torch.Tensor] = None
-    pos: Optional[torch.Tensor] = None
-    tokens: Optional[torch.Tensor] = None
+    def __init__(self, reference: bool = False, capacity: int = 0):
+        self.reference, self.state = reference, None
+        self.batch: Optional[int] = None
+        self.has_tokens = False
+        self._pos = Buffer(-1, capacity, batched=False)
+        self._x, self._tokens = Buffer(-2, capacity), Buffer(-1, capacity)
+        self._q, self._k, self._v = Buffer(-2, capacity), Buffer(-2, capacity), Buffer(-2, capacity)
 
     @property
     def length(self) -> int:
-        return 0 if self.pos is None else self.pos.shape[0]
+        return self._pos.length
 
-    def append(self, **new: Optional[torch.Tensor]) -> None:
-        for name, t in new.items():
-            if t is not None:
-                old = getattr(self, name)
-                dim = -1 if name in ("pos", "tokens") else -2  # the time axis
-                setattr(self, name, t if old is None else torch.cat((old, t), dim=dim))
+    x = property(lambda self: self._x.value)
+    q = property(lambda self: self._q.value)
+    k = property(lambda self: self._k.value)
+    v = property(lambda self: self._v.value)
+    pos = property(lambda self: self._pos.value)
+    tokens = property(lambda self: self._tokens.value)
+
+    def _all(self) -> list:
+        return [self._pos, self._x, self._tokens, self._q, self._k, self._v] + ([self.state] if self.state is not None else [])
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions (e.g. after rejected speculative tokens); PosencError where the
+        scheme's state cannot go back (PaTH's transformed keys)."""
+        if not 0 <= length <= self.length:
+            raise PosencError(f"cannot crop a cache of {self.length} positions to {length}")
+        for b in self._all():
+            b.crop(length)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search): index (B',) int64 into the current batch."""
+        for b in self._all():
+            b.reorder(index)
+        self.batch = int(index.shape[0])
+
+    def nbytes(self) -> int:
+        """Bytes held (allocated capacity, not only the used rows)."""
+        return sum(b.nbytes() for b in self._all())
 
 
 def _check_x(x: torch.Tensor, d_model: Optional[int] = None) -> torch.Tensor:
@@ -268,13 +294,55 @@ class Attention(nn.Module):
 
         x: (B, n, d_model) the normalised inputs of the new positions; positions: (n,)
         int64 (default the n after the cache's); tokens: (B, n) int64 or None, as before.
+        The cache picks its mode at the first call (``LayerCache``). Raises PosencError
+        for another batch size, or token ids given at one step and not another.
         """
-        if cache.x is not None and (cache.x.shape[0] != x.shape[0] or (tokens is None) != (cache.tokens is None)):
-            raise PosencError(f"the cache holds batch size {cache.x.shape[0]}{' and token ids' if cache.tokens is not None else ''}; "
+        if cache.batch is not None and (cache.batch != x.shape[0] or (tokens is None) == cache.has_tokens):
+            raise PosencError(f"the cache holds batch size {cache.batch}{' and token ids' if cache.has_tokens else ''}; "
                               f"got {x.shape[0]} rows{' and token ids' if tokens is not None else ''}")
+        if cache.batch is None:
+            cache.batch, cache.has_tokens = x.shape[0], tokens is not None
+            cache.state = None if cache.reference else self.enc.decoder()
+            if cache.state is None or (cache.state.per_head_keys and self.n_kv_head < self.n_head):
+                cache.reference, cache.state = True, None
         pos = _positions(positions, x.shape[1], cache.length, x.device)
         q, k, v = self.project(x)
+        if cache.reference:
+            return self._decode_reference(x, q, k, v, pos, tokens, cache)
+        inp, enc, state = Inputs(x, pos, tokens), self.enc, cache.state
+        every = cache._pos.append(pos)
+        phi = state.phases(inp) if enc.rotary and not enc.replaces_attention else None
+        bias = state.bias(inp, every) if enc.has_bias else None
+        if enc.replaces_attention:
+            out = state.attend(q, k, v, inp, every, bias, cache._k, cache._v)
+        else:
+            out = self._attend_cached(q, k, v, phi, bias, cache)
+        B, _, n, _ = out.shape
+        return self.proj(out.transpose(1, 2).reshape(B, n, -1))
+
+    def _attend_cached(self, q, k, v, phi, bias, cache: LayerCache) -> torch.Tensor:
+        """The new queries over the cached keys (rotated once, by their own phases ``phi``) with the bias rows:
+        the parallel core's operations on the new rows only (``_decode_reference`` is the reference). (B, H, n, Dv)."""
+        enc, out_dtype = self.enc, v.dtype
+        if phi is not None:
+            dtype = rotation_dtype(q)
+            cos, sin = cos_sin(phi, dtype)
+            if phi.shape[1] > 1:  # per-head phases: keys per query head (only without GQA, see decode)
+                k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)
+            q, k = (rotate_shared(t.to(dtype), phi, cos, sin, enc.pairing) for t in (q, k))
+            v = rotate_shared(v.to(dtype), phi, cos, sin, enc.pairing) if enc.rotate_v else v.to(dtype)
+        keys, values = cache._k.append(k), cache._v.append(v)
+        out = attention(q, repeat_kv(keys, self.n_head), repeat_kv(values, self.n_head), bias=bias,
+                        logit_scale=enc.logit_scale, block_size=self.block)
+        if phi is not None and enc.rotate_v:
+            out = rotate_shared(out, phi, cos, sin, enc.pairing, sign=-1)
+        return out.to(out_dtype)
+
+    def _decode_reference(self, x, q, k, v, pos, tokens, cache: LayerCache) -> torch.Tensor:
+        """The reference: the hooks over the whole prefix and the whole attention (schemes that replace it), last rows kept."""
         whole = self.enc.replaces_attention  # no query-suffix form: the whole attention, last rows kept
-        cache.append(x=x, q=q if whole else None, k=k, v=v, pos=pos, tokens=tokens)
+        for buf, t in ((cache._x, x), (cache._q, q if whole else None), (cache._k, k), (cache._v, v), (cache._pos, pos), (cache._tokens, tokens)):
+            if t is not None:
+                buf.append(t)
         a = self.hooked(cache.q if whole else q, cache.k, cache.v, Inputs(cache.x, cache.pos, cache.tokens))
         return self.output(a)[:, -x.shape[1] :]

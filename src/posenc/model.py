@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from torch import nn
 
 from posenc import encodings, scoring
-from posenc.encodings.base import Dims, Encoding
+from posenc.encodings.base import Buffer, Dims, Encoding
 from posenc.layer import Attention, AttentionInputs, LayerCache
 from posenc.encodings.rotary import RoPE
 from posenc.rope import schedule_label, schedule_params
@@ -81,15 +81,38 @@ def validate_config(data: dict) -> ModelConfig:
 
 
 class Cache:
-    """Incremental decoding state of an ``LM`` (``LM.decode``): the tokens so far (B, T) and one LayerCache per layer."""
+    """Incremental decoding state of an ``LM`` (``LM.decode``): the token ids so far ``tokens`` (B, T) and one
+    LayerCache per layer. ``reference=True`` recomputes every scheme's hooks over the prefix at each step (the
+    reference the incremental states are tested against); ``capacity``: positions reserved at the first step
+    (buffers double past it)."""
 
-    def __init__(self, n_layer: int):
-        self.tokens: Optional[torch.Tensor] = None
-        self.layers = [LayerCache() for _ in range(n_layer)]
+    def __init__(self, n_layer: int, reference: bool = False, capacity: int = 0):
+        self._tokens = Buffer(-1, capacity)
+        self.layers = [LayerCache(reference, capacity) for _ in range(n_layer)]
+
+    @property
+    def tokens(self) -> Optional[torch.Tensor]:
+        return self._tokens.value
 
     @property
     def length(self) -> int:
-        return 0 if self.tokens is None else self.tokens.shape[1]
+        return self._tokens.length
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions; PosencError if longer than the cache or a scheme cannot go back (PaTH)."""
+        for layer in self.layers:
+            layer.crop(length)
+        self._tokens.crop(length)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows, e.g. the surviving beams: index (B',) int64 into the current batch."""
+        for layer in self.layers:
+            layer.reorder(index)
+        self._tokens.reorder(index)
+
+    def nbytes(self) -> int:
+        """Bytes the cache holds (allocated capacity of every buffer and scheme state)."""
+        return self._tokens.nbytes() + sum(layer.nbytes() for layer in self.layers)
 
 
 def _norm(cfg: ModelConfig) -> nn.Module:
@@ -209,12 +232,11 @@ class LM(nn.Module):
             raise PosencError(f"token ids must lie in [0, {self.cfg.vocab_size}), got [{int(tokens.min())}, {int(tokens.max())}]")
         if cache.tokens is not None and cache.tokens.shape[0] != tokens.shape[0]:
             raise PosencError(f"the cache holds batch size {cache.tokens.shape[0]}, got {tokens.shape[0]} new rows")
-        whole = tokens if cache.tokens is None else torch.cat((cache.tokens, tokens), dim=1)
-        pos = torch.arange(whole.shape[1], device=tokens.device)
-        x, _ = self._embed(tokens, pos[cache.length :])
+        pos = torch.arange(cache.length, cache.length + tokens.shape[1], device=tokens.device)
+        x, _ = self._embed(tokens, pos)
         for block, layer in zip(self.blocks, cache.layers):
-            x = block.decode(x, layer, pos[cache.length :], tokens)
-        cache.tokens = whole
+            x = block.decode(x, layer, pos, tokens)
+        cache._tokens.append(tokens)
         return self.norm(x) @ self.tok.weight.T
 
     def check_length(self, length: int) -> None:

@@ -20,10 +20,20 @@ flag                    hook                 what it gives
 ``replaces_attention``  ``attend(...)``      the whole attention, for schemes that
                                              do not factor; takes the other parts'
                                              bias in a composition
+``accumulates``         ``steps(inp)``       per-position step angles theta
+                                             (B|1, H|1, T, P) whose float64 prefix
+                                             sum is the phases (incremental
+                                             decoding keeps the running sum)
 ``has_logits``          ``logits(...)``      an attending scheme's causal logits of
                                              one query block (its ``attend`` is a
                                              softmax of them; ``posenc diagnose``
                                              reads them)
+(any of the above)      ``decoder()``        a :class:`DecodeState`: the same hooks
+                                             for the new positions of a decoding
+                                             step only (running phase, cumulative
+                                             gates, transformed keys); None: the
+                                             layer recomputes the hooks over the
+                                             whole prefix (the reference)
 ======================  ===================  ======================================
 
 A hook whose flag is False returns None. Flags may be set per instance in
@@ -45,6 +55,7 @@ import torch
 from torch import nn
 
 from posenc.attention import BiasFn  # noqa: F401 (the bias hook's type, re-exported)
+from posenc.rope.schedules import wrap_phases
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +85,133 @@ class Inputs:
     tokens: Optional[torch.Tensor] = None
 
 
+class Buffer:
+    """A tensor growing along axis ``dim`` inside preallocated storage whose capacity doubles.
+
+    ``append(t)`` copies only t's rows (the prefix moves only when the capacity
+    doubles: O(1) amortised per row, never a ``torch.cat`` of the whole prefix per
+    step) and returns the view of all rows so far; ``capacity``: rows to reserve
+    at the first append. ``batched``: axis 0 is the batch (``reorder`` selects its
+    rows; a broadcast batch of 1 is kept).
+    """
+
+    def __init__(self, dim: int, capacity: int = 0, batched: bool = True):
+        self.dim, self.capacity, self.batched = dim, capacity, batched
+        self.data: Optional[torch.Tensor] = None
+        self.length = 0
+
+    @property
+    def value(self) -> Optional[torch.Tensor]:
+        return None if self.data is None else self.data.narrow(self.dim, 0, self.length)
+
+    def append(self, t: torch.Tensor) -> torch.Tensor:
+        n = t.shape[self.dim]
+        if self.data is None or self.length + n > self.data.shape[self.dim]:
+            size = 0 if self.data is None else self.data.shape[self.dim]
+            shape = list(t.shape)
+            shape[self.dim] = max(self.length + n, 2 * size, self.capacity)
+            grown = t.new_empty(shape)
+            if self.length:
+                grown.narrow(self.dim, 0, self.length).copy_(self.value)
+            self.data = grown
+        self.data.narrow(self.dim, self.length, n).copy_(t)
+        self.length += n
+        return self.value
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        if self.data is not None and self.batched and self.data.shape[0] > 1:
+            self.data = self.data.index_select(0, index.to(self.data.device))
+
+    def nbytes(self) -> int:
+        return 0 if self.data is None else self.data.numel() * self.data.element_size()
+
+
+class DecodeState:
+    """A scheme's incremental decoding state in one layer (``Encoding.decoder``): its hooks for the new positions only.
+
+    Per decoding step the layer calls, in this order and once each, the methods its
+    scheme's flags name, with inp the n new positions' Inputs (x (B, n, d_model),
+    pos (n,), tokens (B, n) or None) and pos the (T,) int64 positions of the whole
+    cached sequence (these n last):
+
+    - ``phases(inp)`` (``rotary``): the new positions' phases (B|1, H|1, n, P)
+      float32+ in the absolute frame (the layer caches keys, and values with
+      ``rotate_v``, rotated by them once);
+    - ``bias(inp, pos)`` (``has_bias``): a BiasFn over the whole cached sequence,
+      indexed by cache row, that the core asks only for the new query rows
+      [T - n, T): O(n T) per step;
+    - ``attend(q, k, v, inp, pos, bias, keys, values)`` (``replaces_attention``):
+      q (B, H, n, Dk), k, v (B, Hkv, n, D) of the new positions; ``keys``, ``values``
+      the layer's :class:`Buffer` s, which the state fills with keys and values in
+      the form its attention reads (rotated, transformed); returns (B, H, n, Dv).
+
+    This base class is a scheme without hooks (NoPE). ``per_head_keys``: the cached
+    keys differ per query head (per-head phases, PaTH's transforms), so under
+    grouped-query attention the layer keeps the reference instead (its key cache
+    keeps the n_kv_head heads). ``crop`` and ``reorder`` act on every Buffer
+    attribute; a state with other running values extends them (PosencError where
+    the state cannot go back).
+    """
+
+    per_head_keys = False
+
+    def __init__(self, enc: "Encoding"):
+        self.enc = enc
+
+    def buffers(self) -> list[Buffer]:
+        return [b for b in vars(self).values() if isinstance(b, Buffer)]
+
+    def crop(self, length: int) -> None:
+        for b in self.buffers():
+            b.crop(length)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        for b in self.buffers():
+            b.reorder(index)
+
+    def nbytes(self) -> int:
+        return sum(b.nbytes() for b in self.buffers())
+
+
+class PositionState(DecodeState):
+    """Hooks whose value at a position depends on the positions only (RoPE's phases; ALiBi, T5, Kerple
+    and FIRE biases): the hooks themselves on the new positions (phases, O(n D)) or on the cached
+    positions (the bias, of which the core evaluates the new rows only, O(n T)); no state."""
+
+    def phases(self, inp: Inputs) -> torch.Tensor:
+        return self.enc.phases(inp)
+
+    def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn:
+        return self.enc.bias(Inputs(inp.x, pos))
+
+
+class RunningPhaseState(DecodeState):
+    """Phases that are the prefix sum of per-position steps (``accumulates``: the accumulated rotations).
+
+    Keeps every position's unwrapped float64 phase Phi_t (B|1, H, T, P), the same
+    numbers as the parallel ``cumsum``; a step computes only the new positions'
+    step angles (``steps``: one random draw per position, tanh(W x_t) of the new
+    inputs, the new token ids' steps), adds them to Phi_{T-1} and returns them
+    wrapped mod 2 pi in float32+. The stored phases serve ``crop``.
+    """
+
+    per_head_keys = True
+
+    def __init__(self, enc: "Encoding"):
+        super().__init__(enc)
+        self.phi = Buffer(-2)
+
+    def phases(self, inp: Inputs) -> torch.Tensor:
+        phi = torch.cumsum(self.enc.steps(inp).to(torch.float64), dim=-2)
+        if self.phi.length:
+            phi = phi + self.phi.value[..., -1:, :]
+        self.phi.append(phi)
+        return wrap_phases(phi, inp.x.dtype)
+
+
 class Encoding(nn.Module):
     """Base class: no positional information (NoPE). Subclasses override hooks."""
 
@@ -91,6 +229,7 @@ class Encoding(nn.Module):
     replaces_attention: bool = False  # attend() gives the attention output
     has_logits: bool = False  # logits() gives an attending scheme's logits per query block
     uses_tokens: bool = False  # the hooks read Inputs.tokens (token ids), not only x and pos
+    accumulates: bool = False  # phases() is the float64 prefix sum of steps()
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -115,6 +254,9 @@ class Encoding(nn.Module):
     def phases(self, inp: Inputs) -> Optional[torch.Tensor]:
         return None
 
+    def steps(self, inp: Inputs) -> Optional[torch.Tensor]:
+        return None
+
     def bias(self, inp: Inputs) -> Optional[BiasFn]:
         return None
 
@@ -133,6 +275,15 @@ class Encoding(nn.Module):
             qe = min(qs + block_size, T)
             out.append(torch.softmax(self.logits(q, k, inp, bias, qs, qe), dim=-1).to(v.dtype) @ v[..., :qe, :])
         return torch.cat(out, dim=-2)
+
+    def decoder(self) -> Optional[DecodeState]:
+        """A fresh incremental decoding state for one layer's cache (``DecodeState``), or None: no incremental
+        form, so decoding recomputes the hooks over the whole prefix at each step (the reference). Default: the
+        stateless NoPE state for a scheme without hooks, the running phase for ``accumulates``, else None (a new
+        scheme is exact before it is fast)."""
+        if self.accumulates and not (self.has_bias or self.replaces_attention):
+            return RunningPhaseState(self)
+        return None if (self.rotary or self.has_bias or self.replaces_attention) else DecodeState(self)
 
     def spectral_gap(self) -> Optional[torch.Tensor]:
         """(D/2,) float64 |E exp(i theta_b)| of the step law per frequency block, or None (no step law)."""

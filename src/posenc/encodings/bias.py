@@ -11,7 +11,7 @@ import math
 import torch
 
 from posenc.encodings.registry import register
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
@@ -68,3 +68,6 @@ class ALiBi(Encoding):
 
     def bias(self, inp: Inputs) -> BiasFn:
         return distance_bias(self.slopes, inp.pos, torch.promote_types(inp.x.dtype, torch.float32))
+
+    def decoder(self) -> PositionState:
+        return PositionState(self)  # the new query rows of -m (i - j) over the cached positions

@@ -9,9 +9,10 @@ other parts' bias, e.g. ``path+forget``.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from posenc.encodings.base import Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, DecodeState, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 
 
@@ -54,19 +55,12 @@ class Composite(Encoding):
         return self.rotary_part.phases(inp) if self.rotary else None
 
     def bias(self, inp: Inputs):
-        fns = [p.bias(inp) for p in self.parts if p.has_bias]
-        if not fns:
-            return None
-        if len(fns) == 1:
-            return fns[0]
+        return sum_biases([p.bias(inp) for p in self.parts if p.has_bias])
 
-        def tile(qs, qe, ks, ke):
-            return sum(f(qs, qe, ks, ke) for f in fns)
-
-        ats = [getattr(f, "at", None) for f in fns]
-        if all(a is not None for a in ats):  # pointwise parts sum pointwise (FlexAttention on CUDA)
-            tile.at = lambda b, h, qi, ki: sum(a(b, h, qi, ki) for a in ats)
-        return tile
+    def decoder(self) -> "CompositeState | None":
+        """Each part's state (None, the reference, if any part has none)."""
+        states = [p.decoder() for p in self.parts]
+        return None if any(s is None for s in states) else CompositeState(self, states)
 
     def logits(self, q, k, inp: Inputs, bias, qs: int, qe: int):
         """The attending part's logits, given the other parts' summed bias (``bias(inp)``)."""
@@ -84,3 +78,49 @@ class Composite(Encoding):
 
     def describe(self) -> str:
         return " + ".join(p.describe() for p in self.parts)
+
+
+def sum_biases(fns: list[BiasFn]) -> BiasFn | None:
+    """The sum of tile functions (None for none, the one itself for one); pointwise ``at`` when every part has one."""
+    if not fns:
+        return None
+    if len(fns) == 1:
+        return fns[0]
+
+    def tile(qs, qe, ks, ke):
+        return sum(f(qs, qe, ks, ke) for f in fns)
+
+    ats = [getattr(f, "at", None) for f in fns]
+    if all(a is not None for a in ats):  # pointwise parts sum pointwise (FlexAttention on CUDA)
+        tile.at = lambda b, h, qi, ki: sum(a(b, h, qi, ki) for a in ats)
+    return tile
+
+
+class CompositeState(DecodeState):
+    """The parts' states, one per hook as ``Composite``: the rotary part's phases, the biases summed, the
+    attending part's attention given the other parts' bias."""
+
+    def __init__(self, enc: Composite, states: list[DecodeState]):
+        super().__init__(enc)
+        self.states = states
+        self.per_head_keys = any(s.per_head_keys for s in states)
+
+    def phases(self, inp: Inputs) -> torch.Tensor:
+        return next(s for s in self.states if s.enc.rotary).phases(inp)
+
+    def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn:
+        return sum_biases([s.bias(inp, pos) for s in self.states if s.enc.has_bias])
+
+    def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys, values) -> torch.Tensor:
+        return next(s for s in self.states if s.enc.replaces_attention).attend(q, k, v, inp, pos, bias, keys, values)
+
+    def crop(self, length: int) -> None:
+        for s in self.states:
+            s.crop(length)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        for s in self.states:
+            s.reorder(index)
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for s in self.states)

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
 from posenc.encodings.mlp import PointMLP
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
@@ -80,6 +80,9 @@ class FIRE(Encoding):
             return torch.cat([chunk(qs, qe, a, min(a + KEY_CHUNK, ke)) for a in range(ks, ke, KEY_CHUNK)], dim=-1)
 
         return tile
+
+    def decoder(self) -> PositionState:
+        return PositionState(self)  # the MLP on the new query rows' (T,) inputs only: O(T width) per step
 
     def describe(self) -> str:
         return f"FIRE: bias f(log(1+c(i-j)) / log(1+c max(L,i))), MLP width {self.mlp.w1.shape[0]}, learned c (init {self.init_c:g}), L (init {self.init_L:g})"

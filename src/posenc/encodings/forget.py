@@ -27,13 +27,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc.encodings.registry import register
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+
+
+def log_gates(logits: torch.Tensor) -> torch.Tensor:
+    """log f = logsigmoid(logits), taken in the logits' dtype, float32 at least (bf16 gates would be off by ~1e-3),
+    returned float64: (B, H, T) -> (B, H, T)."""
+    return F.logsigmoid(logits.to(torch.promote_types(logits.dtype, torch.float32))).double()
 
 
 def log_forget_cumsum(logits: torch.Tensor) -> torch.Tensor:
-    """Lambda = cumsum(logsigmoid(logits)) over the last dim: (B, H, T) -> (B, H, T) float64.
-    The log-gates are taken in the logits' dtype, float32 at least (bf16 gates would be off by ~1e-3)."""
-    return torch.cumsum(F.logsigmoid(logits.to(torch.promote_types(logits.dtype, torch.float32))).double(), dim=-1)
+    """Lambda = cumsum(logsigmoid(logits)) over the last dim: (B, H, T) -> (B, H, T) float64 (``log_gates``)."""
+    return torch.cumsum(log_gates(logits), dim=-1)
 
 
 def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn:
@@ -90,8 +95,28 @@ class ForgetGate(Encoding):
     def bias(self, inp: Inputs) -> BiasFn:
         return forget_bias(self.log_lambda(inp), torch.promote_types(inp.x.dtype, torch.float32))
 
+    def decoder(self) -> "ForgetState":
+        return ForgetState(self)
+
     def describe(self) -> str:
         return "forget gate (FoX): bias cumsum log sigmoid(Wx+b), float64 prefix sums" + (", times 1/sqrt(D)" if self.scaled else "")
+
+
+class ForgetState(DecodeState):
+    """The running cumulative log-gate: Lambda (B, H, T) float64 (times ``bias_scale``) of every cached
+    position; a step computes the gates of the new inputs only, adds their prefix sum to Lambda_{T-1}
+    (the parallel ``log_lambda``'s float64 sums) and gives the bias rows Lambda_i - Lambda_j, O(T) per step."""
+
+    def __init__(self, enc: ForgetGate):
+        super().__init__(enc)
+        self.lam = Buffer(-1)
+
+    def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn:
+        enc = self.enc
+        lam = torch.cumsum(log_gates(enc.gate(inp.x).transpose(1, 2)), dim=-1)
+        if self.lam.length:
+            lam = lam + self.lam.value[..., -1:] / enc.bias_scale  # the unscaled running sum
+        return forget_bias(self.lam.append(lam * enc.bias_scale), torch.promote_types(inp.x.dtype, torch.float32))
 
 
 def forget_bias_naive(logits: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
 from posenc.encodings.registry import alias, register
 from posenc.errors import PosencError
 
@@ -64,6 +64,9 @@ class T5Bias(Encoding):
 
         return tile
 
+    def decoder(self) -> PositionState:
+        return PositionState(self)  # buckets of the new query rows' distances only
+
     def describe(self) -> str:
         return f"T5 relative bias, {self.num_buckets} buckets up to distance {self.max_distance}, learned per head"
 
@@ -103,6 +106,9 @@ class Kerple(Encoding):
             return -r1 * dist.pow(r2)
 
         return tile
+
+    def decoder(self) -> PositionState:
+        return PositionState(self)  # the new query rows' distances only
 
     def describe(self) -> str:
         form = "-r1 log(1 + r2 |i-j|)" if self.variant == "log" else "-r1 |i-j|^r2"

@@ -13,7 +13,7 @@ import math
 import torch
 
 from posenc import rope
-from posenc.encodings.base import Dims, Encoding, Inputs
+from posenc.encodings.base import Buffer, DecodeState, Dims, Encoding, Inputs, PositionState
 from posenc.encodings.phase import check_rotary_dims, rotary_dim
 from posenc.errors import PosencError
 from posenc.encodings.registry import register
@@ -79,6 +79,14 @@ class RoPE(Encoding):
         return rope.rerope_attention(q, k, v, self.inv_freq, int(p["window"]), p.get("leak"), q_pos=inp.pos - inp.pos[0],
                                      pairing=self.pairing, bias=bias, scale=self.logit_scale / math.sqrt(q.shape[-1]))
 
+    def decoder(self) -> DecodeState | None:
+        """Fixed frequencies: the new positions' t * omega only (``PositionState``); ReRoPE: the new query rows
+        (``ReRoPEState``); dynamic NTK and LongRoPE: None, the reference (their frequencies follow the length, so
+        every cached key is rotated anew at each step: O(T D) cos/sin per step, equal to the prefix's parallel forward)."""
+        if self.schedule in ("dynamic", "longrope"):
+            return None
+        return ReRoPEState(self) if self.replaces_attention else PositionState(self)
+
     def spectral_gap(self) -> torch.Tensor:
         """(D/2,) float64 ones: a constant step never mixes."""
         return torch.ones(self.rot_dim // 2, dtype=torch.float64)
@@ -90,6 +98,18 @@ class RoPE(Encoding):
         if self.rot_dim < self.dims.head_dim:
             extra += f", rotary_fraction={self.rotary_fraction:g}"
         return f"rope(theta={self.rope_theta:g}, {self.pairing}{extra})"
+
+
+class ReRoPEState(DecodeState):
+    """(Leaky) ReRoPE decoding: the new query rows over the cached unrotated keys (``rerope_attention`` with Tq = n:
+    O(T D) per step, the keys rotated by their position and their window-clamped one)."""
+
+    def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
+        enc, p = self.enc, self.enc.schedule_params
+        K, V = keys.append(k), values.append(v)
+        rope.check_window(p, K.shape[-2])
+        return rope.rerope_attention(q, K, V, enc.inv_freq, int(p["window"]), p.get("leak"), q_pos=inp.pos - pos[0],
+                                     pairing=enc.pairing, bias=bias, scale=enc.logit_scale / math.sqrt(q.shape[-1]))
 
 
 def _check_schedule_values(schedule: str, params: dict) -> None:
