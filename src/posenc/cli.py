@@ -25,6 +25,7 @@ COMMANDS = [
     "posenc.commands.eval_cmd",
     "posenc.commands.generate_cmd",
     "posenc.commands.compare_cmd",
+    "posenc.commands.report_cmd",
     "posenc.commands.extend_cmd",
     "posenc.commands.finetune_cmd",
     "posenc.commands.theory_cmd",

@@ -1,0 +1,250 @@
+"""Compare runs side by side: the job behind ``posenc report RUN_DIR...``.
+
+Each run is a ``posenc compare`` directory: its perplexity records come from ``results.jsonl``,
+or from ``results.csv`` where there is no JSONL (the committed ``results/*`` keep only the CSV).
+Schemes are matched by spec (``acc-rand-qk`` and ``acc-rand-qk:a=1`` are one scheme: aliases and
+constructor defaults resolved), ratios are each run's own (perplexity over that run's perplexity at
+its training length). Runs made with other settings are labelled, not refused: their settings come
+from ``preset.json`` where present, else from the header of ``report.md``.
+
+``write_runs_report(paths, out)`` writes ``report.md`` (the runs and how their settings differ, one
+table of perplexity at 1x and ratios per scheme and run, the claims of each run) and
+``ppl_ratio.png`` (every run's ratio curves overlaid: colour per scheme, line style per run).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import inspect
+import io
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from posenc import encodings
+from posenc.checkpoint import atomic_write_bytes, make_run_dir, read_json, read_jsonl
+from posenc.claims import check_claims
+from posenc.config import Preset
+from posenc.errors import PosencError
+from posenc.jobs import FREE_SETTINGS, _flatten, settings
+from posenc.report import with_ratios
+from posenc.reporting import figure, log_scale, markdown_table, save_figure
+
+HEADER_KEYS = ("corpus", "tokenizer", "model", "budget", "eval")  # report.md header lines that describe the settings
+STYLES = ["-", "--", ":", "-."]
+_INT, _FLOAT = ("seed", "train_length", "eval_length", "windows", "scored_tokens"), ("nll", "ppl", "ratio")
+
+
+@dataclasses.dataclass
+class Run:
+    """One compare run as the report sees it: ``records`` are its perplexity records (with ``ratio``)."""
+
+    path: Path
+    label: str
+    records: list[dict]
+    train_length: int
+    settings: dict[str, Any]  # flat: preset.json's shared settings, or report.md's header lines
+    source: str  # where the settings came from: "preset.json", "report.md" or "none"
+
+
+def _csv_records(path: Path) -> list[dict]:
+    """results.csv rows as records: numbers parsed, empty cells None."""
+    out = []
+    for row in csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))):
+        rec: dict[str, Any] = {"kind": "ppl", "scheme": row["scheme"], "note": row.get("note") or None}
+        for k in _INT + _FLOAT:
+            v = row.get(k)
+            rec[k] = None if v in (None, "") else (int(float(v)) if k in _INT else float(v))
+        out.append(rec)
+    return out
+
+
+def _settings(path: Path) -> tuple[dict[str, Any], str]:
+    """(flat settings, source) of a run directory: preset.json's, else report.md's header lines, else none."""
+    if (path / "preset.json").exists():
+        raw = read_json(path / "preset.json")
+        try:
+            return settings(Preset(**raw)), "preset.json"
+        except (ValidationError, TypeError):  # a preset of another release: its sections as they are
+            flat = _flatten({k: raw.get(k) for k in ("model", "train", "eval") if isinstance(raw.get(k), dict)}, "")
+            return {k: v for k, v in flat.items() if k not in FREE_SETTINGS}, "preset.json"
+    if (path / "report.md").exists():
+        lines = re.findall(r"^- \*\*(\w+)\*\*: (.*)$", (path / "report.md").read_text(encoding="utf-8"), re.M)
+        header = {k: v.strip() for k, v in lines if k in HEADER_KEYS}
+        if header:
+            return header, "report.md"
+    return {}, "none"
+
+
+def load_run(path: Path, label: str | None = None) -> Run:
+    """A compare run directory's perplexity records and settings. Raises PosencError (one line) for a
+    directory without results.jsonl or results.csv, or without perplexity records."""
+    path = Path(path)
+    if not path.is_dir():
+        raise PosencError(f"{path} is not a directory (give posenc compare run directories)")
+    if (path / "results.jsonl").exists():
+        records = [r for r in read_jsonl(path / "results.jsonl") if r.get("kind", "ppl") == "ppl"]
+    elif (path / "results.csv").exists():
+        try:
+            records = _csv_records(path / "results.csv")
+        except (KeyError, ValueError) as exc:
+            raise PosencError(f"{path / 'results.csv'} is not a posenc results table ({type(exc).__name__}: {exc})") from None
+    else:
+        raise PosencError(f"{path} has no results.jsonl or results.csv: not a posenc compare run")
+    records = [r for r in records if r.get("eval_length") and r.get("train_length")]
+    if not records:
+        raise PosencError(f"{path} has no perplexity records (a synthetic-task run? its report is retrieval's)")
+    lengths = {r["train_length"] for r in records}
+    if len(lengths) > 1:
+        raise PosencError(f"{path} mixes training lengths {sorted(lengths)}: not one compare run")
+    found, source = _settings(path)
+    return Run(path, label or path.name, with_ratios(records), lengths.pop(), found, source)
+
+
+def spec_key(spec: str) -> str:
+    """What makes two spellings one scheme: per layer entry, each part's class and parameters with the
+    constructor's defaults filled in. A label that is not a spec (``rope+yarn(s=8)``) is its own key."""
+    try:
+        entries = []
+        for entry in encodings.layer_pattern(spec):
+            parts = []
+            for cls, params in encodings.parts(entry):
+                defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                            if p.default is not inspect.Parameter.empty}
+                merged = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in {**defaults, **params}.items()}
+                parts.append((cls.__name__, sorted(merged.items())))  # 10000 and 10000.0 are one value
+            entries.append(parts)
+        return repr(entries)
+    except PosencError:
+        return spec
+
+
+def _labels(paths: list[Path]) -> list[str]:
+    """Directory names, with parents added until they are distinct."""
+    paths = [Path(p).resolve() for p in paths]
+    for depth in range(1, max(len(p.parts) for p in paths) + 1):
+        labels = ["/".join(p.parts[-depth:]) for p in paths]
+        if len(set(labels)) == len(labels):
+            return labels
+    raise PosencError("a run directory is given twice")
+
+
+def differences(base: Run, run: Run) -> str:
+    """How ``run``'s settings differ from ``base``'s, as one phrase ("same settings" when they do not)."""
+    if run.source == "none" or base.source == "none":
+        return "settings unknown (no preset.json or report.md)"
+    if run.source != base.source:
+        return f"settings not comparable ({run.label}: {run.source}, {base.label}: {base.source})"
+    keys = sorted(set(base.settings) | set(run.settings))
+    diff = [f"{k} {base.settings.get(k)!r} -> {run.settings.get(k)!r}" for k in keys if base.settings.get(k) != run.settings.get(k)]
+    return "other settings: " + "; ".join(diff) if diff else "same settings"
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    """Mean ± half-range over seeds (one value: the value)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return f"{format(np.mean(values), fmt)} ± {format((max(values) - min(values)) / 2, fmt)}"
+
+
+def _grid(run: Run, key: str) -> dict[str, dict[float, list[float]]]:
+    """spec key -> evaluation length / training length -> values over seeds."""
+    grid: dict = defaultdict(lambda: defaultdict(list))
+    for r in run.records:
+        grid[spec_key(r["scheme"])][r["eval_length"] / run.train_length].append(r.get(key))
+    return grid
+
+
+def schemes(runs: list[Run]) -> dict[str, str]:
+    """spec key -> the scheme's name as the first run that has it spells it, in order of first appearance."""
+    out: dict[str, str] = {}
+    for run in runs:
+        for r in run.records:
+            out.setdefault(spec_key(r["scheme"]), r["scheme"])
+    return out
+
+
+def markdown(runs: list[Run]) -> str:
+    """The side-by-side report (see the module docstring)."""
+    names = schemes(runs)
+    multiples = sorted({r["eval_length"] / run.train_length for run in runs for r in run.records} - {1.0})
+    ppl, ratio = [_grid(run, "ppl") for run in runs], [_grid(run, "ratio") for run in runs]
+    out = io.StringIO()
+    out.write(f"# posenc report: {', '.join(run.label for run in runs)}\n\n## Runs\n\n")
+    rows = [[run.label, f"`{run.path}`", ", ".join(str(s) for s in sorted({r['seed'] for r in run.records})),
+             run.train_length, run.source, "reference" if i == 0 else differences(runs[0], run)] for i, run in enumerate(runs)]
+    out.write(markdown_table(["run", "directory", "seeds", "train length", "settings from", f"against {runs[0].label}"], rows) + "\n")
+    for run in runs:
+        if run.source == "report.md":
+            out.write(f"\n- **{run.label}**: " + "; ".join(f"{k}: {v}" for k, v in run.settings.items()) + "\n")
+    out.write("\n## Perplexity at the training length and ratios per scheme and run\n\n"
+              "Ratio: perplexity at the length over the same run's perplexity at its training length (1x); "
+              "mean ± half-range over the run's seeds.\n\n")
+    head = ["scheme", "run", "ppl at 1x", *(f"ratio {m:g}x" for m in multiples)]
+    rows = []
+    for key, name in names.items():
+        for i, run in enumerate(runs):
+            if key in ppl[i]:
+                rows.append([name, run.label, _cell(ppl[i][key].get(1.0, []), ".2f"), *(_cell(ratio[i][key].get(m, []), ".3f") for m in multiples)])
+    out.write(markdown_table(head, rows) + "\n\n`ppl_ratio.png` overlays the ratio curves (colour: scheme, line style: run).\n")
+    out.write(claims_markdown(runs))
+    return out.getvalue()
+
+
+def claims_markdown(runs: list[Run]) -> str:
+    """The claims of arXiv 2606.24975 (``posenc.claims``) checked on each run: one table of verdicts, then each run's numbers."""
+    checked = [{c.key + c.text: c for c in check_claims(run.records, run.train_length)} for run in runs]
+    claims = list(dict.fromkeys(k for per_run in checked for k in per_run))
+    if not claims:
+        return ""
+    first = {k: next(per_run[k] for per_run in checked if k in per_run) for k in claims}
+    out = "\n## The paper's claims on each run\n\n" + markdown_table(
+        ["claim", *(run.label for run in runs)],
+        [[f"({first[k].key}) {first[k].text}", *(per_run[k].verdict if k in per_run else "not run" for per_run in checked)] for k in claims]) + "\n"
+    for run, per_run in zip(runs, checked):
+        out += f"\n### {run.label}\n\n" + "".join(f"- ({c.key}) **{c.verdict}**: {c.evidence}\n" for c in per_run.values())
+    return out
+
+
+def plot_ratios(path: Path, runs: list[Run]) -> None:
+    """Ratio against evaluation length / training length (log-log), every run overlaid."""
+    names = schemes(runs)
+    colours = {key: f"C{i % 10}" for i, key in enumerate(names)}
+    fig, ax = figure(figsize=(8, 5))
+    for i, run in enumerate(runs):
+        for key, row in _grid(run, "ratio").items():
+            pts = [(m, np.mean([v for v in row[m] if v is not None])) for m in sorted(row) if any(v is not None for v in row[m])]
+            if pts:
+                ax.plot([m for m, _ in pts], [v for _, v in pts], ls=STYLES[i % len(STYLES)], marker="o", ms=3,
+                        color=colours[key], label=f"{names[key]} ({run.label})")
+    log_scale(ax, "x", base=2)
+    log_scale(ax, "y")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xlabel("evaluation length / training length")
+    ax.set_ylabel("perplexity / perplexity at training length")
+    ax.set_title("Length extrapolation: " + " vs ".join(run.label for run in runs))
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def write_runs_report(paths: list[Path], out: Path) -> Path:
+    """Read the compare runs at ``paths`` and write ``out/report.md`` and ``out/ppl_ratio.png``; returns the
+    report's path. Raises PosencError as :func:`load_run`, or for no run or a run given twice."""
+    if not paths:
+        raise PosencError("give at least one compare run directory")
+    runs = [load_run(p, label) for p, label in zip(paths, _labels(paths))]
+    make_run_dir(Path(out))
+    plot_ratios(Path(out) / "ppl_ratio.png", runs)
+    report = Path(out) / "report.md"
+    atomic_write_bytes(report, markdown(runs).encode())
+    return report
