@@ -1,10 +1,11 @@
 """RoPE and its context extensions, one definition for own models and Hugging Face models.
 
 - :mod:`.schedules`: frequencies ``rope_inv_freq``, angle wrapping ``wrap_phases``,
-  one pure function per schedule (``SCHEDULES``: none, pi, ntk, dynamic, yarn, llama3,
-  longrope, rerope, leaky-rerope), one defaults table and validator (``schedule_params``).
+  one record per schedule (``SCHEDULES`` of :class:`Schedule`: none, pi, ntk, dynamic, yarn,
+  llama3, longrope, rerope, leaky-rerope) with its defaults, checks, frequency function,
+  attention factor and transformers mapping; ``schedule_params`` validates against it.
 - :mod:`.rerope`: ReRoPE / leaky ReRoPE attention, blockwise, beside its naive reference.
-- :mod:`.hf`: a schedule as transformers' ``rope_parameters``.
+- :mod:`.hf`: a schedule as transformers' ``rope_parameters`` (from its record).
 
 Users: ``posenc.encodings.rotary.RoPE`` (own models, ``posenc eval --rope-schedule``)
 and ``posenc.pretrained.schedules`` (``posenc extend``). Layering: this package
@@ -18,6 +19,7 @@ from posenc.rope.schedules import (
     RELATIVE,
     SCHEDULES,
     SHIPPED,
+    Schedule,
     check_name,
     check_window,
     rope_inv_freq,
@@ -27,6 +29,6 @@ from posenc.rope.schedules import (
 )
 
 __all__ = [
-    "NAMES", "RELATIVE", "SCHEDULES", "SHIPPED", "check_name", "check_window", "hf_rope_parameters", "rerope_attention",
+    "NAMES", "RELATIVE", "SCHEDULES", "SHIPPED", "Schedule", "check_name", "check_window", "hf_rope_parameters", "rerope_attention",
     "rope_inv_freq", "schedule_label", "schedule_params", "wrap_phases",
 ]

@@ -1,9 +1,11 @@
 """RoPE frequencies and context-extension schedules: the one definition for own and Hugging Face models.
 
-Each frequency schedule is a small pure function in the style of Hugging Face's
-``modeling_rope_utils`` (one registry dict, ``SCHEDULES``)::
+Each schedule is one record (:class:`Schedule`) in ``SCHEDULES``: its parameters and
+defaults, its checks, its frequency function in the style of Hugging Face's
+``modeling_rope_utils``, its attention factor and its transformers ``rope_parameters``.
+Calling the record gives the frequencies::
 
-    fn(head_dim, rope_theta, params, seq_len) -> (inv_freq (D/2,) float64 rad/token, attention_factor)
+    SCHEDULES[name](head_dim, rope_theta, params, seq_len) -> (inv_freq (D/2,) float64 rad/token, attention_factor)
 
 ``attention_factor`` multiplies both cos and sin, so the attention logits are
 scaled by its square (``RoPE.logit_scale = attention_factor ** 2``). ``L0`` below
@@ -41,7 +43,7 @@ the reference code, so its frequencies equal transformers' (golden tests).
 ReRoPE and leaky ReRoPE keep plain frequencies and replace attention
 (``posenc.rope.rerope``). ``none`` is plain RoPE. One name per schedule is used by
 ``posenc eval --rope-schedule``, presets, ``posenc extend --methods`` and every
-report; ``posenc.rope.hf`` maps a schedule to transformers' ``rope_parameters``.
+report; ``posenc.rope.hf`` turns a record's ``hf`` into transformers' ``rope_parameters``.
 
 LongRoPE's switch: the schedule takes the long factors for a sequence of L > L0
 positions (``seq_len``; L = L0 keeps the short ones), as transformers'
@@ -55,6 +57,8 @@ later queries and keys take the long ones (``posenc.pretrained.schedules`` warns
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 from typing import Any, Callable, Optional
 
@@ -62,7 +66,6 @@ import torch
 
 from posenc.errors import PosencError
 
-ScheduleFn = Callable[[int, float, dict, Optional[int]], tuple[torch.Tensor, float]]
 TWO_PI = 2 * math.pi
 
 
@@ -90,53 +93,9 @@ def ntk_base(rope_theta: float, factor: float, head_dim: int) -> float:
     return rope_theta * factor ** (head_dim / (head_dim - 2))
 
 
-def _pi(head_dim, rope_theta, p, seq_len):
-    return rope_inv_freq(head_dim, rope_theta) / p["factor"], 1.0
-
-
-def _ntk(head_dim, rope_theta, p, seq_len):
-    return rope_inv_freq(head_dim, ntk_base(rope_theta, p["factor"], head_dim)), 1.0
-
-
-def _dynamic(head_dim, rope_theta, p, seq_len):
-    L0, s = p["original_max_position_embeddings"], p["factor"]
-    L = max(seq_len or L0, L0)  # the current length only: never a stale longer one
-    return rope_inv_freq(head_dim, ntk_base(rope_theta, s * L / L0 - (s - 1), head_dim)), 1.0
-
-
 def yarn_attention_factor(s: float) -> float:
     """YaRN's sqrt(1/t) = 0.1 ln s + 1 for s > 1, else 1 (Peng et al. 2023, eq. 22)."""
     return 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
-
-
-def _yarn(head_dim, rope_theta, p, seq_len):
-    s, L0 = p["factor"], p["original_max_position_embeddings"]
-    omega = rope_inv_freq(head_dim, rope_theta)
-
-    def pair_index(rotations):  # the i with r_i = L0 omega_i / (2 pi) = rotations
-        return head_dim * math.log(L0 / (rotations * 2 * math.pi)) / (2 * math.log(rope_theta))
-
-    low, high = pair_index(p["beta_fast"]), pair_index(p["beta_slow"])
-    if p["truncate"]:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, head_dim - 1)
-    if low == high:
-        high += 0.001  # as the reference: avoid a zero-width ramp
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    inv_freq = omega / s * ramp + omega * (1 - ramp)  # ramp 0: high frequencies kept
-    af = p["attention_factor"] if p["attention_factor"] is not None else yarn_attention_factor(s)
-    return inv_freq, float(af)
-
-
-def _llama3(head_dim, rope_theta, p, seq_len):
-    s, L0 = p["factor"], p["original_max_position_embeddings"]
-    lo, hi = p["low_freq_factor"], p["high_freq_factor"]
-    omega = rope_inv_freq(head_dim, rope_theta)
-    wavelen = 2 * math.pi / omega
-    smooth = (L0 / wavelen - lo) / (hi - lo)
-    mid = (1 - smooth) * omega / s + smooth * omega
-    out = torch.where(wavelen > L0 / lo, omega / s, omega)
-    return torch.where((wavelen >= L0 / hi) & (wavelen <= L0 / lo), mid, out), 1.0
 
 
 def longrope_attention_factor(s: float, L0: int) -> float:
@@ -153,52 +112,190 @@ def longrope_factors(p: dict, head_dim: int, long: bool) -> torch.Tensor:
     return torch.tensor(p[key], dtype=torch.float64)
 
 
-def _longrope(head_dim, rope_theta, p, seq_len):
-    L0 = p["original_max_position_embeddings"]
-    ext = longrope_factors(p, head_dim, long=seq_len is not None and seq_len > L0)
-    af = p["attention_factor"] if p["attention_factor"] is not None else longrope_attention_factor(p["factor"], L0)
-    return rope_inv_freq(head_dim, rope_theta) / ext, float(af)
+class Default(enum.Enum):
+    """A parameter default that is not a value: the caller must give it, or the model's training length L0."""
+
+    REQUIRED = "required"
+    TRAIN_LENGTH = "L0"
+
+
+REQUIRED, L0 = Default.REQUIRED, Default.TRAIN_LENGTH
+
+
+@dataclasses.dataclass(frozen=True)
+class HFRope:
+    """A schedule as transformers' ``rope_parameters``: its ``rope_type``, the schedule parameters transformers
+    reads, and ``base(rope_theta, params, head_dim)`` where transformers is given another base than the model's."""
+
+    rope_type: str
+    keys: tuple[str, ...] = ()
+    base: Optional[Callable[[float, dict, int], float]] = None
+
+
+def _no_check(*args) -> None:
+    pass
+
+
+def _unit_factor(p: dict) -> float:
+    return 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """One RoPE schedule, all of it: a new schedule is one entry of ``SCHEDULES``.
+
+    - ``inv_freq(head_dim, rope_theta, params, seq_len)``: (D/2,) float64 rad/token from validated
+      ``params``; ``seq_len`` is the current sequence length (None: the training length L0);
+    - ``defaults``: the parameters it takes, in order, with their defaults (a value; None: unset,
+      optional; ``REQUIRED``; ``L0``: the training length);
+    - ``check(name, params)``: its range checks beyond the common ones of ``schedule_params``
+      (PosencError; may normalise values in place);
+    - ``attention_factor(params)``: multiplies cos and sin, so the logits scale by its square;
+    - ``hf``: its transformers ``rope_parameters`` (``posenc.rope.hf``);
+    - ``check_head_dim(params, head_dim)``: PosencError for parameters that do not fit the head dim;
+    - ``replaces_attention``: ReRoPE's attention (``posenc.rope.rerope``) instead of rotated q, k;
+    - ``shipped``: its parameters come with a model (searched lists): valid by name, never a default method;
+    - ``renamed_from``: its spellings in earlier releases.
+
+    Calling it gives ``(inv_freq, attention_factor)``.
+    """
+
+    name: str
+    inv_freq: Callable[[int, float, dict, Optional[int]], torch.Tensor]
+    hf: HFRope
+    defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    check: Callable[[str, dict], None] = _no_check
+    attention_factor: Callable[[dict], float] = _unit_factor
+    check_head_dim: Callable[[dict, int], None] = _no_check
+    replaces_attention: bool = False
+    shipped: bool = False
+    renamed_from: tuple[str, ...] = ()
+
+    def __call__(self, head_dim: int, rope_theta: float, params: dict, seq_len: Optional[int] = None) -> tuple[torch.Tensor, float]:
+        return self.inv_freq(head_dim, rope_theta, params, seq_len), float(self.attention_factor(params))
 
 
 def _plain(head_dim, rope_theta, p, seq_len):
-    return rope_inv_freq(head_dim, rope_theta), 1.0
+    return rope_inv_freq(head_dim, rope_theta)
 
 
-SCHEDULES: dict[str, ScheduleFn] = {
-    "none": _plain,
-    "pi": _pi,
-    "ntk": _ntk,
-    "dynamic": _dynamic,
-    "yarn": _yarn,
-    "llama3": _llama3,
-    "longrope": _longrope,
-    "rerope": _plain,
-    "leaky-rerope": _plain,
-}
+def _pi(head_dim, rope_theta, p, seq_len):
+    return rope_inv_freq(head_dim, rope_theta) / p["factor"]
 
-# Parameters each schedule takes and their defaults (None: required; L0 filled in).
-_PARAMS: dict[str, dict[str, Any]] = {
-    "none": {},
-    "pi": {"factor": None},
-    "ntk": {"factor": None},
-    "dynamic": {"factor": None, "original_max_position_embeddings": "L0"},
-    "yarn": {"factor": None, "original_max_position_embeddings": "L0", "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None, "truncate": True},
-    "llama3": {"factor": None, "original_max_position_embeddings": "L0", "low_freq_factor": 1.0, "high_freq_factor": 4.0},
-    "longrope": {"factor": None, "original_max_position_embeddings": "L0", "short_factor": None, "long_factor": None, "attention_factor": None},
-    "rerope": {"window": None},
-    "leaky-rerope": {"window": None, "leak": None},
-}
-_REQUIRED = {"factor", "window", "leak", "short_factor", "long_factor"}
-SHIPPED = ("longrope",)  # parameters a model ships (searched factor lists): valid by name, never a default method
+
+def _ntk(head_dim, rope_theta, p, seq_len):
+    return rope_inv_freq(head_dim, ntk_base(rope_theta, p["factor"], head_dim))
+
+
+def _dynamic(head_dim, rope_theta, p, seq_len):
+    L0, s = p["original_max_position_embeddings"], p["factor"]
+    L = max(seq_len or L0, L0)  # the current length only: never a stale longer one
+    return rope_inv_freq(head_dim, ntk_base(rope_theta, s * L / L0 - (s - 1), head_dim))
+
+
+def _yarn(head_dim, rope_theta, p, seq_len):
+    s, L0 = p["factor"], p["original_max_position_embeddings"]
+    omega = rope_inv_freq(head_dim, rope_theta)
+
+    def pair_index(rotations):  # the i with r_i = L0 omega_i / (2 pi) = rotations
+        return head_dim * math.log(L0 / (rotations * 2 * math.pi)) / (2 * math.log(rope_theta))
+
+    low, high = pair_index(p["beta_fast"]), pair_index(p["beta_slow"])
+    if p["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as the reference: avoid a zero-width ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    return omega / s * ramp + omega * (1 - ramp)  # ramp 0: high frequencies kept
+
+
+def _check_yarn(name, p):
+    if not p["beta_fast"] > p["beta_slow"] > 0:
+        raise PosencError(f"yarn needs beta_fast > beta_slow > 0, got beta_fast={p['beta_fast']}, beta_slow={p['beta_slow']}")
+
+
+def _llama3(head_dim, rope_theta, p, seq_len):
+    s, L0 = p["factor"], p["original_max_position_embeddings"]
+    lo, hi = p["low_freq_factor"], p["high_freq_factor"]
+    omega = rope_inv_freq(head_dim, rope_theta)
+    wavelen = 2 * math.pi / omega
+    smooth = (L0 / wavelen - lo) / (hi - lo)
+    mid = (1 - smooth) * omega / s + smooth * omega
+    out = torch.where(wavelen > L0 / lo, omega / s, omega)
+    return torch.where((wavelen >= L0 / hi) & (wavelen <= L0 / lo), mid, out)
+
+
+def _check_llama3(name, p):
+    if not p["high_freq_factor"] > p["low_freq_factor"] > 0:
+        raise PosencError("llama3 needs high_freq_factor > low_freq_factor > 0")
+
+
+def _longrope(head_dim, rope_theta, p, seq_len):
+    ext = longrope_factors(p, head_dim, long=seq_len is not None and seq_len > p["original_max_position_embeddings"])
+    return rope_inv_freq(head_dim, rope_theta) / ext
+
+
+def _check_longrope(name, p):
+    for key in ("short_factor", "long_factor"):
+        v = p[key]
+        if not (isinstance(v, (list, tuple)) and v and all(isinstance(f, (int, float)) and not isinstance(f, bool)
+                                                          and math.isfinite(f) and f > 0 for f in v)):
+            raise PosencError(f"longrope: {key} must be a non-empty list of finite numbers > 0, got {v!r}")
+        p[key] = [float(f) for f in v]
+
+
+def _check_rerope(name, p):
+    if not (p["window"] > 0 and float(p["window"]).is_integer()):
+        raise PosencError(f"rope schedule {name!r}: window must be a positive integer, got {p['window']}")
+    if "leak" in p and not p["leak"] > 1:
+        raise PosencError(f"leaky-rerope: leak k must be > 1, got {p['leak']}")
+
+
+def _given_or(default: Callable[[dict], float]) -> Callable[[dict], float]:
+    """An attention factor: the ``attention_factor`` parameter when set, else ``default(params)``."""
+    return lambda p: p["attention_factor"] if p["attention_factor"] is not None else default(p)
+
+
+def _check_longrope_dims(p, head_dim):
+    for long in (False, True):
+        longrope_factors(p, head_dim, long)
+
+
+SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
+    Schedule("none", _plain, HFRope("default")),
+    Schedule("pi", _pi, HFRope("linear", ("factor",)), {"factor": REQUIRED}),
+    # transformers has no static NTK type: its ``default`` with the raised base
+    Schedule("ntk", _ntk, HFRope("default", base=lambda theta, p, head_dim: ntk_base(theta, p["factor"], head_dim)), {"factor": REQUIRED}),
+    # transformers' dynamic reads L0 from the config's max_position_embeddings
+    Schedule("dynamic", _dynamic, HFRope("dynamic", ("factor",)), {"factor": REQUIRED, "original_max_position_embeddings": L0}),
+    Schedule("yarn", _yarn,
+             HFRope("yarn", ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate")),
+             {"factor": REQUIRED, "original_max_position_embeddings": L0, "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None,
+              "truncate": True},
+             _check_yarn, _given_or(lambda p: yarn_attention_factor(p["factor"]))),
+    Schedule("llama3", _llama3, HFRope("llama3", ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor")),
+             {"factor": REQUIRED, "original_max_position_embeddings": L0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, _check_llama3),
+    Schedule("longrope", _longrope,
+             HFRope("longrope", ("factor", "original_max_position_embeddings", "short_factor", "long_factor", "attention_factor")),
+             {"factor": REQUIRED, "original_max_position_embeddings": L0, "short_factor": REQUIRED, "long_factor": REQUIRED,
+              "attention_factor": None},
+             _check_longrope, _given_or(lambda p: longrope_attention_factor(p["factor"], p["original_max_position_embeddings"])),
+             _check_longrope_dims, shipped=True),
+    Schedule("rerope", _plain, HFRope("default"), {"window": REQUIRED}, _check_rerope, replaces_attention=True),
+    Schedule("leaky-rerope", _plain, HFRope("default"), {"window": REQUIRED, "leak": REQUIRED}, _check_rerope,
+             replaces_attention=True, renamed_from=("leaky_rerope",)),
+)}
+SHIPPED = tuple(n for n, s in SCHEDULES.items() if s.shipped)
 NAMES = tuple(n for n in SCHEDULES if n not in SHIPPED)  # the one naming (CLI, presets, reports) and the default methods
-RELATIVE = ("rerope", "leaky-rerope")  # schedules that replace attention (posenc.rope.rerope)
-RENAMED = {"leaky_rerope": "leaky-rerope"}  # spellings of earlier releases
+RELATIVE = tuple(n for n, s in SCHEDULES.items() if s.replaces_attention)  # schedules that replace attention
+_RENAMED = {old: n for n, s in SCHEDULES.items() for old in s.renamed_from}
 
 
 def check_name(name: str) -> str:
     """``name`` if it is a schedule; PosencError naming the new spelling of a renamed one, or the valid names."""
-    if name in RENAMED:
-        raise PosencError(f"rope schedule {name!r} was renamed: use {RENAMED[name]!r}")
+    if name in _RENAMED:
+        raise PosencError(f"rope schedule {name!r} was renamed: use {_RENAMED[name]!r}")
     if name not in SCHEDULES:
         raise PosencError(f"unknown rope schedule {name!r}; valid: {', '.join(SCHEDULES)}")
     return name
@@ -208,19 +305,19 @@ def schedule_params(name: str, train_length: int, params: Optional[dict] = None)
     """Validated parameters of schedule ``name`` with defaults filled in.
 
     Raises PosencError (one line) for an unknown or renamed schedule or parameter, a missing
-    required one, a non-finite number, factor < 1, attention_factor <= 0,
-    beta_fast <= beta_slow, window <= 0, leak <= 1, high_freq_factor <= low_freq_factor,
-    LongRoPE factor lists that are not non-empty lists of finite numbers > 0 (their length,
-    D/2, is checked where the head dim is known: the schedule function).
+    required one, a non-finite number, factor < 1, attention_factor <= 0, and the schedule's own
+    checks (``Schedule.check``): beta_fast <= beta_slow, window <= 0, leak <= 1,
+    high_freq_factor <= low_freq_factor, LongRoPE factor lists that are not non-empty lists of
+    finite numbers > 0 (their length, D/2, is checked where the head dim is known: the schedule function).
     """
-    check_name(name)
+    schedule = SCHEDULES[check_name(name)]
     given = {k: v for k, v in (params or {}).items() if v is not None}
-    unknown = set(given) - set(_PARAMS[name])
+    unknown = set(given) - set(schedule.defaults)
     if unknown:
-        raise PosencError(f"rope schedule {name!r} takes {', '.join(_PARAMS[name]) or 'no parameters'}; got {', '.join(sorted(unknown))}")
-    out = {k: train_length if d == "L0" else d for k, d in _PARAMS[name].items()}
+        raise PosencError(f"rope schedule {name!r} takes {', '.join(schedule.defaults) or 'no parameters'}; got {', '.join(sorted(unknown))}")
+    out = {k: train_length if d is L0 else d for k, d in schedule.defaults.items()}
     out.update(given)
-    missing = [k for k in _REQUIRED & set(out) if out[k] is None]
+    missing = [k for k, v in out.items() if v is REQUIRED]
     if missing:
         raise PosencError(f"rope schedule {name!r} needs {', '.join(sorted(missing))}")
     for k, v in out.items():  # inf/nan pass the range checks below as NaN logits
@@ -230,21 +327,7 @@ def schedule_params(name: str, train_length: int, params: Optional[dict] = None)
         raise PosencError(f"rope schedule {name!r}: factor must be >= 1, got {out['factor']}")
     if out.get("attention_factor") is not None and not out["attention_factor"] > 0:
         raise PosencError(f"rope schedule {name!r}: attention_factor must be > 0, got {out['attention_factor']}")
-    if name == "yarn" and not out["beta_fast"] > out["beta_slow"] > 0:
-        raise PosencError(f"yarn needs beta_fast > beta_slow > 0, got beta_fast={out['beta_fast']}, beta_slow={out['beta_slow']}")
-    if name == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"] > 0:
-        raise PosencError("llama3 needs high_freq_factor > low_freq_factor > 0")
-    if "window" in out and not (out["window"] > 0 and float(out["window"]).is_integer()):
-        raise PosencError(f"rope schedule {name!r}: window must be a positive integer, got {out['window']}")
-    if "leak" in out and not out["leak"] > 1:
-        raise PosencError(f"leaky-rerope: leak k must be > 1, got {out['leak']}")
-    for key in ("short_factor", "long_factor"):
-        if key in out:
-            v = out[key]
-            if not (isinstance(v, (list, tuple)) and v and all(isinstance(f, (int, float)) and not isinstance(f, bool)
-                                                              and math.isfinite(f) and f > 0 for f in v)):
-                raise PosencError(f"longrope: {key} must be a non-empty list of finite numbers > 0, got {v!r}")
-            out[key] = [float(f) for f in v]
+    schedule.check(name, out)
     return out
 
 
