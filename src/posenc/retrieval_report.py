@@ -312,7 +312,7 @@ def reference_markdown(t: TaskTable, ref: dict) -> str:
 
 
 def plot_distance(path: Path, t: TaskTable, schemes: list[str], windows: dict, chance: float) -> None:
-    fig, ax = figure(figsize=(7.5, 4.5))
+    fig, ax = figure(figsize=(9.5, 4.5))
     colors = {s: f"C{i % 10}" for i, s in enumerate(schemes)}
     for s in schemes:
         curves = [t.curve(s, seed) for seed in t.scores[s]]
@@ -328,7 +328,7 @@ def plot_distance(path: Path, t: TaskTable, schemes: list[str], windows: dict, c
     ax.set_xlabel("evidence distance (tokens; dotted: the scheme's mixing window w_0.01)")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"{t.task}: controlled-gap test")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path)
