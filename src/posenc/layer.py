@@ -154,7 +154,7 @@ class LayerCache:
     tokens = property(lambda self: self._tokens.value)
 
     def _all(self) -> list:
-        return [self._pos, self._x, self._tokens, self._q, self._k, self._v] + ([self.state] if self.state is not None else [])
+        return ([self.state] if self.state is not None else []) + [self._pos, self._x, self._tokens, self._q, self._k, self._v]  # the state may refuse first
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` positions (e.g. after rejected speculative tokens); PosencError where the

@@ -28,19 +28,20 @@ import torch
 from torch import nn
 
 from posenc.attention import causal_tile
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
 
 
-def cope_logits(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, qs: int, qe: int, scale: float) -> torch.Tensor:
+def cope_logits(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, qs: int, qe: int, scale: float, q_start: int = 0) -> torch.Tensor:
     """Content plus contextual-position logits of queries [qs, qe) over keys [0, qe), before bias and mask.
 
-    q, k: (B, H, T, D); emb: (D, npos_max). Returns (B, H, qe-qs, qe) in float32
+    q: (B, H, Tq, D) the queries of rows [q_start, q_start + Tq) (decoding: the new rows
+    only), k: (B, H, T, D); emb: (D, npos_max). Returns (B, H, qe-qs, qe) in float32
     (float64 for float64 q); keys after the query get finite values (gate 0), to be masked.
     """
     dt = torch.promote_types(q.dtype, torch.float32)
-    qb = q[..., qs:qe, :]
+    qb = q[..., qs - q_start : qe - q_start, :]
     dots = (qb @ k[..., :qe, :].transpose(-1, -2)).to(dt) * scale
     future = torch.arange(qe, device=q.device)[None, :] > torch.arange(qs, qe, device=q.device)[:, None]
     gates = torch.sigmoid(dots).masked_fill(future, 0.0)
@@ -81,8 +82,28 @@ class CoPE(Encoding):
     def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
         return self.attend_by_logits(q, k, v, inp, bias, self.block_size)
 
+    def decoder(self) -> "CoPEState":
+        return CoPEState(self)
+
     def describe(self) -> str:
         return f"CoPE: contextual positions from sigmoid(q.k) gates, {self.npos_max} interpolated position embeddings"
+
+
+class CoPEState(DecodeState):
+    """CoPE decoding: the new query rows' gates, positions and logits over every cached key (unrotated, as
+    the parallel ``logits``), O(T D) per step."""
+
+    def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
+        enc = self.enc
+        K, V = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (keys.append(k), values.append(v)))
+        T, scale, out = K.shape[-2], enc.logit_scale / math.sqrt(q.shape[-1]), []
+        T0 = T - q.shape[-2]
+        for qs in range(T0, T, enc.block_size):
+            qe = min(qs + enc.block_size, T)
+            logits = cope_logits(q, K, enc.pos_emb, qs, qe, scale, q_start=T0)
+            logits = logits + causal_tile(bias, qs, qe, qe, q.device, logits.dtype)
+            out.append(torch.softmax(logits, dim=-1).to(v.dtype) @ V[..., :qe, :])
+        return torch.cat(out, dim=-2)
 
 
 def cope_attention_naive(q, k, v, emb: torch.Tensor, bias: Optional[BiasFn] = None, logit_scale: float = 1.0) -> torch.Tensor:

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from posenc.attention import causal_tile
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.bias import ALiBi
 from posenc.encodings.mlp import PointMLP
 from posenc.encodings.registry import alias, register
@@ -34,13 +34,14 @@ from posenc.errors import PosencError
 BASES = {"alibi": ALiBi, "kerple": Kerple}
 
 
-def dape_tile(q, k, bias: BiasFn, mlp: PointMLP, scale: float, qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+def dape_tile(q, k, bias: BiasFn, mlp: PointMLP, scale: float, qs: int, qe: int, ks: int, ke: int, q_start: int = 0) -> torch.Tensor:
     """A + B + f([A; B]) for queries [qs, qe) over keys [ks, ke), unmasked: (B, H, tq, tk) float32 (float64 for float64 q).
 
-    q, k: (B, H, T, D); bias: the tile function of B.
+    q: (B, H, Tq, D) the queries of rows [q_start, q_start + Tq) (decoding: the new rows only),
+    k: (B, H, T, D); bias: the tile function of B.
     """
     dt = torch.promote_types(q.dtype, torch.float32)
-    a = (q[..., qs:qe, :] @ k[..., ks:ke, :].transpose(-1, -2)).to(dt) * scale
+    a = (q[..., qs - q_start : qe - q_start, :] @ k[..., ks:ke, :].transpose(-1, -2)).to(dt) * scale
     b = bias(qs, qe, ks, ke).to(dt).expand_as(a)
     return a + b + mlp(torch.cat((a, b), dim=1).movedim(1, -1)).movedim(-1, 1)
 
@@ -79,8 +80,30 @@ class DAPE(Encoding):
     def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
         return self.attend_by_logits(q, k, v, inp, bias, self.block_size)
 
+    def decoder(self) -> "DAPEState":
+        return DAPEState(self)
+
     def describe(self) -> str:
         return f"DAPE: logits A + B + MLP([A; B]) over heads (width {self.mlp.w1.shape[0]}), base bias B = {self.base.describe()}"
+
+
+class DAPEState(DecodeState):
+    """DAPE decoding: the new query rows' logits A + B + f([A; B]) over every cached key (unrotated), the base
+    bias over the cached positions (its new rows only), O(T (D + width H)) per step."""
+
+    def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
+        enc = self.enc
+        K, V = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (keys.append(k), values.append(v)))
+        base = enc.base.bias(Inputs(inp.x, pos))
+        total = base if bias is None else (lambda *t: base(*t) + bias(*t))
+        T, C, scale, out = K.shape[-2], enc.block_size, enc.logit_scale / math.sqrt(q.shape[-1]), []
+        T0 = T - q.shape[-2]
+        for qs in range(T0, T, C):
+            qe = min(qs + C, T)
+            logits = torch.cat([dape_tile(q, K, total, enc.mlp, scale, qs, qe, ks, min(ks + C, qe), q_start=T0) for ks in range(0, qe, C)], dim=-1)
+            logits = logits + causal_tile(None, qs, qe, qe, q.device, logits.dtype)
+            out.append(torch.softmax(logits, dim=-1).to(v.dtype) @ V[..., :qe, :])
+        return torch.cat(out, dim=-2)
 
 
 alias("dape-kerple", "dape", "DAPE on a Kerple (log) base bias", base="kerple")

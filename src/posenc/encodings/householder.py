@@ -11,7 +11,8 @@ Three implementations that agree (tests):
 
 1. ``householder_naive.path_scores_naive`` builds the products; ``path_decode``
    is the decoding form (appending token t updates every cached key:
-   k_j <- k_j - beta_t (w_t . k_j) w_t);
+   k_j <- k_j - beta_t (w_t . k_j) w_t), which ``PaTHState`` runs on the
+   layer's key cache (``path_step``; the prefill's keys by ``path_keys``);
 2. ``path_attention`` (CPU/any device, PyTorch): blocks of C tokens. In block b,
    with W, beta, K, Q its rows, the UT transform A = I + diag(beta) tril(W W^T, -1)
    gives U = A^-1 diag(beta) W with H_{last} ... H_{first} = I - W^T U, and
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc.encodings.registry import register
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 
 FLA_HEAD_DIMS = (16, 32, 64)
@@ -113,6 +114,56 @@ def path_attention(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_sca
     return out.to(v.dtype)
 
 
+def path_keys(k, w, beta, block_size: int = 64) -> torch.Tensor:
+    """The keys as decoding caches them after T tokens: k~_j = H_{T-1} ... H_{j+1} k_j, (B, H, T, D) in k's dtype.
+
+    k, w: (B, H, T, D), beta: (B, H, T), one float dtype. Blockwise: the UT transform
+    takes each key to its block's end (K^ = K - C^T W) and gives the block's transform
+    H_last ... H_first = I - W^T U; the later blocks' transforms are carried right to
+    left as one D x D matrix R (k~ = k^ R, R <- (I - U_b^T W_b) R): O(T D (C + D)),
+    not the O(T^2 D) of the token loop (``householder_naive.path_decode``, the reference).
+    """
+    B, H, T, D = k.shape
+    C = min(block_size, T)
+    n = -(-T // C)
+    pad = n * C - T  # padded tokens: w = 0, beta = 0 (H = I)
+    kb, wb = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, C, D) for x in (k, w))
+    bcol = F.pad(beta, (0, pad)).view(B, H, n, C)[..., None]
+    A = torch.eye(C, dtype=k.dtype, device=k.device) + bcol * (wb @ wb.transpose(-1, -2)).tril(-1)
+    U = torch.linalg.solve_triangular(A, bcol * wb, upper=False, unitriangular=True)
+    Cm = torch.linalg.solve_triangular(A, bcol * (wb @ kb.transpose(-1, -2)).tril(-1), upper=False, unitriangular=True)
+    Kh = kb - Cm.transpose(-1, -2) @ wb
+    R = torch.eye(D, dtype=k.dtype, device=k.device).expand(B, H, D, D)
+    out = torch.empty_like(Kh)
+    for b in reversed(range(n)):
+        out[:, :, b] = Kh[:, :, b] @ R
+        R = R - U[:, :, b].transpose(-1, -2) @ (wb[:, :, b] @ R)
+    return out.view(B, H, n * C, D)[:, :, :T]
+
+
+def path_step(q, k, v, w, beta, keys: Buffer, values: Buffer, bias: Optional[BiasFn], scale: float) -> torch.Tensor:
+    """n new tokens, one at a time, over the cached keys (``path_keys``' form, in ``keys``' dtype), updated in place.
+
+    q, k, w: (B, H, n, D), v: (B, H, n, Dv), beta: (B, H, n); each token t first applies
+    H_t to every cached key (k_j <- k_j - beta_t (w_t . k_j) w_t, O(T D)), then appends
+    its key and attends with scores ``scale * q_t . k~_j`` + the bias row of cache row
+    T0 + t. Returns (B, H, n, Dv) in v's dtype; ``householder_naive.path_decode`` is the
+    reference (the same recurrence over a whole sequence).
+    """
+    wide, T0 = keys.data.dtype, keys.length
+    V, out = values.append(v.to(wide)), []
+    for t in range(q.shape[-2]):
+        K = keys.value
+        wt = w[:, :, t].to(wide)
+        K.sub_((K @ wt[..., None]) * (beta[:, :, t, None, None].to(wide) * wt[:, :, None, :]))
+        K = keys.append(k[:, :, t : t + 1].to(wide))
+        s = (K @ q[:, :, t, :, None].to(wide))[..., 0] * scale
+        if bias is not None:
+            s = s + bias(T0 + t, T0 + t + 1, 0, T0 + t + 1)[..., 0, :].to(s.dtype)
+        out.append(torch.softmax(s, dim=-1)[:, :, None, :] @ V[:, :, : T0 + t + 1])
+    return torch.cat(out, dim=2).to(v.dtype)
+
+
 def _fla_kernel():
     """flash-linear-attention's PaTH kernel, or None (no CUDA or ``fla`` not installed)."""
     if not torch.cuda.is_available():
@@ -163,14 +214,24 @@ class PaTH(Encoding):
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, d_model) -> w (B, H, T, D) unit-norm, beta (B, H, T) in (0, 2), float32 or better (float64 in a float64 model)."""
+        u = self.w_conv(self.w_proj(x).transpose(1, 2))[..., : x.shape[1]]  # causal: left padding only kept
+        return self._gates(u, x)
+
+    def _gates(self, u: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """w, beta from the convolved projection u (B, H D, T) and x (B, T, d_model)."""
         B, T, _ = x.shape
         wide = torch.promote_types(x.dtype, torch.float32)
-        u = self.w_conv(self.w_proj(x).transpose(1, 2))[..., :T].to(wide)  # causal: left padding only kept
-        w = F.normalize(F.silu(u).view(B, self.dims.n_head, self.dims.head_dim, T).transpose(-1, -2), dim=-1)
+        w = F.normalize(F.silu(u.to(wide)).view(B, self.dims.n_head, self.dims.head_dim, T).transpose(-1, -2), dim=-1)
         return w, 2 * torch.sigmoid(self.beta_proj(x).to(wide)).transpose(1, 2)
 
+    def decoder(self) -> "PaTHState":
+        return PaTHState(self)
+
     def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
-        w, beta = self.gates(inp.x)
+        return self.attend_gated(q, k, v, *self.gates(inp.x), bias)
+
+    def attend_gated(self, q, k, v, w, beta, bias: Optional[BiasFn] = None):
+        """``attend`` given the gates w (B, H, T, D), beta (B, H, T)."""
         kernel = _fla_kernel() if (self.use_kernel and q.is_cuda and bias is None) else None
         if kernel is not None and q.shape[-1] not in FLA_HEAD_DIMS:
             if not self._warned:
@@ -185,3 +246,46 @@ class PaTH(Encoding):
 
     def describe(self) -> str:
         return f"PaTH (accumulated Householder), w rank {self.w_proj[0].out_features}, conv {self.w_conv.kernel_size[0]}, block {self.block_size}"
+
+
+class PaTHState(DecodeState):
+    """PaTH decoding, fla's recurrence: the cached keys are k~_j = H_{T-1} ... H_{j+1} k_j (float32+), each new
+    token applies its H_t to them (a rank-one update, O(T D)) before it attends (``path_step``); the prefill is
+    the parallel attention and ``path_keys``. Keeps the last conv_size - 1 low-rank projections of x, so the new
+    tokens' w needs only their own inputs. Cannot ``crop`` (H_t is not invertible at beta = 1)."""
+
+    per_head_keys = True
+
+    def __init__(self, enc: PaTH):
+        super().__init__(enc)
+        self.tail: Optional[torch.Tensor] = None  # (B, H D, conv_size - 1) projections before the new tokens
+        self.length = 0
+
+    def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
+        enc, x = self.enc, inp.x
+        proj = enc.w_proj(x).transpose(1, 2)
+        if self.tail is None:
+            w, beta = enc.gates(x)
+            out = enc.attend_gated(q, k, v, w, beta, bias)
+            wide = torch.promote_types(q.dtype, torch.float32)
+            keys.append(path_keys(k.to(wide), w.to(wide), beta.to(wide), enc.block_size))
+            values.append(v.to(wide))
+            self.tail = proj.new_zeros(*proj.shape[:2], enc.w_conv.kernel_size[0] - 1)
+        else:
+            u = torch.cat((self.tail, proj), dim=-1)
+            w, beta = enc._gates(F.conv1d(u, enc.w_conv.weight, groups=u.shape[1]), x)
+            out = path_step(q, k, v, w, beta, keys, values, bias, enc.logit_scale / math.sqrt(q.shape[-1]))
+        self.tail = torch.cat((self.tail, proj), dim=-1)[..., proj.shape[-1] :]
+        self.length += x.shape[1]
+        return out
+
+    def crop(self, length: int) -> None:
+        if length < self.length:
+            raise PosencError("path cannot crop its decoding cache: the cached keys carry every later Householder step")
+
+    def reorder(self, index: torch.Tensor) -> None:
+        if self.tail is not None:
+            self.tail = self.tail.index_select(0, index.to(self.tail.device))
+
+    def nbytes(self) -> int:
+        return 0 if self.tail is None else self.tail.numel() * self.tail.element_size()

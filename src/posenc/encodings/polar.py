@@ -27,7 +27,7 @@ from torch import nn
 
 from posenc.attention import attention
 from posenc.encodings.registry import register
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.rope import wrap_phases
 from posenc.errors import PosencError
 
@@ -87,8 +87,24 @@ class PoPE(Encoding):
         out = attention(q2, k2, v2, bias=bias, logit_scale=self.logit_scale * math.sqrt(2), block_size=self.block_size)
         return out[..., :D]
 
+    def decoder(self) -> "PoPEState":
+        return PoPEState(self)
+
     def describe(self) -> str:
         return f"pope(base={self.base:g})"
+
+
+class PoPEState(DecodeState):
+    """PoPE decoding: key features [mu cos phi, mu sin phi] (B, H, T, 2D) cached once (per head: the phase bias
+    delta); the new queries' features over them, O(T D) per step. Values stay (B, H, T, D) (no zero padding: one
+    query row needs no fused kernel)."""
+
+    per_head_keys = True
+
+    def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
+        enc = self.enc
+        K, V = keys.append(pope_features(k, inp.pos, enc.freqs, enc.phase_bias())), values.append(v)
+        return attention(pope_features(q, inp.pos, enc.freqs), K, V, bias=bias, logit_scale=enc.logit_scale * math.sqrt(2), block_size=enc.block_size)
 
 
 def pope_naive(q, k, v, pos, base=10000.0, delta=None):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from posenc.attention import causal_tile, rotate
 from posenc.encodings.registry import register
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 from posenc.encodings.phase import check_rotary_dims
 from posenc.rope import rope_inv_freq, wrap_phases
@@ -117,8 +117,37 @@ class XPos(Encoding):
             out.append(F.scaled_dot_product_attention(qb, kb, v[..., :qe, :], attn_mask=mask, scale=scale))
         return torch.cat(out, dim=-2)
 
+    def decoder(self) -> "XPosState":
+        return XPosState(self)
+
     def describe(self) -> str:
         return f"xpos(B={self.scale_base:g}, {self.pairing})"
+
+
+class XPosState(DecodeState):
+    """xPos decoding: keys cached rotated once, R(m omega) k_m; the new query rows (blocks as ``query_blocks``,
+    offset o their first position) take q_n zeta^((n-o)/B) and the cached keys k_m zeta^((o-m)/B), as ``xpos_block``
+    (no unbounded exponent): O(T D) per step (one exp per cached key and pair), no cos/sin of the prefix."""
+
+    def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
+        enc, T0 = self.enc, keys.length
+        if bool((pos[max(T0, 1) :] < pos[max(T0, 1) - 1 : -1]).any()):
+            raise PosencError("xpos needs non-decreasing position ids: its decay zeta^((n-m)/B) is for keys at or before their query")
+        p, ln_zeta = pos.to(torch.float64), torch.log(enc.zeta).to(pos.device)
+        phi = wrap_phases(p[T0:, None] * enc.inv_freq.to(pos.device), q.dtype)
+        K, V = keys.append(rotate(k, phi, enc.pairing)), values.append(v)
+        K, V = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (K, V))
+        qr, scale, out = rotate(q, phi, enc.pairing), enc.logit_scale / math.sqrt(q.shape[-1]), []
+
+        def decay(exponent):
+            return _per_feature(torch.exp(exponent[:, None] / enc.scale_base * ln_zeta).to(qr.dtype), enc.pairing)
+
+        for qs, qe in query_blocks(inp.pos, enc.block_size, MAX_SPAN_BASES * enc.scale_base):
+            o, end = p[T0 + qs], T0 + qe
+            mask = causal_tile(bias, T0 + qs, end, end, q.device, qr.dtype)
+            out.append(F.scaled_dot_product_attention(qr[..., qs:qe, :] * decay(p[T0 + qs : end] - o), K[..., :end, :] * decay(o - p[:end]),
+                                                      V[..., :end, :], attn_mask=mask, scale=scale))
+        return torch.cat(out, dim=-2)
 
 
 def xpos_naive_scores(q, k, pos, rope_theta=10000.0, scale_base=512.0, pairing="half"):
