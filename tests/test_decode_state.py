@@ -1,0 +1,174 @@
+"""Incremental decoding states (``Encoding.decoder``) equal the full recomputation, and never re-run the prefix's hooks."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posenc.encodings.base import Buffer, Encoding
+from posenc.encodings.householder import path_keys
+from posenc.errors import PosencError
+from posenc.model import Cache
+from posenc.rope import NAMES as SCHEDULES
+
+from test_decode import SPECS, T, model
+
+REFERENCE_ONLY = {"dynamic", "longrope"}  # rope schedules whose frequencies follow the length
+
+
+def decoded(m, x, reference, cuts=(7, 12)):
+    """Logits of a prefill of x[:, :cuts[0]], a chunk up to cuts[1], then one token at a time; and the cache."""
+    cache, out, start = Cache(len(m.blocks), reference=reference), [], 0
+    for end in (*cuts, *range(cuts[-1] + 1, x.shape[1] + 1)):
+        out.append(m.decode(x[:, start:end], cache))
+        start = end
+    return torch.cat(out, dim=1), cache
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("spec", SPECS)
+def test_incremental_decoding_equals_the_full_recomputation(spec, dtype, tol):
+    torch.manual_seed(0)
+    m, x = model(spec, dtype), torch.randint(0, 256, (2, T))
+    with torch.no_grad():
+        fast, cache = decoded(m, x, reference=False)
+        slow, ref = decoded(m, x, reference=True)
+    assert not any(layer.reference for layer in cache.layers) and all(layer.reference for layer in ref.layers)
+    assert (fast - slow).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_rope_schedules_decode_incrementally_except_those_following_the_length(schedule):
+    torch.manual_seed(2)
+    params = {"none": {}, "rerope": {"window": 6}, "leaky-rerope": {"window": 6, "leak": 4.0}}.get(schedule, {"factor": 4.0})
+    m, x = model("rope", schedule=schedule, schedule_params=params), torch.randint(0, 256, (1, T))
+    with torch.no_grad():
+        fast, cache = decoded(m, x, reference=False, cuts=(8,))
+        slow, _ = decoded(m, x, reference=True, cuts=(8,))
+    assert cache.layers[0].reference == (schedule in REFERENCE_ONLY)
+    assert (fast - slow).abs().max().item() < 1e-10
+
+
+def _record_hooks(m) -> list:
+    """Wrap every scheme hook of m (phases, steps, bias and its tiles, attend, logits, gates) and every Linear inside
+    a scheme: each call appends ("rows", n) for the positions it is given, each bias tile ("tile", qs, qe)."""
+    seen = []
+
+    def rows(inp):
+        seen.append(("rows", inp.x.shape[1]))
+
+    def wrap(enc, name):
+        fn = getattr(enc, name)
+
+        def hooked(*args, **kwargs):
+            inp = next((a for a in args if hasattr(a, "pos") and hasattr(a, "x")), None)
+            if name == "gates":
+                seen.append(("rows", args[0].shape[1]))
+            elif inp is not None:
+                rows(inp)
+            out = fn(*args, **kwargs)
+            if name == "bias" and out is not None:
+                tile = out
+
+                def tiles(qs, qe, ks, ke):
+                    seen.append(("tile", qs, qe))
+                    return tile(qs, qe, ks, ke)
+
+                return tiles
+            return out
+
+        setattr(enc, name, hooked)
+
+    for enc in [e for e in m.modules() if isinstance(e, Encoding)]:
+        for name in ("phases", "steps", "bias", "attend", "logits", "gates"):
+            if hasattr(enc, name):
+                wrap(enc, name)
+        for lin in enc.modules():
+            if isinstance(lin, torch.nn.Linear):
+                lin.register_forward_pre_hook(lambda mod, args: seen.append(("rows", args[0].shape[-2])))
+    return seen
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_no_step_recomputes_the_prefix_hooks(spec):
+    """After the prefill, each one-token step evaluates the scheme's hooks and layers on that token only and asks
+    its bias for the last query row only; the reference, by contrast, sees the whole prefix."""
+    torch.manual_seed(3)
+    m, x = model(spec), torch.randint(0, 256, (1, T))
+    seen = _record_hooks(m)
+    for reference in (False, True):
+        cache = Cache(len(m.blocks), reference=reference)
+        with torch.no_grad():
+            m.decode(x[:, :8], cache)
+            seen.clear()
+            for t in range(8, T):
+                m.decode(x[:, t : t + 1], cache)
+                assert all(s[1] == 1 if s[0] == "rows" else s[1] == t for s in seen) != reference, (seen, reference)
+                if reference:
+                    break
+                seen.clear()
+
+
+def test_path_keys_equal_the_decoding_recurrence():
+    torch.manual_seed(4)
+    B, H, n, D = 2, 3, 37, 8
+    k, beta = torch.randn(B, H, n, D, dtype=torch.float64), 2 * torch.rand(B, H, n, dtype=torch.float64)
+    w = F.normalize(torch.randn(B, H, n, D, dtype=torch.float64), dim=-1)
+    cache = k[:, :, :0]
+    for t in range(n):  # householder_naive.path_decode's key update
+        cache = cache - beta[:, :, t, None, None] * (cache @ w[:, :, t, :, None]) * w[:, :, t, None, :]
+        cache = torch.cat((cache, k[:, :, t : t + 1]), dim=2)
+    for block in (1, 5, 64):
+        assert (path_keys(k, w, beta, block) - cache).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("spec", ["rope", "hybrid", "acc-rand-qkv:a=0.3+alibi", "rope+forget", "xpos", "cope", "dape", "pope", "t5"])
+def test_crop_and_reorder_continue_as_a_fresh_cache(spec):
+    torch.manual_seed(5)
+    m, x, y = model(spec), torch.randint(0, 256, (2, 14)), torch.randint(0, 256, (2, 4))
+    with torch.no_grad():
+        cache = Cache(len(m.blocks))
+        m.decode(x, cache)
+        cache.crop(10)  # e.g. rejected speculative tokens
+        got = torch.cat([m.decode(y[:, i : i + 1], cache) for i in range(4)], dim=1)
+        assert (got - m(torch.cat((x[:, :10], y), dim=1))[:, 10:]).abs().max().item() < 1e-10
+        beams = torch.tensor([1, 0, 1])
+        cache.reorder(beams)
+        z = torch.randint(0, 256, (3, 1))
+        full = torch.cat((x[:, :10], y), dim=1)[beams]
+        assert (m.decode(z, cache) - m(torch.cat((full, z), dim=1))[:, -1:]).abs().max().item() < 1e-10
+    assert cache.length == 15 and cache.nbytes() > 0
+
+
+def test_path_refuses_to_crop_but_keeps_its_cache():
+    m, cache = model("path"), Cache(2)
+    with torch.no_grad():
+        m.decode(torch.zeros(1, 6, dtype=torch.long), cache)
+    cache.crop(6)  # the same length is no change
+    with pytest.raises(PosencError, match="path cannot crop"):
+        cache.crop(3)
+    assert all(layer.length == 6 for layer in cache.layers)
+
+
+def test_buffers_grow_by_doubling_without_copying_the_prefix_per_step():
+    buf, storages = Buffer(-2), set()
+    for t in range(200):
+        buf.append(torch.full((1, 2, 1, 3), float(t)))
+        storages.add(buf.data.data_ptr())
+    assert len(storages) <= 9 and buf.data.shape[-2] == 256  # 1, 2, 4, ..., 256 rows
+    assert torch.equal(buf.value[0, 0, :, 0], torch.arange(200.0))
+    reserved = Buffer(-2, capacity=300)
+    reserved.append(torch.zeros(1, 2, 5, 3))
+    assert reserved.data.shape[-2] == 300 and reserved.nbytes() == 300 * 6 * 4
+
+
+def test_generate_uses_the_incremental_cache_and_equals_the_reference():
+    torch.manual_seed(6)
+    m, prompt = model("hybrid"), torch.randint(0, 256, (1, 5))
+    out = m.generate(prompt, 6, temperature=0)
+    with torch.no_grad():
+        cache, ids = Cache(2, reference=True), prompt
+        logits = m.decode(prompt, cache)[:, -1]
+        for _ in range(6):
+            ids = torch.cat((ids, logits.argmax(-1, keepdim=True)), dim=1)
+            logits = m.decode(ids[:, -1:], cache)[:, -1]
+    assert torch.equal(out, ids)
