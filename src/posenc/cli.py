@@ -15,6 +15,7 @@ import sys
 import torch
 
 import posenc
+from posenc import encodings
 from posenc.errors import PosencError
 from posenc.stamp import git_commit
 
@@ -41,6 +42,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="posenc", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"posenc {posenc.__version__} (commit {git_commit() or 'n/a'}), torch {torch.__version__}")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE (a module name or a .py path) before the command, for the schemes it registers; "
+                             "job processes import it too (as POSENC_IMPORT, comma-separated, does)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
         importlib.import_module(name).add_parser(sub)
@@ -61,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:  # build_parser imports the command modules (torch: seconds), so Ctrl-C there is an interrupt too
         args = build_parser().parse_args(argv)
+        for target in args.imports:
+            encodings.import_schemes(target)
         return int(args.func(args) or 0)
     except PosencError as exc:
         print(f"posenc: error: {exc}", file=sys.stderr)

@@ -41,9 +41,10 @@ def one_line(exc: BaseException) -> str:
 
 
 def scheme_modules(schemes: list[str]) -> list[str]:
-    """Modules defining the schemes' classes (each part of ``A+B``, each entry of ``A|B``), for a job process to import."""
+    """Modules defining the schemes' classes (each part of ``A+B``, each entry of ``A|B``), for a job process to import;
+    plugins are left out: the job loads them itself (entry points, and POSENC_IMPORT, which it inherits)."""
     mods = {cls.__module__ for s in schemes for entry in encodings.layer_pattern(s) for cls, _ in encodings.parts(entry)}
-    return sorted(mods - {"__main__"})  # spawn re-runs __main__ itself
+    return sorted(mods - {"__main__"} - encodings.plugin_modules())  # spawn re-runs __main__ itself
 
 
 def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, env: dict[str, str]) -> None:

@@ -5,7 +5,9 @@ A spec is one or more parts joined by ``+``, each ``NAME`` or
 ``acc-rand-qkv:a=0.3+alibi``. Parts combine one per hook: phases from the
 rotary part, biases added (``posenc.encodings.composite``). Specs joined by
 ``|`` are a per-layer pattern repeated over the layers (``rope|rope|rope|nope``,
-alias ``irope``): layer i gets entry i mod n.
+alias ``irope``): layer i gets entry i mod n. Schemes defined outside posenc come in
+as plugins (entry points ``posenc.schemes``, ``POSENC_IMPORT``, ``import_schemes``:
+``posenc.encodings.registry``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 from posenc.encodings import absolute, accumulated, bias, cope, dape, fire, forget, householder, polar, relative, rotary, xpos  # noqa: F401 (registers the families)
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
-from posenc.encodings.registry import _accepted, alias, catalogue, check_types, layer_pattern, names, parts, register, resolve, split_part, unregister
+from posenc.encodings.registry import (
+    _accepted, alias, catalogue, check_types, import_schemes, layer_pattern, names, parts, plugin_modules, register, resolve, split_part, unregister,
+)
 from posenc.errors import PosencError
 
 
@@ -66,4 +70,7 @@ def describe(spec: str, dims: Dims | None = None, **params: Any) -> str:
     return "per layer, repeating: " + " | ".join(get(entry, dims).describe() for entry in pattern)
 
 
-__all__ = ["Dims", "Encoding", "Inputs", "alias", "catalogue", "describe", "get", "layer_pattern", "names", "parts", "register", "resolve", "unregister"]
+__all__ = [
+    "Dims", "Encoding", "Inputs", "alias", "catalogue", "describe", "get", "import_schemes", "layer_pattern", "names", "parts", "plugin_modules",
+    "register", "resolve", "unregister",
+]

@@ -7,14 +7,28 @@ repeated over the layers: ``rope|rope|rope|nope`` (alias ``irope``). ``NAME`` is
 scheme with preset parameters, e.g. ``acc-rand-qkv``, or a named composition,
 e.g. ``hybrid``). ``parts(spec)`` parses and validates a spec; building it is
 ``posenc.encodings.get``.
+
+Schemes from outside posenc (plugins) are loaded when the registry is first used
+(``names``, ``catalogue``, ``resolve``, ``parts``, ``layer_pattern``): every entry point of
+the group ``posenc.schemes`` (``myscheme = mypkg.schemes``, a module that registers its
+schemes, or ``mypkg.schemes:MyScheme``, an Encoding class, registered if it is not yet),
+then every module of the environment variable ``POSENC_IMPORT`` (comma-separated module
+names or ``.py`` paths). ``import_schemes`` (``posenc --import``) imports one now and adds
+it to ``POSENC_IMPORT``, so processes started afterwards (compare's jobs, torchrun) load it too.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import importlib.util
 import inspect
 import math
+import os
 import re
+import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 from posenc.encodings.base import Encoding
@@ -23,6 +37,10 @@ from posenc.errors import PosencError
 _REGISTRY: dict[str, type[Encoding]] = {}
 _ALIASES: dict[str, tuple[str, dict[str, Any], str]] = {}
 RENAMED = {"acc-zero-qkv": "acc-rand-qkv"}  # names of earlier releases -> today's scheme with that meaning
+ENTRY_POINTS = "posenc.schemes"
+IMPORT_VAR = "POSENC_IMPORT"
+_PLUGINS: set[str] = set()  # modules loaded as plugins: a job process loads them itself (entry points, POSENC_IMPORT)
+_plugins_loaded = False
 
 
 def register(cls: type[Encoding]) -> type[Encoding]:
@@ -51,8 +69,88 @@ def _check_free(name: str) -> None:
         raise PosencError(f"scheme name {name!r} is already registered")
 
 
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or os.sep in target
+
+
+def _import(target: str) -> str:
+    """Import a module name or a ``.py`` path (as the module named by its stem); its name. PosencError if it fails."""
+    if not _is_file(target):
+        try:
+            importlib.import_module(target)
+        except Exception as exc:
+            raise PosencError(f"cannot import {target!r}: {_one_line(exc)}") from exc
+        _PLUGINS.add(target)
+        return target
+    name, path = Path(target).stem, Path(target).resolve()
+    if not path.is_file():
+        raise PosencError(f"cannot import {target!r}: no such file")
+    if name in sys.modules:  # imported already (--import, then POSENC_IMPORT), or another module of that name
+        if Path(getattr(sys.modules[name], "__file__", None) or "").resolve() != path:
+            raise PosencError(f"cannot import {target!r}: a module named {name!r} is imported already")
+    else:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before running it, as the import system does (dataclasses and pickle look it up)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise PosencError(f"cannot import {target!r}: {_one_line(exc)}") from exc
+    _PLUGINS.add(name)
+    return name
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def import_schemes(target: str) -> str:
+    """Import ``target``, a module name or a path to a ``.py`` file, for the schemes it registers; the module's name.
+
+    It joins ``POSENC_IMPORT`` (a file by its absolute path), so the processes started afterwards
+    import it too. PosencError (one line) if the file is missing or the import raises.
+    """
+    name = _import(target)
+    entry = str(Path(target).resolve()) if _is_file(target) else target
+    listed = _env_targets()
+    if entry not in listed:
+        os.environ[IMPORT_VAR] = ",".join([*listed, entry])
+    return name
+
+
+def _env_targets() -> list[str]:
+    return [t.strip() for t in os.environ.get(IMPORT_VAR, "").split(",") if t.strip()]
+
+
+def _load_plugins() -> None:
+    """The entry points of ``posenc.schemes``, then the modules of ``POSENC_IMPORT``; once per process."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True  # first: a plugin may use the registry while it loads
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        try:
+            obj = ep.load()
+            if isinstance(obj, type) and issubclass(obj, Encoding) and _REGISTRY.get(obj.name) is not obj:
+                register(obj)
+        except Exception as exc:
+            raise PosencError(f"scheme plugin {ep.name!r} ({ep.value}) failed to load: {_one_line(exc)}") from exc
+        _PLUGINS.add(ep.module)
+    for target in _env_targets():
+        _import(target)
+
+
+def plugin_modules() -> set[str]:
+    """Names of the modules loaded as plugins: a process loads them on its own when it first uses the registry."""
+    _load_plugins()
+    return set(_PLUGINS)
+
+
 def names() -> list[str]:
     """All registered schemes and aliases, sorted."""
+    _load_plugins()
     return sorted(set(_REGISTRY) | set(_ALIASES))
 
 
@@ -62,6 +160,7 @@ def catalogue() -> dict[str, list[tuple[str, str, str]]]:
     An alias is in its target's family (its source is the target's); named compositions and per-layer
     patterns form their own.
     """
+    _load_plugins()
     out: dict[str, list[tuple[str, str, str]]] = {}
     for name, cls in _REGISTRY.items():
         out.setdefault(cls.family, []).append((name, (cls.__doc__ or "").strip().splitlines()[0], cls.source))
@@ -145,6 +244,7 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     Raises PosencError for an unknown name or a parameter the scheme does not take; value
     types are checked where the scheme is built (``posenc.encodings.get``).
     """
+    _load_plugins()
     base, own = split_part(name)
     params = {**own, **(params or {})}
     name = base
@@ -175,6 +275,7 @@ def layer_pattern(spec: str) -> list[str]:
     NoPE layers: ``rope|rope|rope|nope``); a named pattern (``irope``) is expanded; any other
     spec is one entry, used by every layer. PosencError for an empty entry or parameters on a
     named pattern."""
+    _load_plugins()
     items = spec.split("|")
     if any(not item for item in items):
         raise PosencError(f"scheme spec {spec!r}: empty layer entry in a '|' pattern")
@@ -191,6 +292,7 @@ def layer_pattern(spec: str) -> list[str]:
 
 def parts(spec: str) -> list[tuple[type[Encoding], dict[str, Any]]]:
     """(class, parameters) of every part of ``spec``, named compositions expanded; PosencError if invalid."""
+    _load_plugins()
     out = []
     for part in _split_spec(spec):
         base, params = split_part(part)

@@ -1,0 +1,136 @@
+"""Schemes as plugins (issue 25 item 6): entry points of ``posenc.schemes``, ``posenc --import`` and ``POSENC_IMPORT``
+make a scheme written outside posenc usable in every command, compare's job processes included."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posenc import encodings
+from posenc.cli import main
+from posenc.encodings import registry
+from posenc.errors import PosencError
+from posenc.jobs import scheme_modules
+
+PLUGIN = '''"""A scheme written outside posenc: ALiBi at half slope."""
+import torch
+
+from posenc.encodings import Encoding, register
+from posenc.encodings.bias import alibi_slopes, distance_bias
+
+
+class HalfALiBi(Encoding):
+    """ALiBi at half slope (a plugin)."""
+
+    name = "NAME"
+    family, source = "plugins", "tests/test_plugins.py"
+    has_bias = True
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.register_buffer("slopes", alibi_slopes(dims.n_head) / 2, persistent=False)
+
+    def bias(self, inp):
+        return distance_bias(self.slopes, inp.pos, torch.promote_types(inp.x.dtype, torch.float32))
+'''
+
+
+def _module(folder: Path, module: str, scheme: str, decorate: bool = True) -> Path:
+    path = folder / f"{module}.py"
+    text = PLUGIN.replace("NAME", scheme)
+    path.write_text(text.replace("class HalfALiBi", "@register\nclass HalfALiBi") if decorate else text)
+    return path
+
+
+def _distribution(folder: Path, module: str, entry_points: str) -> None:
+    """An installed distribution as pip leaves it: its .dist-info with METADATA and entry_points.txt."""
+    info = folder / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[posenc.schemes]\n{entry_points}\n")
+
+
+def _posenc(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    code = "import sys; from posenc.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **env})
+
+
+@pytest.fixture
+def forget_plugins(monkeypatch):
+    """Restore the registry, sys.modules and POSENC_IMPORT after a test that loads plugins in this process."""
+    before, modules = set(encodings.names()), set(sys.modules)
+    monkeypatch.setenv(registry.IMPORT_VAR, "")
+    yield
+    for name in set(encodings.names()) - before:
+        encodings.unregister(name)
+    for name in set(sys.modules) - modules:
+        registry._PLUGINS.discard(name)
+        del sys.modules[name]
+
+
+def test_entry_points_load_when_the_registry_is_first_used(tmp_path, monkeypatch, forget_plugins):
+    _module(tmp_path, "ep_module_plugin", "ep-module")
+    _module(tmp_path, "ep_class_plugin", "ep-class", decorate=False)
+    _distribution(tmp_path, "ep_plugins", "ep-module = ep_module_plugin\nep-class = ep_class_plugin:HalfALiBi")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    assert {"ep-module", "ep-class"} <= set(encodings.names())
+    assert encodings.get("ep-class+rope").describe()
+    assert {"ep_module_plugin", "ep_class_plugin"} <= encodings.plugin_modules()
+
+
+def test_import_schemes_joins_posenc_import_and_jobs_leave_plugins_to_the_job(tmp_path, forget_plugins):
+    path = _module(tmp_path, "local_plugin", "local-scheme")
+    assert encodings.import_schemes(str(path)) == "local_plugin"
+    assert encodings.import_schemes(str(path)) == "local_plugin"  # again: the module is not run twice
+    assert os.environ[registry.IMPORT_VAR] == str(path.resolve())
+    assert encodings.get("local-scheme").has_bias
+    assert scheme_modules(["local-scheme+rope"]) == ["posenc.encodings.rotary"]  # the job imports local_plugin from POSENC_IMPORT
+
+
+def test_an_import_that_fails_is_one_line(tmp_path, capsys, forget_plugins):
+    (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(PosencError, match=r"cannot import '.*broken_plugin.py': RuntimeError: boom"):
+        encodings.import_schemes(str(tmp_path / "broken_plugin.py"))
+    assert "broken_plugin" not in sys.modules and os.environ[registry.IMPORT_VAR] == ""
+    (tmp_path / "other").mkdir()
+    _module(tmp_path / "other", "os", "never")
+    with pytest.raises(PosencError, match="a module named 'os' is imported already"):
+        encodings.import_schemes(str(tmp_path / "other" / "os.py"))
+    assert main(["--import", str(tmp_path / "missing.py"), "list"]) == 2
+    assert capsys.readouterr().err == f"posenc: error: cannot import {str(tmp_path / 'missing.py')!r}: no such file\n"
+    assert main(["--import", "no_such_plugin_module", "list"]) == 2
+    assert "cannot import 'no_such_plugin_module': ModuleNotFoundError" in capsys.readouterr().err
+
+
+def test_posenc_import_lists_modules_and_files(tmp_path):
+    _module(tmp_path, "env_module_plugin", "env-module")
+    (tmp_path / "elsewhere").mkdir()  # not on the path: imported as a file
+    path = _module(tmp_path / "elsewhere", "env_file_plugin", "env-file")
+    out = _posenc(["list"], tmp_path, PYTHONPATH=str(tmp_path), POSENC_IMPORT=f"env_module_plugin, {path}")
+    assert out.returncode == 0, out.stderr
+    assert "env-module" in out.stdout and "env-file" in out.stdout
+
+
+@pytest.mark.slow
+def test_an_entry_point_scheme_runs_in_compare(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    _module(site, "myscheme_plugin", "myscheme")
+    _distribution(site, "myscheme_plugin", "myscheme = myscheme_plugin")
+    out = _posenc(["compare", "--preset", "quick", "--steps", "2", "--schemes", "myscheme", "--out", "runs", "--name", "ep"],
+                  tmp_path, PYTHONPATH=str(site))
+    assert out.returncode == 0, out.stderr
+    assert "| myscheme |" in (tmp_path / "runs" / "ep" / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_an_imported_file_scheme_runs_in_compare(tmp_path):
+    (tmp_path / "local").mkdir()
+    _module(tmp_path / "local", "filescheme", "filescheme")
+    out = _posenc(["--import", "local/filescheme.py", "compare", "--preset", "quick", "--steps", "2", "--schemes", "filescheme",
+                   "--out", "runs", "--name", "file"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "| filescheme |" in (tmp_path / "runs" / "file" / "report.md").read_text()
