@@ -212,3 +212,25 @@ def test_finetune_logs_its_steps_and_both_scorings(tmp_path, word_tokenizer):
     for L in (16, 32):
         assert [e.step for e in acc.Scalars(f"eval/ppl@{L}")] == [0, 3]  # before and after training
     assert hparams(acc)["finetune.scheme"] == "rope"
+
+
+def test_ctrl_c_in_compare_says_what_is_kept_and_the_command(monkeypatch, tmp_path, capsys):
+    import posenc.commands.compare_cmd as compare_cmd
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare_cmd, "compare", interrupted)
+    argv = ["compare", "--preset", "quick", "--out", str(tmp_path)]
+    assert main(argv) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        f"posenc: interrupted: finished jobs are kept in {tmp_path / 'quick'}; each interrupted one resumes from its last checkpoint",
+        f"posenc: resume with: posenc compare --preset quick --out {tmp_path}"]
+
+
+def test_bad_input_with_a_tracker_leaves_no_run_directory(preset_file, tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    argv = ["train", "--scheme", "rope", "--preset", preset_file, "--out", str(out), "--log", "tensorboard"]
+    assert main([*argv, "--corpus", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("posenc: error: ") and not out.exists()

@@ -65,53 +65,72 @@ def _finite(metrics: dict[str, float | None]) -> dict[str, float]:
 
 
 class TensorBoardTracker(Tracker):
-    """Event files in ``log_dir`` (``torch.utils.tensorboard``); the config as hyper-parameters and as JSON text."""
+    """Event files in ``log_dir`` (``torch.utils.tensorboard``); the config as hyper-parameters and as JSON text.
+    The writer opens at the first start or log, so bad input refused before training leaves no directory."""
 
     def __init__(self, log_dir: Path, config: dict):
-        from torch.utils.tensorboard import SummaryWriter
-        from torch.utils.tensorboard.summary import hparams
+        self.log_dir, self.config, self.writer = log_dir, config, None
 
-        self.writer = SummaryWriter(str(log_dir))
-        for summary in hparams(flat_params(config), {}):  # experiment, session start and end: the HParams tab
-            self.writer.file_writer.add_summary(summary)
-        self.writer.add_text("config", "```json\n" + json.dumps(config, indent=1, default=str) + "\n```")
+    def _open(self):
+        if self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard.summary import hparams
+
+            self.writer = SummaryWriter(str(self.log_dir))
+            for summary in hparams(flat_params(self.config), {}):  # experiment, session start and end: the HParams tab
+                self.writer.file_writer.add_summary(summary)
+            self.writer.add_text("config", "```json\n" + json.dumps(self.config, indent=1, default=str) + "\n```")
+        return self.writer
 
     def start(self, step: int) -> None:
+        writer = self._open()
         if step > 0:  # as SummaryWriter(purge_step=step + 1): readers drop earlier events past the checkpoint
             from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-            self.writer.file_writer.add_event(Event(step=step + 1, session_log=SessionLog(status=SessionLog.START)))
+            writer.file_writer.add_event(Event(step=step + 1, session_log=SessionLog(status=SessionLog.START)))
 
     def log(self, metrics: dict[str, float | None], step: int) -> None:
+        writer = self._open()
         for k, v in _finite(metrics).items():
-            self.writer.add_scalar(k, v, step)
+            writer.add_scalar(k, v, step)
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 class WandbTracker(Tracker):
-    """One W&B run named ``name`` in group ``group``, files under ``log_dir/wandb``; the config as its config."""
+    """One W&B run named ``name`` in group ``group``, files under ``log_dir/wandb``; the config as its config.
+    The run starts at the first start or log (raising PosencError when W&B cannot start one)."""
 
     def __init__(self, log_dir: Path, name: str, group: str, config: dict):
-        import wandb
+        self.log_dir, self.name, self.group, self.config, self.run = Path(log_dir), name, group, config, None
 
-        Path(log_dir).mkdir(parents=True, exist_ok=True)
-        try:
-            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "posenc"), name=name, group=group,
-                                  dir=str(log_dir), config=config, settings=wandb.Settings(silent=True))
-        except Exception as exc:  # no API key, no network: wandb's own errors are long
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise PosencError(f"wandb could not start a run ({first}); WANDB_MODE=offline writes it under "
-                              f"{log_dir}/wandb without network (upload later with `wandb sync`)") from None
+    def _open(self):
+        if self.run is None:
+            import wandb
+
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "posenc"), name=self.name, group=self.group,
+                                      dir=str(self.log_dir), config=self.config, settings=wandb.Settings(silent=True))
+            except Exception as exc:  # no API key, no network: wandb's own errors are long
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise PosencError(f"wandb could not start a run ({first}); WANDB_MODE=offline writes it under "
+                                  f"{self.log_dir}/wandb without network (upload later with `wandb sync`)") from None
+        return self.run
+
+    def start(self, step: int) -> None:
+        self._open()
 
     def log(self, metrics: dict[str, float | None], step: int) -> None:
         values = _finite(metrics)
         if values:
-            self.run.log(values, step=step)
+            self._open().log(values, step=step)
 
     def close(self) -> None:
-        self.run.finish()
+        if self.run is not None:
+            self.run.finish()
 
 
 def check_kind(kind: str) -> None:
@@ -128,7 +147,8 @@ def check_kind(kind: str) -> None:
 def open_tracker(kind: str, log_dir: Path, name: str, group: str, config: dict) -> Tracker:
     """A tracker of ``kind`` ("none", "tensorboard", "wandb") for the run ``name`` (its scheme, seed, ...)
     in ``group`` (a sweep's name), writing into ``log_dir``; ``config``: JSON-able hyper-parameters
-    (settings and stamp). Raises PosencError as :func:`check_kind`, or when W&B cannot start a run."""
+    (settings and stamp). Raises PosencError as :func:`check_kind`; a W&B run that cannot start raises
+    PosencError at the tracker's first start or log."""
     check_kind(kind)
     if kind == "tensorboard":
         return TensorBoardTracker(log_dir, config)
