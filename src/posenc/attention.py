@@ -127,6 +127,16 @@ def rotate_shared(x: torch.Tensor, phi: torch.Tensor, cos: torch.Tensor, sin: to
     return _Rotation.apply(x, phi, cos.detach(), sin.detach(), sign, pairing)
 
 
+def rotate_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str = "half", sign: int = 1) -> torch.Tensor:
+    """R(sign * phi) x from cos/sin, as ``rotate_shared`` computes it, without its shape check and autograd node:
+    decoding's rotation of a step's new rows (the check's broadcast costs more than the rotation of one row).
+    x: (B, H, n, D); cos, sin: (B|1, H|1, n, P), P <= D/2."""
+    r = 2 * cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat((rotate_rows(x[..., :r], cos, sin, pairing, sign), x[..., r:]), dim=-1)
+    return _rotate_into(x, cos, sin, sign, pairing)
+
+
 def half_to_adjacent(x: torch.Tensor) -> torch.Tensor:
     """The feature permutation taking half pairing to adjacent pairing.
 

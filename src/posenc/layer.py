@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from posenc import encodings
-from posenc.attention import attention, cos_sin, rotate_shared, rotation_dtype
+from posenc.attention import attention, cos_sin, rotate_rows, rotation_dtype
 from posenc.encodings.base import BiasFn, Buffer, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 
@@ -329,13 +329,13 @@ class Attention(nn.Module):
             cos, sin = cos_sin(phi, dtype)
             if phi.shape[1] > 1:  # per-head phases: keys per query head (only without GQA, see decode)
                 k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)
-            q, k = (rotate_shared(t.to(dtype), phi, cos, sin, enc.pairing) for t in (q, k))
-            v = rotate_shared(v.to(dtype), phi, cos, sin, enc.pairing) if enc.rotate_v else v.to(dtype)
+            q, k = (rotate_rows(t.to(dtype), cos, sin, enc.pairing) for t in (q, k))
+            v = rotate_rows(v.to(dtype), cos, sin, enc.pairing) if enc.rotate_v else v.to(dtype)
         keys, values = cache._k.append(k), cache._v.append(v)
         out = attention(q, repeat_kv(keys, self.n_head), repeat_kv(values, self.n_head), bias=bias,
                         logit_scale=enc.logit_scale, block_size=self.block)
         if phi is not None and enc.rotate_v:
-            out = rotate_shared(out, phi, cos, sin, enc.pairing, sign=-1)
+            out = rotate_rows(out, cos, sin, enc.pairing, sign=-1)
         return out.to(out_dtype)
 
     def _decode_reference(self, x, q, k, v, pos, tokens, cache: LayerCache) -> torch.Tensor:
