@@ -129,11 +129,15 @@ def rotate_shared(x: torch.Tensor, phi: torch.Tensor, cos: torch.Tensor, sin: to
 
 def rotate_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str = "half", sign: int = 1) -> torch.Tensor:
     """R(sign * phi) x from cos/sin, as ``rotate_shared`` computes it, without its shape check and autograd node:
-    decoding's rotation of a step's new rows (the check's broadcast costs more than the rotation of one row).
+    decoding's rotation of a step's new rows (the check's broadcast costs more than the rotation of one row);
+    differentiable where x requires grad.
     x: (B, H, n, D); cos, sin: (B|1, H|1, n, P), P <= D/2."""
     r = 2 * cos.shape[-1]
     if r < x.shape[-1]:
         return torch.cat((rotate_rows(x[..., :r], cos, sin, pairing, sign), x[..., r:]), dim=-1)
+    if x.requires_grad:  # decoding outside no_grad: the same products, differentiable (no out=)
+        x1, x2 = _pairs(x, pairing)
+        return _join(x1 * cos - sign * x2 * sin, x2 * cos + sign * x1 * sin, pairing)
     return _rotate_into(x, cos, sin, sign, pairing)
 
 
