@@ -6,7 +6,7 @@ import torch
 from posenc import encodings, rope
 from posenc.encodings.base import Dims
 from posenc.errors import PosencError
-from posenc.rope.schedules import L0, REQUIRED, HFRope, Schedule
+from posenc.rope.schedules import REQUIRED, TRAIN_LENGTH, HFRope, Schedule
 
 
 def test_every_record_is_named_by_its_key_and_the_name_lists_follow_the_records():
@@ -17,7 +17,7 @@ def test_every_record_is_named_by_its_key_and_the_name_lists_follow_the_records(
 
 def test_a_new_schedule_is_one_entry(monkeypatch):
     half = Schedule("half", lambda d, theta, p, seq_len: rope.rope_inv_freq(d, theta) / (2 * p["factor"]),
-                    HFRope("linear", ("factor",), base=lambda theta, p, d: theta), {"factor": REQUIRED, "original_max_position_embeddings": L0},
+                    HFRope("linear", ("factor",), base=lambda theta, p, d: theta), {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH},
                     attention_factor=lambda p: 1.5)
     monkeypatch.setitem(rope.SCHEDULES, "half", half)
     assert rope.schedule_params("half", 32, {"factor": 2.0}) == {"factor": 2.0, "original_max_position_embeddings": 32}

@@ -119,7 +119,7 @@ class Default(enum.Enum):
     TRAIN_LENGTH = "L0"
 
 
-REQUIRED, L0 = Default.REQUIRED, Default.TRAIN_LENGTH
+REQUIRED, TRAIN_LENGTH = Default.REQUIRED, Default.TRAIN_LENGTH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +147,7 @@ class Schedule:
     - ``inv_freq(head_dim, rope_theta, params, seq_len)``: (D/2,) float64 rad/token from validated
       ``params``; ``seq_len`` is the current sequence length (None: the training length L0);
     - ``defaults``: the parameters it takes, in order, with their defaults (a value; None: unset,
-      optional; ``REQUIRED``; ``L0``: the training length);
+      optional; ``REQUIRED``; ``TRAIN_LENGTH``: L0);
     - ``check(name, params)``: its range checks beyond the common ones of ``schedule_params``
       (PosencError; may normalise values in place);
     - ``attention_factor(params)``: multiplies cos and sin, so the logits scale by its square;
@@ -268,17 +268,17 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     # transformers has no static NTK type: its ``default`` with the raised base
     Schedule("ntk", _ntk, HFRope("default", base=lambda theta, p, head_dim: ntk_base(theta, p["factor"], head_dim)), {"factor": REQUIRED}),
     # transformers' dynamic reads L0 from the config's max_position_embeddings
-    Schedule("dynamic", _dynamic, HFRope("dynamic", ("factor",)), {"factor": REQUIRED, "original_max_position_embeddings": L0}),
+    Schedule("dynamic", _dynamic, HFRope("dynamic", ("factor",)), {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH}),
     Schedule("yarn", _yarn,
              HFRope("yarn", ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate")),
-             {"factor": REQUIRED, "original_max_position_embeddings": L0, "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None,
+             {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH, "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None,
               "truncate": True},
              _check_yarn, _given_or(lambda p: yarn_attention_factor(p["factor"]))),
     Schedule("llama3", _llama3, HFRope("llama3", ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor")),
-             {"factor": REQUIRED, "original_max_position_embeddings": L0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, _check_llama3),
+             {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, _check_llama3),
     Schedule("longrope", _longrope,
              HFRope("longrope", ("factor", "original_max_position_embeddings", "short_factor", "long_factor", "attention_factor")),
-             {"factor": REQUIRED, "original_max_position_embeddings": L0, "short_factor": REQUIRED, "long_factor": REQUIRED,
+             {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH, "short_factor": REQUIRED, "long_factor": REQUIRED,
               "attention_factor": None},
              _check_longrope, _given_or(lambda p: longrope_attention_factor(p["factor"], p["original_max_position_embeddings"])),
              _check_longrope_dims, shipped=True),
@@ -315,7 +315,7 @@ def schedule_params(name: str, train_length: int, params: Optional[dict] = None)
     unknown = set(given) - set(schedule.defaults)
     if unknown:
         raise PosencError(f"rope schedule {name!r} takes {', '.join(schedule.defaults) or 'no parameters'}; got {', '.join(sorted(unknown))}")
-    out = {k: train_length if d is L0 else d for k, d in schedule.defaults.items()}
+    out = {k: train_length if d is TRAIN_LENGTH else d for k, d in schedule.defaults.items()}
     out.update(given)
     missing = [k for k, v in out.items() if v is REQUIRED]
     if missing:
