@@ -319,3 +319,14 @@ def test_a_small_corpus_trains_with_a_warning(tmp_path, capsys):
     train(tmp_path / "r", ModelConfig(n_layer=1, d_model=32, n_head=2, train_length=16), TrainConfig(corpus=str(corpus), steps=2, batch_size=2, warmup=1))
     err = capsys.readouterr().err
     assert "only 2,648 tokens" in err and "memorisation" in err
+
+
+def test_flat_schemes_of_the_committed_default_run():
+    from pathlib import Path
+
+    from posenc.retrieval_report import flat_schemes, read_text_results
+
+    records = read_text_results(Path(__file__).parent.parent / "results" / "default")
+    flat = flat_schemes(records)
+    assert sorted(flat) == ["alibi", "hybrid", "rope+forget"]  # the README's table: ratio <= 1.02 at 128x on every seed
+    assert len(flat["alibi"]) == 3 and max(flat["hybrid"]) < 1.0

@@ -45,8 +45,7 @@ from posenc.evaluate import eval_lengths, windows
 from posenc.model import LM, AttentionInputs
 from posenc.passkey import passkey_records
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
-from posenc.theory.mixing import window_size
-from posenc.theory.stats import check_eps
+from posenc.encodings.mixing import check_eps, window_size
 
 BLOCK_ELEMS = 2**23  # probabilities held at once per query block (32 MiB in float32)
 DEFAULT_MULTIPLES = (1, 2, 4, 8, 16, 32, 64)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from posenc.encodings.registry import split_part
 from posenc.errors import PosencError
 
 
@@ -273,17 +274,6 @@ class MQAR(Task):
 TASKS: dict[str, type[Task]] = {"flipflop": FlipFlop, "mqar": MQAR}
 
 
-def _value(text: str) -> Any:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def is_task(spec: str) -> bool:
     """True when ``spec`` names a synthetic task (``flipflop``, ``mqar:pairs=8``), not a text corpus."""
     return isinstance(spec, str) and spec.partition(":")[0] in TASKS
@@ -292,19 +282,9 @@ def is_task(spec: str) -> bool:
 def get_task(spec: str) -> Task:
     """The task of ``spec`` (``NAME[:key=value,...]``); PosencError (one line) for a malformed spec,
     an unknown name or parameter, or a value of the wrong type or range."""
-    name, colon, args = spec.partition(":")
+    name, params = split_part(spec, "task")
     if name not in TASKS:
         raise PosencError(f"unknown task {name!r} in {spec!r} (tasks: {', '.join(TASKS)})")
-    if colon and not args:
-        raise PosencError(f"task spec {spec!r}: empty parameter list after ':'")
-    params: dict[str, Any] = {}
-    for item in args.split(",") if args else ():
-        key, eq, val = item.partition("=")
-        if not eq or not key or not val:
-            raise PosencError(f"task spec {spec!r}: expected key=value, got {item!r}")
-        if key in params:
-            raise PosencError(f"task spec {spec!r}: duplicate key {key!r}")
-        params[key] = _value(val)
     return TASKS[name](spec, **params)
 
 

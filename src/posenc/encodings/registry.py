@@ -182,25 +182,25 @@ def _value(text: str) -> Any:
     return text
 
 
-def split_part(part: str) -> tuple[str, dict[str, Any]]:
-    """``NAME:k=v,k=v`` -> (NAME, {k: v}); PosencError if malformed."""
+def split_part(part: str, kind: str = "scheme") -> tuple[str, dict[str, Any]]:
+    """``NAME:k=v,k=v`` -> (NAME, {k: v}); PosencError naming a ``kind`` spec (scheme, task) if malformed."""
     if any(c.isspace() for c in part):
-        raise PosencError(f"scheme spec {part!r} contains whitespace")
+        raise PosencError(f"{kind} spec {part!r} contains whitespace")
     name, colon, args = part.partition(":")
     if colon and not args:  # "rope:" would silently mean "rope"
-        raise PosencError(f"scheme spec {part!r}: empty parameter list after ':' (give key=value, or drop the ':')")
+        raise PosencError(f"{kind} spec {part!r}: empty parameter list after ':' (give key=value, or drop the ':')")
     if "=" in name:  # a YAML flow list [a:x=1,y=2] splits at the comma
-        raise PosencError(f"scheme spec {part!r} has no scheme name (quote specs with ',' in YAML lists)")
+        raise PosencError(f"{kind} spec {part!r} has no {kind} name (quote specs with ',' in YAML lists)")
     params: dict[str, Any] = {}
     for item in args.split(",") if args else ():
         key, eq, val = item.partition("=")
         if not eq or not key or not val:
-            raise PosencError(f"scheme spec {part!r}: expected key=value, got {item!r}")
+            raise PosencError(f"{kind} spec {part!r}: expected key=value, got {item!r}")
         if key in params:
-            raise PosencError(f"scheme spec {part!r}: duplicate key {key!r}")
+            raise PosencError(f"{kind} spec {part!r}: duplicate key {key!r}")
         params[key] = _value(val)
     if not name:
-        raise PosencError(f"scheme spec {part!r}: missing scheme name")
+        raise PosencError(f"{kind} spec {part!r}: missing {kind} name")
     return name, params
 
 

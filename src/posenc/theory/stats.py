@@ -12,7 +12,6 @@ from statistics import NormalDist
 
 import torch
 
-from posenc.encodings.mixing import check_eps  # noqa: F401 (posenc.diagnose reads it here)
 from posenc.errors import PosencError
 
 SIDES = ("both", "upper", "lower")
