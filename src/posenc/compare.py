@@ -14,6 +14,7 @@ preset is ``posenc.config.Preset``.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -76,8 +77,9 @@ def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int, log
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "posenc.cli", "train", "--scheme", scheme, "--preset", str(run_root / "preset.json"),
-           "--seed", str(seed), "--out", str(run_root / scheme / f"seed{seed}"), "--resume", "--log", log]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+           "--seed", str(seed), "--out", str(run_root / scheme / f"seed{seed}"), "--resume"]
+    # torchrun's own parser takes any "--log..." as an abbreviation of its --log-dir: the tracker goes by environment
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "POSENC_LOG": log})
     if proc.returncode:
         lines = [line for line in proc.stderr.splitlines() if "posenc: error:" in line] or proc.stderr.strip().splitlines()[-1:]
         raise PosencError(f"torchrun training of {scheme} (seed {seed}) failed: {lines[0] if lines else f'exit code {proc.returncode}'}")

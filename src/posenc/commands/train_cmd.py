@@ -1,6 +1,7 @@
 """`posenc train`: train one model with one scheme (one process, or data-parallel under torchrun)."""
 
 import argparse
+import os
 from pathlib import Path
 
 from posenc import distributed
@@ -24,8 +25,8 @@ def add_parser(sub):
     p.add_argument("--time-budget", type=float, help="stop after this many seconds")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (train.compile)")
-    p.add_argument("--log", choices=KINDS, default="none", help="experiment tracking: TensorBoard event files or a W&B run "
-                   "(WANDB_MODE=offline: no network) in the run directory (default none)")
+    p.add_argument("--log", choices=KINDS, default=os.environ.get("POSENC_LOG", "none"), help="experiment tracking: TensorBoard event files or a W&B run "
+                   "(WANDB_MODE=offline: no network) in the run directory (default none, or $POSENC_LOG: how compare passes it through torchrun)")
     p.set_defaults(func=run)
 
 
