@@ -35,7 +35,8 @@ def with_ratios(records: list[dict]) -> list[dict]:
     return out
 
 
-def _cell(values: list[float], fmt: str) -> str:
+def seed_cell(values: list[float], fmt: str) -> str:
+    """A table cell over seeds: mean ± half-range ("n/a" without values, the value for one seed)."""
     values = [v for v in values if v is not None]
     if not values:
         return "n/a"
@@ -101,8 +102,8 @@ def far_mass_markdown(records: list[dict], L0: int) -> str:
         "layers, heads and the queries that have such keys (`posenc diagnose` gives each layer and head; `far_mass.png`). "
         "Uniform attention is the reference; a distance bias keeps it near 0.\n\n"
     )
-    rows = [[s, *(_cell(row[L], ".3f") for L in lengths)] for s, row in grid.items()]
-    rows.append(["uniform", *(_cell([uniform.get(L)], ".3f") for L in lengths)])
+    rows = [[s, *(seed_cell(row[L], ".3f") for L in lengths)] for s, row in grid.items()]
+    rows.append(["uniform", *(seed_cell([uniform.get(L)], ".3f") for L in lengths)])
     out += markdown_table(["scheme", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows) + "\n"
     notes = {r["note"] for r in recs if r.get("note") and not r["note"].startswith("n/a")}
     return out + "".join(f"\n- {n}\n" for n in sorted(notes))
@@ -125,7 +126,7 @@ def markdown(records: list[dict], failures: dict[str, str], meta: dict, extras: 
         grid = _grid(records, key)
         pk_col = key == "ratio" and pk_L is not None  # passkey accuracy at its longest length
         head = ["scheme", *(f"{L} ({L // L0}x)" if L0 else str(L) for L in lengths)] + [f"passkey @ {pk_L}"] * pk_col
-        rows = [[s, *(_cell(grid[s][L], fmt) for L in lengths)] + [_passkey_at(pk.get(s, {}), pk_L)] * pk_col for s in schemes]
+        rows = [[s, *(seed_cell(grid[s][L], fmt) for L in lengths)] + [_passkey_at(pk.get(s, {}), pk_L)] * pk_col for s in schemes]
         out.write(f"\n## {title}\n\n" + markdown_table(head, rows) + "\n")
     out.write(claims_markdown(records, L0))
     out.write("\nFlat perplexity does not say whether a scheme still uses what lies beyond its training length: "
@@ -178,7 +179,7 @@ def window_markdown(records: list[dict], windows: dict[str, float], L0: int) -> 
     )
     head = ["scheme", "w_0.01 (tokens)", "w_0.01 / L", "predicted", "ppl at 1x", "ratio at 32x", f"ratio at {Lx}"]
     cells = [[r["scheme"], f"{r['w']:g}", f"{r['w_ratio']:.3g}", "extrapolates" if r["w_ratio"] <= 1 else "degrades",
-              _cell(r["ppl1"], ".2f"), _cell(r["r32"], ".3f"), _cell(r["rmax"], ".3f")] for r in rows]
+              seed_cell(r["ppl1"], ".2f"), seed_cell(r["r32"], ".3f"), seed_cell(r["rmax"], ".3f")] for r in rows]
     return out + markdown_table(head, cells) + "\n"
 
 

@@ -32,7 +32,7 @@ from posenc.claims import check_claims
 from posenc.config import Preset
 from posenc.errors import PosencError
 from posenc.jobs import FREE_SETTINGS, _flatten, settings
-from posenc.report import with_ratios
+from posenc.report import seed_cell, with_ratios
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
 
 HEADER_KEYS = ("corpus", "tokenizer", "model", "budget", "eval")  # report.md header lines that describe the settings
@@ -145,16 +145,6 @@ def differences(base: Run, run: Run) -> str:
     return "other settings: " + "; ".join(diff) if diff else "same settings"
 
 
-def _cell(values: list[float], fmt: str) -> str:
-    """Mean ± half-range over seeds (one value: the value)."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "n/a"
-    if len(values) == 1:
-        return format(values[0], fmt)
-    return f"{format(np.mean(values), fmt)} ± {format((max(values) - min(values)) / 2, fmt)}"
-
-
 def _grid(run: Run, key: str) -> dict[str, dict[float, list[float]]]:
     """spec key -> evaluation length / training length -> values over seeds."""
     grid: dict = defaultdict(lambda: defaultdict(list))
@@ -193,7 +183,7 @@ def markdown(runs: list[Run]) -> str:
     for key, name in names.items():
         for i, run in enumerate(runs):
             if key in ppl[i]:
-                rows.append([name, run.label, _cell(ppl[i][key].get(1.0, []), ".2f"), *(_cell(ratio[i][key].get(m, []), ".3f") for m in multiples)])
+                rows.append([name, run.label, seed_cell(ppl[i][key].get(1.0, []), ".2f"), *(seed_cell(ratio[i][key].get(m, []), ".3f") for m in multiples)])
     out.write(markdown_table(head, rows) + "\n\n`ppl_ratio.png` overlays the ratio curves (colour: scheme, line style: run).\n")
     out.write(claims_markdown(runs))
     return out.getvalue()
