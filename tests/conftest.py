@@ -57,3 +57,20 @@ def hf_full_and_decoded(model, ids, prefix: int):
 def hf_decode():
     """:func:`hf_full_and_decoded`, for tests of Hugging Face models with a posenc scheme."""
     return hf_full_and_decoded
+
+
+@pytest.fixture
+def llama_dir(tmp_path, word_tokenizer):
+    """A saved 2-layer Llama (4 heads, 2 KV heads, head dim 16, native context 256) with the word
+    tokenizer, and a text corpus file, in tmp_path."""
+    transformers = pytest.importorskip("transformers")
+    from posenc import passkey
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=len(word_tokenizer), hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tiny")
+    word_tokenizer.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "corpus.txt").write_text((passkey.TASK + " " + passkey.FILLER + "\n") * 60)
+    return tmp_path

@@ -17,22 +17,8 @@ from safetensors.torch import load_file  # noqa: E402
 
 from posenc import checkpoint  # noqa: E402
 from posenc import finetune as ft  # noqa: E402
-from posenc import passkey  # noqa: E402
 from posenc.cli import main  # noqa: E402
 from posenc.pretrained import loading  # noqa: E402
-
-
-@pytest.fixture
-def llama_dir(tmp_path, word_tokenizer):
-    """A saved 2-layer Llama (4 heads, 2 KV heads, head dim 16) with the word tokenizer, and a text corpus file."""
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=len(word_tokenizer), hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
-    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tiny")
-    word_tokenizer.save_pretrained(tmp_path / "tiny")
-    (tmp_path / "corpus.txt").write_text((passkey.TASK + " " + passkey.FILLER + "\n") * 60)
-    return tmp_path
 
 
 def argv(d, *extra):
