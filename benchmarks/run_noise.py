@@ -1,11 +1,13 @@
 """Run-to-run noise of the default comparison: the same seed trained with 1 and with 2 threads.
 
 Thread count changes the order of floating-point sums in the matmuls, so a learned scheme
-trained twice with one seed and one budget ends at other weights. This measures how far its
-perplexity at 1x and its ratios move, beside the seed-to-seed spread, and writes
-``results/run_noise.{json,md}``; ``posenc.claims.RUN_NOISE`` comes from it.
+trained twice with one seed and one budget can end at other weights. This trains seed 0 of the
+default preset with one thread and compares it with a default run made with two (by default
+``runs/default``, what ``posenc compare --preset default`` writes on 2 cores): how far perplexity
+at 1x and the ratios at 16x and 128x move. Writes ``results/run_noise.{json,md}``; the claims'
+``posenc.claims.PPL_NOISE`` and ``RATIO_NOISE`` are the largest of these.
 
-    .venv/bin/python benchmarks/run_noise.py [--schemes rope acc-learned-qkv] [--out runs/noise]
+    .venv/bin/python benchmarks/run_noise.py [--schemes rope acc-learned-qkv] [--against runs/default]
 """
 
 from __future__ import annotations
@@ -21,36 +23,49 @@ from posenc.report import with_ratios
 from posenc.reporting import markdown_table
 from posenc.stamp import run_stamp
 
-HERE = Path(__file__).parent
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+L0 = 128
+
+
+def seed0(run_dir: Path) -> dict[tuple[str, int], tuple[float, float]]:
+    """{(scheme, eval length): (ppl, ratio)} of seed 0 in a compare run directory."""
+    recs = [r for r in read_jsonl(run_dir / "results.jsonl") if r.get("kind", "ppl") == "ppl" and r["seed"] == 0]
+    return {(r["scheme"], r["eval_length"]): (r["ppl"], r["ratio"]) for r in with_ratios(recs)}
+
+
+def threads_of(run_dir: Path, scheme: str) -> int:
+    return json.loads((run_dir / scheme / "seed0" / "config.json").read_text())["stamp"]["threads"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--schemes", nargs="+", default=["rope", "acc-learned-qkv", "hybrid"])
+    ap.add_argument("--schemes", nargs="+", default=["rope", "acc-learned-qkv", "hybrid", "rope+forget"])
+    ap.add_argument("--against", type=Path, default=Path("runs/default"), help="a default-preset run made with 2 threads")
     ap.add_argument("--out", type=Path, default=Path("runs/noise"))
-    ap.add_argument("--results", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    values: dict[int, dict] = {}
-    for threads in (1, 2):
-        preset = load_preset("default", {"name": f"threads{threads}", "schemes": args.schemes, "train": {"threads": threads}})
-        compare(preset, args.out)
-        recs = with_ratios([r for r in read_jsonl(args.out / preset.name / "results.jsonl") if r.get("kind", "ppl") == "ppl"])
-        values[threads] = {(r["scheme"], r["eval_length"]): (r["ppl"], r["ratio"]) for r in recs}
-    rows, spread = [], {}
-    L0 = 128
+    preset = load_preset("default", {"name": "threads1", "schemes": args.schemes, "seeds": [0], "train": {"threads": 1}})
+    compare(preset, args.out)
+    one, other = seed0(args.out / preset.name), seed0(args.against)
+    rows, spread = [], {"ppl": {}, "ratio": {}}
     for s in args.schemes:
         for L in (L0, 16 * L0, 128 * L0):
-            (p1, r1), (p2, r2) = values[1][(s, L)], values[2][(s, L)]
-            rel = abs(p2 - p1) / p1 if L == L0 else abs(r2 - r1) / r1
-            spread[f"{s}@{L}"] = rel
-            rows.append([s, f"{L // L0}x", f"{p1:.3f}" if L == L0 else f"{r1:.4f}", f"{p2:.3f}" if L == L0 else f"{r2:.4f}", f"{100 * rel:.2f}%"])
-    args.results.mkdir(exist_ok=True)
-    (args.results / "run_noise.json").write_text(json.dumps({"relative_difference": spread, "stamp": run_stamp()}, indent=1))
-    md = ("# Run-to-run noise: default preset, seed 0, 1 vs 2 threads\n\n"
-          "Perplexity at 1x, perplexity ratio at 16x and 128x; relative difference between the two runs.\n\n"
+            (p1, r1), (p2, r2) = one[(s, L)], other[(s, L)]
+            kind, a, b = ("ppl", p1, p2) if L == L0 else ("ratio", r1, r2)
+            spread[kind][f"{s}@{L // L0}x"] = abs(b - a) / a
+            rows.append([s, f"{kind} at {L // L0}x", f"{a:.4f}", f"{b:.4f}", f"{100 * abs(b - a) / a:.2f}%"])
+    threads = {s: threads_of(args.against, s) for s in args.schemes}
+    largest = {k: max(v.values()) for k, v in spread.items()}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "run_noise.json").write_text(json.dumps(
+        {"relative_difference": spread, "largest": largest, "against": str(args.against), "against_threads": threads,
+         "stamp": run_stamp()}, indent=1) + "\n")
+    md = ("# Run-to-run noise: default preset, seed 0, 1 thread vs 2 threads\n\n"
+          f"The same preset, seed and steps trained with 1 thread (`{args.out / preset.name}`) and with "
+          f"{sorted(set(threads.values()))} threads (`{args.against}`); relative difference of perplexity at 1x and "
+          "of the perplexity ratio at 16x and 128x. Command: `.venv/bin/python benchmarks/run_noise.py`.\n\n"
           + markdown_table(["scheme", "value", "1 thread", "2 threads", "relative difference"], rows)
-          + f"\n\nLargest: {100 * max(spread.values()):.2f}%.\n")
-    (args.results / "run_noise.md").write_text(md)
+          + f"\n\nLargest: perplexity {100 * largest['ppl']:.2f}%, ratio {100 * largest['ratio']:.2f}%.\n")
+    (RESULTS / "run_noise.md").write_text(md)
     print(md)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from posenc.claims import FAILS, HOLDS, NOISE, at_most, check_claims, claims_markdown, combine
+from posenc.claims import FAILS, HOLDS, NOISE, at_most, check_claims, claims_markdown, combine, exceeds
 from posenc.report import markdown, window_markdown, window_rows, with_ratios
 
 L0 = 128
@@ -31,6 +31,17 @@ def test_comparison_verdicts():
     assert at_most([1.4, 1.5], [1.2, 1.3]) == FAILS
     assert at_most([1.0, 1.25], [1.2, 1.3]) == NOISE
     assert combine([HOLDS, HOLDS]) == HOLDS and combine([HOLDS, NOISE]) == NOISE and combine([NOISE, FAILS]) == FAILS
+
+
+def test_run_to_run_noise_widens_each_band():
+    # 1.101 against the fixed bar 1.10 does not hold as points, is within noise with a 0.5% band
+    assert at_most([1.101], [1.10]) == FAILS
+    assert at_most([1.101], [1.10], 0.005) == NOISE
+    assert at_most([1.12], [1.10], 0.005) == FAILS  # 1.12 x 0.995 = 1.114 > 1.10
+    # both sides widened: 7.45 vs 7.57 x 1.02 = 7.72 holds at 1%, is within noise at 2%
+    assert at_most([7.45], [7.7214], 0.01, 0.01) == HOLDS
+    assert at_most([7.45], [7.7214], 0.02, 0.02) == NOISE
+    assert exceeds([1.03], 1.02) == HOLDS and exceeds([1.03], 1.02, 0.02) == NOISE and exceeds([0.99], 1.02, 0.02) == FAILS
 
 
 def test_paper_pattern_every_claim_holds():
@@ -79,7 +90,7 @@ def test_overlapping_seed_ranges_are_within_noise():
     assert "ratio at 128x: acc-rand-qkv 1.933 ± 0.550 vs acc-rand-qk 2.000 ± 0.500" in md  # mean ± half-range
     assert "One seed" not in md
     one = {s: {m: v[:1] for m, v in r.items()} for s, r in rows.items()}
-    assert "One seed: no noise estimate" in claims_markdown(table(one), L0)
+    assert "One seed: the bands are the run-to-run noise alone" in claims_markdown(table(one), L0)
 
 
 def test_degrading_is_strictly_above_the_flat_threshold():
