@@ -18,11 +18,12 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def _decoded(layer, x, cut=6):
     cache = posenc.LayerCache()
     out = [layer(x[:, :cut], cache=cache)] + [layer(x[:, t : t + 1], cache=cache) for t in range(cut, x.shape[1])]
-    assert cache.length == x.shape[1] and cache.k.shape[1] == layer.n_kv_head
+    heads = layer.n_head if cache.state is not None and cache.state.per_head_keys else layer.n_kv_head
+    assert cache.length == x.shape[1] and not cache.reference and cache.k.shape[1] == heads
     return torch.cat(out, dim=1)
 
 
-@pytest.mark.parametrize("spec", ["acc-rand-qkv:a=1", "rope", "alibi", "hybrid", "path", "xpos", "rope|nope"])
+@pytest.mark.parametrize("spec", ["acc-rand-qkv:a=1", "acc-learned-qkv", "rope", "alibi", "hybrid", "path", "path+forget", "pope", "xpos", "rope|nope"])
 @pytest.mark.parametrize("n_kv_head", [None, 1, 2])
 def test_decode_with_a_layer_cache_equals_the_parallel_forward(spec, n_kv_head):
     torch.manual_seed(0)

@@ -126,9 +126,11 @@ class LayerCache:
     the absolute frame once for rotary schemes; a scheme that replaces attention
     keeps its own form, e.g. PaTH's transformed keys), positions ``pos`` (T,), and
     the scheme's state (running phase, cumulative log-gates); a step costs O(T D)
-    and never re-runs the hooks over the prefix. Reference (``reference=True``, and
-    every scheme without a DecodeState, or with per-head keys under grouped-query
-    attention): every position's input ``x``, token ids, unrotated ``k``, ``v`` (and
+    and never re-runs the hooks over the prefix. Keys that differ per query head
+    (per-head accumulated phases, PaTH, PoPE: ``DecodeState.per_head_keys``) are
+    cached for all H heads, so grouped-query attention saves no cache memory for
+    them. Reference (``reference=True``, and every scheme without a DecodeState):
+    every position's input ``x``, token ids, unrotated ``k``, ``v`` (and
     ``q`` for schemes that replace attention), the hooks recomputed over the whole
     prefix at every step. All in preallocated buffers whose capacity doubles
     (``capacity``: rows reserved at the first step).
@@ -303,8 +305,7 @@ class Attention(nn.Module):
         if cache.batch is None:
             cache.batch, cache.has_tokens = x.shape[0], tokens is not None
             cache.state = None if cache.reference else self.enc.decoder()
-            if cache.state is None or (cache.state.per_head_keys and self.n_kv_head < self.n_head):
-                cache.reference, cache.state = True, None
+            cache.reference = cache.state is None
         pos = _positions(positions, x.shape[1], cache.length, x.device)
         q, k, v = self.project(x)
         if cache.reference:
@@ -314,6 +315,8 @@ class Attention(nn.Module):
         phi = state.phases(inp) if enc.rotary and not enc.replaces_attention else None
         bias = state.bias(inp, every) if enc.has_bias else None
         if enc.replaces_attention:
+            if state.per_head_keys:  # keys transformed per query head: the cache keeps all H (as attend() repeats them)
+                k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)
             out = state.attend(q, k, v, inp, every, bias, cache._k, cache._v)
         else:
             out = self._attend_cached(q, k, v, phi, bias, cache)
@@ -327,7 +330,7 @@ class Attention(nn.Module):
         if phi is not None:
             dtype = rotation_dtype(q)
             cos, sin = cos_sin(phi, dtype)
-            if phi.shape[1] > 1:  # per-head phases: keys per query head (only without GQA, see decode)
+            if phi.shape[1] > 1:  # per-head phases: keys differ per query head, the cache keeps all H
                 k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)
             q, k = (rotate_rows(t.to(dtype), cos, sin, enc.pairing) for t in (q, k))
             v = rotate_rows(v.to(dtype), cos, sin, enc.pairing) if enc.rotate_v else v.to(dtype)

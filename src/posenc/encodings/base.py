@@ -150,8 +150,8 @@ class DecodeState:
 
     This base class is a scheme without hooks (NoPE). ``per_head_keys``: the cached
     keys differ per query head (per-head phases, PaTH's transforms), so under
-    grouped-query attention the layer keeps the reference instead (its key cache
-    keeps the n_kv_head heads). ``crop`` and ``reorder`` act on every Buffer
+    grouped-query attention the layer gives ``attend`` (and caches) keys and values
+    repeated to the H query heads. ``crop`` and ``reorder`` act on every Buffer
     attribute; a state with other running values extends them (PosencError where
     the state cannot go back).
     """
