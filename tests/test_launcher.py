@@ -1,15 +1,18 @@
 """compare through submitit: real jobs on submitit's LocalExecutor (CPU) train and evaluate, a failed job fails alone,
 a rerun resumes and a rerun of other settings is refused as on the local pool; the Slurm flags reach sbatch."""
 
+import functools
 import json
+import os
 
 import pytest
 
-from posenc.cli import main
+from posenc.cli import build_parser, main
+from posenc.commands.compare_cmd import cluster_config
 from posenc.compare import compare
-from posenc.config import load_preset
+from posenc.config import ClusterConfig, load_preset
 from posenc.errors import PosencError
-from posenc.jobs import ClusterConfig, executor
+from posenc.jobs import executor
 
 submitit = pytest.importorskip("submitit")
 
@@ -40,8 +43,10 @@ def test_local_submitit_jobs_train_evaluate_and_resume(tiny_corpus, tmp_path, ca
     assert "## Failed" in report.read_text()
     assert f"posenc: alibi (seed 0) failed: {failures['alibi (seed 0)']}" in capsys.readouterr().err
 
-    (run / "alibi" / "seed0").unlink()  # rerun: the finished job is skipped, the failed one runs
-    _, failures = compare(tiny_preset(tiny_corpus, ["rope", "alibi"]), tmp_path / "runs", launcher="local", cluster=ClusterConfig(time_min=5))
+    (run / "alibi" / "seed0").unlink()  # rerun: the finished job is skipped, the failed one runs; resources may change
+    rerun = tiny_preset(tiny_corpus, ["rope", "alibi"]).model_copy(update={"cluster": ClusterConfig(time_min=6)})
+    _, failures = compare(rerun, tmp_path / "runs", launcher="local")
+    assert json.loads((run / "preset.json").read_text())["cluster"]["time_min"] == 6
     after = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     assert not failures and after[: len(records)] == records
     assert sorted(r["scheme"] for r in after[len(records):] if r["kind"] == "ppl") == ["alibi", "alibi"]
@@ -70,3 +75,42 @@ def test_slurm_where_there_is_none_is_one_line(tiny_corpus, tmp_path, capsys):
     assert capsys.readouterr().err == "posenc: error: --time-min: only with --launcher slurm (or local)\n"
     assert main(["compare", "--preset", "quick", "--launcher", "local", "--time-min", "0", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.startswith("posenc: error: invalid cluster flags: time_min: Input should be greater than 0")
+
+
+def cluster_preset(tmp_path, cluster: str):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("name: sweep\nmodel: {n_layer: 1, n_head: 2, d_model: 16, train_length: 16}\ntrain: {steps: 2}\n"
+                    f"schemes: [rope]\ncluster: {cluster}\n")
+    return str(path)
+
+
+def test_preset_cluster_settings_reach_the_submitit_jobs_and_flags_override_them(tmp_path):
+    preset = load_preset(cluster_preset(tmp_path, "{partition: gpu, gpus_per_job: 0, time_min: 7, mem_gb: 32}"))
+    assert preset.cluster == ClusterConfig(partition="gpu", gpus_per_job=0, time_min=7, mem_gb=32)
+    args = lambda *flags: build_parser().parse_args(["compare", "--preset", "sweep.yaml", *flags])  # noqa: E731
+    assert cluster_config(args("--launcher", "local"), preset) == preset.cluster
+    assert cluster_config(args("--launcher", "local", "--time-min", "5", "--mem-gb", "64"), preset) == ClusterConfig(
+        partition="gpu", gpus_per_job=0, time_min=5, mem_gb=64)
+    assert cluster_config(args(), preset) is None  # the pool launcher ignores them
+    timeout = functools.partial(os.getenv, "SUBMITIT_LOCAL_TIMEOUT_S")  # what submitit's local job is given, in seconds
+    for flags, seconds in (((), "420"), (("--time-min", "5"), "300")):
+        ex = executor("local", tmp_path / "submitit", cluster_config(args("--launcher", "local", *flags), preset))
+        assert ex.submit(timeout).result() == seconds
+
+
+def test_preset_cluster_settings_reach_the_sbatch_script_and_flags_override_them(tmp_path, monkeypatch):
+    import submitit.slurm.slurm as slurm
+
+    monkeypatch.setattr(slurm.SlurmExecutor, "affinity", staticmethod(lambda: 2))  # as on a node where srun exists
+    preset = load_preset(cluster_preset(tmp_path, "{partition: gpu, gpus_per_job: 4, time_min: 1440, mem_gb: 128}"))
+    args = build_parser().parse_args(["compare", "--preset", "sweep.yaml", "--launcher", "slurm", "--partition", "long"])
+    text = executor("slurm", tmp_path, cluster_config(args, preset))._executor._make_submission_file_text("CMD", "uid")
+    for line in ("--partition=long", "--gpus-per-node=4", "--time=1440", "--mem=128GB"):
+        assert f"#SBATCH {line}\n" in text
+
+
+def test_bad_preset_cluster_settings_are_one_line(tmp_path, capsys):
+    assert main(["compare", "--preset", cluster_preset(tmp_path, "{time_min: 0}"), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == "posenc: error: invalid preset sweep.yaml: cluster.time_min: Input should be greater than 0\n"
+    assert main(["compare", "--preset", cluster_preset(tmp_path, "{nodes: 2}"), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == "posenc: error: invalid preset sweep.yaml: cluster.nodes: Extra inputs are not permitted\n"

@@ -25,13 +25,13 @@ import torch
 
 from posenc import encodings
 from posenc.checkpoint import append_jsonl, read_json, read_jsonl
-from posenc.config import Preset, absolute_corpus, schedule_spec, task_specs
+from posenc.config import ClusterConfig, Preset, absolute_corpus, schedule_spec, task_specs
 from posenc.data import load_tokens
 from posenc.diagnose import compare_extras, extras_pending
 from posenc.evaluate import eval_lengths, evaluate_length, windows
 from posenc.errors import PosencError
 from posenc.jobs import (
-    LAUNCHERS, ClusterConfig, check_same_settings, done_cells, drop_torn_tail, executor, one_line, record_run, run_inline, run_pool, run_submitit,
+    LAUNCHERS, check_same_settings, done_cells, drop_torn_tail, executor, one_line, record_run, run_inline, run_pool, run_submitit,
     scheme_modules,
 )
 from posenc.model import is_rope, with_rope_schedule
@@ -143,7 +143,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     ``nproc_per_node``: processes (GPUs) per job, training under torchrun.
     ``log``: a tracker kind for every job (``posenc.tracking``). ``launcher``: "pool" (this machine,
     ``run_pool``), or submitit ("slurm": one scheduler job per scheme and seed with ``cluster``'s
-    resources; "local": the same jobs through submitit's LocalExecutor), waited for here; job files go
+    resources, default the preset's; "local": the same jobs through submitit's LocalExecutor), waited for here; job files go
     to ``out_root/name/submitit``. Every launcher skips finished jobs and resumes interrupted ones.
     Raises PosencError before any work when ``out_root/name`` holds results made
     with other model, training or evaluation settings, for too few GPUs, a missing tracker or launcher
@@ -166,7 +166,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
             _all_done(run_root, n_jobs)
         return compare_tasks(preset, out_root, isolate, parallel)
     if launcher != "pool":
-        cluster = cluster or ClusterConfig()
+        cluster = cluster or preset.cluster or ClusterConfig()
         if cluster.gpus_per_job is None:
             cluster = cluster.model_copy(update={"gpus_per_job": nproc_per_node if launcher == "slurm" or torch.cuda.is_available() else 0})
         if 0 < cluster.gpus_per_job < nproc_per_node:  # 0: CPU jobs (torchrun over gloo)

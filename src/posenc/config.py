@@ -24,6 +24,17 @@ from posenc.train import TrainConfig
 
 
 
+class ClusterConfig(BaseModel):
+    """Resources of each submitit job (``posenc.jobs.run_submitit``): partition, GPUs, wall-clock limit (minutes), memory (GB)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partition: Optional[str] = None  # the scheduler's default when None
+    gpus_per_job: Optional[int] = Field(None, ge=0)  # None: --nproc-per-node (on CPU with the local executor: 0)
+    time_min: int = Field(240, gt=0)
+    mem_gb: Optional[float] = Field(None, gt=0)  # the scheduler's default when None
+
+
 class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -70,6 +81,8 @@ class Preset(BaseModel):
     text_results: Optional[str] = None
     # published numbers to print beside ours: {source: str, metric: str, tests: [..], rows: {scheme: [..]}}
     reference: Optional[dict[str, Any]] = None
+    # resources of each job under `compare --launcher slurm` (or local); the flags override them
+    cluster: Optional[ClusterConfig] = None
 
     @field_validator("schemes", "seeds", "tasks")
     @classmethod

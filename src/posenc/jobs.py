@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from posenc import encodings
 from posenc.checkpoint import append_jsonl, atomic_write_bytes, make_run_dir, read_json, read_jsonl, write_json
-from posenc.config import Preset
+from posenc.config import ClusterConfig, Preset
 from posenc.errors import PosencError
 from posenc.stamp import run_stamp
 
@@ -140,17 +140,6 @@ def run_pool(jobs: list[tuple[Callable, tuple, Path, list[str]]], parallel: int,
 
 
 LAUNCHERS = ("pool", "local", "slurm")  # pool: run_pool on this machine; local, slurm: submitit (run_submitit)
-
-
-class ClusterConfig(BaseModel):
-    """Resources of each submitit job (``run_submitit``): partition, GPUs, wall-clock limit (minutes), memory (GB)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    partition: Optional[str] = None  # the scheduler's default when None
-    gpus_per_job: Optional[int] = Field(None, ge=0)  # None: --nproc-per-node (on CPU with the local executor: 0)
-    time_min: int = Field(240, gt=0)
-    mem_gb: Optional[float] = Field(None, gt=0)  # the scheduler's default when None
 
 
 def _cluster_entry(fn: Callable, args: tuple, modules: list[str], error_file: Path) -> None:

@@ -5,9 +5,9 @@ from pathlib import Path
 from typing import Optional
 
 from posenc.compare import compare
-from posenc.config import load_preset
+from posenc.config import ClusterConfig, Preset, load_preset
 from posenc.errors import PosencError
-from posenc.jobs import LAUNCHERS, ClusterConfig
+from posenc.jobs import LAUNCHERS
 from posenc.presets import validated
 from posenc.tracking import KINDS
 
@@ -28,34 +28,35 @@ def add_parser(sub):
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="processes (GPUs) per job: training under torchrun, data-parallel")
     p.add_argument("--log", choices=KINDS, default="none", help="experiment tracking of every job: TensorBoard event files or a W&B run "
                    "(WANDB_MODE=offline: no network) in each run directory (default none)")
-    g = p.add_argument_group("cluster (submitit): one scheduler job per scheme and seed, waited for here")
+    g = p.add_argument_group("cluster (submitit): one scheduler job per scheme and seed, waited for here; "
+                             "flags replace the values of the preset's cluster section")
     g.add_argument("--launcher", choices=LAUNCHERS, default="pool",
                    help="pool: this machine (default); slurm: the Slurm cluster; local: submitit's local executor (testing)")
-    g.add_argument("--partition", help="Slurm partition (default: the cluster's)")
-    g.add_argument("--gpus-per-job", type=int, metavar="G", help="GPUs per job (default: --nproc-per-node)")
-    g.add_argument("--time-min", type=int, metavar="MIN", help="wall-clock limit per job in minutes (default 240; a job killed "
+    g.add_argument("--partition", help="Slurm partition (default: the preset's cluster.partition, else the cluster's)")
+    g.add_argument("--gpus-per-job", type=int, metavar="G", help="GPUs per job (default: the preset's cluster.gpus_per_job, else --nproc-per-node)")
+    g.add_argument("--time-min", type=int, metavar="MIN", help="wall-clock limit per job in minutes (default: the preset's, else 240; a job killed "
                    "at its limit resumes from its last checkpoint on a rerun)")
-    g.add_argument("--mem-gb", type=float, metavar="GB", help="memory per job (default: the cluster's)")
+    g.add_argument("--mem-gb", type=float, metavar="GB", help="memory per job (default: the preset's, else the cluster's)")
     p.epilog = "Exit status: 0 when every job finished, 1 when some failed (their errors are in the report), 2 for bad input."
     p.set_defaults(func=run)
 
 
-def cluster_config(args) -> Optional[ClusterConfig]:
-    """The submitit jobs' resources from the flags (None with the pool launcher); PosencError for bad values
-    or resource flags without a submitit launcher."""
+def cluster_config(args, preset: Preset) -> Optional[ClusterConfig]:
+    """The submitit jobs' resources: the preset's ``cluster``, the flags given replacing its values (None with
+    the pool launcher); PosencError for bad values or resource flags without a submitit launcher."""
     flags = {"partition": args.partition, "gpus_per_job": args.gpus_per_job, "time_min": args.time_min, "mem_gb": args.mem_gb}
     given = {k: v for k, v in flags.items() if v is not None}
     if args.launcher == "pool":
         if given:
             raise PosencError(f"{', '.join('--' + k.replace('_', '-') for k in given)}: only with --launcher slurm (or local)")
         return None
-    return validated(ClusterConfig, given, "cluster flags")
+    return validated(ClusterConfig, {**(preset.cluster.model_dump() if preset.cluster else {}), **given}, "cluster flags")
 
 
 def run(args) -> int:
     train = {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps}.items() if v is not None}
     preset = load_preset(args.preset, {"schemes": args.schemes, "seeds": args.seeds, "tasks": args.tasks, "name": args.name, "train": train})
-    cluster = cluster_config(args)
+    cluster = cluster_config(args, preset)
     try:
         report, failures = compare(preset, args.out, isolate=not args.no_isolate, parallel=args.parallel, nproc_per_node=args.nproc_per_node,
                                    log=args.log, launcher=args.launcher, cluster=cluster)
