@@ -1,20 +1,65 @@
-"""The built wheel works on its own: presets ship as package data, `posenc compare --preset quick` runs."""
+"""The built wheel: its metadata names every extra of pyproject.toml with its requirements, it holds every module,
+preset and ``py.typed``, and installed on its own it runs `posenc compare --preset quick`."""
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
+import zipfile
+from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "src")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel built offline (this environment's setuptools) from a copy of the sources: a build in the
+    checkout would leave build/ there, whose stale files a later build would pack."""
+    src = tmp_path_factory.mktemp("src")
+    for name in SOURCES:
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy
+        copy(REPO / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__", "*.egg-info")} if copy is shutil.copytree else {}))
+    dist = src / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)], check=True)
+    return next(dist.glob("posenc-*.whl"))
+
+
+def test_wheel_metadata_names_every_extra_and_its_requirements(wheel):
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"test", "pretrained", "hub", "cuda", "tensorboard", "wandb", "slurm"} <= set(declared)
+    with zipfile.ZipFile(wheel) as z:
+        meta = Parser().parsestr(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+    assert sorted(meta.get_all("Provides-Extra")) == sorted(declared)
+    listed = [Requirement(r) for r in meta.get_all("Requires-Dist")]
+    for extra, reqs in declared.items():
+        got = sorted(f"{r.name}{r.specifier}" for r in listed if r.marker and r.marker.evaluate({"extra": extra}))
+        assert got == sorted(f"{r.name}{r.specifier}" for r in map(Requirement, reqs)), extra
+    core = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert sorted(str(r) for r in listed if not r.marker) == sorted(str(Requirement(r)) for r in core)
+    assert meta["Name"] == "posenc"
+
+
+def test_wheel_holds_every_module_preset_and_py_typed(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        packed = {n for n in z.namelist() if n.startswith("posenc/")}
+        entry_points = next(z.read(n).decode() for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))
+    shipped = {p.relative_to(REPO / "src").as_posix() for p in (REPO / "src" / "posenc").rglob("*")
+               if p.is_file() and p.suffix in (".py", ".yaml", ".typed") and "__pycache__" not in p.parts}
+    assert {"posenc/py.typed", "posenc/configs/quick.yaml", "posenc/configs/extend/quick.yaml", "posenc/configs/finetune/quick.yaml",
+            "posenc/configs/theory/quick.yaml", "posenc/encodings/registry.py"} <= shipped
+    assert packed == shipped
+    assert "posenc = posenc.cli:main" in entry_points
 
 
 @pytest.mark.slow
-def test_installed_wheel_runs_compare_quick(tmp_path, tiny_corpus):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(REPO)], check=True)
-    wheel = next((tmp_path / "dist").glob("posenc-*.whl"))
+def test_installed_wheel_runs_compare_quick(tmp_path, tiny_corpus, wheel):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
