@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from posenc import encodings
 from posenc.cli import main
 
 
@@ -96,6 +97,33 @@ def test_list(capsys):
     biases = next(g for g in groups if g.startswith("score biases:"))
     assert "  alibi " in biases and "arXiv:2108.12409" in biases and "  rope " not in biases
     assert "  irope " in next(g for g in groups if g.startswith("per-layer mixes:"))
+    assert "rope_theta=" not in out  # parameters only with --params
+
+
+def test_list_params_shows_each_schemes_parameters_under_it(capsys):
+    code, out, _ = run_cli(capsys, "list", "--params")
+    assert code == 0
+    rotary = next(g for g in out.split("\n\n") if g.startswith("rotary:")).splitlines()
+    rope = rotary.index(next(line for line in rotary if line.startswith("  rope ")))
+    assert [line.split()[0] for line in rotary[rope + 1: rope + 4]] == ["rope_theta=10000.0", "pairing=half", "rotary_fraction=1.0"]
+    assert "the frequencies' base, a finite number > 1" in rotary[rope + 1]
+    assert rotary[rope + 4].startswith("  rope-adjacent ") and rotary[rope + 5].startswith("  xpos ")  # an alias: its scheme's lines
+    assert "      init_L=None " in out and "(None: train_length / 4)" in out
+
+
+def test_list_json_is_every_scheme_with_its_parameters(capsys):
+    code, out, _ = run_cli(capsys, "list", "--json")
+    listing = json.loads(out)
+    schemes = {s["name"]: s for s in listing["schemes"]}
+    assert code == 0 and sorted(schemes) == encodings.names()
+    assert [(p["name"], p["default"], p["type"]) for p in schemes["rope"]["params"]] == [
+        ("rope_theta", 10000.0, "float"), ("pairing", "half", "str"), ("rotary_fraction", 1.0, "float")]
+    assert schemes["rope"]["family"] == "rotary" and schemes["rope"]["alias_of"] is None and "arXiv:2104.09864" in schemes["rope"]["source"]
+    assert schemes["acc-rand-qkv"]["alias_of"] == {"spec": "accumulated", "params": {"mode": "random", "rotate": "qkv"}}
+    assert "mode" not in {p["name"] for p in schemes["acc-rand-qkv"]["params"]} and schemes["hybrid"]["params"] == []
+    assert {"name": "a", "default": None, "type": "float | None", "doc": "the steps' half-width in radians, in (0, pi], center=\"zero\" only (None: 1)"} in schemes["accumulated"]["params"]
+    assert {t["name"]: t["params"] for t in listing["tasks"]}["mqar"]["gap"] == "0-64"
+    assert "quick" in listing["presets"] and "quick" in listing["extend_presets"] and "quick" in listing["finetune_presets"]
 
 
 def test_train_then_eval(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """Scheme specs NAME:key=value[,key=value] (per part of a composition) and the accumulated step laws."""
 
+import inspect
 import math
 import re
 
@@ -212,3 +213,44 @@ def test_bad_layer_patterns_are_one_line(spec, message):
     cfg = ModelConfig(vocab_size=32, n_layer=2, n_head=2, d_model=16, train_length=16, encoding=spec)
     with pytest.raises(PosencError, match=re.escape(message)):
         cfg.check_encoding()
+
+
+def test_every_scheme_documents_each_parameter_a_spec_may_set():
+    for name in (n for n in encodings.names() if not encodings.alias_of(n)):
+        cls, _ = encodings.resolve(name)
+        settable = sorted(encodings.registry._accepted(cls) - set(cls.internal))
+        assert sorted(encodings.registry.param_docs(cls)) == settable, name  # one line each, none for a parameter that is not there
+        assert [p.name for p in encodings.parameters(name)] == [p for p in inspect.signature(cls.__init__).parameters if p in settable]
+        assert all(p.doc for p in encodings.parameters(name)), name
+
+
+def test_parameters_give_defaults_and_meaning_an_alias_drops_those_it_fixes():
+    rope = {p.name: p for p in encodings.parameters("rope")}
+    assert list(rope) == ["rope_theta", "pairing", "rotary_fraction"]  # schedule, schedule_params: not in a spec
+    assert rope["rope_theta"] == encodings.Parameter("rope_theta", 10000.0, "float", "the frequencies' base, a finite number > 1")
+    assert [p.name for p in encodings.parameters("acc-rand-qkv")] == ["center", "a", "init", "learn_a", "rope_theta", "pairing", "seed", "rotary_fraction"]
+    assert encodings.parameters("hybrid") == encodings.parameters("irope") == encodings.parameters("alibi") == []
+    assert encodings.alias_of("acc-rand-qkv") == ("accumulated", {"mode": "random", "rotate": "qkv"}) and encodings.alias_of("rope") is None
+    with pytest.raises(PosencError, match="unknown scheme 'ropee'"):
+        encodings.parameters("ropee")
+
+
+@pytest.mark.parametrize("spec, given", [
+    ("acc-rand-qkv:a=0.5", {}), ("rope", {"rope_theta": 500000.0}), ("forget:scaled=true", {}), ("t5:num_buckets=8,max_distance=64", {}),
+])
+def test_a_scheme_repr_is_its_full_spec_that_rebuilds_it(spec, given):
+    enc = encodings.get(spec, DIMS, **given)
+    expect = {"acc-rand-qkv:a=0.5": "accumulated:mode=random,rotate=qkv,a=0.5", "rope": "rope:rope_theta=500000.0"}.get(spec, spec)
+    assert enc.spec == expect and repr(enc).startswith(f"{type(enc).__name__}(\n  {expect}\n" if list(enc.children()) else f"{type(enc).__name__}({expect})")
+    again = encodings.get(enc.spec, DIMS)
+    assert again.describe() == enc.describe() and again.spec == enc.spec
+
+
+def test_repr_names_pretrained_defaults_and_the_parameters_a_spec_cannot_set():
+    assert repr(encodings.get("rope", DIMS, defaults={"rope_theta": 500000, "base": 3})) == "RoPE(rope:rope_theta=500000)"
+    model = build_model(ModelConfig(n_layer=1, n_head=2, d_model=16, train_length=16, encoding="rope", encoding_params={"schedule": "pi", "schedule_params": {"factor": 2.0}}))
+    enc = model.blocks[0].attn.enc
+    assert repr(enc) == f"RoPE(rope, schedule='pi', schedule_params={enc.schedule_params!r})" and enc.schedule_params["factor"] == 2.0
+    assert repr(RoPE(DIMS)) == "RoPE()"  # built directly, not from a spec
+    parts = encodings.get("acc-rand-qkv:a=0.3+alibi", DIMS)
+    assert [p.spec for p in parts.parts] == ["accumulated:mode=random,rotate=qkv,a=0.3", "alibi"] and "acc-rand-qkv:a=0.3+alibi" in repr(parts)

@@ -18,7 +18,8 @@ from posenc.encodings import absolute, accumulated, bias, cope, dape, fire, forg
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
 from posenc.encodings.registry import (
-    _accepted, alias, catalogue, check_types, import_schemes, layer_pattern, names, parts, plugin_modules, register, resolve, split_part, unregister,
+    Parameter, _accepted, alias, alias_of, catalogue, check_types, format_part, import_schemes, layer_pattern, names, parameters, parts, plugin_modules, register,
+    resolve, split_part, unregister,
 )
 from posenc.errors import PosencError
 
@@ -26,7 +27,9 @@ from posenc.errors import PosencError
 def _build(cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str, defaults: dict[str, Any] | None = None) -> Encoding:
     params = {**{k: v for k, v in (defaults or {}).items() if k in _accepted(cls)}, **params}
     check_types(spec, cls, params)  # parameters given in Python too, not only in the spec
-    return cls(dims, **params)  # invalid values are PosencErrors of the scheme; anything else is a bug: its traceback
+    enc = cls(dims, **params)  # invalid values are PosencErrors of the scheme; anything else is a bug: its traceback
+    enc.spec = format_part(cls.name, {k: v for k, v in params.items() if k not in cls.internal})
+    return enc
 
 
 def get(spec: str, dims: Dims | None = None, defaults: dict[str, Any] | None = None, **params: Any) -> Encoding:
@@ -71,6 +74,6 @@ def describe(spec: str, dims: Dims | None = None, **params: Any) -> str:
 
 
 __all__ = [
-    "Dims", "Encoding", "Inputs", "alias", "catalogue", "describe", "get", "import_schemes", "layer_pattern", "names", "parts", "plugin_modules",
-    "register", "resolve", "unregister",
+    "Dims", "Encoding", "Inputs", "Parameter", "alias", "alias_of", "catalogue", "describe", "get", "import_schemes", "layer_pattern", "names", "parameters", "parts",
+    "plugin_modules", "register", "resolve", "unregister",
 ]

@@ -27,6 +27,9 @@ alias("irope", "rope|rope|rope|nope", "iRoPE-style layer mix: every fourth layer
 class Sinusoidal(Encoding):
     """Sinusoidal embedding added to the tokens (Vaswani et al. 2017, sec. 3.5).
 
+    Parameters:
+        base: the wavelengths' base, a finite number > 1
+
     PE[t, 2i] = sin(t / base^(2i/d)), PE[t, 2i+1] = cos(t / base^(2i/d)); computed
     in float64 so positions far beyond training stay exact, returned as float32.
     """

@@ -71,12 +71,20 @@ def spectral_gap(a: torch.Tensor) -> torch.Tensor:
 class Accumulated(Encoding):
     """Accumulated SO(2) rotations: random, per-token or learned step angles; rotating QK or QKV.
 
-    Parameters: mode ("random" | "token" | "learned"), rotate ("qk" | "qkv"),
-    center ("zero" | "rope"), a (half-width for center="zero", radians, in (0, pi], default 1),
-    init ("zero" | "random", learned W), learn_a (learned per-head, per-block
-    half-width), rope_theta, pairing, seed, rotary_fraction f (partial rotary: only
-    the first int(f D) features of each head rotate, with fD/2 blocks; under Q/K/V
-    the unrotated value features are plain attention values). Phases: (B, H, T, fD/2)
+    Parameters:
+        mode: where the steps come from: "random" (a fresh draw per position), "token" (per token id), "learned" (a tanh(Wx))
+        rotate: "qk" (queries and keys) or "qkv" (values too, the output rotated back)
+        center: "zero" (steps U[-a, a], the paper's Example 1) or "rope" (U[0, 2 omega_b], drift around RoPE's frequencies)
+        a: the steps' half-width in radians, in (0, pi], center="zero" only (None: 1)
+        init: the learned W at the start, mode="learned" only: "zero" (no rotation) or "random" (N(0, 0.02^2))
+        learn_a: the half-width learned per head and block too (mode="learned", center="zero")
+        rope_theta: the frequencies' base for center="rope", a finite number > 1
+        pairing: the rotated feature pairs: "half" (Hugging Face rotate_half) or "adjacent" (RoFormer / Meta)
+        seed: the random steps' draw (mode "random" and "token"), in [0, 2^31)
+        rotary_fraction: f in (0, 1]: the first int(f D) features of each head rotate (fD/2 blocks; under Q/K/V
+            the unrotated value features are plain attention values)
+
+    Phases: (B, H, T, fD/2)
     float32 ((1, H, T, fD/2) for fixed per-position draws at evaluation).
     Raises PosencError for an invalid parameter value.
     """

@@ -230,10 +230,16 @@ class Encoding(nn.Module):
     has_logits: bool = False  # logits() gives an attending scheme's logits per query block
     uses_tokens: bool = False  # the hooks read Inputs.tokens (token ids), not only x and pos
     accumulates: bool = False  # phases() is the float64 prefix sum of steps()
+    spec: str = ""  # the full spec it was built from, every parameter given (set by posenc.encodings.get; "" if built directly)
 
     def __init__(self, dims: Dims):
         super().__init__()
         self.dims = dims
+
+    def extra_repr(self) -> str:
+        """The spec, then the parameters a spec cannot set (``internal``) that are set: ``RoPE(rope:rope_theta=500000)``."""
+        internal = [f"{k}={getattr(self, k)!r}" for k in self.internal if getattr(self, k, None) is not None]
+        return ", ".join([self.spec, *internal] if self.spec else internal)
 
     def _apply(self, fn, recurse=True):
         """Casts of the model (``.float()``, ``.half()``, ``.to(torch.bfloat16)``) move this scheme's floating

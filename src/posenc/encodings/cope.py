@@ -57,8 +57,11 @@ def cope_logits(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, qs: int, qe
 class CoPE(Encoding):
     """CoPE: gates sigmoid(q.k) counted back from each query give positions p_ij, logit q . e(p_ij) (Golovneva et al. 2024).
 
-    Parameters: npos_max (>= 1, default 64: positions clipped at npos_max - 1),
-    block_size (queries per block, >= 1). Replaces attention (``attend``): per query
+    Parameters:
+        npos_max: position embeddings, >= 1 (contextual positions are clipped at npos_max - 1)
+        block_size: queries per block, >= 1 (memory, not results)
+
+    Replaces attention (``attend``): per query
     block the (block x T) logits, softmax, values; takes the other parts' bias.
     q, k: (B, H, T, D), v: (B, H, T, Dv) -> (B, H, T, Dv) in v's dtype. Raises
     PosencError for a parameter out of range.

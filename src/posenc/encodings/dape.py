@@ -50,8 +50,12 @@ def dape_tile(q, k, bias: BiasFn, mlp: PointMLP, scale: float, qs: int, qe: int,
 class DAPE(Encoding):
     """DAPE: logits A + B + MLP([A; B]) over heads, B = ALiBi or Kerple (Zheng et al. 2024).
 
-    Parameters: base ("alibi" | "kerple"), mlp_width (>= 1, default 32), block_size
-    (queries and keys per tile, >= 1). Replaces attention (``attend``); takes the other
+    Parameters:
+        base: the base bias B: "alibi" or "kerple"
+        mlp_width: hidden width of the MLP over heads, >= 1
+        block_size: queries and keys per tile, >= 1 (memory, not results)
+
+    Replaces attention (``attend``); takes the other
     parts' bias. q, k: (B, H, T, D), v: (B, H, T, Dv) -> (B, H, T, Dv) in v's dtype.
     Raises PosencError for an unknown base or a parameter out of range.
     """

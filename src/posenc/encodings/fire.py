@@ -44,8 +44,12 @@ def fire_input(i: torch.Tensor, j: torch.Tensor, c: torch.Tensor, L: torch.Tenso
 class FIRE(Encoding):
     """FIRE: bias f(psi(i-j) / psi(max(L, i))), psi(x) = log(1 + c x), f a learned MLP (Li et al. 2024).
 
-    Parameters: mlp_width (>= 1, default 32), init_c (> 0, default 0.1), init_L (> 0,
-    default train_length / 4). Tiles (1, H, tq, tk) float32 (float64 for a float64
+    Parameters:
+        mlp_width: hidden width of f, >= 1
+        init_c: the learned c of psi(x) = log(1 + c x) at the start, > 0
+        init_L: the learned threshold L at the start, in tokens, > 0 (None: train_length / 4)
+
+    Tiles (1, H, tq, tk) float32 (float64 for a float64
     module). Raises PosencError for a parameter out of range.
     """
 

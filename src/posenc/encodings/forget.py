@@ -69,8 +69,10 @@ class ForgetGate(Encoding):
 
     One gate per head from the layer's input x (B, T, d_model); the bias tiles
     are (B, H, tq, tk) float32 (float64 in a float64 model), never a T x T tensor
-    in the chunked path. ``scaled``: the bias times 1 / sqrt(head_dim), as
-    flash-linear-attention's PaTH-FoX (``path+forget:scaled=true``).
+    in the chunked path.
+
+    Parameters:
+        scaled: the bias times 1 / sqrt(head_dim), as flash-linear-attention's PaTH-FoX (``path+forget:scaled=true``)
     """
 
     name = "forget"

@@ -192,9 +192,13 @@ def fla_path_attention(kernel, q, k, v, w, beta, logit_scale: float = 1.0) -> to
 class PaTH(Encoding):
     """PaTH: scores q_i^T H_i ... H_{j+1} k_j, H_t = I - beta_t w_t w_t^T (Yang et al. 2025).
 
-    Parameters: rank (low-rank w projection, default 32 as fla), conv_size
-    (short causal depthwise convolution, default 3), block_size (C, default 64),
-    use_kernel (the fla CUDA kernel when available). w: (B, H, T, D) float32,
+    Parameters:
+        rank: rank of the low-rank projection giving w (fla's default), >= 1
+        conv_size: width of the short causal depthwise convolution on w, >= 1
+        block_size: positions per chunk C of the blockwise product, >= 1 (memory, not results)
+        use_kernel: flash-linear-attention's CUDA kernel where it is installed (on CUDA)
+
+    w: (B, H, T, D) float32,
     beta: (B, H, T) float32, from the layer's input x. Replaces attention.
     """
 

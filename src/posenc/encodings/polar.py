@@ -57,7 +57,10 @@ def pope_features(x: torch.Tensor, pos: torch.Tensor, freqs: torch.Tensor, delta
 class PoPE(Encoding):
     """PoPE: softplus magnitudes, D position phases base^(-(c-1)/D), key phase bias in [-2pi, 0].
 
-    Parameters: base (default 10000), block_size (chunked path with a bias).
+    Parameters:
+        base: the phases' base, a finite number > 1
+        block_size: queries per block of the chunked path (with a bias), >= 1
+
     Replaces attention (``attend``): features of size 2D through the core.
     q, k, v: (B, H, T, D); output (B, H, T, D) in v's dtype.
     """

@@ -29,7 +29,7 @@ import re
 import sys
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from posenc.encodings.base import Encoding
 from posenc.errors import PosencError
@@ -170,6 +170,12 @@ def catalogue() -> dict[str, list[tuple[str, str, str]]]:
     return {f: sorted(rows) for f, rows in sorted(out.items())}
 
 
+def alias_of(name: str) -> tuple[str, dict[str, Any]] | None:
+    """(spec, preset parameters) that the alias ``name`` stands for; None for a registered scheme or an unknown name."""
+    _load_plugins()
+    return (_ALIASES[name][0], dict(_ALIASES[name][1])) if name in _ALIASES else None
+
+
 def _value(text: str) -> Any:
     """A spec value: bool, int, float, or the string itself."""
     if text.lower() in ("true", "false"):
@@ -212,6 +218,55 @@ def _split_spec(spec: str) -> list[str]:
         if not part and len(split) > 1:
             raise PosencError(f"scheme spec {spec!r}: the part {'after' if i else 'before'} '+' is empty")
     return split
+
+
+def format_part(name: str, params: dict[str, Any]) -> str:
+    """The spec ``NAME:k=v,k=v`` of one part (the inverse of ``split_part``): bools as true/false."""
+    text = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in params.items())
+    return f"{name}:{text}" if text else name
+
+
+class Parameter(NamedTuple):
+    """A parameter a scheme spec may set: its default (None: the scheme picks, as ``doc`` says), the
+    constructor's annotation, and one line of meaning and range from the scheme's docstring."""
+
+    name: str
+    default: Any
+    type: str
+    doc: str
+
+
+def param_docs(cls: type[Encoding]) -> dict[str, str]:
+    """{parameter: meaning} from the ``Parameters:`` section of ``cls``'s own docstring: a line ``Parameters:``,
+    then one ``name: meaning`` line per parameter (deeper-indented lines continue it), up to a blank line."""
+    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
+    if "Parameters:" not in lines:
+        return {}
+    out: dict[str, str] = {}
+    key, indent = "", 0
+    for line in lines[lines.index("Parameters:") + 1:]:
+        if not line.strip():
+            break
+        if key and len(line) - len(line.lstrip()) > indent:
+            out[key] += " " + line.strip()
+        else:
+            indent = len(line) - len(line.lstrip())
+            key, _, out[key] = line.strip().partition(": ")
+    return out
+
+
+def parameters(name: str) -> list[Parameter]:
+    """The parameters a spec of ``name`` may set, in the constructor's order: defaults and annotations from
+    the constructor, meanings from ``param_docs`` ("" where the scheme documents none). An alias has its
+    scheme's parameters but those it fixes; a composition or a per-layer pattern none (its parts have them).
+    PosencError for an unknown name."""
+    if len(layer_pattern(name)) > 1 or len(parts(name)) > 1:
+        return []
+    cls, fixed = resolve(name)
+    docs = param_docs(cls)
+    return [Parameter(p.name, None if p.default is p.empty else p.default, str(p.annotation), docs.get(p.name, ""))
+            for p in inspect.signature(cls.__init__).parameters.values()
+            if p.name in _accepted(cls) - set(cls.internal) - set(fixed)]
 
 
 def _accepted(cls: type[Encoding]) -> set[str]:

@@ -40,7 +40,10 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int =
 class T5Bias(Encoding):
     """T5 relative bias: a learned scalar per distance bucket and head (Raffel et al. 2020).
 
-    Parameters: num_buckets (>= 2, default 32), max_distance (> num_buckets / 2, default 128).
+    Parameters:
+        num_buckets: distance buckets (half exact, half log-spaced), in [2, 4096]
+        max_distance: the distance from which all share the last bucket, > num_buckets / 2
+
     Tiles (1, H, tq, tk) float32.
     """
 
@@ -75,7 +78,10 @@ class T5Bias(Encoding):
 class Kerple(Encoding):
     """Kerple: -r1 log(1 + r2 |i-j|) ("log") or -r1 |i-j|^r2 ("power"), learned r1, r2 > 0 per head (Chi et al. 2022).
 
-    Parameters: variant ("log" | "power"). Tiles (1, H, tq, tk) float32 (float64 for a float64 module).
+    Parameters:
+        variant: the kernel: "log" (-r1 log(1 + r2 |i-j|)) or "power" (-r1 |i-j|^r2)
+
+    Tiles (1, H, tq, tk) float32 (float64 for a float64 module).
     """
 
     name = "kerple"

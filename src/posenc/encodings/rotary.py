@@ -23,16 +23,20 @@ from posenc.encodings.registry import register
 class RoPE(Encoding):
     """RoPE: q, k rotated by t * rope_theta^(-2i/D) (Su et al. 2021).
 
-    Parameters: ``rope_theta`` (base, default 10000), ``pairing`` "half"
-    (Hugging Face ``rotate_half``) or "adjacent" (RoFormer / Meta); the two are a
+    Parameters:
+        rope_theta: the frequencies' base, a finite number > 1
+        pairing: the rotated feature pairs: "half" (Hugging Face rotate_half) or "adjacent" (RoFormer / Meta)
+        rotary_fraction: f in (0, 1]: the first int(f D) features of each head rotate (Hugging Face
+            partial_rotary_factor; not with the ReRoPE schedules)
+
+    The two pairings are a
     fixed permutation of q/k features apart (``posenc.attention.half_to_adjacent``).
     ``schedule`` (``posenc.rope``: none, pi, ntk, dynamic, yarn, llama3, rerope,
     leaky-rerope) with ``schedule_params`` changes the frequencies and
     ``logit_scale`` (= attention_factor^2); ReRoPE replaces attention (``attend``,
     ``posenc.rope.rerope_attention``). Raises PosencError for an odd head dim, an
-    unknown pairing, or schedule parameters that are invalid or without a schedule. ``rotary_fraction`` f < 1 rotates
-    only the first int(f D) features of each head, with frequencies of that dim
-    (Hugging Face ``partial_rotary_factor``; not with the ReRoPE schedules).
+    unknown pairing, or schedule parameters that are invalid or without a schedule. With
+    ``rotary_fraction`` f < 1 the frequencies are those of the rotary dim fD.
     Phases: (1, 1, T, fD/2) float32, computed as float64 t * omega mod 2 pi.
     """
 

@@ -85,7 +85,12 @@ def xpos_block(q, k, pos, inv_freq, zeta, scale_base, qs, qe, pairing="half"):
 class XPos(Encoding):
     """xPos: RoPE times zeta_i^((n-m)/B), zeta_i = (2i+0.4D)/(1.4D), B = 512 (Sun et al. 2023).
 
-    Parameters: rope_theta, scale_base B, pairing, block_size (queries per block).
+    Parameters:
+        rope_theta: the frequencies' base, a finite number > 1
+        scale_base: B of the decay zeta_i^((n-m)/B), in tokens, > 0
+        pairing: the rotated feature pairs: "half" (Hugging Face rotate_half) or "adjacent" (RoFormer / Meta)
+        block_size: queries per block, >= 1 (memory, not results)
+
     Replaces attention (``attend``): per query block one SDPA call over the
     block's keys with the causal tile (plus any other part's bias); at most
     (block x T) scores. Input q, k: (B, H, T, D) float32/64; output (B, H, T, Dv).
