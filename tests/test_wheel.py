@@ -1,6 +1,8 @@
 """The built wheel: its metadata names every extra of pyproject.toml with its requirements, it holds every module,
-preset and ``py.typed``, and installed on its own it runs `posenc compare --preset quick`."""
+preset and ``py.typed``, and installed on its own (a fresh virtualenv) it runs `posenc compare --preset quick` with
+TensorBoard tracking and the stamp, `--version`, `list --json` with the parameters' meanings, and `report`."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -59,7 +61,7 @@ def test_wheel_holds_every_module_preset_and_py_typed(wheel):
 
 
 @pytest.mark.slow
-def test_installed_wheel_runs_compare_quick(tmp_path, tiny_corpus, wheel):
+def test_installed_wheel_runs_compare_with_tracking_version_list_and_report(tmp_path, tiny_corpus, wheel):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
@@ -72,8 +74,20 @@ def test_installed_wheel_runs_compare_quick(tmp_path, tiny_corpus, wheel):
     where = subprocess.run([py, "-c", "import posenc, importlib.resources as r; print(posenc.__file__); print(r.files('posenc') / 'configs' / 'quick.yaml')"],
                            capture_output=True, text=True, check=True, cwd=tmp_path, env=env).stdout.split()
     assert all(p.startswith(str(site)) for p in where) and Path(where[1]).is_file()
-    out = subprocess.run([venv / "bin" / "posenc", "compare", "--preset", "quick", "--schemes", "rope", "alibi", "--steps", "3",
-                          "--corpus", str(tiny_corpus), "--out", str(tmp_path / "runs")], capture_output=True, text=True, cwd=tmp_path, env=env)
+    posenc = lambda *argv: subprocess.run([venv / "bin" / "posenc", *argv], capture_output=True, text=True, cwd=tmp_path, env=env)  # noqa: E731
+    out = posenc("compare", "--preset", "quick", "--schemes", "rope", "alibi", "--steps", "3", "--corpus", str(tiny_corpus),
+                 "--out", str(tmp_path / "runs"), "--log", "tensorboard")
     assert out.returncode == 0, out.stderr[-2000:]
     report = (tmp_path / "runs" / "quick" / "report.md").read_text()
     assert "| rope | 1.000 |" in report and "| alibi | 1.000 |" in report
+    assert any((tmp_path / "runs" / "quick" / "rope" / "seed0").glob("events.out.tfevents.*"))  # tracking from the wheel
+    stamp = json.loads((tmp_path / "runs" / "quick" / "invocations.jsonl").read_text().splitlines()[0])
+    assert stamp["posenc"] == "0.1.0" and stamp["commit"] is None  # not a checkout
+    assert posenc("--version").stdout.startswith("posenc 0.1.0 (commit n/a), torch ")
+    listing = json.loads(posenc("list", "--json").stdout)  # parameter meanings come from the installed docstrings
+    rope = next(s for s in listing["schemes"] if s["name"] == "rope")
+    assert [(p["name"], p["default"]) for p in rope["params"]] == [("rope_theta", 10000.0), ("pairing", "half"), ("rotary_fraction", 1.0)]
+    assert all(p["doc"] for p in rope["params"])
+    out = posenc("report", str(tmp_path / "runs" / "quick"), str(REPO / "results" / "default"), "--out", str(tmp_path / "side"))  # a committed run beside it
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "side" / "report.md").is_file()
