@@ -1,4 +1,4 @@
-"""What decides a run's numbers, recorded with it: versions, commit, device, threads, command line.
+"""What decides a run's numbers, recorded with it: versions, commit, device, dtype, threads, command line.
 
 Learned schemes' results change with the thread count by percents, so a run that cannot be
 matched to its threads and code cannot be compared; every run directory's ``preset.json``
@@ -39,7 +39,10 @@ def git_commit() -> str | None:
 
 
 def run_stamp() -> dict:
-    """{posenc, commit, torch, transformers, python, platform, device, threads, command}: plain JSON values."""
+    """{posenc, commit, torch, transformers, python, platform, device, dtype, threads, command}: plain JSON values.
+
+    dtype: the weights' (torch's default) dtype and the compute dtype training uses on this device
+    (``posenc.train``: bfloat16 autocast on CUDA, float32 on CPU; phases and cumulative sums stay float32+)."""
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
     return {
         "posenc": _version("posenc"),
@@ -49,6 +52,8 @@ def run_stamp() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": device,
+        "dtype": f"{str(torch.get_default_dtype()).removeprefix('torch.')} weights, "
+                 + ("bfloat16 autocast" if torch.cuda.is_available() else "float32 compute"),
         "threads": torch.get_num_threads(),
         "command": " ".join(Path(sys.argv[0]).name if i == 0 else a for i, a in enumerate(sys.argv)),
     }
@@ -57,4 +62,4 @@ def run_stamp() -> dict:
 def stamp_line(stamp: dict) -> str:
     """The stamp as one line for a report header."""
     return (f"posenc {stamp['posenc']} (commit {stamp['commit'] or 'n/a'}), torch {stamp['torch']}, transformers {stamp['transformers']}, "
-            f"{stamp['device']}, {stamp['threads']} threads, python {stamp['python']} on {stamp['platform']}; command: `{stamp['command']}`")
+            f"{stamp['device']}, {stamp.get('dtype', 'dtype n/a')}, {stamp['threads']} threads, python {stamp['python']} on {stamp['platform']}; command: `{stamp['command']}`")

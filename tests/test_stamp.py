@@ -1,0 +1,25 @@
+"""The run stamp: what decides a run's numbers (versions, commit, device, dtype, threads, command)."""
+
+import subprocess
+from pathlib import Path
+
+import torch
+
+from posenc.stamp import git_commit, run_stamp, stamp_line
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_stamp_records_the_settings_that_change_numbers():
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        s = run_stamp()
+    finally:
+        torch.set_num_threads(old)
+    assert s["threads"] == 1 and s["torch"] == torch.__version__
+    assert s["dtype"] == ("float32 weights, bfloat16 autocast" if torch.cuda.is_available() else "float32 weights, float32 compute")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert (git_commit() or "").split("+")[0] == head
+    line = stamp_line(s)
+    assert f"commit {s['commit']}" in line and "1 threads" in line and s["dtype"] in line
