@@ -181,7 +181,7 @@ def _ppl_points(model, method: str, L: int, windows: list, doc_tokens: dict, sto
                 bos_id: int | None) -> None:
     """Score the windows of one (method, length) point, reusing forwards with an equal signature."""
     sig = schedules.signature(model, L)
-    for doc, win in tqdm(windows, desc=f"{method} ppl@{L}", leave=False, disable=None)  # no bar off a terminal:
+    for doc, win in tqdm(windows, desc=f"{method} ppl@{L}", leave=False, disable=None):  # no bar off a terminal
         key = f"ppl|{method}|{L}|{doc}|{win.begin}"
         if key in store.done:
             continue
