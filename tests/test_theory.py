@@ -20,7 +20,9 @@ from posenc.theory import (
     window_size,
     window_vs_context,
 )
-from posenc.theory.decay import pope_frequencies, sinusoidal_table, xpos_zeta
+from posenc.encodings.absolute import sinusoidal_table
+from posenc.encodings.polar import pope_freqs
+from posenc.encodings.xpos import xpos_zeta
 from posenc.theory.mass import _geometric_form, alibi_bounds, far_mass_bound, forget_gate_bound, gate_mean
 from posenc.theory.scores import tail_bound
 from posenc.theory.run import Check, Row, run_check
@@ -242,9 +244,8 @@ def test_encoding_tables():
     d = 8
     np.testing.assert_allclose(sinusoidal_table(torch.tensor([0.0]), d)[0], [0, 1] * (d // 2))
     np.testing.assert_allclose(xpos_zeta(d), (2 * np.arange(4) + 0.4 * d) / (1.4 * d))
-    theta = pope_frequencies(d)
+    theta = pope_freqs(d)
     assert theta[0] == 1 and (theta[1:] < 1).all() and float(theta[-1]) == pytest.approx(10000 ** (-(d - 1) / d))
-    assert (pope_frequencies(d, survey_sign=True)[1:] > 1).all()  # the survey's sign: no low frequencies
 
 
 def test_long_range_decay_closed_forms_match_simulation():

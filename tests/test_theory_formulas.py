@@ -1,13 +1,14 @@
-"""The stylized model's formulas that restate a scheme's (posenc.theory.decay, steps, mass) are tested
-against the scheme: theory cannot import posenc.encodings (encodings.accumulated imports
-theory.mixing, so that would be a cycle). RoPE's frequencies and the rotation it imports
-(posenc.rope, posenc.attention)."""
+"""The stylized model's scores are the schemes': posenc.theory.decay, steps and mass build on the
+schemes' own formulas (sinusoidal table, xPos decay, PoPE frequencies, forget-gate prefix sums), and
+what they write in closed form (score of a query-key pair, the step laws) is tested against the scheme."""
 
 import inspect
+import math
 
 import torch
 
 from posenc import encodings
+from posenc.encodings.absolute import sinusoidal_table
 from posenc.encodings.base import Dims
 from posenc.encodings.bias import alibi_slopes, distance_bias
 from posenc.encodings.forget import forget_bias, log_forget_cumsum
@@ -17,17 +18,14 @@ from posenc.theory import decay, parse_dist
 from posenc.theory.mass import gate_log_decay
 
 
-def test_frequencies_and_decays_are_the_schemes():
-    for d in (8, 64):
-        assert torch.allclose(decay.xpos_zeta(d), xpos_zeta(d), rtol=0, atol=1e-15)
-        assert torch.allclose(decay.pope_frequencies(d), pope_freqs(d), rtol=1e-15)
-        assert torch.allclose(decay.pope_frequencies(d, survey_sign=True), 1 / pope_freqs(d), rtol=1e-12)
-
-
-def test_sinusoidal_table_is_the_embedding():
-    d, pos = 16, torch.arange(0, 5000, 7)
-    enc = encodings.get("sinusoidal", Dims(n_head=2, head_dim=8, d_model=d, vocab_size=8, train_length=16))
-    assert torch.allclose(decay.sinusoidal_table(pos.double(), d).float(), enc.embed(pos), atol=1e-6)
+def test_sinusoidal_table_golden_values():
+    # d = 4: frequencies 1 and 1/100 (base 10000^(-2/4))
+    pe = sinusoidal_table(torch.tensor([0, 1, 100]), 4)
+    want = torch.tensor([[0.0, 1.0, 0.0, 1.0], [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],
+                         [math.sin(100), math.cos(100), math.sin(1), math.cos(1)]], dtype=torch.float64)
+    assert pe.dtype == torch.float64 and torch.allclose(pe, want, rtol=0, atol=1e-15)
+    enc = encodings.get("sinusoidal", Dims(n_head=2, head_dim=2, d_model=4, vocab_size=8, train_length=16))
+    assert torch.equal(enc.embed(torch.tensor([0, 1, 100])), want.float())
 
 
 def _qk(d, n=32, seed=0):

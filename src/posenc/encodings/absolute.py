@@ -48,10 +48,15 @@ class Sinusoidal(Encoding):
 
     def embed(self, pos: torch.Tensor) -> torch.Tensor:
         """pos: (T,) int64 -> (T, d_model) float32."""
-        d = self.dims.d_model
-        inv = self.base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=pos.device) / d)
-        ang = pos.to(torch.float64)[:, None] * inv
-        return torch.stack((ang.sin(), ang.cos()), dim=-1).flatten(-2).float()
+        return sinusoidal_table(pos, self.dims.d_model, self.base).float()
+
+
+def sinusoidal_table(pos: torch.Tensor, d: int, base: float = 10000.0) -> torch.Tensor:
+    """PE[..., 2i] = sin(t / base^(2i/d)), PE[..., 2i+1] = cos(t / base^(2i/d)) (Vaswani et al. 2017):
+    pos (...) positions, any real dtype -> (..., d) float64 (angles in float64: long positions)."""
+    inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=pos.device) / d)
+    ang = pos.to(torch.float64)[..., None] * inv
+    return torch.stack((ang.sin(), ang.cos()), dim=-1).flatten(-2)
 
 
 class LengthNotSupported(PosencError):

@@ -29,33 +29,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from posenc.theory.stats import compare, z_value
 from posenc.attention import rotate
+from posenc.encodings.absolute import sinusoidal_table
+from posenc.encodings.polar import pope_freqs
+from posenc.encodings.xpos import xpos_zeta
 from posenc.rope import rope_inv_freq
+from posenc.theory.stats import compare, z_value
 from posenc.theory.steps import DTYPE
 
-XPOS_SCALE_BASE = 512
+XPOS_SCALE_BASE = 512  # xPos's B, the scheme's default (posenc.encodings.xpos.XPos)
 ALIBI_SLOPE = 1 / 16
-POPE_BASE = 10000.0
-RELATIVE = ("rope-10000", "rope-500000", "xpos", "pope", "alibi")
+TRANSLATION_INVARIANT = ("rope-10000", "rope-500000", "xpos", "pope", "alibi")  # scores depend on i - j only
 CHECKPOINTS = (1, 16, 256, 4096)  # distances quoted in the summary
-
-
-def sinusoidal_table(pos: torch.Tensor, d: int) -> torch.Tensor:
-    """Transformer table: PE[..., 2b] = sin(pos w_b), PE[..., 2b+1] = cos(pos w_b): (..., d)."""
-    ang = pos[..., None] * rope_inv_freq(d)
-    return torch.stack([torch.sin(ang), torch.cos(ang)], -1).flatten(-2)
-
-
-def xpos_zeta(d: int) -> torch.Tensor:
-    """zeta_b = (2b + 0.4 d) / (1.4 d), b = 0..d/2-1: (d/2,) float64."""
-    return (2 * torch.arange(d // 2, dtype=DTYPE) + 0.4 * d) / (1.4 * d)
-
-
-def pope_frequencies(d: int, base: float = POPE_BASE, survey_sign: bool = False) -> torch.Tensor:
-    """theta_c = base^(-(c-1)/d), c = 1..d; ``survey_sign`` gives the survey's base^((c-1)/d)."""
-    exponent = torch.arange(d, dtype=DTYPE) / d
-    return base ** (exponent if survey_sign else -exponent)
 
 
 def _rope(base):
@@ -76,7 +61,7 @@ def _xpos(q, k, i, j):
 
 def _pope(q, k, i, j, delta=None):
     # absolute phases i*theta (query) and j*theta + delta (key): a real dot product of size 2d
-    theta = pope_frequencies(q.shape[-1])
+    theta = pope_freqs(q.shape[-1])
     delta = torch.zeros_like(theta) if delta is None else delta
     phase_q, phase_k = i[..., None] * theta, j[..., None] * theta + delta
     mu_q, mu_k = F.softplus(q), F.softplus(k)
@@ -115,7 +100,9 @@ def expected_score(scheme: str, dist: np.ndarray, d: int) -> np.ndarray:
         z = xpos_zeta(d).numpy()
         return (z ** (D / XPOS_SCALE_BASE) * np.cos(D * rope_inv_freq(d).numpy())).mean(1)
     if scheme.startswith("pope"):
-        theta = pope_frequencies(d, survey_sign=scheme == "pope-survey-sign").numpy()
+        theta = pope_freqs(d).numpy()
+        if scheme == "pope-survey-sign":  # the survey's base^((c-1)/d)
+            theta = 1 / theta
         return _softplus_sq(d) * np.cos(D * theta).sum(1)
     if scheme == "alibi":
         return 1 - ALIBI_SLOPE * D[:, 0]
@@ -223,7 +210,7 @@ def translation_invariance(
     for name, score in scores.items():
         base = score(q, k, i, j)
         change = max(float((score(q, k, i + s, j + s) - base).abs().max()) for s in shifts)
-        out[name] = _verdict(change / float(base.abs().max()), name in RELATIVE, rtol, fail_rtol)
+        out[name] = _verdict(change / float(base.abs().max()), name in TRANSLATION_INVARIANT, rtol, fail_rtol)
     for name, (before, after) in _accumulated_pairs(q, k, i, j, shifts, a, vocab, gen).items():
         change = max(float((x - before).abs().max()) for x in after)
         out[name] = _verdict(change / float(before.abs().max()), name == "accumulated-token", rtol, fail_rtol)

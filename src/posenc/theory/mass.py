@@ -39,8 +39,8 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from posenc.encodings.forget import log_forget_cumsum
 from posenc.errors import PosencError
 from posenc.theory.stats import compare, z_value
 from posenc.theory.steps import DTYPE, SO2Uniform, parse_dist, unit_vectors
@@ -77,7 +77,7 @@ def gate_log_decay(z: torch.Tensor) -> torch.Tensor:
 
     z: (samples, R-1) gate logits of the tokens from the query back; returns (samples, R), z's dtype, Lambda_0 = 0.
     """
-    return torch.cat([torch.zeros_like(z[:, :1]), F.logsigmoid(z).cumsum(1)], 1)
+    return torch.cat([torch.zeros_like(z[:, :1]), log_forget_cumsum(z).to(z.dtype)], 1)
 
 
 def route_scores(steps: SO2Uniform, q: torch.Tensor, routes: int, samples: int, gen) -> torch.Tensor:

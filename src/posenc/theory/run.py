@@ -260,7 +260,7 @@ def _decay_rows(r: dict) -> list[Row]:
 def _translation_rows(r: dict) -> list[Row]:
     s = r["schemes"]
     groups = {
-        "relative: " + ", ".join(decay.RELATIVE): (decay.RELATIVE, "invariant: s(i+s, j+s) = s(i, j)"),
+        "relative: " + ", ".join(decay.TRANSLATION_INVARIANT): (decay.TRANSLATION_INVARIANT, "invariant: s(i+s, j+s) = s(i, j)"),
         "additive sinusoidal, accumulated i.i.d.": (("sinusoidal", "accumulated-iid"), "not invariant"),
         "accumulated, token-id angles, same tokens in between": (("accumulated-token",), "invariant"),
     }
