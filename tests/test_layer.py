@@ -132,3 +132,19 @@ def test_readme_example_runs_verbatim():
     namespace = {}
     exec(compile(code, str(README), "exec"), namespace)
     assert namespace["steps"].shape == (2, 16, 64)
+
+
+@pytest.mark.parametrize("spec", ["path+forget", "pope+alibi"])
+def test_a_composite_that_replaces_attention_computes_the_other_parts_bias_once(spec):
+    torch.manual_seed(0)
+    layer = posenc.Attention(32, 4, spec, train_length=16).double().eval()
+    part = next(p for p in layer.enc.parts if p.has_bias)
+    calls, bias = [], part.bias
+    part.bias = lambda inp: calls.append(1) or bias(inp)
+    x = torch.randn(2, 10, 32, dtype=torch.float64)
+    out = layer(x)
+    assert len(calls) == 1
+    part.bias = bias
+    q, k, v = layer.project(x)  # the composite alone, bias computed from its parts: the same output
+    direct = layer.enc.attend(q, k, v, posenc.layer.Inputs(x, torch.arange(10)))
+    assert torch.allclose(out, layer.proj(direct.transpose(1, 2).reshape(2, 10, 32)), atol=1e-12)

@@ -106,7 +106,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared
     if p.encoding.replaces_attention:  # no query-suffix form: every query is given
         if q.shape[-2] != k.shape[-2]:
             raise PosencError(f"{p.encoding.describe()} attends with all T queries; got {q.shape[-2]} of {k.shape[-2]}")
-        return p.encoding.attend(q, k, v, p.inp)
+        return p.encoding.attend(q, k, v, p.inp, bias=p.bias)  # the hooks' bias, not computed twice
     return attention(q, k, v, phases=p.phases, rotate_v=p.rotate_v, pairing=p.pairing, bias=p.bias,
                      logit_scale=p.logit_scale, block_size=block_size)
 

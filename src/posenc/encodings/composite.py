@@ -67,8 +67,11 @@ class Composite(Encoding):
         return self._attenders[0].logits(q, k, inp, bias, qs, qe) if self.has_logits else None
 
     def attend(self, q, k, v, inp: Inputs, bias=None):
-        """The attending part's attention, given the other parts' summed bias."""
-        return self._attenders[0].attend(q, k, v, inp, bias=self.bias(inp)) if self.replaces_attention else None
+        """The attending part's attention, given the other parts' summed bias: ``bias`` as ``self.bias(inp)``
+        gave it (the layer's hooks have it; None computes it)."""
+        if not self.replaces_attention:
+            return None
+        return self._attenders[0].attend(q, k, v, inp, bias=self.bias(inp) if bias is None else bias)
 
     def spectral_gap(self):
         return self.rotary_part.spectral_gap() if self.rotary else None
