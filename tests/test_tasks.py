@@ -12,7 +12,7 @@ from posenc.checkpoint import read_jsonl
 from posenc.claims import FAILS, HOLDS, NOISE
 from posenc.config import load_preset
 from posenc.errors import PosencError
-from posenc.retrieval_report import TaskTable, at_most, claim_r1, claim_r2, claim_r3, claim_r4, claim_r5, horizon
+from posenc.retrieval_report import TaskTable, accuracy_markdown, at_most, distance_markdown, claim_r1, claim_r2, claim_r3, claim_r4, claim_r5, horizon
 from posenc.taskeval import bucket, score_batch
 from posenc.tasks import B0, B1, I, R, W, get_task, is_task
 from posenc.train import mean_loss
@@ -211,6 +211,17 @@ def _gap(id_acc, curve, near=None):
 
 def _table(task, table):
     return TaskTable(_records(task, table), task, 128, 0.05, 0.9)
+
+
+def test_a_scheme_learned_on_some_seeds_only_is_not_learned_and_says_how_many():
+    t = _table("flipflop", {"rope": {0: _gap(0.98, {8: 0.98}), 1: _gap(0.7, {8: 0.7}), 2: _gap(0.8, {8: 0.8})},
+                            "nope": {0: _gap(0.6, {8: 0.6}), 1: _gap(0.6, {8: 0.6})},
+                            "path": {0: _gap(1.0, {8: 1.0}), 1: _gap(1.0, {8: 1.0})}})
+    rows = {line.split(" | ")[0].strip("| "): line for line in accuracy_markdown(t, ["rope", "nope", "path"]).splitlines()}
+    assert "**did not learn** (1 of 3 seeds learned)" in rows["rope"]
+    assert "**did not learn** |" in rows["nope"] and "seeds learned" not in rows["nope"]
+    assert "| yes |" in rows["path"]
+    assert "no verdict (did not learn) (1 of 3 seeds learned)" in distance_markdown(t, ["rope"], {})
 
 
 def test_claim_r1_verdicts():

@@ -273,8 +273,16 @@ def check_task_claims(t: TaskTable, meta: dict, text_records: list[dict]) -> lis
 # ---------------------------------------------------------------- tables and plots
 
 
+def _seeds_learned(t: TaskTable, s: str) -> str:
+    """"" when no seed or every seed learned, else "(k of n seeds learned)": a scheme that learns on some
+    seeds only has still not learned the task at this budget, but it is not the same as never."""
+    accs = t.id_acc(s)
+    k = sum(a is not None and a >= t.bar for a in accs)
+    return f" ({k} of {len(accs)} seeds learned)" if 0 < k < len(accs) else ""
+
+
 def _status(t: TaskTable, s: str) -> str:
-    return "yes" if t.learned(s) else "**did not learn**"
+    return "yes" if t.learned(s) else "**did not learn**" + _seeds_learned(t, s)
 
 
 def accuracy_markdown(t: TaskTable, schemes: list[str]) -> str:
@@ -294,7 +302,7 @@ def distance_markdown(t: TaskTable, schemes: list[str], windows: dict) -> str:
     for s in schemes:
         w = windows.get(s)
         rows.append([s, "" if w is None else f"{w:.0f}", _pct(t.id_acc(s))] + [_pct(t.values(s, "gap", bucket=b)[0]) for b in buckets]
-                    + [_h(t.horizons(s)) if t.learned(s) else "no verdict (did not learn)"])
+                    + [_h(t.horizons(s)) if t.learned(s) else "no verdict (did not learn)" + _seeds_learned(t, s)])
     counts = ", ".join(f"{b}: {first.acc('gap', bucket=b)[1]}" for b in buckets)
     return markdown_table(header, rows) + f"\n\nAnswers per distance bucket (one seed): {counts}."
 
