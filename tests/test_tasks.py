@@ -341,3 +341,32 @@ def test_flat_schemes_of_the_committed_default_run():
     flat = flat_schemes(records)
     assert sorted(flat) == ["alibi", "hybrid", "rope+forget"]  # the README's table: ratio <= 1.02 at 128x on every seed
     assert len(flat["alibi"]) == 3 and max(flat["hybrid"]) < 1.0
+
+
+@pytest.mark.slow
+def test_task_comparison_through_submitit_local_jobs_tracks_to_tensorboard(tmp_path):
+    """--launcher local and --log tensorboard on a task preset: real submitit jobs, event files read back."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from posenc.compare import compare
+
+    preset = load_preset(str(_tiny_preset(tmp_path, schemes=["rope"], tasks=["flipflop"])))
+    report, failures = compare(preset, tmp_path / "runs", launcher="local", log="tensorboard")
+    assert not failures and report.exists()
+    (record,) = read_jsonl(tmp_path / "runs" / "tiny" / "results.jsonl")
+    cells = [c for c in record["cells"] if c["test"] == "id" and c["length"] == 32]
+    acc = EventAccumulator(str(tmp_path / "runs" / "tiny" / "flipflop" / "rope" / "seed0"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == [4]
+    (logged,) = acc.Scalars("eval/id@1x")
+    assert logged.step == 4
+    assert logged.value == pytest.approx(sum(c["correct"] for c in cells) / sum(c["n"] for c in cells), abs=1e-6)
+    assert {"eval/id@2x", "eval/sparse@1x", "eval/gap@8", "eval/gap@64"} <= set(acc.Tags()["scalars"])
+    assert not any(tag.startswith("eval/gap@") and tag.endswith("x") for tag in acc.Tags()["scalars"])
+
+
+def test_task_comparisons_refuse_several_processes_per_job(tmp_path):
+    from posenc.compare import compare
+
+    with pytest.raises(PosencError, match="no --nproc-per-node"):
+        compare(load_preset(str(_tiny_preset(tmp_path))), tmp_path / "runs", nproc_per_node=2)

@@ -147,7 +147,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     to ``out_root/name/submitit``. Every launcher skips finished jobs and resumes interrupted ones.
     Raises PosencError before any work when ``out_root/name`` holds results made
     with other model, training or evaluation settings, for too few GPUs, a missing tracker or launcher
-    package, or a launcher other than the pool for synthetic tasks.
+    package, or more than one process per job for synthetic tasks.
     """
     if parallel < 1 or nproc_per_node < 1 or (not isolate and (parallel > 1 or nproc_per_node > 1)):
         raise PosencError(f"--parallel and --nproc-per-node must be >= 1 and need job isolation, got {parallel}, {nproc_per_node}")
@@ -156,21 +156,21 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     if launcher != "pool" and (not isolate or parallel > 1):
         raise PosencError(f"--launcher {launcher} runs every job at once in its own process: no --no-isolate or --parallel")
     check_kind(log)
-    if task_specs(preset):  # synthetic tasks: scored on answers, not perplexity
-        if launcher != "pool" or log != "none":
-            raise PosencError("synthetic-task comparisons run on this machine's pool without --log: no --launcher or --log")
-        run_root = Path(out_root) / preset.name
-        check_same_settings(run_root, preset)  # before saying anything about its jobs
-        n_jobs = len(task_specs(preset)) * len(preset.schemes) * len(preset.seeds)
-        if len(done_jobs(run_root / "results.jsonl") & {(t, s, k) for t in task_specs(preset) for s in preset.schemes for k in preset.seeds}) == n_jobs:
-            _all_done(run_root, n_jobs)
-        return compare_tasks(preset, out_root, isolate, parallel)
     if launcher != "pool":
         cluster = cluster or preset.cluster or ClusterConfig()
         if cluster.gpus_per_job is None:
             cluster = cluster.model_copy(update={"gpus_per_job": nproc_per_node if launcher == "slurm" or torch.cuda.is_available() else 0})
         if 0 < cluster.gpus_per_job < nproc_per_node:  # 0: CPU jobs (torchrun over gloo)
             raise PosencError(f"--gpus-per-job {cluster.gpus_per_job} is fewer than --nproc-per-node {nproc_per_node}")
+    if task_specs(preset):  # synthetic tasks: scored on answers, not perplexity
+        if nproc_per_node > 1:
+            raise PosencError("synthetic-task comparisons train each job in one process: no --nproc-per-node")
+        run_root = Path(out_root) / preset.name
+        check_same_settings(run_root, preset)  # before saying anything about its jobs
+        n_jobs = len(task_specs(preset)) * len(preset.schemes) * len(preset.seeds)
+        if len(done_jobs(run_root / "results.jsonl") & {(t, s, k) for t in task_specs(preset) for s in preset.schemes for k in preset.seeds}) == n_jobs:
+            _all_done(run_root, n_jobs)
+        return compare_tasks(preset, out_root, isolate, parallel, log, launcher, cluster)
     run_root = Path(out_root) / preset.name
     preset = absolute_corpus(preset)
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written

@@ -15,15 +15,16 @@ from pathlib import Path
 
 from posenc import encodings
 from posenc.checkpoint import append_jsonl, read_json, read_jsonl
-from posenc.config import Preset, task_specs
+from posenc.config import ClusterConfig, Preset, task_specs
 from posenc.data import load_tokens
 from posenc.errors import PosencError
-from posenc.jobs import check_same_settings, record_run, drop_torn_tail, run_inline, run_pool, scheme_modules
+from posenc.jobs import check_same_settings, executor, record_run, drop_torn_tail, run_inline, run_pool, run_submitit, scheme_modules
 from posenc.model import ModelConfig
 from posenc.retrieval_report import write_task_report
 from posenc.stamp import run_stamp
 from posenc.taskeval import evaluate_task
 from posenc.tasks import get_task
+from posenc.tracking import open_tracker, task_metrics
 from posenc.train import is_trained, load_run, train
 
 
@@ -39,29 +40,35 @@ def done_jobs(results: Path) -> set[tuple[str, str, int]]:
     return {(r["task"], r["scheme"], r["seed"]) for r in read_jsonl(results) if r.get("kind") == "task"}
 
 
-def run_task_job(run_root: Path, preset: Preset, task: str, scheme: str, seed: int) -> None:
-    """Train (or resume) one scheme on one task and record its scores (one record, written once)."""
+def run_task_job(run_root: Path, preset: Preset, task: str, scheme: str, seed: int, log: str = "none") -> None:
+    """Train (or resume) one scheme on one task and record its scores (one record, written once).
+    ``log``: a tracker kind (``posenc.tracking``) for the training steps and the accuracies per test and length."""
     data = load_tokens(task, tasks=True)
     run_dir = run_root / task / scheme / f"seed{seed}"
     mcfg = preset.model.model_copy(update={"encoding": scheme, "vocab_size": data.vocab_size})
     tcfg = preset.train.model_copy(update={"seed": seed, "corpus": task})
-    if not is_trained(run_dir):
-        train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{task} {scheme} s{seed}")
-    model = load_run(run_dir)[0]
-    ev = preset.task_eval
-    t0 = time.time()
-    cells = evaluate_task(model, data.task, mcfg.train_length, ev.multiples, ev.answers, ev.max_tokens, ev.batch_tokens)
-    summary = read_json(run_dir / "train_summary.json")
-    append_jsonl(run_root / "results.jsonl", {
-        "kind": "task", "task": task, "scheme": scheme, "seed": seed, "train_length": mcfg.train_length,
-        "train_seconds": summary["seconds"], "eval_seconds": time.time() - t0, "threads": run_stamp()["threads"], "cells": cells,
-    })
+    config = {"name": preset.name, "task": task, "scheme": scheme, "seed": seed, "model": mcfg.model_dump(), "train": tcfg.model_dump(),
+              "task_eval": preset.task_eval.model_dump(), "stamp": run_stamp()}
+    with open_tracker(log, run_dir, f"{preset.name}/{task}/{scheme}/seed{seed}", preset.name, config) as tracker:
+        if not is_trained(run_dir):
+            train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{task} {scheme} s{seed}", tracker=tracker)
+        model = load_run(run_dir)[0]
+        ev = preset.task_eval
+        t0 = time.time()
+        cells = evaluate_task(model, data.task, mcfg.train_length, ev.multiples, ev.answers, ev.max_tokens, ev.batch_tokens)
+        summary = read_json(run_dir / "train_summary.json")
+        append_jsonl(run_root / "results.jsonl", {
+            "kind": "task", "task": task, "scheme": scheme, "seed": seed, "train_length": mcfg.train_length,
+            "train_seconds": summary["seconds"], "eval_seconds": time.time() - t0, "threads": run_stamp()["threads"], "cells": cells,
+        })
+        tracker.log(task_metrics(cells, mcfg.train_length), summary["steps"])
 
 
-def compare_tasks(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True, parallel: int = 1) -> tuple[Path, dict[str, str]]:
+def compare_tasks(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True, parallel: int = 1, log: str = "none",
+                  launcher: str = "pool", cluster: ClusterConfig | None = None) -> tuple[Path, dict[str, str]]:
     """Every (task, scheme, seed) of ``preset`` trained, scored and reported; returns the report path and
-    the failed jobs ({job: one-line error}). Raises PosencError before any work for a run directory of
-    other settings."""
+    the failed jobs ({job: one-line error}). ``log``, ``launcher`` and ``cluster`` as in ``posenc.compare.compare``
+    (the caller checks them). Raises PosencError before any work for a run directory of other settings."""
     if parallel < 1 or (not isolate and parallel > 1):
         raise PosencError(f"--parallel must be >= 1 and needs job isolation, got {parallel}")
     run_root = Path(out_root) / preset.name
@@ -69,6 +76,7 @@ def compare_tasks(preset: Preset, out_root: Path = Path("runs"), isolate: bool =
     for task in tasks:
         get_task(task).check_length(preset.model.train_length)
     check_same_settings(run_root, preset)
+    ex = executor(launcher, run_root / "submitit", cluster, f"posenc-{preset.name}") if launcher != "pool" else None
     record_run(run_root, preset)
     results = run_root / "results.jsonl"
     drop_torn_tail(results)
@@ -83,12 +91,14 @@ def compare_tasks(preset: Preset, out_root: Path = Path("runs"), isolate: bool =
     def error_file(task: str, scheme: str, seed: int) -> Path:
         return run_root / task / scheme / f"seed{seed}.error.txt"
 
-    if isolate:
-        jobs = [(run_task_job, (run_root, preset, *job), error_file(*job), scheme_modules([job[1]])) for job in pending]
+    jobs = [(run_task_job, (run_root, preset, *job, log), error_file(*job), scheme_modules([job[1]])) for job in pending]
+    if ex is not None:
+        run_submitit(jobs, ex, poll_s=1 if launcher == "local" else 30, on_failure=lambda i, error: failed(*pending[i], error))
+    elif isolate:
         run_pool(jobs, parallel, on_failure=lambda i, error: failed(*pending[i], error))
     else:
         for job in pending:
-            error = run_inline(run_task_job, (run_root, preset, *job), error_file(*job))
+            error = run_inline(run_task_job, (run_root, preset, *job, log), error_file(*job))
             if error:
                 failed(*job, error)
     return write_task_report(run_root, task_meta(preset), failures), failures

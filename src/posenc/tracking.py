@@ -173,3 +173,16 @@ def eval_metrics(records: list[dict], train_length: int) -> dict[str, float | No
             cell[1] += r["trials"]
     out.update({k: c / n for k, (c, n) in hits.items()})
     return out
+
+
+def task_metrics(cells: list[dict], train_length: int) -> dict[str, float]:
+    """Tracker metrics of a task job's cells (``posenc.taskeval.evaluate_task``): ``eval/<test>@Mx``, the
+    accuracy on answers pooled over distance buckets, M = length / train_length; the controlled-gap probe,
+    whose length follows its gap, by distance instead: ``eval/gap@D`` (D the bucket, tokens)."""
+    pooled: dict[str, list[int]] = {}
+    for c in cells:
+        at = str(c["bucket"]) if c["test"] == "gap" else f"{c['length'] / train_length:g}x"
+        cell = pooled.setdefault(f"eval/{c['test']}@{at}", [0, 0])
+        cell[0] += c["correct"]
+        cell[1] += c["n"]
+    return {k: hit / n for k, (hit, n) in pooled.items() if n}
