@@ -1,4 +1,5 @@
 import os
+import struct
 
 import pytest
 import torch
@@ -74,3 +75,30 @@ def llama_dir(tmp_path, word_tokenizer):
     word_tokenizer.save_pretrained(tmp_path / "tiny")
     (tmp_path / "corpus.txt").write_text((passkey.TASK + " " + passkey.FILLER + "\n") * 60)
     return tmp_path
+
+
+def _wandb_records(run_dir):
+    """The records of the one offline W&B run under ``run_dir``: its .wandb file (W&B's LevelDB-style log:
+    a 7-byte file header, then 32 KiB blocks of chunks with a 7-byte header: CRC, length, type) parsed
+    with wandb's own protobuf Record (its Python package ships no reader of these files: that went into wandb-core)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    raw, pos, chunk, out = path.read_bytes(), 7, b"", []
+    assert raw[:4] == b":W&B"
+    while pos + 7 <= len(raw):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, n, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        chunk, pos = chunk + raw[pos + 7 : pos + 7 + n], pos + 7 + n
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            out.append(pb.Record.FromString(chunk))
+            chunk = b""
+    return out
+
+
+@pytest.fixture(scope="session")
+def wandb_records():
+    """:func:`_wandb_records`, for tests of W&B tracking."""
+    return _wandb_records

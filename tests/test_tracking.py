@@ -2,7 +2,6 @@
 readers; the terminal habits of training (no progress bar in a log file, Ctrl-C names the resume command)."""
 
 import json
-import struct
 
 import pytest
 
@@ -98,28 +97,7 @@ def test_a_resumed_run_drops_what_the_interrupted_one_logged_past_its_checkpoint
     assert "train/skipped" not in events(tmp_path).Tags()["scalars"]
 
 
-def wandb_records(run_dir):
-    """The records of the one offline W&B run under ``run_dir``: its .wandb file (W&B's LevelDB-style log:
-    a 7-byte file header, then 32 KiB blocks of chunks with a 7-byte header: CRC, length, type) parsed
-    with wandb's own protobuf Record."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    raw, pos, chunk, out = path.read_bytes(), 7, b"", []
-    assert raw[:4] == b":W&B"
-    while pos + 7 <= len(raw):
-        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
-            pos += 32768 - pos % 32768
-            continue
-        _, n, kind = struct.unpack("<IHB", raw[pos : pos + 7])
-        chunk, pos = chunk + raw[pos + 7 : pos + 7 + n], pos + 7 + n
-        if kind in (1, 4):  # FULL or LAST: a whole record
-            out.append(pb.Record.FromString(chunk))
-            chunk = b""
-    return out
-
-
-def test_wandb_offline_run_has_the_metrics_config_and_name(tiny_corpus, tmp_path, monkeypatch):
+def test_wandb_offline_run_has_the_metrics_config_and_name(tiny_corpus, tmp_path, monkeypatch, wandb_records):
     pytest.importorskip("wandb")
     for var, value in {"WANDB_MODE": "offline", "WANDB_CONFIG_DIR": tmp_path / "cfg", "WANDB_CACHE_DIR": tmp_path / "cache",
                        "WANDB_DATA_DIR": tmp_path / "data"}.items():

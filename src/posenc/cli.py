@@ -2,7 +2,7 @@
 
 Every subcommand module exposes ``add_parser(subparsers)`` which registers its
 parser and sets ``func``; bad input raises :class:`posenc.errors.PosencError`,
-printed here as one line with exit code 2.
+printed here as one line with exit code 2; Ctrl-C exits with code 130 (the shell's for SIGINT).
 """
 
 from __future__ import annotations

@@ -142,9 +142,11 @@ def run_pool(jobs: list[tuple[Callable, tuple, Path, list[str]]], parallel: int,
 LAUNCHERS = ("pool", "local", "slurm")  # pool: run_pool on this machine; local, slurm: submitit (run_submitit)
 
 
-def _cluster_entry(fn: Callable, args: tuple, modules: list[str], error_file: Path) -> None:
+def _cluster_entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, argv: list[str]) -> None:
     """What a submitit job runs: the schemes' modules imported, then ``fn(*args)``; an error also goes to
-    ``error_file`` (one line, then the traceback), as a pool job's does."""
+    ``error_file`` (one line, then the traceback), as a pool job's does. ``argv``: the submitting command's,
+    so the run's stamp names it (a spawned pool job inherits it), not submitit's entry point."""
+    sys.argv = argv
     for m in modules:
         importlib.import_module(m)
     try:
@@ -189,7 +191,7 @@ def run_submitit(jobs: list[tuple[Callable, tuple, Path, list[str]]], ex, poll_s
         error_file.parent.mkdir(parents=True, exist_ok=True)
         error_file.unlink(missing_ok=True)
     with ex.batch():  # one submission (a Slurm job array where the scheduler has them)
-        submitted = [ex.submit(_cluster_entry, fn, args, modules, error_file) for fn, args, error_file, modules in jobs]
+        submitted = [ex.submit(_cluster_entry, fn, args, modules, error_file, sys.argv) for fn, args, error_file, modules in jobs]
     index = {job.job_id: i for i, job in enumerate(submitted)}
     failures: dict[int, str] = {}
     try:
