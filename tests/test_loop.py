@@ -160,11 +160,15 @@ def test_a_crashed_finetune_resumes_to_the_uninterrupted_losses(llama_dir, monke
     assert logged(llama_dir / "cut") == logged(llama_dir / "whole")
 
 
-def test_configs_share_the_loop_fields():
-    from posenc.finetune import FinetuneConfig
+def test_configs_share_the_loop_and_scoring_fields():
+    from posenc.extend import ExtendConfig, ScoringConfig
+    from posenc.finetune import FinetuneConfig, eval_config, load_preset
 
-    loop = set(LoopConfig.model_fields)
-    assert loop <= set(TrainConfig.model_fields) and loop <= set(FinetuneConfig.model_fields)
+    loop, scoring = set(LoopConfig.model_fields), set(ScoringConfig.model_fields)
+    assert loop <= set(TrainConfig.model_fields) and loop | scoring <= set(FinetuneConfig.model_fields)
+    assert scoring <= set(ExtendConfig.model_fields) and not loop & scoring
+    cfg = load_preset("quick", {"docs": ["all"], "passkey_lengths": [64], "trials": 3})
+    assert all(getattr(eval_config(cfg), k) == getattr(cfg, k) for k in scoring)  # finetune scores as extend does
     for cls in (TrainConfig, FinetuneConfig):  # the bounds come from LoopConfig, also where a default differs
         for field, bad in (("steps", 0), ("lr", 0.0), ("warmup", -1), ("min_lr_ratio", 1.5), ("threads", 0)):
             with pytest.raises(ValueError, match=field):

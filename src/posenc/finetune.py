@@ -24,7 +24,7 @@ import importlib
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Optional
 
 import numpy as np
 import torch
@@ -50,9 +50,10 @@ RESUME_FREE = {"name", "ckpt_every", "threads", "eval_lengths", "eval_windows", 
                "passkey_lengths", "passkey_depths", "trials"}
 
 
-class FinetuneConfig(LoopConfig):
-    """One ``posenc finetune`` run; lengths in tokens of the model's tokenizer, lr in AdamW units. ``seed``
-    seeds the batches, LoRA and scheme initialisation and the passkey keys."""
+class FinetuneConfig(LoopConfig, extend.ScoringConfig):
+    """One ``posenc finetune`` run: the loop's settings, then extend's scoring before and after training;
+    lengths in tokens of the model's tokenizer, lr in AdamW units. It trains on the corpus's training
+    documents; ``seed`` seeds the batches, LoRA and scheme initialisation and the passkey keys."""
 
     # the loop's defaults for a pretrained model: a short budget of small batches, a low rate, no decay
     batch_size: PositiveInt = 1
@@ -61,24 +62,14 @@ class FinetuneConfig(LoopConfig):
     warmup: NonNegativeInt = 5
     weight_decay: NonNegativeFloat = 0.0
     ckpt_every: PositiveInt = 10
-    name: str = Field(min_length=1)  # the run directory runs/finetune/<name> (the default output)
-    model: str = loading.DEFAULT_MODEL  # 'smollm2', a .gguf file, a model directory or a hub id
     scheme: Optional[str] = None  # a posenc scheme put into the model's attention (posenc.hf.apply_scheme)
     method: str = "none"  # or a RoPE context-extension method (posenc.rope); not with a scheme
-    factor: float = Field(2.0, ge=1)  # the method's scale factor s
-    corpus: str = "shakespeare"  # trained on its training documents, scored on its held-out ones
     length: int = Field(1024, ge=2)  # tokens per training sequence
     lora_rank: int = Field(8, ge=0)  # 0: full fine-tuning
     lora_alpha: float = Field(16.0, gt=0)
     lora_targets: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
     eval_lengths: list[Annotated[int, Field(ge=2)]] = Field([1024], min_length=1)
     eval_windows: int = Field(4, ge=0)  # windows per length; 0: all
-    docs: list[str] = Field(["first"], min_length=1)  # held-out document names, 'all' or 'first'
-    max_tokens: int = Field(32768, ge=2)  # the first max_tokens tokens of each held-out document
-    bos: Literal["none", "prepend"] = "none"
-    passkey_lengths: list[Annotated[int, Field(ge=1)]] = []
-    passkey_depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.5]
-    trials: int = Field(1, ge=1)
 
 
 def preset_names() -> list[str]:
@@ -106,11 +97,9 @@ def check_config(cfg: FinetuneConfig) -> None:
 
 def eval_config(cfg: FinetuneConfig) -> extend.ExtendConfig:
     """The ``posenc extend`` settings that score the model before and after training."""
-    return extend.ExtendConfig(
-        name=cfg.name, model=cfg.model, corpus=cfg.corpus, docs=cfg.docs, max_tokens=cfg.max_tokens, factor=cfg.factor,
-        bos=cfg.bos, seed=cfg.seed, methods=[cfg.method], schemes=[cfg.scheme] if cfg.scheme else [],
-        lengths=cfg.eval_lengths, long_methods=None, max_windows=cfg.eval_windows, passkey_lengths=cfg.passkey_lengths,
-        passkey_depths=cfg.passkey_depths, trials=cfg.trials)
+    shared = {k: getattr(cfg, k) for k in extend.ScoringConfig.model_fields}
+    return extend.ExtendConfig(**shared, seed=cfg.seed, methods=[cfg.method], schemes=[cfg.scheme] if cfg.scheme else [],
+                               lengths=cfg.eval_lengths, long_methods=None, max_windows=cfg.eval_windows)
 
 
 def train_stream(cfg: FinetuneConfig, tokenizer) -> np.ndarray:
