@@ -46,19 +46,28 @@ INVOCATION = ("lengths", "long_methods", "max_windows", "passkey_lengths", "pass
 SCHEME_LABEL = "scheme:"  # a posenc scheme's method label: scheme:SPEC
 
 
-class ExtendConfig(BaseModel):
-    """One ``posenc extend`` run; lengths, windows and strides in tokens of the model's tokenizer."""
+class ScoringConfig(BaseModel):
+    """How a pretrained model is scored on held-out text (perplexity, passkey retrieval): the fields
+    ``posenc extend`` and ``posenc finetune`` (``posenc.finetune.FinetuneConfig``) share; tokens of the model's tokenizer."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1)  # the run directory runs/extend/<name> (the default output)
+    name: str = Field(min_length=1)  # the run directory runs/<command>/<name> (the default output)
     model: str = loading.DEFAULT_MODEL  # 'smollm2', a .gguf file, a model directory or a hub id
     corpus: str = "shakespeare"  # corpus spec (posenc.data); its held-out documents are scored
     docs: list[str] = Field(["first"], min_length=1)  # held-out document names, 'all' or 'first'
     max_tokens: int = Field(32768, ge=2)  # the first max_tokens tokens of each document
     factor: float = Field(2.0, ge=1)  # scale factor s
-    stride: Optional[int] = None  # sliding-window stride in text tokens; None: non-overlapping windows
     bos: Literal["none", "prepend"] = "none"  # none: windows of raw text; prepend: BOS + length - 1 text tokens
+    passkey_lengths: list[Annotated[int, Field(ge=1)]] = []  # prompt lengths; empty: no passkey
+    passkey_depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.5]
+    trials: int = Field(1, ge=1)  # passkey trials per (length, depth) cell
+
+
+class ExtendConfig(ScoringConfig):
+    """One ``posenc extend`` run; lengths, windows and strides in tokens of the model's tokenizer."""
+
+    stride: Optional[int] = None  # sliding-window stride in text tokens; None: non-overlapping windows
     bucket: int = Field(1024, ge=1)  # position-bucket width of the per-position loss
     rerope_window: Optional[int] = None  # ReRoPE window w; None: L0/4
     leak: Optional[float] = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
@@ -68,10 +77,7 @@ class ExtendConfig(BaseModel):
     lengths: list[Annotated[int, Field(ge=2)]] = Field(min_length=1)  # model positions per window
     long_methods: Optional[list[str]] = None  # only these at lengths > factor x L0; None: every method
     max_windows: int = Field(0, ge=0)  # windows per (method, length); 0: all
-    passkey_lengths: list[Annotated[int, Field(ge=1)]] = []  # prompt lengths; empty: no passkey
-    passkey_depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.5]
     passkey_methods: Optional[list[str]] = None  # None: every method
-    trials: int = Field(1, ge=1)  # passkey trials per (length, depth) cell
     threads: Optional[int] = None  # torch CPU threads; None: torch's choice
 
 

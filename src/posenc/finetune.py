@@ -23,20 +23,17 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import time
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from tqdm.auto import tqdm
 
 from posenc import extend, hf
-from posenc.checkpoint import (
-    append_jsonl, load_torch, make_run_dir, read_json, read_jsonl, save_tensors, save_torch, write_json,
-)
+from posenc.checkpoint import make_run_dir, read_json, read_jsonl, write_json
 from posenc.data import load_corpus
 from posenc.errors import PosencError
 from posenc.presets import SHIPPED, load_flat, preset_names as shipped
@@ -44,7 +41,7 @@ from posenc.pretrained import loading, report, schedules
 from posenc.reporting import figure, save_figure
 from posenc.stamp import run_stamp
 from posenc.tracking import NO_TRACKER, Tracker, check_kind, open_tracker
-from posenc.train import StopNow, batch_at, ctrl_c_between_steps, lr_at, make_optimizer, truncate_log
+from posenc.train import Checkpoint, LoopConfig, batch_at, fit, make_optimizer
 
 PRESETS = SHIPPED / "finetune"
 SETTINGS = "finetune.json"  # the training settings (config.json is the evaluation's, as posenc extend writes it)
@@ -53,39 +50,26 @@ RESUME_FREE = {"name", "ckpt_every", "threads", "eval_lengths", "eval_windows", 
                "passkey_lengths", "passkey_depths", "trials"}
 
 
-class FinetuneConfig(BaseModel):
-    """One ``posenc finetune`` run; lengths in tokens of the model's tokenizer, lr in AdamW units."""
+class FinetuneConfig(LoopConfig, extend.ScoringConfig):
+    """One ``posenc finetune`` run: the loop's settings, then extend's scoring before and after training;
+    lengths in tokens of the model's tokenizer, lr in AdamW units. It trains on the corpus's training
+    documents; ``seed`` seeds the batches, LoRA and scheme initialisation and the passkey keys."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1)  # the run directory runs/finetune/<name> (the default output)
-    model: str = loading.DEFAULT_MODEL  # 'smollm2', a .gguf file, a model directory or a hub id
+    # the loop's defaults for a pretrained model: a short budget of small batches, a low rate, no decay
+    batch_size: PositiveInt = 1
+    steps: PositiveInt = 50
+    lr: PositiveFloat = 2e-4
+    warmup: NonNegativeInt = 5
+    weight_decay: NonNegativeFloat = 0.0
+    ckpt_every: PositiveInt = 10
     scheme: Optional[str] = None  # a posenc scheme put into the model's attention (posenc.hf.apply_scheme)
     method: str = "none"  # or a RoPE context-extension method (posenc.rope); not with a scheme
-    factor: float = Field(2.0, ge=1)  # the method's scale factor s
-    corpus: str = "shakespeare"  # trained on its training documents, scored on its held-out ones
     length: int = Field(1024, ge=2)  # tokens per training sequence
-    steps: int = Field(50, gt=0)
-    batch_size: int = Field(1, gt=0)
-    lr: float = Field(2e-4, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    warmup: int = Field(5, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
     lora_rank: int = Field(8, ge=0)  # 0: full fine-tuning
     lora_alpha: float = Field(16.0, gt=0)
     lora_targets: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
-    seed: int = Field(0, ge=0)  # batches, LoRA and scheme initialisation, passkey keys
-    ckpt_every: int = Field(10, gt=0)
     eval_lengths: list[Annotated[int, Field(ge=2)]] = Field([1024], min_length=1)
     eval_windows: int = Field(4, ge=0)  # windows per length; 0: all
-    docs: list[str] = Field(["first"], min_length=1)  # held-out document names, 'all' or 'first'
-    max_tokens: int = Field(32768, ge=2)  # the first max_tokens tokens of each held-out document
-    bos: Literal["none", "prepend"] = "none"
-    passkey_lengths: list[Annotated[int, Field(ge=1)]] = []
-    passkey_depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.5]
-    trials: int = Field(1, ge=1)
-    threads: Optional[int] = Field(None, gt=0)
 
 
 def preset_names() -> list[str]:
@@ -113,11 +97,9 @@ def check_config(cfg: FinetuneConfig) -> None:
 
 def eval_config(cfg: FinetuneConfig) -> extend.ExtendConfig:
     """The ``posenc extend`` settings that score the model before and after training."""
-    return extend.ExtendConfig(
-        name=cfg.name, model=cfg.model, corpus=cfg.corpus, docs=cfg.docs, max_tokens=cfg.max_tokens, factor=cfg.factor,
-        bos=cfg.bos, seed=cfg.seed, methods=[cfg.method], schemes=[cfg.scheme] if cfg.scheme else [],
-        lengths=cfg.eval_lengths, long_methods=None, max_windows=cfg.eval_windows, passkey_lengths=cfg.passkey_lengths,
-        passkey_depths=cfg.passkey_depths, trials=cfg.trials)
+    shared = {k: getattr(cfg, k) for k in extend.ScoringConfig.model_fields}
+    return extend.ExtendConfig(**shared, seed=cfg.seed, methods=[cfg.method], schemes=[cfg.scheme] if cfg.scheme else [],
+                               lengths=cfg.eval_lengths, long_methods=None, max_windows=cfg.eval_windows)
 
 
 def train_stream(cfg: FinetuneConfig, tokenizer) -> np.ndarray:
@@ -201,22 +183,6 @@ def check_resumable(out: Path, cfg: FinetuneConfig) -> None:
         raise PosencError(f"cannot resume {out}: its settings differ ({'; '.join(diff)}); use another --name or --out")
 
 
-def _resume(out: Path, tensors: dict, opt) -> int:
-    """Load the checkpoint in ``out``, if there is one, into ``tensors`` (:func:`trained_state`) and ``opt``;
-    returns its step."""
-    state_path = out / "state.pt"
-    if not state_path.exists():
-        return 0
-    state = load_torch(state_path)
-    if not isinstance(state, dict) or set(state.get("trained", {})) != set(tensors):
-        raise PosencError(f"{state_path} does not hold this run's trained tensors; use another --name or --out")
-    with torch.no_grad():
-        for name, t in tensors.items():
-            t.copy_(state["trained"][name])
-    opt.load_state_dict(state["optimizer"])
-    return int(state["step"])
-
-
 def trained_state(model, params: dict) -> dict[str, torch.Tensor]:
     """The tensors a resume needs, by name: ``params`` and every buffer of the schemes (among them the
     random-draw counter of ``acc-rand-*``, so a resumed run draws the angles an uninterrupted one would)."""
@@ -224,73 +190,30 @@ def trained_state(model, params: dict) -> dict[str, torch.Tensor]:
     return {**{k: p.detach() for k, p in params.items()}, **buffers}
 
 
-def _checkpoint(out: Path, state: dict, opt, step: int) -> None:
-    # state.pt alone resumes; trained.safetensors is the same tensors for other tools
-    save_torch(out / "state.pt", {"step": step, "trained": state, "optimizer": opt.state_dict()})
-    save_tensors(out / "trained.safetensors", state)
-
-
-def _step(model, opt, params: dict, stream: np.ndarray, step: int, cfg: FinetuneConfig) -> dict:
-    """One optimiser step on the batch of ``step``; its log record (loss in nats, lr, gradient norm, seconds).
-    Raises PosencError on a non-finite loss or gradient norm (before the update)."""
-    t0 = time.time()
-    x, y = batch_at(stream, step, cfg.batch_size, cfg.length, cfg.seed)
-    for g in opt.param_groups:
-        g["lr"] = lr_at(step, cfg)
-    logits = model(input_ids=x, use_cache=False).logits
-    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    gnorm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip))
-    value = loss.item()
-    if not (math.isfinite(value) and math.isfinite(gnorm)):
-        raise PosencError(f"loss {value}, gradient norm {gnorm} at step {step}; the last checkpoint is kept")
-    opt.step()
-    return {"loss": value, "lr": lr_at(step, cfg), "grad_norm": gnorm, "seconds": round(time.time() - t0, 3)}
+LOG_FIELDS = ("step", "loss", "lr", "grad_norm", "seconds")  # a train.jsonl record
 
 
 def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, out: Path, tracker: Tracker = NO_TRACKER) -> None:
-    """AdamW on ``params`` (warmup + cosine, gradient clipping) up to ``cfg.steps``, resuming from ``out``.
+    """Train ``params`` of ``model`` up to ``cfg.steps`` with posenc's loop (``posenc.train.fit``), resuming from ``out``.
 
     Each step's batch is ``posenc.train.batch_at`` of (seed, step); the loss is the mean next-token NLL
-    (nats). ``tracker`` gets each step's loss, lr, gradient norm and tokens/s. The progress bar shows on a
-    terminal only; elsewhere each checkpoint prints one line. Raises PosencError on a non-finite loss or
-    gradient norm, naming the step; Ctrl-C checkpoints and raises KeyboardInterrupt saying where."""
+    (nats), logged every step. The checkpoint (``state.pt``, ``trained.safetensors``) holds
+    :func:`trained_state`. Raises PosencError on a non-finite loss or gradient norm, naming the step;
+    Ctrl-C checkpoints and raises KeyboardInterrupt saying where."""
     make_run_dir(out)
-    opt = make_optimizer(model, cfg)  # over what requires gradients: exactly ``params``
     state = trained_state(model, params)  # views of the model's tensors: always current
-    step = _resume(out, state, opt)
+    ckpt = Checkpoint(out, lambda: state, make_optimizer(model, cfg), key="trained", weights="trained.safetensors")
+    step = ckpt.load()
     if step:
         tqdm.write(f"posenc: resuming {out} at step {step} of {cfg.steps}")
     write_json(out / SETTINGS, _settings(cfg))
-    truncate_log(out / "train.jsonl", step)
-    model.train()
-    tracker.start(step)
-    bar = tqdm(total=cfg.steps, initial=step, desc="finetune", unit="step", dynamic_ncols=True, disable=None)  # None: terminals only
-    with ctrl_c_between_steps() as interrupted:
-        try:
-            while step < cfg.steps:
-                if interrupted():
-                    raise KeyboardInterrupt
-                record = _step(model, opt, params, stream, step, cfg)
-                step += 1
-                append_jsonl(out / "train.jsonl", {"step": step, **record})
-                tokens_per_s = cfg.batch_size * cfg.length / max(record["seconds"], 1e-9)
-                tracker.log({"train/loss": record["loss"], "train/lr": record["lr"], "train/grad_norm": record["grad_norm"],
-                             "train/tokens_per_s": tokens_per_s}, step)
-                bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.3f}")
-                if step % cfg.ckpt_every == 0 or step == cfg.steps:
-                    _checkpoint(out, state, opt, step)
-                    if bar.disable:
-                        tqdm.write(f"finetune: step {step}/{cfg.steps}, loss {record['loss']:.3f}, {tokens_per_s:,.0f} tokens/s, checkpoint {out}")
-        except StopNow:
-            raise
-        except KeyboardInterrupt:
-            _checkpoint(out, state, opt, step)
-            raise KeyboardInterrupt(f"{out} checkpointed at step {step} of {cfg.steps}") from None
-        finally:
-            bar.close()
+
+    def loss_at(step: int) -> tuple[torch.Tensor, int]:
+        x, y = batch_at(stream, step, cfg.batch_size, cfg.length, cfg.seed)
+        logits = model(input_ids=x, use_cache=False).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten()), x.numel()
+
+    fit(model, cfg, loss_at, ckpt, step, log_fields=LOG_FIELDS, tracker=tracker, desc="finetune")
     model.eval()
 
 

@@ -1,7 +1,7 @@
 """Experiment tracking: a run's metrics to TensorBoard or Weights & Biases, or nowhere (the default).
 
-``open_tracker(kind, log_dir, name, group, config)`` gives a :class:`Tracker`: the training loops
-(``posenc.train.train``, ``posenc.finetune.train_steps``) log loss, learning rate, tokens/s and
+``open_tracker(kind, log_dir, name, group, config)`` gives a :class:`Tracker`: the training loop
+(``posenc.train.fit``, of ``posenc train`` and ``posenc finetune``) logs loss, learning rate, tokens/s and
 gradient norm at each logged step, and the commands log each evaluation (perplexity and accuracy
 by length) at the step the model was trained to. The run's config and stamp are its hyper-parameters.
 

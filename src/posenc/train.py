@@ -1,4 +1,5 @@
-"""Training loop: AdamW, warmup + cosine, gradient clipping, atomic checkpoints, resume.
+"""The training loop (:func:`fit`: AdamW, warmup + cosine, gradient clipping, atomic checkpoints, resume)
+and the training of posenc's LMs on it (:func:`train`); ``posenc.finetune`` trains pretrained models on it.
 
 A run directory holds ``config.json`` (model + training config, and the stamp of the invocation
 that last wrote it: ``posenc.stamp``),
@@ -18,22 +19,24 @@ autocast (phases and their cos/sin stay float32: ``posenc.attention.rotate``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Callable, Literal, Optional
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
 from tqdm.auto import tqdm
 
 from posenc import distributed
 from posenc.checkpoint import (
-    append_jsonl, atomic_write_bytes, load_torch, load_weights, make_run_dir, read_json, read_jsonl, save_torch, save_weights, write_json,
+    append_jsonl, atomic_write_bytes, load_tensors, load_torch, load_weights, make_run_dir, read_json, read_jsonl, save_tensors,
+    save_torch, write_json,
 )
 from posenc.data import TokenData, load_tokens
 from posenc.stamp import run_stamp
@@ -43,25 +46,34 @@ from posenc.errors import PosencError
 from posenc.model import LM, ModelConfig, build_model, validate_config
 
 
-class TrainConfig(BaseModel):
-    """Optimisation and data settings. ``steps`` is the budget; ``time_budget`` (s) may stop earlier."""
+class LoopConfig(BaseModel):
+    """The training loop's settings (:func:`fit`), shared by every run that trains: sequences per step,
+    the budget in steps, AdamW's peak ``lr`` (linear warmup over ``warmup`` steps, then cosine decay to
+    ``min_lr_ratio * lr``), weight decay on matrices, the gradient norm clip, the seed of the batches,
+    the checkpoint interval (steps) and torch CPU threads. The defaults are posenc's LMs'; other runs
+    (``posenc.finetune.FinetuneConfig``) restate only the defaults they change."""
 
     model_config = ConfigDict(extra="forbid")
 
+    batch_size: PositiveInt = 16
+    steps: PositiveInt = 1000
+    lr: PositiveFloat = 1e-3
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    warmup: NonNegativeInt = 50
+    weight_decay: NonNegativeFloat = 0.1
+    grad_clip: PositiveFloat = 1.0
+    seed: NonNegativeInt = 0  # numpy's generators take no negative seed
+    ckpt_every: PositiveInt = 100
+    threads: Optional[PositiveInt] = None
+
+
+class TrainConfig(LoopConfig):
+    """Data and loop settings of one of posenc's LMs. ``steps`` is the budget; ``time_budget`` (s) may stop earlier."""
+
     corpus: str = "shakespeare"
     tokenizer: str = "byte"
-    batch_size: int = Field(16, gt=0)
-    steps: int = Field(1000, gt=0)
-    lr: float = Field(1e-3, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    warmup: int = Field(50, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    seed: int = Field(0, ge=0)  # numpy's generators take no negative seed
     time_budget: Optional[float] = Field(None, gt=0)
-    ckpt_every: int = Field(100, gt=0)
     log_every: int = Field(10, gt=0)
-    threads: Optional[int] = Field(None, gt=0)
     compile: bool = False  # torch.compile the model's forward (same losses to float rounding; faster on GPU)
     # "answers": the mean NLL over a task's answer positions only (posenc.tasks); "all": every target
     loss: Literal["all", "answers"] = "all"
@@ -75,7 +87,7 @@ def validate_train_config(data: dict) -> TrainConfig:
         raise PosencError(f"invalid training config: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, cfg: LoopConfig) -> float:
     """Linear warmup to ``lr`` then cosine decay to ``min_lr_ratio * lr`` at ``steps``."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -161,9 +173,9 @@ def check_data(data: TokenData | TaskData, mcfg: ModelConfig, tcfg: TrainConfig)
               f"{seen / len(data.train):.2g} times the split): numbers will measure memorisation", file=sys.stderr)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, cfg: LoopConfig) -> torch.optim.AdamW:
     """AdamW (betas 0.9, 0.95) over the parameters of ``model`` that require gradients: weight decay on
-    matrices, none on vectors and scalars (norms, biases, gates). ``cfg``: anything with ``lr`` and ``weight_decay``."""
+    matrices, none on vectors and scalars (norms, biases, gates)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     other = [p for p in params if p.dim() < 2]
@@ -171,17 +183,130 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
 
 
-def save_checkpoint(run_dir: Path, model: LM, opt, step: int) -> None:
-    # state.pt alone resumes (weights included): a kill between the two writes cannot pair
-    # weights and optimizer state of different steps
-    save_torch(run_dir / "state.pt", {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()})
-    save_weights(run_dir / "model.safetensors", model)
+@dataclasses.dataclass
+class Checkpoint:
+    """The resume point of a run in ``run_dir``: ``state.pt`` holds the step, the trained tensors (under
+    ``key``) and the optimizer state, so it alone resumes (a kill between the two writes cannot pair
+    tensors and optimizer state of different steps); ``weights`` holds the same tensors as safetensors,
+    for other tools. ``tensors()`` gives the live tensors by name (e.g. ``model.state_dict``)."""
+
+    run_dir: Path
+    tensors: Callable[[], dict[str, torch.Tensor]]
+    opt: torch.optim.Optimizer
+    key: str = "model"
+    weights: str = "model.safetensors"
+
+    def save(self, step: int) -> None:
+        tensors = self.tensors()
+        save_torch(self.run_dir / "state.pt", {"step": step, self.key: tensors, "optimizer": self.opt.state_dict()})
+        save_tensors(self.run_dir / self.weights, tensors)
+
+    def load(self) -> int:
+        """Load ``state.pt`` into the tensors and the optimizer; returns its step (0 without one). Raises
+        PosencError naming the file when it lacks the step or optimizer state, or holds other tensors."""
+        path = self.run_dir / "state.pt"
+        if not path.exists():
+            return 0
+        state = load_torch(path)
+        missing = [k for k in ("step", "optimizer") if not isinstance(state, dict) or k not in state]
+        if missing:
+            raise PosencError(f"{path} is damaged: no {', '.join(missing)}; use another --out")
+        # written before state.pt held the tensors: they are in the weights file
+        saved = state[self.key] if self.key in state else load_tensors(self.run_dir / self.weights)
+        live = self.tensors()
+        if set(saved) != set(live):
+            raise PosencError(f"{path} does not hold this run's trained tensors; use another --out")
+        with torch.no_grad():
+            for name, t in live.items():
+                t.copy_(saved[name])
+        self.opt.load_state_dict(state["optimizer"])
+        return int(state["step"])
 
 
 def truncate_log(path: Path, step: int) -> None:
     """Drop log records after ``step``: a killed run logged steps its checkpoint does not hold."""
     kept = [r for r in read_jsonl(path) if r["step"] <= step]
     atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+
+
+LOG_FIELDS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")  # a train.jsonl record
+
+
+def fit(model: torch.nn.Module, cfg: LoopConfig, loss_at: Callable[[int], tuple[torch.Tensor, int]], ckpt: Checkpoint,
+        step: int = 0, *, log_every: int = 1, log_fields: tuple[str, ...] = LOG_FIELDS, time_budget: Optional[float] = None,
+        shard: distributed.Shard = distributed.Shard(), tracker: Tracker = NO_TRACKER, desc: str = "train") -> dict:
+    """The training loop: from ``step`` to ``cfg.steps``, AdamW ``ckpt.opt`` at :func:`lr_at`, gradients of
+    ``model``'s trainable parameters clipped to ``cfg.grad_clip`` (global norm), a checkpoint every
+    ``cfg.ckpt_every`` steps and at the end. Returns {steps, seconds, tokens_per_s, final_loss}.
+
+    ``loss_at(step)``: the scalar loss of that step's batch on this rank (the mean over its rows) and the
+    tokens it holds; batches must be a function of the step, so a resumed run sees the batches of an
+    uninterrupted one. Every ``log_every`` steps (and the last) rank 0 appends ``log_fields`` of the step
+    (step, loss in nats (the mean over ranks), lr, grad_norm, tokens_per_s, seconds of the step) to
+    ``train.jsonl`` (records after ``step`` are dropped first) and gives them to ``tracker``. Only rank 0
+    writes; every rank stops at the same step. A NaN/inf loss or gradient norm raises PosencError naming
+    the step and the last good checkpoint, before the update. Ctrl-C lets the step in flight end, saves a
+    checkpoint and raises KeyboardInterrupt saying where (a second Ctrl-C: StopNow, at once). The progress
+    bar shows on a terminal only; elsewhere (a log file) each checkpoint prints one line to stderr.
+    """
+    run_dir, log = ckpt.run_dir, ckpt.run_dir / "train.jsonl"
+    params = [p for p in model.parameters() if p.requires_grad]
+    if shard.is_main:
+        truncate_log(log, step)
+    model.train()
+    tracker.start(step)
+    t0, tokens_seen, loss_all, saved = time.time(), 0, None, None
+    last_good = step or None
+    # disable=None: no bar unless stderr is a terminal (a log file would get one line of carriage returns)
+    bar = tqdm(total=cfg.steps, initial=step, desc=desc, unit="step", dynamic_ncols=True, disable=None if shard.is_main else True)
+    with ctrl_c_between_steps() as interrupted:
+        try:
+            while step < cfg.steps:
+                if time_budget and shard.any(time.time() - t0 > time_budget):
+                    break
+                if shard.any(interrupted()):  # every rank stops at the same step boundary
+                    raise KeyboardInterrupt
+                t_step = time.time()
+                for g in ckpt.opt.param_groups:
+                    g["lr"] = lr_at(step, cfg)
+                loss, tokens = loss_at(step)
+                ckpt.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+                loss_all = float(shard.mean(loss.detach()))
+                if not (math.isfinite(loss_all) and math.isfinite(gnorm)):
+                    what = f"loss is {loss_all}" if not math.isfinite(loss_all) else f"gradient norm is {gnorm}"
+                    good = f"{run_dir / ckpt.weights} (step {last_good})" if last_good is not None else "none yet"
+                    raise PosencError(f"{what} at step {step}; last good checkpoint: {good}")
+                ckpt.opt.step()
+                step += 1
+                tokens_seen += tokens * shard.world
+                tps = tokens_seen / max(1e-9, time.time() - t0)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_all:.3f}", tok_s=f"{tps:,.0f}")
+                if shard.is_main and (step % log_every == 0 or step == cfg.steps):
+                    rec = {"step": step, "loss": loss_all, "lr": lr_at(step - 1, cfg), "grad_norm": gnorm, "tokens_per_s": tps,
+                           "seconds": round(time.time() - t_step, 3)}
+                    append_jsonl(log, {k: rec[k] for k in log_fields})
+                    tracker.log({f"train/{k}": rec[k] for k in ("loss", "lr", "grad_norm", "tokens_per_s")}, step)
+                if step % cfg.ckpt_every == 0:
+                    if shard.is_main:
+                        ckpt.save(step)
+                        if bar.disable:
+                            print(f"{desc}: step {step}/{cfg.steps}, loss {loss_all:.3f}, {tps:,.0f} tokens/s, checkpoint {run_dir}", file=sys.stderr)
+                    last_good = saved = step
+        except StopNow:
+            raise
+        except KeyboardInterrupt:
+            if shard.is_main:
+                ckpt.save(step)
+            raise KeyboardInterrupt(f"{run_dir} checkpointed at step {step} of {cfg.steps}") from None
+        finally:
+            bar.close()
+    if shard.is_main and saved != step:
+        ckpt.save(step)
+    seconds = time.time() - t0
+    return {"steps": step, "seconds": seconds, "tokens_per_s": tokens_seen / max(1e-9, seconds), "final_loss": loss_all}
 
 
 def read_run_config(run_dir: Path) -> dict:
@@ -243,7 +368,7 @@ def train(
     desc: str = "",
     tracker: Tracker = NO_TRACKER,
 ) -> dict:
-    """Train one model into ``run_dir``; returns a summary dict.
+    """Train one model into ``run_dir`` with :func:`fit`; returns a summary dict.
 
     With ``resume`` and a checkpoint present, continues from its step (weights,
     optimizer, schedule, random draws and batches as if never interrupted; log
@@ -269,31 +394,19 @@ def train(
         make_run_dir(run_dir)
     torch.manual_seed(tcfg.seed)
     model = build_model(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
-    opt = make_optimizer(model, tcfg)
+    ckpt = Checkpoint(run_dir, model.state_dict, make_optimizer(model, tcfg))
     step = 0
     if resume and (run_dir / "state.pt").exists():
         _check_same_run(run_dir, mcfg, tcfg)
-        state = load_torch(run_dir / "state.pt")
-        missing = [k for k in ("step", "optimizer") if not isinstance(state, dict) or k not in state]
-        if missing:
-            raise PosencError(f"{run_dir / 'state.pt'} is damaged: no {', '.join(missing)}; use another --out")
-        if "model" in state:
-            model.load_state_dict(state["model"])
-        else:  # written before state.pt held the weights
-            load_weights(run_dir / "model.safetensors", model)
-        opt.load_state_dict(state["optimizer"])
-        step = state["step"]
+        step = ckpt.load()
         if step > tcfg.steps:
             raise PosencError(f"cannot resume {run_dir}: it has trained {step} steps, more than steps={tcfg.steps}")
         if step == tcfg.steps and is_trained(run_dir):  # finished: keep its summary and log as they are
             return read_json(run_dir / "train_summary.json")
-        if shard.is_main:
-            truncate_log(run_dir / "train.jsonl", step)
     elif resume and (run_dir / "model.safetensors").exists():  # starting over would overwrite these weights
         raise PosencError(f"cannot resume {run_dir}: it has weights but no state.pt (optimizer state); use another --out")
-    elif shard.is_main:  # a fresh run replaces an old log and summary
-        for name in ("train.jsonl", "train_summary.json"):
-            (run_dir / name).unlink(missing_ok=True)
+    elif shard.is_main:  # a fresh run replaces an old summary (and log: fit)
+        (run_dir / "train_summary.json").unlink(missing_ok=True)
     if shard.is_main:
         write_json(run_dir / "config.json", {"model": mcfg.model_dump(), "train": tcfg.model_dump(), "stamp": run_stamp()})
     distributed.set_batch_rows(model, rows)
@@ -301,59 +414,16 @@ def train(
     if tcfg.compile:
         loss_fn = torch.compile(loss_fn)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if shard.device.type == "cuda" else contextlib.nullcontext()
-    model.train()
-    tracker.start(step)
-    t0, tokens_seen, loss_all = time.time(), 0, None
-    last_good = step or None
-    # disable=None: no bar unless stderr is a terminal (a log file would get one line of carriage returns)
-    bar = tqdm(total=tcfg.steps, initial=step, desc=desc or mcfg.encoding, unit="step", dynamic_ncols=True, disable=None if shard.is_main else True)
-    with ctrl_c_between_steps() as interrupted:
-        try:
-            while step < tcfg.steps:
-                if tcfg.time_budget and shard.any(time.time() - t0 > tcfg.time_budget):
-                    break
-                if shard.any(interrupted()):  # every rank stops at the same step boundary
-                    raise KeyboardInterrupt
-                x, y, answers = (t if t is None else t.to(shard.device) for t in training_batch(data, step, tcfg, mcfg.train_length, rows))
-                for g in opt.param_groups:
-                    g["lr"] = lr_at(step, tcfg)
-                with autocast:
-                    loss = mean_loss(loss_fn(x, y), answers)  # mean over this rank's rows (answers)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-                loss_all = float(shard.mean(loss.detach()))
-                if not (math.isfinite(loss_all) and math.isfinite(float(gnorm))):
-                    what = f"loss is {loss_all}" if not math.isfinite(loss_all) else f"gradient norm is {float(gnorm)}"
-                    good = f"{run_dir / 'model.safetensors'} (step {last_good})" if last_good is not None else "none yet"
-                    raise PosencError(f"{what} at step {step}; last good checkpoint: {good}")
-                opt.step()
-                step += 1
-                tokens_seen += x.numel() * shard.world
-                tps = tokens_seen / max(1e-9, time.time() - t0)
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_all:.3f}", tok_s=f"{tps:,.0f}")
-                if shard.is_main and (step % tcfg.log_every == 0 or step == tcfg.steps):
-                    rec = {"step": step, "loss": loss_all, "lr": lr_at(step - 1, tcfg), "grad_norm": float(gnorm), "tokens_per_s": tps}
-                    append_jsonl(run_dir / "train.jsonl", rec)
-                    tracker.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step)
-                if step % tcfg.ckpt_every == 0:
-                    if shard.is_main:
-                        save_checkpoint(run_dir, model, opt, step)
-                        if bar.disable:
-                            print(f"{desc or mcfg.encoding}: step {step}/{tcfg.steps}, loss {loss_all:.3f}, {tps:,.0f} tokens/s, checkpoint {run_dir}", file=sys.stderr)
-                    last_good = step
-        except StopNow:
-            raise
-        except KeyboardInterrupt:
-            if shard.is_main:
-                save_checkpoint(run_dir, model, opt, step)
-            raise KeyboardInterrupt(f"{run_dir} checkpointed at step {step} of {tcfg.steps}") from None
-        finally:
-            bar.close()
-    summary = {"steps": step, "seconds": time.time() - t0, "tokens_per_s": tokens_seen / max(1e-9, time.time() - t0), "params": model.num_params(), "final_loss": loss_all}
+
+    def loss_at(step: int) -> tuple[torch.Tensor, int]:
+        x, y, answers = (t if t is None else t.to(shard.device) for t in training_batch(data, step, tcfg, mcfg.train_length, rows))
+        with autocast:
+            return mean_loss(loss_fn(x, y), answers), x.numel()  # mean over this rank's rows (answers)
+
+    done = fit(model, tcfg, loss_at, ckpt, step, log_every=tcfg.log_every, time_budget=tcfg.time_budget, shard=shard,
+               tracker=tracker, desc=desc or mcfg.encoding)
+    summary = {**done, "params": model.num_params()}
     if shard.is_main:
-        save_checkpoint(run_dir, model, opt, step)
         write_json(run_dir / "train_summary.json", summary)
     return summary
 

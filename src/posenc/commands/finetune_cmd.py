@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from posenc.commands import shown
 from posenc.finetune import FinetuneConfig, finetune, load_preset, preset_names
 from posenc.rope import NAMES
 from posenc.tracking import KINDS
@@ -22,32 +23,33 @@ kill, from the last --ckpt-every checkpoint)."""
 
 
 def add_parser(sub) -> None:
+    d = load_preset("default")  # what a flag left out takes: the default preset, over FinetuneConfig's defaults
     p = sub.add_parser("finetune", help="fine-tune a pretrained RoPE model after a scheme swap or RoPE schedule",
                        description=__doc__.splitlines()[0] + "\n\n" + BUDGET_NOTE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="default", help=f"a preset ({', '.join(preset_names())}) or a YAML path")
-    p.add_argument("--model", help="'smollm2' (default), a .gguf file, a model directory or a hub id")
+    p.add_argument("--model", help=f"'smollm2', a .gguf file, a model directory or a hub id (default {d.model})")
     p.add_argument("--scheme", help="posenc scheme put into the model's attention (posenc.hf.apply_scheme; "
-                   "default acc-rand-qk)")
+                   f"default {shown(d.scheme)})")
     p.add_argument("--method", help=f"or a RoPE context-extension method ({', '.join(NAMES)}) instead of a scheme")
-    p.add_argument("--factor", type=float, help="the method's scale factor s (default 2)")
-    p.add_argument("--corpus", help="corpus spec (default shakespeare): trains on its training documents")
-    p.add_argument("--length", type=int, help="tokens per training sequence (default 1024)")
-    p.add_argument("--steps", type=int, help="training steps (default 50)")
-    p.add_argument("--batch-size", type=int, help="sequences per step (default 1)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default 2e-4; warmup then cosine)")
-    p.add_argument("--warmup", type=int, help="warmup steps (default 5)")
-    p.add_argument("--lora-rank", type=int, help="LoRA rank (default 8); 0: train every weight")
-    p.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 16)")
-    p.add_argument("--lora-targets", nargs="+", metavar="MODULE", help="LoRA target modules (default q/k/v/o_proj)")
-    p.add_argument("--seed", type=int, help="seed of batches, LoRA initialisation and passkey keys (default 0)")
-    p.add_argument("--ckpt-every", type=int, help="checkpoint every N steps (default 10)")
-    p.add_argument("--eval-lengths", type=int, nargs="+", help="scoring lengths in tokens (default 1024)")
-    p.add_argument("--eval-windows", type=int, help="windows per scoring length; 0 = all (default 4)")
-    p.add_argument("--docs", nargs="+", help="held-out document names, 'all' or 'first' (default)")
-    p.add_argument("--passkey-lengths", type=int, nargs="*", help="passkey prompt lengths (default none)")
-    p.add_argument("--passkey-depths", type=float, nargs="+", help="key depths in [0, 1] (default 0.5)")
-    p.add_argument("--trials", type=int, help="passkey trials per (length, depth) cell (default 1)")
+    p.add_argument("--factor", type=float, help=f"the method's scale factor s (default {shown(d.factor)})")
+    p.add_argument("--corpus", help=f"corpus spec (default {d.corpus}): trains on its training documents")
+    p.add_argument("--length", type=int, help=f"tokens per training sequence (default {d.length})")
+    p.add_argument("--steps", type=int, help=f"training steps (default {d.steps})")
+    p.add_argument("--batch-size", type=int, help=f"sequences per step (default {d.batch_size})")
+    p.add_argument("--lr", type=float, help=f"peak learning rate (default {shown(d.lr)}; warmup then cosine)")
+    p.add_argument("--warmup", type=int, help=f"warmup steps (default {d.warmup})")
+    p.add_argument("--lora-rank", type=int, help=f"LoRA rank (default {d.lora_rank}); 0: train every weight")
+    p.add_argument("--lora-alpha", type=float, help=f"LoRA alpha (default {shown(d.lora_alpha)})")
+    p.add_argument("--lora-targets", nargs="+", metavar="MODULE", help=f"LoRA target modules (default {shown(d.lora_targets)})")
+    p.add_argument("--seed", type=int, help=f"seed of batches, LoRA initialisation and passkey keys (default {d.seed})")
+    p.add_argument("--ckpt-every", type=int, help=f"checkpoint every N steps (default {d.ckpt_every})")
+    p.add_argument("--eval-lengths", type=int, nargs="+", help=f"scoring lengths in tokens (default {shown(d.eval_lengths)})")
+    p.add_argument("--eval-windows", type=int, help=f"windows per scoring length; 0 = all (default {d.eval_windows})")
+    p.add_argument("--docs", nargs="+", help=f"held-out document names, 'all' or 'first' (default {shown(d.docs)})")
+    p.add_argument("--passkey-lengths", type=int, nargs="*", help=f"passkey prompt lengths (default {shown(d.passkey_lengths)})")
+    p.add_argument("--passkey-depths", type=float, nargs="+", help=f"key depths in [0, 1] (default {shown(d.passkey_depths)})")
+    p.add_argument("--trials", type=int, help=f"passkey trials per (length, depth) cell (default {d.trials})")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--name", help="run name (default: the preset's name)")
     p.add_argument("--out", type=Path, help="output directory (default runs/finetune/<name>)")

@@ -13,10 +13,10 @@ def add_parser(sub):
     p = sub.add_parser("generate", help="generate text from a trained run (incremental decoding with a KV cache)")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--prompt", required=True, help="the text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default 200)")
-    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 is greedy (default 0.8)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 is greedy (default %(default)s)")
     p.add_argument("--top-k", type=int, help="sample from the k most likely tokens only")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
     p.set_defaults(func=run)
 
 

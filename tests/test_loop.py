@@ -1,0 +1,208 @@
+"""One training loop (``posenc.train.fit``) trains posenc's LMs and fine-tunes pretrained models: its losses
+equal those of a plain reference loop written here (bit for bit on CPU), a run stopped mid-way and resumed
+logs the uninterrupted losses, a NaN stops with one line, and the CLI help shows the config defaults."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import posenc.train
+from posenc.checkpoint import read_jsonl
+from posenc.data import load_tokens
+from posenc.errors import PosencError
+from posenc.model import ModelConfig, build_model
+from posenc.train import Checkpoint, LoopConfig, TrainConfig, batch_at, fit, train
+
+MCFG = ModelConfig(encoding="acc-rand-qkv", n_layer=1, n_head=2, d_model=16, train_length=16)  # random draws per step
+LOOP = dict(steps=8, batch_size=2, lr=3e-3, warmup=2, ckpt_every=3, threads=1)
+
+
+def reference_losses(model, params: list, cfg: LoopConfig, loss_at) -> list[float]:
+    """AdamW (0.9, 0.95; decay on matrices), linear warmup then cosine to min_lr_ratio * lr, global-norm
+    clipping: the schedule every posenc run trains with, written out without the loop."""
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+    model.train()
+    losses = []
+    for step in range(cfg.steps):
+        if step < cfg.warmup:
+            lr = cfg.lr * (step + 1) / cfg.warmup
+        else:
+            cos = 0.5 * (1 + math.cos(math.pi * min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))))
+            lr = cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = loss_at(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def logged(run_dir) -> list[float]:
+    return [r["loss"] for r in read_jsonl(run_dir / "train.jsonl")]
+
+
+class Stop(Exception):
+    """A crash (not Ctrl-C): the loop writes no checkpoint for it."""
+
+
+def crash_at(monkeypatch, at: int):
+    """Make step ``at`` of the loop crash as a kill would (the last checkpoint and log stay as they were)."""
+    real = posenc.train.lr_at
+
+    def lr_at(step, cfg):
+        if step == at:
+            raise Stop
+        return real(step, cfg)
+
+    monkeypatch.setattr(posenc.train, "lr_at", lr_at)
+    return lambda: monkeypatch.setattr(posenc.train, "lr_at", real)
+
+
+def test_train_runs_on_the_loop_with_the_reference_losses(tiny_corpus, tmp_path, monkeypatch):
+    tcfg = TrainConfig(corpus=str(tiny_corpus), log_every=1, **LOOP)
+    calls = []
+    monkeypatch.setattr(posenc.train, "fit", lambda *a, **k: calls.append(a[3]) or fit(*a, **k))
+    train(tmp_path / "run", MCFG, tcfg)
+    assert len(calls) == 1 and calls[0].run_dir == tmp_path / "run"
+    data = load_tokens(tcfg.corpus, tcfg.tokenizer)
+    torch.manual_seed(tcfg.seed)
+    model = build_model(MCFG.model_copy(update={"vocab_size": data.vocab_size}))
+
+    def loss_at(step):
+        x, y = batch_at(data.train, step, tcfg.batch_size, MCFG.train_length, tcfg.seed)
+        return model.token_nll(x, y).mean()
+
+    want = reference_losses(model, list(model.parameters()), tcfg, loss_at)
+    assert logged(tmp_path / "run") == want  # bitwise: deterministic CPU settings
+
+
+def test_a_crashed_train_run_resumes_to_the_uninterrupted_losses(tiny_corpus, tmp_path, monkeypatch):
+    tcfg = TrainConfig(corpus=str(tiny_corpus), log_every=1, **LOOP)
+    train(tmp_path / "whole", MCFG, tcfg)
+    restore = crash_at(monkeypatch, 5)  # 5 steps logged, the last checkpoint at step 3
+    with pytest.raises(Stop):
+        train(tmp_path / "cut", MCFG, tcfg)
+    assert len(logged(tmp_path / "cut")) == 5 and torch.load(tmp_path / "cut" / "state.pt", weights_only=False)["step"] == 3
+    restore()
+    train(tmp_path / "cut", MCFG, tcfg, resume=True)
+    assert [r["step"] for r in read_jsonl(tmp_path / "cut" / "train.jsonl")] == list(range(1, 9))
+    assert logged(tmp_path / "cut") == logged(tmp_path / "whole")
+
+
+def test_a_nan_loss_stops_with_one_line_naming_the_step_and_the_last_good_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    ckpt = Checkpoint(tmp_path, model.state_dict, torch.optim.AdamW(model.parameters()), key="trained", weights="w.safetensors")
+    x = torch.randn(4, 3)
+
+    def loss_at(step):
+        loss = model(x).square().mean()
+        return (loss * float("nan") if step == 4 else loss), x.numel()
+
+    with pytest.raises(PosencError) as err:
+        fit(model, LoopConfig(steps=6, warmup=0, ckpt_every=2), loss_at, ckpt)
+    assert str(err.value) == f"loss is nan at step 4; last good checkpoint: {tmp_path / 'w.safetensors'} (step 4)"
+    assert torch.load(tmp_path / "state.pt", weights_only=False)["step"] == 4  # the good checkpoint is kept
+
+
+# fine-tuning a pretrained model: the tiny saved Llama of conftest's llama_dir
+
+
+def _finetune_setup(llama_dir, **overrides):
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from posenc import finetune as ft
+    from posenc.pretrained import loading
+
+    cfg = ft.load_preset("quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"), "scheme": "acc-rand-qk",
+                                   "steps": 6, "lr": 1e-2, "length": 32, "ckpt_every": 2, "threads": 1, **overrides})
+    loaded = loading.load(cfg.model)
+    ft.adapt(loaded.model, cfg)
+    return ft, cfg, loaded.model, ft.trainable(loaded.model, cfg), ft.train_stream(cfg, loaded.tokenizer)
+
+
+@pytest.mark.parametrize("lora_rank", [8, 0])
+def test_finetune_runs_on_the_loop_with_the_reference_losses(llama_dir, lora_rank):
+    ft, cfg, model, params, stream = _finetune_setup(llama_dir, lora_rank=lora_rank)
+    assert ft.fit is posenc.train.fit and issubclass(type(cfg), LoopConfig)
+    ft.train_steps(model, params, stream, cfg, llama_dir / "run")
+    _, _, model, params, stream = _finetune_setup(llama_dir, lora_rank=lora_rank)
+
+    def loss_at(step):
+        x, y = batch_at(stream, step, cfg.batch_size, cfg.length, cfg.seed)
+        return F.cross_entropy(model(input_ids=x, use_cache=False).logits.float().flatten(0, 1), y.flatten())
+
+    want = reference_losses(model, list(params.values()), cfg, loss_at)
+    assert logged(llama_dir / "run") == want
+    assert [sorted(r) for r in read_jsonl(llama_dir / "run" / "train.jsonl")][0] == ["grad_norm", "loss", "lr", "seconds", "step"]
+
+
+def test_a_crashed_finetune_resumes_to_the_uninterrupted_losses(llama_dir, monkeypatch):
+    ft, cfg, model, params, stream = _finetune_setup(llama_dir)
+    ft.train_steps(model, params, stream, cfg, llama_dir / "whole")
+    restore = crash_at(monkeypatch, 3)  # 3 steps logged, the last checkpoint at step 2
+    _, _, model, params, stream = _finetune_setup(llama_dir)
+    with pytest.raises(Stop):
+        ft.train_steps(model, params, stream, cfg, llama_dir / "cut")
+    assert len(logged(llama_dir / "cut")) == 3
+    restore()
+    _, _, model, params, stream = _finetune_setup(llama_dir)
+    ft.train_steps(model, params, stream, cfg, llama_dir / "cut")  # resumes from state.pt at step 2
+    assert logged(llama_dir / "cut") == logged(llama_dir / "whole")
+
+
+def test_configs_share_the_loop_and_scoring_fields():
+    from posenc.extend import ExtendConfig, ScoringConfig
+    from posenc.finetune import FinetuneConfig, eval_config, load_preset
+
+    loop, scoring = set(LoopConfig.model_fields), set(ScoringConfig.model_fields)
+    assert loop <= set(TrainConfig.model_fields) and loop | scoring <= set(FinetuneConfig.model_fields)
+    assert scoring <= set(ExtendConfig.model_fields) and not loop & scoring
+    cfg = load_preset("quick", {"docs": ["all"], "passkey_lengths": [64], "trials": 3})
+    assert all(getattr(eval_config(cfg), k) == getattr(cfg, k) for k in scoring)  # finetune scores as extend does
+    for cls in (TrainConfig, FinetuneConfig):  # the bounds come from LoopConfig, also where a default differs
+        for field, bad in (("steps", 0), ("lr", 0.0), ("warmup", -1), ("min_lr_ratio", 1.5), ("threads", 0)):
+            with pytest.raises(ValueError, match=field):
+                cls(name="x", **{field: bad}) if cls is FinetuneConfig else cls(**{field: bad})
+
+
+def _helps(command: str) -> dict[str, str]:
+    from posenc.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    return {a.dest: a.help % {"default": a.default} for a in sub._actions if a.help}
+
+
+IN_WORDS = {"name", "threads", "methods", "stride", "rerope_window", "leak"}  # defaults that helps say in words
+
+
+@pytest.mark.parametrize("command, module", [("finetune", "posenc.finetune"), ("extend", "posenc.extend")])
+def test_help_shows_the_default_presets_values(command, module, monkeypatch):
+    import importlib
+
+    from posenc.commands import shown
+
+    d = importlib.import_module(module).load_preset("default")
+    helps = _helps(command)
+    fields = [k for k, h in helps.items() if k in type(d).model_fields and "default" in h and k not in IN_WORDS]
+    assert len(fields) >= 12
+    for k in fields:
+        assert f"default {shown(getattr(d, k))}" in helps[k] or f"default: {shown(getattr(d, k))}" in helps[k], k
+    cmd = importlib.import_module(f"posenc.commands.{command}_cmd")  # read from the config, not written in the help
+    monkeypatch.setattr(cmd, "load_preset", lambda name: d.model_copy(update={"trials": 777, "seed": 5}))
+    assert "(default 777)" in _helps(command)["trials"] and "(default 5)" in _helps(command)["seed"]
+
+
+def test_shown_formats_config_values():
+    from posenc.commands import shown
+
+    assert [shown(v) for v in (2e-4, 2.0, [8192, 16384], [], None, "first", 7)] == ["0.0002", "2", "8192 16384", "none", "none", "first", "7"]
