@@ -3,15 +3,16 @@
 import pytest
 
 from posenc.claims import FAILS, HOLDS, NOISE, at_most, check_claims, claims_markdown, combine, exceeds
+from posenc.records import Ppl
 from posenc.report import markdown, window_markdown, window_rows, with_ratios
 
 L0 = 128
 
 
-def table(rows: dict[str, dict[int, list[float]]]) -> list[dict]:
+def table(rows: dict[str, dict[int, list[float]]]) -> list[Ppl]:
     """scheme -> {multiple: [ppl per seed]} -> ppl records with ratios (seed i is the i-th value)."""
     recs = [
-        {"kind": "ppl", "scheme": s, "seed": i, "train_length": L0, "eval_length": m * L0, "ppl": p}
+        Ppl(scheme=s, seed=i, train_length=L0, eval_length=m * L0, ppl=p)
         for s, by_m in rows.items() for m, ppls in by_m.items() for i, p in enumerate(ppls)
     ]
     return with_ratios(recs)

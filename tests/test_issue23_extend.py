@@ -10,6 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from posenc import extend  # noqa: E402
 from posenc.cli import main  # noqa: E402
+from posenc.records import trial_key  # noqa: E402
 
 
 def _lines(out):
@@ -55,8 +56,8 @@ def test_records_of_the_old_passkey_field_resume_and_count_once(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text((json.dumps(old) + "\n") * 2)
     store = extend._Store(path, "t")
-    assert [(r["key"], r["passkey"]) for r in store.records] == [("passkey|none|120|0.5|0", 12345)]
-    assert extend._trial_key("none", 120, 0.5, 0) in store.done
+    assert [(r.key, r.passkey) for r in store.records] == [("passkey|none|120|0.5|0", 12345)]
+    assert trial_key("none", 120, 0.5, 0) in store.done
 
 
 def test_a_literal_special_token_in_a_document_is_text(tmp_path):

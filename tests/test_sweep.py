@@ -15,7 +15,7 @@ from posenc import encodings
 from posenc.cli import main
 from posenc.compare import compare
 from posenc.config import load_preset
-from posenc.jobs import drop_torn_tail
+from posenc.records import drop_torn_tail
 from posenc.errors import PosencError
 
 PLUGIN = '''

@@ -12,6 +12,7 @@ from posenc.checkpoint import read_jsonl
 from posenc.claims import FAILS, HOLDS, NOISE
 from posenc.config import load_preset
 from posenc.errors import PosencError
+from posenc.records import Task, TaskCell
 from posenc.retrieval_report import TaskTable, accuracy_markdown, at_most, distance_markdown, claim_r1, claim_r2, claim_r3, claim_r4, claim_r5, horizon
 from posenc.taskeval import bucket, score_batch
 from posenc.tasks import B0, B1, I, R, W, get_task, is_task
@@ -197,8 +198,8 @@ def test_at_most_with_noise():
 
 def _records(task, table):
     """Records from {scheme: {seed: {(test, length, bucket): accuracy}}} with 1,000 answers a cell."""
-    return [{"kind": "task", "task": task, "scheme": s, "seed": seed, "train_seconds": 1, "eval_seconds": 1,
-             "cells": [{"test": t, "length": L, "bucket": b, "n": 1000, "correct": round(1000 * a), "nll": 0.0} for (t, L, b), a in cells.items()]}
+    return [Task(task=task, scheme=s, seed=seed, train_length=128, train_seconds=1, eval_seconds=1, threads=1,
+                 cells=[TaskCell(test=t, length=L, bucket=b, n=1000, correct=round(1000 * a), nll=0.0) for (t, L, b), a in cells.items()])
             for s, seeds in table.items() for seed, cells in seeds.items()]
 
 

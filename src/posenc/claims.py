@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from posenc.records import Ppl
 from posenc.reporting import markdown_table
 
 HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
@@ -89,15 +90,15 @@ def combine(verdicts: list[str]) -> str:
 class Table:
     """Values over seeds by (scheme, evaluation length): perplexity and ratio."""
 
-    def __init__(self, records: list[dict], train_length: int):
+    def __init__(self, records: list[Ppl], train_length: int):
         self.L0 = train_length
         self.ppl: dict = defaultdict(lambda: defaultdict(list))
         self.ratio: dict = defaultdict(lambda: defaultdict(list))
         for r in records:
-            if r.get("ppl") is not None:
-                self.ppl[r["scheme"]][r["eval_length"]].append(r["ppl"])
-            if r.get("ratio") is not None:
-                self.ratio[r["scheme"]][r["eval_length"]].append(r["ratio"])
+            if r.ppl is not None:
+                self.ppl[r.scheme][r.eval_length].append(r.ppl)
+            if r.ratio is not None:
+                self.ratio[r.scheme][r.eval_length].append(r.ratio)
         self.longest = max((L for row in self.ratio.values() for L in row), default=None)
 
     def has(self, *schemes: str, L: Optional[int] = None) -> bool:
@@ -188,7 +189,7 @@ CHECKS: list[Callable[[Table], Optional[Claim]]] = [
 ]
 
 
-def check_claims(records: list[dict], train_length: int) -> list[Claim]:
+def check_claims(records: list[Ppl], train_length: int) -> list[Claim]:
     """Every claim whose schemes are in ``records`` (ppl records with ``ratio``), in the paper's order."""
     table = Table(records, train_length)
     if table.longest is None:
@@ -196,11 +197,11 @@ def check_claims(records: list[dict], train_length: int) -> list[Claim]:
     return [c for c in (check(table) for check in CHECKS) if c is not None]
 
 
-def _one_seed(records: list[dict]) -> bool:
-    return len({r["seed"] for r in records}) == 1
+def _one_seed(records: list[Ppl]) -> bool:
+    return len({r.seed for r in records}) == 1
 
 
-def claims_markdown(records: list[dict], train_length: int) -> str:
+def claims_markdown(records: list[Ppl], train_length: int) -> str:
     """The report's claims section (empty when no claim's schemes were run)."""
     claims = check_claims(records, train_length)
     if not claims:

@@ -24,17 +24,18 @@ from typing import Optional
 import torch
 
 from posenc import encodings
-from posenc.checkpoint import append_jsonl, read_json, read_jsonl
+from posenc.checkpoint import read_json
 from posenc.config import ClusterConfig, Preset, absolute_corpus, schedule_spec, task_specs
 from posenc.data import load_tokens
 from posenc.diagnose import compare_extras, extras_pending
 from posenc.evaluate import eval_lengths, evaluate_length, windows
 from posenc.errors import PosencError
 from posenc.jobs import (
-    LAUNCHERS, check_same_settings, done_cells, drop_torn_tail, executor, one_line, record_run, run_inline, run_pool, run_submitit,
+    LAUNCHERS, check_same_settings, done_cells, executor, one_line, record_run, run_inline, run_pool, run_submitit,
     scheme_modules,
 )
 from posenc.model import is_rope, with_rope_schedule
+from posenc.records import PasskeyCell, Ppl, append, drop_torn_tail, load
 from posenc.report import with_ratios, write_report
 from posenc.stamp import run_stamp, stamp_line
 from posenc.retrieval import compare_tasks, done_jobs, mixing_window
@@ -59,7 +60,7 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
                     for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
                         if (label, seed, L) not in done_cells(results):
                             rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset))
-                            append_jsonl(results, {"kind": "ppl", "scheme": label, "seed": seed, "train_length": preset.model.train_length, **rec})
+                            append(results, Ppl(scheme=label, seed=seed, train_length=preset.model.train_length, **rec))
                 except Exception as exc:  # one broken row must not lose the others
                     failures[f"{scheme}+{name} (seed {seed})"] = one_line(exc)
     return failures
@@ -112,10 +113,10 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
             t0 = time.time()
             rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens,
                                   progress=sys.stderr.isatty(), span=_span(preset))
-            append_jsonl(results, {"kind": "ppl", "scheme": scheme, "seed": seed, "train_length": mcfg.train_length, **rec, "seconds": time.time() - t0})
+            append(results, Ppl(scheme=scheme, seed=seed, train_length=mcfg.train_length, **rec, seconds=time.time() - t0))
         compare_extras(model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length})
-        mine = [r for r in read_jsonl(results) if r.get("scheme") == scheme and r.get("seed") == seed]
-        evals = with_ratios([r for r in mine if r.get("kind", "ppl") == "ppl"]) + [r for r in mine if r.get("kind") == "passkey"]
+        mine = [r for r in load(results) if isinstance(r, (Ppl, PasskeyCell)) and (r.scheme, r.seed) == (scheme, seed)]
+        evals = with_ratios([r for r in mine if isinstance(r, Ppl)]) + [r for r in mine if isinstance(r, PasskeyCell)]
         tracker.log(eval_metrics(evals, mcfg.train_length), read_json(run_dir / "train_summary.json")["steps"])
 
 

@@ -37,13 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
 from posenc.attention import causal_tile, rotate
-from posenc.checkpoint import append_jsonl, atomic_write_bytes, read_jsonl, write_json
+from posenc.checkpoint import atomic_write_bytes, write_json
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.encodings.base import Encoding
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, windows
 from posenc.model import LM, AttentionInputs
 from posenc.passkey import passkey_records
+from posenc.records import FarMass, PasskeyCell, append, load
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
 from posenc.encodings.mixing import check_eps, window_size
 
@@ -394,8 +395,8 @@ def _extra_keys(ev, train_length: int) -> set:
 
 
 def _recorded(results: Path, scheme: str, seed: int) -> set:
-    return {(r["kind"], r["length"], r.get("depth")) for r in read_jsonl(results)
-            if r.get("kind") in ("passkey", "far_mass") and (r.get("scheme"), r.get("seed")) == (scheme, seed)}
+    return {(r.kind, r.length, getattr(r, "depth", None)) for r in load(results)
+            if isinstance(r, (PasskeyCell, FarMass)) and (r.scheme, r.seed) == (scheme, seed)}
 
 
 def extras_pending(ev, train_length: int, results: Path, scheme: str, seed: int) -> bool:
@@ -411,7 +412,7 @@ def compare_extras(model: LM, ev, data, results: Path, base: dict) -> None:
     """
     done = _recorded(results, base["scheme"], base["seed"])
     for rec in passkey_records(model, data.tokenizer, ev.passkey, {(L, d) for k, L, d in done if k == "passkey"}):
-        append_jsonl(results, {"kind": "passkey", **base, **rec})
+        append(results, PasskeyCell(**base, **rec))
     todo = [m for m in ev.far_mass.multiples if ("far_mass", m * base["train_length"], None) not in done]
     for rec in far_mass_records(model, data.val_docs, ev.far_mass.model_copy(update={"multiples": todo})):
-        append_jsonl(results, {"kind": "far_mass", **base, **rec})
+        append(results, FarMass(**base, **rec))

@@ -29,12 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from posenc import encodings, hf, passkey
-from posenc.checkpoint import append_jsonl, read_json, read_jsonl, write_json
+from posenc.checkpoint import read_json, write_json
 from posenc.presets import SHIPPED, load_flat, preset_names as shipped
 from posenc.data import Document, load_corpus
 from posenc.errors import PosencError
-from posenc.jobs import drop_torn_tail
 from posenc.pretrained import evaluate, loading, report, schedules
+from posenc.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, drop_torn_tail, load, trial_key
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
 
@@ -137,50 +137,37 @@ def _plan_windows(docs: list[tuple[str, list[int]]], length: int, cfg: ExtendCon
     return out[: cfg.max_windows] if cfg.max_windows else out
 
 
-def _skipped_a_target(record: dict) -> bool:
+def _skipped_a_target(record: ScoredWindow | PasskeyTrial) -> bool:
     """A --bos none window after the first from before the accounting fix (stride = length): its first target
     was never scored and its begin is off the current grid, so the record is ignored."""
-    return record["kind"] == "ppl" and record["bos"] == "none" and record["stride"] >= record["length"] and record["begin"] > 0
-
-
-def _trial_key(method: str, length: int, depth: float, trial: int) -> str:
-    """The resume key of one passkey trial."""
-    return f"passkey|{method}|{length}|{depth}|{trial}"
-
-
-def _with_resume_key(record: dict) -> dict:
-    """A passkey record from before the passkey number had its own field: the number had overwritten the
-    resume key (so each rerun ran the trial again); the key is rebuilt and the number kept as ``passkey``."""
-    if record["kind"] != "passkey" or isinstance(record["key"], str):
-        return record
-    return {**record, "passkey": record["key"], "key": _trial_key(record["method"], record["length"], record["depth"], record["trial"])}
+    return isinstance(record, ScoredWindow) and record.bos == "none" and record.stride >= record.length and record.begin > 0
 
 
 class _Store:
-    """Records of one setting in ``records.jsonl``: appended one per window / trial and
-    flushed at once, so an interrupted run resumes by skipping finished keys (a key
-    recorded twice by an earlier release counts once)."""
+    """The records of one setting in ``records.jsonl`` (``posenc.records``, kinds ``PRETRAINED``): appended
+    one per window / trial and flushed at once, so an interrupted run resumes by skipping finished keys (a
+    key recorded twice by an earlier release counts once)."""
 
     def __init__(self, path: Path, tag: str):
         drop_torn_tail(path)  # a record cut by a kill must not swallow the next one
         self.path, self.tag = path, tag
         self.records, self.done = [], set()
-        for r in map(_with_resume_key, read_jsonl(path)):
-            if r.get("setting") == tag and not _skipped_a_target(r) and r["key"] not in self.done:
+        for r in load(path, PRETRAINED):
+            if r.setting == tag and not _skipped_a_target(r) and r.key not in self.done:
                 self.records.append(r)
-                self.done.add(r["key"])
+                self.done.add(r.key)
         self.by_sig = {}
         for r in self.records:
-            if r["kind"] == "ppl":
-                self.by_sig.setdefault((r["signature"], r["doc"], r["begin"], r["length"]), r)
+            if isinstance(r, ScoredWindow):
+                self.by_sig.setdefault((r.signature, r.doc, r.begin, r.length), r)
 
-    def add(self, record: dict) -> None:
-        record["setting"] = self.tag
-        append_jsonl(self.path, record)
+    def add(self, record: ScoredWindow | PasskeyTrial) -> None:
+        record = record.model_copy(update={"setting": self.tag})
+        append(self.path, record)
         self.records.append(record)
-        self.done.add(record["key"])
-        if record["kind"] == "ppl":
-            self.by_sig.setdefault((record["signature"], record["doc"], record["begin"], record["length"]), record)
+        self.done.add(record.key)
+        if isinstance(record, ScoredWindow):
+            self.by_sig.setdefault((record.signature, record.doc, record.begin, record.length), record)
 
 
 def _ppl_points(model, method: str, L: int, windows: list, doc_tokens: dict, store: _Store, cfg: ExtendConfig,
@@ -194,14 +181,13 @@ def _ppl_points(model, method: str, L: int, windows: list, doc_tokens: dict, sto
         prev = store.by_sig.get((sig, doc, win.begin, L))
         t0 = time.time()
         if prev is not None:
-            res = {k: prev[k] for k in ("nll_sum", "n_scored", "bucket_nll", "bucket_n")}
-            res["reused_from"] = prev["method"]
+            res = {k: getattr(prev, k) for k in ("nll_sum", "n_scored", "bucket_nll", "bucket_n")}
+            res["reused_from"] = prev.method
         else:
             schedules.reset_rotary(model)
             res = evaluate.score_window(model, doc_tokens[doc], win, bos_id, cfg.bucket)
-        store.add({"kind": "ppl", "key": key, "method": method, "factor": cfg.factor, "length": L,
-                   "stride": cfg.stride or L - 1, "bos": cfg.bos, "doc": doc, "begin": win.begin,
-                   "bucket": cfg.bucket, "signature": sig, "seconds": round(time.time() - t0, 2), **res})
+        store.add(ScoredWindow(key=key, method=method, factor=cfg.factor, length=L, stride=cfg.stride or L - 1, bos=cfg.bos,
+                               doc=doc, begin=win.begin, bucket=cfg.bucket, signature=sig, seconds=round(time.time() - t0, 2), **res))
         tqdm.write(f"{method:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
                    f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
 
@@ -211,14 +197,14 @@ def _passkey_points(model, tok, method: str, store: _Store, cfg: ExtendConfig) -
     for L in cfg.passkey_lengths:
         for depth in cfg.passkey_depths:
             for trial in range(cfg.trials):
-                key = _trial_key(method, L, depth, trial)
+                key = trial_key(method, L, depth, trial)
                 if key in store.done:
                     continue
                 t0 = time.time()
                 schedules.reset_rotary(model)
                 res = passkey.passkey_trial(model, tok, L, depth, passkey.passkey_key(cfg.seed, L, depth, trial))
-                store.add({"kind": "passkey", "key": key, "method": method, "factor": cfg.factor, "length": L,
-                           "depth": depth, "trial": trial, "seconds": round(time.time() - t0, 2), **res})
+                store.add(PasskeyTrial(key=key, method=method, factor=cfg.factor, length=L, depth=depth, trial=trial,
+                                       seconds=round(time.time() - t0, 2), **res))
                 tqdm.write(f"{method:>12} passkey L={L} depth={depth} trial={trial}: "
                            f"{'ok' if res['correct'] else 'wrong'} ({res['answer']!r}, {time.time() - t0:.0f} s)")
 
@@ -301,8 +287,8 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
     for spec in cfg.schemes:  # last: the model keeps the posenc attention
         _scheme_points(model, loaded.tokenizer, spec, plan, dict(docs), store, cfg, l0, bos_id)
     labels = [SCHEME_LABEL + s for s in cfg.schemes]
-    labels += sorted({r["method"] for r in store.records if r["method"].startswith(SCHEME_LABEL)} - set(labels))
-    methods = [m for m in schedules.METHODS if m in cfg.methods or any(r["method"] == m for r in store.records)] + labels
+    labels += sorted({r.method for r in store.records if r.method.startswith(SCHEME_LABEL)} - set(labels))
+    methods = [m for m in schedules.METHODS if m in cfg.methods or any(r.method == m for r in store.records)] + labels
     return out, report.write_report(out, store.records, methods, _header(cfg, l0, docs))
 
 

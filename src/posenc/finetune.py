@@ -38,6 +38,7 @@ from posenc.data import load_corpus
 from posenc.errors import PosencError
 from posenc.presets import SHIPPED, load_flat, preset_names as shipped
 from posenc.pretrained import loading, report, schedules
+from posenc.records import PasskeyTrial, ScoredWindow
 from posenc.reporting import figure, save_figure
 from posenc.stamp import run_stamp
 from posenc.tracking import NO_TRACKER, Tracker, check_kind, open_tracker
@@ -258,18 +259,18 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None, log: str = "none")
     return out, report.write_report(out, store.records, [label, tuned], header)
 
 
-def scores(records: list[dict], label: str) -> dict[str, float]:
+def scores(records: list[ScoredWindow | PasskeyTrial], label: str) -> dict[str, float]:
     """Tracker metrics of one scoring (``label``) in extend's records: ``eval/ppl@L`` (exp of the summed NLL over
     the scored tokens of every window of length L) and ``eval/passkey@L`` (fraction of trials correct)."""
     nll: dict[int, list[float]] = {}
     keys: dict[int, list[int]] = {}
     for r in records:
-        if r["method"] == label and r["kind"] == "ppl":
-            cell = nll.setdefault(r["length"], [0.0, 0])
-            cell[0] += r["nll_sum"]
-            cell[1] += r["n_scored"]
-        elif r["method"] == label and r["kind"] == "passkey":
-            keys.setdefault(r["length"], []).append(bool(r["correct"]))
+        if r.method == label and isinstance(r, ScoredWindow):
+            cell = nll.setdefault(r.length, [0.0, 0])
+            cell[0] += r.nll_sum
+            cell[1] += r.n_scored
+        elif r.method == label and isinstance(r, PasskeyTrial):
+            keys.setdefault(r.length, []).append(r.correct)
     return {**{f"eval/ppl@{L}": math.exp(s / n) for L, (s, n) in nll.items() if n},
             **{f"eval/passkey@{L}": sum(v) / len(v) for L, v in keys.items()}}
 

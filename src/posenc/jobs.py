@@ -27,8 +27,8 @@ from typing import Any, Callable, Optional
 import torch
 from pydantic import ValidationError
 
-from posenc import encodings
-from posenc.checkpoint import append_jsonl, atomic_write_bytes, make_run_dir, read_json, read_jsonl, write_json
+from posenc import encodings, records
+from posenc.checkpoint import append_jsonl, make_run_dir, read_json, write_json
 from posenc.config import ClusterConfig, Preset
 from posenc.errors import PosencError
 from posenc.stamp import run_stamp
@@ -229,14 +229,7 @@ def run_inline(fn: Callable, args: tuple, error_file: Path) -> Optional[str]:
 
 def done_cells(results: Path) -> set[tuple[str, int, int]]:
     """(scheme, seed, eval_length) of every perplexity record in ``results``."""
-    return {(r["scheme"], r["seed"], r["eval_length"]) for r in read_jsonl(results) if r.get("kind", "ppl") == "ppl"}
-
-
-def drop_torn_tail(path: Path) -> None:
-    """Cut a last line left unfinished by a killed writer, so the next append starts a clean line."""
-    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-        text = path.read_bytes()
-        atomic_write_bytes(path, text[: text.rfind(b"\n") + 1])
+    return {(r.scheme, r.seed, r.eval_length) for r in records.load(results) if isinstance(r, records.Ppl)}
 
 
 # set per job, lists of cells that may grow (results are kept per cell), or memory/speed knobs

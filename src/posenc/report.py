@@ -18,20 +18,21 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.checkpoint import atomic_write_bytes, read_jsonl
+from posenc.checkpoint import atomic_write_bytes
 from posenc.claims import claims_markdown
+from posenc.records import FarMass, PasskeyCell, Ppl, load
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
 
 CSV_FIELDS = ["scheme", "seed", "train_length", "eval_length", "windows", "scored_tokens", "nll", "ppl", "ratio", "note"]
 
 
-def with_ratios(records: list[dict]) -> list[dict]:
-    """Add ``ratio`` = ppl / ppl at the training length (same scheme and seed)."""
-    base = {(r["scheme"], r["seed"]): r["ppl"] for r in records if r.get("eval_length") == r.get("train_length") and r.get("ppl")}
+def with_ratios(records: list[Ppl]) -> list[Ppl]:
+    """Copies with ``ratio`` = ppl / ppl at the training length (same scheme and seed)."""
+    base = {(r.scheme, r.seed): r.ppl for r in records if r.eval_length == r.train_length and r.ppl}
     out = []
     for r in records:
-        b = base.get((r["scheme"], r["seed"]))
-        out.append({**r, "ratio": r["ppl"] / b if (b and r.get("ppl")) else None})
+        b = base.get((r.scheme, r.seed))
+        out.append(r.model_copy(update={"ratio": r.ppl / b if (b and r.ppl) else None}))
     return out
 
 
@@ -45,22 +46,22 @@ def seed_cell(values: list[float], fmt: str) -> str:
     return f"{format(np.mean(values), fmt)} ± {format((max(values) - min(values)) / 2, fmt)}"
 
 
-def _grid(records, key):
-    """scheme -> eval_length -> [values over seeds]."""
+def _grid(records, key: str, at: str = "eval_length"):
+    """scheme -> length (the field ``at``) -> [values of the field ``key`` over seeds]."""
     grid = defaultdict(lambda: defaultdict(list))
     for r in records:
-        grid[r["scheme"]][r["eval_length"]].append(r.get(key))
+        grid[r.scheme][getattr(r, at)].append(getattr(r, key))
     return grid
 
 
-def passkey_grid(records: list[dict]) -> dict:
+def passkey_grid(records: list) -> dict:
     """scheme -> (length, depth) -> [correct, trials], summed over seeds; cells without trials (n/a) dropped."""
     grid = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     for r in records:
-        if r.get("kind") == "passkey" and r.get("trials"):
-            cell = grid[r["scheme"]][(r["length"], r["depth"])]
-            cell[0] += r["correct"]
-            cell[1] += r["trials"]
+        if isinstance(r, PasskeyCell) and r.trials:
+            cell = grid[r.scheme][(r.length, r.depth)]
+            cell[0] += r.correct
+            cell[1] += r.trials
     return grid
 
 
@@ -71,15 +72,15 @@ def _passkey_at(cells: dict, L: int) -> str:
     return f"{sum(k for k, _ in c) / n:.2f} (n={n})" if n else "n/a"
 
 
-def passkey_markdown(records: list[dict], L0: int) -> str:
+def passkey_markdown(records: list, L0: int) -> str:
     """The passkey section: accuracy per scheme and length (all depths pooled)."""
     grid = passkey_grid(records)
     if not grid:
         return ""
     lengths = sorted({L for cells in grid.values() for L, _ in cells})
-    first = next(r for r in records if r.get("kind") == "passkey")
-    what = (f"whose true key has the highest log-probability among {first['candidates']} candidates; chance {1 / first['candidates']:.2f}"
-            if first.get("mode", "rank") == "rank" else "whose key greedy decoding reproduces exactly")
+    first = next(r for r in records if isinstance(r, PasskeyCell))
+    what = (f"whose true key has the highest log-probability among {first.candidates} candidates; chance {1 / first.candidates:.2f}"
+            if first.mode == "rank" else "whose key greedy decoding reproduces exactly")
     out = (
         f"\n## Passkey retrieval\n\nAccuracy (fraction of trials {what}) per input length, pooled over depths; "
         "`passkey.png` shows each depth.\n\n"
@@ -88,15 +89,15 @@ def passkey_markdown(records: list[dict], L0: int) -> str:
     return out + markdown_table(["scheme", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows) + "\n"
 
 
-def far_mass_markdown(records: list[dict], L0: int) -> str:
+def far_mass_markdown(records: list, L0: int) -> str:
     """The far-mass section: mean attention mass on keys beyond the training length per scheme and length."""
-    recs = [r for r in records if r.get("kind") == "far_mass"]
+    recs = [r for r in records if isinstance(r, FarMass)]
     if not recs:
         return ""
-    lengths = sorted({r["length"] for r in recs})
-    w = next((r["w"] for r in recs if "w" in r), L0)  # "not supported" records carry no w
-    grid = _grid([{**r, "eval_length": r["length"]} for r in recs], "far_mass_mean")
-    uniform = {r["length"]: r["uniform_far_mass"] for r in recs if r.get("uniform_far_mass") is not None}  # "not supported" records carry none
+    lengths = sorted({r.length for r in recs})
+    w = next((r.w for r in recs if r.w is not None), L0)  # "not supported" records carry no w
+    grid = _grid(recs, "far_mass_mean", at="length")
+    uniform = {r.length: r.uniform_far_mass for r in recs if r.uniform_far_mass is not None}  # "not supported" records carry none
     out = (
         f"\n## Far attention mass\n\nMean softmax mass on keys at distance >= {w} (the training length), over "
         "layers, heads and the queries that have such keys (`posenc diagnose` gives each layer and head; `far_mass.png`). "
@@ -105,14 +106,15 @@ def far_mass_markdown(records: list[dict], L0: int) -> str:
     rows = [[s, *(seed_cell(row[L], ".3f") for L in lengths)] for s, row in grid.items()]
     rows.append(["uniform", *(seed_cell([uniform.get(L)], ".3f") for L in lengths)])
     out += markdown_table(["scheme", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows) + "\n"
-    notes = {r["note"] for r in recs if r.get("note") and not r["note"].startswith("n/a")}
+    notes = {r.note for r in recs if r.note and not r.note.startswith("n/a")}
     return out + "".join(f"\n- {n}\n" for n in sorted(notes))
 
 
-def markdown(records: list[dict], failures: dict[str, str], meta: dict, extras: list[dict] = ()) -> str:
-    """The report; ``extras``: passkey and far-mass records (a passkey column and their sections)."""
-    lengths = sorted({r["eval_length"] for r in records})
-    seen = list(dict.fromkeys(r["scheme"] for r in records))  # parallel jobs append in finishing order
+def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: list[PasskeyCell | FarMass] = ()) -> str:
+    """The report; ``records``: ppl records with ``ratio``; ``extras``: passkey and far-mass records (a passkey
+    column and their sections)."""
+    lengths = sorted({r.eval_length for r in records})
+    seen = list(dict.fromkeys(r.scheme for r in records))  # parallel jobs append in finishing order
     schemes = [s for s in meta.get("descriptions", {}) if s in seen] + [s for s in seen if s not in meta.get("descriptions", {})]
     L0 = meta.get("train_length")
     out = io.StringIO()
@@ -143,12 +145,13 @@ def markdown(records: list[dict], failures: dict[str, str], meta: dict, extras: 
         out.write("\n## Failed\n\n")
         for s, err in failures.items():
             out.write(f"- `{s}`: {err}\n")
-    pngs = ["ppl_ratio.png", "buckets.png"] + ["window.png"] * bool(window_rows(records, meta.get("mixing_windows") or {}, L0)) + ["passkey.png"] * bool(pk) + ["far_mass.png"] * any(r.get("far_mass_mean") is not None for r in extras)
+    far = any(isinstance(r, FarMass) and r.far_mass_mean is not None for r in extras)
+    pngs = ["ppl_ratio.png", "buckets.png"] + ["window.png"] * bool(window_rows(records, meta.get("mixing_windows") or {}, L0)) + ["passkey.png"] * bool(pk) + ["far_mass.png"] * far
     out.write("\nFiles: `results.jsonl` (one record per evaluation), `results.csv`, " + ", ".join(f"`{f}`" for f in pngs) + ".\n")
     return out.getvalue()
 
 
-def window_rows(records: list[dict], windows: dict[str, float], L0: int) -> list[dict]:
+def window_rows(records: list[Ppl], windows: dict[str, float], L0: int) -> list[dict]:
     """Schemes with a known mixing window (random step laws), by window: w_0.01, ppl at 1x, ratios at 32x and the longest length.
 
     Empty unless at least three schemes have distinct windows (a sweep, e.g. the ``window`` preset).
@@ -157,14 +160,14 @@ def window_rows(records: list[dict], windows: dict[str, float], L0: int) -> list
     if len(set(known.values())) < 3:
         return []
     ppl, ratio = _grid(records, "ppl"), _grid(records, "ratio")
-    longest = max(r["eval_length"] for r in records)
+    longest = max(r.eval_length for r in records)
     rows = []
     for s, w in sorted(known.items(), key=lambda kv: kv[1]):
         rows.append({"scheme": s, "w": w, "w_ratio": w / L0, "ppl1": ppl[s].get(L0, []), "r32": ratio[s].get(32 * L0, []), "rmax": ratio[s].get(longest, []), "longest": longest})
     return rows
 
 
-def window_markdown(records: list[dict], windows: dict[str, float], L0: int) -> str:
+def window_markdown(records: list[Ppl], windows: dict[str, float], L0: int) -> str:
     """The mixing-window section: extrapolation against w_0.01 / training length, beside the theory's prediction."""
     rows = window_rows(records, windows, L0)
     if not rows:
@@ -206,15 +209,16 @@ def plot_window(path: Path, rows: list[dict], train_length: int) -> None:
     save_figure(fig, path)
 
 
-def write_csv(path: Path, records: list[dict]) -> None:
+def write_csv(path: Path, records: list[Ppl]) -> None:
+    """results.csv: one row of ``CSV_FIELDS`` per ppl record (``posenc.records.load_csv`` reads it back)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
     w.writeheader()
-    w.writerows(records)
+    w.writerows(r.model_dump(include=set(CSV_FIELDS)) for r in records)
     atomic_write_bytes(path, buf.getvalue().encode())
 
 
-def plot_ratio(path: Path, records: list[dict], train_length: int) -> None:
+def plot_ratio(path: Path, records: list[Ppl], train_length: int) -> None:
     fig, ax = figure(figsize=(7, 4.5))
     grid = _grid(records, "ratio")
     for s, row in grid.items():
@@ -234,16 +238,16 @@ def plot_ratio(path: Path, records: list[dict], train_length: int) -> None:
     save_figure(fig, path)
 
 
-def plot_buckets(path: Path, records: list[dict], train_length: int) -> None:
+def plot_buckets(path: Path, records: list[Ppl], train_length: int) -> None:
     """Per-position-bucket perplexity at the longest evaluated length, per scheme."""
     fig, ax = figure(figsize=(7, 4.5))
     longest = {}
     for r in records:
-        if r.get("bucket_ppl") and r["eval_length"] >= longest.get(r["scheme"], {}).get("eval_length", 0):
-            longest[r["scheme"]] = r
+        if r.bucket_ppl and (r.scheme not in longest or r.eval_length >= longest[r.scheme].eval_length):
+            longest[r.scheme] = r
     for s, r in longest.items():
-        mids = [(a + b) / 2 / train_length for a, b in zip(r["bucket_edges"][:-1], r["bucket_edges"][1:])]
-        ax.plot(mids, r["bucket_ppl"], marker=".", label=f"{s} (L={r['eval_length']})")
+        mids = [(a + b) / 2 / train_length for a, b in zip(r.bucket_edges[:-1], r.bucket_edges[1:])]
+        ax.plot(mids, r.bucket_ppl, marker=".", label=f"{s} (L={r.eval_length})")
     log_scale(ax, "x", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("position in window / training length")
@@ -255,7 +259,7 @@ def plot_buckets(path: Path, records: list[dict], train_length: int) -> None:
     save_figure(fig, path)
 
 
-def plot_passkey(path: Path, records: list[dict], train_length: int) -> None:
+def plot_passkey(path: Path, records: list, train_length: int) -> None:
     """Heat map per scheme: passkey accuracy by depth (rows) and input length (columns), seeds pooled."""
     grid = passkey_grid(records)
     lengths = sorted({L for cells in grid.values() for L, _ in cells})
@@ -278,13 +282,13 @@ def plot_passkey(path: Path, records: list[dict], train_length: int) -> None:
     save_figure(fig, path)
 
 
-def plot_far_mass(path: Path, records: list[dict], train_length: int) -> None:
+def plot_far_mass(path: Path, records: list, train_length: int) -> None:
     """Far attention mass (mean over layers and heads) vs evaluation length per scheme; uniform dashed."""
-    recs = [{**r, "eval_length": r["length"]} for r in records if r.get("kind") == "far_mass" and r.get("far_mass_mean") is not None]
+    recs = [r for r in records if isinstance(r, FarMass) and r.far_mass_mean is not None]
     fig, ax = figure(figsize=(7, 4.5))
-    for s, row in _grid(recs, "far_mass_mean").items():
+    for s, row in _grid(recs, "far_mass_mean", at="length").items():
         ax.plot([L / train_length for L in sorted(row)], [np.mean(row[L]) for L in sorted(row)], marker="o", label=s)
-    uniform = sorted({(r["length"], r["uniform_far_mass"]) for r in recs})
+    uniform = sorted({(r.length, r.uniform_far_mass) for r in recs})
     ax.plot([L / train_length for L, _ in uniform], [u for _, u in uniform], color="gray", ls="--", label="uniform attention")
     log_scale(ax, "x", base=2)
     ax.set_ylim(0, 1)
@@ -300,9 +304,9 @@ def plot_far_mass(path: Path, records: list[dict], train_length: int) -> None:
 def write_report(run_dir: Path, meta: dict, failures: dict[str, str] | None = None) -> Path:
     """Write report.md, results.csv, ppl_ratio.png, buckets.png; returns report.md's path."""
     run_dir = Path(run_dir)
-    all_records = read_jsonl(run_dir / "results.jsonl")
-    records = with_ratios([r for r in all_records if r.get("kind", "ppl") == "ppl"])
-    extras = [r for r in all_records if r.get("kind") in ("passkey", "far_mass")]
+    all_records = load(run_dir / "results.jsonl")
+    records = with_ratios([r for r in all_records if isinstance(r, Ppl)])
+    extras = [r for r in all_records if isinstance(r, (PasskeyCell, FarMass))]
     write_csv(run_dir / "results.csv", records)
     if records:
         plot_ratio(run_dir / "ppl_ratio.png", records, meta["train_length"])
@@ -312,7 +316,7 @@ def write_report(run_dir: Path, meta: dict, failures: dict[str, str] | None = No
         plot_window(run_dir / "window.png", rows, meta["train_length"])
     if passkey_grid(extras):
         plot_passkey(run_dir / "passkey.png", extras, meta["train_length"])
-    if any(r.get("far_mass_mean") is not None for r in extras):
+    if any(isinstance(r, FarMass) and r.far_mass_mean is not None for r in extras):
         plot_far_mass(run_dir / "far_mass.png", extras, meta["train_length"])
     path = run_dir / "report.md"
     atomic_write_bytes(path, markdown(records, failures or {}, meta, extras).encode())

@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 
 from posenc import encodings
-from posenc.checkpoint import append_jsonl, read_json, read_jsonl
+from posenc.checkpoint import read_json
 from posenc.config import ClusterConfig, Preset, task_specs
 from posenc.data import load_tokens
 from posenc.errors import PosencError
-from posenc.jobs import check_same_settings, executor, record_run, drop_torn_tail, run_inline, run_pool, run_submitit, scheme_modules
+from posenc.jobs import check_same_settings, executor, record_run, run_inline, run_pool, run_submitit, scheme_modules
 from posenc.model import ModelConfig
+from posenc.records import Task, append, drop_torn_tail, load
 from posenc.retrieval_report import write_task_report
 from posenc.stamp import run_stamp
 from posenc.taskeval import evaluate_task
@@ -37,7 +38,7 @@ def mixing_window(spec: str, mcfg: ModelConfig) -> float | None:
 
 def done_jobs(results: Path) -> set[tuple[str, str, int]]:
     """(task, scheme, seed) of every task record in ``results``."""
-    return {(r["task"], r["scheme"], r["seed"]) for r in read_jsonl(results) if r.get("kind") == "task"}
+    return {(r.task, r.scheme, r.seed) for r in load(results) if isinstance(r, Task)}
 
 
 def run_task_job(run_root: Path, preset: Preset, task: str, scheme: str, seed: int, log: str = "none") -> None:
@@ -57,11 +58,10 @@ def run_task_job(run_root: Path, preset: Preset, task: str, scheme: str, seed: i
         t0 = time.time()
         cells = evaluate_task(model, data.task, mcfg.train_length, ev.multiples, ev.answers, ev.max_tokens, ev.batch_tokens)
         summary = read_json(run_dir / "train_summary.json")
-        append_jsonl(run_root / "results.jsonl", {
-            "kind": "task", "task": task, "scheme": scheme, "seed": seed, "train_length": mcfg.train_length,
-            "train_seconds": summary["seconds"], "eval_seconds": time.time() - t0, "threads": run_stamp()["threads"], "cells": cells,
-        })
-        tracker.log(task_metrics(cells, mcfg.train_length), summary["steps"])
+        record = Task(task=task, scheme=scheme, seed=seed, train_length=mcfg.train_length, train_seconds=summary["seconds"],
+                      eval_seconds=time.time() - t0, threads=run_stamp()["threads"], cells=cells)
+        append(run_root / "results.jsonl", record)
+        tracker.log(task_metrics(record.cells, mcfg.train_length), summary["steps"])
 
 
 def compare_tasks(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True, parallel: int = 1, log: str = "none",

@@ -22,8 +22,9 @@ from typing import Optional
 
 import numpy as np
 
-from posenc.checkpoint import atomic_write_bytes, read_jsonl
+from posenc.checkpoint import atomic_write_bytes
 from posenc.claims import FAILS, FLAT_TOL, HOLDS, NOISE, Claim, Table, combine
+from posenc.records import Ppl, Task, TaskCell, load, load_ppl
 from posenc.report import with_ratios
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
 from posenc.stamp import stamp_line
@@ -43,8 +44,8 @@ def slug(task: str) -> str:
 class Scores:
     """Answers, correct answers and NLL of one job, by (test, length, bucket)."""
 
-    def __init__(self, cells: list[dict]):
-        self.cells = {(c["test"], c["length"], c["bucket"]): (c["n"], c["correct"], c["nll"]) for c in cells}
+    def __init__(self, cells: list[TaskCell]):
+        self.cells = {(c.test, c.length, c.bucket): (c.n, c.correct, c.nll) for c in cells}
 
     def acc(self, test: str, length: Optional[int] = None, bucket: Optional[int] = None) -> tuple[Optional[float], int]:
         """(accuracy, answers) over the matching cells; (None, 0) when there are none."""
@@ -72,13 +73,13 @@ def horizon(curve: dict[int, float], id_acc: float, tol: float) -> Optional[int]
 class TaskTable:
     """One task's scores over schemes and seeds, with each job's in-distribution accuracy and horizon."""
 
-    def __init__(self, records: list[dict], task: str, train_length: int, tol: float, bar: float):
+    def __init__(self, records: list[Task], task: str, train_length: int, tol: float, bar: float):
         self.task, self.L0, self.tol, self.bar = task, train_length, tol, bar
         self.scores: dict[str, dict[int, Scores]] = defaultdict(dict)
-        for r in records:
-            if r.get("kind") == "task" and r["task"] == task:
-                self.scores[r["scheme"]][r["seed"]] = Scores(r["cells"])
-        self.seconds = {(r["scheme"], r["seed"]): (r["train_seconds"], r["eval_seconds"]) for r in records if r.get("kind") == "task" and r["task"] == task}
+        mine = [r for r in records if r.task == task]
+        for r in mine:
+            self.scores[r.scheme][r.seed] = Scores(r.cells)
+        self.seconds = {(r.scheme, r.seed): (r.train_seconds, r.eval_seconds) for r in mine}
 
     def id_acc(self, scheme: str) -> list[float]:
         return [s.acc("id", self.L0)[0] for s in self.scores[scheme].values()]
@@ -139,25 +140,17 @@ def _hval(h: Optional[int]) -> int:
 # ---------------------------------------------------------------- claims
 
 
-def read_text_results(run_dir: Path) -> list[dict]:
-    """Perplexity records of a text comparison directory: its results.jsonl, else its results.csv (committed
-    results keep only the CSV); [] when it has neither."""
-    run_dir = Path(run_dir)
-    if (run_dir / "results.jsonl").exists():
-        return [r for r in read_jsonl(run_dir / "results.jsonl") if r.get("kind", "ppl") == "ppl"]
-    if not (run_dir / "results.csv").exists():
-        return []
-    rows = csv.DictReader(io.StringIO((run_dir / "results.csv").read_text()))
-    return [{"scheme": r["scheme"], "seed": int(r["seed"]), "train_length": int(r["train_length"]),
-             "eval_length": int(r["eval_length"]), "ppl": float(r["ppl"])} for r in rows if r.get("ppl")]
+def read_text_results(run_dir: Path) -> list[Ppl]:
+    """Perplexity records of a text comparison directory (``posenc.records.load_ppl``); [] when it has no results."""
+    return load_ppl(run_dir) or []
 
 
-def flat_schemes(text_records: list[dict]) -> dict[str, list[float]]:
+def flat_schemes(text_records: list[Ppl]) -> dict[str, list[float]]:
     """{scheme: ratio per seed at the longest length} of the schemes flat (ratio <= 1 + FLAT_TOL) in a text run."""
-    ppl = with_ratios([r for r in text_records if r.get("kind", "ppl") == "ppl"])
+    ppl = with_ratios(text_records)
     if not ppl:
         return {}
-    t = Table(ppl, min(r["train_length"] for r in ppl))
+    t = Table(ppl, min(r.train_length for r in ppl))
     return {s: t.r(s, t.longest) for s in t.ratio if t.r(s, t.longest) and max(t.r(s, t.longest)) <= 1 + FLAT_TOL}
 
 
@@ -262,7 +255,7 @@ def claim_r5(t: TaskTable) -> Optional[Claim]:
                  verdict, ", ".join(f"{s} {_pct(v[0])}%" for s, v in errs.items()))
 
 
-def check_task_claims(t: TaskTable, meta: dict, text_records: list[dict]) -> list[Claim]:
+def check_task_claims(t: TaskTable, meta: dict, text_records: list[Ppl]) -> list[Claim]:
     windows = meta.get("mixing_windows") or {}
     out = [claim_r1(t, flat_schemes(text_records)), claim_r2(t, windows), claim_r3(t, windows), claim_r4(t)]
     if t.task.partition(":")[0] == "flipflop":
@@ -361,21 +354,21 @@ def plot_length(path: Path, t: TaskTable, schemes: list[str], chance: float) -> 
     save_figure(fig, path)
 
 
-def write_csv(path: Path, records: list[dict]) -> None:
+def write_csv(path: Path, records: list[Task]) -> None:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["task", "scheme", "seed", "test", "length", "bucket", "answers", "correct", "accuracy", "nll_mean"])
     for r in records:
-        for c in r["cells"]:
-            w.writerow([r["task"], r["scheme"], r["seed"], c["test"], c["length"], c["bucket"], c["n"], c["correct"],
-                        f"{c['correct'] / c['n']:.4f}", f"{c['nll'] / c['n']:.4f}"])
+        for c in r.cells:
+            w.writerow([r.task, r.scheme, r.seed, c.test, c.length, c.bucket, c.n, c.correct,
+                        f"{c.correct / c.n:.4f}", f"{c.nll / c.n:.4f}"])
     atomic_write_bytes(path, buf.getvalue().encode())
 
 
 def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None = None) -> Path:
     """report.md, retrieval.csv and two plots per task (distance-*.png, length-*.png); returns report.md's path."""
     run_dir = Path(run_dir)
-    records = [r for r in read_jsonl(run_dir / "results.jsonl") if r.get("kind") == "task"]
+    records = [r for r in load(run_dir / "results.jsonl") if isinstance(r, Task)]
     write_csv(run_dir / "retrieval.csv", records)
     ev, L0, windows = meta["eval"], meta["train_length"], meta.get("mixing_windows") or {}
     text = meta.get("text_results")

@@ -14,7 +14,6 @@ table of perplexity at 1x and ratios per scheme and run, the claims of each run)
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import inspect
 import io
@@ -27,17 +26,17 @@ import numpy as np
 from pydantic import ValidationError
 
 from posenc import encodings
-from posenc.checkpoint import atomic_write_bytes, make_run_dir, read_json, read_jsonl
+from posenc.checkpoint import atomic_write_bytes, make_run_dir, read_json
 from posenc.claims import check_claims
 from posenc.config import Preset
 from posenc.errors import PosencError
 from posenc.jobs import FREE_SETTINGS, _flatten, settings
+from posenc.records import Ppl, load_ppl
 from posenc.report import seed_cell, with_ratios
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
 
 HEADER_KEYS = ("corpus", "tokenizer", "model", "budget", "eval")  # report.md header lines that describe the settings
 STYLES = ["-", "--", ":", "-."]
-_INT, _FLOAT = ("seed", "train_length", "eval_length", "windows", "scored_tokens"), ("nll", "ppl", "ratio")
 
 
 @dataclasses.dataclass
@@ -46,22 +45,10 @@ class Run:
 
     path: Path
     label: str
-    records: list[dict]
+    records: list[Ppl]
     train_length: int
     settings: dict[str, Any]  # flat: preset.json's shared settings, or report.md's header lines
     source: str  # where the settings came from: "preset.json", "report.md" or "none"
-
-
-def _csv_records(path: Path) -> list[dict]:
-    """results.csv rows as records: numbers parsed, empty cells None."""
-    out = []
-    for row in csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))):
-        rec: dict[str, Any] = {"kind": "ppl", "scheme": row["scheme"], "note": row.get("note") or None}
-        for k in _INT + _FLOAT:
-            v = row.get(k)
-            rec[k] = None if v in (None, "") else (int(float(v)) if k in _INT else float(v))
-        out.append(rec)
-    return out
 
 
 def _settings(path: Path) -> tuple[dict[str, Any], str]:
@@ -87,19 +74,12 @@ def load_run(path: Path, label: str | None = None) -> Run:
     path = Path(path)
     if not path.is_dir():
         raise PosencError(f"{path} is not a directory (give posenc compare run directories)")
-    if (path / "results.jsonl").exists():
-        records = [r for r in read_jsonl(path / "results.jsonl") if r.get("kind", "ppl") == "ppl"]
-    elif (path / "results.csv").exists():
-        try:
-            records = _csv_records(path / "results.csv")
-        except (KeyError, ValueError) as exc:
-            raise PosencError(f"{path / 'results.csv'} is not a posenc results table ({type(exc).__name__}: {exc})") from None
-    else:
+    records = load_ppl(path)
+    if records is None:
         raise PosencError(f"{path} has no results.jsonl or results.csv: not a posenc compare run")
-    records = [r for r in records if r.get("eval_length") and r.get("train_length")]
     if not records:
         raise PosencError(f"{path} has no perplexity records (a synthetic-task run? its report is retrieval's)")
-    lengths = {r["train_length"] for r in records}
+    lengths = {r.train_length for r in records}
     if len(lengths) > 1:
         raise PosencError(f"{path} mixes training lengths {sorted(lengths)}: not one compare run")
     found, source = _settings(path)
@@ -149,7 +129,7 @@ def _grid(run: Run, key: str) -> dict[str, dict[float, list[float]]]:
     """spec key -> evaluation length / training length -> values over seeds."""
     grid: dict = defaultdict(lambda: defaultdict(list))
     for r in run.records:
-        grid[spec_key(r["scheme"])][r["eval_length"] / run.train_length].append(r.get(key))
+        grid[spec_key(r.scheme)][r.eval_length / run.train_length].append(getattr(r, key))
     return grid
 
 
@@ -158,18 +138,18 @@ def schemes(runs: list[Run]) -> dict[str, str]:
     out: dict[str, str] = {}
     for run in runs:
         for r in run.records:
-            out.setdefault(spec_key(r["scheme"]), r["scheme"])
+            out.setdefault(spec_key(r.scheme), r.scheme)
     return out
 
 
 def markdown(runs: list[Run]) -> str:
     """The side-by-side report (see the module docstring)."""
     names = schemes(runs)
-    multiples = sorted({r["eval_length"] / run.train_length for run in runs for r in run.records} - {1.0})
+    multiples = sorted({r.eval_length / run.train_length for run in runs for r in run.records} - {1.0})
     ppl, ratio = [_grid(run, "ppl") for run in runs], [_grid(run, "ratio") for run in runs]
     out = io.StringIO()
     out.write(f"# posenc report: {', '.join(run.label for run in runs)}\n\n## Runs\n\n")
-    rows = [[run.label, f"`{run.path}`", ", ".join(str(s) for s in sorted({r['seed'] for r in run.records})),
+    rows = [[run.label, f"`{run.path}`", ", ".join(str(s) for s in sorted({r.seed for r in run.records})),
              run.train_length, run.source, "reference" if i == 0 else differences(runs[0], run)] for i, run in enumerate(runs)]
     out.write(markdown_table(["run", "directory", "seeds", "train length", "settings from", f"against {runs[0].label}"], rows) + "\n")
     for run in runs:

@@ -19,9 +19,12 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posenc.errors import PosencError
+
+if TYPE_CHECKING:
+    from posenc.records import PasskeyCell, Ppl, TaskCell
 
 KINDS = ("none", "tensorboard", "wandb")
 _PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
@@ -157,32 +160,32 @@ def open_tracker(kind: str, log_dir: Path, name: str, group: str, config: dict) 
     return NO_TRACKER
 
 
-def eval_metrics(records: list[dict], train_length: int) -> dict[str, float | None]:
+def eval_metrics(records: list[Ppl | PasskeyCell], train_length: int) -> dict[str, float | None]:
     """Tracker metrics of compare's evaluation records: ``eval/ppl@Mx`` and ``eval/ratio@Mx`` of ppl records
     (with ``ratio``), ``eval/passkey@Mx`` (accuracy) of passkey records pooled over depths, M = length / train_length."""
     out: dict[str, float | None] = {}
     hits: dict[str, list[int]] = {}
     for r in records:
-        if r.get("kind", "ppl") == "ppl":
-            x = f"{r['eval_length'] / train_length:g}x"
-            out[f"eval/ppl@{x}"] = r.get("ppl")
-            out[f"eval/ratio@{x}"] = r.get("ratio")
-        elif r.get("kind") == "passkey" and r.get("trials"):
-            cell = hits.setdefault(f"eval/passkey@{r['length'] / train_length:g}x", [0, 0])
-            cell[0] += r["correct"]
-            cell[1] += r["trials"]
+        if r.kind == "ppl":
+            x = f"{r.eval_length / train_length:g}x"
+            out[f"eval/ppl@{x}"] = r.ppl
+            out[f"eval/ratio@{x}"] = r.ratio
+        elif r.kind == "passkey" and r.trials:
+            cell = hits.setdefault(f"eval/passkey@{r.length / train_length:g}x", [0, 0])
+            cell[0] += r.correct
+            cell[1] += r.trials
     out.update({k: c / n for k, (c, n) in hits.items()})
     return out
 
 
-def task_metrics(cells: list[dict], train_length: int) -> dict[str, float]:
+def task_metrics(cells: list[TaskCell], train_length: int) -> dict[str, float]:
     """Tracker metrics of a task job's cells (``posenc.taskeval.evaluate_task``): ``eval/<test>@Mx``, the
     accuracy on answers pooled over distance buckets, M = length / train_length; the controlled-gap probe,
     whose length follows its gap, by distance instead: ``eval/gap@D`` (D the bucket, tokens)."""
     pooled: dict[str, list[int]] = {}
     for c in cells:
-        at = str(c["bucket"]) if c["test"] == "gap" else f"{c['length'] / train_length:g}x"
-        cell = pooled.setdefault(f"eval/{c['test']}@{at}", [0, 0])
-        cell[0] += c["correct"]
-        cell[1] += c["n"]
+        at = str(c.bucket) if c.test == "gap" else f"{c.length / train_length:g}x"
+        cell = pooled.setdefault(f"eval/{c.test}@{at}", [0, 0])
+        cell[0] += c.correct
+        cell[1] += c.n
     return {k: hit / n for k, (hit, n) in pooled.items() if n}

@@ -3,11 +3,11 @@
 import argparse
 from pathlib import Path
 
-from posenc.checkpoint import append_jsonl
 from posenc.data import load_tokens
 from posenc.rope import NAMES, check_window
 from posenc.model import with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
+from posenc.records import PasskeyCell, Ppl, append
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, evaluate_length, plan
 from posenc.train import load_run
@@ -85,7 +85,7 @@ def run(args) -> int:
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
     for L in lengths:
         rec = evaluate_length(model, data.val_docs, L, args.max_tokens, span=max(lengths))
-        append_jsonl(Path(args.run_dir) / "eval.jsonl", {"scheme": scheme, "train_length": mcfg.train_length, **rec})
+        append(Path(args.run_dir) / "eval.jsonl", Ppl(scheme=scheme, train_length=mcfg.train_length, **rec))
         if rec["ppl"] is None:
             print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}")
             continue
@@ -95,7 +95,7 @@ def run(args) -> int:
     if args.passkey:
         print(f"passkey ({args.passkey}):\n{'length':>8} {'depth':>6} {'accuracy':>9}")
         for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey)):
-            append_jsonl(Path(args.run_dir) / "eval.jsonl", {"kind": "passkey", "scheme": scheme, **rec})
+            append(Path(args.run_dir) / "eval.jsonl", PasskeyCell(scheme=scheme, **rec))
             acc = "n/a" if rec["accuracy"] is None else f"{rec['correct']}/{rec['trials']}"
             print(f"{rec['length']:>8} {rec['depth']:>6g} {acc:>9}")
     return 0

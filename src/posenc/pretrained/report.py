@@ -11,41 +11,42 @@ from collections import defaultdict
 from pathlib import Path
 
 from posenc.checkpoint import atomic_write_bytes
+from posenc.records import PasskeyTrial, PretrainedRecord, ScoredWindow
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
 
 
-def ppl_rows(records: list[dict]) -> list[dict]:
+def ppl_rows(records: list[PretrainedRecord]) -> list[dict]:
     """One row per (method, factor, length): windows, scored tokens, PPL and per-bucket sums."""
     groups = defaultdict(list)
     for r in records:
-        if r["kind"] == "ppl":
-            groups[(r["method"], r["factor"], r["length"])].append(r)
+        if isinstance(r, ScoredWindow):
+            groups[(r.method, r.factor, r.length)].append(r)
     rows = []
     for (method, factor, length), rs in groups.items():
-        nll, n = sum(r["nll_sum"] for r in rs), sum(r["n_scored"] for r in rs)
-        width = max(len(r["bucket_n"]) for r in rs)
+        nll, n = sum(r.nll_sum for r in rs), sum(r.n_scored for r in rs)
+        width = max(len(r.bucket_n) for r in rs)
         b_nll, b_n = [0.0] * width, [0] * width
         for r in rs:
-            for i, (s, c) in enumerate(zip(r["bucket_nll"], r["bucket_n"])):
+            for i, (s, c) in enumerate(zip(r.bucket_nll, r.bucket_n)):
                 b_nll[i] += s
                 b_n[i] += c
-        rows.append({"method": method, "factor": factor, "length": length, "stride": rs[0]["stride"],
-                     "bos": rs[0]["bos"], "windows": len(rs), "scored_tokens": n, "ppl": math.exp(nll / n),
-                     "docs": ",".join(sorted({r["doc"] for r in rs})), "seconds": sum(r["seconds"] for r in rs),
-                     "reused_from": ",".join(sorted({r["reused_from"] for r in rs if "reused_from" in r})),
-                     "bucket": rs[0]["bucket"], "bucket_ppl": [math.exp(s / c) if c else None for s, c in zip(b_nll, b_n)]})
+        rows.append({"method": method, "factor": factor, "length": length, "stride": rs[0].stride,
+                     "bos": rs[0].bos, "windows": len(rs), "scored_tokens": n, "ppl": math.exp(nll / n),
+                     "docs": ",".join(sorted({r.doc for r in rs})), "seconds": sum(r.seconds for r in rs),
+                     "reused_from": ",".join(sorted({r.reused_from for r in rs if r.reused_from is not None})),
+                     "bucket": rs[0].bucket, "bucket_ppl": [math.exp(s / c) if c else None for s, c in zip(b_nll, b_n)]})
     return sorted(rows, key=lambda r: (r["method"], r["length"]))
 
 
-def passkey_rows(records: list[dict]) -> list[dict]:
+def passkey_rows(records: list[PretrainedRecord]) -> list[dict]:
     """One row per (method, factor, length, depth): trials and accuracy."""
     groups = defaultdict(list)
     for r in records:
-        if r["kind"] == "passkey":
-            groups[(r["method"], r["factor"], r["length"], r["depth"])].append(r)
+        if isinstance(r, PasskeyTrial):
+            groups[(r.method, r.factor, r.length, r.depth)].append(r)
     return sorted(({"method": m, "factor": f, "length": L, "depth": d, "trials": len(rs),
-                    "correct": sum(r["correct"] for r in rs), "accuracy": sum(r["correct"] for r in rs) / len(rs),
-                    "prompt_tokens": max(r["prompt_tokens"] for r in rs)}
+                    "correct": sum(r.correct for r in rs), "accuracy": sum(r.correct for r in rs) / len(rs),
+                    "prompt_tokens": max(r.prompt_tokens for r in rs)}
                    for (m, f, L, d), rs in groups.items()), key=lambda r: (r["method"], r["length"], r["depth"]))
 
 
@@ -136,7 +137,7 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
         save_figure(fig, out / "passkey.png")
 
 
-def write_report(out: Path, records: list[dict], methods: list[str], header: str) -> str:
+def write_report(out: Path, records: list[PretrainedRecord], methods: list[str], header: str) -> str:
     """Write all report files under ``out``; returns the markdown."""
     ppl, pk = ppl_rows(records), passkey_rows(records)
     md = markdown(ppl, pk, methods, header)

@@ -1,0 +1,265 @@
+"""Typed run records and the one store that writes and reads them.
+
+Every measurement a command keeps is one record of a kind below, one JSON line in a run's file:
+
+- ``results.jsonl`` of ``posenc compare`` (and ``eval.jsonl`` of ``posenc eval``): :class:`Ppl` (perplexity at
+  one evaluation length), :class:`PasskeyCell` (passkey accuracy of one length and depth), :class:`FarMass`
+  (far attention mass and entropy at one length), :class:`Task` (a synthetic-task job: its :class:`TaskCell` s);
+- ``records.jsonl`` of ``posenc extend`` and ``posenc finetune``: :class:`ScoredWindow` (one scored window of a
+  pretrained model) and :class:`PasskeyTrial` (one passkey trial).
+
+A file's kind field picks the type within its family (``RUN`` or ``PRETRAINED``; no kind: ``ppl``, as early
+``eval.jsonl`` lines). Each record carries ``schema_version``; a line without one is version 1 (what posenc
+wrote before the field). ``append`` writes one record as one line; ``load`` reads a file back, skipping a
+line torn by a killed writer, and refuses a record of a newer version or of an unknown kind with one line.
+``load_ppl`` reads a compare directory's perplexity records from its ``results.jsonl``, else from the
+``results.csv`` committed results keep.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from posenc.checkpoint import append_jsonl, atomic_write_bytes
+from posenc.errors import PosencError
+
+SCHEMA_VERSION = 1  # raise it when a record's fields change meaning; load refuses a newer file
+
+
+class Record(BaseModel):
+    """Fields every record has: its kind and the schema version it was written with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    schema_version: int = SCHEMA_VERSION
+
+
+class Ppl(Record):
+    """Perplexity of one model at one evaluation length (``posenc.evaluate.evaluate_length``); ``ratio`` is derived
+    (ppl over the same scheme and seed's ppl at the training length, ``posenc.report.with_ratios``), not stored."""
+
+    kind: Literal["ppl"] = "ppl"
+    scheme: str
+    seed: Optional[int] = None  # posenc eval: the run's own
+    train_length: int
+    eval_length: int
+    windows: Optional[int] = None
+    scored_tokens: Optional[int] = None
+    nll: Optional[float] = None  # summed over the scored tokens, nats
+    ppl: Optional[float] = None  # None: not measurable (``note``)
+    bucket_edges: Optional[list[int]] = None  # position-bucket edges in the window (tokens)
+    bucket_ppl: Optional[list[float]] = None
+    note: Optional[str] = None
+    seconds: Optional[float] = None
+    ratio: Optional[float] = None
+
+
+class PasskeyCell(Record):
+    """Passkey retrieval of one posenc model at one (length, depth): ``correct`` of ``trials`` (``posenc.passkey``)."""
+
+    kind: Literal["passkey"] = "passkey"
+    scheme: str
+    seed: Optional[int] = None
+    train_length: Optional[int] = None
+    length: int  # prompt tokens
+    depth: float  # key position as a fraction of the filler
+    mode: str = "rank"
+    candidates: Optional[int] = None
+    digits: Optional[int] = None
+    trials: int
+    correct: int
+    accuracy: Optional[float] = None  # None: not measurable (``note``)
+    seconds: Optional[float] = None
+    note: Optional[str] = None
+
+
+class FarMass(Record):
+    """Mean softmax mass on keys at distance >= ``w`` and mean attention entropy (nats) at one length, over layers
+    and heads (``posenc.diagnose.far_mass_records``); ``uniform_*`` are uniform causal attention's."""
+
+    kind: Literal["far_mass"] = "far_mass"
+    scheme: str
+    seed: Optional[int] = None
+    train_length: Optional[int] = None
+    length: int
+    windows: Optional[int] = None
+    far_mass_mean: Optional[float] = None
+    entropy_mean: Optional[float] = None
+    uniform_far_mass: Optional[float] = None
+    uniform_entropy: Optional[float] = None
+    w: Optional[int] = None  # None: a "not supported" record
+    note: Optional[str] = None
+
+
+class TaskCell(BaseModel):
+    """Answers of one (test, sequence length, evidence-distance bucket) of a task job (``posenc.taskeval``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    test: str
+    length: int
+    bucket: int
+    n: int  # answers
+    correct: int
+    nll: float  # summed over the answers, nats
+
+
+class Task(Record):
+    """One synthetic-task job (``posenc.retrieval``): its cells, training and evaluation seconds, torch threads."""
+
+    kind: Literal["task"] = "task"
+    task: str
+    scheme: str
+    seed: int
+    train_length: int
+    train_seconds: float
+    eval_seconds: float
+    threads: int
+    cells: list[TaskCell]
+
+
+class ScoredWindow(Record):
+    """One scored window of a pretrained model (``posenc extend`` / ``finetune``): NLL sum over its scored targets
+    and per position bucket. ``key`` is its resume key, ``setting`` the tag of the run's setting."""
+
+    kind: Literal["ppl"] = "ppl"
+    key: str
+    method: str
+    factor: float
+    length: int
+    stride: int
+    bos: str
+    doc: str
+    begin: int
+    bucket: int
+    signature: str
+    seconds: float
+    nll_sum: float
+    n_scored: int
+    bucket_nll: list[float]
+    bucket_n: list[int]
+    reused_from: Optional[str] = None  # the method whose equal forward was reused
+    setting: Optional[str] = None
+
+
+def trial_key(method: str, length: int, depth: float, trial: int) -> str:
+    """The resume key of one passkey trial."""
+    return f"passkey|{method}|{length}|{depth}|{trial}"
+
+
+class PasskeyTrial(Record):
+    """One greedy passkey trial of a pretrained model (``posenc.passkey.passkey_trial``)."""
+
+    kind: Literal["passkey"] = "passkey"
+    key: str
+    method: str
+    factor: float
+    length: int
+    depth: float
+    trial: int
+    seconds: Optional[float] = None
+    passkey: int  # the number hidden in the prompt
+    answer: Optional[str] = None
+    got: Optional[int] = None
+    correct: bool
+    prompt_tokens: int
+    setting: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resume_key(cls, data):
+        """Before the number had its own field it overwrote the resume key (so each rerun ran the trial again):
+        the key is rebuilt and the number kept as ``passkey``."""
+        if isinstance(data, dict) and isinstance(data.get("key"), int):
+            data = {**data, "passkey": data["key"], "key": trial_key(data["method"], data["length"], data["depth"], data["trial"])}
+        return data
+
+
+RunRecord = Union[Ppl, PasskeyCell, FarMass, Task]
+PretrainedRecord = Union[ScoredWindow, PasskeyTrial]
+RUN: dict[str, type[Record]] = {"ppl": Ppl, "passkey": PasskeyCell, "far_mass": FarMass, "task": Task}
+PRETRAINED: dict[str, type[Record]] = {"ppl": ScoredWindow, "passkey": PasskeyTrial}
+
+
+def append(path: Path, record: Record) -> None:
+    """Append ``record`` as one line, written and flushed at once (``posenc.checkpoint.append_jsonl``)."""
+    append_jsonl(path, record.model_dump(mode="json", exclude={"ratio"} if isinstance(record, Ppl) else None))
+
+
+def parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
+    """The typed record of one decoded line. Raises PosencError naming ``where`` for a newer schema version,
+    an unknown kind or fields that do not fit the kind."""
+    version = raw.get("schema_version", 1)
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise PosencError(f"{where} holds records of schema version {version}; this posenc reads versions up to "
+                          f"{SCHEMA_VERSION} (a newer posenc wrote it)")
+    kind = raw.get("kind", "ppl")
+    if kind not in kinds:
+        raise PosencError(f"{where} holds a record of unknown kind {kind!r}; known: {', '.join(kinds)}")
+    try:
+        return kinds[kind].model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise PosencError(f"{where}: not a {kind} record ({'.'.join(map(str, err['loc']))}: {err['msg']})") from None
+
+
+def load(path: Path, kinds: dict[str, type[Record]] = RUN) -> list:
+    """Typed records of a JSONL file ([] when it does not exist); a line that is not JSON (torn by a killed
+    writer) is skipped. Raises PosencError (one line, naming the file) as :func:`parse`."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out.append(parse(raw, kinds, f"{path} line {i}"))
+    return out
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut a last line left unfinished by a killed writer, so the next append starts a clean line."""
+    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        text = path.read_bytes()
+        atomic_write_bytes(path, text[: text.rfind(b"\n") + 1])
+
+
+_INT, _FLOAT = ("seed", "train_length", "eval_length", "windows", "scored_tokens"), ("nll", "ppl", "ratio")
+
+
+def load_csv(path: Path) -> list[Ppl]:
+    """The perplexity records of a compare ``results.csv`` (``posenc.report.write_csv``): numbers parsed, empty
+    cells None, rows without lengths dropped. Raises PosencError naming the file for another table."""
+    out = []
+    rows = csv.DictReader(io.StringIO(Path(path).read_text(encoding="utf-8")))
+    try:
+        missing = [k for k in ("scheme", "train_length", "eval_length") if k not in (rows.fieldnames or [])]
+        if missing:
+            raise KeyError(missing[0])
+        for row in rows:
+            rec = {k: None if row.get(k) in (None, "") else (int(float(row[k])) if k in _INT else float(row[k])) for k in _INT + _FLOAT}
+            if rec["eval_length"] and rec["train_length"]:
+                out.append(Ppl(scheme=row["scheme"], note=row.get("note") or None, **rec))
+    except (KeyError, ValueError) as exc:
+        raise PosencError(f"{path} is not a posenc results table ({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def load_ppl(run_dir: Path) -> Optional[list[Ppl]]:
+    """The perplexity records of a compare run directory: its ``results.jsonl``, else its ``results.csv``
+    (committed results keep only the CSV); None when it has neither."""
+    run_dir = Path(run_dir)
+    if (run_dir / "results.jsonl").exists():
+        return [r for r in load(run_dir / "results.jsonl") if isinstance(r, Ppl)]
+    if (run_dir / "results.csv").exists():
+        return load_csv(run_dir / "results.csv")
+    return None
