@@ -1,0 +1,150 @@
+"""The typed run records and their one store: round trips, files of earlier releases, newer versions refused,
+torn tails, the committed CSV tables."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from posenc.cli import main
+from posenc.errors import PosencError
+from posenc.records import (
+    PRETRAINED, RUN, SCHEMA_VERSION, FarMass, PasskeyCell, PasskeyTrial, Ppl, ScoredWindow, Task, TaskCell, append,
+    drop_torn_tail, load, load_csv, load_ppl, trial_key,
+)
+from posenc.report import write_csv
+
+RESULTS = Path(__file__).parent.parent / "results"
+
+RUN_RECORDS = [
+    Ppl(scheme="rope", seed=0, train_length=128, eval_length=256, windows=4, scored_tokens=1024, nll=2900.5, ppl=17.0,
+        bucket_edges=[0, 128, 256], bucket_ppl=[15.0, 19.0], seconds=1.5),
+    Ppl(scheme="rope", seed=0, train_length=128, eval_length=8192, windows=0, scored_tokens=0, note="n/a: too long"),
+    PasskeyCell(scheme="alibi", seed=1, train_length=128, length=512, depth=0.25, mode="rank", candidates=8, digits=5,
+                trials=8, correct=3, accuracy=0.375, seconds=2.0),
+    FarMass(scheme="alibi", seed=1, train_length=128, length=512, windows=2, far_mass_mean=0.01, entropy_mean=1.2,
+            uniform_far_mass=0.6, uniform_entropy=5.4, w=128),
+    FarMass(scheme="pope", seed=0, train_length=128, length=512, note="not supported: no softmax"),
+    Task(task="flipflop", scheme="rope", seed=0, train_length=128, train_seconds=10.0, eval_seconds=1.0, threads=2,
+         cells=[TaskCell(test="id", length=128, bucket=8, n=100, correct=97, nll=3.5)]),
+]
+PRETRAINED_RECORDS = [
+    ScoredWindow(key="ppl|none|16|doc|0", method="none", factor=2.0, length=16, stride=15, bos="none", doc="doc", begin=0,
+                 bucket=1024, signature="ab12", seconds=0.1, nll_sum=40.0, n_scored=15, bucket_nll=[40.0], bucket_n=[15],
+                 reused_from="pi", setting="t"),
+    PasskeyTrial(key=trial_key("yarn", 120, 0.5, 1), method="yarn", factor=2.0, length=120, depth=0.5, trial=1, seconds=0.3,
+                 passkey=12345, answer="12345", got=12345, correct=True, prompt_tokens=117, setting="t"),
+]
+
+
+@pytest.mark.parametrize("kinds, recs", [(RUN, RUN_RECORDS), (PRETRAINED, PRETRAINED_RECORDS)])
+def test_every_kind_round_trips(tmp_path, kinds, recs):
+    path = tmp_path / "r.jsonl"
+    for r in recs:
+        append(path, r)
+    assert load(path, kinds) == recs
+    assert all(json.loads(line)["schema_version"] == SCHEMA_VERSION for line in path.read_text().splitlines())
+
+
+def test_ratio_is_derived_not_stored(tmp_path):
+    append(tmp_path / "r.jsonl", RUN_RECORDS[0].model_copy(update={"ratio": 1.3}))
+    assert "ratio" not in json.loads((tmp_path / "r.jsonl").read_text())
+    assert load(tmp_path / "r.jsonl")[0].ratio is None
+
+
+def test_a_version_1_file_loads(tmp_path):
+    """Lines as posenc wrote them before the schema field: compare's, eval's (no kind), extend's old passkey key."""
+    lines = [
+        {"kind": "ppl", "scheme": "rope", "seed": 0, "train_length": 128, "eval_length": 128, "windows": 2,
+         "scored_tokens": 256, "nll": 700.0, "ppl": 15.4, "bucket_edges": [0, 128], "bucket_ppl": [15.4], "seconds": 1.0},
+        {"scheme": "alibi", "train_length": 128, "eval_length": 256, "windows": 1, "scored_tokens": 256, "nll": 710.0,
+         "ppl": 16.0, "bucket_edges": [0, 256], "bucket_ppl": [16.0]},
+        {"kind": "far_mass", "scheme": "rope", "seed": 0, "train_length": 128, "length": 256, "note": "not supported"},
+    ]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    got = load(tmp_path / "results.jsonl")
+    assert [type(r) for r in got] == [Ppl, Ppl, FarMass] and {r.schema_version for r in got} == {1}
+    assert (got[1].scheme, got[1].seed, got[1].ppl) == ("alibi", None, 16.0)
+    old = {"kind": "passkey", "key": 12345, "method": "none", "factor": 2.0, "length": 120, "depth": 0.5, "trial": 0,
+           "correct": True, "prompt_tokens": 100, "setting": "t"}
+    (tmp_path / "records.jsonl").write_text(json.dumps(old) + "\n")
+    (trial,) = load(tmp_path / "records.jsonl", PRETRAINED)
+    assert (trial.key, trial.passkey, trial.answer) == ("passkey|none|120|0.5|0", 12345, None)
+
+
+def test_a_newer_version_is_refused_with_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    rec = RUN_RECORDS[0].model_dump(mode="json", exclude={"ratio"}) | {"schema_version": SCHEMA_VERSION + 1}
+    (run / "results.jsonl").write_text(json.dumps(rec) + "\n")
+    with pytest.raises(PosencError, match=f"results.jsonl line 1 holds records of schema version {SCHEMA_VERSION + 1}"):
+        load(run / "results.jsonl")
+    assert main(["report", str(run), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"posenc: error: {run / 'results.jsonl'} line 1 holds records of schema version {SCHEMA_VERSION + 1}")
+    assert len(err.splitlines()) == 1
+
+
+def test_unknown_kinds_and_misfit_fields_are_one_line_errors(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"kind": "bogus"}) + "\n")
+    with pytest.raises(PosencError, match="line 1 holds a record of unknown kind 'bogus'; known: ppl, passkey, far_mass, task"):
+        load(path)
+    path.write_text(json.dumps({"kind": "task", "scheme": "rope"}) + "\n")
+    with pytest.raises(PosencError, match=r"line 1: not a task record \(task: Field required\)"):
+        load(path)
+    path.write_text(json.dumps({"kind": "far_mass", "scheme": "rope", "length": 64, "typo": 1}) + "\n")
+    with pytest.raises(PosencError, match=r"not a far_mass record \(typo: Extra inputs are not permitted\)"):
+        load(path)
+
+
+def test_a_torn_tail_is_dropped(tmp_path):
+    path = tmp_path / "results.jsonl"
+    append(path, RUN_RECORDS[0])
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"kind": "ppl", "sch')  # killed mid-write
+    assert load(path) == [RUN_RECORDS[0]]
+    drop_torn_tail(path)
+    assert path.read_bytes() == whole
+    append(path, RUN_RECORDS[2])
+    assert load(path) == [RUN_RECORDS[0], RUN_RECORDS[2]]
+    assert load(tmp_path / "missing.jsonl") == []
+
+
+@pytest.mark.parametrize("name", ["default", "baselines", "learned", "window"])
+def test_committed_csv_tables_load_and_write_back_byte_for_byte(tmp_path, name):
+    recs = load_csv(RESULTS / name / "results.csv")
+    assert recs and all(isinstance(r, Ppl) and r.ratio is not None for r in recs if r.ppl is not None)
+    write_csv(tmp_path / "results.csv", recs)
+    assert (tmp_path / "results.csv").read_bytes() == (RESULTS / name / "results.csv").read_bytes()
+    assert load_ppl(RESULTS / name) == recs
+
+
+def test_load_ppl_prefers_the_jsonl_and_keeps_only_perplexity(tmp_path):
+    assert load_ppl(tmp_path) is None
+    for r in RUN_RECORDS:
+        append(tmp_path / "results.jsonl", r)
+    (tmp_path / "results.csv").write_text("scheme,train_length,eval_length\n")
+    assert load_ppl(tmp_path) == RUN_RECORDS[:2]
+    (tmp_path / "results.jsonl").unlink()
+    assert load_ppl(tmp_path) == []
+    (tmp_path / "results.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(PosencError, match="results.csv is not a posenc results table"):
+        load_ppl(tmp_path)
+
+
+def test_the_extend_store_counts_each_trial_once_across_reruns(tmp_path):
+    """A rerun reopens the store: finished keys are skipped, a key recorded twice counts once, another
+    setting's records are kept in the file but not shown."""
+    extend = pytest.importorskip("posenc.extend")
+    path = tmp_path / "records.jsonl"
+    store = extend._Store(path, "t")
+    for r in PRETRAINED_RECORDS:
+        store.add(r)
+    append(path, PRETRAINED_RECORDS[1])  # an earlier release appended a finished trial again
+    append(path, PRETRAINED_RECORDS[1].model_copy(update={"setting": "other"}))
+    again = extend._Store(path, "t")
+    assert again.records == PRETRAINED_RECORDS
+    assert again.done == {r.key for r in PRETRAINED_RECORDS}
+    w = PRETRAINED_RECORDS[0]
+    assert again.by_sig == {(w.signature, w.doc, w.begin, w.length): w}
