@@ -22,7 +22,7 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -42,8 +42,9 @@ class Record(BaseModel):
 
 
 class Ppl(Record):
-    """Perplexity of one model at one evaluation length (``posenc.evaluate.evaluate_length``); ``ratio`` is derived
-    (ppl over the same scheme and seed's ppl at the training length, ``posenc.report.with_ratios``), not stored."""
+    """Perplexity of one model at one evaluation length (``posenc.evaluate.evaluate_length``). ``ratio`` is derived
+    (ppl over the same scheme and seed's ppl at the training length, ``posenc.report.with_ratios``): in results.csv,
+    never in the JSONL."""
 
     kind: Literal["ppl"] = "ppl"
     scheme: str
@@ -182,8 +183,7 @@ class PasskeyTrial(Record):
         return data
 
 
-RunRecord = Union[Ppl, PasskeyCell, FarMass, Task]
-PretrainedRecord = Union[ScoredWindow, PasskeyTrial]
+PretrainedRecord = ScoredWindow | PasskeyTrial
 RUN: dict[str, type[Record]] = {"ppl": Ppl, "passkey": PasskeyCell, "far_mass": FarMass, "task": Task}
 PRETRAINED: dict[str, type[Record]] = {"ppl": ScoredWindow, "passkey": PasskeyTrial}
 
@@ -193,7 +193,7 @@ def append(path: Path, record: Record) -> None:
     append_jsonl(path, record.model_dump(mode="json", exclude={"ratio"} if isinstance(record, Ppl) else None))
 
 
-def parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
+def _parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
     """The typed record of one decoded line. Raises PosencError naming ``where`` for a newer schema version,
     an unknown kind or fields that do not fit the kind."""
     version = raw.get("schema_version", 1)
@@ -210,9 +210,10 @@ def parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
         raise PosencError(f"{where}: not a {kind} record ({'.'.join(map(str, err['loc']))}: {err['msg']})") from None
 
 
-def load(path: Path, kinds: dict[str, type[Record]] = RUN) -> list:
-    """Typed records of a JSONL file ([] when it does not exist); a line that is not JSON (torn by a killed
-    writer) is skipped. Raises PosencError (one line, naming the file) as :func:`parse`."""
+def load(path: Path, kinds: dict[str, type[Record]] = RUN) -> list[Record]:
+    """Typed records of a JSONL file, of the family ``kinds`` ([] when it does not exist); a line that is not
+    JSON (torn by a killed writer) is skipped. Raises PosencError (one line, naming the file and line) for a
+    record of a newer schema version, of an unknown kind, or whose fields do not fit its kind."""
     path = Path(path)
     if not path.exists():
         return []
@@ -222,7 +223,7 @@ def load(path: Path, kinds: dict[str, type[Record]] = RUN) -> list:
             raw = json.loads(line)
         except json.JSONDecodeError:
             continue
-        out.append(parse(raw, kinds, f"{path} line {i}"))
+        out.append(_parse(raw, kinds, f"{path} line {i}"))
     return out
 
 
