@@ -38,10 +38,15 @@ class Adaptation:
     ``extension``: the RoPE schedule set (``Extension("none")`` when native); ``rerope``: (inv_freq (D/2,),
     window, leak) while (leaky) ReRoPE is set, else None; ``scheme``: the ``posenc.hf.Scheme`` in attention,
     else None; ``weights``: what changed the weights since loading (set it after training: it enters
-    :meth:`key`), else None; ``l0``: the native context. Creating it changes nothing in the model.
+    :meth:`key`), else None; ``l0``: the native context. Creating it changes nothing in the model; PosencError
+    for a model whose rotary embedding is already swapped (``posenc.hf.apply_scheme`` ran on it): its native
+    RoPE is not there to record.
     """
 
     def __init__(self, model):
+        if isinstance(model.model.rotary_emb, rerope.IdentityRotary):
+            raise PosencError("the model's rotary embedding is already swapped (a posenc scheme or ReRoPE): "
+                              "adapt it from its native state (Scheme.remove first)")
         config = model.config
         self.model = model
         self.l0 = native_context(config)
