@@ -110,8 +110,8 @@ def check_config(cfg: ExtendConfig) -> None:
         raise PosencError(f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {cfg.stride}")
 
 
-def _extension(cfg: ExtendConfig, method: str) -> schedules.Extension:
-    return schedules.Extension(method, cfg.factor, cfg.rerope_window, cfg.leak)
+def _extension(cfg: ExtendConfig, schedule: str) -> schedules.Extension:
+    return schedules.Extension(schedule, cfg.factor, cfg.rerope_window, cfg.leak)
 
 
 def held_out(cfg: ExtendConfig) -> list[Document]:
