@@ -72,6 +72,7 @@ def test_no_state_on_the_model_applied_or_restored():
         assert added == {"dynamic": 1, "longrope": 1, "rerope": 2, "leaky-rerope": 2}.get(label, 3 if "scheme" in label else 0), label
         assert len(adapted._hooks) + (len(adapted.scheme.hooks) if adapted.scheme else 0) == added
         assert any(hasattr(layer.self_attn, "posenc") for layer in model.model.layers) == label.startswith("scheme:")
+        assert adapted.full_forward == (label == "scheme:xpos")  # xPos replaces attention: generation without the cache
         adapted.restore()
         assert posenc_attributes(model) == [] and hooks(model) == native_hooks, label
         assert not any(hasattr(layer.self_attn, "posenc") for layer in model.model.layers)
