@@ -117,6 +117,16 @@ def test_the_key_changes_with_every_mutation_and_only_then():
     assert adapted.key(32) != native[32]  # trained weights never reuse the scores from before
 
 
+def test_the_keys_are_those_of_the_records_already_stored():
+    """The key hashes what ``schedules.signature`` hashed before the Adaptation, so an earlier run's records.jsonl is reused."""
+    adapted, got = Adaptation(llama()), {}
+    for label, apply in [("none", lambda: None), ("leaky-rerope", lambda: adapted.set_schedule(extension("leaky-rerope"))),
+                         ("scheme:alibi", lambda: adapted.set_scheme("alibi"))]:
+        apply()
+        got[label] = adapted.key(32)
+    assert got == {"none": "397c4541401cd3a2", "leaky-rerope": "c89deb133138e9af", "scheme:alibi": "f758449679bac1dd"}
+
+
 def test_a_swapped_model_is_refused_a_second_swap():
     model = llama()
     hf.apply_scheme(model, "alibi")
