@@ -8,7 +8,7 @@ import torch
 
 from posenc import build_model
 from posenc.errors import PosencError
-from posenc.evaluate import bucket_edges, evaluate_length, plan, windows
+from posenc.evaluate import bucket_edges, evaluate_length, plan, window_starts
 
 
 def test_windows_score_every_target_once():
@@ -22,16 +22,16 @@ def test_windows_score_every_target_once():
         seen[d][w.lo : w.hi] += 1
     for d, (_, a) in enumerate(docs):
         assert seen[d].tolist() == ([0] + [1] * (len(a) - 1) if len(a) > L else [0] * len(a))
-    assert windows(docs, L) == [(d, w.begin) for d, w in plan(docs, L)]
+    assert window_starts(docs, L) == [(d, w.begin) for d, w in plan(docs, L)]
     assert [w.begin for d, w in plan(docs, L) if d == 0] == [0, 16, 32, 48, 64, 80, 84]  # 84: the last 17 tokens
 
 
 def test_windows_respect_token_cap_and_reject_too_long():
     docs = [("a", np.arange(1000)), ("b", np.arange(1000))]
-    w = windows(docs, 100, max_tokens=300)
+    w = window_starts(docs, 100, max_tokens=300)
     assert len(w) == 3 and {d for d, _ in w} == {0, 1}  # round-robin over documents
     with pytest.raises(PosencError, match="exceeds the longest"):
-        windows(docs, 1000)
+        window_starts(docs, 1000)
 
 
 def test_evaluate_length_sums_nll_over_scored_tokens():
@@ -64,11 +64,11 @@ def test_span_makes_every_length_score_the_same_targets():
     docs = [("a", np.arange(200)), ("short", np.arange(40)), ("b", np.arange(129)), ("c", np.arange(300))]
     targets = {}
     for L in (16, 32, 64, 128):
-        wins = windows(docs, L, max_tokens=200, span=128)
+        wins = window_starts(docs, L, max_tokens=200, span=128)
         targets[L] = sorted((d, t) for d, s in wins for t in range(s + 1, s + L + 1))
     assert targets[16] == targets[32] == targets[64] == targets[128]
     assert {d for d, _ in targets[16]} == {0, 2} and len(targets[16]) == 256  # 2 spans of 128 cover 200
     with pytest.raises(PosencError, match="not a multiple"):
-        windows(docs, 48, span=128)
+        window_starts(docs, 48, span=128)
     with pytest.raises(PosencError, match="exceeds the longest"):
-        windows(docs, 16, span=512)
+        window_starts(docs, 16, span=512)

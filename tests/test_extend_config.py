@@ -10,7 +10,7 @@ import pytest
 from posenc.cli import build_parser, main
 from posenc.commands import extend_cmd
 from posenc.errors import PosencError
-from posenc.extend import ExtendConfig, load_preset, preset_names
+from posenc.extend import ExtendConfig, load_extend_config, preset_names
 from posenc.rope import NAMES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def parse(*argv: str) -> ExtendConfig:
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_shipped_presets_load(name):
     assert preset_names() == sorted(SHIPPED)
-    cfg = load_preset(name)
+    cfg = load_extend_config(name)
     assert cfg.model_dump() == {"name": name, **COMMON, **SHIPPED[name]}
     assert parse(f"--{name}" if name != "default" else "--preset=default") == cfg  # --quick, --reproduce: shorthands
 
@@ -77,7 +77,7 @@ def test_flags_override_the_preset(tmp_path):
 def test_bad_preset_is_one_line_error(tmp_path, text, message):
     (tmp_path / "bad.yaml").write_text(text)
     with pytest.raises(PosencError) as err:
-        load_preset(str(tmp_path / "bad.yaml"))
+        load_extend_config(str(tmp_path / "bad.yaml"))
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

@@ -90,7 +90,7 @@ def test_interrupted_run_resumes_to_the_same_tensors(llama_dir, monkeypatch):
 
 
 def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir, hf_decode):
-    cfg = ft.load_preset("quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"),
+    cfg = ft.load_finetune_config("quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"),
                                    "scheme": "acc-learned-qk+forget", "steps": 4, "lr": 1e-2, "length": 32})
     loaded = loading.load(cfg.model)
     model = loaded.model
@@ -124,7 +124,7 @@ def test_bad_input_is_one_line_and_touches_nothing(llama_dir, capsys, extra, mes
 
 def test_shipped_presets_and_flags():
     assert ft.preset_names() == ["default", "quick"]
-    cfg = ft.load_preset("default")
+    cfg = ft.load_finetune_config("default")
     assert (cfg.model, cfg.scheme, cfg.length, cfg.steps, cfg.lora_rank, cfg.eval_lengths) == ("smollm2", "acc-rand-qk", 1024, 50, 8, [1024])
     from posenc.cli import build_parser
     from posenc.commands import finetune_cmd

@@ -58,7 +58,7 @@ def test_beam_search_and_sampling_with_the_cache_equal_without_it(spec):
     """Beam search (3 beams, 2 returned: the cache is reordered and its rows repeated) and sampling (fixed seed);
     schemes that replace attention refuse cached decoding instead."""
     model, ids = swapped(spec), torch.randint(0, 128, (2, 5))
-    if model.posenc_full_forward:  # xPos, PaTH, CoPE, DAPE, PoPE: every query is needed
+    if any(layer.self_attn.posenc.replaces_attention for layer in model.model.layers):  # xPos, PaTH, CoPE, DAPE, PoPE: every query is needed
         with pytest.raises(PosencError, match=r"replaces attention .* use_cache=False\)\)$"):
             generate(model, ids, True, num_beams=2)
         return

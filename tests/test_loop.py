@@ -123,7 +123,7 @@ def _finetune_setup(llama_dir, **overrides):
     from posenc import finetune as ft
     from posenc.pretrained import loading
 
-    cfg = ft.load_preset("quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"), "scheme": "acc-rand-qk",
+    cfg = ft.load_finetune_config("quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"), "scheme": "acc-rand-qk",
                                    "steps": 6, "lr": 1e-2, "length": 32, "ckpt_every": 2, "threads": 1, **overrides})
     loaded = loading.load(cfg.model)
     ft.adapt(loaded.model, cfg)
@@ -162,12 +162,12 @@ def test_a_crashed_finetune_resumes_to_the_uninterrupted_losses(llama_dir, monke
 
 def test_configs_share_the_loop_and_scoring_fields():
     from posenc.extend import ExtendConfig, ScoringConfig
-    from posenc.finetune import FinetuneConfig, eval_config, load_preset
+    from posenc.finetune import FinetuneConfig, eval_config, load_finetune_config
 
     loop, scoring = set(LoopConfig.model_fields), set(ScoringConfig.model_fields)
     assert loop <= set(TrainConfig.model_fields) and loop | scoring <= set(FinetuneConfig.model_fields)
     assert scoring <= set(ExtendConfig.model_fields) and not loop & scoring
-    cfg = load_preset("quick", {"docs": ["all"], "passkey_lengths": [64], "trials": 3})
+    cfg = load_finetune_config("quick", {"docs": ["all"], "passkey_lengths": [64], "trials": 3})
     assert all(getattr(eval_config(cfg), k) == getattr(cfg, k) for k in scoring)  # finetune scores as extend does
     for cls in (TrainConfig, FinetuneConfig):  # the bounds come from LoopConfig, also where a default differs
         for field, bad in (("steps", 0), ("lr", 0.0), ("warmup", -1), ("min_lr_ratio", 1.5), ("threads", 0)):
@@ -191,14 +191,15 @@ def test_help_shows_the_default_presets_values(command, module, monkeypatch):
 
     from posenc.commands import shown
 
-    d = importlib.import_module(module).load_preset("default")
+    load = f"load_{command}_config"
+    d = getattr(importlib.import_module(module), load)("default")
     helps = _helps(command)
     fields = [k for k, h in helps.items() if k in type(d).model_fields and "default" in h and k not in IN_WORDS]
     assert len(fields) >= 12
     for k in fields:
         assert f"default {shown(getattr(d, k))}" in helps[k] or f"default: {shown(getattr(d, k))}" in helps[k], k
     cmd = importlib.import_module(f"posenc.commands.{command}_cmd")  # read from the config, not written in the help
-    monkeypatch.setattr(cmd, "load_preset", lambda name: d.model_copy(update={"trials": 777, "seed": 5}))
+    monkeypatch.setattr(cmd, load, lambda name: d.model_copy(update={"trials": 777, "seed": 5}))
     assert "(default 777)" in _helps(command)["trials"] and "(default 5)" in _helps(command)["seed"]
 
 

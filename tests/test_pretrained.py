@@ -19,8 +19,10 @@ from posenc.attention import rotate  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
 from posenc.pretrained import evaluate as ev  # noqa: E402
 from posenc.pretrained import schedules  # noqa: E402
-from posenc.rope import rerope  # noqa: E402
-from posenc.pretrained.schedules import Extension, apply_method  # noqa: E402
+from posenc.pretrained import rerope as hf_rerope  # noqa: E402
+from posenc.rope import NAMES, rerope  # noqa: E402
+from posenc.pretrained.adaptation import Adaptation  # noqa: E402
+from posenc.pretrained.schedules import Extension  # noqa: E402
 
 BASE, D, L0 = 10000.0, 32, 2048
 OMEGA = BASE ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
@@ -46,14 +48,15 @@ def read_back(model):
 @pytest.mark.parametrize("s", [2.0, 4.0])
 def test_pi_ntk_llama3_closed_forms(s):
     model = tiny_model()
-    apply_method(model, Extension("none", s))
+    adapted = Adaptation(model)
+    adapted.set_schedule(Extension("none", s))
     assert torch.allclose(read_back(model)[0], OMEGA, rtol=1e-6)
-    apply_method(model, Extension("pi", s))  # Chen et al. 2023: omega / s
+    adapted.set_schedule(Extension("pi", s))  # Chen et al. 2023: omega / s
     assert torch.allclose(read_back(model)[0], OMEGA / s, rtol=1e-6)
-    apply_method(model, Extension("ntk", s))  # bloc97: base * s^(d/(d-2))
+    adapted.set_schedule(Extension("ntk", s))  # bloc97: base * s^(d/(d-2))
     base = BASE * s ** (D / (D - 2))
     assert torch.allclose(read_back(model)[0], base ** (-torch.arange(0, D, 2).double() / D), rtol=1e-5)
-    apply_method(model, Extension("llama3", s))  # bands: lambda < L0/4 kept, > L0 divided by s, smooth between
+    adapted.set_schedule(Extension("llama3", s))  # bands: lambda < L0/4 kept, > L0 divided by s, smooth between
     lam = 2 * math.pi / OMEGA
     smooth = ((L0 / lam - 1) / (4 - 1)).clamp(0, 1)
     want = torch.where(lam < L0 / 4, OMEGA, torch.where(lam > L0, OMEGA / s, (1 - smooth) * OMEGA / s + smooth * OMEGA))
@@ -68,7 +71,8 @@ def test_yarn_closed_form(s):
     interpolated (omega / s); between, the ramp of the reference code (linear in the dimension
     index between the integer indices bracketing r = 32 and r = 1); cos, sin scaled by 0.1 ln s + 1."""
     model = tiny_model()
-    apply_method(model, Extension("yarn", s))
+    adapted = Adaptation(model)
+    adapted.set_schedule(Extension("yarn", s))
     inv, scale = read_back(model)
     r = L0 * OMEGA / (2 * math.pi)
     idx = torch.arange(D // 2, dtype=torch.float64)
@@ -90,38 +94,40 @@ def test_dynamic_ntk_after_forward():
     """Dynamic NTK: base * (s L / L0 - (s - 1))^(d/(d-2)) for L > L0, plain RoPE for L <= L0."""
     s, L = 2.0, L0 + 700
     model = tiny_model()
-    apply_method(model, Extension("dynamic", s))
+    adapted = Adaptation(model)
+    adapted.set_schedule(Extension("dynamic", s))
     with torch.inference_mode():
         model(torch.randint(0, 97, (1, L)))
     base = BASE * (s * L / L0 - (s - 1)) ** (D / (D - 2))
     assert torch.allclose(read_back(model)[0], base ** (-torch.arange(0, D, 2).double() / D), rtol=1e-5)
-    schedules.reset_rotary(model)  # a shorter forward must not inherit the longer one's frequencies
+    adapted.reset_rotary()  # a shorter forward must not inherit the longer one's frequencies
     with torch.inference_mode():
         model(torch.randint(0, 97, (1, 64)))
     assert torch.allclose(read_back(model)[0], OMEGA, rtol=1e-6)
 
 
-def test_signature_identifies_equal_forwards():
+def test_key_identifies_equal_forwards():
     model = tiny_model()
-    apply_method(model, Extension("none"))
-    plain = {L: schedules.signature(model, L) for L in (1024, 4096)}
-    apply_method(model, Extension("dynamic"))
-    assert schedules.signature(model, 1024) == plain[1024] and schedules.signature(model, 4096) != plain[4096]
-    apply_method(model, Extension("rerope", window=2048))
-    assert schedules.signature(model, 1024) == plain[1024] and schedules.signature(model, 4096) != plain[4096]
+    adapted = Adaptation(model)
+    adapted.set_schedule(Extension("none"))
+    plain = {L: adapted.key(L) for L in (1024, 4096)}
+    adapted.set_schedule(Extension("dynamic"))
+    assert adapted.key(1024) == plain[1024] and adapted.key(4096) != plain[4096]
+    adapted.set_schedule(Extension("rerope", window=2048))
+    assert adapted.key(1024) == plain[1024] and adapted.key(4096) != plain[4096]
 
 
 def test_rerope_params_and_bad_factor():
-    assert schedules.method_params(Extension("rerope", 2.0), 8192) == {"window": 2048}
-    p = schedules.method_params(Extension("leaky-rerope", 2.0), 8192)
+    assert schedules.extension_params(Extension("rerope", 2.0), 8192) == {"window": 2048}
+    p = schedules.extension_params(Extension("leaky-rerope", 2.0), 8192)
     w, k = p["window"], p["leak"]
     assert w == 2048 and w + (2 * 8192 - w) / k == pytest.approx(8192)  # largest relative position at s L0 is L0
     with pytest.raises(PosencError):
-        apply_method(tiny_model(), Extension("pi", 0.5))
+        Adaptation(tiny_model()).set_schedule(Extension("pi", 0.5))
     for bad in (Extension("leaky-rerope", 2.0, window=8192), Extension("leaky-rerope", 2.0, leak=0.5),
                 Extension("rerope", 2.0, window=-3)):
         with pytest.raises(PosencError):
-            schedules.method_params(bad, 8192)
+            schedules.extension_params(bad, 8192)
 
 
 # ---------------------------------------------------------------- ReRoPE
@@ -153,15 +159,16 @@ def test_rerope_wide_window_is_rope():
 
 def test_rerope_in_model_and_with_kv_cache():
     model = tiny_model()
+    adapted = Adaptation(model)
     ids = torch.randint(0, 97, (1, 60))
     with torch.inference_mode():
-        apply_method(model, Extension("none"))
+        adapted.set_schedule(Extension("none"))
         plain = model(ids).logits
-        apply_method(model, Extension("rerope", window=60))  # w >= T: plain RoPE
+        adapted.set_schedule(Extension("rerope", window=60))  # w >= T: plain RoPE
         torch.testing.assert_close(model(ids).logits, plain, atol=1e-4, rtol=1e-4)
-        assert model.config._attn_implementation == schedules.ATTN_NAME
+        assert model.config._attn_implementation == hf_rerope.ATTN_NAME
         assert torch.allclose(model.model.rotary_emb.inv_freq.double(), OMEGA, rtol=1e-6)
-        apply_method(model, Extension("leaky-rerope", window=8, leak=4.0))
+        adapted.set_schedule(Extension("leaky-rerope", window=8, leak=4.0))
         full = model(ids).logits
         assert not torch.allclose(full, plain, atol=1e-3)
         out = model(ids[:, :57], use_cache=True)  # prefill then decode: cached keys are unrotated
@@ -170,7 +177,7 @@ def test_rerope_in_model_and_with_kv_cache():
             out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
             cache = out.cache
             torch.testing.assert_close(out.logits[:, -1], full[:, t], atol=1e-4, rtol=1e-4)
-        apply_method(model, Extension("none"))  # switching back restores SDPA
+        adapted.set_schedule(Extension("none"))  # switching back restores SDPA
         torch.testing.assert_close(model(ids).logits, plain, atol=1e-5, rtol=1e-5)
 
 
@@ -179,12 +186,13 @@ def test_rerope_in_model_and_with_kv_cache():
 SHORT, LONG = tuple(1.0 + 0.05 * i for i in range(D // 2)), tuple(1.0 + 0.5 * i for i in range(D // 2))  # LongRoPE lists
 
 
-@pytest.mark.parametrize("method", [*schedules.METHODS, "longrope"])
+@pytest.mark.parametrize("method", [*NAMES, "longrope"])
 def test_left_padded_batches_score_as_their_unpadded_rows(method):
     """Every method, a left-padded batch with and without generate's position_ids (mask cumsum - 1), then two
     decoding steps through the cache: each row's logits equal its own unpadded run's (ReRoPE window 8 < T)."""
     model = tiny_model()
-    apply_method(model, Extension(method, 2.0, window=8, leak=4.0, short_factor=SHORT, long_factor=LONG))
+    adapted = Adaptation(model)
+    adapted.set_schedule(Extension(method, 2.0, window=8, leak=4.0, short_factor=SHORT, long_factor=LONG))
     rows = [torch.randint(0, 97, (n,)) for n in (30, 23, 17)]
     T, B = 28, len(rows)  # the prefill; rows[b][T - 30 + len:] are decoded one token at a time
     ids, mask = torch.zeros(B, 30, dtype=torch.long), torch.zeros(B, 30, dtype=torch.long)
@@ -223,7 +231,8 @@ def test_length_switches_past_the_native_length_refuse_padding_and_warn_for_cach
     cached keys keep their step's frequencies, logits differ and a one-line warning says so; a padded batch past
     L0 is refused."""
     model = short_model()
-    apply_method(model, ext)
+    adapted = Adaptation(model)
+    adapted.set_schedule(ext)
     ids = torch.randint(0, 97, (1, 24))
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning up to L0, nor for full forwards past it
@@ -246,16 +255,17 @@ def test_length_switches_past_the_native_length_refuse_padding_and_warn_for_cach
     with pytest.raises(PosencError, match=rf"^{label} for a padded batch from its longest row: past L0 = 16"):
         model(torch.randint(0, 97, (2, 20)), attention_mask=mask)
     assert torch.isfinite(model(torch.randint(0, 97, (2, 16)), attention_mask=mask[:, :16]).logits).all()  # up to L0: exact
-    apply_method(model, Extension("none"))  # the checks follow the method
+    adapted.set_schedule(Extension("none"))  # the checks follow the method
     assert torch.isfinite(model(torch.randint(0, 97, (2, 20)), attention_mask=mask).logits).all()
 
 
-@pytest.mark.parametrize("method", [m for m in schedules.METHODS if m != "dynamic"])
+@pytest.mark.parametrize("method", [m for m in NAMES if m != "dynamic"])
 def test_fixed_frequency_methods_decode_with_the_cache_exactly_past_the_native_length(method):
     """L0 = 16: every method whose frequencies do not depend on the length (ReRoPE: keys cached unrotated, window 4)
     decodes through the KV cache to 2 L0 with the full forward's logits at every step, and says nothing."""
     model = short_model()
-    apply_method(model, Extension(method, 2.0, window=4, leak=4.0))
+    adapted = Adaptation(model)
+    adapted.set_schedule(Extension(method, 2.0, window=4, leak=4.0))
     ids = torch.randint(0, 97, (1, 32))
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -272,7 +282,8 @@ def test_longrope_on_a_pretrained_model_switches_lists_past_l0():
     """transformers' rotary with posenc's longrope parameters: the short list up to L0, the long one past it, the
     attention factor sqrt(1 + ln s / ln L0) at every length; without lists the method is a one-line error."""
     model = short_model()
-    apply_method(model, Extension("longrope", 4.0, short_factor=SHORT, long_factor=LONG))
+    adapted = Adaptation(model)
+    adapted.set_schedule(Extension("longrope", 4.0, short_factor=SHORT, long_factor=LONG))
     omega = BASE ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
     for T, ext in ((16, SHORT), (17, LONG)):
         with torch.inference_mode():
@@ -280,9 +291,9 @@ def test_longrope_on_a_pretrained_model_switches_lists_past_l0():
         inv, scale = read_back(model)
         assert torch.allclose(inv, omega / torch.tensor(ext, dtype=torch.float64), rtol=1e-6)
         assert scale == pytest.approx(math.sqrt(1 + math.log(4) / math.log(16)))
-    assert schedules.signature(model, 16) != schedules.signature(model, 17)
+    assert adapted.key(16) != adapted.key(17)
     with pytest.raises(PosencError, match=r"^rope schedule 'longrope' needs long_factor, short_factor$"):
-        apply_method(model, Extension("longrope", 4.0))
+        adapted.set_schedule(Extension("longrope", 4.0))
 
 
 # ---------------------------------------------------------------- token accounting
@@ -291,7 +302,7 @@ def test_longrope_on_a_pretrained_model_switches_lists_past_l0():
 @pytest.mark.parametrize("n,length,stride,bos", [(100, 10, None, False), (100, 10, None, True), (103, 16, 5, False),
                                                  (103, 16, 5, True), (64, 64, None, False), (50, 8, 1, False)])
 def test_windows_score_every_target_once(n, length, stride, bos):
-    wins = ev.windows(n, length, stride, bos)
+    wins = ev.model_windows(n, length, stride, bos)
     count = np.zeros(n, dtype=int)
     for w in wins:
         assert w.span == length - bos and w.begin + w.span <= n
@@ -303,9 +314,9 @@ def test_windows_score_every_target_once(n, length, stride, bos):
     assert (count == expect).all()
     if stride is None:  # consecutive windows' targets tile the text, with either BOS policy; the last takes the rest
         assert all(w.n_scored == length - 1 for w in wins[:-1]) and 1 <= wins[-1].n_scored <= length - 1
-    assert ev.windows(length - 1 - bos, length, stride, bos) == []
+    assert ev.model_windows(length - 1 - bos, length, stride, bos) == []
     with pytest.raises(PosencError):
-        ev.windows(n, length, length)
+        ev.model_windows(n, length, length)
 
 
 def test_score_window_matches_full_forward():
@@ -314,7 +325,7 @@ def test_score_window_matches_full_forward():
     model = tiny_model()
     tokens = np.random.default_rng(0).integers(0, 97, 300)
     total, n = 0.0, 0
-    for w in ev.windows(len(tokens), 100):
+    for w in ev.model_windows(len(tokens), 100):
         res = ev.score_window(model, tokens, w, None, bucket=32)
         ids = torch.as_tensor(tokens[w.begin : w.begin + 100])[None]
         with torch.inference_mode():
@@ -326,11 +337,11 @@ def test_score_window_matches_full_forward():
         total, n = total + res["nll_sum"], n + res["n_scored"]
     assert n == 299
     # sliding windows: later windows score only their last `stride` targets
-    wins = ev.windows(len(tokens), 100, stride=40)
+    wins = ev.model_windows(len(tokens), 100, stride=40)
     res = [ev.score_window(model, tokens, w, None, bucket=32) for w in wins]
     assert [r["n_scored"] for r in res] == [99] + [40] * (len(wins) - 1)
     # BOS prepended: every text token of the window is scored
-    w = ev.windows(len(tokens), 100, bos=True)[0]
+    w = ev.model_windows(len(tokens), 100, bos=True)[0]
     assert ev.score_window(model, tokens, w, 1, bucket=32)["n_scored"] == 99 == w.span
 
 
@@ -460,10 +471,10 @@ def test_smollm2_gguf_short_perplexity():
     assert cfg.rope_parameters["rope_theta"] == 1e5 and schedules.native_context(cfg) == 8192
     hamlet = next(d for d in load_corpus("shakespeare").val if d.name == "hamlet")
     tokens = loaded.tokenizer(hamlet.text[:20000], add_special_tokens=False)["input_ids"]
-    window = ev.windows(len(tokens), 256)[0]
-    ppl = {}
+    window = ev.model_windows(len(tokens), 256)[0]
+    ppl, adapted = {}, Adaptation(loaded.model)
     for method in ("none", "pi"):
-        apply_method(loaded.model, Extension(method, 2.0))
+        adapted.set_schedule(Extension(method, 2.0))
         res = ev.score_window(loaded.model, np.asarray(tokens), window, None, bucket=256)
         assert res["n_scored"] == 255
         ppl[method] = math.exp(res["nll_sum"] / res["n_scored"])
@@ -476,15 +487,15 @@ def test_smollm2_gguf_short_perplexity():
 def test_every_rotary_and_bias_scheme_in_smollm2():
     """posenc.hf.apply_scheme on SmolLM2-135M: every attention scheme gives a finite perplexity on 256 tokens of
     Hamlet; 'rope' reproduces the model's (results/smollm2-schemes/ holds the 1K sweep)."""
-    from posenc import encodings, hf
+    from posenc import encodings
     from posenc.data import load_corpus
     from posenc.pretrained import loading
 
     loaded = loading.load("smollm2")
     hamlet = next(d for d in load_corpus("shakespeare").val if d.name == "hamlet")
     tokens = np.asarray(loaded.tokenizer(hamlet.text[:4000], add_special_tokens=False)["input_ids"])
-    window = ev.windows(len(tokens), 256)[0]
-    apply_method(loaded.model, Extension("none"))
+    window = ev.model_windows(len(tokens), 256)[0]
+    adapted = Adaptation(loaded.model)
 
     def nll() -> float:
         res = ev.score_window(loaded.model, tokens, window, None, bucket=256)
@@ -497,7 +508,7 @@ def test_every_rotary_and_bias_scheme_in_smollm2():
     assert len(specs) == len(catalogue) - 4 + 1 >= 24
     got = {}
     for spec in specs:
-        hf.apply_scheme(loaded.model, spec)
+        adapted.set_scheme(spec)
         got[spec] = nll()
     assert all(math.isfinite(v) for v in got.values()), got
     assert got["rope"] == pytest.approx(base, rel=1e-6)  # float32 rounding of the angles

@@ -20,8 +20,9 @@ from posenc.attention import rotate  # noqa: E402
 from posenc.cli import main  # noqa: E402
 from posenc.encodings.base import Dims, Inputs  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
-from posenc.pretrained import schedules  # noqa: E402
-from posenc.pretrained.schedules import Extension, apply_method  # noqa: E402
+from posenc.pretrained import rerope as hf_rerope, schedules  # noqa: E402
+from posenc.pretrained.adaptation import Adaptation  # noqa: E402
+from posenc.pretrained.schedules import Extension  # noqa: E402
 from posenc.rope import rerope  # noqa: E402
 
 D, THETA, L0 = 32, 10000.0, 256
@@ -42,7 +43,7 @@ def hf_frequencies(rope_parameters: dict, seq_len=None) -> tuple[torch.Tensor, f
 @pytest.mark.parametrize("name", rope.NAMES)
 @pytest.mark.parametrize("factor", [2.0, 8.0])
 def test_own_frequencies_equal_transformers_for_the_adapter_parameters(name, factor):
-    params = schedules.method_params(Extension(name, factor), L0)
+    params = schedules.extension_params(Extension(name, factor), L0)
     hf_params = rope.hf_rope_parameters(name, params, THETA, D)
     dims = Dims(n_head=4, head_dim=D, d_model=4 * D, vocab_size=256, train_length=L0)
     enc = encodings.get("rope", dims, rope_theta=THETA, schedule=name, schedule_params=params)
@@ -66,12 +67,13 @@ def test_adapter_installs_the_same_frequencies():
     cfg = LlamaConfig(vocab_size=97, hidden_size=4 * D, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                       head_dim=D, max_position_embeddings=L0, rope_parameters={"rope_type": "default", "rope_theta": THETA})
     model = LlamaForCausalLM(cfg).eval()
+    adapted = Adaptation(model)
     for name in rope.NAMES:
-        apply_method(model, Extension(name, 4.0))
-        inv, af = rope.SCHEDULES[name](D, THETA, schedules.method_params(Extension(name, 4.0), L0), None)
+        adapted.set_schedule(Extension(name, 4.0))
+        inv, af = rope.SCHEDULES[name](D, THETA, schedules.extension_params(Extension(name, 4.0), L0), None)
         assert torch.allclose(model.model.rotary_emb.inv_freq.double(), inv, rtol=1e-6), name
         assert float(model.model.rotary_emb.attention_scaling) == pytest.approx(af, rel=1e-6), name
-        assert (model.config._attn_implementation == schedules.ATTN_NAME) == (name in rope.RELATIVE)
+        assert (model.config._attn_implementation == hf_rerope.ATTN_NAME) == (name in rope.RELATIVE)
 
 
 def _inputs(B, H, Hkv, Tq, Tk, Dh, dtype, seed):
@@ -130,8 +132,8 @@ def test_own_model_and_hf_rerope_are_one_attention(name, leak):
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=97, hidden_size=H * D, intermediate_size=64, num_hidden_layers=1, num_attention_heads=H,
                       head_dim=D, max_position_embeddings=L0, rope_parameters={"rope_type": "default", "rope_theta": THETA})
-    model = LlamaForCausalLM(cfg).eval()
-    apply_method(model, Extension(name, 2.0, window=w, leak=leak))
+    adapted = Adaptation(LlamaForCausalLM(cfg).eval())
+    adapted.set_schedule(Extension(name, 2.0, window=w, leak=leak))
     params = {"window": w} if leak is None else {"window": w, "leak": leak}
     dims = Dims(n_head=H, head_dim=D, d_model=H * D, vocab_size=97, train_length=L0)
     enc = encodings.get("rope", dims, rope_theta=THETA, schedule=name, schedule_params=params)
@@ -140,16 +142,17 @@ def test_own_model_and_hf_rerope_are_one_attention(name, leak):
     pos = torch.arange(T)
     with torch.no_grad():
         own = enc.attend(q, k, v, Inputs(torch.zeros(B, T, H * D), pos, torch.zeros(B, T, dtype=torch.long)))
-        hf, _ = schedules.attention_forward(model.model.layers[0].self_attn, q, k, v, None, D**-0.5, position_ids=pos[None])
+        hf, _ = hf_rerope.attention_forward(adapted.model.model.layers[0].self_attn, q, k, v, None, D**-0.5,
+                                            position_ids=pos[None], rerope=adapted.rerope)
     torch.testing.assert_close(hf.transpose(1, 2), own, atol=1e-6, rtol=1e-5)
-    assert model.model.layers[0].self_attn.rerope[1:] == (w, leak)  # one meaning of leak: Su's k
+    assert adapted.rerope[1:] == (w, leak)  # one meaning of leak: Su's k
 
 
 def test_old_spellings_name_the_new_ones(tmp_path, capsys):
     with pytest.raises(PosencError, match="'leaky_rerope' was renamed: use 'leaky-rerope'"):
         rope.schedule_params("leaky_rerope", L0, {"window": 4, "leak": 2.0})
     with pytest.raises(PosencError, match="use 'leaky-rerope'"):
-        schedules.method_params(Extension("leaky_rerope"), L0)
+        schedules.extension_params(Extension("leaky_rerope"), L0)
     for argv, message in ((["--methods", "leaky_rerope"], "use 'leaky-rerope'"), (["--leaky-k", "4"], "--leaky-k was renamed: use --leak"),
                           (["--methods", "yarn", "--passkey-methods", "nosuch"], "unknown rope schedule 'nosuch'")):
         assert main(["extend", *argv, "--out", str(tmp_path / "o")]) == 2
@@ -164,7 +167,7 @@ def test_leak_means_k_everywhere():
         with pytest.raises(PosencError, match="leak k must be > 1"):
             rope.schedule_params("leaky-rerope", L0, {"window": 4, "leak": bad})
         with pytest.raises(PosencError, match="leak k must be > 1"):
-            schedules.method_params(Extension("leaky-rerope", 2.0, window=4, leak=bad), L0)
+            schedules.extension_params(Extension("leaky-rerope", 2.0, window=4, leak=bad), L0)
     T, w, k = 12, 3, 4.0
     q, key, _ = (t.detach() for t in _inputs(1, 1, 1, T, T, 4, torch.float64, seed=0))
     inv, i = rope.rope_inv_freq(4), T - 1

@@ -11,13 +11,13 @@ from posenc import build_model
 from posenc.errors import PosencError
 from posenc.evaluate import evaluate_length
 from posenc.pretrained import evaluate as hf
-from posenc.scoring import Window, check_once, token_nll, windows
+from posenc.scoring import Window, check_once, text_windows, token_nll
 
 
 def _check_plan(n: int, span: int, stride, bos: bool) -> list[Window]:
     """The plan's property: each target 1..n-1 (0..n-1 with BOS) scored exactly once, with its context inside a
     window of exactly ``span`` tokens; no window for a document shorter than one."""
-    wins = windows(n, span, stride, bos)
+    wins = text_windows(n, span, stride, bos)
     count = np.zeros(n, dtype=int)
     for w in wins:
         assert w.span == span and 0 <= w.begin and w.begin + span <= n and w.hi == w.begin + span
@@ -54,26 +54,26 @@ def test_random_lengths_windows_and_strides_score_every_target_once():
 
 def test_the_reported_case_scores_all_1099_targets():
     """1,100 tokens, windows of 1,024, stride 512 planned one window: 76 targets were never scored."""
-    wins = hf.windows(1100, 1024, 512)
+    wins = hf.model_windows(1100, 1024, 512)
     assert [(w.begin, w.lo, w.hi) for w in wins] == [(0, 1, 1024), (76, 1024, 1100)]
     assert sum(w.n_scored for w in wins) == 1099
-    wins = hf.windows(2048, 1024)  # the default stride left the last target unscored
+    wins = hf.model_windows(2048, 1024)  # the default stride left the last target unscored
     assert wins[-1].hi == 2048 and sum(w.n_scored for w in wins) == 2047
 
 
 def test_bos_none_default_stride_scores_each_windows_first_target():
     """The bug of `posenc extend --bos none`: windows of L text tokens every L tokens left target L, 2L, ... unscored."""
-    wins = hf.windows(100, 10, None, bos=False)
+    wins = hf.model_windows(100, 10, None, bos=False)
     assert [w.begin for w in wins[:3]] == [0, 9, 18] and [(w.lo, w.hi) for w in wins[:2]] == [(1, 10), (10, 19)]
     assert sum(w.n_scored for w in wins) == wins[-1].hi - 1 == 99
-    assert [w.begin for w in hf.windows(100, 10, None, bos=True)[:3]] == [0, 9, 18]  # BOS + 9 text tokens
+    assert [w.begin for w in hf.model_windows(100, 10, None, bos=True)[:3]] == [0, 9, 18]  # BOS + 9 text tokens
 
 
 def test_bad_stride_and_bad_plans_raise():
     for stride in (0, 10):
         with pytest.raises(PosencError, match=r"stride must be in \[1, 9\]"):
-            windows(100, 10, stride)
-    assert windows(100, 10, 10, bos=True)[1].begin == 10
+            text_windows(100, 10, stride)
+    assert text_windows(100, 10, 10, bos=True)[1].begin == 10
     check_once([Window(0, 10, 1, 10), Window(9, 10, 10, 19)], 1, 19)
     with pytest.raises(RuntimeError, match="exactly once"):
         check_once([Window(0, 10, 1, 10), Window(10, 10, 11, 20)], 1, 20)  # target 10 skipped
@@ -113,7 +113,7 @@ def test_own_and_hf_paths_give_the_same_nll():
     tokens = np.random.default_rng(0).integers(0, 256, 70).astype(np.uint16)
     own = evaluate_length(lm, [("x", tokens)], 16, progress=False)
     # own windows read 16 tokens and score the next 16: HF windows of 17 positions, no BOS
-    res = [hf.score_window(_AsHF(lm), tokens, w, None, bucket=8) for w in hf.windows(len(tokens), 17)]
+    res = [hf.score_window(_AsHF(lm), tokens, w, None, bucket=8) for w in hf.model_windows(len(tokens), 17)]
     assert sum(r["n_scored"] for r in res) == own["scored_tokens"] == 69  # every target of 70 tokens
     assert sum(r["nll_sum"] for r in res) == pytest.approx(own["nll"], rel=1e-6)
 

@@ -28,7 +28,7 @@ from posenc.checkpoint import read_json
 from posenc.config import ClusterConfig, Preset, absolute_corpus, schedule_spec, task_specs
 from posenc.data import load_tokens
 from posenc.diagnose import compare_extras, extras_pending
-from posenc.evaluate import eval_lengths, evaluate_length, windows
+from posenc.evaluate import eval_lengths, evaluate_length, window_starts
 from posenc.errors import PosencError
 from posenc.jobs import (
     LAUNCHERS, check_same_settings, done_cells, executor, one_line, record_run, run_inline, run_pool, run_submitit,
@@ -175,7 +175,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     run_root = Path(out_root) / preset.name
     preset = absolute_corpus(preset)
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
-    windows(data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset))  # held-out text long enough
+    window_starts(data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset))  # held-out text long enough
     check_same_settings(run_root, preset)
     ex = executor(launcher, run_root / "submitit", cluster, f"posenc-{preset.name}") if launcher != "pool" else None
     record_run(run_root, preset)

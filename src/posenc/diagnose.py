@@ -41,7 +41,7 @@ from posenc.checkpoint import atomic_write_bytes, write_json
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.encodings.base import Encoding
 from posenc.errors import PosencError
-from posenc.evaluate import eval_lengths, windows
+from posenc.evaluate import eval_lengths, window_starts
 from posenc.model import LM, AttentionInputs
 from posenc.passkey import passkey_records
 from posenc.records import FarMass, PasskeyCell, append, load
@@ -179,7 +179,7 @@ def diagnose_model(
     """Far mass, entropy and step spectral gaps of ``model`` on held-out windows.
 
     docs: held-out (name, tokens) documents; lengths are ``multiples`` of the
-    training length, ``n_windows`` windows each (``posenc.evaluate.windows``).
+    training length, ``n_windows`` windows each (``posenc.evaluate.window_starts``).
     Returns a JSON-ready dict: ``lengths`` (one entry per length: per-layer, per-head
     ``far_mass`` and ``entropy`` lists, their means and the uniform reference),
     ``spectral_gap`` (per layer: beta (H, D/2), baseline (D/2,), w_eps) or None,
@@ -204,7 +204,7 @@ def diagnose_model(
     H, L_n = cfg.n_head, cfg.n_layer
     phasors = [0] * L_n  # per layer: sum of exp(i theta), (H, P) complex128 once the layer has phases
     steps = [0] * L_n
-    plan = [(L, windows(docs, L, n_windows * L)) for L in lengths]
+    plan = [(L, window_starts(docs, L, n_windows * L)) for L in lengths]
     bar = tqdm(total=sum(len(ws) for _, ws in plan), desc="diagnose", unit="win", leave=False, disable=not progress)
     for L, wins in plan:
         far, ent, bound = (torch.zeros(L_n, H, dtype=torch.float64) for _ in range(3))

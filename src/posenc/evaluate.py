@@ -4,7 +4,7 @@ Windows never cross a document boundary: a window of length L at offset s reads
 tokens [s, s+L) and predicts targets [s+1, s+L+1), i.e. a ``posenc.scoring``
 window of L + 1 text tokens, so consecutive windows (stride L) score every
 target exactly once; a document's last window may overlap its predecessor
-(``posenc.scoring.windows``) and then scores only the targets after it.
+(``posenc.scoring.text_windows``) and then scores only the targets after it.
 Perplexity is exp(sum of NLL / number of scored tokens), never a mean of window means.
 """
 
@@ -20,10 +20,10 @@ from tqdm.auto import tqdm
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.errors import PosencError
 from posenc.model import LM
-from posenc.scoring import Window, windows as text_windows
+from posenc.scoring import Window, text_windows
 
 
-def windows(
+def window_starts(
     docs: list[tuple[str, np.ndarray]], length: int, max_tokens: int | None = None, span: int | None = None
 ) -> list[tuple[int, int]]:
     """(doc index, start) of the windows of ``length`` that :func:`plan` scores (its arguments and errors)."""

@@ -35,6 +35,7 @@ from posenc.data import Document, load_corpus
 from posenc.errors import PosencError
 from posenc.pretrained import evaluate, loading, report, schedules
 from posenc.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, drop_torn_tail, load, trial_key
+from posenc.pretrained.adaptation import Adaptation
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
 
@@ -86,7 +87,7 @@ def preset_names() -> list[str]:
     return shipped(PRESETS)
 
 
-def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> ExtendConfig:
+def load_extend_config(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> ExtendConfig:
     """An extend preset by name (package data) or YAML path; ``overrides`` (given flags) replace its keys.
 
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or
@@ -109,8 +110,8 @@ def check_config(cfg: ExtendConfig) -> None:
         raise PosencError(f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {cfg.stride}")
 
 
-def _extension(cfg: ExtendConfig, method: str) -> schedules.Extension:
-    return schedules.Extension(method, cfg.factor, cfg.rerope_window, cfg.leak)
+def _extension(cfg: ExtendConfig, schedule: str) -> schedules.Extension:
+    return schedules.Extension(schedule, cfg.factor, cfg.rerope_window, cfg.leak)
 
 
 def held_out(cfg: ExtendConfig) -> list[Document]:
@@ -129,7 +130,7 @@ def held_out(cfg: ExtendConfig) -> list[Document]:
 
 def _plan_windows(docs: list[tuple[str, list[int]]], length: int, cfg: ExtendConfig) -> list[tuple[str, Window]]:
     """(document, window) pairs scored at ``length``: every window of every document, the first ``max_windows``."""
-    out = [(name, w) for name, toks in docs for w in evaluate.windows(len(toks), length, cfg.stride, cfg.bos == "prepend")]
+    out = [(name, w) for name, toks in docs for w in evaluate.model_windows(len(toks), length, cfg.stride, cfg.bos == "prepend")]
     if not out:
         longest = max(len(t) for _, t in docs)
         raise PosencError(f"length {length} exceeds the held-out text ({longest} tokens in the longest document "
@@ -170,10 +171,10 @@ class _Store:
             self.by_sig.setdefault((record.signature, record.doc, record.begin, record.length), record)
 
 
-def _ppl_points(model, method: str, L: int, windows: list, doc_tokens: dict, store: _Store, cfg: ExtendConfig,
-                bos_id: int | None) -> None:
-    """Score the windows of one (method, length) point, reusing forwards with an equal signature."""
-    sig = schedules.signature(model, L)
+def _ppl_points(adapted: Adaptation, method: str, L: int, windows: list, doc_tokens: dict, store: _Store,
+                cfg: ExtendConfig, bos_id: int | None) -> None:
+    """Score the windows of one (method, length) point, reusing forwards with an equal key (``Adaptation.key``)."""
+    sig = adapted.key(L)
     for doc, win in tqdm(windows, desc=f"{method} ppl@{L}", leave=False, disable=None):  # no bar off a terminal
         key = f"ppl|{method}|{L}|{doc}|{win.begin}"
         if key in store.done:
@@ -184,15 +185,15 @@ def _ppl_points(model, method: str, L: int, windows: list, doc_tokens: dict, sto
             res = {k: getattr(prev, k) for k in ("nll_sum", "n_scored", "bucket_nll", "bucket_n")}
             res["reused_from"] = prev.method
         else:
-            schedules.reset_rotary(model)
-            res = evaluate.score_window(model, doc_tokens[doc], win, bos_id, cfg.bucket)
+            adapted.reset_rotary()
+            res = evaluate.score_window(adapted.model, doc_tokens[doc], win, bos_id, cfg.bucket)
         store.add(ScoredWindow(key=key, method=method, factor=cfg.factor, length=L, stride=cfg.stride or L - 1, bos=cfg.bos,
                                doc=doc, begin=win.begin, bucket=cfg.bucket, signature=sig, seconds=round(time.time() - t0, 2), **res))
         tqdm.write(f"{method:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
                    f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
 
 
-def _passkey_points(model, tok, method: str, store: _Store, cfg: ExtendConfig) -> None:
+def _passkey_points(adapted: Adaptation, tok, method: str, store: _Store, cfg: ExtendConfig) -> None:
     """Run the passkey trials of one method not yet recorded."""
     for L in cfg.passkey_lengths:
         for depth in cfg.passkey_depths:
@@ -201,8 +202,9 @@ def _passkey_points(model, tok, method: str, store: _Store, cfg: ExtendConfig) -
                 if key in store.done:
                     continue
                 t0 = time.time()
-                schedules.reset_rotary(model)
-                res = passkey.passkey_trial(model, tok, L, depth, passkey.passkey_key(cfg.seed, L, depth, trial))
+                adapted.reset_rotary()
+                res = passkey.passkey_trial(adapted.model, tok, L, depth, passkey.passkey_key(cfg.seed, L, depth, trial),
+                                            use_cache=not adapted.full_forward)
                 store.add(PasskeyTrial(key=key, method=method, factor=cfg.factor, length=L, depth=depth, trial=trial,
                                        seconds=round(time.time() - t0, 2), **res))
                 tqdm.write(f"{method:>12} passkey L={L} depth={depth} trial={trial}: "
@@ -230,7 +232,7 @@ def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Docum
     and the held-out ``documents`` (:func:`held_out`): every input checked (PosencError as :func:`extend`)."""
     l0 = schedules.native_context(loaded.model.config)
     for method in cfg.methods:  # window and leak against L0
-        schedules.method_params(_extension(cfg, method), l0)
+        schedules.extension_params(_extension(cfg, method), l0)
     for spec in cfg.schemes:  # built for the model's sizes, not yet applied
         hf.layer_schemes(loaded.model, spec)
     tok = loaded.tokenizer
@@ -274,40 +276,38 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
     out = Path(out or Path("runs") / "extend" / cfg.name)  # all input checked: only now touch the output directory
     out.mkdir(parents=True, exist_ok=True)
     store = open_store(out, cfg, docs, l0, loaded.source)
-    model = loaded.model
+    adapted = Adaptation(loaded.model)
     for method in cfg.methods:
-        schedules.apply_method(model, _extension(cfg, method))
+        adapted.set_schedule(_extension(cfg, method))
         for L in cfg.lengths:
             if L <= cfg.factor * l0 or cfg.long_methods is None or method in cfg.long_methods:
-                _ppl_points(model, method, L, plan[L], dict(docs), store, cfg, bos_id)
+                _ppl_points(adapted, method, L, plan[L], dict(docs), store, cfg, bos_id)
         if method in (cfg.passkey_methods or cfg.methods):
-            _passkey_points(model, loaded.tokenizer, method, store, cfg)
-    if cfg.schemes:  # a scheme goes into the model's own RoPE, not into the last method's
-        schedules.apply_method(model, _extension(cfg, "none"))
-    for spec in cfg.schemes:  # last: the model keeps the posenc attention
-        _scheme_points(model, loaded.tokenizer, spec, plan, dict(docs), store, cfg, l0, bos_id)
+            _passkey_points(adapted, loaded.tokenizer, method, store, cfg)
+    for spec in cfg.schemes:  # last: the model keeps the posenc attention (each scheme replaces the native RoPE)
+        _scheme_points(adapted, loaded.tokenizer, spec, plan, dict(docs), store, cfg, l0, bos_id)
     labels = [SCHEME_LABEL + s for s in cfg.schemes]
     labels += sorted({r.method for r in store.records if r.method.startswith(SCHEME_LABEL)} - set(labels))
-    methods = [m for m in schedules.METHODS if m in cfg.methods or any(r.method == m for r in store.records)] + labels
+    methods = [m for m in NAMES if m in cfg.methods or any(r.method == m for r in store.records)] + labels
     return out, report.write_report(out, store.records, methods, _header(cfg, l0, docs))
 
 
-def _scheme_points(model, tok, spec: str, plan: dict, doc_tokens: dict, store: _Store, cfg: ExtendConfig, l0: int,
-                   bos_id: int | None) -> None:
+def _scheme_points(adapted: Adaptation, tok, spec: str, plan: dict, doc_tokens: dict, store: _Store, cfg: ExtendConfig,
+                   l0: int, bos_id: int | None) -> None:
     """Perplexity (lengths up to factor x L0, all with a bare --long-methods) and passkey (every passkey length)
     of the model with scheme ``spec`` in its attention, without fine-tuning."""
-    hf.apply_scheme(model, spec)
+    adapted.set_scheme(spec)
     lengths = [L for L in cfg.lengths if L <= cfg.factor * l0 or cfg.long_methods is None]
-    measure(model, tok, SCHEME_LABEL + spec, lengths, plan, doc_tokens, store, cfg, bos_id)
+    measure(adapted, tok, SCHEME_LABEL + spec, lengths, plan, doc_tokens, store, cfg, bos_id)
 
 
-def measure(model, tok, label: str, lengths: list[int], plan: dict, doc_tokens: dict, store: _Store, cfg: ExtendConfig,
-            bos_id: int | None) -> None:
-    """Record perplexity at ``lengths`` (windows from ``plan``) and passkey (``cfg.passkey_lengths``) of ``model``
-    as it is now, under ``label``; points already in ``store`` are skipped."""
+def measure(adapted: Adaptation, tok, label: str, lengths: list[int], plan: dict, doc_tokens: dict, store: _Store,
+            cfg: ExtendConfig, bos_id: int | None) -> None:
+    """Record perplexity at ``lengths`` (windows from ``plan``) and passkey (``cfg.passkey_lengths``) of the
+    adapted model as it is now, under ``label``; points already in ``store`` are skipped."""
     for L in lengths:
-        _ppl_points(model, label, L, plan[L], doc_tokens, store, cfg, bos_id)
-    _passkey_points(model, tok, label, store, cfg)
+        _ppl_points(adapted, label, L, plan[L], doc_tokens, store, cfg, bos_id)
+    _passkey_points(adapted, tok, label, store, cfg)
 
 
 def _header(cfg: ExtendConfig, l0: int, docs: list) -> str:

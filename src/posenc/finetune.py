@@ -1,8 +1,8 @@
 """Fine-tuning a pretrained RoPE model after a scheme swap or a RoPE schedule: the job behind ``posenc finetune``.
 
 ``finetune(cfg)`` loads the model (``posenc.pretrained.loading``), puts a posenc scheme
-into its attention (``posenc.hf.apply_scheme``) or sets a RoPE context-extension method
-(``posenc.pretrained.schedules.apply_method``), scores it with ``posenc extend``'s
+into its attention (``posenc.hf.apply_scheme``) or sets a RoPE context-extension schedule
+(``posenc.pretrained.adaptation.Adaptation``), scores it with ``posenc extend``'s
 perplexity/passkey protocol, trains it for ``steps`` steps on random windows of
 ``length`` tokens of the corpus's training documents (the model's tokenizer), and scores
 it again. With ``lora_rank`` > 0 only LoRA adapters (``peft``) on ``lora_targets`` and the
@@ -32,12 +32,13 @@ import torch.nn.functional as F
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from tqdm.auto import tqdm
 
-from posenc import extend, hf
+from posenc import extend
 from posenc.checkpoint import make_run_dir, read_json, read_jsonl, write_json
 from posenc.data import load_corpus
 from posenc.errors import PosencError
 from posenc.presets import SHIPPED, load_flat, preset_names as shipped
 from posenc.pretrained import loading, report, schedules
+from posenc.pretrained.adaptation import Adaptation
 from posenc.records import PasskeyTrial, ScoredWindow
 from posenc.reporting import figure, save_figure
 from posenc.stamp import run_stamp
@@ -78,7 +79,7 @@ def preset_names() -> list[str]:
     return shipped(PRESETS)
 
 
-def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> FinetuneConfig:
+def load_finetune_config(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> FinetuneConfig:
     """A finetune preset by name (package data) or YAML path, ``overrides`` (given flags) replacing its keys.
 
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or bad
@@ -128,14 +129,16 @@ def check_dependencies(cfg: FinetuneConfig) -> None:
                           + (" (or --lora-rank 0: no peft)" if missing == ["peft"] else ""))
 
 
-def adapt(model, cfg: FinetuneConfig) -> str:
-    """Put ``cfg``'s scheme or RoPE method into ``model`` (seeded by ``cfg.seed``); returns its report label."""
+def adapt(model, cfg: FinetuneConfig) -> tuple[Adaptation, str]:
+    """Put ``cfg``'s scheme or RoPE schedule into ``model`` (seeded by ``cfg.seed``); returns the adaptation and its
+    report label."""
     torch.manual_seed(cfg.seed)
-    schedules.apply_method(model, schedules.Extension(cfg.method, cfg.factor))  # keeps the base RoPE, as extend does
+    adapted = Adaptation(model)
     if cfg.scheme:
-        hf.apply_scheme(model, cfg.scheme)
-        return extend.SCHEME_LABEL + cfg.scheme
-    return cfg.method
+        adapted.set_scheme(cfg.scheme)
+        return adapted, extend.SCHEME_LABEL + cfg.scheme
+    adapted.set_schedule(schedules.Extension(cfg.method, cfg.factor))  # keeps the base RoPE, as extend does
+    return adapted, cfg.method
 
 
 def trainable(model, cfg: FinetuneConfig) -> dict[str, torch.nn.Parameter]:
@@ -240,18 +243,18 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None, log: str = "none")
     l0, docs, plan, bos_id = extend.eval_inputs(ecfg, loaded, documents)
     stream = train_stream(cfg, loaded.tokenizer)
     model, tok = loaded.model, loaded.tokenizer
-    label = adapt(model, cfg)
+    adapted, label = adapt(model, cfg)
     params = trainable(model, cfg)  # LoRA starts at zero: the model is unchanged until it trains
     make_run_dir(out)
     store = extend.open_store(out, ecfg, docs, l0, loaded.source)
     tuned = f"{label}, fine-tuned {cfg.steps} steps"
     with open_tracker(log, out, cfg.name, "finetune", {"finetune": cfg.model_dump(), "stamp": run_stamp()}) as tracker:
-        extend.measure(model, tok, label, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)  # before any training
+        extend.measure(adapted, tok, label, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)  # before any training
         tracker.log(scores(store.records, label), 0)
         train_steps(model, params, stream, cfg, out, tracker)
-        model.posenc_weights = tuned + " " + json.dumps(_settings(cfg), sort_keys=True)  # no reuse of the scores before
+        adapted.weights = tuned + " " + json.dumps(_settings(cfg), sort_keys=True)  # no reuse of the scores before
         with torch.no_grad():
-            extend.measure(model, tok, tuned, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)
+            extend.measure(adapted, tok, tuned, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)
         tracker.log(scores(store.records, tuned), cfg.steps)
     log = read_jsonl(out / "train.jsonl")
     _loss_plot(out, log, tuned)

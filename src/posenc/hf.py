@@ -2,14 +2,16 @@
 
 :func:`apply_scheme` keeps every weight of the model and changes only how
 attention sees positions: the rotary embedding becomes the identity
-(``posenc.pretrained.schedules.IdentityRotary``: q and k reach attention, and the
+(``posenc.pretrained.rerope.IdentityRotary``: q and k reach attention, and the
 KV cache, unrotated), each layer's ``self_attn`` gets the scheme as a submodule
 ``posenc`` (built for the model's heads, head dim and ``rope_theta``), and
 :func:`attention_forward`, registered in ``AttentionInterface`` as ``"posenc"``,
 evaluates the scheme's hooks and calls the posenc attention core
 (``posenc.layer.attend``: GQA key/value heads repeated, the model's softmax
 scaling kept). No modelling code is copied: projections, norms, MLPs and the
-cache are the model's.
+cache are the model's. The :class:`Scheme` it returns owns what it added and
+replaced (:meth:`Scheme.remove` undoes it); ``posenc.pretrained.adaptation``
+swaps schemes and RoPE schedules on one model.
 
 Decoding state: a scheme's hooks are recomputed over the whole prefix at every
 step from each position's normalised layer input x, so x is decoding state
@@ -32,16 +34,41 @@ from typing import Optional
 import torch
 
 from posenc import encodings
-from posenc.encodings.base import Dims, Encoding, Inputs
+from posenc.encodings.base import Dims, Encoding
 from posenc.errors import PosencError
-from posenc.layer import attend, hooks
+from posenc.layer import attend, prepare
 from posenc.pretrained.loading import check_rope
-from posenc.pretrained.schedules import IdentityRotary, head_dim, native_context
+from posenc.pretrained.rerope import IdentityRotary
+from posenc.pretrained.schedules import head_dim, native_context
 
 ATTN_NAME = "posenc"
 
 
-def apply_scheme(model, spec: str) -> None:
+@dataclasses.dataclass
+class Scheme:
+    """Scheme ``spec`` in ``model``'s attention (:func:`apply_scheme`) and what it replaced: the rotary embedding
+    ``rotary``, the attention implementation ``attn``, and the forward pre-hook handles it added (``hooks``).
+    ``full_forward``: it replaces attention, so generation runs without the KV cache."""
+
+    model: object
+    spec: str
+    full_forward: bool
+    rotary: object
+    attn: str
+    hooks: list
+
+    def remove(self) -> None:
+        """Undo :func:`apply_scheme`: the hooks and each layer's ``self_attn.posenc`` go, the rotary embedding and
+        attention implementation come back."""
+        for handle in self.hooks:
+            handle.remove()
+        for layer in self.model.model.layers:
+            del layer.self_attn.posenc
+        self.model.model.rotary_emb = self.rotary
+        self.model.set_attn_implementation(self.attn)
+
+
+def apply_scheme(model, spec: str) -> Scheme:
     """Replace the RoPE attention of ``model`` (a transformers Llama-family causal LM) with scheme ``spec``, in place.
 
     Every layer gets ``self_attn.posenc``, the scheme built for the model's query
@@ -66,26 +93,30 @@ def apply_scheme(model, spec: str) -> None:
     are not available to attention, so per-token-id schemes (``acc-token-*``) are refused;
     schemes that replace attention (xPos, PoPE, PaTH, CoPE, DAPE) need every query, so
     decoding them with the model's KV cache raises PosencError (full forwards work; such a
-    model has ``posenc_full_forward`` True, and ``posenc.passkey`` generates without the cache).
-    Raises PosencError for a model that is not a plain full-RoPE Llama-family decoder,
-    an invalid spec, an additive scheme, or one that needs token ids.
+    scheme has ``full_forward`` True, and ``posenc extend`` generates passkeys without the cache).
+    Returns the :class:`Scheme`. Raises PosencError for a model that is not a plain full-RoPE
+    Llama-family decoder or already has a scheme, an invalid spec, an additive scheme, or one
+    that needs token ids.
     """
     from transformers import AttentionInterface  # optional dependency (posenc[pretrained])
 
+    if isinstance(model.model.rotary_emb, IdentityRotary):
+        raise PosencError("the model's rotary embedding is already swapped (a posenc scheme or ReRoPE): "
+                          "remove that first (Scheme.remove, or posenc.pretrained.adaptation.Adaptation)")
     param = next(model.parameters())
     schemes = layer_schemes(model, spec)
-    model.posenc_full_forward = any(enc.replaces_attention for enc in schemes)  # generation without the KV cache
+    hook = functools.partial(_decoding_state, spec)
+    hooks = [model.model.register_forward_pre_hook(_refuse_padding, with_kwargs=True)]
     for layer, enc in zip(model.model.layers, schemes):
+        # a submodule, not adaptation state: its parameters train, save and move with the model's
         layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype).train(model.training)  # eval: fixed draws
-        layer.self_attn.posenc_spec = spec
-        if not hasattr(layer.self_attn, "posenc_hook"):
-            layer.self_attn.posenc_hook = layer.self_attn.register_forward_pre_hook(_decoding_state, with_kwargs=True)
+        hooks.append(layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True))
     AttentionInterface.register(ATTN_NAME, attention_forward)
-    if not hasattr(model.model, "posenc_padding_hook"):
-        model.model.posenc_padding_hook = model.model.register_forward_pre_hook(_refuse_padding, with_kwargs=True)
+    swapped = Scheme(model, spec, any(enc.replaces_attention for enc in schemes), model.model.rotary_emb,
+                     model.config._attn_implementation, hooks)
     model.model.rotary_emb = IdentityRotary(model.model.rotary_emb.inv_freq)
     model.set_attn_implementation(ATTN_NAME)
-    model.posenc_scheme = spec
+    return swapped
 
 
 def layer_schemes(model, spec: str) -> list[Encoding]:
@@ -195,13 +226,14 @@ def _cache_layer(cache, layer_idx: int):
     return layers[layer_idx]
 
 
-def _decoding_state(module, args, kwargs):
-    """Forward pre-hook on ``self_attn``: hands :func:`attention_forward` this call's normalised layer input
-    (B, Tq, hidden) as ``posenc_x`` and the layer's cache entry (None without a cache) as ``posenc_layer``."""
+def _decoding_state(spec: str, module, args, kwargs):
+    """Forward pre-hook on ``self_attn`` (transformers hands the layer's extra keyword arguments to the attention
+    function): gives :func:`attention_forward` this call's normalised layer input (B, Tq, hidden) as ``posenc_x``,
+    the layer's cache entry (None without a cache) as ``posenc_layer`` and the scheme's spec as ``posenc_spec``."""
     new = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
     layer = None if cache is None else _cache_layer(cache, module.layer_idx)
-    return args, {**kwargs, "posenc_x": new, "posenc_layer": layer}
+    return args, {**kwargs, "posenc_x": new, "posenc_layer": layer, "posenc_spec": spec}
 
 
 def _layer_input(new: torch.Tensor, layer, n_keys: int) -> torch.Tensor:
@@ -220,17 +252,16 @@ def _layer_input(new: torch.Tensor, layer, n_keys: int) -> torch.Tensor:
 
 def attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
                       position_ids: Optional[torch.Tensor] = None, posenc_x: Optional[torch.Tensor] = None,
-                      posenc_layer=None, **kwargs):
+                      posenc_layer=None, posenc_spec: str = "", **kwargs):
     """transformers ``AttentionInterface`` entry: query (B, H, Tq, D), key, value (B, Hkv, T, D) unrotated
-    -> ((B, Tq, H, D), None). The queries are the last Tq of the T positions 0..T-1; ``posenc_x`` and
-    ``posenc_layer`` come from the pre-hook :func:`_decoding_state`."""
+    -> ((B, Tq, H, D), None). The queries are the last Tq of the T positions 0..T-1; ``posenc_x``,
+    ``posenc_layer`` and ``posenc_spec`` come from the pre-hook :func:`_decoding_state`."""
     n_keys = key.shape[-2]
     if module.posenc.replaces_attention and query.shape[-2] != n_keys:
-        raise PosencError(f"{module.posenc_spec!r} replaces attention and needs every query: "
+        raise PosencError(f"{posenc_spec!r} replaces attention and needs every query: "
                           "decode without the KV cache (generate(..., use_cache=False))")
     x = _layer_input(posenc_x, posenc_layer, n_keys)
-    pos = torch.arange(n_keys, device=query.device)
-    prepared = hooks(module.posenc, Inputs(x, pos))
+    prepared = prepare(module.posenc, x)  # positions 0..T-1
     scale = prepared.logit_scale * scaling * math.sqrt(query.shape[-1])  # the model's softmax scale, not 1/sqrt(D)
     out = attend(query, key, value, dataclasses.replace(prepared, logit_scale=scale))
     return out.transpose(1, 2).contiguous(), None

@@ -52,8 +52,8 @@ class AttentionInputs(Prepared):
     v: Optional[torch.Tensor] = None
 
 
-def hooks(enc: Encoding, inp: Inputs) -> Prepared:
-    """``enc``'s hooks on ``inp`` (whole sequence so far)."""
+def _prepare(enc: Encoding, inp: Inputs) -> Prepared:
+    """``enc``'s hooks on ``inp`` (whole sequence so far): the one step :func:`prepare` and :meth:`Attention.prepare` share."""
     return Prepared(inp, enc.phases(inp), enc.bias(inp), enc.rotate_v, enc.pairing, enc.logit_scale, enc)
 
 
@@ -88,7 +88,7 @@ def prepare(
         if any(True for _ in scheme.parameters()):
             raise PosencError(f"{spec!r} has learned parameters: build it once with posenc.encodings.get and keep it in your module")
     _check_scheme(scheme)
-    return hooks(scheme, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
+    return _prepare(scheme, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared, block_size: int = 512) -> torch.Tensor:
@@ -256,18 +256,17 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, -1, self.head_dim).transpose(1, 2).split((self.n_head, self.n_kv_head, self.n_kv_head), dim=1)
         return q, k, v
 
-    def hooked(self, q, k, v, inp: Inputs) -> AttentionInputs:
-        """q (the last Tq positions), k, v (all T) with the scheme's hooks evaluated on ``inp`` (all T)."""
-        p = hooks(self.enc, inp)
-        return AttentionInputs(**vars(p), q=q, k=repeat_kv(k, self.n_head), v=repeat_kv(v, self.n_head))
+    def prepare(self, x: torch.Tensor, pos: torch.Tensor, tokens: Optional[torch.Tensor] = None,
+                qkv: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> AttentionInputs:
+        """The layer's q, k, v and the scheme's hooks evaluated on x, before attention.
 
-    def attention_inputs(self, x: torch.Tensor, pos: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> AttentionInputs:
-        """The layer's q, k, v and the scheme's hooks, before attention.
-
-        x: (B, T, d_model) the normalised layer input; pos: (T,) int64; tokens: (B, T) int64 or None.
+        x: (B, T, d_model) the normalised layer input; pos: (T,) int64; tokens: (B, T) int64 or None;
+        qkv: q (B, H, Tq, D) of the last Tq positions, k, v (B, Hkv, T, D), if already projected
+        (default: projected from x).
         """
-        q, k, v = self.project(x)
-        return self.hooked(q, k, v, Inputs(x, pos, tokens))
+        q, k, v = qkv if qkv is not None else self.project(x)
+        p = _prepare(self.enc, Inputs(x, pos, tokens))
+        return AttentionInputs(**vars(p), q=q, k=repeat_kv(k, self.n_head), v=repeat_kv(v, self.n_head))
 
     def output(self, a: AttentionInputs) -> torch.Tensor:
         """Attention of captured inputs, projected: (B, Tq, d_model)."""
@@ -288,7 +287,7 @@ class Attention(nn.Module):
         _check_x(x, self.d_model)
         if cache is not None:
             return self.decode(x, cache, positions, tokens)
-        return self.output(self.attention_inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
+        return self.output(self.prepare(x, _positions(positions, x.shape[1], 0, x.device), tokens))
 
     def decode(self, x: torch.Tensor, cache: LayerCache, positions: Optional[torch.Tensor] = None,
                tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -347,5 +346,5 @@ class Attention(nn.Module):
         for buf, t in ((cache._x, x), (cache._q, q if whole else None), (cache._k, k), (cache._v, v), (cache._pos, pos), (cache._tokens, tokens)):
             if t is not None:
                 buf.append(t)
-        a = self.hooked(cache.q if whole else q, cache.k, cache.v, Inputs(cache.x, cache.pos, cache.tokens))
+        a = self.prepare(cache.x, cache.pos, cache.tokens, qkv=(cache.q if whole else q, cache.k, cache.v))
         return self.output(a)[:, -x.shape[1] :]

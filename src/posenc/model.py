@@ -144,13 +144,13 @@ class Block(nn.Module):
         self.attn = Attention.from_config(cfg, layer_index)
         self.mlp = MLP(cfg)
 
-    def attention_inputs(self, x, pos, tokens) -> AttentionInputs:
-        return self.attn.attention_inputs(self.norm1(x), pos, tokens)
+    def prepare(self, x, pos, tokens) -> AttentionInputs:
+        return self.attn.prepare(self.norm1(x), pos, tokens)
 
     def forward(self, x, pos, tokens, captured: Optional[AttentionInputs] = None):
-        """``captured``: this block's ``attention_inputs(x, ...)`` if already computed."""
+        """``captured``: this block's ``prepare(x, ...)`` if already computed."""
         if captured is None:
-            captured = self.attention_inputs(x, pos, tokens)
+            captured = self.prepare(x, pos, tokens)
         x = x + self.attn.output(captured)
         return x + self.mlp(self.norm2(x))
 
@@ -210,7 +210,7 @@ class LM(nn.Module):
         """
         x, pos = self._embed(tokens, pos)
         for block in self.blocks:
-            captured = block.attention_inputs(x, pos, tokens)
+            captured = block.prepare(x, pos, tokens)
             yield captured
             x = block(x, pos, tokens, captured)
 

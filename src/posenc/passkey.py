@@ -200,20 +200,20 @@ def passkey_key(seed: int, length: int, depth: float, trial: int) -> int:
 
 
 @torch.inference_mode()
-def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tokens: int = 8) -> dict:
+def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tokens: int = 8, use_cache: bool = True) -> dict:
     """Greedy generation on one ``passkey_prompt``; correct iff the first integer equals ``key``.
 
     Returns {passkey (``key``), answer (the decoded output), got (its first integer or None), correct,
-    prompt_tokens}. model: a Hugging Face causal LM (generating with its KV cache unless ``model.posenc_full_forward``:
-    a posenc scheme that replaces attention, ``posenc.hf``). The model input is asserted to be the full
-    prompt: its length is recorded as ``prompt_tokens`` (<= ``length``).
+    prompt_tokens}. model: a Hugging Face causal LM, generating with its KV cache unless ``use_cache`` is
+    False (a posenc scheme that replaces attention: ``posenc.hf.Scheme.full_forward``). The model input is
+    asserted to be the full prompt: its length is recorded as ``prompt_tokens`` (<= ``length``).
     """
     ids, _ = passkey_prompt(tokenizer, length, depth, key)
     x = torch.tensor([ids])
     assert x.shape[1] == len(ids) <= length
     pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
-                         pad_token_id=pad, use_cache=not getattr(model, "posenc_full_forward", False))
+                         pad_token_id=pad, use_cache=use_cache)
     answer = tokenizer.decode(out[0, x.shape[1] :], skip_special_tokens=True)
     got = first_integer(answer)
     return {"passkey": key, "answer": answer, "got": got, "correct": got == key, "prompt_tokens": len(ids)}

@@ -38,7 +38,7 @@ class Window:
         return self.hi - self.lo
 
 
-def windows(n_tokens: int, span: int, stride: int | None = None, bos: bool = False) -> list[Window]:
+def text_windows(n_tokens: int, span: int, stride: int | None = None, bos: bool = False) -> list[Window]:
     """Windows of ``span`` text tokens that score every target of a document of ``n_tokens`` tokens once.
 
     ``stride`` (text tokens between window starts) defaults to the targets per

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from posenc.commands import shown
 from posenc.errors import PosencError
-from posenc.extend import ExtendConfig, extend, load_preset, preset_names
+from posenc.extend import ExtendConfig, extend, load_extend_config, preset_names
 from posenc.rope import NAMES
 
 BUDGET_NOTE = """\
@@ -31,7 +31,7 @@ Hamlet, every non-overlapping window, 1K..32K, all methods; hours on 2 cores; re
 
 
 def add_parser(sub) -> None:
-    d = load_preset("default")  # what a flag left out takes: the default preset, over ExtendConfig's defaults
+    d = load_extend_config("default")  # what a flag left out takes: the default preset, over ExtendConfig's defaults
     p = sub.add_parser("extend", help="context extension of a pretrained RoPE model (PI, NTK, YaRN, ReRoPE, ...)",
                        description=__doc__.splitlines()[0] + "\n\n" + BUDGET_NOTE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,7 +80,7 @@ def config(args) -> ExtendConfig:
     given = {k: v for k, v in vars(args).items() if k in ExtendConfig.model_fields and v is not None}
     if args.long_methods == []:  # the bare flag: every method at every length
         given["long_methods"] = None
-    return load_preset(preset, given)
+    return load_extend_config(preset, given)
 
 
 def run(args) -> int:

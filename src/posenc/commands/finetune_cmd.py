@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from posenc.commands import shown
-from posenc.finetune import FinetuneConfig, finetune, load_preset, preset_names
+from posenc.finetune import FinetuneConfig, finetune, load_finetune_config, preset_names
 from posenc.rope import NAMES
 from posenc.tracking import KINDS
 from posenc.train import StopNow
@@ -23,7 +23,7 @@ kill, from the last --ckpt-every checkpoint)."""
 
 
 def add_parser(sub) -> None:
-    d = load_preset("default")  # what a flag left out takes: the default preset, over FinetuneConfig's defaults
+    d = load_finetune_config("default")  # what a flag left out takes: the default preset, over FinetuneConfig's defaults
     p = sub.add_parser("finetune", help="fine-tune a pretrained RoPE model after a scheme swap or RoPE schedule",
                        description=__doc__.splitlines()[0] + "\n\n" + BUDGET_NOTE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,7 +66,7 @@ def config(args) -> FinetuneConfig:
         given["scheme"] = None
     if args.scheme is not None and args.method is None:
         given["method"] = "none"
-    return load_preset(args.preset, given)
+    return load_finetune_config(args.preset, given)
 
 
 def run(args) -> int:

@@ -24,10 +24,10 @@ from posenc import scoring
 from posenc.scoring import Window
 
 
-def windows(n_tokens: int, length: int, stride: int | None = None, bos: bool = False) -> list[Window]:
+def model_windows(n_tokens: int, length: int, stride: int | None = None, bos: bool = False) -> list[Window]:
     """All full windows of ``length`` model positions over ``n_tokens`` text tokens
-    (``posenc.scoring.windows`` of ``length - bos`` text tokens; its errors)."""
-    return scoring.windows(n_tokens, length - bos, stride, bos)
+    (``posenc.scoring.text_windows`` of ``length - bos`` text tokens; its errors)."""
+    return scoring.text_windows(n_tokens, length - bos, stride, bos)
 
 
 @torch.inference_mode()
