@@ -21,5 +21,7 @@ def test_stamp_records_the_settings_that_change_numbers():
     assert s["dtype"] == ("float32 weights, bfloat16 autocast" if torch.cuda.is_available() else "float32 weights, float32 compute")
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert (git_commit() or "").split("+")[0] == head
+    if not torch.cuda.is_available():
+        assert s["device"].startswith("cpu (") and f"{torch.backends.cpu.get_cpu_capability()} kernels)" in s["device"]
     line = stamp_line(s)
     assert f"commit {s['commit']}" in line and "1 threads" in line and s["dtype"] in line

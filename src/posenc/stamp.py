@@ -1,7 +1,7 @@
 """What decides a run's numbers, recorded with it: versions, commit, device, dtype, threads, command line.
 
-Learned schemes' results change with the thread count by percents, so a run that cannot be
-matched to its threads and code cannot be compared; every run directory's ``preset.json``
+Learned schemes' results can change with the code, the CPU kernels and the thread count
+(``benchmarks/run_noise.py`` measures the last), so a run that cannot be matched to them cannot be compared; every run directory's ``preset.json``
 (and the report header) carries ``run_stamp()``.
 """
 
@@ -38,12 +38,23 @@ def git_commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def cpu_name() -> str:
+    """The CPU model (Linux: /proc/cpuinfo's model name; elsewhere platform.processor()) and the instruction set
+    torch's CPU kernels dispatch to (``torch.backends.cpu.get_cpu_capability``: AVX2, AVX512 ...). Two machines
+    with other kernels sum in another order, so learned schemes' weights can differ between them."""
+    model = platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        model = next((line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")), model)
+    return f"{model}, {torch.backends.cpu.get_cpu_capability()} kernels"
+
+
 def run_stamp() -> dict:
     """{posenc, commit, torch, transformers, python, platform, device, dtype, threads, command}: plain JSON values.
 
     dtype: the weights' (torch's default) dtype and the compute dtype training uses on this device
     (``posenc.train``: bfloat16 autocast on CUDA, float32 on CPU; phases and cumulative sums stay float32+)."""
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({cpu_name()})"
     return {
         "posenc": _version("posenc"),
         "commit": git_commit(),
