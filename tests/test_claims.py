@@ -2,6 +2,7 @@
 
 import pytest
 
+from posenc import claims
 from posenc.claims import FAILS, HOLDS, NOISE, at_most, check_claims, claims_markdown, combine, exceeds
 from posenc.records import Ppl
 from posenc.report import markdown, window_markdown, window_rows, with_ratios
@@ -75,7 +76,23 @@ def test_each_claim_can_fail():
                  "iv:": FAILS, "v:": FAILS, "vi:": FAILS}
 
 
-def test_overlapping_seed_ranges_are_within_noise():
+@pytest.fixture
+def no_run_noise(monkeypatch):
+    """Bands of the seed ranges alone: the band logic, apart from the measured noise."""
+    monkeypatch.setattr(claims, "PPL_NOISE", 0.0)
+    monkeypatch.setattr(claims, "RATIO_NOISE", 0.0)
+
+
+def test_the_measured_noise_makes_a_margin_below_it_within_noise():
+    """Seed 0 of the default run here (ratio 1.0770 at 16x) against the bar 1.10: 2.1% below it, inside the
+    2.2% measured between two machines (where the same seed gave 1.101), so claim (ii) is within noise."""
+    rows = {"rope": row([7.5750], [1.3747], [1.9816]), "acc-learned-qkv": row([7.4707], [1.0770], [1.3298])}
+    (claim,) = [c for c in check_claims(table(rows), L0) if c.key == "ii"]
+    assert claims.RATIO_NOISE == pytest.approx(abs(1.101 - 1.0770) / 1.0770, abs=5e-4)
+    assert claim.verdict == NOISE
+
+
+def test_overlapping_seed_ranges_are_within_noise(no_run_noise):
     rows = {
         "rope": row([6.4, 6.3, 6.5], [1.8, 1.5, 2.0], [3.3, 2.6, 3.5]),
         "acc-rand-qk": row([7.2, 7.1, 7.3], [1.3, 1.2, 1.4], [2.0, 1.5, 2.5]),
@@ -94,7 +111,7 @@ def test_overlapping_seed_ranges_are_within_noise():
     assert "One seed: the bands are the run-to-run noise alone" in claims_markdown(table(one), L0)
 
 
-def test_degrading_is_strictly_above_the_flat_threshold():
+def test_degrading_is_strictly_above_the_flat_threshold(no_run_noise):
     rows = {"rope": row([6.4], [1.5], [1.02]), "alibi": row([6.7], [1.0], [1.02])}
     (claim,) = [c for c in check_claims(table(rows), L0) if c.key == "iv"]
     assert claim.verdict == FAILS  # 1.02 is flat, so RoPE does not degrade

@@ -54,7 +54,8 @@ def test_the_committed_default_runs_from_their_csv(tmp_path):
     assert "| rope | default-450 | 6.32 ± 0.03 |" in text and "| 3.210 ± 0.755 |" in text
     assert "| hybrid | default | 6.73 ± 0.05 |" in text
     assert ("other settings: budget '200 steps x 16 x 128 tokens, lr 0.002' -> '450 steps x 16 x 128 tokens, lr 0.002'") in text
-    assert ("| (ii) learned rotations match RoPE at 1x and stay near 1x perplexity at 16x | holds | within noise |") in text
+    # 1.084 ± 0.003 at 16x, widened by the 2.2% measured between machines, reaches past the 1.10 bar
+    assert ("| (ii) learned rotations match RoPE at 1x and stay near 1x perplexity at 16x | within noise | within noise |") in text
     assert "| (iii) rotating Q/K/V extrapolates better than Q/K only (acc-rand-qkv vs acc-rand-qk) | does not hold | does not hold |" in text
     assert (tmp_path / "out" / "ppl_ratio.png").exists()
 

@@ -3,9 +3,8 @@
 Each claim is a conjunction of comparisons between schemes' values over seeds
 (perplexity at the training length, or perplexity ratio at a length). Each value
 is a band: its seed range widened by the measured run-to-run noise (PPL_NOISE,
-RATIO_NOISE: relative change of the same seed trained with 1 and 2 threads,
-``benchmarks/run_noise.py``, ``results/run_noise.md``), because the seed range of a
-learned scheme understates it. A comparison ``x <= y`` *holds* when x's band lies
+RATIO_NOISE: the largest relative change of the same seed and code between runs,
+``results/run_noise.md``), because the seed range of a learned scheme understates it. A comparison ``x <= y`` *holds* when x's band lies
 below y's, *does not hold* when it lies above, and is *within noise* when the
 bands overlap; a fixed bar (1.10, 1 + FLAT_TOL) has no band. A claim holds when
 all its comparisons hold, does not hold when one does not, and is within noise
@@ -33,9 +32,11 @@ HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
 FLAT_TOL = 0.02
 MATCH_TOL = 0.02
 NEAR_16X = 1.10
-# largest relative change, 1 vs 2 threads, seed 0 of the default preset (results/run_noise.md)
-PPL_NOISE = 0.0
-RATIO_NOISE = 0.0
+# Largest relative change of seed 0 of the default preset between runs of one code (results/run_noise.md):
+# 1 vs 2 threads on one machine: 0 for rope, acc-learned-qkv, hybrid, rope+forget (benchmarks/run_noise.py);
+# two machines, same threads: acc-learned-qkv ppl 7.45 vs 7.4707 at 1x, ratio 1.101 vs 1.0770 at 16x.
+PPL_NOISE = 0.003
+RATIO_NOISE = 0.022
 
 # the roles the claims compare, by scheme name in the default preset
 ROPE, ALIBI, HYBRID, ROPE_FORGET = "rope", "alibi", "hybrid", "rope+forget"
@@ -209,8 +210,8 @@ def claims_markdown(records: list[Ppl], train_length: int) -> str:
     out = (
         "\n## The paper's claims (arXiv 2606.24975), checked on this run\n\n"
         "Computed from the tables above. Each value is its seed range widened by the measured run-to-run noise "
-        f"(perplexity ±{100 * PPL_NOISE:.1f}%, ratio ±{100 * RATIO_NOISE:.1f}%: the largest change of one seed trained with 1 and "
-        "with 2 threads, `results/run_noise.md`); a comparison holds when one band lies entirely on the claimed side of the "
+        f"(perplexity ±{100 * PPL_NOISE:.1f}%, ratio ±{100 * RATIO_NOISE:.1f}%: the largest change of one seed between runs of "
+        "the same code, here between two machines, `results/run_noise.md`); a comparison holds when one band lies entirely on the claimed side of the "
         "other (or of a fixed bar), does not hold when it lies entirely on the other side, and is within noise otherwise. "
         f"Flat: ratio <= {1 + FLAT_TOL:g}, degrades: ratio > {1 + FLAT_TOL:g}; matches RoPE at 1x (ii): perplexity <= "
         f"RoPE's x {1 + MATCH_TOL:g}; near 1x perplexity at 16x: ratio <= {NEAR_16X:g}; (v) and (vi): perplexity <= the "
