@@ -371,3 +371,12 @@ def test_task_comparisons_refuse_several_processes_per_job(tmp_path):
 
     with pytest.raises(PosencError, match="no --nproc-per-node"):
         compare(load_preset(str(_tiny_preset(tmp_path))), tmp_path / "runs", nproc_per_node=2)
+
+
+def test_the_time_line_counts_only_jobs_that_recorded_their_times():
+    from posenc.retrieval_report import _times_line
+
+    assert _times_line([(130.0, 30.0), (float("nan"), float("nan")), (200.0, 40.0)]) == (
+        "Training time per job: 130-200 s; evaluation 30-40 s (2 of 3 jobs recorded their times).")
+    assert _times_line([(130.0, 30.0)]) == "Training time per job: 130-130 s; evaluation 30-30 s."
+    assert _times_line([(float("nan"), float("nan"))]) == "Training and evaluation times were not recorded."

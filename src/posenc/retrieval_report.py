@@ -365,6 +365,16 @@ def write_csv(path: Path, records: list[Task]) -> None:
     atomic_write_bytes(path, buf.getvalue().encode())
 
 
+def _times_line(seconds: list[tuple[float, float]]) -> str:
+    """Training and evaluation time ranges over the jobs that recorded them (records rebuilt from a CSV keep none: NaN)."""
+    timed = [v for v in seconds if not any(math.isnan(x) for x in v)]
+    if not timed:
+        return "Training and evaluation times were not recorded."
+    of = f" ({len(timed)} of {len(seconds)} jobs recorded their times)" if len(timed) < len(seconds) else ""
+    return (f"Training time per job: {min(v[0] for v in timed):.0f}-{max(v[0] for v in timed):.0f} s; "
+            f"evaluation {min(v[1] for v in timed):.0f}-{max(v[1] for v in timed):.0f} s{of}.")
+
+
 def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None = None) -> Path:
     """report.md, retrieval.csv and two plots per task (distance-*.png, length-*.png); returns report.md's path."""
     run_dir = Path(run_dir)
@@ -394,8 +404,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
             continue
         lines += ["### Accuracy (%) by test and sequence length", "", accuracy_markdown(t, schemes), ""]
         lines += ["### Accuracy (%) by evidence distance (controlled-gap test) and retrieval horizon", "", distance_markdown(t, schemes, windows), ""]
-        times = [v[0] for v in t.seconds.values()]
-        lines += [f"Training time per job: {min(times):.0f}-{max(times):.0f} s; evaluation {min(v[1] for v in t.seconds.values()):.0f}-{max(v[1] for v in t.seconds.values()):.0f} s.", ""]
+        lines += [_times_line(list(t.seconds.values())), ""]
         ref = meta.get("reference")
         if ref and ref.get("task", "flipflop") == task.partition(":")[0]:
             lines += [f"### Error (%) at the training length beside {ref['source']}", "", reference_markdown(t, ref), ""]
