@@ -84,10 +84,15 @@ class TaskTable:
     def id_acc(self, scheme: str) -> list[float]:
         return [s.acc("id", self.L0)[0] for s in self.scores[scheme].values()]
 
+    def seeds_learned(self, scheme: str) -> tuple[int, int]:
+        """(seeds at or above the in-distribution bar, seeds)."""
+        accs = self.id_acc(scheme)
+        return sum(a is not None and a >= self.bar for a in accs), len(accs)
+
     def learned(self, scheme: str) -> bool:
         """Every seed at or above the in-distribution bar."""
-        accs = self.id_acc(scheme)
-        return bool(accs) and all(a is not None and a >= self.bar for a in accs)
+        k, n = self.seeds_learned(scheme)
+        return 0 < k == n
 
     def curve(self, scheme: str, seed: int, test: str = "gap") -> dict[int, float]:
         s = self.scores[scheme][seed]
@@ -269,9 +274,8 @@ def check_task_claims(t: TaskTable, meta: dict, text_records: list[Ppl]) -> list
 def _seeds_learned(t: TaskTable, s: str) -> str:
     """"" when no seed or every seed learned, else "(k of n seeds learned)": a scheme that learns on some
     seeds only has still not learned the task at this budget, but it is not the same as never."""
-    accs = t.id_acc(s)
-    k = sum(a is not None and a >= t.bar for a in accs)
-    return f" ({k} of {len(accs)} seeds learned)" if 0 < k < len(accs) else ""
+    k, n = t.seeds_learned(s)
+    return f" ({k} of {n} seeds learned)" if 0 < k < n else ""
 
 
 def _status(t: TaskTable, s: str) -> str:
