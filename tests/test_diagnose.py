@@ -24,7 +24,7 @@ def tiny(encoding, **kw) -> LM:
 def captures(model, T=64, B=2, seed=0):
     tokens = torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        return list(model.attention_inputs(tokens))
+        return list(model.prepare(tokens))
 
 
 @pytest.mark.parametrize("gain", [1, 40])  # near-uniform attention (a non-trivial bound), peaked attention
@@ -201,7 +201,7 @@ def test_attending_schemes_are_read_through_their_logits(scheme):
             if "pos_emb" in name:  # CoPE's position embeddings start at 0
                 torch.nn.init.normal_(param, std=0.5)
         tokens = torch.randint(0, 256, (2, 48))
-        for layer, a in enumerate(model.attention_inputs(tokens)):
+        for layer, a in enumerate(model.prepare(tokens)):
             enc, T = model.blocks[layer].attn.enc, a.q.shape[-2]
             p = torch.softmax(enc.logits(a.q, a.k, a.inp, a.bias, 0, T), dim=-1)
             torch.testing.assert_close(p @ a.v, enc.attend(a.q, a.k, a.v, a.inp), atol=1e-6, rtol=1e-5)

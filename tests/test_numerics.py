@@ -59,7 +59,7 @@ def test_every_scheme_under_cpu_bf16_autocast_has_a_finite_loss_and_float32_angl
     x = torch.randint(0, 256, (2, 32))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model.token_nll(x, x).mean()
-        for a in model.attention_inputs(x):
+        for a in model.prepare(x):
             assert a.phases is None or a.phases.dtype in (torch.float32, torch.float64)
     assert torch.isfinite(loss)
     loss.backward()

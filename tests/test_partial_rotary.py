@@ -70,7 +70,7 @@ def test_partial_models_train_and_leave_the_rest_alone():
     for spec, pairs in (("rope:rotary_fraction=0.25", 2), ("acc-rand-qkv:rotary_fraction=0.5", 4), ("acc-learned-qk:rotary_fraction=0.5", 4)):
         model = build_model({"vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 32, "train_length": 16, "encoding": spec})
         x = torch.randint(0, 32, (2, 12))
-        a = next(model.attention_inputs(x))
+        a = next(model.prepare(x))
         assert a.phases.shape[-1] == pairs
         loss = model.token_nll(x, x).mean()
         loss.backward()

@@ -1,8 +1,9 @@
 """The main job: train one model per scheme under one budget, evaluate, report.
 
 ``compare(preset)`` trains each scheme (and seed) into ``runs/<name>/<scheme>/seed<k>``,
-evaluates perplexity at every length of the preset, appends one record per
-evaluation to ``runs/<name>/results.jsonl`` and writes the report. Rerunning
+evaluates perplexity at every length of the preset (and the passkey cells and the
+cheap far-mass pass: ``compare_extras``), appends one record per evaluation to
+``runs/<name>/results.jsonl`` and writes the report. Rerunning
 skips finished trainings and evaluations and resumes interrupted ones.
 
 Each (scheme, seed) is a job (``run_job``) in its own spawned process
@@ -27,15 +28,16 @@ from posenc import encodings
 from posenc.checkpoint import read_json
 from posenc.config import ClusterConfig, Preset, absolute_corpus, schedule_spec, task_specs
 from posenc.data import load_tokens
-from posenc.diagnose import compare_extras, extras_pending
+from posenc.diagnose import far_mass_records
 from posenc.evaluate import eval_lengths, evaluate_length, window_starts
 from posenc.errors import PosencError
 from posenc.jobs import (
     LAUNCHERS, check_same_settings, done_cells, executor, one_line, record_run, run_inline, run_pool, run_submitit,
     scheme_modules,
 )
-from posenc.model import is_rope, with_rope_schedule
-from posenc.records import PasskeyCell, Ppl, append, drop_torn_tail, load
+from posenc.model import LM, is_rope, with_rope_schedule
+from posenc.passkey import passkey_records
+from posenc.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, load
 from posenc.report import with_ratios, write_report
 from posenc.stamp import run_stamp, stamp_line
 from posenc.retrieval import compare_tasks, done_jobs, mixing_window
@@ -118,6 +120,43 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
         mine = [r for r in load(results) if isinstance(r, (Ppl, PasskeyCell)) and (r.scheme, r.seed) == (scheme, seed)]
         evals = with_ratios([r for r in mine if isinstance(r, Ppl)]) + [r for r in mine if isinstance(r, PasskeyCell)]
         tracker.log(eval_metrics(evals, mcfg.train_length), read_json(run_dir / "train_summary.json")["steps"])
+
+
+def _extra_keys(ev, train_length: int) -> set:
+    """(kind, length, depth) of every passkey and far-mass record one compare job writes.
+
+    ev: the preset's EvalConfig (its ``passkey`` and ``far_mass`` settings).
+    """
+    keys = set()
+    if ev.passkey.trials:
+        keys |= {("passkey", L, d) for L in eval_lengths(train_length, ev.passkey.lengths_multiples) for d in ev.passkey.depths}
+    if ev.far_mass.windows:
+        keys |= {("far_mass", L, None) for L in eval_lengths(train_length, ev.far_mass.multiples)}
+    return keys
+
+
+def _recorded(results: Path, scheme: str, seed: int) -> set:
+    return {(r.kind, r.length, getattr(r, "depth", None)) for r in load(results)
+            if isinstance(r, (PasskeyCell, FarMass)) and (r.scheme, r.seed) == (scheme, seed)}
+
+
+def extras_pending(ev, train_length: int, results: Path, scheme: str, seed: int) -> bool:
+    """True when some passkey or far-mass record of (scheme, seed) is missing from ``results``."""
+    return not _extra_keys(ev, train_length) <= _recorded(results, scheme, seed)
+
+
+def compare_extras(model: LM, ev, data, results: Path, base: dict) -> None:
+    """Passkey cells and the cheap far-mass pass of one compare job, appended to ``results``.
+
+    base: {"scheme", "seed", "train_length"} copied into each record; records
+    already present are skipped (a rerun resumes).
+    """
+    done = _recorded(results, base["scheme"], base["seed"])
+    for rec in passkey_records(model, data.tokenizer, ev.passkey, {(L, d) for k, L, d in done if k == "passkey"}):
+        append(results, PasskeyCell(**base, **rec))
+    todo = [m for m in ev.far_mass.multiples if ("far_mass", m * base["train_length"], None) not in done]
+    for rec in far_mass_records(model, data.val_docs, ev.far_mass.model_copy(update={"multiples": todo})):
+        append(results, FarMass(**base, **rec))
 
 
 def _finished(run_root: Path, preset: Preset, scheme: str, seed: int, done: set) -> bool:

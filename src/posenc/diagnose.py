@@ -23,12 +23,13 @@ scheme's phases) and bias tiles are reduced one query block at a time, so at mos
 the reference. Schemes whose attention is a custom ``attend`` are read through their
 ``logits`` hook (CoPE, DAPE); those without one (PaTH, xPos, PoPE, ReRoPE) have no
 softmax to read and are reported as not supported.
+
+This module measures; ``posenc.diagnose_report`` writes the tables, the JSON and the plots.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -37,15 +38,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
 from posenc.attention import causal_tile, rotate
-from posenc.checkpoint import atomic_write_bytes, write_json
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.encodings.base import Encoding
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, window_starts
 from posenc.model import LM, AttentionInputs
-from posenc.passkey import passkey_records
-from posenc.records import FarMass, PasskeyCell, append, load
-from posenc.reporting import figure, log_scale, markdown_table, save_figure
 from posenc.encodings.mixing import check_eps, window_size
 
 BLOCK_ELEMS = 2**23  # probabilities held at once per query block (32 MiB in float32)
@@ -200,51 +197,64 @@ def diagnose_model(
     if unreadable(model):
         out["note"] = f"not supported: {cfg.encoding} replaces attention without exposing its logits, so there is no softmax to read"
         return out
-    device = next(model.parameters()).device
-    H, L_n = cfg.n_head, cfg.n_layer
-    phasors = [0] * L_n  # per layer: sum of exp(i theta), (H, P) complex128 once the layer has phases
-    steps = [0] * L_n
+    phasors = [0] * cfg.n_layer  # per layer: sum of exp(i theta), (H, P) complex128 once the layer has phases
+    steps = [0] * cfg.n_layer
     plan = [(L, window_starts(docs, L, n_windows * L)) for L in lengths]
     bar = tqdm(total=sum(len(ws) for _, ws in plan), desc="diagnose", unit="win", leave=False, disable=not progress)
-    for L, wins in plan:
-        far, ent, bound = (torch.zeros(L_n, H, dtype=torch.float64) for _ in range(3))
-        rec = {"length": L, "multiple": L / cfg.train_length, "windows": len(wins)}
-        try:
-            for d, s in wins:
-                tokens = torch.from_numpy(docs[d][1][s : s + L].astype(np.int64))[None].to(device)
-                for layer, a in enumerate(model.attention_inputs(tokens)):
-                    sums = layer_sums(a, w, block_elems, model.blocks[layer].attn.enc)
-                    far[layer] += sums["far"]
-                    ent[layer] += sums["entropy"]
-                    bound[layer] += sums["bound"]
-                    if a.phases is not None:
-                        z, n = step_phasor_sums(a.phases, H)
-                        phasors[layer] += z
-                        steps[layer] += n
-                bar.update(1)
-        except LengthNotSupported as exc:
-            out["lengths"].append({**rec, "windows": 0, "note": f"n/a: {exc}"})
-            continue
-        n_far = len(wins) * max(0, L - w)
-        u_far, u_ent = uniform_reference(L, w)
-        rec["far_mass"] = (far / n_far).tolist() if n_far else None
-        rec["far_mass_bound"] = (bound / n_far).tolist() if n_far else None
-        rec["entropy"] = (ent / (len(wins) * L)).tolist()
-        rec["far_mass_mean"] = float(far.sum() / (n_far * L_n * H)) if n_far else None
-        rec["entropy_mean"] = float(ent.mean() / (len(wins) * L))
-        rec["uniform_far_mass"], rec["uniform_entropy"] = u_far, u_ent
-        out["lengths"].append(rec)
+    out["lengths"] = [_length_record(model, docs, L, wins, w, block_elems, phasors, steps, bar) for L, wins in plan]
     bar.close()
     if any(steps):
-        out["spectral_gap"] = []
-        for layer in (i for i in range(L_n) if steps[i]):  # rotary layers (a '|' pattern may mix in others)
-            base = baseline_gap(model.blocks[layer].attn.enc)
-            beta = phasors[layer].abs() / max(1, steps[layer])
-            beta = torch.where(1 - beta < BETA_ONE, torch.ones_like(beta), beta)
-            w_eps = [[_finite(window_size(float(b), eps)) for b in row] for row in beta.tolist()]
-            drift = torch.angle(phasors[layer])  # arg mean exp(i theta): the steps' mean rotation per token
-            out["spectral_gap"].append({"layer": layer, "steps": steps[layer], "beta": beta.tolist(), "baseline": base,
-                                        "w_eps": w_eps, "mean_step": drift.tolist()})
+        out["spectral_gap"] = _spectral_gaps(model, phasors, steps, eps)
+    return out
+
+
+def _length_record(model: LM, docs, L: int, wins: list[tuple[int, int]], w: int, block_elems: int,
+                   phasors: list, steps: list, bar) -> dict:
+    """One length's entry of ``diagnose_model``: far mass, its bound and entropy per layer and head over the windows
+    ``wins`` (doc, start), their means and the uniform reference; a note when the scheme cannot run that length.
+    Each layer's step phasors (``step_phasor_sums``) are added to ``phasors[layer]`` / ``steps[layer]``."""
+    cfg, device = model.cfg, next(model.parameters()).device
+    H, L_n = cfg.n_head, cfg.n_layer
+    far, ent, bound = (torch.zeros(L_n, H, dtype=torch.float64) for _ in range(3))
+    rec = {"length": L, "multiple": L / cfg.train_length, "windows": len(wins)}
+    try:
+        for d, s in wins:
+            tokens = torch.from_numpy(docs[d][1][s : s + L].astype(np.int64))[None].to(device)
+            for layer, a in enumerate(model.prepare(tokens)):
+                sums = layer_sums(a, w, block_elems, model.blocks[layer].attn.enc)
+                far[layer] += sums["far"]
+                ent[layer] += sums["entropy"]
+                bound[layer] += sums["bound"]
+                if a.phases is not None:
+                    z, n = step_phasor_sums(a.phases, H)
+                    phasors[layer] += z
+                    steps[layer] += n
+            bar.update(1)
+    except LengthNotSupported as exc:
+        return {**rec, "windows": 0, "note": f"n/a: {exc}"}
+    n_far = len(wins) * max(0, L - w)
+    u_far, u_ent = uniform_reference(L, w)
+    rec["far_mass"] = (far / n_far).tolist() if n_far else None
+    rec["far_mass_bound"] = (bound / n_far).tolist() if n_far else None
+    rec["entropy"] = (ent / (len(wins) * L)).tolist()
+    rec["far_mass_mean"] = float(far.sum() / (n_far * L_n * H)) if n_far else None
+    rec["entropy_mean"] = float(ent.mean() / (len(wins) * L))
+    rec["uniform_far_mass"], rec["uniform_entropy"] = u_far, u_ent
+    return rec
+
+
+def _spectral_gaps(model: LM, phasors: list, steps: list, eps: float) -> list[dict]:
+    """Per layer with phases: beta (H, D/2) = |mean exp(i theta)| (1 within ``BETA_ONE``), the step-law baseline,
+    w_eps and the mean step arg mean exp(i theta) (rad/token)."""
+    out = []
+    for layer in (i for i in range(len(steps)) if steps[i]):  # rotary layers (a '|' pattern may mix in others)
+        base = baseline_gap(model.blocks[layer].attn.enc)
+        beta = phasors[layer].abs() / max(1, steps[layer])
+        beta = torch.where(1 - beta < BETA_ONE, torch.ones_like(beta), beta)
+        w_eps = [[_finite(window_size(float(b), eps)) for b in row] for row in beta.tolist()]
+        drift = torch.angle(phasors[layer])  # arg mean exp(i theta): the steps' mean rotation per token
+        out.append({"layer": layer, "steps": steps[layer], "beta": beta.tolist(), "baseline": base,
+                    "w_eps": w_eps, "mean_step": drift.tolist()})
     return out
 
 
@@ -261,158 +271,3 @@ def far_mass_records(model: LM, docs, settings: FarMassConfig) -> list[dict]:
         return [{"length": L, "note": res["note"]} for L in eval_lengths(model.cfg.train_length, settings.multiples)]
     keep = ("length", "windows", "far_mass_mean", "entropy_mean", "uniform_far_mass", "uniform_entropy", "note")
     return [{k: r[k] for k in keep if k in r} | {"w": res["w"]} for r in res["lengths"]]
-
-
-# ---------------------------------------------------------------- report
-
-
-def _fmt(x, spec=".3f") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def markdown(res: dict) -> str:
-    """The diagnose tables: far mass and entropy per layer.head and length, spectral gaps per layer."""
-    lines = [f"# posenc diagnose: {res['scheme']}", "", f"- scheme: {res['describe']}",
-             f"- training length {res['train_length']}; far keys: distance >= w = {res['w']}; "
-             f"{res['windows_per_length']} held-out window(s) per length", ""]
-    if res["note"]:
-        return "\n".join(lines + [f"**{res['note']}**", ""])
-    rows = res["lengths"]
-    head = ["layer.head", *(f"{r['length']} ({r['multiple']:g}x)" for r in rows)]
-    n_layer = max((len(r.get("entropy") or []) for r in rows), default=0)
-    n_head = max((len(r["entropy"][0]) for r in rows if r.get("entropy")), default=0)
-    for title, key, ref in (
-        ("Far attention mass (keys at distance >= w; mean over queries that have such keys)", "far_mass", "uniform_far_mass"),
-        ("Far-mass lower bound M / (M + K e^r) (Sec. 4; M far, K = w near keys, r = the query's logit range), "
-         "mean over the same queries", "far_mass_bound", None),
-        ("Attention entropy (nats; mean over queries)", "entropy", "uniform_entropy"),
-    ):
-        cells = [[f"{layer}.{h}", *(_fmt(r[key][layer][h]) if r.get(key) else "n/a" for r in rows)]
-                 for layer in range(n_layer) for h in range(n_head)]
-        cells += [["uniform", *(_fmt(r.get(ref)) for r in rows)]] if ref else []
-        lines += [f"## {title}", "", markdown_table(head, cells), ""]
-    if res["spectral_gap"]:
-        lines += ["## Spectral gap of the step angles", "",
-                  f"beta_b = |mean exp(i theta)| per head and frequency block over held-out tokens; baseline: the "
-                  f"scheme's step law (|sin a_b / a_b|; RoPE 1); w_eps = ceil(log eps / log beta), eps = {res['eps']:g}.", "",
-                  "Blocks that do not mix within the training length keep a near-constant step; their mean step "
-                  "arg mean exp(i theta) says whether they still rotate (RoPE-like, unseen phases at longer lengths) or stand still (NoPE-like).", ""]
-        head = ["layer", "beta min / median / max", "baseline min / median / max", "max abs(beta - baseline)", "w_eps median",
-                "blocks with w_eps <= train length", "others: median abs(mean step) (rad/token)"]
-        cells = []
-        for g in res["spectral_gap"]:
-            beta = np.asarray(g["beta"])
-            base = np.asarray(g["baseline"]) if g["baseline"] is not None else None
-            w_eps = np.array([np.inf if x is None else x for row in g["w_eps"] for x in row], dtype=float)
-            rng = lambda x: f"{x.min():.4f} / {np.median(x):.4f} / {x.max():.4f}"  # noqa: E731
-            slow = np.abs(np.asarray(g["mean_step"])).ravel()[w_eps > res["train_length"]]
-            cells.append([g["layer"], rng(beta), rng(base) if base is not None else "n/a",
-                          _fmt(np.abs(beta - base).max() if base is not None else None, ".4f"), f"{np.median(w_eps):g}",
-                          f"{int((w_eps <= res['train_length']).sum())}/{w_eps.size}", _fmt(np.median(slow) if slow.size else None, ".2e")])
-        lines += [markdown_table(head, cells), ""]
-    return "\n".join(lines)
-
-
-def plot_vs_length(path: Path, res: dict, key: str, ref: str, ylabel: str, dotted: Optional[str] = None) -> None:
-    """One subplot per layer, one line per head (``dotted``: a second quantity per head, dotted),
-    the uniform reference dashed; x = length / train length."""
-    rows = [r for r in res["lengths"] if r.get(key)]
-    n_layer = len(rows[0][key]) if rows else 1
-    fig, axes = figure(1, n_layer, figsize=(3.2 * n_layer, 3.2), squeeze=False, sharey=True)
-    xs = [r["multiple"] for r in rows]
-    for layer, ax in enumerate(axes[0]):
-        for h in range(len(rows[0][key][layer]) if rows else 0):
-            line, = ax.plot(xs, [r[key][layer][h] for r in rows], marker=".", label=f"head {h}")
-            if dotted:
-                ax.plot(xs, [r[dotted][layer][h] for r in rows], ls=":", color=line.get_color())
-        ax.plot(xs, [r[ref] for r in rows], color="gray", ls="--", label="uniform")
-        log_scale(ax, "x", base=2)
-        ax.set_title(f"layer {layer}")
-        ax.set_xlabel("eval length / train length")
-        ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel(ylabel)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{res['scheme']}: {ylabel}")
-    fig.tight_layout()
-    save_figure(fig, path)
-
-
-def plot_spectral_gap(path: Path, res: dict) -> None:
-    """beta per frequency block: mean over heads (band: min..max) per layer; the baseline dashed."""
-    fig, ax = figure(figsize=(6.5, 4))
-    for g in res["spectral_gap"]:
-        beta = np.asarray(g["beta"])
-        b = np.arange(beta.shape[1])
-        ax.plot(b, beta.mean(0), marker=".", label=f"layer {g['layer']}")
-        ax.fill_between(b, beta.min(0), beta.max(0), alpha=0.2)
-    base = res["spectral_gap"][0]["baseline"]
-    if base is not None:
-        ax.plot(np.arange(len(base)), base, color="k", ls="--", label="step-law baseline")
-    ax.set_xlabel("frequency block b")
-    ax.set_ylabel("beta_b = |mean exp(i theta)|")
-    ax.set_title(f"{res['scheme']}: spectral gap of the step angles")
-    ax.legend(fontsize=7)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, path)
-
-
-def write_outputs(res: dict, out: Path) -> list[Path]:
-    """Write diagnose.md, diagnose.json and the plots into ``out``; returns the paths written."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "diagnose.md", out / "diagnose.json"]
-    atomic_write_bytes(paths[0], markdown(res).encode())
-    write_json(paths[1], res)
-    if res["note"]:
-        return paths
-    if any(r.get("far_mass") for r in res["lengths"]):
-        plot_vs_length(out / "far_mass.png", res, "far_mass", "uniform_far_mass", "far attention mass (dotted: lower bound)", "far_mass_bound")
-        paths.append(out / "far_mass.png")
-    if any(r.get("entropy") for r in res["lengths"]):
-        plot_vs_length(out / "entropy.png", res, "entropy", "uniform_entropy", "attention entropy (nats)")
-        paths.append(out / "entropy.png")
-    if res["spectral_gap"]:
-        plot_spectral_gap(out / "spectral_gap.png", res)
-        paths.append(out / "spectral_gap.png")
-    return paths
-
-
-# ---------------------------------------------------------------- compare's extra evaluations
-
-
-def _extra_keys(ev, train_length: int) -> set:
-    """(kind, length, depth) of every passkey and far-mass record one compare job writes.
-
-    ev: the preset's EvalConfig (its ``passkey`` and ``far_mass`` settings).
-    """
-    keys = set()
-    if ev.passkey.trials:
-        keys |= {("passkey", L, d) for L in eval_lengths(train_length, ev.passkey.lengths_multiples) for d in ev.passkey.depths}
-    if ev.far_mass.windows:
-        keys |= {("far_mass", L, None) for L in eval_lengths(train_length, ev.far_mass.multiples)}
-    return keys
-
-
-def _recorded(results: Path, scheme: str, seed: int) -> set:
-    return {(r.kind, r.length, getattr(r, "depth", None)) for r in load(results)
-            if isinstance(r, (PasskeyCell, FarMass)) and (r.scheme, r.seed) == (scheme, seed)}
-
-
-def extras_pending(ev, train_length: int, results: Path, scheme: str, seed: int) -> bool:
-    """True when some passkey or far-mass record of (scheme, seed) is missing from ``results``."""
-    return not _extra_keys(ev, train_length) <= _recorded(results, scheme, seed)
-
-
-def compare_extras(model: LM, ev, data, results: Path, base: dict) -> None:
-    """Passkey cells and the cheap far-mass pass of one compare job, appended to ``results``.
-
-    base: {"scheme", "seed", "train_length"} copied into each record; records
-    already present are skipped (a rerun resumes).
-    """
-    done = _recorded(results, base["scheme"], base["seed"])
-    for rec in passkey_records(model, data.tokenizer, ev.passkey, {(L, d) for k, L, d in done if k == "passkey"}):
-        append(results, PasskeyCell(**base, **rec))
-    todo = [m for m in ev.far_mass.multiples if ("far_mass", m * base["train_length"], None) not in done]
-    for rec in far_mass_records(model, data.val_docs, ev.far_mass.model_copy(update={"multiples": todo})):
-        append(results, FarMass(**base, **rec))

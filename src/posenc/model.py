@@ -202,8 +202,8 @@ class LM(nn.Module):
             x = block(x, pos, tokens)
         return self.norm(x)
 
-    def attention_inputs(self, tokens: torch.Tensor, pos: Optional[torch.Tensor] = None) -> Iterator[AttentionInputs]:
-        """Run the model on ``tokens`` (B, T) and yield each layer's AttentionInputs, first layer first.
+    def prepare(self, tokens: torch.Tensor, pos: Optional[torch.Tensor] = None) -> Iterator[AttentionInputs]:
+        """Run the model on ``tokens`` (B, T) and yield each layer's AttentionInputs (its ``Attention.prepare``), first layer first.
 
         Each layer runs after its inputs are yielded (from the same capture), so a
         consumer holds one layer's q, k, v at a time (diagnostics, ``posenc.diagnose``).

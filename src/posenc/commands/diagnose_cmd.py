@@ -4,7 +4,8 @@ from pathlib import Path
 
 from posenc.data import load_tokens
 from posenc.distributed import check_device
-from posenc.diagnose import DEFAULT_MULTIPLES, diagnose_model, write_outputs
+from posenc.diagnose import DEFAULT_MULTIPLES, diagnose_model
+from posenc.diagnose_report import write_outputs
 from posenc.train import load_run
 
 
