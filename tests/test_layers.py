@@ -7,14 +7,19 @@ Layers, bottom up (README, "Layout"):
   model.py is not core: its ModelConfig is pydantic.
 - theory: theory/*, on the core and on checkpoint, presets, reporting.
 - apps: every other module, on anything below (no cycles: tests/test_imports.py).
+
+The README's "Layout" list is bottom up (imports point down it), and the walk of compare's preset
+(``benchmarks/preset_walk.py``) stays within 30 functions and 5 climbs back up that list.
 """
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
 CORE = ("posenc.errors", "posenc.attention", "posenc.scoring", "posenc.layer", "posenc.encodings", "posenc.rope")
 THEORY_HELPERS = ("posenc.checkpoint", "posenc.presets", "posenc.reporting")
 CORE_EXTERNAL = {"torch", "numpy"}
@@ -110,3 +115,75 @@ def test_importing_the_core_loads_no_heavy_module():
 def test_the_public_names_load_on_first_access():
     code = "import sys, posenc\nposenc.PosencError\nassert 'posenc.model' not in sys.modules\nposenc.LM, posenc.hf\nprint('posenc.hf' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["True"]
+
+
+def _preset_walk():
+    spec = importlib.util.spec_from_file_location("preset_walk", ROOT / "benchmarks" / "preset_walk.py")
+    module = sys.modules.setdefault("preset_walk", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
+# the one import up the README's list (between two packages, no module cycle)
+UPWARD = {("posenc.pretrained.adaptation", "posenc.hf")}
+
+
+def test_the_layout_lists_every_module_bottom_up():
+    pw, mods = _preset_walk(), _modules()
+    order = pw.layout_order(ROOT / "README.md")
+    assert order[:3] == ["errors.py", "presets.py", "checkpoint.py"] and order[-1] == "cli.py"
+    assert sorted({pw.unit(m, SRC) for m in mods if m != "posenc"} - set(order)) == []
+    rank = {m: order.index(pw.unit(m, SRC)) for m in mods if m != "posenc"}
+    up = set()
+    for name, path in mods.items():
+        for target, _ in _imports(name, path):
+            if target.split(".")[0] == "posenc" and name != "posenc":
+                module = max((m for m in mods if target == m or target.startswith(m + ".")), key=len)
+                if module != "posenc" and rank[module] > rank[name]:
+                    up.add((name, module))
+    assert up == UPWARD
+
+
+def test_the_preset_walk_stays_within_its_bounds():
+    w = _preset_walk().walk(SRC, ROOT / "README.md")
+    assert {"compare", "run_job", "_meta"} <= set(w.stays["posenc.compare"])  # the walk follows the preset at all
+    assert "run_task_job" in w.stays["posenc.retrieval"] and "check_same_settings" in w.stays["posenc.jobs"]
+    assert w.n_stays <= 30 and len(w.climbs) <= 5, (w.n_stays, w.climbs)
+    assert ("posenc.jobs", "posenc.compare.run_job") in w.climbs  # a job runs up from the job runner
+
+
+def test_the_preset_walk_counts_stays_and_climbs(tmp_path):
+    (tmp_path / "README.md").write_text("## Layout\n\n```\nsrc/posenc/\n  low.py  x\n  mid.py, high.py  y\n```\n")
+    pkg = tmp_path / "src" / "posenc"
+    pkg.mkdir(parents=True)
+    for f, text in {
+        "__init__.py": "",
+        "low.py": "def run(jobs):\n    pass\n\ndef size(n):\n    pass\n\ndef use(cfg):\n    from posenc.high import back\n    back(cfg)\n",
+        "mid.py": "from posenc import low\n\ndef job(a, p):\n    pass\n\ndef go(x):\n    q = x\n    low.use(q)\n    low.run([(job, (1, q))])\n    low.size(x.part)\n",
+        "high.py": "from posenc.mid import go as start\n\ndef back(c):\n    pass\n\ndef top(preset):\n    start(x=preset)\n    top(preset)\n",
+    }.items():
+        (pkg / f).write_text(text)
+    w = _preset_walk().walk(tmp_path / "src", tmp_path / "README.md", ("posenc.high", "top", "preset"))
+    assert dict(w.stays) == {"posenc.high": ["top", "back"], "posenc.mid": ["go", "job"], "posenc.low": ["use", "run"]}
+    assert w.climbs == [("posenc.low", "posenc.high.back"), ("posenc.low", "posenc.mid.job")]
+    parts = _preset_walk().walk(tmp_path / "src", tmp_path / "README.md", ("posenc.high", "top", "preset"), parts=True)
+    assert parts.stays["posenc.low"] == ["use", "run", "size"] and parts.climbs == w.climbs  # x.part too
+
+
+def test_the_readme_traces_compare_to_the_report_in_eight_files():
+    pw = _preset_walk()
+    readme = (ROOT / "README.md").read_text()
+    trace = readme.split("`posenc compare` from the command line to the report", 1)[1].split("\n\n", 1)[0]
+    named = {f for f in (s.strip("`") for s in trace.replace("(", " ").replace(")", " ").replace(",", " ").split())
+             if f.endswith(".py") and not f.startswith("tests/")}
+    assert "in 8 files" in trace and named == {"cli.py", "commands/compare_cmd.py", "config.py", "compare.py", "jobs.py", "train.py",
+                                               "evaluate.py", "report.py", "records.py"}  # the ninth: the store between them
+    cli = (SRC / "posenc" / "cli.py").read_text()
+    assert '"posenc.commands.compare_cmd"' in cli and "args.func(args)" in cli
+    assert "set_defaults(func=run)" in (SRC / "posenc" / "commands" / "compare_cmd.py").read_text()
+    assert {"posenc.config.load_preset", "posenc.compare.compare"} <= pw.calls("posenc.commands.compare_cmd", "run")
+    assert {"posenc.jobs.run_pool", "posenc.report.write_report"} <= pw.calls("posenc.compare", "compare")
+    assert {"posenc.train.train", "posenc.evaluate.evaluate_length", "posenc.records.append"} <= pw.calls("posenc.compare", "run_job")
+    report = (SRC / "posenc" / "report.py").read_text()
+    write = next(n for n in ast.parse(report).body if isinstance(n, ast.FunctionDef) and n.name == "write_report")
+    assert '"report.md"' in ast.get_source_segment(report, write)
