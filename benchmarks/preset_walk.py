@@ -119,11 +119,10 @@ class _Walker:
         if caller is not None and caller != module and self.rank.get(module, -1) > self.rank.get(caller, -1):
             if (caller, f"{module}.{fn}") not in self.walk.climbs:
                 self.walk.climbs.append((caller, f"{module}.{fn}"))
-        if (module, fn) in self.seen:
-            return
-        self.seen.add((module, fn))
-        self.walk.stays[module].append(fn)
-        if param is not None:
+        if fn not in self.walk.stays[module]:
+            self.walk.stays[module].append(fn)
+        if param is not None and (module, fn, param) not in self.seen:  # each parameter that receives it, once
+            self.seen.add((module, fn, param))
             self._body(module, self.mods[module].functions[fn], param)
 
     def _body(self, module: str, node: ast.FunctionDef, param: str) -> None:
