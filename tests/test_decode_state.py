@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc.encodings.base import Buffer, Encoding
+from posenc.encodings.base import Buffer, Encoding, Inputs
 from posenc.encodings.householder import path_keys
 from posenc.errors import PosencError
 from posenc.model import Cache
@@ -172,3 +172,24 @@ def test_generate_uses_the_incremental_cache_and_equals_the_reference():
             ids = torch.cat((ids, logits.argmax(-1, keepdim=True)), dim=1)
             logits = m.decode(ids[:, -1:], cache)[:, -1]
     assert torch.equal(out, ids)
+
+
+def test_running_phase_keeps_float32_steps_and_a_crop_resets_it_to_the_parallel_phase():
+    """The accumulated rotations' state holds one running float64 phase and each position's float32 steps
+    (not a float64 phase per position); a crop to L gives back the parallel forward's Phi_{L-1}."""
+    torch.manual_seed(6)
+    m, x = model("acc-rand-qkv", torch.float32), torch.randint(0, 256, (2, 14))
+    with torch.no_grad():
+        cache = Cache(len(m.blocks))
+        m.decode(x[:, :9], cache)
+        for t in range(9, 14):
+            m.decode(x[:, t : t + 1], cache)
+        state, enc = cache.layers[1].state, m.blocks[1].attn.enc
+        assert state.theta.value.dtype == torch.float32 and state.last.shape == (1, 2, 1, 8)  # one draw for every row
+        assert state.nbytes() == state.theta.nbytes() + 2 * 8 * 8
+        phi = torch.cumsum(enc.steps(Inputs(torch.zeros(1, 14, 32), torch.arange(14))).double(), dim=-2)
+        assert (state.last - phi[..., 13:, :]).abs().max().item() < 1e-12
+        cache.crop(6)
+        assert (state.last - phi[..., 5:6, :]).abs().max().item() < 1e-12
+        m.decode(x[:, 6:7], cache)
+        assert (state.last - phi[..., 6:7, :]).abs().max().item() < 1e-12
