@@ -193,3 +193,24 @@ def test_running_phase_keeps_float32_steps_and_a_crop_resets_it_to_the_parallel_
         assert (state.last - phi[..., 5:6, :]).abs().max().item() < 1e-12
         m.decode(x[:, 6:7], cache)
         assert (state.last - phi[..., 6:7, :]).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("spec", ["path", "path+forget"])
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_path_decoding_across_flushes_of_its_pending_factors_equals_the_parallel_forward(spec, dtype, tol, monkeypatch):
+    """With a flush every 3 tokens, one-token steps and chunks cross several flushes; beams reordered between
+    flushes keep their pending factors."""
+    from posenc.encodings.householder import PaTHState
+
+    monkeypatch.setattr(PaTHState, "flush_every", 3)
+    torch.manual_seed(7)
+    m, x = model(spec, dtype), torch.randint(0, 256, (2, T))
+    with torch.no_grad():
+        got, cache = decoded(m, x, reference=False, cuts=(6, 10))  # 14 tokens after the prefill: 4 flushes
+        assert (got - m(x)).abs().max().item() < tol
+        pending = next(s for s in getattr(cache.layers[0].state, "states", [cache.layers[0].state]) if isinstance(s, PaTHState)).pending
+        assert pending.count == 2 and pending.flushed == T - 2
+        beams = torch.tensor([1, 1, 0])
+        cache.reorder(beams)
+        z = torch.randint(0, 256, (3, 1))
+        assert (m.decode(z, cache) - m(torch.cat((x[beams], z), dim=1))[:, -1:]).abs().max().item() < tol
