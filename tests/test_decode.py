@@ -74,9 +74,9 @@ def test_chunked_prefill_leaves_the_state_of_one_prefill():
         m.decode(x, one)
         for a, b in ((0, 4), (4, 5), (5, 15)):
             m.decode(x[:, a:b], chunks)
-    for l1, l2 in zip(one.layers, chunks.layers):  # rotated keys and values, running phase, cumulative log-gates
+    for l1, l2 in zip(one.layers, chunks.layers):  # rotated keys and values, running phase and steps, cumulative log-gates
         (rot1, gate1), (rot2, gate2) = l1.state.states, l2.state.states
-        for a, b in ((l1.k, l2.k), (l1.v, l2.v), (rot1.phi.value, rot2.phi.value), (gate1.lam.value, gate2.lam.value)):
+        for a, b in ((l1.k, l2.k), (l1.v, l2.v), (rot1.last, rot2.last), (rot1.theta.value, rot2.theta.value), (gate1.lam.value, gate2.lam.value)):
             assert torch.allclose(a, b, atol=1e-12, rtol=0)
 
 

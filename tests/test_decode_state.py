@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc.encodings.base import Buffer, Encoding
+from posenc.encodings.base import Buffer, Encoding, Inputs
 from posenc.encodings.householder import path_keys
 from posenc.errors import PosencError
 from posenc.model import Cache
@@ -172,3 +172,45 @@ def test_generate_uses_the_incremental_cache_and_equals_the_reference():
             ids = torch.cat((ids, logits.argmax(-1, keepdim=True)), dim=1)
             logits = m.decode(ids[:, -1:], cache)[:, -1]
     assert torch.equal(out, ids)
+
+
+def test_running_phase_keeps_float32_steps_and_a_crop_resets_it_to_the_parallel_phase():
+    """The accumulated rotations' state holds one running float64 phase and each position's float32 steps
+    (not a float64 phase per position); a crop to L gives back the parallel forward's Phi_{L-1}."""
+    torch.manual_seed(6)
+    m, x = model("acc-rand-qkv", torch.float32), torch.randint(0, 256, (2, 14))
+    with torch.no_grad():
+        cache = Cache(len(m.blocks))
+        m.decode(x[:, :9], cache)
+        for t in range(9, 14):
+            m.decode(x[:, t : t + 1], cache)
+        state, enc = cache.layers[1].state, m.blocks[1].attn.enc
+        assert state.theta.value.dtype == torch.float32 and state.last.shape == (1, 2, 1, 8)  # one draw for every row
+        assert state.nbytes() == state.theta.nbytes() + 2 * 8 * 8
+        phi = torch.cumsum(enc.steps(Inputs(torch.zeros(1, 14, 32), torch.arange(14))).double(), dim=-2)
+        assert (state.last - phi[..., 13:, :]).abs().max().item() < 1e-12
+        cache.crop(6)
+        assert (state.last - phi[..., 5:6, :]).abs().max().item() < 1e-12
+        m.decode(x[:, 6:7], cache)
+        assert (state.last - phi[..., 6:7, :]).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("spec", ["path", "path+forget"])
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_path_decoding_across_flushes_of_its_pending_factors_equals_the_parallel_forward(spec, dtype, tol, monkeypatch):
+    """With a flush every 3 tokens, one-token steps and chunks cross several flushes; beams reordered between
+    flushes keep their pending factors."""
+    from posenc.encodings.householder import PaTHState
+
+    monkeypatch.setattr(PaTHState, "flush_every", 3)
+    torch.manual_seed(7)
+    m, x = model(spec, dtype), torch.randint(0, 256, (2, T))
+    with torch.no_grad():
+        got, cache = decoded(m, x, reference=False, cuts=(6, 10))  # 14 tokens after the prefill: 4 flushes
+        assert (got - m(x)).abs().max().item() < tol
+        pending = next(s for s in getattr(cache.layers[0].state, "states", [cache.layers[0].state]) if isinstance(s, PaTHState)).pending
+        assert pending.count == 2 and pending.flushed == T - 2
+        beams = torch.tensor([1, 1, 0])
+        cache.reorder(beams)
+        z = torch.randint(0, 256, (3, 1))
+        assert (m.decode(z, cache) - m(torch.cat((x[beams], z), dim=1))[:, -1:]).abs().max().item() < tol

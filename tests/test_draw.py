@@ -6,7 +6,8 @@ import torch
 
 from posenc import encodings
 from posenc.encodings.base import Dims, Inputs
-from posenc.encodings.draw import counter_uniform, counter_uniform_naive
+from posenc.encodings.accumulated import EVAL_DRAW
+from posenc.encodings.draw import counter_uniform, counter_uniform_naive, row_key_int, row_keys
 
 
 def test_counter_uniform_equals_the_integer_reference():
@@ -20,6 +21,18 @@ def test_counter_uniform_equals_the_integer_reference():
             for t in (0, 3, 6):
                 for h, b in ((0, 0), (2, 4), (1, 3)):
                     assert float(u[r, h, t, b]) == counter_uniform_naive(seed, draw, int(rows[r]), int(pos[t]), h, b, 5)
+
+
+def test_evaluation_key_computed_once_equals_the_tensor_chain():
+    """The evaluation draw's key, a Python integer computed at construction, gives counter_uniform's steps."""
+    for seed in (0, 3, 2**31 - 1, 2**51 + 12345):
+        for draw, row in ((EVAL_DRAW, 0), (5, 7)):
+            assert row_key_int(seed, draw, row) == int(row_keys(seed, torch.tensor(draw), torch.tensor([row]))[0, 0])
+    dims = Dims(n_head=3, head_dim=8, d_model=16, vocab_size=256, train_length=16, layer_index=2)
+    enc = encodings.get("acc-rand-qk:seed=5", dims).eval()
+    pos = torch.tensor([0, 1, 77, 2**31 - 1])
+    ref = counter_uniform(enc.seed, torch.tensor(EVAL_DRAW), torch.zeros(1, dtype=torch.int64), pos, 3, 4)
+    assert torch.equal(enc._u(Inputs(torch.zeros(1, 4, 16), pos)), ref)
 
 
 def test_counter_uniform_is_uniform_and_uncorrelated():

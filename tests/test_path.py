@@ -118,3 +118,56 @@ def test_long_input_last_query_matches_key_updates():
         kk[:t] -= bt * (kk[:t] @ wt)[:, None] * wt
     a = torch.softmax(kk @ q[0, 0, i].double() / math.sqrt(D), 0)
     assert torch.allclose(out[0, 0, i].double(), a @ v[0, 0, : i + 1].double(), atol=1e-4)
+
+
+def _decode_both(q, k, v, w, beta, prefill, chunks, every, bias=None):
+    """Decode q, k, v after a prefill of ``prefill`` tokens in the given chunk sizes, with the reference
+    (``path_step``) and the pending-factor fast path (``path_step_pending``): both outputs, the reference's
+    keys after each chunk and the fast path's exact keys after each chunk."""
+    from posenc.encodings.base import Buffer
+    from posenc.encodings.householder import PendingFactors, path_keys, path_step, path_step_pending
+
+    scale = 1.3 / math.sqrt(q.shape[-1])
+    bufs = {}
+    for name in ("ref", "fast"):
+        keys, values = Buffer(-2), Buffer(-2)
+        keys.append(path_keys(k[:, :, :prefill], w[:, :, :prefill], beta[:, :, :prefill], 5))
+        values.append(v[:, :, :prefill])
+        bufs[name] = (keys, values)
+    pending, flushes = PendingFactors(every, prefill), []
+    flush = pending.flush
+    pending.flush = lambda keys: (flushes.append(keys.length), flush(keys))  # counted
+    outs, key_pairs, start = {"ref": [], "fast": []}, [], prefill
+    for n in chunks:
+        sl = slice(start, start + n)
+        args = (q[:, :, sl], k[:, :, sl], v[:, :, sl], w[:, :, sl], beta[:, :, sl])
+        outs["ref"].append(path_step(*args, *bufs["ref"], bias, scale))
+        outs["fast"].append(path_step_pending(*args, *bufs["fast"], pending, bias, scale))
+        key_pairs.append((bufs["ref"][0].value.clone(), pending.exact_keys(bufs["fast"][0])))
+        start += n
+    return torch.cat(outs["ref"], dim=2), torch.cat(outs["fast"], dim=2), key_pairs, len(flushes)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("every, chunks", [(4, [1] * 15), (3, [2, 1, 5, 1, 1, 7]), (1, [1, 3, 1, 4]), (64, [1] * 9)])
+def test_pending_factors_decode_equals_the_step_by_step_update(dtype, tol, every, chunks):
+    """Token by token and in chunks, across flush boundaries: the outputs and the (exact) cached keys equal
+    the rank-one update of every cached key per token."""
+    T = 9 + sum(chunks)
+    q, k, v, w, beta = inputs(T=T, D=8, dtype=dtype, seed=7)
+    ref, fast, key_pairs, flushes = _decode_both(q, k, v, w, beta, 9, chunks, every)
+    assert flushes == (sum(chunks) // every)
+    assert (ref - fast).abs().max().item() < tol
+    for a, b in key_pairs:
+        assert a.shape == b.shape and (a - b).abs().max().item() < tol
+    full = path_attention_naive(q, k, v, w, beta, logit_scale=1.3)[:, :, 9:].to(ref.dtype)
+    assert (fast - full).abs().max().item() < 10 * tol  # and both are the parallel attention's last rows
+
+
+def test_pending_factors_with_a_forget_bias_and_an_empty_flush_point():
+    """A score bias (PaTH-FoX) goes to every row; a prefill of one token leaves one flushed row."""
+    q, k, v, w, beta = inputs(T=14, seed=8)
+    bias = forget_bias(log_forget_cumsum(torch.randn(2, 3, 14, dtype=torch.float64)), torch.float64)
+    ref, fast, _, flushes = _decode_both(q, k, v, w, beta, 1, [1] * 13, 5, bias)
+    assert flushes == 2 and (ref - fast).abs().max().item() < 1e-10
+    assert (fast - path_attention_naive(q, k, v, w, beta, bias=bias, logit_scale=1.3)[:, :, 1:]).abs().max().item() < 1e-10

@@ -46,7 +46,7 @@ from torch import nn
 
 from posenc.encodings.registry import alias, register
 from posenc.encodings.base import Dims, Encoding, Inputs
-from posenc.encodings.draw import counter_uniform
+from posenc.encodings.draw import counter_uniform, row_key_int, uniform_at
 from posenc.encodings.mixing import window_size
 from posenc.encodings.phase import check_rotary_dims, rotary_dim
 from posenc.rope import rope_inv_freq, wrap_phases
@@ -130,6 +130,7 @@ class Accumulated(Encoding):
         self.mode, self.center, self.pairing, self.a, self.init = mode, center, pairing, float(a), init
         self.rotate_v = rotate == "qkv"
         self.seed = seed * 1_000_003 + dims.layer_index
+        self.eval_key = row_key_int(self.seed, EVAL_DRAW, 0)  # evaluation's key: decoding steps hash their positions only
         self.rotary_fraction, rot = rotary_fraction, rotary_dim(dims, rotary_fraction)
         self.n_blocks = half = rot // 2  # frequency blocks (rotated feature pairs)
         omega = rope_inv_freq(rot, rope_theta).float()
@@ -162,7 +163,8 @@ class Accumulated(Encoding):
                 raise PosencError("per-token-id steps (mode='token') need the token ids; this layer has none")
             return self.token_u[inp.tokens].transpose(1, 2)
         if not self.training:  # evaluation: one fixed draw per position, the same for every row and window
-            return counter_uniform(self.seed, torch.tensor(EVAL_DRAW), torch.zeros(1, dtype=torch.int64), inp.pos, H, half)
+            key = torch.tensor([[self.eval_key]], device=inp.pos.device)  # counter_uniform's chain up to the row, computed once
+            return uniform_at(key, inp.pos, H, half)
         rows = torch.arange(self.batch_row_offset, self.batch_row_offset + B)
         u = counter_uniform(self.seed, self.draws, rows, inp.pos, H, half)
         self.draws += 1  # a tensor, saved with the weights: a resumed run draws what an uninterrupted one would

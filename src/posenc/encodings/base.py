@@ -191,25 +191,45 @@ class PositionState(DecodeState):
 class RunningPhaseState(DecodeState):
     """Phases that are the prefix sum of per-position steps (``accumulates``: the accumulated rotations).
 
-    Keeps every position's unwrapped float64 phase Phi_t (B|1, H, T, P), the same
-    numbers as the parallel ``cumsum``; a step computes only the new positions'
+    Keeps the running unwrapped float64 phase Phi_{T-1} (B|1, H, 1, P), the same
+    sums as the parallel ``cumsum``; a step computes only the new positions'
     step angles (``steps``: one random draw per position, tanh(W x_t) of the new
-    inputs, the new token ids' steps), adds them to Phi_{T-1} and returns them
-    wrapped mod 2 pi in float32+. The stored phases serve ``crop``.
+    inputs, the new token ids' steps), adds their float64 prefix sum to Phi_{T-1}
+    and returns them wrapped mod 2 pi in float32+. For ``crop`` only, it keeps
+    every position's steps ``theta`` in their own dtype (float32 in a float32
+    model: half the bytes of a float64 phase per position); a crop to L resets
+    the running phase to their float64 sum over [0, L), the parallel forward's Phi_{L-1}.
     """
 
     per_head_keys = True
 
     def __init__(self, enc: "Encoding"):
         super().__init__(enc)
-        self.phi = Buffer(-2)
+        self.theta = Buffer(-2)
+        self.last: Optional[torch.Tensor] = None
 
     def phases(self, inp: Inputs) -> torch.Tensor:
-        phi = torch.cumsum(self.enc.steps(inp).to(torch.float64), dim=-2)
-        if self.phi.length:
-            phi = phi + self.phi.value[..., -1:, :]
-        self.phi.append(phi)
+        theta = self.enc.steps(inp)
+        self.theta.append(theta)
+        phi = torch.cumsum(theta.to(torch.float64), dim=-2)
+        if self.last is not None:
+            phi = phi + self.last
+        self.last = phi[..., -1:, :].clone()  # a copy: a view would keep the whole chunk's phases alive
         return wrap_phases(phi, inp.x.dtype)
+
+    def crop(self, length: int) -> None:
+        if length < self.theta.length:
+            kept = self.theta.value[..., :length, :].to(torch.float64)
+            self.last = torch.cumsum(kept, dim=-2)[..., -1:, :] if length else None
+        super().crop(length)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        super().reorder(index)
+        if self.last is not None and self.last.shape[0] > 1:  # a broadcast batch of 1 is kept
+            self.last = self.last.index_select(0, index.to(self.last.device))
+
+    def nbytes(self) -> int:
+        return super().nbytes() + (0 if self.last is None else self.last.numel() * self.last.element_size())
 
 
 class Encoding(nn.Module):

@@ -46,19 +46,33 @@ def seed_key(seed: int) -> int:
     return mix32_int(mix32_int(seed) + (seed >> 32))
 
 
+def row_keys(seed: int, draw: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The chain's key after seed -> draw -> row: (B, 1) int64 in [0, 2^32); arguments as ``counter_uniform``."""
+    key = mix32(mix32(draw.to(torch.int64) + seed_key(seed) * GOLDEN) + 1)
+    return mix32(key + rows.to(key.device)[:, None] * GOLDEN)
+
+
+def row_key_int(seed: int, draw: int, row: int) -> int:
+    """``row_keys`` of one fixed (draw, row) with Python integers: a key computed once (the evaluation draw)."""
+    return mix32_int(mix32_int(mix32_int(draw + seed_key(seed) * GOLDEN) + 1) + row * GOLDEN)
+
+
+def uniform_at(per_row: torch.Tensor, pos: torch.Tensor, n_head: int, n_blocks: int) -> torch.Tensor:
+    """The rest of the chain, position -> (head, block), from ``row_keys`` (B, 1) int64: (B, H, len(pos), n_blocks) float32."""
+    per_pos = mix32(per_row + pos.to(per_row.device)[None, :] * GOLDEN)  # (B, T)
+    lane = torch.arange(n_head * n_blocks, device=per_row.device) * GOLDEN
+    bits = mix32(per_pos[..., None] + lane)  # (B, T, H * n_blocks)
+    u = (bits >> 8).to(torch.float32) * 2.0**-23 - 1.0
+    return u.view(per_row.shape[0], len(pos), n_head, n_blocks).transpose(1, 2)
+
+
 def counter_uniform(seed: int, draw: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, n_head: int, n_blocks: int) -> torch.Tensor:
     """U[-1, 1) per (row, head, position, block): (len(rows), H, len(pos), n_blocks) float32.
 
     seed: int >= 0; draw: int64 scalar tensor in [0, 2^31) (the training draw counter);
     rows: (B,) int64 global batch rows and pos: (T,) int64 absolute positions, both in [0, 2^31).
     """
-    key = mix32(mix32(draw.to(torch.int64) + seed_key(seed) * GOLDEN) + 1)
-    per_row = mix32(key + rows.to(key.device)[:, None] * GOLDEN)  # (B, 1)
-    per_pos = mix32(per_row + pos.to(key.device)[None, :] * GOLDEN)  # (B, T)
-    lane = torch.arange(n_head * n_blocks, device=key.device) * GOLDEN
-    bits = mix32(per_pos[..., None] + lane)  # (B, T, H * n_blocks)
-    u = (bits >> 8).to(torch.float32) * 2.0**-23 - 1.0
-    return u.view(len(rows), len(pos), n_head, n_blocks).transpose(1, 2)
+    return uniform_at(row_keys(seed, draw, rows), pos, n_head, n_blocks)
 
 
 def counter_uniform_naive(seed: int, draw: int, row: int, pos: int, head: int, block: int, n_blocks: int) -> float:

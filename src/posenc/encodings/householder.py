@@ -11,8 +11,10 @@ Three implementations that agree (tests):
 
 1. ``householder_naive.path_scores_naive`` builds the products; ``path_decode``
    is the decoding form (appending token t updates every cached key:
-   k_j <- k_j - beta_t (w_t . k_j) w_t), which ``PaTHState`` runs on the
-   layer's key cache (``path_step``; the prefill's keys by ``path_keys``);
+   k_j <- k_j - beta_t (w_t . k_j) w_t), which ``path_step`` runs on the
+   layer's key cache (the prefill's keys by ``path_keys``); ``PaTHState`` runs
+   ``path_step_pending``, which defers the update of the older keys and applies
+   the deferred factors every few tokens in UT form (``PendingFactors``);
 2. ``path_attention`` (CPU/any device, PyTorch): blocks of C tokens. In block b,
    with W, beta, K, Q its rows, the UT transform A = I + diag(beta) tril(W W^T, -1)
    gives U = A^-1 diag(beta) W with H_{last} ... H_{first} = I - W^T U, and
@@ -164,6 +166,92 @@ def path_step(q, k, v, w, beta, keys: Buffer, values: Buffer, bias: Optional[Bia
     return torch.cat(out, dim=2).to(v.dtype)
 
 
+class PendingFactors:
+    """The Householder factors of the tokens since the last flush, in UT form, for ``path_step_pending``.
+
+    With F the flush point (``flushed``, a cache row), rows j < F of the key cache hold
+    k^_j = H_{F-1} ... H_{j+1} k_j and rows j >= F the exact k~_j = H_{T-1} ... H_{j+1} k_j.
+    The p pending factors give M = H_F ... H_{T-1} = I - U^T W, W: (B, H, p, D) their
+    w_t, U: (B, H, p, D); appending H_t adds the rows w_t and u_t = beta_t M w_t (M H_t =
+    M - beta_t (M w_t) w_t^T), O(p D). ``every``: factors kept before a flush (>= 1).
+    """
+
+    def __init__(self, every: int, flushed: int):
+        self.every, self.flushed = every, flushed
+        self.w, self.u = Buffer(-2, every), Buffer(-2, every)
+
+    @property
+    def count(self) -> int:
+        return self.w.length
+
+    def push(self, wt: torch.Tensor, bt: torch.Tensor) -> None:
+        """Append H_t: wt (B, H, 1, D), bt (B, H, 1, 1), in the cache's dtype."""
+        ut = bt * self.apply(wt.transpose(-1, -2)).transpose(-1, -2)  # beta_t M w_t, before H_t joins M
+        self.w.append(wt)
+        self.u.append(ut)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """M x = x - U^T (W x) for columns x (B, H, D, c)."""
+        if not self.count:
+            return x
+        return x - self.u.value.transpose(-1, -2) @ (self.w.value @ x)
+
+    def flush(self, keys: Buffer) -> None:
+        """Apply the pending factors to the rows before F at once: k^_j <- H_{T-1} ... H_F k^_j = M^T k^_j, as rows
+        K <- K - (K U^T) W (two matmuls, one pass over the cache); the rows from F on are exact already. Then
+        F = T and no factors are pending."""
+        if self.count and self.flushed:
+            K = keys.value[..., : self.flushed, :]
+            K.sub_((K @ self.u.value.transpose(-1, -2)) @ self.w.value)
+        self.flushed = keys.length
+        self.w.crop(0)
+        self.u.crop(0)
+
+    def exact_keys(self, keys: Buffer) -> torch.Tensor:
+        """The exact cached keys k~_j (B, H, T, D) (a new tensor; the cache is left as it is)."""
+        K = keys.value
+        if not self.count:
+            return K.clone()
+        old = K[..., : self.flushed, :]
+        return torch.cat((old - (old @ self.u.value.transpose(-1, -2)) @ self.w.value, K[..., self.flushed :, :]), dim=-2)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.w.reorder(index)
+        self.u.reorder(index)
+
+    def nbytes(self) -> int:
+        return self.w.nbytes() + self.u.nbytes()
+
+
+def path_step_pending(q, k, v, w, beta, keys: Buffer, values: Buffer, pending: PendingFactors, bias: Optional[BiasFn], scale: float) -> torch.Tensor:
+    """``path_step`` (the reference, same arguments and result) without a pass over the key cache per token.
+
+    Token t's H_t updates only the rows written since the last flush (O(p D)) and joins
+    ``pending``; its query meets the flushed rows as M q_t (O(p D): q^T M^T k^_j = (M q)^T k^_j)
+    and the recent rows as q_t. Every ``pending.every`` tokens the factors are flushed into the
+    cache at once (``PendingFactors.flush``, O(T D p) in two matmuls). Per token: O(T D) reads
+    for the scores and values, no writes to the cache.
+    """
+    wide, T0 = keys.data.dtype, keys.length
+    V, out = values.append(v.to(wide)), []
+    for t in range(q.shape[-2]):
+        wt, bt = w[:, :, t, None, :].to(wide), beta[:, :, t, None, None].to(wide)
+        F = pending.flushed
+        recent = keys.value[..., F:, :]
+        recent.sub_((recent @ wt.transpose(-1, -2)) * (bt * wt))
+        pending.push(wt, bt)
+        K = keys.append(k[:, :, t : t + 1].to(wide))
+        qt = q[:, :, t, None, :].to(wide)  # a row: q K^T runs ~5x faster on CPU than the matrix-vector K q
+        qf = pending.apply(qt.transpose(-1, -2)).transpose(-1, -2)
+        s = torch.cat((qf @ K[..., :F, :].transpose(-1, -2), qt @ K[..., F:, :].transpose(-1, -2)), dim=-1)[..., 0, :] * scale
+        if bias is not None:
+            s = s + bias(T0 + t, T0 + t + 1, 0, T0 + t + 1)[..., 0, :].to(s.dtype)
+        out.append(torch.softmax(s, dim=-1)[:, :, None, :] @ V[:, :, : T0 + t + 1])
+        if pending.count >= pending.every:
+            pending.flush(keys)
+    return torch.cat(out, dim=2).to(v.dtype)
+
+
 def _fla_kernel():
     """flash-linear-attention's PaTH kernel, or None (no CUDA or ``fla`` not installed)."""
     if not torch.cuda.is_available():
@@ -253,16 +341,21 @@ class PaTH(Encoding):
 
 
 class PaTHState(DecodeState):
-    """PaTH decoding, fla's recurrence: the cached keys are k~_j = H_{T-1} ... H_{j+1} k_j (float32+), each new
-    token applies its H_t to them (a rank-one update, O(T D)) before it attends (``path_step``); the prefill is
-    the parallel attention and ``path_keys``. Keeps the last conv_size - 1 low-rank projections of x, so the new
-    tokens' w needs only their own inputs. Cannot ``crop`` (H_t is not invertible at beta = 1)."""
+    """PaTH decoding, fla's recurrence: the cached keys are k~_j = H_{T-1} ... H_{j+1} k_j (float32+); each new
+    token's H_t is kept pending (``PendingFactors``: its query goes through the pending factors instead, the rows
+    since the last flush are updated exactly) and every ``flush_every`` tokens the pending factors are applied to
+    the cache at once (``path_step_pending``; ``path_step``, a rank-one update of every cached key per token, is
+    the reference); the prefill is the parallel attention and ``path_keys``. Keeps the last conv_size - 1
+    low-rank projections of x, so the new tokens' w needs only their own inputs. Cannot ``crop`` (H_t is not
+    invertible at beta = 1)."""
 
     per_head_keys = True
+    flush_every = 32  # pending factors before a flush: a flush costs ~ 2 p of the per-token score passes, once per p tokens
 
     def __init__(self, enc: PaTH):
         super().__init__(enc)
         self.tail: Optional[torch.Tensor] = None  # (B, H D, conv_size - 1) projections before the new tokens
+        self.pending: Optional[PendingFactors] = None
         self.length = 0
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
@@ -275,10 +368,11 @@ class PaTHState(DecodeState):
             keys.append(path_keys(k.to(wide), w.to(wide), beta.to(wide), enc.block_size))
             values.append(v.to(wide))
             self.tail = proj.new_zeros(*proj.shape[:2], enc.w_conv.kernel_size[0] - 1)
+            self.pending = PendingFactors(self.flush_every, keys.length)
         else:
             u = torch.cat((self.tail, proj), dim=-1)
             w, beta = enc._gates(F.conv1d(u, enc.w_conv.weight, groups=u.shape[1]), x)
-            out = path_step(q, k, v, w, beta, keys, values, bias, enc.logit_scale / math.sqrt(q.shape[-1]))
+            out = path_step_pending(q, k, v, w, beta, keys, values, self.pending, bias, enc.logit_scale / math.sqrt(q.shape[-1]))
         self.tail = torch.cat((self.tail, proj), dim=-1)[..., proj.shape[-1] :]
         self.length += x.shape[1]
         return out
@@ -290,6 +384,7 @@ class PaTHState(DecodeState):
     def reorder(self, index: torch.Tensor) -> None:
         if self.tail is not None:
             self.tail = self.tail.index_select(0, index.to(self.tail.device))
+            self.pending.reorder(index)
 
     def nbytes(self) -> int:
-        return 0 if self.tail is None else self.tail.numel() * self.tail.element_size()
+        return 0 if self.tail is None else self.tail.numel() * self.tail.element_size() + self.pending.nbytes()
