@@ -49,6 +49,15 @@ class Run:
     train_length: int
     settings: dict[str, Any]  # flat: preset.json's shared settings, or report.md's header lines
     source: str  # where the settings came from: "preset.json", "report.md" or "none"
+    header: dict[str, str]  # report.md's header lines (empty without one): what runs of either source share
+
+
+def _header(path: Path) -> dict[str, str]:
+    """The settings lines of a run's report.md header (corpus, tokenizer, model, budget, eval); {} without one."""
+    if not (path / "report.md").exists():
+        return {}
+    lines = re.findall(r"^- \*\*(\w+)\*\*: (.*)$", (path / "report.md").read_text(encoding="utf-8"), re.M)
+    return {k: v.strip() for k, v in lines if k in HEADER_KEYS}
 
 
 def _settings(path: Path) -> tuple[dict[str, Any], str]:
@@ -60,12 +69,8 @@ def _settings(path: Path) -> tuple[dict[str, Any], str]:
         except (ValidationError, TypeError):  # a preset of another release: its sections as they are
             flat = _flatten({k: raw.get(k) for k in ("model", "train", "eval") if isinstance(raw.get(k), dict)}, "")
             return {k: v for k, v in flat.items() if k not in FREE_SETTINGS}, "preset.json"
-    if (path / "report.md").exists():
-        lines = re.findall(r"^- \*\*(\w+)\*\*: (.*)$", (path / "report.md").read_text(encoding="utf-8"), re.M)
-        header = {k: v.strip() for k, v in lines if k in HEADER_KEYS}
-        if header:
-            return header, "report.md"
-    return {}, "none"
+    header = _header(path)
+    return (header, "report.md") if header else ({}, "none")
 
 
 def load_run(path: Path, label: str | None = None) -> Run:
@@ -83,7 +88,7 @@ def load_run(path: Path, label: str | None = None) -> Run:
     if len(lengths) > 1:
         raise PosencError(f"{path} mixes training lengths {sorted(lengths)}: not one compare run")
     found, source = _settings(path)
-    return Run(path, label or path.name, with_ratios(records), lengths.pop(), found, source)
+    return Run(path, label or path.name, with_ratios(records), lengths.pop(), found, source, _header(path))
 
 
 def spec_key(spec: str) -> str:
@@ -118,10 +123,13 @@ def differences(base: Run, run: Run) -> str:
     """How ``run``'s settings differ from ``base``'s, as one phrase ("same settings" when they do not)."""
     if run.source == "none" or base.source == "none":
         return "settings unknown (no preset.json or report.md)"
-    if run.source != base.source:
-        return f"settings not comparable ({run.label}: {run.source}, {base.label}: {base.source})"
-    keys = sorted(set(base.settings) | set(run.settings))
-    diff = [f"{k} {base.settings.get(k)!r} -> {run.settings.get(k)!r}" for k in keys if base.settings.get(k) != run.settings.get(k)]
+    old, new = base.settings, run.settings
+    if run.source != base.source:  # a run with preset.json against one without: compare their report headers
+        if not (base.header and run.header):
+            return f"settings not comparable ({run.label}: {run.source}, {base.label}: {base.source})"
+        old, new = base.header, run.header
+    keys = sorted(set(old) | set(new))
+    diff = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
     return "other settings: " + "; ".join(diff) if diff else "same settings"
 
 
