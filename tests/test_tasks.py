@@ -72,6 +72,62 @@ def test_flipflop_probe_is_marked_only_at_its_read():
     assert all(tok[i] == I for i in range(write_bit + 1, len(tok) - 2, 2))
 
 
+def _check_modsum(m, tok, answer, distance):
+    """Brute force: an answer exactly at each sum after a query, equal to the running sum mod m of the
+    elements before it, at the distance back to the previous sum (or to position -1, the start)."""
+    total, last = 0, -1
+    for t in range(len(tok) - 1):
+        is_sum = tok[t] == m
+        assert answer[t] == is_sum, t
+        if is_sum:
+            assert tok[t + 1] == m + 1 + total % m and distance[t] == t + 1 - last
+            last = t + 1
+        else:
+            assert distance[t] == 0
+            total += tok[t] if tok[t] < m else 0
+
+
+@pytest.mark.parametrize("m, p_query", [(2, 0.1), (3, 0.5), (5, 0.02)])
+def test_modsum_marks_match_brute_force(m, p_query):
+    task = get_task(f"modsum:m={m},p_query={p_query}")
+    for seed in range(5):
+        tok, answer, distance = task.row(np.random.default_rng(seed), 300)
+        assert len(tok) == 301 and tok.min() >= 0 and tok.max() <= 2 * m and tok[-1] != m
+        assert np.all(tok[np.flatnonzero(tok[:-1] == m) + 1] > m)  # every query is followed by its sum
+        _check_modsum(m, tok, answer, distance)
+
+
+def test_modsum_by_hand():
+    task = get_task("modsum:m=3")
+    tok = np.array([1, 2, 3, 1 + 3 + 0, 2, 3, 1 + 3 + 2, 2, 2, 3, 1 + 3 + 0])  # 1 2 ? 0 | 2 ? 2 | 2 2 ? 0
+    _check_modsum(3, tok, tok[:-1] == 3, np.array([0, 0, 4, 0, 0, 3, 0, 0, 0, 4]))
+    with pytest.raises(AssertionError):  # a wrong sum is caught
+        _check_modsum(3, np.array([1, 3, 1 + 3 + 0]), np.array([False, True]), np.array([0, 3]))
+    assert task.vocab_size == 7 and task.chance == pytest.approx(1 / 3)
+    density = get_task("modsum:p_query=0.25").row(np.random.default_rng(0), 100_000)[0]
+    assert abs(np.mean(density == 2) - 0.2) < 0.01  # queries per token: p / (1 + p), each query takes two tokens
+
+
+def test_modsum_probe_is_marked_only_at_its_sum():
+    task = get_task("modsum:m=5")
+    tok, answer, distance = task.row(np.random.default_rng(1), 128 + 64 + 1, gap=64)
+    assert answer.sum() == 1 and answer[-1] and distance[-1] == 64
+    revealed = len(tok) - 1 - 64
+    assert tok[revealed - 1] == 5 and tok[-2] == 5 and np.all(tok[revealed + 1:-2] < 5)
+    _check_modsum(5, tok, tok[:-1] == 5, _distances(tok, 5))  # every sum of the probe, the prefix's too, is right
+    with pytest.raises(PosencError, match="gap 1 must be >= 2"):
+        task.row(np.random.default_rng(0), 20, gap=1)
+
+
+def _distances(tok, m):
+    """Distances back to the previous sum for every sum of ``tok`` (the brute force's own bookkeeping)."""
+    out, last = np.zeros(len(tok) - 1, dtype=np.int64), -1
+    for t in range(len(tok) - 1):
+        if tok[t] == m:
+            out[t], last = t + 1 - last, t + 1
+    return out
+
+
 def _check_mqar(task, tok, answer, distance):
     v = task.values
     K, V, P = v["keys"], v["values"], v["pairs"]
@@ -132,6 +188,9 @@ def test_batches_are_functions_of_seed_step_row():
     ("mqar:gap=a", "gap must be N or LO-HI"),
     ("mqar:", "empty parameter list"),
     ("mqar:pairs", "expected key=value"),
+    ("modsum:m=1", "m must be >= 2"),
+    ("modsum:p_query=0", "p_query must be in"),
+    ("modsum:sparse=1.0", "sparse must be in"),
     ("fliflop", None),
 ])
 def test_bad_task_specs(spec, message):

@@ -15,6 +15,11 @@ token that determines it). Specs follow the scheme form, ``NAME[:key=value,...]`
   pair). Training gaps are drawn in ``gap=LO-HI``; the filler before the pairs pads every
   sequence to the training length. ``fused=true`` writes each pair as one token (key, value),
   a one-hop lookup. Chance: 1/values.
+- ``modsum`` (state tracking: the word problem of the cyclic group Z_m, Merrill et al. 2024,
+  arXiv 2404.08819; parity at m = 2): a stream of elements 0..m-1 in which a query token ``?``
+  is followed by the running sum mod m of every element so far (the answer; evidence: the last
+  revealed sum, or the sequence start). The answer needs every element since that evidence, so
+  a scheme must carry a state across the whole interval, not copy one token. Chance: 1/m.
 
 Tests (``Task.tests``) probe one thing each: the training distribution at longer lengths,
 denser or sparser writes, a controlled gap between evidence and answer up to 32x the
@@ -271,7 +276,75 @@ class MQAR(Task):
         return out
 
 
-TASKS: dict[str, type[Task]] = {"flipflop": FlipFlop, "mqar": MQAR}
+class ModSum(Task):
+    """State tracking (Z_m word problem): after each query, the running sum mod m of the elements so far."""
+
+    name = "modsum"
+    params = {"m": (int, 2), "p_query": (float, 0.1), "sparse": (float, 0.02), "dense": (float, 0.3)}
+
+    @property
+    def vocab_size(self) -> int:
+        return 2 * self.values["m"] + 1  # elements 0..m-1, the query token m, sums m+1..2m
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.values["m"]
+
+    def check(self) -> None:
+        if self.values["m"] < 2:
+            raise PosencError(f"task {self.spec!r}: m must be >= 2, got {self.values['m']}")
+        for k in ("p_query", "sparse", "dense"):
+            if not 0.0 < self.values[k] < 1.0:
+                raise PosencError(f"task {self.spec!r}: {k} must be in (0, 1), got {self.values[k]}")
+
+    def row(self, rng, length, p_query=None, gap=None):
+        """``gap`` None: a stream at query density ``p_query`` (default: the training one). ``gap`` = g (>= 2):
+        the probe: ``length - g - 3`` tokens of training-density stream, a query with its sum, g - 2 elements,
+        and one query whose sum is g tokens after the revealed one; only that sum is an answer."""
+        n, m = length + 1, self.values["m"]
+        if gap is None:
+            return _modsum_stream(rng, n, m, self.values["p_query"] if p_query is None else p_query)
+        pre = n - gap - 2
+        if gap < 2 or pre < 0:
+            raise PosencError(f"modsum probe: gap {gap} must be >= 2 and fit the length {length}")
+        tok = _modsum_stream(rng, pre, m, self.values["p_query"])[0] if pre else np.empty(0, np.int64)
+        elems = rng.integers(0, m, size=gap - 2)
+        state = int(tok[tok < m].sum()) % m
+        tok = np.concatenate([tok, [m, m + 1 + state], elems, [m, m + 1 + (state + int(elems.sum())) % m]])
+        answer = np.zeros(length, dtype=bool)
+        distance = np.zeros(length, dtype=np.int64)
+        answer[-1], distance[-1] = True, gap
+        return tok, answer, distance
+
+    def tests(self, train_length, multiples):
+        v = self.values
+        lengths = [k * train_length for k in multiples]
+        out = [Test(name, L, settings) for name, settings in (("id", {}), ("sparse", {"p_query": v["sparse"]}), ("dense", {"p_query": v["dense"]}))
+               for L in lengths]
+        gaps = [2**k for k in range(3, int(math.log2(max(lengths))) + 1)]
+        return out + [Test("gap", train_length + g + 1, {"gap": g}) for g in gaps]  # a training-length prefix first
+
+
+def _modsum_stream(rng: np.random.Generator, n: int, m: int, p_query: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` tokens of a Z_m stream: elements, and queries ``m`` each followed by the running sum (token
+    ``m + 1 + sum mod m``); answer and distance marks for the ``n - 1`` targets. A query cut off by the end
+    becomes the element 0 (the identity), so every query has its sum."""
+    is_query = rng.random(n) < p_query  # one unit per token at most: a query unit takes two
+    elems = rng.integers(0, m, size=n)
+    sums = np.cumsum(np.where(is_query, 0, elems)) % m
+    tok = np.where(is_query[:, None], np.stack([np.full(n, m), m + 1 + sums], 1), np.stack([elems, np.full(n, -1)], 1)).reshape(-1)
+    tok = tok[tok >= 0][:n]
+    if tok[-1] == m:
+        tok[-1] = 0
+    sum_pos = np.flatnonzero(tok > m)  # the answers are these tokens: targets sum_pos - 1
+    answer = np.zeros(n - 1, dtype=bool)
+    distance = np.zeros(n - 1, dtype=np.int64)
+    answer[sum_pos - 1] = True
+    distance[sum_pos - 1] = sum_pos - np.concatenate([[-1], sum_pos[:-1]])  # back to the last revealed sum (the start: -1)
+    return tok, answer, distance
+
+
+TASKS: dict[str, type[Task]] = {"flipflop": FlipFlop, "mqar": MQAR, "modsum": ModSum}
 
 
 def is_task(spec: str) -> bool:
