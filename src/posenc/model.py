@@ -13,7 +13,7 @@ from typing import Any, Iterator, Literal, Optional
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from posenc import encodings, scoring
@@ -22,6 +22,7 @@ from posenc.layer import Attention, AttentionInputs, LayerCache
 from posenc.encodings.rotary import RoPE
 from posenc.rope import schedule_label, schedule_params
 from posenc.errors import PosencError
+from posenc.presets import validated
 
 
 class ModelConfig(BaseModel):
@@ -70,14 +71,9 @@ class ModelConfig(BaseModel):
 
 def validate_config(data: dict) -> ModelConfig:
     """ModelConfig from a dict; a one-line PosencError on invalid input."""
-    if not isinstance(data, dict):  # ModelConfig(**data) would raise a TypeError about '**'
+    if not isinstance(data, dict):  # validated would name no field and no example
         raise PosencError(f"a model config is a ModelConfig or a dict of its settings (e.g. {{'encoding': 'rope'}}), got {type(data).__name__}")
-    try:
-        return ModelConfig(**data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "config"
-        raise PosencError(f"invalid model config: {where}: {err['msg']}") from None
+    return validated(ModelConfig, data, "model config")
 
 
 class Cache:
