@@ -43,7 +43,7 @@ from posenc.stamp import run_stamp
 from posenc.tasks import TaskData
 from posenc.tracking import NO_TRACKER, Tracker
 from posenc.errors import PosencError
-from posenc.model import LM, ModelConfig, build_model, validate_config
+from posenc.model import LM, ModelConfig, validate_config
 from posenc.presets import validated
 
 
@@ -318,7 +318,7 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
     cfg = read_run_config(run_dir)
     mcfg, tcfg = validate_config(cfg["model"]), validated(TrainConfig, cfg["train"], "training config")
-    model = build_model(mcfg)
+    model = LM(mcfg)
     load_weights(run_dir / "model.safetensors", model)
     return model.to(distributed.default_device()), mcfg, tcfg
 
@@ -386,7 +386,7 @@ def train(
     if shard.is_main:  # after the corpus loads, so bad input leaves no empty run directory
         make_run_dir(run_dir)
     torch.manual_seed(tcfg.seed)
-    model = build_model(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
+    model = LM(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
     ckpt = Checkpoint(run_dir, model.state_dict, make_optimizer(model, tcfg))
     step = 0
     if resume and (run_dir / "state.pt").exists():
