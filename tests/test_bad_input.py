@@ -130,6 +130,16 @@ def test_generate_prints_the_models_greedy_continuation(run, capsys):
     assert capsys.readouterr().out == bytes(ids.tolist()).decode("utf-8", errors="replace") + "\n"
 
 
+def test_a_run_with_a_bad_training_section_is_one_line(tmp_path):
+    from posenc.train import load_run
+
+    (tmp_path / "config.json").write_text('{"model": {}, "train": {"steps": 0}}')
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(PosencError) as err:
+        load_run(tmp_path)
+    assert str(err.value) == "invalid training config: steps: Input should be greater than 0"
+
+
 def test_model_api_rejects_bad_shapes():
     model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 16})
     with pytest.raises(PosencError, match="T >= 1"):
@@ -168,6 +178,8 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
     (lambda: posenc.Attention(64, 0), "d_model, n_head and n_kv_head must be >= 1, got 64, 0, 0"),
     (lambda: posenc.Attention(64, 4, scheme=None), "scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got NoneType"),
     (lambda: build_model(["rope"]), "a model config is a ModelConfig or a dict of its settings (e.g. {'encoding': 'rope'}), got list"),
+    (lambda: build_model({"d_model": 10, "n_head": 4}), "invalid model config: config: Value error, d_model 10 is not divisible by n_head 4"),
+    (lambda: build_model({"n_layer": 0}), "invalid model config: n_layer: Input should be greater than 0"),
     (lambda: posenc.Attention(64, 4, scheme="acc-token-qk"),
      "accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got 0"),
     (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate("To be", 2),

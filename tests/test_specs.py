@@ -161,6 +161,14 @@ def test_default_random_steps_mix_inside_the_training_length():
     assert drift.mixing_window(0.01) > 1e5  # low-frequency blocks of the RoPE-centred law never mix
 
 
+def test_a_models_mixing_window_is_its_slowest_layers():
+    window = {a: math.ceil(math.log(0.01) / math.log(math.sin(a) / a) * (1 - 1e-12)) for a in (0.5, 1.0)}
+    assert window == {0.5: 110, 1.0: 27}
+    mcfg = ModelConfig(n_layer=3, n_head=2, d_model=32, encoding="acc-rand-qkv|acc-rand-qkv:a=0.5|rope")
+    assert mcfg.mixing_window() == 110 and mcfg.model_copy(update={"encoding": "acc-rand-qkv|rope"}).mixing_window() == 27
+    assert mcfg.model_copy(update={"encoding": "rope"}).mixing_window() is None  # no step law in any layer
+
+
 @torch.no_grad()
 def _learned_steps(enc: Accumulated, x: torch.Tensor) -> torch.Tensor:
     inp = Inputs(x, torch.arange(x.shape[1]), torch.zeros(x.shape[:2], dtype=torch.int64))

@@ -40,7 +40,7 @@ from posenc.passkey import passkey_records
 from posenc.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, load
 from posenc.report import with_ratios, write_report
 from posenc.stamp import run_stamp, stamp_line
-from posenc.retrieval import compare_tasks, done_jobs, mixing_window
+from posenc.retrieval import compare_tasks, done_jobs
 from posenc.tracking import check_kind, eval_metrics, open_tracker
 from posenc.train import is_trained, load_run, train
 
@@ -122,8 +122,14 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
         tracker.log(eval_metrics(evals, mcfg.train_length), read_json(run_dir / "train_summary.json")["steps"])
 
 
-def _extra_keys(ev, train_length: int) -> set:
-    """(kind, length, depth) of every passkey and far-mass record one compare job writes.
+def _recorded(results: Path, scheme: str, seed: int) -> set:
+    """(kind, length, depth) of the passkey and far-mass records of (scheme, seed) in ``results``."""
+    return {(r.kind, r.length, getattr(r, "depth", None)) for r in load(results)
+            if isinstance(r, (PasskeyCell, FarMass)) and (r.scheme, r.seed) == (scheme, seed)}
+
+
+def extras_pending(ev, train_length: int, results: Path, scheme: str, seed: int) -> bool:
+    """True when some passkey or far-mass record one compare job of (scheme, seed) writes is missing from ``results``.
 
     ev: the preset's EvalConfig (its ``passkey`` and ``far_mass`` settings).
     """
@@ -132,17 +138,7 @@ def _extra_keys(ev, train_length: int) -> set:
         keys |= {("passkey", L, d) for L in eval_lengths(train_length, ev.passkey.lengths_multiples) for d in ev.passkey.depths}
     if ev.far_mass.windows:
         keys |= {("far_mass", L, None) for L in eval_lengths(train_length, ev.far_mass.multiples)}
-    return keys
-
-
-def _recorded(results: Path, scheme: str, seed: int) -> set:
-    return {(r.kind, r.length, getattr(r, "depth", None)) for r in load(results)
-            if isinstance(r, (PasskeyCell, FarMass)) and (r.scheme, r.seed) == (scheme, seed)}
-
-
-def extras_pending(ev, train_length: int, results: Path, scheme: str, seed: int) -> bool:
-    """True when some passkey or far-mass record of (scheme, seed) is missing from ``results``."""
-    return not _extra_keys(ev, train_length) <= _recorded(results, scheme, seed)
+    return not keys <= _recorded(results, scheme, seed)
 
 
 def compare_extras(model: LM, ev, data, results: Path, base: dict) -> None:
@@ -262,7 +258,7 @@ def _meta(preset: Preset, data) -> dict:
         "seeds": preset.seeds,
         "eval": f"non-overlapping windows; every length scores the same text: the first {_span(preset)} targets of each of the first {-(-preset.eval.max_tokens // _span(preset))} held-out works",
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
-        "mixing_windows": {s: mixing_window(s, mcfg) for s in preset.schemes},
+        "mixing_windows": {s: mcfg.model_copy(update={"encoding": s}).mixing_window() for s in preset.schemes},
         "notes": preset.description or None,
         "run": stamp_line(run_stamp()),
     }

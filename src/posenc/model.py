@@ -13,7 +13,7 @@ from typing import Any, Iterator, Literal, Optional
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from posenc import encodings, scoring
@@ -22,6 +22,7 @@ from posenc.layer import Attention, AttentionInputs, LayerCache
 from posenc.encodings.rotary import RoPE
 from posenc.rope import schedule_label, schedule_params
 from posenc.errors import PosencError
+from posenc.presets import validated
 
 
 class ModelConfig(BaseModel):
@@ -62,22 +63,26 @@ class ModelConfig(BaseModel):
         """Indices of the layers whose schemes can differ (a '|' pattern repeats after its length)."""
         return range(min(self.n_layer, len(encodings.layer_pattern(self.encoding))))
 
+    def layer_schemes(self) -> list[Encoding]:
+        """The scheme of each distinct layer, built (PosencError, one line, if the encoding is invalid)."""
+        return [encodings.get(self.encoding, self.dims(i), **self.encoding_params) for i in self.distinct_layers()]
+
     def check_encoding(self) -> None:
         """Build the scheme of each distinct layer once: PosencError (one line) before any work if it is invalid."""
-        for i in self.distinct_layers():
-            encodings.get(self.encoding, self.dims(i), **self.encoding_params)
+        self.layer_schemes()
+
+    def mixing_window(self, eps: float = 0.01) -> Optional[float]:
+        """The slowest mixing window w_eps (tokens) over the layers (``Encoding.mixing_window``); None when no
+        layer's scheme has a random step law."""
+        windows = [enc.mixing_window(eps) for enc in self.layer_schemes()]
+        return max((w for w in windows if w is not None), default=None)
 
 
 def validate_config(data: dict) -> ModelConfig:
     """ModelConfig from a dict; a one-line PosencError on invalid input."""
-    if not isinstance(data, dict):  # ModelConfig(**data) would raise a TypeError about '**'
+    if not isinstance(data, dict):  # validated would name no field and no example
         raise PosencError(f"a model config is a ModelConfig or a dict of its settings (e.g. {{'encoding': 'rope'}}), got {type(data).__name__}")
-    try:
-        return ModelConfig(**data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "config"
-        raise PosencError(f"invalid model config: {where}: {err['msg']}") from None
+    return validated(ModelConfig, data, "model config")
 
 
 class Cache:
@@ -326,6 +331,6 @@ def with_rope_schedule(model, name: str, params: Optional[dict] = None):
         raise PosencError(f"rope schedules apply to RoPE models; this run uses {cfg.encoding!r}")
     full = schedule_params(name, cfg.train_length, params)
     new_cfg = cfg.model_copy(update={"encoding_params": {**cfg.encoding_params, "schedule": name, "schedule_params": full}})
-    out = build_model(new_cfg)
+    out = LM(new_cfg)
     out.load_state_dict(model.state_dict())
     return out, f"{cfg.encoding}+{schedule_label(name, full)}"

@@ -45,12 +45,13 @@ def read_preset(name_or_path: str, folder=SHIPPED, kind: str = "preset") -> tupl
 
 
 def validated(cls: type[BaseModel], data: dict, where: str):
-    """``cls`` built from ``data``; the first validation error as one PosencError line naming ``where``."""
+    """``cls`` built from ``data``; the first validation error as one PosencError line naming ``where`` and the
+    field (``config`` for a check of the whole model)."""
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}") from None
 
 
 def load_flat(cls: type[BaseModel], name_or_path: str, folder, kind: str, overrides: dict | None = None):

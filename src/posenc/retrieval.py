@@ -13,13 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from posenc import encodings
 from posenc.checkpoint import read_json
 from posenc.config import ClusterConfig, Preset, task_specs
 from posenc.data import load_tokens
 from posenc.errors import PosencError
 from posenc.jobs import check_same_settings, executor, record_run, run_inline, run_pool, run_submitit, scheme_modules
-from posenc.model import ModelConfig
 from posenc.records import Task, append, drop_torn_tail, load
 from posenc.retrieval_report import write_task_report
 from posenc.stamp import run_stamp
@@ -27,13 +25,6 @@ from posenc.taskeval import evaluate_task
 from posenc.tasks import get_task
 from posenc.tracking import open_tracker, task_metrics
 from posenc.train import is_trained, load_run, train
-
-
-def mixing_window(spec: str, mcfg: ModelConfig) -> float | None:
-    """The slowest mixing window w_0.01 (tokens) over the layers (None: no random step law in any layer)."""
-    mcfg = mcfg.model_copy(update={"encoding": spec})
-    windows = [encodings.get(spec, mcfg.dims(i), **mcfg.encoding_params).mixing_window(0.01) for i in mcfg.distinct_layers()]
-    return max((w for w in windows if w is not None), default=None)
 
 
 def done_jobs(results: Path) -> set[tuple[str, str, int]]:
@@ -115,7 +106,7 @@ def task_meta(preset: Preset) -> dict:
         "budget": f"{t.steps} steps x {t.batch_size} sequences of {m.train_length} tokens, lr {t.lr}, loss on {t.loss}",
         "seeds": preset.seeds,
         "eval": preset.task_eval.model_dump(),
-        "mixing_windows": {s: mixing_window(s, m) for s in preset.schemes},
+        "mixing_windows": {s: m.model_copy(update={"encoding": s}).mixing_window() for s in preset.schemes},
         "text_results": preset.text_results,
         "reference": preset.reference,
         "notes": preset.description or None,

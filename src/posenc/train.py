@@ -30,7 +30,7 @@ from typing import Annotated, Callable, Literal, Optional
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from tqdm.auto import tqdm
 
 from posenc import distributed
@@ -43,7 +43,8 @@ from posenc.stamp import run_stamp
 from posenc.tasks import TaskData
 from posenc.tracking import NO_TRACKER, Tracker
 from posenc.errors import PosencError
-from posenc.model import LM, ModelConfig, build_model, validate_config
+from posenc.model import LM, ModelConfig, validate_config
+from posenc.presets import validated
 
 
 class LoopConfig(BaseModel):
@@ -77,14 +78,6 @@ class TrainConfig(LoopConfig):
     compile: bool = False  # torch.compile the model's forward (same losses to float rounding; faster on GPU)
     # "answers": the mean NLL over a task's answer positions only (posenc.tasks); "all": every target
     loss: Literal["all", "answers"] = "all"
-
-
-def validate_train_config(data: dict) -> TrainConfig:
-    try:
-        return TrainConfig(**data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise PosencError(f"invalid training config: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
 
 
 def lr_at(step: int, cfg: LoopConfig) -> float:
@@ -324,8 +317,8 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
     if not (run_dir / "config.json").exists() or not (run_dir / "model.safetensors").exists():
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
     cfg = read_run_config(run_dir)
-    mcfg, tcfg = validate_config(cfg["model"]), validate_train_config(cfg["train"])
-    model = build_model(mcfg)
+    mcfg, tcfg = validate_config(cfg["model"]), validated(TrainConfig, cfg["train"], "training config")
+    model = LM(mcfg)
     load_weights(run_dir / "model.safetensors", model)
     return model.to(distributed.default_device()), mcfg, tcfg
 
@@ -393,7 +386,7 @@ def train(
     if shard.is_main:  # after the corpus loads, so bad input leaves no empty run directory
         make_run_dir(run_dir)
     torch.manual_seed(tcfg.seed)
-    model = build_model(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
+    model = LM(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
     ckpt = Checkpoint(run_dir, model.state_dict, make_optimizer(model, tcfg))
     step = 0
     if resume and (run_dir / "state.pt").exists():
