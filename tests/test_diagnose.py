@@ -173,7 +173,8 @@ def test_diagnose_cli_writes_table_and_plots(trained_run, capsys):
     assert 0 < res["lengths"][2]["far_mass_mean"] < 1 and len(res["spectral_gap"]) == 2
     md = (out / "diagnose.md").read_text()
     assert "| 1.1 | n/a |" in md and "## Spectral gap of the step angles" in md
-    assert "far attention mass" in capsys.readouterr().out.lower()
+    out, err = capsys.readouterr()
+    assert "far attention mass" in out.lower() and "\r" not in err  # not a terminal: no progress bar
 
 
 def test_diagnose_without_checkpoint_exits_2(tmp_path, capsys):

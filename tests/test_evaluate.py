@@ -52,6 +52,14 @@ def test_evaluate_length_sums_nll_over_scored_tokens():
     assert rec["bucket_edges"] == bucket_edges(16, 8) == [0, 8, 16]
 
 
+def test_no_progress_bar_off_a_terminal(capsys):
+    """The default progress bar is for a terminal: stderr captured (a log file) gets no bar, no carriage return
+    (posenc eval, diagnose and compare's schedule rows pass no ``progress``)."""
+    model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8, "encoding": "rope"})
+    rec = evaluate_length(model, [("x", np.arange(70, dtype=np.uint16))], 16)
+    assert rec["windows"] == 5 and capsys.readouterr().err == ""
+
+
 def test_learned_beyond_table_is_not_applicable():
     model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8, "encoding": "learned"})
     docs = [("x", np.arange(100, dtype=np.uint16) % 256)]

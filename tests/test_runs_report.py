@@ -10,7 +10,7 @@ import pytest
 from posenc.cli import main
 from posenc.compare import compare
 from posenc.config import load_preset
-from posenc.runs_report import load_run, spec_key, write_runs_report
+from posenc.runs_report import load_run, ratio_figure, spec_key, write_runs_report
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -58,6 +58,17 @@ def test_the_committed_default_runs_from_their_csv(tmp_path):
     assert ("| (ii) learned rotations match RoPE at 1x and stay near 1x perplexity at 16x | within noise | within noise |") in text
     assert "| (iii) rotating Q/K/V extrapolates better than Q/K only (acc-rand-qkv vs acc-rand-qk) | does not hold | does not hold |" in text
     assert (tmp_path / "out" / "ppl_ratio.png").exists()
+
+
+def test_the_plot_tells_runs_apart_in_its_legend():
+    """Each run's curves differ in line style and marker, so its legend entries do too (a short legend line with
+    a marker in its middle shows a dashed line as solid)."""
+    runs = [load_run(RESULTS / "default"), load_run(RESULTS / "default-450")]
+    legend = ratio_figure(runs).axes[0].get_legend()
+    style = {t.get_text(): (h.get_linestyle(), h.get_marker()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    assert style["rope (default)"] == style["alibi (default)"] == ("-", "o")
+    assert style["rope (default-450)"] == style["alibi (default-450)"] == ("--", "s")
+    assert len(style) == 2 * 8  # eight schemes per run
 
 
 def test_spec_matching():

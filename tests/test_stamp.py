@@ -1,6 +1,8 @@
 """The run stamp: what decides a run's numbers (versions, commit, device, dtype, threads, command)."""
 
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -25,3 +27,11 @@ def test_stamp_records_the_settings_that_change_numbers():
         assert s["device"].startswith("cpu (") and f"{torch.backends.cpu.get_cpu_capability()} kernels)" in s["device"]
     line = stamp_line(s)
     assert f"commit {s['commit']}" in line and "1 threads" in line and s["dtype"] in line
+
+
+def test_stamp_command_is_the_command_line_a_shell_retypes(monkeypatch):
+    argv = ["/venv/bin/posenc", "generate", "runs/my run", "--prompt", "HAMLET. To be", "--top-k", "20"]
+    monkeypatch.setattr(sys, "argv", argv)
+    command = run_stamp()["command"]
+    assert command == "posenc generate 'runs/my run' --prompt 'HAMLET. To be' --top-k 20"
+    assert shlex.split(command) == ["posenc", *argv[1:]]

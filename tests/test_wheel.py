@@ -145,7 +145,7 @@ def test_installed_wheel_sweeps_through_submitit_local_jobs_logged_to_wandb_offl
         assert f"| {scheme} | 1.000 | {at2['ppl'] / at1['ppl']:.3f} |" in report
     logs = sorted((run / "submitit").glob("*_0_log.out"))  # one submitit job per scheme, each finished in its own process
     assert len(logs) == 2 and all("Job completed successfully" in p.read_text() for p in logs)
-    command = " ".join(["posenc", *map(str, argv)])
+    command = shlex.join(["posenc", *map(str, argv)])
     for scheme in ("rope", "alibi"):
         stamp = json.loads((run / scheme / "seed0" / "config.json").read_text())["stamp"]
         assert stamp["commit"] is None and stamp["command"] == command  # the wheel's code; the command, not submitit's entry point

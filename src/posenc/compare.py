@@ -113,8 +113,7 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
             if (scheme, seed, L) in done:
                 continue
             t0 = time.time()
-            rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens,
-                                  progress=sys.stderr.isatty(), span=_span(preset))
+            rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset))
             append(results, Ppl(scheme=scheme, seed=seed, train_length=mcfg.train_length, **rec, seconds=time.time() - t0))
         compare_extras(model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length})
         mine = [r for r in load(results) if isinstance(r, (Ppl, PasskeyCell)) and (r.scheme, r.seed) == (scheme, seed)]

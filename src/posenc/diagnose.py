@@ -180,7 +180,8 @@ def diagnose_model(
     Returns a JSON-ready dict: ``lengths`` (one entry per length: per-layer, per-head
     ``far_mass`` and ``entropy`` lists, their means and the uniform reference),
     ``spectral_gap`` (per layer: beta (H, D/2), baseline (D/2,), w_eps) or None,
-    and ``note`` when the scheme is not supported. Raises PosencError for
+    and ``note`` when the scheme is not supported; ``progress``: a bar of windows on stderr when stderr is a
+    terminal (never in a log file). Raises PosencError for
     impossible lengths or eps, or a ``w`` no evaluation length reaches.
     """
     check_eps(eps)
@@ -200,7 +201,7 @@ def diagnose_model(
     phasors = [0] * cfg.n_layer  # per layer: sum of exp(i theta), (H, P) complex128 once the layer has phases
     steps = [0] * cfg.n_layer
     plan = [(L, window_starts(docs, L, n_windows * L)) for L in lengths]
-    bar = tqdm(total=sum(len(ws) for _, ws in plan), desc="diagnose", unit="win", leave=False, disable=not progress)
+    bar = tqdm(total=sum(len(ws) for _, ws in plan), desc="diagnose", unit="win", leave=False, disable=None if progress else True)
     out["lengths"] = [_length_record(model, docs, L, wins, w, block_elems, phasors, steps, bar) for L, wins in plan]
     bar.close()
     if any(steps):

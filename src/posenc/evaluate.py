@@ -96,7 +96,8 @@ def evaluate_length(
 
     Returns a record: eval_length, windows, scored_tokens, nll (sum, nats), ppl,
     bucket_edges and bucket_ppl (per position bucket). Learned tables too short
-    for ``length`` give ``ppl: None`` and ``note: "n/a"``.
+    for ``length`` give ``ppl: None`` and ``note: "n/a"``. ``progress``: a bar of windows on stderr when stderr
+    is a terminal (never in a log file).
     """
     model.eval()
     wins = plan(docs, length, max_tokens, span)
@@ -104,7 +105,7 @@ def evaluate_length(
     b_nll, b_count = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1, dtype=np.int64)
     nll_sum, count = 0.0, 0
     per_batch = max(1, batch_tokens // length)
-    bar = tqdm(total=len(wins), desc=f"eval L={length}", unit="win", leave=False, disable=not progress)
+    bar = tqdm(total=len(wins), desc=f"eval L={length}", unit="win", leave=False, disable=None if progress else True)
     try:
         for b in range(0, len(wins), per_batch):
             chunk = wins[b : b + per_batch]

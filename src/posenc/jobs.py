@@ -180,7 +180,8 @@ def executor(launcher: str, folder: Path, cluster: ClusterConfig, name: str = "p
 def run_submitit(jobs: list[tuple[Callable, tuple, Path, list[str]]], ex, poll_s: float = 5,
                  on_failure: Optional[Callable[[int, str], None]] = None) -> dict[int, str]:
     """Submit each job (fn, args, error file, modules) through the submitit executor ``ex`` (``executor``) and
-    wait for all of them; returns {index of a failed job: its one-line error}, calling ``on_failure`` as
+    wait for all of them (stderr says what was submitted and where each job's output goes); returns {index of a
+    failed job: its one-line error}, calling ``on_failure`` as
     each fails (a job killed at its time limit fails too: a rerun resumes it from its last checkpoint).
     Ctrl-C cancels the jobs not finished (they keep their last checkpoints) and re-raises."""
     import submitit
@@ -192,6 +193,8 @@ def run_submitit(jobs: list[tuple[Callable, tuple, Path, list[str]]], ex, poll_s
         error_file.unlink(missing_ok=True)
     with ex.batch():  # one submission (a Slurm job array where the scheduler has them)
         submitted = [ex.submit(_cluster_entry, fn, args, modules, error_file, sys.argv) for fn, args, error_file, modules in jobs]
+    print(f"posenc: {len(submitted)} submitit job(s) submitted ({', '.join(job.job_id for job in submitted)}), waiting; "
+          f"each job's output: {submitted[0].paths.stderr.parent}/<job id>_0_log.err", file=sys.stderr)
     index = {job.job_id: i for i, job in enumerate(submitted)}
     failures: dict[int, str] = {}
     try:

@@ -36,7 +36,7 @@ from posenc.report import seed_cell, with_ratios
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
 
 HEADER_KEYS = ("corpus", "tokenizer", "model", "budget", "eval")  # report.md header lines that describe the settings
-STYLES = ["-", "--", ":", "-."]
+STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]  # per run: line style and marker (a short legend line hides a dash)
 
 
 @dataclasses.dataclass
@@ -192,8 +192,9 @@ def claims_markdown(runs: list[Run]) -> str:
     return out
 
 
-def plot_ratios(path: Path, runs: list[Run]) -> None:
-    """Ratio against evaluation length / training length (log-log), every run overlaid."""
+def ratio_figure(runs: list[Run]):
+    """The figure of ratio against evaluation length / training length (log-log), every run overlaid: colour per
+    scheme, line style and marker per run (repeating after four runs)."""
     names = schemes(runs)
     colours = {key: f"C{i % 10}" for i, key in enumerate(names)}
     fig, ax = figure(figsize=(8, 5))
@@ -201,7 +202,8 @@ def plot_ratios(path: Path, runs: list[Run]) -> None:
         for key, row in _grid(run, "ratio").items():
             pts = [(m, np.mean([v for v in row[m] if v is not None])) for m in sorted(row) if any(v is not None for v in row[m])]
             if pts:
-                ax.plot([m for m, _ in pts], [v for _, v in pts], ls=STYLES[i % len(STYLES)], marker="o", ms=3,
+                ls, marker = STYLES[i % len(STYLES)]
+                ax.plot([m for m, _ in pts], [v for _, v in pts], ls=ls, marker=marker, ms=3,
                         color=colours[key], label=f"{names[key]} ({run.label})")
     log_scale(ax, "x", base=2)
     log_scale(ax, "y")
@@ -209,10 +211,10 @@ def plot_ratios(path: Path, runs: list[Run]) -> None:
     ax.set_xlabel("evaluation length / training length")
     ax.set_ylabel("perplexity / perplexity at training length")
     ax.set_title("Length extrapolation: " + " vs ".join(run.label for run in runs))
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, handlelength=3)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig
 
 
 def write_runs_report(paths: list[Path], out: Path) -> Path:
@@ -222,7 +224,7 @@ def write_runs_report(paths: list[Path], out: Path) -> Path:
         raise PosencError("give at least one compare run directory")
     runs = [load_run(p, label) for p, label in zip(paths, _labels(paths))]
     make_run_dir(Path(out))
-    plot_ratios(Path(out) / "ppl_ratio.png", runs)
+    save_figure(ratio_figure(runs), Path(out) / "ppl_ratio.png")
     report = Path(out) / "report.md"
     atomic_write_bytes(report, markdown(runs).encode())
     return report

@@ -1,14 +1,16 @@
 """What decides a run's numbers, recorded with it: versions, commit, device, dtype, threads, command line.
 
 Learned schemes' results can change with the code, the CPU kernels and the thread count
-(``benchmarks/run_noise.py`` measures the last), so a run that cannot be matched to them cannot be compared; every run directory's ``preset.json``
-(and the report header) carries ``run_stamp()``.
+(``benchmarks/run_noise.py`` measures the last), so a run that cannot be matched to them cannot be compared: each
+training run's ``config.json``, each compare invocation's line of ``invocations.jsonl`` (beside ``preset.json``) and
+the report header carry ``run_stamp()``.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +53,7 @@ def cpu_name() -> str:
 
 def run_stamp() -> dict:
     """{posenc, commit, torch, transformers, python, platform, device, dtype, threads, command}: plain JSON values.
+    command: the command line as a shell would retype it (arguments with spaces or quotes quoted).
 
     dtype: the weights' (torch's default) dtype and the compute dtype training uses on this device
     (``posenc.train``: bfloat16 autocast on CUDA, float32 on CPU; phases and cumulative sums stay float32+)."""
@@ -66,7 +69,7 @@ def run_stamp() -> dict:
         "dtype": f"{str(torch.get_default_dtype()).removeprefix('torch.')} weights, "
                  + ("bfloat16 autocast" if torch.cuda.is_available() else "float32 compute"),
         "threads": torch.get_num_threads(),
-        "command": " ".join(Path(sys.argv[0]).name if i == 0 else a for i, a in enumerate(sys.argv)),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
 
 

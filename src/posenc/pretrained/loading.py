@@ -10,8 +10,11 @@ once, and transformers dequantizes it to float32 on load (needs ``gguf`` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -72,8 +75,31 @@ def _resolve(spec: str) -> tuple[str, str | None]:
     return spec, None  # a hub id
 
 
+@contextlib.contextmanager
+def _bars_on_terminal_only(gguf: bool):
+    """transformers' progress bars (loading weights, hub downloads, and with ``gguf`` dequantizing a GGUF) only when
+    stderr is a terminal: a log file gets none. Its GGUF loader calls tqdm without a switch, so that module's
+    ``tqdm`` is a disabled one for the duration; both are restored after."""
+    if sys.stderr.isatty():
+        yield
+        return
+    from transformers import modeling_gguf_pytorch_utils as gguf_loader
+    from transformers.utils import logging as hf_logging
+
+    was_on, bar = hf_logging.is_progress_bar_enabled(), gguf_loader.tqdm
+    hf_logging.disable_progress_bar()
+    if gguf:
+        gguf_loader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_loader.tqdm = bar
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load(spec: str = DEFAULT_MODEL) -> Loaded:
-    """Load tokenizer and causal LM (float32, SDPA attention, eval mode).
+    """Load tokenizer and causal LM (float32, SDPA attention, eval mode); transformers' progress bars only on a terminal.
 
     Raises PosencError when the path is missing, the model is not a causal LM,
     is not RoPE-based (needs ``model.model.rotary_emb`` and ``rope_theta``), or
@@ -87,8 +113,9 @@ def load(spec: str = DEFAULT_MODEL) -> Loaded:
     where, gguf = _resolve(spec)
     kw = {"gguf_file": gguf} if gguf else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, attn_implementation="sdpa", **kw)
-        tokenizer = AutoTokenizer.from_pretrained(where, **kw)
+        with _bars_on_terminal_only(gguf is not None):
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, attn_implementation="sdpa", **kw)
+            tokenizer = AutoTokenizer.from_pretrained(where, **kw)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise PosencError(f"cannot load {spec!r} as a causal LM: {first[:300]}") from exc
