@@ -140,6 +140,16 @@ def test_train_then_eval(tmp_path, capsys):
     assert code == 0 and "n/a" in out  # learned table is 32 long: 64 is not applicable
 
 
+def test_train_stopped_by_its_time_budget_says_so(tmp_path, capsys):
+    run = tmp_path / "run"
+    code, out, _ = run_cli(capsys, "train", "--scheme", "rope", "--preset", "quick", "--steps", "400", "--time-budget", "0.001", "--out", str(run))
+    step = int(out.split("step ", 1)[1].split(" ", 1)[0])
+    assert code == 0 and 0 <= step < 400 and json.loads((run / "train_summary.json").read_text())["steps"] == step
+    assert out.startswith(f"trained rope: step {step} of 400, ") and out.rstrip().endswith("(time budget 0.001 s reached; --resume continues)")
+    code, out, _ = run_cli(capsys, "train", "--scheme", "rope", "--preset", "quick", "--steps", f"{step + 2}", "--out", str(run), "--resume")
+    assert code == 0 and out.startswith(f"trained rope: step {step + 2} of {step + 2}, ") and "time budget" not in out
+
+
 @pytest.fixture(scope="module")
 def rope_run(tmp_path_factory):
     """A 4-step RoPE run for the bad-input tests below."""

@@ -203,7 +203,7 @@ def test_installed_wheel_training_stopped_by_ctrl_c_resumes_to_the_end_with_the_
     argv = shlex.split(last[1].removeprefix("posenc: resume with: "))
     resumed = subprocess.run([venv / "bin" / argv[0], *argv[1:]], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert resumed.stdout.startswith("trained rope: 200 steps in ")
+    assert resumed.stdout.startswith("trained rope: step 200 of 200, ")
     log = (out / "train.jsonl").read_text().splitlines()
     assert log[: len(kept)] == kept  # resumed, not restarted: the interrupted run's records (and timings) are kept
     assert [json.loads(r)["step"] for r in log] == list(range(10, 201, 10))

@@ -56,6 +56,9 @@ def run(args) -> int:
     finally:
         distributed.teardown()
     if distributed.rank() == 0:
-        loss = "n/a (nothing left to train)" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
-        print(f"trained {args.scheme}: {summary['steps']} steps in {summary['seconds']:.0f} s, final loss {loss} -> {out}")
+        left = summary["steps"] < preset.train.steps  # the time budget stopped it: say so, and how to go on
+        loss = f"{summary['final_loss']:.4f}" if summary["final_loss"] is not None else "n/a" if left else "n/a (nothing left to train)"
+        stop = f" (time budget {preset.train.time_budget:g} s reached; --resume continues)" if left else ""
+        print(f"trained {args.scheme}: step {summary['steps']} of {preset.train.steps}, {summary['seconds']:.0f} s in this call, "
+              f"final loss {loss} -> {out}{stop}")
     return 0
