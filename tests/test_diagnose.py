@@ -1,6 +1,5 @@
 """Attention diagnostics: streaming reductions equal the full matrix; closed forms; spectral gaps; CLI."""
 
-import json
 import math
 
 import numpy as np
@@ -10,10 +9,15 @@ import torch
 from posenc import build_model, encodings
 from posenc.attention import attention, rotate
 from posenc.cli import main
-from posenc.diagnose import block_logits, diagnose_model, layer_sums, naive_layer_sums, rotated_qk, step_phasor_sums, uniform_reference
+from posenc.diagnose import (
+    FarMassConfig, block_logits, diagnose_model, far_mass_records, layer_sums, naive_layer_sums, rotated_qk, step_phasor_sums,
+    uniform_reference,
+)
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.accumulated import spectral_gap
+from posenc.diagnose_report import markdown
 from posenc.model import LM
+from posenc.records import DIAGNOSE, Diagnosis, FarMass, load
 
 
 def tiny(encoding, **kw) -> LM:
@@ -72,17 +76,17 @@ def test_nope_with_zero_qk_is_uniform_attention():
             b.attn.qkv.weight[: 2 * 32].zero_()  # q = k = 0
     docs = [("x", np.random.default_rng(0).integers(0, 256, 2000).astype(np.uint16))]
     res = diagnose_model(model, docs, multiples=[1, 2, 8], n_windows=2, progress=False)
-    for r in res["lengths"]:
-        L = r["length"]
+    for r in res.lengths:
+        L = r.length
         i = np.arange(L)
-        assert r["uniform_entropy"] == pytest.approx(np.log(i + 1).mean(), rel=1e-12)
-        np.testing.assert_allclose(r["entropy"], r["uniform_entropy"], rtol=1e-6)
+        assert r.uniform_entropy == pytest.approx(np.log(i + 1).mean(), rel=1e-12)
+        np.testing.assert_allclose(r.entropy, r.uniform_entropy, rtol=1e-6)
         if L == 16:  # no key at distance >= w = 16 inside a 16-token window
-            assert r["far_mass"] is None and r["uniform_far_mass"] is None
+            assert r.far_mass is None and r.uniform_far_mass is None
             continue
         closed = np.mean([(t - 16 + 1) / (t + 1) for t in range(16, L)])
-        assert r["uniform_far_mass"] == pytest.approx(closed, rel=1e-12)
-        np.testing.assert_allclose(r["far_mass"], closed, rtol=1e-6)
+        assert r.uniform_far_mass == pytest.approx(closed, rel=1e-12)
+        np.testing.assert_allclose(r.far_mass, closed, rtol=1e-6)
 
 
 @pytest.mark.parametrize("slope", [0.3, 1.0, 20.0])
@@ -123,14 +127,14 @@ def test_learned_steps_at_init_are_constant_and_rope_never_mixes():
     docs = [("x", np.random.default_rng(1).integers(0, 256, 600).astype(np.uint16))]
     for scheme in ("acc-learned-qkv", "rope"):
         res = diagnose_model(tiny(scheme), docs, multiples=[1, 4], n_windows=1, progress=False)
-        assert len(res["spectral_gap"]) == 2
-        for g in res["spectral_gap"]:
-            np.testing.assert_allclose(g["beta"], 1.0, atol=1e-9)  # zero-initialised step map: theta = 0
-            assert all(w is None for row in g["w_eps"] for w in row)  # beta = 1: no mixing window
-            drift = np.asarray(g["mean_step"])  # RoPE rotates by omega_b every token; learned steps start at 0
+        assert len(res.spectral_gap) == 2
+        for g in res.spectral_gap:
+            np.testing.assert_allclose(g.beta, 1.0, atol=1e-9)  # zero-initialised step map: theta = 0
+            assert all(w is None for row in g.w_eps for w in row)  # beta = 1: no mixing window
+            drift = np.asarray(g.mean_step)  # RoPE rotates by omega_b every token; learned steps start at 0
             want = 10000.0 ** (-np.arange(0, 16, 2) / 16) if scheme == "rope" else np.zeros(8)
             np.testing.assert_allclose(drift, np.broadcast_to(want, drift.shape), atol=1e-6)
-        base = np.asarray(res["spectral_gap"][0]["baseline"])
+        base = np.asarray(res.spectral_gap[0].baseline)
         if scheme == "rope":
             assert (base == 1).all()
         else:  # the uniform law on the bound [-1, 1]: |sin 1 / 1| on every block
@@ -152,7 +156,33 @@ def test_custom_attend_is_reported_not_supported():
         res = diagnose_model(tiny(_CustomAttend.name), docs, multiples=[1, 2], progress=False)
     finally:
         encodings.unregister(_CustomAttend.name)
-    assert res["note"].startswith("not supported") and res["lengths"] == []
+    assert res.note.startswith("not supported") and res.lengths == []
+
+
+def test_far_mass_records_are_the_diagnosis_means():
+    """compare's cheap pass: one FarMass per length, the means of diagnose_model's LengthDiagnosis and its w."""
+    docs = [("x", np.random.default_rng(2).integers(0, 256, 2000).astype(np.uint16))]
+    base = {"scheme": "rope", "seed": 3, "train_length": 16}
+    torch.manual_seed(0)
+    model = tiny("rope")
+    recs = far_mass_records(model, docs, FarMassConfig(multiples=[1, 4], windows=1), base)
+    full = diagnose_model(model, docs, multiples=[1, 4], n_windows=1, progress=False)
+    assert all(isinstance(r, FarMass) for r in recs) and [(r.scheme, r.seed, r.train_length, r.w) for r in recs] == [("rope", 3, 16, 16)] * 2
+    assert [(r.length, r.windows, r.far_mass_mean, r.entropy_mean, r.uniform_far_mass, r.uniform_entropy) for r in recs] == [
+        (d.length, d.windows, d.far_mass_mean, d.entropy_mean, d.uniform_far_mass, d.uniform_entropy) for d in full.lengths]
+    assert recs[0].far_mass_mean is None and 0 < recs[1].far_mass_mean < 1
+    assert recs[1].uniform_far_mass == pytest.approx(np.mean([(t - 15) / (t + 1) for t in range(16, 64)]), rel=1e-12)
+    assert far_mass_records(model, docs, FarMassConfig(multiples=[1], windows=0), base) == []
+
+
+def test_far_mass_records_of_an_unreadable_scheme_are_notes():
+    encodings.register(_CustomAttend)
+    try:
+        recs = far_mass_records(tiny(_CustomAttend.name), [("x", np.zeros(200, dtype=np.uint16))], FarMassConfig(multiples=[1, 2]),
+                                {"scheme": _CustomAttend.name, "seed": 0, "train_length": 16})
+    finally:
+        encodings.unregister(_CustomAttend.name)
+    assert [r.length for r in recs] == [16, 32] and all(r.note.startswith("not supported") and r.w is None for r in recs)
 
 
 @pytest.fixture(scope="module")
@@ -165,14 +195,15 @@ def trained_run(tmp_path_factory):
 def test_diagnose_cli_writes_table_and_plots(trained_run, capsys):
     assert main(["diagnose", str(trained_run), "--multiples", "1", "2", "8", "--windows", "1"]) == 0
     out = trained_run / "diagnose"
-    for name in ("diagnose.md", "diagnose.json", "far_mass.png", "entropy.png", "spectral_gap.png"):
+    for name in ("diagnose.md", "diagnose.jsonl", "far_mass.png", "entropy.png", "spectral_gap.png"):
         assert (out / name).stat().st_size > 0, name
-    res = json.loads((out / "diagnose.json").read_text())
-    assert [r["length"] for r in res["lengths"]] == [32, 64, 256]
-    assert res["lengths"][0]["far_mass"] is None and len(res["lengths"][2]["far_mass"]) == 2  # layers
-    assert 0 < res["lengths"][2]["far_mass_mean"] < 1 and len(res["spectral_gap"]) == 2
+    [res] = load(out / "diagnose.jsonl", DIAGNOSE)  # the records file, read back through the store
+    assert isinstance(res, Diagnosis) and [r.length for r in res.lengths] == [32, 64, 256]
+    assert res.lengths[0].far_mass is None and len(res.lengths[2].far_mass) == 2  # layers
+    assert 0 < res.lengths[2].far_mass_mean < 1 and len(res.spectral_gap) == 2
     md = (out / "diagnose.md").read_text()
     assert "| 1.1 | n/a |" in md and "## Spectral gap of the step angles" in md
+    assert markdown(res) == md  # the report of the record read back is the one written
     out, err = capsys.readouterr()
     assert "far attention mass" in out.lower() and "\r" not in err  # not a terminal: no progress bar
 
@@ -210,4 +241,4 @@ def test_attending_schemes_are_read_through_their_logits(scheme):
             far = (p * (i - j >= w)).sum(-1)[..., w:].double().sum((0, 2))
             torch.testing.assert_close(layer_sums(a, w, block_elems=2 * 2 * 48 * 8, enc=enc)["far"], far, atol=1e-9, rtol=1e-6)
     res = diagnose_model(model, [("x", np.arange(300, dtype=np.uint16) % 256)], multiples=[1, 2], progress=False)
-    assert res["note"] is None and res["lengths"][1]["far_mass_mean"] > 0
+    assert res.note is None and res.lengths[1].far_mass_mean > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 from pathlib import Path
 
@@ -98,3 +99,22 @@ def test_scheme_flag_is_validated_before_any_work():
     for spec, message in (("nosuch", "unknown scheme 'nosuch'"), ("alibi:x=1", "has no parameter 'x'"), ("rope||nope", "empty layer entry")):
         with pytest.raises(PosencError, match=message):
             parse("--quick", "--scheme", spec)
+
+
+def _extend_help() -> str:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["extend"].format_help()
+
+
+def test_help_reads_preset_values_and_the_rerope_default():
+    """The help's lengths are the quick and reproduce presets', the ReRoPE window the one schedules uses (L0 // 4)."""
+    from posenc.pretrained.schedules import WINDOW_DIVISOR
+    text = " ".join(_extend_help().split())
+    assert WINDOW_DIVISOR == 4 and "ReRoPE window w in tokens (default L0/4)" in text
+    assert load_extend_config("reproduce").lengths == [1024, 2048, 4096, 8192, 16384, 32768]
+    assert "--preset reproduce: every window, 1K..32K (hours)" in text and "every non-overlapping window, 1K..32K, all methods" in text
+    assert "512 and 1K tokens, passkey at 1K: a smoke test" in text
+    quick, reproduce = load_extend_config("quick"), load_extend_config("reproduce")
+    other = extend_cmd.budget_note(quick.model_copy(update={"lengths": [256, 2048], "passkey_lengths": [2048]}),
+                                   reproduce.model_copy(update={"lengths": [4096, 65536]}))
+    assert "4K..64K" in other and "256 and 2K tokens, passkey at\n2K" in other  # read from the configs, not written in

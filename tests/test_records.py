@@ -9,8 +9,8 @@ import pytest
 from posenc.cli import main
 from posenc.errors import PosencError
 from posenc.records import (
-    PRETRAINED, RUN, SCHEMA_VERSION, FarMass, PasskeyCell, PasskeyTrial, Ppl, ScoredWindow, Task, TaskCell, append,
-    drop_torn_tail, load, load_csv, load_ppl, trial_key,
+    DIAGNOSE, PRETRAINED, RUN, SCHEMA_VERSION, Diagnosis, FarMass, LayerGap, LengthDiagnosis, PasskeyCell, PasskeyTrial, Ppl,
+    ScoredWindow, Task, TaskCell, append, drop_torn_tail, load, load_csv, load_ppl, trial_key, write,
 )
 from posenc.report import write_csv
 
@@ -36,14 +36,35 @@ PRETRAINED_RECORDS = [
                  passkey=12345, answer="12345", got=12345, correct=True, prompt_tokens=117, setting="t"),
 ]
 
+DIAGNOSE_RECORDS = [
+    Diagnosis(scheme="acc-rand-qkv", describe="accumulated(...)", train_length=16, w=16, eps=0.01, windows_per_length=1,
+              lengths=[LengthDiagnosis(length=16, multiple=1.0, windows=1, entropy=[[1.5, 1.6]], entropy_mean=1.55,
+                                       uniform_entropy=1.9),
+                       LengthDiagnosis(length=32, multiple=2.0, windows=1, far_mass=[[0.25, 0.5]], far_mass_bound=[[0.1, 0.2]],
+                                       entropy=[[2.0, 2.1]], far_mass_mean=0.375, entropy_mean=2.05, uniform_far_mass=0.4,
+                                       uniform_entropy=2.5),
+                       LengthDiagnosis(length=64, multiple=4.0, windows=0, note="n/a: too long")],
+              spectral_gap=[LayerGap(layer=0, steps=45, beta=[[1.0, 0.5]], baseline=[0.84, 0.84], w_eps=[[None, 7]],
+                                     mean_step=[[0.0, 0.1]])]),
+    Diagnosis(scheme="path", describe="path", train_length=16, w=16, eps=0.01, windows_per_length=2, note="not supported: no softmax"),
+]
 
-@pytest.mark.parametrize("kinds, recs", [(RUN, RUN_RECORDS), (PRETRAINED, PRETRAINED_RECORDS)])
+
+@pytest.mark.parametrize("kinds, recs", [(RUN, RUN_RECORDS), (PRETRAINED, PRETRAINED_RECORDS), (DIAGNOSE, DIAGNOSE_RECORDS)])
 def test_every_kind_round_trips(tmp_path, kinds, recs):
     path = tmp_path / "r.jsonl"
     for r in recs:
         append(path, r)
     assert load(path, kinds) == recs
     assert all(json.loads(line)["schema_version"] == SCHEMA_VERSION for line in path.read_text().splitlines())
+
+
+def test_write_replaces_the_file(tmp_path):
+    """posenc diagnose rewrites its diagnose.jsonl whole: a rerun leaves its own record only."""
+    path = tmp_path / "diagnose.jsonl"
+    write(path, DIAGNOSE_RECORDS)
+    write(path, DIAGNOSE_RECORDS[1:])
+    assert load(path, DIAGNOSE) == DIAGNOSE_RECORDS[1:] and len(path.read_text().splitlines()) == 1
 
 
 def test_ratio_is_derived_not_stored(tmp_path):

@@ -12,7 +12,7 @@ from posenc.errors import PosencError
 from posenc.theory import (
     far_mass,
     long_range_decay,
-    mixing_window,
+    mixing_check,
     parse_dist,
     score_gap,
     translation_invariance,
@@ -87,7 +87,7 @@ def test_window_size_without_gap_is_infinite():
 
 
 def test_so2_uniform_mixing_matches_sin_a_over_a():
-    r = mixing_window("so2:1", d=8, samples=4000, n_max=40, seed=1)
+    r = mixing_check("so2:1", d=8, samples=4000, n_max=40, seed=1)
     assert r["beta"] == pytest.approx(math.sin(1.0) / 1.0, abs=1e-15)
     assert r["window"] == 27
     err = np.abs(np.array(r["norm_sim"]) - math.sin(1.0) ** np.arange(41))
@@ -98,16 +98,25 @@ def test_so2_uniform_mixing_matches_sin_a_over_a():
     assert r["holds"] and r["blocks"]["holds"]
 
 
+def test_mixing_window_names_only_a_schemes_window():
+    """The Monte Carlo check is mixing_check (a dict of the check); mixing_window is the scheme's / model's w_eps (tokens)."""
+    import posenc.theory
+    from posenc.model import ModelConfig
+    assert not hasattr(posenc.theory, "mixing_window") and not hasattr(posenc.theory.mixing, "mixing_window")
+    mcfg = ModelConfig(n_layer=1, n_head=2, d_model=32, train_length=16, encoding="acc-rand-qk")
+    assert mcfg.mixing_window(0.01) == mixing_check("so2:1", d=8, samples=10, n_max=2)["window"] == 27  # a = 1: |sin 1| both
+
+
 def test_wrong_closed_form_is_rejected(monkeypatch):
     def wrong(self):  # 10% below |sin a / a|
         return torch.full((self.d // 2,), 0.9 * math.sin(self.a) / self.a, dtype=torch.complex128)
 
     monkeypatch.setattr(SO2Uniform, "block_means", wrong)
-    assert not mixing_window("so2:1", d=8, samples=4000, n_max=40, seed=1)["holds"]
+    assert not mixing_check("so2:1", d=8, samples=4000, n_max=40, seed=1)["holds"]
 
 
 def test_drift_blocks_have_rope_frequency_gaps():
-    r = mixing_window("so2-drift", d=8, samples=4000, n_max=30, seed=2)
+    r = mixing_check("so2-drift", d=8, samples=4000, n_max=30, seed=2)
     omega = 10000.0 ** (-2 * np.arange(4) / 8)
     np.testing.assert_allclose(r["blocks"]["beta"], np.sin(omega) / omega, rtol=1e-14)
     assert r["blocks"]["window"][0] == 27  # omega_0 = 1 mixes like so2:1
@@ -116,10 +125,10 @@ def test_drift_blocks_have_rope_frequency_gaps():
 
 
 def test_householder_and_haar_gaps():
-    h = mixing_window("householder", d=8, samples=1500, n_max=30, seed=3)
+    h = mixing_check("householder", d=8, samples=1500, n_max=30, seed=3)
     assert h["beta"] == pytest.approx(1 - 1 / 8) and h["window"] == 35
     assert h["max_error"] <= h["tolerance"]
-    g = mixing_window("haar", d=8, samples=1500, n_max=3, seed=4)
+    g = mixing_check("haar", d=8, samples=1500, n_max=3, seed=4)
     assert g["beta"] == 0 and g["window"] == 1
     assert max(g["norm_sim"][1:]) <= g["tolerance"]  # E[U] = 0: only noise is left
 
@@ -291,7 +300,7 @@ def test_bad_eps_raises(eps):
     with pytest.raises(PosencError):
         window_size(0.5, eps)
     with pytest.raises(PosencError):
-        mixing_window("so2:1", d=8, eps=eps, samples=10, n_max=2)
+        mixing_check("so2:1", d=8, eps=eps, samples=10, n_max=2)
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,10 @@ from posenc.encodings.absolute import sinusoidal_table
 from posenc.encodings.base import Dims
 from posenc.encodings.bias import alibi_slopes, distance_bias
 from posenc.encodings.forget import forget_bias, log_forget_cumsum
+from posenc.encodings.base import Inputs
 from posenc.encodings.polar import pope_features, pope_freqs
-from posenc.encodings.xpos import XPos, xpos_naive_scores, xpos_zeta
+from posenc.encodings.xpos import SCALE_BASE, XPos, xpos_block, xpos_naive_scores, xpos_zeta
+from posenc.rope import rope_inv_freq
 from posenc.theory import decay, parse_dist
 from posenc.theory.mass import gate_log_decay
 
@@ -37,11 +39,16 @@ def _qk(d, n=32, seed=0):
 
 def test_xpos_score_is_the_scheme():
     q, k, i, j = _qk(16)
-    assert decay.XPOS_SCALE_BASE == inspect.signature(XPos).parameters["scale_base"].default == 512
+    assert SCALE_BASE == inspect.signature(XPos).parameters["scale_base"].default == 512  # theory uses the scheme's B
     pos = torch.cat([j, i]).long()  # key m = j[n], query = i[n]: entry (n + 32, n) of the (T, T) matrix
     ref = xpos_naive_scores(torch.cat([k, q])[None, None], torch.cat([k, q])[None, None], pos, pairing="adjacent")
     n = torch.arange(32)
     assert torch.allclose(decay.SCHEMES["xpos"](q, k, i, j), ref[0, 0, n + 32, n], rtol=1e-12, atol=1e-12)
+    # the scheme's fast path (block-relative scales, phases mod 2 pi): query rows 32.., keys 0..31
+    qb, kb = xpos_block(torch.cat([k, q])[None, None], torch.cat([k, q])[None, None], pos, rope_inv_freq(16), xpos_zeta(16),
+                        SCALE_BASE, 32, 64, "adjacent")
+    fast = (qb[0, 0] * kb[0, 0, :32]).sum(-1)
+    assert torch.allclose(decay.SCHEMES["xpos"](q, k, i, j), fast, rtol=1e-9, atol=1e-9)
 
 
 def test_pope_score_is_the_scheme():
@@ -61,6 +68,11 @@ def test_alibi_score_is_the_distance_bias():
     n = torch.arange(32)
     assert torch.equal(decay.SCHEMES["alibi"](q, k, i, j) - (q * k).sum(-1), tile(32, 64, 0, 32)[0, 0, n, n])
     assert decay.ALIBI_SLOPE == float(alibi_slopes(8)[3]) == 1 / 16  # head 4 of 8 in Press et al.
+    # the registered scheme's own bias (8 heads): head 3's tile over positions j then i
+    alibi = encodings.get("alibi", Dims(n_head=8, head_dim=8, d_model=64, vocab_size=8, train_length=16))
+    pos = torch.cat([j, i]).long()
+    own = alibi.bias(Inputs(torch.zeros(1, 64, 64, dtype=torch.float64), pos, torch.zeros(1, 64, dtype=torch.long)))
+    assert torch.equal(decay.SCHEMES["alibi"](q, k, i, j) - (q * k).sum(-1), own(32, 64, 0, 32)[0, 3, n, n])
 
 
 def test_step_laws_are_the_accumulated_scheme():

@@ -56,13 +56,21 @@ def read_json(path: Path) -> Any:
         raise PosencError(f"{path} is damaged (not valid JSON: {exc})") from None
 
 
+def _jsonl_line(record: dict) -> bytes:
+    return (json.dumps(record, default=str) + "\n").encode()
+
+
 def append_jsonl(path: Path, record: dict) -> None:
     """Append one record as a single write of one line (never a partial record on resume)."""
-    line = (json.dumps(record, default=str) + "\n").encode()
     with open(path, "ab") as f:
-        f.write(line)
+        f.write(_jsonl_line(record))
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    """Replace ``path`` by ``records``, one line each, in one atomic write."""
+    atomic_write_bytes(Path(path), b"".join(_jsonl_line(r) for r in records))
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -150,8 +150,8 @@ def compare_extras(model: LM, ev, data, results: Path, base: dict) -> None:
     for rec in passkey_records(model, data.tokenizer, ev.passkey, {(L, d) for k, L, d in done if k == "passkey"}):
         append(results, PasskeyCell(**base, **rec))
     todo = [m for m in ev.far_mass.multiples if ("far_mass", m * base["train_length"], None) not in done]
-    for rec in far_mass_records(model, data.val_docs, ev.far_mass.model_copy(update={"multiples": todo})):
-        append(results, FarMass(**base, **rec))
+    for rec in far_mass_records(model, data.val_docs, ev.far_mass.model_copy(update={"multiples": todo}), base):
+        append(results, rec)
 
 
 def _finished(run_root: Path, preset: Preset, scheme: str, seed: int, done: set) -> bool:

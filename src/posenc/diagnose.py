@@ -24,7 +24,8 @@ the reference. Schemes whose attention is a custom ``attend`` are read through t
 ``logits`` hook (CoPE, DAPE); those without one (PaTH, xPos, PoPE, ReRoPE) have no
 softmax to read and are reported as not supported.
 
-This module measures; ``posenc.diagnose_report`` writes the tables, the JSON and the plots.
+This module measures (typed records, ``posenc.records.Diagnosis``); ``posenc.diagnose_report`` writes the
+tables, the records file and the plots.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, window_starts
 from posenc.model import LM, AttentionInputs
 from posenc.encodings.mixing import check_eps, window_size
+from posenc.records import Diagnosis, FarMass, LayerGap, LengthDiagnosis
 
 BLOCK_ELEMS = 2**23  # probabilities held at once per query block (32 MiB in float32)
 DEFAULT_MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
@@ -172,14 +174,14 @@ def diagnose_model(
     eps: float = 0.01,
     block_elems: int = BLOCK_ELEMS,
     progress: bool = True,
-) -> dict:
+) -> Diagnosis:
     """Far mass, entropy and step spectral gaps of ``model`` on held-out windows.
 
     docs: held-out (name, tokens) documents; lengths are ``multiples`` of the
     training length, ``n_windows`` windows each (``posenc.evaluate.window_starts``).
-    Returns a JSON-ready dict: ``lengths`` (one entry per length: per-layer, per-head
-    ``far_mass`` and ``entropy`` lists, their means and the uniform reference),
-    ``spectral_gap`` (per layer: beta (H, D/2), baseline (D/2,), w_eps) or None,
+    Returns the record: ``lengths`` (a ``LengthDiagnosis`` per length: per-layer, per-head
+    far mass and entropy, their means and the uniform reference), ``spectral_gap``
+    (a ``LayerGap`` per layer with phases: beta (H, D/2), baseline (D/2,), w_eps) or None,
     and ``note`` when the scheme is not supported; ``progress``: a bar of windows on stderr when stderr is a
     terminal (never in a log file). Raises PosencError for
     impossible lengths or eps, or a ``w`` no evaluation length reaches.
@@ -193,31 +195,31 @@ def diagnose_model(
     w = cfg.train_length if w is None else w
     if w < 1 or n_windows < 1:
         raise PosencError(f"need a far-mass distance w >= 1 and >= 1 window per length, got w={w}, windows={n_windows}")
-    out = {"scheme": cfg.encoding, "describe": (model.pos_embed or model.blocks[0].attn.enc).describe(), "train_length": cfg.train_length,
-           "w": w, "eps": eps, "windows_per_length": n_windows, "lengths": [], "spectral_gap": None, "note": None}
+    out = Diagnosis(scheme=cfg.encoding, describe=(model.pos_embed or model.blocks[0].attn.enc).describe(), train_length=cfg.train_length,
+                    w=w, eps=eps, windows_per_length=n_windows)
     if unreadable(model):
-        out["note"] = f"not supported: {cfg.encoding} replaces attention without exposing its logits, so there is no softmax to read"
+        out.note = f"not supported: {cfg.encoding} replaces attention without exposing its logits, so there is no softmax to read"
         return out
     phasors = [0] * cfg.n_layer  # per layer: sum of exp(i theta), (H, P) complex128 once the layer has phases
     steps = [0] * cfg.n_layer
     plan = [(L, window_starts(docs, L, n_windows * L)) for L in lengths]
     bar = tqdm(total=sum(len(ws) for _, ws in plan), desc="diagnose", unit="win", leave=False, disable=None if progress else True)
-    out["lengths"] = [_length_record(model, docs, L, wins, w, block_elems, phasors, steps, bar) for L, wins in plan]
+    out.lengths = [_length_record(model, docs, L, wins, w, block_elems, phasors, steps, bar) for L, wins in plan]
     bar.close()
     if any(steps):
-        out["spectral_gap"] = _spectral_gaps(model, phasors, steps, eps)
+        out.spectral_gap = _spectral_gaps(model, phasors, steps, eps)
     return out
 
 
 def _length_record(model: LM, docs, L: int, wins: list[tuple[int, int]], w: int, block_elems: int,
-                   phasors: list, steps: list, bar) -> dict:
+                   phasors: list, steps: list, bar) -> LengthDiagnosis:
     """One length's entry of ``diagnose_model``: far mass, its bound and entropy per layer and head over the windows
     ``wins`` (doc, start), their means and the uniform reference; a note when the scheme cannot run that length.
     Each layer's step phasors (``step_phasor_sums``) are added to ``phasors[layer]`` / ``steps[layer]``."""
     cfg, device = model.cfg, next(model.parameters()).device
     H, L_n = cfg.n_head, cfg.n_layer
     far, ent, bound = (torch.zeros(L_n, H, dtype=torch.float64) for _ in range(3))
-    rec = {"length": L, "multiple": L / cfg.train_length, "windows": len(wins)}
+    where = {"length": L, "multiple": L / cfg.train_length}
     try:
         for d, s in wins:
             tokens = torch.from_numpy(docs[d][1][s : s + L].astype(np.int64))[None].to(device)
@@ -232,19 +234,21 @@ def _length_record(model: LM, docs, L: int, wins: list[tuple[int, int]], w: int,
                     steps[layer] += n
             bar.update(1)
     except LengthNotSupported as exc:
-        return {**rec, "windows": 0, "note": f"n/a: {exc}"}
+        return LengthDiagnosis(**where, windows=0, note=f"n/a: {exc}")
     n_far = len(wins) * max(0, L - w)
     u_far, u_ent = uniform_reference(L, w)
-    rec["far_mass"] = (far / n_far).tolist() if n_far else None
-    rec["far_mass_bound"] = (bound / n_far).tolist() if n_far else None
-    rec["entropy"] = (ent / (len(wins) * L)).tolist()
-    rec["far_mass_mean"] = float(far.sum() / (n_far * L_n * H)) if n_far else None
-    rec["entropy_mean"] = float(ent.mean() / (len(wins) * L))
-    rec["uniform_far_mass"], rec["uniform_entropy"] = u_far, u_ent
-    return rec
+    return LengthDiagnosis(
+        **where, windows=len(wins),
+        far_mass=(far / n_far).tolist() if n_far else None,
+        far_mass_bound=(bound / n_far).tolist() if n_far else None,
+        entropy=(ent / (len(wins) * L)).tolist(),
+        far_mass_mean=float(far.sum() / (n_far * L_n * H)) if n_far else None,
+        entropy_mean=float(ent.mean() / (len(wins) * L)),
+        uniform_far_mass=u_far, uniform_entropy=u_ent,
+    )
 
 
-def _spectral_gaps(model: LM, phasors: list, steps: list, eps: float) -> list[dict]:
+def _spectral_gaps(model: LM, phasors: list, steps: list, eps: float) -> list[LayerGap]:
     """Per layer with phases: beta (H, D/2) = |mean exp(i theta)| (1 within ``BETA_ONE``), the step-law baseline,
     w_eps and the mean step arg mean exp(i theta) (rad/token)."""
     out = []
@@ -254,8 +258,7 @@ def _spectral_gaps(model: LM, phasors: list, steps: list, eps: float) -> list[di
         beta = torch.where(1 - beta < BETA_ONE, torch.ones_like(beta), beta)
         w_eps = [[_finite(window_size(float(b), eps)) for b in row] for row in beta.tolist()]
         drift = torch.angle(phasors[layer])  # arg mean exp(i theta): the steps' mean rotation per token
-        out.append({"layer": layer, "steps": steps[layer], "beta": beta.tolist(), "baseline": base,
-                    "w_eps": w_eps, "mean_step": drift.tolist()})
+        out.append(LayerGap(layer=layer, steps=steps[layer], beta=beta.tolist(), baseline=base, w_eps=w_eps, mean_step=drift.tolist()))
     return out
 
 
@@ -263,12 +266,15 @@ def _finite(x: float) -> Optional[int]:
     return None if math.isinf(x) else int(x)
 
 
-def far_mass_records(model: LM, docs, settings: FarMassConfig) -> list[dict]:
-    """The cheap pass of ``compare``: one record per length, far mass and entropy means over layers and heads."""
+def far_mass_records(model: LM, docs, settings: FarMassConfig, base: dict) -> list[FarMass]:
+    """The cheap pass of ``compare``: one record per length, far mass and entropy means over layers and heads.
+
+    base: {"scheme", "seed", "train_length"} of the compare job, copied into each record.
+    """
     if not settings.windows or not settings.multiples:
         return []
     res = diagnose_model(model, docs, settings.multiples, n_windows=settings.windows, progress=False)
-    if res["note"]:
-        return [{"length": L, "note": res["note"]} for L in eval_lengths(model.cfg.train_length, settings.multiples)]
-    keep = ("length", "windows", "far_mass_mean", "entropy_mean", "uniform_far_mass", "uniform_entropy", "note")
-    return [{k: r[k] for k in keep if k in r} | {"w": res["w"]} for r in res["lengths"]]
+    if res.note:
+        return [FarMass(**base, length=L, note=res.note) for L in eval_lengths(model.cfg.train_length, settings.multiples)]
+    keep = {"length", "windows", "far_mass_mean", "entropy_mean", "uniform_far_mass", "uniform_entropy", "note"}
+    return [FarMass(**base, **r.model_dump(include=keep), w=res.w) for r in res.lengths]

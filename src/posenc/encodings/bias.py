@@ -33,6 +33,12 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
+def distance_penalty(slope, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """ALiBi's bias -m (i - j) of a query at position i and a key at j: slope m a float or a tensor broadcast
+    against positions i, j (the result has their broadcast shape and dtype)."""
+    return -slope * (i - j)
+
+
 def distance_bias(slopes: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn:
     """Tile function for -m_h (i - j); pos: (T,) absolute positions. Tiles (1, H, tq, tk) in ``dtype`` (>= float32).
 
@@ -44,10 +50,10 @@ def distance_bias(slopes: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype = 
 
     def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
         rows, cols = ((pos[a:b] - pos[qs]).to(dtype) for a, b in ((qs, qe), (ks, ke)))
-        return -m * (rows[:, None] - cols[None, :])
+        return distance_penalty(m, rows[:, None], cols[None, :])
 
     rel, m_h = (pos - pos[0]).to(dtype), slopes.to(dtype)
-    tile.at = lambda b, h, qi, ki: -m_h[h] * (rel[qi] - rel[ki])
+    tile.at = lambda b, h, qi, ki: distance_penalty(m_h[h], rel[qi], rel[ki])
     return tile
 
 

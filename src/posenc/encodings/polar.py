@@ -44,9 +44,10 @@ def pope_freqs(head_dim: int, base: float = 10000.0) -> torch.Tensor:
 def pope_features(x: torch.Tensor, pos: torch.Tensor, freqs: torch.Tensor, delta: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[mu cos phi, mu sin phi]: (B, H, T, D) -> (B, H, T, 2D) in x's dtype.
 
-    mu = softplus(x); phi = pos * freqs (float64, mod 2 pi) + delta (H, D), if given.
+    mu = softplus(x); phi = pos * freqs (float64, mod 2 pi) + delta (H, D), if given. pos: (T,) position ids
+    (int or float; any shape broadcastable to x's leading dims works, as ``posenc.theory.decay`` uses it).
     """
-    phi = wrap_phases(pos.to(torch.float64)[:, None] * freqs.to(pos.device), x.dtype)  # (T, D)
+    phi = wrap_phases(pos.to(torch.float64)[..., None] * freqs.to(pos.device), x.dtype)  # (T, D)
     if delta is not None:
         phi = phi + delta[:, None, :]  # (H, T, D)
     mu = F.softplus(x)

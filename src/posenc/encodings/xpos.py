@@ -34,6 +34,9 @@ from posenc.encodings.phase import check_rotary_dims
 from posenc.rope import rope_inv_freq, wrap_phases
 
 
+SCALE_BASE = 512.0  # B of the decay zeta^((n-m)/B), tokens (Sun et al. 2023): the scheme's default
+
+
 def xpos_zeta(head_dim: int) -> torch.Tensor:
     """zeta_i = (2i + 0.4 D) / (1.4 D), i = 0..D/2-1: (D/2,) float64 in (0, 1)."""
     return (torch.arange(0, head_dim, 2, dtype=torch.float64) + 0.4 * head_dim) / (1.4 * head_dim)
@@ -102,7 +105,7 @@ class XPos(Encoding):
     family, source = "rotary", "Sun et al. 2023, arXiv:2212.10554"
     replaces_attention = True
 
-    def __init__(self, dims: Dims, rope_theta: float = 10000.0, scale_base: float = 512.0, pairing: str = "half", block_size: int = 512):
+    def __init__(self, dims: Dims, rope_theta: float = 10000.0, scale_base: float = SCALE_BASE, pairing: str = "half", block_size: int = 512):
         super().__init__(dims)
         check_rotary_dims(dims, pairing)
         if not (math.isfinite(scale_base) and scale_base > 0) or block_size < 1:
@@ -155,15 +158,24 @@ class XPosState(DecodeState):
         return torch.cat(out, dim=-2)
 
 
-def xpos_naive_scores(q, k, pos, rope_theta=10000.0, scale_base=512.0, pairing="half"):
-    """Reference: the full (T, T) xPos score matrix from the formula, float64, no 1/sqrt(D).
+def xpos_score(q, k, n, m, rope_theta=10000.0, scale_base=SCALE_BASE, pairing="half"):
+    """s_nm of the module docstring (no 1/sqrt(D)): the xPos score of query q at position n and key k at m, float64.
 
-    q, k: (B, H, T, D); zeta^((n-m)/B) is evaluated directly for every pair.
+    q, k: (..., D); n, m: positions (int or float tensors) broadcastable to q's and k's leading dims, so that
+    the result is (...). zeta^((n-m)/B) is evaluated directly; n < m (a key after its query, masked in
+    attention) gets the decay of distance 0, so the value stays finite.
     """
     D = q.shape[-1]
     inv_freq, zeta = rope_inv_freq(D, rope_theta), xpos_zeta(D)
-    phi = pos.to(torch.float64)[:, None] * inv_freq
-    rq, rk = rotate(q.double(), phi, pairing), rotate(k.double(), phi, pairing)
-    rel = (pos[:, None] - pos[None, :]).to(torch.float64).clamp(min=0)  # j > i is masked anyway
-    decay = _per_feature(zeta ** (rel[..., None] / scale_base), pairing)  # (T, T, D)
-    return torch.einsum("bhnd,bhmd,nmd->bhnm", rq, rk, decay)
+    n, m = n.to(torch.float64), m.to(torch.float64)
+    rq, rk = rotate(q.double(), n[..., None] * inv_freq, pairing), rotate(k.double(), m[..., None] * inv_freq, pairing)
+    decay = _per_feature(zeta ** ((n - m).clamp(min=0)[..., None] / scale_base), pairing)
+    return (rq * rk * decay).sum(-1)
+
+
+def xpos_naive_scores(q, k, pos, rope_theta=10000.0, scale_base=SCALE_BASE, pairing="half"):
+    """Reference: the full (T, T) xPos score matrix (``xpos_score`` of every query-key pair), float64, no 1/sqrt(D).
+
+    q, k: (B, H, T, D); pos: (T,) position ids. Returns (B, H, T, T).
+    """
+    return xpos_score(q[..., :, None, :], k[..., None, :, :], pos[:, None], pos[None, :], rope_theta, scale_base, pairing)

@@ -14,6 +14,8 @@ import dataclasses
 from posenc import rope
 from posenc.errors import PosencError
 
+WINDOW_DIVISOR = 4  # ReRoPE's window when none is given: L0 // WINDOW_DIVISOR tokens
+
 
 @dataclasses.dataclass(frozen=True)
 class Extension:
@@ -59,7 +61,7 @@ def extension_params(ext: Extension, l0: int) -> dict:
         return rope.schedule_params(name, l0, {"factor": float(ext.factor), **{k: v and list(v) for k, v in lists.items()}})
     if name not in rope.RELATIVE:
         return rope.schedule_params(name, l0, {"factor": float(ext.factor)})
-    w = ext.window or l0 // 4
+    w = ext.window or l0 // WINDOW_DIVISOR
     given = {"window": w}
     if name == "leaky-rerope":
         if ext.leak is None and not (w < l0 and ext.factor > 1):  # else the default k would be <= 1

@@ -3,7 +3,7 @@
 Paper: "Why do accumulated transformations extrapolate?" (arXiv 2606.24975);
 positional-encoding survey (seeds/003) for the long-range decay check.
 
-1. :func:`mixing_window`, :func:`window_vs_context` - ||E[P_n]|| = beta^n, w_eps.
+1. :func:`mixing_check`, :func:`window_vs_context` - ||E[P_n]|| = beta^n, w_eps.
 2. :func:`score_gap` - near vs far route scores, Hoeffding / Levy / Chebyshev tails.
 3. :func:`far_mass` - rho_D >= M / (M + K e^(2 lambda)); ALiBi and forget-gate control.
 4. :func:`value_incoherence` - coherent vs incoherent far value contribution.
@@ -14,7 +14,7 @@ positional-encoding survey (seeds/003) for the long-range decay check.
 
 from posenc.theory.decay import long_range_decay, translation_invariance
 from posenc.theory.mass import far_mass, value_incoherence
-from posenc.theory.mixing import mixing_window, window_size, window_vs_context
+from posenc.theory.mixing import mixing_check, window_size, window_vs_context
 from posenc.theory.run import run_theory
 from posenc.theory.scores import score_gap
 from posenc.theory.steps import parse_dist
@@ -22,7 +22,7 @@ from posenc.theory.steps import parse_dist
 __all__ = [
     "far_mass",
     "long_range_decay",
-    "mixing_window",
+    "mixing_check",
     "parse_dist",
     "run_theory",
     "score_gap",

@@ -27,18 +27,17 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from posenc.attention import rotate
 from posenc.encodings.absolute import sinusoidal_table
-from posenc.encodings.polar import pope_freqs
-from posenc.encodings.xpos import xpos_zeta
+from posenc.encodings.bias import alibi_slopes, distance_penalty
+from posenc.encodings.polar import pope_features, pope_freqs
+from posenc.encodings.xpos import SCALE_BASE, xpos_score, xpos_zeta
 from posenc.rope import rope_inv_freq
 from posenc.theory.stats import compare, z_value
 from posenc.theory.steps import DTYPE
 
-XPOS_SCALE_BASE = 512  # xPos's B, the scheme's default (posenc.encodings.xpos.XPos)
-ALIBI_SLOPE = 1 / 16
+ALIBI_SLOPE = float(alibi_slopes(8)[3])  # the scheme's slope of head 4 of 8 (Press et al.): m = 1/16
 TRANSLATION_INVARIANT = ("rope-10000", "rope-500000", "xpos", "pope", "alibi")  # scores depend on i - j only
 CHECKPOINTS = (1, 16, 256, 4096)  # distances quoted in the summary
 
@@ -52,22 +51,13 @@ def _rope(base):
 
 
 def _xpos(q, k, i, j):
-    d = q.shape[-1]
-    theta, zeta = rope_inv_freq(d), xpos_zeta(d)
-    # q scaled by zeta^((i - c)/B), k by zeta^(-(j - c)/B) with offset c = j
-    scale = (zeta ** ((i - j)[..., None] / XPOS_SCALE_BASE)).repeat_interleave(2, -1)
-    return (rotate(q, i[..., None] * theta, "adjacent") * scale * rotate(k, j[..., None] * theta, "adjacent")).sum(-1)
+    return xpos_score(q, k, i, j, pairing="adjacent")  # the scheme's formula, its default B
 
 
 def _pope(q, k, i, j, delta=None):
-    # absolute phases i*theta (query) and j*theta + delta (key): a real dot product of size 2d
+    # the scheme's features: absolute phases i*theta (query) and j*theta + delta (key), a real dot product of size 2d
     theta = pope_freqs(q.shape[-1])
-    delta = torch.zeros_like(theta) if delta is None else delta
-    phase_q, phase_k = i[..., None] * theta, j[..., None] * theta + delta
-    mu_q, mu_k = F.softplus(q), F.softplus(k)
-    q2 = torch.cat([mu_q * torch.cos(phase_q), mu_q * torch.sin(phase_q)], -1)
-    k2 = torch.cat([mu_k * torch.cos(phase_k), mu_k * torch.sin(phase_k)], -1)
-    return (q2 * k2).sum(-1)
+    return (pope_features(q, i, theta) * pope_features(k, j, theta, None if delta is None else delta[None])).sum(-1)
 
 
 def _sinusoidal(q, k, i, j):
@@ -76,7 +66,7 @@ def _sinusoidal(q, k, i, j):
 
 
 def _alibi(q, k, i, j):
-    return (q * k).sum(-1) - ALIBI_SLOPE * (i - j)
+    return (q * k).sum(-1) + distance_penalty(ALIBI_SLOPE, i, j)
 
 
 SCHEMES = {
@@ -98,7 +88,7 @@ def expected_score(scheme: str, dist: np.ndarray, d: int) -> np.ndarray:
         return np.cos(D * rope_inv_freq(d, float(scheme[5:])).numpy()).mean(1)
     if scheme == "xpos":
         z = xpos_zeta(d).numpy()
-        return (z ** (D / XPOS_SCALE_BASE) * np.cos(D * rope_inv_freq(d).numpy())).mean(1)
+        return (z ** (D / SCALE_BASE) * np.cos(D * rope_inv_freq(d).numpy())).mean(1)
     if scheme.startswith("pope"):
         theta = pope_freqs(d).numpy()
         if scheme == "pope-survey-sign":  # the survey's base^((c-1)/d)

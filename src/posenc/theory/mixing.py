@@ -28,7 +28,7 @@ def _horizon(window: float) -> int:
     return int(min(max(2 * window, 8), _HORIZON_CAP))
 
 
-def mixing_window(
+def mixing_check(
     dist: str = "so2:1",
     d: int = 16,
     eps: float = 0.01,

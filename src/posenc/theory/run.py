@@ -138,7 +138,7 @@ def _checks(names: list[str], dims, mix_dim, eps, seed, a, b: Budget) -> list[Ch
 
     def mix(name):
         matrix = name in ("householder", "haar")
-        return Check("mixing", name, lambda: mixing.mixing_window(
+        return Check("mixing", name, lambda: mixing.mixing_check(
             name, mix_dim, eps, b.mix_matrix_samples if matrix else b.mix_samples,
             n_max=4 if name == "haar" else None, seed=seed), _mixing_rows)
 
