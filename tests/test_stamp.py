@@ -35,3 +35,9 @@ def test_stamp_command_is_the_command_line_a_shell_retypes(monkeypatch):
     command = run_stamp()["command"]
     assert command == "posenc generate 'runs/my run' --prompt 'HAMLET. To be' --top-k 20"
     assert shlex.split(command) == ["posenc", *argv[1:]]
+
+
+def test_stamp_line_says_when_transformers_is_not_installed():
+    s = {**run_stamp(), "transformers": None}  # `make demo`'s environment has no transformers
+    assert ", transformers not installed, " in stamp_line(s)
+    assert f", transformers {run_stamp()['transformers']}, " in stamp_line(run_stamp())

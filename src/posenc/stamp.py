@@ -75,5 +75,5 @@ def run_stamp() -> dict:
 
 def stamp_line(stamp: dict) -> str:
     """The stamp as one line for a report header."""
-    return (f"posenc {stamp['posenc']} (commit {stamp['commit'] or 'n/a'}), torch {stamp['torch']}, transformers {stamp['transformers']}, "
+    return (f"posenc {stamp['posenc']} (commit {stamp['commit'] or 'n/a'}), torch {stamp['torch']}, transformers {stamp['transformers'] or 'not installed'}, "
             f"{stamp['device']}, {stamp.get('dtype', 'dtype n/a')}, {stamp['threads']} threads, python {stamp['python']} on {stamp['platform']}; command: `{stamp['command']}`")
