@@ -13,7 +13,7 @@ from posenc.claims import FAILS, HOLDS, NOISE
 from posenc.config import load_preset
 from posenc.errors import PosencError
 from posenc.records import Task, TaskCell
-from posenc.retrieval_report import TaskTable, accuracy_markdown, at_most, distance_markdown, claim_r1, claim_r2, claim_r3, claim_r4, claim_r5, horizon
+from posenc.retrieval_report import TaskTable, accuracy_markdown, at_most, distance_markdown, claim_r1, claim_r2, claim_r3, claim_r4, claim_r5, claim_r6, horizon
 from posenc.taskeval import bucket, score_batch
 from posenc.tasks import B0, B1, I, R, W, get_task, is_task
 from posenc.train import mean_loss
@@ -439,3 +439,14 @@ def test_the_time_line_counts_only_jobs_that_recorded_their_times():
         "Training time per job: 130-200 s; evaluation 30-40 s (2 of 3 jobs recorded their times).")
     assert _times_line([(130.0, 30.0)]) == "Training time per job: 130-130 s; evaluation 30-30 s."
     assert _times_line([(float("nan"), float("nan"))]) == "Training and evaluation times were not recorded."
+
+
+def test_claim_r6_state_tracking():
+    far, near = _gap(0.99, {8: 0.99, 1024: 0.99}), _gap(0.99, {8: 0.99, 64: 0.99, 256: 0.5})
+    unlearned = _gap(0.6, {8: 0.6})
+    claim = claim_r6(_table("modsum", {"path": {0: far, 1: far}, "rope": {0: near}, "nope": {0: unlearned}}))
+    assert claim.verdict == HOLDS and claim.evidence == "horizon: path 1024, rope 64; did not learn: nope"
+    assert claim_r6(_table("modsum", {"path": {0: near}, "rope": {0: near}})).verdict == FAILS  # PaTH stops inside
+    assert claim_r6(_table("modsum", {"path": {0: far}, "acc-learned-qkv": {0: far}})).verdict == FAILS  # another goes as far
+    assert claim_r6(_table("modsum", {"path": {0: far, 1: near}, "rope": {0: near}})).verdict == NOISE  # the seeds disagree
+    assert claim_r6(_table("modsum", {"path": {0: unlearned}, "rope": {0: near}})) is None  # PaTH did not learn: no verdict

@@ -260,11 +260,37 @@ def claim_r5(t: TaskTable) -> Optional[Claim]:
                  verdict, ", ".join(f"{s} {_pct(v[0])}%" for s, v in errs.items()))
 
 
+REFLECTING = "path"  # Householder transports with beta in [0, 2]: a reflection flips a state, an SO(2) step of at most 1 rad cannot
+
+
+def claim_r6(t: TaskTable) -> Optional[Claim]:
+    """State tracking (modsum): PaTH carries the running sum beyond the training length, no other learned scheme does.
+    None (no verdict) when PaTH did not learn the task."""
+    if not t.learned(REFLECTING):
+        return None
+    others = [s for s in t.scores if s != REFLECTING and t.learned(s)]
+    beyond = {s: [_hval(h) > t.L0 for h in t.horizons(s)] for s in [REFLECTING] + others}
+    if all(beyond[REFLECTING]) and not any(any(beyond[s]) for s in others):
+        verdict = HOLDS
+    elif not any(beyond[REFLECTING]) or any(all(beyond[s]) for s in others):
+        verdict = FAILS
+    else:
+        verdict = NOISE
+    unlearned = [s for s in t.scores if s != REFLECTING and not t.learned(s)]
+    numbers = "horizon: " + ", ".join(f"{s} {_h(t.horizons(s))}" for s in [REFLECTING] + others)
+    numbers += f"; did not learn: {', '.join(unlearned)}" if unlearned else ""
+    return Claim("R6", f"{t.task}: state tracking beyond the training length {t.L0}: PaTH's horizon exceeds it and no other "
+                 "learned scheme's does (a reflection can flip a state; SO(2) steps of at most 1 rad and position biases cannot)", verdict, numbers)
+
+
 def check_task_claims(t: TaskTable, meta: dict, text_records: list[Ppl]) -> list[Claim]:
     windows = meta.get("mixing_windows") or {}
     out = [claim_r1(t, flat_schemes(text_records)), claim_r2(t, windows), claim_r3(t, windows), claim_r4(t)]
-    if t.task.partition(":")[0] == "flipflop":
+    kind = t.task.partition(":")[0]
+    if kind == "flipflop":
         out.append(claim_r5(t))
+    if kind == "modsum":
+        out.append(claim_r6(t))
     return [c for c in out if c is not None]
 
 
