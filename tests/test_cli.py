@@ -111,6 +111,15 @@ def test_list_params_shows_each_schemes_parameters_under_it(capsys):
     assert "      init_L=None " in out and "(None: train_length / 4)" in out
 
 
+@pytest.mark.parametrize("scheme, shown", [("rope", "pairing, rope_theta, rotary_fraction"),
+                                           ("rope-adjacent", "rope_theta, rotary_fraction")])  # the alias fixes pairing
+def test_an_unknown_parameter_lists_what_list_params_shows(capsys, scheme, shown):
+    code, _, err = run_cli(capsys, "train", "--scheme", f"{scheme}:bogus=1", "--preset", "quick")
+    assert code == 2 and err.strip() == f"posenc: error: scheme {scheme!r} has no parameter 'bogus'; valid: {shown}"
+    listed = {s["name"]: [p["name"] for p in s["params"]] for s in json.loads(run_cli(capsys, "list", "--json")[1])["schemes"]}
+    assert sorted(listed[scheme]) == shown.split(", ")  # RoPE's internal schedule keys in neither
+
+
 def test_list_json_is_every_scheme_with_its_parameters(capsys):
     code, out, _ = run_cli(capsys, "list", "--json")
     listing = json.loads(out)

@@ -122,6 +122,18 @@ def test_bad_input_is_one_line_and_touches_nothing(llama_dir, capsys, extra, mes
     assert not (llama_dir / "o").exists()
 
 
+def test_a_directory_of_other_runs_is_refused_and_untouched(llama_dir, capsys):
+    runs = llama_dir / "runs"  # --out runs: beside train's and extend's runs, as --out is the run directory itself
+    (runs / "train" / "rope").mkdir(parents=True)
+    (runs / "train" / "rope" / "model.safetensors").write_bytes(b"x")
+    (runs / "notes.txt").write_text("mine")
+    assert main(argv(llama_dir, "--steps", "2", "--out", str(runs))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"posenc: error: {runs} holds files but no finetune run (finetune.json); --out is the run directory "
+                   "itself: give a new or empty one (default runs/finetune/<name>)"]
+    assert sorted(str(p.relative_to(runs)) for p in runs.rglob("*")) == ["notes.txt", "train", "train/rope", "train/rope/model.safetensors"]
+
+
 def test_shipped_presets_and_flags():
     assert ft.preset_names() == ["default", "quick"]
     cfg = ft.load_finetune_config("default")

@@ -4,6 +4,11 @@ a rerun resumes and a rerun of other settings is refused as on the local pool; t
 import functools
 import json
 import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -59,6 +64,29 @@ def test_local_submitit_jobs_train_evaluate_and_resume(tiny_corpus, tmp_path, ca
     assert "posenc: all 2 jobs already done" in capsys.readouterr().err
     with pytest.raises(PosencError, match=r"holds results made with other settings \(train.steps 4 -> 6\)"):
         compare(tiny_preset(tiny_corpus, ["rope"], steps=6), tmp_path / "runs", launcher="local")
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_local_submitit_jobs_ends_with_posencs_lines_only(tiny_corpus, tmp_path):
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "posenc.cli", "compare", "--preset", "quick", "--schemes", "rope", "alibi", "--steps", "100000",
+           "--corpus", str(tiny_corpus), "--launcher", "local", "--out", str(runs)]
+    # its own process group, SIGINT as a shell's default: a terminal's Ctrl-C is SIGINT to every process of the group
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert "submitit job(s) submitted" in proc.stderr.readline()
+    logs = runs / "quick" / "submitit"
+    while len(list(logs.glob("*_0_log.err"))) < 2:  # each controller has started its task, and waits for it
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]  # to the end: what every process holding posenc's stderr wrote
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.splitlines() == [f"posenc: interrupted: finished jobs are kept in {runs / 'quick'}; each interrupted one resumes from its last checkpoint",
+                                f"posenc: resume with: {shlex.join(['posenc', *cmd[3:]])}"]
+    deadline = time.time() + 60  # the controllers' tracebacks: in their own file (they may outlive posenc by a second)
+    while (logs / "controllers.err").read_text().count("KeyboardInterrupt") < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    assert (logs / "controllers.err").read_text().count("\nKeyboardInterrupt\n") >= 2
 
 
 def test_slurm_flags_reach_the_sbatch_script(tmp_path, monkeypatch):

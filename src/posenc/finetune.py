@@ -176,10 +176,12 @@ def _settings(cfg: FinetuneConfig) -> dict:
 
 def check_resumable(out: Path, cfg: FinetuneConfig) -> None:
     """Raise PosencError when ``out`` holds a run trained with other settings than ``cfg``'s (only
-    ``RESUME_FREE`` keys may change), or a checkpoint without its settings."""
+    ``RESUME_FREE`` keys may change), or is a directory with files but no ``finetune.json`` (other runs,
+    as ``--out runs`` would be: ``--out`` is the run directory itself, as extend's and train's are)."""
     if not (out / SETTINGS).exists():
-        if (out / "state.pt").exists():
-            raise PosencError(f"cannot resume {out}: it has state.pt but no {SETTINGS}; use another --out")
+        if out.is_dir() and any(out.iterdir()):
+            raise PosencError(f"{out} holds files but no finetune run ({SETTINGS}); --out is the run directory itself: "
+                              "give a new or empty one (default runs/finetune/<name>)")
         return
     old = read_json(out / SETTINGS)
     diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in json.loads(json.dumps(_settings(cfg))).items() if old.get(k) != v]
@@ -210,7 +212,6 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
     step = ckpt.load()
     if step:
         tqdm.write(f"posenc: resuming {out} at step {step} of {cfg.steps}")
-    write_json(out / SETTINGS, _settings(cfg))
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
         x, y = batch_at(stream, step, cfg.batch_size, cfg.length, cfg.seed)
@@ -227,7 +228,7 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None, log: str = "none")
     ``out``: the run directory (default ``runs/finetune/<cfg.name>``). ``log``: a tracker kind
     (``posenc.tracking``) for the training steps and both scorings (at step 0 and at ``steps``). Raises PosencError, before
     ``out`` is touched, for a missing dependency (transformers, gguf, accelerate; peft for LoRA), a run
-    directory of other settings, everything ``posenc extend`` refuses, a corpus too short for ``length``
+    directory of other settings or a directory of other files, everything ``posenc extend`` refuses, a corpus too short for ``length``
     or a bad LoRA target; later, for a non-finite loss.
     """
     check_config(cfg)
@@ -246,6 +247,7 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None, log: str = "none")
     adapted, label = adapt(model, cfg)
     params = trainable(model, cfg)  # LoRA starts at zero: the model is unchanged until it trains
     make_run_dir(out)
+    write_json(out / SETTINGS, _settings(cfg))  # first: it marks out as this run's, also when the first scoring is interrupted
     store = extend.open_store(out, ecfg, docs, l0, loaded.source)
     tuned = f"{label}, fine-tuned {cfg.steps} steps"
     with open_tracker(log, out, cfg.name, "finetune", {"finetune": cfg.model_dump(), "stamp": run_stamp()}) as tracker:

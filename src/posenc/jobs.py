@@ -14,6 +14,7 @@ refuses a rerun with other ones (it would label old results with new settings).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 import multiprocessing.connection
@@ -183,7 +184,9 @@ def run_submitit(jobs: list[tuple[Callable, tuple, Path, list[str]]], ex, poll_s
     wait for all of them (stderr says what was submitted and where each job's output goes); returns {index of a
     failed job: its one-line error}, calling ``on_failure`` as
     each fails (a job killed at its time limit fails too: a rerun resumes it from its last checkpoint).
-    Ctrl-C cancels the jobs not finished (they keep their last checkpoints) and re-raises."""
+    Ctrl-C cancels the jobs not finished (they keep their last checkpoints) and re-raises. What the processes
+    started by the submission write to their inherited stderr (submitit's local job controllers: a KeyboardInterrupt
+    traceback each at Ctrl-C) goes to ``controllers.err`` in the executor's folder, not to this terminal."""
     import submitit
 
     if not jobs:
@@ -191,7 +194,7 @@ def run_submitit(jobs: list[tuple[Callable, tuple, Path, list[str]]], ex, poll_s
     for _, _, error_file, _ in jobs:
         error_file.parent.mkdir(parents=True, exist_ok=True)
         error_file.unlink(missing_ok=True)
-    with ex.batch():  # one submission (a Slurm job array where the scheduler has them)
+    with _stderr_into(Path(ex.folder) / "controllers.err"), ex.batch():  # one submission (a Slurm job array where the scheduler has them)
         submitted = [ex.submit(_cluster_entry, fn, args, modules, error_file, sys.argv) for fn, args, error_file, modules in jobs]
     print(f"posenc: {len(submitted)} submitit job(s) submitted ({', '.join(job.job_id for job in submitted)}), waiting; "
           f"each job's output: {submitted[0].paths.stderr.parent}/<job id>_0_log.err", file=sys.stderr)
@@ -215,6 +218,24 @@ def run_submitit(jobs: list[tuple[Callable, tuple, Path, list[str]]], ex, poll_s
                 job.cancel(check=False)
         raise
     return failures
+
+
+@contextlib.contextmanager
+def _stderr_into(path: Path):
+    """Within, file descriptor 2 is ``path`` (appended): what processes started here inherit. submitit's local job
+    controllers, in this terminal's process group, get its Ctrl-C (and the cancel's SIGINT) and print a
+    KeyboardInterrupt traceback each; there, not after posenc's own interrupted and resume lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as f:
+            os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def run_inline(fn: Callable, args: tuple, error_file: Path) -> Optional[str]:

@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
     p.add_argument("--trials", type=int, help=f"passkey trials per (length, depth) cell (default {d.trials})")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--name", help="run name (default: the preset's name)")
-    p.add_argument("--out", type=Path, help="output directory (default runs/finetune/<name>)")
+    p.add_argument("--out", type=Path, help="run directory (default runs/finetune/<name>); "
+                   "a run of the same settings resumes; other files there are refused")
     p.add_argument("--log", choices=KINDS, default="none", help="experiment tracking: TensorBoard event files or a W&B run "
                    "(WANDB_MODE=offline: no network) in the output directory (default none)")
     p.set_defaults(func=run)

@@ -265,12 +265,16 @@ def parameters(name: str) -> list[Parameter]:
     cls, fixed = resolve(name)
     docs = param_docs(cls)
     return [Parameter(p.name, None if p.default is p.empty else p.default, str(p.annotation), docs.get(p.name, ""))
-            for p in inspect.signature(cls.__init__).parameters.values()
-            if p.name in _accepted(cls) - set(cls.internal) - set(fixed)]
+            for p in inspect.signature(cls.__init__).parameters.values() if p.name in _settable(cls, fixed)]
 
 
 def _accepted(cls: type[Encoding]) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters) - {"self", "dims"}
+
+
+def _settable(cls: type[Encoding], fixed) -> set[str]:
+    """What a spec may set: the constructor's parameters but the internal ones and those an alias fixes."""
+    return _accepted(cls) - set(cls.internal) - set(fixed)
 
 
 def check_types(name: str, cls: type[Encoding], params: dict[str, Any]) -> None:
@@ -302,9 +306,10 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     _load_plugins()
     base, own = split_part(name)
     params = {**own, **(params or {})}
-    name = base
+    name, aliased = base, set()
     while name in _ALIASES:
         target, preset, _ = _ALIASES[name]
+        aliased |= set(preset)
         if "+" in target or "|" in target:
             raise PosencError(f"{base!r} is a composition ({target}); give parameters to its parts")
         fixed = sorted(set(own) & set(preset))
@@ -321,7 +326,7 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
         raise PosencError(f"scheme {base!r}: {', '.join(internal)} cannot be set in a spec")
     unknown = sorted(set(params) - _accepted(cls))
     if unknown:
-        raise PosencError(f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(_accepted(cls))) or 'none'}")
+        raise PosencError(f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(_settable(cls, aliased))) or 'none'}")
     return cls, params
 
 
