@@ -151,21 +151,28 @@ class FlipFlop(Task):
         probe[2:-2:2] = I
         probe[3:-2:2] = B0 + rng.integers(0, 2, size=gap // 2 - 1)
         tok = np.concatenate([_flipflop_pairs(rng, prefix, self.values["p_ignore"])[0] if prefix else np.empty(0, np.int64), probe])
-        answer = np.zeros(length, dtype=bool)
-        distance = np.zeros(length, dtype=np.int64)
-        answer[-1], distance[-1] = True, gap
-        return tok, answer, distance
+        return _probe(tok, gap)
 
     def tests(self, train_length, multiples):
-        v = self.values
-        lengths = [m * train_length for m in multiples]
-        out = [Test("id", L, {}) for L in lengths]
-        out += [Test("sparse", L, {"p_ignore": v["sparse"]}) for L in lengths]
-        out += [Test("dense", L, {"p_ignore": v["dense"]}) for L in lengths]
-        top = max(lengths)
-        gaps = [2**k for k in range(3, int(math.log2(top)) + 1)]
-        out += [Test("gap", train_length + g + 1, {"gap": g}) for g in gaps]  # a training-length prefix first
-        return out
+        return _stream_tests(train_length, multiples, "p_ignore", self.values["sparse"], self.values["dense"])
+
+
+def _probe(tok: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A controlled-gap probe's row: ``tok`` (T + 1,) whose last target alone is an answer, ``gap`` tokens from its evidence."""
+    answer = np.zeros(len(tok) - 1, dtype=bool)
+    distance = np.zeros(len(tok) - 1, dtype=np.int64)
+    answer[-1], distance[-1] = True, gap
+    return tok, answer, distance
+
+
+def _stream_tests(train_length: int, multiples: list[int], density: str, sparse: float, dense: float) -> list[Test]:
+    """A stream task's tests: in distribution, ``sparse`` and ``dense`` (values of the ``density`` setting) at each
+    multiple of the training length, and the controlled-gap probe at gaps 8 .. the longest length (powers of two)."""
+    lengths = [k * train_length for k in multiples]
+    out = [Test(name, L, settings) for name, settings in (("id", {}), ("sparse", {density: sparse}), ("dense", {density: dense}))
+           for L in lengths]
+    gaps = [2**k for k in range(3, int(math.log2(max(lengths))) + 1)]
+    return out + [Test("gap", train_length + g + 1, {"gap": g}) for g in gaps]  # a training-length prefix first
 
 
 def _flipflop_pairs(rng: np.random.Generator, n: int, p_ignore: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -310,19 +317,10 @@ class ModSum(Task):
         tok = _modsum_stream(rng, pre, m, self.values["p_query"])[0] if pre else np.empty(0, np.int64)
         elems = rng.integers(0, m, size=gap - 2)
         state = int(tok[tok < m].sum()) % m
-        tok = np.concatenate([tok, [m, m + 1 + state], elems, [m, m + 1 + (state + int(elems.sum())) % m]])
-        answer = np.zeros(length, dtype=bool)
-        distance = np.zeros(length, dtype=np.int64)
-        answer[-1], distance[-1] = True, gap
-        return tok, answer, distance
+        return _probe(np.concatenate([tok, [m, m + 1 + state], elems, [m, m + 1 + (state + int(elems.sum())) % m]]), gap)
 
     def tests(self, train_length, multiples):
-        v = self.values
-        lengths = [k * train_length for k in multiples]
-        out = [Test(name, L, settings) for name, settings in (("id", {}), ("sparse", {"p_query": v["sparse"]}), ("dense", {"p_query": v["dense"]}))
-               for L in lengths]
-        gaps = [2**k for k in range(3, int(math.log2(max(lengths))) + 1)]
-        return out + [Test("gap", train_length + g + 1, {"gap": g}) for g in gaps]  # a training-length prefix first
+        return _stream_tests(train_length, multiples, "p_query", self.values["sparse"], self.values["dense"])
 
 
 def _modsum_stream(rng: np.random.Generator, n: int, m: int, p_query: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
