@@ -450,3 +450,9 @@ def test_claim_r6_state_tracking():
     assert claim_r6(_table("modsum", {"path": {0: far}, "acc-learned-qkv": {0: far}})).verdict == FAILS  # another goes as far
     assert claim_r6(_table("modsum", {"path": {0: far, 1: near}, "rope": {0: near}})).verdict == NOISE  # the seeds disagree
     assert claim_r6(_table("modsum", {"path": {0: unlearned}, "rope": {0: near}})) is None  # PaTH did not learn: no verdict
+
+
+def test_asking_about_a_scheme_without_records_adds_none():
+    t = _table("modsum", {"path": {0: _gap(0.99, {8: 0.99, 1024: 0.99})}, "rope": {0: _gap(0.6, {8: 0.6})}})
+    assert not t.learned("acc-rand-qk") and t.seeds_learned("acc-rand-qk") == (0, 0)
+    assert list(t.scores) == ["path", "rope"] and claim_r6(t).evidence == "horizon: path 1024; did not learn: rope"

@@ -75,14 +75,14 @@ class TaskTable:
 
     def __init__(self, records: list[Task], task: str, train_length: int, tol: float, bar: float):
         self.task, self.L0, self.tol, self.bar = task, train_length, tol, bar
-        self.scores: dict[str, dict[int, Scores]] = defaultdict(dict)
+        self.scores: dict[str, dict[int, Scores]] = {}  # only schemes with records: a lookup adds none
         mine = [r for r in records if r.task == task]
         for r in mine:
-            self.scores[r.scheme][r.seed] = Scores(r.cells)
+            self.scores.setdefault(r.scheme, {})[r.seed] = Scores(r.cells)
         self.seconds = {(r.scheme, r.seed): (r.train_seconds, r.eval_seconds) for r in mine}
 
     def id_acc(self, scheme: str) -> list[float]:
-        return [s.acc("id", self.L0)[0] for s in self.scores[scheme].values()]
+        return [s.acc("id", self.L0)[0] for s in self.scores.get(scheme, {}).values()]
 
     def seeds_learned(self, scheme: str) -> tuple[int, int]:
         """(seeds at or above the in-distribution bar, seeds)."""
