@@ -16,7 +16,6 @@ import csv
 import io
 import math
 import re
-from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
