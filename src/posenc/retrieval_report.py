@@ -445,6 +445,8 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
         claims += check_task_claims(t, meta, text_records)
     if claims:
         lines += ["## Claims", "", markdown_table(["claim", "verdict", "numbers"], [[f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence] for c in claims]), ""]
+    elif records:
+        lines += ["## Claims", "", "No claim gets a verdict: the schemes each one compares did not all learn the task on every seed.", ""]
     if text and not text_records:
         lines += [f"(R1 needs the text comparison {text} (results.jsonl or results.csv): not found.)", ""]
     if failures:
