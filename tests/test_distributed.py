@@ -47,7 +47,7 @@ def test_torchrun_two_processes_equal_single_process(setup):
            "-m", "posenc.cli", "train", "--scheme", "acc-rand-qkv", "--preset", str(preset_path), "--out", str(tmp_path / "ddp")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("trained acc-rand-qkv: 5 steps") == 1  # rank 0 reports, rank 1 stays quiet
+    assert proc.stdout.count("trained acc-rand-qkv: step 5 of 5, ") == 1  # rank 0 reports, rank 1 stays quiet
     ref, got = losses(single), losses(tmp_path / "ddp")
     assert len(got) == 5  # only rank 0 logs
     assert torch.allclose(torch.tensor(got), torch.tensor(ref), rtol=0, atol=1e-5), (got, ref)
