@@ -157,6 +157,8 @@ def test_train_stopped_by_its_time_budget_says_so(tmp_path, capsys):
     assert out.startswith(f"trained rope: step {step} of 400, ") and out.rstrip().endswith("(time budget 0.001 s reached; --resume continues)")
     code, out, _ = run_cli(capsys, "train", "--scheme", "rope", "--preset", "quick", "--steps", f"{step + 2}", "--out", str(run), "--resume")
     assert code == 0 and out.startswith(f"trained rope: step {step + 2} of {step + 2}, ") and "time budget" not in out
+    code, out, _ = run_cli(capsys, "train", "--scheme", "rope", "--preset", "quick", "--steps", f"{step + 2}", "--out", str(run), "--resume")
+    assert code == 0 and out == f"{run} is already trained (step {step + 2} of {step + 2}): nothing left to do\n"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The report of a task comparison (``posenc.retrieval``): tables, plots, horizons and claims R1-R5.
+"""The report of a task comparison (``posenc.retrieval``): tables, plots, horizons and claims R1-R6.
 
 Accuracy is the share of answers whose argmax is the target. A scheme whose in-distribution
 accuracy (test ``id`` at the training length) is below ``learned`` (0.9) "did not learn the

@@ -9,6 +9,7 @@ from posenc.config import ClusterConfig, Preset, load_preset
 from posenc.errors import PosencError
 from posenc.jobs import LAUNCHERS
 from posenc.presets import validated
+from posenc.tasks import TASKS
 from posenc.tracking import KINDS
 
 
@@ -18,7 +19,7 @@ def add_parser(sub):
     p.add_argument("--schemes", nargs="+", help="schemes to compare (default: the preset's)")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (the report shows mean ± half-range)")
     p.add_argument("--tasks", nargs="+", help="synthetic tasks to train and score on (flipflop, mqar:pairs=8, ...; default: the preset's)")
-    p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, a path, or a synthetic task (flipflop, mqar)")
+    p.add_argument("--corpus", help=f"corpus: shakespeare, pystdlib, hf:NAME, a path, or a synthetic task ({', '.join(TASKS)})")
     p.add_argument("--tokenizer", help="byte or bpeN")
     p.add_argument("--steps", type=int, help="training steps per scheme")
     p.add_argument("--name", help="run name (directory under --out)")

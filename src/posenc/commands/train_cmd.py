@@ -5,11 +5,12 @@ import os
 from pathlib import Path
 
 from posenc import distributed
+from posenc.checkpoint import read_json
 from posenc.config import load_preset
 from posenc.errors import PosencError
 from posenc.stamp import run_stamp
 from posenc.tracking import KINDS, check_kind, open_tracker
-from posenc.train import StopNow, train
+from posenc.train import StopNow, is_trained, train
 
 
 def add_parser(sub):
@@ -46,6 +47,7 @@ def run(args) -> int:
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
     check_kind(args.log)
     config = {"name": out.name, "scheme": args.scheme, "model": mcfg.model_dump(), "train": preset.train.model_dump(), "stamp": run_stamp()}
+    finished = is_trained(out) and read_json(out / "train_summary.json")["steps"] == preset.train.steps  # train keeps it as it is
     try:
         with open_tracker(args.log if distributed.rank() == 0 else "none", out, f"{out.name}/{args.scheme}", "train", config) as tracker:
             summary = train(out, mcfg, preset.train, resume=args.resume, tracker=tracker)
@@ -55,9 +57,11 @@ def run(args) -> int:
         raise KeyboardInterrupt(str(exc) or f"{out} keeps its last checkpoint", "--resume") from None
     finally:
         distributed.teardown()
-    if distributed.rank() == 0:
+    if distributed.rank() == 0 and finished:
+        print(f"{out} is already trained (step {summary['steps']} of {preset.train.steps}): nothing left to do")
+    elif distributed.rank() == 0:
         left = summary["steps"] < preset.train.steps  # the time budget stopped it: say so, and how to go on
-        loss = f"{summary['final_loss']:.4f}" if summary["final_loss"] is not None else "n/a" if left else "n/a (nothing left to train)"
+        loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
         stop = f" (time budget {preset.train.time_budget:g} s reached; --resume continues)" if left else ""
         print(f"trained {args.scheme}: step {summary['steps']} of {preset.train.steps}, {summary['seconds']:.0f} s in this call, "
               f"final loss {loss} -> {out}{stop}")
