@@ -456,3 +456,12 @@ def test_asking_about_a_scheme_without_records_adds_none():
     t = _table("modsum", {"path": {0: _gap(0.99, {8: 0.99, 1024: 0.99})}, "rope": {0: _gap(0.6, {8: 0.6})}})
     assert not t.learned("acc-rand-qk") and t.seeds_learned("acc-rand-qk") == (0, 0)
     assert list(t.scores) == ["path", "rope"] and claim_r6(t).evidence == "horizon: path 1024; did not learn: rope"
+
+
+@pytest.mark.parametrize("spec", ["modsum", "flipflop:p_ignore=0.9"])
+def test_a_task_where_a_text_corpus_is_needed_is_one_line(spec):
+    from posenc.data import load_corpus, load_tokens
+
+    for load in (load_corpus, load_tokens):  # finetune and extend read load_corpus, text commands load_tokens
+        with pytest.raises(PosencError, match=rf"corpus '{spec}' is a synthetic task \(posenc.tasks\); this command needs a text corpus$"):
+            load(spec)

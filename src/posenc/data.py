@@ -197,8 +197,11 @@ def _huggingface(spec: str) -> Corpus:
 def load_corpus(spec: str = "shakespeare") -> Corpus:
     """Load a corpus by spec (see the module docstring).
 
-    Raises PosencError for a missing path, an empty corpus or a failed download.
+    Raises PosencError for a missing path, an empty corpus, a failed download or a synthetic task spec
+    (a text corpus is needed here; ``load_tokens(spec, tasks=True)`` gives a task's generator).
     """
+    if is_task(spec):
+        raise PosencError(f"corpus {spec!r} is a synthetic task (posenc.tasks); this command needs a text corpus")
     if spec == "shakespeare":
         corpus = _shakespeare()
     elif spec == "pystdlib":
@@ -313,9 +316,7 @@ def load_tokens(corpus_spec: str = "shakespeare", tokenizer_spec: str = "byte", 
     (``posenc.tasks``: ``flipflop``, ``mqar:pairs=8``) gives its generator when ``tasks`` is True
     (training and comparisons), else a one-line PosencError: text-only commands need text.
     """
-    if is_task(corpus_spec):
-        if not tasks:
-            raise PosencError(f"corpus {corpus_spec!r} is a synthetic task (posenc.tasks); this command needs a text corpus")
+    if tasks and is_task(corpus_spec):
         return TaskData(corpus_spec, get_task(corpus_spec))
     corpus = load_corpus(corpus_spec)
     tok = get_tokenizer(tokenizer_spec, corpus)
