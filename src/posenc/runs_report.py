@@ -60,8 +60,8 @@ def _header(path: Path) -> dict[str, str]:
     return {k: v.strip() for k, v in lines if k in HEADER_KEYS}
 
 
-def _settings(path: Path) -> tuple[dict[str, Any], str]:
-    """(flat settings, source) of a run directory: preset.json's, else report.md's header lines, else none."""
+def _settings(path: Path, header: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """(flat settings, source) of a run directory: preset.json's, else its report.md ``header``, else none."""
     if (path / "preset.json").exists():
         raw = read_json(path / "preset.json")
         try:
@@ -69,7 +69,6 @@ def _settings(path: Path) -> tuple[dict[str, Any], str]:
         except (ValidationError, TypeError):  # a preset of another release: its sections as they are
             flat = _flatten({k: raw.get(k) for k in ("model", "train", "eval") if isinstance(raw.get(k), dict)}, "")
             return {k: v for k, v in flat.items() if k not in FREE_SETTINGS}, "preset.json"
-    header = _header(path)
     return (header, "report.md") if header else ({}, "none")
 
 
@@ -87,8 +86,9 @@ def load_run(path: Path, label: str | None = None) -> Run:
     lengths = {r.train_length for r in records}
     if len(lengths) > 1:
         raise PosencError(f"{path} mixes training lengths {sorted(lengths)}: not one compare run")
-    found, source = _settings(path)
-    return Run(path, label or path.name, with_ratios(records), lengths.pop(), found, source, _header(path))
+    header = _header(path)
+    found, source = _settings(path, header)
+    return Run(path, label or path.name, with_ratios(records), lengths.pop(), found, source, header)
 
 
 def spec_key(spec: str) -> str:
