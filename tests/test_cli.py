@@ -7,6 +7,7 @@ import pytest
 
 from posenc import encodings
 from posenc.cli import main
+from posenc.records import PasskeyCell, load
 
 
 def run_cli(capsys, *argv):
@@ -145,8 +146,12 @@ def test_train_then_eval(tmp_path, capsys):
     code, _, err = run_cli(capsys, "train", "--scheme", "rope", "--preset", "quick", "--steps", "8", "--out", str(run), "--resume")
     assert code == 2 and err.count("\n") == 1 and "its model differs (encoding 'learned' -> 'rope')" in err
     assert (run / "model.safetensors").read_bytes() == weights
-    code, out, _ = run_cli(capsys, "eval", str(run), "--multiples", "1", "2", "--max-tokens", "256")
+    code, out, _ = run_cli(capsys, "eval", str(run), "--multiples", "1", "2", "--max-tokens", "256", "--passkey", "rank")
     assert code == 0 and "n/a" in out  # learned table is 32 long: 64 is not applicable
+    cells = [r for r in load(run / "eval.jsonl") if isinstance(r, PasskeyCell)]
+    assert [(c.scheme, c.length, c.depth) for c in cells] == [("learned", L, d) for L in (32, 128) for d in (0.1, 0.5, 0.9)]
+    # 32 tokens hold no needle and prompt, 128 are past the learned table: each cell says so, none is scored
+    assert all(c.trials == 0 and c.accuracy is None and c.note.startswith("n/a: ") for c in cells), [c.note for c in cells]
 
 
 def test_train_stopped_by_its_time_budget_says_so(tmp_path, capsys):

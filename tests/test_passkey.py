@@ -15,6 +15,7 @@ from posenc.errors import PosencError
 from posenc.passkey import NEEDLE, QUESTION, PasskeyConfig, draw_keys, make_sample, passkey_records
 
 TOK = ByteTokenizer()
+BASE = {"scheme": "rope", "seed": 0, "train_length": 32}  # the run fields each record carries
 
 
 @pytest.mark.parametrize("length", [110, 300, 1024])
@@ -70,16 +71,16 @@ def test_oracle_scores_every_trial_and_cells_count_trials(monkeypatch):
 
     monkeypatch.setattr(model, "token_nll", _fake_nll(oracle))
     cfg = PasskeyConfig(lengths_multiples=[4, 8], depths=[0.0, 0.5, 1.0], trials=3, candidates=6)
-    recs = list(passkey_records(model, TOK, cfg))
-    assert [(r["length"], r["depth"]) for r in recs] == [(L, d) for L in (128, 256) for d in (0.0, 0.5, 1.0)]
-    assert all(r["trials"] == 3 and r["correct"] == 3 and r["accuracy"] == 1.0 and r["candidates"] == 6 for r in recs)
+    recs = list(passkey_records(model, TOK, cfg, BASE))
+    assert [(r.length, r.depth) for r in recs] == [(L, d) for L in (128, 256) for d in (0.0, 0.5, 1.0)]
+    assert all(r.trials == 3 and r.correct == 3 and r.accuracy == 1.0 and r.candidates == 6 and r.scheme == "rope" for r in recs)
     assert len(seen) == 6 * 3 * 6  # cells x trials x candidates
     # done cells are skipped; a model preferring a wrong key, or a tie, scores 0
     monkeypatch.setattr(model, "token_nll", _fake_nll(lambda hidden, row: row == 1))
-    recs = list(passkey_records(model, TOK, cfg, done={(128, 0.0), (128, 0.5), (128, 1.0)}))
-    assert [r["length"] for r in recs] == [256] * 3 and all(r["accuracy"] == 0.0 for r in recs)
+    recs = list(passkey_records(model, TOK, cfg, BASE, done={(128, 0.0), (128, 0.5), (128, 1.0)}))
+    assert [r.length for r in recs] == [256] * 3 and all(r.accuracy == 0.0 for r in recs)
     monkeypatch.setattr(model, "token_nll", _fake_nll(lambda hidden, row: True))
-    assert all(r["correct"] == 0 for r in passkey_records(model, TOK, cfg))
+    assert all(r.correct == 0 for r in passkey_records(model, TOK, cfg, BASE))
 
 
 def test_the_prompt_hides_the_true_key(monkeypatch):
@@ -92,7 +93,7 @@ def test_the_prompt_hides_the_true_key(monkeypatch):
         return torch.zeros(tokens.shape)
 
     monkeypatch.setattr(model, "token_nll", record)
-    list(passkey_records(model, TOK, PasskeyConfig(lengths_multiples=[8], depths=[0.5], trials=1, candidates=5)))
+    list(passkey_records(model, TOK, PasskeyConfig(lengths_multiples=[8], depths=[0.5], trials=1, candidates=5), BASE))
     b = batches[0]
     assert b.shape == (5, 257) and (b[:, :-5] == b[0, :-5]).all()
     texts = [TOK.decode(r.tolist()) for r in b]
@@ -102,8 +103,8 @@ def test_the_prompt_hides_the_true_key(monkeypatch):
 
 def test_learned_table_too_short_is_na():
     model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 128, "encoding": "learned"})
-    recs = list(passkey_records(model, TOK, PasskeyConfig(lengths_multiples=[1, 2], depths=[0.5], trials=1)))
-    assert recs[0]["trials"] == 1 and recs[1]["accuracy"] is None and recs[1]["note"].startswith("n/a")
+    recs = list(passkey_records(model, TOK, PasskeyConfig(lengths_multiples=[1, 2], depths=[0.5], trials=1), BASE))
+    assert recs[0].trials == 1 and recs[1].accuracy is None and recs[1].note.startswith("n/a")
 
 
 @pytest.mark.slow

@@ -147,8 +147,8 @@ def compare_extras(model: LM, ev, data, results: Path, base: dict) -> None:
     already present are skipped (a rerun resumes).
     """
     done = _recorded(results, base["scheme"], base["seed"])
-    for rec in passkey_records(model, data.tokenizer, ev.passkey, {(L, d) for k, L, d in done if k == "passkey"}):
-        append(results, PasskeyCell(**base, **rec))
+    for rec in passkey_records(model, data.tokenizer, ev.passkey, base, {(L, d) for k, L, d in done if k == "passkey"}):
+        append(results, rec)
     todo = [m for m in ev.far_mass.multiples if ("far_mass", m * base["train_length"], None) not in done]
     for rec in far_mass_records(model, data.val_docs, ev.far_mass.model_copy(update={"multiples": todo}), base):
         append(results, rec)

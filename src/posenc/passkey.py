@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths
 from posenc.model import LM
+from posenc.records import PasskeyCell
 
 TASK = ("There is an important info hidden inside a lot of irrelevant text. "
         "Find it and memorize it. I will quiz you about the important information there.")
@@ -133,11 +134,12 @@ def trial(model: LM, tokenizer, length: int, depth: float, rng: np.random.Genera
     return bool(nll[0] < nll[1:].min())
 
 
-def passkey_records(model: LM, tokenizer, cfg: PasskeyConfig, done: set = frozenset()) -> Iterator[dict]:
-    """One record per (length, depth) cell not in ``done``: trials, correct, accuracy (None: n/a).
+def passkey_records(model: LM, tokenizer, cfg: PasskeyConfig, base: dict, done: set = frozenset()) -> Iterator[PasskeyCell]:
+    """One record per (length, depth) cell not in ``done``: trials, correct, accuracy (None: n/a, with a ``note``).
 
     Lengths are ``cfg.lengths_multiples`` of the model's training length. Keys
     depend on (cfg.seed, length, depth, trial) only, so every model sees the same keys.
+    base: the run's fields copied into each record ({"scheme"} at least; compare adds "seed", "train_length").
     """
     model.eval()
     if not cfg.trials:
@@ -147,15 +149,15 @@ def passkey_records(model: LM, tokenizer, cfg: PasskeyConfig, done: set = frozen
             if (L, depth) in done:
                 continue
             t0, correct = time.time(), 0
-            rec = {"length": L, "depth": depth, "mode": cfg.mode, "candidates": cfg.candidates, "digits": cfg.digits}
+            cell = dict(base, length=L, depth=depth, mode=cfg.mode, candidates=cfg.candidates, digits=cfg.digits)
             try:
                 for t in range(cfg.trials):
                     rng = np.random.default_rng([cfg.seed, L, round(depth * 1e6), t])
                     correct += trial(model, tokenizer, L, depth, rng, cfg.candidates, cfg.digits, cfg.mode)
             except PosencError as exc:  # a learned table too short, or no room for the needle
-                yield {**rec, "trials": 0, "correct": 0, "accuracy": None, "note": f"n/a: {exc}"}
+                yield PasskeyCell(**cell, trials=0, correct=0, note=f"n/a: {exc}")
                 continue
-            yield {**rec, "trials": cfg.trials, "correct": correct, "accuracy": correct / cfg.trials, "seconds": time.time() - t0}
+            yield PasskeyCell(**cell, trials=cfg.trials, correct=correct, accuracy=correct / cfg.trials, seconds=time.time() - t0)
 
 
 # ---------------------------------------------------------------- generation (Hugging Face models)

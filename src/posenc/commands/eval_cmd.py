@@ -7,7 +7,7 @@ from posenc.data import load_tokens
 from posenc.rope import NAMES, check_window
 from posenc.model import with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
-from posenc.records import PasskeyCell, Ppl, append
+from posenc.records import Ppl, append
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, evaluate_length, plan
 from posenc.train import load_run
@@ -94,8 +94,8 @@ def run(args) -> int:
         print(f"{L:>8} {rec['windows']:>8} {rec['scored_tokens']:>8} {rec['ppl']:>10.3f} {ratio}")
     if args.passkey:
         print(f"passkey ({args.passkey}):\n{'length':>8} {'depth':>6} {'accuracy':>9}")
-        for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey)):
-            append(Path(args.run_dir) / "eval.jsonl", PasskeyCell(scheme=scheme, **rec))
-            acc = "n/a" if rec["accuracy"] is None else f"{rec['correct']}/{rec['trials']}"
-            print(f"{rec['length']:>8} {rec['depth']:>6g} {acc:>9}")
+        for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey), {"scheme": scheme}):
+            append(Path(args.run_dir) / "eval.jsonl", rec)
+            acc = "n/a" if rec.accuracy is None else f"{rec.correct}/{rec.trials}"
+            print(f"{rec.length:>8} {rec.depth:>6g} {acc:>9}")
     return 0
