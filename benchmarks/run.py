@@ -201,8 +201,8 @@ def memory_child(scheme: str, layers: int) -> None:
     docs = [("synthetic", rng.integers(0, cfg.vocab_size, MEM_LENGTH + 1).astype(np.uint16))]
     base = _vm("VmRSS")
     t0 = time.time()
-    rec = evaluate_length(model, docs, MEM_LENGTH, MEM_LENGTH, batch_tokens=8192, progress=False)
-    print(json.dumps({"peak_bytes": _vm("VmHWM"), "before_eval_bytes": base, "seconds": time.time() - t0, "note": rec.get("note")}))
+    rec = evaluate_length(model, docs, MEM_LENGTH, {"scheme": cfg.encoding}, MEM_LENGTH, batch_tokens=8192, progress=False)
+    print(json.dumps({"peak_bytes": _vm("VmHWM"), "before_eval_bytes": base, "seconds": time.time() - t0, "note": rec.note}))
 
 
 def _vm(key: str) -> int:

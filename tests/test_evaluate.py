@@ -11,6 +11,9 @@ from posenc.errors import PosencError
 from posenc.evaluate import bucket_edges, evaluate_length, plan, window_starts
 
 
+RUN = {"scheme": "rope"}  # the run fields each record carries
+
+
 def test_windows_score_every_target_once():
     """Every target 1..N-1 of each document at least L + 1 tokens long, each once (a last window overlapping its
     predecessor scores only what is left); shorter documents have no window."""
@@ -39,33 +42,33 @@ def test_evaluate_length_sums_nll_over_scored_tokens():
     model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8, "encoding": "rope"})
     rng = np.random.default_rng(0)
     docs = [("x", rng.integers(0, 256, 70).astype(np.uint16)), ("y", rng.integers(0, 256, 40).astype(np.uint16))]
-    rec = evaluate_length(model, docs, 16, progress=False)
-    assert rec["windows"] == (4 + 1) + (2 + 1) and rec["scored_tokens"] == 69 + 39  # every target of both
+    rec = evaluate_length(model, docs, 16, RUN, progress=False)
+    assert rec.windows == (4 + 1) + (2 + 1) and rec.scored_tokens == 69 + 39  # every target of both
     # the same NLL computed window by window, each target once
     total = 0.0
     for d, w in plan(docs, 16):
         a = torch.from_numpy(docs[d][1][w.begin : w.begin + 17].astype(np.int64))[None]
         with torch.no_grad():
             total += float(model.token_nll(a[:, :-1], a[:, 1:]).double()[0, w.lo - w.begin - 1 :].sum())
-    assert rec["nll"] == pytest.approx(total, rel=1e-6)
-    assert rec["ppl"] == pytest.approx(math.exp(total / 108), rel=1e-6)
-    assert rec["bucket_edges"] == bucket_edges(16, 8) == [0, 8, 16]
+    assert rec.nll == pytest.approx(total, rel=1e-6)
+    assert rec.ppl == pytest.approx(math.exp(total / 108), rel=1e-6)
+    assert rec.bucket_edges == bucket_edges(16, 8) == [0, 8, 16]
 
 
 def test_no_progress_bar_off_a_terminal(capsys):
     """The default progress bar is for a terminal: stderr captured (a log file) gets no bar, no carriage return
     (posenc eval, diagnose and compare's schedule rows pass no ``progress``)."""
     model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8, "encoding": "rope"})
-    rec = evaluate_length(model, [("x", np.arange(70, dtype=np.uint16))], 16)
-    assert rec["windows"] == 5 and capsys.readouterr().err == ""
+    rec = evaluate_length(model, [("x", np.arange(70, dtype=np.uint16))], 16, RUN)
+    assert rec.windows == 5 and capsys.readouterr().err == ""
 
 
 def test_learned_beyond_table_is_not_applicable():
     model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8, "encoding": "learned"})
     docs = [("x", np.arange(100, dtype=np.uint16) % 256)]
-    assert evaluate_length(model, docs, 8, progress=False)["ppl"] is not None
-    rec = evaluate_length(model, docs, 16, progress=False)
-    assert rec["ppl"] is None and rec["note"].startswith("n/a")
+    assert evaluate_length(model, docs, 8, RUN, progress=False).ppl is not None
+    rec = evaluate_length(model, docs, 16, RUN, progress=False)
+    assert rec.ppl is None and rec.note.startswith("n/a")
 
 
 def test_span_makes_every_length_score_the_same_targets():

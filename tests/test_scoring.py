@@ -111,11 +111,11 @@ def test_own_and_hf_paths_give_the_same_nll():
     torch.manual_seed(0)
     lm = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8, "encoding": "rope"})
     tokens = np.random.default_rng(0).integers(0, 256, 70).astype(np.uint16)
-    own = evaluate_length(lm, [("x", tokens)], 16, progress=False)
+    own = evaluate_length(lm, [("x", tokens)], 16, {"scheme": "rope"}, progress=False)
     # own windows read 16 tokens and score the next 16: HF windows of 17 positions, no BOS
     res = [hf.score_window(_AsHF(lm), tokens, w, None, bucket=8) for w in hf.model_windows(len(tokens), 17)]
-    assert sum(r["n_scored"] for r in res) == own["scored_tokens"] == 69  # every target of 70 tokens
-    assert sum(r["nll_sum"] for r in res) == pytest.approx(own["nll"], rel=1e-6)
+    assert sum(r["n_scored"] for r in res) == own.scored_tokens == 69  # every target of 70 tokens
+    assert sum(r["nll_sum"] for r in res) == pytest.approx(own.nll, rel=1e-6)
 
 
 def test_extend_ignores_records_of_the_old_bos_none_accounting():

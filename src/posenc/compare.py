@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -61,8 +60,8 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
                     model, label = with_rope_schedule(load_run(run_dir)[0], name, params)
                     for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
                         if (label, seed, L) not in done_cells(results):
-                            rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset))
-                            append(results, Ppl(scheme=label, seed=seed, train_length=preset.model.train_length, **rec))
+                            append(results, evaluate_length(model, data.val_docs, L, {"scheme": label, "seed": seed},
+                                                            preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset)))
                 except Exception as exc:  # one broken row must not lose the others
                     failures[f"{scheme}+{name} (seed {seed})"] = one_line(exc)
     return failures
@@ -112,9 +111,8 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
         for L in eval_lengths(mcfg.train_length, preset.eval.multiples):
             if (scheme, seed, L) in done:
                 continue
-            t0 = time.time()
-            rec = evaluate_length(model, data.val_docs, L, preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset))
-            append(results, Ppl(scheme=scheme, seed=seed, train_length=mcfg.train_length, **rec, seconds=time.time() - t0))
+            append(results, evaluate_length(model, data.val_docs, L, {"scheme": scheme, "seed": seed},
+                                            preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset)))
         compare_extras(model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length})
         mine = [r for r in load(results) if isinstance(r, (Ppl, PasskeyCell)) and (r.scheme, r.seed) == (scheme, seed)]
         evals = with_ratios([r for r in mine if isinstance(r, Ppl)]) + [r for r in mine if isinstance(r, PasskeyCell)]

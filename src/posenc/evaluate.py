@@ -11,6 +11,7 @@ Perplexity is exp(sum of NLL / number of scored tokens), never a mean of window 
 from __future__ import annotations
 
 import math
+import time
 from typing import Iterable
 
 import numpy as np
@@ -20,6 +21,7 @@ from tqdm.auto import tqdm
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.errors import PosencError
 from posenc.model import LM
+from posenc.records import Ppl
 from posenc.scoring import Window, text_windows
 
 
@@ -87,19 +89,21 @@ def evaluate_length(
     model: LM,
     docs: list[tuple[str, np.ndarray]],
     length: int,
+    base: dict,
     max_tokens: int | None = None,
     batch_tokens: int = 8192,
     progress: bool = True,
     span: int | None = None,
-) -> dict:
+) -> Ppl:
     """Perplexity of ``model`` on the windows of ``length`` tokens that :func:`plan` gives (``max_tokens``, ``span``).
 
-    Returns a record: eval_length, windows, scored_tokens, nll (sum, nats), ppl,
-    bucket_edges and bucket_ppl (per position bucket). Learned tables too short
-    for ``length`` give ``ppl: None`` and ``note: "n/a"``. ``progress``: a bar of windows on stderr when stderr
-    is a terminal (never in a log file).
+    Returns the record: eval_length, windows, scored_tokens, nll (sum, nats), ppl, bucket_edges and bucket_ppl
+    (per position bucket), seconds, the model's train_length and ``base``'s fields ({"scheme"} at least; compare
+    adds "seed"). Learned tables too short for ``length`` give ``ppl: None`` and ``note: "n/a: ..."``.
+    ``progress``: a bar of windows on stderr when stderr is a terminal (never in a log file).
     """
     model.eval()
+    t0, base = time.time(), dict(base, train_length=model.cfg.train_length, eval_length=length)
     wins = plan(docs, length, max_tokens, span)
     edges = bucket_edges(length, model.cfg.train_length)
     b_nll, b_count = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1, dtype=np.int64)
@@ -123,18 +127,11 @@ def evaluate_length(
                 b_count[i] += n_pos[edges[i] : edges[i + 1]].sum()
             bar.update(len(batch))
     except LengthNotSupported as exc:
-        return {"eval_length": length, "windows": 0, "scored_tokens": 0, "nll": None, "ppl": None, "note": f"n/a: {exc}"}
+        return Ppl(**base, windows=0, scored_tokens=0, note=f"n/a: {exc}")
     finally:
         bar.close()
-    return {
-        "eval_length": length,
-        "windows": len(wins),
-        "scored_tokens": count,
-        "nll": nll_sum,
-        "ppl": math.exp(nll_sum / count),
-        "bucket_edges": edges,
-        "bucket_ppl": [math.exp(n / c) for n, c in zip(b_nll, b_count)],
-    }
+    return Ppl(**base, windows=len(wins), scored_tokens=count, nll=nll_sum, ppl=math.exp(nll_sum / count), bucket_edges=edges,
+               bucket_ppl=[math.exp(n / c) for n, c in zip(b_nll, b_count)], seconds=time.time() - t0)
 
 
 def eval_lengths(train_length: int, multiples: Iterable[int]) -> list[int]:

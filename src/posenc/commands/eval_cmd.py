@@ -7,7 +7,7 @@ from posenc.data import load_tokens
 from posenc.rope import NAMES, check_window
 from posenc.model import with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
-from posenc.records import Ppl, append
+from posenc.records import append
 from posenc.errors import PosencError
 from posenc.evaluate import eval_lengths, evaluate_length, plan
 from posenc.train import load_run
@@ -84,14 +84,14 @@ def run(args) -> int:
     base = None
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
     for L in lengths:
-        rec = evaluate_length(model, data.val_docs, L, args.max_tokens, span=max(lengths))
-        append(Path(args.run_dir) / "eval.jsonl", Ppl(scheme=scheme, train_length=mcfg.train_length, **rec))
-        if rec["ppl"] is None:
+        rec = evaluate_length(model, data.val_docs, L, {"scheme": scheme}, args.max_tokens, span=max(lengths))
+        append(Path(args.run_dir) / "eval.jsonl", rec)
+        if rec.ppl is None:
             print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}")
             continue
-        base = base or (rec["ppl"] if L == mcfg.train_length else None)
-        ratio = f"{rec['ppl'] / base:7.3f}" if base else ""
-        print(f"{L:>8} {rec['windows']:>8} {rec['scored_tokens']:>8} {rec['ppl']:>10.3f} {ratio}")
+        base = base or (rec.ppl if L == mcfg.train_length else None)
+        ratio = f"{rec.ppl / base:7.3f}" if base else ""
+        print(f"{L:>8} {rec.windows:>8} {rec.scored_tokens:>8} {rec.ppl:>10.3f} {ratio}")
     if args.passkey:
         print(f"passkey ({args.passkey}):\n{'length':>8} {'depth':>6} {'accuracy':>9}")
         for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey), {"scheme": scheme}):
