@@ -140,13 +140,13 @@ def test_extend_reuses_the_scores_of_equal_forwards(llama_dir):
     """dynamic NTK at L <= L0 and ReRoPE with w >= L score what none scores: reused; PI and scheme:rope are scored."""
     out = llama_dir / "o"
     argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
-            "--methods", "none", "dynamic", "rerope", "pi", "--scheme", "rope", "--lengths", "16", "32", "--passkey-lengths"]
+            "--schedules", "none", "dynamic", "rerope", "pi", "--scheme", "rope", "--lengths", "16", "32", "--passkey-lengths"]
     assert main(argv) == 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     ppl = [r for r in records if r["kind"] == "ppl"]
-    reused = {(r["method"], r.get("reused_from")) for r in ppl}
+    reused = {(r["adaptation"], r.get("reused_from")) for r in ppl}
     assert reused == {("none", None), ("dynamic", "none"), ("rerope", "none"), ("pi", None), ("scheme:rope", None)}
-    none = {(r["length"], r["begin"]): r["nll_sum"] for r in ppl if r["method"] == "none"}
-    assert all(r["nll_sum"] == none[r["length"], r["begin"]] for r in ppl if r["method"] in ("dynamic", "rerope"))
+    none = {(r["length"], r["begin"]): r["nll_sum"] for r in ppl if r["adaptation"] == "none"}
+    assert all(r["nll_sum"] == none[r["length"], r["begin"]] for r in ppl if r["adaptation"] in ("dynamic", "rerope"))
     assert main(argv) == 0  # a rerun scores nothing again
     assert len((out / "records.jsonl").read_text().splitlines()) == len(records)

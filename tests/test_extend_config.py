@@ -17,15 +17,15 @@ from posenc.rope import NAMES
 REPO = Path(__file__).resolve().parents[1]
 # the presets of the command before they became YAML files
 SHIPPED = {
-    "default": dict(lengths=[8192, 16384, 32768], long_methods=["dynamic"], max_windows=1,
-                    passkey_lengths=[8192], passkey_depths=[0.5], passkey_methods=["none", "yarn"]),
-    "quick": dict(lengths=[512, 1024], long_methods=None, max_windows=1,
-                  passkey_lengths=[1024], passkey_depths=[0.5], passkey_methods=["none", "yarn"]),
-    "reproduce": dict(lengths=[1024, 2048, 4096, 8192, 16384, 32768], long_methods=None, max_windows=0,
-                      passkey_lengths=[], passkey_depths=[0.5], passkey_methods=None),
+    "default": dict(lengths=[8192, 16384, 32768], long_schedules=["dynamic"], max_windows=1,
+                    passkey_lengths=[8192], passkey_depths=[0.5], passkey_schedules=["none", "yarn"]),
+    "quick": dict(lengths=[512, 1024], long_schedules=None, max_windows=1,
+                  passkey_lengths=[1024], passkey_depths=[0.5], passkey_schedules=["none", "yarn"]),
+    "reproduce": dict(lengths=[1024, 2048, 4096, 8192, 16384, 32768], long_schedules=None, max_windows=0,
+                      passkey_lengths=[], passkey_depths=[0.5], passkey_schedules=None),
 }
 COMMON = dict(model="smollm2", corpus="shakespeare", docs=["first"], max_tokens=32768, factor=2.0, stride=None,
-              bos="none", bucket=1024, rerope_window=None, leak=None, seed=0, methods=list(NAMES), schemes=[], trials=1, threads=None)
+              bos="none", bucket=1024, rerope_window=None, leak=None, seed=0, schedules=list(NAMES), schemes=[], trials=1, threads=None)
 
 
 def parse(*argv: str) -> ExtendConfig:
@@ -50,12 +50,12 @@ def test_package_data_ships_every_preset():
 
 
 def test_flags_override_the_preset(tmp_path):
-    cfg = parse("--quick", "--lengths", "64", "128", "--factor", "4", "--long-methods", "--passkey-lengths",
-                "--methods", "none", "yarn", "--name", "mine", "--stride", "9")
-    assert (cfg.lengths, cfg.factor, cfg.long_methods, cfg.passkey_lengths) == ([64, 128], 4.0, None, [])
-    assert (cfg.methods, cfg.name, cfg.stride) == (["none", "yarn"], "mine", 9)
-    assert (cfg.max_windows, cfg.passkey_methods, cfg.bucket) == (1, ["none", "yarn"], 1024)  # the rest: quick's
-    assert parse("--long-methods", "yarn").long_methods == ["yarn"] and parse().long_methods == ["dynamic"]
+    cfg = parse("--quick", "--lengths", "64", "128", "--factor", "4", "--long-schedules", "--passkey-lengths",
+                "--schedules", "none", "yarn", "--name", "mine", "--stride", "9")
+    assert (cfg.lengths, cfg.factor, cfg.long_schedules, cfg.passkey_lengths) == ([64, 128], 4.0, None, [])
+    assert (cfg.schedules, cfg.name, cfg.stride) == (["none", "yarn"], "mine", 9)
+    assert (cfg.max_windows, cfg.passkey_schedules, cfg.bucket) == (1, ["none", "yarn"], 1024)  # the rest: quick's
+    assert parse("--long-schedules", "yarn").long_schedules == ["yarn"] and parse().long_schedules == ["dynamic"]
     path = tmp_path / "mine.yaml"
     path.write_text("name: mine\nlengths: [16, 32]\nfactor: 2\nbos: prepend\n")
     cfg = parse("--preset", str(path), "--bos", "none")
@@ -70,7 +70,7 @@ def test_flags_override_the_preset(tmp_path):
     ("name: x\nlengths: [16]\nfactor: 0.5\n", "invalid extend preset bad.yaml: factor: Input should be greater than or equal to 1"),
     ("name: x\nlengths: [1]\n", "invalid extend preset bad.yaml: lengths.0: Input should be greater than or equal to 2"),
     ("name: x\n", "invalid extend preset bad.yaml: lengths: Field required"),
-    ("name: x\nlengths: [16]\nmethods: [leaky_rerope]\n", "rope schedule 'leaky_rerope' was renamed: use 'leaky-rerope'"),
+    ("name: x\nlengths: [16]\nschedules: [leaky_rerope]\n", "rope schedule 'leaky_rerope' was renamed: use 'leaky-rerope'"),
     ("name: x\nlengths: [16, 32]\nstride: 16\n", "--stride must be in [1, 15]"),
     ("name: [x\n", "is not valid YAML"),
     ("- name\n", "is not a YAML mapping"),
@@ -87,7 +87,7 @@ def test_cli_bad_preset_or_flag_exits_2(tmp_path, capsys):
     for argv, message in ((["--preset", "nosuch"], "unknown extend preset 'nosuch'; valid: default, quick, reproduce"),
                           (["--factor", "0.5"], "with command-line options: factor: Input should be greater than or equal to 1"),
                           (["--leaky-k", "2"], "--leaky-k was renamed: use --leak"),
-                          (["--methods", "nosuch"], "unknown rope schedule 'nosuch'")):
+                          (["--schedules", "nosuch"], "unknown rope schedule 'nosuch'")):
         assert main(["extend", *argv, "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err
@@ -112,7 +112,7 @@ def test_help_reads_preset_values_and_the_rerope_default():
     text = " ".join(_extend_help().split())
     assert WINDOW_DIVISOR == 4 and "ReRoPE window w in tokens (default L0/4)" in text
     assert load_extend_config("reproduce").lengths == [1024, 2048, 4096, 8192, 16384, 32768]
-    assert "--preset reproduce: every window, 1K..32K (hours)" in text and "every non-overlapping window, 1K..32K, all methods" in text
+    assert "--preset reproduce: every window, 1K..32K (hours)" in text and "every non-overlapping window, 1K..32K, all schedules" in text
     assert "512 and 1K tokens, passkey at 1K: a smoke test" in text
     quick, reproduce = load_extend_config("quick"), load_extend_config("reproduce")
     other = extend_cmd.budget_note(quick.model_copy(update={"lengths": [256, 2048], "passkey_lengths": [2048]}),

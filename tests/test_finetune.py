@@ -36,7 +36,7 @@ def test_finetune_end_to_end(llama_dir):
     label, tuned = "scheme:acc-rand-qk", "scheme:acc-rand-qk, fine-tuned 12 steps"
     ppl = {}
     for r in records(out):
-        ppl.setdefault((r["method"], r["length"]), []).append(r["nll_sum"] / r["n_scored"])
+        ppl.setdefault((r["adaptation"], r["length"]), []).append(r["nll_sum"] / r["n_scored"])
     assert set(ppl) == {(m, L) for m in (label, tuned) for L in (16, 32)}
     for L in (16, 32):  # the swapped model learns the repeated text: held-out NLL falls
         assert sum(ppl[tuned, L]) < 0.99 * sum(ppl[label, L])  # NLL (nats)
@@ -104,8 +104,9 @@ def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir, h
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--scheme", "alibi", "--method", "yarn"], "not both"),
-    (["--method", "nosuch"], "nosuch"),
+    (["--scheme", "alibi", "--schedule", "yarn"], "not both"),
+    (["--schedule", "nosuch"], "nosuch"),
+    (["--method", "yarn"], "--method was renamed: use --schedule"),
     (["--lora-targets", "q_proj", "nosuch_proj"], "no module of the model is named nosuch_proj"),
     (["--lora-targets", "self_attn"], "peft cannot put LoRA on self_attn"),
     (["--length", "100000"], "too few for --length 100000"),
@@ -145,14 +146,14 @@ def test_shipped_presets_and_flags():
     cfg = finetune_cmd.config(args)
     assert (cfg.name, cfg.steps, cfg.lora_rank, cfg.scheme, cfg.passkey_lengths) == ("quick", 5, 0, "alibi", [])
     assert args.func is finetune_cmd.run
-    for flags, want in ((["--method", "yarn"], (None, "yarn")), (["--scheme", "alibi"], ("alibi", "none")),
+    for flags, want in ((["--schedule", "yarn"], (None, "yarn")), (["--scheme", "alibi"], ("alibi", "none")),
                         (["--preset", "quick"], ("acc-rand-qk", "none"))):  # a flag replaces the preset's adaptation
         cfg = finetune_cmd.config(build_parser().parse_args(["finetune", *flags]))
-        assert (cfg.scheme, cfg.method) == want
+        assert (cfg.scheme, cfg.schedule) == want
 
 
 def test_a_rope_schedule_fine_tunes(llama_dir):
     out = llama_dir / "yarn"
-    assert main(argv(llama_dir, "--method", "yarn", "--factor", "2", "--steps", "2", "--out", str(out))) == 0
-    assert {r["method"] for r in records(out)} == {"yarn", "yarn, fine-tuned 2 steps"}
-    assert json.loads((out / "finetune.json").read_text())["method"] == "yarn"
+    assert main(argv(llama_dir, "--schedule", "yarn", "--factor", "2", "--steps", "2", "--out", str(out))) == 0
+    assert {r["adaptation"] for r in records(out)} == {"yarn", "yarn, fine-tuned 2 steps"}
+    assert json.loads((out / "finetune.json").read_text())["schedule"] == "yarn"

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from posenc import extend  # noqa: E402
 from posenc.cli import main  # noqa: E402
-from posenc.records import trial_key  # noqa: E402
+from posenc.records import SCHEMA_VERSION, trial_key  # noqa: E402
 
 
 def _lines(out):
@@ -24,7 +24,7 @@ def _passkey_cells(out):
 def test_extend_rerun_counts_each_passkey_trial_once(llama_dir):
     out = llama_dir / "o"
     argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
-            "--methods", "none", "yarn", "--lengths", "16", "--max-windows", "1", "--passkey-lengths", "120",
+            "--schedules", "none", "yarn", "--lengths", "16", "--max-windows", "1", "--passkey-lengths", "120",
             "--trials", "2", "--scheme", "alibi"]
     assert main(argv) == 0
     lines, cells = _lines(out), _passkey_cells(out)
@@ -56,7 +56,7 @@ def test_records_of_the_old_passkey_field_resume_and_count_once(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text((json.dumps(old) + "\n") * 2)
     store = extend._Store(path, "t")
-    assert [(r.key, r.passkey) for r in store.records] == [("passkey|none|120|0.5|0", 12345)]
+    assert [(r.key, r.adaptation, r.passkey) for r in store.records] == [("passkey|none|120|0.5|0", "none", 12345)]
     assert trial_key("none", 120, 0.5, 0) in store.done
 
 
@@ -79,14 +79,36 @@ def test_a_literal_special_token_in_a_document_is_text(tmp_path):
     assert tok.bos_token_id not in stream.tolist() and stream.tolist().count(tok.eos_token_id) == 1  # one document
 
 
-def test_extend_refuses_lengths_no_method_would_score(llama_dir, capsys):
-    """Lengths above factor x L0 are scored only by --long-methods: with none of them in --methods the table was empty."""
+def test_extend_resumes_a_version_1_store_and_refuses_a_newer_one(llama_dir, capsys):
+    """Records written before the row label was renamed (version 1: ``method``) resume under ``adaptation``: their
+    keys match, nothing is scored again, the tables read the same; a record of a newer posenc is one line."""
     out = llama_dir / "o"
     argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
-            "--methods", "none", "--factor", "1", "--lengths", "16", "300", "--long-methods", "dynamic", "--passkey-lengths"]
+            "--schedules", "none", "--lengths", "16", "--max-windows", "1", "--passkey-lengths"]
+    assert main(argv) == 0
+    (new,) = [json.loads(x) for x in _lines(out)]
+    old = {("method" if k == "adaptation" else k): v for k, v in new.items() if k != "schema_version"}
+    (out / "records.jsonl").write_text(json.dumps(old) + "\n")
+    table = (out / "ppl.csv").read_text()
+    assert main(argv) == 0
+    assert _lines(out) == [json.dumps(old)] and (out / "ppl.csv").read_text() == table
+    assert table.startswith("adaptation,factor,length,") and table.splitlines()[1].startswith("none,")
+    (out / "records.jsonl").write_text(json.dumps({**new, "schema_version": SCHEMA_VERSION + 1}) + "\n")
+    capsys.readouterr()
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
+    assert last == (f"posenc: error: {out / 'records.jsonl'} line 1 holds records of schema version {SCHEMA_VERSION + 1}; "
+                    f"this posenc reads versions up to {SCHEMA_VERSION} (a newer posenc wrote it)")
+
+
+def test_extend_refuses_lengths_no_schedule_would_score(llama_dir, capsys):
+    """Lengths above factor x L0 are scored only by --long-schedules: with none of them in --schedules the table was empty."""
+    out = llama_dir / "o"
+    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
+            "--schedules", "none", "--factor", "1", "--lengths", "16", "300", "--long-schedules", "dynamic", "--passkey-lengths"]
     assert main(argv) == 2 and not out.exists()
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
-    assert last.startswith("posenc: error: --lengths 300 exceed factor x native length = 256") and "--long-methods (dynamic)" in last
+    assert last.startswith("posenc: error: --lengths 300 exceed factor x native length = 256") and "--long-schedules (dynamic)" in last
 
 
 def test_finetune_without_peft_names_finetune_and_peft(llama_dir, capsys, monkeypatch):

@@ -182,7 +182,7 @@ def _helps(command: str) -> dict[str, str]:
     return {a.dest: a.help % {"default": a.default} for a in sub._actions if a.help}
 
 
-IN_WORDS = {"name", "threads", "methods", "stride", "rerope_window", "leak"}  # defaults that helps say in words
+IN_WORDS = {"name", "threads", "schedules", "stride", "rerope_window", "leak"}  # defaults that helps say in words
 
 
 @pytest.mark.parametrize("command, module", [("finetune", "posenc.finetune"), ("extend", "posenc.extend")])

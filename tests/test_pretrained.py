@@ -186,13 +186,13 @@ def test_rerope_in_model_and_with_kv_cache():
 SHORT, LONG = tuple(1.0 + 0.05 * i for i in range(D // 2)), tuple(1.0 + 0.5 * i for i in range(D // 2))  # LongRoPE lists
 
 
-@pytest.mark.parametrize("method", [*NAMES, "longrope"])
-def test_left_padded_batches_score_as_their_unpadded_rows(method):
-    """Every method, a left-padded batch with and without generate's position_ids (mask cumsum - 1), then two
+@pytest.mark.parametrize("schedule", [*NAMES, "longrope"])
+def test_left_padded_batches_score_as_their_unpadded_rows(schedule):
+    """Every schedule, a left-padded batch with and without generate's position_ids (mask cumsum - 1), then two
     decoding steps through the cache: each row's logits equal its own unpadded run's (ReRoPE window 8 < T)."""
     model = tiny_model()
     adapted = Adaptation(model)
-    adapted.set_schedule(Extension(method, 2.0, window=8, leak=4.0, short_factor=SHORT, long_factor=LONG))
+    adapted.set_schedule(Extension(schedule, 2.0, window=8, leak=4.0, short_factor=SHORT, long_factor=LONG))
     rows = [torch.randint(0, 97, (n,)) for n in (30, 23, 17)]
     T, B = 28, len(rows)  # the prefill; rows[b][T - 30 + len:] are decoded one token at a time
     ids, mask = torch.zeros(B, 30, dtype=torch.long), torch.zeros(B, 30, dtype=torch.long)
@@ -255,17 +255,17 @@ def test_length_switches_past_the_native_length_refuse_padding_and_warn_for_cach
     with pytest.raises(PosencError, match=rf"^{label} for a padded batch from its longest row: past L0 = 16"):
         model(torch.randint(0, 97, (2, 20)), attention_mask=mask)
     assert torch.isfinite(model(torch.randint(0, 97, (2, 16)), attention_mask=mask[:, :16]).logits).all()  # up to L0: exact
-    adapted.set_schedule(Extension("none"))  # the checks follow the method
+    adapted.set_schedule(Extension("none"))  # the checks follow the schedule
     assert torch.isfinite(model(torch.randint(0, 97, (2, 20)), attention_mask=mask).logits).all()
 
 
-@pytest.mark.parametrize("method", [m for m in NAMES if m != "dynamic"])
-def test_fixed_frequency_methods_decode_with_the_cache_exactly_past_the_native_length(method):
-    """L0 = 16: every method whose frequencies do not depend on the length (ReRoPE: keys cached unrotated, window 4)
+@pytest.mark.parametrize("schedule", [m for m in NAMES if m != "dynamic"])
+def test_fixed_frequency_schedules_decode_with_the_cache_exactly_past_the_native_length(schedule):
+    """L0 = 16: every schedule whose frequencies do not depend on the length (ReRoPE: keys cached unrotated, window 4)
     decodes through the KV cache to 2 L0 with the full forward's logits at every step, and says nothing."""
     model = short_model()
     adapted = Adaptation(model)
-    adapted.set_schedule(Extension(method, 2.0, window=4, leak=4.0))
+    adapted.set_schedule(Extension(schedule, 2.0, window=4, leak=4.0))
     ids = torch.randint(0, 97, (1, 32))
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -280,7 +280,7 @@ def test_fixed_frequency_methods_decode_with_the_cache_exactly_past_the_native_l
 
 def test_longrope_on_a_pretrained_model_switches_lists_past_l0():
     """transformers' rotary with posenc's longrope parameters: the short list up to L0, the long one past it, the
-    attention factor sqrt(1 + ln s / ln L0) at every length; without lists the method is a one-line error."""
+    attention factor sqrt(1 + ln s / ln L0) at every length; without lists the schedule is a one-line error."""
     model = short_model()
     adapted = Adaptation(model)
     adapted.set_schedule(Extension("longrope", 4.0, short_factor=SHORT, long_factor=LONG))
@@ -429,12 +429,12 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
     word_tokenizer.save_pretrained(tmp_path / "tiny")
     (tmp_path / "corpus.txt").write_text((passkey.FILLER + "\n") * 40)
     argv = ["extend", "--model", str(tmp_path / "tiny"), "--corpus", str(tmp_path / "corpus.txt"), "--out",
-            str(tmp_path / "o"), "--methods", "none", "--passkey-lengths"]
+            str(tmp_path / "o"), "--schedules", "none", "--passkey-lengths"]
     assert main([*argv, "--lengths", "100000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("posenc: error: length 100000 exceeds the held-out text")
     for bad, message in ((["--stride", "0"], "--stride must be in [1, 15]"), (["--docs", "nosuch"], "unknown document"),
-                         (["--methods", "leaky-rerope", "--factor", "1"], "needs factor s > 1")):
+                         (["--schedules", "leaky-rerope", "--factor", "1"], "needs factor s > 1")):
         assert main([*argv, "--lengths", "16", "32", *bad]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # bad input touches no output directory
@@ -459,15 +459,15 @@ def test_extend_with_posenc_schemes(tmp_path, word_tokenizer):
     word_tokenizer.save_pretrained(tmp_path / "tiny")
     (tmp_path / "corpus.txt").write_text((passkey.FILLER + "\n") * 40)
     argv = ["extend", "--model", str(tmp_path / "tiny"), "--corpus", str(tmp_path / "corpus.txt"), "--out",
-            str(tmp_path / "o"), "--methods", "none", "--lengths", "16", "32", "--passkey-lengths", "120"]
+            str(tmp_path / "o"), "--schedules", "none", "--lengths", "16", "32", "--passkey-lengths", "120"]
     assert main([*argv, "--scheme", "nosuch"]) == 2 and not (tmp_path / "o").exists()
     assert main([*argv, "--scheme", "rope", "alibi", "xpos"]) == 0  # xPos replaces attention: passkey without the cache
     records = [json.loads(line) for line in (tmp_path / "o" / "records.jsonl").read_text().splitlines()]
-    ppl = {(r["method"], r["length"]): r["nll_sum"] / r["n_scored"] for r in records if r["kind"] == "ppl"}
+    ppl = {(r["adaptation"], r["length"]): r["nll_sum"] / r["n_scored"] for r in records if r["kind"] == "ppl"}
     for L in (16, 32):
         assert abs(ppl["scheme:rope", L] - ppl["none", L]) < 1e-5
         assert abs(ppl["scheme:alibi", L] - ppl["none", L]) > 1e-4
-    assert {r["method"] for r in records if r["kind"] == "passkey"} == {"none", "scheme:rope", "scheme:alibi", "scheme:xpos"}
+    assert {r["adaptation"] for r in records if r["kind"] == "passkey"} == {"none", "scheme:rope", "scheme:alibi", "scheme:xpos"}
     assert "scheme:alibi" in (tmp_path / "o" / "results.md").read_text()
 
 
@@ -488,11 +488,11 @@ def test_smollm2_gguf_short_perplexity(capsys):
     tokens = loaded.tokenizer(hamlet.text[:20000], add_special_tokens=False)["input_ids"]
     window = ev.model_windows(len(tokens), 256)[0]
     ppl, adapted = {}, Adaptation(loaded.model)
-    for method in ("none", "pi"):
-        adapted.set_schedule(Extension(method, 2.0))
+    for schedule in ("none", "pi"):
+        adapted.set_schedule(Extension(schedule, 2.0))
         res = ev.score_window(loaded.model, np.asarray(tokens), window, None, bucket=256)
         assert res["n_scored"] == 255
-        ppl[method] = math.exp(res["nll_sum"] / res["n_scored"])
+        ppl[schedule] = math.exp(res["nll_sum"] / res["n_scored"])
     # measured with transformers 5 / gguf 0.19 on x86-64 CPU, float32 (posenc 2026-11-30)
     assert ppl["none"] == pytest.approx(15.645, rel=2e-3)
     assert ppl["pi"] == pytest.approx(63.86, rel=2e-3)  # PI without fine-tuning blurs short-range positions

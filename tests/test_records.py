@@ -29,10 +29,10 @@ RUN_RECORDS = [
          cells=[TaskCell(test="id", length=128, bucket=8, n=100, correct=97, nll=3.5)]),
 ]
 PRETRAINED_RECORDS = [
-    ScoredWindow(key="ppl|none|16|doc|0", method="none", factor=2.0, length=16, stride=15, bos="none", doc="doc", begin=0,
+    ScoredWindow(key="ppl|none|16|doc|0", adaptation="none", factor=2.0, length=16, stride=15, bos="none", doc="doc", begin=0,
                  bucket=1024, signature="ab12", seconds=0.1, nll_sum=40.0, n_scored=15, bucket_nll=[40.0], bucket_n=[15],
                  reused_from="pi", setting="t"),
-    PasskeyTrial(key=trial_key("yarn", 120, 0.5, 1), method="yarn", factor=2.0, length=120, depth=0.5, trial=1, seconds=0.3,
+    PasskeyTrial(key=trial_key("yarn", 120, 0.5, 1), adaptation="yarn", factor=2.0, length=120, depth=0.5, trial=1, seconds=0.3,
                  passkey=12345, answer="12345", got=12345, correct=True, prompt_tokens=117, setting="t"),
 ]
 
@@ -90,7 +90,33 @@ def test_a_version_1_file_loads(tmp_path):
            "correct": True, "prompt_tokens": 100, "setting": "t"}
     (tmp_path / "records.jsonl").write_text(json.dumps(old) + "\n")
     (trial,) = load(tmp_path / "records.jsonl", PRETRAINED)
-    assert (trial.key, trial.passkey, trial.answer) == ("passkey|none|120|0.5|0", 12345, None)
+    assert (trial.key, trial.adaptation, trial.passkey, trial.answer) == ("passkey|none|120|0.5|0", "none", 12345, None)
+
+
+def test_a_version_1_pretrained_line_reads_method_as_adaptation(tmp_path):
+    """Version 2 renamed the row label of extend's and finetune's records from method to adaptation: a version-1
+    line (the field given or absent) loads under the new name with its key unchanged; a version-2 line keeps only it."""
+    path = tmp_path / "records.jsonl"
+    rows = [r.model_dump(mode="json") for r in PRETRAINED_RECORDS]
+    old = [{**{("method" if k == "adaptation" else k): v for k, v in row.items()}, "schema_version": 1} for row in rows]
+    old[1].pop("schema_version")
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    got = load(path, PRETRAINED)
+    assert [(r.adaptation, r.key, r.schema_version) for r in got] == [("none", "ppl|none|16|doc|0", 1),
+                                                                      ("yarn", "passkey|yarn|120|0.5|1", 1)]
+    assert [r.model_copy(update={"schema_version": SCHEMA_VERSION}) for r in got] == PRETRAINED_RECORDS
+    path.write_text(json.dumps({**old[0], "schema_version": 2}) + "\n")
+    with pytest.raises(PosencError, match=r"line 1: not a ppl record \(adaptation: Field required\)"):
+        load(path, PRETRAINED)
+
+
+def test_a_newer_pretrained_line_is_refused_with_one_line(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps(PRETRAINED_RECORDS[1].model_dump(mode="json") | {"schema_version": SCHEMA_VERSION + 1}) + "\n")
+    with pytest.raises(PosencError) as exc:
+        load(path, PRETRAINED)
+    assert str(exc.value) == (f"{path} line 1 holds records of schema version {SCHEMA_VERSION + 1}; this posenc reads "
+                              f"versions up to {SCHEMA_VERSION} (a newer posenc wrote it)")
 
 
 def test_a_newer_version_is_refused_with_one_line(tmp_path, capsys):

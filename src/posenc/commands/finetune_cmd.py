@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from posenc.commands import shown
+from posenc.errors import PosencError
 from posenc.finetune import FinetuneConfig, finetune, load_finetune_config, preset_names
 from posenc.rope import NAMES
 from posenc.tracking import KINDS
@@ -31,8 +32,9 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help=f"'smollm2', a .gguf file, a model directory or a hub id (default {d.model})")
     p.add_argument("--scheme", help="posenc scheme put into the model's attention (posenc.hf.apply_scheme; "
                    f"default {shown(d.scheme)})")
-    p.add_argument("--method", help=f"or a RoPE context-extension method ({', '.join(NAMES)}) instead of a scheme")
-    p.add_argument("--factor", type=float, help=f"the method's scale factor s (default {shown(d.factor)})")
+    p.add_argument("--schedule", help=f"or a RoPE context-extension schedule ({', '.join(NAMES)}) instead of a scheme")
+    p.add_argument("--method", help=argparse.SUPPRESS)  # renamed: a one-line error naming --schedule
+    p.add_argument("--factor", type=float, help=f"the schedule's scale factor s (default {shown(d.factor)})")
     p.add_argument("--corpus", help=f"corpus spec (default {d.corpus}): trains on its training documents")
     p.add_argument("--length", type=int, help=f"tokens per training sequence (default {d.length})")
     p.add_argument("--steps", type=int, help=f"training steps (default {d.steps})")
@@ -60,13 +62,15 @@ def add_parser(sub) -> None:
 
 
 def config(args) -> FinetuneConfig:
-    """The preset named by ``--preset`` with every given flag replacing its value; a given ``--method``
-    replaces the preset's scheme (and ``--scheme`` its method): one adaptation per run."""
+    """The preset named by ``--preset`` with every given flag replacing its value; a given ``--schedule``
+    replaces the preset's scheme (and ``--scheme`` its schedule): one adaptation per run."""
+    if args.method is not None:
+        raise PosencError("--method was renamed: use --schedule")
     given = {k: v for k, v in vars(args).items() if k in FinetuneConfig.model_fields and v is not None}
-    if args.method is not None and args.scheme is None:
+    if args.schedule is not None and args.scheme is None:
         given["scheme"] = None
-    if args.scheme is not None and args.method is None:
-        given["method"] = "none"
+    if args.scheme is not None and args.schedule is None:
+        given["schedule"] = "none"
     return load_finetune_config(args.preset, given)
 
 

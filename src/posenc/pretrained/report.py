@@ -16,13 +16,13 @@ from posenc.reporting import figure, log_scale, markdown_table, save_figure
 
 
 def ppl_rows(records: list[PretrainedRecord]) -> list[dict]:
-    """One row per (method, factor, length): windows, scored tokens, PPL and per-bucket sums."""
+    """One row per (adaptation, factor, length): windows, scored tokens, PPL and per-bucket sums."""
     groups = defaultdict(list)
     for r in records:
         if isinstance(r, ScoredWindow):
-            groups[(r.method, r.factor, r.length)].append(r)
+            groups[(r.adaptation, r.factor, r.length)].append(r)
     rows = []
-    for (method, factor, length), rs in groups.items():
+    for (adaptation, factor, length), rs in groups.items():
         nll, n = sum(r.nll_sum for r in rs), sum(r.n_scored for r in rs)
         width = max(len(r.bucket_n) for r in rs)
         b_nll, b_n = [0.0] * width, [0] * width
@@ -30,24 +30,24 @@ def ppl_rows(records: list[PretrainedRecord]) -> list[dict]:
             for i, (s, c) in enumerate(zip(r.bucket_nll, r.bucket_n)):
                 b_nll[i] += s
                 b_n[i] += c
-        rows.append({"method": method, "factor": factor, "length": length, "stride": rs[0].stride,
+        rows.append({"adaptation": adaptation, "factor": factor, "length": length, "stride": rs[0].stride,
                      "bos": rs[0].bos, "windows": len(rs), "scored_tokens": n, "ppl": math.exp(nll / n),
                      "docs": ",".join(sorted({r.doc for r in rs})), "seconds": sum(r.seconds for r in rs),
                      "reused_from": ",".join(sorted({r.reused_from for r in rs if r.reused_from is not None})),
                      "bucket": rs[0].bucket, "bucket_ppl": [math.exp(s / c) if c else None for s, c in zip(b_nll, b_n)]})
-    return sorted(rows, key=lambda r: (r["method"], r["length"]))
+    return sorted(rows, key=lambda r: (r["adaptation"], r["length"]))
 
 
 def passkey_rows(records: list[PretrainedRecord]) -> list[dict]:
-    """One row per (method, factor, length, depth): trials and accuracy."""
+    """One row per (adaptation, factor, length, depth): trials and accuracy."""
     groups = defaultdict(list)
     for r in records:
         if isinstance(r, PasskeyTrial):
-            groups[(r.method, r.factor, r.length, r.depth)].append(r)
-    return sorted(({"method": m, "factor": f, "length": L, "depth": d, "trials": len(rs),
+            groups[(r.adaptation, r.factor, r.length, r.depth)].append(r)
+    return sorted(({"adaptation": m, "factor": f, "length": L, "depth": d, "trials": len(rs),
                     "correct": sum(r.correct for r in rs), "accuracy": sum(r.correct for r in rs) / len(rs),
                     "prompt_tokens": max(r.prompt_tokens for r in rs)}
-                   for (m, f, L, d), rs in groups.items()), key=lambda r: (r["method"], r["length"], r["depth"]))
+                   for (m, f, L, d), rs in groups.items()), key=lambda r: (r["adaptation"], r["length"], r["depth"]))
 
 
 def _csv(rows: list[dict], fields: list[str]) -> str:
@@ -62,32 +62,32 @@ def _k(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
-def markdown(ppl: list[dict], passkey: list[dict], methods: list[str], header: str) -> str:
+def markdown(ppl: list[dict], passkey: list[dict], adaptations: list[str], header: str) -> str:
     lengths = sorted({r["length"] for r in ppl})
-    cell = {(r["method"], r["length"]): r for r in ppl}
-    head = ["method", *(_k(L) for L in lengths)]
+    cell = {(r["adaptation"], r["length"]): r for r in ppl}
+    head = ["adaptation", *(_k(L) for L in lengths)]
     lines = [header, "", "## Perplexity (lower is better)", "",
              markdown_table(head, [[m, *(f"{cell[m, L]['ppl']:.2f}" if (m, L) in cell else "-" for L in lengths)]
-                                   for m in methods]),
+                                   for m in adaptations]),
              "", "Scored tokens per point (windows):", "",
              markdown_table(head, [[m, *(f"{cell[m, L]['scored_tokens']} ({cell[m, L]['windows']})" if (m, L) in cell else "-"
-                                         for L in lengths)] for m in methods])]
+                                         for L in lengths)] for m in adaptations])]
     if passkey:
         cols = sorted({(r["length"], r["depth"]) for r in passkey})
-        pk = {(r["method"], r["length"], r["depth"]): r for r in passkey}
+        pk = {(r["adaptation"], r["length"], r["depth"]): r for r in passkey}
         rows = [[m, *(f"{pk[m, L, d]['correct']}/{pk[m, L, d]['trials']}" if (m, L, d) in pk else "-" for L, d in cols)]
-                for m in methods]
+                for m in adaptations]
         lines += ["", "## Passkey retrieval (correct / trials)", "",
-                  markdown_table(["method", *(f"{_k(L)} @ {d:g}" for L, d in cols)], rows)]
+                  markdown_table(["adaptation", *(f"{_k(L)} @ {d:g}" for L, d in cols)], rows)]
     return "\n".join(lines) + "\n"
 
 
-def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -> None:
+def plots(out: Path, ppl: list[dict], passkey: list[dict], adaptations: list[str]) -> None:
     from matplotlib.ticker import NullLocator
 
     fig, ax = figure(figsize=(7, 4.5))
-    for m in methods:
-        rs = sorted((r for r in ppl if r["method"] == m), key=lambda r: r["length"])
+    for m in adaptations:
+        rs = sorted((r for r in ppl if r["adaptation"] == m), key=lambda r: r["length"])
         if rs:
             ax.plot([r["length"] for r in rs], [r["ppl"] for r in rs], marker="o", label=m)
     ax.set(xscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity")
@@ -100,10 +100,10 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
     fig.tight_layout()
     save_figure(fig, out / "ppl_vs_length.png")
 
-    if ppl:  # per-position loss at each method's longest length
+    if ppl:  # per-position loss at each adaptation's longest length
         fig, ax = figure(figsize=(7, 4.5))
-        for m in methods:
-            rs = [r for r in ppl if r["method"] == m]
+        for m in adaptations:
+            rs = [r for r in ppl if r["adaptation"] == m]
             if rs:
                 r = max(rs, key=lambda r: r["length"])
                 xs = [(i + 0.5) * r["bucket"] for i, v in enumerate(r["bucket_ppl"]) if v]
@@ -120,12 +120,12 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
 
         lengths = sorted({r["length"] for r in passkey})
         depths = sorted({r["depth"] for r in passkey})
-        ms = [m for m in methods if any(r["method"] == m for r in passkey)]
+        ms = [m for m in adaptations if any(r["adaptation"] == m for r in passkey)]
         fig, axes = figure(1, len(ms), figsize=(1.6 * len(ms) + 1.5, 3), squeeze=False, layout="constrained")
         for n, (ax, m) in enumerate(zip(axes[0], ms)):
             grid = np.full((len(depths), len(lengths)), np.nan)
             for r in passkey:
-                if r["method"] == m:
+                if r["adaptation"] == m:
                     y, x = depths.index(r["depth"]), lengths.index(r["length"])
                     grid[y, x] = r["accuracy"]
                     ax.text(x, y, f"{r['correct']}/{r['trials']}", ha="center", va="center", fontsize=8)
@@ -137,14 +137,15 @@ def plots(out: Path, ppl: list[dict], passkey: list[dict], methods: list[str]) -
         save_figure(fig, out / "passkey.png")
 
 
-def write_report(out: Path, records: list[PretrainedRecord], methods: list[str], header: str) -> str:
-    """Write all report files under ``out``; returns the markdown."""
+def write_report(out: Path, records: list[PretrainedRecord], adaptations: list[str], header: str) -> str:
+    """Write all report files under ``out``, one table row per adaptation label in ``adaptations`` (their order);
+    returns the markdown."""
     ppl, pk = ppl_rows(records), passkey_rows(records)
-    md = markdown(ppl, pk, methods, header)
+    md = markdown(ppl, pk, adaptations, header)
     atomic_write_bytes(out / "results.md", md.encode())
-    atomic_write_bytes(out / "ppl.csv", _csv(ppl, ["method", "factor", "length", "stride", "bos", "windows",
-                                                    "scored_tokens", "ppl", "docs", "seconds", "reused_from"]).encode())
-    atomic_write_bytes(out / "passkey.csv", _csv(pk, ["method", "factor", "length", "depth", "trials", "correct",
-                                                       "accuracy", "prompt_tokens"]).encode())
-    plots(out, ppl, pk, methods)
+    atomic_write_bytes(out / "ppl.csv", _csv(ppl, ["adaptation", "factor", "length", "stride", "bos", "windows",
+                                                   "scored_tokens", "ppl", "docs", "seconds", "reused_from"]).encode())
+    atomic_write_bytes(out / "passkey.csv", _csv(pk, ["adaptation", "factor", "length", "depth", "trials", "correct",
+                                                      "accuracy", "prompt_tokens"]).encode())
+    plots(out, ppl, pk, adaptations)
     return md

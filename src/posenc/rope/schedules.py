@@ -42,7 +42,7 @@ the reference code, so its frequencies equal transformers' (golden tests).
 
 ReRoPE and leaky ReRoPE keep plain frequencies and replace attention
 (``posenc.rope.rerope``). ``none`` is plain RoPE. One name per schedule is used by
-``posenc eval --rope-schedule``, presets, ``posenc extend --methods`` and every
+``posenc eval --rope-schedule``, presets, ``posenc extend --schedules`` and every
 report; ``posenc.rope.hf`` turns a record's ``hf`` into transformers' ``rope_parameters``.
 
 LongRoPE's switch: the schedule takes the long factors for a sequence of L > L0
@@ -154,7 +154,7 @@ class Schedule:
     - ``hf``: its transformers ``rope_parameters`` (``posenc.rope.hf``);
     - ``check_head_dim(params, head_dim)``: PosencError for parameters that do not fit the head dim;
     - ``replaces_attention``: ReRoPE's attention (``posenc.rope.rerope``) instead of rotated q, k;
-    - ``shipped``: its parameters come with a model (searched lists): valid by name, never a default method;
+    - ``shipped``: its parameters come with a model (searched lists): valid by name, never a default schedule;
     - ``renamed_from``: its spellings in earlier releases.
 
     Calling it gives ``(inv_freq, attention_factor)``.
@@ -287,7 +287,7 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
              replaces_attention=True, renamed_from=("leaky_rerope",)),
 )}
 SHIPPED = tuple(n for n, s in SCHEDULES.items() if s.shipped)
-NAMES = tuple(n for n in SCHEDULES if n not in SHIPPED)  # the one naming (CLI, presets, reports) and the default methods
+NAMES = tuple(n for n in SCHEDULES if n not in SHIPPED)  # the one naming (CLI, presets, reports) and the default schedules
 RELATIVE = tuple(n for n, s in SCHEDULES.items() if s.replaces_attention)  # schedules that replace attention
 _RENAMED = {old: n for n, s in SCHEDULES.items() for old in s.renamed_from}
 
