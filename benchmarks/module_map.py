@@ -7,7 +7,7 @@ from collections import Counter
 commit = sys.argv[1]
 repo = str(__import__("pathlib").Path(__file__).resolve().parents[1])
 files = [f for f in subprocess.run(["git", "-C", repo, "ls-tree", "-r", "--name-only", commit, "src/posenc"], capture_output=True, text=True).stdout.split() if f.endswith(".py")]
-CORE = ("posenc.errors", "posenc.attention", "posenc.scoring", "posenc.layer", "posenc.encodings", "posenc.rope")
+CORE = ("posenc.errors", "posenc.attention", "posenc.scoring", "posenc.layer", "posenc.model", "posenc.encodings", "posenc.rope")
 def name(f):
     parts = f[len("src/"):-3].split("/")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
