@@ -19,6 +19,7 @@ float64). Writes ``results/generate.{json,md}`` with the load average before and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     models = {}
     for s in schemes:
         torch.manual_seed(0)
-        models[s] = build_model(base.model_copy(update={"encoding": s, "train_length": 128})).eval()
+        models[s] = build_model(dataclasses.replace(base, encoding=s, train_length=128)).eval()
     if not args.no_hf:
         torch.manual_seed(0)
         models[HF] = llama(base)

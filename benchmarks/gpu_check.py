@@ -31,6 +31,7 @@ device tool's output folder), else ``benchmarks/results``. A time budget
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -115,7 +116,7 @@ def throughput(scheme: str, device: torch.device, cfg: ModelConfig, batch: int, 
     """Training tokens/s of ``cfg`` with ``scheme`` on random tokens (bf16 autocast on CUDA), eager or compiled."""
     preset = load_preset("paper")
     torch.manual_seed(0)
-    model = build_model(cfg.model_copy(update={"encoding": scheme})).to(device).train()
+    model = build_model(dataclasses.replace(cfg, encoding=scheme)).to(device).train()
     opt = make_optimizer(model, preset.train)
     x, y = torch.randint(0, cfg.vocab_size, (2, batch, cfg.train_length), device=device)
     nll = torch.compile(model.token_nll) if compiled else model.token_nll
@@ -146,7 +147,7 @@ def throughput(scheme: str, device: torch.device, cfg: ModelConfig, batch: int, 
 def eval_peak_memory(scheme: str, device: torch.device, cfg: ModelConfig, T: int) -> dict:
     """Peak device memory (GiB) and seconds of scoring one T-token window with the paper model (bf16 autocast)."""
     torch.manual_seed(0)
-    model = build_model(cfg.model_copy(update={"encoding": scheme})).to(device).eval()
+    model = build_model(dataclasses.replace(cfg, encoding=scheme)).to(device).eval()
     tok = torch.randint(0, cfg.vocab_size, (1, T + 1), device=device)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -245,9 +246,9 @@ def main(argv=None) -> int:
         except Exception as exc:  # reported; the other schemes go on
             res["agreement"][s] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         print(f"[{time.time() - T0:5.0f} s] agreement {s}: {res['agreement'][s]}", flush=True)
-    cfg = load_preset("paper").model.model_copy(update={"vocab_size": 32768})
+    cfg = dataclasses.replace(load_preset("paper").model, vocab_size=32768)
     if args.tiny:
-        cfg = cfg.model_copy(update={"n_layer": 2, "d_model": 96, "n_head": 2, "train_length": 64, "vocab_size": 512})
+        cfg = dataclasses.replace(cfg, n_layer=2, d_model=96, n_head=2, train_length=64, vocab_size=512)
     batch, default = 2 if args.tiny else args.batch, load_preset("default").schemes
     deadline = T0 + args.budget
     res["flex"] = {T: guarded(lambda: flex_vs_chunked(device, T), deadline) for T in ((512, 1024) if args.tiny else (16384, 65536))}

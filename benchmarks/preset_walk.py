@@ -8,7 +8,7 @@ whatever name the callee gives it, or under an alias ``p = preset``) is a *stay*
 tuple ``(fn, (..., preset, ...))`` given to a function (``run_pool(jobs)``, ``run_inline(fn, args)``) makes that
 function a stay and counts as a call of ``fn`` from its module: that is where ``fn(*args)`` runs. Attributes of
 the preset (``preset.model``) are other objects and are not followed (``--parts`` follows them, and their
-``model_copy``s); neither are methods called on it (pydantic's).
+copies: ``model_copy``, ``dataclasses.replace``); neither are methods called on it (pydantic's).
 
 A *climb* is a call from one module to a function of a module higher in the README's "Layout" list (bottom up,
 so imports point down it: ``tests/test_layers.py``); each (calling module, called function) counts once.
@@ -163,12 +163,17 @@ class _Walker:
         return out
 
     def _holds(self, expr: ast.expr, tracked: set[str]) -> bool:
-        """Whether ``expr`` is the preset (a tracked name); with ``parts`` also ``preset.eval.passkey`` or a
-        ``model_copy`` of such a part."""
-        if self.parts:
-            while isinstance(expr, ast.Attribute) or (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
-                                                     and expr.func.attr == "model_copy"):
-                expr = expr.value if isinstance(expr, ast.Attribute) else expr.func.value
+        """Whether ``expr`` is the preset (a tracked name); with ``parts`` also ``preset.eval.passkey`` or a copy
+        of such a part (``part.model_copy(...)``, ``dataclasses.replace(part, ...)``: ``preset.model``)."""
+        while self.parts:
+            if isinstance(expr, ast.Attribute):
+                expr = expr.value
+            elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "model_copy":
+                expr = expr.func.value
+            elif isinstance(expr, ast.Call) and ast.unparse(expr.func) == "dataclasses.replace" and expr.args:
+                expr = expr.args[0]
+            else:
+                break
         return isinstance(expr, ast.Name) and expr.id in tracked
 
     def _jobs_in(self, module: str, expr: ast.expr, tracked: set[str]) -> list[tuple[tuple[str, str], str]]:
@@ -187,7 +192,7 @@ class _Walker:
 def walk(src: Path = ROOT / "src", readme: Path = ROOT / "README.md", start: tuple[str, str, str] = ("posenc.compare", "compare", "preset"),
          parts: bool = False) -> Walk:
     """The stays and climbs of ``start`` = (module, function, parameter) in the package under ``src``; ``parts``:
-    follow the preset's sections too (``preset.eval``, ``preset.model.model_copy(...)``), not only the preset."""
+    follow the preset's sections too (``preset.eval``, ``dataclasses.replace(preset.model, ...)``), not only the preset."""
     walker = _Walker(src, readme, parts)
     walker.visit(*start, None)
     return walker.walk

@@ -28,6 +28,7 @@ hits all of them alike, and each cell is the median over rounds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -55,7 +56,7 @@ GIB = 2**30
 
 
 def default_model(scheme: str):
-    return load_preset("default").model.model_copy(update={"encoding": scheme})
+    return dataclasses.replace(load_preset("default").model, encoding=scheme)
 
 
 def loadavg() -> list[float]:
@@ -195,7 +196,7 @@ def memory_child(scheme: str, layers: int) -> None:
     from posenc.evaluate import evaluate_length
 
     torch.set_num_threads(1)
-    cfg = default_model(scheme).model_copy(update={"n_layer": layers})
+    cfg = dataclasses.replace(default_model(scheme), n_layer=layers)
     model = build_model(cfg)
     rng = np.random.default_rng(0)
     docs = [("synthetic", rng.integers(0, cfg.vocab_size, MEM_LENGTH + 1).astype(np.uint16))]

@@ -178,8 +178,11 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
     (lambda: posenc.Attention(64, 0), "d_model, n_head and n_kv_head must be >= 1, got 64, 0, 0"),
     (lambda: posenc.Attention(64, 4, scheme=None), "scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got NoneType"),
     (lambda: build_model(["rope"]), "a model config is a ModelConfig or a dict of its settings (e.g. {'encoding': 'rope'}), got list"),
-    (lambda: build_model({"d_model": 10, "n_head": 4}), "invalid model config: config: Value error, d_model 10 is not divisible by n_head 4"),
-    (lambda: build_model({"n_layer": 0}), "invalid model config: n_layer: Input should be greater than 0"),
+    (lambda: build_model({"d_model": 10, "n_head": 4}), "invalid model config: d_model 10 is not divisible by n_head 4"),
+    (lambda: build_model({"n_layer": 0}), "invalid model config: n_layer must be an integer > 0, got 0"),
+    (lambda: build_model({"mlp": "relu"}), "invalid model config: mlp must be one of gelu, swiglu, got 'relu'"),
+    (lambda: build_model({"n_layer": 1, "bogus": 1}), "invalid model config: bogus: not a setting (valid: vocab_size, n_layer, n_head, "
+     "d_model, mlp, mlp_ratio, norm, train_length, encoding, encoding_params, attn_block_size, n_kv_head)"),
     (lambda: posenc.Attention(64, 4, scheme="acc-token-qk"),
      "accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got 0"),
     (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate("To be", 2),

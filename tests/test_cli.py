@@ -80,7 +80,7 @@ def test_invalid_model_config_odd_head_dim(tmp_path, capsys):
     assert code == 2 and "even head dim, got 9" in err
     preset.write_text("name: neg\nmodel: {n_layer: 1, n_head: 2, d_model: 16, train_length: -4}\ntrain: {steps: 1}\nschemes: [rope]\n")
     code, _, err = run_cli(capsys, "compare", "--preset", str(preset), "--out", str(tmp_path))
-    assert code == 2 and "model.train_length" in err
+    assert code == 2 and "invalid preset odd.yaml: model: Value error, train_length must be an integer > 0, got -4" in err
 
 
 def test_empty_corpus(tmp_path, capsys):

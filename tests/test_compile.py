@@ -1,5 +1,6 @@
 """Compile-ready training: no graph break in any default scheme's forward; compiled and eager losses agree."""
 
+import dataclasses
 import json
 
 import pytest
@@ -25,7 +26,7 @@ def test_training_forward_has_no_graph_break(scheme):
 @pytest.mark.slow
 def test_compiled_and_eager_training_losses_agree(tmp_path):
     preset = load_preset("quick", {"train": {"steps": 3, "log_every": 1}})
-    mcfg = preset.model.model_copy(update={"encoding": "hybrid"})
+    mcfg = dataclasses.replace(preset.model, encoding="hybrid")
     losses = {}
     for flag in (False, True):
         torch._dynamo.reset()

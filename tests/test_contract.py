@@ -1,5 +1,7 @@
 """The encoding contract: every scheme's declared flags match what its hooks return."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -57,7 +59,7 @@ def test_model_init_keeps_declared_zero_layers():
         assert block.attn.enc.zero_init() == (block.attn.enc.step,)
         assert torch.count_nonzero(block.attn.enc.step.weight) == 0
         assert 0.01 < float(block.attn.qkv.weight.detach().std()) < 0.03  # N(0, 0.02^2)
-    model = LM(cfg.model_copy(update={"encoding_params": {"init": "random"}}))
+    model = LM(dataclasses.replace(cfg, encoding_params={"init": "random"}))
     assert all(b.attn.enc.zero_init() == () and float(b.attn.enc.step.weight.detach().std()) > 0.01 for b in model.blocks)
 
 

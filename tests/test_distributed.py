@@ -1,5 +1,6 @@
 """Data-parallel training under torchrun (2 CPU processes, gloo) equals one process on the same global batch."""
 
+import dataclasses
 import json
 import math
 import os
@@ -41,7 +42,7 @@ def test_torchrun_two_processes_equal_single_process(setup):
     tmp_path, preset_path = setup
     preset = load_preset(str(preset_path))
     single = tmp_path / "single"
-    train(single, preset.model.model_copy(update={"encoding": "acc-rand-qkv"}), preset.train)
+    train(single, dataclasses.replace(preset.model, encoding="acc-rand-qkv"), preset.train)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "posenc.cli", "train", "--scheme", "acc-rand-qkv", "--preset", str(preset_path), "--out", str(tmp_path / "ddp")]
@@ -82,7 +83,7 @@ def test_paper_preset_runs_a_few_steps_on_cpu(setup):
     assert (m.n_layer, m.d_model, m.n_head, m.train_length, preset.train.tokenizer) == (16, 768, 12, 512, "bpe32768")
     data = load_tokens(preset.train.corpus, preset.train.tokenizer)
     assert 256 < data.vocab_size <= 32768  # BPE trained on the stand-in corpus
-    model = build_model(m.model_copy(update={"encoding": "acc-rand-qkv", "vocab_size": data.vocab_size}))
+    model = build_model(dataclasses.replace(m, encoding="acc-rand-qkv", vocab_size=data.vocab_size))
     assert 113_000_000 < model.num_params() < 114_000_000  # 16 x 12 d^2 + the stand-in vocabulary
     opt = make_optimizer(model, preset.train)
     losses = []

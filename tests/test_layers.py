@@ -1,10 +1,10 @@
-"""The layer rule, on the source and at run time: the core (attention, encodings, layer, rope, scoring) imports
-torch and numpy only, so ``import posenc.attention`` or ``posenc.encodings`` loads no pydantic, matplotlib,
-transformers or ``posenc.theory``; ``posenc.theory`` sits on the core and the shared helpers, never on the apps.
+"""The layer rule, on the source and at run time: the core (attention, encodings, layer, model, rope, scoring)
+imports torch and numpy only, so ``import posenc.attention``, ``posenc.encodings`` or ``posenc.model`` loads no
+pydantic, matplotlib, transformers or ``posenc.theory``; ``posenc.theory`` sits on the core and the shared helpers,
+never on the apps.
 
 Layers, bottom up (README, "Layout"):
-- core: errors, attention, scoring, layer, encodings/*, rope/*, and the package ``posenc`` itself (lazy: PEP 562).
-  model.py is not core: its ModelConfig is pydantic.
+- core: errors, attention, scoring, layer, model, encodings/*, rope/*, and the package ``posenc`` itself (lazy: PEP 562).
 - theory: theory/*, on the core and on checkpoint, presets, reporting.
 - apps: every other module, on anything below (no cycles: tests/test_imports.py).
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-CORE = ("posenc.errors", "posenc.attention", "posenc.scoring", "posenc.layer", "posenc.encodings", "posenc.rope")
+CORE = ("posenc.errors", "posenc.attention", "posenc.scoring", "posenc.layer", "posenc.model", "posenc.encodings", "posenc.rope")
 THEORY_HELPERS = ("posenc.checkpoint", "posenc.presets", "posenc.reporting")
 CORE_EXTERNAL = {"torch", "numpy"}
 CORE_LAZY_EXTERNAL = {"fla"}  # flash-linear-attention's PaTH kernel: imported inside the CUDA path only (householder.py)
@@ -86,16 +86,16 @@ def test_the_layer_check_finds_an_upward_import(tmp_path):
     pkg = tmp_path / "posenc"
     (pkg / "encodings").mkdir(parents=True)
     (pkg / "theory").mkdir()
-    for f, text in {"__init__.py": "", "model.py": "import pydantic\n", "encodings/__init__.py": "",
+    for f, text in {"__init__.py": "", "config.py": "import pydantic\n", "encodings/__init__.py": "",
                     "encodings/x.py": "from posenc.theory.mixing import w\nimport matplotlib\n\ndef f():\n    import fla\n",
-                    "theory/__init__.py": "", "theory/mixing.py": "from posenc.model import LM\n"}.items():
+                    "theory/__init__.py": "", "theory/mixing.py": "from posenc.config import Preset\n"}.items():
         (pkg / f).write_text(text)
     mods = {m: pkg.parent / p for m, p in {
-        "posenc": "posenc/__init__.py", "posenc.model": "posenc/model.py", "posenc.encodings": "posenc/encodings/__init__.py",
+        "posenc": "posenc/__init__.py", "posenc.config": "posenc/config.py", "posenc.encodings": "posenc/encodings/__init__.py",
         "posenc.encodings.x": "posenc/encodings/x.py", "posenc.theory": "posenc/theory/__init__.py",
         "posenc.theory.mixing": "posenc/theory/mixing.py"}.items()}
     assert _violations(mods) == ["posenc.encodings.x imports matplotlib", "posenc.encodings.x imports posenc.theory.mixing",
-                                 "posenc.theory.mixing imports posenc.model"]
+                                 "posenc.theory.mixing imports posenc.config"]
 
 
 def test_importing_the_core_loads_no_heavy_module():
@@ -103,13 +103,13 @@ def test_importing_the_core_loads_no_heavy_module():
         "import sys\n"
         "import posenc\n"
         "assert 'torch' not in sys.modules, 'import posenc loads torch'\n"
-        "import posenc.attention, posenc.encodings, posenc.layer, posenc.rope, posenc.scoring\n"
+        "import posenc.attention, posenc.encodings, posenc.layer, posenc.model, posenc.rope, posenc.scoring\n"
         "print(' '.join(sorted(sys.modules)))\n"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert [m for m in loaded if m.split(".")[0] in HEAVY] == []
     assert [m for m in loaded if m.startswith("posenc") and not _in(m, CORE)] == []
-    assert "posenc.encodings.accumulated" in loaded and "posenc.rope.schedules" in loaded
+    assert {"posenc.encodings.accumulated", "posenc.rope.schedules", "posenc.model"} <= set(loaded)
 
 
 def test_the_public_names_load_on_first_access():

@@ -4,6 +4,7 @@ logs the uninterrupted losses, a NaN stops with one line, and the CLI help shows
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -75,7 +76,7 @@ def test_train_runs_on_the_loop_with_the_reference_losses(tiny_corpus, tmp_path,
     assert len(calls) == 1 and calls[0].run_dir == tmp_path / "run"
     data = load_tokens(tcfg.corpus, tcfg.tokenizer)
     torch.manual_seed(tcfg.seed)
-    model = build_model(MCFG.model_copy(update={"vocab_size": data.vocab_size}))
+    model = build_model(dataclasses.replace(MCFG, vocab_size=data.vocab_size))
 
     def loss_at(step):
         x, y = batch_at(data.train, step, tcfg.batch_size, MCFG.train_length, tcfg.seed)

@@ -1,5 +1,6 @@
 """Scheme specs NAME:key=value[,key=value] (per part of a composition) and the accumulated step laws."""
 
+import dataclasses
 import inspect
 import math
 import re
@@ -165,8 +166,8 @@ def test_a_models_mixing_window_is_its_slowest_layers():
     window = {a: math.ceil(math.log(0.01) / math.log(math.sin(a) / a) * (1 - 1e-12)) for a in (0.5, 1.0)}
     assert window == {0.5: 110, 1.0: 27}
     mcfg = ModelConfig(n_layer=3, n_head=2, d_model=32, encoding="acc-rand-qkv|acc-rand-qkv:a=0.5|rope")
-    assert mcfg.mixing_window() == 110 and mcfg.model_copy(update={"encoding": "acc-rand-qkv|rope"}).mixing_window() == 27
-    assert mcfg.model_copy(update={"encoding": "rope"}).mixing_window() is None  # no step law in any layer
+    assert mcfg.mixing_window() == 110 and dataclasses.replace(mcfg, encoding="acc-rand-qkv|rope").mixing_window() == 27
+    assert dataclasses.replace(mcfg, encoding="rope").mixing_window() is None  # no step law in any layer
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ preset is ``posenc.config.Preset``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -98,9 +99,9 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
     results = run_root / "results.jsonl"
     done = done_cells(results)
     run_dir = run_root / scheme / f"seed{seed}"
-    mcfg = preset.model.model_copy(update={"encoding": scheme, "vocab_size": data.vocab_size})
+    mcfg = dataclasses.replace(preset.model, encoding=scheme, vocab_size=data.vocab_size)
     tcfg = preset.train.model_copy(update={"seed": seed})
-    config = {"name": preset.name, "scheme": scheme, "seed": seed, "model": mcfg.model_dump(), "train": tcfg.model_dump(),
+    config = {"name": preset.name, "scheme": scheme, "seed": seed, "model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(),
               "eval": preset.eval.model_dump(), "stamp": run_stamp()}
     with open_tracker(log, run_dir, f"{preset.name}/{scheme}/seed{seed}", preset.name, config) as tracker:
         if not is_trained(run_dir) and nproc > 1:
@@ -244,7 +245,7 @@ def _all_done(run_root: Path, n_jobs: int) -> None:
 
 def _meta(preset: Preset, data) -> dict:
     """The report's header: corpus, model, budget, evaluation, and each scheme's description and mixing window."""
-    mcfg = preset.model.model_copy(update={"vocab_size": data.vocab_size})
+    mcfg = dataclasses.replace(preset.model, vocab_size=data.vocab_size)
     return {
         "name": preset.name,
         "train_length": preset.model.train_length,
@@ -255,7 +256,7 @@ def _meta(preset: Preset, data) -> dict:
         "seeds": preset.seeds,
         "eval": f"non-overlapping windows; every length scores the same text: the first {_span(preset)} targets of each of the first {-(-preset.eval.max_tokens // _span(preset))} held-out works",
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
-        "mixing_windows": {s: mcfg.model_copy(update={"encoding": s}).mixing_window() for s in preset.schemes},
+        "mixing_windows": {s: dataclasses.replace(mcfg, encoding=s).mixing_window() for s in preset.schemes},
         "notes": preset.description or None,
         "run": stamp_line(run_stamp()),
     }

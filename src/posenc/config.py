@@ -8,6 +8,7 @@ values are one-line errors before any work.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -114,7 +115,7 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
     given = any(v not in (None, {}) for v in (overrides or {}).values())
     preset = validated(Preset, data, f"preset {path.name}" + (" with command-line options" if given else ""))
     for s in preset.schemes:  # fail fast, before any training
-        preset.model.model_copy(update={"encoding": s}).check_encoding()
+        dataclasses.replace(preset.model, encoding=s).check_encoding()
     for spec in preset.eval_schedules:
         schedule_spec(spec, preset)
     for spec in task_specs(preset):

@@ -8,12 +8,12 @@ hooks.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Iterator, Literal, Optional, get_args
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from posenc import encodings, scoring
@@ -22,34 +22,54 @@ from posenc.layer import Attention, AttentionInputs, LayerCache
 from posenc.encodings.rotary import RoPE
 from posenc.rope import schedule_label, schedule_params
 from posenc.errors import PosencError
-from posenc.presets import validated
 
 
-class ModelConfig(BaseModel):
-    """Model hyper-parameters, validated (pydantic). Lengths are in tokens."""
+Mlp = Literal["gelu", "swiglu"]
+Norm = Literal["rmsnorm", "layernorm"]
+_POSITIVE = {"vocab_size": int, "n_layer": int, "n_head": int, "d_model": int, "mlp_ratio": (int, float),
+             "train_length": int, "attn_block_size": int, "n_kv_head": int}
 
-    model_config = ConfigDict(extra="forbid")
 
-    vocab_size: int = Field(256, gt=0)
-    n_layer: int = Field(4, gt=0)
-    n_head: int = Field(4, gt=0)
-    d_model: int = Field(256, gt=0)
-    mlp: Literal["gelu", "swiglu"] = "gelu"
-    mlp_ratio: float = Field(4.0, gt=0)
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    train_length: int = Field(128, gt=0)
+@dataclasses.dataclass
+class ModelConfig:
+    """Model hyper-parameters; lengths are in tokens. ``n_kv_head``: grouped-query attention (None: ``n_head``).
+
+    Raises ValueError (naming the field) for a size that is not a positive number, an unknown ``mlp`` or
+    ``norm``, a spec that is not a str, params that are not a dict, or heads that do not divide evenly. As a
+    field of a pydantic model (a preset's ``model``) it is validated by pydantic, which coerces the types first
+    and turns the ValueError into a ValidationError; from a dict of settings: :func:`build_model`.
+    """
+
+    __pydantic_config__ = {"extra": "forbid"}  # read by pydantic when it validates this: unknown keys refused
+
+    vocab_size: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 256
+    mlp: Mlp = "gelu"
+    mlp_ratio: float = 4.0
+    norm: Norm = "rmsnorm"
+    train_length: int = 128
     encoding: str = "rope"
-    encoding_params: dict[str, Any] = {}
-    attn_block_size: int = Field(512, gt=0)
-    n_kv_head: Optional[int] = Field(None, gt=0)  # grouped-query attention; None: n_head
+    encoding_params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    attn_block_size: int = 512
+    n_kv_head: Optional[int] = None
 
-    @model_validator(mode="after")
-    def _check(self):
+    def __post_init__(self):
+        for name, kind in _POSITIVE.items():
+            value = getattr(self, name)
+            if not (isinstance(value, kind) and value > 0 or name == "n_kv_head" and value is None):
+                raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'} > 0, got {value!r}")
+        for name, choices in (("mlp", get_args(Mlp)), ("norm", get_args(Norm))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        for name, kind in (("encoding", str), ("encoding_params", dict)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
         if self.n_kv_head is not None and self.n_head % self.n_kv_head:
             raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
-        return self
 
     @property
     def head_dim(self) -> int:
@@ -76,13 +96,6 @@ class ModelConfig(BaseModel):
         layer's scheme has a random step law."""
         windows = [enc.mixing_window(eps) for enc in self.layer_schemes()]
         return max((w for w in windows if w is not None), default=None)
-
-
-def validate_config(data: dict) -> ModelConfig:
-    """ModelConfig from a dict; a one-line PosencError on invalid input."""
-    if not isinstance(data, dict):  # validated would name no field and no example
-        raise PosencError(f"a model config is a ModelConfig or a dict of its settings (e.g. {{'encoding': 'rope'}}), got {type(data).__name__}")
-    return validated(ModelConfig, data, "model config")
 
 
 class Cache:
@@ -310,8 +323,20 @@ def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], gener
 
 
 def build_model(config: ModelConfig | dict) -> LM:
-    """Build an LM from a ModelConfig or a dict (validated; PosencError if invalid)."""
-    cfg = config if isinstance(config, ModelConfig) else validate_config(config)
+    """Build an LM from a ModelConfig or a dict of its settings; a one-line PosencError if the dict is invalid
+    (not a dict, an unknown key, a value ModelConfig refuses)."""
+    if isinstance(config, ModelConfig):
+        return LM(config)
+    if not isinstance(config, dict):
+        raise PosencError(f"a model config is a ModelConfig or a dict of its settings (e.g. {{'encoding': 'rope'}}), got {type(config).__name__}")
+    names = [f.name for f in dataclasses.fields(ModelConfig)]
+    unknown = [k for k in config if k not in names]
+    if unknown:
+        raise PosencError(f"invalid model config: {unknown[0]}: not a setting (valid: {', '.join(names)})")
+    try:
+        cfg = ModelConfig(**config)
+    except ValueError as exc:  # ModelConfig's checks
+        raise PosencError(f"invalid model config: {exc}") from None
     return LM(cfg)
 
 
@@ -330,7 +355,7 @@ def with_rope_schedule(model, name: str, params: Optional[dict] = None):
     if not is_rope(cfg.encoding):
         raise PosencError(f"rope schedules apply to RoPE models; this run uses {cfg.encoding!r}")
     full = schedule_params(name, cfg.train_length, params)
-    new_cfg = cfg.model_copy(update={"encoding_params": {**cfg.encoding_params, "schedule": name, "schedule_params": full}})
+    new_cfg = dataclasses.replace(cfg, encoding_params={**cfg.encoding_params, "schedule": name, "schedule_params": full})
     out = LM(new_cfg)
     out.load_state_dict(model.state_dict())
     return out, f"{cfg.encoding}+{schedule_label(name, full)}"

@@ -9,7 +9,7 @@ import importlib.resources
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from posenc.errors import PosencError
 
@@ -44,11 +44,12 @@ def read_preset(name_or_path: str, folder=SHIPPED, kind: str = "preset") -> tupl
     return path, data
 
 
-def validated(cls: type[BaseModel], data: dict, where: str):
-    """``cls`` built from ``data``; the first validation error as one PosencError line naming ``where`` and the
-    field (``config`` for a check of the whole model)."""
+def validated(cls: type, data: dict, where: str):
+    """``cls`` (a pydantic model or a standard-library dataclass such as ``ModelConfig``) built from ``data``; the
+    first validation error as one PosencError line naming ``where`` and the field (``config`` for a check of the
+    whole object)."""
     try:
-        return cls.model_validate(data)
+        return TypeAdapter(cls).validate_python(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}") from None

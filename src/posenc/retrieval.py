@@ -9,6 +9,7 @@ the report (``posenc.retrieval_report``). Jobs run isolated and resume like ``po
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -37,9 +38,9 @@ def run_task_job(run_root: Path, preset: Preset, task: str, scheme: str, seed: i
     ``log``: a tracker kind (``posenc.tracking``) for the training steps and the accuracies per test and length."""
     data = load_tokens(task, tasks=True)
     run_dir = run_root / task / scheme / f"seed{seed}"
-    mcfg = preset.model.model_copy(update={"encoding": scheme, "vocab_size": data.vocab_size})
+    mcfg = dataclasses.replace(preset.model, encoding=scheme, vocab_size=data.vocab_size)
     tcfg = preset.train.model_copy(update={"seed": seed, "corpus": task})
-    config = {"name": preset.name, "task": task, "scheme": scheme, "seed": seed, "model": mcfg.model_dump(), "train": tcfg.model_dump(),
+    config = {"name": preset.name, "task": task, "scheme": scheme, "seed": seed, "model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(),
               "task_eval": preset.task_eval.model_dump(), "stamp": run_stamp()}
     with open_tracker(log, run_dir, f"{preset.name}/{task}/{scheme}/seed{seed}", preset.name, config) as tracker:
         if not is_trained(run_dir):
@@ -106,7 +107,7 @@ def task_meta(preset: Preset) -> dict:
         "budget": f"{t.steps} steps x {t.batch_size} sequences of {m.train_length} tokens, lr {t.lr}, loss on {t.loss}",
         "seeds": preset.seeds,
         "eval": preset.task_eval.model_dump(),
-        "mixing_windows": {s: m.model_copy(update={"encoding": s}).mixing_window() for s in preset.schemes},
+        "mixing_windows": {s: dataclasses.replace(m, encoding=s).mixing_window() for s in preset.schemes},
         "text_results": preset.text_results,
         "reference": preset.reference,
         "notes": preset.description or None,

@@ -43,7 +43,7 @@ from posenc.stamp import run_stamp
 from posenc.tasks import TaskData
 from posenc.tracking import NO_TRACKER, Tracker
 from posenc.errors import PosencError
-from posenc.model import LM, ModelConfig, validate_config
+from posenc.model import LM, ModelConfig
 from posenc.presets import validated
 
 
@@ -317,7 +317,7 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
     if not (run_dir / "config.json").exists() or not (run_dir / "model.safetensors").exists():
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
     cfg = read_run_config(run_dir)
-    mcfg, tcfg = validate_config(cfg["model"]), validated(TrainConfig, cfg["train"], "training config")
+    mcfg, tcfg = validated(ModelConfig, cfg["model"], "model config"), validated(TrainConfig, cfg["train"], "training config")
     model = LM(mcfg)
     load_weights(run_dir / "model.safetensors", model)
     return model.to(distributed.default_device()), mcfg, tcfg
@@ -344,8 +344,8 @@ def _check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None
     and log intervals and CPU threads may change.
     """
     saved = read_run_config(run_dir)
-    for section, cfg, free in (("model", mcfg, set()), ("training", tcfg, RESUME_FREE)):
-        now = json.loads(json.dumps(cfg.model_dump(), default=str))  # as config.json stores it
+    for section, settings, free in (("model", dataclasses.asdict(mcfg), set()), ("training", tcfg.model_dump(), RESUME_FREE)):
+        now = json.loads(json.dumps(settings, default=str))  # as config.json stores it
         old = saved["model" if section == "model" else "train"]
         diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if k not in free and old.get(k) != v]
         if diff:
@@ -381,7 +381,7 @@ def train(
     with shard.main_first():  # rank 0 builds the token cache, the others read it
         data = data or load_tokens(tcfg.corpus, tcfg.tokenizer, tasks=True)
     if mcfg.vocab_size != data.vocab_size:
-        mcfg = mcfg.model_copy(update={"vocab_size": data.vocab_size})
+        mcfg = dataclasses.replace(mcfg, vocab_size=data.vocab_size)
     check_data(data, mcfg, tcfg)
     if shard.is_main:  # after the corpus loads, so bad input leaves no empty run directory
         make_run_dir(run_dir)
@@ -401,7 +401,7 @@ def train(
     elif shard.is_main:  # a fresh run replaces an old summary (and log: fit)
         (run_dir / "train_summary.json").unlink(missing_ok=True)
     if shard.is_main:
-        write_json(run_dir / "config.json", {"model": mcfg.model_dump(), "train": tcfg.model_dump(), "stamp": run_stamp()})
+        write_json(run_dir / "config.json", {"model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(), "stamp": run_stamp()})
     distributed.set_batch_rows(model, rows)
     loss_fn = distributed.wrap(_TokenNLL(model), shard)
     if tcfg.compile:

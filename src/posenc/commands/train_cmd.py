@@ -1,6 +1,7 @@
 """`posenc train`: train one model with one scheme (one process, or data-parallel under torchrun)."""
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
@@ -40,13 +41,13 @@ def _run_dir(text: str) -> Path:
 def run(args) -> int:
     overrides = {"train": {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed, "time_budget": args.time_budget, "compile": args.compile}.items() if v is not None}}
     preset = load_preset(args.preset, overrides)
-    mcfg = preset.model.model_copy(update={"encoding": args.scheme})
+    mcfg = dataclasses.replace(preset.model, encoding=args.scheme)
     mcfg.check_encoding()  # unknown scheme: one line before any work
     out = args.out or Path("runs") / "train" / args.scheme
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
     check_kind(args.log)
-    config = {"name": out.name, "scheme": args.scheme, "model": mcfg.model_dump(), "train": preset.train.model_dump(), "stamp": run_stamp()}
+    config = {"name": out.name, "scheme": args.scheme, "model": dataclasses.asdict(mcfg), "train": preset.train.model_dump(), "stamp": run_stamp()}
     finished = is_trained(out) and read_json(out / "train_summary.json")["steps"] == preset.train.steps  # train keeps it as it is
     try:
         with open_tracker(args.log if distributed.rank() == 0 else "none", out, f"{out.name}/{args.scheme}", "train", config) as tracker:
