@@ -149,7 +149,8 @@ def test_train_then_eval(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "eval", str(run), "--multiples", "1", "2", "--max-tokens", "256", "--passkey", "rank")
     assert code == 0 and "n/a" in out  # learned table is 32 long: 64 is not applicable
     cells = [r for r in load(run / "eval.jsonl") if isinstance(r, PasskeyCell)]
-    assert [(c.scheme, c.length, c.depth) for c in cells] == [("learned", L, d) for L in (32, 128) for d in (0.1, 0.5, 0.9)]
+    assert [(c.scheme, c.train_length, c.length, c.depth) for c in cells] == [("learned", 32, L, d) for L in (32, 128) for d in (0.1, 0.5, 0.9)]
+    assert "n/a: passkey length 32 is shorter than the needle" in out  # the reason, not a bare n/a
     # 32 tokens hold no needle and prompt, 128 are past the learned table: each cell says so, none is scored
     assert all(c.trials == 0 and c.accuracy is None and c.note.startswith("n/a: ") for c in cells), [c.note for c in cells]
 

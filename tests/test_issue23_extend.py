@@ -35,7 +35,17 @@ def test_extend_rerun_counts_each_passkey_trial_once(llama_dir):
     assert ",2," in cells.splitlines()[1]  # 2 trials per cell, not 4
 
 
-def test_finetune_rerun_counts_each_passkey_trial_once(llama_dir):
+def test_passkey_schedules_outside_schedules_warn(llama_dir, capsys):
+    """A passkey length with no schedule of --schedules in --passkey-schedules runs no trial: said, not silent."""
+    out = llama_dir / "w"
+    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
+            "--schedules", "none", "--lengths", "16", "--max-windows", "1", "--passkey-lengths", "120", "--passkey-schedules", "yarn"]
+    assert main(argv) == 0
+    assert "posenc: warning: no schedule of --schedules (none) is in --passkey-schedules (yarn)" in capsys.readouterr().err
+    assert not any(json.loads(x)["kind"] == "passkey" for x in _lines(out))
+
+
+def test_finetune_rerun_counts_each_passkey_trial_once(llama_dir, capsys):
     pytest.importorskip("peft")
     out = llama_dir / "f"
     argv = ["finetune", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--length", "32",
@@ -44,8 +54,10 @@ def test_finetune_rerun_counts_each_passkey_trial_once(llama_dir):
     assert main(argv) == 0
     lines, cells = _lines(out), _passkey_cells(out)
     assert sum(json.loads(x)["kind"] == "passkey" for x in lines) == 2 * 2  # before and after training
+    capsys.readouterr()
     assert main(argv) == 0
     assert _lines(out) == lines and _passkey_cells(out) == cells
+    assert f"posenc: {out} is already fine-tuned (step 2 of 2): training skipped" in capsys.readouterr().out
 
 
 def test_records_of_the_old_passkey_field_resume_and_count_once(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
@@ -250,6 +251,9 @@ def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Docum
         raise PosencError(f"--lengths {' '.join(map(str, long))} exceed factor x native length = {cfg.factor * l0:g}, where "
                           f"only --long-schedules ({' '.join(cfg.long_schedules) or 'none'}) are scored, and --schedules has "
                           "none of them: nothing would score there (add one to --schedules, or give a bare --long-schedules)")
+    if cfg.passkey_lengths and cfg.passkey_schedules is not None and not set(cfg.passkey_schedules) & set(cfg.schedules):
+        print(f"posenc: warning: no schedule of --schedules ({' '.join(cfg.schedules)}) is in --passkey-schedules "
+              f"({' '.join(cfg.passkey_schedules) or 'none'}): no schedule runs passkey trials", file=sys.stderr)
     return l0, docs, plan, bos_id
 
 

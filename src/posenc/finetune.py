@@ -211,7 +211,8 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
     ckpt = Checkpoint(out, lambda: state, make_optimizer(model, cfg), key="trained", weights="trained.safetensors")
     step = ckpt.load()
     if step:
-        tqdm.write(f"posenc: resuming {out} at step {step} of {cfg.steps}")
+        tqdm.write(f"posenc: {out} is already fine-tuned (step {step} of {cfg.steps}): training skipped" if step >= cfg.steps
+                   else f"posenc: resuming {out} at step {step} of {cfg.steps}")
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
         x, y = batch_at(stream, step, cfg.batch_size, cfg.length, cfg.seed)

@@ -94,8 +94,9 @@ def run(args) -> int:
         print(f"{L:>8} {rec.windows:>8} {rec.scored_tokens:>8} {rec.ppl:>10.3f} {ratio}")
     if args.passkey:
         print(f"passkey ({args.passkey}):\n{'length':>8} {'depth':>6} {'accuracy':>9}")
-        for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey), {"scheme": scheme}):
+        run = {"scheme": scheme, "train_length": mcfg.train_length}
+        for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey), run):
             append(Path(args.run_dir) / "eval.jsonl", rec)
-            acc = "n/a" if rec.accuracy is None else f"{rec.correct}/{rec.trials}"
+            acc = rec.note if rec.accuracy is None else f"{rec.correct}/{rec.trials}"
             print(f"{rec.length:>8} {rec.depth:>6g} {acc:>9}")
     return 0
