@@ -8,7 +8,8 @@ import torch
 
 from posenc import build_model
 from posenc.errors import PosencError
-from posenc.evaluate import bucket_edges, evaluate_length, plan, window_starts
+from posenc.compare import evaluate_length
+from posenc.scoring import bucket_edges, plan, window_starts
 
 
 RUN = {"scheme": "rope"}  # the run fields each record carries

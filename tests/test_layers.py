@@ -170,20 +170,20 @@ def test_the_preset_walk_counts_stays_and_climbs(tmp_path):
     assert parts.stays["posenc.low"] == ["use", "run", "size"] and parts.climbs == w.climbs  # x.part too
 
 
-def test_the_readme_traces_compare_to_the_report_in_nine_files():
+def test_the_readme_traces_compare_to_the_report_in_eight_files():
     pw = _preset_walk()
     readme = (ROOT / "README.md").read_text()
     trace = readme.split("`posenc compare` from the command line to the report", 1)[1].split("\n\n", 1)[0]
     named = {f for f in (s.strip("`") for s in trace.replace("(", " ").replace(")", " ").replace(",", " ").split())
              if f.endswith(".py") and not f.startswith("tests/")}
     assert f"in {len(named)} files" in trace and named == {"cli.py", "commands/compare_cmd.py", "config.py", "compare.py", "jobs.py",
-                                                         "train.py", "evaluate.py", "records.py", "report.py"}  # the count is the set's
+                                                         "train.py", "records.py", "report.py"}  # the count is the set's
     cli = (SRC / "posenc" / "cli.py").read_text()
     assert '"posenc.commands.compare_cmd"' in cli and "args.func(args)" in cli
     assert "set_defaults(func=run)" in (SRC / "posenc" / "commands" / "compare_cmd.py").read_text()
     assert {"posenc.config.load_preset", "posenc.compare.compare"} <= pw.calls("posenc.commands.compare_cmd", "run")
     assert {"posenc.jobs.run_pool", "posenc.report.write_report"} <= pw.calls("posenc.compare", "compare")
-    assert {"posenc.train.train", "posenc.evaluate.evaluate_length", "posenc.records.append"} <= pw.calls("posenc.compare", "run_job")
+    assert {"posenc.train.train", "posenc.compare.evaluate_length", "posenc.records.append"} <= pw.calls("posenc.compare", "run_job")
     assert {"posenc.records.load"} <= pw.calls("posenc.report", "write_report")  # the report reads the store
     report = (SRC / "posenc" / "report.py").read_text()
     write = next(n for n in ast.parse(report).body if isinstance(n, ast.FunctionDef) and n.name == "write_report")

@@ -9,7 +9,7 @@ import torch
 
 from posenc import build_model
 from posenc.errors import PosencError
-from posenc.evaluate import evaluate_length
+from posenc.compare import evaluate_length
 from posenc.pretrained import evaluate as hf
 from posenc.scoring import Window, check_once, text_windows, token_nll
 

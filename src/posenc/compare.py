@@ -10,26 +10,31 @@ Each (scheme, seed) is a job (``run_job``) in its own spawned process
 (``posenc.jobs``), so a scheme that raises, produces NaN, segfaults or is killed
 for memory is reported as failed with a one-line error (full traceback in
 ``<scheme>/seed<k>.error.txt``) and the other schemes' results are kept. The
-preset is ``posenc.config.Preset``.
+preset is ``posenc.config.Preset``. Perplexity at a length (``evaluate_length``) scores the windows
+``posenc.scoring.plan`` gives.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from posenc import encodings
 from posenc.checkpoint import read_json
 from posenc.config import ClusterConfig, Preset, absolute_corpus, schedule_spec, task_specs
 from posenc.data import load_tokens
 from posenc.diagnose import far_mass_records
-from posenc.evaluate import eval_lengths, evaluate_length, window_starts
+from posenc.encodings.absolute import LengthNotSupported
 from posenc.errors import PosencError
 from posenc.jobs import (
     LAUNCHERS, check_same_settings, done_cells, executor, one_line, record_run, run_inline, run_pool, run_submitit,
@@ -41,6 +46,7 @@ from posenc.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, lo
 from posenc.report import with_ratios, write_report
 from posenc.stamp import run_stamp, stamp_line
 from posenc.retrieval import compare_tasks, done_jobs
+from posenc.scoring import bucket_edges, eval_lengths, plan, window_starts
 from posenc.tracking import check_kind, eval_metrics, open_tracker
 from posenc.train import is_trained, load_run, train
 
@@ -86,6 +92,56 @@ def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int, log
     if proc.returncode:
         lines = [line for line in proc.stderr.splitlines() if "posenc: error:" in line] or proc.stderr.strip().splitlines()[-1:]
         raise PosencError(f"torchrun training of {scheme} (seed {seed}) failed: {lines[0] if lines else f'exit code {proc.returncode}'}")
+
+
+@torch.inference_mode()
+def evaluate_length(
+    model: LM,
+    docs: list[tuple[str, np.ndarray]],
+    length: int,
+    base: dict,
+    max_tokens: int | None = None,
+    batch_tokens: int = 8192,
+    progress: bool = True,
+    span: int | None = None,
+) -> Ppl:
+    """Perplexity of ``model`` on the windows of ``length`` tokens that :func:`plan` gives (``max_tokens``, ``span``).
+
+    Returns the record: eval_length, windows, scored_tokens, nll (sum, nats), ppl, bucket_edges and bucket_ppl
+    (per position bucket), seconds, the model's train_length and ``base``'s fields ({"scheme"} at least; compare
+    adds "seed"). Learned tables too short for ``length`` give ``ppl: None`` and ``note: "n/a: ..."``.
+    ``progress``: a bar of windows on stderr when stderr is a terminal (never in a log file).
+    """
+    model.eval()
+    t0, base = time.time(), dict(base, train_length=model.cfg.train_length, eval_length=length)
+    wins = plan(docs, length, max_tokens, span)
+    edges = bucket_edges(length, model.cfg.train_length)
+    b_nll, b_count = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1, dtype=np.int64)
+    nll_sum, count = 0.0, 0
+    per_batch = max(1, batch_tokens // length)
+    bar = tqdm(total=len(wins), desc=f"eval L={length}", unit="win", leave=False, disable=None if progress else True)
+    try:
+        for b in range(0, len(wins), per_batch):
+            chunk = wins[b : b + per_batch]
+            batch = np.stack([docs[d][1][w.begin : w.begin + length + 1] for d, w in chunk]).astype(np.int64)
+            t = torch.from_numpy(batch).to(next(model.parameters()).device)
+            nll = model.token_nll(t[:, :-1], t[:, 1:]).double().cpu()  # (B, L): entry j predicts text token begin + 1 + j
+            # a document's last window may overlap its predecessor: only its targets from w.lo on count
+            first = torch.tensor([w.lo - w.begin - 1 for _, w in chunk])
+            keep = torch.arange(length)[None] >= first[:, None]
+            nll_sum += float(nll[keep].sum())
+            count += int(keep.sum())
+            per_pos, n_pos = (nll * keep).sum(0).numpy(), keep.sum(0).numpy()
+            for i in range(len(edges) - 1):
+                b_nll[i] += per_pos[edges[i] : edges[i + 1]].sum()
+                b_count[i] += n_pos[edges[i] : edges[i + 1]].sum()
+            bar.update(len(batch))
+    except LengthNotSupported as exc:
+        return Ppl(**base, windows=0, scored_tokens=0, note=f"n/a: {exc}")
+    finally:
+        bar.close()
+    return Ppl(**base, windows=len(wins), scored_tokens=count, nll=nll_sum, ppl=math.exp(nll_sum / count), bucket_edges=edges,
+               bucket_ppl=[math.exp(n / c) for n, c in zip(b_nll, b_count)], seconds=time.time() - t0)
 
 
 def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, nproc: int = 1, log: str = "none") -> None:

@@ -42,7 +42,7 @@ from posenc.attention import causal_tile, rotate
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.encodings.base import Encoding
 from posenc.errors import PosencError
-from posenc.evaluate import eval_lengths, window_starts
+from posenc.scoring import eval_lengths, window_starts
 from posenc.model import LM, AttentionInputs
 from posenc.encodings.mixing import check_eps, window_size
 from posenc.records import Diagnosis, FarMass, LayerGap, LengthDiagnosis
@@ -178,7 +178,7 @@ def diagnose_model(
     """Far mass, entropy and step spectral gaps of ``model`` on held-out windows.
 
     docs: held-out (name, tokens) documents; lengths are ``multiples`` of the
-    training length, ``n_windows`` windows each (``posenc.evaluate.window_starts``).
+    training length, ``n_windows`` windows each (``posenc.scoring.window_starts``).
     Returns the record: ``lengths`` (a ``LengthDiagnosis`` per length: per-layer, per-head
     far mass and entropy, their means and the uniform reference), ``spectral_gap``
     (a ``LayerGap`` per layer with phases: beta (H, D/2), baseline (D/2,), w_eps) or None,

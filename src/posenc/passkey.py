@@ -36,7 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from posenc.errors import PosencError
-from posenc.evaluate import eval_lengths
+from posenc.scoring import eval_lengths
 from posenc.model import LM
 from posenc.records import PasskeyCell
 

@@ -48,7 +48,7 @@ class Record(BaseModel):
 
 
 class Ppl(Record):
-    """Perplexity of one model at one evaluation length (``posenc.evaluate.evaluate_length`` measures it). ``ratio`` is derived
+    """Perplexity of one model at one evaluation length (``posenc.compare.evaluate_length`` measures it). ``ratio`` is derived
     (ppl over the same scheme and seed's ppl at the training length, ``posenc.report.with_ratios``): in results.csv,
     never in the JSONL."""
 

@@ -1,4 +1,4 @@
-"""Token accounting and next-token NLL: the one place both own models (``posenc.evaluate``,
+"""Token accounting and next-token NLL: the one place both own models (``posenc.compare.evaluate_length``,
 ``posenc.passkey``, training) and Hugging Face models (``posenc.pretrained.evaluate``) score text.
 
 Accounting. A window reads ``span`` consecutive text tokens of one document,
@@ -10,13 +10,20 @@ targets tile the text. When the last of them ends before the document does, one
 more window, the document's last ``span`` tokens, scores the targets left. A window
 scores only the targets its predecessor did not, so every target of a document of
 N >= span tokens, 1..N-1 (0..N-1 with BOS), is scored exactly once (checked on
-every plan) and PPL = exp(sum NLL / scored tokens).
+every plan) and PPL = exp(sum NLL / scored tokens), never a mean of window means.
+
+Own models' evaluation lengths (:func:`plan`). A window of length L at offset s reads tokens
+[s, s+L) and predicts targets [s+1, s+L+1), i.e. a window of L + 1 text tokens, so consecutive
+windows (stride L) score every target exactly once; a document's last window may overlap its
+predecessor and then scores only the targets after it. Windows never cross a document boundary.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Iterable
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
@@ -96,3 +103,72 @@ def token_nll(hidden: torch.Tensor, logits: Callable[[torch.Tensor], torch.Tenso
     out = [F.cross_entropy(logits(hidden[:, s : s + chunk]).float().flatten(0, 1), targets[:, s : s + chunk].flatten(),
                            reduction="none") for s in range(0, hidden.shape[1], chunk)]
     return torch.cat([o.view(targets.shape[0], -1) for o in out], dim=1)
+
+
+def window_starts(
+    docs: list[tuple[str, np.ndarray]], length: int, max_tokens: int | None = None, span: int | None = None
+) -> list[tuple[int, int]]:
+    """(doc index, start) of the windows of ``length`` that :func:`plan` scores (its arguments and errors)."""
+    return [(d, w.begin) for d, w in plan(docs, length, max_tokens, span)]
+
+
+def plan(
+    docs: list[tuple[str, np.ndarray]], length: int, max_tokens: int | None = None, span: int | None = None
+) -> list[tuple[int, Window]]:
+    """(doc index, ``posenc.scoring.Window`` of ``length + 1`` text tokens) of every window scored at ``length``.
+
+    With ``span`` (a multiple of ``length``), every length scores the same text:
+    the first ``span`` targets of each document long enough, in order, for as
+    many documents as ``max_tokens`` needs (rounded up to whole spans); use the
+    longest evaluation length as the span so that perplexity ratios between
+    lengths compare the same tokens. Without it, windows are taken round-robin
+    over documents until ``max_tokens`` targets are covered (None: every target of
+    every document at least ``length + 1`` tokens long, each once). Raises
+    PosencError when no document is long enough for one window, or when
+    ``max_tokens`` < 1 (no windows: nothing to score).
+    """
+    if max_tokens is not None and max_tokens < 1:
+        raise PosencError(f"max_tokens (scored tokens per length) must be >= 1, got {max_tokens}")
+    if span is not None:
+        if span % length:
+            raise PosencError(f"evaluation span {span} is not a multiple of the evaluation length {length}")
+        usable = [d for d, (_, a) in enumerate(docs) if len(a) > span]
+        _check_long_enough(usable, docs, span)
+        n = len(usable) if max_tokens is None else min(len(usable), -(-max_tokens // span))
+        return [(d, w) for d in usable[:n] for w in text_windows(span + 1, length + 1)]
+    per_doc = [text_windows(len(a), length + 1) for _, a in docs]
+    out, i = [], 0
+    while any(per_doc):
+        for d, wins in enumerate(per_doc):
+            if wins:
+                out.append((d, wins.pop(0)))
+                i += out[-1][1].n_scored
+                if max_tokens is not None and i >= max_tokens:
+                    return out
+    _check_long_enough(out, docs, length)
+    return out
+
+
+def _check_long_enough(found: list, docs, length: int) -> None:
+    if not found:
+        longest = max((len(a) for _, a in docs), default=0)
+        raise PosencError(f"evaluation length {length} exceeds the longest held-out document ({longest - 1} targets)")
+
+
+def bucket_edges(length: int, train_length: int) -> list[int]:
+    """Position buckets inside a window: [0, L0), [L0, 2 L0), [2 L0, 4 L0), ... up to ``length``."""
+    edges, e = [0], train_length
+    while e < length:
+        edges.append(e)
+        e *= 2
+    return edges + [length]
+
+
+def eval_lengths(train_length: int, multiples: Iterable[int]) -> list[int]:
+    """Evaluation lengths as multiples of the training length; each must be >= 1."""
+    out = []
+    for m in multiples:
+        if m < 1:
+            raise PosencError(f"evaluation multiple must be >= 1, got {m}")
+        out.append(train_length * m)
+    return out

@@ -9,7 +9,8 @@ from posenc.model import with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
 from posenc.records import append
 from posenc.errors import PosencError
-from posenc.evaluate import eval_lengths, evaluate_length, plan
+from posenc.compare import evaluate_length
+from posenc.scoring import eval_lengths, plan
 from posenc.train import load_run
 
 
@@ -52,7 +53,7 @@ def schedule_args(args) -> dict:
 
 def scored_text(docs: list, corpus: str, span: int, max_tokens: int) -> str:
     """One line naming the text every length scores (the first ``span`` targets of the documents used) and its
-    size, saying so when it is not ``max_tokens`` targets. PosencError as ``posenc.evaluate.plan``."""
+    size, saying so when it is not ``max_tokens`` targets. PosencError as ``posenc.scoring.plan``."""
     wins = plan(docs, span, max_tokens, span=span)
     used = [docs[d][0] for d in dict.fromkeys(d for d, _ in wins)]
     scored = sum(w.n_scored for _, w in wins)
