@@ -1,6 +1,8 @@
 """End to end through the CLI: a tiny compare writes the report; bad input exits 2 with one line."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -280,3 +282,13 @@ def test_negative_seed_and_empty_preset_lists(tmp_path, capsys):
 def test_diagnose_bad_device_is_one_line(tmp_path, capsys, device, message):
     code, _, err = run_cli(capsys, "diagnose", str(tmp_path / "nosuch"), "--device", device)
     assert code == 2 and err.count("\n") == 1 and message in err
+
+
+def test_python_m_posenc_is_the_posenc_command(tmp_path):
+    """``python -m posenc`` runs the same command: its version line, and bad input exits 2 with one line."""
+    run = lambda *a: subprocess.run([sys.executable, "-m", "posenc", *a], capture_output=True, text=True, cwd=tmp_path)
+    ok = run("--version")
+    assert ok.returncode == 0 and ok.stdout.startswith("posenc 0.1.0 (commit ")
+    bad = run("compare", "--preset", "no-such-preset")
+    assert bad.returncode == 2 and bad.stderr.startswith("posenc: error: unknown preset 'no-such-preset'")
+    assert len(bad.stderr.strip().splitlines()) == 1
