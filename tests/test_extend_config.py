@@ -71,6 +71,8 @@ def test_flags_override_the_preset(tmp_path):
     ("name: x\nlengths: [1]\n", "invalid extend preset bad.yaml: lengths.0: Input should be greater than or equal to 2"),
     ("name: x\n", "invalid extend preset bad.yaml: lengths: Field required"),
     ("name: x\nlengths: [16]\nschedules: [leaky_rerope]\n", "rope schedule 'leaky_rerope' was renamed: use 'leaky-rerope'"),
+    ("name: x\nlengths: [16]\nmethods: [yarn]\n", "extend preset bad.yaml: key 'methods' was renamed: use 'schedules'"),
+    ("name: x\nlengths: [16]\npasskey_methods: [yarn]\n", "key 'passkey_methods' was renamed: use 'passkey_schedules'"),
     ("name: x\nlengths: [16, 32]\nstride: 16\n", "--stride must be in [1, 15]"),
     ("name: [x\n", "is not valid YAML"),
     ("- name\n", "is not a YAML mapping"),

@@ -18,6 +18,7 @@ from safetensors.torch import load_file  # noqa: E402
 from posenc import checkpoint  # noqa: E402
 from posenc import finetune as ft  # noqa: E402
 from posenc.cli import main  # noqa: E402
+from posenc.errors import PosencError  # noqa: E402
 from posenc.pretrained import loading  # noqa: E402
 
 
@@ -157,3 +158,9 @@ def test_a_rope_schedule_fine_tunes(llama_dir):
     assert main(argv(llama_dir, "--schedule", "yarn", "--factor", "2", "--steps", "2", "--out", str(out))) == 0
     assert {r["adaptation"] for r in records(out)} == {"yarn", "yarn, fine-tuned 2 steps"}
     assert json.loads((out / "finetune.json").read_text())["schedule"] == "yarn"
+
+
+def test_an_old_preset_key_names_its_new_name(tmp_path):
+    (tmp_path / "old.yaml").write_text("name: x\nmethod: yarn\n")
+    with pytest.raises(PosencError, match=r"^finetune preset old.yaml: key 'method' was renamed: use 'schedule'$"):
+        ft.load_finetune_config(str(tmp_path / "old.yaml"))

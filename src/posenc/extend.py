@@ -23,7 +23,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, ClassVar, Literal, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -70,6 +70,9 @@ class ScoringConfig(BaseModel):
 class ExtendConfig(ScoringConfig):
     """One ``posenc extend`` run; lengths, windows and strides in tokens of the model's tokenizer."""
 
+    # keys of earlier versions: a one-line error naming the new key (posenc.presets.load_flat)
+    renamed_keys: ClassVar[dict[str, str]] = {"methods": "schedules", "long_methods": "long_schedules",
+                                              "passkey_methods": "passkey_schedules"}
     stride: Optional[int] = None  # sliding-window stride in text tokens; None: non-overlapping windows
     bucket: int = Field(1024, ge=1)  # position-bucket width of the per-position loss
     rerope_window: Optional[int] = None  # ReRoPE window w; None: L0/4

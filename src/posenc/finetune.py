@@ -24,7 +24,7 @@ import importlib
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, ClassVar, Optional
 
 import numpy as np
 import torch
@@ -56,6 +56,8 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
     """One ``posenc finetune`` run: the loop's settings, then extend's scoring before and after training;
     lengths in tokens of the model's tokenizer, lr in AdamW units. It trains on the corpus's training
     documents; ``seed`` seeds the batches, LoRA and scheme initialisation and the passkey keys."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"method": "schedule"}  # earlier versions' keys (posenc.presets.load_flat)
 
     # the loop's defaults for a pretrained model: a short budget of small batches, a low rate, no decay
     batch_size: PositiveInt = 1
