@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-lengths", type=int, nargs="+", help=f"scoring lengths in tokens (default {shown(d.eval_lengths)})")
     p.add_argument("--eval-windows", type=int, help=f"windows per scoring length; 0 = all (default {d.eval_windows})")
     p.add_argument("--docs", nargs="+", help=f"held-out document names, 'all' or 'first' (default {shown(d.docs)})")
-    p.add_argument("--passkey-lengths", type=int, nargs="*", help=f"passkey prompt lengths (default {shown(d.passkey_lengths)})")
+    p.add_argument("--passkey-lengths", type=int, nargs="*", help=f"passkey prompt lengths (default {shown(d.passkey_lengths)}; the bare flag, no lengths: no passkey)")
     p.add_argument("--passkey-depths", type=float, nargs="+", help=f"key depths in [0, 1] (default {shown(d.passkey_depths)})")
     p.add_argument("--trials", type=int, help=f"passkey trials per (length, depth) cell (default {d.trials})")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
