@@ -10,8 +10,8 @@ Each (scheme, seed) is a job (``run_job``) in its own spawned process
 (``posenc.jobs``), so a scheme that raises, produces NaN, segfaults or is killed
 for memory is reported as failed with a one-line error (full traceback in
 ``<scheme>/seed<k>.error.txt``) and the other schemes' results are kept. The
-preset is ``posenc.config.Preset``. Perplexity at a length (``evaluate_length``) scores the windows
-``posenc.scoring.plan`` gives.
+preset is ``posenc.config.Preset``. Perplexity at one length (``evaluate_length``)
+scores the windows of ``posenc.scoring.plan``: each target once, exp(sum NLL / targets).
 """
 
 from __future__ import annotations
