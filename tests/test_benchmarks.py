@@ -56,3 +56,19 @@ def test_suite_one_round_writes_ratio_tables(tmp_path):
     assert train["rope"]["ratio"] == 1.0 and train["acc-rand-qk"]["tokens_per_s"] > 0
     md = (tmp_path / "suite.md").read_text()
     assert "| acc-rand-qk |" in md and "Training throughput" in md
+
+
+def test_run_noise_between_two_committed_runs(tmp_path):
+    """``run_noise.py --between`` reads committed results (typed records from results.csv) and gives each scheme's
+    largest change over every length: the two machines of results/demo and results/demo-xeon."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_noise", ROOT / "benchmarks" / "run_noise.py")
+    rn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rn)
+    rn.RESULTS = tmp_path
+    rn.between(ROOT / "results" / "demo", ROOT / "results" / "demo-xeon")
+    worst = json.loads((tmp_path / "run_noise_machines.json").read_text())["largest_by_scheme"]
+    assert worst["acc-learned-qkv"]["ratio"] == pytest.approx(0.0364, abs=5e-4)
+    assert max(worst["alibi"].values()) < 1e-4 and max(worst["rope+forget"].values()) < 3e-3  # the others barely move
+    assert "| acc-learned-qkv | 128x | 9.9347 | 10.2122 | 2.79% | 1.3298 | 1.3714 | 3.13% |" in (tmp_path / "run_noise_machines.md").read_text()
