@@ -1,6 +1,7 @@
 """End to end through the CLI: a tiny compare writes the report; bad input exits 2 with one line."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -292,3 +293,13 @@ def test_python_m_posenc_is_the_posenc_command(tmp_path):
     bad = run("compare", "--preset", "no-such-preset")
     assert bad.returncode == 2 and bad.stderr.startswith("posenc: error: unknown preset 'no-such-preset'")
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """``posenc list | head``: a reader that is gone gives exit 141 and no traceback (the read end is closed before
+    the command writes, so every run sees it)."""
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.run([sys.executable, "-m", "posenc", "list"], stdout=write, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, "")

@@ -2,13 +2,15 @@
 
 Every subcommand module exposes ``add_parser(subparsers)`` which registers its
 parser and sets ``func``; bad input raises :class:`posenc.errors.PosencError`,
-printed here as one line with exit code 2; Ctrl-C exits with code 130 (the shell's for SIGINT).
+printed here as one line with exit code 2; Ctrl-C exits with code 130 (the shell's for SIGINT); output
+piped into a reader that stops early (``posenc list | head``) ends quietly with 141 (the shell's for SIGPIPE).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
 
@@ -74,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         print(interrupted_message(exc, argv), file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader closed stdout: point it at devnull so the exit flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
