@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 
 import posenc.train
-from posenc.checkpoint import read_jsonl
+from posenc.checkpoint import read_json, read_jsonl, write_json
 from posenc.data import load_tokens
 from posenc.errors import PosencError
 from posenc.model import ModelConfig, build_model
-from posenc.train import Checkpoint, LoopConfig, TrainConfig, batch_at, fit, train
+from posenc.train import Checkpoint, LoopConfig, TrainConfig, batch_at, fit, resolve_precision, train
 
 MCFG = ModelConfig(encoding="acc-rand-qkv", n_layer=1, n_head=2, d_model=16, train_length=16)  # random draws per step
-LOOP = dict(steps=8, batch_size=2, lr=3e-3, warmup=2, ckpt_every=3, threads=1)
+LOOP = dict(steps=8, batch_size=2, lr=3e-3, warmup=2, ckpt_every=3, threads=1, precision="fp32")
 
 
 def reference_losses(model, params: list, cfg: LoopConfig, loss_at) -> list[float]:
@@ -68,8 +68,11 @@ def crash_at(monkeypatch, at: int):
     return lambda: monkeypatch.setattr(posenc.train, "lr_at", real)
 
 
-def test_train_runs_on_the_loop_with_the_reference_losses(tiny_corpus, tmp_path, monkeypatch):
-    tcfg = TrainConfig(corpus=str(tiny_corpus), log_every=1, **LOOP)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_train_runs_on_the_loop_with_the_reference_losses(tiny_corpus, tmp_path, monkeypatch, precision):
+    """fp32, and bf16 autocast (float32 master weights): the loop's losses are the reference loop's, bit for bit,
+    and config.json records the precision that ran."""
+    tcfg = TrainConfig(corpus=str(tiny_corpus), log_every=1, **{**LOOP, "precision": precision})
     calls = []
     monkeypatch.setattr(posenc.train, "fit", lambda *a, **k: calls.append(a[3]) or fit(*a, **k))
     train(tmp_path / "run", MCFG, tcfg)
@@ -80,10 +83,14 @@ def test_train_runs_on_the_loop_with_the_reference_losses(tiny_corpus, tmp_path,
 
     def loss_at(step):
         x, y = batch_at(data.train, step, tcfg.batch_size, MCFG.train_length, tcfg.seed)
-        return model.token_nll(x, y).mean()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            return model.token_nll(x, y).mean()
 
     want = reference_losses(model, list(model.parameters()), tcfg, loss_at)
     assert logged(tmp_path / "run") == want  # bitwise: deterministic CPU settings
+    config = read_json(tmp_path / "run" / "config.json")
+    assert config["train"]["precision"] == precision and all(p.dtype == torch.float32 for p in model.parameters())
+    assert config["stamp"]["dtype"] == f"float32 weights, {'bfloat16 autocast' if precision == 'bf16' else 'float32 compute'}"
 
 
 def test_a_crashed_train_run_resumes_to_the_uninterrupted_losses(tiny_corpus, tmp_path, monkeypatch):
@@ -208,3 +215,23 @@ def test_shown_formats_config_values():
     from posenc.commands import shown
 
     assert [shown(v) for v in (2e-4, 2.0, [8192, 16384], [], None, "first", 7)] == ["0.0002", "2", "8192 16384", "none", "none", "first", "7"]
+
+
+def test_auto_precision_is_bf16_only_where_the_device_has_bf16_units(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for units, on_cpu, on_cuda in (([], "fp32", "fp32"), (["avx512_bf16"], "bf16", "fp32"), (["amx_bf16", "avx512_bf16"], "bf16", "fp32"),
+                                   (["cuda"], "fp32", "bf16")):
+        monkeypatch.setattr(posenc.train, "bf16_units", lambda units=units: units)
+        assert (resolve_precision("auto", cpu), resolve_precision("auto", cuda)) == (on_cpu, on_cuda), units
+        assert resolve_precision("fp32", cpu) == "fp32" and resolve_precision("bf16", cpu) == "bf16"
+
+
+def test_resume_refuses_another_precision_and_reads_a_run_from_before_the_field_as_fp32(tiny_corpus, tmp_path):
+    run = tmp_path / "run"
+    train(run, MCFG, TrainConfig(corpus=str(tiny_corpus), **{**LOOP, "steps": 3}))
+    with pytest.raises(PosencError, match=r"its training differs \(precision 'fp32' -> 'bf16'\)"):
+        train(run, MCFG, TrainConfig(corpus=str(tiny_corpus), **{**LOOP, "steps": 4, "precision": "bf16"}), resume=True)
+    config = read_json(run / "config.json")
+    del config["train"]["precision"]  # as a run written before train.precision
+    write_json(run / "config.json", config)
+    assert train(run, MCFG, TrainConfig(corpus=str(tiny_corpus), **{**LOOP, "steps": 4}), resume=True)["steps"] == 4

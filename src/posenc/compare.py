@@ -48,7 +48,7 @@ from posenc.stamp import run_stamp, stamp_line
 from posenc.retrieval import compare_tasks, done_jobs
 from posenc.scoring import bucket_edges, eval_lengths, plan, window_starts
 from posenc.tracking import check_kind, eval_metrics, open_tracker
-from posenc.train import is_trained, load_run, train
+from posenc.train import is_trained, load_run, machine_precision, train
 
 
 def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
@@ -158,7 +158,7 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
     mcfg = dataclasses.replace(preset.model, encoding=scheme, vocab_size=data.vocab_size)
     tcfg = preset.train.model_copy(update={"seed": seed})
     config = {"name": preset.name, "scheme": scheme, "seed": seed, "model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(),
-              "eval": preset.eval.model_dump(), "stamp": run_stamp()}
+              "eval": preset.eval.model_dump(), "stamp": run_stamp(machine_precision(tcfg))}
     with open_tracker(log, run_dir, f"{preset.name}/{scheme}/seed{seed}", preset.name, config) as tracker:
         if not is_trained(run_dir) and nproc > 1:
             train_under_torchrun(run_root, scheme, seed, nproc, log)
@@ -314,6 +314,6 @@ def _meta(preset: Preset, data) -> dict:
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
         "mixing_windows": {s: dataclasses.replace(mcfg, encoding=s).mixing_window() for s in preset.schemes},
         "notes": preset.description or None,
-        "run": stamp_line(run_stamp()),
+        "run": stamp_line(run_stamp(machine_precision(preset.train))),
     }
 

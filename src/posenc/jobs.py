@@ -33,6 +33,7 @@ from posenc.checkpoint import append_jsonl, make_run_dir, read_json, write_json
 from posenc.config import ClusterConfig, Preset
 from posenc.errors import PosencError
 from posenc.stamp import run_stamp
+from posenc.train import legacy_precision, machine_precision
 
 
 def one_line(exc: BaseException) -> str:
@@ -273,6 +274,7 @@ def _flatten(d: dict, prefix: str) -> dict[str, Any]:
 def settings(preset: Preset) -> dict[str, Any]:
     """The settings every result of a run directory shares (model, training, evaluation), flattened."""
     flat = _flatten(preset.model_dump(mode="json", include={"model", "train", "eval", "task_eval"}), "")
+    flat["train.precision"] = machine_precision(preset.train)  # "auto" compares as what it picks here
     return {k: v for k, v in flat.items() if k not in FREE_SETTINGS}
 
 
@@ -281,7 +283,7 @@ def record_run(run_root: Path, preset: Preset) -> None:
     device, threads, command; ``posenc.stamp``) to ``invocations.jsonl``: a resumed run keeps every one."""
     make_run_dir(run_root)
     write_json(run_root / "preset.json", preset.model_dump())
-    append_jsonl(run_root / "invocations.jsonl", run_stamp())
+    append_jsonl(run_root / "invocations.jsonl", run_stamp(machine_precision(preset.train)))
 
 
 def check_same_settings(run_root: Path, preset: Preset) -> None:
@@ -294,7 +296,9 @@ def check_same_settings(run_root: Path, preset: Preset) -> None:
     if not path.exists():
         return
     try:
-        old = settings(Preset(**read_json(path)))
+        saved = read_json(path)
+        saved.setdefault("train", {}).setdefault("precision", legacy_precision())  # before the field
+        old = settings(Preset(**saved))
     except (ValidationError, ValueError, TypeError) as exc:
         raise PosencError(f"{path} is unreadable ({one_line(exc)}); use another --name or --out") from None
     now = settings(preset)

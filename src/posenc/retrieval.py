@@ -25,7 +25,7 @@ from posenc.stamp import run_stamp
 from posenc.taskeval import evaluate_task
 from posenc.tasks import get_task
 from posenc.tracking import open_tracker, task_metrics
-from posenc.train import is_trained, load_run, train
+from posenc.train import is_trained, load_run, machine_precision, train
 
 
 def done_jobs(results: Path) -> set[tuple[str, str, int]]:
@@ -41,7 +41,7 @@ def run_task_job(run_root: Path, preset: Preset, task: str, scheme: str, seed: i
     mcfg = dataclasses.replace(preset.model, encoding=scheme, vocab_size=data.vocab_size)
     tcfg = preset.train.model_copy(update={"seed": seed, "corpus": task})
     config = {"name": preset.name, "task": task, "scheme": scheme, "seed": seed, "model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(),
-              "task_eval": preset.task_eval.model_dump(), "stamp": run_stamp()}
+              "task_eval": preset.task_eval.model_dump(), "stamp": run_stamp(machine_precision(tcfg))}
     with open_tracker(log, run_dir, f"{preset.name}/{task}/{scheme}/seed{seed}", preset.name, config) as tracker:
         if not is_trained(run_dir):
             train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{task} {scheme} s{seed}", tracker=tracker)

@@ -51,13 +51,32 @@ def cpu_name() -> str:
     return f"{model}, {torch.backends.cpu.get_cpu_capability()} kernels"
 
 
-def run_stamp() -> dict:
-    """{posenc, commit, torch, transformers, python, platform, device, dtype, threads, command}: plain JSON values.
-    command: the command line as a shell would retype it (arguments with spaces or quotes quoted).
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPU units with native bf16 dot products
 
-    dtype: the weights' (torch's default) dtype and the compute dtype training uses on this device
-    (``posenc.train``: bfloat16 autocast on CUDA, float32 on CPU; phases and cumulative sums stay float32+)."""
+
+def bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """The bfloat16 matrix units this machine has, detected, never assumed: on CUDA ``["cuda"]`` when
+    ``torch.cuda.is_bf16_supported()``; on a Linux CPU its /proc/cpuinfo flags among ``amx_bf16`` (Intel AMX
+    tiles) and ``avx512_bf16`` (AVX512 BF16 dot products, e.g. AMD Zen 4); empty elsewhere (bf16 matmuls would
+    be emulated, slower than float32)."""
+    if torch.cuda.is_available():
+        return ["cuda"] if torch.cuda.is_bf16_supported() else []
+    if not cpuinfo.exists():
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), [])
+    return [unit for unit in BF16_FLAGS if unit in flags]
+
+
+def run_stamp(precision: str | None = None) -> dict:
+    """{posenc, commit, torch, transformers, python, platform, device, bf16_units, dtype, threads, command}: plain
+    JSON values. command: the command line as a shell would retype it (arguments with spaces or quotes quoted).
+
+    dtype: the weights' (torch's default) dtype and the compute dtype: ``precision`` "bf16" (bfloat16 autocast,
+    float32 master weights; phases and cumulative sums stay float32+) or "fp32", as a training run resolved it
+    (``posenc.train.resolve_precision``); without it, the one ``train.precision: auto`` picks on this machine."""
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({cpu_name()})"
+    units = bf16_units()
+    compute = precision or ("bf16" if units else "fp32")
     return {
         "posenc": _version("posenc"),
         "commit": git_commit(),
@@ -66,8 +85,9 @@ def run_stamp() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": device,
+        "bf16_units": units,
         "dtype": f"{str(torch.get_default_dtype()).removeprefix('torch.')} weights, "
-                 + ("bfloat16 autocast" if torch.cuda.is_available() else "float32 compute"),
+                 + ("bfloat16 autocast" if compute == "bf16" else "float32 compute"),
         "threads": torch.get_num_threads(),
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }

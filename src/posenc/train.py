@@ -12,8 +12,10 @@ would.
 Under ``torchrun --nproc_per_node N`` the same loop runs data-parallel
 (``posenc.distributed``): rank r trains on its rows of each global batch,
 gradients are averaged by DistributedDataParallel, the logged loss is the mean
-over ranks, and only rank 0 writes. On CUDA the forward runs under bf16
-autocast (phases and their cos/sin stay float32: ``posenc.attention.rotate``).
+over ranks, and only rank 0 writes. ``train.precision`` sets the forward's compute dtype: "bf16" runs it
+under bfloat16 autocast with float32 master weights and optimizer state (phases, their cos/sin, gates and
+cumulative sums stay float32+: ``posenc.attention.rotation_dtype``), "fp32" without autocast, and "auto"
+(the default) picks bf16 where the device has bf16 matrix units (``posenc.stamp.bf16_units``), else fp32.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import math
 import signal
 import sys
 import time
+import typing
 from pathlib import Path
 from typing import Annotated, Callable, Literal, Optional
 
@@ -39,7 +42,7 @@ from posenc.checkpoint import (
     write_json, write_jsonl,
 )
 from posenc.data import TokenData, load_tokens
-from posenc.stamp import run_stamp
+from posenc.stamp import bf16_units, run_stamp
 from posenc.tasks import TaskData
 from posenc.tracking import NO_TRACKER, Tracker
 from posenc.errors import PosencError
@@ -68,6 +71,35 @@ class LoopConfig(BaseModel):
     threads: Optional[PositiveInt] = None
 
 
+Precision = Literal["auto", "bf16", "fp32"]
+PRECISIONS = typing.get_args(Precision)
+
+
+def resolve_precision(precision: Precision, device: torch.device) -> Literal["bf16", "fp32"]:
+    """The compute dtype a run uses: "auto" is "bf16" when ``bf16_units()`` finds bf16 matrix units on this
+    machine (CUDA, AMX, AVX512-BF16) and ``device`` is where they are, else "fp32"; the others as given."""
+    if precision != "auto":
+        return precision
+    units = bf16_units()
+    return "bf16" if units and (device.type == "cuda") == (units == ["cuda"]) else "fp32"
+
+
+def machine_precision(tcfg: "TrainConfig") -> Literal["bf16", "fp32"]:
+    """The precision ``tcfg`` resolves to on this machine's default device (a job runs on it)."""
+    return resolve_precision(tcfg.precision, distributed.default_device())
+
+
+def legacy_precision() -> Literal["bf16", "fp32"]:
+    """The precision of a run recorded before ``train.precision`` existed, on this machine: bf16 autocast on
+    CUDA, fp32 on CPU."""
+    return "bf16" if distributed.default_device().type == "cuda" else "fp32"
+
+
+def autocast(precision: Literal["bf16", "fp32"], device: torch.device) -> contextlib.AbstractContextManager:
+    """bfloat16 autocast on ``device`` for "bf16", nothing for "fp32"."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+
 class TrainConfig(LoopConfig):
     """Data and loop settings of one of posenc's LMs. ``steps`` is the budget; ``time_budget`` (s) may stop earlier."""
 
@@ -76,6 +108,7 @@ class TrainConfig(LoopConfig):
     time_budget: Optional[float] = Field(None, gt=0)
     log_every: int = Field(10, gt=0)
     compile: bool = False  # torch.compile the model's forward (same losses to float rounding; faster on GPU)
+    precision: Precision = "auto"  # the forward's compute dtype (resolve_precision)
     # "answers": the mean NLL over a task's answer positions only (posenc.tasks); "all": every target
     loss: Literal["all", "answers"] = "all"
 
@@ -344,9 +377,10 @@ def _check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None
     and log intervals and CPU threads may change.
     """
     saved = read_run_config(run_dir)
+    old_train = {"precision": legacy_precision(), **saved["train"]}
     for section, settings, free in (("model", dataclasses.asdict(mcfg), set()), ("training", tcfg.model_dump(), RESUME_FREE)):
         now = json.loads(json.dumps(settings, default=str))  # as config.json stores it
-        old = saved["model" if section == "model" else "train"]
+        old = saved["model"] if section == "model" else old_train
         diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if k not in free and old.get(k) != v]
         if diff:
             raise PosencError(f"cannot resume {run_dir}: its {section} differs ({'; '.join(diff)}); use another --out")
@@ -375,6 +409,7 @@ def train(
     """
     run_dir = Path(run_dir)
     shard = distributed.setup()
+    tcfg = tcfg.model_copy(update={"precision": resolve_precision(tcfg.precision, shard.device)})  # config.json: what ran
     rows = shard.rows(tcfg.batch_size)
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
@@ -401,16 +436,15 @@ def train(
     elif shard.is_main:  # a fresh run replaces an old summary (and log: fit)
         (run_dir / "train_summary.json").unlink(missing_ok=True)
     if shard.is_main:
-        write_json(run_dir / "config.json", {"model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(), "stamp": run_stamp()})
+        write_json(run_dir / "config.json", {"model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(), "stamp": run_stamp(tcfg.precision)})
     distributed.set_batch_rows(model, rows)
     loss_fn = distributed.wrap(_TokenNLL(model), shard)
     if tcfg.compile:
         loss_fn = torch.compile(loss_fn)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if shard.device.type == "cuda" else contextlib.nullcontext()
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
         x, y, answers = (t if t is None else t.to(shard.device) for t in training_batch(data, step, tcfg, mcfg.train_length, rows))
-        with autocast:
+        with autocast(tcfg.precision, shard.device):
             return mean_loss(loss_fn(x, y), answers), x.numel()  # mean over this rank's rows (answers)
 
     done = fit(model, tcfg, loss_at, ckpt, step, log_every=tcfg.log_every, time_budget=tcfg.time_budget, shard=shard,

@@ -11,6 +11,7 @@ from posenc.jobs import LAUNCHERS
 from posenc.presets import validated
 from posenc.tasks import TASKS
 from posenc.tracking import KINDS
+from posenc.train import PRECISIONS
 
 
 def add_parser(sub):
@@ -22,6 +23,8 @@ def add_parser(sub):
     p.add_argument("--corpus", help=f"corpus: shakespeare, pystdlib, hf:NAME, a path, or a synthetic task ({', '.join(TASKS)})")
     p.add_argument("--tokenizer", help="byte or bpeN")
     p.add_argument("--steps", type=int, help="training steps per scheme")
+    p.add_argument("--precision", choices=PRECISIONS, help="training compute dtype (train.precision; default the preset's): "
+                   "auto picks bf16 autocast where the device has bf16 units, else fp32")
     p.add_argument("--name", help="run name (directory under --out)")
     p.add_argument("--out", type=Path, default=Path("runs"), help="output root (default runs/)")
     p.add_argument("--no-isolate", action="store_true", help="run every scheme in this process (no crash isolation; for debugging)")
@@ -55,7 +58,7 @@ def cluster_config(args, preset: Preset) -> Optional[ClusterConfig]:
 
 
 def run(args) -> int:
-    train = {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps}.items() if v is not None}
+    train = {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "precision": args.precision}.items() if v is not None}
     preset = load_preset(args.preset, {"schemes": args.schemes, "seeds": args.seeds, "tasks": args.tasks, "name": args.name, "train": train})
     cluster = cluster_config(args, preset)
     try:

@@ -11,7 +11,7 @@ from posenc.config import load_preset
 from posenc.errors import PosencError
 from posenc.stamp import run_stamp
 from posenc.tracking import KINDS, check_kind, open_tracker
-from posenc.train import StopNow, is_trained, train
+from posenc.train import PRECISIONS, StopNow, is_trained, machine_precision, train
 
 
 def add_parser(sub):
@@ -27,6 +27,7 @@ def add_parser(sub):
     p.add_argument("--time-budget", type=float, help="stop after this many seconds")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (train.compile)")
+    p.add_argument("--precision", choices=PRECISIONS, help="compute dtype (train.precision): auto picks bf16 where the device has bf16 units")
     p.add_argument("--log", choices=KINDS, default=os.environ.get("POSENC_LOG", "none"), help="experiment tracking: TensorBoard event files or a W&B run "
                    "(WANDB_MODE=offline: no network) in the run directory (default none, or $POSENC_LOG: how compare passes it through torchrun)")
     p.set_defaults(func=run)
@@ -39,7 +40,7 @@ def _run_dir(text: str) -> Path:
 
 
 def run(args) -> int:
-    overrides = {"train": {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed, "time_budget": args.time_budget, "compile": args.compile}.items() if v is not None}}
+    overrides = {"train": {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed, "time_budget": args.time_budget, "compile": args.compile, "precision": args.precision}.items() if v is not None}}
     preset = load_preset(args.preset, overrides)
     mcfg = dataclasses.replace(preset.model, encoding=args.scheme)
     mcfg.check_encoding()  # unknown scheme: one line before any work
@@ -47,7 +48,7 @@ def run(args) -> int:
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
     check_kind(args.log)
-    config = {"name": out.name, "scheme": args.scheme, "model": dataclasses.asdict(mcfg), "train": preset.train.model_dump(), "stamp": run_stamp()}
+    config = {"name": out.name, "scheme": args.scheme, "model": dataclasses.asdict(mcfg), "train": preset.train.model_dump(), "stamp": run_stamp(machine_precision(preset.train))}
     finished = is_trained(out) and read_json(out / "train_summary.json")["steps"] == preset.train.steps  # train keeps it as it is
     try:
         with open_tracker(args.log if distributed.rank() == 0 else "none", out, f"{out.name}/{args.scheme}", "train", config) as tracker:
