@@ -47,7 +47,7 @@ from posenc.checkpoint import atomic_write_bytes
 from posenc.config import load_preset
 from posenc.model import Attention, build_model
 from posenc.reporting import markdown_table
-from posenc.train import make_optimizer
+from posenc.train import autocast, make_optimizer
 
 OUT = Path(__file__).resolve().parent / "results"
 ATTN_LENGTHS = (1024, 2048, 4096)
@@ -132,8 +132,9 @@ def bench_attention(schemes: list[str], rounds: int) -> dict:
 TRAIN_TOKENS = 16 * 128  # the default preset's batch (checked in train_case)
 
 
-def train_case(scheme: str, compiled: bool = False) -> Timer:
-    """Timer of one training step of the default compare model (batch 16 x 128, AdamW), eager or under torch.compile."""
+def train_case(scheme: str, compiled: bool = False, precision: str = "fp32") -> Timer:
+    """Timer of one training step of the default compare model (batch 16 x 128, AdamW), eager or under torch.compile,
+    in fp32 or under bf16 autocast (``posenc.train.autocast``, as ``train.precision``)."""
     preset = load_preset("default")
     cfg = default_model(scheme)
     torch.manual_seed(0)
@@ -145,7 +146,8 @@ def train_case(scheme: str, compiled: bool = False) -> Timer:
     nll = torch.compile(model.token_nll) if compiled else model.token_nll
 
     def step():
-        loss = nll(x, y).mean()
+        with autocast(precision, x.device):
+            loss = nll(x, y).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), preset.train.grad_clip)

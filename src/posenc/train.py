@@ -14,8 +14,8 @@ Under ``torchrun --nproc_per_node N`` the same loop runs data-parallel
 gradients are averaged by DistributedDataParallel, the logged loss is the mean
 over ranks, and only rank 0 writes. ``train.precision`` sets the forward's compute dtype: "bf16" runs it
 under bfloat16 autocast with float32 master weights and optimizer state (phases, their cos/sin, gates and
-cumulative sums stay float32+: ``posenc.attention.rotation_dtype``), "fp32" without autocast, and "auto"
-(the default) picks bf16 where the device has bf16 matrix units (``posenc.stamp.bf16_units``), else fp32.
+cumulative sums stay float32+: ``posenc.attention.rotation_dtype``), "fp32" (the default) without autocast,
+and "auto" picks bf16 where the device has bf16 matrix units (``posenc.stamp.bf16_units``), else fp32.
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ class TrainConfig(LoopConfig):
     time_budget: Optional[float] = Field(None, gt=0)
     log_every: int = Field(10, gt=0)
     compile: bool = False  # torch.compile the model's forward (same losses to float rounding; faster on GPU)
-    precision: Precision = "auto"  # the forward's compute dtype (resolve_precision)
+    # the forward's compute dtype (resolve_precision); fp32 until bf16's effect on a preset's results is measured
+    precision: Precision = "fp32"
     # "answers": the mean NLL over a task's answer positions only (posenc.tasks); "all": every target
     loss: Literal["all", "answers"] = "all"
 
