@@ -86,10 +86,10 @@ def weights(cfg) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if "emb" not in n)
 
 
-def bench_train(schemes: list[str], rounds: int) -> dict:
+def bench_train(schemes: list[str], rounds: int, modes=MODES) -> dict:
     timers, rows = {}, {}
     for s in schemes:
-        for precision, compiled in MODES:
+        for precision, compiled in modes:
             t0 = time.perf_counter()
             timer, err = _warm(train_case, s, compiled, precision)
             first = time.perf_counter() - t0
@@ -205,6 +205,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--lengths", nargs="+", type=int, default=[4096, 16384], help="prefill lengths")
     p.add_argument("--contexts", nargs="+", type=int, default=[1024, 4096, 16384], help="generation contexts")
+    p.add_argument("--no-compile", action="store_true", help="train eager only (a smoke run)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
         schemes = ["rope", *schemes]
     meta = {"cpu": cpu_name(), "bf16_units": bf16_units(), "torch": torch.__version__, "load_before": loadavg()}
     sections = {}
-    runs = {"peak": matmul_peak, "train": lambda: bench_train(schemes, args.rounds),
+    runs = {"peak": matmul_peak, "train": lambda: bench_train(schemes, args.rounds, [m for m in MODES if not (args.no_compile and m[1])]),
             "prefill": lambda: bench_prefill(schemes, args.rounds, args.lengths), "generate": lambda: bench_generate(schemes, args.contexts)}
     for name in SECTIONS:
         if name in args.sections or (name == "peak" and {"train", "prefill"} & set(args.sections)):

@@ -72,3 +72,17 @@ def test_run_noise_between_two_committed_runs(tmp_path):
     assert worst["acc-learned-qkv"]["ratio"] == pytest.approx(0.0364, abs=5e-4)
     assert max(worst["alibi"].values()) < 1e-4 and max(worst["rope+forget"].values()) < 3e-3  # the others barely move
     assert "| acc-learned-qkv | 128x | 9.9347 | 10.2122 | 2.79% | 1.3298 | 1.3714 | 3.13% |" in (tmp_path / "run_noise_machines.md").read_text()
+
+
+@pytest.mark.slow
+def test_speed_benchmark_smoke_run_writes_every_section(tmp_path):
+    run_script(["benchmarks/speed.py", "--schemes", "rope", "alibi", "--rounds", "1", "--lengths", "256", "--contexts", "128", "--no-compile",
+                "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "speed.json").read_text())
+    sec = res["sections"]
+    assert set(sec) == {"peak", "train", "prefill", "generate"}
+    assert all(v > 0 for v in sec["peak"].values()) and len(sec["peak"]) == 6
+    assert set(sec["train"]["alibi"]) == {"fp32", "bf16"} and all(c["tokens_per_s"] > 0 for c in sec["train"]["alibi"].values())
+    assert sec["prefill"]["rope"]["256"]["ratio"] == 1.0 and sec["prefill"]["alibi"]["256"]["seconds"] > 0
+    assert set(sec["generate"]) == {"rope", "alibi", "hf-llama"}
+    assert "| alibi |" in (tmp_path / "speed.md").read_text()

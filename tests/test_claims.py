@@ -119,7 +119,7 @@ def test_degrading_is_strictly_above_the_flat_threshold(no_run_noise):
 
 def test_claims_whose_schemes_were_not_run_are_omitted():
     assert check_claims(table({"nope": row([10.0], [1.1], [1.2]), "alibi": row([6.7], [1.0], [1.0])}), L0) == []
-    assert claims_markdown(table({"nope": row([10.0], [1.1], [1.2])}), L0) == ""
+    assert "No claim of arXiv 2606.24975 is checked" in claims_markdown(table({"nope": row([10.0], [1.1], [1.2])}), L0)
     keys = [c.key for c in check_claims(table({"rope": row([6.4], [1.8], [3.3]), "acc-rand-qkv": row([7.3], [1.05], [1.2])}), L0)]
     assert keys == ["i"]
 
@@ -139,3 +139,19 @@ def test_window_section_sorts_by_window_and_predicts_from_the_training_length():
     md = window_markdown(table(rows), windows, L0)
     assert "| acc-rand-qkv:a=1 | 27 | 0.211 | extrapolates |" in md and "| acc-rand-qkv:a=0.1 | 2763 | 21.6 | degrades |" in md
     assert window_rows(table(rows), {"acc-rand-qkv:a=2": 6, "acc-rand-qkv:a=1": 27}, L0) == []  # fewer than 3 windows
+
+
+def test_claims_find_their_schemes_by_canonical_spec():
+    """rope:rope_theta=10000 is rope and acc-rand-qk:a=1 is acc-rand-qk: the same runs give the same claims."""
+    plain = {"rope": row([6.4], [1.8], [3.3]), "acc-rand-qk": row([7.3], [1.05], [1.2]), "alibi": row([6.7], [0.99], [0.98])}
+    spelled = {"rope:rope_theta=10000": plain["rope"], "acc-rand-qk:a=1": plain["acc-rand-qk"], "alibi": plain["alibi"]}
+    want = [(c.key, c.verdict, c.evidence) for c in check_claims(table(plain), L0)]
+    assert [c.key for c in check_claims(table(plain), L0)] == ["i", "iv"]
+    assert [(c.key, c.verdict, c.evidence) for c in check_claims(table(spelled), L0)] == want
+    other = {"rope:rope_theta=500000": plain["rope"], "acc-rand-qk": plain["acc-rand-qk"]}  # another theta is another scheme
+    assert check_claims(table(other), L0) == []
+
+
+def test_a_report_whose_claims_find_none_of_their_roles_says_so():
+    md = claims_markdown(table({"nope": row([10.0], [1.1], [1.2])}), L0)
+    assert md.strip().startswith("No claim of arXiv 2606.24975 is checked") and "rope, alibi, hybrid" in md

@@ -10,7 +10,8 @@ import pytest
 from posenc.cli import main
 from posenc.compare import compare
 from posenc.config import load_preset
-from posenc.runs_report import load_run, ratio_figure, spec_key, write_runs_report
+from posenc.encodings import canonical as spec_key
+from posenc.runs_report import load_run, ratio_figure, write_runs_report
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

@@ -465,3 +465,12 @@ def test_a_task_where_a_text_corpus_is_needed_is_one_line(spec):
     for load in (load_corpus, load_tokens):  # finetune and extend read load_corpus, text commands load_tokens
         with pytest.raises(PosencError, match=rf"corpus '{spec}' is a synthetic task \(posenc.tasks\); this command needs a text corpus$"):
             load(spec)
+
+
+def test_task_claims_find_their_schemes_by_canonical_spec():
+    flat = {"alibi": [0.99], "forget": [0.99]}
+    far = _gap(0.99, {64: 0.99, 128: 0.99, 256: 0.98})
+    near = _gap(0.99, {64: 0.99, 128: 0.99, 256: 0.6})
+    spelled = _table("flipflop", {"alibi": {0: near}, "forget:scaled=false": {0: far}})
+    assert sorted(spelled.scores) == ["alibi", "forget"]
+    assert claim_r1(spelled, flat).verdict == HOLDS

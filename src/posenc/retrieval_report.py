@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from posenc.checkpoint import atomic_write_bytes
-from posenc.claims import FAILS, FLAT_TOL, HOLDS, NOISE, Claim, Table, combine
+from posenc.claims import FAILS, FLAT_TOL, HOLDS, NOISE, Claim, Table, combine, role_names
 from posenc.records import Ppl, Task, TaskCell, load, load_ppl
 from posenc.report import with_ratios
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
@@ -33,6 +33,9 @@ from posenc.tasks import get_task
 ROTATION_ONLY = ("rope", "acc-rand-qk", "acc-rand-qkv", "acc-learned-qkv")
 FAR_MASS_CONTROLS = ("alibi", "forget", "rope+forget", "hybrid")
 RAND_QKV, RAND_QK = "acc-rand-qkv", "acc-rand-qk"
+REFLECTING = "path"  # Householder transports with beta in [0, 2]: a reflection flips a state, an SO(2) step of at most 1 rad cannot
+# every scheme a task claim names: a run's scheme takes the role whose canonical spec it has (claims.role_names)
+TASK_ROLES = list(dict.fromkeys([*ROTATION_ONLY, *FAR_MASS_CONTROLS, RAND_QKV, RAND_QK, REFLECTING, "path+forget"]))
 
 
 def slug(task: str) -> str:
@@ -76,9 +79,10 @@ class TaskTable:
         self.task, self.L0, self.tol, self.bar = task, train_length, tol, bar
         self.scores: dict[str, dict[int, Scores]] = {}  # only schemes with records: a lookup adds none
         mine = [r for r in records if r.task == task]
+        name = role_names([r.scheme for r in mine], TASK_ROLES)
         for r in mine:
-            self.scores.setdefault(r.scheme, {})[r.seed] = Scores(r.cells)
-        self.seconds = {(r.scheme, r.seed): (r.train_seconds, r.eval_seconds) for r in mine}
+            self.scores.setdefault(name[r.scheme], {})[r.seed] = Scores(r.cells)
+        self.seconds = {(name[r.scheme], r.seed): (r.train_seconds, r.eval_seconds) for r in mine}
 
     def id_acc(self, scheme: str) -> list[float]:
         return [s.acc("id", self.L0)[0] for s in self.scores.get(scheme, {}).values()]
@@ -259,7 +263,6 @@ def claim_r5(t: TaskTable) -> Optional[Claim]:
                  verdict, ", ".join(f"{s} {_pct(v[0])}%" for s, v in errs.items()))
 
 
-REFLECTING = "path"  # Householder transports with beta in [0, 2]: a reflection flips a state, an SO(2) step of at most 1 rad cannot
 
 
 def claim_r6(t: TaskTable) -> Optional[Claim]:

@@ -15,7 +15,6 @@ table of perplexity at 1x and ratios per scheme and run, the claims of each run)
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import io
 import re
 from collections import defaultdict
@@ -91,24 +90,6 @@ def load_run(path: Path, label: str | None = None) -> Run:
     return Run(path, label or path.name, with_ratios(records), lengths.pop(), found, source, header)
 
 
-def spec_key(spec: str) -> str:
-    """What makes two spellings one scheme: per layer entry, each part's class and parameters with the
-    constructor's defaults filled in. A label that is not a spec (``rope+yarn(s=8)``) is its own key."""
-    try:
-        entries = []
-        for entry in encodings.layer_pattern(spec):
-            parts = []
-            for cls, params in encodings.parts(entry):
-                defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-                            if p.default is not inspect.Parameter.empty}
-                merged = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in {**defaults, **params}.items()}
-                parts.append((cls.__name__, sorted(merged.items())))  # 10000 and 10000.0 are one value
-            entries.append(parts)
-        return repr(entries)
-    except PosencError:
-        return spec
-
-
 def _labels(paths: list[Path]) -> list[str]:
     """Directory names, with parents added until they are distinct."""
     paths = [Path(p).resolve() for p in paths]
@@ -137,7 +118,7 @@ def _grid(run: Run, key: str) -> dict[str, dict[float, list[float]]]:
     """spec key -> evaluation length / training length -> values over seeds."""
     grid: dict = defaultdict(lambda: defaultdict(list))
     for r in run.records:
-        grid[spec_key(r.scheme)][r.eval_length / run.train_length].append(getattr(r, key))
+        grid[encodings.canonical(r.scheme)][r.eval_length / run.train_length].append(getattr(r, key))
     return grid
 
 
@@ -146,7 +127,7 @@ def schemes(runs: list[Run]) -> dict[str, str]:
     out: dict[str, str] = {}
     for run in runs:
         for r in run.records:
-            out.setdefault(spec_key(r.scheme), r.scheme)
+            out.setdefault(encodings.canonical(r.scheme), r.scheme)
     return out
 
 

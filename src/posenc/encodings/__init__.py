@@ -18,7 +18,7 @@ from posenc.encodings import absolute, accumulated, bias, cope, dape, fire, forg
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
 from posenc.encodings.registry import (
-    Parameter, _accepted, alias, alias_of, catalogue, check_types, format_part, import_schemes, layer_pattern, names, parameters, parts, plugin_modules, register,
+    Parameter, _accepted, alias, alias_of, by_role, canonical, catalogue, check_types, format_part, import_schemes, layer_pattern, names, parameters, parts, plugin_modules, register,
     resolve, split_part, unregister,
 )
 from posenc.errors import PosencError
@@ -74,6 +74,6 @@ def describe(spec: str, dims: Dims | None = None, **params: Any) -> str:
 
 
 __all__ = [
-    "Dims", "Encoding", "Inputs", "Parameter", "alias", "alias_of", "catalogue", "describe", "get", "import_schemes", "layer_pattern", "names", "parameters", "parts",
+    "Dims", "Encoding", "Inputs", "Parameter", "alias", "alias_of", "by_role", "canonical", "catalogue", "describe", "get", "import_schemes", "layer_pattern", "names", "parameters", "parts",
     "plugin_modules", "register", "resolve", "unregister",
 ]

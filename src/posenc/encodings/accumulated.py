@@ -94,6 +94,11 @@ class Accumulated(Encoding):
     rotary = accumulates = True  # decoding keeps the running phase (base.RunningPhaseState)
     batch_row_offset = 0  # first global batch row held by this process (posenc.distributed.set_batch_rows)
 
+    @classmethod
+    def effective(cls, params: dict) -> dict:
+        """a = None is the half-width 1 around zero (it is None so that center='rope' can refuse an a given)."""
+        return {**params, "a": 1.0} if params.get("a") is None and params.get("center") == "zero" else params
+
     def __init__(
         self,
         dims: Dims,

@@ -256,6 +256,13 @@ class Encoding(nn.Module):
         super().__init__()
         self.dims = dims
 
+    @classmethod
+    def effective(cls, params: dict) -> dict:
+        """The constructor's parameters as the scheme uses them, given ``params`` (every default filled in): a
+        scheme whose default is resolved in ``__init__`` (None standing for a value) fills it here, so two
+        spellings of one scheme have one ``encodings.canonical`` key."""
+        return params
+
     def extra_repr(self) -> str:
         """The spec, then the parameters a spec cannot set (``internal``) that are set: ``RoPE(rope:rope_theta=500000)``."""
         internal = [f"{k}={getattr(self, k)!r}" for k in self.internal if getattr(self, k, None) is not None]

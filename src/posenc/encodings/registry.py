@@ -362,3 +362,28 @@ def parts(spec: str) -> list[tuple[type[Encoding], dict[str, Any]]]:
         else:
             out.append(resolve(part))
     return out
+
+
+def canonical(spec: str) -> str:
+    """What makes two spellings one scheme: per layer entry, each part's class and parameters with the
+    constructor's defaults filled in (``rope`` and ``rope:rope_theta=10000``, ``hybrid`` and
+    ``acc-learned-qkv+forget`` are one key). A label that is not a spec (``rope+yarn(s=8)``) is its own key."""
+    try:
+        entries = []
+        for entry in layer_pattern(spec):
+            entry_parts = []
+            for cls, params in parts(entry):
+                defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                            if p.default is not inspect.Parameter.empty}
+                merged = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                          for k, v in cls.effective({**defaults, **params}).items()}
+                entry_parts.append((cls.__name__, sorted(merged.items())))  # 10000 and 10000.0 are one value
+            entries.append(entry_parts)
+        return repr(entries)
+    except PosencError:
+        return spec
+
+
+def by_role(roles: list[str]) -> dict[str, str]:
+    """canonical key -> role name: how a report finds the schemes its claims compare however a run spelled them."""
+    return {canonical(r): r for r in roles}
