@@ -12,6 +12,7 @@ from posenc import encodings
 from posenc.cli import main
 from posenc.encodings import registry
 from posenc.errors import PosencError
+from posenc.checkpoint import read_json
 from posenc.jobs import scheme_modules
 
 PLUGIN = '''"""A scheme written outside posenc: ALiBi at half slope."""
@@ -134,3 +135,24 @@ def test_an_imported_file_scheme_runs_in_compare(tmp_path):
                    "--out", "runs", "--name", "file"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "| filescheme |" in (tmp_path / "runs" / "file" / "report.md").read_text()
+    run = tmp_path / "runs" / "file" / "filescheme" / "seed0"
+    assert read_json(run / "config.json")["plugins"] == [{"module": "filescheme", "file": str((tmp_path / "local" / "filescheme.py").resolve())}]
+    # another process without the plugin: one line naming what to import, exit 2 (it said "unknown scheme")
+    gen = _posenc(["generate", str(run), "--prompt", "ab", "--max-new-tokens", "2"], tmp_path)
+    assert gen.returncode == 2 and gen.stderr.strip().splitlines()[-1] == (
+        f"posenc: error: {run} was trained with the scheme plugin {(tmp_path / 'local' / 'filescheme.py').resolve()}: "
+        f"load it with posenc --import {(tmp_path / 'local' / 'filescheme.py').resolve()} (or POSENC_IMPORT)")
+    assert _posenc(["--import", "local/filescheme.py", "generate", str(run), "--prompt", "ab", "--max-new-tokens", "2"], tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("flag, hook", [("has_bias", "bias"), ("rotary", "phases")])
+def test_a_scheme_whose_flags_disagree_with_its_hooks_is_refused_when_it_registers(flag, hook):
+    """A bias() under has_bias = False was applied in training and dropped in cached decoding (0.395 logits off)."""
+    hooks = {"bias": lambda self, inp: None, "phases": lambda self, inp: None}
+    silent = type("Silent", (encodings.Encoding,), {"name": "silent-flag", hook: hooks[hook]})
+    with pytest.raises(PosencError, match=f"scheme 'silent-flag' implements {hook}\\(\\) but declares {flag} = False"):
+        registry.register(silent)
+    empty = type("Empty", (encodings.Encoding,), {"name": "empty-flag", flag: True})
+    with pytest.raises(PosencError, match=f"scheme 'empty-flag' declares {flag} = True but does not implement {hook}\\(\\)"):
+        registry.register(empty)
+    assert "silent-flag" not in encodings.names() and "empty-flag" not in encodings.names()

@@ -36,7 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from tqdm.auto import tqdm
 
-from posenc import distributed
+from posenc import distributed, encodings
 from posenc.checkpoint import (
     append_jsonl, load_tensors, load_torch, load_weights, make_run_dir, read_json, read_jsonl, save_tensors, save_torch,
     write_json, write_jsonl,
@@ -345,12 +345,23 @@ def read_run_config(run_dir: Path) -> dict:
     return cfg
 
 
+def check_plugins(run_dir: Path, cfg: dict) -> None:
+    """PosencError naming what to ``--import`` when the run's scheme came from a plugin this process has not loaded
+    (``config.json``'s ``plugins``, from ``encodings.plugin_sources``)."""
+    missing = [p for p in cfg.get("plugins", []) if p["module"] not in encodings.plugin_modules()]
+    if missing:
+        what = ", ".join(p["file"] or p["module"] for p in missing)
+        raise PosencError(f"{run_dir} was trained with the scheme plugin {what}: load it with posenc --import {missing[0]['file'] or missing[0]['module']} "
+                          f"(or POSENC_IMPORT)")
+
+
 def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
     """Model (weights loaded, on the default device: CUDA if present), model and training config of a run."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").exists() or not (run_dir / "model.safetensors").exists():
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
     cfg = read_run_config(run_dir)
+    check_plugins(run_dir, cfg)
     mcfg, tcfg = validated(ModelConfig, cfg["model"], "model config"), validated(TrainConfig, cfg["train"], "training config")
     model = LM(mcfg)
     load_weights(run_dir / "model.safetensors", model)
@@ -437,7 +448,8 @@ def train(
     elif shard.is_main:  # a fresh run replaces an old summary (and log: fit)
         (run_dir / "train_summary.json").unlink(missing_ok=True)
     if shard.is_main:
-        write_json(run_dir / "config.json", {"model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(), "stamp": run_stamp(tcfg.precision)})
+        write_json(run_dir / "config.json", {"model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(), "stamp": run_stamp(tcfg.precision),
+                                            "plugins": encodings.plugin_sources(mcfg.encoding)})
     distributed.set_batch_rows(model, rows)
     loss_fn = distributed.wrap(_TokenNLL(model), shard)
     if tcfg.compile:

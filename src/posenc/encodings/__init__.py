@@ -18,7 +18,7 @@ from posenc.encodings import absolute, accumulated, bias, cope, dape, fire, forg
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
 from posenc.encodings.registry import (
-    Parameter, _accepted, alias, alias_of, by_role, canonical, catalogue, check_types, format_part, import_schemes, layer_pattern, names, parameters, parts, plugin_modules, register,
+    Parameter, _accepted, alias, alias_of, by_role, canonical, catalogue, check_types, format_part, import_schemes, layer_pattern, names, parameters, parts, plugin_modules, plugin_sources, register,
     resolve, split_part, unregister,
 )
 from posenc.errors import PosencError
@@ -75,5 +75,5 @@ def describe(spec: str, dims: Dims | None = None, **params: Any) -> str:
 
 __all__ = [
     "Dims", "Encoding", "Inputs", "Parameter", "alias", "alias_of", "by_role", "canonical", "catalogue", "describe", "get", "import_schemes", "layer_pattern", "names", "parameters", "parts",
-    "plugin_modules", "register", "resolve", "unregister",
+    "plugin_modules", "plugin_sources", "register", "resolve", "unregister",
 ]

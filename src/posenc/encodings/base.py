@@ -250,6 +250,7 @@ class Encoding(nn.Module):
     has_logits: bool = False  # logits() gives an attending scheme's logits per query block
     uses_tokens: bool = False  # the hooks read Inputs.tokens (token ids), not only x and pos
     accumulates: bool = False  # phases() is the float64 prefix sum of steps()
+    instance_flags: tuple[str, ...] = ()  # capability flags the constructor sets (their hooks give None while unset)
     spec: str = ""  # the full spec it was built from, every parameter given (set by posenc.encodings.get; "" if built directly)
 
     def __init__(self, dims: Dims):

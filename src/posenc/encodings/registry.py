@@ -43,9 +43,30 @@ _PLUGINS: set[str] = set()  # modules loaded as plugins: a job process loads the
 _plugins_loaded = False
 
 
+# each capability flag and the hook it declares (Encoding's docstring): a flag says the hook gives a value
+FLAG_HOOKS = {"rotary": "phases", "has_bias": "bias", "replaces_attention": "attend", "has_logits": "logits"}
+
+
+def check_capabilities(cls: type[Encoding]) -> None:
+    """PosencError unless each capability flag of ``cls`` agrees with its hook: a hook implemented under a flag
+    left False would be used by some paths and skipped by others (decoding reads the flags), a flag set
+    without its hook gives None where a value is promised. A flag in ``cls.instance_flags`` is set by the
+    constructor (its hook returns None while it is unset) and is exempt while False."""
+    for flag, hook in FLAG_HOOKS.items():
+        implemented = getattr(cls, hook) is not getattr(Encoding, hook)
+        declared = bool(getattr(cls, flag))
+        if implemented and not declared and flag not in cls.instance_flags:
+            raise PosencError(f"scheme {cls.name!r} implements {hook}() but declares {flag} = False: set {flag} = True "
+                              f"(or list it in instance_flags when the constructor sets it)")
+        if declared and not implemented:
+            raise PosencError(f"scheme {cls.name!r} declares {flag} = True but does not implement {hook}()")
+
+
 def register(cls: type[Encoding]) -> type[Encoding]:
-    """Class decorator: make a scheme available by its ``name``; PosencError if the name is taken."""
+    """Class decorator: make a scheme available by its ``name``; PosencError if the name is taken or its
+    capability flags disagree with the hooks it implements (``check_capabilities``)."""
     _check_free(cls.name)
+    check_capabilities(cls)
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -146,6 +167,13 @@ def plugin_modules() -> set[str]:
     """Names of the modules loaded as plugins: a process loads them on its own when it first uses the registry."""
     _load_plugins()
     return set(_PLUGINS)
+
+
+def plugin_sources(spec: str) -> list[dict[str, str]]:
+    """The plugins a scheme spec needs: {module, file} of each plugin module defining one of its parts (a run
+    records them, so that loading it elsewhere can name what to ``--import``)."""
+    mods = {cls.__module__ for entry in layer_pattern(spec) for cls, _ in parts(entry)} & plugin_modules()
+    return [{"module": m, "file": str(getattr(sys.modules.get(m), "__file__", "") or "")} for m in sorted(mods)]
 
 
 def names() -> list[str]:

@@ -44,6 +44,7 @@ class RoPE(Encoding):
     family, source = "rotary", "Su et al. 2021, arXiv:2104.09864, eq. 34"
     rotary = True
     internal = ("schedule", "schedule_params")  # set by with_rope_schedule (posenc eval --rope-schedule), not by specs
+    instance_flags = ("replaces_attention",)  # the rerope schedules' attention
 
     def __init__(self, dims: Dims, rope_theta: float = 10000.0, pairing: str = "half", schedule: str | None = None, schedule_params: dict | None = None, rotary_fraction: float = 1.0):
         super().__init__(dims)
