@@ -257,6 +257,13 @@ def test_damaged_run_dir_one_line_exit_2(rope_run, tmp_path, capsys, command, na
     _one_line_exit_2(capsys, argv, f"{run / name} {message}")
 
 
+def test_resume_of_a_directory_without_a_run_is_refused(tmp_path, capsys):
+    """A mistyped --out with --resume started a fresh run and exited 0."""
+    _one_line_exit_2(capsys, ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(tmp_path / "typo"), "--resume"],
+                     f"--resume: {tmp_path / 'typo'} holds no run to resume (no config.json)")
+    assert not (tmp_path / "typo").exists()
+
+
 def test_train_out_cannot_be_created(tmp_path, capsys):
     (tmp_path / "file").write_text("not a directory\n")
     outs = [tmp_path / "file", tmp_path / "file" / "run"] + ([Path("/proc/nope")] if Path("/proc/self").exists() else [])

@@ -47,6 +47,8 @@ def run(args) -> int:
     out = args.out or Path("runs") / "train" / args.scheme
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
+    if args.resume and not (out / "config.json").exists():  # a mistyped --out would start a fresh run silently
+        raise PosencError(f"--resume: {out} holds no run to resume (no config.json); drop --resume to start one there")
     check_kind(args.log)
     config = {"name": out.name, "scheme": args.scheme, "model": dataclasses.asdict(mcfg), "train": preset.train.model_dump(), "stamp": run_stamp(machine_precision(preset.train))}
     finished = is_trained(out) and read_json(out / "train_summary.json")["steps"] == preset.train.steps  # train keeps it as it is
