@@ -1,0 +1,85 @@
+"""Each RoPE schedule on a Hugging Face model equals what transformers computes for the same L0, at every length.
+
+The tiny Llama below has ``max_position_embeddings`` 4 x its native context L0 = 64 (``original_max_position_embeddings``,
+as a model extended after pretraining ships), so an L0 read from the wrong field shows: the model's rotary embedding
+after ``Adaptation.set_schedule`` must equal posenc's ``SCHEDULES`` with L0 = 64 and transformers' own rotary embedding
+(``ROPE_INIT_FUNCTIONS``, ``dynamic_rope_update``) built the way transformers documents each type with that L0.
+"""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
+
+from posenc import rope  # noqa: E402
+from posenc.pretrained.adaptation import Adaptation  # noqa: E402
+from posenc.pretrained.schedules import Extension, extension_params  # noqa: E402
+
+D, THETA, L0, S = 16, 10000.0, 64, 4.0
+LISTS = {"short_factor": [1.0 + 0.1 * i for i in range(D // 2)], "long_factor": [1.0 + 0.5 * i for i in range(D // 2)]}
+LENGTHS = (16, L0, L0 + 1, 2 * L0, 3 * L0, 4 * L0, 8 * L0)
+
+
+def config(max_positions: int, rope_parameters: dict) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(hidden_size=4 * D, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                    num_key_value_heads=2, vocab_size=32, max_position_embeddings=max_positions,
+                                    rope_parameters={"rope_theta": THETA, **rope_parameters}, attn_implementation="sdpa")
+
+
+def extended_model() -> transformers.LlamaForCausalLM:
+    """Plain RoPE, native context L0 = 64 (``original_max_position_embeddings``), ``max_position_embeddings`` 256."""
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config(4 * L0, {"rope_type": "default", "original_max_position_embeddings": L0})).eval()
+
+
+# each schedule as transformers writes it with L0 = 64: dynamic reads L0 from max_position_embeddings, the others
+# from original_max_position_embeddings
+REFERENCE = {
+    "none": (4 * L0, {"rope_type": "default"}),
+    "pi": (4 * L0, {"rope_type": "linear", "factor": S}),
+    "dynamic": (L0, {"rope_type": "dynamic", "factor": S}),
+    "yarn": (4 * L0, {"rope_type": "yarn", "factor": S, "original_max_position_embeddings": L0}),
+    "llama3": (4 * L0, {"rope_type": "llama3", "factor": S, "original_max_position_embeddings": L0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0}),
+    "longrope": (4 * L0, {"rope_type": "longrope", "factor": S, "original_max_position_embeddings": L0, **LISTS}),
+}
+
+
+def frequencies(rotary, length: int) -> tuple[torch.Tensor, float]:
+    """inv_freq (D/2,) float64 and attention scaling of ``rotary`` for a forward of ``length`` positions."""
+    rotary(torch.zeros(1), torch.arange(length)[None])  # dynamic NTK and LongRoPE pick their frequencies here
+    return rotary.inv_freq.double(), float(rotary.attention_scaling)
+
+
+@pytest.mark.parametrize("name", list(REFERENCE))
+def test_each_schedule_equals_transformers_for_the_same_l0_at_every_length(name):
+    model = extended_model()
+    adapted = Adaptation(model)
+    assert adapted.l0 == L0
+    ext = Extension(name, S, **(LISTS if name == "longrope" else {}))
+    adapted.set_schedule(ext)
+    params = extension_params(ext, L0)
+    for length in LENGTHS:
+        adapted.reset_rotary()  # one forward's frequencies, as posenc extend scores each window
+        got, got_af = frequencies(model.model.rotary_emb, length)
+        want, want_af = rope.SCHEDULES[name](D, THETA, params, length)
+        ref, ref_af = frequencies(LlamaRotaryEmbedding(config(*REFERENCE[name])), length)
+        assert torch.allclose(got, want, rtol=1e-6, atol=0), (name, length)
+        assert torch.allclose(ref, want, rtol=1e-6, atol=0), (name, length)
+        assert got_af == pytest.approx(want_af, rel=1e-12) and ref_af == pytest.approx(want_af, rel=1e-12), (name, length)
+
+
+def test_dynamic_ntk_scales_past_the_native_context_not_past_max_position_embeddings():
+    """The issue's case: at 2 L0 (below max_position_embeddings = 4 L0) dynamic NTK's base is raised, so its lowest
+    frequency is below plain RoPE's; the model's generation limit stays its own."""
+    model = extended_model()
+    adapted = Adaptation(model)
+    adapted.set_schedule(Extension("dynamic", S))
+    got, _ = frequencies(model.model.rotary_emb, 2 * L0)
+    plain = rope.rope_inv_freq(D, THETA)
+    base = THETA * (S * 2 - (S - 1)) ** (D / (D - 2))
+    assert torch.allclose(got, rope.rope_inv_freq(D, base), rtol=1e-6) and got[-1] < plain[-1] / 4
+    assert model.config.max_position_embeddings == 4 * L0
+    adapted.restore()
+    assert model.model.rotary_emb.config is model.config
