@@ -83,3 +83,33 @@ def test_dynamic_ntk_scales_past_the_native_context_not_past_max_position_embedd
     assert model.config.max_position_embeddings == 4 * L0
     adapted.restore()
     assert model.model.rotary_emb.config is model.config
+
+
+def rotary_buffers(model) -> dict[str, torch.Tensor]:
+    return {n: b.clone() for n, b in model.model.rotary_emb.named_buffers() if b.is_floating_point()}
+
+
+@pytest.mark.parametrize("name", [*rope.NAMES, "longrope"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_cast_never_lowers_the_rotary_frequencies(name, dtype):
+    """After ``set_schedule``, ``model.to(bf16 / fp16)`` keeps every floating buffer of the rotary embedding (transformers'
+    ``inv_freq``, ``original_inv_freq``; ReRoPE's stand-in) float32 and bit-equal, also after the dynamic update
+    and a rebuild (``reset_rotary``); the weights are cast."""
+    model = extended_model()
+    adapted = Adaptation(model)
+    adapted.set_schedule(Extension(name, S, window=8, leak=4.0, **(LISTS if name == "longrope" else {})))
+    before = rotary_buffers(model)
+    assert before and all(b.dtype == torch.float32 for b in before.values())
+    model.to(dtype)
+    assert model.model.embed_tokens.weight.dtype == dtype
+    after = rotary_buffers(model)
+    assert after.keys() == before.keys()
+    for n, b in after.items():
+        assert b.dtype == torch.float32 and torch.equal(b, before[n]), (name, n)
+    with torch.inference_mode():
+        model(torch.randint(0, 32, (1, 2 * L0)))  # dynamic NTK and LongRoPE update inv_freq here
+    assert all(b.dtype == torch.float32 for b in rotary_buffers(model).values())
+    adapted.reset_rotary()
+    model.to(dtype)
+    assert rotary_buffers(model).keys() == before.keys()
+    assert all(torch.equal(b, before[n]) for n, b in rotary_buffers(model).items())

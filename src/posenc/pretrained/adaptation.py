@@ -25,6 +25,7 @@ import warnings
 import torch
 
 from posenc import hf, rope
+from posenc.encodings.base import keeping_precision
 from posenc.errors import PosencError
 from posenc.pretrained import rerope
 from posenc.pretrained.schedules import Extension, extension_params, head_dim, native_context
@@ -111,11 +112,13 @@ class Adaptation:
 
     def _rotary(self, attributes: dict):
         """A rotary embedding of the model's type built from a copy of its config with ``attributes`` set: transformers
-        reads them from the config it was given, and the model's own keep their other uses (generate's length limit)."""
+        reads them from the config it was given, and the model's own keep their other uses (generate's length limit).
+        Its frequencies stay float32 under a cast of the model (``posenc.encodings.base.KeepsPrecision``): in bf16
+        transformers' ``inv_freq`` is 3.5e-3 off, 40 rad of phase at position 32,768."""
         config = copy.deepcopy(self.model.config)
         for name, value in attributes.items():
             setattr(config, name, value)
-        return self._rotary_type(config=config)
+        return keeping_precision(self._rotary_type)(config=config)
 
     def set_scheme(self, spec: str) -> None:
         """Put posenc scheme ``spec`` into the native model's attention in place of the current adaptation
