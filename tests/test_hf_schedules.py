@@ -6,6 +6,8 @@ after ``Adaptation.set_schedule`` must equal posenc's ``SCHEDULES`` with L0 = 64
 (``ROPE_INIT_FUNCTIONS``, ``dynamic_rope_update``) built the way transformers documents each type with that L0.
 """
 
+import warnings
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
 from posenc import rope  # noqa: E402
+from posenc.errors import PosencError  # noqa: E402
 from posenc.pretrained.adaptation import Adaptation  # noqa: E402
 from posenc.pretrained.schedules import Extension, extension_params  # noqa: E402
 
@@ -113,3 +116,65 @@ def test_a_cast_never_lowers_the_rotary_frequencies(name, dtype):
     model.to(dtype)
     assert rotary_buffers(model).keys() == before.keys()
     assert all(torch.equal(b, before[n]) for n, b in rotary_buffers(model).items())
+
+
+def qwen3_style_model() -> transformers.LlamaForCausalLM:
+    """Only ``max_position_embeddings`` (80 = 1.25 x 64, as Qwen3's 40,960 = 1.25 x 32,768): its native context reads 80."""
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config(80, {"rope_type": "default"})).eval()
+
+
+def test_every_yarn_setting_and_the_original_length_can_be_given():
+    """L0 = 64 given for a config with only max_position_embeddings 80, an explicit attention factor 1.0 and YaRN's
+    beta_fast, beta_slow, truncate: the model's frequencies are transformers' for exactly that setting."""
+    model = qwen3_style_model()
+    adapted = Adaptation(model)
+    assert adapted.l0 == 80
+    tuned = {"attention_factor": 1.0, "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False}
+    with pytest.warns(UserWarning, match=r"^factor 4 differs from the model's max_position_embeddings / L0 = 80 / 64 = 1.25"):
+        adapted.set_schedule(Extension("yarn", S, original_max_position_embeddings=L0, **tuned))
+    got, got_af = frequencies(model.model.rotary_emb, 2 * L0)
+    ref, ref_af = frequencies(LlamaRotaryEmbedding(config(80, {"rope_type": "yarn", "factor": S,
+                                                              "original_max_position_embeddings": L0, **tuned})), 2 * L0)
+    default, default_af = frequencies(LlamaRotaryEmbedding(config(80, {"rope_type": "yarn", "factor": S,
+                                                                      "original_max_position_embeddings": 80})), 2 * L0)
+    assert torch.allclose(got, ref, rtol=1e-6, atol=0) and got_af == ref_af == 1.0
+    assert not torch.allclose(got, default, rtol=1e-3) and default_af > 1.1  # the settings change something
+
+
+def test_the_original_length_reaches_dynamic_ntk_and_the_length_switch():
+    model = qwen3_style_model()
+    adapted = Adaptation(model)
+    with pytest.warns(UserWarning, match="factor 4 differs"):
+        adapted.set_schedule(Extension("dynamic", S, original_max_position_embeddings=L0))
+    got, _ = frequencies(model.model.rotary_emb, 72)  # past L0 = 64, below max_position_embeddings = 80
+    assert torch.allclose(got, rope.rope_inv_freq(D, THETA * (S * 72 / L0 - (S - 1)) ** (D / (D - 2))), rtol=1e-6)
+
+
+def test_the_factor_warning_is_given_once_and_only_where_the_lengths_disagree():
+    adapted = Adaptation(qwen3_style_model())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            adapted.set_schedule(Extension("pi", S, original_max_position_embeddings=L0))
+        adapted.set_schedule(Extension("pi", 1.25, original_max_position_embeddings=L0))  # the config's ratio
+        adapted.set_schedule(Extension("pi", S))  # L0 = max_position_embeddings: nothing to disagree with
+        adapted.set_schedule(Extension("rerope", S, original_max_position_embeddings=L0))  # no factor
+    assert [str(w.message) for w in caught] == ["factor 4 differs from the model's max_position_embeddings / L0 = 80 / 64 = 1.25: "
+                                                "the schedule scales by 4, not by the config's ratio"]
+
+
+@pytest.mark.parametrize("ext,message", [
+    (Extension("pi", S, beta_fast=16.0), r"^rope schedule 'pi' takes factor; got beta_fast$"),
+    (Extension("llama3", S, attention_factor=1.0), r"^rope schedule 'llama3' takes .*; got attention_factor$"),
+    (Extension("none", S, truncate=False), r"^rope schedule 'none' takes no parameters; got truncate$"),
+    (Extension("yarn", S, beta_fast=1.0, beta_slow=2.0), r"^yarn needs beta_fast > beta_slow > 0"),
+    (Extension("yarn", S, attention_factor=0.0), r"attention_factor must be > 0, got 0.0$"),
+    (Extension("yarn", S, original_max_position_embeddings=1), r"^original_max_position_embeddings \(L0\) must be an integer >= 2"),
+])
+def test_a_setting_the_schedule_does_not_take_or_out_of_range_is_refused(ext, message):
+    model = qwen3_style_model()
+    adapted = Adaptation(model)
+    with pytest.raises(PosencError, match=message):
+        adapted.set_schedule(ext)
+    assert model.config.rope_parameters["rope_type"] == "default"  # refused before the model changes

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import math
 import warnings
 
 import torch
@@ -28,7 +29,7 @@ from posenc import hf, rope
 from posenc.encodings.base import keeping_precision
 from posenc.errors import PosencError
 from posenc.pretrained import rerope
-from posenc.pretrained.schedules import Extension, extension_params, head_dim, native_context
+from posenc.pretrained.schedules import Extension, extension_params, head_dim, native_context, original_length
 
 # the schedules whose frequencies transformers picks per forward from the largest position + 1:
 # (name, what is picked, what keys cached before a later forward keep)
@@ -93,9 +94,12 @@ class Adaptation:
         (tested for every schedule), except dynamic NTK and LongRoPE past L0, which transformers
         computes with one base or factor list for the whole batch: refused (PosencError). Both
         warn once when decoded with the KV cache past L0 (:func:`_length_switch`).
+        L0 is ``ext.original_max_position_embeddings`` when given, else :attr:`l0`; a ``factor`` other than the
+        config's ``max_position_embeddings`` / L0 (where they differ) warns once (:func:`_check_factor`).
         Raises PosencError as ``extension_params``, before the model changes.
         """
         params = extension_params(ext, self.l0)
+        _check_factor(params, self.model.config.max_position_embeddings, original_length(ext, self.l0))
         self.restore()
         config = self.model.config
         config.rope_parameters = rope.hf_rope_parameters(ext.schedule, params, float(self._rope["rope_theta"]), head_dim(config))
@@ -150,6 +154,16 @@ class Adaptation:
             h.update(b"weights:" + self.weights.encode())
         self.reset_rotary()
         return h.hexdigest()[:16]
+
+
+def _check_factor(params: dict, max_positions: int, l0: int) -> None:
+    """A one-line warning (once per setting: Python's warnings filter) when schedule parameters ``params`` have a
+    ``factor`` s other than ``max_positions / l0`` while the two lengths differ: the config says the model was
+    extended by that ratio (transformers derives yarn's and longrope's factor from it when none is given)."""
+    ratio = max_positions / l0
+    if "factor" in params and max_positions != l0 and not math.isclose(params["factor"], ratio):
+        warnings.warn(f"factor {params['factor']:g} differs from the model's max_position_embeddings / L0 = {max_positions} / {l0} "
+                      f"= {ratio:g}: the schedule scales by {params['factor']:g}, not by the config's ratio")
 
 
 def _length_switch(schedule: str, l0: int, module, args, kwargs):
