@@ -29,7 +29,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from posenc import encodings, hf, passkey
+from posenc import encodings, hf, passkey, rope
 from posenc.checkpoint import read_json, write_json
 from posenc.presets import SHIPPED, load_flat, preset_names as shipped
 from posenc.data import Document, load_corpus
@@ -43,24 +43,48 @@ from posenc.scoring import Window
 PRESETS = SHIPPED / "extend"
 # the setting: records of another setting in the same directory are kept, not shown (their tag differs)
 SETTING = ("model", "corpus", "docs", "factor", "max_tokens", "stride", "bos", "bucket", "rerope_window", "leak", "seed")
+# settings added later: in the setting only when given, so the runs of earlier releases keep their tag
+LATER_SETTING = ("original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "truncate", "short_factor",
+                 "long_factor")
+# each schedule setting and the posenc.rope schedule parameter (Extension field) it gives
+SCHEDULE_KEYS = {"rerope_window": "window", "leak": "leak", "attention_factor": "attention_factor", "beta_fast": "beta_fast",
+                 "beta_slow": "beta_slow", "truncate": "truncate", "short_factor": "short_factor", "long_factor": "long_factor"}
 # what one call ran, listed in config.json
 INVOCATION = ("lengths", "long_schedules", "max_windows", "passkey_lengths", "passkey_depths", "passkey_schedules", "name", "schedules",
               "schemes")
 SCHEME_LABEL = "scheme:"  # a posenc scheme's adaptation label: scheme:SPEC
 
 
-class ScoringConfig(BaseModel):
-    """How a pretrained model is scored on held-out text (perplexity, passkey retrieval): the fields
-    ``posenc extend`` and ``posenc finetune`` (``posenc.finetune.FinetuneConfig``) share; tokens of the model's tokenizer."""
+class ScheduleSettings(BaseModel):
+    """The RoPE schedule settings of a pretrained model, the keys and flags ``posenc extend`` and ``posenc finetune``
+    share (``posenc.pretrained.schedules.Extension``: meaning, defaults and errors). Each but ``factor`` and
+    ``original_max_position_embeddings`` (L0 for every schedule) sets the ``posenc.rope`` parameter
+    ``SCHEDULE_KEYS`` names, of the run's schedules that take it (:func:`extension`); None: its default."""
 
     model_config = ConfigDict(extra="forbid")
+
+    factor: float = Field(2.0, ge=1)  # scale factor s
+    original_max_position_embeddings: Optional[int] = Field(None, ge=2)  # L0 in tokens; None: the model's native context
+    attention_factor: Optional[float] = Field(None, gt=0)  # multiplies cos and sin (yarn, longrope); None: the schedule's
+    beta_fast: Optional[float] = None  # YaRN: rotations per L0 above which frequencies are kept (default 32)
+    beta_slow: Optional[float] = None  # YaRN: rotations per L0 below which they are divided by s (default 1)
+    truncate: Optional[bool] = None  # YaRN: floor/ceil the ramp's ends (default true)
+    short_factor: Optional[list[float]] = None  # LongRoPE: D/2 factors up to L0 (a model's searched list)
+    long_factor: Optional[list[float]] = None  # LongRoPE: D/2 factors past L0
+    rerope_window: Optional[int] = None  # ReRoPE window w; None: L0/4
+    leak: Optional[float] = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
+
+
+class ScoringConfig(ScheduleSettings):
+    """How a pretrained model is scored on held-out text (perplexity, passkey retrieval), and its schedule settings:
+    the fields ``posenc extend`` and ``posenc finetune`` (``posenc.finetune.FinetuneConfig``) share; tokens of the
+    model's tokenizer."""
 
     name: str = Field(min_length=1)  # the run directory runs/<command>/<name> (the default output)
     model: str = loading.DEFAULT_MODEL  # 'smollm2', a .gguf file, a model directory or a hub id
     corpus: str = "shakespeare"  # corpus spec (posenc.data); its held-out documents are scored
     docs: list[str] = Field(["first"], min_length=1)  # held-out document names, 'all' or 'first'
     max_tokens: int = Field(32768, ge=2)  # the first max_tokens tokens of each document
-    factor: float = Field(2.0, ge=1)  # scale factor s
     bos: Literal["none", "prepend"] = "none"  # none: windows of raw text; prepend: BOS + length - 1 text tokens
     passkey_lengths: list[Annotated[int, Field(ge=1)]] = []  # prompt lengths; empty: no passkey
     passkey_depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.5]
@@ -75,8 +99,6 @@ class ExtendConfig(ScoringConfig):
                                               "passkey_methods": "passkey_schedules"}
     stride: Optional[int] = None  # sliding-window stride in text tokens; None: non-overlapping windows
     bucket: int = Field(1024, ge=1)  # position-bucket width of the per-position loss
-    rerope_window: Optional[int] = None  # ReRoPE window w; None: L0/4
-    leak: Optional[float] = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
     seed: int = 0  # seed of the passkey keys
     schedules: list[str] = Field(list(NAMES), min_length=1)  # RoPE context-extension schedules (posenc.rope)
     schemes: list[str] = []  # posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme)
@@ -104,9 +126,15 @@ def load_extend_config(name_or_path: str, overrides: Optional[dict[str, Any]] = 
 
 
 def check_config(cfg: ExtendConfig) -> None:
-    """What field bounds cannot say: schedule names, and a stride that fits the shortest length."""
+    """What field bounds cannot say: schedule names, a schedule setting that some schedule of the run takes, and
+    a stride that fits the shortest length."""
     for m in [*cfg.schedules, *(cfg.long_schedules or []), *(cfg.passkey_schedules or [])]:
         check_name(m)
+    for key, param in SCHEDULE_KEYS.items():  # else it would be silently ignored
+        takers = [n for n, s in rope.SCHEDULES.items() if param in s.defaults]
+        if getattr(cfg, key) is not None and not set(takers) & set(cfg.schedules):
+            raise PosencError(f"{key} (--{key.replace('_', '-')}) is a setting of {', '.join(takers)}; no schedule of this run "
+                              f"({', '.join(cfg.schedules)}) takes it")
     for spec in cfg.schemes:  # names and parameters; sizes once the model is loaded
         for entry in encodings.layer_pattern(spec):
             encodings.parts(entry)
@@ -115,8 +143,14 @@ def check_config(cfg: ExtendConfig) -> None:
         raise PosencError(f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {cfg.stride}")
 
 
-def _extension(cfg: ExtendConfig, schedule: str) -> schedules.Extension:
-    return schedules.Extension(schedule, cfg.factor, cfg.rerope_window, cfg.leak)
+def extension(cfg: ScheduleSettings, schedule: str) -> schedules.Extension:
+    """Schedule ``schedule`` with ``cfg``'s settings: factor, L0 and each setting the schedule takes (a run's other
+    schedules take the rest)."""
+    takes = rope.SCHEDULES[check_name(schedule)].defaults
+    given = {param: getattr(cfg, key) for key, param in SCHEDULE_KEYS.items() if param in takes and getattr(cfg, key) is not None}
+    lists = {k: tuple(v) for k, v in given.items() if isinstance(v, list)}
+    return schedules.Extension(schedule, cfg.factor, original_max_position_embeddings=cfg.original_max_position_embeddings,
+                               **{**given, **lists})
 
 
 def held_out(cfg: ExtendConfig) -> list[Document]:
@@ -226,7 +260,8 @@ def _write_config(path: Path, setting: dict, invocation: dict) -> None:
 
 def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -> _Store:
     """Record this call in ``config.json`` and open the records of its setting."""
-    setting = {**{k: getattr(cfg, k) for k in SETTING}, "docs": [d for d, _ in docs]}
+    later = {k: getattr(cfg, k) for k in LATER_SETTING if getattr(cfg, k) is not None}
+    setting = {**{k: getattr(cfg, k) for k in SETTING}, **later, "docs": [d for d, _ in docs]}
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
     _write_config(out / "config.json", {**setting, "native_context": l0, "source": source},
                   {k: getattr(cfg, k) for k in INVOCATION})
@@ -236,9 +271,9 @@ def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -
 def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Document]) -> tuple[int, list, dict, int | None]:
     """Native context L0, (document, tokens) pairs, windows per length and BOS id of ``cfg`` for a loaded model
     and the held-out ``documents`` (:func:`held_out`): every input checked (PosencError as :func:`extend`)."""
-    l0 = schedules.native_context(loaded.model.config)
+    l0 = cfg.original_max_position_embeddings or schedules.native_context(loaded.model.config)
     for name in cfg.schedules:  # window and leak against L0
-        schedules.extension_params(_extension(cfg, name), l0)
+        schedules.extension_params(extension(cfg, name), l0)
     for spec in cfg.schemes:  # built for the model's sizes, not yet applied
         hf.layer_schemes(loaded.model, spec)
     tok = loaded.tokenizer
@@ -287,7 +322,7 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
     store = open_store(out, cfg, docs, l0, loaded.source)
     adapted = Adaptation(loaded.model)
     for name in cfg.schedules:
-        adapted.set_schedule(_extension(cfg, name))
+        adapted.set_schedule(extension(cfg, name))
         for L in cfg.lengths:
             if L <= cfg.factor * l0 or cfg.long_schedules is None or name in cfg.long_schedules:
                 _ppl_points(adapted, name, L, plan[L], dict(docs), store, cfg, bos_id)
