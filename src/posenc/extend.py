@@ -183,17 +183,24 @@ def _skipped_a_target(record: ScoredWindow | PasskeyTrial) -> bool:
     return isinstance(record, ScoredWindow) and record.bos == "none" and record.stride >= record.length and record.begin > 0
 
 
-class _Store:
-    """The records of one setting in ``records.jsonl`` (``posenc.records``, kinds ``PRETRAINED``): appended
-    one per window / trial and flushed at once, so an interrupted run resumes by skipping finished keys (a
-    key recorded twice by an earlier release counts once)."""
+def _other_bos(record: ScoredWindow | PasskeyTrial, bos: str) -> bool:
+    """A passkey trial whose prompt had another BOS policy than its setting's ``bos``: under --bos prepend, the
+    trials of releases whose passkey prompts never had a BOS; ignored, so the trial runs again."""
+    return isinstance(record, PasskeyTrial) and record.bos != bos
 
-    def __init__(self, path: Path, tag: str):
+
+class _Store:
+    """The records of one setting (``tag``, BOS policy ``bos``) in ``records.jsonl`` (``posenc.records``, kinds
+    ``PRETRAINED``): appended one per window / trial and flushed at once, so an interrupted run resumes by skipping
+    finished keys (a key recorded twice by an earlier release counts once; records an earlier release measured
+    otherwise are ignored: :func:`_skipped_a_target`, :func:`_other_bos`)."""
+
+    def __init__(self, path: Path, tag: str, bos: str = "none"):
         drop_torn_tail(path)  # a record cut by a kill must not swallow the next one
         self.path, self.tag = path, tag
         self.records, self.done = [], set()
         for r in load(path, PRETRAINED):
-            if r.setting == tag and not _skipped_a_target(r) and r.key not in self.done:
+            if r.setting == tag and not _skipped_a_target(r) and not _other_bos(r, bos) and r.key not in self.done:
                 self.records.append(r)
                 self.done.add(r.key)
         self.by_sig = {}
@@ -233,8 +240,8 @@ def _ppl_points(adapted: Adaptation, label: str, L: int, windows: list, doc_toke
                    f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
 
 
-def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: ExtendConfig) -> None:
-    """Run the passkey trials of one adaptation (``label``) not yet recorded."""
+def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: ExtendConfig, bos_id: int | None) -> None:
+    """Run the passkey trials of one adaptation (``label``) not yet recorded, each prompt after BOS ``bos_id`` when given."""
     for L in cfg.passkey_lengths:
         for depth in cfg.passkey_depths:
             for trial in range(cfg.trials):
@@ -244,9 +251,9 @@ def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: Ex
                 t0 = time.time()
                 adapted.reset_rotary()
                 res = passkey.passkey_trial(adapted.model, tok, L, depth, passkey.passkey_key(cfg.seed, L, depth, trial),
-                                            use_cache=not adapted.full_forward)
+                                            use_cache=not adapted.full_forward, bos_id=bos_id)
                 store.add(PasskeyTrial(key=key, adaptation=label, factor=cfg.factor, length=L, depth=depth, trial=trial,
-                                       seconds=round(time.time() - t0, 2), **res))
+                                       seconds=round(time.time() - t0, 2), bos=cfg.bos, **res))
                 tqdm.write(f"{label:>12} passkey L={L} depth={depth} trial={trial}: "
                            f"{'ok' if res['correct'] else 'wrong'} ({res['answer']!r}, {time.time() - t0:.0f} s)")
 
@@ -265,7 +272,7 @@ def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
     _write_config(out / "config.json", {**setting, "native_context": l0, "source": source},
                   {k: getattr(cfg, k) for k in INVOCATION})
-    return _Store(out / "records.jsonl", tag)
+    return _Store(out / "records.jsonl", tag, cfg.bos)
 
 
 def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Document]) -> tuple[int, list, dict, int | None]:
@@ -282,7 +289,7 @@ def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Docum
     if cfg.bos == "prepend" and bos_id is None:
         raise PosencError(f"{cfg.model} has no BOS token; use --bos none")
     if cfg.passkey_lengths:  # a prompt too long for the shortest passkey length fails now, not after scoring
-        passkey.passkey_prompt(tok, min(cfg.passkey_lengths), cfg.passkey_depths[0], 99999)
+        passkey.passkey_prompt(tok, min(cfg.passkey_lengths), cfg.passkey_depths[0], 99999, bos_id)
     plan = {L: _plan_windows(docs, L, cfg) for L in cfg.lengths}
     long = [L for L in cfg.lengths if L > cfg.factor * l0]
     if long and cfg.long_schedules is not None and not set(cfg.long_schedules) & set(cfg.schedules):
@@ -327,7 +334,7 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
             if L <= cfg.factor * l0 or cfg.long_schedules is None or name in cfg.long_schedules:
                 _ppl_points(adapted, name, L, plan[L], dict(docs), store, cfg, bos_id)
         if name in (cfg.passkey_schedules or cfg.schedules):
-            _passkey_points(adapted, loaded.tokenizer, name, store, cfg)
+            _passkey_points(adapted, loaded.tokenizer, name, store, cfg, bos_id)
     for spec in cfg.schemes:  # last: the model keeps the posenc attention (each scheme replaces the native RoPE)
         _scheme_points(adapted, loaded.tokenizer, spec, plan, dict(docs), store, cfg, l0, bos_id)
     labels = [SCHEME_LABEL + s for s in cfg.schemes]
@@ -351,7 +358,7 @@ def measure(adapted: Adaptation, tok, label: str, lengths: list[int], plan: dict
     adapted model as it is now, under ``label``; points already in ``store`` are skipped."""
     for L in lengths:
         _ppl_points(adapted, label, L, plan[L], doc_tokens, store, cfg, bos_id)
-    _passkey_points(adapted, tok, label, store, cfg)
+    _passkey_points(adapted, tok, label, store, cfg, bos_id)
 
 
 def _header(cfg: ExtendConfig, l0: int, docs: list) -> str:
