@@ -30,7 +30,7 @@ SHIPPED = {
 COMMON = dict(model="smollm2", corpus="shakespeare", docs=["first"], max_tokens=32768, factor=2.0, stride=None,
               bos="none", bucket=1024, rerope_window=None, leak=None, seed=0, schedules=list(NAMES), schemes=[], trials=1, threads=None,
               original_max_position_embeddings=None, attention_factor=None, beta_fast=None, beta_slow=None, truncate=None,
-              short_factor=None, long_factor=None)
+              low_freq_factor=None, high_freq_factor=None, short_factor=None, long_factor=None)
 
 
 def parse(*argv: str) -> ExtendConfig:
@@ -196,3 +196,26 @@ def test_finetune_takes_the_same_schedule_settings():
     assert (cfg.short_factor, cfg.long_factor) == ([1.0, 2.0], [3.0, 4.0])
     with pytest.raises(PosencError, match=r"^beta_fast \(--beta-fast\) is a setting of yarn; no schedule of this run \(none\) takes it$"):
         ft("--scheme", "alibi", "--beta-fast", "16")
+
+
+def test_every_schedule_parameter_is_an_extension_field_a_preset_key_and_a_flag():
+    """What a user can set on an own model's schedule (``posenc.rope.SCHEDULES[name].defaults``) can be set on a
+    pretrained one: an ``Extension`` field, a key of both commands' configs and a flag of both commands."""
+    import dataclasses
+
+    from posenc import rope
+    from posenc.extend import SCHEDULE_KEYS
+    from posenc.finetune import FinetuneConfig
+
+    params = {k for s in rope.SCHEDULES.values() for k in s.defaults}
+    assert params <= {f.name for f in dataclasses.fields(Extension)}
+    keys = {"factor": "factor", "original_max_position_embeddings": "original_max_position_embeddings",
+            **{param: key for key, param in SCHEDULE_KEYS.items()}}
+    assert params <= set(keys)
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command, cfg in (("extend", ExtendConfig), ("finetune", FinetuneConfig)):
+        flags = {o for a in sub.choices[command]._actions for o in a.option_strings}
+        for p in params:
+            assert keys[p] in cfg.model_fields and f"--{keys[p].replace('_', '-')}" in flags, (command, p)
+    cfg = parse("--quick", "--schedules", "llama3", "--low-freq-factor", "2", "--high-freq-factor", "8")
+    assert extension(cfg, "llama3") == Extension("llama3", 2.0, low_freq_factor=2.0, high_freq_factor=8.0)

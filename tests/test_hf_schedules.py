@@ -142,6 +142,16 @@ def test_every_yarn_setting_and_the_original_length_can_be_given():
     assert not torch.allclose(got, default, rtol=1e-3) and default_af > 1.1  # the settings change something
 
 
+def test_llama3_bands_can_be_given():
+    model = extended_model()
+    Adaptation(model).set_schedule(Extension("llama3", S, low_freq_factor=2.0, high_freq_factor=8.0))
+    got, _ = frequencies(model.model.rotary_emb, L0)
+    ref, _ = frequencies(LlamaRotaryEmbedding(config(4 * L0, {"rope_type": "llama3", "factor": S, "original_max_position_embeddings": L0,
+                                                               "low_freq_factor": 2.0, "high_freq_factor": 8.0})), L0)
+    default, _ = frequencies(LlamaRotaryEmbedding(config(*REFERENCE["llama3"])), L0)
+    assert torch.allclose(got, ref, rtol=1e-6, atol=0) and not torch.allclose(got, default, rtol=1e-3)
+
+
 def test_the_original_length_reaches_dynamic_ntk_and_the_length_switch():
     model = qwen3_style_model()
     adapted = Adaptation(model)

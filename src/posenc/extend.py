@@ -44,11 +44,10 @@ PRESETS = SHIPPED / "extend"
 # the setting: records of another setting in the same directory are kept, not shown (their tag differs)
 SETTING = ("model", "corpus", "docs", "factor", "max_tokens", "stride", "bos", "bucket", "rerope_window", "leak", "seed")
 # settings added later: in the setting only when given, so the runs of earlier releases keep their tag
-LATER_SETTING = ("original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "truncate", "short_factor",
-                 "long_factor")
+LATER_SETTING = ("original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "truncate", "low_freq_factor",
+                 "high_freq_factor", "short_factor", "long_factor")
 # each schedule setting and the posenc.rope schedule parameter (Extension field) it gives
-SCHEDULE_KEYS = {"rerope_window": "window", "leak": "leak", "attention_factor": "attention_factor", "beta_fast": "beta_fast",
-                 "beta_slow": "beta_slow", "truncate": "truncate", "short_factor": "short_factor", "long_factor": "long_factor"}
+SCHEDULE_KEYS = {"rerope_window": "window", "leak": "leak", **{k: k for k in LATER_SETTING[1:]}}
 # what one call ran, listed in config.json
 INVOCATION = ("lengths", "long_schedules", "max_windows", "passkey_lengths", "passkey_depths", "passkey_schedules", "name", "schedules",
               "schemes")
@@ -69,6 +68,8 @@ class ScheduleSettings(BaseModel):
     beta_fast: Optional[float] = None  # YaRN: rotations per L0 above which frequencies are kept (default 32)
     beta_slow: Optional[float] = None  # YaRN: rotations per L0 below which they are divided by s (default 1)
     truncate: Optional[bool] = None  # YaRN: floor/ceil the ramp's ends (default true)
+    low_freq_factor: Optional[float] = None  # Llama 3: wavelengths > L0 / low_freq_factor divided by s (default 1)
+    high_freq_factor: Optional[float] = None  # Llama 3: wavelengths < L0 / high_freq_factor kept (default 4)
     short_factor: Optional[list[float]] = None  # LongRoPE: D/2 factors up to L0 (a model's searched list)
     long_factor: Optional[list[float]] = None  # LongRoPE: D/2 factors past L0
     rerope_window: Optional[int] = None  # ReRoPE window w; None: L0/4

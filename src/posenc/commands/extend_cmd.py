@@ -101,6 +101,8 @@ def add_factor_lists(p) -> None:
     g.add_argument("--beta-fast", type=float, help="yarn: frequencies with more rotations per L0 are kept (default 32)")
     g.add_argument("--beta-slow", type=float, help="yarn: frequencies with fewer rotations per L0 are divided by s (default 1)")
     g.add_argument("--truncate", action=argparse.BooleanOptionalAction, help="yarn: floor/ceil the ramp's ends (default on)")
+    g.add_argument("--low-freq-factor", type=float, help="llama3: wavelengths above L0 / this are divided by s (default 1)")
+    g.add_argument("--high-freq-factor", type=float, help="llama3: wavelengths below L0 / this are kept (default 4)")
     g.add_argument("--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to L0 (the model's list)")
     g.add_argument("--long-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors past L0")
     g.add_argument("--rerope-window", type=int, help=f"ReRoPE window w in tokens (default L0/{WINDOW_DIVISOR})")

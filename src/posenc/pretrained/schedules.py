@@ -30,7 +30,8 @@ class Extension:
     ``native_context``), e.g. 32,768 for a Qwen3-style config that has only ``max_position_embeddings`` 40,960.
     The schedule parameters of ``posenc.rope`` (defaults and meaning there; None: that default), each refused
     (PosencError) by a schedule that does not take it: ``attention_factor`` (> 0; yarn, longrope),
-    ``beta_fast``, ``beta_slow`` (rotations per L0, beta_fast > beta_slow > 0; yarn), ``truncate`` (yarn).
+    ``beta_fast``, ``beta_slow`` (rotations per L0, beta_fast > beta_slow > 0; yarn), ``truncate`` (yarn),
+    ``low_freq_factor``, ``high_freq_factor`` (wavelength bands L0 / factor, high > low > 0; llama3).
     """
 
     schedule: str
@@ -44,9 +45,12 @@ class Extension:
     beta_fast: float | None = None
     beta_slow: float | None = None
     truncate: bool | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
 
 
-TUNED = ("attention_factor", "beta_fast", "beta_slow", "truncate")  # schedule parameters refused where not taken
+# schedule parameters refused where not taken
+TUNED = ("attention_factor", "beta_fast", "beta_slow", "truncate", "low_freq_factor", "high_freq_factor")
 
 
 def native_context(config) -> int:
