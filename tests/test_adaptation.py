@@ -7,6 +7,7 @@ logits bit for bit; the key changes with every mutation and stays equal where fo
 """
 
 import json
+import re
 
 import pytest
 import torch
@@ -150,3 +151,28 @@ def test_extend_reuses_the_scores_of_equal_forwards(llama_dir):
     assert all(r["nll_sum"] == none[r["length"], r["begin"]] for r in ppl if r["adaptation"] in ("dynamic", "rerope"))
     assert main(argv) == 0  # a rerun scores nothing again
     assert len((out / "records.jsonl").read_text().splitlines()) == len(records)
+
+
+def test_extend_passkey_prompts_get_the_bos_with_bos_prepend(llama_dir):
+    """--bos prepend: every passkey prompt starts with BOS (recorded as the trial's policy); a trial an earlier release
+    ran under that setting without a BOS (no policy recorded) is run again, not counted."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(llama_dir / "tiny", bos_token="[UNK]")
+    tok.save_pretrained(llama_dir / "tiny")
+    out = llama_dir / "o"
+    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
+            "--schedules", "none", "--lengths", "32", "--passkey-lengths", "120", "--passkey-schedules", "none", "--bos", "prepend"]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    (trial,) = [r for r in records if r["kind"] == "passkey"]
+    from posenc import passkey
+
+    assert trial["bos"] == "prepend"
+    assert trial["prompt_tokens"] == len(passkey.passkey_prompt(tok, 120, 0.5, trial["passkey"], tok.bos_token_id)[0]) <= 120
+    old = {k: v for k, v in trial.items() if k != "bos"}  # as an earlier release wrote it
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if r["kind"] != "passkey") + json.dumps(old) + "\n")
+    assert main(argv) == 0
+    again = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if '"passkey"' in line]
+    assert [r.get("bos") for r in again if r["kind"] == "passkey"] == [None, "prepend"]
+    assert re.search(r"^\| none \| [01]/1 \|$", (out / "results.md").read_text(), re.M)  # one trial counted, not two

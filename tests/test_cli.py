@@ -190,7 +190,12 @@ def _one_line_exit_2(capsys, argv, message):
         (["--max-tokens", "-5"], "must be >= 1, got -5"),
         (["--rope-schedule", "yarn", "--factor", "inf"], "factor must be finite, got inf"),
         (["--rope-schedule", "yarn", "--factor", "2", "--rope-param", "attention_factor=0"], "attention_factor must be > 0"),
-        (["--factor", "8"], "--factor/--rerope-window/--leak/--rope-param need --rope-schedule"),
+        (["--factor", "8"], "--factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param need --rope-schedule"),
+        (["--short-factor", "1,2"], "need --rope-schedule"),
+        (["--rope-schedule", "longrope", "--factor", "2", "--short-factor", "1,x", "--long-factor", "1"],
+         "--short-factor takes comma-separated numbers, got '1,x'"),
+        (["--rope-schedule", "longrope", "--factor", "2", "--short-factor", "1,2", "--long-factor", "1,2"],
+         "longrope: short_factor has 2 entries; head dim 32 needs 16"),
         (["--rope-schedule", "rerope", "--window", "64"], "--window was renamed: use --rerope-window"),
         (["--rope-param", "beta_fast=16"], "need --rope-schedule"),
     ],
@@ -198,6 +203,13 @@ def _one_line_exit_2(capsys, argv, message):
 def test_eval_bad_options_one_line_exit_2(rope_run, capsys, argv, message):
     code, out, err = run_cli(capsys, "eval", str(rope_run), "--multiples", "1", *argv)
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("posenc: error: ") and message in err, (out, err)
+
+
+def test_eval_takes_the_longrope_factor_lists_from_the_command_line(rope_run, capsys):
+    short, long = ",".join(["1"] * 16), ",".join(str(1 + i) for i in range(16))  # D/2 = 16 each
+    code, out, err = run_cli(capsys, "eval", str(rope_run), "--multiples", "1", "2", "--max-tokens", "64",
+                             "--rope-schedule", "longrope", "--factor", "2", "--short-factor", short, "--long-factor", long)
+    assert code == 0 and "scheme: rope+longrope(s=2)" in out, err
 
 
 def test_eval_bad_max_tokens_prints_only_the_error(rope_run, capsys):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,8 @@ import pytest
 from posenc.cli import build_parser, main
 from posenc.commands import extend_cmd
 from posenc.errors import PosencError
-from posenc.extend import ExtendConfig, load_extend_config, preset_names
+from posenc.extend import ExtendConfig, extension, load_extend_config, open_store, preset_names
+from posenc.pretrained.schedules import Extension
 from posenc.rope import NAMES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,7 +28,9 @@ SHIPPED = {
                       passkey_lengths=[], passkey_depths=[0.5], passkey_schedules=None),
 }
 COMMON = dict(model="smollm2", corpus="shakespeare", docs=["first"], max_tokens=32768, factor=2.0, stride=None,
-              bos="none", bucket=1024, rerope_window=None, leak=None, seed=0, schedules=list(NAMES), schemes=[], trials=1, threads=None)
+              bos="none", bucket=1024, rerope_window=None, leak=None, seed=0, schedules=list(NAMES), schemes=[], trials=1, threads=None,
+              original_max_position_embeddings=None, attention_factor=None, beta_fast=None, beta_slow=None, truncate=None,
+              low_freq_factor=None, high_freq_factor=None, short_factor=None, long_factor=None)
 
 
 def parse(*argv: str) -> ExtendConfig:
@@ -120,3 +125,97 @@ def test_help_reads_preset_values_and_the_rerope_default():
     other = extend_cmd.budget_note(quick.model_copy(update={"lengths": [256, 2048], "passkey_lengths": [2048]}),
                                    reproduce.model_copy(update={"lengths": [4096, 65536]}))
     assert "4K..64K" in other and "256 and 2K tokens, passkey at\n2K" in other  # read from the configs, not written in
+
+
+SETTINGS = ("--original-max-position-embeddings", "32768", "--attention-factor", "1.0", "--beta-fast", "16", "--beta-slow", "2",
+            "--no-truncate", "--short-factor", "1,1.5", "--long-factor", "2,3.5", "--rerope-window", "64")
+KEYS = ("original_max_position_embeddings: 32768\nattention_factor: 1.0\nbeta_fast: 16\nbeta_slow: 2\ntruncate: false\n"
+        "short_factor: [1, 1.5]\nlong_factor: [2, 3.5]\nrerope_window: 64\n")
+
+
+def test_every_schedule_setting_is_a_flag_and_a_preset_key(tmp_path):
+    """Each schedule of the run gets the settings it takes: yarn its betas, truncate and attention factor, longrope
+    its lists and attention factor, rerope its window; L0 goes to every schedule."""
+    cfg = parse("--quick", "--schedules", "yarn", "longrope", "pi", "rerope", *SETTINGS)
+    l0 = {"original_max_position_embeddings": 32768}
+    assert extension(cfg, "yarn") == Extension("yarn", 2.0, attention_factor=1.0, beta_fast=16.0, beta_slow=2.0, truncate=False, **l0)
+    assert extension(cfg, "longrope") == Extension("longrope", 2.0, short_factor=(1.0, 1.5), long_factor=(2.0, 3.5),
+                                                   attention_factor=1.0, **l0)
+    assert extension(cfg, "pi") == Extension("pi", 2.0, **l0)
+    assert extension(cfg, "rerope") == Extension("rerope", 2.0, window=64, **l0)
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: quick\nlengths: [512, 1024]\nmax_windows: 1\npasskey_lengths: [1024]\n"
+                    "passkey_schedules: [none, yarn]\nschedules: [yarn, longrope, pi, rerope]\n" + KEYS)
+    assert load_extend_config(str(path)) == cfg
+    assert parse("--quick", "--schedules", "yarn", "--truncate").truncate is True
+
+
+def test_the_schedule_settings_enter_the_setting_tag_only_when_given(tmp_path):
+    """A setting changes the tag (its records are not another setting's); without one the tag is the earlier releases'."""
+    docs = [("doc", [])]
+    (tmp_path / "o").mkdir()
+
+    def tag(*argv):
+        return open_store(tmp_path / "o", parse("--quick", "--schedules", "yarn", *argv), docs, 256, "src").tag
+
+    cfg = parse("--quick", "--schedules", "yarn")
+    old = {k: getattr(cfg, k) for k in ("model", "corpus", "docs", "factor", "max_tokens", "stride", "bos", "bucket",
+                                        "rerope_window", "leak", "seed")} | {"docs": ["doc"]}
+    assert tag() == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
+    tags = {tag(), tag("--beta-fast", "16"), tag("--beta-fast", "8"), tag("--no-truncate"), tag("--attention-factor", "1"),
+            tag("--original-max-position-embeddings", "128")}
+    assert len(tags) == 6
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--schedules", "pi", "--beta-fast", "16"], "beta_fast (--beta-fast) is a setting of yarn; no schedule of this run (pi) takes it"),
+    (["--schedules", "none", "ntk", "--short-factor", "1,2"], "short_factor (--short-factor) is a setting of longrope; no schedule"),
+    (["--schedules", "yarn", "--rerope-window", "8"], "rerope_window (--rerope-window) is a setting of rerope, leaky-rerope;"),
+    (["--schedules", "longrope", "--short-factor", "1,x", "--long-factor", "1"], "--short-factor takes comma-separated numbers, got '1,x'"),
+    (["--schedules", "longrope", "--short-factor", "1,nan", "--long-factor", "1"], "--short-factor takes finite numbers"),
+    (["--schedules", "yarn", "--attention-factor", "0"], "attention_factor: Input should be greater than 0"),
+    (["--schedules", "yarn", "--original-max-position-embeddings", "1"], "original_max_position_embeddings: Input should be greater"),
+])
+def test_a_schedule_setting_no_schedule_takes_or_out_of_range_exits_2(tmp_path, capsys, argv, message):
+    out = tmp_path / "o"
+    assert main(["extend", "--quick", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not out.exists()
+
+
+def test_finetune_takes_the_same_schedule_settings():
+    from posenc.commands import finetune_cmd
+
+    def ft(*argv):
+        return finetune_cmd.config(build_parser().parse_args(["finetune", *argv]))
+
+    cfg = ft("--schedule", "yarn", "--beta-fast", "16", "--no-truncate", "--original-max-position-embeddings", "128")
+    assert extension(cfg, cfg.schedule) == Extension("yarn", cfg.factor, beta_fast=16.0, truncate=False, original_max_position_embeddings=128)
+    cfg = ft("--schedule", "longrope", "--short-factor", "1,2", "--long-factor", "3,4")
+    assert (cfg.short_factor, cfg.long_factor) == ([1.0, 2.0], [3.0, 4.0])
+    with pytest.raises(PosencError, match=r"^beta_fast \(--beta-fast\) is a setting of yarn; no schedule of this run \(none\) takes it$"):
+        ft("--scheme", "alibi", "--beta-fast", "16")
+
+
+def test_every_schedule_parameter_is_an_extension_field_a_preset_key_and_a_flag():
+    """What a user can set on an own model's schedule (``posenc.rope.SCHEDULES[name].defaults``) can be set on a
+    pretrained one: an ``Extension`` field, a key of both commands' configs and a flag of both commands."""
+    import dataclasses
+
+    from posenc import rope
+    from posenc.extend import SCHEDULE_KEYS
+    from posenc.finetune import FinetuneConfig
+
+    params = {k for s in rope.SCHEDULES.values() for k in s.defaults}
+    assert params <= {f.name for f in dataclasses.fields(Extension)}
+    keys = {"factor": "factor", "original_max_position_embeddings": "original_max_position_embeddings",
+            **{param: key for key, param in SCHEDULE_KEYS.items()}}
+    assert params <= set(keys)
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command, cfg in (("extend", ExtendConfig), ("finetune", FinetuneConfig)):
+        flags = {o for a in sub.choices[command]._actions for o in a.option_strings}
+        for p in params:
+            assert keys[p] in cfg.model_fields and f"--{keys[p].replace('_', '-')}" in flags, (command, p)
+    cfg = parse("--quick", "--schedules", "llama3", "--low-freq-factor", "2", "--high-freq-factor", "8")
+    assert extension(cfg, "llama3") == Extension("llama3", 2.0, low_freq_factor=2.0, high_freq_factor=8.0)

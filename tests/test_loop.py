@@ -190,7 +190,9 @@ def _helps(command: str) -> dict[str, str]:
     return {a.dest: a.help % {"default": a.default} for a in sub._actions if a.help}
 
 
-IN_WORDS = {"name", "threads", "schedules", "stride", "rerope_window", "leak"}  # defaults that helps say in words
+# defaults that helps say in words (the schedule settings: the schedule's own default when not given)
+IN_WORDS = {"name", "threads", "schedules", "stride", "rerope_window", "leak", "original_max_position_embeddings", "attention_factor",
+            "beta_fast", "beta_slow", "truncate", "low_freq_factor", "high_freq_factor"}
 
 
 @pytest.mark.parametrize("command, module", [("finetune", "posenc.finetune"), ("extend", "posenc.extend")])

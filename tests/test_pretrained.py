@@ -360,6 +360,28 @@ def test_passkey_prompt_length(word_tokenizer, length, depth):
     assert text.startswith(passkey.TASK) and text.endswith(passkey.QUESTION.rstrip())
 
 
+@pytest.mark.parametrize("length", [120, 500])
+def test_passkey_prompt_takes_the_bos(word_tokenizer, length):
+    """With a BOS id the prompt is BOS + the prompt of length - 1 text tokens: still at most ``length`` positions."""
+    ids, text = passkey.passkey_prompt(word_tokenizer, length, 0.5, 12345, bos_id=7)
+    plain, plain_text = passkey.passkey_prompt(word_tokenizer, length - 1, 0.5, 12345)
+    assert ids == [7, *plain] and text == plain_text and len(ids) <= length
+    with pytest.raises(PosencError, match="passkey length 21 is too short"):
+        passkey.passkey_prompt(word_tokenizer, 21, 0.5, 12345, bos_id=7)
+
+
+def test_passkey_trial_generates_after_the_bos(word_tokenizer):
+    model = tiny_model()
+    inputs = []
+    generate = model.generate
+    model.generate = lambda x, **kw: inputs.append(x) or generate(x, **kw)
+    res = passkey.passkey_trial(model, word_tokenizer, 150, 0.5, 54321, new_tokens=2, bos_id=7)
+    assert inputs[0][0].tolist() == passkey.passkey_prompt(word_tokenizer, 150, 0.5, 54321, bos_id=7)[0]
+    assert inputs[0][0, 0].item() == 7 and inputs[0].shape[1] == res["prompt_tokens"] <= 150
+    passkey.passkey_trial(model, word_tokenizer, 150, 0.5, 54321, new_tokens=2)  # no BOS given: none
+    assert inputs[1][0].tolist() == passkey.passkey_prompt(word_tokenizer, 150, 0.5, 54321)[0]
+
+
 def test_passkey_too_short_and_answer_parsing(word_tokenizer):
     with pytest.raises(PosencError):
         passkey.passkey_prompt(word_tokenizer, 20, 0.5, 12345)

@@ -256,3 +256,19 @@ def test_own_model_longrope_switches_lists_past_the_training_length():
     short, _ = rope.SCHEDULES["longrope"](8, enc.rope_theta, full, 16)
     long, _ = rope.SCHEDULES["longrope"](8, enc.rope_theta, full, 17)
     assert not torch.allclose(short, long)
+
+
+def test_eval_flags_give_the_longrope_factor_lists():
+    """``posenc eval --short-factor/--long-factor`` comma lists are the schedule's lists: omega / short up to the
+    training length, omega / long past it."""
+    from posenc.cli import build_parser
+    from posenc.commands.eval_cmd import schedule_args
+
+    args = build_parser().parse_args(["eval", "run", "--rope-schedule", "longrope", "--factor", "4",
+                                      "--short-factor", "1,1.5,2,3", "--long-factor", "2,4,8,16.5"])
+    model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16})
+    ext, label = with_rope_schedule(model, "longrope", schedule_args(args))
+    full = ext.blocks[0].attn.enc.schedule_params
+    assert (full["short_factor"], full["long_factor"], label) == ([1.0, 1.5, 2.0, 3.0], [2.0, 4.0, 8.0, 16.5], "rope+longrope(s=4)")
+    long, _ = SCHEDULES["longrope"](8, 10000.0, full, 17)
+    assert torch.allclose(long, rope_inv_freq(8, 10000.0) / torch.tensor([2.0, 4.0, 8.0, 16.5], dtype=torch.float64))

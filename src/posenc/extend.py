@@ -29,7 +29,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from posenc import encodings, hf, passkey
+from posenc import encodings, hf, passkey, rope
 from posenc.checkpoint import read_json, write_json
 from posenc.presets import SHIPPED, load_flat, preset_names as shipped
 from posenc.data import Document, load_corpus
@@ -43,24 +43,49 @@ from posenc.scoring import Window
 PRESETS = SHIPPED / "extend"
 # the setting: records of another setting in the same directory are kept, not shown (their tag differs)
 SETTING = ("model", "corpus", "docs", "factor", "max_tokens", "stride", "bos", "bucket", "rerope_window", "leak", "seed")
+# settings added later: in the setting only when given, so the runs of earlier releases keep their tag
+LATER_SETTING = ("original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "truncate", "low_freq_factor",
+                 "high_freq_factor", "short_factor", "long_factor")
+# each schedule setting and the posenc.rope schedule parameter (Extension field) it gives
+SCHEDULE_KEYS = {"rerope_window": "window", "leak": "leak", **{k: k for k in LATER_SETTING[1:]}}
 # what one call ran, listed in config.json
 INVOCATION = ("lengths", "long_schedules", "max_windows", "passkey_lengths", "passkey_depths", "passkey_schedules", "name", "schedules",
               "schemes")
 SCHEME_LABEL = "scheme:"  # a posenc scheme's adaptation label: scheme:SPEC
 
 
-class ScoringConfig(BaseModel):
-    """How a pretrained model is scored on held-out text (perplexity, passkey retrieval): the fields
-    ``posenc extend`` and ``posenc finetune`` (``posenc.finetune.FinetuneConfig``) share; tokens of the model's tokenizer."""
+class ScheduleSettings(BaseModel):
+    """The RoPE schedule settings of a pretrained model, the keys and flags ``posenc extend`` and ``posenc finetune``
+    share (``posenc.pretrained.schedules.Extension``: meaning, defaults and errors). Each but ``factor`` and
+    ``original_max_position_embeddings`` (L0 for every schedule) sets the ``posenc.rope`` parameter
+    ``SCHEDULE_KEYS`` names, of the run's schedules that take it (:func:`extension`); None: its default."""
 
     model_config = ConfigDict(extra="forbid")
+
+    factor: float = Field(2.0, ge=1)  # scale factor s
+    original_max_position_embeddings: Optional[int] = Field(None, ge=2)  # L0 in tokens; None: the model's native context
+    attention_factor: Optional[float] = Field(None, gt=0)  # multiplies cos and sin (yarn, longrope); None: the schedule's
+    beta_fast: Optional[float] = None  # YaRN: rotations per L0 above which frequencies are kept (default 32)
+    beta_slow: Optional[float] = None  # YaRN: rotations per L0 below which they are divided by s (default 1)
+    truncate: Optional[bool] = None  # YaRN: floor/ceil the ramp's ends (default true)
+    low_freq_factor: Optional[float] = None  # Llama 3: wavelengths > L0 / low_freq_factor divided by s (default 1)
+    high_freq_factor: Optional[float] = None  # Llama 3: wavelengths < L0 / high_freq_factor kept (default 4)
+    short_factor: Optional[list[float]] = None  # LongRoPE: D/2 factors up to L0 (a model's searched list)
+    long_factor: Optional[list[float]] = None  # LongRoPE: D/2 factors past L0
+    rerope_window: Optional[int] = None  # ReRoPE window w; None: L0/4
+    leak: Optional[float] = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
+
+
+class ScoringConfig(ScheduleSettings):
+    """How a pretrained model is scored on held-out text (perplexity, passkey retrieval), and its schedule settings:
+    the fields ``posenc extend`` and ``posenc finetune`` (``posenc.finetune.FinetuneConfig``) share; tokens of the
+    model's tokenizer."""
 
     name: str = Field(min_length=1)  # the run directory runs/<command>/<name> (the default output)
     model: str = loading.DEFAULT_MODEL  # 'smollm2', a .gguf file, a model directory or a hub id
     corpus: str = "shakespeare"  # corpus spec (posenc.data); its held-out documents are scored
     docs: list[str] = Field(["first"], min_length=1)  # held-out document names, 'all' or 'first'
     max_tokens: int = Field(32768, ge=2)  # the first max_tokens tokens of each document
-    factor: float = Field(2.0, ge=1)  # scale factor s
     bos: Literal["none", "prepend"] = "none"  # none: windows of raw text; prepend: BOS + length - 1 text tokens
     passkey_lengths: list[Annotated[int, Field(ge=1)]] = []  # prompt lengths; empty: no passkey
     passkey_depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.5]
@@ -75,8 +100,6 @@ class ExtendConfig(ScoringConfig):
                                               "passkey_methods": "passkey_schedules"}
     stride: Optional[int] = None  # sliding-window stride in text tokens; None: non-overlapping windows
     bucket: int = Field(1024, ge=1)  # position-bucket width of the per-position loss
-    rerope_window: Optional[int] = None  # ReRoPE window w; None: L0/4
-    leak: Optional[float] = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
     seed: int = 0  # seed of the passkey keys
     schedules: list[str] = Field(list(NAMES), min_length=1)  # RoPE context-extension schedules (posenc.rope)
     schemes: list[str] = []  # posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme)
@@ -104,9 +127,15 @@ def load_extend_config(name_or_path: str, overrides: Optional[dict[str, Any]] = 
 
 
 def check_config(cfg: ExtendConfig) -> None:
-    """What field bounds cannot say: schedule names, and a stride that fits the shortest length."""
+    """What field bounds cannot say: schedule names, a schedule setting that some schedule of the run takes, and
+    a stride that fits the shortest length."""
     for m in [*cfg.schedules, *(cfg.long_schedules or []), *(cfg.passkey_schedules or [])]:
         check_name(m)
+    for key, param in SCHEDULE_KEYS.items():  # else it would be silently ignored
+        takers = [n for n, s in rope.SCHEDULES.items() if param in s.defaults]
+        if getattr(cfg, key) is not None and not set(takers) & set(cfg.schedules):
+            raise PosencError(f"{key} (--{key.replace('_', '-')}) is a setting of {', '.join(takers)}; no schedule of this run "
+                              f"({', '.join(cfg.schedules)}) takes it")
     for spec in cfg.schemes:  # names and parameters; sizes once the model is loaded
         for entry in encodings.layer_pattern(spec):
             encodings.parts(entry)
@@ -115,8 +144,14 @@ def check_config(cfg: ExtendConfig) -> None:
         raise PosencError(f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {cfg.stride}")
 
 
-def _extension(cfg: ExtendConfig, schedule: str) -> schedules.Extension:
-    return schedules.Extension(schedule, cfg.factor, cfg.rerope_window, cfg.leak)
+def extension(cfg: ScheduleSettings, schedule: str) -> schedules.Extension:
+    """Schedule ``schedule`` with ``cfg``'s settings: factor, L0 and each setting the schedule takes (a run's other
+    schedules take the rest)."""
+    takes = rope.SCHEDULES[check_name(schedule)].defaults
+    given = {param: getattr(cfg, key) for key, param in SCHEDULE_KEYS.items() if param in takes and getattr(cfg, key) is not None}
+    lists = {k: tuple(v) for k, v in given.items() if isinstance(v, list)}
+    return schedules.Extension(schedule, cfg.factor, original_max_position_embeddings=cfg.original_max_position_embeddings,
+                               **{**given, **lists})
 
 
 def held_out(cfg: ExtendConfig) -> list[Document]:
@@ -149,17 +184,24 @@ def _skipped_a_target(record: ScoredWindow | PasskeyTrial) -> bool:
     return isinstance(record, ScoredWindow) and record.bos == "none" and record.stride >= record.length and record.begin > 0
 
 
-class _Store:
-    """The records of one setting in ``records.jsonl`` (``posenc.records``, kinds ``PRETRAINED``): appended
-    one per window / trial and flushed at once, so an interrupted run resumes by skipping finished keys (a
-    key recorded twice by an earlier release counts once)."""
+def _other_bos(record: ScoredWindow | PasskeyTrial, bos: str) -> bool:
+    """A passkey trial whose prompt had another BOS policy than its setting's ``bos``: under --bos prepend, the
+    trials of releases whose passkey prompts never had a BOS; ignored, so the trial runs again."""
+    return isinstance(record, PasskeyTrial) and record.bos != bos
 
-    def __init__(self, path: Path, tag: str):
+
+class _Store:
+    """The records of one setting (``tag``, BOS policy ``bos``) in ``records.jsonl`` (``posenc.records``, kinds
+    ``PRETRAINED``): appended one per window / trial and flushed at once, so an interrupted run resumes by skipping
+    finished keys (a key recorded twice by an earlier release counts once; records an earlier release measured
+    otherwise are ignored: :func:`_skipped_a_target`, :func:`_other_bos`)."""
+
+    def __init__(self, path: Path, tag: str, bos: str = "none"):
         drop_torn_tail(path)  # a record cut by a kill must not swallow the next one
         self.path, self.tag = path, tag
         self.records, self.done = [], set()
         for r in load(path, PRETRAINED):
-            if r.setting == tag and not _skipped_a_target(r) and r.key not in self.done:
+            if r.setting == tag and not _skipped_a_target(r) and not _other_bos(r, bos) and r.key not in self.done:
                 self.records.append(r)
                 self.done.add(r.key)
         self.by_sig = {}
@@ -199,8 +241,8 @@ def _ppl_points(adapted: Adaptation, label: str, L: int, windows: list, doc_toke
                    f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
 
 
-def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: ExtendConfig) -> None:
-    """Run the passkey trials of one adaptation (``label``) not yet recorded."""
+def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: ExtendConfig, bos_id: int | None) -> None:
+    """Run the passkey trials of one adaptation (``label``) not yet recorded, each prompt after BOS ``bos_id`` when given."""
     for L in cfg.passkey_lengths:
         for depth in cfg.passkey_depths:
             for trial in range(cfg.trials):
@@ -210,9 +252,9 @@ def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: Ex
                 t0 = time.time()
                 adapted.reset_rotary()
                 res = passkey.passkey_trial(adapted.model, tok, L, depth, passkey.passkey_key(cfg.seed, L, depth, trial),
-                                            use_cache=not adapted.full_forward)
+                                            use_cache=not adapted.full_forward, bos_id=bos_id)
                 store.add(PasskeyTrial(key=key, adaptation=label, factor=cfg.factor, length=L, depth=depth, trial=trial,
-                                       seconds=round(time.time() - t0, 2), **res))
+                                       seconds=round(time.time() - t0, 2), bos=cfg.bos, **res))
                 tqdm.write(f"{label:>12} passkey L={L} depth={depth} trial={trial}: "
                            f"{'ok' if res['correct'] else 'wrong'} ({res['answer']!r}, {time.time() - t0:.0f} s)")
 
@@ -226,19 +268,20 @@ def _write_config(path: Path, setting: dict, invocation: dict) -> None:
 
 def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -> _Store:
     """Record this call in ``config.json`` and open the records of its setting."""
-    setting = {**{k: getattr(cfg, k) for k in SETTING}, "docs": [d for d, _ in docs]}
+    later = {k: getattr(cfg, k) for k in LATER_SETTING if getattr(cfg, k) is not None}
+    setting = {**{k: getattr(cfg, k) for k in SETTING}, **later, "docs": [d for d, _ in docs]}
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
     _write_config(out / "config.json", {**setting, "native_context": l0, "source": source},
                   {k: getattr(cfg, k) for k in INVOCATION})
-    return _Store(out / "records.jsonl", tag)
+    return _Store(out / "records.jsonl", tag, cfg.bos)
 
 
 def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Document]) -> tuple[int, list, dict, int | None]:
     """Native context L0, (document, tokens) pairs, windows per length and BOS id of ``cfg`` for a loaded model
     and the held-out ``documents`` (:func:`held_out`): every input checked (PosencError as :func:`extend`)."""
-    l0 = schedules.native_context(loaded.model.config)
+    l0 = cfg.original_max_position_embeddings or schedules.native_context(loaded.model.config)
     for name in cfg.schedules:  # window and leak against L0
-        schedules.extension_params(_extension(cfg, name), l0)
+        schedules.extension_params(extension(cfg, name), l0)
     for spec in cfg.schemes:  # built for the model's sizes, not yet applied
         hf.layer_schemes(loaded.model, spec)
     tok = loaded.tokenizer
@@ -247,7 +290,7 @@ def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Docum
     if cfg.bos == "prepend" and bos_id is None:
         raise PosencError(f"{cfg.model} has no BOS token; use --bos none")
     if cfg.passkey_lengths:  # a prompt too long for the shortest passkey length fails now, not after scoring
-        passkey.passkey_prompt(tok, min(cfg.passkey_lengths), cfg.passkey_depths[0], 99999)
+        passkey.passkey_prompt(tok, min(cfg.passkey_lengths), cfg.passkey_depths[0], 99999, bos_id)
     plan = {L: _plan_windows(docs, L, cfg) for L in cfg.lengths}
     long = [L for L in cfg.lengths if L > cfg.factor * l0]
     if long and cfg.long_schedules is not None and not set(cfg.long_schedules) & set(cfg.schedules):
@@ -287,12 +330,12 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
     store = open_store(out, cfg, docs, l0, loaded.source)
     adapted = Adaptation(loaded.model)
     for name in cfg.schedules:
-        adapted.set_schedule(_extension(cfg, name))
+        adapted.set_schedule(extension(cfg, name))
         for L in cfg.lengths:
             if L <= cfg.factor * l0 or cfg.long_schedules is None or name in cfg.long_schedules:
                 _ppl_points(adapted, name, L, plan[L], dict(docs), store, cfg, bos_id)
         if name in (cfg.passkey_schedules or cfg.schedules):
-            _passkey_points(adapted, loaded.tokenizer, name, store, cfg)
+            _passkey_points(adapted, loaded.tokenizer, name, store, cfg, bos_id)
     for spec in cfg.schemes:  # last: the model keeps the posenc attention (each scheme replaces the native RoPE)
         _scheme_points(adapted, loaded.tokenizer, spec, plan, dict(docs), store, cfg, l0, bos_id)
     labels = [SCHEME_LABEL + s for s in cfg.schemes]
@@ -316,7 +359,7 @@ def measure(adapted: Adaptation, tok, label: str, lengths: list[int], plan: dict
     adapted model as it is now, under ``label``; points already in ``store`` are skipped."""
     for L in lengths:
         _ppl_points(adapted, label, L, plan[L], doc_tokens, store, cfg, bos_id)
-    _passkey_points(adapted, tok, label, store, cfg)
+    _passkey_points(adapted, tok, label, store, cfg, bos_id)
 
 
 def _header(cfg: ExtendConfig, l0: int, docs: list) -> str:

@@ -139,7 +139,7 @@ def adapt(model, cfg: FinetuneConfig) -> tuple[Adaptation, str]:
     if cfg.scheme:
         adapted.set_scheme(cfg.scheme)
         return adapted, extend.SCHEME_LABEL + cfg.scheme
-    adapted.set_schedule(schedules.Extension(cfg.schedule, cfg.factor))  # keeps the base RoPE, as extend does
+    adapted.set_schedule(extend.extension(cfg, cfg.schedule))  # keeps the base RoPE, as extend does
     return adapted, cfg.schedule
 
 

@@ -163,14 +163,17 @@ def passkey_records(model: LM, tokenizer, cfg: PasskeyConfig, base: dict, done: 
 # ---------------------------------------------------------------- generation (Hugging Face models)
 
 
-def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> tuple[list[int], str]:
+def passkey_prompt(tokenizer, length: int, depth: float, key: int, bos_id: int | None = None) -> tuple[list[int], str]:
     """Token ids of the prompt with ``TASK`` and whole filler sentences, at most ``length``
     tokens, the needle after ``needle_cut`` of them; ends with the question (no key).
 
     The filler count is the largest that fits; the returned ids are exactly the
-    tokenization of the returned text (no truncation). Raises PosencError when
-    ``length`` cannot hold the task, needle and question.
+    tokenization of the returned text (no truncation), after ``bos_id`` when given (BOS +
+    at most ``length - 1`` text tokens, as ``posenc extend --bos prepend`` scores text).
+    Raises PosencError when ``length`` cannot hold the BOS, task, needle and question.
     """
+    bos = [] if bos_id is None else [bos_id]
+    length -= len(bos)
 
     def build(n: int) -> str:
         before = needle_cut(n, depth)
@@ -186,8 +189,9 @@ def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> tuple[list
     text = build(n)
     ids = tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"]
     if len(ids) > length:
-        raise PosencError(f"passkey length {length} is too short for the prompt ({len(ids)} tokens without filler)")
-    return ids, text
+        raise PosencError(f"passkey length {length + len(bos)} is too short for the prompt ({len(ids) + len(bos)} tokens "
+                          "without filler)")
+    return bos + ids, text
 
 
 def first_integer(text: str) -> int | None:
@@ -202,15 +206,16 @@ def passkey_key(seed: int, length: int, depth: float, trial: int) -> int:
 
 
 @torch.inference_mode()
-def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tokens: int = 8, use_cache: bool = True) -> dict:
-    """Greedy generation on one ``passkey_prompt``; correct iff the first integer equals ``key``.
+def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tokens: int = 8, use_cache: bool = True,
+                  bos_id: int | None = None) -> dict:
+    """Greedy generation on one ``passkey_prompt`` (BOS ``bos_id`` first when given); correct iff the first integer equals ``key``.
 
     Returns {passkey (``key``), answer (the decoded output), got (its first integer or None), correct,
     prompt_tokens}. model: a Hugging Face causal LM, generating with its KV cache unless ``use_cache`` is
     False (a posenc scheme that replaces attention: ``posenc.hf.Scheme.full_forward``). The model input is
     asserted to be the full prompt: its length is recorded as ``prompt_tokens`` (<= ``length``).
     """
-    ids, _ = passkey_prompt(tokenizer, length, depth, key)
+    ids, _ = passkey_prompt(tokenizer, length, depth, key, bos_id)
     x = torch.tensor([ids])
     assert x.shape[1] == len(ids) <= length
     pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0

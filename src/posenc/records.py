@@ -181,6 +181,7 @@ class PasskeyTrial(Record):
     correct: bool
     prompt_tokens: int
     setting: Optional[str] = None
+    bos: Literal["none", "prepend"] = "none"  # the prompt's BOS policy; before passkey prompts took it, none had a BOS
 
     @model_validator(mode="before")
     @classmethod

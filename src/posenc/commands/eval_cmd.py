@@ -3,6 +3,7 @@
 import argparse
 from pathlib import Path
 
+from posenc.commands import number_list
 from posenc.data import load_tokens
 from posenc.rope import NAMES, check_window
 from posenc.model import with_rope_schedule
@@ -27,6 +28,8 @@ def add_parser(sub):
     g.add_argument("--rerope-window", type=int, help="ReRoPE window w (tokens)")
     g.add_argument("--window", type=int, help=argparse.SUPPRESS)  # renamed as in extend: a one-line error
     g.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k")
+    g.add_argument("--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to the training length")
+    g.add_argument("--long-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors past it")
     g.add_argument("--rope-param", nargs="+", default=[], metavar="KEY=VALUE", help="other schedule parameters, e.g. beta_fast=32 attention_factor=1.2 truncate=false")
     p.set_defaults(func=run)
 
@@ -41,8 +44,10 @@ def _value(text: str):
 
 
 def schedule_args(args) -> dict:
-    """Schedule parameters from --factor/--rerope-window/--leak/--rope-param."""
+    """Schedule parameters from --factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param."""
     params = {"factor": args.factor, "window": args.rerope_window, "leak": args.leak}
+    params.update((k, number_list(f"--{k.replace('_', '-')}", getattr(args, k))) for k in ("short_factor", "long_factor")
+                  if getattr(args, k) is not None)
     for item in args.rope_param:
         key, sep, val = item.partition("=")
         if not sep:
@@ -69,9 +74,9 @@ def scored_text(docs: list, corpus: str, span: int, max_tokens: int) -> str:
 def run(args) -> int:
     if args.window is not None:
         raise PosencError("--window was renamed: use --rerope-window (as in posenc extend)")
-    given = [args.factor, args.rerope_window, args.leak, *args.rope_param]
+    given = [args.factor, args.rerope_window, args.leak, args.short_factor, args.long_factor, *args.rope_param]
     if not args.rope_schedule and any(v is not None for v in given):  # else silently ignored
-        raise PosencError("--factor/--rerope-window/--leak/--rope-param need --rope-schedule")
+        raise PosencError("--factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param need --rope-schedule")
     model, mcfg, tcfg = load_run(args.run_dir)
     lengths = eval_lengths(mcfg.train_length, args.multiples)
     scheme = mcfg.encoding

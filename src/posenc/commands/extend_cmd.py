@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posenc.commands import shown
+from posenc.commands import number_list, shown
 from posenc.errors import PosencError
 from posenc.extend import ExtendConfig, extend, load_extend_config, preset_names
 from posenc.pretrained.schedules import WINDOW_DIVISOR
@@ -79,9 +79,7 @@ def add_parser(sub) -> None:
     p.add_argument("--passkey-depths", type=float, nargs="+", help=f"key depths in [0, 1] (default {shown(d.passkey_depths)})")
     p.add_argument("--passkey-schedules", nargs="+", metavar="S", help=f"schedules for passkey (default {shown(d.passkey_schedules)})")
     p.add_argument("--trials", type=int, help=f"passkey trials per (length, depth) cell (default {d.trials})")
-    p.add_argument("--rerope-window", type=int, help=f"ReRoPE window w in tokens (default L0/{WINDOW_DIVISOR})")
-    p.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k "
-                   "(default (s L0 - w)/(L0 - w))")
+    add_factor_lists(p)
     p.add_argument("--seed", type=int, help=f"seed for passkey keys (default {d.seed})")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--name", help="run name (default: the preset's name)")
@@ -91,13 +89,40 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def add_factor_lists(p) -> None:
+    """The schedule settings beside --factor (``posenc.extend.ScheduleSettings``, its keys in a preset): each sets
+    the parameter of the run's schedules that take it."""
+    g = p.add_argument_group("schedule settings (each for the schedules that take it; default: the schedule's)")
+    g.add_argument("--original-max-position-embeddings", type=int, metavar="L0",
+                   help="the model's pretraining context in tokens, for every schedule (default: the config's "
+                   "original_max_position_embeddings, else max_position_embeddings)")
+    g.add_argument("--attention-factor", type=float, help="multiplies cos and sin (yarn: default 0.1 ln s + 1; "
+                   "longrope: sqrt(1 + ln s / ln L0))")
+    g.add_argument("--beta-fast", type=float, help="yarn: frequencies with more rotations per L0 are kept (default 32)")
+    g.add_argument("--beta-slow", type=float, help="yarn: frequencies with fewer rotations per L0 are divided by s (default 1)")
+    g.add_argument("--truncate", action=argparse.BooleanOptionalAction, help="yarn: floor/ceil the ramp's ends (default on)")
+    g.add_argument("--low-freq-factor", type=float, help="llama3: wavelengths above L0 / this are divided by s (default 1)")
+    g.add_argument("--high-freq-factor", type=float, help="llama3: wavelengths below L0 / this are kept (default 4)")
+    g.add_argument("--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to L0 (the model's list)")
+    g.add_argument("--long-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors past L0")
+    g.add_argument("--rerope-window", type=int, help=f"ReRoPE window w in tokens (default L0/{WINDOW_DIVISOR})")
+    g.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k "
+                   "(default (s L0 - w)/(L0 - w))")
+
+
+def factor_lists(args) -> dict:
+    """The given --short-factor / --long-factor as lists of numbers (PosencError naming the flag)."""
+    return {k: number_list(f"--{k.replace('_', '-')}", getattr(args, k)) for k in ("short_factor", "long_factor")
+            if getattr(args, k) is not None}
+
+
 def config(args) -> ExtendConfig:
     """The preset named by ``--preset`` (or ``--quick``, ``--reproduce``) with every given flag replacing its value."""
     for old, new in RENAMED.items():
         if getattr(args, old[2:].replace("-", "_")) is not None:
             raise PosencError(f"{old} was renamed: use {new}")
     preset = args.preset or ("quick" if args.quick else "reproduce" if args.reproduce else "default")
-    given = {k: v for k, v in vars(args).items() if k in ExtendConfig.model_fields and v is not None}
+    given = {k: v for k, v in vars(args).items() if k in ExtendConfig.model_fields and v is not None} | factor_lists(args)
     if args.long_schedules == []:  # the bare flag: every schedule at every length
         given["long_schedules"] = None
     return load_extend_config(preset, given)

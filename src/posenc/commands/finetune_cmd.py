@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from posenc.commands import shown
+from posenc.commands.extend_cmd import add_factor_lists, factor_lists
 from posenc.errors import PosencError
 from posenc.finetune import FinetuneConfig, finetune, load_finetune_config, preset_names
 from posenc.rope import NAMES
@@ -35,6 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--schedule", help=f"or a RoPE context-extension schedule ({', '.join(NAMES)}) instead of a scheme")
     p.add_argument("--method", help=argparse.SUPPRESS)  # renamed: a one-line error naming --schedule
     p.add_argument("--factor", type=float, help=f"the schedule's scale factor s (default {shown(d.factor)})")
+    add_factor_lists(p)
     p.add_argument("--corpus", help=f"corpus spec (default {d.corpus}): trains on its training documents")
     p.add_argument("--length", type=int, help=f"tokens per training sequence (default {d.length})")
     p.add_argument("--steps", type=int, help=f"training steps (default {d.steps})")
@@ -66,7 +68,7 @@ def config(args) -> FinetuneConfig:
     replaces the preset's scheme (and ``--scheme`` its schedule): one adaptation per run."""
     if args.method is not None:
         raise PosencError("--method was renamed: use --schedule")
-    given = {k: v for k, v in vars(args).items() if k in FinetuneConfig.model_fields and v is not None}
+    given = {k: v for k, v in vars(args).items() if k in FinetuneConfig.model_fields and v is not None} | factor_lists(args)
     if args.schedule is not None and args.scheme is None:
         given["scheme"] = None
     if args.scheme is not None and args.schedule is None:

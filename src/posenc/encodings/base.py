@@ -49,6 +49,7 @@ the scheme starts at zero, which the model's weight initialisation leaves alone;
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import torch
@@ -232,7 +233,33 @@ class RunningPhaseState(DecodeState):
         return super().nbytes() + (0 if self.last is None else self.last.numel() * self.last.element_size())
 
 
-class Encoding(nn.Module):
+class KeepsPrecision(nn.Module):
+    """A module whose floating buffers decide phases (frequencies, step laws, slopes): casts of the model
+    (``.float()``, ``.half()``, ``.to(torch.bfloat16)``) move them to the new device but never lower their
+    precision (``.double()`` may raise it). In bf16, RoPE's angle t * omega at t = 10^4 would be off by up to pi,
+    and float32 frequencies put it 3.9e-3 rad off at t = 131072. Every scheme (:class:`Encoding`) is one; a
+    transformers rotary embedding becomes one through :func:`keeping_precision`."""
+
+    def _apply(self, fn, recurse=True):
+        before = {n: b for n, b in self._buffers.items() if b is not None and b.is_floating_point()}
+        super()._apply(fn, recurse)
+        for n, b in before.items():
+            now = self._buffers[n]
+            if torch.finfo(now.dtype).bits < torch.finfo(b.dtype).bits:
+                self._buffers[n] = b.to(now.device)
+        return self
+
+
+@functools.cache
+def keeping_precision(cls: type) -> type:
+    """``cls`` (an ``nn.Module`` class, e.g. transformers' ``LlamaRotaryEmbedding``) as a :class:`KeepsPrecision`:
+    the same name, constructor and forward; one class per ``cls``."""
+    if issubclass(cls, KeepsPrecision):
+        return cls
+    return type(cls.__name__, (KeepsPrecision, cls), {"__module__": __name__, "__qualname__": cls.__qualname__})
+
+
+class Encoding(KeepsPrecision):
     """Base class: no positional information (NoPE). Subclasses override hooks."""
 
     name: str = "nope"
@@ -268,19 +295,6 @@ class Encoding(nn.Module):
         """The spec, then the parameters a spec cannot set (``internal``) that are set: ``RoPE(rope:rope_theta=500000)``."""
         internal = [f"{k}={getattr(self, k)!r}" for k in self.internal if getattr(self, k, None) is not None]
         return ", ".join([self.spec, *internal] if self.spec else internal)
-
-    def _apply(self, fn, recurse=True):
-        """Casts of the model (``.float()``, ``.half()``, ``.to(torch.bfloat16)``) move this scheme's floating
-        buffers (frequencies, step laws, slopes) to the new device but never lower their precision (``.double()``
-        may raise it): in bf16, RoPE's angle t * omega at t = 10^4 would be off by up to pi, and float32
-        frequencies put it 3.9e-3 rad off at t = 131072."""
-        before = {n: b for n, b in self._buffers.items() if b is not None and b.is_floating_point()}
-        super()._apply(fn, recurse)
-        for n, b in before.items():
-            now = self._buffers[n]
-            if torch.finfo(now.dtype).bits < torch.finfo(b.dtype).bits:
-                self._buffers[n] = b.to(now.device)
-        return self
 
     def embed(self, pos: torch.Tensor) -> Optional[torch.Tensor]:
         return None

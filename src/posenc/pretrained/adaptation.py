@@ -8,23 +8,28 @@ and owns what it added: forward pre-hook handles, the ReRoPE setting, the scheme
 ``posenc extend`` reuses scores, is computed from that state alone, so no mutation can leave it stale.
 
 What stays on transformers objects, because transformers reads it there: ``config.rope_parameters``
-and the rotary embedding ``model.model.rotary_emb`` built from it (the frequencies), the attention
-implementation, and a scheme's ``self_attn.posenc`` submodules (their parameters train, save and move
-with the model's).
+and the rotary embedding ``model.model.rotary_emb`` built from a copy of the config with them (the
+frequencies; the copy, ``rotary_emb.config``, also holds the attributes transformers reads a schedule
+parameter from, ``posenc.rope.hf_config_attributes``: dynamic NTK's L0 as ``max_position_embeddings``,
+while the model's own stays its generation limit), the attention implementation, and a scheme's
+``self_attn.posenc`` submodules (their parameters train, save and move with the model's).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
+import math
 import warnings
 
 import torch
 
 from posenc import hf, rope
+from posenc.encodings.base import keeping_precision
 from posenc.errors import PosencError
 from posenc.pretrained import rerope
-from posenc.pretrained.schedules import Extension, extension_params, head_dim, native_context
+from posenc.pretrained.schedules import Extension, extension_params, head_dim, native_context, original_length
 
 # the schedules whose frequencies transformers picks per forward from the largest position + 1:
 # (name, what is picked, what keys cached before a later forward keep)
@@ -81,24 +86,26 @@ class Adaptation:
 
         Sets ``config.rope_parameters`` and rebuilds ``model.model.rotary_emb`` from it (the only
         module that reads it), so ``rotary_emb.inv_freq`` and ``attention_scaling`` are the
-        schedule's; the ReRoPE schedules become an attention function (:mod:`posenc.pretrained.rerope`).
+        schedule's at every length, equal to ``posenc.rope.SCHEDULES`` with L0 = :attr:`l0` (tested against
+        transformers' own rotary embedding for the same L0); the ReRoPE schedules become an attention
+        function (:mod:`posenc.pretrained.rerope`).
 
         Padded batches (``attention_mask`` with zeros) score each row as its unpadded run
         (tested for every schedule), except dynamic NTK and LongRoPE past L0, which transformers
         computes with one base or factor list for the whole batch: refused (PosencError). Both
         warn once when decoded with the KV cache past L0 (:func:`_length_switch`).
+        L0 is ``ext.original_max_position_embeddings`` when given, else :attr:`l0`; a ``factor`` other than the
+        config's ``max_position_embeddings`` / L0 (where they differ) warns once (:func:`_check_factor`).
         Raises PosencError as ``extension_params``, before the model changes.
         """
         params = extension_params(ext, self.l0)
+        _check_factor(params, self.model.config.max_position_embeddings, original_length(ext, self.l0))
         self.restore()
         config = self.model.config
         config.rope_parameters = rope.hf_rope_parameters(ext.schedule, params, float(self._rope["rope_theta"]), head_dim(config))
-        rotary = self._rotary_type(config=config)
-        if ext.schedule in SWITCHES:
-            # where transformers switches frequencies with the length: dynamic NTK past max_position_embeddings
-            # (its original_max_seq_len), LongRoPE past original_max_position_embeddings
-            l0 = rotary.original_max_seq_len if ext.schedule == "dynamic" else params.get("original_max_position_embeddings")
-            hook = functools.partial(_length_switch, ext.schedule, l0)
+        rotary = self._rotary(rope.hf_config_attributes(ext.schedule, params))
+        if ext.schedule in SWITCHES:  # transformers switches their frequencies with the length, past L0
+            hook = functools.partial(_length_switch, ext.schedule, params["original_max_position_embeddings"])
             self._hooks.append(self.model.model.register_forward_pre_hook(hook, with_kwargs=True))
         if ext.schedule in rope.RELATIVE:
             self.rerope = (rotary.inv_freq, int(params["window"]), None if params.get("leak") is None else float(params["leak"]))
@@ -106,6 +113,16 @@ class Adaptation:
         else:
             self.model.model.rotary_emb = rotary
         self.extension = ext
+
+    def _rotary(self, attributes: dict):
+        """A rotary embedding of the model's type built from a copy of its config with ``attributes`` set: transformers
+        reads them from the config it was given, and the model's own keep their other uses (generate's length limit).
+        Its frequencies stay float32 under a cast of the model (``posenc.encodings.base.KeepsPrecision``): in bf16
+        transformers' ``inv_freq`` is 3.5e-3 off, 40 rad of phase at position 32,768."""
+        config = copy.deepcopy(self.model.config)
+        for name, value in attributes.items():
+            setattr(config, name, value)
+        return keeping_precision(self._rotary_type)(config=config)
 
     def set_scheme(self, spec: str) -> None:
         """Put posenc scheme ``spec`` into the native model's attention in place of the current adaptation
@@ -116,8 +133,9 @@ class Adaptation:
     def reset_rotary(self) -> None:
         """Rebuild the rotary embedding from the config: clears dynamic NTK's cached
         frequencies, which otherwise leak from a longer forward into a shorter one."""
-        if type(self.model.model.rotary_emb) is self._rotary_type:
-            self.model.model.rotary_emb = self._rotary_type(config=self.model.config)
+        rot = self.model.model.rotary_emb
+        if not isinstance(rot, rerope.IdentityRotary):
+            self.model.model.rotary_emb = type(rot)(config=rot.config)
 
     def key(self, length: int) -> str:
         """Hash (16 hex digits) of everything that decides a forward of ``length`` tokens: effective frequencies,
@@ -136,6 +154,16 @@ class Adaptation:
             h.update(b"weights:" + self.weights.encode())
         self.reset_rotary()
         return h.hexdigest()[:16]
+
+
+def _check_factor(params: dict, max_positions: int, l0: int) -> None:
+    """A one-line warning (once per setting: Python's warnings filter) when schedule parameters ``params`` have a
+    ``factor`` s other than ``max_positions / l0`` while the two lengths differ: the config says the model was
+    extended by that ratio (transformers derives yarn's and longrope's factor from it when none is given)."""
+    ratio = max_positions / l0
+    if "factor" in params and max_positions != l0 and not math.isclose(params["factor"], ratio):
+        warnings.warn(f"factor {params['factor']:g} differs from the model's max_position_embeddings / L0 = {max_positions} / {l0} "
+                      f"= {ratio:g}: the schedule scales by {params['factor']:g}, not by the config's ratio")
 
 
 def _length_switch(schedule: str, l0: int, module, args, kwargs):

@@ -14,19 +14,19 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch import nn
 
 from posenc import rope
+from posenc.encodings.base import KeepsPrecision
 from posenc.errors import PosencError
 
 ATTN_NAME = "posenc_rerope"
 
 
-class IdentityRotary(nn.Module):
+class IdentityRotary(KeepsPrecision):
     """Stands in for ``model.model.rotary_emb``: cos = 1, sin = 0 (no rotation).
 
-    Keeps the real frequencies as ``inv_freq`` (D/2,) and ``attention_scaling``
-    (1.0) so they can be read back like any transformers rotary embedding.
+    Keeps the real frequencies as ``inv_freq`` (D/2,) float32+, also under a cast of the model, and
+    ``attention_scaling`` (1.0) so they can be read back like any transformers rotary embedding.
     """
 
     def __init__(self, inv_freq: torch.Tensor):

@@ -125,11 +125,14 @@ REQUIRED, TRAIN_LENGTH = Default.REQUIRED, Default.TRAIN_LENGTH
 @dataclasses.dataclass(frozen=True)
 class HFRope:
     """A schedule as transformers' ``rope_parameters``: its ``rope_type``, the schedule parameters transformers
-    reads, and ``base(rope_theta, params, head_dim)`` where transformers is given another base than the model's."""
+    reads there (``keys``), ``base(rope_theta, params, head_dim)`` where transformers is given another base than
+    the model's, and ``config``: (config attribute, parameter) pairs transformers reads from the model config
+    instead (its ``dynamic`` takes L0 from ``max_position_embeddings``)."""
 
     rope_type: str
     keys: tuple[str, ...] = ()
     base: Optional[Callable[[float, dict, int], float]] = None
+    config: tuple[tuple[str, str], ...] = ()
 
 
 def _no_check(*args) -> None:
@@ -267,8 +270,8 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("pi", _pi, HFRope("linear", ("factor",)), {"factor": REQUIRED}),
     # transformers has no static NTK type: its ``default`` with the raised base
     Schedule("ntk", _ntk, HFRope("default", base=lambda theta, p, head_dim: ntk_base(theta, p["factor"], head_dim)), {"factor": REQUIRED}),
-    # transformers' dynamic reads L0 from the config's max_position_embeddings
-    Schedule("dynamic", _dynamic, HFRope("dynamic", ("factor",)), {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH}),
+    # transformers' dynamic reads L0 from the config's max_position_embeddings, not from rope_parameters
+    Schedule("dynamic", _dynamic, HFRope("dynamic", ("factor",), config=(("max_position_embeddings", "original_max_position_embeddings"),)), {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH}),
     Schedule("yarn", _yarn,
              HFRope("yarn", ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate")),
              {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH, "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None,
