@@ -84,9 +84,10 @@ def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int, log
 
     Reads the sweep's ``preset.json`` (the resolved preset), so the run is the one the sweep would train.
     """
+    out = run_root / scheme / f"seed{seed}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "posenc.cli", "train", "--scheme", scheme, "--preset", str(run_root / "preset.json"),
-           "--seed", str(seed), "--out", str(run_root / scheme / f"seed{seed}"), "--resume"]
+           "--seed", str(seed), "--out", str(out)] + (["--resume"] if (out / "config.json").exists() else [])
     # torchrun's own parser takes any "--log..." as an abbreviation of its --log-dir: the tracker goes by environment
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "POSENC_LOG": log})
     if proc.returncode:
