@@ -49,7 +49,7 @@ the scheme starts at zero, which the model's weight initialisation leaves alone;
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Hashable, Optional
 
 import torch
 from torch import nn
@@ -310,6 +310,14 @@ class Encoding(nn.Module):
         if self.accumulates and not (self.has_bias or self.replaces_attention):
             return RunningPhaseState(self)
         return None if (self.rotary or self.has_bias or self.replaces_attention) else DecodeState(self)
+
+    def length_key(self, length: int) -> Hashable:
+        """What the hooks depend on besides the positions, for a sequence of ``length`` positions: None (the
+        default) when nothing; RoPE's dynamic NTK and LongRoPE: their frequencies at that length. A scheme whose
+        key varies decodes by the reference (``decoder()`` None); a model decoding with a cache re-runs its
+        prefix when a layer's key changes, as the later layers' cached inputs came from the old value
+        (``posenc.model.LM.decode``)."""
+        return None
 
     def spectral_gap(self) -> Optional[torch.Tensor]:
         """(D/2,) float64 |E exp(i theta_b)| of the step law per frequency block, or None (no step law)."""
