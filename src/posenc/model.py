@@ -260,6 +260,8 @@ class LM(nn.Module):
             raise PosencError(f"tokens must be (batch, n) with n >= 1, got shape {tuple(tokens.shape)}")
         if int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size:
             raise PosencError(f"token ids must lie in [0, {self.cfg.vocab_size}), got [{int(tokens.min())}, {int(tokens.max())}]")
+        if len(cache.layers) != len(self.blocks):
+            raise PosencError(f"the cache has {len(cache.layers)} layers, the model {len(self.blocks)}: use Cache({len(self.blocks)})")
         if cache.tokens is not None and cache.tokens.shape[0] != tokens.shape[0]:
             raise PosencError(f"the cache holds batch size {cache.tokens.shape[0]}, got {tokens.shape[0]} new rows")
         n = tokens.shape[1]
