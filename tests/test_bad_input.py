@@ -190,6 +190,15 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
      "the prompt must be token ids (a tensor or a list of ints), got str"),
     *[(lambda n=n: build_model({"n_layer": 4, "n_head": 2, "d_model": 16}).decode(torch.zeros(1, 3, dtype=torch.long), Cache(n)),
        f"the cache has {n} layers, the model 4: use Cache(4)") for n in (0, 2, 8)],
+    (lambda: posenc.prepare("rope", torch.randn(1, 6, 16), n_head=0), "n_head must be an integer >= 1, got 0"),
+    (lambda: posenc.prepare("alibi", torch.randn(1, 6, 16), n_head=-1), "n_head must be an integer >= 1, got -1"),
+    (lambda: encodings.get("alibi", Dims(n_head=-1, head_dim=8, d_model=16, vocab_size=0, train_length=16)),
+     "n_head must be an integer >= 1, got -1"),
+    (lambda: posenc.prepare("rope", torch.randn(1, 6, 16), n_head=3), "d_model 16 does not divide into 3 heads (give head_dim)"),
+    (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16})(torch.tensor([[1, 300]])),
+     "token ids must lie in [0, 256), got [1, 300]"),
+    (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).token_nll(torch.tensor([[1, 3]]), torch.tensor([[1, -2]])),
+     "target ids must lie in [0, 256), got [-2, 1]"),
 ])
 def test_python_api_bad_arguments_are_one_line(make, message):
     with pytest.raises(PosencError) as err:

@@ -76,14 +76,19 @@ def prepare(
     parameters, which must live in your module to be trained); x: (B, T, d_model)
     the layer's (normalised) input, any float dtype; positions: (T,) int64,
     default arange(T); tokens: (B, T) int64, only for per-token-id schemes.
-    Raises PosencError (one line) for bad shapes, an invalid spec, an additive
-    scheme (it acts at the input embedding) or a spec with learned parameters.
+    Raises PosencError (one line) for bad shapes, n_head < 1, a d_model that n_head does
+    not divide (without head_dim), an invalid spec, an additive scheme (it acts at the
+    input embedding) or a spec with learned parameters.
     """
     x = _check_x(x)
     if isinstance(scheme, str):
         if n_head is None:
             raise PosencError("prepare(spec, ...) needs n_head (or pass a built scheme)")
         d = x.shape[-1]
+        if not (isinstance(n_head, int) and n_head >= 1):
+            raise PosencError(f"n_head must be an integer >= 1, got {n_head!r}")
+        if head_dim is None and d % n_head:
+            raise PosencError(f"d_model {d} does not divide into {n_head} heads (give head_dim)")
         dims = Dims(n_head, head_dim or d // n_head, d, 0, train_length)
         spec, scheme = scheme, encodings.get(scheme, dims)
         if any(True for _ in scheme.parameters()):

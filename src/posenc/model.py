@@ -186,7 +186,8 @@ class Block(nn.Module):
 
 
 class LM(nn.Module):
-    """Decoder-only language model. ``forward(tokens)`` -> logits (B, T, vocab)."""
+    """Decoder-only language model. ``forward(tokens)`` (B, T) int64 -> logits (B, T, vocab) (PosencError for
+    ids outside the vocabulary)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -214,6 +215,7 @@ class LM(nn.Module):
             raise PosencError(f"tokens must be (batch, T) with T >= 1, got shape {tuple(tokens.shape)}")
         if pos is not None and pos.shape != (tokens.shape[1],):
             raise PosencError(f"positions must be ({tokens.shape[1]},) for T = {tokens.shape[1]}, got shape {tuple(pos.shape)}")
+        check_ids(tokens, self.cfg.vocab_size, "token ids")
         pos = torch.arange(tokens.shape[1], device=tokens.device) if pos is None else pos
         x = self.tok(tokens)
         if self.pos_embed is not None:
@@ -221,7 +223,7 @@ class LM(nn.Module):
         return x, pos
 
     def hidden(self, tokens: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """tokens: (B, T) int64 -> final hidden states (B, T, d_model)."""
+        """tokens: (B, T) int64 -> final hidden states (B, T, d_model); PosencError for a bad shape or ids outside the vocabulary."""
         x, pos = self._embed(tokens, pos)
         for block in self.blocks:
             x = block(x, pos, tokens)
@@ -258,8 +260,7 @@ class LM(nn.Module):
         """
         if tokens.dim() != 2 or tokens.shape[1] == 0:
             raise PosencError(f"tokens must be (batch, n) with n >= 1, got shape {tuple(tokens.shape)}")
-        if int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size:
-            raise PosencError(f"token ids must lie in [0, {self.cfg.vocab_size}), got [{int(tokens.min())}, {int(tokens.max())}]")
+        check_ids(tokens, self.cfg.vocab_size, "token ids")  # before the cache's prefix joins them
         if len(cache.layers) != len(self.blocks):
             raise PosencError(f"the cache has {len(cache.layers)} layers, the model {len(self.blocks)}: use Cache({len(self.blocks)})")
         if cache.tokens is not None and cache.tokens.shape[0] != tokens.shape[0]:
@@ -330,11 +331,24 @@ class LM(nn.Module):
         return result[0] if flat else result
 
     def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-        """Per-token negative log-likelihood (nats), (B, T) float32 (``posenc.scoring.token_nll``)."""
+        """Per-token negative log-likelihood (nats), (B, T) float32 (``posenc.scoring.token_nll``): tokens, targets
+        (B, T) int64. Raises PosencError for a bad shape or ids outside the vocabulary."""
+        check_ids(targets, self.cfg.vocab_size, "target ids")
         return scoring.token_nll(self.hidden(tokens), lambda h: h @ self.tok.weight.T, targets, chunk)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:
+    """PosencError unless every id lies in [0, vocab_size) (the embedding and the loss would raise a raw
+    IndexError, or assert on the device). One host sync; skipped while torch.compile traces, as a graph cannot
+    raise on a value (the eager forward checks)."""
+    if torch.compiler.is_compiling() or ids.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(ids)).tolist()
+    if lo < 0 or hi >= vocab_size:
+        raise PosencError(f"{what} must lie in [0, {vocab_size}), got [{lo}, {hi}]")
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], generator: Optional[torch.Generator]) -> torch.Tensor:

@@ -55,12 +55,14 @@ import torch
 from torch import nn
 
 from posenc.attention import BiasFn  # noqa: F401 (the bias hook's type, re-exported)
+from posenc.errors import PosencError
 from posenc.rope.schedules import wrap_phases
 
 
 @dataclasses.dataclass(frozen=True)
 class Dims:
-    """Sizes an encoding is built for."""
+    """Sizes an encoding is built for: PosencError (one line) unless n_head, head_dim, d_model and
+    train_length are integers >= 1 and vocab_size, layer_index integers >= 0 (vocab_size 0: no token ids)."""
 
     n_head: int
     head_dim: int
@@ -68,6 +70,12 @@ class Dims:
     vocab_size: int
     train_length: int
     layer_index: int = 0
+
+    def __post_init__(self):
+        for name, least in (("n_head", 1), ("head_dim", 1), ("d_model", 1), ("vocab_size", 0), ("train_length", 1), ("layer_index", 0)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+                raise PosencError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 @dataclasses.dataclass
