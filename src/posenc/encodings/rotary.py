@@ -67,15 +67,15 @@ class RoPE(Encoding):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def phases(self, inp: Inputs) -> torch.Tensor:
-        phi = inp.pos.to(torch.float64)[:, None] * self._inv_freq(int(inp.pos.max()) + 1).to(inp.pos.device)
+        inv_freq = self.inv_freq
+        if self.schedule in _LENGTH_DEPENDENT:  # from the current length, every call (a host sync only for these)
+            inv_freq = self._inv_freq(int(inp.pos.max()) + 1)
+        phi = inp.pos.to(torch.float64)[:, None] * inv_freq.to(inp.pos.device)
         return rope.wrap_phases(phi, inp.x.dtype)[None, None]
 
     def _inv_freq(self, length: int) -> torch.Tensor:
-        """The frequencies for a sequence of ``length`` positions: dynamic NTK and LongRoPE from that length
-        (LongRoPE switches lists past L0), every other schedule its fixed ones."""
-        if self.schedule in _LENGTH_DEPENDENT:
-            return rope.SCHEDULES[self.schedule](self.rot_dim, self.rope_theta, self.schedule_params, length)[0]
-        return self.inv_freq
+        """Dynamic NTK's and LongRoPE's frequencies for a sequence of ``length`` positions (LongRoPE switches lists past L0)."""
+        return rope.SCHEDULES[self.schedule](self.rot_dim, self.rope_theta, self.schedule_params, length)[0]
 
     def length_key(self, length: int):
         """Dynamic NTK and LongRoPE: their frequencies at ``length`` positions as a tuple; otherwise None."""
