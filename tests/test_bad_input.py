@@ -14,6 +14,7 @@ from posenc.attention import attention
 from posenc.cli import main
 from posenc.encodings.base import Dims
 from posenc.errors import PosencError
+from posenc.model import Cache
 
 DIMS = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
 
@@ -187,6 +188,17 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
      "accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got 0"),
     (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate("To be", 2),
      "the prompt must be token ids (a tensor or a list of ints), got str"),
+    *[(lambda n=n: build_model({"n_layer": 4, "n_head": 2, "d_model": 16}).decode(torch.zeros(1, 3, dtype=torch.long), Cache(n)),
+       f"the cache has {n} layers, the model 4: use Cache(4)") for n in (0, 2, 8)],
+    (lambda: posenc.prepare("rope", torch.randn(1, 6, 16), n_head=0), "n_head must be an integer >= 1, got 0"),
+    (lambda: posenc.prepare("alibi", torch.randn(1, 6, 16), n_head=-1), "n_head must be an integer >= 1, got -1"),
+    (lambda: encodings.get("alibi", Dims(n_head=-1, head_dim=8, d_model=16, vocab_size=0, train_length=16)),
+     "n_head must be an integer >= 1, got -1"),
+    (lambda: posenc.prepare("rope", torch.randn(1, 6, 16), n_head=3), "d_model 16 does not divide into 3 heads (give head_dim)"),
+    (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16})(torch.tensor([[1, 300]])),
+     "token ids must lie in [0, 256), got [1, 300]"),
+    (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).token_nll(torch.tensor([[1, 3]]), torch.tensor([[1, -2]])),
+     "target ids must lie in [0, 256), got [-2, 1]"),
 ])
 def test_python_api_bad_arguments_are_one_line(make, message):
     with pytest.raises(PosencError) as err:

@@ -8,7 +8,7 @@ from posenc.config import load_preset
 from posenc.errors import PosencError
 from posenc.model import Cache, build_model
 from posenc.presets import preset_names
-from posenc.rope import NAMES as SCHEDULES
+from posenc.rope import SCHEDULES as SCHEDULE_NAMES
 
 PRESET_SPECS = sorted({s for name in preset_names() for s in load_preset(name).schemes})
 SPECS = sorted(set(encodings.names()) | set(PRESET_SPECS) | {"acc-rand-qkv:a=0.3+alibi", "path+forget", "rope:rotary_fraction=0.5", "rope|nope"})
@@ -48,22 +48,62 @@ def test_decode_equals_parallel_float32(spec):
     assert err < 1e-5, err
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_decode_equals_parallel_for_rope_schedules(schedule):
-    """Every schedule, with the window of ReRoPE inside the sequence; dynamic NTK's base follows the
-    length so far, so its step t equals the parallel forward of the prefix [0, t]."""
-    torch.manual_seed(2)
-    params = {"none": {}, "rerope": {"window": 6}, "leaky-rerope": {"window": 6, "leak": 4.0}}.get(schedule, {"factor": 4.0})
-    m = model("rope", schedule=schedule, schedule_params=params)
-    x = torch.randint(0, 256, (1, T))
+L0 = 8  # the schedules' original context: every cut pattern below crosses it
+HALF = 8  # head dim 16 / 2 frequency pairs
+SCHEDULE_PARAMS = {"none": {}, "rerope": {"window": 2}, "leaky-rerope": {"window": 2, "leak": 4.0},
+                   "longrope": {"factor": 4.0, "short_factor": [1 + 0.1 * i for i in range(HALF)], "long_factor": [1 + i for i in range(HALF)]}}
+
+
+def scheduled(schedule, n_layer, dtype=torch.float64):
+    """A RoPE model of L0 = 8 under ``schedule`` whose weights are large enough (std 0.5) that a stale cached
+    layer input moves the logits by far more than rounding."""
+    cfg = {"encoding": "rope", "n_layer": n_layer, "n_head": 2, "d_model": 32, "train_length": L0,
+           "encoding_params": {"schedule": schedule, "schedule_params": SCHEDULE_PARAMS.get(schedule, {"factor": 4.0})}}
+    m = build_model(cfg).to(dtype).eval()
     with torch.no_grad():
-        got = decoded(m, x, cuts=(8,))
-        if schedule == "dynamic":
-            ref = torch.cat([m(x[:, : t + 1])[:, -1:] for t in range(8, T)], dim=1)
-            got = got[:, 8:]
-        else:
-            ref = m(x)
+        for p in m.parameters():
+            p.normal_(0, 0.5)
+    return m
+
+
+@pytest.mark.parametrize("cuts", [(L0,), (5, 11), (3,)], ids=["prefill-at-L0", "chunk-across-L0", "short-prefill"])
+@pytest.mark.parametrize("n_layer", [1, 2, 3, 4])
+@pytest.mark.parametrize("schedule", list(SCHEDULE_NAMES))
+def test_decode_equals_the_prefix_forward_for_every_schedule_and_depth(schedule, n_layer, cuts):
+    """Each decoded chunk [s, e) equals the parallel forward of the prefix [0, e) at those positions, past
+    the schedule's L0 too (dynamic NTK's base and LongRoPE's factor list follow the length so far)."""
+    torch.manual_seed(2)
+    m, x = scheduled(schedule, n_layer), torch.randint(0, 256, (2, T))
+    cache, start = Cache(n_layer), 0
+    with torch.no_grad():
+        for end in (*cuts, *range(cuts[-1] + 1, T + 1)):
+            err = (m.decode(x[:, start:end], cache) - m(x[:, :end])[:, start:end]).abs().max().item()
+            assert err < 1e-10, (start, end, err)
+            start = end
+
+
+def test_a_cache_cropped_back_below_L0_decodes_as_the_prefix_forward():
+    """The cache remembers the frequencies its layer inputs were computed under, not only its length."""
+    torch.manual_seed(4)
+    m, x = scheduled("longrope", 2), torch.randint(0, 256, (1, T))
+    cache = Cache(2)
+    with torch.no_grad():
+        m.decode(x[:, :12], cache)  # past L0: the long factors
+        cache.crop(5)
+        got = torch.cat([m.decode(x[:, t : t + 1], cache) for t in range(5, 12)], dim=1)
+        ref = torch.cat([m(x[:, : t + 1])[:, -1:] for t in range(5, 12)], dim=1)
     assert (got - ref).abs().max().item() < 1e-10
+
+
+@pytest.mark.parametrize("schedule", ["dynamic", "longrope"])
+def test_generate_equals_uncached_greedy_decoding_across_L0(schedule):
+    torch.manual_seed(3)
+    m, ids = scheduled(schedule, 3), torch.randint(0, 256, (2, 5))
+    out = m.generate(ids, T - 5, temperature=0)
+    with torch.no_grad():
+        for _ in range(T - 5):
+            ids = torch.cat((ids, m(ids)[:, -1:].argmax(-1)), dim=1)
+    assert torch.equal(out, ids)
 
 
 def test_chunked_prefill_leaves_the_state_of_one_prefill():

@@ -103,11 +103,28 @@ def test_prepare_attend_equals_the_core_and_the_module():
     (lambda: posenc.prepare("alibi", torch.randn(1, 5, 32)), "needs n_head"),
     (lambda: posenc.attend(torch.randn(1, 4, 5, 8), torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8),
                            posenc.prepare("alibi", torch.randn(1, 5, 32), n_head=4)), "do not divide"),
+    *[(lambda spec=spec: posenc.attend(*torch.randn(3, 1, 2, 6, 16), posenc.prepare(spec, torch.randn(1, 6, 16), n_head=2)),
+       "^q, k have head dim 16, 16; the scheme was prepared for head dim 8$") for spec in ("rope", "xpos", "alibi", "nope")],
+    (lambda: posenc.attend(*torch.randn(3, 1, 2, 6, 8), posenc.prepare("rope", torch.randn(1, 6, 16), n_head=2, head_dim=4)),
+     "^q, k have head dim 8, 8; the scheme was prepared for head dim 4$"),
+    (lambda: posenc.attend(torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 4),
+                           posenc.prepare("acc-rand-qkv:a=1", torch.randn(1, 6, 16), n_head=2)),
+     "^q, k, v have head dim 8, 8, 4; the scheme was prepared for head dim 8$"),
+    (lambda: posenc.attend(*torch.randn(3, 1, 4, 6, 8), posenc.prepare("alibi", torch.randn(1, 6, 16), n_head=2)),
+     "^q has 4 heads; the scheme was prepared for 2$"),
 ])
 def test_bad_input_raises_one_line_posenc_error(call, message):
     with pytest.raises(PosencError, match=message) as exc:
         call()
     assert "\n" not in str(exc.value)
+
+
+def test_partial_rotary_declared_by_the_scheme_attends_at_the_full_head_dim():
+    torch.manual_seed(6)
+    x, (q, k, v) = torch.randn(1, 6, 16), torch.randn(3, 1, 2, 6, 8)
+    p = posenc.prepare("rope:rotary_fraction=0.5", x, n_head=2)
+    assert p.phases.shape[-1] == 2  # 4 of 8 features rotate
+    assert torch.allclose(posenc.attend(q, k, v, p), attention(q, k, v, phases=p.phases), atol=1e-6)
 
 
 def test_cache_refuses_another_batch_size():

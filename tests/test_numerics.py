@@ -84,3 +84,38 @@ def test_bf16_rope_angles_and_relative_scores_do_not_drift_with_position():
         phi = enc.phases(Inputs(torch.zeros(1, 2, 32, dtype=torch.bfloat16), p, torch.zeros(1, 2, dtype=torch.int64)))
         scores.append(float((rotate(q, phi[..., 1:, :]) * rotate(k, phi[..., :1, :])).sum()))
     assert max(scores) - min(scores) < 1e-4, scores
+
+
+def _preparable():
+    """Every registered scheme that ``posenc.prepare`` builds from its spec (no learned parameters, not additive)."""
+    import posenc
+    from posenc.errors import PosencError
+
+    out = []
+    for spec in encodings.names():
+        try:
+            posenc.prepare(spec, torch.randn(1, 4, 16), n_head=2)
+        except PosencError:
+            continue
+        out.append(spec)
+    return out
+
+
+@pytest.mark.parametrize("spec", _preparable())
+@pytest.mark.parametrize("T", [6, 40])  # 6: fewer keys than a CPU vector, where the flash kernel dropped NaN
+def test_a_nan_reaches_every_output_row_that_reads_it_on_every_path(spec, T):
+    """A NaN in query row j: output row j is NaN; in key or value row j: every row from j on is NaN
+    (all features for q and k, at least one for v); for the whole sequence, one decoding row and a chunk of 3."""
+    import posenc
+
+    assert {"nope", "rope", "alibi"} <= set(_preparable())  # the fused no-bias path and the bias path
+    p = posenc.prepare(spec, torch.randn(1, T, 16), n_head=2)
+    for which, j, n in [(w, j, n) for w in "qkv" for j in (0, T // 2, T - 1) for n in (T, 1, 3)]:
+        if (which == "q" and j < T - n) or (p.encoding.replaces_attention and n < T):
+            continue  # no such query row; schemes that replace attention take every query
+        t = dict(zip("qkv", torch.randn(3, 1, 2, T, 8)))
+        t[which][0, 0, j, 3] = math.nan
+        out = posenc.attend(t["q"][:, :, T - n :], t["k"], t["v"], p)[0, 0]
+        nan = out.isnan().any(-1) if which == "v" else out.isnan().all(-1)
+        rows = torch.arange(T - n, T)
+        assert bool(nan[rows == j if which == "q" else rows >= j].all()), (which, j, n)

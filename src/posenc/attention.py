@@ -196,7 +196,8 @@ def attention(
     partial rotary the unrotated value features are plain attention values). Scores are
     ``logit_scale * q.k / sqrt(Dk) + bias``. Returns (B, H, Tq, Dv) in v's dtype.
     Under autocast q, k, v are rotated in float32+ (``rotation_dtype``) and reach the
-    kernel so; autocast then sets only the kernel's precision.
+    kernel so; autocast then sets only the kernel's precision. A NaN in q, k or v makes
+    NaN every output row that reads it, on every path (``nan_rows``).
     """
     T = k.shape[-2]
     q_start = T - q.shape[-2]  # absolute row of the first query
@@ -214,9 +215,9 @@ def attention(
     if q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and getattr(bias, "at", None) is not None:
         out = flex_causal(q, k, v, bias.at, scale)
     elif bias is None and q_start == 0:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale) + nan_rows(q, k)
     elif bias is None and q.shape[-2] == 1:  # one new token sees every key
-        out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale) + nan_rows(q, k)
     else:
         blocks = []
         for qs in range(q_start, T, block_size):
@@ -227,6 +228,20 @@ def attention(
     if phases is not None and rotate_v:
         out = rotate_shared(out.to(dtype), phases[..., rows, :], cos[..., rows, :], sin[..., rows, :], pairing, sign=-1)
     return out.to(out_dtype)
+
+
+def nan_rows(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """(B, H, Tq, 1): NaN for a query row holding a NaN (or inf), or every row when the first key does, else 0.
+
+    Added to the fused kernel's output (no bias) so NaN propagates as on the bias path: PyTorch's CPU flash
+    kernel takes a row whose visible scores are all NaN for a fully masked one and writes zeros (its scalar
+    row maximum, used for rows of fewer keys than a vector, drops NaN); a row with one finite score is NaN
+    already. All of a causal row's scores are NaN only through its query or through every key it sees, key 0
+    among them, so the two sums suffice: O(Tq D), nothing of size T.
+    """
+    with torch.no_grad():
+        dtype = torch.promote_types(q.dtype, torch.float32)  # the sums of finite features stay finite
+        return q.sum(-1, keepdim=True, dtype=dtype).add_(k[..., :1, :].sum(-1, keepdim=True, dtype=dtype)).mul_(0).to(q.dtype)
 
 
 def rotation_dtype(x: torch.Tensor) -> torch.dtype:

@@ -30,7 +30,8 @@ class Prepared:
     inp: the hook inputs (x (B, T, d_model), pos (T,) int64, tokens (B, T) or None);
     phases: (B|1, H|1, T, P) float32 radians or None; bias: tile callable or None;
     rotate_v, pairing, logit_scale: as ``posenc.attention.attention`` takes them;
-    encoding: the scheme (its ``attend`` for schemes that replace attention).
+    encoding: the scheme (its ``attend`` for schemes that replace attention; its
+    ``dims``: the query heads and head dim :func:`attend` takes).
     """
 
     inp: Inputs
@@ -75,14 +76,19 @@ def prepare(
     parameters, which must live in your module to be trained); x: (B, T, d_model)
     the layer's (normalised) input, any float dtype; positions: (T,) int64,
     default arange(T); tokens: (B, T) int64, only for per-token-id schemes.
-    Raises PosencError (one line) for bad shapes, an invalid spec, an additive
-    scheme (it acts at the input embedding) or a spec with learned parameters.
+    Raises PosencError (one line) for bad shapes, n_head < 1, a d_model that n_head does
+    not divide (without head_dim), an invalid spec, an additive scheme (it acts at the
+    input embedding) or a spec with learned parameters.
     """
     x = _check_x(x)
     if isinstance(scheme, str):
         if n_head is None:
             raise PosencError("prepare(spec, ...) needs n_head (or pass a built scheme)")
         d = x.shape[-1]
+        if not (isinstance(n_head, int) and n_head >= 1):
+            raise PosencError(f"n_head must be an integer >= 1, got {n_head!r}")
+        if head_dim is None and d % n_head:
+            raise PosencError(f"d_model {d} does not divide into {n_head} heads (give head_dim)")
         dims = Dims(n_head, head_dim or d // n_head, d, 0, train_length)
         spec, scheme = scheme, encodings.get(scheme, dims)
         if any(True for _ in scheme.parameters()):
@@ -96,11 +102,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared
 
     q: (B, H, Tq, Dk), the queries of the last Tq of the T positions; k: (B, Hkv, T, Dk);
     v: (B, Hkv, T, Dv), unrotated; Hkv divides H (grouped-query attention: query
-    head h uses key/value head h // (H / Hkv)). ``block_size``: query rows per
+    head h uses key/value head h // (H / Hkv)). H and Dk must be those the scheme was
+    prepared for (``prepared.encoding.dims``; partial rotary is the scheme's own
+    ``rotary_fraction``, not a wider head). ``block_size``: query rows per
     bias tile. Raises PosencError for shapes that do not fit.
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
         raise PosencError(f"q, k, v must be (B, H, T, D) with matching batch, heads and length; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    _check_heads(q, k, v, prepared)
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     p = prepared
     if p.encoding.replaces_attention:  # no query-suffix form: every query is given
@@ -109,6 +118,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared
         return p.encoding.attend(q, k, v, p.inp, bias=p.bias)  # the hooks' bias, not computed twice
     return attention(q, k, v, phases=p.phases, rotate_v=p.rotate_v, pairing=p.pairing, bias=p.bias,
                      logit_scale=p.logit_scale, block_size=block_size)
+
+
+def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Prepared) -> None:
+    """PosencError unless q has the heads and q, k (and v, for a scheme rotating values) the head dim that ``p``'s
+    phases and bias were built for: a wider head would silently rotate as partial rotary with other frequencies."""
+    dims = p.encoding.dims
+    given = {"q": q.shape[-1], "k": k.shape[-1], **({"v": v.shape[-1]} if p.rotate_v else {})}
+    if set(given.values()) != {dims.head_dim}:
+        raise PosencError(f"{', '.join(given)} have head dim {', '.join(map(str, given.values()))}; "
+                          f"the scheme was prepared for head dim {dims.head_dim}")
+    if q.shape[1] != dims.n_head:
+        raise PosencError(f"q has {q.shape[1]} heads; the scheme was prepared for {dims.n_head}")
 
 
 def repeat_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -105,8 +105,15 @@ class Cache:
     (buffers double past it)."""
 
     def __init__(self, n_layer: int, reference: bool = False, capacity: int = 0):
-        self._tokens = Buffer(-1, capacity)
-        self.layers = [LayerCache(reference, capacity) for _ in range(n_layer)]
+        self._n_layer, self._reference, self._capacity = n_layer, reference, capacity
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every position (the same number of layers, mode and capacity): ``LM.decode`` re-runs the
+        prefix through it when a layer's frequencies change with the length."""
+        self._tokens = Buffer(-1, self._capacity)
+        self.layers = [LayerCache(self._reference, self._capacity) for _ in range(self._n_layer)]
+        self.length_keys: Optional[tuple] = None  # the layers' Encoding.length_key the cached inputs were computed under
 
     @property
     def tokens(self) -> Optional[torch.Tensor]:
@@ -179,7 +186,8 @@ class Block(nn.Module):
 
 
 class LM(nn.Module):
-    """Decoder-only language model. ``forward(tokens)`` -> logits (B, T, vocab)."""
+    """Decoder-only language model. ``forward(tokens)`` (B, T) int64 -> logits (B, T, vocab) (PosencError for
+    ids outside the vocabulary)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -207,6 +215,7 @@ class LM(nn.Module):
             raise PosencError(f"tokens must be (batch, T) with T >= 1, got shape {tuple(tokens.shape)}")
         if pos is not None and pos.shape != (tokens.shape[1],):
             raise PosencError(f"positions must be ({tokens.shape[1]},) for T = {tokens.shape[1]}, got shape {tuple(pos.shape)}")
+        check_ids(tokens, self.cfg.vocab_size, "token ids")
         pos = torch.arange(tokens.shape[1], device=tokens.device) if pos is None else pos
         x = self.tok(tokens)
         if self.pos_embed is not None:
@@ -214,7 +223,7 @@ class LM(nn.Module):
         return x, pos
 
     def hidden(self, tokens: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """tokens: (B, T) int64 -> final hidden states (B, T, d_model)."""
+        """tokens: (B, T) int64 -> final hidden states (B, T, d_model); PosencError for a bad shape or ids outside the vocabulary."""
         x, pos = self._embed(tokens, pos)
         for block in self.blocks:
             x = block(x, pos, tokens)
@@ -239,23 +248,41 @@ class LM(nn.Module):
         """Feed the next n tokens (B, n) int64 through ``cache`` (updated in place): their logits (B, n, vocab).
 
         A prompt may be fed at once or in chunks and then one token at a time; the
-        logits equal the parallel forward's at the same positions (dynamic NTK:
-        those of the parallel forward of the prefix so far, as its base follows
-        the current length). Raises PosencError for a bad shape, token ids outside the
-        vocabulary, a batch size other than the cache's, or a length beyond a learned position table.
+        logits equal those of the parallel forward of the prefix so far at the same
+        positions, for every scheme and schedule (dynamic NTK and LongRoPE: the
+        frequencies of the current length). When a layer's frequencies change with
+        the length (``Encoding.length_key``: dynamic NTK at every step past L0,
+        LongRoPE once, past L0) on a model of more than one layer, the step re-runs
+        the whole prefix (the deeper layers' cached inputs were computed under the
+        old ones): exact, at the cost of a parallel forward of the prefix.
+        Raises PosencError for a bad shape, token ids outside the vocabulary, a
+        cache of another number of layers or batch size, or a length beyond a learned position table.
         """
         if tokens.dim() != 2 or tokens.shape[1] == 0:
             raise PosencError(f"tokens must be (batch, n) with n >= 1, got shape {tuple(tokens.shape)}")
-        if int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size:
-            raise PosencError(f"token ids must lie in [0, {self.cfg.vocab_size}), got [{int(tokens.min())}, {int(tokens.max())}]")
+        check_ids(tokens, self.cfg.vocab_size, "token ids")  # before the cache's prefix joins them
+        if len(cache.layers) != len(self.blocks):
+            raise PosencError(f"the cache has {len(cache.layers)} layers, the model {len(self.blocks)}: use Cache({len(self.blocks)})")
         if cache.tokens is not None and cache.tokens.shape[0] != tokens.shape[0]:
             raise PosencError(f"the cache holds batch size {cache.tokens.shape[0]}, got {tokens.shape[0]} new rows")
+        n = tokens.shape[1]
+        keys = self._length_keys(cache.length + n)
+        if cache.length and keys != cache.length_keys:  # the deeper layers' cached inputs came from other frequencies
+            tokens = torch.cat((cache.tokens, tokens), dim=1)
+            cache.clear()
+        cache.length_keys = keys
         pos = torch.arange(cache.length, cache.length + tokens.shape[1], device=tokens.device)
         x, _ = self._embed(tokens, pos)
         for block, layer in zip(self.blocks, cache.layers):
             x = block.decode(x, layer, pos, tokens)
         cache._tokens.append(tokens)
-        return self.norm(x) @ self.tok.weight.T
+        return self.norm(x[:, -n:]) @ self.tok.weight.T
+
+    def _length_keys(self, length: int) -> tuple:
+        """``Encoding.length_key`` of every layer but the last at ``length`` positions: the last layer's cached
+        inputs depend on no layer's frequencies, and a scheme whose key varies decodes by the reference
+        (its hooks recomputed over the prefix), so only a change here leaves a cached input stale."""
+        return tuple(block.attn.enc.length_key(length) for block in self.blocks[:-1])
 
     def check_length(self, length: int) -> None:
         """PosencError if some layer's scheme (a learned position table) cannot take ``length`` tokens."""
@@ -304,11 +331,24 @@ class LM(nn.Module):
         return result[0] if flat else result
 
     def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-        """Per-token negative log-likelihood (nats), (B, T) float32 (``posenc.scoring.token_nll``)."""
+        """Per-token negative log-likelihood (nats), (B, T) float32 (``posenc.scoring.token_nll``): tokens, targets
+        (B, T) int64. Raises PosencError for a bad shape or ids outside the vocabulary."""
+        check_ids(targets, self.cfg.vocab_size, "target ids")
         return scoring.token_nll(self.hidden(tokens), lambda h: h @ self.tok.weight.T, targets, chunk)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:
+    """PosencError unless every id lies in [0, vocab_size) (the embedding and the loss would raise a raw
+    IndexError, or assert on the device). One host sync; skipped while torch.compile traces, as a graph cannot
+    raise on a value (the eager forward checks)."""
+    if torch.compiler.is_compiling() or ids.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(ids)).tolist()
+    if lo < 0 or hi >= vocab_size:
+        raise PosencError(f"{what} must lie in [0, {vocab_size}), got [{lo}, {hi}]")
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], generator: Optional[torch.Generator]) -> torch.Tensor:

@@ -50,18 +50,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
+from typing import Hashable, Optional
 
 import torch
 from torch import nn
 
 from posenc.attention import BiasFn  # noqa: F401 (the bias hook's type, re-exported)
+from posenc.errors import PosencError
 from posenc.rope.schedules import wrap_phases
 
 
 @dataclasses.dataclass(frozen=True)
 class Dims:
-    """Sizes an encoding is built for."""
+    """Sizes an encoding is built for: PosencError (one line) unless n_head, head_dim, d_model and
+    train_length are integers >= 1 and vocab_size, layer_index integers >= 0 (vocab_size 0: no token ids)."""
 
     n_head: int
     head_dim: int
@@ -69,6 +71,12 @@ class Dims:
     vocab_size: int
     train_length: int
     layer_index: int = 0
+
+    def __post_init__(self):
+        for name, least in (("n_head", 1), ("head_dim", 1), ("d_model", 1), ("vocab_size", 0), ("train_length", 1), ("layer_index", 0)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+                raise PosencError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 @dataclasses.dataclass
@@ -332,6 +340,14 @@ class Encoding(KeepsPrecision):
         if self.accumulates and not (self.has_bias or self.replaces_attention):
             return RunningPhaseState(self)
         return None if (self.rotary or self.has_bias or self.replaces_attention) else DecodeState(self)
+
+    def length_key(self, length: int) -> Hashable:
+        """What the hooks depend on besides the positions, for a sequence of ``length`` positions: None (the
+        default) when nothing; RoPE's dynamic NTK and LongRoPE: their frequencies at that length. A scheme whose
+        key varies decodes by the reference (``decoder()`` None); a model decoding with a cache re-runs its
+        prefix when a layer's key changes, as the later layers' cached inputs came from the old value
+        (``posenc.model.LM.decode``)."""
+        return None
 
     def spectral_gap(self) -> Optional[torch.Tensor]:
         """(D/2,) float64 |E exp(i theta_b)| of the step law per frequency block, or None (no step law)."""

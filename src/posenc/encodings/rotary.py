@@ -19,6 +19,9 @@ from posenc.errors import PosencError
 from posenc.encodings.registry import register
 
 
+_LENGTH_DEPENDENT = ("dynamic", "longrope")  # schedules whose frequencies follow the sequence length
+
+
 @register
 class RoPE(Encoding):
     """RoPE: q, k rotated by t * rope_theta^(-2i/D) (Su et al. 2021).
@@ -66,10 +69,18 @@ class RoPE(Encoding):
 
     def phases(self, inp: Inputs) -> torch.Tensor:
         inv_freq = self.inv_freq
-        if self.schedule in ("dynamic", "longrope"):  # from the current length, every call (LongRoPE switches lists past L0)
-            inv_freq, _ = rope.SCHEDULES[self.schedule](self.rot_dim, self.rope_theta, self.schedule_params, int(inp.pos.max()) + 1)
+        if self.schedule in _LENGTH_DEPENDENT:  # from the current length, every call (a host sync only for these)
+            inv_freq = self._inv_freq(int(inp.pos.max()) + 1)
         phi = inp.pos.to(torch.float64)[:, None] * inv_freq.to(inp.pos.device)
         return rope.wrap_phases(phi, inp.x.dtype)[None, None]
+
+    def _inv_freq(self, length: int) -> torch.Tensor:
+        """Dynamic NTK's and LongRoPE's frequencies for a sequence of ``length`` positions (LongRoPE switches lists past L0)."""
+        return rope.SCHEDULES[self.schedule](self.rot_dim, self.rope_theta, self.schedule_params, length)[0]
+
+    def length_key(self, length: int):
+        """Dynamic NTK and LongRoPE: their frequencies at ``length`` positions as a tuple; otherwise None."""
+        return tuple(self._inv_freq(length).tolist()) if self.schedule in _LENGTH_DEPENDENT else None
 
     def attend(self, q, k, v, inp: Inputs, bias=None):
         """ReRoPE's attention for the ``rerope`` schedules (None: the core's rotary path).
@@ -88,7 +99,7 @@ class RoPE(Encoding):
         """Fixed frequencies: the new positions' t * omega only (``PositionState``); ReRoPE: the new query rows
         (``ReRoPEState``); dynamic NTK and LongRoPE: None, the reference (their frequencies follow the length, so
         every cached key is rotated anew at each step: O(T D) cos/sin per step, equal to the prefix's parallel forward)."""
-        if self.schedule in ("dynamic", "longrope"):
+        if self.schedule in _LENGTH_DEPENDENT:
             return None
         return ReRoPEState(self) if self.replaces_attention else PositionState(self)
 
