@@ -15,17 +15,20 @@ Three implementations that agree (tests):
    layer's key cache (the prefill's keys by ``path_keys``); ``PaTHState`` runs
    ``path_step_pending``, which defers the update of the older keys and applies
    the deferred factors every few tokens in UT form (``PendingFactors``);
-2. ``path_attention`` (CPU/any device, PyTorch): blocks of C tokens. In block b,
+2. ``path_attention`` (CPU/any device, PyTorch), flash-linear-attention's chunked
+   form (``fla/ops/path_attn``): chunks of C tokens (``chunk_size``). In chunk b,
    with W, beta, K, Q its rows, the UT transform A = I + diag(beta) tril(W W^T, -1)
    gives U = A^-1 diag(beta) W with H_{last} ... H_{first} = I - W^T U, and
-   C = A^-1 diag(beta) tril(W K^T, -1). Then
-     intra-block scores     S = tril(Q K^T) - tril(Q W^T) C,
-     keys to the block end  K^ = K - C^T W           (k^_j = H_last ... H_{j+1} k_j),
+   C = A^-1 diag(beta) tril(W K^T, -1) (one triangular solve for [U | C]). Then
+     intra-chunk scores     S = Q K^T - tril(Q W^T) C     (on and below the diagonal),
+     keys to the chunk end  K^ = K - C^T W           (k^_j = H_last ... H_{j+1} k_j),
      queries to its start   Q^ = Q - tril(Q W^T) U   (q^_i = H_first ... H_i q_i).
-   Key blocks are then scanned right to left with an online softmax: scores
-   Q^ K^_b^T, then Q^ <- Q^ - (Q^ W_b^T) U_b carries the queries across block b.
-   All query blocks advance together, so the loop has T/C steps and holds
-   O(T C) scores at a time (forward memory O(T (C + D))).
+   Query chunks then go left to right over a key cache K~ of the earlier chunks' keys
+   carried to the chunk's start (the decoding cache at that point): scores Q^_b K~^T
+   and S_b make one (C, (b + 1) C) tile, one softmax; then K~ <- [K~ M_b^T ; K^_b]
+   with M_b^T = I - U_b^T W_b, a dense D x D product (D^2 per cached key and chunk,
+   less than the rank-C form's 2 C D for C > D / 2). Without autograd the tiles
+   and the cache live in buffers allocated once (``_rows_inference``); memory O(T (C + D)).
 3. on CUDA, flash-linear-attention's ``parallel_path_attn`` (``posenc[cuda]``),
    layout [B, T, H, D], fp32 w and beta; used when ``fla`` imports, there is no
    extra bias and the head dim is 16, 32 or 64 (else a one-line warning and 2.).
@@ -52,29 +55,40 @@ FLA_HEAD_DIMS = (16, 32, 64)
 def _ut_blocks(q, k, w, beta, carry: bool):
     """Per-block UT quantities (module docstring, 2.); inputs blocked: (B, H, n, C, D), beta (B, H, n, C).
 
-    Returns (S, Q^, K^, M^T): S the intra-block scores (.., C, C), valid on and below the
-    diagonal (None when q is None); with ``carry`` also Q^ (.., C, D) the queries taken to their block's start,
-    K^ (.., C, D) the keys taken to its end and M^T = I - U^T W (.., D, D) the block's
-    transform H_last ... H_first acting on rows (else None, None, None).
+    Returns (S, Q^, K^, U): S the intra-block scores (.., C, C), valid on and below the
+    diagonal (None when q is None); with ``carry`` also Q^ (.., C, D) the queries taken to
+    their block's start, K^ (.., C, D) the keys taken to its end and U (.., C, D), the
+    block's transform being I - W^T U (``_transform``); else None, None, None.
     """
-    C, D = k.shape[-2], k.shape[-1]
+    C = k.shape[-2]
     lower = torch.ones(C, C, dtype=k.dtype, device=k.device).tril()  # multiplied in: masked_fill is ~5x slower on CPU
     strict = lower.tril(-1)
     bcol = beta[..., None]
-    A = torch.eye(C, dtype=k.dtype, device=k.device) + bcol * (w @ w.transpose(-1, -2)) * strict
-    rhs = bcol * (w @ k.transpose(-1, -2)) * strict
+    if q is not None:  # the four products of the block in one matmul: [q; w] [w; k]^T
+        P = torch.cat((q, w), dim=-2) @ torch.cat((w, k), dim=-2).transpose(-1, -2)
+        qw, qk, ww, wk = P[..., :C, :C], P[..., :C, C:], P[..., C:, :C], P[..., C:, C:]
+    else:
+        P = w @ torch.cat((w, k), dim=-2).transpose(-1, -2)
+        ww, wk = P[..., :C], P[..., C:]
+    A = torch.eye(C, dtype=k.dtype, device=k.device) + bcol * ww * strict
+    rhs = bcol * wk * strict
     if carry:  # one solve for both right-hand sides: [U | C] = A^-1 diag(beta) [W | tril(W K^T, -1)]
         rhs = torch.cat((bcol * w, rhs), dim=-1)
     X = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
     U, Cm = X[..., : X.shape[-1] - C], X[..., X.shape[-1] - C :]
     S = Qh = None
     if q is not None:
-        qw = (q @ w.transpose(-1, -2)) * lower
-        S = q @ k.transpose(-1, -2) - qw @ Cm
+        qw = qw * lower
+        S = qk - qw @ Cm
         Qh = q - qw @ U if carry else None
     if not carry:
         return S, None, None, None
-    return S, Qh, k - Cm.transpose(-1, -2) @ w, torch.eye(D, dtype=k.dtype, device=k.device) - U.transpose(-1, -2) @ w
+    return S, Qh, k - Cm.transpose(-1, -2) @ w, U
+
+
+def _transform(U, w) -> torch.Tensor:
+    """M^T = I - U^T W (.., D, D): a block's H_last ... H_first acting on rows (k^T <- k^T M^T)."""
+    return torch.eye(w.shape[-1], dtype=w.dtype, device=w.device) - U.transpose(-1, -2) @ w
 
 
 def _bias_rows(bias: BiasFn, T: int, C: int, b: int) -> torch.Tensor:
@@ -86,8 +100,9 @@ def _bias_rows(bias: BiasFn, T: int, C: int, b: int) -> torch.Tensor:
 def _rows(S, Qh, Kh, Mt, v, bias: Optional[BiasFn], T: int) -> torch.Tensor:
     """Query block b's scores: Q^_b K~^T against the keys of blocks < b carried to b's start
     (K~ <- [K~ M_b^T ; K^_b] after block b), then its intra-block scores S_b; one softmax per
-    (C, (b + 1) C) tile. S (scaled, -inf above the diagonal), Q^ (scaled), K^, M^T as
-    ``_ut_blocks`` (n blocks); v (B, H, n C, Dv). Returns (B, H, n C, Dv). Autograd's form."""
+    (C, (b + 1) C) tile. S (scaled, -inf above the diagonal), Q^ (scaled), K^ as ``_ut_blocks``
+    (n blocks), M^T (``_transform``) of blocks 1 .. n - 2 (the only ones carried across);
+    v (B, H, n C, Dv). Returns (B, H, n C, Dv). Autograd's form."""
     n, C = S.shape[2], S.shape[-1]
     S, Qh, Kh, Mt = (x.unbind(2) if x is not None else None for x in (S, Qh, Kh, Mt))  # one backward, not one per select
     out, K = [], None
@@ -98,7 +113,7 @@ def _rows(S, Qh, Kh, Mt, v, bias: Optional[BiasFn], T: int) -> torch.Tensor:
             s = s + F.pad(t, (0, s.shape[-1] - t.shape[-1], 0, C - t.shape[-2])).to(s.dtype)
         out.append(torch.softmax(s, dim=-1) @ v[:, :, : (b + 1) * C])
         if b < n - 1:  # carry the keys across block b (dense D x D: cheaper than the rank-C form for C > D / 2)
-            K = Kh[0] if b == 0 else torch.cat((K @ Mt[b], Kh[b]), dim=-2)
+            K = Kh[0] if b == 0 else torch.cat((K @ Mt[b - 1], Kh[b]), dim=-2)
     return torch.cat(out, dim=-2)
 
 
@@ -122,7 +137,7 @@ def _rows_inference(S, Qh, Kh, Mt, v, bias: Optional[BiasFn], T: int) -> torch.T
         torch.matmul(s, v[:, :, :c1], out=out[:, :, c0:c1])
         if b < n - 1:  # keys[1] <- [keys[0] M_b^T ; K^_b], then swap
             if b:
-                torch.matmul(keys[0][:, :, :c0], Mt[:, :, b], out=keys[1][:, :, :c0])
+                torch.matmul(keys[0][:, :, :c0], Mt[:, :, b - 1], out=keys[1][:, :, :c0])
             keys[1][:, :, c0:c1].copy_(Kh[:, :, b])
             keys.reverse()
     return out
@@ -136,7 +151,7 @@ def chunk_size(T: int, block_size: int) -> int:
     SHORT_BLOCK, at most T). The UT transform's triangular solve (slow on CPU, its backward more so) grows
     with C and the key carries shrink with it: on the default model 32 is fastest at T = 128 (training)
     and 128 at 4K-16K (benchmarks/results/path_prefill.md)."""
-    return max(1, min(block_size, max(SHORT_BLOCK, T // 16), T))
+    return min(block_size, max(SHORT_BLOCK, T // 16), T)
 
 
 def path_attention(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0, block_size: int = 128) -> torch.Tensor:
@@ -158,11 +173,11 @@ def path_attention(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_sca
     with torch.autocast(q.device.type, enabled=False):  # the products in dt under autocast too
         q, k, w = (F.pad(x.to(dt), (0, 0, 0, pad)).view(B, H, n, C, D) for x in (q, k, w))
         vp = F.pad(v.to(dt), (0, 0, 0, pad))
-        S, Qh, Kh, Mt = _ut_blocks(q, k, w, F.pad(beta.to(dt), (0, pad)).view(B, H, n, C), carry=n > 1)
-        scale = logit_scale / math.sqrt(D)
-        S = S * scale + torch.full((C, C), float("-inf"), dtype=dt, device=q.device).triu(1)  # added: masked_fill is slower
-        Qh = Qh * scale if n > 1 else None
-        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (S, vp))
+        q = q * (logit_scale / math.sqrt(D))  # S and Q^ are linear in q: scaled once here
+        S, Qh, Kh, U = _ut_blocks(q, k, w, F.pad(beta.to(dt), (0, pad)).view(B, H, n, C), carry=n > 1)
+        S = S + torch.full((C, C), float("-inf"), dtype=dt, device=q.device).triu(1)  # added: masked_fill is slower
+        Mt = _transform(U[:, :, 1:-1], w[:, :, 1:-1]) if n > 2 else None
+        grad = torch.is_grad_enabled() and (bias is not None or any(x.requires_grad for x in (S, vp)))  # out= is not differentiable
         out = (_rows if grad else _rows_inference)(S, Qh, Kh, Mt, vp, bias, T)
     return out[:, :, :T].to(v.dtype)
 
@@ -182,7 +197,8 @@ def path_keys(k, w, beta, block_size: int = 64) -> torch.Tensor:
         n = -(-T // C)
         pad = n * C - T  # padded tokens: w = 0, beta = 0 (H = I)
         kb, wb = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, C, D) for x in (k, w))
-        _, _, Kh, Mt = _ut_blocks(None, kb, wb, F.pad(beta, (0, pad)).view(B, H, n, C), carry=True)
+        _, _, Kh, U = _ut_blocks(None, kb, wb, F.pad(beta, (0, pad)).view(B, H, n, C), carry=True)
+        Mt = _transform(U, wb)
         R = torch.eye(D, dtype=k.dtype, device=k.device).expand(B, H, D, D)
         out = torch.empty_like(Kh)
         for b in reversed(range(n)):
