@@ -10,7 +10,7 @@ from posenc import encodings
 from posenc.attention import naive_attention
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.forget import forget_bias, log_forget_cumsum
-from posenc.encodings.householder import path_attention
+from posenc.encodings.householder import path_attention, path_keys
 from posenc.errors import PosencError
 from posenc.encodings.householder_naive import path_attention_naive, path_decode, path_scores_naive
 
@@ -171,3 +171,75 @@ def test_pending_factors_with_a_forget_bias_and_an_empty_flush_point():
     ref, fast, _, flushes = _decode_both(q, k, v, w, beta, 1, [1] * 13, 5, bias)
     assert flushes == 2 and (ref - fast).abs().max().item() < 1e-10
     assert (fast - path_attention_naive(q, k, v, w, beta, bias=bias, logit_scale=1.3)[:, :, 1:]).abs().max().item() < 1e-10
+
+
+def test_chunked_with_forget_bias_gradients_equal_naive_including_the_gate():
+    """path+forget in float64: values and the gradients to q, k, v, w, beta and the forget-gate logits."""
+    q, k, v, w, beta = inputs(T=23, seed=3)
+    logits = torch.randn(2, 3, 23, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) + 1
+    leaves = [t.requires_grad_(True) for t in (q, k, v, w, beta, logits)]
+
+    def run(fn, **kw):
+        out = fn(*leaves[:5], bias=forget_bias(log_forget_cumsum(leaves[5]), torch.float64), logit_scale=0.8, **kw)
+        return out, torch.autograd.grad((out * gw).sum(), leaves)
+
+    gw = torch.randn(2, 3, 23, 8, dtype=torch.float64)
+    fast, g_fast = run(path_attention, block_size=4)
+    ref, g_ref = run(path_attention_naive)
+    assert (fast - ref).abs().max().item() < 1e-12
+    for name, a, b in zip("q k v w beta gate".split(), g_fast, g_ref):
+        assert (a - b).abs().max().item() < 1e-10, name
+    assert g_fast[5].abs().max().item() > 1e-3  # the gate does get a gradient
+
+
+@pytest.mark.parametrize("T,block", [(23, 4), (64, 16), (1, 8)])
+def test_inference_buffers_equal_the_autograd_rows(T, block):
+    """Without gradients path_attention runs _rows_inference (buffers); with them _rows: the same numbers."""
+    q, k, v, w, beta = inputs(T=T, seed=5)
+    bias = forget_bias(log_forget_cumsum(torch.randn(2, 3, T, dtype=torch.float64)), torch.float64)
+    for b in (None, bias):
+        with torch.no_grad():
+            fast = path_attention(q, k, v, w, beta, bias=b, block_size=block)
+        with_grad = path_attention(q.clone().requires_grad_(True), k, v, w, beta, bias=b, block_size=block)
+        assert with_grad.requires_grad
+        assert (fast - with_grad).abs().max().item() < 1e-12
+        assert (fast - path_attention_naive(q, k, v, w, beta, bias=b)).abs().max().item() < 1e-12
+
+
+def test_chunk_size_short_and_long_inputs():
+    from posenc.encodings.householder import chunk_size
+
+    assert [chunk_size(T, 128) for T in (7, 128, 1024, 4096, 16384)] == [7, 32, 64, 128, 128]
+    assert chunk_size(21, 4) == 4 and chunk_size(1, 128) == 1
+
+
+def test_products_stay_float32_under_bf16_autocast():
+    q, k, v, w, beta = inputs(B=1, H=2, T=150, D=16, dtype=torch.float32, seed=6)
+    ref = path_attention_naive(*(t.double() for t in (q, k, v, w, beta)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = path_attention(q, k, v, w, beta, block_size=32)
+        keys = path_keys(k, w, beta, 32)
+    assert out.dtype == torch.float32 and (out.double() - ref).abs().max().item() < 1e-4  # bf16 products: ~1e-2
+    assert (keys - path_keys(k, w, beta, 32)).abs().max().item() < 1e-5
+
+
+def test_path_plus_forget_model_gradients_use_the_chunked_form():
+    """The module's training forward goes through path_attention (chunked) and equals the naive one, float64."""
+    dims = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
+    torch.manual_seed(1)
+    enc = encodings.get("path+forget", dims).double()
+    x = torch.randn(1, 40, 16, dtype=torch.float64)
+    inp = Inputs(x, torch.arange(40), torch.zeros(1, 40, dtype=torch.long))
+    path, fgate = enc.parts
+    path.block_size = 8
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    params = [p for p in enc.parameters()]
+    out = enc.attend(q, k, v, inp)
+    w, beta = path.gates(x)
+    ref = path_attention_naive(q, k, v, w, beta, bias=fgate.bias(inp))
+    gw = torch.randn_like(out)
+    g_fast = torch.autograd.grad((out * gw).sum(), [q, k, v, *params])
+    g_ref = torch.autograd.grad((ref * gw).sum(), [q, k, v, *params])
+    assert (out - ref).abs().max().item() < 1e-12
+    for a, b in zip(g_fast, g_ref):
+        assert (a - b).abs().max().item() < 1e-10

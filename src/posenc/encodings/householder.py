@@ -15,17 +15,20 @@ Three implementations that agree (tests):
    layer's key cache (the prefill's keys by ``path_keys``); ``PaTHState`` runs
    ``path_step_pending``, which defers the update of the older keys and applies
    the deferred factors every few tokens in UT form (``PendingFactors``);
-2. ``path_attention`` (CPU/any device, PyTorch): blocks of C tokens. In block b,
+2. ``path_attention`` (CPU/any device, PyTorch), flash-linear-attention's chunked
+   form (``fla/ops/path_attn``): chunks of C tokens (``chunk_size``). In chunk b,
    with W, beta, K, Q its rows, the UT transform A = I + diag(beta) tril(W W^T, -1)
    gives U = A^-1 diag(beta) W with H_{last} ... H_{first} = I - W^T U, and
-   C = A^-1 diag(beta) tril(W K^T, -1). Then
-     intra-block scores     S = tril(Q K^T) - tril(Q W^T) C,
-     keys to the block end  K^ = K - C^T W           (k^_j = H_last ... H_{j+1} k_j),
+   C = A^-1 diag(beta) tril(W K^T, -1) (one triangular solve for [U | C]). Then
+     intra-chunk scores     S = Q K^T - tril(Q W^T) C     (on and below the diagonal),
+     keys to the chunk end  K^ = K - C^T W           (k^_j = H_last ... H_{j+1} k_j),
      queries to its start   Q^ = Q - tril(Q W^T) U   (q^_i = H_first ... H_i q_i).
-   Key blocks are then scanned right to left with an online softmax: scores
-   Q^ K^_b^T, then Q^ <- Q^ - (Q^ W_b^T) U_b carries the queries across block b.
-   All query blocks advance together, so the loop has T/C steps and holds
-   O(T C) scores at a time (forward memory O(T (C + D))).
+   Query chunks then go left to right over a key cache K~ of the earlier chunks' keys
+   carried to the chunk's start (the decoding cache at that point): scores Q^_b K~^T
+   and S_b make one (C, (b + 1) C) tile, one softmax; then K~ <- [K~ M_b^T ; K^_b]
+   with M_b^T = I - U_b^T W_b, a dense D x D product (D^2 per cached key and chunk,
+   less than the rank-C form's 2 C D for C > D / 2). Without autograd the tiles
+   and the cache live in buffers allocated once (``_rows_inference``); memory O(T (C + D)).
 3. on CUDA, flash-linear-attention's ``parallel_path_attn`` (``posenc[cuda]``),
    layout [B, T, H, D], fp32 w and beta; used when ``fla`` imports, there is no
    extra bias and the head dim is 16, 32 or 64 (else a one-line warning and 2.).
@@ -49,71 +52,134 @@ from posenc.errors import PosencError
 FLA_HEAD_DIMS = (16, 32, 64)
 
 
-def _ut_transform(q, k, w, beta):
-    """Per-block quantities; all inputs blocked: (B, H, n, C, D) and beta (B, H, n, C).
+def _ut_blocks(q, k, w, beta, carry: bool):
+    """Per-block UT quantities (module docstring, 2.); inputs blocked: (B, H, n, C, D), beta (B, H, n, C).
 
-    Returns (S intra-block scores (.., C, C), K^ (.., C, D), Q^ (.., C, D), U (.., C, D)).
+    Returns (S, Q^, K^, U): S the intra-block scores (.., C, C), valid on and below the
+    diagonal (None when q is None); with ``carry`` also Q^ (.., C, D) the queries taken to
+    their block's start, K^ (.., C, D) the keys taken to its end and U (.., C, D), the
+    block's transform being I - W^T U (``_transform``); else None, None, None.
     """
-    C = q.shape[-2]
-    eye = torch.eye(C, dtype=q.dtype, device=q.device)
+    C = k.shape[-2]
+    lower = torch.ones(C, C, dtype=k.dtype, device=k.device).tril()  # multiplied in: masked_fill is ~5x slower on CPU
+    strict = lower.tril(-1)
     bcol = beta[..., None]
-    A = eye + bcol * (w @ w.transpose(-1, -2)).tril(-1)
-    U = torch.linalg.solve_triangular(A, bcol * w, upper=False, unitriangular=True)
-    Cm = torch.linalg.solve_triangular(A, bcol * (w @ k.transpose(-1, -2)).tril(-1), upper=False, unitriangular=True)
-    qw = (q @ w.transpose(-1, -2)).tril()
-    S = (q @ k.transpose(-1, -2)).tril() - qw @ Cm
-    return S, k - Cm.transpose(-1, -2) @ w, q - qw @ U, U
+    if q is not None:  # the four products of the block in one matmul: [q; w] [w; k]^T
+        P = torch.cat((q, w), dim=-2) @ torch.cat((w, k), dim=-2).transpose(-1, -2)
+        qw, qk, ww, wk = P[..., :C, :C], P[..., :C, C:], P[..., C:, :C], P[..., C:, C:]
+    else:
+        P = w @ torch.cat((w, k), dim=-2).transpose(-1, -2)
+        ww, wk = P[..., :C], P[..., C:]
+    A = torch.eye(C, dtype=k.dtype, device=k.device) + bcol * ww * strict
+    rhs = bcol * wk * strict
+    if carry:  # one solve for both right-hand sides: [U | C] = A^-1 diag(beta) [W | tril(W K^T, -1)]
+        rhs = torch.cat((bcol * w, rhs), dim=-1)
+    X = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    U, Cm = X[..., : X.shape[-1] - C], X[..., X.shape[-1] - C :]
+    S = Qh = None
+    if q is not None:
+        qw = qw * lower
+        S = qk - qw @ Cm
+        Qh = q - qw @ U if carry else None
+    if not carry:
+        return S, None, None, None
+    return S, Qh, k - Cm.transpose(-1, -2) @ w, U
 
 
-def _bias_tiles(bias: BiasFn, T: int, C: int, q_blocks: range, r: int) -> torch.Tensor:
-    """Bias tiles of (query block b, key block b - r) for b in q_blocks, zero-padded to C x C: (B|1, H, nb, C, C)."""
-    tiles = []
-    for b in q_blocks:
-        qs, ks = b * C, (b - r) * C
-        t = bias(qs, min(qs + C, T), ks, min(ks + C, T))
-        tiles.append(F.pad(t, (0, C - t.shape[-1], 0, C - t.shape[-2])))
-    return torch.stack(tiles, dim=2)
+def _transform(U, w) -> torch.Tensor:
+    """M^T = I - U^T W (.., D, D): a block's H_last ... H_first acting on rows (k^T <- k^T M^T)."""
+    return torch.eye(w.shape[-1], dtype=w.dtype, device=w.device) - U.transpose(-1, -2) @ w
 
 
-def path_attention(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0, block_size: int = 64) -> torch.Tensor:
-    """Blockwise PaTH attention (module docstring, 2.).
+def _bias_rows(bias: BiasFn, T: int, C: int, b: int) -> torch.Tensor:
+    """Bias of query block b against keys 0 .. (b + 1) C: (B|1, H, rows, cols), the rows and columns before T."""
+    qs, qe = b * C, min((b + 1) * C, T)
+    return bias(qs, qe, 0, qe)
+
+
+def _rows(S, Qh, Kh, Mt, v, bias: Optional[BiasFn], T: int) -> torch.Tensor:
+    """Query block b's scores: Q^_b K~^T against the keys of blocks < b carried to b's start
+    (K~ <- [K~ M_b^T ; K^_b] after block b), then its intra-block scores S_b; one softmax per
+    (C, (b + 1) C) tile. S (scaled, -inf above the diagonal), Q^ (scaled), K^ as ``_ut_blocks``
+    (n blocks), M^T (``_transform``) of blocks 1 .. n - 2 (the only ones carried across);
+    v (B, H, n C, Dv). Returns (B, H, n C, Dv). Autograd's form."""
+    n, C = S.shape[2], S.shape[-1]
+    S, Qh, Kh, Mt = (x.unbind(2) if x is not None else None for x in (S, Qh, Kh, Mt))  # one backward, not one per select
+    out, K = [], None
+    for b in range(n):
+        s = S[b] if b == 0 else torch.cat((Qh[b] @ K.transpose(-1, -2), S[b]), dim=-1)
+        if bias is not None:
+            t = _bias_rows(bias, T, C, b)
+            s = s + F.pad(t, (0, s.shape[-1] - t.shape[-1], 0, C - t.shape[-2])).to(s.dtype)
+        out.append(torch.softmax(s, dim=-1) @ v[:, :, : (b + 1) * C])
+        if b < n - 1:  # carry the keys across block b (dense D x D: cheaper than the rank-C form for C > D / 2)
+            K = Kh[0] if b == 0 else torch.cat((K @ Mt[b - 1], Kh[b]), dim=-2)
+    return torch.cat(out, dim=-2)
+
+
+def _rows_inference(S, Qh, Kh, Mt, v, bias: Optional[BiasFn], T: int) -> torch.Tensor:
+    """``_rows`` (same arguments and result) without autograd, in buffers allocated once: on CPU a fresh
+    multi-MB tensor per block costs page faults, ~40% of the score matmul that fills it."""
+    B, H, n, C, _ = S.shape
+    s_buf = S.new_empty(B, H, C, n * C)
+    keys = [S.new_empty(B, H, n * C, Qh.shape[-1]) for _ in range(2)] if n > 1 else None
+    out = v.new_empty(B, H, n * C, v.shape[-1])
+    for b in range(n):
+        c0, c1 = b * C, (b + 1) * C
+        s = s_buf[..., :c1]
+        if b:
+            torch.matmul(Qh[:, :, b], keys[0][:, :, :c0].transpose(-1, -2), out=s[..., :c0])
+        s[..., c0:].copy_(S[:, :, b])
+        if bias is not None:
+            t = _bias_rows(bias, T, C, b)
+            s[..., : t.shape[-2], : t.shape[-1]].add_(t.to(s.dtype))
+        torch.softmax(s, dim=-1, out=s)
+        torch.matmul(s, v[:, :, :c1], out=out[:, :, c0:c1])
+        if b < n - 1:  # keys[1] <- [keys[0] M_b^T ; K^_b], then swap
+            if b:
+                torch.matmul(keys[0][:, :, :c0], Mt[:, :, b - 1], out=keys[1][:, :, :c0])
+            keys[1][:, :, c0:c1].copy_(Kh[:, :, b])
+            keys.reverse()
+    return out
+
+
+SHORT_BLOCK = 32  # chunk floor for short inputs
+
+
+def chunk_size(T: int, block_size: int) -> int:
+    """Positions per chunk for T tokens: block_size at long T, less for short inputs (T // 16, at least
+    SHORT_BLOCK, at most T). The UT transform's triangular solve (slow on CPU, its backward more so) grows
+    with C and the key carries shrink with it: on the default model 32 is fastest at T = 128 (training)
+    and 128 at 4K-16K (benchmarks/results/path_prefill.md)."""
+    return min(block_size, max(SHORT_BLOCK, T // 16), T)
+
+
+def path_attention(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0, block_size: int = 128) -> torch.Tensor:
+    """Chunked PaTH attention (module docstring, 2.), the form of flash-linear-attention's ``parallel_path_attn``.
 
     q, k, w: (B, H, T, D) float32/64 (w unit-norm); v: (B, H, T, Dv); beta: (B, H, T)
     in (0, 2); bias: optional tile function added to the scaled scores. Scores
-    are ``logit_scale * s_ij / sqrt(D) + bias``. Returns (B, H, T, Dv) in v's dtype.
+    are ``logit_scale * s_ij / sqrt(D) + bias``; products in q's dtype. Returns
+    (B, H, T, Dv) in v's dtype, float32+ products also under autocast. Chunks of
+    ``chunk_size(T, block_size)`` positions; memory O(T (C + D)) without gradients
+    (``_rows_inference``: the same arithmetic as ``_rows`` in buffers allocated once),
+    O(T^2) under autograd (the softmax tiles are kept for the backward).
     """
     B, H, T, D = q.shape
-    C = min(block_size, T)
+    C = chunk_size(T, block_size)
     n = -(-T // C)
     pad = n * C - T  # padded tokens: w = 0, beta = 0 (H = I), keys masked by causality
     dt = q.dtype
-    q, k, w = (F.pad(x.to(dt), (0, 0, 0, pad)).view(B, H, n, C, D) for x in (q, k, w))
-    vb = F.pad(v, (0, 0, 0, pad)).view(B, H, n, C, -1).to(dt)
-    beta = F.pad(beta.to(dt), (0, pad)).view(B, H, n, C)
-    S, Kh, Qh, U = _ut_transform(q, k, w, beta)
-    scale = logit_scale / math.sqrt(D)
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    s = (S * scale).masked_fill(~causal, float("-inf"))
-    if bias is not None:
-        s = s + _bias_tiles(bias, T, C, range(n), 0).to(s.dtype)
-    m = s.amax(-1)  # online softmax state per query: max, normaliser, output
-    p = torch.exp(s - m[..., None])
-    l, o = p.sum(-1), p @ vb
-    for r in range(1, n):  # key block b - r for every query block b >= r
-        qc = Qh[:, :, r:]
-        s = (qc @ Kh[:, :, : n - r].transpose(-1, -2)) * scale
-        if bias is not None:
-            s = s + _bias_tiles(bias, T, C, range(r, n), r).to(s.dtype)
-        m_new = torch.maximum(m[:, :, r:], s.amax(-1))
-        p = torch.exp(s - m_new[..., None])
-        corr = torch.exp(m[:, :, r:] - m_new)
-        l = torch.cat((l[:, :, :r], l[:, :, r:] * corr + p.sum(-1)), dim=2)
-        o = torch.cat((o[:, :, :r], o[:, :, r:] * corr[..., None] + p @ vb[:, :, : n - r]), dim=2)
-        m = torch.cat((m[:, :, :r], m_new), dim=2)
-        if r < n - 1:  # carry the queries across key block b - r
-            Qh = torch.cat((Qh[:, :, :r], qc - (qc @ w[:, :, : n - r].transpose(-1, -2)) @ U[:, :, : n - r]), dim=2)
-    out = (o / l[..., None]).view(B, H, n * C, -1)[:, :, :T]
-    return out.to(v.dtype)
+    with torch.autocast(q.device.type, enabled=False):  # the products in dt under autocast too
+        q, k, w = (F.pad(x.to(dt), (0, 0, 0, pad)).view(B, H, n, C, D) for x in (q, k, w))
+        vp = F.pad(v.to(dt), (0, 0, 0, pad))
+        q = q * (logit_scale / math.sqrt(D))  # S and Q^ are linear in q: scaled once here
+        S, Qh, Kh, U = _ut_blocks(q, k, w, F.pad(beta.to(dt), (0, pad)).view(B, H, n, C), carry=n > 1)
+        S = S + torch.full((C, C), float("-inf"), dtype=dt, device=q.device).triu(1)  # added: masked_fill is slower
+        Mt = _transform(U[:, :, 1:-1], w[:, :, 1:-1]) if n > 2 else None
+        grad = torch.is_grad_enabled() and (bias is not None or any(x.requires_grad for x in (S, vp)))  # out= is not differentiable
+        out = (_rows if grad else _rows_inference)(S, Qh, Kh, Mt, vp, bias, T)
+    return out[:, :, :T].to(v.dtype)
 
 
 def path_keys(k, w, beta, block_size: int = 64) -> torch.Tensor:
@@ -121,26 +187,24 @@ def path_keys(k, w, beta, block_size: int = 64) -> torch.Tensor:
 
     k, w: (B, H, T, D), beta: (B, H, T), one float dtype. Blockwise: the UT transform
     takes each key to its block's end (K^ = K - C^T W) and gives the block's transform
-    H_last ... H_first = I - W^T U; the later blocks' transforms are carried right to
-    left as one D x D matrix R (k~ = k^ R, R <- (I - U_b^T W_b) R): O(T D (C + D)),
+    H_last ... H_first = I - W^T U (``_ut_blocks``); the later blocks' transforms are carried
+    right to left as one D x D matrix R (k~ = k^ R, R <- (I - U_b^T W_b) R): O(T D (C + D)),
     not the O(T^2 D) of the token loop (``householder_naive.path_decode``, the reference).
     """
-    B, H, T, D = k.shape
-    C = min(block_size, T)
-    n = -(-T // C)
-    pad = n * C - T  # padded tokens: w = 0, beta = 0 (H = I)
-    kb, wb = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, C, D) for x in (k, w))
-    bcol = F.pad(beta, (0, pad)).view(B, H, n, C)[..., None]
-    A = torch.eye(C, dtype=k.dtype, device=k.device) + bcol * (wb @ wb.transpose(-1, -2)).tril(-1)
-    U = torch.linalg.solve_triangular(A, bcol * wb, upper=False, unitriangular=True)
-    Cm = torch.linalg.solve_triangular(A, bcol * (wb @ kb.transpose(-1, -2)).tril(-1), upper=False, unitriangular=True)
-    Kh = kb - Cm.transpose(-1, -2) @ wb
-    R = torch.eye(D, dtype=k.dtype, device=k.device).expand(B, H, D, D)
-    out = torch.empty_like(Kh)
-    for b in reversed(range(n)):
-        out[:, :, b] = Kh[:, :, b] @ R
-        R = R - U[:, :, b].transpose(-1, -2) @ (wb[:, :, b] @ R)
-    return out.view(B, H, n * C, D)[:, :, :T]
+    with torch.autocast(k.device.type, enabled=False):  # float32+ products under autocast too
+        B, H, T, D = k.shape
+        C = min(block_size, T)
+        n = -(-T // C)
+        pad = n * C - T  # padded tokens: w = 0, beta = 0 (H = I)
+        kb, wb = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, C, D) for x in (k, w))
+        _, _, Kh, U = _ut_blocks(None, kb, wb, F.pad(beta, (0, pad)).view(B, H, n, C), carry=True)
+        Mt = _transform(U, wb)
+        R = torch.eye(D, dtype=k.dtype, device=k.device).expand(B, H, D, D)
+        out = torch.empty_like(Kh)
+        for b in reversed(range(n)):
+            out[:, :, b] = Kh[:, :, b] @ R
+            R = Mt[:, :, b] @ R
+        return out.view(B, H, n * C, D)[:, :, :T]
 
 
 def path_step(q, k, v, w, beta, keys: Buffer, values: Buffer, bias: Optional[BiasFn], scale: float) -> torch.Tensor:
@@ -283,7 +347,8 @@ class PaTH(Encoding):
     Parameters:
         rank: rank of the low-rank projection giving w (fla's default), >= 1
         conv_size: width of the short causal depthwise convolution on w, >= 1
-        block_size: positions per chunk C of the blockwise product, >= 1 (memory, not results)
+        block_size: positions per chunk C of the chunked product at long inputs, >= 1 (speed and
+            memory, not results; short inputs use less: ``chunk_size``)
         use_kernel: flash-linear-attention's CUDA kernel where it is installed (on CUDA)
 
     w: (B, H, T, D) float32,
@@ -294,7 +359,7 @@ class PaTH(Encoding):
     family, source = "accumulated transports", "Yang et al. 2025, PaTH attention (Householder transforms)"
     replaces_attention = True
 
-    def __init__(self, dims: Dims, rank: int = 32, conv_size: int = 3, block_size: int = 64, use_kernel: bool = True):
+    def __init__(self, dims: Dims, rank: int = 32, conv_size: int = 3, block_size: int = 128, use_kernel: bool = True):
         super().__init__(dims)
         if rank < 1 or conv_size < 1 or block_size < 1:
             raise PosencError(f"path: rank, conv_size and block_size must be >= 1, got {rank}, {conv_size}, {block_size}")
