@@ -26,7 +26,9 @@ from posenc.errors import PosencError
 
 # bias(q_start, q_end, k_start, k_end) -> (B|1, H, q_end-q_start, k_end-k_start) float32, a new tensor
 # (the core masks it in place); a pointwise bias may also carry ``at(b, h, q_idx, kv_idx)``, the same
-# value for one score (FlexAttention's score_mod on CUDA, ``flex_causal``)
+# value for one score (FlexAttention's score_mod on CUDA, ``flex_causal``), and a separable one, f(i, j) =
+# r(i) + c(j) for every i >= j, ``keys(qs, ke)``: the row of query qs over keys [0, ke) less its diagonal
+# entry, f(qs, j) - f(qs, qs) = c(j) - c(qs), (B|1, H, ke) float32+ (the CPU path ``fused_separable``)
 BiasFn = Callable[[int, int, int, int], torch.Tensor]
 
 
@@ -213,6 +215,8 @@ def attention(
     scale = logit_scale / math.sqrt(q.shape[-1])
     if q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and getattr(bias, "at", None) is not None:
         out = flex_causal(q, k, v, bias.at, scale)
+    elif q_start == 0 and fusable(q, bias, block_size):
+        out = fused_separable(q, k, v, bias, scale, block_size)
     elif bias is None and q_start == 0:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     elif bias is None and q.shape[-2] == 1:  # one new token sees every key
@@ -227,6 +231,66 @@ def attention(
     if phases is not None and rotate_v:
         out = rotate_shared(out.to(dtype), phases[..., rows, :], cos[..., rows, :], sin[..., rows, :], pairing, sign=-1)
     return out.to(out_dtype)
+
+
+def fusable(q: torch.Tensor, bias: Optional[BiasFn], block_size: int) -> bool:
+    """Whether ``fused_separable`` computes this forward (of all T queries), with its gradients where grad is
+    enabled: a separable bias (``keys``) on CPU, float32 or float64 outside autocast (the key term rides on a
+    feature of q and k, which must not be bf16), and no grad, or T <= block_size (one SDPA call, differentiable)."""
+    if getattr(bias, "keys", None) is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
+        return False
+    return not torch.is_autocast_enabled("cpu") and (not torch.is_grad_enabled() or q.shape[-2] <= block_size)
+
+
+def fused_separable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: BiasFn, scale: float, block_size: int) -> torch.Tensor:
+    """Causal attention with a separable score bias: no (block x T) bias tile, the far keys' bias on one feature.
+
+    q, k: (B, H, T, Dk), v: (B, H, T, Dv), every query (no cache), float32 or float64; bias: a BiasFn with
+    ``keys`` (f(i, j) = r(i) + c(j)); scores ``scale * q.k + f(i, j)``. The softmax of query i drops r(i), so
+    over keys j < qs, before its query block [qs, qe), the scores are ``scale * q.k + c(j) - c(qs)``: the
+    queries' extra feature is 1 / scale, the keys' c(j) - c(qs) (``keys(qs, qs)``, offset at the block's first
+    query: the keys nearest the block, which carry the far part's weight, keep the key term's precision),
+    through the CPU flash kernel unmasked. The diagonal square [qs, qe) takes the bias tile there, with -inf
+    above the diagonal (the tile path's values) and so the rows' term r(i) - r(qs) (its first column), which
+    the far part's log-sum-exp gets added before the two parts merge by their log-sum-exps. T <= block_size
+    is one causal SDPA call with the key feature c(j) - c(0) (differentiable to the bias parameters; its
+    float32 rounding is that of the dot product's magnitude, ~1e-5 in a score for ALiBi's slope 0.5 at T = 512).
+    Returns (B, H, T, Dv) in q's dtype. Reference: ``naive_attention``; the tile path (``causal_tile``).
+    """
+    B, H, T, D = q.shape
+    width = max(D + 1, v.shape[-1])  # the CPU flash kernel needs one head size for q, k and v
+    if T <= block_size:
+        qx, kx, vx = (_pad(t, width, c) for t, c in ((q, 1 / scale), (k, bias.keys(0, T)), (v, 0.0)))
+        return F.scaled_dot_product_attention(qx, kx, vx, is_causal=True, scale=scale)[..., : v.shape[-1]]
+    qx, kx, vx = (_pad(t, width, c) for t, c in ((q, 1 / scale), (k, 0.0), (v, 0.0)))
+    flash, blocks = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, []
+    for qs in range(0, T, block_size):
+        qe = min(qs + block_size, T)
+        tile = bias(qs, qe, qs, qe).to(q.dtype)  # the diagonal keys' feature is still 0: the tile carries their bias
+        tile.masked_fill_(torch.ones(qe - qs, qe - qs, dtype=torch.bool).triu(1), float("-inf"))
+        rows = qx[..., qs:qe, :]
+        out, lse = flash(rows, kx[..., qs:qe, :], vx[..., qs:qe, :], attn_mask=tile.expand(B, H, -1, -1), scale=scale)
+        if qs:
+            kx[..., :qs, D] = bias.keys(qs, qs)
+            far, far_lse = flash(rows, kx[..., :qs, :], vx[..., :qs, :], scale=scale)
+            far_lse = far_lse + tile[..., 0]  # the tile keeps the rows' term, r(i) - r(qs) = f(i, qs) - f(qs, qs)
+            total = torch.logaddexp(lse, far_lse)
+            out = out * (lse - total).exp_()[..., None] + far * (far_lse - total).exp_()[..., None]
+        blocks.append(out[..., : v.shape[-1]])
+    return torch.cat(blocks, dim=-2)
+
+
+def _pad(t: torch.Tensor, width: int, feature) -> torch.Tensor:
+    """t (B, H, T, D) widened to ``width`` features: feature D is ``feature`` (a number, or (B|1, H, T) in
+    float32+, cast to t's dtype), the rest 0; differentiable in t and a tensor feature."""
+    if width == t.shape[-1]:  # values as wide as the widened keys already
+        return t
+    extra = torch.zeros(*t.shape[:-1], width - t.shape[-1], dtype=t.dtype, device=t.device)
+    if isinstance(feature, torch.Tensor):
+        extra = torch.cat((feature.to(t.dtype).expand(*t.shape[:-1])[..., None], extra[..., 1:]), dim=-1)
+    else:
+        extra[..., 0] = feature
+    return torch.cat((t, extra), dim=-1)
 
 
 def rotation_dtype(x: torch.Tensor) -> torch.dtype:
