@@ -18,10 +18,15 @@ DIMS = Dims(n_head=3, head_dim=8, d_model=24, vocab_size=256, train_length=16)
 
 
 def biases(T: int, dtype=torch.float64, B: int = 2) -> dict:
-    """ALiBi, a forget gate (random gates: strong and weak forgetting) and their sum, all separable."""
+    """ALiBi, a forget gate (random gates: strong and weak forgetting) and their sum, all separable; T5 (8 buckets,
+    separable beyond distance 20) alone and with them."""
     lam = log_forget_cumsum(2 * torch.randn(B, DIMS.n_head, T, dtype=dtype))
     alibi, forget = distance_bias(alibi_slopes(DIMS.n_head), torch.arange(T), dtype), forget_bias(lam, dtype)
-    return {"alibi": alibi, "forget": forget, "alibi+forget": sum_biases([alibi, forget])}
+    t5 = encodings.get("t5:num_buckets=8,max_distance=20", DIMS).to(dtype)
+    torch.nn.init.normal_(t5.table)
+    t5 = t5.bias(Inputs(torch.zeros(1, T, 24, dtype=dtype), torch.arange(T)))
+    return {"alibi": alibi, "forget": forget, "alibi+forget": sum_biases([alibi, forget]), "t5": t5,
+            "t5+forget": sum_biases([t5, forget]), "alibi+t5+forget": sum_biases([alibi, t5, forget])}
 
 
 def untiled(bias):
@@ -29,7 +34,7 @@ def untiled(bias):
     return lambda *a: bias(*a)
 
 
-@pytest.mark.parametrize("name", ["alibi", "forget", "alibi+forget"])
+@pytest.mark.parametrize("name", ["alibi", "forget", "alibi+forget", "t5", "t5+forget", "alibi+t5+forget"])
 @pytest.mark.parametrize("block", [1, 7, 64])
 def test_fused_values_equal_full_matrix_over_many_blocks(name, block):
     T = 70
@@ -39,8 +44,8 @@ def test_fused_values_equal_full_matrix_over_many_blocks(name, block):
         assert fusable(q, bias, block)
         fast = attention(q, k, v, bias=bias, block_size=block)
         ref = naive_attention(q, k, v, bias=bias)
+        assert torch.equal(fast, fused_separable(q, k, v, bias, 1 / math.sqrt(8), block))  # the path attention took
     assert torch.allclose(fast, ref, atol=1e-12, rtol=0)
-    assert torch.equal(fast, fused_separable(q, k, v, bias, 1 / math.sqrt(8), block))  # the path attention took
 
 
 def test_fused_values_with_wider_values_and_logit_scale():
@@ -100,8 +105,11 @@ def test_when_the_fused_path_is_taken():
         assert not fusable(q, untiled(bias), 2) and not fusable(q, None, 2)
         with torch.autocast("cpu", dtype=torch.bfloat16):  # the key term must not reach a bf16 kernel
             assert not fusable(q, bias, 2)
-    t5 = encodings.get("t5", DIMS).bias(Inputs(torch.zeros(1, 10, 24), torch.arange(10)))
-    assert not hasattr(t5, "keys") and not hasattr(sum_biases([bias, t5]), "keys")  # one non-separable part: tiles
+    t5, kerple = (encodings.get(s, DIMS).bias(Inputs(torch.zeros(1, 10, 24), torch.arange(10))) for s in ("t5", "kerple"))
+    with torch.no_grad():  # T5: separable on far keys only, so without grad
+        assert fusable(q, t5, 2) and fusable(q, sum_biases([bias, t5]), 2)
+        assert not fusable(q, kerple, 2) and not fusable(q, sum_biases([bias, kerple]), 2)  # not separable: tiles
+    assert not fusable(q, t5, 10) and not fusable(q, sum_biases([bias, t5]), 10)
 
 
 def test_autocast_forward_is_the_tile_path():

@@ -5,7 +5,11 @@
 - no bias: ``scaled_dot_product_attention`` with ``is_causal`` (PyTorch's fused
   kernels; O(T) memory on CPU and CUDA);
 - with a bias: a chunked path over query blocks, each block one SDPA call with
-  its (block x keys) bias tile as the mask, so at most (block x T) scores exist.
+  its (block x keys) bias tile as the mask, so at most (block x T) scores exist;
+- with a separable bias on CPU (ALiBi, the forget gate, their sums; T5 on the keys
+  beyond its max_distance: a BiasFn with ``keys`` or ``far``): ``fused_separable``,
+  the far keys of a block through the flash kernel with the bias on one extra
+  feature, the near ones with their tile.
 
 ``naive_attention`` beside it builds the full T x T matrix and is the reference
 the tests compare against. Rotations likewise: ``rotate_shared`` (the core's, one
@@ -26,9 +30,11 @@ from posenc.errors import PosencError
 
 # bias(q_start, q_end, k_start, k_end) -> (B|1, H, q_end-q_start, k_end-k_start) float32, a new tensor
 # (the core masks it in place); a pointwise bias may also carry ``at(b, h, q_idx, kv_idx)``, the same
-# value for one score (FlexAttention's score_mod on CUDA, ``flex_causal``), and a separable one, f(i, j) =
-# r(i) + c(j) for every i >= j, ``keys(qs, ke)``: the row of query qs over keys [0, ke) less its diagonal
-# entry, f(qs, j) - f(qs, qs) = c(j) - c(qs), (B|1, H, ke) float32+ (the CPU path ``fused_separable``)
+# value for one score (FlexAttention's score_mod on CUDA, ``flex_causal``). A separable bias, f(i, j) =
+# r(i) + c(j) for every i >= j, carries ``keys(qs, ke)``: the row of query qs over keys [0, ke), f(qs, j),
+# (B|1, H, ke) float32+; one separable on the keys far from each query block only (T5 beyond its
+# max_distance) carries ``far(qs, qe)`` -> (near, row): keys [0, near), near <= qs, on which f(i, j) = r(i) +
+# c(j) for the queries [qs, qe), and their row f(qs, j). The CPU path ``fused_separable`` reads them.
 BiasFn = Callable[[int, int, int, int], torch.Tensor]
 
 
@@ -235,45 +241,57 @@ def attention(
 
 def fusable(q: torch.Tensor, bias: Optional[BiasFn], block_size: int) -> bool:
     """Whether ``fused_separable`` computes this forward (of all T queries), with its gradients where grad is
-    enabled: a separable bias (``keys``) on CPU, float32 or float64 outside autocast (the key term rides on a
-    feature of q and k, which must not be bf16), and no grad, or T <= block_size (one SDPA call, differentiable)."""
-    if getattr(bias, "keys", None) is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
+    enabled: a separable bias on CPU, float32 or float64 outside autocast (the key term rides on a feature of q
+    and k, which must not be bf16), and no grad (``keys`` or ``far``), or T <= block_size and ``keys`` (one SDPA
+    call, differentiable to the bias parameters)."""
+    if bias is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled("cpu"):
         return False
-    return not torch.is_autocast_enabled("cpu") and (not torch.is_grad_enabled() or q.shape[-2] <= block_size)
+    if torch.is_grad_enabled():
+        return hasattr(bias, "keys") and q.shape[-2] <= block_size
+    return hasattr(bias, "keys") or hasattr(bias, "far")
+
+
+def far_keys(bias: BiasFn, qs: int, qe: int) -> tuple[int, torch.Tensor]:
+    """A separable bias's far keys for the queries [qs, qe): (near, row f(qs, j) over j in [0, near)); every key
+    before qs for a bias with ``keys`` (see ``BiasFn``)."""
+    return bias.far(qs, qe) if hasattr(bias, "far") else (qs, bias.keys(qs, qs))
 
 
 def fused_separable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: BiasFn, scale: float, block_size: int) -> torch.Tensor:
     """Causal attention with a separable score bias: no (block x T) bias tile, the far keys' bias on one feature.
 
     q, k: (B, H, T, Dk), v: (B, H, T, Dv), every query (no cache), float32 or float64; bias: a BiasFn with
-    ``keys`` (f(i, j) = r(i) + c(j)); scores ``scale * q.k + f(i, j)``. The softmax of query i drops r(i), so
-    over keys j < qs, before its query block [qs, qe), the scores are ``scale * q.k + c(j) - c(qs)``: the
-    queries' extra feature is 1 / scale, the keys' c(j) - c(qs) (``keys(qs, qs)``, offset at the block's first
-    query: the keys nearest the block, which carry the far part's weight, keep the key term's precision),
-    through the CPU flash kernel unmasked. The diagonal square [qs, qe) takes the bias tile there, with -inf
-    above the diagonal (the tile path's values) and so the rows' term r(i) - r(qs) (its first column), which
-    the far part's log-sum-exp gets added before the two parts merge by their log-sum-exps. T <= block_size
-    is one causal SDPA call with the key feature c(j) - c(0) (differentiable to the bias parameters; its
-    float32 rounding is that of the dot product's magnitude, ~1e-5 in a score for ALiBi's slope 0.5 at T = 512).
-    Returns (B, H, T, Dv) in q's dtype. Reference: ``naive_attention``; the tile path (``causal_tile``).
+    ``keys`` or ``far``; scores ``scale * q.k + f(i, j)``. For a query block [qs, qe) and its far keys j < near
+    (``far_keys``), f(i, j) = r(i) + c(j): their scores are ``scale * q.k + f(qs, j)`` plus the query's
+    r(i) - r(qs), the queries' extra feature 1 / scale and the keys' f(qs, j) (the row of the block's first
+    query: the far keys nearest the block, which carry the far part's weight, keep its precision), through the
+    CPU flash kernel unmasked. The near keys [near, qe) take the bias tile, -inf above the diagonal (the tile
+    path's values); the tile also covers key near - 1, whose column gives r(i) - r(qs) = f(i, near-1) - f(qs,
+    near-1), added to the far part's log-sum-exp before the two parts merge by their log-sum-exps. T <=
+    block_size with ``keys`` is one causal SDPA call with the key feature f(0, j) (differentiable to the bias
+    parameters; its float32 rounding is that of the dot product's magnitude, ~1e-5 in a score for ALiBi's
+    slope 0.5 at T = 512). Returns (B, H, T, Dv) in q's dtype. Reference: ``naive_attention``; the tile path.
     """
     B, H, T, D = q.shape
     width = max(D + 1, v.shape[-1])  # the CPU flash kernel needs one head size for q, k and v
-    if T <= block_size:
+    if T <= block_size and hasattr(bias, "keys"):
         qx, kx, vx = (_pad(t, width, c) for t, c in ((q, 1 / scale), (k, bias.keys(0, T)), (v, 0.0)))
         return F.scaled_dot_product_attention(qx, kx, vx, is_causal=True, scale=scale)[..., : v.shape[-1]]
     qx, kx, vx = (_pad(t, width, c) for t, c in ((q, 1 / scale), (k, 0.0), (v, 0.0)))
     flash, blocks = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, []
     for qs in range(0, T, block_size):
         qe = min(qs + block_size, T)
-        tile = bias(qs, qe, qs, qe).to(q.dtype)  # the diagonal keys' feature is still 0: the tile carries their bias
-        tile.masked_fill_(torch.ones(qe - qs, qe - qs, dtype=torch.bool).triu(1), float("-inf"))
-        rows = qx[..., qs:qe, :]
-        out, lse = flash(rows, kx[..., qs:qe, :], vx[..., qs:qe, :], attn_mask=tile.expand(B, H, -1, -1), scale=scale)
-        if qs:
-            kx[..., :qs, D] = bias.keys(qs, qs)
-            far, far_lse = flash(rows, kx[..., :qs, :], vx[..., :qs, :], scale=scale)
-            far_lse = far_lse + tile[..., 0]  # the tile keeps the rows' term, r(i) - r(qs) = f(i, qs) - f(qs, qs)
+        near, row = far_keys(bias, qs, qe)
+        ks = max(near - 1, 0)
+        tile = bias(qs, qe, ks, qe).to(q.dtype)
+        tile.masked_fill_(torch.arange(ks, qe) > torch.arange(qs, qe)[:, None], float("-inf"))
+        rows, kx[..., near:qe, D] = qx[..., qs:qe, :], 0.0  # the near keys' bias is the tile's
+        mask = tile[..., near - ks :].expand(B, H, -1, -1)
+        out, lse = flash(rows, kx[..., near:qe, :], vx[..., near:qe, :], attn_mask=mask, scale=scale)
+        if near:
+            kx[..., :near, D] = row
+            far, far_lse = flash(rows, kx[..., :near, :], vx[..., :near, :], scale=scale)
+            far_lse = far_lse + (tile[..., 0] - tile[..., :1, 0])  # r(i) - r(qs), from key near - 1's column
             total = torch.logaddexp(lse, far_lse)
             out = out * (lse - total).exp_()[..., None] + far * (far_lse - total).exp_()[..., None]
         blocks.append(out[..., : v.shape[-1]])

@@ -53,7 +53,7 @@ def distance_bias(slopes: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype = 
         rows, cols = ((pos[a:b] - pos[qs]).to(dtype) for a, b in ((qs, qe), (ks, ke)))
         return distance_penalty(m, rows[:, None], cols[None, :])
 
-    def keys(qs: int, ke: int) -> torch.Tensor:  # separable: -m (i - j) = -m i + m j
+    def keys(qs: int, ke: int) -> torch.Tensor:  # separable: -m (i - j) = -m i + m j; the row of query qs
         return distance_penalty(m[..., 0], 0.0, (pos[:ke] - pos[qs]).to(dtype))
 
     rel, m_h = (pos - pos[0]).to(dtype), slopes.to(dtype)

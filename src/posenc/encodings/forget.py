@@ -58,7 +58,7 @@ def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn
         rows, cols = (lam[..., qs:qe] - ref).to(dtype), (lam[..., ks:ke] - ref).to(dtype)
         return (rows[..., :, None] - cols[..., None, :]).clamp_(max=0.0)
 
-    def keys(qs: int, ke: int) -> torch.Tensor:  # separable: Lambda_i - Lambda_j, offset in float64 as the tiles
+    def keys(qs: int, ke: int) -> torch.Tensor:  # separable: Lambda_i - Lambda_j; the row of query qs, in float64
         return (lam[..., qs : qs + 1] - lam[..., :ke]).to(dtype)
 
     tile.at = lambda b, h, qi, ki: (lam[b, h, qi] - lam[b, h, ki]).clamp(max=0.0).to(dtype)

@@ -65,7 +65,8 @@ class T5Bias(Encoding):
         num_buckets: distance buckets (half exact, half log-spaced), in [2, 4096]
         max_distance: the distance from which all share the last bucket, > num_buckets / 2
 
-    Tiles (1, H, tq, tk) float32.
+    Tiles (1, H, tq, tk) float32 (float64 for a float64 module); ``far`` (``posenc.attention.BiasFn``): the
+    keys at least max_distance before every query of a block, whose bias is the last bucket's.
     """
 
     name = "t5"
@@ -80,11 +81,18 @@ class T5Bias(Encoding):
         self.table = nn.Parameter(torch.zeros(num_buckets, dims.n_head))
 
     def bias(self, inp: Inputs) -> BiasFn:
-        def values(n: int) -> torch.Tensor:
-            bucket = t5_bucket(torch.arange(n, device=inp.pos.device), self.num_buckets, self.max_distance)
-            return self.table.to(torch.promote_types(self.table.dtype, torch.float32))[bucket].T
+        pos, table = inp.pos, self.table.to(torch.promote_types(self.table.dtype, torch.float32))
 
-        return distance_tiles(values, inp.pos, lambda d: d.clamp(min=0))
+        def values(n: int) -> torch.Tensor:
+            return table[t5_bucket(torch.arange(n, device=pos.device), self.num_buckets, self.max_distance)].T
+
+        def far(qs: int, qe: int) -> tuple[int, torch.Tensor]:  # distances >= max_distance share the last bucket
+            near = int(((pos[qs:qe].min() - pos[:qs]) >= self.max_distance).int().cumprod(0).sum())
+            return near, table[-1][None, :, None].expand(1, -1, near)
+
+        tile = distance_tiles(values, pos, lambda d: d.clamp(min=0))
+        tile.far = far  # the keys at distance >= max_distance from every query of a block: one constant per head
+        return tile
 
     def decoder(self) -> PositionState:
         return PositionState(self)  # buckets of the new query rows' distances only
