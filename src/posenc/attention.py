@@ -271,6 +271,7 @@ def fused_separable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Bia
     block_size with ``keys`` is one causal SDPA call with the key feature f(0, j) (differentiable to the bias
     parameters; its float32 rounding is that of the dot product's magnitude, ~1e-5 in a score for ALiBi's
     slope 0.5 at T = 512). Returns (B, H, T, Dv) in q's dtype. Reference: ``naive_attention``; the tile path.
+    The merge is FlashAttention's (Dao et al. 2022, arXiv:2205.14135, sec. 3.1) over two key ranges.
     """
     B, H, T, D = q.shape
     width = max(D + 1, v.shape[-1])  # the CPU flash kernel needs one head size for q, k and v
@@ -285,8 +286,8 @@ def fused_separable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Bia
         ks = max(near - 1, 0)
         tile = bias(qs, qe, ks, qe).to(q.dtype)
         tile.masked_fill_(torch.arange(ks, qe) > torch.arange(qs, qe)[:, None], float("-inf"))
-        rows, kx[..., near:qe, D] = qx[..., qs:qe, :], 0.0  # the near keys' bias is the tile's
-        mask = tile[..., near - ks :].expand(B, H, -1, -1)
+        kx[..., near:qe, D] = 0.0  # the near keys' bias is the tile's (an earlier block may have written a far row)
+        rows, mask = qx[..., qs:qe, :], tile[..., near - ks :].expand(B, H, -1, -1)
         out, lse = flash(rows, kx[..., near:qe, :], vx[..., near:qe, :], attn_mask=mask, scale=scale)
         if near:
             kx[..., :near, D] = row
@@ -346,8 +347,8 @@ def flex_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: Callable,
     forget gate and their sums): a block mask skips the masked half, no bias tile is
     stored. Training keeps the chunked path (its bias gradients, e.g. the forget gate's,
     are the tested ones; FlexAttention has no backward on CPU to test against). On CPU
-    the chunked path is faster and is the reference; ``tests/test_flex.py`` checks
-    this one against it on CPU (compiled).
+    ``fused_separable`` is faster and the chunked path is the reference; ``tests/test_flex.py``
+    checks this one against the CPU path (compiled).
     """
     T = q.shape[-2]
     mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, T, T, device=q.device)
