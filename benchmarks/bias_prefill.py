@@ -5,8 +5,9 @@
 
 The default ``compare`` model (4 layers, width 256, 4 heads, vocabulary 256; random weights: speed
 does not depend on them) of each scheme runs one forward of one sequence of L random tokens under
-``torch.no_grad()`` on one thread. The schemes are interleaved within each repeat (other processes
-sharing the CPU slow every scheme alike) and each cell is the minimum over the repeats. ``--baseline``
+``torch.no_grad()`` on one thread, timed as the process's CPU time (a shared machine's other processes
+stretch wall time much more). The schemes are interleaved within each repeat and each cell is the
+minimum over the repeats. ``--baseline``
 takes the JSON this script wrote for another commit (run it with that commit's ``src`` on PYTHONPATH and
 ``--json-only``) and reports its seconds and ratios beside these. Writes ``results/bias_prefill.{json,md}``.
 """
@@ -32,11 +33,13 @@ SCHEMES = ["rope", "alibi", "forget", "hybrid", "rope+forget", "t5", "kerple", "
 
 
 def forward_seconds(model, T: int) -> float:
+    """CPU seconds of this process (one thread) for one forward: other processes on a shared machine stretch the
+    wall time, far less the CPU time."""
     tokens = torch.randint(0, 256, (1, T), generator=torch.Generator().manual_seed(T))
     with torch.no_grad():
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         model(tokens)
-        return time.perf_counter() - t0
+        return time.process_time() - t0
 
 
 def measure(schemes: list[str], lengths: list[int], repeats: int) -> dict:
@@ -73,7 +76,8 @@ def report(res: dict, base: dict | None, command: str) -> str:
     lines = ["# Score-bias schemes: evaluation forward at long contexts", "",
              f"Command: `{command}`", "",
              f"Default model (4 layers, width 256, 4 heads), one sequence, `torch.no_grad()`, {res['threads']} thread(s), "
-             f"min of {res['repeats']} interleaved repeats; ratio = seconds / RoPE's at the same length. "
+             f"CPU seconds of the process (`time.process_time`), min of {res['repeats']} interleaved repeats; "
+             f"ratio = seconds / RoPE's at the same length. "
              f"{res['platform']}, torch {res['torch']}, load average {res['load']}."]
     if base:
         lines += ["", f"old: {base['label']}; new: {res['label']}."]
