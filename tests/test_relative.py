@@ -32,15 +32,17 @@ def _enc(spec):
 
 
 @pytest.mark.parametrize("spec", ["t5", "t5:num_buckets=8,max_distance=20", "kerple", "kerple-power"])
-def test_tiles_equal_the_explicit_formula(spec):
+@pytest.mark.parametrize("positions", [POS, list(range(7, 7 + len(POS)))])  # a gather; a Toeplitz strided view
+def test_tiles_equal_the_explicit_formula(spec, positions):
     enc = _enc(spec)
-    pos = torch.tensor(POS)
-    tile = enc.bias(Inputs(torch.zeros(1, len(POS), 24), pos, torch.zeros(1, len(POS), dtype=torch.int64)))
-    full = tile(0, len(POS), 0, len(POS)).double()
-    ref = relative_bias_naive(enc, POS)
-    causal = torch.tril(torch.ones(len(POS), len(POS), dtype=torch.bool))
+    pos = torch.tensor(positions)
+    tile = enc.bias(Inputs(torch.zeros(1, len(pos), 24), pos, torch.zeros(1, len(pos), dtype=torch.int64)))
+    full = tile(0, len(pos), 0, len(pos)).double()
+    ref = relative_bias_naive(enc, positions)
+    causal = torch.tril(torch.ones(len(pos), len(pos), dtype=torch.bool))
     torch.testing.assert_close(full[..., causal], ref[..., causal], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(tile(4, 9, 2, 7).double(), full[..., 4:9, 2:7])  # any tile is a slice
+    for qs, qe, ks, ke in ((4, 9, 2, 7), (9, 10, 0, 10), (0, 3, 5, 12)):  # any tile is a slice, above the diagonal too
+        assert torch.equal(tile(qs, qe, ks, ke).double(), full[..., qs:qe, ks:ke])
 
 
 @pytest.mark.parametrize("spec", ["t5:num_buckets=8,max_distance=20", "kerple", "kerple-power"])

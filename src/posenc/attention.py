@@ -5,7 +5,11 @@
 - no bias: ``scaled_dot_product_attention`` with ``is_causal`` (PyTorch's fused
   kernels; O(T) memory on CPU and CUDA);
 - with a bias: a chunked path over query blocks, each block one SDPA call with
-  its (block x keys) bias tile as the mask, so at most (block x T) scores exist.
+  its (block x keys) bias tile as the mask, so at most (block x T) scores exist;
+- with a separable bias on CPU (ALiBi, the forget gate, their sums; T5 on the keys
+  beyond its max_distance: a BiasFn with ``keys`` or ``far``): ``fused_separable``,
+  the far keys of a block through the flash kernel with the bias on one extra
+  feature, the near ones with their tile.
 
 ``naive_attention`` beside it builds the full T x T matrix and is the reference
 the tests compare against. Rotations likewise: ``rotate_shared`` (the core's, one
@@ -26,7 +30,11 @@ from posenc.errors import PosencError
 
 # bias(q_start, q_end, k_start, k_end) -> (B|1, H, q_end-q_start, k_end-k_start) float32, a new tensor
 # (the core masks it in place); a pointwise bias may also carry ``at(b, h, q_idx, kv_idx)``, the same
-# value for one score (FlexAttention's score_mod on CUDA, ``flex_causal``)
+# value for one score (FlexAttention's score_mod on CUDA, ``flex_causal``). A separable bias, f(i, j) =
+# r(i) + c(j) for every i >= j, carries ``keys(qs, ke)``: the row of query qs over keys [0, ke), f(qs, j),
+# (B|1, H, ke) float32+; one separable on the keys far from each query block only (T5 beyond its
+# max_distance) carries ``far(qs, qe)`` -> (near, row): keys [0, near), near <= qs, on which f(i, j) = r(i) +
+# c(j) for the queries [qs, qe), and their row f(qs, j). The CPU path ``fused_separable`` reads them.
 BiasFn = Callable[[int, int, int, int], torch.Tensor]
 
 
@@ -214,6 +222,8 @@ def attention(
     scale = logit_scale / math.sqrt(q.shape[-1])
     if q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and getattr(bias, "at", None) is not None:
         out = flex_causal(q, k, v, bias.at, scale)
+    elif q_start == 0 and fusable(q, bias, block_size):
+        out = fused_separable(q, k, v, bias, scale, block_size) + nan_rows(q, k)
     elif bias is None and q_start == 0:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale) + nan_rows(q, k)
     elif bias is None and q.shape[-2] == 1:  # one new token sees every key
@@ -242,6 +252,79 @@ def nan_rows(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         dtype = torch.promote_types(q.dtype, torch.float32)  # the sums of finite features stay finite
         return q.sum(-1, keepdim=True, dtype=dtype).add_(k[..., :1, :].sum(-1, keepdim=True, dtype=dtype)).mul_(0).to(q.dtype)
+
+
+def fusable(q: torch.Tensor, bias: Optional[BiasFn], block_size: int) -> bool:
+    """Whether ``fused_separable`` computes this forward (of all T queries), with its gradients where grad is
+    enabled: a separable bias on CPU, float32 or float64 outside autocast (the key term rides on a feature of q
+    and k, which must not be bf16), and no grad (``keys`` or ``far``), or T <= block_size and ``keys`` (one SDPA
+    call, differentiable to the bias parameters)."""
+    if bias is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled("cpu"):
+        return False
+    if torch.is_grad_enabled():
+        return hasattr(bias, "keys") and q.shape[-2] <= block_size
+    return hasattr(bias, "keys") or hasattr(bias, "far")
+
+
+def far_keys(bias: BiasFn, qs: int, qe: int) -> tuple[int, torch.Tensor]:
+    """A separable bias's far keys for the queries [qs, qe): (near, row f(qs, j) over j in [0, near)); every key
+    before qs for a bias with ``keys`` (see ``BiasFn``)."""
+    return bias.far(qs, qe) if hasattr(bias, "far") else (qs, bias.keys(qs, qs))
+
+
+def fused_separable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: BiasFn, scale: float, block_size: int) -> torch.Tensor:
+    """Causal attention with a separable score bias: no (block x T) bias tile, the far keys' bias on one feature.
+
+    q, k: (B, H, T, Dk), v: (B, H, T, Dv), every query (no cache), float32 or float64; bias: a BiasFn with
+    ``keys`` or ``far``; scores ``scale * q.k + f(i, j)``. For a query block [qs, qe) and its far keys j < near
+    (``far_keys``), f(i, j) = r(i) + c(j): their scores are ``scale * q.k + f(qs, j)`` plus the query's
+    r(i) - r(qs), the queries' extra feature 1 / scale and the keys' f(qs, j) (the row of the block's first
+    query: the far keys nearest the block, which carry the far part's weight, keep its precision), through the
+    CPU flash kernel unmasked. The near keys [near, qe) take the bias tile, -inf above the diagonal (the tile
+    path's values); the tile also covers key near - 1, whose column gives r(i) - r(qs) = f(i, near-1) - f(qs,
+    near-1), added to the far part's log-sum-exp before the two parts merge by their log-sum-exps. T <=
+    block_size with ``keys`` is one causal SDPA call with the key feature f(0, j) (differentiable to the bias
+    parameters; its float32 rounding is that of the dot product's magnitude, ~1e-5 in a score for ALiBi's
+    slope 0.5 at T = 512). Returns (B, H, T, Dv) in q's dtype. Reference: ``naive_attention``; the tile path.
+    The merge is FlashAttention's (Dao et al. 2022, arXiv:2205.14135, sec. 3.1) over two key ranges.
+    """
+    B, H, T, D = q.shape
+    width = max(D + 1, v.shape[-1])  # the CPU flash kernel needs one head size for q, k and v
+    if T <= block_size and hasattr(bias, "keys"):
+        qx, kx, vx = (_pad(t, width, c) for t, c in ((q, 1 / scale), (k, bias.keys(0, T)), (v, 0.0)))
+        return F.scaled_dot_product_attention(qx, kx, vx, is_causal=True, scale=scale)[..., : v.shape[-1]]
+    qx, kx, vx = (_pad(t, width, c) for t, c in ((q, 1 / scale), (k, 0.0), (v, 0.0)))
+    flash, blocks = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, []
+    for qs in range(0, T, block_size):
+        qe = min(qs + block_size, T)
+        near, row = far_keys(bias, qs, qe)
+        ks = max(near - 1, 0)
+        tile = bias(qs, qe, ks, qe).to(q.dtype)
+        tile.masked_fill_(torch.arange(ks, qe) > torch.arange(qs, qe)[:, None], float("-inf"))
+        kx[..., near:qe, D] = 0.0  # the near keys' bias is the tile's (an earlier block may have written a far row)
+        rows, mask = qx[..., qs:qe, :], tile[..., near - ks :].expand(B, H, -1, -1)
+        out, lse = flash(rows, kx[..., near:qe, :], vx[..., near:qe, :], attn_mask=mask, scale=scale)
+        if near:
+            kx[..., :near, D] = row
+            far, far_lse = flash(rows, kx[..., :near, :], vx[..., :near, :], scale=scale)
+            far_lse = far_lse + (tile[..., 0] - tile[..., :1, 0])  # r(i) - r(qs), from key near - 1's column
+            total = torch.logaddexp(lse, far_lse)
+            out = out * (lse - total).exp_()[..., None] + far * (far_lse - total).exp_()[..., None]
+        blocks.append(out[..., : v.shape[-1]])
+    return torch.cat(blocks, dim=-2)
+
+
+def _pad(t: torch.Tensor, width: int, feature) -> torch.Tensor:
+    """t (B, H, T, D) widened to ``width`` features: feature D is ``feature`` (a number, or (B|1, H, T) in
+    float32+, cast to t's dtype), the rest 0; differentiable in t and a tensor feature."""
+    if width == t.shape[-1]:  # values as wide as the widened keys already
+        return t
+    extra = torch.zeros(*t.shape[:-1], width - t.shape[-1], dtype=t.dtype, device=t.device)
+    if isinstance(feature, torch.Tensor):
+        extra = torch.cat((feature.to(t.dtype).expand(*t.shape[:-1])[..., None], extra[..., 1:]), dim=-1)
+    else:
+        extra[..., 0] = feature
+    return torch.cat((t, extra), dim=-1)
 
 
 def rotation_dtype(x: torch.Tensor) -> torch.dtype:
@@ -279,8 +362,8 @@ def flex_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: Callable,
     forget gate and their sums): a block mask skips the masked half, no bias tile is
     stored. Training keeps the chunked path (its bias gradients, e.g. the forget gate's,
     are the tested ones; FlexAttention has no backward on CPU to test against). On CPU
-    the chunked path is faster and is the reference; ``tests/test_flex.py`` checks
-    this one against it on CPU (compiled).
+    ``fused_separable`` is faster and the chunked path is the reference; ``tests/test_flex.py``
+    checks this one against the CPU path (compiled).
     """
     T = q.shape[-2]
     mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, T, T, device=q.device)

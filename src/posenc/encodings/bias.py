@@ -40,7 +40,8 @@ def distance_penalty(slope, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
 
 
 def distance_bias(slopes: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn:
-    """Tile function for -m_h (i - j); pos: (T,) absolute positions. Tiles (1, H, tq, tk) in ``dtype`` (>= float32).
+    """Tile function for -m_h (i - j); pos: (T,) absolute positions. Tiles (1, H, tq, tk) in ``dtype`` (>= float32);
+    its separable form ``keys(qs, ke)`` = -m_h (pos_qs - pos_j), (1, H, ke) (``posenc.attention.BiasFn``).
 
     i - j is formed from positions relative to the tile's first query, exact
     integers in float32 below 2^24, so a tile costs two passes and its
@@ -52,8 +53,12 @@ def distance_bias(slopes: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype = 
         rows, cols = ((pos[a:b] - pos[qs]).to(dtype) for a, b in ((qs, qe), (ks, ke)))
         return distance_penalty(m, rows[:, None], cols[None, :])
 
+    def keys(qs: int, ke: int) -> torch.Tensor:  # separable: -m (i - j) = -m i + m j; the row of query qs
+        return distance_penalty(m[..., 0], 0.0, (pos[:ke] - pos[qs]).to(dtype))
+
     rel, m_h = (pos - pos[0]).to(dtype), slopes.to(dtype)
     tile.at = lambda b, h, qi, ki: distance_penalty(m_h[h], rel[qi], rel[ki])
+    tile.keys = keys
     return tile
 
 

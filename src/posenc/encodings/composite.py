@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from posenc.attention import far_keys
 from posenc.encodings.base import BiasFn, DecodeState, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 
@@ -84,7 +85,8 @@ class Composite(Encoding):
 
 
 def sum_biases(fns: list[BiasFn]) -> BiasFn | None:
-    """The sum of tile functions (None for none, the one itself for one); pointwise ``at`` when every part has one."""
+    """The sum of tile functions (None for none, the one itself for one); pointwise ``at`` and separable ``keys``
+    when every part has one, else ``far`` on the keys far from every part's queries (``posenc.attention.BiasFn``)."""
     if not fns:
         return None
     if len(fns) == 1:
@@ -93,9 +95,19 @@ def sum_biases(fns: list[BiasFn]) -> BiasFn | None:
     def tile(qs, qe, ks, ke):
         return sum(f(qs, qe, ks, ke) for f in fns)
 
-    ats = [getattr(f, "at", None) for f in fns]
+    ats, keys = [getattr(f, "at", None) for f in fns], [getattr(f, "keys", None) for f in fns]
     if all(a is not None for a in ats):  # pointwise parts sum pointwise (FlexAttention on CUDA)
         tile.at = lambda b, h, qi, ki: sum(a(b, h, qi, ki) for a in ats)
+    if all(c is not None for c in keys):  # separable parts sum separably (the fused CPU path)
+        tile.keys = lambda qs, ke: sum(c(qs, ke) for c in keys)
+    elif all(hasattr(f, "keys") or hasattr(f, "far") for f in fns):  # separable on the keys all parts are far from
+
+        def far(qs: int, qe: int):
+            parts = [far_keys(f, qs, qe) for f in fns]
+            near = min(n for n, _ in parts)
+            return near, sum(row[..., :near] for _, row in parts)
+
+        tile.far = far
     return tile
 
 

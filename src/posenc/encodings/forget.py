@@ -48,7 +48,9 @@ def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn
     and only then rounded to ``dtype`` (float32; float64 in a float64 model), so
     the tile is one pass: near the diagonal the offsets are small (exact to the
     rounding of a block's worth of log-gates); far keys, where the offset is
-    large, carry a bias whose softmax weight is ~0.
+    large, carry a bias whose softmax weight is ~0. Its separable form ``keys(qs, ke)`` = Lambda_qs - Lambda_j,
+    (B, H, ke) in ``dtype`` (``posenc.attention.BiasFn``), is offset likewise (not clamped: the softmax drops
+    Lambda_i, and a key's weight is the same whatever the rounding of the query's term).
     """
 
     def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
@@ -56,7 +58,11 @@ def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn
         rows, cols = (lam[..., qs:qe] - ref).to(dtype), (lam[..., ks:ke] - ref).to(dtype)
         return (rows[..., :, None] - cols[..., None, :]).clamp_(max=0.0)
 
+    def keys(qs: int, ke: int) -> torch.Tensor:  # separable: Lambda_i - Lambda_j; the row of query qs, in float64
+        return (lam[..., qs : qs + 1] - lam[..., :ke]).to(dtype)
+
     tile.at = lambda b, h, qi, ki: (lam[b, h, qi] - lam[b, h, ki]).clamp(max=0.0).to(dtype)
+    tile.keys = keys
     return tile
 
 

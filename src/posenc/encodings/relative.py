@@ -36,6 +36,27 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int =
     return torch.where(n < exact, n, large.clamp(max=num_buckets - 1))
 
 
+def distance_tiles(values, pos: torch.Tensor, distance) -> BiasFn:
+    """Tile function of a bias that depends on the distance only: b_h(i, j) = v[h, distance(pos_i - pos_j)].
+
+    values(n) gives v, (H, n) float32+ at the distances 0..n-1 (called once per bias, n spanning the positions
+    pos (T,) int64); distance folds a signed distance tensor into [0, n) (T5 clamps at 0, Kerple takes |.|). The
+    formula thus runs on n distances, not on every score: a tile (1, H, tq, tk) is one gather, or, for
+    consecutive positions (a Toeplitz tile), one copy of a strided view of v over the signed distances.
+    """
+    n = int(pos.max() - pos.min()) + 1
+    table = values(n)
+    if not bool((pos.diff() == 1).all()):
+        return lambda qs, qe, ks, ke: table[:, distance(pos[qs:qe, None] - pos[None, ks:ke])][None]
+    signed = table[:, distance(torch.arange(n - 1, -n, -1, device=pos.device))]  # column c: distance n - 1 - c
+
+    def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+        windows = signed.unfold(-1, ke - ks, 1)  # windows[:, s, t]: distance n - 1 - s - t
+        return windows[:, n - qe + ks : n - qs + ks].flip(-2)[None]  # row i: s = n - 1 - (qs + i) + ks
+
+    return tile
+
+
 @register
 class T5Bias(Encoding):
     """T5 relative bias: a learned scalar per distance bucket and head (Raffel et al. 2020).
@@ -44,7 +65,8 @@ class T5Bias(Encoding):
         num_buckets: distance buckets (half exact, half log-spaced), in [2, 4096]
         max_distance: the distance from which all share the last bucket, > num_buckets / 2
 
-    Tiles (1, H, tq, tk) float32.
+    Tiles (1, H, tq, tk) float32 (float64 for a float64 module); ``far`` (``posenc.attention.BiasFn``): the
+    keys at least max_distance before every query of a block, whose bias is the last bucket's.
     """
 
     name = "t5"
@@ -59,12 +81,17 @@ class T5Bias(Encoding):
         self.table = nn.Parameter(torch.zeros(num_buckets, dims.n_head))
 
     def bias(self, inp: Inputs) -> BiasFn:
-        pos = inp.pos
+        pos, table = inp.pos, self.table.to(torch.promote_types(self.table.dtype, torch.float32))
 
-        def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
-            bucket = t5_bucket(pos[qs:qe, None] - pos[None, ks:ke], self.num_buckets, self.max_distance)
-            return self.table.to(torch.promote_types(self.table.dtype, torch.float32))[bucket].permute(2, 0, 1)[None]
+        def values(n: int) -> torch.Tensor:
+            return table[t5_bucket(torch.arange(n, device=pos.device), self.num_buckets, self.max_distance)].T
 
+        def far(qs: int, qe: int) -> tuple[int, torch.Tensor]:  # distances >= max_distance share the last bucket
+            near = int(((pos[qs:qe].min() - pos[:qs]) >= self.max_distance).int().cumprod(0).sum())
+            return near, table[-1][None, :, None].expand(1, -1, near)
+
+        tile = distance_tiles(values, pos, lambda d: d.clamp(min=0))
+        tile.far = far  # the keys at distance >= max_distance from every query of a block: one constant per head
         return tile
 
     def decoder(self) -> PositionState:
@@ -102,16 +129,12 @@ class Kerple(Encoding):
         return self.r1.to(dt).clamp(min=KERPLE_EPS), self.r2.to(dt).clamp(min=KERPLE_EPS, max=r2_max)
 
     def bias(self, inp: Inputs) -> BiasFn:
-        pos = inp.pos
+        def values(n: int) -> torch.Tensor:
+            r1, r2 = (c[:, None] for c in self.coefficients())
+            dist = torch.arange(n, device=inp.pos.device).to(r1.dtype)
+            return -r1 * (torch.log1p(r2 * dist) if self.variant == "log" else dist.pow(r2))
 
-        def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
-            r1, r2 = (c[None, :, None, None] for c in self.coefficients())
-            dist = (pos[qs:qe, None] - pos[None, ks:ke]).abs().to(r1.dtype)
-            if self.variant == "log":
-                return -r1 * torch.log1p(r2 * dist)
-            return -r1 * dist.pow(r2)
-
-        return tile
+        return distance_tiles(values, inp.pos, torch.abs)
 
     def decoder(self) -> PositionState:
         return PositionState(self)  # the new query rows' distances only
