@@ -42,7 +42,9 @@ class EvalConfig(BaseModel):
     multiples: list[int] = [1, 2, 4, 8, 16, 32, 64]
     max_tokens: int = Field(32768, gt=0)  # targets scored per length (fewer windows at long lengths)
     batch_tokens: int = Field(8192, gt=0)
-    passkey: PasskeyConfig = PasskeyConfig()  # passkey retrieval cells (posenc.passkey)
+    # passkey retrieval cells (posenc.passkey): off unless the preset gives eval.passkey; a block given
+    # takes PasskeyConfig's defaults for the keys it leaves out (4 trials per cell)
+    passkey: PasskeyConfig = PasskeyConfig(trials=0)
     far_mass: FarMassConfig = FarMassConfig()  # the cheap diagnose pass (posenc.diagnose)
 
 
