@@ -374,5 +374,6 @@ class Encoding(KeepsPrecision):
         return None
 
     def describe(self) -> str:
-        """One line for reports: the scheme and its parameters."""
-        return self.name
+        """One line for reports: the scheme and its parameters (here the full spec, every parameter given:
+        a scheme that overrides this names the parameters it was built with)."""
+        return self.spec or self.name
