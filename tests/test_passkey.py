@@ -165,3 +165,17 @@ def test_a_preset_without_eval_passkey_scores_no_passkey(tmp_path):
     given.write_text(base + "eval: {passkey: {depths: [0.5]}}\n")
     assert load_preset(str(given)).eval.passkey.trials == PasskeyConfig().trials > 0
     assert load_preset("retrieval").eval.passkey.trials == 0
+
+
+def test_a_description_is_flagged_with_the_settings_a_run_overrides(tmp_path):
+    """retrieval's description says 4,000 steps and 2 heads; a run with --steps 30 says it sets train.steps = 30."""
+    from posenc.retrieval import task_meta
+
+    preset = load_preset("retrieval", {"train": {"steps": 30}})
+    assert preset.description.endswith("[The preset as written; this run sets train.steps = 30.]")
+    assert task_meta(preset)["notes"] == preset.description
+    assert "this run sets" not in load_preset("retrieval").description
+    custom = tmp_path / "heads.yaml"
+    custom.write_text("name: h\ndescription: 1 layer, 2 heads\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\n"
+                      "train: {steps: 1}\nschemes: [rope]\n")
+    assert load_preset(str(custom), {"train": {"steps": 5}}).description == "1 layer, 2 heads [The preset as written; this run sets train.steps = 5.]"
