@@ -427,7 +427,9 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
     if meta.get("notes"):
         lines += [meta["notes"], ""]
     claims = []
-    for task, desc in meta["tasks"].items():
+    # every task the run holds: a task added by an earlier invocation (--tasks X, then --tasks Y) keeps its section
+    tasks = {**meta["tasks"], **{r.task: get_task(r.task).describe() for r in records if r.task not in meta["tasks"]}}
+    for task, desc in tasks.items():
         t = TaskTable(records, task, L0, ev["horizon_tol"], ev["learned"])
         schemes = [s for s in t.scores]
         lines += [f"## {task}", "", f"{desc}", ""]
