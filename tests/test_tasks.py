@@ -291,6 +291,8 @@ def test_claim_r1_verdicts():
     assert claim_r1(_table("flipflop", {"alibi": {0: near}, "forget": {0: far}}), flat).verdict == HOLDS
     assert claim_r1(_table("flipflop", {"alibi": {0: far}, "forget": {0: far}}), flat).verdict == FAILS
     assert claim_r1(_table("flipflop", {"alibi": {0: near, 1: far}, "forget": {0: far}}), flat).verdict == NOISE
+    two_seeds = claim_r1(_table("flipflop", {"alibi": {0: near}}), {"alibi": [0.986, 0.990]})
+    assert "alibi (ratio 0.988 ± 0.002 at the longest length)" in two_seeds.evidence  # the table's mean, not the largest seed's 0.990
     not_learned = _gap(0.6, {64: 0.6})
     assert claim_r1(_table("flipflop", {"alibi": {0: not_learned}}), flat) is None
 
