@@ -164,3 +164,17 @@ def test_an_old_preset_key_names_its_new_name(tmp_path):
     (tmp_path / "old.yaml").write_text("name: x\nmethod: yarn\n")
     with pytest.raises(PosencError, match=r"^finetune preset old.yaml: key 'method' was renamed: use 'schedule'$"):
         ft.load_finetune_config(str(tmp_path / "old.yaml"))
+
+
+@pytest.mark.parametrize("command", ["extend", "finetune"])
+def test_quick_means_preset_quick_in_both_commands(command, capsys):
+    """``--quick`` is ``--preset quick`` for finetune as for extend (finetune refused it); with --preset it is refused."""
+    from posenc.cli import build_parser
+    from posenc.commands import extend_cmd, finetune_cmd
+
+    module = {"extend": extend_cmd, "finetune": finetune_cmd}[command]
+    quick = module.config(build_parser().parse_args([command, "--quick"]))
+    assert quick == module.config(build_parser().parse_args([command, "--preset", "quick"])) and quick.name == "quick"
+    with pytest.raises(SystemExit) as err:
+        build_parser().parse_args([command, "--quick", "--preset", "default"])
+    assert err.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

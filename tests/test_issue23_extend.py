@@ -132,3 +132,15 @@ def test_finetune_without_peft_names_finetune_and_peft(llama_dir, capsys, monkey
     assert main(argv) == 2 and not (llama_dir / "f").exists()
     err = capsys.readouterr().err
     assert err == "posenc: error: posenc finetune needs peft: pip install 'posenc[pretrained]' (or --lora-rank 0: no peft)\n"
+
+
+def test_extend_header_states_the_windows_each_point_scores(llama_dir):
+    """--max-windows 1 scores one window per point: the header says so (it said "first 32768 tokens each")."""
+    out = llama_dir / "h"
+    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
+            "--schedules", "none", "--lengths", "16", "32", "--max-windows", "1"]
+    assert main(argv) == 0
+    text = (out / "results.md").read_text()
+    assert "each point scores 1 window(s) of its length, the first in document order" in text
+    assert main([*argv[:-1], "2"]) == 0  # a rerun with 2 windows: every point now holds 2
+    assert "each point scores 2 window(s)" in (out / "results.md").read_text()

@@ -122,6 +122,18 @@ def test_a_nan_loss_stops_with_one_line_naming_the_step_and_the_last_good_checkp
     assert torch.load(tmp_path / "state.pt", weights_only=False)["step"] == 4  # the good checkpoint is kept
 
 
+@pytest.mark.parametrize("steps,ckpt_every,shown", [(3, 100, [3]), (5, 2, [2, 4, 5])])
+def test_progress_is_printed_at_each_checkpoint_and_the_last_step(tmp_path, capsys, steps, ckpt_every, shown):
+    """Off a terminal, one line per checkpoint and one at the end: a run shorter than ckpt_every printed none."""
+    model = torch.nn.Linear(3, 1)
+    ckpt = Checkpoint(tmp_path, model.state_dict, torch.optim.AdamW(model.parameters()), key="trained", weights="w.safetensors")
+    x = torch.randn(4, 3)
+    fit(model, LoopConfig(steps=steps, warmup=0, ckpt_every=ckpt_every), lambda step: (model(x).square().mean(), x.numel()), ckpt, desc="job")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("job: step")]
+    assert [int(line.split()[2].split("/")[0]) for line in lines] == shown
+    assert all(f"/{steps}, loss " in line and line.endswith(f"checkpoint {tmp_path}") for line in lines)
+
+
 # fine-tuning a pretrained model: the tiny saved Llama of conftest's llama_dir
 
 

@@ -149,3 +149,33 @@ def test_generation_prompt_is_task_then_whole_sentences():
     parts = [TASK, *[FILLER.strip()] * round(n * 0.25), "The pass key is 12345. Remember it. 12345 is the pass key.",
              *[FILLER.strip()] * (n - round(n * 0.25)), QUESTION.strip()]
     assert text == " ".join(parts) and ids == text.split() and 120 - 19 < len(ids) <= 120 and n == 3
+
+
+def test_a_preset_without_eval_passkey_scores_no_passkey(tmp_path):
+    """Leaving eval.passkey out means off; a block given takes PasskeyConfig's defaults for the keys it leaves out."""
+    from posenc.compare import extras_pending
+
+    base = "name: p\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\ntrain: {steps: 1}\nschemes: [rope]\n"
+    without = tmp_path / "without.yaml"
+    without.write_text(base + "eval: {far_mass: {windows: 0}}\n")
+    ev = load_preset(str(without)).eval
+    assert ev.passkey.trials == 0
+    assert not extras_pending(ev, 32, tmp_path / "none.jsonl", "rope", 0)  # nothing left to score
+    given = tmp_path / "given.yaml"
+    given.write_text(base + "eval: {passkey: {depths: [0.5]}}\n")
+    assert load_preset(str(given)).eval.passkey.trials == PasskeyConfig().trials > 0
+    assert load_preset("retrieval").eval.passkey.trials == 0
+
+
+def test_a_description_is_flagged_with_the_settings_a_run_overrides(tmp_path):
+    """retrieval's description says 4,000 steps and 2 heads; a run with --steps 30 says it sets train.steps = 30."""
+    from posenc.retrieval import task_meta
+
+    preset = load_preset("retrieval", {"train": {"steps": 30}})
+    assert preset.description.endswith("[The preset as written; this run sets train.steps = 30.]")
+    assert task_meta(preset)["notes"] == preset.description
+    assert "this run sets" not in load_preset("retrieval").description
+    custom = tmp_path / "heads.yaml"
+    custom.write_text("name: h\ndescription: 1 layer, 2 heads\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\n"
+                      "train: {steps: 1}\nschemes: [rope]\n")
+    assert load_preset(str(custom), {"train": {"steps": 5}}).description == "1 layer, 2 heads [The preset as written; this run sets train.steps = 5.]"

@@ -14,6 +14,10 @@ from posenc.encodings import registry
 from posenc.errors import PosencError
 from posenc.checkpoint import read_json
 from posenc.jobs import scheme_modules
+from posenc.encodings import Encoding
+from posenc.encodings.bias import alibi_slopes, distance_bias
+from posenc.report import markdown
+import torch
 
 PLUGIN = '''"""A scheme written outside posenc: ALiBi at half slope."""
 import torch
@@ -156,3 +160,23 @@ def test_a_scheme_whose_flags_disagree_with_its_hooks_is_refused_when_it_registe
     with pytest.raises(PosencError, match=f"scheme 'empty-flag' declares {flag} = True but does not implement {hook}\\(\\)"):
         registry.register(empty)
     assert "silent-flag" not in encodings.names() and "empty-flag" not in encodings.names()
+
+
+def test_a_schemes_description_names_its_parameters(forget_plugins):
+    """The report's Schemes line of ``slope-alibi:learn=true`` says learn=true (it said ``slope-alibi``)."""
+    @registry.register
+    class SlopeALiBi(Encoding):
+        name = "slope-alibi-test"
+        has_bias = True
+
+        def __init__(self, dims, learn: bool = False, scale: float = 1.0):
+            super().__init__(dims)
+            self.register_buffer("slopes", alibi_slopes(dims.n_head) * scale, persistent=False)
+
+        def bias(self, inp):
+            return distance_bias(self.slopes, inp.pos, torch.float32)
+
+    line = encodings.describe("slope-alibi-test:learn=true,scale=0.5")
+    assert "learn=true" in line and "scale=0.5" in line
+    text = markdown([], {}, {"descriptions": {"slope-alibi-test:learn=true": encodings.describe("slope-alibi-test:learn=true")}})
+    assert "slope-alibi-test:learn=true`: slope-alibi-test:learn=true" in text.split("## Schemes")[1]

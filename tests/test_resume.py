@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -172,3 +173,24 @@ def test_resume_with_other_training_settings_is_refused(setup, capsys):
     assert capsys.readouterr().err.splitlines()[-1] == f"posenc: error: cannot resume {run}: its training differs (batch_size 2 -> 4; seed 0 -> 3); use another --out"
     assert {p.name: p.read_bytes() for p in run.iterdir()} == files  # nothing touched
     assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(20), "--out", str(run), "--resume"]) == 0  # more steps: fine
+
+
+@pytest.mark.slow
+def test_sigterm_is_an_interrupt_with_the_resume_line(tiny_corpus, tmp_path):
+    """``timeout`` sends SIGTERM to the command's process group: compare and its job process stop as on Ctrl-C
+    (checkpoint, the resume line, exit 128 + 15), with no leaked-semaphore warnings or tracebacks."""
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "posenc.cli", "compare", "--preset", "quick", "--schemes", "rope", "--steps", "100000",
+           "--corpus", str(tiny_corpus), "--out", str(runs)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines = []
+    while not any("checkpoint" in line for line in lines):  # the job trains and has saved a checkpoint
+        lines.append(proc.stderr.readline())
+        assert lines[-1], "".join(lines)
+    os.killpg(proc.pid, signal.SIGTERM)
+    err = "".join(lines) + proc.communicate(timeout=120)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "leaked" not in err and "Traceback" not in err, err
+    assert err.splitlines()[-2:] == [f"posenc: interrupted: finished jobs are kept in {runs / 'quick'}; each interrupted one resumes from its last checkpoint",
+                                     f"posenc: resume with: {shlex.join(['posenc', *cmd[3:]])}"]
+    assert (runs / "quick" / "rope" / "seed0").is_dir()

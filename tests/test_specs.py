@@ -18,6 +18,7 @@ from posenc.encodings.forget import ForgetGate
 from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
 from posenc.model import ModelConfig, is_rope
+from posenc.rope import rope_inv_freq
 
 DIMS = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
 
@@ -47,8 +48,8 @@ def test_named_composition_expands_to_its_parts():
 
 
 def test_spec_values_are_typed():
-    _, params = encodings.resolve("accumulated:a=2,learn_a=true,mode=learned,seed=3")
-    assert params == {"a": 2, "learn_a": True, "mode": "learned", "seed": 3}
+    _, params = encodings.resolve("accumulated:a=2,learn_a=true,mode=learned,rotate=qkv")
+    assert params == {"a": 2, "learn_a": True, "mode": "learned", "rotate": "qkv"}
     assert isinstance(encodings.resolve("accumulated:a=0.25")[1]["a"], float)
 
 
@@ -77,8 +78,11 @@ def test_spec_values_are_typed():
         ("rope: rope_theta=5", "contains whitespace"),
         ("learn_a=true", "quote specs with ',' in YAML lists"),
         ("accumulated:mode=bogus", "mode must be one of random, token, learned"),
-        ("accumulated:learn_a=true", "apply to mode='learned' only"),
-        ("accumulated:center=rope,mode=learned,learn_a=true", "learn_a needs center='zero'"),
+        ("accumulated:learn_a=true", "learn_a applies to mode='learned' only"),
+        ("accumulated:center=rope,mode=learned,learn_a=true", "learn_a applies to mode='learned' and center='zero' only"),
+        ("acc-rand-qkv:rope_theta=500", "rope_theta applies to center='rope' only; here it would do nothing"),
+        ("acc-rand-qk:init=random", "init applies to mode='learned' only"),
+        ("acc-learned-qkv:seed=3", "seed applies to mode='random' or 'token' only"),
         ("acc-rand-qkv:mode=token", "'acc-rand-qkv' fixes mode='random'; use 'accumulated'"),
         ("kerple-power:variant=log", "'kerple-power' fixes variant='power'"),
         ("rope:schedule=yarn", "schedule cannot be set in a spec"),
@@ -98,6 +102,31 @@ def test_bad_specs_are_one_line_errors(spec, message):
     with pytest.raises(PosencError) as err:
         encodings.get(spec, DIMS)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["acc-rand-qk", "acc-rand-qkv", "acc-drift-qk", "acc-drift-qkv", "acc-token-qkv", "acc-learned-qkv"])
+def test_the_valid_list_names_exactly_what_the_scheme_accepts(name):
+    """Each parameter the "valid:" list names is accepted on its own; each settable one it leaves out is refused."""
+    with pytest.raises(PosencError, match="valid: ") as err:
+        encodings.get(f"{name}:nosuch=1", DIMS)
+    valid = str(err.value).split("valid: ")[1].split(", ")
+    samples = {"a": 0.5, "center": "zero", "init": "random", "learn_a": True, "pairing": "adjacent", "rope_theta": 500.0,
+               "rotary_fraction": 0.5, "seed": 3, "mode": "random", "rotate": "qk"}
+    for key in sorted(set(samples) - set(encodings.alias_of(name)[1])):
+        spec = f"{name}:{key}={samples[key]}".replace("True", "true")
+        if key in valid:
+            encodings.get(spec, DIMS)
+        else:
+            with pytest.raises(PosencError, match="would do nothing"):
+                encodings.get(spec, DIMS)
+
+
+def test_a_swap_default_goes_only_to_the_parts_it_applies_to():
+    """The Hugging Face swap's rope_theta default reaches RoPE and drift steps, not acc-rand-qkv (which ignores it)."""
+    assert "rope_theta" not in encodings.get("acc-rand-qkv+alibi", DIMS, defaults={"rope_theta": 5e5}).parts[0].spec
+    assert encodings.get("rope", DIMS, defaults={"rope_theta": 5e5}).rope_theta == 5e5
+    drift = encodings.get("acc-drift-qkv", DIMS, defaults={"rope_theta": 5e5})
+    torch.testing.assert_close(drift.center_b, rope_inv_freq(DIMS.head_dim, 5e5).float())
 
 
 def test_plus_inside_a_value_does_not_split_the_spec():

@@ -291,6 +291,8 @@ def test_claim_r1_verdicts():
     assert claim_r1(_table("flipflop", {"alibi": {0: near}, "forget": {0: far}}), flat).verdict == HOLDS
     assert claim_r1(_table("flipflop", {"alibi": {0: far}, "forget": {0: far}}), flat).verdict == FAILS
     assert claim_r1(_table("flipflop", {"alibi": {0: near, 1: far}, "forget": {0: far}}), flat).verdict == NOISE
+    two_seeds = claim_r1(_table("flipflop", {"alibi": {0: near}}), {"alibi": [0.986, 0.990]})
+    assert "alibi (ratio 0.988 ± 0.002 at the longest length)" in two_seeds.evidence  # the table's mean, not the largest seed's 0.990
     not_learned = _gap(0.6, {64: 0.6})
     assert claim_r1(_table("flipflop", {"alibi": {0: not_learned}}), flat) is None
 
@@ -474,3 +476,19 @@ def test_task_claims_find_their_schemes_by_canonical_spec():
     spelled = _table("flipflop", {"alibi": {0: near}, "forget:scaled=false": {0: far}})
     assert sorted(spelled.scores) == ["alibi", "forget"]
     assert claim_r1(spelled, flat).verdict == HOLDS
+
+
+def test_a_task_report_covers_every_task_the_run_holds(tmp_path):
+    """--tasks flipflop, then --tasks mqar into the same run: report.md keeps flipflop's section (it had mqar's only)."""
+    from posenc.records import append
+    from posenc.retrieval import task_meta
+    from posenc.retrieval_report import write_task_report
+
+    mqar = "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-8"
+    for r in _records("flipflop", {"rope": {0: _gap(0.99, {8: 0.9})}}) + _records(mqar, {"rope": {0: _gap(0.95, {8: 0.8})}}):
+        append(tmp_path / "results.jsonl", r)
+    model = {"n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 128}
+    meta = task_meta(load_preset(str(_tiny_preset(tmp_path, tasks=[mqar], model=model))))  # this invocation's tasks only
+    text = write_task_report(tmp_path, meta).read_text()
+    assert f"## {mqar}" in text and "## flipflop" in text
+    assert text.index("## flipflop") > text.index(f"## {mqar}")  # this invocation's first, then the others

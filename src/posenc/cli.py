@@ -2,7 +2,8 @@
 
 Every subcommand module exposes ``add_parser(subparsers)`` which registers its
 parser and sets ``func``; bad input raises :class:`posenc.errors.PosencError`,
-printed here as one line with exit code 2; Ctrl-C exits with code 130 (the shell's for SIGINT); output
+printed here as one line with exit code 2; Ctrl-C exits with code 130 (the shell's for SIGINT), SIGTERM
+(``timeout``) is handled as Ctrl-C and exits with 143 (128 + 15); output
 piped into a reader that stops early (``posenc list | head``) ends quietly with 141 (the shell's for SIGPIPE).
 """
 
@@ -12,13 +13,14 @@ import argparse
 import importlib
 import os
 import shlex
+import signal
 import sys
 
 import torch
 
 import posenc
 from posenc import encodings
-from posenc.errors import PosencError
+from posenc.errors import PosencError, sigterm_as_interrupt
 from posenc.stamp import git_commit
 
 # subcommand modules, in the order `posenc --help` lists them
@@ -65,6 +67,11 @@ def interrupted_message(exc: KeyboardInterrupt, argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    with sigterm_as_interrupt() as received:
+        return _run(argv, received)
+
+
+def _run(argv: list[str], received: list[int]) -> int:
     try:  # build_parser imports the command modules (torch: seconds), so Ctrl-C there is an interrupt too
         args = build_parser().parse_args(argv)
         for target in args.imports:
@@ -75,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as exc:
         print(interrupted_message(exc, argv), file=sys.stderr)
-        return 130
+        return 128 + (received[0] if received else signal.SIGINT)
     except BrokenPipeError:  # the reader closed stdout: point it at devnull so the exit flush cannot fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

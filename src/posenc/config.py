@@ -42,7 +42,9 @@ class EvalConfig(BaseModel):
     multiples: list[int] = [1, 2, 4, 8, 16, 32, 64]
     max_tokens: int = Field(32768, gt=0)  # targets scored per length (fewer windows at long lengths)
     batch_tokens: int = Field(8192, gt=0)
-    passkey: PasskeyConfig = PasskeyConfig()  # passkey retrieval cells (posenc.passkey)
+    # passkey retrieval cells (posenc.passkey): off unless the preset gives eval.passkey; a block given
+    # takes PasskeyConfig's defaults for the keys it leaves out (4 trials per cell)
+    passkey: PasskeyConfig = PasskeyConfig(trials=0)
     far_mass: FarMassConfig = FarMassConfig()  # the cheap diagnose pass (posenc.diagnose)
 
 
@@ -107,6 +109,7 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
     Raises PosencError for an unknown preset, invalid YAML or invalid values.
     """
     path, data = read_preset(name_or_path)
+    written = validated(Preset, data, f"preset {path.name}").model_dump(mode="json", include=SETTINGS) if data.get("description") else None
     for key, value in (overrides or {}).items():
         if isinstance(value, dict):
             data[key] = {**data.get(key, {}), **value}
@@ -114,6 +117,8 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
             data[key] = value
     given = any(v not in (None, {}) for v in (overrides or {}).values())
     preset = validated(Preset, data, f"preset {path.name}" + (" with command-line options" if given else ""))
+    if written is not None:
+        _flag_overrides(preset, written)
     for s in preset.schemes:  # fail fast, before any training
         dataclasses.replace(preset.model, encoding=s).check_encoding()
     for spec in preset.eval_schedules:
@@ -123,6 +128,18 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
     if preset.tasks and is_task(preset.train.corpus):
         raise PosencError(f"preset {preset.name}: give the tasks in 'tasks' or in train.corpus, not both")
     return preset
+
+
+SETTINGS = {"model", "train", "eval", "task_eval"}  # what a preset's description may state and a run override
+
+
+def _flag_overrides(preset: Preset, written: dict) -> None:
+    """Append to ``preset.description`` the settings this run changes from the preset as written: the
+    description states them ("2 layers, width 128, 2 heads", "4,000 steps") and a report quotes it."""
+    now = preset.model_dump(mode="json", include=SETTINGS)
+    changed = [f"{section}.{k} = {v!r}" for section in sorted(SETTINGS) for k, v in now[section].items() if written[section].get(k) != v]
+    if changed:
+        preset.description += f" [The preset as written; this run sets {', '.join(changed)}.]"
 
 
 def task_specs(preset: Preset) -> list[str]:

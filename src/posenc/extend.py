@@ -22,6 +22,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 
@@ -341,7 +342,7 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
     labels = [SCHEME_LABEL + s for s in cfg.schemes]
     labels += sorted({r.adaptation for r in store.records if r.adaptation.startswith(SCHEME_LABEL)} - set(labels))
     rows = [m for m in NAMES if m in cfg.schedules or any(r.adaptation == m for r in store.records)] + labels
-    return out, report.write_report(out, store.records, rows, _header(cfg, l0, docs))
+    return out, report.write_report(out, store.records, rows, _header(cfg, l0, docs, store.records))
 
 
 def _scheme_points(adapted: Adaptation, tok, spec: str, plan: dict, doc_tokens: dict, store: _Store, cfg: ExtendConfig,
@@ -362,9 +363,13 @@ def measure(adapted: Adaptation, tok, label: str, lengths: list[int], plan: dict
     _passkey_points(adapted, tok, label, store, cfg, bos_id)
 
 
-def _header(cfg: ExtendConfig, l0: int, docs: list) -> str:
-    """The report's first lines: model, L0, factor, text, BOS policy, windows, passkey scoring."""
+def _header(cfg: ExtendConfig, l0: int, docs: list, records: list) -> str:
+    """The report's first lines: model, L0, factor, text, the windows each point scored (from ``records``:
+    ``--max-windows`` keeps the first ones, in document order), BOS policy, passkey scoring."""
+    counts = sorted(set(Counter((r.adaptation, r.length) for r in records if isinstance(r, ScoredWindow)).values()))
+    n = "no" if not counts else f"{counts[0]}" + (f"-{counts[-1]}" if len(counts) > 1 else "")
     return (f"# posenc extend: {cfg.model} (native context {l0}, factor {cfg.factor:g})\n\n"
-            f"Text: {', '.join(d for d, _ in docs)} (first {cfg.max_tokens} tokens each), "
+            f"Text: {', '.join(d for d, _ in docs)} (each cut to its first {cfg.max_tokens} tokens); each point scores "
+            f"{n} window(s) of its length, the first in document order (tokens per point below), "
             f"BOS policy {cfg.bos}, {'stride ' + str(cfg.stride) if cfg.stride else 'non-overlapping windows'}; "
             f"passkey greedy, first integer of the output compared exactly.")

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from posenc import encodings, records
 from posenc.checkpoint import append_jsonl, make_run_dir, read_json, write_json
 from posenc.config import ClusterConfig, Preset
-from posenc.errors import PosencError
+from posenc.errors import PosencError, sigterm_as_interrupt
 from posenc.stamp import run_stamp
 from posenc.train import legacy_precision, machine_precision
 
@@ -58,7 +58,8 @@ def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, env:
             torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
         for m in modules:
             importlib.import_module(m)
-        fn(*args)
+        with sigterm_as_interrupt():  # a stop sent to the whole group (timeout) saves the job's checkpoint, as Ctrl-C does
+            fn(*args)
     except KeyboardInterrupt:
         sys.exit(130)
     except BaseException as exc:

@@ -24,7 +24,7 @@ import numpy as np
 from posenc.checkpoint import atomic_write_bytes
 from posenc.claims import FAILS, FLAT_TOL, HOLDS, NOISE, Claim, Table, combine, role_names
 from posenc.records import Ppl, Task, TaskCell, load, load_ppl
-from posenc.report import with_ratios
+from posenc.report import seed_cell, with_ratios
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
 from posenc.stamp import stamp_line
 from posenc.taskeval import standard_error
@@ -168,7 +168,8 @@ def claim_r1(t: TaskTable, flat: dict[str, list[float]]) -> Optional[Claim]:
         return None
     beyond = {s: [_hval(h) > t.L0 for h in t.horizons(s)] for s in schemes}
     verdict = HOLDS if any(not any(v) for v in beyond.values()) else (FAILS if all(all(v) for v in beyond.values()) else NOISE)
-    numbers = "; ".join(f"{s} (ratio {max(flat[s]):.3f} at the longest length): horizon {_h(t.horizons(s))}" for s in schemes)
+    # the ratio as the text run's table shows it (mean ± half-range over seeds), not one seed's
+    numbers = "; ".join(f"{s} (ratio {seed_cell(flat[s], '.3f')} at the longest length): horizon {_h(t.horizons(s))}" for s in schemes)
     return Claim("R1", f"{t.task}: flat perplexity is not far retrieval (some scheme flat in the text run has a horizon <= the training length {t.L0})", verdict, numbers)
 
 
@@ -427,7 +428,9 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
     if meta.get("notes"):
         lines += [meta["notes"], ""]
     claims = []
-    for task, desc in meta["tasks"].items():
+    # every task the run holds: a task added by an earlier invocation (--tasks X, then --tasks Y) keeps its section
+    tasks = {**meta["tasks"], **{r.task: get_task(r.task).describe() for r in records if r.task not in meta["tasks"]}}
+    for task, desc in tasks.items():
         t = TaskTable(records, task, L0, ev["horizon_tol"], ev["learned"])
         schemes = [s for s in t.scores]
         lines += [f"## {task}", "", f"{desc}", ""]

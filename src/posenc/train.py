@@ -316,7 +316,7 @@ def fit(model: torch.nn.Module, cfg: LoopConfig, loss_at: Callable[[int], tuple[
                            "seconds": round(time.time() - t_step, 3)}
                     append_jsonl(log, {k: rec[k] for k in log_fields})
                     tracker.log({f"train/{k}": rec[k] for k in ("loss", "lr", "grad_norm", "tokens_per_s")}, step)
-                if step % cfg.ckpt_every == 0:
+                if step % cfg.ckpt_every == 0 or step == cfg.steps:  # the last step too: a run shorter than ckpt_every shows progress
                     if shard.is_main:
                         ckpt.save(step)
                         if bar.disable:

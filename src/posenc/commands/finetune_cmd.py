@@ -19,7 +19,7 @@ from posenc.train import StopNow
 BUDGET_NOTE = """\
 Budget (SmolLM2-135M, measured): a LoRA step of 1K tokens takes ~10 s on an idle 2-core machine
 (--threads 2), 15-40 s on one thread beside another job; the default (50 steps, 4 scoring windows
-before and after) takes 10-15 minutes on the idle machine. --preset quick (5 steps of 256 tokens)
+before and after) takes 10-15 minutes on the idle machine. --preset quick (--quick; 5 steps of 256 tokens)
 is a smoke test. Ctrl-C ends the step in flight and checkpoints; a rerun resumes (also after a
 kill, from the last --ckpt-every checkpoint)."""
 
@@ -29,7 +29,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("finetune", help="fine-tune a pretrained RoPE model after a scheme swap or RoPE schedule",
                        description=__doc__.splitlines()[0] + "\n\n" + BUDGET_NOTE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="default", help=f"a preset ({', '.join(preset_names())}) or a YAML path")
+    mode = p.add_mutually_exclusive_group()  # as posenc extend's
+    mode.add_argument("--preset", help=f"a preset ({', '.join(preset_names())}) or a YAML path (default: default)")
+    mode.add_argument("--quick", action="store_true", help="--preset quick: 5 steps of 256 tokens, smoke test")
     p.add_argument("--model", help=f"'smollm2', a .gguf file, a model directory or a hub id (default {d.model})")
     p.add_argument("--scheme", help="posenc scheme put into the model's attention (posenc.hf.apply_scheme; "
                    f"default {shown(d.scheme)})")
@@ -64,7 +66,7 @@ def add_parser(sub) -> None:
 
 
 def config(args) -> FinetuneConfig:
-    """The preset named by ``--preset`` with every given flag replacing its value; a given ``--schedule``
+    """The preset named by ``--preset`` (or ``--quick``) with every given flag replacing its value; a given ``--schedule``
     replaces the preset's scheme (and ``--scheme`` its schedule): one adaptation per run."""
     if args.method is not None:
         raise PosencError("--method was renamed: use --schedule")
@@ -73,7 +75,7 @@ def config(args) -> FinetuneConfig:
         given["scheme"] = None
     if args.scheme is not None and args.schedule is None:
         given["schedule"] = "none"
-    return load_finetune_config(args.preset, given)
+    return load_finetune_config(args.preset or ("quick" if args.quick else "default"), given)
 
 
 def run(args) -> int:

@@ -18,14 +18,15 @@ from posenc.encodings import absolute, accumulated, bias, cope, dape, fire, forg
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
 from posenc.encodings.registry import (
-    Parameter, _accepted, alias, alias_of, by_role, canonical, catalogue, check_types, format_part, import_schemes, layer_pattern, names, parameters, parts, plugin_modules, plugin_sources, register,
+    Parameter, _accepted, alias, constructor_defaults, alias_of, by_role, canonical, catalogue, check_types, format_part, import_schemes, layer_pattern, names, parameters, parts, plugin_modules, plugin_sources, register,
     resolve, split_part, unregister,
 )
 from posenc.errors import PosencError
 
 
 def _build(cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str, defaults: dict[str, Any] | None = None) -> Encoding:
-    params = {**{k: v for k, v in (defaults or {}).items() if k in _accepted(cls)}, **params}
+    ignored = cls.applies_to({**constructor_defaults(cls), **params})  # a default is for the parts it applies to
+    params = {**{k: v for k, v in (defaults or {}).items() if k in _accepted(cls) and k not in ignored}, **params}
     check_types(spec, cls, params)  # parameters given in Python too, not only in the spec
     enc = cls(dims, **params)  # invalid values are PosencErrors of the scheme; anything else is a bug: its traceback
     enc.spec = format_part(cls.name, {k: v for k, v in params.items() if k not in cls.internal})
@@ -47,11 +48,11 @@ def get(spec: str, dims: Dims | None = None, defaults: dict[str, Any] | None = N
         return _layer_of(pattern, spec, dims, params, defaults)
     resolved = parts(spec)
     if len(resolved) == 1:
-        cls, merged = resolved[0]
+        cls, merged = resolve(spec, params)  # Python parameters are checked as the spec's are
         clash = sorted(set(params) & set(split_part(spec)[1]))
         if clash:
             raise PosencError(f"{spec!r}: parameter {', '.join(map(repr, clash))} given both in the spec and separately")
-        return _build(cls, {**merged, **params}, dims, spec, defaults)
+        return _build(cls, merged, dims, spec, defaults)
     if params:
         raise PosencError(f"{spec!r} is a composition: give parameters per part (NAME:key=value)")
     return Composite(dims, [_build(c, p, dims, spec, defaults) for c, p in resolved], spec)

@@ -99,6 +99,18 @@ class Accumulated(Encoding):
         """a = None is the half-width 1 around zero (it is None so that center='rope' can refuse an a given)."""
         return {**params, "a": 1.0} if params.get("a") is None and params.get("center") == "zero" else params
 
+    @classmethod
+    def applies_to(cls, params: dict) -> dict[str, str]:
+        learned, zero = params.get("mode") == "learned", params.get("center") == "zero"
+        out = {} if learned else {"init": "mode='learned'", "learn_a": "mode='learned'"}
+        if not zero:
+            out |= {"a": "center='zero'", "learn_a": "mode='learned' and center='zero'"}
+        if params.get("center") != "rope":
+            out["rope_theta"] = "center='rope'"
+        if learned:
+            out["seed"] = "mode='random' or 'token'"
+        return out
+
     def __init__(
         self,
         dims: Dims,

@@ -299,6 +299,13 @@ class Encoding(KeepsPrecision):
         spellings of one scheme have one ``encodings.canonical`` key."""
         return params
 
+    @classmethod
+    def applies_to(cls, params: dict) -> dict[str, str]:
+        """The parameters that do nothing given ``params`` (every default filled in), each with the setting it
+        applies to (``{"rope_theta": "center='rope'"}``): a spec that sets one is refused, the ``valid:`` list of
+        an unknown parameter leaves them out, and ``get``'s ``defaults`` skip them. None by default."""
+        return {}
+
     def extra_repr(self) -> str:
         """The spec, then the parameters a spec cannot set (``internal``) that are set: ``RoPE(rope:rope_theta=500000)``."""
         internal = [f"{k}={getattr(self, k)!r}" for k in self.internal if getattr(self, k, None) is not None]
@@ -367,5 +374,6 @@ class Encoding(KeepsPrecision):
         return None
 
     def describe(self) -> str:
-        """One line for reports: the scheme and its parameters."""
-        return self.name
+        """One line for reports: the scheme and its parameters (here the full spec, every parameter given:
+        a scheme that overrides this names the parameters it was built with)."""
+        return self.spec or self.name

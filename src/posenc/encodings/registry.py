@@ -328,7 +328,8 @@ def check_types(name: str, cls: type[Encoding], params: dict[str, Any]) -> None:
 def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encoding], dict[str, Any]]:
     """Scheme class and merged parameters of one part (``NAME`` or ``NAME:k=v``, not a composition).
 
-    Raises PosencError for an unknown name or a parameter the scheme does not take; value
+    Raises PosencError for an unknown name, a parameter the scheme does not take, or one it takes but
+    ignores under the other settings (``Encoding.applies_to``; ``params`` count as set by the user); value
     types are checked where the scheme is built (``posenc.encodings.get``).
     """
     _load_plugins()
@@ -353,9 +354,21 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     if internal:
         raise PosencError(f"scheme {base!r}: {', '.join(internal)} cannot be set in a spec")
     unknown = sorted(set(params) - _accepted(cls))
+    ignored = cls.applies_to({**constructor_defaults(cls), **{k: v for k, v in params.items() if k not in unknown}})
     if unknown:
-        raise PosencError(f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(_settable(cls, aliased))) or 'none'}")
+        valid = sorted(_settable(cls, aliased) - set(ignored))
+        raise PosencError(f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(valid) or 'none'}")
+    explicit = sorted((set(params) - aliased) & set(ignored))
+    if explicit:  # acc-rand-qkv:rope_theta=500 would train what acc-rand-qkv trains under another name
+        key = explicit[0]
+        raise PosencError(f"scheme {base!r}: {key} applies to {ignored[key]} only; here it would do nothing")
     return cls, params
+
+
+def constructor_defaults(cls: type[Encoding]) -> dict[str, Any]:
+    """The constructor's parameters that have a default, with it."""
+    return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items() if p.default is not inspect.Parameter.empty}
+
 
 
 def layer_pattern(spec: str) -> list[str]:
@@ -401,8 +414,7 @@ def canonical(spec: str) -> str:
         for entry in layer_pattern(spec):
             entry_parts = []
             for cls, params in parts(entry):
-                defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-                            if p.default is not inspect.Parameter.empty}
+                defaults = constructor_defaults(cls)
                 merged = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
                           for k, v in cls.effective({**defaults, **params}).items()}
                 entry_parts.append((cls.__name__, sorted(merged.items())))  # 10000 and 10000.0 are one value
