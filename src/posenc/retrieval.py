@@ -25,7 +25,7 @@ from posenc.stamp import run_stamp
 from posenc.taskeval import evaluate_task
 from posenc.tasks import get_task
 from posenc.tracking import open_tracker, task_metrics
-from posenc.train import is_trained, load_run, machine_precision, train
+from posenc.train import is_trained, load_run, machine_precision, steps_to_criterion, train
 
 
 def done_jobs(results: Path) -> set[tuple[str, str, int]]:
@@ -51,7 +51,8 @@ def run_task_job(run_root: Path, preset: Preset, task: str, scheme: str, seed: i
         cells = evaluate_task(model, data.task, mcfg.train_length, ev.multiples, ev.answers, ev.max_tokens, ev.batch_tokens)
         summary = read_json(run_dir / "train_summary.json")
         record = Task(task=task, scheme=scheme, seed=seed, train_length=mcfg.train_length, train_seconds=summary["seconds"],
-                      eval_seconds=time.time() - t0, threads=run_stamp()["threads"], cells=cells)
+                      eval_seconds=time.time() - t0, threads=run_stamp()["threads"], cells=cells, trained_steps=summary["steps"],
+                      criterion=tcfg.until.describe() if tcfg.until else None, criterion_step=steps_to_criterion(summary))
         append(run_root / "results.jsonl", record)
         tracker.log(task_metrics(record.cells, mcfg.train_length), summary["steps"])
 
@@ -104,7 +105,8 @@ def task_meta(preset: Preset) -> dict:
         "train_length": m.train_length,
         "tasks": {spec: get_task(spec).describe() for spec in task_specs(preset)},
         "model": f"{m.n_layer} layers, width {m.d_model}, {m.n_head} heads, {m.mlp}, {m.norm}, train length {m.train_length}",
-        "budget": f"{t.steps} steps x {t.batch_size} sequences of {m.train_length} tokens, lr {t.lr}, loss on {t.loss}",
+        "budget": f"{t.steps} steps x {t.batch_size} sequences of {m.train_length} tokens, lr {t.lr}, loss on {t.loss}"
+                  + (f"; until {t.until.describe()} (steps is the cap)" if t.until else ""),
         "seeds": preset.seeds,
         "eval": preset.task_eval.model_dump(),
         "mixing_windows": {s: dataclasses.replace(m, encoding=s).mixing_window() for s in preset.schemes},
