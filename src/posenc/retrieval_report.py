@@ -441,6 +441,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
              ""]
     if meta.get("notes"):
         lines += [meta["notes"], ""]
+    lines += meta.get("sweep") or []  # posenc.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
     claims = []
     for task, desc in meta["tasks"].items():
         t = TaskTable(records, task, L0, ev["horizon_tol"], ev["learned"])

@@ -434,6 +434,23 @@ class _TokenNLL(torch.nn.Module):
 
 
 RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads", "compile"}  # may change on resume
+MODEL_KNOBS = {"attn_block_size"}  # model fields of speed and memory only: a trained run may be evaluated under another
+
+
+def run_differences(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> dict[str, list[str]]:
+    """{"model" | "training": ["field recorded -> given", ...]}: where the run in ``run_dir`` (its config.json) was
+    trained with other settings than ``mcfg`` and ``tcfg`` (precision as resolved), the fields that may change on
+    resume (``RESUME_FREE``) excepted; empty when none differs."""
+    saved = read_run_config(run_dir)
+    old_train = {"precision": legacy_precision(), **saved["train"]}
+    out = {}
+    for section, settings, free in (("model", dataclasses.asdict(mcfg), set()), ("training", tcfg.model_dump(), RESUME_FREE)):
+        now = json.loads(json.dumps(settings, default=str))  # as config.json stores it
+        old = saved["model"] if section == "model" else old_train
+        diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if k not in free and old.get(k) != v]
+        if diff:
+            out[section] = diff
+    return out
 
 
 def _check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
@@ -442,14 +459,30 @@ def _check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None
     Resuming continues the same loss curve: only the step count, time budget, checkpoint
     and log intervals and CPU threads may change.
     """
-    saved = read_run_config(run_dir)
-    old_train = {"precision": legacy_precision(), **saved["train"]}
-    for section, settings, free in (("model", dataclasses.asdict(mcfg), set()), ("training", tcfg.model_dump(), RESUME_FREE)):
-        now = json.loads(json.dumps(settings, default=str))  # as config.json stores it
-        old = saved["model"] if section == "model" else old_train
-        diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if k not in free and old.get(k) != v]
-        if diff:
-            raise PosencError(f"cannot resume {run_dir}: its {section} differs ({'; '.join(diff)}); use another --out")
+    for section, diff in run_differences(run_dir, mcfg, tcfg).items():
+        raise PosencError(f"cannot resume {run_dir}: its {section} differs ({'; '.join(diff)}); use another --out")
+
+
+def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: str) -> None:
+    """Raise PosencError (one line naming each differing field) when the run in ``run_dir`` (if any: its config.json)
+    was not trained with ``mcfg`` and ``tcfg`` (precision "auto" as this machine resolves it), the fields that may
+    change on resume and the model's speed knobs (``MODEL_KNOBS``) excepted, or, finished, trained another number of steps than ``tcfg.steps`` (fewer only by
+    meeting ``train.until`` or under a ``time_budget``). ``what`` names who expects these settings (a sweep's job)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").exists():
+        return
+    tcfg = tcfg.model_copy(update={"precision": machine_precision(tcfg)})
+    recorded = read_run_config(run_dir)["model"]
+    mcfg = dataclasses.replace(mcfg, **{k: recorded[k] for k in MODEL_KNOBS if k in recorded})
+    diff = [f"{section} {d}" for section, ds in run_differences(run_dir, mcfg, tcfg).items() for d in ds]
+    if is_trained(run_dir):
+        summary = read_json(run_dir / "train_summary.json")
+        steps = summary.get("steps")
+        early = (tcfg.until is not None and (summary.get("until") or {}).get("reached") == steps) or (tcfg.time_budget and steps < tcfg.steps)
+        if steps != tcfg.steps and not early:
+            diff.append(f"trained steps {steps!r} -> {tcfg.steps!r}")
+    if diff:
+        raise PosencError(f"{run_dir} was not trained with the settings of {what} ({'; '.join(diff)}); move it away or use another --out")
 
 
 def train(
