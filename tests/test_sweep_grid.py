@@ -76,6 +76,8 @@ def test_grid_points_per_scheme_and_at_point(tmp_path):
     ({"grid": {"train.lr": [1e-3, 1e-3]}}, "each value once"),
     ({"grid": {"train.lr": []}}, "each value once, at least one"),
     ({"schemes": {"alibi": {"train.lr": [1e-3]}}}, "sweep.schemes names 'alibi', not one of its schemes"),
+    ({"schemes": {"rope": {"train.lr": [1e-3]}}}, "scheme 'nope' has no grid in the sweep"),
+    ({}, "scheme 'rope' has no grid in the sweep"),
     ({"grid": {"model.n_head": [3]}}, "n_head|head"),
     ({"grid": {"train.lr": [-1.0]}}, "grid point train.lr=-1.0: train.lr"),
 ])
@@ -173,6 +175,11 @@ def test_a_run_trained_with_another_budget_is_refused_with_its_fields(tmp_path, 
     shutil.rmtree(dest)  # moved away: the job trains it itself
     report, failures = compare(full, tmp_path / "runs", isolate=False)
     assert not failures and read_json(dest / "train_summary.json")["steps"] == 4
+
+
+def test_until_on_a_text_preset_is_refused_at_load():
+    with pytest.raises(PosencError, match="train.until needs synthetic tasks"):
+        load_preset("quick", {"train": {"until": {"at_least": 0.9, "every": 10}}})
 
 
 def test_the_window_preset_no_longer_invites_copying_the_default_run():

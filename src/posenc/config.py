@@ -165,6 +165,8 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
         raise PosencError(f"preset {preset.name}: give the tasks in 'tasks' or in train.corpus, not both")
     if preset.sweep is not None:
         _check_sweep(preset)
+    if preset.train.until is not None and not task_specs(preset):
+        raise PosencError(f"preset {preset.name}: train.until needs synthetic tasks (tasks, or a task in train.corpus)")
     return preset
 
 
@@ -174,6 +176,10 @@ def _check_sweep(preset: Preset) -> None:
     stray = sorted(set(preset.sweep.schemes) - set(preset.schemes))
     if stray:
         raise PosencError(f"preset {preset.name}: sweep.schemes names {stray[0]!r}, not one of its schemes")
+    bare = [s for s in preset.schemes if not {**preset.sweep.grid, **preset.sweep.schemes.get(s, {})}]
+    if bare:  # its jobs would train in the comparison's own directory, where the sweep writes the chosen runs' records
+        raise PosencError(f"preset {preset.name}: scheme {bare[0]!r} has no grid in the sweep: give sweep.grid, or sweep.schemes "
+                          f"with a value (one is enough) for it")
     for s in preset.schemes:
         for point in grid_points(preset, s):
             dataclasses.replace(at_point(preset, point).model, encoding=s).check_encoding()
