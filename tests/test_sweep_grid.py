@@ -143,14 +143,18 @@ def test_a_text_sweep_chooses_by_validation_perplexity_at_the_training_length(ti
         "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
         "train": {"corpus": str(tiny_corpus), "steps": 4, "batch_size": 2, "ckpt_every": 2, "threads": 1},
         "eval": {"multiples": [1, 2], "max_tokens": 64, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
+        "eval_schedules": [{"schedule": "yarn", "factor": 2}],
         "sweep": {"grid": {"train.lr": [1e-4, 1e-2]}}})
     report, failures = compare(preset, tmp_path / "runs", isolate=False)
     root = tmp_path / "runs" / "textsweep"
-    ppl = {p: next(r.ppl for r in load(point_root(root, p) / "results.jsonl") if isinstance(r, Ppl) and r.eval_length == 16)
-           for p in grid_points(preset, "rope")}
+    ppl = {p: next(r.ppl for r in load(point_root(root, p) / "results.jsonl") if isinstance(r, Ppl) and r.eval_length == 16
+                   and r.scheme == "rope") for p in grid_points(preset, "rope")}
     best = min(ppl, key=ppl.get)
-    assert not failures and sorted(r.eval_length for r in load(root / "results.jsonl")) == [16, 32]
-    assert [r.ppl for r in load(root / "results.jsonl") if r.eval_length == 16] == [ppl[best]]
+    merged = load(root / "results.jsonl")
+    assert not failures and sorted((r.scheme, r.eval_length) for r in merged) == [
+        ("rope", 16), ("rope", 32), ("rope+yarn(s=2)", 16), ("rope+yarn(s=2)", 32)]
+    assert merged == [r for r in load(point_root(root, best) / "results.jsonl")]  # the chosen point's rows, schedule rows too
+    assert [r.ppl for r in merged if (r.scheme, r.eval_length) == ("rope", 16)] == [ppl[best]]
     assert f"| text | rope | {point_label(best)} | {ppl[best]:.3f} |" in report.read_text()
 
 

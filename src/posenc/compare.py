@@ -61,6 +61,7 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
 
     failures = {}
     ropes = [s for s in preset.schemes if is_rope(s)]
+    done = done_cells(results)  # read once: this loop is the only writer of its rows
     for spec in preset.eval_schedules:
         name, params = schedule_spec(spec, preset)
         for scheme in ropes:
@@ -71,7 +72,7 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
                 try:
                     model, label = with_rope_schedule(load_run(run_dir)[0], name, params)
                     for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
-                        if (label, seed, L) not in done_cells(results):
+                        if (label, seed, L) not in done:
                             append(results, evaluate_length(model, data.val_docs, L, {"scheme": label, "seed": seed},
                                                             preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset)))
                 except Exception as exc:  # one broken row must not lose the others
@@ -348,7 +349,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     sweep_lines = []
     if swept:
         merge_chosen(run_root, chosen, preset.schemes)
-        sweep_lines = sweep_markdown(chosen, first, write_sensitivity(run_root, chosen, first))
+        sweep_lines = sweep_markdown(chosen, first, write_sensitivity(run_root, chosen, first, preset.task_eval.learned))
     if tasks:
         return write_task_report(run_root, {**task_meta(preset), "sweep": sweep_lines}, failures), failures
     for p in points:

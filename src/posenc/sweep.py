@@ -117,9 +117,10 @@ def sweep_markdown(chosen: list[Choice], seed: int, plot: Optional[str]) -> list
     return lines
 
 
-def write_sensitivity(run_root: Path, chosen: list[Choice], seed: int) -> Optional[str]:
+def write_sensitivity(run_root: Path, chosen: list[Choice], seed: int, bar: Optional[float] = None) -> Optional[str]:
     """``sweep.csv`` (task, scheme, setting, result, steps to criterion, chosen) and ``sweep.png`` (one panel per task:
-    the result against the grid point, one line per scheme); returns the plot's file name (None without results)."""
+    the result against the grid point, one line per scheme, a task's learned ``bar`` dashed); returns the plot's file
+    name (None without results)."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["task", "scheme", "setting", "result", "steps_to_criterion", "chosen"])
@@ -142,6 +143,8 @@ def write_sensitivity(run_root: Path, chosen: list[Choice], seed: int) -> Option
             if c.point is not None:  # the chosen point, ringed
                 x = labels.index(point_label(c.point))
                 ax.plot([x], [c.results[labels[x]] * (100 if task else 1)], marker="o", ms=12, mfc="none", color=line.get_color())
+        if task and bar is not None:
+            ax.axhline(100 * bar, color="gray", ls="--", lw=1, label="learned bar")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
         ax.set_ylabel(_metric(task))
         if task is None:
