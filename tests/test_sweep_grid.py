@@ -69,13 +69,15 @@ def test_grid_points_per_scheme_and_at_point(tmp_path):
     assert (q.train.lr, q.model.n_head, q.sweep) == (1e-2, 4, None) and p.model.n_head == 2
     assert point_root(tmp_path, grid_points(p, "rope")[1]) == tmp_path / "sweep" / "train.lr=0.003,model.n_head=4"
     assert grid_points(_preset(tmp_path), "rope") == [()] and point_root(tmp_path, ()) == tmp_path
+    run_fewer = _preset(tmp_path, schemes=["rope"], sweep={"grid": {"train.lr": LR}, "schemes": {"alibi": {"model.n_head": [4]}}})
+    assert grid_points(run_fewer, "rope") == [(("train.lr", a),) for a in LR]  # a scheme left out (--schemes): its grid unused
 
 
 @pytest.mark.parametrize("sweep, message", [
     ({"grid": {"train.seed": [0, 1]}}, "'train.seed' cannot be swept"),
     ({"grid": {"train.lr": [1e-3, 1e-3]}}, "each value once"),
     ({"grid": {"train.lr": []}}, "each value once, at least one"),
-    ({"schemes": {"alibi": {"train.lr": [1e-3]}}}, "sweep.schemes names 'alibi', not one of its schemes"),
+    ({"schemes": {"alibii": {"train.lr": [1e-3]}}}, "sweep.schemes names 'alibii', not a scheme"),
     ({"schemes": {"rope": {"train.lr": [1e-3]}}}, "scheme 'nope' has no grid in the sweep"),
     ({}, "scheme 'rope' has no grid in the sweep"),
     ({"grid": {"model.n_head": [3]}}, "n_head|head"),

@@ -171,11 +171,14 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
 
 
 def _check_sweep(preset: Preset) -> None:
-    """PosencError before any work for a per-scheme grid of a scheme the preset does not run, or a grid point
-    whose settings are invalid (validation) or that a scheme cannot be built with (its head dim)."""
-    stray = sorted(set(preset.sweep.schemes) - set(preset.schemes))
-    if stray:
-        raise PosencError(f"preset {preset.name}: sweep.schemes names {stray[0]!r}, not one of its schemes")
+    """PosencError before any work for a per-scheme grid of no valid scheme (one the run leaves out, ``--schemes``,
+    is ignored), a scheme without a grid, or a grid point whose settings are invalid (validation) or that a scheme
+    cannot be built with (its head dim)."""
+    for s in sorted(set(preset.sweep.schemes) - set(preset.schemes)):
+        try:
+            dataclasses.replace(preset.model, encoding=s).check_encoding()
+        except PosencError as exc:
+            raise PosencError(f"preset {preset.name}: sweep.schemes names {s!r}, not a scheme ({exc})") from None
     bare = [s for s in preset.schemes if not {**preset.sweep.grid, **preset.sweep.schemes.get(s, {})}]
     if bare:  # its jobs would train in the comparison's own directory, where the sweep writes the chosen runs' records
         raise PosencError(f"preset {preset.name}: scheme {bare[0]!r} has no grid in the sweep: give sweep.grid, or sweep.schemes "
