@@ -1,9 +1,10 @@
-"""The main job: train one model per scheme under one budget, evaluate, report.
+"""The main job: train one model per scheme under one budget, evaluate, report; the one runner of comparisons.
 
 ``compare(preset)`` trains each scheme (and seed) into ``runs/<name>/<scheme>/seed<k>``,
 evaluates perplexity at every length of the preset (and the passkey cells and the
 cheap far-mass pass: ``compare_extras``), appends one record per evaluation to
-``runs/<name>/results.jsonl`` and writes the report. Rerunning
+``runs/<name>/results.jsonl`` and writes the report. A task preset runs ``posenc.retrieval``'s job per
+(task, scheme, seed) instead; a preset's ``sweep`` adds grid points (``posenc.sweep``). Rerunning
 skips finished trainings and evaluations and resumes interrupted ones.
 
 Each (scheme, seed) is a job (``run_job``) in its own spawned process
@@ -50,7 +51,7 @@ from posenc.stamp import run_stamp, stamp_line
 from posenc.retrieval import done_jobs, run_task_job, task_meta
 from posenc.retrieval_report import write_task_report
 from posenc.scoring import bucket_edges, eval_lengths, plan, window_starts
-from posenc.sweep import Choice, choices, merge_chosen, sweep_markdown, write_sensitivity
+from posenc.sweep import choices, merge_chosen, sweep_markdown, write_sensitivity
 from posenc.tasks import get_task
 from posenc.tracking import check_kind, eval_metrics, open_tracker
 from posenc.train import check_trained_as, is_trained, load_run, machine_precision, train
@@ -337,27 +338,27 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
                     failed(job, error)
         return len(pending)
 
-    first = preset.seeds[0]
-    swept = preset.sweep is not None
-    n_pending = run([Job(t, s, first, p) for t in units for s in preset.schemes for p in grids[s]]) if swept else 0
-    chosen = choices(run_root, units, grids, first, preset.model.train_length, preset.task_eval.learned) if swept else \
-        [Choice(t, s, [()], {}, {}, None) for t in units for s in preset.schemes]
-    final = [Job(c.task, c.scheme, seed, c.point or ()) for c in chosen if c.point is not None or not swept for seed in preset.seeds]
+    first, swept = preset.seeds[0], preset.sweep is not None
+    n_pending, chosen = 0, []
+    if swept:  # every grid point on the first seed, then each scheme's choice from its records
+        n_pending = run([Job(t, s, first, p) for t in units for s in preset.schemes for p in grids[s]])
+        chosen = choices(run_root, units, grids, first, preset.model.train_length, preset.task_eval.learned)
+        final = [Job(c.task, c.scheme, seed, c.point) for c in chosen if c.point is not None for seed in preset.seeds]
+    else:
+        final = [Job(t, s, seed) for t in units for s in preset.schemes for seed in preset.seeds]
     n_pending += run(final)
     if not n_pending:
         _all_done(run_root, len(final))
+    for p in points if not tasks else []:  # the RoPE schedule rows of the schemes reported at each point
+        at = list(dict.fromkeys(j.scheme for j in final if j.point == p))
+        failures.update(run_schedules(point_root(run_root, p), at_point(preset, p).model_copy(update={"schemes": at}), data,
+                                      point_root(run_root, p) / "results.jsonl"))
     sweep_lines = []
     if swept:
         merge_chosen(run_root, chosen, preset.schemes)
         sweep_lines = sweep_markdown(chosen, first, write_sensitivity(run_root, chosen, first, preset.task_eval.learned))
     if tasks:
         return write_task_report(run_root, {**task_meta(preset), "sweep": sweep_lines}, failures), failures
-    for p in points:
-        at = [c.scheme for c in chosen if (c.point or ()) == p]
-        failures.update(run_schedules(point_root(run_root, p), at_point(preset, p).model_copy(update={"schemes": at}), data,
-                                      point_root(run_root, p) / "results.jsonl"))
-    if swept:
-        merge_chosen(run_root, chosen, preset.schemes)  # the schedule rows too
     return write_report(run_root, {**_meta(preset, data), "sweep": sweep_lines}, failures), failures
 
 
