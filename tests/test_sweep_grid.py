@@ -193,3 +193,21 @@ def test_the_window_preset_no_longer_invites_copying_the_default_run():
 
     text = (SHIPPED / "window.yaml").read_text()
     assert "can be copied in" not in text and "same model, seed and budget" not in text
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_before_its_other_seeds_resumes_them_only(tmp_path):
+    from posenc.records import write
+
+    preset = _preset(tmp_path, schemes=["rope"], seeds=[0, 1], sweep={"grid": {"train.lr": LR}})
+    compare(preset, tmp_path / "runs", isolate=False)
+    root = tmp_path / "runs" / "tiny"
+    (seed1,) = root.glob("sweep/*/flipflop/rope/seed1")
+    point = seed1.parents[2]
+    write(point / "results.jsonl", [r for r in load(point / "results.jsonl") if r.seed != 1])  # as if killed in stage 2
+    shutil.rmtree(seed1)
+    stamps = {p: p.stat().st_mtime_ns for p in root.glob("sweep/*/flipflop/rope/seed0/train_summary.json")}
+    report, failures = compare(preset, tmp_path / "runs", isolate=False)
+    assert not failures and (seed1 / "train_summary.json").exists()
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # the grid points were not retrained
+    assert sorted(r.seed for r in load(root / "results.jsonl")) == [0, 1]
