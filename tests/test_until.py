@@ -143,3 +143,22 @@ def test_the_report_gives_steps_to_criterion_per_scheme():
     text = criterion_markdown(t, ["rope"])
     assert "| rope | 150 / not reached (600 steps) / 250 | 200 | 2 of 3 |" in text
     assert "Criterion: id_accuracy >= 0.99, checked every 50 steps" in text
+
+
+def test_posenc_train_says_the_run_met_its_criterion(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from posenc.cli import main
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text(yaml.safe_dump({"name": "p", "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+                                      "train": {"corpus": "flipflop", "steps": 20, "batch_size": 4, "warmup": 1, "loss": "answers",
+                                                "until": {"at_least": 0.5, "every": 4, "answers": 20}},
+                                      "schemes": ["rope"]}))
+    monkeypatch.setattr(train_mod, "id_accuracy", lambda *args, **kwargs: 0.75)  # met at the first check
+    out = tmp_path / "run"
+    assert main(["train", "--scheme", "rope", "--preset", str(preset), "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "step 4 of 20" in said and "met train.until: id_accuracy >= 0.5" in said and "time budget" not in said
+    assert main(["train", "--scheme", "rope", "--preset", str(preset), "--out", str(out), "--resume"]) == 0
+    assert "already trained (step 4 of 20)" in capsys.readouterr().out
