@@ -1,9 +1,10 @@
-"""The main job: train one model per scheme under one budget, evaluate, report.
+"""The main job: train one model per scheme under one budget, evaluate, report; the one runner of comparisons.
 
 ``compare(preset)`` trains each scheme (and seed) into ``runs/<name>/<scheme>/seed<k>``,
 evaluates perplexity at every length of the preset (and the passkey cells and the
 cheap far-mass pass: ``compare_extras``), appends one record per evaluation to
-``runs/<name>/results.jsonl`` and writes the report. Rerunning
+``runs/<name>/results.jsonl`` and writes the report. A task preset runs ``posenc.retrieval``'s job per
+(task, scheme, seed) instead; a preset's ``sweep`` adds grid points (``posenc.sweep``). Rerunning
 skips finished trainings and evaluations and resumes interrupted ones.
 
 Each (scheme, seed) is a job (``run_job``) in its own spawned process
@@ -31,7 +32,9 @@ from tqdm.auto import tqdm
 
 from posenc import encodings
 from posenc.checkpoint import read_json
-from posenc.config import ClusterConfig, Preset, absolute_corpus, schedule_spec, task_specs
+from posenc.config import (
+    ClusterConfig, Point, Preset, absolute_corpus, at_point, grid_points, job_configs, point_label, point_root, schedule_spec, task_specs,
+)
 from posenc.data import load_tokens
 from posenc.diagnose import far_mass_records
 from posenc.encodings.absolute import LengthNotSupported
@@ -45,10 +48,13 @@ from posenc.passkey import passkey_records
 from posenc.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, load
 from posenc.report import with_ratios, write_report
 from posenc.stamp import run_stamp, stamp_line
-from posenc.retrieval import compare_tasks, done_jobs
+from posenc.retrieval import done_jobs, run_task_job, task_meta
+from posenc.retrieval_report import write_task_report
 from posenc.scoring import bucket_edges, eval_lengths, plan, window_starts
+from posenc.sweep import choices, merge_chosen, sweep_markdown, write_sensitivity
+from posenc.tasks import get_task
 from posenc.tracking import check_kind, eval_metrics, open_tracker
-from posenc.train import is_trained, load_run, machine_precision, train
+from posenc.train import check_trained_as, is_trained, load_run, machine_precision, train
 
 
 def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
@@ -56,6 +62,7 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
 
     failures = {}
     ropes = [s for s in preset.schemes if is_rope(s)]
+    done = done_cells(results)  # read once: this loop is the only writer of its rows
     for spec in preset.eval_schedules:
         name, params = schedule_spec(spec, preset)
         for scheme in ropes:
@@ -66,7 +73,7 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
                 try:
                     model, label = with_rope_schedule(load_run(run_dir)[0], name, params)
                     for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
-                        if (label, seed, L) not in done_cells(results):
+                        if (label, seed, L) not in done:
                             append(results, evaluate_length(model, data.val_docs, L, {"scheme": label, "seed": seed},
                                                             preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset)))
                 except Exception as exc:  # one broken row must not lose the others
@@ -145,24 +152,26 @@ def evaluate_length(
                bucket_ppl=[math.exp(n / c) for n, c in zip(b_nll, b_count)], seconds=time.time() - t0)
 
 
-def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, nproc: int = 1, log: str = "none") -> None:
-    """One job: train (or resume) and evaluate one scheme and seed, appending result records.
+def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, nproc: int = 1, log: str = "none",
+            point: Point = ()) -> None:
+    """One job: train (or resume) and evaluate one scheme and seed at grid ``point`` (``posenc.config.grid_points``;
+    () without a sweep), appending result records to its point's ``results.jsonl``.
 
     ``nproc`` > 1 trains data-parallel under torchrun (``train_under_torchrun``); evaluation runs here.
     ``log``: a tracker kind (``posenc.tracking``) for the training steps and the job's evaluations
     (logged at the trained step count), in the run directory, named ``<name>/<scheme>/seed<k>``.
     """
     data = data or load_tokens(preset.train.corpus, preset.train.tokenizer)
-    results = run_root / "results.jsonl"
+    root = point_root(run_root, point)
+    results = root / "results.jsonl"
     done = done_cells(results)
-    run_dir = run_root / scheme / f"seed{seed}"
-    mcfg = dataclasses.replace(preset.model, encoding=scheme, vocab_size=data.vocab_size)
-    tcfg = preset.train.model_copy(update={"seed": seed})
+    run_dir = root / scheme / f"seed{seed}"
+    mcfg, tcfg = job_configs(preset, point, scheme, seed, data.vocab_size)
     config = {"name": preset.name, "scheme": scheme, "seed": seed, "model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(),
               "eval": preset.eval.model_dump(), "stamp": run_stamp(machine_precision(tcfg))}
     with open_tracker(log, run_dir, f"{preset.name}/{scheme}/seed{seed}", preset.name, config) as tracker:
         if not is_trained(run_dir) and nproc > 1:
-            train_under_torchrun(run_root, scheme, seed, nproc, log)
+            train_under_torchrun(root, scheme, seed, nproc, log)
         elif not is_trained(run_dir):
             train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{scheme} s{seed}", tracker=tracker)
         model, _, _ = load_run(run_dir)
@@ -210,35 +219,60 @@ def compare_extras(model: LM, ev, data, results: Path, base: dict) -> None:
         append(results, rec)
 
 
-def _finished(run_root: Path, preset: Preset, scheme: str, seed: int, done: set) -> bool:
-    """Trained and every evaluation recorded: no job to start."""
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One job of a comparison: a scheme and seed (on a task, for task presets) at a grid point (() without a sweep)."""
+
+    task: Optional[str]
+    scheme: str
+    seed: int
+    point: Point = ()
+
+    def where(self, run_root: Path) -> Path:
+        """Its run directory."""
+        return point_root(run_root, self.point) / (self.task or "") / self.scheme / f"seed{self.seed}"
+
+    def name(self) -> str:
+        at = f" at {point_label(self.point)}" if self.point else ""
+        return f"{self.task + ' ' if self.task else ''}{self.scheme} (seed {self.seed}){at}"
+
+
+def _finished(run_root: Path, preset: Preset, job: Job, done: dict) -> bool:
+    """Trained and every evaluation recorded: no job to start. ``done``: each grid point's recorded (scheme, seed,
+    length) cells on text, (task, scheme, seed) jobs on tasks, read once per stage."""
+    root = point_root(run_root, job.point)
+    if job.task:
+        return (job.task, job.scheme, job.seed) in done[root]
     lengths = eval_lengths(preset.model.train_length, preset.eval.multiples)
     return (
-        is_trained(run_root / scheme / f"seed{seed}") and all((scheme, seed, L) in done for L in lengths)
-        and not extras_pending(preset.eval, preset.model.train_length, run_root / "results.jsonl", scheme, seed)
+        is_trained(job.where(run_root)) and all((job.scheme, job.seed, L) in done[root] for L in lengths)
+        and not extras_pending(preset.eval, preset.model.train_length, root / "results.jsonl", job.scheme, job.seed)
     )
-
-
-def _error_file(run_root: Path, scheme: str, seed: int) -> Path:
-    return run_root / scheme / f"seed{seed}.error.txt"
 
 
 def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True, parallel: int = 1, nproc_per_node: int = 1,
             log: str = "none", launcher: str = "pool", cluster: Optional[ClusterConfig] = None) -> tuple[Path, dict[str, str]]:
-    """Run the whole comparison; returns the report path and the failed jobs ({job: one-line error}).
+    """Run the whole comparison, on text or on synthetic tasks (``tasks``); returns the report path and the failed jobs
+    ({job: one-line error}). The one runner: it enumerates tasks x schemes x grid points x seeds.
 
-    ``isolate``: one spawned process per (scheme, seed) job, so that even a
-    crash or an out-of-memory kill only fails that job; False runs the jobs in
-    this process (faster start, easier to debug; a crash ends the sweep).
+    With a ``sweep``, every scheme first trains at each point of its grid on the first seed (under
+    ``out_root/name/sweep/<point>/``, each point a run directory of its own), its setting is chosen from that seed's
+    held-out in-distribution result (``posenc.sweep``), and the other seeds run at the chosen point; the report
+    (``out_root/name/``: the chosen runs' records in ``results.jsonl``, rewritten each time) names the choices and
+    shows the sensitivity table and plot. Without one, every seed runs at the preset's settings in ``out_root/name``.
+
+    ``isolate``: one spawned process per job, so that even a crash or an out-of-memory kill only fails that job;
+    False runs the jobs in this process (faster start, easier to debug; a crash ends the sweep).
     ``parallel``: jobs at once, each pinned to its own devices (``posenc.jobs.run_pool``);
-    ``nproc_per_node``: processes (GPUs) per job, training under torchrun.
+    ``nproc_per_node``: processes (GPUs) per job, training under torchrun (text only).
     ``log``: a tracker kind for every job (``posenc.tracking``). ``launcher``: "pool" (this machine,
-    ``run_pool``), or submitit ("slurm": one scheduler job per scheme and seed with ``cluster``'s
+    ``run_pool``), or submitit ("slurm": one scheduler job per job with ``cluster``'s
     resources, default the preset's; "local": the same jobs through submitit's LocalExecutor), waited for here; job files go
     to ``out_root/name/submitit``. Every launcher skips finished jobs and resumes interrupted ones.
-    Raises PosencError before any work when ``out_root/name`` holds results made
-    with other model, training or evaluation settings, for too few GPUs, a missing tracker or launcher
-    package, or more than one process per job for synthetic tasks.
+    Raises PosencError before any work when ``out_root/name`` (or a grid point's directory) holds results made
+    with other model, training or evaluation settings, when a run a job would report was trained with other settings
+    than the job's (``train.check_trained_as``: a run copied in from another budget), for too few GPUs, a missing
+    tracker or launcher package, or more than one process per job for synthetic tasks.
     """
     if parallel < 1 or nproc_per_node < 1 or (not isolate and (parallel > 1 or nproc_per_node > 1)):
         raise PosencError(f"--parallel and --nproc-per-node must be >= 1 and need job isolation, got {parallel}, {nproc_per_node}")
@@ -253,47 +287,79 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
             cluster = cluster.model_copy(update={"gpus_per_job": nproc_per_node if launcher == "slurm" or torch.cuda.is_available() else 0})
         if 0 < cluster.gpus_per_job < nproc_per_node:  # 0: CPU jobs (torchrun over gloo)
             raise PosencError(f"--gpus-per-job {cluster.gpus_per_job} is fewer than --nproc-per-node {nproc_per_node}")
-    if task_specs(preset):  # synthetic tasks: scored on answers, not perplexity
-        if nproc_per_node > 1:
-            raise PosencError("synthetic-task comparisons train each job in one process: no --nproc-per-node")
-        run_root = Path(out_root) / preset.name
-        check_same_settings(run_root, preset)  # before saying anything about its jobs
-        n_jobs = len(task_specs(preset)) * len(preset.schemes) * len(preset.seeds)
-        if len(done_jobs(run_root / "results.jsonl") & {(t, s, k) for t in task_specs(preset) for s in preset.schemes for k in preset.seeds}) == n_jobs:
-            _all_done(run_root, n_jobs)
-        return compare_tasks(preset, out_root, isolate, parallel, log, launcher, cluster)
+    tasks = task_specs(preset)
+    if tasks and nproc_per_node > 1:
+        raise PosencError("synthetic-task comparisons train each job in one process: no --nproc-per-node")
     run_root = Path(out_root) / preset.name
-    preset = absolute_corpus(preset)
-    data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
-    window_starts(data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset))  # held-out text long enough
+    data = None
+    if not tasks:
+        preset = absolute_corpus(preset)
+        data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
+        window_starts(data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset))  # held-out text long enough
+    grids = {s: grid_points(preset, s) for s in preset.schemes}
+    points = list(dict.fromkeys(p for grid in grids.values() for p in grid))
     check_same_settings(run_root, preset)
+    for p in points:
+        if p:
+            check_same_settings(point_root(run_root, p), at_point(preset, p))
     ex = executor(launcher, run_root / "submitit", cluster, f"posenc-{preset.name}") if launcher != "pool" else None
     record_run(run_root, preset)
-    results = run_root / "results.jsonl"
-    drop_torn_tail(results)
+    for p in points:
+        if p:
+            record_run(point_root(run_root, p), at_point(preset, p).model_copy(update={"schemes": [s for s in preset.schemes if p in grids[s]]}))
+        drop_torn_tail(point_root(run_root, p) / "results.jsonl")
     failures: dict[str, str] = {}
-    pending = [(scheme, seed) for scheme in preset.schemes for seed in preset.seeds
-               if not _finished(run_root, preset, scheme, seed, done_cells(results))]
-    if not pending:
-        _all_done(run_root, len(preset.schemes) * len(preset.seeds))
+    units = [None] if not tasks else tasks
 
-    def failed(scheme: str, seed: int, error: str) -> None:  # one broken scheme must not lose the others
-        failures[f"{scheme} (seed {seed})"] = error
-        print(f"posenc: {scheme} (seed {seed}) failed: {error}", file=sys.stderr)  # now, not when the sweep ends
+    def failed(job: Job, error: str) -> None:  # one broken job must not lose the others
+        failures[job.name()] = error
+        print(f"posenc: {job.name()} failed: {error}", file=sys.stderr)  # now, not when the sweep ends
 
-    jobs = [(run_job, (run_root, preset, scheme, seed, None, nproc_per_node, log), _error_file(run_root, scheme, seed), scheme_modules([scheme]))
-            for scheme, seed in pending]
-    if ex is not None:
-        run_submitit(jobs, ex, poll_s=1 if launcher == "local" else 30, on_failure=lambda i, error: failed(*pending[i], error))
-    elif isolate:
-        run_pool(jobs, parallel, nproc_per_node, on_failure=lambda i, error: failed(*pending[i], error))
+    def run(stage: list[Job]) -> int:
+        """Run the stage's unfinished jobs after checking every run it would report; returns how many were pending."""
+        for job in stage:
+            vocab = get_task(job.task).vocab_size if job.task else data.vocab_size
+            check_trained_as(job.where(run_root), *job_configs(preset, job.point, job.scheme, job.seed, vocab, job.task),
+                             f"{preset.name}'s job {job.name()}")
+        done = {point_root(run_root, p): (done_jobs if tasks else done_cells)(point_root(run_root, p) / "results.jsonl") for p in points}
+        pending = [job for job in stage if not _finished(run_root, preset, job, done)]
+        # inline, a text job gets this process's data (no reload); isolated, it loads its own
+        jobs = [((run_task_job, (run_root, preset, j.task, j.scheme, j.seed, log, j.point)) if j.task else
+                 (run_job, (run_root, preset, j.scheme, j.seed, None if isolate else data, nproc_per_node, log, j.point)))
+                + (j.where(run_root).with_suffix(".error.txt"), scheme_modules([j.scheme])) for j in pending]
+        if ex is not None:
+            run_submitit(jobs, ex, poll_s=1 if launcher == "local" else 30, on_failure=lambda i, error: failed(pending[i], error))
+        elif isolate:
+            run_pool(jobs, parallel, nproc_per_node, on_failure=lambda i, error: failed(pending[i], error))
+        else:
+            for job, (fn, args, error_file, _) in zip(pending, jobs):
+                error = run_inline(fn, args, error_file)
+                if error:
+                    failed(job, error)
+        return len(pending)
+
+    first, swept = preset.seeds[0], preset.sweep is not None
+    n_pending, chosen = 0, []
+    if swept:  # every grid point on the first seed, then each scheme's choice from its records
+        n_pending = run([Job(t, s, first, p) for t in units for s in preset.schemes for p in grids[s]])
+        chosen = choices(run_root, units, grids, first, preset.model.train_length, preset.task_eval.learned)
+        final = [Job(c.task, c.scheme, seed, c.point) for c in chosen if c.point is not None for seed in preset.seeds]
     else:
-        for scheme, seed in pending:
-            error = run_inline(run_job, (run_root, preset, scheme, seed, data, 1, log), _error_file(run_root, scheme, seed))
-            if error:
-                failed(scheme, seed, error)
-    failures.update(run_schedules(run_root, preset, data, results))
-    return write_report(run_root, _meta(preset, data), failures), failures
+        final = [Job(t, s, seed) for t in units for s in preset.schemes for seed in preset.seeds]
+    n_pending += run(final)
+    if not n_pending:
+        _all_done(run_root, len(final))
+    for p in points if not tasks else []:  # the RoPE schedule rows of the schemes reported at each point
+        at = list(dict.fromkeys(j.scheme for j in final if j.point == p))
+        failures.update(run_schedules(point_root(run_root, p), at_point(preset, p).model_copy(update={"schemes": at}), data,
+                                      point_root(run_root, p) / "results.jsonl"))
+    sweep_lines = []
+    if swept:
+        merge_chosen(run_root, chosen, preset.schemes)
+        sweep_lines = sweep_markdown(chosen, first, write_sensitivity(run_root, chosen, first, preset.task_eval.learned))
+    if tasks:
+        return write_task_report(run_root, {**task_meta(preset), "sweep": sweep_lines}, failures), failures
+    return write_report(run_root, {**_meta(preset, data), "sweep": sweep_lines}, failures), failures
 
 
 def _all_done(run_root: Path, n_jobs: int) -> None:

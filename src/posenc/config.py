@@ -9,6 +9,7 @@ values are one-line errors before any work.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -61,6 +62,44 @@ class TaskEvalConfig(BaseModel):
     learned: float = Field(0.9, gt=0, le=1)  # in-distribution accuracy below this: "did not learn the task"
 
 
+# the settings a sweep may vary (``SweepConfig``): training budget and optimiser, and the model's shape
+SWEEP_KEYS = ("train.lr", "train.weight_decay", "train.steps", "train.warmup", "model.n_head", "model.n_layer", "model.d_model")
+Point = tuple[tuple[str, Any], ...]  # one grid point: ((key, value), ...) in the grid's key order; () is the preset itself
+
+
+def _check_axes(axes: dict[str, list]) -> dict[str, list]:
+    for key, values in axes.items():
+        if key not in SWEEP_KEYS:
+            raise ValueError(f"{key!r} cannot be swept (valid: {', '.join(SWEEP_KEYS)})")
+        if not values or len({repr(v) for v in values}) < len(values):
+            raise ValueError(f"{key}: give each value once, at least one")
+    return axes
+
+
+class SweepConfig(BaseModel):
+    """A grid over training and model settings, each scheme trained at every point of its grid on the first
+    seed, its setting chosen by the held-out in-distribution result (``posenc.sweep``) and the other seeds run
+    there. ``grid``: {key: [values]} for every scheme; ``schemes``: {scheme: {key: [values]}}, that scheme's
+    own values (they replace the grid's for its keys and may add keys). Keys: ``SWEEP_KEYS``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grid: dict[str, list[Any]] = {}
+    schemes: dict[str, dict[str, list[Any]]] = {}
+
+    @field_validator("grid")
+    @classmethod
+    def _grid(cls, v: dict) -> dict:
+        return _check_axes(v)
+
+    @field_validator("schemes")
+    @classmethod
+    def _per_scheme(cls, v: dict) -> dict:
+        for axes in v.values():
+            _check_axes(axes)
+        return v
+
+
 class Preset(BaseModel):
     """A comparison: model, training budget, evaluation and the schemes to run."""
 
@@ -86,6 +125,8 @@ class Preset(BaseModel):
     reference: Optional[dict[str, Any]] = None
     # resources of each job under `compare --launcher slurm` (or local); the flags override them
     cluster: Optional[ClusterConfig] = None
+    # a grid over training and model settings, chosen per scheme on the first seed (SweepConfig)
+    sweep: Optional[SweepConfig] = None
 
     @field_validator("schemes", "seeds", "tasks")
     @classmethod
@@ -127,6 +168,10 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
         get_task(spec).check_length(preset.model.train_length)
     if preset.tasks and is_task(preset.train.corpus):
         raise PosencError(f"preset {preset.name}: give the tasks in 'tasks' or in train.corpus, not both")
+    if preset.sweep is not None:
+        _check_sweep(preset)
+    if preset.train.until is not None and not task_specs(preset):
+        raise PosencError(f"preset {preset.name}: train.until needs synthetic tasks (tasks, or a task in train.corpus)")
     return preset
 
 
@@ -140,6 +185,63 @@ def _flag_overrides(preset: Preset, written: dict) -> None:
     changed = [f"{section}.{k} = {v!r}" for section in sorted(SETTINGS) for k, v in now[section].items() if written[section].get(k) != v]
     if changed:
         preset.description += f" [The preset as written; this run sets {', '.join(changed)}.]"
+
+
+def _check_sweep(preset: Preset) -> None:
+    """PosencError before any work for a per-scheme grid of no valid scheme (one the run leaves out, ``--schemes``,
+    is ignored), a scheme without a grid, or a grid point whose settings are invalid (validation) or that a scheme
+    cannot be built with (its head dim)."""
+    for s in sorted(set(preset.sweep.schemes) - set(preset.schemes)):
+        try:
+            dataclasses.replace(preset.model, encoding=s).check_encoding()
+        except PosencError as exc:
+            raise PosencError(f"preset {preset.name}: sweep.schemes names {s!r}, not a scheme ({exc})") from None
+    bare = [s for s in preset.schemes if not {**preset.sweep.grid, **preset.sweep.schemes.get(s, {})}]
+    if bare:  # its jobs would train in the comparison's own directory, where the sweep writes the chosen runs' records
+        raise PosencError(f"preset {preset.name}: scheme {bare[0]!r} has no grid in the sweep: give sweep.grid, or sweep.schemes "
+                          f"with a value (one is enough) for it")
+    for s in preset.schemes:
+        for point in grid_points(preset, s):
+            dataclasses.replace(at_point(preset, point).model, encoding=s).check_encoding()
+
+
+def grid_points(preset: Preset, scheme: str) -> list[Point]:
+    """The grid points of ``scheme``: the cartesian product of the sweep's values (its own replacing the grid's),
+    in the grid's key order then its own; ``[()]`` (the preset itself) without a sweep."""
+    if preset.sweep is None:
+        return [()]
+    axes = {**preset.sweep.grid, **preset.sweep.schemes.get(scheme, {})}
+    return [tuple(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+def point_label(point: Point) -> str:
+    """A grid point as one word (its run directory's name): ``train.lr=0.002,model.n_head=4``; "" for ()."""
+    return ",".join(f"{k}={v}" for k, v in point)
+
+
+def point_root(run_root: Path, point: Point) -> Path:
+    """Where the jobs of a grid point train and record: ``run_root/sweep/<label>``, or ``run_root`` for ()."""
+    return Path(run_root) / "sweep" / point_label(point) if point else Path(run_root)
+
+
+def at_point(preset: Preset, point: Point) -> Preset:
+    """``preset`` with the grid point's settings in its model and train sections (no sweep of its own);
+    PosencError naming the point when they are invalid."""
+    if not point:
+        return preset
+    data = preset.model_dump()
+    for key, value in point:
+        section, field = key.split(".")
+        data[section][field] = value
+    return validated(Preset, {**data, "sweep": None}, f"preset {preset.name} at grid point {point_label(point)}")
+
+
+def job_configs(preset: Preset, point: Point, scheme: str, seed: int, vocab_size: int, task: Optional[str] = None):
+    """(ModelConfig, TrainConfig) of one job: the preset at grid ``point``, ``scheme``, ``seed`` and the data's
+    vocabulary, on ``task`` when given (its corpus): what the job trains and what its run must record."""
+    p = at_point(preset, point)
+    mcfg = dataclasses.replace(p.model, encoding=scheme, vocab_size=vocab_size)
+    return mcfg, p.train.model_copy(update={"seed": seed, **({"corpus": task} if task else {})})
 
 
 def task_specs(preset: Preset) -> list[str]:

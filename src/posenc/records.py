@@ -130,6 +130,9 @@ class Task(Record):
     eval_seconds: float
     threads: int
     cells: list[TaskCell]
+    trained_steps: Optional[int] = None  # steps the model trained (below the cap when it met train.until)
+    criterion: Optional[str] = None  # train.until as words (UntilConfig.describe); None: trained to the cap
+    criterion_step: Optional[int] = None  # the step it met the criterion at; None: not met (or no criterion)
 
 
 class ScoredWindow(Record):

@@ -122,6 +122,8 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
     for k in ("corpus", "tokenizer", "model", "budget", "seeds", "eval", "run", "notes"):
         if meta.get(k) is not None:
             out.write(f"- **{k}**: {meta[k]}\n")
+    if meta.get("sweep"):  # posenc.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
+        out.write("\n" + "\n".join(meta["sweep"]))
     pk = passkey_grid(extras)
     pk_L = max((L for cells in pk.values() for L, _ in cells), default=None)
     for title, key, fmt in (("Perplexity ratio to the training length", "ratio", ".3f"), ("Perplexity", "ppl", ".2f")):

@@ -83,6 +83,7 @@ class TaskTable:
         for r in mine:
             self.scores.setdefault(name[r.scheme], {})[r.seed] = Scores(r.cells)
         self.seconds = {(name[r.scheme], r.seed): (r.train_seconds, r.eval_seconds) for r in mine}
+        self.criterion = {(name[r.scheme], r.seed): (r.criterion, r.criterion_step, r.trained_steps) for r in mine if r.criterion}
 
     def id_acc(self, scheme: str) -> list[float]:
         return [s.acc("id", self.L0)[0] for s in self.scores.get(scheme, {}).values()]
@@ -333,6 +334,20 @@ def distance_markdown(t: TaskTable, schemes: list[str], windows: dict) -> str:
     return markdown_table(header, rows) + f"\n\nAnswers per distance bucket (one seed): {counts}."
 
 
+def criterion_markdown(t: TaskTable, schemes: list[str]) -> str:
+    """Steps to criterion (``train.until``) per scheme: each seed's step, or "not reached (N steps)" at the cap, and
+    the mean over the seeds that reached it."""
+    rows = []
+    for s in schemes:
+        runs = [t.criterion[(s, seed)] for seed in sorted(t.scores[s]) if (s, seed) in t.criterion]
+        reached = [step for _, step, _ in runs if step is not None]
+        shown = [str(step) if step is not None else f"not reached ({trained} steps)" for _, step, trained in runs]
+        rows.append([s, " / ".join(shown), f"{np.mean(reached):.0f}" if reached else "not reached",
+                     f"{len(reached)} of {len(runs)}"])
+    what = "; ".join(sorted({c for c, _, _ in t.criterion.values()}))
+    return markdown_table(["scheme", "steps (each seed)", "mean over seeds that reached it", "reached"], rows) + f"\n\nCriterion: {what}."
+
+
 def reference_markdown(t: TaskTable, ref: dict) -> str:
     """Our error (%) at the training length beside a published table ``ref`` ({source, tests, rows})."""
     tests = ref["tests"]
@@ -427,6 +442,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
              ""]
     if meta.get("notes"):
         lines += [meta["notes"], ""]
+    lines += meta.get("sweep") or []  # posenc.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
     claims = []
     # every task the run holds: a task added by an earlier invocation (--tasks X, then --tasks Y) keeps its section
     tasks = {**meta["tasks"], **{r.task: get_task(r.task).describe() for r in records if r.task not in meta["tasks"]}}
@@ -439,6 +455,8 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
             continue
         lines += ["### Accuracy (%) by test and sequence length", "", accuracy_markdown(t, schemes), ""]
         lines += ["### Accuracy (%) by evidence distance (controlled-gap test) and retrieval horizon", "", distance_markdown(t, schemes, windows), ""]
+        if t.criterion:
+            lines += ["### Steps to criterion", "", criterion_markdown(t, [s for s in schemes if any(k[0] == s for k in t.criterion)]), ""]
         lines += [_times_line(list(t.seconds.values())), ""]
         ref = meta.get("reference")
         if ref and ref.get("task", "flipflop") == task.partition(":")[0]:

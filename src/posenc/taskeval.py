@@ -16,6 +16,7 @@ import torch
 from posenc.tasks import Task, Test
 
 EVAL_SEED = 1_000_003  # evaluation sequences never coincide with a training seed's batches
+CRITERION_SEED = 2_000_003  # train.until's held-out set: neither a training batch nor a test's sequences
 
 
 def bucket(distance: torch.Tensor) -> torch.Tensor:
@@ -38,9 +39,10 @@ def score_batch(logits: torch.Tensor, targets: torch.Tensor, answer: torch.Tenso
 
 
 @torch.no_grad()
-def score_test(model: torch.nn.Module, task: Task, test: Test, answers: int, max_tokens: int, batch_tokens: int) -> dict[int, list[float]]:
-    """{bucket: [answers, correct, nll sum]} of one test cell, drawn from a seed of its name and length."""
-    seed = EVAL_SEED + zlib.crc32(f"{test.name}:{test.length}".encode())
+def score_test(model: torch.nn.Module, task: Task, test: Test, answers: int, max_tokens: int, batch_tokens: int,
+               base_seed: int = EVAL_SEED) -> dict[int, list[float]]:
+    """{bucket: [answers, correct, nll sum]} of one test cell, drawn from a seed of ``base_seed``, its name and length."""
+    seed = base_seed + zlib.crc32(f"{test.name}:{test.length}".encode())
     totals: dict[int, list[float]] = {}
     rows_per_batch = max(1, batch_tokens // test.length)
     device = next(model.parameters()).device
@@ -69,6 +71,23 @@ def evaluate_task(model: torch.nn.Module, task: Task, train_length: int, multipl
     finally:
         model.train(was_training)
     return records
+
+
+def id_accuracy(model: torch.nn.Module, task: Task, train_length: int, answers: int, batch_tokens: int = 16384) -> float:
+    """Accuracy (fraction in [0, 1]) on ``answers`` answers of the in-distribution held-out set of ``train.until``:
+    sequences of ``train_length`` tokens at the training settings drawn from ``CRITERION_SEED``, the same for every
+    scheme, seed and step (never a training batch, nor the sequences the report's "id" test scores). The model is
+    put in eval mode and back; the global random state is left as it was (a check does not change training)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            totals = score_test(model, task, Test("id", train_length, {}), answers, 64 * answers * train_length, batch_tokens,
+                                base_seed=CRITERION_SEED)
+    finally:
+        model.train(was_training)
+    n = sum(t[0] for t in totals.values())
+    return sum(t[1] for t in totals.values()) / n
 
 
 def standard_error(p: float, n: int) -> float:

@@ -43,6 +43,7 @@ from posenc.checkpoint import (
 )
 from posenc.data import TokenData, load_tokens
 from posenc.stamp import bf16_units, run_stamp
+from posenc.taskeval import id_accuracy
 from posenc.tasks import TaskData
 from posenc.tracking import NO_TRACKER, Tracker
 from posenc.errors import PosencError
@@ -100,6 +101,32 @@ def autocast(precision: Literal["bf16", "fp32"], device: torch.device) -> contex
     return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
 
+class UntilConfig(BaseModel):
+    """Train to criterion (synthetic tasks only): every ``every`` steps the in-distribution accuracy (``metric``
+    "id_accuracy": ``posenc.taskeval.id_accuracy`` on ``answers`` answers of a fixed held-out set) is measured, and
+    training stops at the first check where it is >= ``at_least`` (a fraction); ``train.steps`` stays the cap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: Literal["id_accuracy"] = "id_accuracy"
+    at_least: Annotated[float, Field(gt=0, le=1)]
+    every: PositiveInt
+    answers: PositiveInt = 1000  # a 1-point standard error at 90% accuracy needs ~900
+
+    def describe(self) -> str:
+        return f"{self.metric} >= {self.at_least:g}, checked every {self.every} steps on {self.answers} held-out answers"
+
+
+@dataclasses.dataclass
+class Criterion:
+    """What :func:`fit` checks every ``every`` steps (at steps ``every``, ``2 every``, ..., the cap included):
+    ``measure(step)`` gives the metric, the run stops once it is >= ``at_least``."""
+
+    every: int
+    at_least: float
+    measure: Callable[[int], float]
+
+
 class TrainConfig(LoopConfig):
     """Data and loop settings of one of posenc's LMs. ``steps`` is the budget; ``time_budget`` (s) may stop earlier."""
 
@@ -112,6 +139,7 @@ class TrainConfig(LoopConfig):
     precision: Precision = "fp32"
     # "answers": the mean NLL over a task's answer positions only (posenc.tasks); "all": every target
     loss: Literal["all", "answers"] = "all"
+    until: Optional[UntilConfig] = None  # train to criterion (tasks): steps is the cap
 
 
 def lr_at(step: int, cfg: LoopConfig) -> float:
@@ -190,6 +218,8 @@ def check_data(data: TokenData | TaskData, mcfg: ModelConfig, tcfg: TrainConfig)
     loss on text (it has no answer positions), a task whose training sequences do not fit the length."""
     if isinstance(data, TaskData):
         data.task.check_length(mcfg.train_length)
+    elif tcfg.until is not None:
+        raise PosencError(f"train.until needs a synthetic task corpus (posenc.tasks), not {tcfg.corpus!r}")
     elif tcfg.loss == "answers":
         raise PosencError(f"train.loss 'answers' needs a synthetic task corpus (posenc.tasks), not {tcfg.corpus!r}")
     elif len(data.train) <= mcfg.train_length + 1:
@@ -261,7 +291,8 @@ LOG_FIELDS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")  # a train.json
 
 def fit(model: torch.nn.Module, cfg: LoopConfig, loss_at: Callable[[int], tuple[torch.Tensor, int]], ckpt: Checkpoint,
         step: int = 0, *, log_every: int = 1, log_fields: tuple[str, ...] = LOG_FIELDS, time_budget: Optional[float] = None,
-        shard: distributed.Shard = distributed.Shard(), tracker: Tracker = NO_TRACKER, desc: str = "train") -> dict:
+        shard: distributed.Shard = distributed.Shard(), tracker: Tracker = NO_TRACKER, desc: str = "train",
+        criterion: Optional[Criterion] = None) -> dict:
     """The training loop: from ``step`` to ``cfg.steps``, AdamW ``ckpt.opt`` at :func:`lr_at`, gradients of
     ``model``'s trainable parameters clipped to ``cfg.grad_clip`` (global norm), a checkpoint every
     ``cfg.ckpt_every`` steps and at the end. Returns {steps, seconds, tokens_per_s, final_loss}.
@@ -275,11 +306,28 @@ def fit(model: torch.nn.Module, cfg: LoopConfig, loss_at: Callable[[int], tuple[
     the step and the last good checkpoint, before the update. Ctrl-C lets the step in flight end, saves a
     checkpoint and raises KeyboardInterrupt saying where (a second Ctrl-C: StopNow, at once). The progress
     bar shows on a terminal only; elsewhere (a log file) each checkpoint prints one line to stderr.
+
+    ``criterion``: checked at every step that is a multiple of its ``every`` (each check appended to
+    ``until.jsonl`` as {step, value}); the loop stops at the first check that meets it, and the result gets
+    ``criterion_step`` (that step, or None when never met). The check of the step a resumed run starts at is
+    redone (the same weights give the same value), so the checks are those of an uninterrupted run.
     """
     run_dir, log = ckpt.run_dir, ckpt.run_dir / "train.jsonl"
     params = [p for p in model.parameters() if p.requires_grad]
     if shard.is_main:
         truncate_log(log, step)
+        if criterion is not None:
+            truncate_log(run_dir / "until.jsonl", step - 1)  # the check at ``step`` is redone below
+    reached = None
+
+    def met(step: int) -> bool:  # a check is due at multiples of ``every``
+        if criterion is None or step == 0 or step % criterion.every:
+            return False
+        value = criterion.measure(step)
+        if shard.is_main:
+            append_jsonl(run_dir / "until.jsonl", {"step": step, "value": value})
+        return value >= criterion.at_least
+
     model.train()
     tracker.start(step)
     t0, tokens_seen, loss_all, saved = time.time(), 0, None, None
@@ -289,6 +337,9 @@ def fit(model: torch.nn.Module, cfg: LoopConfig, loss_at: Callable[[int], tuple[
     with ctrl_c_between_steps() as interrupted:
         try:
             while step < cfg.steps:
+                if met(step):
+                    reached = step
+                    break
                 if time_budget and shard.any(time.time() - t0 > time_budget):
                     break
                 if shard.any(interrupted()):  # every rank stops at the same step boundary
@@ -330,10 +381,13 @@ def fit(model: torch.nn.Module, cfg: LoopConfig, loss_at: Callable[[int], tuple[
             raise KeyboardInterrupt(f"{run_dir} checkpointed at step {step} of {cfg.steps}") from None
         finally:
             bar.close()
+    if reached is None and step == cfg.steps and met(step):  # the check at the cap
+        reached = step
     if shard.is_main and saved != step:
         ckpt.save(step)
     seconds = time.time() - t0
-    return {"steps": step, "seconds": seconds, "tokens_per_s": tokens_seen / max(1e-9, seconds), "final_loss": loss_all}
+    done = {"steps": step, "seconds": seconds, "tokens_per_s": tokens_seen / max(1e-9, seconds), "final_loss": loss_all}
+    return done if criterion is None else {**done, "criterion_step": reached}
 
 
 def read_run_config(run_dir: Path) -> dict:
@@ -380,6 +434,23 @@ class _TokenNLL(torch.nn.Module):
 
 
 RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads", "compile"}  # may change on resume
+MODEL_KNOBS = {"attn_block_size"}  # model fields of speed and memory only: a trained run may be evaluated under another
+
+
+def run_differences(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> dict[str, list[str]]:
+    """{"model" | "training": ["field recorded -> given", ...]}: where the run in ``run_dir`` (its config.json) was
+    trained with other settings than ``mcfg`` and ``tcfg`` (precision as resolved), the fields that may change on
+    resume (``RESUME_FREE``) excepted; empty when none differs."""
+    saved = read_run_config(run_dir)
+    old_train = {"precision": legacy_precision(), **saved["train"]}
+    out = {}
+    for section, settings, free in (("model", dataclasses.asdict(mcfg), set()), ("training", tcfg.model_dump(), RESUME_FREE)):
+        now = json.loads(json.dumps(settings, default=str))  # as config.json stores it
+        old = saved["model"] if section == "model" else old_train
+        diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if k not in free and old.get(k) != v]
+        if diff:
+            out[section] = diff
+    return out
 
 
 def _check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
@@ -388,14 +459,30 @@ def _check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None
     Resuming continues the same loss curve: only the step count, time budget, checkpoint
     and log intervals and CPU threads may change.
     """
-    saved = read_run_config(run_dir)
-    old_train = {"precision": legacy_precision(), **saved["train"]}
-    for section, settings, free in (("model", dataclasses.asdict(mcfg), set()), ("training", tcfg.model_dump(), RESUME_FREE)):
-        now = json.loads(json.dumps(settings, default=str))  # as config.json stores it
-        old = saved["model"] if section == "model" else old_train
-        diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if k not in free and old.get(k) != v]
-        if diff:
-            raise PosencError(f"cannot resume {run_dir}: its {section} differs ({'; '.join(diff)}); use another --out")
+    for section, diff in run_differences(run_dir, mcfg, tcfg).items():
+        raise PosencError(f"cannot resume {run_dir}: its {section} differs ({'; '.join(diff)}); use another --out")
+
+
+def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: str) -> None:
+    """Raise PosencError (one line naming each differing field) when the run in ``run_dir`` (if any: its config.json)
+    was not trained with ``mcfg`` and ``tcfg`` (precision "auto" as this machine resolves it), the fields that may
+    change on resume and the model's speed knobs (``MODEL_KNOBS``) excepted, or, finished, trained another number of steps than ``tcfg.steps`` (fewer only by
+    meeting ``train.until`` or under a ``time_budget``). ``what`` names who expects these settings (a sweep's job)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").exists():
+        return
+    tcfg = tcfg.model_copy(update={"precision": machine_precision(tcfg)})
+    recorded = read_run_config(run_dir)["model"]
+    mcfg = dataclasses.replace(mcfg, **{k: recorded[k] for k in MODEL_KNOBS if k in recorded})
+    diff = [f"{section} {d}" for section, ds in run_differences(run_dir, mcfg, tcfg).items() for d in ds]
+    if is_trained(run_dir):
+        summary = read_json(run_dir / "train_summary.json")
+        steps = summary.get("steps")
+        early = (tcfg.until is not None and (summary.get("until") or {}).get("reached") == steps) or (tcfg.time_budget and steps < tcfg.steps)
+        if steps != tcfg.steps and not early:
+            diff.append(f"trained steps {steps!r} -> {tcfg.steps!r}")
+    if diff:
+        raise PosencError(f"{run_dir} was not trained with the settings of {what} ({'; '.join(diff)}); move it away or use another --out")
 
 
 def train(
@@ -441,8 +528,8 @@ def train(
         step = ckpt.load()
         if step > tcfg.steps:
             raise PosencError(f"cannot resume {run_dir}: it has trained {step} steps, more than steps={tcfg.steps}")
-        if step == tcfg.steps and is_trained(run_dir):  # finished: keep its summary and log as they are
-            return read_json(run_dir / "train_summary.json")
+        if is_trained(run_dir) and _finished_at(read_json(run_dir / "train_summary.json"), step, tcfg):
+            return read_json(run_dir / "train_summary.json")  # finished: keep its summary and log as they are
     elif resume and (run_dir / "model.safetensors").exists():  # starting over would overwrite these weights
         raise PosencError(f"cannot resume {run_dir}: it has weights but no state.pt (optimizer state); use another --out")
     elif shard.is_main:  # a fresh run replaces an old summary (and log: fit)
@@ -460,12 +547,30 @@ def train(
         with autocast(tcfg.precision, shard.device):
             return mean_loss(loss_fn(x, y), answers), x.numel()  # mean over this rank's rows (answers)
 
+    criterion = None
+    if tcfg.until is not None:
+        until = tcfg.until
+        criterion = Criterion(until.every, until.at_least, lambda step: id_accuracy(model, data.task, mcfg.train_length, until.answers))
     done = fit(model, tcfg, loss_at, ckpt, step, log_every=tcfg.log_every, time_budget=tcfg.time_budget, shard=shard,
-               tracker=tracker, desc=desc or mcfg.encoding)
+               tracker=tracker, desc=desc or mcfg.encoding, criterion=criterion)
     summary = {**done, "params": model.num_params()}
+    if tcfg.until is not None:
+        summary["until"] = {**tcfg.until.model_dump(), "reached": summary.pop("criterion_step")}
     if shard.is_main:
         write_json(run_dir / "train_summary.json", summary)
     return summary
+
+
+def _finished_at(summary: dict, step: int, tcfg: TrainConfig) -> bool:
+    """Whether a run whose summary is ``summary`` and whose checkpoint is at ``step`` is done under ``tcfg``: it
+    reached the cap, or it met its criterion at that step (it stays stopped, even under a larger cap)."""
+    reached = (summary.get("until") or {}).get("reached")
+    return summary.get("steps") == step and (step == tcfg.steps or (tcfg.until is not None and reached == step))
+
+
+def steps_to_criterion(summary: dict) -> Optional[int]:
+    """The step a run's summary (``train_summary.json``) says it met ``train.until`` at; None when not met."""
+    return (summary.get("until") or {}).get("reached")
 
 
 def is_trained(run_dir: Path) -> bool:

@@ -11,7 +11,7 @@ from posenc.config import load_preset
 from posenc.errors import PosencError
 from posenc.stamp import run_stamp
 from posenc.tracking import KINDS, check_kind, open_tracker
-from posenc.train import PRECISIONS, StopNow, is_trained, machine_precision, train
+from posenc.train import PRECISIONS, StopNow, is_trained, machine_precision, steps_to_criterion, train
 
 
 def add_parser(sub):
@@ -51,7 +51,8 @@ def run(args) -> int:
         raise PosencError(f"--resume: {out} holds no run to resume (no config.json); drop --resume to start one there")
     check_kind(args.log)
     config = {"name": out.name, "scheme": args.scheme, "model": dataclasses.asdict(mcfg), "train": preset.train.model_dump(), "stamp": run_stamp(machine_precision(preset.train))}
-    finished = is_trained(out) and read_json(out / "train_summary.json")["steps"] == preset.train.steps  # train keeps it as it is
+    before = read_json(out / "train_summary.json") if is_trained(out) else None  # finished: train keeps it as it is
+    finished = before is not None and (before["steps"] == preset.train.steps or steps_to_criterion(before) == before["steps"])
     try:
         with open_tracker(args.log if distributed.rank() == 0 else "none", out, f"{out.name}/{args.scheme}", "train", config) as tracker:
             summary = train(out, mcfg, preset.train, resume=args.resume, tracker=tracker)
@@ -64,9 +65,11 @@ def run(args) -> int:
     if distributed.rank() == 0 and finished:
         print(f"{out} is already trained (step {summary['steps']} of {preset.train.steps}): nothing left to do")
     elif distributed.rank() == 0:
-        left = summary["steps"] < preset.train.steps  # the time budget stopped it: say so, and how to go on
+        met = steps_to_criterion(summary)
+        left = met is None and summary["steps"] < preset.train.steps  # the time budget stopped it: say so, and how to go on
         loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
         stop = f" (time budget {preset.train.time_budget:g} s reached; --resume continues)" if left else ""
+        stop = f" (met train.until: {preset.train.until.describe()})" if met is not None else stop
         print(f"trained {args.scheme}: step {summary['steps']} of {preset.train.steps}, {summary['seconds']:.0f} s in this call, "
               f"final loss {loss} -> {out}{stop}")
     return 0

@@ -1,0 +1,213 @@
+"""Sweeps as data: a preset's grid over training and model settings, each scheme's setting chosen on seed 0 by its
+held-out in-distribution result, the other seeds at the chosen setting, the sensitivity table; and a compare
+refusing to report a run trained with other settings than its job's (a run copied in from another budget)."""
+
+import math
+import shutil
+
+import pytest
+import yaml
+
+from posenc.checkpoint import read_json, read_jsonl
+from posenc.cli import main
+from posenc.compare import compare
+from posenc.config import at_point, grid_points, load_preset, point_label, point_root
+from posenc.errors import PosencError
+from posenc.records import Ppl, Task, load
+from posenc.retrieval_report import Scores
+from posenc.sweep import Choice, choose
+
+LR = [3e-3, 1e-2]
+
+
+def _preset(tmp_path, name="tiny", **over):
+    body = {"name": name, "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+            "train": {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2, "threads": 1},
+            "tasks": ["flipflop"], "task_eval": {"multiples": [1, 2], "answers": 40, "max_tokens": 1024, "learned": 0.01},
+            "schemes": ["rope", "nope"], **over}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))  # the grid keeps its key order
+    return load_preset(str(path))
+
+
+# ---------------------------------------------------------------- the chooser
+
+
+def test_choose_takes_the_best_and_breaks_ties_by_steps_then_grid_order():
+    assert choose({"a": 0.5, "b": 0.9, "c": 0.7}, higher_is_better=True) == "b"
+    assert choose({"a": 5.0, "b": 3.0, "c": 4.0}, higher_is_better=False) == "b"
+    assert choose({"a": 0.9, "b": 0.9, "c": 0.9}, higher_is_better=True) == "a"  # a tie: the first point
+    assert choose({"a": 1.0, "b": 1.0, "c": 1.0}, True, tiebreak={"a": None, "b": 300, "c": 200}) == "c"  # fewer steps
+    assert choose({"a": 1.0, "b": 1.0}, True, tiebreak={"a": 200, "b": 200}) == "a"
+
+
+def test_choose_counts_no_failed_point_nor_one_below_the_bar():
+    assert choose({"a": None, "b": math.nan, "c": 2.0}, higher_is_better=False) == "c"
+    assert choose({"a": 0.6, "b": 0.95}, True, bar=0.9) == "b"
+    assert choose({"a": 0.6, "b": 0.85}, True, bar=0.9) is None  # learned at no grid point: none chosen
+    assert choose({"a": None}, False) is None and choose({}, True) is None
+
+
+def test_a_scheme_that_learned_nowhere_gets_no_setting_and_says_so():
+    grid = [(("train.lr", 0.001),), (("train.lr", 0.01),)]
+    c = Choice("flipflop", "alibi", grid, {"train.lr=0.001": 0.7, "train.lr=0.01": 0.8}, {}, 0.9)
+    assert c.point is None and c.setting() == "none chosen: did not learn at any grid point"
+    c = Choice("flipflop", "alibi", grid, {"train.lr=0.001": 0.95, "train.lr=0.01": 0.8}, {}, 0.9)
+    assert c.point == (("train.lr", 0.001),) and c.setting() == "train.lr=0.001"
+    assert Choice(None, "rope", grid, {"train.lr=0.001": None, "train.lr=0.01": None}, {}, None).setting() == \
+        "none chosen: no grid point has a result"
+
+
+# ---------------------------------------------------------------- the grid
+
+
+def test_grid_points_per_scheme_and_at_point(tmp_path):
+    p = _preset(tmp_path, sweep={"grid": {"train.lr": LR, "model.n_head": [2, 4]}, "schemes": {"nope": {"train.lr": [5e-3]}}})
+    assert grid_points(p, "rope") == [(("train.lr", a), ("model.n_head", h)) for a in LR for h in (2, 4)]
+    assert grid_points(p, "nope") == [(("train.lr", 5e-3), ("model.n_head", 2)), (("train.lr", 5e-3), ("model.n_head", 4))]
+    q = at_point(p, grid_points(p, "rope")[3])
+    assert (q.train.lr, q.model.n_head, q.sweep) == (1e-2, 4, None) and p.model.n_head == 2
+    assert point_root(tmp_path, grid_points(p, "rope")[1]) == tmp_path / "sweep" / "train.lr=0.003,model.n_head=4"
+    assert grid_points(_preset(tmp_path), "rope") == [()] and point_root(tmp_path, ()) == tmp_path
+    run_fewer = _preset(tmp_path, schemes=["rope"], sweep={"grid": {"train.lr": LR}, "schemes": {"alibi": {"model.n_head": [4]}}})
+    assert grid_points(run_fewer, "rope") == [(("train.lr", a),) for a in LR]  # a scheme left out (--schemes): its grid unused
+
+
+@pytest.mark.parametrize("sweep, message", [
+    ({"grid": {"train.seed": [0, 1]}}, "'train.seed' cannot be swept"),
+    ({"grid": {"train.lr": [1e-3, 1e-3]}}, "each value once"),
+    ({"grid": {"train.lr": []}}, "each value once, at least one"),
+    ({"schemes": {"alibii": {"train.lr": [1e-3]}}}, "sweep.schemes names 'alibii', not a scheme"),
+    ({"schemes": {"rope": {"train.lr": [1e-3]}}}, "scheme 'nope' has no grid in the sweep"),
+    ({}, "scheme 'rope' has no grid in the sweep"),
+    ({"grid": {"model.n_head": [3]}}, "n_head|head"),
+    ({"grid": {"train.lr": [-1.0]}}, "grid point train.lr=-1.0: train.lr"),
+])
+def test_a_bad_grid_is_refused_before_any_work(tmp_path, sweep, message):
+    with pytest.raises(PosencError, match=message):
+        _preset(tmp_path, sweep=sweep)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def _id_acc(root, scheme, seed):
+    (r,) = [r for r in load(root / "results.jsonl") if isinstance(r, Task) and (r.scheme, r.seed) == (scheme, seed)]
+    return Scores(r.cells).acc("id", 16)[0]
+
+
+@pytest.mark.slow
+def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path):
+    preset = _preset(tmp_path, seeds=[0, 1], sweep={"grid": {"train.lr": LR}, "schemes": {"nope": {"train.steps": [2, 4]}}},
+                     train={"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2, "threads": 1,
+                            "until": {"at_least": 0.99, "every": 2, "answers": 40}})
+    report, failures = compare(preset, tmp_path / "runs", isolate=False)
+    assert not failures
+    root = tmp_path / "runs" / "tiny"
+    expected = {}
+    for scheme in preset.schemes:
+        grid = grid_points(preset, scheme)
+        accs = {point_label(p): _id_acc(point_root(root, p), scheme, 0) for p in grid}
+        best = max(accs.values())
+        expected[scheme] = next(p for p in grid if accs[point_label(p)] == best) if best >= 0.01 else None
+        for p in grid:  # seed 1 trained at the chosen point only
+            assert (point_root(root, p) / "flipflop" / scheme / "seed1").exists() == (p == expected[scheme])
+        if expected[scheme] is not None:
+            assert read_json(point_root(root, expected[scheme]) / "flipflop" / scheme / "seed1" / "config.json")["train"]["lr"] == \
+                dict(expected[scheme])["train.lr"]
+    chosen = [s for s in preset.schemes if expected[s] is not None]
+    assert chosen, "no scheme learned at the bar: the test's budget is too small"
+    merged = load(root / "results.jsonl")
+    assert sorted((r.scheme, r.seed) for r in merged) == sorted((s, k) for s in chosen for k in (0, 1))
+    for r in merged:  # the top-level records are the chosen point's
+        assert r.cells == next(x for x in load(point_root(root, expected[r.scheme]) / "results.jsonl")
+                               if isinstance(x, Task) and (x.scheme, x.seed) == (r.scheme, r.seed)).cells
+    text = report.read_text()
+    assert "## Sweep: each scheme at its best setting" in text and "### Sensitivity on flipflop" in text
+    for s in preset.schemes:
+        setting = point_label(expected[s]) if expected[s] else "none chosen: did not learn at any grid point"
+        assert f"| flipflop | {s} | {setting} |" in text
+    assert ("| scheme | train.lr=0.003 | train.lr=0.01 | train.lr=0.003,train.steps=2 | train.lr=0.003,train.steps=4 | "
+            "train.lr=0.01,train.steps=2 | train.lr=0.01,train.steps=4 |") in text
+    rows = (root / "sweep.csv").read_text().splitlines()
+    assert rows[0] == "task,scheme,setting,result,steps_to_criterion,chosen" and len(rows) == 1 + 2 + 4
+    assert sum(line.endswith(",1") for line in rows[1:]) == len(chosen) and (root / "sweep.png").exists()
+    n = {p: len(read_jsonl(p / "results.jsonl")) for p in root.glob("sweep/*")}
+    compare(preset, tmp_path / "runs", isolate=False)  # a rerun: nothing new, the same choice
+    assert {p: len(read_jsonl(p / "results.jsonl")) for p in root.glob("sweep/*")} == n
+    assert report.read_text() == text
+
+
+@pytest.mark.slow
+def test_a_text_sweep_chooses_by_validation_perplexity_at_the_training_length(tiny_corpus, tmp_path):
+    preset = load_preset("quick", {
+        "name": "textsweep", "schemes": ["rope"], "seeds": [0],
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+        "train": {"corpus": str(tiny_corpus), "steps": 4, "batch_size": 2, "ckpt_every": 2, "threads": 1},
+        "eval": {"multiples": [1, 2], "max_tokens": 64, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
+        "eval_schedules": [{"schedule": "yarn", "factor": 2}],
+        "sweep": {"grid": {"train.lr": [1e-4, 1e-2]}}})
+    report, failures = compare(preset, tmp_path / "runs", isolate=False)
+    root = tmp_path / "runs" / "textsweep"
+    ppl = {p: next(r.ppl for r in load(point_root(root, p) / "results.jsonl") if isinstance(r, Ppl) and r.eval_length == 16
+                   and r.scheme == "rope") for p in grid_points(preset, "rope")}
+    best = min(ppl, key=ppl.get)
+    merged = load(root / "results.jsonl")
+    assert not failures and sorted((r.scheme, r.eval_length) for r in merged) == [
+        ("rope", 16), ("rope", 32), ("rope+yarn(s=2)", 16), ("rope+yarn(s=2)", 32)]
+    assert merged == [r for r in load(point_root(root, best) / "results.jsonl")]  # the chosen point's rows, schedule rows too
+    assert [r.ppl for r in merged if (r.scheme, r.eval_length) == ("rope", 16)] == [ppl[best]]
+    assert f"| text | rope | {point_label(best)} | {ppl[best]:.3f} |" in report.read_text()
+
+
+# ---------------------------------------------------------------- a run of another budget is refused
+
+
+@pytest.mark.slow
+def test_a_run_trained_with_another_budget_is_refused_with_its_fields(tmp_path, capsys):
+    short = _preset(tmp_path, name="short", schemes=["rope"], train={"steps": 2, "batch_size": 4, "lr": 1e-2, "warmup": 1, "loss": "answers"})
+    compare(short, tmp_path / "runs", isolate=False)
+    full = _preset(tmp_path, name="full", schemes=["rope"])
+    dest = tmp_path / "runs" / "full" / "flipflop" / "rope" / "seed0"
+    shutil.copytree(tmp_path / "runs" / "short" / "flipflop" / "rope" / "seed0", dest)  # "a run directory of it can be copied in"
+    with pytest.raises(PosencError, match=r"seed0 was not trained with the settings of full's job flipflop rope \(seed 0\) "
+                                          r"\(training lr 0.01 -> 0.003; trained steps 2 -> 4\)"):
+        compare(full, tmp_path / "runs", isolate=False)
+    assert not (tmp_path / "runs" / "full" / "results.jsonl").exists() or not read_jsonl(tmp_path / "runs" / "full" / "results.jsonl")
+    capsys.readouterr()
+    assert main(["compare", "--preset", str(tmp_path / "full.yaml"), "--out", str(tmp_path / "runs"), "--no-isolate"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trained steps 2 -> 4" in err and "training lr 0.01 -> 0.003" in err
+    shutil.rmtree(dest)  # moved away: the job trains it itself
+    report, failures = compare(full, tmp_path / "runs", isolate=False)
+    assert not failures and read_json(dest / "train_summary.json")["steps"] == 4
+
+
+def test_until_on_a_text_preset_is_refused_at_load():
+    with pytest.raises(PosencError, match="train.until needs synthetic tasks"):
+        load_preset("quick", {"train": {"until": {"at_least": 0.9, "every": 10}}})
+
+
+def test_the_window_preset_no_longer_invites_copying_the_default_run():
+    from posenc.presets import SHIPPED
+
+    text = (SHIPPED / "window.yaml").read_text()
+    assert "can be copied in" not in text and "same model, seed and budget" not in text
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_before_its_other_seeds_resumes_them_only(tmp_path):
+    from posenc.records import write
+
+    preset = _preset(tmp_path, schemes=["rope"], seeds=[0, 1], sweep={"grid": {"train.lr": LR}})
+    compare(preset, tmp_path / "runs", isolate=False)
+    root = tmp_path / "runs" / "tiny"
+    (seed1,) = root.glob("sweep/*/flipflop/rope/seed1")
+    point = seed1.parents[2]
+    write(point / "results.jsonl", [r for r in load(point / "results.jsonl") if r.seed != 1])  # as if killed in stage 2
+    shutil.rmtree(seed1)
+    stamps = {p: p.stat().st_mtime_ns for p in root.glob("sweep/*/flipflop/rope/seed0/train_summary.json")}
+    report, failures = compare(preset, tmp_path / "runs", isolate=False)
+    assert not failures and (seed1 / "train_summary.json").exists()
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # the grid points were not retrained
+    assert sorted(r.seed for r in load(root / "results.jsonl")) == [0, 1]
