@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc import encodings, scoring
+from posenc import encodings, methods, scoring
 from posenc.encodings.base import Buffer, Dims, Encoding
 from posenc.layer import Attention, AttentionInputs, LayerCache
 from posenc.encodings.rotary import RoPE
@@ -112,6 +112,7 @@ class Cache:
         """Forget every position (the same number of layers, mode and capacity): ``LM.decode`` re-runs the
         prefix through it when a layer's frequencies change with the length."""
         self._tokens = Buffer(-1, self._capacity)
+        self.uncounted = 0  # positions fed but not kept in ``tokens`` (a bounded method: sinks)
         self.layers = [LayerCache(self._reference, self._capacity) for _ in range(self._n_layer)]
         self.length_keys: Optional[tuple] = None  # the layers' Encoding.length_key the cached inputs were computed under
 
@@ -121,7 +122,8 @@ class Cache:
 
     @property
     def length(self) -> int:
-        return self._tokens.length
+        """Positions fed so far (with a bounded method, more than the layers keep)."""
+        return self._tokens.length + self.uncounted
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` positions; PosencError if longer than the cache or a scheme cannot go back (PaTH)."""
@@ -275,7 +277,10 @@ class LM(nn.Module):
         x, _ = self._embed(tokens, pos)
         for block, layer in zip(self.blocks, cache.layers):
             x = block.decode(x, layer, pos, tokens)
-        cache._tokens.append(tokens)
+        if self.blocks[0].attn.method is not None and self.blocks[0].attn.method.bounded:
+            cache.uncounted += tokens.shape[1]  # the ids are not kept either: memory stays flat
+        else:
+            cache._tokens.append(tokens)
         return self.norm(x[:, -n:]) @ self.tok.weight.T
 
     def _length_keys(self, length: int) -> tuple:
@@ -378,6 +383,16 @@ def build_model(config: ModelConfig | dict) -> LM:
     except ValueError as exc:  # ModelConfig's checks
         raise PosencError(f"invalid model config: {exc}") from None
     return LM(cfg)
+
+
+def set_method(model: "LM", spec: Optional[str]) -> Optional[str]:
+    """Apply the inference method ``spec`` (``posenc.methods.parse``: ``self-extend:group=4,window=64``,
+    ``lm-infinite``, ``sinks:n_sink=4,window=60``) to every layer of ``model`` in place (None: none); returns its
+    full label (every parameter), or None. PosencError (one line) for a bad spec or a scheme it does not apply to."""
+    method = None if spec is None else methods.parse(spec, model.cfg.train_length)
+    for block in model.blocks:
+        block.attn.set_method(method)
+    return None if method is None else method.label()
 
 
 def is_rope(spec: str) -> bool:
