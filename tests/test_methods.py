@@ -163,3 +163,71 @@ def test_defaults_and_label():
     assert parse("sinks", 64).label() == "sinks:n_sink=4,window=60"
     assert parse("self-extend:group=8", 64).label() == "self-extend:group=8,window=32"
     assert parse("lm-infinite", 64).label() == "lm-infinite:n_global=10,window=64"
+
+
+def test_bad_values_are_checked_before_the_default_window():
+    with pytest.raises(PosencError, match="n_sink must be an integer >= 0, got 'x'"):
+        parse("sinks:n_sink=x", 64)
+    with pytest.raises(PosencError, match=r"window must be an integer >= 1, got 0 \(default: from the training length 64\)"):
+        parse("sinks:n_sink=64", 64)
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory):
+    """A 4-step RoPE run of the quick preset (train length 32)."""
+    from posenc.cli import main
+
+    run = tmp_path_factory.mktemp("rope") / "run"
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "4", "--out", str(run)]) == 0
+    return run
+
+
+def _cli(capsys, *argv):
+    from posenc.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_eval_records_the_method(rope_run, capsys):
+    from posenc.records import load
+
+    code, out, err = _cli(capsys, "eval", str(rope_run), "--multiples", "1", "4", "--max-tokens", "64",
+                          "--rope-schedule", "ntk", "--factor", "2", "--method", "self-extend:group=4")
+    assert code == 0 and "scheme: rope+ntk(s=2)+self-extend(group=4,window=16)" in out, err
+    rows = [r for r in load(rope_run / "eval.jsonl") if r.kind == "ppl"]
+    assert [(r.method, r.eval_length) for r in rows] == [("self-extend:group=4,window=16", 32), ("self-extend:group=4,window=16", 128)]
+    assert all(r.ppl > 1 for r in rows)
+
+
+def test_generate_with_sinks(rope_run, capsys):
+    code, out, err = _cli(capsys, "generate", str(rope_run), "--prompt", "To be", "--max-new-tokens", "80",
+                          "--method", "sinks:n_sink=4,window=12")
+    assert code == 0 and out.startswith("To be") and len(out) > len("To be") + 40, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "self-extend:grp=4"], "method 'self-extend': unknown parameter 'grp' (valid: group, window)"),
+    (["--method", "streaming"], "unknown method 'streaming' (methods: self-extend, lm-infinite, sinks)"),
+    (["--rope-schedule", "rerope", "--rerope-window", "8", "--method", "sinks"], "method sinks applies to rope (fixed-frequency schedules), alibi, t5 and kerple"),
+])
+def test_eval_bad_method_one_line_exit_2(rope_run, capsys, argv, message):
+    code, out, err = _cli(capsys, "eval", str(rope_run), "--multiples", "1", "--max-tokens", "64", *argv)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("posenc: error: ") and message in err, (out, err)
+
+
+def test_compare_evaluates_eval_methods_on_the_schemes_they_apply_to(tmp_path, capsys):
+    from posenc.records import load
+
+    preset = tmp_path / "methods.yaml"
+    preset.write_text("name: methods\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 16}\n"
+                      "train: {steps: 3, batch_size: 2, lr: 3.0e-3, warmup: 1, ckpt_every: 3}\n"
+                      "eval: {multiples: [1, 4], max_tokens: 64, passkey: {trials: 0}, far_mass: {multiples: []}}\n"
+                      "schemes: [nope, rope, alibi]\neval_methods: ['lm-infinite:n_global=2']\n")
+    code, out, err = _cli(capsys, "compare", "--preset", str(preset), "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    rows = {(r.scheme, r.method, r.eval_length) for r in load(tmp_path / "out" / "methods" / "results.jsonl") if r.kind == "ppl"}
+    method_rows = {r for r in rows if r[1] is not None}
+    label = "lm-infinite:n_global=2,window=16"
+    assert method_rows == {(f"{s}+lm-infinite(n_global=2,window=16)", label, L) for s in ("rope", "alibi") for L in (16, 64)}

@@ -40,7 +40,7 @@ from posenc.jobs import (
     LAUNCHERS, check_same_settings, done_cells, executor, one_line, record_run, run_inline, run_pool, run_submitit,
     scheme_modules,
 )
-from posenc.model import LM, is_rope, with_rope_schedule
+from posenc.model import LM, is_rope, set_method, with_rope_schedule
 from posenc.passkey import passkey_records
 from posenc.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, load
 from posenc.report import with_ratios, write_report
@@ -71,6 +71,32 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
                                                             preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset)))
                 except Exception as exc:  # one broken row must not lose the others
                     failures[f"{scheme}+{name} (seed {seed})"] = one_line(exc)
+    return failures
+
+
+def run_methods(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
+    """Evaluate every ``eval_methods`` entry on each trained scheme it applies to (``posenc.model.set_method``
+    refuses the others: no row for them); returns failures."""
+    failures = {}
+    for spec in preset.eval_methods:
+        for scheme in preset.schemes:
+            for seed in preset.seeds:
+                run_dir = run_root / scheme / f"seed{seed}"
+                if not is_trained(run_dir):
+                    continue
+                model = load_run(run_dir)[0]
+                try:
+                    method = set_method(model, spec)
+                except PosencError:  # not a scheme the method applies to
+                    continue
+                base = {"scheme": f"{scheme}+{method.describe()}", "seed": seed, "method": method.label()}
+                try:
+                    for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
+                        if (base["scheme"], seed, L) not in done_cells(results):
+                            append(results, evaluate_length(model, data.val_docs, L, base, preset.eval.max_tokens,
+                                                            preset.eval.batch_tokens, span=_span(preset)))
+                except Exception as exc:  # one broken row must not lose the others
+                    failures[f"{base['scheme']} (seed {seed})"] = one_line(exc)
     return failures
 
 
@@ -293,6 +319,7 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
             if error:
                 failed(scheme, seed, error)
     failures.update(run_schedules(run_root, preset, data, results))
+    failures.update(run_methods(run_root, preset, data, results))
     return write_report(run_root, _meta(preset, data), failures), failures
 
 

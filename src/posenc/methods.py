@@ -71,6 +71,10 @@ class Method:
         """The spec with every parameter, e.g. ``self-extend:group=4,window=64`` (recorded in eval records)."""
         return format_part(self.name, {k: getattr(self, k) for k in PARAMETERS[self.name]})
 
+    def describe(self) -> str:
+        """The row label's form, e.g. ``self-extend(group=4,window=64)`` (``rope+self-extend(...)`` in a report)."""
+        return f"{self.name}({','.join(f'{k}={getattr(self, k)}' for k in PARAMETERS[self.name])})"
+
     def far(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Whether (i, j) lies in the far region (bool, broadcast shape): i - j >= W for every method."""
         return i - j >= self.window
@@ -115,12 +119,13 @@ def parse(spec: str, train_length: int) -> Method:
     if unknown:
         raise PosencError(f"method {name!r}: unknown parameter {unknown[0]!r} (valid: {', '.join(PARAMETERS[name])})")
     p = {**PARAMETERS[name], **given}
-    if p["window"] is None:
-        p["window"] = {"self-extend": train_length // 2, "lm-infinite": train_length}.get(name, train_length - p.get("n_sink", 0))
-    for key, value in p.items():
+    for key in [k for k, v in p.items() if v is not None] + ["window"]:  # the default window after its inputs
+        if p[key] is None:
+            p["window"] = {"self-extend": train_length // 2, "lm-infinite": train_length}.get(name, train_length - p.get("n_sink", 0))
         low = 1 if key in ("group", "window") else 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise PosencError(f"method {name!r}: {key} must be an integer >= {low}, got {value!r}")
+        if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < low:
+            raise PosencError(f"method {name!r}: {key} must be an integer >= {low}, got {p[key]!r}"
+                              + (f" (default: from the training length {train_length})" if key not in given else ""))
     return Method(name, **p)
 
 

@@ -385,14 +385,18 @@ def build_model(config: ModelConfig | dict) -> LM:
     return LM(cfg)
 
 
-def set_method(model: "LM", spec: Optional[str]) -> Optional[str]:
+def set_method(model: "LM", spec: Optional[str]) -> Optional[methods.Method]:
     """Apply the inference method ``spec`` (``posenc.methods.parse``: ``self-extend:group=4,window=64``,
-    ``lm-infinite``, ``sinks:n_sink=4,window=60``) to every layer of ``model`` in place (None: none); returns its
-    full label (every parameter), or None. PosencError (one line) for a bad spec or a scheme it does not apply to."""
+    ``lm-infinite``, ``sinks:n_sink=4,window=60``) to every layer of ``model`` in place (None: none); returns the
+    Method (``label()``: its spec with every parameter), or None. PosencError (one line) for a bad spec or a
+    scheme it does not apply to (every layer is checked before any changes)."""
     method = None if spec is None else methods.parse(spec, model.cfg.train_length)
+    if method is not None:
+        for block in model.blocks:
+            methods.scheme_args(block.attn.enc, method, torch.zeros(1, 1, model.cfg.d_model))
     for block in model.blocks:
         block.attn.set_method(method)
-    return None if method is None else method.label()
+    return method
 
 
 def is_rope(spec: str) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 from posenc.commands import number_list
 from posenc.data import load_tokens
 from posenc.rope import NAMES, check_window
-from posenc.model import with_rope_schedule
+from posenc.model import set_method, with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
 from posenc.records import append
 from posenc.errors import PosencError
@@ -31,6 +31,9 @@ def add_parser(sub):
     g.add_argument("--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to the training length")
     g.add_argument("--long-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors past it")
     g.add_argument("--rope-param", nargs="+", default=[], metavar="KEY=VALUE", help="other schedule parameters, e.g. beta_fast=32 attention_factor=1.2 truncate=false")
+    m = p.add_argument_group("long-context methods (rope with fixed frequencies, alibi, t5, kerple; no retraining)")
+    m.add_argument("--method", metavar="SPEC", help="self-extend:group=G,window=W | lm-infinite:n_global=N,window=W | "
+                   "sinks:n_sink=N,window=W (defaults from the training length; with --rope-schedule, on top of it)")
     p.set_defaults(func=run)
 
 
@@ -83,24 +86,29 @@ def run(args) -> int:
     if args.rope_schedule:
         model, scheme = with_rope_schedule(model, args.rope_schedule, schedule_args(args))
         check_window(model.blocks[0].attn.enc.schedule_params, min(lengths))
+    method = set_method(model, args.method)
+    base = {"scheme": scheme}
+    if method is not None:
+        scheme = base["scheme"] = f"{scheme}+{method.describe()}"
+        base["method"] = method.label()
     corpus = args.corpus or tcfg.corpus
     data = load_tokens(corpus, tcfg.tokenizer)
     text = scored_text(data.val_docs, corpus, max(lengths), args.max_tokens)  # bad --max-tokens, short text: before any output
     print(f"scheme: {scheme}\n{text}")
-    base = None
+    ref = None
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
     for L in lengths:
-        rec = evaluate_length(model, data.val_docs, L, {"scheme": scheme}, args.max_tokens, span=max(lengths))
+        rec = evaluate_length(model, data.val_docs, L, base, args.max_tokens, span=max(lengths))
         append(Path(args.run_dir) / "eval.jsonl", rec)
         if rec.ppl is None:
             print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}")
             continue
-        base = base or (rec.ppl if L == mcfg.train_length else None)
-        ratio = f"{rec.ppl / base:7.3f}" if base else ""
+        ref = ref or (rec.ppl if L == mcfg.train_length else None)
+        ratio = f"{rec.ppl / ref:7.3f}" if ref else ""
         print(f"{L:>8} {rec.windows:>8} {rec.scored_tokens:>8} {rec.ppl:>10.3f} {ratio}")
     if args.passkey:
         print(f"passkey ({args.passkey}):\n{'length':>8} {'depth':>6} {'accuracy':>9}")
-        run = {"scheme": scheme, "train_length": mcfg.train_length}
+        run = {**base, "train_length": mcfg.train_length}
         for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey), run):
             append(Path(args.run_dir) / "eval.jsonl", rec)
             acc = rec.note if rec.accuracy is None else f"{rec.correct}/{rec.trials}"
