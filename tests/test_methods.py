@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posenc.errors import PosencError
-from posenc.methods import Method, method_attention, naive_method_attention, parse, relative_positions, scheme_args
+from posenc.methods import Method, block_keys, method_attention, naive_method_attention, parse, relative_positions, scheme_args
 from posenc.model import Cache, LM, ModelConfig, set_method
 from posenc.rope import rope_inv_freq
 
@@ -231,3 +231,16 @@ def test_compare_evaluates_eval_methods_on_the_schemes_they_apply_to(tmp_path, c
     method_rows = {r for r in rows if r[1] is not None}
     label = "lm-infinite:n_global=2,window=16"
     assert method_rows == {(f"{s}+lm-infinite(n_global=2,window=16)", label, L) for s in ("rope", "alibi") for L in (16, 64)}
+
+
+def test_block_keys_cover_every_visible_key_and_skip_the_hidden_middle():
+    k_pos = torch.arange(100)
+    for method in METHODS:
+        for lo in range(0, 100, 7):
+            hi = min(lo + 6, 99)
+            keys = set(block_keys(method, k_pos, lo, hi).tolist())
+            i = torch.arange(lo, hi + 1)[:, None]
+            seen = set(torch.nonzero(method.visible(i, k_pos[None, :]).any(0)).flatten().tolist())
+            assert seen <= keys and keys <= set(range(hi + 1))
+            if method.name != "self-extend" and lo > 20:
+                assert len(keys) <= (method.n_global or method.n_sink) + method.window + 6

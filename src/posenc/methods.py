@@ -183,7 +183,7 @@ def method_attention(
     ``pairing``): near scores <R(i) q, R(j) k>, far ones <R(q_far(i)) q, R(k_far(j)) k>. A distance-only
     bias (``bias_of``: the scheme's BiasFn builder, see ``distance_table``): its value at d(i, j). scale:
     multiplies q.k (default 1/sqrt(D)). At most H x block x Tk scores exist at once (two tiles for RoPE),
-    never Tq x Tk. Returns (B, H, Tq, Dv) in v's dtype; differentiable (autograd). Reference:
+    never Tq x Tk; under a Lambda mask only the keys the block may see (``block_keys``). Returns (B, H, Tq, Dv) in v's dtype; differentiable (autograd). Reference:
     ``naive_method_attention`` (tested: values and gradients).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -194,21 +194,36 @@ def method_attention(
     if bias_of is not None:  # q_far, k_far grow with i, j: the largest far distance is at the corner
         reach = max(method.window, int(method.q_far(q_pos.max()) - method.k_far(k_pos.min())))
         table = distance_table(bias_of, reach + 1, q.device)
-    j, out = k_pos[None, :], []
+    out = []
     for a in range(0, q.shape[-2], block_size):
         b, i = a + block_size, q_pos[a : a + block_size, None]
+        keys = block_keys(method, k_pos, int(i.min()), int(i.max()))
+        j = k_pos[None, keys]
         far = method.far(i, j)
         if inv_freq is not None:
-            s = torch.where(far, q_far[..., a:b, :] @ k_far.transpose(-1, -2), q_near[..., a:b, :] @ k_near.transpose(-1, -2))
+            s = torch.where(far, q_far[..., a:b, :] @ k_far[..., keys, :].transpose(-1, -2),
+                            q_near[..., a:b, :] @ k_near[..., keys, :].transpose(-1, -2))
         else:
-            s = q[..., a:b, :] @ k.transpose(-1, -2)
+            s = q[..., a:b, :] @ k[..., keys, :].transpose(-1, -2)
         s = s * scale
         if table is not None:
             d = method.distance(i, j).clamp(min=0)  # hidden pairs may fall below 0
             s = s + table[..., d].to(s.dtype)
         s = s.masked_fill(~method.visible(i, j), -math.inf)
-        out.append(torch.softmax(s, -1) @ v.to(s.dtype))
+        out.append(torch.softmax(s, -1) @ v[..., keys, :].to(s.dtype))
     return torch.cat(out, dim=-2).to(v.dtype)
+
+
+def block_keys(method: Method, k_pos: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Indices (int64) of the keys some query of positions [lo, hi] may see, k_pos (Tk,) ascending: those up to
+    hi, and for LM-Infinite and sinks only the first tokens and those from lo - W + 1 on (the Lambda mask), so a
+    block costs O(block x (n_first + W + block)), not O(block x T)."""
+    end = int(torch.searchsorted(k_pos, hi, right=True))
+    if method.name == "self-extend":
+        return torch.arange(end, device=k_pos.device)
+    first = int(torch.searchsorted(k_pos, method.n_global if method.name == "lm-infinite" else method.n_sink))
+    start = max(first, int(torch.searchsorted(k_pos, lo - method.window + 1)))
+    return torch.cat((torch.arange(min(first, end), device=k_pos.device), torch.arange(start, end, device=k_pos.device)))
 
 
 def naive_method_attention(q, k, v, q_pos, k_pos, method, *, inv_freq=None, pairing="half", bias_of=None, scale=None):
