@@ -244,3 +244,39 @@ def test_block_keys_cover_every_visible_key_and_skip_the_hidden_middle():
             assert seen <= keys and keys <= set(range(hi + 1))
             if method.name != "self-extend" and lo > 20:
                 assert len(keys) <= (method.n_global or method.n_sink) + method.window + 6
+
+
+def test_streaming_nll_equals_the_parallel_streaming_definition_with_flat_memory():
+    model = _model("rope")
+    set_method(model, "sinks:n_sink=2,window=6")
+    text = torch.randint(0, 32, (200,), generator=torch.Generator().manual_seed(3))
+    nll, peak = model.streaming_nll(text, chunk=5)
+    with torch.no_grad():
+        ref = model.token_nll(text[None, :-1], text[None, 1:])[0]
+    torch.testing.assert_close(nll, ref.to(nll.dtype))
+    _, peak_long = model.streaming_nll(torch.cat((text, text, text)), chunk=5)
+    assert peak_long == peak  # three times the text, the same cache
+
+
+def test_streaming_nll_needs_sinks():
+    model = _model("rope")
+    with pytest.raises(PosencError, match="needs a bounded cache"):
+        model.streaming_nll(torch.arange(10))
+    set_method(model, "lm-infinite")
+    with pytest.raises(PosencError, match="needs a bounded cache"):
+        model.streaming_nll(torch.arange(10))
+
+
+def test_eval_stream_records_one_row_with_flat_cache(rope_run, capsys):
+    from posenc.records import load
+
+    sizes = []
+    for n in (600, 1800):
+        code, out, err = _cli(capsys, "eval", str(rope_run), "--method", "sinks:n_sink=2,window=14", "--stream", str(n))
+        assert code == 0 and "scheme: rope+sinks(n_sink=2,window=14) streamed" in out, err
+        rec = [r for r in load(rope_run / "eval.jsonl") if r.kind == "ppl"][-1]
+        assert (rec.eval_length, rec.scored_tokens, rec.method, len(rec.bucket_ppl)) == (n, n, "sinks:n_sink=2,window=14", 8)
+        sizes.append(rec.note)
+    assert sizes[0] == sizes[1]  # the same peak cache for three times the text
+    code, _, err = _cli(capsys, "eval", str(rope_run), "--stream", "100")
+    assert code == 2 and "needs a bounded cache" in err

@@ -335,6 +335,33 @@ class LM(nn.Module):
         result = torch.cat(out, dim=1)
         return result[0] if flat else result
 
+    @torch.no_grad()
+    def streaming_nll(self, text: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, int]:
+        """Next-token NLL (nats) of one long text streamed through the bounded cache ``chunk`` tokens at a time.
+
+        text: (T,) int64, T >= 2; needs a bounded method (``set_method(model, "sinks:...")``): the cache holds
+        n_sink + window keys per layer (plus one chunk while it is scored), so memory stays flat however long the
+        text. Returns ((T-1,) float32, entry t predicting text[t + 1]; the largest ``Cache.nbytes`` seen). Equals
+        ``token_nll`` of the parallel forward under the method (tested: the streaming definition). Raises
+        PosencError without a bounded method, for chunk < 1 or a text of fewer than 2 tokens.
+        """
+        method = self.blocks[0].attn.method
+        if method is None or not method.bounded:
+            raise PosencError("a streaming perplexity needs a bounded cache: apply a sinks method first (--method sinks:...)")
+        if chunk < 1 or text.dim() != 1 or text.shape[0] < 2:
+            raise PosencError(f"streaming needs chunk >= 1 and a text of >= 2 tokens, got chunk {chunk}, shape {tuple(text.shape)}")
+        was_training, cache, out, peak = self.training, Cache(len(self.blocks)), [], 0
+        self.eval()
+        try:
+            for s in range(0, text.shape[0] - 1, chunk):
+                ids = text[None, s : min(s + chunk, text.shape[0] - 1)]
+                logits = self.decode(ids, cache)[0].float()
+                out.append(F.cross_entropy(logits, text[s + 1 : s + 1 + ids.shape[1]], reduction="none"))
+                peak = max(peak, cache.nbytes())
+        finally:
+            self.train(was_training)
+        return torch.cat(out), peak
+
     def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
         """Per-token negative log-likelihood (nats), (B, T) float32 (``posenc.scoring.token_nll``): tokens, targets
         (B, T) int64. Raises PosencError for a bad shape or ids outside the vocabulary."""

@@ -1,14 +1,19 @@
 """`posenc eval RUN_DIR`: perplexity against evaluation length for one trained run."""
 
 import argparse
+import math
+import time
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from posenc.commands import number_list
 from posenc.data import load_tokens
 from posenc.rope import NAMES, check_window
 from posenc.model import set_method, with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
-from posenc.records import append
+from posenc.records import Ppl, append
 from posenc.errors import PosencError
 from posenc.compare import evaluate_length
 from posenc.scoring import eval_lengths, plan
@@ -34,6 +39,9 @@ def add_parser(sub):
     m = p.add_argument_group("long-context methods (rope with fixed frequencies, alibi, t5, kerple; no retraining)")
     m.add_argument("--method", metavar="SPEC", help="self-extend:group=G,window=W | lm-infinite:n_global=N,window=W | "
                    "sinks:n_sink=N,window=W (defaults from the training length; with --rope-schedule, on top of it)")
+    m.add_argument("--stream", type=int, metavar="TOKENS", help="with --method sinks: instead of the lengths, the perplexity of "
+                   "the first TOKENS targets of the held-out documents (joined in order) streamed through the bounded cache, "
+                   "per eighth of the text, and the cache's peak size")
     p.set_defaults(func=run)
 
 
@@ -94,6 +102,8 @@ def run(args) -> int:
     corpus = args.corpus or tcfg.corpus
     data = load_tokens(corpus, tcfg.tokenizer)
     text = scored_text(data.val_docs, corpus, max(lengths), args.max_tokens)  # bad --max-tokens, short text: before any output
+    if args.stream is not None:
+        return stream(args, model, data, base, corpus)
     print(f"scheme: {scheme}\n{text}")
     ref = None
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
@@ -113,4 +123,28 @@ def run(args) -> int:
             append(Path(args.run_dir) / "eval.jsonl", rec)
             acc = rec.note if rec.accuracy is None else f"{rec.correct}/{rec.trials}"
             print(f"{rec.length:>8} {rec.depth:>6g} {acc:>9}")
+    return 0
+
+
+def stream(args, model, data, base: dict, corpus: str) -> int:
+    """``--stream``: one long text through the bounded cache (``LM.streaming_nll``), one Ppl record (scheme label
+    ``... streamed``, ``eval_length`` the scored targets, eight position buckets, the peak cache in ``note``)."""
+    if args.stream < 1:
+        raise PosencError(f"--stream takes the number of targets to score (>= 1), got {args.stream}")
+    joined = np.concatenate([ids for _, ids in data.val_docs])[: args.stream + 1]
+    text = torch.as_tensor(joined.astype("int64"), device=next(model.parameters()).device)
+    t0 = time.time()
+    nll, peak = model.streaming_nll(text)
+    n = nll.shape[0]
+    edges = sorted({round(n * b / 8) for b in range(9)})
+    buckets = [math.exp(float(nll[a:b].double().mean())) for a, b in zip(edges, edges[1:])]
+    note = f"streamed through the bounded cache: peak {peak} bytes" + (f"; the held-out text has only {n} targets" if n < args.stream else "")
+    rec = Ppl(**{**base, "scheme": base["scheme"] + " streamed"}, train_length=model.cfg.train_length, eval_length=n, windows=1,
+              scored_tokens=n, nll=float(nll.double().sum()), ppl=math.exp(float(nll.double().mean())), bucket_edges=edges,
+              bucket_ppl=buckets, note=note, seconds=time.time() - t0)
+    append(Path(args.run_dir) / "eval.jsonl", rec)
+    print(f"scheme: {rec.scheme}\ntext: the first {n} targets of the held-out documents of {corpus}, joined in order\n"
+          f"ppl {rec.ppl:.3f}; peak cache {peak} bytes\n{'targets':>16} {'ppl':>10}")
+    for a, b, p in zip(edges, edges[1:], buckets):
+        print(f"{f'{a}-{b}':>16} {p:>10.3f}")
     return 0
