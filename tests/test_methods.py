@@ -280,3 +280,25 @@ def test_eval_stream_records_one_row_with_flat_cache(rope_run, capsys):
     assert sizes[0] == sizes[1]  # the same peak cache for three times the text
     code, _, err = _cli(capsys, "eval", str(rope_run), "--stream", "100")
     assert code == 2 and "needs a bounded cache" in err
+
+
+@pytest.mark.parametrize("encoding", ["rope", "rope:pairing=adjacent,rotary_fraction=0.5", "alibi", "t5", "kerple"])
+@pytest.mark.parametrize("spec", ["self-extend:group=3,window=40", "lm-infinite:n_global=1,window=40", "sinks:n_sink=1,window=40"])
+def test_a_window_past_the_text_is_the_plain_model(encoding, spec):
+    """With W >= T every map is i - j and every key visible: the method's path equals the core's own forward."""
+    model = _model(encoding, n_kv_head=1)
+    tokens = torch.randint(0, 32, (2, 21), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        plain = model(tokens)
+        set_method(model, spec)
+        torch.testing.assert_close(model(tokens), plain)
+
+
+def test_grouped_query_decoding_with_a_method():
+    model = _model("rope", n_kv_head=1)
+    set_method(model, "self-extend:group=2,window=4")
+    tokens = torch.randint(0, 32, (1, 15), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        full, cache = model(tokens), Cache(2)
+        steps = [model.decode(tokens[:, t : t + 1], cache) for t in range(15)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
