@@ -302,3 +302,13 @@ def test_grouped_query_decoding_with_a_method():
         full, cache = model(tokens), Cache(2)
         steps = [model.decode(tokens[:, t : t + 1], cache) for t in range(15)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_a_bounded_cache_refuses_crop():
+    model = _model("rope")
+    set_method(model, "sinks:n_sink=1,window=3")
+    cache = Cache(2)
+    with torch.no_grad():
+        model.decode(torch.arange(10)[None], cache)
+    with pytest.raises(PosencError, match="cannot be cropped"):
+        cache.crop(5)

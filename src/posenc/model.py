@@ -126,7 +126,10 @@ class Cache:
         return self._tokens.length + self.uncounted
 
     def crop(self, length: int) -> None:
-        """Keep the first ``length`` positions; PosencError if longer than the cache or a scheme cannot go back (PaTH)."""
+        """Keep the first ``length`` positions; PosencError if longer than the cache or a scheme cannot go back (PaTH),
+        or the cache is bounded (sinks: the evicted positions are gone)."""
+        if self.uncounted:
+            raise PosencError("a bounded cache (sinks) cannot be cropped: the evicted positions are gone")
         for layer in self.layers:
             layer.crop(length)
         self._tokens.crop(length)
