@@ -276,6 +276,7 @@ def test_eval_stream_records_one_row_with_flat_cache(rope_run, capsys):
         assert code == 0 and "scheme: rope+sinks(n_sink=2,window=14) streamed" in out, err
         rec = [r for r in load(rope_run / "eval.jsonl") if r.kind == "ppl"][-1]
         assert (rec.eval_length, rec.scored_tokens, rec.method, len(rec.bucket_ppl)) == (n, n, "sinks:n_sink=2,window=14", 8)
+        assert (rope_run / "stream_sinks_n_sink=2_window=14.png").stat().st_size > 0
         sizes.append(rec.note)
     assert sizes[0] == sizes[1]  # the same peak cache for three times the text
     code, _, err = _cli(capsys, "eval", str(rope_run), "--stream", "100")
