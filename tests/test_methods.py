@@ -313,3 +313,10 @@ def test_a_bounded_cache_refuses_crop():
         model.decode(torch.arange(10)[None], cache)
     with pytest.raises(PosencError, match="cannot be cropped"):
         cache.crop(5)
+
+
+@pytest.mark.parametrize("G, W, T", [(2, 4, 8), (4, 16, 100), (3, 7, 50)])
+def test_self_extend_largest_position(G, W, T):
+    """The largest relative position over T tokens is (T - 1) // G + W - W // G (the key j = 0)."""
+    d, _ = relative_positions(Method("self-extend", window=W, group=G), torch.arange(T)[:, None], torch.arange(T)[None, :])
+    assert int(d.max()) == (T - 1) // G + W - W // G
