@@ -4,7 +4,7 @@ pydantic, matplotlib, transformers or ``posenc.theory``; ``posenc.theory`` sits 
 never on the apps.
 
 Layers, bottom up (README, "Layout"):
-- core: errors, attention, scoring, layer, model, encodings/*, rope/*, and the package ``posenc`` itself (lazy: PEP 562).
+- core: errors, attention, methods, scoring, layer, model, encodings/*, rope/*, and the package ``posenc`` itself (lazy: PEP 562).
 - theory: theory/*, on the core and on checkpoint, presets, reporting.
 - apps: every other module, on anything below (no cycles: tests/test_imports.py).
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-CORE = ("posenc.errors", "posenc.attention", "posenc.scoring", "posenc.layer", "posenc.model", "posenc.encodings", "posenc.rope")
+CORE = ("posenc.errors", "posenc.attention", "posenc.methods", "posenc.scoring", "posenc.layer", "posenc.model", "posenc.encodings", "posenc.rope")
 THEORY_HELPERS = ("posenc.checkpoint", "posenc.presets", "posenc.reporting")
 CORE_EXTERNAL = {"torch", "numpy"}
 CORE_LAZY_EXTERNAL = {"fla"}  # flash-linear-attention's PaTH kernel: imported inside the CUDA path only (householder.py)

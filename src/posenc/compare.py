@@ -43,7 +43,7 @@ from posenc.jobs import (
     LAUNCHERS, check_same_settings, done_cells, executor, one_line, record_run, run_inline, run_pool, run_submitit,
     scheme_modules,
 )
-from posenc.model import LM, is_rope, with_rope_schedule
+from posenc.model import LM, is_rope, set_method, with_rope_schedule
 from posenc.passkey import passkey_records
 from posenc.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, load
 from posenc.report import with_ratios, write_report
@@ -78,6 +78,32 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
                                                             preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset)))
                 except Exception as exc:  # one broken row must not lose the others
                     failures[f"{scheme}+{name} (seed {seed})"] = one_line(exc)
+    return failures
+
+
+def run_methods(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
+    """Evaluate every ``eval_methods`` entry on each trained scheme it applies to (``posenc.model.set_method``
+    refuses the others: no row for them); returns failures."""
+    failures = {}
+    for spec in preset.eval_methods:
+        for scheme in preset.schemes:
+            for seed in preset.seeds:
+                run_dir = run_root / scheme / f"seed{seed}"
+                if not is_trained(run_dir):
+                    continue
+                model = load_run(run_dir)[0]
+                try:
+                    method = set_method(model, spec)
+                except PosencError:  # not a scheme the method applies to
+                    continue
+                base = {"scheme": f"{scheme}+{method.describe()}", "seed": seed, "method": method.label()}
+                try:
+                    for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
+                        if (base["scheme"], seed, L) not in done_cells(results):
+                            append(results, evaluate_length(model, data.val_docs, L, base, preset.eval.max_tokens,
+                                                            preset.eval.batch_tokens, span=_span(preset)))
+                except Exception as exc:  # one broken row must not lose the others
+                    failures[f"{base['scheme']} (seed {seed})"] = one_line(exc)
     return failures
 
 
@@ -349,10 +375,12 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     n_pending += run(final)
     if not n_pending:
         _all_done(run_root, len(final))
-    for p in points if not tasks else []:  # the RoPE schedule rows of the schemes reported at each point
+    for p in points if not tasks else []:  # the RoPE schedule and method rows of the schemes reported at each point
         at = list(dict.fromkeys(j.scheme for j in final if j.point == p))
-        failures.update(run_schedules(point_root(run_root, p), at_point(preset, p).model_copy(update={"schemes": at}), data,
-                                      point_root(run_root, p) / "results.jsonl"))
+        args = (point_root(run_root, p), at_point(preset, p).model_copy(update={"schemes": at}), data,
+                point_root(run_root, p) / "results.jsonl")
+        failures.update(run_schedules(*args))
+        failures.update(run_methods(*args))
     sweep_lines = []
     if swept:
         merge_chosen(run_root, chosen, preset.schemes)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from posenc.diagnose import FarMassConfig
 from posenc.rope import check_window, schedule_params
+from posenc import methods
 from posenc.errors import PosencError
 from posenc.model import ModelConfig
 from posenc.passkey import PasskeyConfig
@@ -115,6 +116,9 @@ class Preset(BaseModel):
     # RoPE context-extension rows evaluated after the plain rows on every trained RoPE
     # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.rope)
     eval_schedules: list[dict[str, Any]] = []
+    # long-context methods (posenc.methods) evaluated after them on every trained scheme they apply to
+    # (rope with fixed frequencies, alibi, t5, kerple), e.g. "self-extend:group=4" -> row "rope+self-extend(group=4,window=64)"
+    eval_methods: list[str] = []
     # synthetic tasks (posenc.tasks): each scheme trains and is scored on each; a task corpus in
     # train.corpus alone means tasks: [that corpus]
     tasks: list[str] = []
@@ -164,6 +168,8 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
         dataclasses.replace(preset.model, encoding=s).check_encoding()
     for spec in preset.eval_schedules:
         schedule_spec(spec, preset)
+    for spec in preset.eval_methods:
+        methods.parse(spec, preset.model.train_length)
     for spec in task_specs(preset):
         get_task(spec).check_length(preset.model.train_length)
     if preset.tasks and is_task(preset.train.corpus):

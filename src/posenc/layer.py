@@ -21,6 +21,7 @@ from posenc import encodings
 from posenc.attention import attention, cos_sin, rotate_rows, rotation_dtype
 from posenc.encodings.base import BiasFn, Buffer, Dims, Encoding, Inputs
 from posenc.errors import PosencError
+from posenc.methods import Method, method_attention, scheme_args
 
 
 @dataclasses.dataclass
@@ -259,6 +260,7 @@ class Attention(nn.Module):
         dims = Dims(n_head, self.head_dim, d_model, vocab_size, train_length, layer_index)
         self.enc = encodings.get(scheme, dims) if isinstance(scheme, str) else scheme
         _check_scheme(self.enc)
+        self.method: Optional[Method] = None  # an inference method (posenc.methods; set_method): attention under its map
 
     @classmethod
     def from_config(cls, cfg, layer_index: int) -> "Attention":
@@ -289,9 +291,21 @@ class Attention(nn.Module):
         p = _prepare(self.enc, Inputs(x, pos, tokens))
         return AttentionInputs(**vars(p), q=q, k=repeat_kv(k, self.n_head), v=repeat_kv(v, self.n_head))
 
+    def set_method(self, method: Optional[Method]) -> None:
+        """Attend under an inference method (``posenc.methods``) from now on, None to stop; PosencError (one line)
+        for a scheme the method does not apply to (``posenc.methods.scheme_args``)."""
+        if method is not None:
+            scheme_args(self.enc, method, torch.zeros(1, 1, self.d_model))
+        self.method = method
+
     def output(self, a: AttentionInputs) -> torch.Tensor:
         """Attention of captured inputs, projected: (B, Tq, d_model)."""
-        out = attend(a.q, a.k, a.v, a, self.block)
+        if self.method is not None:
+            pos = a.inp.pos
+            out = method_attention(a.q, a.k, a.v, pos[pos.shape[0] - a.q.shape[-2]:], pos, self.method,
+                                   block_size=self.block, **scheme_args(self.enc, self.method, a.inp.x))
+        else:
+            out = attend(a.q, a.k, a.v, a, self.block)
         B, _, T, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(B, T, -1))
 
@@ -326,6 +340,8 @@ class Attention(nn.Module):
             cache.batch, cache.has_tokens = x.shape[0], tokens is not None
             cache.state = None if cache.reference else self.enc.decoder()
             cache.reference = cache.state is None
+        if self.method is not None:
+            return self._decode_method(x, cache, positions)
         pos = _positions(positions, x.shape[1], cache.length, x.device)
         q, k, v = self.project(x)
         if cache.reference:
@@ -340,6 +356,24 @@ class Attention(nn.Module):
             out = state.attend(q, k, v, inp, every, bias, cache._k, cache._v)
         else:
             out = self._attend_cached(q, k, v, phi, bias, cache)
+        B, _, n, _ = out.shape
+        return self.proj(out.transpose(1, 2).reshape(B, n, -1))
+
+    def _decode_method(self, x, cache: LayerCache, positions) -> torch.Tensor:
+        """Decoding under ``self.method``: unrotated keys and values cached with their positions, the new rows
+        through ``method_attention`` (equal to the parallel forward); a bounded method (sinks) then evicts every
+        key but the n_sink first and the W last, so the cache stays at n_sink + W rows."""
+        last = cache.pos
+        pos = _positions(positions, x.shape[1], 0 if last is None else int(last[-1]) + 1, x.device)
+        q, k, v = self.project(x)
+        every, keys, values = cache._pos.append(pos), cache._k.append(k), cache._v.append(v)
+        out = method_attention(q, repeat_kv(keys, self.n_head), repeat_kv(values, self.n_head), pos, every, self.method,
+                               block_size=self.block, **scheme_args(self.enc, self.method, x))
+        m = self.method
+        if m.bounded and cache.length > m.kept:
+            stop = cache.length - m.window
+            for buf in (cache._pos, cache._k, cache._v):
+                buf.drop(m.n_sink, stop)
         B, _, n, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(B, n, -1))
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc import encodings, scoring
+from posenc import encodings, methods, scoring
 from posenc.encodings.base import Buffer, Dims, Encoding
 from posenc.layer import Attention, AttentionInputs, LayerCache
 from posenc.encodings.rotary import RoPE
@@ -112,6 +112,7 @@ class Cache:
         """Forget every position (the same number of layers, mode and capacity): ``LM.decode`` re-runs the
         prefix through it when a layer's frequencies change with the length."""
         self._tokens = Buffer(-1, self._capacity)
+        self.uncounted = 0  # positions fed but not kept in ``tokens`` (a bounded method: sinks)
         self.layers = [LayerCache(self._reference, self._capacity) for _ in range(self._n_layer)]
         self.length_keys: Optional[tuple] = None  # the layers' Encoding.length_key the cached inputs were computed under
 
@@ -121,10 +122,14 @@ class Cache:
 
     @property
     def length(self) -> int:
-        return self._tokens.length
+        """Positions fed so far (with a bounded method, more than the layers keep)."""
+        return self._tokens.length + self.uncounted
 
     def crop(self, length: int) -> None:
-        """Keep the first ``length`` positions; PosencError if longer than the cache or a scheme cannot go back (PaTH)."""
+        """Keep the first ``length`` positions; PosencError if longer than the cache or a scheme cannot go back (PaTH),
+        or the cache is bounded (sinks: the evicted positions are gone)."""
+        if self.uncounted:
+            raise PosencError("a bounded cache (sinks) cannot be cropped: the evicted positions are gone")
         for layer in self.layers:
             layer.crop(length)
         self._tokens.crop(length)
@@ -275,7 +280,10 @@ class LM(nn.Module):
         x, _ = self._embed(tokens, pos)
         for block, layer in zip(self.blocks, cache.layers):
             x = block.decode(x, layer, pos, tokens)
-        cache._tokens.append(tokens)
+        if self.blocks[0].attn.method is not None and self.blocks[0].attn.method.bounded:
+            cache.uncounted += tokens.shape[1]  # the ids are not kept either: memory stays flat
+        else:
+            cache._tokens.append(tokens)
         return self.norm(x[:, -n:]) @ self.tok.weight.T
 
     def _length_keys(self, length: int) -> tuple:
@@ -330,6 +338,33 @@ class LM(nn.Module):
         result = torch.cat(out, dim=1)
         return result[0] if flat else result
 
+    @torch.no_grad()
+    def streaming_nll(self, text: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, int]:
+        """Next-token NLL (nats) of one long text streamed through the bounded cache ``chunk`` tokens at a time.
+
+        text: (T,) int64, T >= 2; needs a bounded method (``set_method(model, "sinks:...")``): the cache holds
+        n_sink + window keys per layer (plus one chunk while it is scored), so memory stays flat however long the
+        text. Returns ((T-1,) float32, entry t predicting text[t + 1]; the largest ``Cache.nbytes`` seen). Equals
+        ``token_nll`` of the parallel forward under the method (tested: the streaming definition). Raises
+        PosencError without a bounded method, for chunk < 1 or a text of fewer than 2 tokens.
+        """
+        method = self.blocks[0].attn.method
+        if method is None or not method.bounded:
+            raise PosencError("a streaming perplexity needs a bounded cache: apply a sinks method first (--method sinks:...)")
+        if chunk < 1 or text.dim() != 1 or text.shape[0] < 2:
+            raise PosencError(f"streaming needs chunk >= 1 and a text of >= 2 tokens, got chunk {chunk}, shape {tuple(text.shape)}")
+        was_training, cache, out, peak = self.training, Cache(len(self.blocks)), [], 0
+        self.eval()
+        try:
+            for s in range(0, text.shape[0] - 1, chunk):
+                ids = text[None, s : min(s + chunk, text.shape[0] - 1)]
+                logits = self.decode(ids, cache)[0].float()
+                out.append(F.cross_entropy(logits, text[s + 1 : s + 1 + ids.shape[1]], reduction="none"))
+                peak = max(peak, cache.nbytes())
+        finally:
+            self.train(was_training)
+        return torch.cat(out), peak
+
     def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
         """Per-token negative log-likelihood (nats), (B, T) float32 (``posenc.scoring.token_nll``): tokens, targets
         (B, T) int64. Raises PosencError for a bad shape or ids outside the vocabulary."""
@@ -378,6 +413,20 @@ def build_model(config: ModelConfig | dict) -> LM:
     except ValueError as exc:  # ModelConfig's checks
         raise PosencError(f"invalid model config: {exc}") from None
     return LM(cfg)
+
+
+def set_method(model: "LM", spec: Optional[str]) -> Optional[methods.Method]:
+    """Apply the inference method ``spec`` (``posenc.methods.parse``: ``self-extend:group=4,window=64``,
+    ``lm-infinite``, ``sinks:n_sink=4,window=60``) to every layer of ``model`` in place (None: none); returns the
+    Method (``label()``: its spec with every parameter), or None. PosencError (one line) for a bad spec or a
+    scheme it does not apply to (every layer is checked before any changes)."""
+    method = None if spec is None else methods.parse(spec, model.cfg.train_length)
+    if method is not None:
+        for block in model.blocks:
+            methods.scheme_args(block.attn.enc, method, torch.zeros(1, 1, model.cfg.d_model))
+    for block in model.blocks:
+        block.attn.set_method(method)
+    return method
 
 
 def is_rope(spec: str) -> bool:

@@ -57,6 +57,7 @@ class Ppl(Record):
     seed: Optional[int] = None  # posenc eval: the run's own
     train_length: int
     eval_length: int
+    method: Optional[str] = None  # an inference method's full spec (posenc.methods), e.g. self-extend:group=4,window=64
     windows: Optional[int] = None
     scored_tokens: Optional[int] = None
     nll: Optional[float] = None  # summed over the scored tokens, nats
@@ -73,6 +74,7 @@ class PasskeyCell(Record):
 
     kind: Literal["passkey"] = "passkey"
     scheme: str
+    method: Optional[str] = None  # as Ppl.method
     seed: Optional[int] = None
     train_length: Optional[int] = None
     length: int  # prompt tokens

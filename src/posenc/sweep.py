@@ -158,7 +158,7 @@ def write_sensitivity(run_root: Path, chosen: list[Choice], seed: int, bar: Opti
 
 def merge_chosen(run_root: Path, chosen: list[Choice], schemes: list[str]) -> None:
     """``run_root/results.jsonl``: the records of each (task, scheme) at its chosen grid point (every seed), the
-    rows of RoPE context-extension schedules evaluated on a chosen scheme with them; rewritten whole each time."""
+    rows of RoPE context-extension schedules and eval_methods evaluated on a chosen scheme; rewritten whole each time."""
     keep: dict[Point, set] = {}
     for c in chosen:
         if c.point is not None:

@@ -1,14 +1,21 @@
 """`posenc eval RUN_DIR`: perplexity against evaluation length for one trained run."""
 
 import argparse
+import math
+import re
+import time
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from posenc.commands import number_list
 from posenc.data import load_tokens
 from posenc.rope import NAMES, check_window
-from posenc.model import with_rope_schedule
+from posenc.model import set_method, with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
-from posenc.records import append
+from posenc.records import Ppl, append
+from posenc.reporting import figure, save_figure
 from posenc.errors import PosencError
 from posenc.compare import evaluate_length
 from posenc.scoring import eval_lengths, plan
@@ -31,6 +38,12 @@ def add_parser(sub):
     g.add_argument("--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to the training length")
     g.add_argument("--long-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors past it")
     g.add_argument("--rope-param", nargs="+", default=[], metavar="KEY=VALUE", help="other schedule parameters, e.g. beta_fast=32 attention_factor=1.2 truncate=false")
+    m = p.add_argument_group("long-context methods (rope with fixed frequencies, alibi, t5, kerple; no retraining)")
+    m.add_argument("--method", metavar="SPEC", help="self-extend:group=G,window=W | lm-infinite:n_global=N,window=W | "
+                   "sinks:n_sink=N,window=W (defaults from the training length; with --rope-schedule, on top of it)")
+    m.add_argument("--stream", type=int, metavar="TOKENS", help="with --method sinks: instead of the lengths, the perplexity of "
+                   "the first TOKENS targets of the held-out documents (joined in order) streamed through the bounded cache, "
+                   "per eighth of the text, and the cache's peak size")
     p.set_defaults(func=run)
 
 
@@ -83,26 +96,68 @@ def run(args) -> int:
     if args.rope_schedule:
         model, scheme = with_rope_schedule(model, args.rope_schedule, schedule_args(args))
         check_window(model.blocks[0].attn.enc.schedule_params, min(lengths))
+    method = set_method(model, args.method)
+    base = {"scheme": scheme}
+    if method is not None:
+        scheme = base["scheme"] = f"{scheme}+{method.describe()}"
+        base["method"] = method.label()
     corpus = args.corpus or tcfg.corpus
     data = load_tokens(corpus, tcfg.tokenizer)
     text = scored_text(data.val_docs, corpus, max(lengths), args.max_tokens)  # bad --max-tokens, short text: before any output
+    if args.stream is not None:
+        return stream(args, model, data, base, corpus)
     print(f"scheme: {scheme}\n{text}")
-    base = None
+    ref = None
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
     for L in lengths:
-        rec = evaluate_length(model, data.val_docs, L, {"scheme": scheme}, args.max_tokens, span=max(lengths))
+        rec = evaluate_length(model, data.val_docs, L, base, args.max_tokens, span=max(lengths))
         append(Path(args.run_dir) / "eval.jsonl", rec)
         if rec.ppl is None:
             print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}")
             continue
-        base = base or (rec.ppl if L == mcfg.train_length else None)
-        ratio = f"{rec.ppl / base:7.3f}" if base else ""
+        ref = ref or (rec.ppl if L == mcfg.train_length else None)
+        ratio = f"{rec.ppl / ref:7.3f}" if ref else ""
         print(f"{L:>8} {rec.windows:>8} {rec.scored_tokens:>8} {rec.ppl:>10.3f} {ratio}")
     if args.passkey:
         print(f"passkey ({args.passkey}):\n{'length':>8} {'depth':>6} {'accuracy':>9}")
-        run = {"scheme": scheme, "train_length": mcfg.train_length}
+        run = {**base, "train_length": mcfg.train_length}
         for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey), run):
             append(Path(args.run_dir) / "eval.jsonl", rec)
             acc = rec.note if rec.accuracy is None else f"{rec.correct}/{rec.trials}"
             print(f"{rec.length:>8} {rec.depth:>6g} {acc:>9}")
     return 0
+
+
+def stream(args, model, data, base: dict, corpus: str) -> int:
+    """``--stream``: one long text through the bounded cache (``LM.streaming_nll``), one Ppl record (scheme label
+    ``... streamed``, ``eval_length`` the scored targets, eight position buckets, the peak cache in ``note``)."""
+    if args.stream < 1:
+        raise PosencError(f"--stream takes the number of targets to score (>= 1), got {args.stream}")
+    joined = np.concatenate([ids for _, ids in data.val_docs])[: args.stream + 1]
+    text = torch.as_tensor(joined.astype("int64"), device=next(model.parameters()).device)
+    t0 = time.time()
+    nll, peak = model.streaming_nll(text)
+    n = nll.shape[0]
+    edges = sorted({round(n * b / 8) for b in range(9)})
+    buckets = [math.exp(float(nll[a:b].double().mean())) for a, b in zip(edges, edges[1:])]
+    note = f"streamed through the bounded cache: peak {peak} bytes" + (f"; the held-out text has only {n} targets" if n < args.stream else "")
+    rec = Ppl(**{**base, "scheme": base["scheme"] + " streamed"}, train_length=model.cfg.train_length, eval_length=n, windows=1,
+              scored_tokens=n, nll=float(nll.double().sum()), ppl=math.exp(float(nll.double().mean())), bucket_edges=edges,
+              bucket_ppl=buckets, note=note, seconds=time.time() - t0)
+    append(Path(args.run_dir) / "eval.jsonl", rec)
+    plot = plot_stream(nll, Path(args.run_dir) / f"stream_{re.sub(r'[^A-Za-z0-9=._-]', '_', base['method'])}.png", rec.scheme)
+    print(f"scheme: {rec.scheme}\ntext: the first {n} targets of the held-out documents of {corpus}, joined in order\n"
+          f"ppl {rec.ppl:.3f}; peak cache {peak} bytes; per position: {plot}\n{'targets':>16} {'ppl':>10}")
+    for a, b, p in zip(edges, edges[1:], buckets):
+        print(f"{f'{a}-{b}':>16} {p:>10.3f}")
+    return 0
+
+
+def plot_stream(nll: torch.Tensor, path: Path, label: str, points: int = 100) -> Path:
+    """Perplexity per position to the end of a streamed text: the mean NLL of ``points`` equal spans of the
+    targets (nll (T,) nats), exponentiated; written atomically to ``path`` (PNG)."""
+    edges = sorted({round(nll.shape[0] * b / points) for b in range(points + 1)})
+    fig, ax = figure(figsize=(7, 3.5), layout="constrained")
+    ax.plot([b for b in edges[1:]], [math.exp(float(nll[a:b].double().mean())) for a, b in zip(edges, edges[1:])])
+    ax.set(xlabel="target position (tokens)", ylabel="perplexity (per span)", title=label)
+    return save_figure(fig, path)

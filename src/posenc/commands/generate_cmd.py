@@ -6,6 +6,7 @@ import torch
 
 from posenc.data import load_tokens
 from posenc.errors import PosencError
+from posenc.model import set_method
 from posenc.train import load_run
 
 
@@ -17,6 +18,8 @@ def add_parser(sub):
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 is greedy (default %(default)s)")
     p.add_argument("--top-k", type=int, help="sample from the k most likely tokens only")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
+    p.add_argument("--method", metavar="SPEC", help="a long-context method (posenc eval --help), e.g. sinks:n_sink=4,window=124: "
+                   "attention sinks keep the cache at n_sink + window positions")
     p.set_defaults(func=run)
 
 
@@ -24,6 +27,7 @@ def run(args) -> int:
     if not args.prompt:
         raise PosencError("--prompt is empty: give the text to continue")
     model, _, tcfg = load_run(args.run_dir)
+    set_method(model, args.method)
     tok = load_tokens(tcfg.corpus, tcfg.tokenizer).tokenizer
     ids = torch.as_tensor(tok.encode(args.prompt).astype("int64"), device=next(model.parameters()).device)
     out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)

@@ -130,6 +130,12 @@ class Buffer:
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
 
+    def drop(self, start: int, stop: int) -> None:
+        """Remove rows [start, stop), the later rows moving down in place (a bounded cache's eviction)."""
+        tail = self.data.narrow(self.dim, stop, self.length - stop).clone()  # source and target may overlap
+        self.data.narrow(self.dim, start, tail.shape[self.dim]).copy_(tail)
+        self.length -= stop - start
+
     def reorder(self, index: torch.Tensor) -> None:
         if self.data is not None and self.batched and self.data.shape[0] > 1:
             self.data = self.data.index_select(0, index.to(self.data.device))

@@ -1,0 +1,256 @@
+"""Training-free long-context methods at inference: Self-Extend, LM-Infinite and attention sinks (StreamingLLM).
+
+Each method replaces the relative position ``i - j`` that a position-indexed scheme consumes by a map
+``d(i, j)`` and may hide keys (query position i >= key position j, tokens):
+
+- Self-Extend (Jin et al. 2024, "LLM Maybe LongLM", arXiv:2401.01325, eq. 3-4 and Algorithm 1), neighbour
+  window W, group size G: ``d = i - j`` for ``i - j < W``, else
+  ``floor(i/G) - floor(j/G) + W - floor(W/G)`` (the grouped query position shifted by W - W//G so the two
+  regions meet); every key visible. llama.cpp's ``--grp-attn-n G --grp-attn-w W`` compresses the cached
+  positions instead (one position per token), an approximation of this map that posenc does not copy.
+- LM-Infinite (Han et al. 2023, arXiv:2308.16137, sec. 4): a Lambda-shaped mask, the first ``n_global``
+  tokens plus a local window of W tokens (``i - j < W``, W = L_pretrain), and the distance capped at W:
+  ``d = min(i - j, W)``.
+- Attention sinks (Xiao et al. 2024, StreamingLLM, arXiv:2309.17453, sec. 3.2): the cache holds the first
+  ``n_sink`` tokens and the last W (the query among them); positions are assigned inside the cache, so
+  ``d`` is the query's cache slot minus the key's: ``i - j`` in the window, ``min(i, n_sink + W - 1) - j``
+  for a sink; the other keys are evicted (hidden).
+
+``relative_positions`` writes each definition directly (the naive reference, tested against hand-computed
+tables); the fast path (``method_attention``) uses each method's split into a near region (q at i, k at j)
+and a far one (q at ``q_far(i)``, k at ``k_far(j)``), in which ``d`` is a difference of per-row and
+per-column positions, so RoPE needs two rotations of q and k, never one per pair (tested equal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Optional
+
+import torch
+
+from posenc.encodings.base import Encoding, Inputs
+from posenc.encodings.bias import ALiBi
+from posenc.encodings.registry import format_part, split_part
+from posenc.encodings.relative import Kerple, T5Bias
+from posenc.encodings.rotary import RoPE
+from posenc.errors import PosencError
+from posenc.rope.rerope import _rot
+
+# name -> (parameters with their defaults; None: from the training length, as ``parse`` says)
+PARAMETERS = {
+    "self-extend": {"group": 4, "window": None},
+    "lm-infinite": {"n_global": 10, "window": None},
+    "sinks": {"n_sink": 4, "window": None},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One method and its parameters (tokens): ``group`` G (Self-Extend), ``window`` W (every method),
+    ``n_global`` (LM-Infinite's starting tokens), ``n_sink`` (attention sinks)."""
+
+    name: str
+    window: int
+    group: int = 1
+    n_global: int = 0
+    n_sink: int = 0
+
+    @property
+    def bounded(self) -> bool:
+        """Whether decoding keeps only a bounded set of keys (sinks: the evicted tokens are gone)."""
+        return self.name == "sinks"
+
+    @property
+    def kept(self) -> int:
+        """Keys a bounded cache holds: n_sink + W."""
+        return self.n_sink + self.window
+
+    def label(self) -> str:
+        """The spec with every parameter, e.g. ``self-extend:group=4,window=64`` (recorded in eval records)."""
+        return format_part(self.name, {k: getattr(self, k) for k in PARAMETERS[self.name]})
+
+    def describe(self) -> str:
+        """The row label's form, e.g. ``self-extend(group=4,window=64)`` (``rope+self-extend(...)`` in a report)."""
+        return f"{self.name}({','.join(f'{k}={getattr(self, k)}' for k in PARAMETERS[self.name])})"
+
+    def far(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Whether (i, j) lies in the far region (bool, broadcast shape): i - j >= W for every method."""
+        return i - j >= self.window
+
+    def q_far(self, i: torch.Tensor) -> torch.Tensor:
+        """The query position of the far region (int64, i's shape)."""
+        if self.name == "self-extend":
+            return i // self.group + (self.window - self.window // self.group)
+        if self.name == "lm-infinite":
+            return torch.full_like(i, self.window)
+        return i.clamp(max=self.n_sink + self.window - 1)
+
+    def k_far(self, j: torch.Tensor) -> torch.Tensor:
+        """The key position of the far region (int64, j's shape)."""
+        if self.name == "self-extend":
+            return j // self.group
+        return torch.zeros_like(j) if self.name == "lm-infinite" else j
+
+    def visible(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Causal mask of the keys a query sees (bool, broadcast shape of i, j)."""
+        causal = j <= i
+        if self.name == "self-extend":
+            return causal
+        first = self.n_global if self.name == "lm-infinite" else self.n_sink
+        return causal & ((j < first) | (i - j < self.window))
+
+    def distance(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """d(i, j) from the near/far split (int64), the fast path's; equals ``relative_positions`` where visible."""
+        return torch.where(self.far(i, j), self.q_far(i) - self.k_far(j), i - j)
+
+
+def parse(spec: str, train_length: int) -> Method:
+    """A method from its spec ``NAME:k=v,...`` (``self-extend:group=4,window=64``, ``lm-infinite:n_global=10``,
+    ``sinks:n_sink=4,window=252``). Defaults: window = train_length // 2 (Self-Extend), train_length
+    (LM-Infinite: L_pretrain), train_length - n_sink (sinks: the cache holds the training length).
+    Raises PosencError (one line) for an unknown name or parameter, or a value out of range
+    (group, window >= 1 integers; n_global, n_sink >= 0 integers)."""
+    name, given = split_part(spec, "method")
+    if name not in PARAMETERS:
+        raise PosencError(f"unknown method {name!r} (methods: {', '.join(PARAMETERS)})")
+    unknown = sorted(set(given) - set(PARAMETERS[name]))
+    if unknown:
+        raise PosencError(f"method {name!r}: unknown parameter {unknown[0]!r} (valid: {', '.join(PARAMETERS[name])})")
+    p = {**PARAMETERS[name], **given}
+    for key in [k for k, v in p.items() if v is not None] + ["window"]:  # the default window after its inputs
+        if p[key] is None:
+            p["window"] = {"self-extend": train_length // 2, "lm-infinite": train_length}.get(name, train_length - p.get("n_sink", 0))
+        low = 1 if key in ("group", "window") else 0
+        if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < low:
+            raise PosencError(f"method {name!r}: {key} must be an integer >= {low}, got {p[key]!r}"
+                              + (f" (default: from the training length {train_length})" if key not in given else ""))
+    return Method(name, **p)
+
+
+def relative_positions(method: Method, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The naive reference: each paper's definition written out. i (Tq, 1), j (1, Tk) int64 positions.
+
+    Returns (d (Tq, Tk) int64 relative positions, visible (Tq, Tk) bool); d is 0 where hidden.
+    Sinks: the cache at query i holds {j < n_sink} and {i - W < j <= i} (StreamingLLM's rolling cache), and
+    d is the difference of ranks (cache slots) of i and j in it.
+    """
+    causal = j <= i
+    rel = i - j
+    if method.name == "self-extend":
+        W, G = method.window, method.group
+        d = torch.where(rel < W, rel, i // G - j // G + W - W // G)
+        return torch.where(causal, d, 0), causal
+    first = method.n_global if method.name == "lm-infinite" else method.n_sink
+    visible = causal & ((j < first) | (rel < method.window))
+    if method.name == "lm-infinite":
+        return torch.where(visible, rel.clamp(max=method.window), 0), visible
+    slot = visible.long().cumsum(-1) - 1  # the rank of each cached key (j: the columns 0..Tk-1)
+    query_slot = slot.gather(-1, i)
+    return torch.where(visible, query_slot - slot, 0), visible
+
+
+def distance_table(bias_of: Callable[[torch.Tensor], Callable], n: int, device=None) -> torch.Tensor:
+    """A distance-only score bias at distances 0..n-1: (1, H, n), from the scheme's own tile function.
+
+    bias_of(pos) is the scheme's BiasFn for positions ``pos`` (T,); with pos = arange(n) the last query's row
+    holds distances n-1..0. For schemes whose bias depends on i - j only (ALiBi, T5, Kerple); differentiable
+    in their parameters.
+    """
+    return bias_of(torch.arange(n, device=device))(n - 1, n, 0, n)[:, :, 0].flip(-1)
+
+
+def method_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    method: Method,
+    *,
+    inv_freq: Optional[torch.Tensor] = None,
+    pairing: str = "half",
+    bias_of: Optional[Callable] = None,
+    scale: Optional[float] = None,
+    block_size: int = 512,
+) -> torch.Tensor:
+    """Causal attention under ``method``'s position map and mask, blockwise over query blocks.
+
+    q: (B, H, Tq, D), k: (B, H, Tk, D), v: (B, H, Tk, Dv), all unrotated, H heads each (repeat grouped keys
+    first); q_pos (Tq,), k_pos (Tk,) int64 absolute token positions (decoding: the new rows and the cached
+    keys, which for sinks are the kept ones only). RoPE (``inv_freq`` (P,) radians per token, P <= D/2,
+    ``pairing``): near scores <R(i) q, R(j) k>, far ones <R(q_far(i)) q, R(k_far(j)) k>. A distance-only
+    bias (``bias_of``: the scheme's BiasFn builder, see ``distance_table``): its value at d(i, j). scale:
+    multiplies q.k (default 1/sqrt(D)). At most H x block x Tk scores exist at once (two tiles for RoPE),
+    never Tq x Tk; under a Lambda mask only the keys the block may see (``block_keys``). Returns (B, H, Tq, Dv) in v's dtype; differentiable (autograd). Reference:
+    ``naive_method_attention`` (tested: values and gradients).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if inv_freq is not None:
+        q_near, k_near = _rot(q, q_pos, inv_freq, pairing), _rot(k, k_pos, inv_freq, pairing)
+        q_far, k_far = _rot(q, method.q_far(q_pos), inv_freq, pairing), _rot(k, method.k_far(k_pos), inv_freq, pairing)
+    table = None
+    if bias_of is not None:  # q_far, k_far grow with i, j: the largest far distance is at the corner
+        reach = max(method.window, int(method.q_far(q_pos.max()) - method.k_far(k_pos.min())))
+        table = distance_table(bias_of, reach + 1, q.device)
+    out = []
+    for a in range(0, q.shape[-2], block_size):
+        b, i = a + block_size, q_pos[a : a + block_size, None]
+        keys = block_keys(method, k_pos, int(i.min()), int(i.max()))
+        j = k_pos[None, keys]
+        far = method.far(i, j)
+        if inv_freq is not None:
+            s = torch.where(far, q_far[..., a:b, :] @ k_far[..., keys, :].transpose(-1, -2),
+                            q_near[..., a:b, :] @ k_near[..., keys, :].transpose(-1, -2))
+        else:
+            s = q[..., a:b, :] @ k[..., keys, :].transpose(-1, -2)
+        s = s * scale
+        if table is not None:
+            d = method.distance(i, j).clamp(min=0)  # hidden pairs may fall below 0
+            s = s + table[..., d].to(s.dtype)
+        s = s.masked_fill(~method.visible(i, j), -math.inf)
+        out.append(torch.softmax(s, -1) @ v[..., keys, :].to(s.dtype))
+    return torch.cat(out, dim=-2).to(v.dtype)
+
+
+def block_keys(method: Method, k_pos: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Indices (int64) of the keys some query of positions [lo, hi] may see, k_pos (Tk,) ascending: those up to
+    hi, and for LM-Infinite and sinks only the first tokens and those from lo - W + 1 on (the Lambda mask), so a
+    block costs O(block x (n_first + W + block)), not O(block x T)."""
+    end = int(torch.searchsorted(k_pos, hi, right=True))
+    if method.name == "self-extend":
+        return torch.arange(end, device=k_pos.device)
+    first = int(torch.searchsorted(k_pos, method.n_global if method.name == "lm-infinite" else method.n_sink))
+    start = max(first, int(torch.searchsorted(k_pos, lo - method.window + 1)))
+    return torch.cat((torch.arange(min(first, end), device=k_pos.device), torch.arange(start, end, device=k_pos.device)))
+
+
+def naive_method_attention(q, k, v, q_pos, k_pos, method, *, inv_freq=None, pairing="half", bias_of=None, scale=None):
+    """Reference for ``method_attention`` (same arguments): the full Tq x Tk map ``relative_positions``, each
+    RoPE score <R(d(i, j)) q_i, k_j> (q rotated per pair), the bias at d; O(Tq Tk D) memory, tests only.
+    Key positions must be 0..Tk-1 (the parallel forward), the definition's cache."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    d, visible = relative_positions(method, q_pos[:, None], k_pos[None, :])
+    if inv_freq is not None:
+        pairs = q[:, :, :, None, :].expand(-1, -1, -1, k.shape[-2], -1)  # (B, H, Tq, Tk, D): one rotation per pair
+        scores = (_rot(pairs, d, inv_freq, pairing) * k[:, :, None]).sum(-1) * scale
+    else:
+        scores = q @ k.transpose(-1, -2) * scale
+    if bias_of is not None:
+        scores = scores + distance_table(bias_of, int(d.max()) + 1, q.device)[..., d].to(scores.dtype)
+    return scores.masked_fill(~visible, -math.inf).softmax(-1) @ v.to(scores.dtype)
+
+
+def scheme_args(enc: Encoding, method: Method, x: torch.Tensor) -> dict:
+    """``method_attention``'s scheme arguments for a layer's scheme ``enc`` on the layer input x (B, T, d_model):
+    RoPE with fixed frequencies (plain or a pi/ntk/yarn/llama3 schedule): its inv_freq, pairing and scale;
+    ALiBi, T5, Kerple (a bias of i - j only): their tile builder. PosencError (one line) for any other scheme:
+    length-dependent or attention-replacing RoPE schedules (dynamic, longrope, rerope), FIRE (it also reads the
+    query position), accumulated or data-dependent phases, compositions, NoPE and additive embeddings."""
+    if isinstance(enc, RoPE) and enc.schedule not in ("dynamic", "longrope") and not enc.replaces_attention:
+        return {"inv_freq": enc.inv_freq, "pairing": enc.pairing, "scale": enc.logit_scale / math.sqrt(enc.dims.head_dim)}
+    if isinstance(enc, (ALiBi, T5Bias, Kerple)):
+        return {"bias_of": lambda pos: enc.bias(Inputs(x, pos))}
+    raise PosencError(f"method {method.name} applies to rope (fixed-frequency schedules), alibi, t5 and kerple; "
+                      f"this layer uses {enc.describe()}")
