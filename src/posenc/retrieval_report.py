@@ -218,9 +218,9 @@ def not_learned(t: TaskTable, schemes: list[str]) -> str:
             acc = scores.acc("id", t.L0)[0]
             if acc is None or acc < t.bar:
                 low.setdefault(budget(t.records[(s, seed)], t.chance), []).append((seed, acc or 0.0))
-        parts.append(f"{s} did not learn (id accuracy below {100 * t.bar:.0f}%) on " + "; ".join(
-            f"seed{'s' * (len(v) > 1)} {', '.join(str(seed) for seed, _ in v)} (id {' / '.join(f'{100 * a:.1f}' for _, a in v)}%: {why})"
-            for why, v in low.items()))
+        parts.append(f"{s} did not learn on " + "; ".join(
+            f"seed{'s' * (len(v) > 1)} {', '.join(str(seed) for seed, _ in v)} (id {' / '.join(f'{100 * a:.1f}' for _, a in v)}% "
+            f"< {100 * t.bar:.0f}%: {why})" for why, v in low.items()))
     return "; ".join(parts)
 
 
@@ -435,8 +435,8 @@ def claim_forget_leak(t: TaskTable) -> Optional[Claim]:
         return _undecided("R8", text, t, run)
     measured = [s for s in learned if all(t.records[(s, seed)].leak for seed in t.scores[s])]
     if not measured:
-        return Claim("R8", text, UNDECIDED, f"no leak in the records of {', '.join(learned)} (records before Task.leak): "
-                     "rerun their jobs (the evaluation measures it; training is kept)")
+        return Claim("R8", text, UNDECIDED, f"no leak in the records of {', '.join(learned)} (written before Task.leak; a job "
+                     "run now measures it after training)")
     hs, ws, cut, numbers = [], [], [], []
     for s in measured:
         for (seed, h), c in zip(zip(t.scores[s], t.horizons(s)), t.censored(s)):
