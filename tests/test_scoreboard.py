@@ -98,6 +98,11 @@ def test_scoreboard_bad_input_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith(f"posenc: error: {message}") and len(err.splitlines()) == 1
     assert (tmp_path / "README.md").read_text() == "# no block\n"
+    (tmp_path / "mixed").mkdir()
+    for L in (128, 64):
+        append(tmp_path / "mixed" / "results.jsonl", _job("flipflop", "path", 0, 1.0, {8: 1.0}).model_copy(update={"train_length": L}))
+    assert main(["report", str(tmp_path / "mixed"), "--scoreboard"]) == 2
+    assert capsys.readouterr().err == f"posenc: error: {tmp_path / 'mixed'} mixes training lengths [64, 128] on flipflop: not one task comparison\n"
 
 
 def test_task_labels_and_the_committed_task_runs_settings():

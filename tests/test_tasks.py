@@ -632,3 +632,20 @@ def test_task_csv_round_trips_and_a_csv_before_its_job_columns_loads(tmp_path):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(PosencError, match="bad.csv is not a posenc retrieval table"):
         load_task_csv(tmp_path / "bad.csv")
+
+
+def test_a_task_job_records_its_heads_loss_curve_and_gate_leak(tmp_path):
+    from posenc.retrieval import run_task_job
+    from posenc.taskeval import gate_leak
+    from posenc.train import load_run
+
+    train = {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2, "log_every": 1}
+    preset = load_preset(str(_tiny_preset(tmp_path, tasks=["flipflop"], schemes=["forget", "rope"], train=train)))
+    for scheme in preset.schemes:
+        run_task_job(tmp_path / "runs", preset, "flipflop", scheme, 0)
+    recs = {r["scheme"]: Task(**r) for r in read_jsonl(tmp_path / "runs" / "results.jsonl")}
+    run = tmp_path / "runs" / "flipflop" / "forget" / "seed0"
+    assert recs["forget"].n_head == 2 and recs["forget"].loss_curve == [(r["step"], r["loss"]) for r in read_jsonl(run / "train.jsonl")]
+    assert [s for s, _ in recs["forget"].loss_curve] == [1, 2, 3, 4]
+    assert recs["forget"].leak == gate_leak(load_run(run)[0], get_task("flipflop"), 32) and len(recs["forget"].leak[0]) == 2
+    assert recs["rope"].leak is None

@@ -187,8 +187,9 @@ def flat_schemes(text_records: list[Ppl]) -> dict[str, list[float]]:
 def budget(record: Task, chance: float) -> str:
     """What a job's learning curve (``Task.loss_curve``) says about the budget that would decide a claim it did not
     learn for: the training loss still falling at the step cap (LOSS_FALLING): more steps; flat at chance (AT_CHANCE x
-    -ln ``chance``): more steps alone are unlikely to help, another learning rate or head count; flat above the
-    in-distribution bar's loss: another setting. "no loss curve in the records" when the record keeps none."""
+    -ln ``chance``): more steps alone are unlikely to help, another learning rate or head count; flat below chance
+    (learned part of the task): another setting. "no loss curve in the records" when the record keeps fewer than 4
+    logged steps (records before ``Task.loss_curve``)."""
     curve = record.loss_curve or []
     if len(curve) < 4:
         return "no loss curve in the records"

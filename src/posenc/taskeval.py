@@ -107,6 +107,8 @@ def gate_leak(model: torch.nn.Module, task: Task, train_length: int) -> Optional
     EVAL_SEED). On a stream task (flip-flop, modsum) that span runs from the evidence to the answer, so the bias the
     answer's query pays against its evidence is g x the leak (``results/retrieval/forget_gap.txt`` measured it by
     hand). Returns (gated layers, H) floats, layers in order; None when no layer has a forget gate."""
+    if not any(isinstance(m, ForgetGate) for m in model.modules()):
+        return None
     g = LEAK_MULTIPLE * train_length
     test = next(t for t in task.tests(train_length, [LEAK_MULTIPLE]) if t.name == "gap" and t.settings["gap"] == g)
     tokens = task.batch(EVAL_SEED, 0, range(LEAK_ROWS), test.length, **test.settings).inputs
