@@ -3,6 +3,7 @@ seeded batches, bad specs, answer-only loss, scoring, horizons and the retrieval
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,10 +14,13 @@ from posenc.claims import FAILS, HOLDS, NOISE
 from posenc.config import load_preset
 from posenc.errors import PosencError
 from posenc.records import Task, TaskCell
-from posenc.retrieval_report import TaskTable, accuracy_markdown, at_most, distance_markdown, claim_r1, claim_r2, claim_r3, claim_r4, claim_r5, claim_r6, horizon
+from posenc.retrieval_report import (UNDECIDED, TaskTable, accuracy_markdown, at_most, budget, claim_alibi_slopes, claim_forget_leak,
+                                     claim_r1, claim_r2, claim_r3, claim_r4, claim_r5, claim_r6, distance_markdown, follows_window, horizon)
 from posenc.taskeval import bucket, score_batch
 from posenc.tasks import B0, B1, I, R, W, get_task, is_task
 from posenc.train import mean_loss
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _check_flipflop(tok, answer, distance):
@@ -294,7 +298,10 @@ def test_claim_r1_verdicts():
     two_seeds = claim_r1(_table("flipflop", {"alibi": {0: near}}), {"alibi": [0.986, 0.990]})
     assert "alibi (ratio 0.988 ± 0.002 at the longest length)" in two_seeds.evidence  # the table's mean, not the largest seed's 0.990
     not_learned = _gap(0.6, {64: 0.6})
-    assert claim_r1(_table("flipflop", {"alibi": {0: not_learned}}), flat) is None
+    undecided = claim_r1(_table("flipflop", {"alibi": {0: not_learned}}), flat)
+    assert undecided.verdict == UNDECIDED
+    assert undecided.evidence == "alibi did not learn on seed 0 (id 60.0% < 90%: no loss curve in the records)"
+    assert claim_r1(_table("flipflop", {"rope": {0: near}}), flat) is None  # no flat scheme was run
 
 
 def test_claim_r2_verdicts():
@@ -451,7 +458,8 @@ def test_claim_r6_state_tracking():
     assert claim_r6(_table("modsum", {"path": {0: near}, "rope": {0: near}})).verdict == FAILS  # PaTH stops inside
     assert claim_r6(_table("modsum", {"path": {0: far}, "acc-learned-qkv": {0: far}})).verdict == FAILS  # another goes as far
     assert claim_r6(_table("modsum", {"path": {0: far, 1: near}, "rope": {0: near}})).verdict == NOISE  # the seeds disagree
-    assert claim_r6(_table("modsum", {"path": {0: unlearned}, "rope": {0: near}})) is None  # PaTH did not learn: no verdict
+    assert claim_r6(_table("modsum", {"path": {0: unlearned}, "rope": {0: near}})).verdict == UNDECIDED  # PaTH did not learn
+    assert claim_r6(_table("modsum", {"rope": {0: near}})) is None  # PaTH was not run
 
 
 def test_asking_about_a_scheme_without_records_adds_none():
@@ -492,3 +500,152 @@ def test_a_task_report_covers_every_task_the_run_holds(tmp_path):
     text = write_task_report(tmp_path, meta).read_text()
     assert f"## {mqar}" in text and "## flipflop" in text
     assert text.index("## flipflop") > text.index(f"## {mqar}")  # this invocation's first, then the others
+
+
+def _job(curve=None, steps=600, **fields):
+    return Task(task="flipflop", scheme="rope", seed=0, train_length=128, train_seconds=1, eval_seconds=1, threads=1, cells=[],
+                trained_steps=steps, loss_curve=curve, **fields)
+
+
+def test_budget_reads_the_learning_curve():
+    steps = range(20, 620, 20)  # 30 logged steps: the last 3 against the 3 ending at step 440 (a quarter of 580 steps earlier)
+    falling = [(s, 1.0 - s / 1000) for s in steps]
+    assert budget(_job(falling), 0.5) == "loss still falling at the step cap 600 (0.580 -> 0.420 over its last 160 steps): more steps"
+    at_chance = [(s, 0.69) for s in steps]
+    assert budget(_job(at_chance), 0.5) == ("loss flat at chance at the step cap 600 (0.690; ln 2 = 0.693): "
+                                           "more steps alone unlikely, another learning rate or head count")
+    stuck = [(s, 0.30) for s in steps]
+    assert budget(_job(stuck), 0.5) == "loss flat at 0.300 at the step cap 600 (chance 0.693): another setting (learning rate, heads), not more steps"
+    assert budget(_job(at_chance), 1 / 8).startswith("loss flat at 0.690 at the step cap 600 (chance 2.079)")  # ln 8 for 8 values
+    assert budget(_job(None), 0.5) == budget(_job(falling[:3]), 0.5) == "no loss curve in the records"
+
+
+def test_an_undecided_claim_names_each_seed_that_did_not_learn_and_its_budget():
+    recs = _records("modsum", {"path": {0: _gap(0.99, {8: 0.99}), 1: _gap(0.6, {8: 0.6}), 2: _gap(0.5, {8: 0.5})}})
+    steps = range(20, 620, 20)
+    recs[1] = recs[1].model_copy(update={"loss_curve": [(s, 1.0 - s / 1000) for s in steps], "trained_steps": 600})
+    recs[2] = recs[2].model_copy(update={"loss_curve": [(s, 0.69) for s in steps], "trained_steps": 600})
+    c = claim_r6(TaskTable(recs, "modsum", 128, 0.05, 0.9))
+    assert c.verdict == UNDECIDED
+    assert c.evidence == ("path did not learn on seed 1 (id 60.0% < 90%: loss still falling at the step cap 600 "
+                          "(0.580 -> 0.420 over its last 160 steps): more steps); seed 2 (id 50.0% < 90%: loss flat at chance at the step cap "
+                          "600 (0.690; ln 2 = 0.693): more steps alone unlikely, another learning rate or head count)")
+
+
+def test_claims_r2_to_r5_are_undecided_when_their_schemes_did_not_learn():
+    no = _gap(0.5, {8: 0.5, 64: 0.5})
+    yes = _gap(0.95, {8: 0.95, 64: 0.9})
+    windows = {"acc-rand-qkv": 27, "acc-rand-qkv:a=0.5": 110, "acc-rand-qk": 27}
+    t = _table("flipflop", {"acc-rand-qkv": {0: no}, "acc-rand-qkv:a=0.5": {0: yes}, "acc-rand-qk": {0: yes},
+                            "rope": {0: no}, "alibi": {0: yes}, "path": {0: yes}, "forget": {0: yes}})
+    assert [c.verdict for c in (claim_r2(t, windows), claim_r3(t, windows), claim_r5(t))] == [UNDECIDED] * 3
+    assert claim_r3(t, windows).evidence.startswith("acc-rand-qkv did not learn") and "acc-rand-qk " not in claim_r3(t, windows).evidence
+    assert claim_r5(t).evidence.startswith("rope did not learn")
+    r4 = claim_r4(_table("flipflop", {"rope": {0: no}, "acc-rand-qk": {0: no}, "alibi": {0: yes}}))
+    assert r4.verdict == UNDECIDED and r4.evidence.startswith("rope did not learn") and "acc-rand-qk did not learn" in r4.evidence
+    assert claim_r2(_table("flipflop", {"acc-rand-qkv": {0: yes}}), windows) is None  # one variant: nothing to order
+    assert claim_r5(_table("flipflop", {"path": {0: yes}, "forget": {0: yes}})) is None  # rope not run
+
+
+def test_follows_window():
+    assert follows_window([64, 128], [256, 256], [False, False]) == HOLDS  # within x4 of w
+    assert follows_window([16, None], [256, 256], [False, False]) == FAILS  # 16 < 64; None counts 0
+    assert follows_window([64, 16], [256, 256], [False, False]) == NOISE  # the seeds disagree
+    assert follows_window([4096], [256], [False]) == FAILS
+    assert follows_window([4096], [2048], [True]) == NOISE  # the band reaches the largest distance probed: open
+    assert follows_window([4096], [512], [True]) == FAILS  # the band ends below it
+
+
+def _heads(recs, n):
+    return [r.model_copy(update={"n_head": n}) for r in recs]
+
+
+def test_claim_r7_alibi_horizon_follows_its_flattest_slope():
+    near64 = _gap(0.99, {8: 0.99, 64: 0.99, 128: 0.5, 4096: 0.5})
+    near16 = _gap(0.99, {8: 0.99, 16: 0.99, 32: 0.5, 4096: 0.5})
+    c = claim_alibi_slopes(TaskTable(_heads(_records("flipflop", {"alibi": {0: near64}}), 4), "flipflop", 128, 0.05, 0.9))
+    assert c.key == "R7" and c.verdict == HOLDS  # slopes 1/4 .. 1/256: w = 256, band [64, 1024]
+    assert c.evidence == "seed 0: 4 heads, flattest slope 0.003906/token, w 256, band [64, 1024], horizon 64 (bias there 0.25 nats)"
+    assert claim_alibi_slopes(TaskTable(_heads(_records("flipflop", {"alibi": {0: near16}}), 4), "flipflop", 128, 0.05, 0.9)).verdict == FAILS
+    both = _records("flipflop", {"alibi": {0: near64, 1: near16}})
+    assert claim_alibi_slopes(TaskTable(both, "flipflop", 128, 0.05, 0.9, n_head=2)).verdict == NOISE  # the run's head count
+    unknown = claim_alibi_slopes(TaskTable(both, "flipflop", 128, 0.05, 0.9))
+    assert unknown.verdict == UNDECIDED and unknown.evidence.startswith("the head count is unknown")
+    assert claim_alibi_slopes(_table("flipflop", {"alibi": {0: _gap(0.77, {8: 0.7})}})).verdict == UNDECIDED  # did not learn
+    assert claim_alibi_slopes(_table("flipflop", {"rope": {0: near64}})) is None
+
+
+def _leaks(recs, leak):
+    return [r.model_copy(update={"leak": leak}) for r in recs]
+
+
+def test_claim_r8_forget_horizon_follows_its_measured_leak():
+    far = _gap(1.0, {8: 1.0, 64: 1.0, 1024: 1.0, 2048: 0.2, 4096: 0.5})
+    near = _gap(1.0, {8: 1.0, 64: 1.0, 128: 0.5, 4096: 0.5})
+    leak = [[0.40, 0.33], [0.0271, 0.0190]]  # the flattest head leaks 0.019 nats/token: w = 53, band [13, 211]
+    c = claim_forget_leak(TaskTable(_leaks(_records("flipflop", {"forget": {0: near}}), leak), "flipflop", 128, 0.05, 0.9))
+    assert c.key == "R8" and c.verdict == HOLDS
+    assert c.evidence == "forget seed 0: leak 0.0190 nats/token, w 53, band [13, 211], horizon 64 (bias there 1.2 nats)"
+    assert claim_forget_leak(TaskTable(_leaks(_records("flipflop", {"forget": {0: far}}), leak), "flipflop", 128, 0.05, 0.9)).verdict == FAILS
+    mixed = _leaks(_records("flipflop", {"forget": {0: near}, "rope+forget": {0: far}}), leak)
+    assert claim_forget_leak(TaskTable(mixed, "flipflop", 128, 0.05, 0.9)).verdict == NOISE
+    unmeasured = claim_forget_leak(_table("flipflop", {"forget": {0: far}}))
+    assert unmeasured.verdict == UNDECIDED and unmeasured.evidence.startswith("no leak in the records of forget")
+    assert claim_forget_leak(_table("flipflop", {"forget": {0: _gap(0.6, {8: 0.6})}})).verdict == UNDECIDED
+    assert claim_forget_leak(_table("flipflop", {"rope": {0: far}})) is None
+
+
+def test_gate_leak_is_minus_log_f_of_each_head():
+    """Gates with zero weights and per-head biases b leak -log sigmoid(b) = softplus(-b) per token at every position."""
+    from posenc.model import ModelConfig, build_model
+    from posenc.taskeval import gate_leak
+
+    task = get_task("flipflop")
+    biases = [[1.0, 3.0], [2.0, 5.0]]
+    for spec, scale in (("forget", 1.0), ("rope+forget:scaled=true", 1 / 4)):  # head_dim 16
+        model = build_model(ModelConfig(vocab_size=task.vocab_size, n_layer=2, n_head=2, d_model=32, train_length=16, encoding=spec))
+        gates = [m for m in model.modules() if m.__class__.__name__ == "ForgetGate"]
+        with torch.no_grad():
+            for gate, b in zip(gates, biases):
+                gate.gate.weight.zero_()
+                gate.gate.bias.copy_(torch.tensor(b))
+        got = gate_leak(model, task, 16)
+        want = [[scale * float(torch.nn.functional.softplus(-torch.tensor(v, dtype=torch.float64))) for v in row] for row in biases]
+        assert np.allclose(got, want, rtol=1e-6, atol=0)
+    rope = build_model(ModelConfig(vocab_size=task.vocab_size, n_layer=1, n_head=2, d_model=32, train_length=16, encoding="rope"))
+    assert gate_leak(rope, task, 16) is None
+
+
+def test_task_csv_round_trips_and_a_csv_before_its_job_columns_loads(tmp_path):
+    from posenc.records import load_task_csv, load_tasks
+    from posenc.retrieval_report import write_csv
+
+    recs = _records("flipflop", {"rope": {0: _gap(0.99, {8: 0.9})}, "path": {1: _gap(0.9, {8: 0.8})}})
+    recs[0] = recs[0].model_copy(update={"trained_steps": 350, "criterion_step": 350})
+    write_csv(tmp_path / "retrieval.csv", recs)
+    back = load_tasks(tmp_path)
+    assert [(r.scheme, r.seed, r.train_length, r.trained_steps, r.criterion_step) for r in back] == [("rope", 0, 128, 350, 350), ("path", 1, 128, None, None)]
+    assert [c.model_dump() for c in back[0].cells] == [c.model_dump() for c in recs[0].cells]
+    committed = load_task_csv(ROOT / "results" / "retrieval" / "retrieval.csv")  # written before the job columns
+    assert {r.train_length for r in committed} == {128} and len({(r.task, r.scheme, r.seed) for r in committed}) == len(committed)
+    assert {r.task for r in committed} == {"flipflop", "mqar:pairs=4,keys=8,values=8,filler=16,gap=0-64"}
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(PosencError, match="bad.csv is not a posenc retrieval table"):
+        load_task_csv(tmp_path / "bad.csv")
+
+
+def test_a_task_job_records_its_heads_loss_curve_and_gate_leak(tmp_path):
+    from posenc.retrieval import run_task_job
+    from posenc.taskeval import gate_leak
+    from posenc.train import load_run
+
+    train = {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2, "log_every": 1}
+    preset = load_preset(str(_tiny_preset(tmp_path, tasks=["flipflop"], schemes=["forget", "rope"], train=train)))
+    for scheme in preset.schemes:
+        run_task_job(tmp_path / "runs", preset, "flipflop", scheme, 0)
+    recs = {r["scheme"]: Task(**r) for r in read_jsonl(tmp_path / "runs" / "results.jsonl")}
+    run = tmp_path / "runs" / "flipflop" / "forget" / "seed0"
+    assert recs["forget"].n_head == 2 and recs["forget"].loss_curve == [(r["step"], r["loss"]) for r in read_jsonl(run / "train.jsonl")]
+    assert [s for s, _ in recs["forget"].loss_curve] == [1, 2, 3, 4]
+    assert recs["forget"].leak == gate_leak(load_run(run)[0], get_task("flipflop"), 32) and len(recs["forget"].leak[0]) == 2
+    assert recs["rope"].leak is None

@@ -5,6 +5,9 @@ the attention mass of the read on the write (its W and bit tokens), the logit ma
 the best other key, the accuracy of the read, and the mean log forget-gate per token over the gap.
 
     .venv/bin/python results/retrieval/forget_gap.py runs/retrieval/flipflop/forget/seed0 > results/retrieval/forget_gap.txt
+
+The leak over the gap is library code now (``posenc.taskeval.gate_leak``, every head of every gated layer, ignores
+and bits together): each task job records it (``Task.leak``) and claim R8 reads it.
 """
 
 import sys
@@ -37,7 +40,7 @@ with torch.no_grad():
         read, bit = T - 1, T - 1 - g  # the read instruction's query; the write's bit token
         acc = (model(x)[:, -1].argmax(-1) == y[:, -1]).float().mean().item()
         parts = []
-        for li, a in enumerate(model.attention_inputs(x)):
+        for li, a in enumerate(model.prepare(x)):
             q, k = rotated_qk(a)
             lg = block_logits(a, q, k, read, read + 1)[:, :, 0, :]  # (B, H, T)
             mass = torch.softmax(lg, -1)[..., bit - 1 : bit + 1].sum(-1).mean(0)
@@ -48,7 +51,7 @@ with torch.no_grad():
                          f"margin {', '.join(f'{m:.1f}' for m in margin.tolist())}")
         print(f"gap {g}: read accuracy {acc:.2f}; " + "; ".join(parts))
     tok = probes(4096, 4)[:, :-1]
-    for li, a in enumerate(model.attention_inputs(tok)):
+    for li, a in enumerate(model.prepare(tok)):
         lf = log_gates(a.encoding.gate(a.inp.x).transpose(1, 2))[..., -4096:-2]  # over the gap
         print(f"layer {li}: mean log f per token on the gap's ignores {', '.join(f'{v:.4f}' for v in lf[..., 0::2].mean((0, 2)).tolist())}"
               f", on their bits {', '.join(f'{v:.4f}' for v in lf[..., 1::2].mean((0, 2)).tolist())}")

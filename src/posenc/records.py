@@ -17,7 +17,8 @@ wrote before the field); version 2 renamed the row label of ``ScoredWindow`` and
 one record as one line, ``write`` replaces a file by its records; ``load`` reads a file back, skipping a line torn
 by a killed writer, and refuses a record of a newer version or of an unknown kind with one line.
 ``load_ppl`` reads a compare directory's perplexity records from its ``results.jsonl``, else from the
-``results.csv`` committed results keep.
+``results.csv`` committed results keep; ``load_tasks`` a task comparison's :class:`Task` records from its
+``results.jsonl``, else from its ``retrieval.csv``.
 """
 
 from __future__ import annotations
@@ -135,6 +136,11 @@ class Task(Record):
     trained_steps: Optional[int] = None  # steps the model trained (below the cap when it met train.until)
     criterion: Optional[str] = None  # train.until as words (UntilConfig.describe); None: trained to the cap
     criterion_step: Optional[int] = None  # the step it met the criterion at; None: not met (or no criterion)
+    n_head: Optional[int] = None  # the model's query heads (ALiBi's slopes follow from them); None: records before the field
+    loss_curve: Optional[list[tuple[int, float]]] = None  # (step, training loss) of each logged step (train.jsonl)
+    # mean -log f per token (nats) of each head of each forget-gate layer over the controlled-gap probe's gap
+    # (posenc.taskeval.gate_leak), (gated layers, heads); None: no forget gate, or records before the field
+    leak: Optional[list[list[float]]] = None
 
 
 class ScoredWindow(Record):
@@ -346,4 +352,47 @@ def load_ppl(run_dir: Path) -> Optional[list[Ppl]]:
         return [r for r in load(run_dir / "results.jsonl") if isinstance(r, Ppl)]
     if (run_dir / "results.csv").exists():
         return load_csv(run_dir / "results.csv")
+    return None
+
+
+def _task_train_length(cells: list[TaskCell], where: str) -> int:
+    """The training length of a job from a retrieval.csv written before its train_length column: the shortest length
+    of its ``id`` test (the in-distribution test at 1x, which every task's tests include at the preset's multiples)."""
+    lengths = [c.length for c in cells if c.test == "id"]
+    if not lengths:
+        raise PosencError(f"{where}: no train_length column and no id cells that give it")
+    return min(lengths)
+
+
+def load_task_csv(path: Path) -> list[Task]:
+    """The task records of a task comparison's ``retrieval.csv`` (``posenc.retrieval_report.write_csv``): one per
+    (task, scheme, seed), its cells (nll = nll_mean x answers, rounded as the CSV is), train_length, trained_steps
+    and criterion_step from their columns (a CSV written before them: train_length from the id cells, the others
+    None); times NaN and threads 0 (the CSV keeps none). Raises PosencError naming the file for another table."""
+    groups: dict[tuple[str, str, int], list[dict]] = {}
+    rows = csv.DictReader(io.StringIO(Path(path).read_text(encoding="utf-8")))
+    try:
+        for row in rows:
+            groups.setdefault((row["task"], row["scheme"], int(row["seed"])), []).append(row)
+        out = []
+        for (task, scheme, seed), job in groups.items():
+            cells = [TaskCell(test=r["test"], length=int(r["length"]), bucket=int(r["bucket"]), n=int(r["answers"]),
+                              correct=int(r["correct"]), nll=float(r["nll_mean"]) * int(r["answers"])) for r in job]
+            extra = {k: int(job[0][k]) if job[0].get(k) else None for k in ("train_length", "trained_steps", "criterion_step")}
+            L0 = extra.pop("train_length") or _task_train_length(cells, f"{path} ({task}, {scheme}, seed {seed})")
+            out.append(Task(task=task, scheme=scheme, seed=seed, train_length=L0, train_seconds=float("nan"),
+                            eval_seconds=float("nan"), threads=0, cells=cells, **extra))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise PosencError(f"{path} is not a posenc retrieval table ({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def load_tasks(run_dir: Path) -> Optional[list[Task]]:
+    """The task records of a task comparison directory: its ``results.jsonl``, else its ``retrieval.csv`` (committed
+    results keep the CSV); None when it has neither."""
+    run_dir = Path(run_dir)
+    if (run_dir / "results.jsonl").exists():
+        return [r for r in load(run_dir / "results.jsonl") if isinstance(r, Task)]
+    if (run_dir / "retrieval.csv").exists():
+        return load_task_csv(run_dir / "retrieval.csv")
     return None

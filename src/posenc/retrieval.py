@@ -13,12 +13,12 @@ import dataclasses
 import time
 from pathlib import Path
 
-from posenc.checkpoint import read_json
+from posenc.checkpoint import read_json, read_jsonl
 from posenc.config import Point, Preset, job_configs, point_root, task_specs
 from posenc.data import load_tokens
 from posenc.records import Task, append, load
 from posenc.stamp import run_stamp
-from posenc.taskeval import evaluate_task
+from posenc.taskeval import evaluate_task, gate_leak
 from posenc.tasks import get_task
 from posenc.tracking import open_tracker, task_metrics
 from posenc.train import is_trained, load_run, machine_precision, steps_to_criterion, train
@@ -49,7 +49,9 @@ def run_task_job(run_root: Path, preset: Preset, task: str, scheme: str, seed: i
         summary = read_json(run_dir / "train_summary.json")
         record = Task(task=task, scheme=scheme, seed=seed, train_length=mcfg.train_length, train_seconds=summary["seconds"],
                       eval_seconds=time.time() - t0, threads=run_stamp()["threads"], cells=cells, trained_steps=summary["steps"],
-                      criterion=tcfg.until.describe() if tcfg.until else None, criterion_step=steps_to_criterion(summary))
+                      criterion=tcfg.until.describe() if tcfg.until else None, criterion_step=steps_to_criterion(summary),
+                      n_head=mcfg.n_head, loss_curve=[(r["step"], r["loss"]) for r in read_jsonl(run_dir / "train.jsonl")],
+                      leak=gate_leak(model, data.task, mcfg.train_length))
         append(root / "results.jsonl", record)
         tracker.log(task_metrics(record.cells, mcfg.train_length), summary["steps"])
 
@@ -62,6 +64,7 @@ def task_meta(preset: Preset) -> dict:
         "train_length": m.train_length,
         "tasks": {spec: get_task(spec).describe() for spec in task_specs(preset)},
         "model": f"{m.n_layer} layers, width {m.d_model}, {m.n_head} heads, {m.mlp}, {m.norm}, train length {m.train_length}",
+        "n_head": m.n_head,  # the head count of records without their own (retrieval_report.claim_alibi_slopes)
         "budget": f"{t.steps} steps x {t.batch_size} sequences of {m.train_length} tokens, lr {t.lr}, loss on {t.loss}"
                   + (f"; until {t.until.describe()} (steps is the cap)" if t.until else ""),
         "seeds": preset.seeds,

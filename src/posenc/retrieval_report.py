@@ -7,7 +7,10 @@ distance bucket of the controlled-gap test up to which every bucket's accuracy s
 ``horizon_tol`` (5 points) of its in-distribution accuracy (None: already the smallest bucket
 falls short). Comparisons are over seeds, as in ``posenc.claims``, with the test sets'
 sampling noise added: x <= y holds when max x <= min y, does not hold when min x exceeds max y
-by more than two binomial standard errors, and is within noise otherwise.
+by more than two binomial standard errors, and is within noise otherwise. A claim whose schemes were
+run but did not all learn is **undecided**: its evidence names each scheme that did not learn, on which seeds
+(their id accuracy), and what that job's learning curve says about the budget that would decide it
+(:func:`budget`). Claims whose schemes were not run are omitted.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 from posenc.checkpoint import atomic_write_bytes
 from posenc.claims import FAILS, FLAT_TOL, HOLDS, NOISE, Claim, Table, combine, role_names
+from posenc.encodings.bias import alibi_slopes
 from posenc.records import Ppl, Task, TaskCell, load, load_ppl
 from posenc.report import seed_cell, with_ratios
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
@@ -34,8 +38,17 @@ ROTATION_ONLY = ("rope", "acc-rand-qk", "acc-rand-qkv", "acc-learned-qkv")
 FAR_MASS_CONTROLS = ("alibi", "forget", "rope+forget", "hybrid")
 RAND_QKV, RAND_QK = "acc-rand-qkv", "acc-rand-qk"
 REFLECTING = "path"  # Householder transports with beta in [0, 2]: a reflection flips a state, an SO(2) step of at most 1 rad cannot
+ALIBI = "alibi"
+FORGET_GATES = ("forget", "rope+forget", "path+forget")  # the schemes whose jobs measure the gate's leak (Task.leak)
 # every scheme a task claim names: a run's scheme takes the role whose canonical spec it has (claims.role_names)
-TASK_ROLES = list(dict.fromkeys([*ROTATION_ONLY, *FAR_MASS_CONTROLS, RAND_QKV, RAND_QK, REFLECTING, "path+forget"]))
+TASK_ROLES = list(dict.fromkeys([*ROTATION_ONLY, *FAR_MASS_CONTROLS, RAND_QKV, RAND_QK, REFLECTING, *FORGET_GATES]))
+UNDECIDED = "undecided"
+# budget(): the training loss "still falls" when the mean of its last eighth of logged steps is more than LOSS_FALLING
+# (relative) below the same-sized window a quarter of the steps earlier; it is "at chance" from AT_CHANCE x -ln(chance)
+LOSS_FALLING, AT_CHANCE = 0.05, 0.95
+# R7, R8: a distance bias of r nats per token reaches WINDOW_NATS at w = WINDOW_NATS / r (a key's weight down by e);
+# a horizon "follows" w within HORIZON_FACTOR either way (horizons are powers of two: two buckets each side)
+WINDOW_NATS, HORIZON_FACTOR = 1.0, 4.0
 
 
 def slug(task: str) -> str:
@@ -75,13 +88,17 @@ def horizon(curve: dict[int, float], id_acc: float, tol: float) -> Optional[int]
 class TaskTable:
     """One task's scores over schemes and seeds, with each job's in-distribution accuracy and horizon."""
 
-    def __init__(self, records: list[Task], task: str, train_length: int, tol: float, bar: float):
+    def __init__(self, records: list[Task], task: str, train_length: int, tol: float, bar: float, n_head: Optional[int] = None):
+        """``n_head``: the run's head count for records without their own (``Task.n_head``); None: unknown."""
         self.task, self.L0, self.tol, self.bar = task, train_length, tol, bar
+        self.chance = get_task(task).chance
         self.scores: dict[str, dict[int, Scores]] = {}  # only schemes with records: a lookup adds none
+        self.records: dict[tuple[str, int], Task] = {}
         mine = [r for r in records if r.task == task]
         name = role_names([r.scheme for r in mine], TASK_ROLES)
         for r in mine:
             self.scores.setdefault(name[r.scheme], {})[r.seed] = Scores(r.cells)
+            self.records[(name[r.scheme], r.seed)] = r if r.n_head is not None else r.model_copy(update={"n_head": n_head})
         self.seconds = {(name[r.scheme], r.seed): (r.train_seconds, r.eval_seconds) for r in mine}
         self.criterion = {(name[r.scheme], r.seed): (r.criterion, r.criterion_step, r.trained_steps) for r in mine if r.criterion}
 
@@ -104,6 +121,10 @@ class TaskTable:
 
     def horizons(self, scheme: str) -> list[Optional[int]]:
         return [horizon(self.curve(scheme, seed), s.acc("id", self.L0)[0], self.tol) for seed, s in self.scores[scheme].items()]
+
+    def censored(self, scheme: str) -> list[bool]:
+        """Per seed: the horizon is the largest distance probed (the true one may lie beyond)."""
+        return [h is not None and h == max(self.curve(scheme, seed)) for seed, h in zip(self.scores[scheme], self.horizons(scheme))]
 
     def values(self, scheme: str, test: str, length: Optional[int] = None, bucket: Optional[int] = None) -> tuple[list[float], float]:
         """(accuracy per seed, the largest binomial standard error among them)."""
@@ -163,15 +184,64 @@ def flat_schemes(text_records: list[Ppl]) -> dict[str, list[float]]:
     return {s: t.r(s, t.longest) for s in t.ratio if t.r(s, t.longest) and max(t.r(s, t.longest)) <= 1 + FLAT_TOL}
 
 
+def budget(record: Task, chance: float) -> str:
+    """What a job's learning curve (``Task.loss_curve``) says about the budget that would decide a claim it did not
+    learn for: the training loss still falling at the step cap (LOSS_FALLING): more steps; flat at chance (AT_CHANCE x
+    -ln ``chance``): more steps alone are unlikely to help, another learning rate or head count; flat below chance
+    (learned part of the task): another setting. "no loss curve in the records" when the record keeps fewer than 4
+    logged steps (records before ``Task.loss_curve``)."""
+    curve = record.loss_curve or []
+    if len(curve) < 4:
+        return "no loss curve in the records"
+    steps, loss = [s for s, _ in curve], [v for _, v in curve]
+    cap, k = record.trained_steps or steps[-1], max(1, len(curve) // 8)
+    late = float(np.mean(loss[-k:]))
+    i = max(j for j, s in enumerate(steps) if s <= steps[-1] - (steps[-1] - steps[0]) / 4)
+    before = float(np.mean(loss[max(0, i - k + 1) : i + 1]))
+    chance_loss = -math.log(chance)
+    if late < before * (1 - LOSS_FALLING):
+        return f"loss still falling at the step cap {cap} ({before:.3f} -> {late:.3f} over its last {steps[-1] - steps[i]} steps): more steps"
+    if late >= AT_CHANCE * chance_loss:
+        return (f"loss flat at chance at the step cap {cap} ({late:.3f}; ln {1 / chance:g} = {chance_loss:.3f}): "
+                "more steps alone unlikely, another learning rate or head count")
+    return f"loss flat at {late:.3f} at the step cap {cap} (chance {chance_loss:.3f}): another setting (learning rate, heads), not more steps"
+
+
+def not_learned(t: TaskTable, schemes: list[str]) -> str:
+    """Why a claim over ``schemes`` is undecided: each of them that did not learn, the seeds below the bar with their
+    in-distribution accuracy, grouped by what each job's learning curve says (:func:`budget`)."""
+    parts = []
+    for s in schemes:
+        if s not in t.scores or t.learned(s):
+            continue
+        low: dict[str, list[tuple[int, float]]] = {}
+        for seed, scores in sorted(t.scores[s].items()):
+            acc = scores.acc("id", t.L0)[0]
+            if acc is None or acc < t.bar:
+                low.setdefault(budget(t.records[(s, seed)], t.chance), []).append((seed, acc or 0.0))
+        parts.append(f"{s} did not learn on " + "; ".join(
+            f"seed{'s' * (len(v) > 1)} {', '.join(str(seed) for seed, _ in v)} (id {' / '.join(f'{100 * a:.1f}' for _, a in v)}% "
+            f"< {100 * t.bar:.0f}%: {why})" for why, v in low.items()))
+    return "; ".join(parts)
+
+
+def _undecided(key: str, text: str, t: TaskTable, schemes: list[str]) -> Claim:
+    return Claim(key, text, UNDECIDED, not_learned(t, schemes))
+
+
 def claim_r1(t: TaskTable, flat: dict[str, list[float]]) -> Optional[Claim]:
-    schemes = [s for s in flat if s in t.scores and t.learned(s)]
-    if not schemes:
+    text = f"{t.task}: flat perplexity is not far retrieval (some scheme flat in the text run has a horizon <= the training length {t.L0})"
+    run = [s for s in flat if s in t.scores]
+    schemes = [s for s in run if t.learned(s)]
+    if not run:
         return None
+    if not schemes:
+        return _undecided("R1", text, t, run)
     beyond = {s: [_hval(h) > t.L0 for h in t.horizons(s)] for s in schemes}
     verdict = HOLDS if any(not any(v) for v in beyond.values()) else (FAILS if all(all(v) for v in beyond.values()) else NOISE)
     # the ratio as the text run's table shows it (mean ± half-range over seeds), not one seed's
     numbers = "; ".join(f"{s} (ratio {seed_cell(flat[s], '.3f')} at the longest length): horizon {_h(t.horizons(s))}" for s in schemes)
-    return Claim("R1", f"{t.task}: flat perplexity is not far retrieval (some scheme flat in the text run has a horizon <= the training length {t.L0})", verdict, numbers)
+    return Claim("R1", text, verdict, numbers)
 
 
 def _rand_qkv_variants(t: TaskTable, windows: dict[str, Optional[float]]) -> list[tuple[float, str]]:
@@ -179,22 +249,29 @@ def _rand_qkv_variants(t: TaskTable, windows: dict[str, Optional[float]]) -> lis
 
 
 def claim_r2(t: TaskTable, windows: dict[str, Optional[float]]) -> Optional[Claim]:
-    variants = [(w, s) for w, s in _rand_qkv_variants(t, windows) if t.learned(s)]
-    if len(variants) < 2:
+    text = f"{t.task}: random accumulated rotations retrieve only within about their mixing window (horizon <= 4 w_0.01, growing with w)"
+    run = _rand_qkv_variants(t, windows)
+    variants = [(w, s) for w, s in run if t.learned(s)]
+    if len(run) < 2:
         return None
+    if len(variants) < 2:
+        return _undecided("R2", text, t, [s for _, s in run])
     within = [all(_hval(h) <= 4 * w for h in t.horizons(s)) for w, s in variants]
     exceeds = [all(_hval(h) > 4 * w for h in t.horizons(s)) for w, s in variants]
     order = [max(map(_hval, t.horizons(a))) <= min(map(_hval, t.horizons(b))) for (_, a), (_, b) in zip(variants, variants[1:])]
     reversed_ = [min(map(_hval, t.horizons(a))) > max(map(_hval, t.horizons(b))) for (_, a), (_, b) in zip(variants, variants[1:])]
     verdict = HOLDS if all(within) and all(order) else (FAILS if any(exceeds) or any(reversed_) else NOISE)
     numbers = "; ".join(f"{s}: w_0.01 {w:.0f}, horizon {_h(t.horizons(s))}" for w, s in variants)
-    return Claim("R2", f"{t.task}: random accumulated rotations retrieve only within about their mixing window (horizon <= 4 w_0.01, growing with w)", verdict, numbers)
+    return Claim("R2", text, verdict, numbers)
 
 
 def claim_r3(t: TaskTable, windows: dict[str, Optional[float]]) -> Optional[Claim]:
-    if not (t.learned(RAND_QK) and t.learned(RAND_QKV)) or not windows.get(RAND_QK):
+    if RAND_QK not in t.scores or RAND_QKV not in t.scores or not windows.get(RAND_QK):
         return None
     w = windows[RAND_QK]
+    text = f"{t.task}: beyond the mixing window ({w:.0f} tokens) Q/K/V retrieves no better than Q/K (value transport scrambles far content)"
+    if not (t.learned(RAND_QK) and t.learned(RAND_QKV)):
+        return _undecided("R3", text, t, [RAND_QK, RAND_QKV])
     far = [b for b in next(iter(t.scores[RAND_QK].values())).buckets("gap") if b >= w]
     if not far:
         return None
@@ -204,8 +281,7 @@ def claim_r3(t: TaskTable, windows: dict[str, Optional[float]]) -> Optional[Clai
 
     qkv, qk = mean_far(RAND_QKV), mean_far(RAND_QK)
     se = max(t.values(s, "gap", bucket=far[0])[1] for s in (RAND_QK, RAND_QKV))
-    return Claim("R3", f"{t.task}: beyond the mixing window ({w:.0f} tokens) Q/K/V retrieves no better than Q/K (value transport scrambles far content)",
-                 at_most(qkv, qk, se), f"accuracy over gap buckets >= {far[0]}: acc-rand-qkv {_pct(qkv)}% vs acc-rand-qk {_pct(qk)}%")
+    return Claim("R3", text, at_most(qkv, qk, se), f"accuracy over gap buckets >= {far[0]}: acc-rand-qkv {_pct(qkv)}% vs acc-rand-qk {_pct(qk)}%")
 
 
 NEAR = 16  # flip-flop near recall: answers whose evidence is fewer than NEAR tokens back
@@ -229,13 +305,18 @@ def near_values(t: TaskTable, s: str, length: int) -> tuple[list[float], float]:
 
 
 def claim_r4(t: TaskTable) -> Optional[Claim]:
-    rot = [s for s in ROTATION_ONLY if t.learned(s)]
-    ctrl = [s for s in FAR_MASS_CONTROLS if t.learned(s)]
-    if not rot or not ctrl:
+    rot_run, ctrl_run = [s for s in ROTATION_ONLY if s in t.scores], [s for s in FAR_MASS_CONTROLS if s in t.scores]
+    if not rot_run or not ctrl_run:
         return None
-    first = next(iter(t.scores[rot[0]].values()))
+    rot, ctrl = [s for s in rot_run if t.learned(s)], [s for s in ctrl_run if t.learned(s)]
+    first = next(iter(t.scores[rot_run[0]].values()))
     lengths = first.lengths("near") or first.lengths("id")
     near, far = lengths[0], lengths[-1]
+    what = "the pairs right before the queries" if first.lengths("near") else f"reads whose write is < {NEAR} tokens back"
+    text = (f"{t.task}: near recall ({what}) in a long context ({near} -> {far} tokens) erodes (drop > {100 * t.tol:.0f} points) "
+            "for rotation-only schemes, not for ALiBi or forget-gate schemes")
+    if not rot or not ctrl:  # the side with no learned scheme is what would decide it
+        return _undecided("R4", text, t, (rot_run if not rot else []) + (ctrl_run if not ctrl else []))
 
     def drop(s):
         a, se_a = near_values(t, s, near)
@@ -247,31 +328,34 @@ def claim_r4(t: TaskTable) -> Optional[Claim]:
         d, se = drop(s)
         parts.append(above(d, t.tol, se) if s in rot else at_most(d, [t.tol], se))
         numbers.append(f"{s} {_pct(d)}")
-    what = "the pairs right before the queries" if first.lengths("near") else f"reads whose write is < {NEAR} tokens back"
-    return Claim("R4", f"{t.task}: near recall ({what}) in a long context ({near} -> {far} tokens) erodes (drop > {100 * t.tol:.0f} points) "
-                 "for rotation-only schemes, not for ALiBi or forget-gate schemes", combine(parts), "accuracy drop in points: " + ", ".join(numbers))
+    return Claim("R4", text, combine(parts), "accuracy drop in points: " + ", ".join(numbers))
 
 
 def claim_r5(t: TaskTable) -> Optional[Claim]:
-    if not all(t.learned(s) for s in ("path", "forget", "rope")):
+    schemes = ("path", "forget", "rope")
+    text = f"{t.task}: PaTH errs at most as often as FoX and RoPE on the sparse test at the training length (the PaTH paper's order)"
+    if not all(s in t.scores for s in schemes):
         return None
+    if not all(t.learned(s) for s in schemes):
+        return _undecided("R5", text, t, list(schemes))
     errs = {}
-    for s in ("path", "forget", "rope"):
+    for s in schemes:
         acc, se = t.values(s, "sparse", t.L0)
         errs[s] = ([1 - a for a in acc], se)
     se = max(v[1] for v in errs.values())
     verdict = combine([at_most(errs["path"][0], errs[o][0], se) for o in ("forget", "rope")])
-    return Claim("R5", f"{t.task}: PaTH errs at most as often as FoX and RoPE on the sparse test at the training length (the PaTH paper's order)",
-                 verdict, ", ".join(f"{s} {_pct(v[0])}%" for s, v in errs.items()))
-
-
+    return Claim("R5", text, verdict, ", ".join(f"{s} {_pct(v[0])}%" for s, v in errs.items()))
 
 
 def claim_r6(t: TaskTable) -> Optional[Claim]:
     """State tracking (modsum): PaTH carries the running sum beyond the training length, no other learned scheme does.
-    None (no verdict) when PaTH did not learn the task."""
-    if not t.learned(REFLECTING):
+    Undecided when PaTH did not learn the task; None when it was not run."""
+    text = (f"{t.task}: state tracking beyond the training length {t.L0}: PaTH's horizon exceeds it and no other "
+            "learned scheme's does (a reflection can flip a state; SO(2) steps of at most 1 rad and position biases cannot)")
+    if REFLECTING not in t.scores:
         return None
+    if not t.learned(REFLECTING):
+        return _undecided("R6", text, t, [REFLECTING])
     others = [s for s in t.scores if s != REFLECTING and t.learned(s)]
     beyond = {s: [_hval(h) > t.L0 for h in t.horizons(s)] for s in [REFLECTING] + others}
     if all(beyond[REFLECTING]) and not any(any(beyond[s]) for s in others):
@@ -283,8 +367,85 @@ def claim_r6(t: TaskTable) -> Optional[Claim]:
     unlearned = [s for s in t.scores if s != REFLECTING and not t.learned(s)]
     numbers = "horizon: " + ", ".join(f"{s} {_h(t.horizons(s))}" for s in [REFLECTING] + others)
     numbers += f"; did not learn: {', '.join(unlearned)}" if unlearned else ""
-    return Claim("R6", f"{t.task}: state tracking beyond the training length {t.L0}: PaTH's horizon exceeds it and no other "
-                 "learned scheme's does (a reflection can flip a state; SO(2) steps of at most 1 rad and position biases cannot)", verdict, numbers)
+    return Claim("R6", text, verdict, numbers)
+
+
+def decay_window(rate: float) -> float:
+    """The distance (tokens) at which a distance bias of ``rate`` nats per token reaches WINDOW_NATS, i.e. drops a
+    key's softmax weight by e^WINDOW_NATS against a key at distance 0: w = WINDOW_NATS / rate (inf for rate <= 0)."""
+    return WINDOW_NATS / rate if rate > 0 else math.inf
+
+
+def follows_window(horizons: list[Optional[int]], windows: list[float], censored: list[bool]) -> str:
+    """Verdict of "the horizon follows the window" over seeds: a seed's horizon follows when it lies within
+    [w / HORIZON_FACTOR, w x HORIZON_FACTOR] (None, the first bucket already short, counts 0); a horizon at the largest
+    distance probed (``censored``) whose band reaches it is open (it may lie beyond). Holds when every seed follows,
+    does not hold when none does and none is open, within noise otherwise."""
+    state = []
+    for h, w, cut in zip(horizons, windows, censored):
+        lo, hi, v = w / HORIZON_FACTOR, w * HORIZON_FACTOR, _hval(h)
+        state.append("open" if cut and hi >= v else lo <= v <= hi)
+    if all(s is True for s in state):
+        return HOLDS
+    return FAILS if all(s is False for s in state) else NOISE
+
+
+def _band(w: float) -> str:
+    return f"[{w / HORIZON_FACTOR:.0f}, {w * HORIZON_FACTOR:.0f}]" if math.isfinite(w) else "unbounded"
+
+
+def claim_alibi_slopes(t: TaskTable) -> Optional[Claim]:
+    """(R7) ALiBi's horizon follows its slopes: the bias of head h at distance d is -m_h d (Press et al. 2022,
+    arXiv 2108.12409, sec. 3), so the flattest head (the smallest slope of ``alibi_slopes(n_head)``) reaches farthest,
+    and its window w = WINDOW_NATS / m_min (``decay_window``) predicts the horizon within HORIZON_FACTOR
+    (``follows_window``). The slopes' geometric sequence ends at 2^-8 for every head count (w = 256 tokens): the head
+    count changes the steeper heads, not the flattest. The head count is each record's (``Task.n_head``), else the
+    run's. None when ALiBi was not run; undecided when it did not learn or the head count is unknown."""
+    text = (f"{t.task}: ALiBi's horizon follows its slopes (within x{HORIZON_FACTOR:g} of w = {WINDOW_NATS:g} / m of its flattest "
+            "head: where that head's bias reaches 1 nat)")
+    if ALIBI not in t.scores:
+        return None
+    if not t.learned(ALIBI):
+        return _undecided("R7", text, t, [ALIBI])
+    heads = [t.records[(ALIBI, seed)].n_head for seed in t.scores[ALIBI]]
+    if None in heads:
+        return Claim("R7", text, UNDECIDED, "the head count is unknown (records without n_head and no preset.json): rerun the "
+                     "report on a run whose records or preset give it")
+    windows = [decay_window(float(alibi_slopes(n).min())) for n in heads]
+    hs = t.horizons(ALIBI)
+    numbers = "; ".join(f"seed {seed}: {n} heads, flattest slope {float(alibi_slopes(n).min()):.4g}/token, w {w:.0f}, band {_band(w)}, "
+                        f"horizon {_h([h])} (bias there {_hval(h) * float(alibi_slopes(n).min()):.2g} nats)"
+                        for seed, n, w, h in zip(t.scores[ALIBI], heads, windows, hs))
+    return Claim("R7", text, follows_window(hs, windows, t.censored(ALIBI)), numbers)
+
+
+def claim_forget_leak(t: TaskTable) -> Optional[Claim]:
+    """(R8) A forget gate's horizon follows its measured leak: the bias against a key d tokens back is the sum of the
+    log forget gates over those d tokens (Lin et al. 2025, arXiv 2503.02130, eq. 4-6), about -r d for a gate that leaks
+    r nats per token over the gap (``Task.leak``, measured by ``posenc.taskeval.gate_leak`` on each job), so the horizon
+    of the flattest head (the smallest leak over every gated layer) should follow w = WINDOW_NATS / r within
+    HORIZON_FACTOR (``follows_window``), each seed against its own leak; over every forget-gate scheme that learned.
+    None when no forget-gate scheme was run; undecided when none learned, or the records keep no leak."""
+    text = (f"{t.task}: a forget gate's horizon follows its measured leak (within x{HORIZON_FACTOR:g} of w = {WINDOW_NATS:g} / r "
+            "of its flattest head, r its mean -log f per token over the probe's gap)")
+    run = [s for s in FORGET_GATES if s in t.scores]
+    learned = [s for s in run if t.learned(s)]
+    if not run:
+        return None
+    if not learned:
+        return _undecided("R8", text, t, run)
+    measured = [s for s in learned if all(t.records[(s, seed)].leak for seed in t.scores[s])]
+    if not measured:
+        return Claim("R8", text, UNDECIDED, f"no leak in the records of {', '.join(learned)} (written before Task.leak; a job "
+                     "run now measures it after training)")
+    hs, ws, cut, numbers = [], [], [], []
+    for s in measured:
+        for (seed, h), c in zip(zip(t.scores[s], t.horizons(s)), t.censored(s)):
+            r = min(min(row) for row in t.records[(s, seed)].leak)
+            hs.append(h), ws.append(decay_window(r)), cut.append(c)
+            numbers.append(f"{s} seed {seed}: leak {r:.4f} nats/token, w {ws[-1]:.0f}, band {_band(ws[-1])}, horizon {_h([h])} "
+                           f"(bias there {_hval(h) * r:.2g} nats)")
+    return Claim("R8", text, follows_window(hs, ws, cut), "; ".join(numbers))
 
 
 def check_task_claims(t: TaskTable, meta: dict, text_records: list[Ppl]) -> list[Claim]:
@@ -295,6 +456,7 @@ def check_task_claims(t: TaskTable, meta: dict, text_records: list[Ppl]) -> list
         out.append(claim_r5(t))
     if kind == "modsum":
         out.append(claim_r6(t))
+    out += [claim_alibi_slopes(t), claim_forget_leak(t)]
     return [c for c in out if c is not None]
 
 
@@ -403,13 +565,17 @@ def plot_length(path: Path, t: TaskTable, schemes: list[str], chance: float) -> 
 
 
 def write_csv(path: Path, records: list[Task]) -> None:
+    """retrieval.csv: one row per cell of each job, with the job's training length and steps (``posenc.records.load_task_csv``
+    reads it back)."""
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["task", "scheme", "seed", "test", "length", "bucket", "answers", "correct", "accuracy", "nll_mean"])
+    w.writerow(["task", "scheme", "seed", "test", "length", "bucket", "answers", "correct", "accuracy", "nll_mean",
+                "train_length", "trained_steps", "criterion_step"])
     for r in records:
+        job = [r.train_length, "" if r.trained_steps is None else r.trained_steps, "" if r.criterion_step is None else r.criterion_step]
         for c in r.cells:
             w.writerow([r.task, r.scheme, r.seed, c.test, c.length, c.bucket, c.n, c.correct,
-                        f"{c.correct / c.n:.4f}", f"{c.nll / c.n:.4f}"])
+                        f"{c.correct / c.n:.4f}", f"{c.nll / c.n:.4f}", *job])
     atomic_write_bytes(path, buf.getvalue().encode())
 
 
@@ -447,7 +613,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
     # every task the run holds: a task added by an earlier invocation (--tasks X, then --tasks Y) keeps its section
     tasks = {**meta["tasks"], **{r.task: get_task(r.task).describe() for r in records if r.task not in meta["tasks"]}}
     for task, desc in tasks.items():
-        t = TaskTable(records, task, L0, ev["horizon_tol"], ev["learned"])
+        t = TaskTable(records, task, L0, ev["horizon_tol"], ev["learned"], meta.get("n_head"))
         schemes = [s for s in t.scores]
         lines += [f"## {task}", "", f"{desc}", ""]
         if not schemes:
@@ -470,7 +636,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
     if claims:
         lines += ["## Claims", "", markdown_table(["claim", "verdict", "numbers"], [[f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence] for c in claims]), ""]
     elif records:
-        lines += ["## Claims", "", "No claim gets a verdict: the schemes each one compares did not all learn the task on every seed.", ""]
+        lines += ["## Claims", "", "No claim applies: each compares schemes this run did not train.", ""]
     if text and not text_records:
         lines += [f"(R1 needs the text comparison {text} (results.jsonl or results.csv): not found.)", ""]
     if failures:

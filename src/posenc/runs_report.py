@@ -10,6 +10,10 @@ from ``preset.json`` where present, else from the header of ``report.md``.
 ``write_runs_report(paths, out)`` writes ``report.md`` (the runs and how their settings differ, one
 table of perplexity at 1x and ratios per scheme and run, the claims of each run) and
 ``ppl_ratio.png`` (every run's ratio curves overlaid: colour per scheme, line style per run).
+Task comparisons (``posenc compare --preset retrieval``; records in ``results.jsonl`` or ``retrieval.csv``)
+may be given beside them: the report then opens with the scoreboard (``posenc.scoreboard``: the first
+text run's perplexity and ratios beside each task's horizon and steps to criterion) and closes with the
+task claims (R1 against the first text run).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from posenc.jobs import FREE_SETTINGS, _flatten, settings
 from posenc.records import Ppl, load_ppl
 from posenc.report import seed_cell, with_ratios
 from posenc.reporting import figure, log_scale, markdown_table, save_figure
+from posenc.scoreboard import TaskRun, is_task_run, load_task_run, scoreboard_markdown, task_claims_markdown
 
 HEADER_KEYS = ("corpus", "tokenizer", "model", "budget", "eval")  # report.md header lines that describe the settings
 STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]  # per run: line style and marker (a short legend line hides a dash)
@@ -81,7 +86,7 @@ def load_run(path: Path, label: str | None = None) -> Run:
     if records is None:
         raise PosencError(f"{path} has no results.jsonl or results.csv: not a posenc compare run")
     if not records:
-        raise PosencError(f"{path} has no perplexity records (a synthetic-task run? its report is retrieval's)")
+        raise PosencError(f"{path} has no perplexity records and no task records: not a posenc compare run")
     lengths = {r.train_length for r in records}
     if len(lengths) > 1:
         raise PosencError(f"{path} mixes training lengths {sorted(lengths)}: not one compare run")
@@ -131,13 +136,25 @@ def schemes(runs: list[Run]) -> dict[str, str]:
     return out
 
 
-def markdown(runs: list[Run]) -> str:
-    """The side-by-side report (see the module docstring)."""
+def markdown(runs: list[Run], task_runs: list[TaskRun] = ()) -> str:
+    """The side-by-side report (see the module docstring): with ``task_runs``, the scoreboard first and their claims last."""
+    out = io.StringIO()
+    out.write(f"# posenc report: {', '.join(run.label for run in [*task_runs, *runs])}\n\n")
+    if task_runs:
+        out.write("## Scoreboard\n\n" + scoreboard_markdown(runs[0] if runs else None, list(task_runs)) + "\n")
+    if runs:
+        out.write(text_markdown(runs))
+    out.write(task_claims_markdown(runs[0] if runs else None, list(task_runs)))
+    return out.getvalue()
+
+
+def text_markdown(runs: list[Run]) -> str:
+    """The text runs' sections: the runs and their settings, perplexity and ratios per scheme and run, the claims."""
     names = schemes(runs)
     multiples = sorted({r.eval_length / run.train_length for run in runs for r in run.records} - {1.0})
     ppl, ratio = [_grid(run, "ppl") for run in runs], [_grid(run, "ratio") for run in runs]
     out = io.StringIO()
-    out.write(f"# posenc report: {', '.join(run.label for run in runs)}\n\n## Runs\n\n")
+    out.write("## Runs\n\n")
     rows = [[run.label, f"`{run.path}`", ", ".join(str(s) for s in sorted({r.seed for r in run.records})),
              run.train_length, run.source, "reference" if i == 0 else differences(runs[0], run)] for i, run in enumerate(runs)]
     out.write(markdown_table(["run", "directory", "seeds", "train length", "settings from", f"against {runs[0].label}"], rows) + "\n")
@@ -198,14 +215,32 @@ def ratio_figure(runs: list[Run]):
     return fig
 
 
-def write_runs_report(paths: list[Path], out: Path) -> Path:
-    """Read the compare runs at ``paths`` and write ``out/report.md`` and ``out/ppl_ratio.png``; returns the
-    report's path. Raises PosencError as :func:`load_run`, or for no run or a run given twice."""
+def load_runs(paths: list[Path]) -> tuple[list[Run], list[TaskRun]]:
+    """(text runs, task runs) of the directories ``paths``, each in the order given, labelled by :func:`_labels`.
+    Raises PosencError as :func:`load_run`, or for no run or a run given twice."""
     if not paths:
         raise PosencError("give at least one compare run directory")
-    runs = [load_run(p, label) for p, label in zip(paths, _labels(paths))]
+    labelled = list(zip(paths, _labels(paths)))
+    tasks = [load_task_run(p, label) for p, label in labelled if Path(p).is_dir() and is_task_run(p)]
+    return [load_run(p, label) for p, label in labelled if not (Path(p).is_dir() and is_task_run(p))], tasks
+
+
+def write_runs_report(paths: list[Path], out: Path) -> Path:
+    """Read the compare runs at ``paths`` (text and task comparisons) and write ``out/report.md`` and, with text
+    runs, ``out/ppl_ratio.png``; returns the report's path. Raises PosencError as :func:`load_runs`."""
+    runs, task_runs = load_runs(paths)
     make_run_dir(Path(out))
-    save_figure(ratio_figure(runs), Path(out) / "ppl_ratio.png")
+    if runs:
+        save_figure(ratio_figure(runs), Path(out) / "ppl_ratio.png")
     report = Path(out) / "report.md"
-    atomic_write_bytes(report, markdown(runs).encode())
+    atomic_write_bytes(report, markdown(runs, task_runs).encode())
     return report
+
+
+def scoreboard(paths: list[Path]) -> str:
+    """The scoreboard of the runs at ``paths`` (``posenc.scoreboard``): the first text run beside every task run.
+    Raises PosencError as :func:`load_runs`, or when no task run is given."""
+    runs, task_runs = load_runs(paths)
+    if not task_runs:
+        raise PosencError("the scoreboard needs a task comparison (posenc compare --preset retrieval): none given")
+    return scoreboard_markdown(runs[0] if runs else None, task_runs)

@@ -11,12 +11,16 @@ from __future__ import annotations
 import math
 import zlib
 
+from typing import Optional
+
 import torch
 
+from posenc.encodings.forget import ForgetGate
 from posenc.tasks import Task, Test
 
 EVAL_SEED = 1_000_003  # evaluation sequences never coincide with a training seed's batches
 CRITERION_SEED = 2_000_003  # train.until's held-out set: neither a training batch nor a test's sequences
+LEAK_MULTIPLE, LEAK_ROWS = 8, 8  # gate_leak: the probe's distance in training lengths, and how many probes
 
 
 def bucket(distance: torch.Tensor) -> torch.Tensor:
@@ -93,3 +97,30 @@ def id_accuracy(model: torch.nn.Module, task: Task, train_length: int, answers: 
 def standard_error(p: float, n: int) -> float:
     """Binomial standard error of an accuracy ``p`` measured on ``n`` answers."""
     return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
+
+
+@torch.no_grad()
+def gate_leak(model: torch.nn.Module, task: Task, train_length: int) -> Optional[list[list[float]]]:
+    """The forget gate's leak: mean -log f per token (nats) of each head of each layer with a forget gate (FoX, Lin et
+    al. 2025, arXiv:2503.02130; alone or a part of a composite, several summed), over the last g = LEAK_MULTIPLE x
+    ``train_length`` positions of the task's controlled-gap probe at distance g (LEAK_ROWS probes drawn from
+    EVAL_SEED). On a stream task (flip-flop, modsum) that span runs from the evidence to the answer, so the bias the
+    answer's query pays against its evidence is g x the leak (``results/retrieval/forget_gap.txt`` measured it by
+    hand). Returns (gated layers, H) floats, layers in order; None when no layer has a forget gate."""
+    if not any(isinstance(m, ForgetGate) for m in model.modules()):
+        return None
+    g = LEAK_MULTIPLE * train_length
+    test = next(t for t in task.tests(train_length, [LEAK_MULTIPLE]) if t.name == "gap" and t.settings["gap"] == g)
+    tokens = task.batch(EVAL_SEED, 0, range(LEAK_ROWS), test.length, **test.settings).inputs
+    was_training = model.training
+    model.eval()
+    try:
+        out = []
+        for a in model.prepare(tokens.to(next(model.parameters()).device)):
+            gates = [m for m in a.encoding.modules() if isinstance(m, ForgetGate)]
+            if gates:
+                lam = sum(m.log_lambda(a.inp) for m in gates)  # (B, H, T) float64: the bias's prefix sum
+                out.append((-(lam[..., -1] - lam[..., -1 - g]) / g).mean(0).tolist())
+    finally:
+        model.train(was_training)
+    return out or None
