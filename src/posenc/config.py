@@ -21,7 +21,7 @@ from posenc import methods
 from posenc.errors import PosencError
 from posenc.model import ModelConfig
 from posenc.passkey import PasskeyConfig
-from posenc.presets import read_preset, validated
+from posenc.presets import apply, read_preset, validated
 from posenc.tasks import get_task, is_task
 from posenc.train import TrainConfig
 
@@ -30,37 +30,50 @@ from posenc.train import TrainConfig
 class ClusterConfig(BaseModel):
     """Resources of each submitit job (``posenc.jobs.run_submitit``): partition, GPUs, wall-clock limit (minutes), memory (GB)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    partition: Optional[str] = None  # the scheduler's default when None
-    gpus_per_job: Optional[int] = Field(None, ge=0)  # None: --nproc-per-node (on CPU with the local executor: 0)
+    partition: Optional[str] = None
+    """Slurm partition; null: the scheduler's default."""
+    gpus_per_job: Optional[int] = Field(None, ge=0)
+    """GPUs per job; null: ``--nproc-per-node`` (on CPU with the local executor: 0)."""
     time_min: int = Field(240, gt=0)
-    mem_gb: Optional[float] = Field(None, gt=0)  # the scheduler's default when None
+    """Wall-clock limit per job (minutes); a job killed at it resumes from its last checkpoint on a rerun."""
+    mem_gb: Optional[float] = Field(None, gt=0)
+    """Memory per job (GB); null: the scheduler's default."""
 
 
 class EvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     multiples: list[int] = [1, 2, 4, 8, 16, 32, 64]
-    max_tokens: int = Field(32768, gt=0)  # targets scored per length (fewer windows at long lengths)
+    """Evaluation lengths, as multiples of ``model.train_length``."""
+    max_tokens: int = Field(32768, gt=0)
+    """Targets scored per length (tokens; fewer windows at long lengths)."""
     batch_tokens: int = Field(8192, gt=0)
-    # passkey retrieval cells (posenc.passkey): off unless the preset gives eval.passkey; a block given
-    # takes PasskeyConfig's defaults for the keys it leaves out (4 trials per cell)
+    """Tokens per evaluation forward batch: memory and speed only."""
     passkey: PasskeyConfig = PasskeyConfig(trials=0)
-    far_mass: FarMassConfig = FarMassConfig()  # the cheap diagnose pass (posenc.diagnose)
+    """Passkey retrieval cells (``posenc.passkey``): off (``trials: 0``) unless a preset gives ``eval.passkey``; a block given takes the defaults below for the keys it leaves out."""
+    far_mass: FarMassConfig = FarMassConfig()
+    """The cheap diagnose pass (far attention mass and entropy, ``posenc.diagnose``)."""
 
 
 class TaskEvalConfig(BaseModel):
     """Scoring of synthetic tasks (``posenc.taskeval``): lengths, and the answers each cell aims for."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    multiples: list[Annotated[int, Field(gt=0)]] = [1, 4, 16, 32]  # sequence lengths; probes reach the largest
-    answers: int = Field(2000, gt=0)  # answers per cell (a 1-point standard error near 90% needs ~900)
-    max_tokens: int = Field(65536, gt=0)  # ... or this many tokens per cell, whichever comes first
+    multiples: list[Annotated[int, Field(gt=0)]] = [1, 4, 16, 32]
+    """Sequence lengths scored, as multiples of ``model.train_length``; probes reach the largest."""
+    answers: int = Field(2000, gt=0)
+    """Answers scored per cell (a 1-point standard error near 90% needs ~900) ..."""
+    max_tokens: int = Field(65536, gt=0)
+    """... or this many tokens per cell, whichever comes first."""
     batch_tokens: int = Field(16384, gt=0)
-    horizon_tol: float = Field(0.05, gt=0, lt=1)  # horizon: accuracy within this of in-distribution accuracy
-    learned: float = Field(0.9, gt=0, le=1)  # in-distribution accuracy below this: "did not learn the task"
+    """Tokens per scoring forward batch: memory and speed only."""
+    horizon_tol: float = Field(0.05, gt=0, lt=1)
+    """The horizon: the longest distance whose accuracy is within this (a fraction) of the in-distribution accuracy."""
+    learned: float = Field(0.9, gt=0, le=1)
+    """In-distribution accuracy below this (a fraction): the scheme did not learn the task."""
 
 
 # the settings a sweep may vary (``SweepConfig``): training budget and optimiser, and the model's shape
@@ -83,10 +96,12 @@ class SweepConfig(BaseModel):
     there. ``grid``: {key: [values]} for every scheme; ``schemes``: {scheme: {key: [values]}}, that scheme's
     own values (they replace the grid's for its keys and may add keys). Keys: ``SWEEP_KEYS``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     grid: dict[str, list[Any]] = {}
+    """{key: [values]} for every scheme; keys: train.lr, train.weight_decay, train.steps, train.warmup, model.n_head, model.n_layer, model.d_model."""
     schemes: dict[str, dict[str, list[Any]]] = {}
+    """{scheme: {key: [values]}}: that scheme's own values, replacing the grid's for its keys (and adding keys)."""
 
     @field_validator("grid")
     @classmethod
@@ -104,33 +119,38 @@ class SweepConfig(BaseModel):
 class Preset(BaseModel):
     """A comparison: model, training budget, evaluation and the schemes to run."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str
+    """The run directory under ``--out`` (letters, digits, . _ -); each preset states its own (never taken from its base)."""
     description: str = ""
+    """What the comparison tests, as the report quotes it; each preset states its own (never taken from its base)."""
     model: ModelConfig
+    """The model every scheme trains (a scheme's spec replaces ``encoding``)."""
     train: TrainConfig
+    """The training budget, data and optimiser of every job."""
     eval: EvalConfig = EvalConfig()
+    """Perplexity against length, passkey and far mass on text."""
     schemes: list[str] = Field(min_length=1)
+    """The positional schemes to compare (``posenc list``), each once."""
     seeds: list[Annotated[int, Field(ge=0)]] = Field([0], min_length=1)
-    # RoPE context-extension rows evaluated after the plain rows on every trained RoPE
-    # scheme, e.g. {schedule: yarn, factor: 8} -> row "rope+yarn(s=8)" (posenc.rope)
+    """Training seeds, each once; the report shows mean ± half-range."""
     eval_schedules: list[dict[str, Any]] = []
-    # long-context methods (posenc.methods) evaluated after them on every trained scheme they apply to
-    # (rope with fixed frequencies, alibi, t5, kerple), e.g. "self-extend:group=4" -> row "rope+self-extend(group=4,window=64)"
+    """RoPE context-extension rows evaluated after the plain rows on every trained RoPE scheme, e.g. ``{schedule: yarn, factor: 8}`` -> row ``rope+yarn(s=8)`` (``posenc.rope``)."""
     eval_methods: list[str] = []
-    # synthetic tasks (posenc.tasks): each scheme trains and is scored on each; a task corpus in
-    # train.corpus alone means tasks: [that corpus]
+    """Long-context methods (``posenc.methods``) evaluated after them on every trained scheme they apply to (RoPE with fixed frequencies, ALiBi, T5, Kerple), e.g. ``self-extend:group=4``."""
     tasks: list[str] = []
+    """Synthetic tasks (``posenc.tasks``): each scheme trains and is scored on each; a task in ``train.corpus`` alone means ``tasks: [that task]``."""
     task_eval: TaskEvalConfig = TaskEvalConfig()
-    # a text comparison's run directory (relative to the working directory) for the retrieval claim R1
+    """Scoring of the synthetic tasks."""
     text_results: Optional[str] = None
-    # published numbers to print beside ours: {source: str, metric: str, tests: [..], rows: {scheme: [..]}}
+    """A text comparison's run directory (relative to the working directory) for the retrieval claim R1; null: none."""
     reference: Optional[dict[str, Any]] = None
-    # resources of each job under `compare --launcher slurm` (or local); the flags override them
+    """Published numbers printed beside ours: ``{source, task, tests: [...], rows: {scheme: [...]}}``; null: none."""
     cluster: Optional[ClusterConfig] = None
-    # a grid over training and model settings, chosen per scheme on the first seed (SweepConfig)
+    """Resources of each job under ``compare --launcher slurm`` (or ``local``); the flags override them; null: the defaults below."""
     sweep: Optional[SweepConfig] = None
+    """A grid over training and model settings, chosen per scheme on the first seed; null: no sweep."""
 
     @field_validator("schemes", "seeds", "tasks")
     @classmethod
@@ -149,19 +169,17 @@ class Preset(BaseModel):
 
 
 def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> Preset:
-    """A preset by name (posenc/configs/NAME.yaml, package data) or path; ``overrides`` replace top-level keys.
+    """A preset by name (posenc/configs/NAME.yaml, package data) or path, its ``base`` resolved
+    (``posenc.presets.read_preset``), with ``overrides`` set ({dotted key: value}, ``{"train.lr": 3e-3}``; a
+    section given a mapping, ``{"train": {"steps": 5}}``, merges it: ``posenc.presets.apply``), as the command
+    line's flags and ``--set`` give them. The format: docs/presets.md.
 
-    Raises PosencError for an unknown preset, invalid YAML or invalid values.
+    Raises PosencError for an unknown preset, invalid YAML, a cycle of bases, an unknown key or invalid values.
     """
-    path, data = read_preset(name_or_path)
+    path, data = read_preset(name_or_path, cls=Preset)
     written = validated(Preset, data, f"preset {path.name}").model_dump(mode="json", include=SETTINGS) if data.get("description") else None
-    for key, value in (overrides or {}).items():
-        if isinstance(value, dict):
-            data[key] = {**data.get(key, {}), **value}
-        elif value is not None:
-            data[key] = value
-    given = any(v not in (None, {}) for v in (overrides or {}).values())
-    preset = validated(Preset, data, f"preset {path.name}" + (" with command-line options" if given else ""))
+    data = apply(Preset, data, overrides)
+    preset = validated(Preset, data, f"preset {path.name}" + (" with command-line options" if overrides else ""))
     if written is not None:
         _flag_overrides(preset, written)
     for s in preset.schemes:  # fail fast, before any training

@@ -56,10 +56,12 @@ BETA_ONE = 1e-9
 class FarMassConfig(BaseModel):
     """The cheap diagnose pass of ``compare``: far mass and entropy at a few lengths."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     multiples: list[int] = [2, 16]
-    windows: int = Field(1, ge=0)  # per length; 0 switches the pass off
+    """Lengths diagnosed, as multiples of the training length."""
+    windows: int = Field(1, ge=0)
+    """Held-out windows per length; 0 switches the pass off."""
 
 
 # ---------------------------------------------------------------- per-layer reductions

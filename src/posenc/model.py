@@ -40,20 +40,32 @@ class ModelConfig:
     and turns the ValueError into a ValidationError; from a dict of settings: :func:`build_model`.
     """
 
-    __pydantic_config__ = {"extra": "forbid"}  # read by pydantic when it validates this: unknown keys refused
+    __pydantic_config__ = {"extra": "forbid", "use_attribute_docstrings": True}  # read by pydantic when it validates this: unknown keys refused
 
     vocab_size: int = 256
+    """Vocabulary size (tokens, > 0); a run sets it from its data's tokenizer."""
     n_layer: int = 4
+    """Transformer blocks (> 0)."""
     n_head: int = 4
+    """Attention heads per block (> 0); divides ``d_model``."""
     d_model: int = 256
+    """Width of the residual stream (features, > 0)."""
     mlp: Mlp = "gelu"
+    """Feed-forward block: ``gelu`` (two matrices) or ``swiglu`` (three)."""
     mlp_ratio: float = 4.0
+    """Hidden width of the feed-forward block, as a multiple of ``d_model`` (> 0)."""
     norm: Norm = "rmsnorm"
+    """Normalisation before attention and MLP: ``rmsnorm`` or ``layernorm``."""
     train_length: int = 128
+    """Training sequence length (tokens, > 0); evaluation lengths are multiples of it."""
     encoding: str = "rope"
+    """The positional scheme (``posenc list``); a comparison sets it per scheme from ``schemes``."""
     encoding_params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Parameters of the scheme (a mapping; a spec's ``:k=v`` parts do the same)."""
     attn_block_size: int = 512
+    """Query/key block of the chunked attention (tokens, > 0): memory and speed only, never the result."""
     n_kv_head: Optional[int] = None
+    """Key/value heads (grouped-query attention; > 0, divides ``n_head``); null: ``n_head``."""
 
     def __post_init__(self):
         for name, kind in _POSITIVE.items():

@@ -50,15 +50,22 @@ QUESTION = "What is the pass key? The pass key is "
 class PasskeyConfig(BaseModel):
     """Passkey settings of a preset (``eval.passkey``); ``trials: 0`` switches it off."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    lengths_multiples: list[Annotated[int, Field(ge=1)]] = [1, 4]  # of the training length
+    lengths_multiples: list[Annotated[int, Field(ge=1)]] = [1, 4]
+    """Prompt lengths, as multiples of the training length."""
     depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.1, 0.5, 0.9]
-    trials: int = Field(4, ge=0)  # per (length, depth) cell
-    candidates: int = Field(5, ge=2)  # the true key and candidates - 1 others
+    """Where the key sits in the prompt, as fractions of its length in [0, 1]."""
+    trials: int = Field(4, ge=0)
+    """Trials per (length, depth) cell; 0 switches passkey off."""
+    candidates: int = Field(5, ge=2)
+    """Keys ranked per trial: the true key and ``candidates - 1`` others."""
     digits: int = Field(5, ge=1, le=18)
+    """Digits of the key."""
     seed: int = 0
-    mode: Literal["rank", "generate"] = "rank"  # log-probability rank of the true key, or exact greedy generation
+    """Seed of the keys (the true one and the candidates): every model sees the same."""
+    mode: Literal["rank", "generate"] = "rank"
+    """``rank``: the log-probability rank of the true key; ``generate``: exact greedy generation of it."""
 
 
 @dataclasses.dataclass

@@ -58,18 +58,28 @@ class LoopConfig(BaseModel):
     the checkpoint interval (steps) and torch CPU threads. The defaults are posenc's LMs'; other runs
     (``posenc.finetune.FinetuneConfig``) restate only the defaults they change."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     batch_size: PositiveInt = 16
+    """Sequences per optimiser step (global: split over torchrun processes)."""
     steps: PositiveInt = 1000
+    """Training budget (optimiser steps); with ``until``, the cap."""
     lr: PositiveFloat = 1e-3
+    """Peak learning rate of AdamW, reached after ``warmup``."""
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """The cosine decay ends at ``min_lr_ratio * lr`` at ``steps``."""
     warmup: NonNegativeInt = 50
+    """Linear warmup (steps)."""
     weight_decay: NonNegativeFloat = 0.1
+    """AdamW weight decay, on matrices only."""
     grad_clip: PositiveFloat = 1.0
-    seed: NonNegativeInt = 0  # numpy's generators take no negative seed
+    """Gradient norm clip (global L2 norm)."""
+    seed: NonNegativeInt = 0
+    """Seed of the initialisation and the batches (numpy's generators take no negative seed)."""
     ckpt_every: PositiveInt = 100
+    """Checkpoint interval (steps): a killed run resumes from the last one."""
     threads: Optional[PositiveInt] = None
+    """torch CPU threads; null: torch's choice."""
 
 
 Precision = Literal["auto", "bf16", "fp32"]
@@ -106,12 +116,16 @@ class UntilConfig(BaseModel):
     "id_accuracy": ``posenc.taskeval.id_accuracy`` on ``answers`` answers of a fixed held-out set) is measured, and
     training stops at the first check where it is >= ``at_least`` (a fraction); ``train.steps`` stays the cap."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     metric: Literal["id_accuracy"] = "id_accuracy"
+    """What is checked: ``id_accuracy``, the in-distribution answer accuracy."""
     at_least: Annotated[float, Field(gt=0, le=1)]
+    """Training stops at the first check where the metric is >= this (a fraction)."""
     every: PositiveInt
-    answers: PositiveInt = 1000  # a 1-point standard error at 90% accuracy needs ~900
+    """Check interval (steps)."""
+    answers: PositiveInt = 1000
+    """Held-out answers per check (a 1-point standard error at 90% accuracy needs ~900)."""
 
     def describe(self) -> str:
         return f"{self.metric} >= {self.at_least:g}, checked every {self.every} steps on {self.answers} held-out answers"
@@ -131,15 +145,23 @@ class TrainConfig(LoopConfig):
     """Data and loop settings of one of posenc's LMs. ``steps`` is the budget; ``time_budget`` (s) may stop earlier."""
 
     corpus: str = "shakespeare"
+    """Training text: ``shakespeare``, ``pystdlib``, ``hf:NAME``, a local path, or a synthetic task spec (``posenc list``)."""
     tokenizer: str = "byte"
+    """``byte`` (256 entries) or ``bpeN`` (a byte-level BPE of N entries trained on the corpus)."""
     time_budget: Optional[float] = Field(None, gt=0)
+    """Stop after this many seconds of training (a later ``--resume`` continues); null: no limit."""
     log_every: int = Field(10, gt=0)
-    compile: bool = False  # torch.compile the model's forward (same losses to float rounding; faster on GPU)
+    """Loss log interval (steps)."""
+    compile: bool = False
+    """torch.compile the model's forward (same losses to float rounding; faster on GPU)."""
     # the forward's compute dtype (resolve_precision); fp32 until bf16's effect on a preset's results is measured
     precision: Precision = "fp32"
+    """The forward's compute dtype: ``fp32``, ``bf16`` (autocast) or ``auto`` (bf16 where the device has bf16 units)."""
     # "answers": the mean NLL over a task's answer positions only (posenc.tasks); "all": every target
     loss: Literal["all", "answers"] = "all"
-    until: Optional[UntilConfig] = None  # train to criterion (tasks): steps is the cap
+    """``all``: the mean NLL over every target; ``answers``: over a task's answer positions only."""
+    until: Optional[UntilConfig] = None
+    """Train to criterion (synthetic tasks only; ``steps`` is the cap); null: train ``steps`` steps."""
 
 
 def lr_at(step: int, cfg: LoopConfig) -> float:

@@ -1,8 +1,10 @@
 """The subcommands of ``posenc`` (``posenc.cli`` lists them), and what their parsers share."""
 
 import math
+from typing import Any
 
 from posenc.errors import PosencError
+from posenc.presets import parse_set
 
 
 def shown(value) -> str:
@@ -23,4 +25,23 @@ def number_list(flag: str, text: str) -> list[float]:
         raise PosencError(f"{flag} takes comma-separated numbers, got {text!r}") from None
     if not all(map(math.isfinite, out)):
         raise PosencError(f"{flag} takes finite numbers, got {text!r}")
+    return out
+
+
+def add_set(p, example: str) -> None:
+    """The ``--set KEY=VALUE`` option of a command that takes ``--preset``."""
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"set any key of the preset (docs/presets.md), the value read as YAML, e.g. {example}; repeatable, "
+                   "after the flags (the last given wins); a finished run's settings cannot be changed")
+
+
+def given_settings(args, flags: dict[str, str], derived: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings a command line gives, as preset overrides {dotted key: value} (``posenc.presets.apply``): each
+    flag given (``flags``: {argparse dest: the preset key it sets}) as ``--set key=value`` would, then the
+    ``derived`` settings (those a flag implies, or gives in another form), then each ``--set`` (so the last
+    given wins). PosencError for a malformed ``--set``."""
+    out = {key: getattr(args, dest) for dest, key in flags.items() if getattr(args, dest) is not None}
+    for key, value in [*(derived or {}).items(), *map(parse_set, args.sets)]:
+        out.pop(key, None)  # re-inserted last: the order they apply in is the command line's
+        out[key] = value
     return out

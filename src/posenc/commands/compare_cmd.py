@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from posenc.commands import add_set, given_settings
 from posenc.compare import compare
 from posenc.config import ClusterConfig, Preset, load_preset
 from posenc.errors import PosencError
@@ -26,6 +27,7 @@ def add_parser(sub):
     p.add_argument("--precision", choices=PRECISIONS, help="training compute dtype (train.precision; default the preset's): "
                    "auto picks bf16 autocast where the device has bf16 units, else fp32")
     p.add_argument("--name", help="run name (directory under --out)")
+    add_set(p, "train.lr=3e-3 or eval.multiples=[1,4,16]")
     p.add_argument("--out", type=Path, default=Path("runs"), help="output root (default runs/)")
     p.add_argument("--no-isolate", action="store_true", help="run every scheme in this process (no crash isolation; for debugging)")
     p.add_argument("--parallel", type=int, default=1, metavar="K", help="jobs at once, each on its own GPUs (or its share of the CPU cores)")
@@ -45,6 +47,11 @@ def add_parser(sub):
     p.set_defaults(func=run)
 
 
+# each flag of a preset setting: the key it sets (as --set KEY=VALUE does)
+FLAGS = {"schemes": "schemes", "seeds": "seeds", "tasks": "tasks", "name": "name", "corpus": "train.corpus",
+         "tokenizer": "train.tokenizer", "steps": "train.steps", "precision": "train.precision"}
+
+
 def cluster_config(args, preset: Preset) -> Optional[ClusterConfig]:
     """The submitit jobs' resources: the preset's ``cluster``, the flags given replacing its values (None with
     the pool launcher); PosencError for bad values or resource flags without a submitit launcher."""
@@ -58,8 +65,7 @@ def cluster_config(args, preset: Preset) -> Optional[ClusterConfig]:
 
 
 def run(args) -> int:
-    train = {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "precision": args.precision}.items() if v is not None}
-    preset = load_preset(args.preset, {"schemes": args.schemes, "seeds": args.seeds, "tasks": args.tasks, "name": args.name, "train": train})
+    preset = load_preset(args.preset, given_settings(args, FLAGS))
     cluster = cluster_config(args, preset)
     try:
         report, failures = compare(preset, args.out, isolate=not args.no_isolate, parallel=args.parallel, nproc_per_node=args.nproc_per_node,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posenc.commands import number_list, shown
+from posenc.commands import add_set, given_settings, number_list, shown
 from posenc.errors import PosencError
 from posenc.extend import ExtendConfig, extend, load_extend_config, preset_names
 from posenc.pretrained.schedules import WINDOW_DIVISOR
@@ -84,6 +84,7 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--name", help="run name (default: the preset's name)")
     p.add_argument("--out", type=Path, help="output directory (default runs/extend/<name>)")
+    add_set(p, "bucket=512 or passkey_depths=[0.2,0.8] (the keys are the flags': --max-windows is max_windows)")
     for old in RENAMED:
         p.add_argument(old, nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -110,6 +111,12 @@ def add_factor_lists(p) -> None:
                    "(default (s L0 - w)/(L0 - w))")
 
 
+def flag_keys(args, cls) -> dict[str, str]:
+    """{argparse dest: preset key} of the flags that set a key of ``cls`` (a flat preset: the key is the flag's
+    name), those given as lists of numbers (``factor_lists``) excepted."""
+    return {k: k for k in vars(args) if k in cls.model_fields and k not in ("short_factor", "long_factor")}
+
+
 def factor_lists(args) -> dict:
     """The given --short-factor / --long-factor as lists of numbers (PosencError naming the flag)."""
     return {k: number_list(f"--{k.replace('_', '-')}", getattr(args, k)) for k in ("short_factor", "long_factor")
@@ -122,10 +129,8 @@ def config(args) -> ExtendConfig:
         if getattr(args, old[2:].replace("-", "_")) is not None:
             raise PosencError(f"{old} was renamed: use {new}")
     preset = args.preset or ("quick" if args.quick else "reproduce" if args.reproduce else "default")
-    given = {k: v for k, v in vars(args).items() if k in ExtendConfig.model_fields and v is not None} | factor_lists(args)
-    if args.long_schedules == []:  # the bare flag: every schedule at every length
-        given["long_schedules"] = None
-    return load_extend_config(preset, given)
+    bare = {"long_schedules": None} if args.long_schedules == [] else {}  # the bare flag: every schedule at every length
+    return load_extend_config(preset, given_settings(args, flag_keys(args, ExtendConfig), factor_lists(args) | bare))
 
 
 def run(args) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posenc.commands import shown
-from posenc.commands.extend_cmd import add_factor_lists, factor_lists
+from posenc.commands import add_set, given_settings, shown
+from posenc.commands.extend_cmd import add_factor_lists, factor_lists, flag_keys
 from posenc.errors import PosencError
 from posenc.finetune import FinetuneConfig, finetune, load_finetune_config, preset_names
 from posenc.rope import NAMES
@@ -60,6 +60,7 @@ def add_parser(sub) -> None:
     p.add_argument("--name", help="run name (default: the preset's name)")
     p.add_argument("--out", type=Path, help="run directory (default runs/finetune/<name>); "
                    "a run of the same settings resumes; other files there are refused")
+    add_set(p, "lora_alpha=32 or eval_lengths=[512,1024] (the keys are the flags': --lora-rank is lora_rank)")
     p.add_argument("--log", choices=KINDS, default="none", help="experiment tracking: TensorBoard event files or a W&B run "
                    "(WANDB_MODE=offline: no network) in the output directory (default none)")
     p.set_defaults(func=run)
@@ -70,12 +71,12 @@ def config(args) -> FinetuneConfig:
     replaces the preset's scheme (and ``--scheme`` its schedule): one adaptation per run."""
     if args.method is not None:
         raise PosencError("--method was renamed: use --schedule")
-    given = {k: v for k, v in vars(args).items() if k in FinetuneConfig.model_fields and v is not None} | factor_lists(args)
+    derived = factor_lists(args)
     if args.schedule is not None and args.scheme is None:
-        given["scheme"] = None
+        derived["scheme"] = None
     if args.scheme is not None and args.schedule is None:
-        given["schedule"] = "none"
-    return load_finetune_config(args.preset or ("quick" if args.quick else "default"), given)
+        derived["schedule"] = "none"
+    return load_finetune_config(args.preset or ("quick" if args.quick else "default"), given_settings(args, flag_keys(args, FinetuneConfig), derived))
 
 
 def run(args) -> int:

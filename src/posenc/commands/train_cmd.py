@@ -7,6 +7,7 @@ from pathlib import Path
 
 from posenc import distributed
 from posenc.checkpoint import read_json
+from posenc.commands import add_set, given_settings
 from posenc.config import load_preset
 from posenc.errors import PosencError
 from posenc.stamp import run_stamp
@@ -28,9 +29,14 @@ def add_parser(sub):
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (train.compile)")
     p.add_argument("--precision", choices=PRECISIONS, help="compute dtype (train.precision): auto picks bf16 where the device has bf16 units")
+    add_set(p, "train.lr=3e-3 or model.n_layer=2")
     p.add_argument("--log", choices=KINDS, default=os.environ.get("POSENC_LOG", "none"), help="experiment tracking: TensorBoard event files or a W&B run "
                    "(WANDB_MODE=offline: no network) in the run directory (default none, or $POSENC_LOG: how compare passes it through torchrun)")
     p.set_defaults(func=run)
+
+
+# each flag of a preset setting: the key it sets (as --set KEY=VALUE does)
+FLAGS = {k: f"train.{k}" for k in ("corpus", "tokenizer", "steps", "batch_size", "seed", "time_budget", "compile", "precision")}
 
 
 def _run_dir(text: str) -> Path:
@@ -40,8 +46,7 @@ def _run_dir(text: str) -> Path:
 
 
 def run(args) -> int:
-    overrides = {"train": {k: v for k, v in {"corpus": args.corpus, "tokenizer": args.tokenizer, "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed, "time_budget": args.time_budget, "compile": args.compile, "precision": args.precision}.items() if v is not None}}
-    preset = load_preset(args.preset, overrides)
+    preset = load_preset(args.preset, given_settings(args, FLAGS))
     mcfg = dataclasses.replace(preset.model, encoding=args.scheme)
     mcfg.check_encoding()  # unknown scheme: one line before any work
     out = args.out or Path("runs") / "train" / args.scheme

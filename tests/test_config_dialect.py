@@ -1,0 +1,156 @@
+"""One config dialect: base presets, --set, the documented format (issue 38 item 3)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from posenc import extend, finetune
+from posenc.cli import build_parser, main
+from posenc.commands import given_settings
+from posenc.commands.compare_cmd import FLAGS
+from posenc.config import ClusterConfig, EvalConfig, Preset, SweepConfig, TaskEvalConfig, load_preset
+from posenc.errors import PosencError
+from posenc.jobs import record_run
+from posenc.model import ModelConfig
+from posenc.presets import _field_infos, preset_names, reference
+from posenc.train import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+RESOLVED = Path(__file__).parent / "data" / "presets_resolved"
+
+
+def _resolved():
+    yield from ((f"{n}.json", load_preset(n)) for n in preset_names())
+    yield from ((f"extend-{n}.json", extend.load_extend_config(n)) for n in extend.preset_names())
+    yield from ((f"finetune-{n}.json", finetune.load_finetune_config(n)) for n in finetune.preset_names())
+
+
+def test_every_shipped_preset_resolves_as_before_the_rebase():
+    rows = dict(_resolved())
+    assert sorted(rows) == sorted(p.name for p in RESOLVED.glob("*.json"))
+    for name, cfg in rows.items():
+        assert json.loads(json.dumps(cfg.model_dump(mode="json"))) == json.loads((RESOLVED / name).read_text()), name
+
+
+def test_the_shipped_presets_share_blocks_through_base():
+    from posenc.presets import SHIPPED
+    bases = {n: next((l.split()[1] for l in (SHIPPED / f"{n}.yaml").read_text().splitlines() if l.startswith("base:")), None)
+             for n in preset_names()}
+    assert {n: b for n, b in bases.items() if b} == {"baselines": "default", "learned": "default", "quick": "default",
+                                                     "window": "default", "state-tracking": "retrieval"}
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    (folder / name).write_text(text)
+    return folder / name
+
+
+def test_base_deep_merges_sections_and_replaces_lists_and_free_mappings(tmp_path):
+    _write(tmp_path, "mid.yaml", "name: mid\ndescription: the middle\nbase: quick\ntrain: {lr: 5.0e-3}\n"
+           "eval: {passkey: {trials: 3}}\nsweep: {grid: {train.lr: [1e-3, 2e-3]}, schemes: {rope: {train.steps: [4]}}}\n")
+    child = _write(tmp_path, "child.yaml", "name: child\nbase: ./mid.yaml\ntrain: {steps: 7}\nschemes: [rope]\n"
+                   "eval: {multiples: [1, 2]}\nsweep: {grid: {model.n_head: [1, 2]}}\n")
+    quick, p = load_preset("quick"), load_preset(str(child))
+    assert p.name == "child" and p.description == ""  # own keys: never the base's
+    assert (p.train.steps, p.train.lr, p.train.batch_size) == (7, 5e-3, quick.train.batch_size)  # merged key by key
+    assert p.model == quick.model and p.schemes == ["rope"] and p.eval.multiples == [1, 2]  # lists replace whole
+    assert p.eval.passkey.trials == 3 and p.eval.passkey.depths == quick.eval.passkey.depths
+    assert p.sweep.grid == {"model.n_head": [1, 2]} and p.sweep.schemes == {"rope": {"train.steps": [4]}}  # grid replaced
+
+
+def test_a_cycle_of_bases_and_a_bad_base_are_one_line_errors(tmp_path):
+    _write(tmp_path, "a.yaml", "name: a\nbase: b.yaml\n")
+    _write(tmp_path, "b.yaml", "name: b\nbase: a.yaml\n")
+    with pytest.raises(PosencError, match=r"^preset a.yaml: its bases form a cycle \(a.yaml -> b.yaml -> a.yaml\)$"):
+        load_preset(str(tmp_path / "a.yaml"))
+    with pytest.raises(PosencError, match="cycle"):
+        load_preset(str(_write(tmp_path, "self.yaml", "name: s\nbase: self.yaml\n")))
+    with pytest.raises(PosencError, match="base must be a preset's name or path, got 3"):
+        load_preset(str(_write(tmp_path, "n.yaml", "name: n\nbase: 3\n")))
+    with pytest.raises(PosencError, match="unknown preset 'nosuch'"):
+        load_preset(str(_write(tmp_path, "u.yaml", "name: u\nbase: nosuch\n")))
+
+
+def _compare_args(*argv):
+    return build_parser().parse_args(["compare", "--preset", "quick", *argv])
+
+
+def test_flags_and_set_are_one_mechanism_and_the_last_given_wins():
+    by_flag = load_preset("quick", given_settings(_compare_args("--steps", "5", "--schemes", "rope"), FLAGS))
+    by_set = load_preset("quick", given_settings(_compare_args("--set", "train.steps=5", "--set", "schemes=[rope]"), FLAGS))
+    assert by_flag == by_set and by_set.train.steps == 5 and "this run sets train.steps = 5" in by_set.description
+    assert load_preset("quick", given_settings(_compare_args("--steps", "5", "--set", "train.steps=6"), FLAGS)).train.steps == 6
+
+
+def test_set_reaches_any_key_with_yaml_values():
+    args = _compare_args("--set", "train.lr=3e-4", "--set", "eval.passkey={trials: 1}", "--set", "cluster.partition=gpu",
+                         "--set", "sweep.grid.train.lr=[1e-3,3e-3]", "--set", "model.encoding_params.a=0.5", "--set", "seeds=[0, 1]",
+                         "--set", "schemes=[acc-rand-qkv]")
+    p = load_preset("quick", given_settings(args, FLAGS))
+    quick = load_preset("quick")
+    assert p.train.lr == 3e-4 and isinstance(p.train.lr, float)  # 3e-4 is a float, as in YAML 1.2
+    assert p.eval.passkey.trials == 1 and p.eval.passkey.depths == quick.eval.passkey.depths  # a section's mapping merges
+    assert p.cluster == ClusterConfig(partition="gpu") and p.sweep.grid == {"train.lr": [1e-3, 3e-3]}
+    assert p.model.encoding_params == {"a": 0.5} and p.seeds == [0, 1]
+    assert load_preset("quick", given_settings(_compare_args("--set", "sweep=null"), FLAGS)).sweep is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "train.foo=1"], "--set train.foo: unknown key 'foo' in train (valid: batch_size, steps, lr,"),
+    (["--set", "bogus=1"], "--set bogus: unknown key 'bogus' at the top (valid: name, description, model,"),
+    (["--set", "train.lr=-1"], "invalid preset quick.yaml with command-line options: train.lr: Input should be greater than 0"),
+    (["--set", "eval.passkey.trials=x"], "invalid preset quick.yaml with command-line options: eval.passkey.trials: Input should be a valid integer"),
+    (["--set", "train.lr.x=1"], "--set train.lr.x: train.lr takes a value, not keys"),
+    (["--set", "train.lr"], "--set expects KEY=VALUE"),
+    (["--set", "train.lr=[1"], "--set train.lr: '[1' is not a YAML value"),
+])
+def test_a_bad_set_is_one_line_exit_2_naming_the_key(argv, message, capsys):
+    assert main(["compare", "--preset", "quick", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"posenc: error: {message}") and err.count("\n") == 1
+
+
+def test_set_on_train_extend_and_finetune(capsys):
+    from posenc.commands import extend_cmd, finetune_cmd
+    ft = finetune_cmd.config(build_parser().parse_args(["finetune", "--quick", "--lora-rank", "4", "--set", "lora_alpha=32"]))
+    assert (ft.lora_rank, ft.lora_alpha) == (4, 32.0)
+    ex = extend_cmd.config(build_parser().parse_args(["extend", "--quick", "--set", "bucket=512", "--set", "passkey_depths=[0.2]"]))
+    assert (ex.bucket, ex.passkey_depths) == (512, [0.2])
+    assert main(["extend", "--quick", "--set", "buckets=5"]) == 2 and "unknown key 'buckets'" in capsys.readouterr().err
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--set", "model.n_layers=2"]) == 2
+    assert "--set model.n_layers: unknown key 'n_layers' in model" in capsys.readouterr().err
+
+
+def test_set_cannot_change_a_finished_compare_runs_settings(tmp_path, capsys):
+    record_run(tmp_path / "quick", load_preset("quick"))  # what a finished run leaves: its resolved preset
+    assert main(["compare", "--preset", "quick", "--out", str(tmp_path), "--set", "train.lr=1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "holds results made with other settings (train.lr 0.003 -> 0.001)" in err and err.count("\n") == 1
+
+
+def test_set_cannot_change_a_trained_runs_settings_on_resume(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    tiny = ["--set", "model.d_model=16", "--set", "model.n_layer=1", "--set", "model.train_length=16", "--set", "train.batch_size=2"]
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", out, *tiny]) == 0
+    capsys.readouterr()
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", out, "--resume", *tiny,
+                 "--set", "train.lr=1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "its training differs (lr 0.003 -> 0.001)" in err and err.count("\n") == 1
+
+
+def test_every_field_is_documented_in_docs_presets_md():
+    spec = importlib.util.spec_from_file_location("make_presets", ROOT / "docs" / "make_presets.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    doc = (ROOT / "docs" / "presets.md").read_text()
+    assert doc.endswith(make.generated()), "docs/presets.md is stale: run docs/make_presets.py"
+    assert "(undocumented)" not in reference(Preset)
+    tables = doc.split(make.MARK)[1]
+    for cls, section in ((Preset, "the top level"), (ModelConfig, "`model`"), (TrainConfig, "`train`"), (EvalConfig, "`eval`"),
+                         (TaskEvalConfig, "`task_eval`"), (SweepConfig, "`sweep`")):
+        table = tables.split(f"### {section} ({cls.__name__})")[1].split("###")[0]
+        for name, (_, _, _, description) in _field_infos(cls).items():
+            assert description and f"| `{name}` |" in table, (cls.__name__, name)
