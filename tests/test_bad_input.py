@@ -73,7 +73,10 @@ def digest(folder):
 def bad_commands(run):
     train = ["train", "--preset", "quick", "--steps", "2", "--out", str(run), "--resume"]  # past the "holds a run" check
     return [
-        (["generate", str(run.parent / "missing"), "--prompt", "To be"], "has no checkpoint"),
+        (["generate", str(run.parent / "missing"), "--prompt", "To be"], "does not exist"),
+        (["generate", str(run), "--prompt", "To be", "--scheme", "alibi"], "--scheme applies to pretrained models"),
+        (["generate", str(run), "--prompt", "To be", "--schedule", "yarn"], "rope schedules apply to RoPE models"),
+        (["generate", str(run), "--prompt", "To be", "--leak", "2"], "--leak is a schedule setting: it needs --schedule"),
         (["generate", str(run), "--prompt", ""], "--prompt is empty"),
         (["generate", str(run), "--prompt", "To be", "--max-new-tokens", "-1"], "max_new_tokens must be"),
         (["generate", str(run), "--prompt", "To be", "--temperature", "nan"], "temperature must be"),

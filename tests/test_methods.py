@@ -207,6 +207,35 @@ def test_generate_with_sinks(rope_run, capsys):
     assert code == 0 and out.startswith("To be") and len(out) > len("To be") + 40, err
 
 
+def test_generate_with_a_rope_schedule_and_a_method(rope_run, capsys, monkeypatch):
+    """posenc generate RUN --schedule yarn --factor 4 --beta-fast 16 (extend's schedule flags) hands posenc.rope's
+    parameters to with_rope_schedule, then applies the method, and prints that model's continuation."""
+    from posenc.commands import generate_cmd
+    from posenc.model import with_rope_schedule
+    from posenc.train import load_run
+
+    calls = []
+
+    def schedule(m, name, params):
+        calls.append((name, params))
+        return with_rope_schedule(m, name, params)
+
+    def method(m, spec):
+        calls.append((m.cfg.encoding_params["schedule"], spec))  # on the model with the schedule
+        return set_method(m, spec)
+
+    monkeypatch.setattr(generate_cmd, "with_rope_schedule", schedule)
+    monkeypatch.setattr(generate_cmd, "set_method", method)
+    code, out, err = _cli(capsys, "generate", str(rope_run), "--prompt", "To be", "--max-new-tokens", "40", "--temperature", "0",
+                          "--schedule", "yarn", "--factor", "4", "--beta-fast", "16", "--method", "self-extend:group=2")
+    assert calls == [("yarn", {"factor": 4.0, "beta_fast": 16.0}), ("yarn", "self-extend:group=2")]
+    model, _, _ = load_run(rope_run)
+    model, _ = with_rope_schedule(model, "yarn", {"factor": 4.0, "beta_fast": 16.0})
+    set_method(model, "self-extend:group=2")
+    ids = model.generate(torch.tensor(list(b"To be")), 40, temperature=0)
+    assert code == 0 and out == bytes(ids.tolist()).decode("utf-8", errors="replace") + "\n", err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--method", "self-extend:grp=4"], "method 'self-extend': unknown parameter 'grp' (valid: group, window)"),
     (["--method", "streaming"], "unknown method 'streaming' (methods: self-extend, lm-infinite, sinks)"),

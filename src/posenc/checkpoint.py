@@ -112,10 +112,11 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
         raise PosencError(f"{path} does not match the run's model config: {str(exc).splitlines()[0]}") from None
 
 
-def load_torch(path: Path) -> Any:
-    """``torch.load`` of a file ``save_torch`` wrote; PosencError naming it when damaged."""
+def load_torch(path: Path, mmap: bool = False) -> Any:
+    """``torch.load`` of a file ``save_torch`` wrote (``mmap``: tensors mapped from the file, read only when used);
+    PosencError naming it when damaged."""
     try:
-        return torch.load(path, weights_only=False)
+        return torch.load(path, weights_only=False, mmap=mmap)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
         raise PosencError(f"{path} is damaged or unreadable ({first_line(exc).split('. ')[0]})") from None  # torch's are long
 

@@ -132,17 +132,22 @@ def check_config(cfg: ExtendConfig) -> None:
     a stride that fits the shortest length."""
     for m in [*cfg.schedules, *(cfg.long_schedules or []), *(cfg.passkey_schedules or [])]:
         check_name(m)
-    for key, param in SCHEDULE_KEYS.items():  # else it would be silently ignored
-        takers = [n for n, s in rope.SCHEDULES.items() if param in s.defaults]
-        if getattr(cfg, key) is not None and not set(takers) & set(cfg.schedules):
-            raise PosencError(f"{key} (--{key.replace('_', '-')}) is a setting of {', '.join(takers)}; no schedule of this run "
-                              f"({', '.join(cfg.schedules)}) takes it")
+    check_settings(cfg, cfg.schedules)
     for spec in cfg.schemes:  # names and parameters; sizes once the model is loaded
         for entry in encodings.layer_pattern(spec):
             encodings.parts(entry)
     targets = min(cfg.lengths) - 1  # per window of the shortest length, either BOS policy
     if cfg.stride is not None and not 1 <= cfg.stride <= targets:
         raise PosencError(f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {cfg.stride}")
+
+
+def check_settings(cfg: ScheduleSettings, names: list[str]) -> None:
+    """PosencError naming a schedule setting of ``cfg`` that no schedule of ``names`` takes (it would be silently ignored)."""
+    for key, param in SCHEDULE_KEYS.items():
+        takers = [n for n, s in rope.SCHEDULES.items() if param in s.defaults]
+        if getattr(cfg, key) is not None and not set(takers) & set(names):
+            raise PosencError(f"{key} (--{key.replace('_', '-')}) is a setting of {', '.join(takers)}; no schedule of this run "
+                              f"({', '.join(names)}) takes it")
 
 
 def extension(cfg: ScheduleSettings, schedule: str) -> schedules.Extension:

@@ -15,7 +15,7 @@ Run directory ``runs/finetune/<name>/``: ``finetune.json`` (the training setting
 (``records.jsonl``, ``results.md``, CSV files and plots, as ``posenc extend`` writes them).
 Ctrl-C ends the step in flight and checkpoints. An interrupted run resumes where it stopped:
 training from its last checkpoint, with the batches and random draws an uninterrupted run would
-see, and evaluation from its last record.
+see, and evaluation from its last record. ``load_finetuned(run_dir)`` loads a run's model back (``posenc generate``).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 from tqdm.auto import tqdm
 
 from posenc import extend
-from posenc.checkpoint import make_run_dir, read_json, read_jsonl, write_json
+from posenc.checkpoint import load_tensors, load_torch, make_run_dir, read_json, read_jsonl, write_json
 from posenc.data import load_corpus
 from posenc.errors import PosencError
-from posenc.presets import SHIPPED, load_flat, preset_names as shipped
+from posenc.presets import SHIPPED, load_flat, preset_names as shipped, validated
 from posenc.pretrained import loading, report, schedules
 from posenc.pretrained.adaptation import Adaptation
 from posenc.records import PasskeyTrial, ScoredWindow
@@ -47,6 +47,7 @@ from posenc.train import Checkpoint, LoopConfig, batch_at, fit, make_optimizer
 
 PRESETS = SHIPPED / "finetune"
 SETTINGS = "finetune.json"  # the training settings (config.json is the evaluation's, as posenc extend writes it)
+WEIGHTS = "trained.safetensors"  # the trained tensors of the last checkpoint, by name (trained_state)
 # what may change when a run resumes (scoring, run name, checkpoint interval): the rest must equal finetune.json
 RESUME_FREE = {"name", "ckpt_every", "threads", "eval_lengths", "eval_windows", "docs", "max_tokens", "bos",
                "passkey_lengths", "passkey_depths", "trials"}
@@ -210,7 +211,7 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
     Ctrl-C checkpoints and raises KeyboardInterrupt saying where."""
     make_run_dir(out)
     state = trained_state(model, params)  # views of the model's tensors: always current
-    ckpt = Checkpoint(out, lambda: state, make_optimizer(model, cfg), key="trained", weights="trained.safetensors")
+    ckpt = Checkpoint(out, lambda: state, make_optimizer(model, cfg), key="trained", weights=WEIGHTS)
     step = ckpt.load()
     if step:
         tqdm.write(f"posenc: {out} is already fine-tuned (step {step} of {cfg.steps}): training skipped" if step >= cfg.steps
@@ -223,6 +224,51 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
 
     fit(model, cfg, loss_at, ckpt, step, log_fields=LOG_FIELDS, tracker=tracker, desc="finetune")
     model.eval()
+
+
+def load_finetuned(run_dir: Path) -> tuple[loading.Loaded, Adaptation, str]:
+    """The model of finetune run ``run_dir`` as its last checkpoint holds it, in eval mode: loaded as its
+    ``finetune.json`` says, its scheme or RoPE schedule put in (:func:`adapt`), LoRA adapters injected
+    (:func:`trainable`), then the checkpoint's tensors (``trained.safetensors``: :func:`trained_state`) copied in.
+    Returns (the loaded model and tokenizer, the adaptation with ``weights`` set, its label: ``scheme:SPEC, fine-tuned
+    N steps``, or ``N of M steps`` for a run that has not finished training). Raises PosencError for a missing or
+    invalid ``finetune.json``, a missing dependency, a run with no checkpoint yet, tensors that are not the
+    run's, and as ``posenc.pretrained.loading.load``."""
+    run_dir = Path(run_dir)
+    path = run_dir / SETTINGS
+    if not path.exists():
+        raise PosencError(f"{run_dir} is not a finetune run (no {SETTINGS})")
+    cfg = validated(FinetuneConfig, {**read_json(path), "name": run_dir.name}, str(path))
+    check_config(cfg)
+    check_dependencies(cfg)
+    weights, state = run_dir / WEIGHTS, run_dir / "state.pt"
+    if not (weights.exists() and state.exists()):
+        raise PosencError(f"{run_dir} is a finetune run without a checkpoint yet (no {WEIGHTS}): "
+                          "rerun its posenc finetune command to resume it")
+    step = int(load_torch(state, mmap=True)["step"])
+    loaded = loading.load(cfg.model)
+    adapted, label = adapt(loaded.model, cfg)
+    live, saved = trained_state(loaded.model, trainable(loaded.model, cfg)), load_tensors(weights)
+    if set(saved) != set(live) or any(saved[k].shape != t.shape for k, t in live.items() if k in saved):
+        raise PosencError(f"{weights} does not hold the tensors of the model {SETTINGS} describes (its model changed?)")
+    with torch.no_grad():
+        for name, t in live.items():
+            t.copy_(saved[name])
+    loaded.model.requires_grad_(False).eval()
+    tuned = tuned_label(label, step, cfg.steps)
+    adapted.weights = _weights_label(tuned, cfg)
+    return loaded, adapted, tuned
+
+
+def tuned_label(label: str, step: int, steps: int) -> str:
+    """The report's label of adaptation ``label`` trained ``step`` of ``steps`` steps: ``LABEL, fine-tuned N steps``
+    (``N of M steps`` before the end)."""
+    return f"{label}, fine-tuned {step} steps" if step >= steps else f"{label}, fine-tuned {step} of {steps} steps"
+
+
+def _weights_label(tuned: str, cfg: FinetuneConfig) -> str:
+    """``Adaptation.weights`` of a fine-tuned model: its label and training settings (no reuse of other weights' scores)."""
+    return tuned + " " + json.dumps(_settings(cfg), sort_keys=True)
 
 
 def finetune(cfg: FinetuneConfig, out: Optional[Path] = None, log: str = "none") -> tuple[Path, str]:
@@ -252,12 +298,12 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None, log: str = "none")
     make_run_dir(out)
     write_json(out / SETTINGS, _settings(cfg))  # first: it marks out as this run's, also when the first scoring is interrupted
     store = extend.open_store(out, ecfg, docs, l0, loaded.source)
-    tuned = f"{label}, fine-tuned {cfg.steps} steps"
+    tuned = tuned_label(label, cfg.steps, cfg.steps)
     with open_tracker(log, out, cfg.name, "finetune", {"finetune": cfg.model_dump(), "stamp": run_stamp()}) as tracker:
         extend.measure(adapted, tok, label, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)  # before any training
         tracker.log(scores(store.records, label), 0)
         train_steps(model, params, stream, cfg, out, tracker)
-        adapted.weights = tuned + " " + json.dumps(_settings(cfg), sort_keys=True)  # no reuse of the scores before
+        adapted.weights = _weights_label(tuned, cfg)  # no reuse of the scores before
         with torch.no_grad():
             extend.measure(adapted, tok, tuned, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)
         tracker.log(scores(store.records, tuned), cfg.steps)

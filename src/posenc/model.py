@@ -318,12 +318,7 @@ class LM(nn.Module):
         sampling reproducible. Runs in evaluation mode (fixed random draws) with
         the KV cache (``decode``). Raises PosencError for an empty prompt or a bad argument.
         """
-        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
-            raise PosencError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        if not (math.isfinite(temperature) and temperature >= 0):
-            raise PosencError(f"temperature must be finite and >= 0, got {temperature!r}")
-        if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
-            raise PosencError(f"top_k must be an integer >= 1, got {top_k!r}")
+        check_sampling(max_new_tokens, temperature, top_k)
         if not isinstance(prompt_ids, torch.Tensor):  # a list of ids is as good as a tensor; checked below
             try:
                 prompt_ids = torch.as_tensor(prompt_ids, device=self.tok.weight.device)
@@ -425,6 +420,18 @@ def build_model(config: ModelConfig | dict) -> LM:
     except ValueError as exc:  # ModelConfig's checks
         raise PosencError(f"invalid model config: {exc}") from None
     return LM(cfg)
+
+
+def check_sampling(max_new_tokens, temperature, top_k) -> None:
+    """PosencError (one line) unless ``max_new_tokens`` is an integer >= 0, ``temperature`` finite and >= 0 (0: greedy)
+    and ``top_k`` None or an integer >= 1: the generation settings of ``LM.generate`` and of pretrained models'
+    (``posenc.pretrained.generation``)."""
+    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
+        raise PosencError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise PosencError(f"temperature must be finite and >= 0, got {temperature!r}")
+    if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
+        raise PosencError(f"top_k must be an integer >= 1, got {top_k!r}")
 
 
 def set_method(model: "LM", spec: Optional[str]) -> Optional[methods.Method]:

@@ -10,6 +10,8 @@
 - :mod:`.evaluate`: perplexity with exact token accounting (``posenc.scoring``); passkey
   retrieval by generation is in ``posenc.passkey``.
 - :mod:`.report`: tables and plots.
+- :mod:`.generation`: text generation through transformers' ``generate`` (``posenc generate MODEL``), with the KV
+  cache wherever it gives the full forward's logits.
 """
 
 from posenc.pretrained.loading import DEFAULT_MODEL, load
