@@ -288,7 +288,7 @@ def test_train_out_cannot_be_created(tmp_path, capsys):
 
 def test_negative_seed_and_empty_preset_lists(tmp_path, capsys):
     argv = ["train", "--scheme", "rope", "--preset", "quick", "--seed", "-1", "--out", str(tmp_path / "r")]
-    _one_line_exit_2(capsys, argv, "train.seed: Input should be greater than or equal to 0")
+    _one_line_exit_2(capsys, argv, "train.seed=-1 (command line): Input should be greater than or equal to 0")
     assert not (tmp_path / "r").exists()
     preset = tmp_path / "p.yaml"
     for body, message in [("schemes: []\n", "schemes: List should have at least 1 item"),

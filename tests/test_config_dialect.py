@@ -100,8 +100,8 @@ def test_set_reaches_any_key_with_yaml_values():
 @pytest.mark.parametrize("argv, message", [
     (["--set", "train.foo=1"], "--set train.foo: unknown key 'foo' in train (valid: batch_size, steps, lr,"),
     (["--set", "bogus=1"], "--set bogus: unknown key 'bogus' at the top (valid: name, description, model,"),
-    (["--set", "train.lr=-1"], "invalid preset quick.yaml with command-line options: train.lr: Input should be greater than 0"),
-    (["--set", "eval.passkey.trials=x"], "invalid preset quick.yaml with command-line options: eval.passkey.trials: Input should be a valid integer"),
+    (["--set", "train.lr=-1"], "invalid train.lr=-1 (command line): Input should be greater than 0"),
+    (["--set", "eval.passkey.trials=x"], "invalid eval.passkey.trials=x (command line): Input should be a valid integer"),
     (["--set", "train.lr.x=1"], "--set train.lr.x: train.lr takes a value, not keys"),
     (["--set", "train.lr"], "--set expects KEY=VALUE"),
     (["--set", "train.lr=[1"], "--set train.lr: '[1' is not a YAML value"),

@@ -92,7 +92,7 @@ def test_bad_preset_is_one_line_error(tmp_path, text, message):
 def test_cli_bad_preset_or_flag_exits_2(tmp_path, capsys):
     out = tmp_path / "o"
     for argv, message in ((["--preset", "nosuch"], "unknown extend preset 'nosuch'; valid: default, quick, reproduce"),
-                          (["--factor", "0.5"], "with command-line options: factor: Input should be greater than or equal to 1"),
+                          (["--factor", "0.5"], "invalid factor=0.5 (command line): Input should be greater than or equal to 1"),
                           (["--leaky-k", "2"], "--leaky-k was renamed: use --leak"),
                           (["--schedules", "nosuch"], "unknown rope schedule 'nosuch'")):
         assert main(["extend", *argv, "--out", str(out)]) == 2
@@ -173,8 +173,8 @@ def test_the_schedule_settings_enter_the_setting_tag_only_when_given(tmp_path):
     (["--schedules", "yarn", "--rerope-window", "8"], "rerope_window (--rerope-window) is a setting of rerope, leaky-rerope;"),
     (["--schedules", "longrope", "--short-factor", "1,x", "--long-factor", "1"], "--short-factor takes comma-separated numbers, got '1,x'"),
     (["--schedules", "longrope", "--short-factor", "1,nan", "--long-factor", "1"], "--short-factor takes finite numbers"),
-    (["--schedules", "yarn", "--attention-factor", "0"], "attention_factor: Input should be greater than 0"),
-    (["--schedules", "yarn", "--original-max-position-embeddings", "1"], "original_max_position_embeddings: Input should be greater"),
+    (["--schedules", "yarn", "--attention-factor", "0"], "attention_factor=0.0 (command line): Input should be greater than 0"),
+    (["--schedules", "yarn", "--original-max-position-embeddings", "1"], "original_max_position_embeddings=1 (command line): Input should be greater"),
 ])
 def test_a_schedule_setting_no_schedule_takes_or_out_of_range_exits_2(tmp_path, capsys, argv, message):
     out = tmp_path / "o"

@@ -9,7 +9,7 @@ import torch
 import posenc
 from posenc.attention import attention
 from posenc.errors import PosencError
-from posenc.layer import repeat_kv
+from posenc.attention import repeat_kv
 from posenc.model import build_model
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -376,3 +376,10 @@ def naive_attention(q, k, v, *, bias: Optional[BiasFn] = None, logit_scale: floa
     scores = logit_scale * (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     scores = scores + causal_tile(bias, 0, T, T, q.device, q.dtype)
     return torch.softmax(scores, dim=-1) @ v
+
+
+def repeat_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
+    """(B, Hkv, T, D) -> (B, n_head, T, D), head h from head h // (n_head / Hkv); PosencError if Hkv does not divide n_head."""
+    if n_head % t.shape[1]:
+        raise PosencError(f"{t.shape[1]} key/value heads do not divide {n_head} query heads")
+    return t if t.shape[1] == n_head else t.repeat_interleave(n_head // t.shape[1], dim=1)

@@ -179,7 +179,7 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
     path, data = read_preset(name_or_path, cls=Preset)
     written = validated(Preset, data, f"preset {path.name}").model_dump(mode="json", include=SETTINGS) if data.get("description") else None
     data = apply(Preset, data, overrides)
-    preset = validated(Preset, data, f"preset {path.name}" + (" with command-line options" if overrides else ""))
+    preset = validated(Preset, data, f"preset {path.name}" + (" with command-line options" if overrides else ""), overrides)
     if written is not None:
         _flag_overrides(preset, written)
     for s in preset.schemes:  # fail fast, before any training

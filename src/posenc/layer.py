@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from posenc import encodings
-from posenc.attention import attention, cos_sin, rotate_rows, rotation_dtype
+from posenc.attention import attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype
 from posenc.encodings.base import BiasFn, Buffer, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 from posenc.methods import Method, method_attention, scheme_args
@@ -131,13 +131,6 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Prepared)
                           f"the scheme was prepared for head dim {dims.head_dim}")
     if q.shape[1] != dims.n_head:
         raise PosencError(f"q has {q.shape[1]} heads; the scheme was prepared for {dims.n_head}")
-
-
-def repeat_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
-    """(B, Hkv, T, D) -> (B, n_head, T, D), head h from head h // (n_head / Hkv); PosencError if Hkv does not divide n_head."""
-    if n_head % t.shape[1]:
-        raise PosencError(f"{t.shape[1]} key/value heads do not divide {n_head} query heads")
-    return t if t.shape[1] == n_head else t.repeat_interleave(n_head // t.shape[1], dim=1)
 
 
 class LayerCache:

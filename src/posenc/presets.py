@@ -172,15 +172,18 @@ def _is_mapping(tp) -> bool:
     return tp is Any or tp is dict or typing.get_origin(tp) is dict
 
 
-def validated(cls: type, data: dict, where: str):
+def validated(cls: type, data: dict, where: str, overrides: Optional[dict[str, Any]] = None):
     """``cls`` (a pydantic model or a standard-library dataclass such as ``ModelConfig``) built from ``data``; the
     first validation error as one PosencError line naming ``where`` and the field (``config`` for a check of the
-    whole object)."""
+    whole object), or naming ``KEY=VALUE (command line)`` when the field is one of ``overrides`` (a flag or ``--set`` gave it)."""
     try:
         return TypeAdapter(cls).validate_python(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise PosencError(f"invalid {where}: {'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}") from None
+        field = ".".join(map(str, err["loc"])) or "config"
+        if field in (overrides or {}):
+            raise PosencError(f"invalid {field}={overrides[field]} (command line): {err['msg']}") from None
+        raise PosencError(f"invalid {where}: {field}: {err['msg']}") from None
 
 
 def reference(cls: type, key: str = "") -> str:
@@ -273,4 +276,4 @@ def load_flat(cls: type[BaseModel], name_or_path: str, folder, kind: str, overri
         if old in data:
             raise PosencError(f"{kind} {path.name}: key {old!r} was renamed: use {new!r}")
     where = f"{kind} {path.name}" + (" with command-line options" if overrides else "")
-    return validated(cls, apply(cls, data, overrides), where)
+    return validated(cls, apply(cls, data, overrides), where, overrides)

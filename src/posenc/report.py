@@ -11,7 +11,6 @@ half-range.
 
 from __future__ import annotations
 
-import csv
 import io
 from collections import defaultdict
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 from posenc.checkpoint import atomic_write_bytes
 from posenc.claims import claims_markdown
 from posenc.records import FarMass, PasskeyCell, Ppl, load
-from posenc.reporting import figure, log_scale, markdown_table, save_figure
+from posenc.reporting import figure, log_scale, markdown_table, save_figure, write_csv_table
 
 CSV_FIELDS = ["scheme", "seed", "train_length", "eval_length", "windows", "scored_tokens", "nll", "ppl", "ratio", "note"]
 
@@ -213,11 +212,7 @@ def plot_window(path: Path, rows: list[dict], train_length: int) -> None:
 
 def write_csv(path: Path, records: list[Ppl]) -> None:
     """results.csv: one row of ``CSV_FIELDS`` per ppl record (``posenc.records.load_csv`` reads it back)."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
-    w.writeheader()
-    w.writerows(r.model_dump(include=set(CSV_FIELDS)) for r in records)
-    atomic_write_bytes(path, buf.getvalue().encode())
+    write_csv_table(path, CSV_FIELDS, ([getattr(r, f) for f in CSV_FIELDS] for r in records))
 
 
 def plot_ratio(path: Path, records: list[Ppl], train_length: int) -> None:

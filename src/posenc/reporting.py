@@ -1,5 +1,5 @@
-"""The one reporting toolkit: figures (matplotlib Agg, atomic PNG writes, plain log ticks)
-and markdown tables, for compare's report, diagnose, extend's report, theory and the benchmarks.
+"""The one reporting toolkit: figures (matplotlib Agg, atomic PNG writes, plain log ticks),
+markdown tables and CSV tables, for compare's report, diagnose, extend's report, theory and the benchmarks.
 
 Figures are ``matplotlib.figure.Figure`` objects on an Agg canvas: no display and no
 pyplot state, so nothing has to be closed and no backend is switched globally.
@@ -7,12 +7,23 @@ pyplot state, so nothing has to be closed and no backend is switched globally.
 
 from __future__ import annotations
 
+import csv
 import io
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from posenc.checkpoint import atomic_write_bytes
+
+
+def write_csv_table(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """``path``: a CSV table (the ``header`` row, then each of ``rows``, a sequence in header order), written
+    atomically; the one CSV writer of the reports (RFC 4180 line ends, as the committed tables have)."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(rows)
+    atomic_write_bytes(Path(path), buf.getvalue().encode())
 
 
 def figure(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], layout: str | None = None, **kwargs):

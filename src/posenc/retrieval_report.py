@@ -15,8 +15,6 @@ run but did not all learn is **undecided**: its evidence names each scheme that 
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import re
 from pathlib import Path
@@ -29,7 +27,7 @@ from posenc.claims import FAILS, FLAT_TOL, HOLDS, NOISE, Claim, Table, combine, 
 from posenc.encodings.bias import alibi_slopes
 from posenc.records import Ppl, Task, TaskCell, load, load_ppl
 from posenc.report import seed_cell, with_ratios
-from posenc.reporting import figure, log_scale, markdown_table, save_figure
+from posenc.reporting import figure, log_scale, markdown_table, save_figure, write_csv_table
 from posenc.stamp import stamp_line
 from posenc.taskeval import standard_error
 from posenc.tasks import get_task
@@ -567,16 +565,11 @@ def plot_length(path: Path, t: TaskTable, schemes: list[str], chance: float) -> 
 def write_csv(path: Path, records: list[Task]) -> None:
     """retrieval.csv: one row per cell of each job, with the job's training length and steps (``posenc.records.load_task_csv``
     reads it back)."""
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["task", "scheme", "seed", "test", "length", "bucket", "answers", "correct", "accuracy", "nll_mean",
-                "train_length", "trained_steps", "criterion_step"])
-    for r in records:
-        job = [r.train_length, "" if r.trained_steps is None else r.trained_steps, "" if r.criterion_step is None else r.criterion_step]
-        for c in r.cells:
-            w.writerow([r.task, r.scheme, r.seed, c.test, c.length, c.bucket, c.n, c.correct,
-                        f"{c.correct / c.n:.4f}", f"{c.nll / c.n:.4f}", *job])
-    atomic_write_bytes(path, buf.getvalue().encode())
+    header = ["task", "scheme", "seed", "test", "length", "bucket", "answers", "correct", "accuracy", "nll_mean",
+              "train_length", "trained_steps", "criterion_step"]
+    write_csv_table(path, header, ([r.task, r.scheme, r.seed, c.test, c.length, c.bucket, c.n, c.correct, f"{c.correct / c.n:.4f}",
+                                    f"{c.nll / c.n:.4f}", r.train_length, r.trained_steps, r.criterion_step]
+                                   for r in records for c in r.cells))
 
 
 def _times_line(seconds: list[tuple[float, float]]) -> str:

@@ -10,16 +10,13 @@ each scheme's chosen setting, the sensitivity table (the result at every grid po
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from pathlib import Path
 from typing import Optional
 
-from posenc.checkpoint import atomic_write_bytes
 from posenc.config import Point, point_label, point_root
 from posenc.records import Ppl, Task, load, write
-from posenc.reporting import figure, log_scale, markdown_table, save_figure
+from posenc.reporting import figure, log_scale, markdown_table, save_figure, write_csv_table
 from posenc.retrieval_report import Scores
 
 
@@ -121,14 +118,9 @@ def write_sensitivity(run_root: Path, chosen: list[Choice], seed: int, bar: Opti
     """``sweep.csv`` (task, scheme, setting, result, steps to criterion, chosen) and ``sweep.png`` (one panel per task:
     the result against the grid point, one line per scheme, a task's learned ``bar`` dashed); returns the plot's file
     name (None without results)."""
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["task", "scheme", "setting", "result", "steps_to_criterion", "chosen"])
-    for c in chosen:
-        for p in c.points:
-            lb = point_label(p)
-            w.writerow([c.task or "", c.scheme, lb, "" if c.results[lb] is None else c.results[lb], c.steps[lb] or "", int(p == c.point)])
-    atomic_write_bytes(Path(run_root) / "sweep.csv", buf.getvalue().encode())
+    write_csv_table(Path(run_root) / "sweep.csv", ["task", "scheme", "setting", "result", "steps_to_criterion", "chosen"],
+                    ([c.task, c.scheme, point_label(p), c.results[point_label(p)], c.steps[point_label(p)] or "", int(p == c.point)]
+                     for c in chosen for p in c.points))
     tasks = list(dict.fromkeys(c.task for c in chosen))
     if not any(v is not None for c in chosen for v in c.results.values()):
         return None

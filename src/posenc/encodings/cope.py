@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from posenc.attention import causal_tile
+from posenc.attention import causal_tile, repeat_kv
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
@@ -98,7 +98,7 @@ class CoPEState(DecodeState):
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         enc = self.enc
-        K, V = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (keys.append(k), values.append(v)))
+        K, V = (repeat_kv(t, q.shape[1]) for t in (keys.append(k), values.append(v)))
         T, scale, out = K.shape[-2], enc.logit_scale / math.sqrt(q.shape[-1]), []
         T0 = T - q.shape[-2]
         for qs in range(T0, T, enc.block_size):

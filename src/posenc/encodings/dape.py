@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from posenc.attention import causal_tile
+from posenc.attention import causal_tile, repeat_kv
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.bias import ALiBi
 from posenc.encodings.mlp import PointMLP
@@ -97,7 +97,7 @@ class DAPEState(DecodeState):
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         enc = self.enc
-        K, V = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (keys.append(k), values.append(v)))
+        K, V = (repeat_kv(t, q.shape[1]) for t in (keys.append(k), values.append(v)))
         base = enc.base.bias(Inputs(inp.x, pos))
         total = base if bias is None else (lambda *t: base(*t) + bias(*t))
         T, C, scale, out = K.shape[-2], enc.block_size, enc.logit_scale / math.sqrt(q.shape[-1]), []

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from posenc.attention import causal_tile, rotate
+from posenc.attention import causal_tile, repeat_kv, rotate
 from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.errors import PosencError
@@ -144,7 +144,7 @@ class XPosState(DecodeState):
         p, ln_zeta = pos.to(torch.float64), torch.log(enc.zeta).to(pos.device)
         phi = wrap_phases(p[T0:, None] * enc.inv_freq.to(pos.device), q.dtype)
         K, V = keys.append(rotate(k, phi, enc.pairing)), values.append(v)
-        K, V = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (K, V))
+        K, V = (repeat_kv(t, q.shape[1]) for t in (K, V))
         qr, scale, out = rotate(q, phi, enc.pairing), enc.logit_scale / math.sqrt(q.shape[-1]), []
 
         def decay(exponent):

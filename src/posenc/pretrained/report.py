@@ -4,15 +4,16 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections import defaultdict
 from pathlib import Path
 
 from posenc.checkpoint import atomic_write_bytes
 from posenc.records import PasskeyTrial, PretrainedRecord, ScoredWindow
-from posenc.reporting import figure, log_scale, markdown_table, save_figure
+from posenc.reporting import figure, log_scale, markdown_table, save_figure, write_csv_table
+
+PPL_FIELDS = ["adaptation", "factor", "length", "stride", "bos", "windows", "scored_tokens", "ppl", "docs", "seconds", "reused_from"]
+PASSKEY_FIELDS = ["adaptation", "factor", "length", "depth", "trials", "correct", "accuracy", "prompt_tokens"]
 
 
 def ppl_rows(records: list[PretrainedRecord]) -> list[dict]:
@@ -48,14 +49,6 @@ def passkey_rows(records: list[PretrainedRecord]) -> list[dict]:
                     "correct": sum(r.correct for r in rs), "accuracy": sum(r.correct for r in rs) / len(rs),
                     "prompt_tokens": max(r.prompt_tokens for r in rs)}
                    for (m, f, L, d), rs in groups.items()), key=lambda r: (r["adaptation"], r["length"], r["depth"]))
-
-
-def _csv(rows: list[dict], fields: list[str]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
 
 
 def _k(n: int) -> str:
@@ -143,9 +136,7 @@ def write_report(out: Path, records: list[PretrainedRecord], adaptations: list[s
     ppl, pk = ppl_rows(records), passkey_rows(records)
     md = markdown(ppl, pk, adaptations, header)
     atomic_write_bytes(out / "results.md", md.encode())
-    atomic_write_bytes(out / "ppl.csv", _csv(ppl, ["adaptation", "factor", "length", "stride", "bos", "windows",
-                                                   "scored_tokens", "ppl", "docs", "seconds", "reused_from"]).encode())
-    atomic_write_bytes(out / "passkey.csv", _csv(pk, ["adaptation", "factor", "length", "depth", "trials", "correct",
-                                                      "accuracy", "prompt_tokens"]).encode())
+    for name, rows, fields in (("ppl.csv", ppl, PPL_FIELDS), ("passkey.csv", pk, PASSKEY_FIELDS)):
+        write_csv_table(out / name, fields, ([r.get(f) for f in fields] for r in rows))
     plots(out, ppl, pk, adaptations)
     return md

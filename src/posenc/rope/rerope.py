@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from posenc.attention import BiasFn, rotate
+from posenc.attention import BiasFn, repeat_kv, rotate
 from posenc.rope.schedules import wrap_phases
 
 
@@ -43,11 +43,6 @@ def _rot(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, pairi
     """R(positions) x for x (B, H, T, D), positions (T,) or (Tq, Tk) float64: float64 angles mod 2 pi."""
     phi = positions.to(torch.float64)[..., None] * inv_freq.to(device=x.device, dtype=torch.float64)
     return rotate(x, wrap_phases(phi, x.dtype), pairing)
-
-
-def _gqa(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """Repeat each of the Hkv heads of x (B, Hkv, T, D) heads/Hkv times (grouped-query attention)."""
-    return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
 def _attend(q, k, v, keep, bias, scale, fused):
@@ -126,8 +121,8 @@ def rerope_attention(
     q_pos = torch.arange(Tk - Tq, Tk, device=q.device) if q_pos is None else q_pos.to(q.device)
     k_pos = torch.arange(Tk, device=q.device)
     slope, qp, kp = _slope(leak), q_pos.to(torch.float64), k_pos.to(torch.float64)  # int * float would be float32
-    k_near, v = _gqa(_rot(k, kp, inv_freq, pairing), H), _gqa(v, H)
-    k_far = _gqa(k if leak is None else _rot(k, kp * slope, inv_freq, pairing), H)
+    k_near, v = repeat_kv(_rot(k, kp, inv_freq, pairing), H), repeat_kv(v, H)
+    k_far = repeat_kv(k if leak is None else _rot(k, kp * slope, inv_freq, pairing), H)
     q_near = _rot(q, qp, inv_freq, pairing)
     q_far = _rot(q, window + (qp - window) * slope, inv_freq, pairing)
     out = []
@@ -156,7 +151,7 @@ def naive(q, k, v, inv_freq, window, leak=None, *, q_pos=None, pairing="half", b
     """Reference for ``rerope_attention`` (same arguments): the full Tq x Tk matrix of clamped
     relative positions, each score ``<R(pos(i, j)) q_i, k_j>``; O(Tq Tk D) memory, tests only."""
     Tq, Tk, H = q.shape[2], k.shape[2], q.shape[1]
-    k, v = _gqa(k, H), _gqa(v, H)
+    k, v = repeat_kv(k, H), repeat_kv(v, H)
     i = (torch.arange(Tk - Tq, Tk, device=q.device) if q_pos is None else q_pos)[:, None].to(torch.float64)
     j = torch.arange(Tk, dtype=torch.float64, device=q.device)[None, :]
     rel = torch.where(i - j < window, i - j, window + (i - j - window) * _slope(leak))
