@@ -27,7 +27,7 @@ import numpy as np
 
 from posenc import encodings
 from posenc.records import Ppl
-from posenc.reporting import markdown_table
+from posenc.reporting import markdown_table, seed_cell
 
 HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
 FLAT_TOL = 0.02
@@ -62,12 +62,6 @@ class Claim:
     text: str
     verdict: str
     evidence: str
-
-
-def _fmt(values: list[float], fmt: str = ".3f") -> str:
-    if len(values) == 1:
-        return format(values[0], fmt)
-    return f"{format(np.mean(values), fmt)} ± {format((max(values) - min(values)) / 2, fmt)}"
 
 
 def band(values: list[float], noise: float) -> tuple[float, float]:
@@ -134,7 +128,7 @@ def _better_than_rope(t: Table, s: str) -> Optional[Claim]:
         return None
     lengths = sorted(set(lengths))
     verdict = combine([at_most(t.r(s, L), t.r(ROPE, L), RATIO_NOISE, RATIO_NOISE) for L in lengths])
-    ev = "; ".join(f"ratio at {_x(t, L)}: {s} {_fmt(t.r(s, L))} vs rope {_fmt(t.r(ROPE, L))}" for L in lengths)
+    ev = "; ".join(f"ratio at {_x(t, L)}: {s} {seed_cell(t.r(s, L))} vs rope {seed_cell(t.r(ROPE, L))}" for L in lengths)
     return Claim("i", f"random accumulated rotations ({s}) extrapolate better than RoPE", verdict, ev)
 
 
@@ -144,8 +138,8 @@ def _learned(t: Table) -> Optional[Claim]:
         return None
     bar = [v * (1 + MATCH_TOL) for v in t.ppl1(ROPE)]
     verdict = combine([at_most(t.ppl1(LEARNED_QKV), bar, PPL_NOISE, PPL_NOISE), at_most(t.r(LEARNED_QKV, L16), [NEAR_16X], RATIO_NOISE)])
-    ev = (f"ppl at 1x: {LEARNED_QKV} {_fmt(t.ppl1(LEARNED_QKV), '.2f')} vs rope {_fmt(t.ppl1(ROPE), '.2f')} "
-          f"(bar: rope x {1 + MATCH_TOL:g}); ratio at 16x: {_fmt(t.r(LEARNED_QKV, L16))} (bar: {NEAR_16X:g})")
+    ev = (f"ppl at 1x: {LEARNED_QKV} {seed_cell(t.ppl1(LEARNED_QKV), '.2f')} vs rope {seed_cell(t.ppl1(ROPE), '.2f')} "
+          f"(bar: rope x {1 + MATCH_TOL:g}); ratio at 16x: {seed_cell(t.r(LEARNED_QKV, L16))} (bar: {NEAR_16X:g})")
     return Claim("ii", "learned rotations match RoPE at 1x and stay near 1x perplexity at 16x", verdict, ev)
 
 
@@ -153,7 +147,7 @@ def _qkv_beats_qk(t: Table, qk: str, qkv: str) -> Optional[Claim]:
     L = t.longest
     if not t.has(qk, qkv, L=L):
         return None
-    ev = f"ratio at {_x(t, L)}: {qkv} {_fmt(t.r(qkv, L))} vs {qk} {_fmt(t.r(qk, L))}"
+    ev = f"ratio at {_x(t, L)}: {qkv} {seed_cell(t.r(qkv, L))} vs {qk} {seed_cell(t.r(qk, L))}"
     return Claim("iii", f"rotating Q/K/V extrapolates better than Q/K only ({qkv} vs {qk})", at_most(t.r(qkv, L), t.r(qk, L), RATIO_NOISE, RATIO_NOISE), ev)
 
 
@@ -163,7 +157,7 @@ def _rotation_degrades(t: Table) -> Optional[Claim]:
     if not rotary or not t.has(ALIBI, L=L):
         return None
     parts = [exceeds(t.r(s, L), 1 + FLAT_TOL, RATIO_NOISE) for s in rotary] + [at_most(t.r(ALIBI, L), [1 + FLAT_TOL], RATIO_NOISE)]
-    ev = f"ratio at {_x(t, L)} (flat: <= {1 + FLAT_TOL:g}): " + ", ".join(f"{s} {_fmt(t.r(s, L))}" for s in rotary + [ALIBI])
+    ev = f"ratio at {_x(t, L)} (flat: <= {1 + FLAT_TOL:g}): " + ", ".join(f"{s} {seed_cell(t.r(s, L))}" for s in rotary + [ALIBI])
     return Claim("iv", "rotation-only models degrade at the longest length while ALiBi stays flat", combine(parts), ev)
 
 
@@ -172,8 +166,8 @@ def _hybrid_flat(t: Table) -> Optional[Claim]:
     if not t.has(HYBRID, ROPE, L=L):
         return None
     verdict = combine([at_most(t.r(HYBRID, L), [1 + FLAT_TOL], RATIO_NOISE), at_most(t.ppl1(HYBRID), t.ppl1(ROPE), PPL_NOISE, PPL_NOISE)])
-    ev = (f"ratio at {_x(t, L)}: {_fmt(t.r(HYBRID, L))} (flat: <= {1 + FLAT_TOL:g}); "
-          f"ppl at 1x: hybrid {_fmt(t.ppl1(HYBRID), '.2f')} vs rope {_fmt(t.ppl1(ROPE), '.2f')}")
+    ev = (f"ratio at {_x(t, L)}: {seed_cell(t.r(HYBRID, L))} (flat: <= {1 + FLAT_TOL:g}); "
+          f"ppl at 1x: hybrid {seed_cell(t.ppl1(HYBRID), '.2f')} vs rope {seed_cell(t.ppl1(ROPE), '.2f')}")
     return Claim("v", "the hybrid (accumulated rotation + far-mass control) is flat and as good as RoPE at 1x (ppl <= RoPE's)", verdict, ev)
 
 
@@ -185,8 +179,8 @@ def _hybrid_vs_rope_forget(t: Table) -> Optional[Claim]:
     far_noise = PPL_NOISE + RATIO_NOISE  # ppl at L = ppl at 1x x ratio
     verdict = combine([at_most(t.ppl1(HYBRID), t.ppl1(ROPE_FORGET), PPL_NOISE, PPL_NOISE),
                        at_most(far[HYBRID], far[ROPE_FORGET], far_noise, far_noise)])
-    ev = (f"ppl at 1x: hybrid {_fmt(t.ppl1(HYBRID), '.2f')} vs rope+forget {_fmt(t.ppl1(ROPE_FORGET), '.2f')}; "
-          f"ppl at {_x(t, L)}: {_fmt(far[HYBRID], '.2f')} vs {_fmt(far[ROPE_FORGET], '.2f')}")
+    ev = (f"ppl at 1x: hybrid {seed_cell(t.ppl1(HYBRID), '.2f')} vs rope+forget {seed_cell(t.ppl1(ROPE_FORGET), '.2f')}; "
+          f"ppl at {_x(t, L)}: {seed_cell(far[HYBRID], '.2f')} vs {seed_cell(far[ROPE_FORGET], '.2f')}")
     return Claim("vi", "the hybrid matches or beats rope+forget at 1x and at the longest length (ppl <=; accumulated rotation adds something once far mass is controlled)", verdict, ev)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from posenc.checkpoint import atomic_write_bytes
 from posenc.claims import claims_markdown
 from posenc.records import FarMass, PasskeyCell, Ppl, load
-from posenc.reporting import figure, log_scale, markdown_table, save_figure, write_csv_table
+from posenc.reporting import figure, log_scale, markdown_table, save_figure, seed_cell, write_csv_table
 
 CSV_FIELDS = ["scheme", "seed", "train_length", "eval_length", "windows", "scored_tokens", "nll", "ppl", "ratio", "note"]
 
@@ -33,16 +33,6 @@ def with_ratios(records: list[Ppl]) -> list[Ppl]:
         b = base.get((r.scheme, r.seed))
         out.append(r.model_copy(update={"ratio": r.ppl / b if (b and r.ppl) else None}))
     return out
-
-
-def seed_cell(values: list[float], fmt: str) -> str:
-    """A table cell over seeds: mean ± half-range ("n/a" without values, the value for one seed)."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "n/a"
-    if len(values) == 1:
-        return format(values[0], fmt)
-    return f"{format(np.mean(values), fmt)} ± {format((max(values) - min(values)) / 2, fmt)}"
 
 
 def _grid(records, key: str, at: str = "eval_length"):

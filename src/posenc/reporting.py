@@ -10,6 +10,8 @@ from __future__ import annotations
 import csv
 import io
 import math
+
+import numpy as np
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -24,6 +26,16 @@ def write_csv_table(path: Path, header: Sequence[str], rows: Iterable[Sequence[A
     w.writerow(header)
     w.writerows(rows)
     atomic_write_bytes(Path(path), buf.getvalue().encode())
+
+
+def seed_cell(values: list[float], fmt: str = ".3f") -> str:
+    """A table cell over seeds: mean ± half-range ("n/a" without values, the value for one seed)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return f"{format(np.mean(values), fmt)} ± {format((max(values) - min(values)) / 2, fmt)}"
 
 
 def figure(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], layout: str | None = None, **kwargs):

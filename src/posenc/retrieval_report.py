@@ -26,8 +26,8 @@ from posenc.checkpoint import atomic_write_bytes
 from posenc.claims import FAILS, FLAT_TOL, HOLDS, NOISE, Claim, Table, combine, role_names
 from posenc.encodings.bias import alibi_slopes
 from posenc.records import Ppl, Task, TaskCell, load, load_ppl
-from posenc.report import seed_cell, with_ratios
-from posenc.reporting import figure, log_scale, markdown_table, save_figure, write_csv_table
+from posenc.report import with_ratios
+from posenc.reporting import figure, log_scale, markdown_table, save_figure, seed_cell, write_csv_table
 from posenc.stamp import stamp_line
 from posenc.taskeval import standard_error
 from posenc.tasks import get_task

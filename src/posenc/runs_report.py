@@ -35,8 +35,8 @@ from posenc.config import Preset
 from posenc.errors import PosencError
 from posenc.jobs import FREE_SETTINGS, _flatten, settings
 from posenc.records import Ppl, load_ppl
-from posenc.report import seed_cell, with_ratios
-from posenc.reporting import figure, log_scale, markdown_table, save_figure
+from posenc.report import with_ratios
+from posenc.reporting import figure, log_scale, markdown_table, save_figure, seed_cell
 from posenc.scoreboard import TaskRun, is_task_run, load_task_run, scoreboard_markdown, task_claims_markdown
 
 HEADER_KEYS = ("corpus", "tokenizer", "model", "budget", "eval")  # report.md header lines that describe the settings

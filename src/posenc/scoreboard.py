@@ -4,7 +4,7 @@ For each scheme: perplexity at the training length and the ratios at 16x and 128
 (``posenc compare``, e.g. ``results/default``), then for each task of the task comparisons
 (``posenc compare --preset retrieval`` / ``state-tracking``) its retrieval horizon and, where the records have
 ``criterion_step`` (``train.until``), its steps to criterion. Every number is its mean ± half-range over the
-seeds (``posenc.report.seed_cell``); a scheme that did not learn a task on every seed shows "did not learn" (and
+seeds (``posenc.reporting.seed_cell``); a scheme that did not learn a task on every seed shows "did not learn" (and
 on how many seeds it did) instead of a horizon (``posenc.retrieval_report``: in-distribution accuracy below the
 run's ``task_eval.learned``); a cell is empty where the scheme was not run. Schemes are matched across runs by spec
 (``posenc.encodings.canonical``) and take the task claims' role names. The README's scoreboard block is this
@@ -25,8 +25,7 @@ from posenc.checkpoint import atomic_write_bytes, read_json
 from posenc.config import Preset, TaskEvalConfig
 from posenc.errors import PosencError
 from posenc.records import Task, load_tasks
-from posenc.report import seed_cell
-from posenc.reporting import markdown_table
+from posenc.reporting import markdown_table, seed_cell
 from posenc.retrieval_report import TaskTable, check_task_claims
 from posenc.tasks import get_task
 
