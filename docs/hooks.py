@@ -18,5 +18,6 @@ def on_files(files, config):
     for folder in FOLDERS:
         for path in sorted((ROOT / folder).rglob("*")):
             if path.is_file():
-                files.append(File(path.relative_to(ROOT).as_posix(), str(ROOT), config["site_dir"], config["use_directory_urls"]))
+                uri = path.relative_to(ROOT).as_posix()
+                files.append(File(uri, str(ROOT), config["site_dir"], config["use_directory_urls"]))
     return files

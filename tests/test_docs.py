@@ -16,17 +16,19 @@ from posenc.errors import PosencError
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "docs" / "examples" / "my_plugin.py"
+SMALL = {"n_layer": 2, "d_model": 32, "n_head": 4, "train_length": 16}
 
 
 def test_the_site_builds_strictly(tmp_path):
     """`mkdocs build --strict`: a broken link or anchor, a missing snippet or a dangling API reference fails it."""
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
-                          capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    site = tmp_path / "site"
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)]
+    proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    plugins = (tmp_path / "site" / "plugins" / "index.html").read_text()
+    plugins = (site / "plugins" / "index.html").read_text()
     assert "ScaledALiBi" in plugins and "--8&lt;" not in plugins  # the worked plugin's file is in the page
-    assert (tmp_path / "site" / "results" / "default" / "ppl_ratio.png").is_file()  # the committed results are served
-    assert "distance_bias" in (tmp_path / "site" / "api" / "index.html").read_text()  # the API reference is generated
+    assert (site / "results" / "default" / "ppl_ratio.png").is_file()  # the committed results are served
+    assert "distance_bias" in (site / "api" / "index.html").read_text()  # the API reference is generated
 
 
 @pytest.fixture
@@ -41,12 +43,12 @@ def plugin():
 
 def _logits(spec: str, tokens: torch.Tensor) -> torch.Tensor:
     torch.manual_seed(0)
-    model = posenc.build_model({"encoding": spec, "n_layer": 2, "d_model": 32, "n_head": 4, "train_length": 16}).double().eval()
-    return model(tokens)
+    return posenc.build_model({"encoding": spec, **SMALL}).double().eval()(tokens)
 
 
 def test_the_worked_plugin_registers_and_reimplements_alibi(plugin):
-    assert "scaled-alibi" in encodings.names() and "scaled-alibi" in [n for n, _, _ in encodings.catalogue()["plugins"]]
+    assert "scaled-alibi" in encodings.names()
+    assert "scaled-alibi" in [name for name, _, _ in encodings.catalogue()["plugins"]]
     assert [(p.name, p.default) for p in encodings.parameters("scaled-alibi")] == [("scale", 1.0)]
     tokens = torch.randint(0, 256, (2, 40))  # past the training length
     alibi = _logits("alibi", tokens)
@@ -62,8 +64,7 @@ def test_the_worked_plugin_registers_and_reimplements_alibi(plugin):
 
 def test_the_worked_plugin_decodes_through_the_cache(plugin):
     torch.manual_seed(0)
-    model = posenc.build_model({"encoding": "scaled-alibi:scale=2", "n_layer": 2, "d_model": 32, "n_head": 4, "train_length": 16})
-    model = model.double().eval()
+    model = posenc.build_model({"encoding": "scaled-alibi:scale=2", **SMALL}).double().eval()
     prompt = torch.randint(0, 256, (1, 6))
     out = model.generate(prompt, max_new_tokens=10, temperature=0)
     seq = prompt
@@ -77,3 +78,12 @@ def test_the_readme_api_example_runs_verbatim():
     code = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
     assert "posenc.build_model(" in code and "posenc.Attention(" in code and len(code.strip().splitlines()) <= 10
     exec(compile(code, "README.md", "exec"), {})
+
+
+def test_the_readme_stays_a_front_page():
+    """At most 200 lines (issue 38): the rest belongs in docs/, and every docs page it links exists."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    linked = set(re.findall(r"\]\((docs/[^)#]+)", readme))
+    assert {"docs/usage.md", "docs/plugins.md", "docs/api.md"} <= linked
+    assert [f for f in linked if not (ROOT / f).is_file()] == []
