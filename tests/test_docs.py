@@ -1,5 +1,7 @@
 """The documentation site (mkdocs.yml, docs/): it builds strictly, and its worked plugin runs as the page says."""
 
+import dataclasses
+import inspect
 import os
 import re
 import subprocess
@@ -87,3 +89,14 @@ def test_the_readme_stays_a_front_page():
     linked = set(re.findall(r"\]\((docs/[^)#]+)", readme))
     assert {"docs/usage.md", "docs/plugins.md", "docs/api.md"} <= linked
     assert [f for f in linked if not (ROOT / f).is_file()] == []
+
+
+def test_the_plugin_page_gives_each_hook_its_exact_signature():
+    """docs/plugins.md states every hook as base.py defines it: a changed signature makes the page wrong, and this fail."""
+    page = (ROOT / "docs" / "plugins.md").read_text()
+    hooks = ("embed", "phases", "steps", "bias", "attend", "logits", "decoder", "length_key", "spectral_gap", "mixing_window")
+    for hook in hooks:
+        signature = str(inspect.signature(getattr(encodings.Encoding, hook))).replace("'", "")
+        assert f"`{hook}{signature}`" in page, (hook, signature)
+    assert all(f"`{flag}`" in page for flag in registry.FLAG_HOOKS)
+    assert all(f"`{field.name}`" in page for cls in (encodings.Dims, encodings.Inputs) for field in dataclasses.fields(cls))
