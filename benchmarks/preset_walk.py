@@ -10,7 +10,7 @@ function a stay and counts as a call of ``fn`` from its module: that is where ``
 the preset (``preset.model``) are other objects and are not followed (``--parts`` follows them, and their
 copies: ``model_copy``, ``dataclasses.replace``); neither are methods called on it (pydantic's).
 
-A *climb* is a call from one module to a function of a module higher in the README's "Layout" list (bottom up,
+A *climb* is a call from one module to a function of a module higher in the "Layout" list of docs/layout.md (bottom up,
 so imports point down it: ``tests/test_layers.py``); each (calling module, called function) counts once.
 Nothing is imported or run: the files are parsed with ``ast``.
 """
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def layout_order(readme: Path) -> list[str]:
-    """The entries of the README's "## Layout" listing, bottom up: ``errors.py``, ``rope/``, ... (one per name of
+    """The entries of the "## Layout" listing (docs/layout.md), bottom up: ``errors.py``, ``rope/``, ... (one per name of
     the first column, so ``report.py, claims.py`` gives two)."""
     block = readme.read_text().split("## Layout", 1)[1].split("```", 2)[1]
     names = []
@@ -189,7 +189,7 @@ class _Walker:
         return out
 
 
-def walk(src: Path = ROOT / "src", readme: Path = ROOT / "README.md", start: tuple[str, str, str] = ("posenc.compare", "compare", "preset"),
+def walk(src: Path = ROOT / "src", readme: Path = ROOT / "docs" / "layout.md", start: tuple[str, str, str] = ("posenc.compare", "compare", "preset"),
          parts: bool = False) -> Walk:
     """The stays and climbs of ``start`` = (module, function, parameter) in the package under ``src``; ``parts``:
     follow the preset's sections too (``preset.eval``, ``dataclasses.replace(preset.model, ...)``), not only the preset."""
@@ -198,7 +198,7 @@ def walk(src: Path = ROOT / "src", readme: Path = ROOT / "README.md", start: tup
     return walker.walk
 
 
-def calls(module: str, fn: str, src: Path = ROOT / "src", readme: Path = ROOT / "README.md") -> set[str]:
+def calls(module: str, fn: str, src: Path = ROOT / "src", readme: Path = ROOT / "docs" / "layout.md") -> set[str]:
     """"module.function" of every posenc function ``module.fn`` calls by name (nested functions included)."""
     walker = _Walker(src, readme)
     found = (walker.resolve(module, n.func) for n in ast.walk(walker.mods[module].functions[fn]) if isinstance(n, ast.Call))

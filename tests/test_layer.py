@@ -1,4 +1,4 @@
-"""posenc.Attention (the drop-in layer LM is built from), grouped-query attention, prepare/attend, the README example."""
+"""posenc.Attention (the drop-in layer LM is built from), grouped-query attention, prepare/attend, the docs' example of the layer in a block."""
 
 import re
 from pathlib import Path
@@ -12,7 +12,7 @@ from posenc.errors import PosencError
 from posenc.attention import repeat_kv
 from posenc.model import build_model
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+LIBRARY = Path(__file__).resolve().parents[1] / "docs" / "library.md"  # "Use it in your own model"
 
 
 def _decoded(layer, x, cut=6):
@@ -141,13 +141,11 @@ def test_token_schemes_take_token_ids():
     assert not torch.allclose(layer(x, tokens=tok), layer(x, tokens=(tok + 1) % 16))
 
 
-def test_readme_example_runs_verbatim():
-    text = README.read_text()
-    section = text[text.index("## Use it in your own model") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_the_docs_block_example_runs_verbatim():
+    code = re.search(r"```python\n(.*?)```", LIBRARY.read_text(), re.S).group(1)
     assert "posenc.Attention(" in code and "LayerCache" in code
     namespace = {}
-    exec(compile(code, str(README), "exec"), namespace)
+    exec(compile(code, str(LIBRARY), "exec"), namespace)
     assert namespace["steps"].shape == (2, 16, 64)
 
 

@@ -3,12 +3,12 @@ imports torch and numpy only, so ``import posenc.attention``, ``posenc.encodings
 pydantic, matplotlib, transformers or ``posenc.theory``; ``posenc.theory`` sits on the core and the shared helpers,
 never on the apps.
 
-Layers, bottom up (README, "Layout"):
+Layers, bottom up (docs/layout.md, "Layout"):
 - core: errors, attention, methods, scoring, layer, model, encodings/*, rope/*, and the package ``posenc`` itself (lazy: PEP 562).
 - theory: theory/*, on the core and on checkpoint, presets, reporting.
 - apps: every other module, on anything below (no cycles: tests/test_imports.py).
 
-The README's "Layout" list is bottom up (imports point down it), and the walk of compare's preset
+The "Layout" list of docs/layout.md is bottom up (imports point down it), and the walk of compare's preset
 (``benchmarks/preset_walk.py``) stays within 30 functions and 5 climbs back up that list.
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
+LAYOUT = ROOT / "docs" / "layout.md"  # its "Layout" listing, bottom up
 CORE = ("posenc.errors", "posenc.attention", "posenc.methods", "posenc.scoring", "posenc.layer", "posenc.model", "posenc.encodings", "posenc.rope")
 THEORY_HELPERS = ("posenc.checkpoint", "posenc.presets", "posenc.reporting")
 CORE_EXTERNAL = {"torch", "numpy"}
@@ -124,13 +125,13 @@ def _preset_walk():
     return module
 
 
-# the one import up the README's list (between two packages, no module cycle)
+# the one import up the layout list (between two packages, no module cycle)
 UPWARD = {("posenc.pretrained.adaptation", "posenc.hf")}
 
 
 def test_the_layout_lists_every_module_bottom_up():
     pw, mods = _preset_walk(), _modules()
-    order = pw.layout_order(ROOT / "README.md")
+    order = pw.layout_order(LAYOUT)
     assert order[:3] == ["errors.py", "presets.py", "checkpoint.py"] and order[-2:] == ["cli.py", "__main__.py"]
     assert sorted({pw.unit(m, SRC) for m in mods if m != "posenc"} - set(order)) == []
     rank = {m: order.index(pw.unit(m, SRC)) for m in mods if m != "posenc"}
@@ -145,7 +146,7 @@ def test_the_layout_lists_every_module_bottom_up():
 
 
 def test_the_preset_walk_stays_within_its_bounds():
-    w = _preset_walk().walk(SRC, ROOT / "README.md")
+    w = _preset_walk().walk(SRC, LAYOUT)
     assert {"compare", "run_job", "_meta"} <= set(w.stays["posenc.compare"])  # the walk follows the preset at all
     assert "run_task_job" in w.stays["posenc.retrieval"] and "check_same_settings" in w.stays["posenc.jobs"]
     assert w.n_stays <= 30 and len(w.climbs) <= 5, (w.n_stays, w.climbs)
@@ -170,14 +171,10 @@ def test_the_preset_walk_counts_stays_and_climbs(tmp_path):
     assert parts.stays["posenc.low"] == ["use", "run", "size"] and parts.climbs == w.climbs  # x.part too
 
 
-def test_the_readme_traces_compare_to_the_report_in_eight_files():
+def test_compare_reaches_the_report_through_the_traced_files():
+    """The trace of docs/layout.md, checked on the source: cli -> commands/compare_cmd -> config -> compare -> jobs -> train,
+    records -> report."""
     pw = _preset_walk()
-    readme = (ROOT / "README.md").read_text()
-    trace = readme.split("`posenc compare` from the command line to the report", 1)[1].split("\n\n", 1)[0]
-    named = {f for f in (s.strip("`") for s in trace.replace("(", " ").replace(")", " ").replace(",", " ").split())
-             if f.endswith(".py") and not f.startswith("tests/")}
-    assert f"in {len(named)} files" in trace and named == {"cli.py", "commands/compare_cmd.py", "config.py", "compare.py", "jobs.py",
-                                                         "train.py", "records.py", "report.py"}  # the count is the set's
     cli = (SRC / "posenc" / "cli.py").read_text()
     assert '"posenc.commands.compare_cmd"' in cli and "args.func(args)" in cli
     assert "set_defaults(func=run)" in (SRC / "posenc" / "commands" / "compare_cmd.py").read_text()

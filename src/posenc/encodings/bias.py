@@ -19,7 +19,7 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
 
     For H a power of two: geometric from 2^(-8/H) with ratio 2^(-8/H). Otherwise
     c = 2^floor(log2 H) and the slopes are slopes(c) followed by
-    slopes(2c)[0::2][:H-c] (the reference implementation).
+    ``slopes(2c)[0::2][:H-c]`` (the reference implementation).
     """
 
     def power_of_two(n):

@@ -346,7 +346,7 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
             raise PosencError(f"{base!r} fixes {', '.join(f'{k}={preset[k]!r}' for k in fixed)}; use {target!r} with the parameters you want")
         name, params = target, {**preset, **params}
     if name in RENAMED:
-        raise PosencError(f"scheme {name!r} was renamed: use {RENAMED[name]!r} (README, 'Renamed')")
+        raise PosencError(f"scheme {name!r} was renamed: use {RENAMED[name]!r} (docs/schemes.md, 'Renamed')")
     if name not in _REGISTRY:
         raise PosencError(f"unknown scheme {base!r}; valid: {', '.join(names())}")
     cls = _REGISTRY[name]

@@ -95,8 +95,8 @@ def rerope_attention(
 
     Args:
         q: (B, H, Tq, D) unrotated queries, float32 or float64.
-        k, v: (B, Hkv, Tk, D), (B, Hkv, Tk, Dv) unrotated keys / values at positions
-            0..Tk-1; H a multiple of Hkv (grouped-query attention).
+        k: (B, Hkv, Tk, D) unrotated keys at positions 0..Tk-1; H a multiple of Hkv (grouped-query attention).
+        v: (B, Hkv, Tk, Dv) values at the keys' positions.
         inv_freq: (D/2,) RoPE frequencies omega_i, radians per token.
         window: w >= 1 tokens; relative positions below w are exact (w >= Tk: plain RoPE).
         leak: None for ReRoPE, Su's k > 1 for leaky ReRoPE (w + (i-j-w)/k beyond w).
