@@ -11,7 +11,8 @@ import yaml
 from posenc.checkpoint import read_json, read_jsonl
 from posenc.cli import main
 from posenc.compare import compare
-from posenc.config import at_point, grid_points, load_preset, point_label, point_root
+from posenc.config import at_point, grid_points, load_preset, point_label, point_root, setting
+from posenc.retrieval import task_meta
 from posenc.errors import PosencError
 from posenc.records import Ppl, Task, load
 from posenc.retrieval_report import Scores
@@ -211,3 +212,14 @@ def test_a_sweep_killed_before_its_other_seeds_resumes_them_only(tmp_path):
     assert not failures and (seed1 / "train_summary.json").exists()
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # the grid points were not retrained
     assert sorted(r.seed for r in load(root / "results.jsonl")) == [0, 1]
+
+
+def test_a_report_header_says_swept_for_a_setting_the_sweep_varies():
+    preset = load_preset("retrieval")  # grid train.lr; path and path+forget also model.n_head
+    assert (setting(preset, "train.lr"), setting(preset, "model.n_head"), setting(preset, "train.steps")) == ("swept", "swept", 600)
+    meta = task_meta(preset)
+    assert "lr swept" in meta["budget"] and meta["budget"].startswith("600 steps") and "swept heads" in meta["model"]
+    plain = load_preset("retrieval", {"sweep": None})
+    assert setting(plain, "train.lr") == plain.train.lr == 2e-3 and "lr 0.002" in task_meta(plain)["budget"]
+    point = task_meta(at_point(preset, (("train.lr", 1e-3), ("model.n_head", 2))))  # one grid point: its own values
+    assert "2 heads" in point["model"] and "lr 0.001" in point["budget"]
