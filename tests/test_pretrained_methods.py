@@ -61,14 +61,14 @@ def naive_attention(method, inv_freq, mscale, module, query, key, value, attenti
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
-def reference_logits(schedule, spec, ids):
+def reference(schedule, spec) -> Adaptation:
     """The float64 model with the same method, its attention the naive one at transformers' frequencies."""
     from transformers import AttentionInterface
 
     a = adapted(schedule, spec, torch.float64)
     AttentionInterface.register("test_naive_method", functools.partial(naive_attention, a.method, *native_inv_freq(schedule)))
     a.model.set_attn_implementation("test_naive_method")
-    return a.model(ids, use_cache=False).logits
+    return a
 
 
 def native_inv_freq(schedule):
@@ -83,12 +83,23 @@ def test_logits_equal_the_naive_reference(schedule, spec):
     ids = torch.randint(0, 128, (2, T))
     a = adapted(schedule, spec)
     with torch.no_grad():
-        got, ref = a.model(ids, use_cache=False).logits, reference_logits(schedule, spec, ids)
+        got, ref = a.model(ids, use_cache=False).logits, reference(schedule, spec).model(ids, use_cache=False).logits
         plain = adapted(schedule, None).model(ids, use_cache=False).logits
     assert torch.allclose(got.double(), ref, atol=2e-5, rtol=1e-4)
     assert (got - plain).abs().max() > 1e-3  # the method acts at T > window
     if schedule is not None:  # the schedule's frequencies (and yarn's scaling), not the model's
         assert not torch.allclose(*(native_inv_freq(s)[0] for s in (schedule, None)))
+
+
+@pytest.mark.parametrize("spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10"])
+def test_gradients_equal_the_naive_reference(spec):
+    ids = torch.randint(0, 128, (1, T))
+    fast, ref = adapted("ntk", spec), reference("ntk", spec)
+    for a in (fast, ref):
+        a.model(ids, use_cache=False).logits.logsumexp(-1).sum().backward()
+    for name in ("q_proj", "k_proj", "v_proj"):
+        got, want = (getattr(a.model.model.layers[0].self_attn, name).weight.grad for a in (fast, ref))
+        assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-4), name
 
 
 @pytest.mark.parametrize("schedule", [None, "ntk"])
