@@ -163,6 +163,16 @@ def test_a_padded_batch_is_refused():
     a.model(ids, attention_mask=torch.ones_like(ids))  # an all-ones mask is honoured
 
 
+def test_a_sliding_window_model_is_refused():
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=128, max_position_embeddings=L0, sliding_window=8)
+    a = Adaptation(transformers.MistralForCausalLM(cfg).eval())
+    a.set_method("self-extend:group=2,window=4")
+    with pytest.raises(PosencError, match="sliding window of 8 tokens"):
+        a.model(torch.randint(0, 128, (1, 12)))
+
+
 PROMPT = "The pass key is 1 2 3 . Remember it"
 
 

@@ -37,10 +37,14 @@ def attention_forward(module, query, key, value, attention_mask, scaling, dropou
     repeated (``posenc.attention.repeat_kv``); scores are q.k x ``scaling`` x attention_scaling**2 (transformers
     scales cos and sin of both q and k by it), computed at float32 or better. ``attention_mask``: None or
     transformers' boolean (B, 1, Tq, Tk) mask; PosencError (one line) unless it is the plain causal mask (a padded
-    batch: the methods' positions count from each row's first token, which a left-padded row does not start at).
+    batch: the methods' positions count from each row's first token, which a left-padded row does not start at),
+    and for a layer with a sliding window (``sliding_window`` set: Mistral, Qwen2 with use_sliding_window).
     """
     method, inv_freq, mscale = posenc_method
     tq, tk = query.shape[-2], key.shape[-2]
+    if kwargs.get("sliding_window") is not None:  # a sliding-window model (Mistral, Qwen2 with use_sliding_window)
+        raise PosencError(f"{method.name} on a pretrained model replaces its attention; this model's layers attend "
+                          f"within a sliding window of {kwargs['sliding_window']} tokens, which it would drop")
     if attention_mask is not None and not _is_causal(attention_mask, tq, tk):
         raise PosencError(f"{method.name} on a pretrained model takes unpadded rows only: run rows of different lengths "
                           "one at a time (the attention mask hides some keys)")
