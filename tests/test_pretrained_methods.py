@@ -134,6 +134,16 @@ def test_restore_undoes_the_method_and_the_key_names_it():
         assert a.method is None and a.key(T) == key and torch.equal(a.model(ids).logits, plain)
 
 
+@pytest.mark.parametrize("schedule", [None, "ntk"])
+def test_a_bf16_model_rotates_at_float32_frequencies(schedule):
+    a = adapted(schedule, "self-extend:group=2,window=4", torch.bfloat16)
+    assert torch.equal(a.model.model.rotary_emb.inv_freq, native_inv_freq(schedule)[0])  # float32, not bf16's
+    ids = torch.randint(0, 128, (1, T))
+    with torch.no_grad():
+        got, want = a.model(ids).logits, adapted(schedule, "self-extend:group=2,window=4").model(ids).logits
+    assert got.dtype == torch.bfloat16 and torch.allclose(got.float(), want, atol=0.1)
+
+
 def test_defaults_come_from_the_native_context():
     assert adapted(None, "self-extend").method == methods.Method("self-extend", window=L0 // 2, group=4)
     assert adapted(None, "lm-infinite").method == methods.Method("lm-infinite", window=L0, n_global=10)

@@ -129,6 +129,8 @@ class Adaptation:
                    else f"schedule {self.extension.schedule}")
             raise PosencError(f"method {method.name} applies to native RoPE or a fixed-frequency schedule (pi, ntk, yarn, "
                               f"llama3); the model has {now}")
+        if self.extension.schedule == "none":  # float32 frequencies also after a cast of the model (bf16: 40 rad off at 32K)
+            self.model.model.rotary_emb = self._rotary({})
         self._hooks += long_context.install(self.model, method)
         self.method = method
         return method
