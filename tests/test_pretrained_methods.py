@@ -20,16 +20,9 @@ from posenc.pretrained import generation, loading  # noqa: E402
 from posenc.pretrained.adaptation import Adaptation  # noqa: E402
 from posenc.pretrained.schedules import Extension  # noqa: E402
 
-L0, T = 16, 40  # the tiny model's native context; the input is longer
+from test_generate_pretrained import L0, llama  # noqa: E402  (the tiny random Llama, native context L0 = 16)
 
-
-def llama(seed=0):
-    """A random 2-layer Llama (4 heads over 2 key/value heads, head dim 16, 128 ids, native context L0)."""
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=L0,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 100.0})
-    return transformers.LlamaForCausalLM(cfg).eval()
+T = 40  # the input: longer than L0
 
 
 def adapted(schedule: str | None, spec: str | None, dtype=torch.float32) -> Adaptation:
