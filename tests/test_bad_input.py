@@ -213,3 +213,52 @@ def test_generate_takes_a_list_of_token_ids():
     model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 16})
     ids = model.generate([84, 111, 32], 4, temperature=0)
     assert torch.equal(ids, model.generate(torch.tensor([84, 111, 32]), 4, temperature=0)) and ids.shape == (7,)
+
+
+def test_bugs_inside_a_scheme_raise_with_their_traceback_and_bad_values_are_one_line_errors():
+    """A mistyped attribute inside a scheme is a bug (AttributeError, traceback), not 'invalid parameters'."""
+    from posenc import encodings
+    from posenc.encodings.base import Encoding
+    from posenc.errors import PosencError
+
+    @encodings.register
+    class Broken(Encoding):
+        name = "broken-plugin"
+
+        def __init__(self, dims, width: int = 2):
+            super().__init__(dims)
+            self.width = self.widht  # the bug
+
+    try:
+        with pytest.raises(AttributeError, match="widht"):
+            encodings.get("broken-plugin")
+        with pytest.raises(PosencError, match="width='x': expected int"):  # a bad value is still the user's
+            encodings.get("broken-plugin:width=x")
+    finally:
+        encodings.unregister("broken-plugin")
+    for params, message in (({"schedule": "yarn", "schedule_params": 5}, "expected dict"),
+                            ({"schedule": "yarn", "schedule_params": {"factor": "x"}}, "factor='x': expected a finite number"),
+                            ({"schedule_params": {"factor": 2.0}}, "need a schedule")):
+        with pytest.raises(PosencError, match=message):
+            encodings.get("rope", **params)
+
+
+def test_decode_with_an_id_outside_the_vocabulary_is_a_one_line_error():
+    from posenc.errors import PosencError
+    from posenc.model import Cache
+
+    model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 32, "vocab_size": 50})
+    for bad in (50, -1):
+        with pytest.raises(PosencError, match=r"token ids must lie in \[0, 50\)"):
+            model.decode(torch.tensor([[1, bad]]), Cache(1))
+
+
+def test_xpos_refuses_decreasing_positions():
+    """Decreasing position ids gave NaN: the decay factor grows without bound for keys after their query."""
+    from posenc.errors import PosencError
+
+    model = build_model({"encoding": "xpos", "n_layer": 1, "n_head": 2, "d_model": 32})
+    tokens = torch.randint(0, 256, (1, 10))
+    assert torch.isfinite(model.hidden(tokens, torch.arange(10) * 3)).all()  # gaps are fine
+    with pytest.raises(PosencError, match="xpos needs non-decreasing position ids"):
+        model.hidden(tokens, torch.arange(10).flip(0))

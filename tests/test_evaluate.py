@@ -84,3 +84,16 @@ def test_span_makes_every_length_score_the_same_targets():
         window_starts(docs, 48, span=128)
     with pytest.raises(PosencError, match="exceeds the longest"):
         window_starts(docs, 16, span=512)
+
+
+def test_eval_says_which_text_it_scored_and_when_it_is_fewer_tokens_than_asked(tmp_path, capsys):
+    from posenc.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--multiples", "1", "--max-tokens", "100000000"]) == 0
+    text = [line for line in capsys.readouterr().out.splitlines() if line.startswith("text: ")]
+    assert len(text) == 1 and "held-out document(s) of shakespeare" in text[0]
+    assert "fewer than --max-tokens 100000000: no other held-out document has" in text[0]
+    assert "posenc compare scores this text when its longest length is" in text[0]

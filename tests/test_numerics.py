@@ -1,5 +1,6 @@
 """Positional buffers survive module casts: angles, frequencies and slopes stay float32 or better."""
 
+import importlib
 import math
 
 import pytest
@@ -119,3 +120,77 @@ def test_a_nan_reaches_every_output_row_that_reads_it_on_every_path(spec, T):
         nan = out.isnan().any(-1) if which == "v" else out.isnan().all(-1)
         rows = torch.arange(T - n, T)
         assert bool(nan[rows == j if which == "q" else rows >= j].all()), (which, j, n)
+
+
+core = importlib.import_module("posenc.attention")  # the module (the package exports its function)
+OFFSET, STARTS = 5, (0, 1, 1000, 30_000, 65_530)
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor) -> list[float]:
+    """Score (float64) of the query at each start + OFFSET with the key at start: q, k (T, D) rotated."""
+    return [float((q[s + OFFSET].double() * k[s].double()).sum()) for s in STARTS]
+
+
+def test_rotation_under_bf16_autocast_keeps_relative_scores_to_64k(monkeypatch):
+    """A fixed (bf16) q, k pair at offset 5: the rotated pair the attention core hands to SDPA under bf16 autocast
+    scores the same at every position to 64K within 1e-4 (bf16 cos/sin spread it by ~0.1)."""
+    model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 1, "d_model": 64})
+    T = STARTS[-1] + OFFSET + 1
+    g = torch.Generator().manual_seed(0)
+    q0, k0 = torch.randn(64, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16()
+    q, k = q0.expand(1, 1, T, 64).contiguous(), k0.expand(1, 1, T, 64).contiguous()
+    phases = model.blocks[0].attn.enc.phases(Inputs(torch.zeros(1, T, 64), torch.arange(T)))
+    seen = {}
+
+    def spy(q, k, v, **kw):
+        seen.update(q=q, k=k)
+        return torch.zeros_like(v)
+
+    monkeypatch.setattr(core.F, "scaled_dot_product_attention", spy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = core.attention(q, k, k.clone(), phases=phases)
+    assert out.dtype == torch.bfloat16 and seen["q"].dtype == torch.float32
+    scores = _scores(seen["q"][0, 0], seen["k"][0, 0])
+    assert max(scores) - min(scores) < 1e-4, scores
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the autograd reference too
+        rq, rk = core.rotate(q, phases), core.rotate(k, phases)
+    assert rq.dtype == torch.float32
+    scores = _scores(rq[0, 0], rk[0, 0])
+    assert max(scores) - min(scores) < 1e-4, scores
+
+
+@pytest.mark.parametrize("cast", ["float", "half", "bf16"])
+def test_casts_keep_float64_frequencies_and_relative_scores_to_64k(cast):
+    """After .float() / .half() / .to(bf16) RoPE's frequencies are still float64: the angles to 131072 stay within
+    1e-5 rad of float64's (a float32 copy puts them up to 3.9e-3 off), and a fixed float32 q, k pair at offset 5
+    scores the same to 64K within 1e-4."""
+    model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 1, "d_model": 64})
+    enc = model.blocks[0].attn.enc
+    assert enc.inv_freq.dtype == torch.float64
+    model = {"float": model.float, "half": model.half, "bf16": lambda: model.to(torch.bfloat16)}[cast]()
+    assert enc.inv_freq.dtype == torch.float64
+    pos = torch.tensor([4095, 65536, 131071])
+    exact = pos.double()[:, None] * (10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64))
+    diff = torch.remainder(enc.phases(Inputs(torch.zeros(1, 3, 64), pos))[0, 0].double() - exact + math.pi, 2 * math.pi) - math.pi
+    assert float(diff.abs().max()) < 1e-5
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 64, generator=g), torch.randn(1, 1, 1, 64, generator=g)
+    scores = []
+    for s in STARTS:
+        phi = enc.phases(Inputs(torch.zeros(1, 2, 64), torch.tensor([s, s + OFFSET])))
+        scores.append(float((core.rotate(q, phi[..., 1:, :]).double() * core.rotate(k, phi[..., :1, :]).double()).sum()))
+    assert max(scores) - min(scores) < 1e-4, scores
+    model.double()  # raising precision is allowed
+    assert enc.inv_freq.dtype == torch.float64
+
+
+def test_fox_log_gates_take_the_inputs_precision():
+    """float64 gate logits give float64 log-gates (they were taken in float32: 1e-7 off); bf16 ones float32."""
+    from posenc.encodings.forget import log_forget_cumsum
+
+    logits = torch.randn(2, 3, 257, dtype=torch.float64) * 4
+    exact = torch.cumsum(torch.log(torch.sigmoid(logits)), dim=-1)
+    assert float((log_forget_cumsum(logits) - exact).abs().max()) < 1e-12
+    low = log_forget_cumsum(logits.bfloat16())
+    assert low.dtype == torch.float64
+    torch.testing.assert_close(low, log_forget_cumsum(logits.bfloat16().float()), rtol=0, atol=0)

@@ -243,3 +243,28 @@ def test_path_plus_forget_model_gradients_use_the_chunked_form():
     assert (out - ref).abs().max().item() < 1e-12
     for a, b in zip(g_fast, g_ref):
         assert (a - b).abs().max().item() < 1e-10
+
+
+def test_path_fox_matches_flash_linear_attentions_pathfox():
+    """flash-linear-attention's PaTH-FoX: softmax((q^T H_i..H_{j+1} k_j + G_i - G_j) / sqrt(D)) v, G = cumsum of the
+    log-gates (``parallel_path_attn``). ``path+forget:scaled=true`` gives it; ``path+forget`` adds FoX's unscaled gate."""
+    from posenc import encodings
+    from posenc.encodings.base import Dims
+    from posenc.encodings.householder_naive import path_scores_naive
+
+    torch.manual_seed(0)
+    dims = Dims(n_head=2, head_dim=16, d_model=32, vocab_size=256, train_length=16)
+    x = torch.randn(1, 12, 32, dtype=torch.float64)
+    inp = Inputs(x, torch.arange(12))
+    q, k, v = (torch.randn(1, 2, 12, 16, dtype=torch.float64) for _ in range(3))
+    fox = encodings.get("path+forget:scaled=true", dims).double()
+    plain = encodings.get("path+forget", dims).double()
+    plain.load_state_dict(fox.state_dict())
+    path, gate = fox.parts
+    w, beta = path.gates(x)
+    G = torch.cumsum(torch.nn.functional.logsigmoid(gate.gate(x).transpose(1, 2)), dim=-1)
+    s = path_scores_naive(q, k, w, beta) + G[..., :, None] - G[..., None, :]
+    ref = torch.softmax(s / math.sqrt(16), dim=-1) @ v
+    torch.testing.assert_close(fox.attend(q, k, v, inp), ref, rtol=0, atol=1e-10)
+    fox_unscaled = torch.softmax(path_scores_naive(q, k, w, beta) / math.sqrt(16) + G[..., :, None] - G[..., None, :], dim=-1) @ v
+    torch.testing.assert_close(plain.attend(q, k, v, inp), fox_unscaled, rtol=0, atol=1e-10)

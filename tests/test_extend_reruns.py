@@ -1,4 +1,4 @@
-"""Issue 23 on the pretrained-model commands: reruns count each passkey trial once, and their one-line notices."""
+"""Reruns of the pretrained-model commands count each passkey trial once; their stores, refusals and notices."""
 
 from __future__ import annotations
 
