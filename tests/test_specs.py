@@ -292,3 +292,29 @@ def test_repr_names_pretrained_defaults_and_the_parameters_a_spec_cannot_set():
     assert repr(RoPE(DIMS)) == "RoPE()"  # built directly, not from a spec
     parts = encodings.get("acc-rand-qkv:a=0.3+alibi", DIMS)
     assert [p.spec for p in parts.parts] == ["accumulated:mode=random,rotate=qkv,a=0.3", "alibi"] and "acc-rand-qkv:a=0.3+alibi" in repr(parts)
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"center": "rope", "a": 0.5}, "a applies to center='zero' only"),
+        ({"init": "random"}, "init applies to mode='learned' only"),
+        ({"mode": "learned", "center": "rope", "learn_a": True}, "learn_a applies to mode='learned' and center='zero' only"),
+        ({"mode": "learned", "seed": 3}, "seed applies to mode='random' or 'token' only"),
+        ({"rope_theta": 500.0}, "rope_theta applies to center='rope' only"),
+    ],
+)
+def test_a_scheme_built_directly_refuses_what_a_spec_refuses(params, message):
+    """The constructor's check is ``applies_to``, the spec's: the same rule, the same line (no second copy of it)."""
+    from posenc.encodings.accumulated import Accumulated
+
+    with pytest.raises(PosencError) as err:
+        Accumulated(DIMS, **params)
+    assert str(err.value) == f"scheme 'accumulated': {message}; here it would do nothing"
+    spec = "accumulated:" + ",".join(f"{k}={str(v).lower()}" for k, v in params.items())
+    with pytest.raises(PosencError) as spec_err:
+        encodings.get(spec, DIMS)
+    assert str(spec_err.value) == str(err.value)
+    Accumulated(DIMS, mode="learned", learn_a=True, init="random")  # each where it applies
+    Accumulated(DIMS, center="rope", rope_theta=500.0)
+

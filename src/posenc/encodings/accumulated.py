@@ -131,19 +131,15 @@ class Accumulated(Encoding):
         _check_choice("rotate", rotate, ("qk", "qkv"))
         _check_choice("center", center, ("zero", "rope"))
         _check_choice("init", init, ("zero", "random"))
-        if center == "rope" and a is not None:
-            raise PosencError("accumulated a applies to center='zero' (the drift half-widths are RoPE's frequencies)")
+        self.check_applies(dict(mode=mode, rotate=rotate, center=center, a=a, init=init, learn_a=learn_a,
+                                rope_theta=rope_theta, pairing=pairing, seed=seed, rotary_fraction=rotary_fraction))
         a = 1.0 if a is None else a
         if not 0 < a <= math.pi:  # U[-pi, pi] is already uniform on the circle (beta = 0)
             raise PosencError(f"accumulated half-width a must be in (0, pi], got {a!r}")
         if not 0 <= seed < 2**31:
             raise PosencError(f"accumulated seed must be in [0, 2^31), got {seed}")
-        if (init != "zero" or learn_a) and mode != "learned":
-            raise PosencError("accumulated init and learn_a apply to mode='learned' only")
         if mode == "token" and (dims.vocab_size or 0) < 1:  # else an empty table, and an index error at the first token
             raise PosencError(f"accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got {dims.vocab_size}")
-        if learn_a and center != "zero":
-            raise PosencError("accumulated learn_a needs center='zero' (the drift half-widths are RoPE's frequencies)")
         self.mode, self.center, self.pairing, self.a, self.init = mode, center, pairing, float(a), init
         self.rotate_v = rotate == "qkv"
         self.seed = seed * 1_000_003 + dims.layer_index

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Hashable, Optional
 
 import torch
@@ -311,6 +312,16 @@ class Encoding(KeepsPrecision):
         applies to (``{"rope_theta": "center='rope'"}``): a spec that sets one is refused, the ``valid:`` list of
         an unknown parameter leaves them out, and ``get``'s ``defaults`` skip them. None by default."""
         return {}
+
+    @classmethod
+    def check_applies(cls, params: dict) -> None:
+        """PosencError (one line) for a parameter in ``params`` (every constructor parameter) set away from its
+        default where ``applies_to`` says it does nothing: the constructor's form of the spec's refusal, for a
+        scheme built directly (``Accumulated(dims, center="rope", a=0.5)``)."""
+        defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items() if k in params}
+        for key, where in cls.applies_to(params).items():
+            if params[key] != defaults[key]:
+                raise PosencError(f"scheme {cls.name!r}: {key} applies to {where} only; here it would do nothing")
 
     def extra_repr(self) -> str:
         """The spec, then the parameters a spec cannot set (``internal``) that are set: ``RoPE(rope:rope_theta=500000)``."""
