@@ -121,7 +121,7 @@ def throughput(scheme: str, device: torch.device, cfg: ModelConfig, batch: int, 
     x, y = torch.randint(0, cfg.vocab_size, (2, batch, cfg.train_length), device=device)
     nll = torch.compile(model.token_nll) if compiled else model.token_nll
 
-    def step():
+    def step(model=model, opt=opt):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = nll(x, y).mean()
         opt.zero_grad(set_to_none=True)
@@ -251,15 +251,15 @@ def main(argv=None) -> int:
         cfg = dataclasses.replace(cfg, n_layer=2, d_model=96, n_head=2, train_length=64, vocab_size=512)
     batch, default = 2 if args.tiny else args.batch, load_preset("default").schemes
     deadline = T0 + args.budget
-    res["flex"] = {T: guarded(lambda: flex_vs_chunked(device, T), deadline) for T in ((512, 1024) if args.tiny else (16384, 65536))}
+    res["flex"] = {T: guarded(lambda T=T: flex_vs_chunked(device, T), deadline) for T in ((512, 1024) if args.tiny else (16384, 65536))}
     res["memory_length"] = 1024 if args.tiny else 65536
-    res["memory"] = {s: guarded(lambda: eval_peak_memory(s, device, cfg, res["memory_length"]), deadline) for s in default}
+    res["memory"] = {s: guarded(lambda s=s: eval_peak_memory(s, device, cfg, res["memory_length"]), deadline) for s in default}
     res["throughput"] = {"config": f"{cfg.n_layer} layers, width {cfg.d_model}, vocab {cfg.vocab_size}, {batch} x {cfg.train_length} tokens/step, "
                                    f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, {args.steps} timed steps after 2 warm-up",
                          "tokens_per_s": {}, "compiled": {}}
     for key, compiled in (("tokens_per_s", False), ("compiled", True)):
         for s in default[:1] if compiled and args.tiny else default:  # --tiny: one compiled scheme (a smoke run)
-            res["throughput"][key][s] = guarded(lambda: throughput(s, device, cfg, batch, args.steps, compiled), deadline)
+            res["throughput"][key][s] = guarded(lambda s=s, compiled=compiled: throughput(s, device, cfg, batch, args.steps, compiled), deadline)
             print(f"[{time.time() - T0:5.0f} s] throughput {key} {s}: {res['throughput'][key][s]}", flush=True)
     res["seconds"] = time.time() - T0
     out = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "results")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -123,7 +122,7 @@ def bench_prefill(schemes: list[str], rounds: int, lengths=(4096, 16384)) -> dic
         models[s] = build_model(default_model(s)).eval()
     times = {(s, L): [] for s in schemes for L in lengths}
     with torch.no_grad():
-        for s, m in models.items():  # warm-up
+        for m in models.values():  # warm-up
             m(torch.randint(0, 256, (1, 256)))
         for r in range(rounds):
             for L in lengths:

@@ -306,7 +306,9 @@ def test_diagnose_bad_device_is_one_line(tmp_path, capsys, device, message):
 
 def test_python_m_posenc_is_the_posenc_command(tmp_path):
     """``python -m posenc`` runs the same command: its version line, and bad input exits 2 with one line."""
-    run = lambda *a: subprocess.run([sys.executable, "-m", "posenc", *a], capture_output=True, text=True, cwd=tmp_path)
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "posenc", *a], capture_output=True, text=True, cwd=tmp_path)
+
     ok = run("--version")
     assert ok.returncode == 0 and ok.stdout.startswith("posenc 0.1.0 (commit ")
     bad = run("compare", "--preset", "no-such-preset")

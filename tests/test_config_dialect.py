@@ -36,7 +36,7 @@ def test_every_shipped_preset_resolves_as_before_the_rebase():
 
 def test_the_shipped_presets_share_blocks_through_base():
     from posenc.presets import SHIPPED
-    bases = {n: next((l.split()[1] for l in (SHIPPED / f"{n}.yaml").read_text().splitlines() if l.startswith("base:")), None)
+    bases = {n: next((line.split()[1] for line in (SHIPPED / f"{n}.yaml").read_text().splitlines() if line.startswith("base:")), None)
              for n in preset_names()}
     assert {n: b for n, b in bases.items() if b} == {"baselines": "default", "learned": "default", "quick": "default",
                                                      "window": "default", "state-tracking": "retrieval"}

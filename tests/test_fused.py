@@ -132,10 +132,13 @@ def test_fused_float32_precision_at_64k_tokens(name):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 1, T, 8, generator=g) for _ in range(3))
     if name == "alibi":
-        make = lambda dtype: distance_bias(torch.tensor([0.5], dtype=torch.float64), torch.arange(T), dtype)
+        def make(dtype):
+            return distance_bias(torch.tensor([0.5], dtype=torch.float64), torch.arange(T), dtype)
     else:
         lam = log_forget_cumsum(4 * torch.randn(1, 1, T, generator=g, dtype=torch.float64))
-        make = lambda dtype: forget_bias(lam, dtype)
+
+        def make(dtype):
+            return forget_bias(lam, dtype)
     with torch.no_grad():
         fast = attention(q, k, v, bias=make(torch.float32))[..., -rows:, :]
         qs = T - rows

@@ -4,8 +4,6 @@ reference (values and gradients), identical in own models and in the HF attentio
 
 from __future__ import annotations
 
-import math
-from types import SimpleNamespace
 
 import pytest
 import torch

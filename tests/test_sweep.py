@@ -87,7 +87,7 @@ def test_broken_schemes_fail_alone_and_rerun_resumes(broken_schemes, corpus, tmp
     assert "loss is nan at step 0; last good checkpoint: none yet" in text
     assert "job process died: SIGKILL (out of memory?)" in text
     for name in BROKEN:  # one line each on stderr, the traceback in a file
-        line = next(l for l in err.splitlines() if l.startswith(f"posenc: {name} (seed 0) failed: "))
+        line = next(x for x in err.splitlines() if x.startswith(f"posenc: {name} (seed 0) failed: "))
         assert "Traceback" not in line
         assert (run / name / "seed0.error.txt").exists()
     assert "Traceback" in (run / "test-nan" / "seed0.error.txt").read_text()

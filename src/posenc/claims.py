@@ -23,7 +23,6 @@ import dataclasses
 from collections import defaultdict
 from typing import Callable, Optional
 
-import numpy as np
 
 from posenc import encodings
 from posenc.records import Ppl

@@ -37,7 +37,7 @@ from posenc.checkpoint import load_tensors, load_torch, make_run_dir, read_json,
 from posenc.data import load_corpus
 from posenc.errors import PosencError
 from posenc.presets import SHIPPED, load_flat, preset_names as shipped, validated
-from posenc.pretrained import loading, report, schedules
+from posenc.pretrained import loading, report
 from posenc.pretrained.adaptation import Adaptation
 from posenc.records import PasskeyTrial, ScoredWindow
 from posenc.reporting import figure, save_figure

@@ -120,7 +120,7 @@ class Task:
 
 
 # flip-flop vocabulary: instructions then bits
-W, R, I, B0, B1 = range(5)
+W, R, I, B0, B1 = range(5)  # noqa: E741 (write, read, ignore: the task's own letters)
 
 
 class FlipFlop(Task):

@@ -392,7 +392,7 @@ class PaTH(Encoding):
         kernel = _fla_kernel() if (self.use_kernel and q.is_cuda and bias is None) else None
         if kernel is not None and q.shape[-1] not in FLA_HEAD_DIMS:
             if not self._warned:
-                warnings.warn(f"path: head dim {q.shape[-1]} not supported by the fla kernel {FLA_HEAD_DIMS}; using the PyTorch path")
+                warnings.warn(f"path: head dim {q.shape[-1]} not supported by the fla kernel {FLA_HEAD_DIMS}; using the PyTorch path", stacklevel=2)
                 self._warned = True
             kernel = None
         if kernel is not None:

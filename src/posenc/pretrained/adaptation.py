@@ -186,7 +186,7 @@ def _check_factor(params: dict, max_positions: int, l0: int) -> None:
     ratio = max_positions / l0
     if "factor" in params and max_positions != l0 and not math.isclose(params["factor"], ratio):
         warnings.warn(f"factor {params['factor']:g} differs from the model's max_position_embeddings / L0 = {max_positions} / {l0} "
-                      f"= {ratio:g}: the schedule scales by {params['factor']:g}, not by the config's ratio")
+                      f"= {ratio:g}: the schedule scales by {params['factor']:g}, not by the config's ratio", stacklevel=2)
 
 
 def _length_switch(schedule: str, l0: int, module, args, kwargs):
@@ -209,4 +209,4 @@ def _length_switch(schedule: str, l0: int, module, args, kwargs):
                           "shorter rows would score otherwise than alone; run rows of different lengths one at a time")
     if total > ids.shape[1] and total > l0:
         warnings.warn(f"{label} decoded with the KV cache past L0 = {l0}: cached keys keep {kept}, so logits differ "
-                      "from a full forward (generate(..., use_cache=False) is exact)")
+                      "from a full forward (generate(..., use_cache=False) is exact)", stacklevel=2)
