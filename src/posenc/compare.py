@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from posenc import encodings
 from posenc.checkpoint import read_json
 from posenc.config import (
-    ClusterConfig, Point, Preset, absolute_corpus, at_point, grid_points, job_configs, point_label, point_root, schedule_spec, setting,
+    ClusterConfig, Point, Preset, absolute_corpus, at_point, grid_points, job_configs, point_label, point_root, positions_note, schedule_spec, setting,
     task_specs,
 )
 from posenc.data import load_tokens
@@ -55,7 +55,7 @@ from posenc.scoring import bucket_edges, eval_lengths, plan, window_starts
 from posenc.sweep import choices, merge_chosen, sweep_markdown, write_sensitivity
 from posenc.tasks import get_task
 from posenc.tracking import check_kind, eval_metrics, open_tracker
-from posenc.train import check_trained_as, is_trained, load_run, machine_precision, train
+from posenc.train import check_positions, check_trained_as, is_trained, load_run, machine_precision, train
 
 
 def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
@@ -324,6 +324,8 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
         data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
         window_starts(data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset))  # held-out text long enough
     grids = {s: grid_points(preset, s) for s in preset.schemes}
+    for s in preset.schemes:  # randomized training positions: every scheme takes them, before any job starts
+        check_positions(dataclasses.replace(preset.model, encoding=s), preset.train)
     points = list(dict.fromkeys(p for grid in grids.values() for p in grid))
     check_same_settings(run_root, preset)
     for p in points:
@@ -406,7 +408,7 @@ def _meta(preset: Preset, data) -> dict:
         "model": (f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, {setting(preset, 'model.n_head')} heads, "
                   f"{preset.model.mlp}, {preset.model.norm}, train length {preset.model.train_length}"),
         "budget": (f"{setting(preset, 'train.steps')} steps x {preset.train.batch_size} x {preset.model.train_length} tokens, "
-                   f"lr {setting(preset, 'train.lr')}"),
+                   f"lr {setting(preset, 'train.lr')}{positions_note(preset)}"),
         "seeds": preset.seeds,
         "eval": f"non-overlapping windows; every length scores the same text: the first {_span(preset)} targets of each of the first {-(-preset.eval.max_tokens // _span(preset))} held-out works",
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},

@@ -23,7 +23,7 @@ from posenc.model import ModelConfig
 from posenc.passkey import PasskeyConfig
 from posenc.presets import apply, read_preset, validated
 from posenc.tasks import get_task, is_task
-from posenc.train import TrainConfig
+from posenc.train import TrainConfig, randomized_max
 
 
 
@@ -188,6 +188,7 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
         schedule_spec(spec, preset)
     for spec in preset.eval_methods:
         methods.parse(spec, preset.model.train_length)
+    randomized_max(preset.train.positions)  # the spec (each scheme is checked where it trains: check_positions)
     for spec in task_specs(preset):
         get_task(spec).check_length(preset.model.train_length)
     if preset.tasks and is_task(preset.train.corpus):
@@ -246,6 +247,12 @@ def setting(preset: Preset, key: str):
         return "swept"
     section, field = key.split(".")
     return getattr(getattr(preset, section), field)
+
+
+def positions_note(preset: Preset) -> str:
+    """", randomized positions (max N)" for a budget line when the preset trains on randomized positions, else ""."""
+    n = randomized_max(preset.train.positions)
+    return "" if n is None else f", randomized positions (max {n})"
 
 
 def point_label(point: Point) -> str:

@@ -372,11 +372,13 @@ class LM(nn.Module):
             self.train(was_training)
         return torch.cat(out), peak
 
-    def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096,
+                  pos: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Per-token negative log-likelihood (nats), (B, T) float32 (``posenc.scoring.token_nll``): tokens, targets
-        (B, T) int64. Raises PosencError for a bad shape or ids outside the vocabulary."""
+        (B, T) int64; ``pos`` (T,) int64 the positions (``hidden``; None: 0..T-1). Raises PosencError for a bad
+        shape or ids outside the vocabulary."""
         check_ids(targets, self.cfg.vocab_size, "target ids")
-        return scoring.token_nll(self.hidden(tokens), lambda h: h @ self.tok.weight.T, targets, chunk)
+        return scoring.token_nll(self.hidden(tokens, pos), lambda h: h @ self.tok.weight.T, targets, chunk)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

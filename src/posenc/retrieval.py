@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from posenc.checkpoint import read_json, read_jsonl
-from posenc.config import Point, Preset, job_configs, point_root, setting, task_specs
+from posenc.config import Point, Preset, job_configs, point_root, positions_note, setting, task_specs
 from posenc.data import load_tokens
 from posenc.records import Task, append, load
 from posenc.stamp import run_stamp
@@ -67,7 +67,7 @@ def task_meta(preset: Preset) -> dict:
                   f"{setting(preset, 'model.n_head')} heads, {m.mlp}, {m.norm}, train length {m.train_length}"),
         "n_head": m.n_head,  # the head count of records without their own (retrieval_report.claim_alibi_slopes)
         "budget": (f"{setting(preset, 'train.steps')} steps x {t.batch_size} sequences of {m.train_length} tokens, "
-                   f"lr {setting(preset, 'train.lr')}, loss on {t.loss}")
+                   f"lr {setting(preset, 'train.lr')}, loss on {t.loss}{positions_note(preset)}")
                   + (f"; until {t.until.describe()} (steps is the cap)" if t.until else ""),
         "seeds": preset.seeds,
         "eval": preset.task_eval.model_dump(),

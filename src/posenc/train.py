@@ -162,6 +162,9 @@ class TrainConfig(LoopConfig):
     """``all``: the mean NLL over every target; ``answers``: over a task's answer positions only."""
     until: Optional[UntilConfig] = None
     """Train to criterion (synthetic tasks only; ``steps`` is the cap); null: train ``steps`` steps."""
+    positions: str = "contiguous"
+    # randomized: Ruoss et al. 2023, a sorted random subset of 0..N-1 per step (randomized_positions)
+    """``contiguous`` (0..T-1) or ``randomized:max=N`` (position-indexed schemes only; evaluation stays contiguous)."""
 
 
 def lr_at(step: int, cfg: LoopConfig) -> float:
@@ -192,6 +195,53 @@ def training_batch(data: TokenData | TaskData, step: int, tcfg: TrainConfig, len
         b = data.batch(step, tcfg.batch_size, length, tcfg.seed, rows)
         return b.inputs, b.targets, b.answer if tcfg.loss == "answers" else None
     return (*batch_at(data.train, step, tcfg.batch_size, length, tcfg.seed, rows), None)
+
+
+POSITIONS_STREAM = 1  # the positions' generator is seeded (seed, step, 1): a stream apart from the batch's (seed, step)
+
+
+def randomized_max(spec: str) -> Optional[int]:
+    """N of ``train.positions`` ``randomized:max=N``; None for ``contiguous``. PosencError (one line) for another
+    spec or a max that is not an integer >= 1 (``check_positions`` compares it with the training length)."""
+    name, params = encodings.split_part(spec, "train.positions")
+    if name == "contiguous" and not params:
+        return None
+    if name != "randomized" or set(params) != {"max"}:
+        raise PosencError(f"train.positions must be 'contiguous' or 'randomized:max=N', got {spec!r}")
+    n = params["max"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise PosencError(f"train.positions {spec!r}: max must be an integer >= 1")
+    return n
+
+
+def randomized_positions(n_max: int, length: int, seed: int, step: int) -> torch.Tensor:
+    """The training positions of ``step`` under ``randomized:max=n_max`` (Ruoss et al. 2023, "Randomized Positional
+    Encodings Boost Length Generalization of Transformers", arXiv:2305.16843, sec. 3): ``length`` distinct positions
+    drawn uniformly from 0..n_max-1, sorted; (length,) int64. One draw per step, shared by the batch's sequences
+    (a layer takes one position vector); seeded by (seed, step), so a resumed run draws what it would have."""
+    rng = np.random.default_rng([seed, step, POSITIONS_STREAM])
+    return torch.from_numpy(np.sort(rng.choice(n_max, size=length, replace=False)).astype(np.int64))
+
+
+def check_positions(mcfg: ModelConfig, tcfg: "TrainConfig") -> Optional[int]:
+    """N of randomized training positions (None: contiguous), checked against the model before it is built:
+    PosencError (one line) when N < the training length, when no layer's scheme reads positions
+    (``Encoding.position_indexed``: nope, the accumulated, PaTH and forget-gate schemes take none), or when a
+    scheme takes fewer than N positions (a learned table, ``Encoding.positions_supported``)."""
+    n = randomized_max(tcfg.positions)
+    if n is None:
+        return None
+    L, scheme = mcfg.train_length, mcfg.encoding
+    if n < L:
+        raise PosencError(f"train.positions {tcfg.positions!r}: max must be >= the training length {L}")
+    classes = [cls for spec in encodings.layer_pattern(scheme) for cls, _ in encodings.parts(spec)]
+    if not any(cls.position_indexed for cls in classes):
+        raise PosencError(f"train.positions {tcfg.positions!r}: scheme {scheme!r} reads no position (randomized "
+                          "positions apply to position-indexed schemes: rope, alibi, t5, kerple, fire, xpos, pope, ...)")
+    short = [m for cls in classes if (m := cls.positions_supported(mcfg.dims())) is not None and m < n]
+    if short:
+        raise PosencError(f"train.positions {tcfg.positions!r}: scheme {scheme!r} takes {short[0]} positions, fewer than max")
+    return n
 
 
 def mean_loss(nll: torch.Tensor, answers: Optional[torch.Tensor]) -> torch.Tensor:
@@ -237,7 +287,9 @@ SMALL_CORPUS = 100_000  # tokens; nanoGPT's smallest corpus (Shakespeare, charac
 
 def check_data(data: TokenData | TaskData, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
     """PosencError when the data cannot train this model: a text stream shorter than a window, answer-only
-    loss on text (it has no answer positions), a task whose training sequences do not fit the length."""
+    loss on text (it has no answer positions), a task whose training sequences do not fit the length, randomized
+    positions the scheme cannot take (``check_positions``)."""
+    check_positions(mcfg, tcfg)
     if isinstance(data, TaskData):
         data.task.check_length(mcfg.train_length)
     elif tcfg.until is not None:
@@ -451,8 +503,8 @@ class _TokenNLL(torch.nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.lm.token_nll(x, y)
+    def forward(self, x: torch.Tensor, y: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.lm.token_nll(x, y, pos=pos)
 
 
 RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads", "compile"}  # may change on resume
@@ -564,10 +616,13 @@ def train(
     if tcfg.compile:
         loss_fn = torch.compile(loss_fn)
 
+    n_max = check_positions(mcfg, tcfg)
+
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
         x, y, answers = (t if t is None else t.to(shard.device) for t in training_batch(data, step, tcfg, mcfg.train_length, rows))
+        pos = () if n_max is None else (randomized_positions(n_max, x.shape[1], tcfg.seed, step).to(shard.device),)
         with autocast(tcfg.precision, shard.device):
-            return mean_loss(loss_fn(x, y), answers), x.numel()  # mean over this rank's rows (answers)
+            return mean_loss(loss_fn(x, y, *pos), answers), x.numel()  # mean over this rank's rows (answers)
 
     criterion = None
     if tcfg.until is not None:

@@ -35,6 +35,7 @@ class Sinusoidal(Encoding):
     """
 
     name = "sinusoidal"
+    position_indexed = True
     family, source = "none and absolute", "Vaswani et al. 2017, arXiv:1706.03762, sec. 3.5"
     additive = True
 
@@ -72,12 +73,17 @@ class Learned(Encoding):
     """
 
     name = "learned"
+    position_indexed = True
     family, source = "none and absolute", "Radford et al. 2019 (GPT-2)"
     additive = True
 
+    @classmethod
+    def positions_supported(cls, dims: Dims) -> int:
+        return dims.train_length
+
     def __init__(self, dims: Dims):
         super().__init__(dims)
-        self.max_length = dims.train_length
+        self.max_length = self.positions_supported(dims)
         self.table = nn.Embedding(dims.train_length, dims.d_model)
         nn.init.normal_(self.table.weight, std=0.02)
 

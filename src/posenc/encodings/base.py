@@ -291,6 +291,7 @@ class Encoding(KeepsPrecision):
     replaces_attention: bool = False  # attend() gives the attention output
     has_logits: bool = False  # logits() gives an attending scheme's logits per query block
     uses_tokens: bool = False  # the hooks read Inputs.tokens (token ids), not only x and pos
+    position_indexed: bool = False  # the hooks read Inputs.pos as positions (randomized training positions apply)
     accumulates: bool = False  # phases() is the float64 prefix sum of steps()
     instance_flags: tuple[str, ...] = ()  # capability flags the constructor sets (their hooks give None while unset)
     spec: str = ""  # the full spec it was built from, every parameter given (set by posenc.encodings.get; "" if built directly)
@@ -312,6 +313,12 @@ class Encoding(KeepsPrecision):
         applies to (``{"rope_theta": "center='rope'"}``): a spec that sets one is refused, the ``valid:`` list of
         an unknown parameter leaves them out, and ``get``'s ``defaults`` skip them. None by default."""
         return {}
+
+    @classmethod
+    def positions_supported(cls, dims: Dims) -> Optional[int]:
+        """The number of positions a layer of ``dims`` can take (a learned table's rows), known before it is
+        built; None: any."""
+        return None
 
     @classmethod
     def check_applies(cls, params: dict) -> None:

@@ -70,6 +70,7 @@ class ALiBi(Encoding):
     """
 
     name = "alibi"
+    position_indexed = True
     family, source = "score biases", "Press et al. 2022, arXiv:2108.12409"
     has_bias = True
 

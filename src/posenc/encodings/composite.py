@@ -37,6 +37,7 @@ class Composite(Encoding):
             raise PosencError(f"{spec!r}: at most one rotary part can be combined")
         self._rotary = rotary  # a plain list: each part is registered once (under parts), so weights save
         self.rotary, self.has_bias = bool(rotary), any(p.has_bias for p in parts)
+        self.position_indexed = any(p.position_indexed for p in parts)
         if rotary:
             self.rotate_v, self.pairing, self.logit_scale = rotary[0].rotate_v, rotary[0].pairing, rotary[0].logit_scale
         self._attenders = [p for p in parts if p.replaces_attention]

@@ -61,6 +61,7 @@ class DAPE(Encoding):
     """
 
     name = "dape"
+    position_indexed = True
     replaces_attention = has_logits = True
     family, source = "contextual and adaptive", "Zheng et al. 2024, arXiv:2405.14722 (DAPE)"
 

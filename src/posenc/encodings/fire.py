@@ -54,6 +54,7 @@ class FIRE(Encoding):
     """
 
     name = "fire"
+    position_indexed = True
     has_bias = True
     family, source = "score biases", "Li et al. 2024, arXiv:2310.04418 (FIRE)"
 

@@ -67,6 +67,7 @@ class PoPE(Encoding):
     """
 
     name = "pope"
+    position_indexed = True
     family, source = "rotary", "Gopalakrishnan et al. 2025, PoPE (polar coordinate positions)"
     replaces_attention = True
 

@@ -70,6 +70,7 @@ class T5Bias(Encoding):
     """
 
     name = "t5"
+    position_indexed = True
     family, source = "score biases", "Raffel et al. 2020, arXiv:1910.10683, sec. 2.1"
     has_bias = True
 
@@ -112,6 +113,7 @@ class Kerple(Encoding):
     """
 
     name = "kerple"
+    position_indexed = True
     family, source = "score biases", "Chi et al. 2022, arXiv:2205.09921"
     has_bias = True
 

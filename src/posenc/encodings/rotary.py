@@ -44,6 +44,7 @@ class RoPE(Encoding):
     """
 
     name = "rope"
+    position_indexed = True
     family, source = "rotary", "Su et al. 2021, arXiv:2104.09864, eq. 34"
     rotary = True
     internal = ("schedule", "schedule_params")  # set by with_rope_schedule (posenc eval --rope-schedule), not by specs

@@ -102,6 +102,7 @@ class XPos(Encoding):
     """
 
     name = "xpos"
+    position_indexed = True
     family, source = "rotary", "Sun et al. 2023, arXiv:2212.10554"
     replaces_attention = True
 
