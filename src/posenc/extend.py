@@ -100,7 +100,7 @@ class ExtendConfig(ScoringConfig):
     renamed_keys: ClassVar[dict[str, str]] = {"methods": "schedules", "long_methods": "long_schedules",
                                               "passkey_methods": "passkey_schedules"}
     stride: Optional[int] = None  # sliding-window stride in text tokens; None: non-overlapping windows
-    bucket: int = Field(1024, ge=1)  # position-bucket width of the per-position loss
+    bucket: Optional[int] = Field(None, ge=1)  # position-bucket width (tokens); None: 1/32 of each length (evaluate.bucket_width)
     seed: int = 0  # seed of the passkey keys
     schedules: list[str] = Field(list(NAMES), min_length=1)  # RoPE context-extension schedules (posenc.rope)
     schemes: list[str] = []  # posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme)
@@ -228,7 +228,7 @@ def _ppl_points(adapted: Adaptation, label: str, L: int, windows: list, doc_toke
                 cfg: ExtendConfig, bos_id: int | None) -> None:
     """Score the windows of one (adaptation ``label``, length) point, reusing forwards with an equal key
     (``Adaptation.key``)."""
-    sig = adapted.key(L)
+    sig, bucket = adapted.key(L), evaluate.bucket_width(L, cfg.bucket)
     for doc, win in tqdm(windows, desc=f"{label} ppl@{L}", leave=False, disable=None):  # no bar off a terminal
         key = f"ppl|{label}|{L}|{doc}|{win.begin}"
         if key in store.done:
@@ -240,9 +240,9 @@ def _ppl_points(adapted: Adaptation, label: str, L: int, windows: list, doc_toke
             res["reused_from"] = prev.adaptation
         else:
             adapted.reset_rotary()
-            res = evaluate.score_window(adapted.model, doc_tokens[doc], win, bos_id, cfg.bucket)
+            res = evaluate.score_window(adapted.model, doc_tokens[doc], win, bos_id, bucket)
         store.add(ScoredWindow(key=key, adaptation=label, factor=cfg.factor, length=L, stride=cfg.stride or L - 1, bos=cfg.bos,
-                               doc=doc, begin=win.begin, bucket=cfg.bucket, signature=sig, seconds=round(time.time() - t0, 2), **res))
+                               doc=doc, begin=win.begin, bucket=bucket, signature=sig, seconds=round(time.time() - t0, 2), **res))
         tqdm.write(f"{label:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
                    f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
 
