@@ -111,7 +111,7 @@ def test_task_labels_and_the_committed_task_runs_settings():
     retrieval, tracking = load_task_run(RESULTS / "retrieval", "r"), load_task_run(RESULTS / "state-tracking", "s")
     assert (retrieval.source, retrieval.n_head, retrieval.learned, retrieval.horizon_tol) == ("preset.json", 2, 0.9, 0.05)
     assert retrieval.mixing_windows["acc-rand-qkv:a=0.5"] == 110 and retrieval.mixing_windows["rope"] is None
-    assert (tracking.source, tracking.n_head, tracking.tasks()) == ("defaults", None, ["modsum:m=2"])
+    assert (tracking.source, tracking.n_head, tracking.tasks()) == ("preset.json", 4, ["modsum:m=2"])
 
 
 @pytest.mark.parametrize("kind", ["flipflop", "mqar"])

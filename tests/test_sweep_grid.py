@@ -11,7 +11,8 @@ import yaml
 from posenc.checkpoint import read_json, read_jsonl
 from posenc.cli import main
 from posenc.compare import compare
-from posenc.config import at_point, grid_points, load_preset, point_label, point_root
+from posenc.config import at_point, grid_points, load_preset, point_label, point_root, setting
+from posenc.retrieval import task_meta
 from posenc.errors import PosencError
 from posenc.records import Ppl, Task, load
 from posenc.retrieval_report import Scores
@@ -52,8 +53,10 @@ def test_a_scheme_that_learned_nowhere_gets_no_setting_and_says_so():
     grid = [(("train.lr", 0.001),), (("train.lr", 0.01),)]
     c = Choice("flipflop", "alibi", grid, {"train.lr=0.001": 0.7, "train.lr=0.01": 0.8}, {}, 0.9)
     assert c.point is None and c.setting() == "none chosen: did not learn at any grid point"
+    assert c.shown == (("train.lr", 0.01),)  # the reports show it where it came closest, as "did not learn"
     c = Choice("flipflop", "alibi", grid, {"train.lr=0.001": 0.95, "train.lr=0.01": 0.8}, {}, 0.9)
-    assert c.point == (("train.lr", 0.001),) and c.setting() == "train.lr=0.001"
+    assert c.point == c.shown == (("train.lr", 0.001),) and c.setting() == "train.lr=0.001"
+    assert Choice("flipflop", "alibi", grid, {"train.lr=0.001": None, "train.lr=0.01": None}, {}, 0.9).shown is None
     assert Choice(None, "rope", grid, {"train.lr=0.001": None, "train.lr=0.01": None}, {}, None).setting() == \
         "none chosen: no grid point has a result"
 
@@ -104,12 +107,13 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path)
     report, failures = compare(preset, tmp_path / "runs", isolate=False)
     assert not failures
     root = tmp_path / "runs" / "tiny"
-    expected = {}
+    expected, shown = {}, {}
     for scheme in preset.schemes:
         grid = grid_points(preset, scheme)
         accs = {point_label(p): _id_acc(point_root(root, p), scheme, 0) for p in grid}
         best = max(accs.values())
         expected[scheme] = next(p for p in grid if accs[point_label(p)] == best) if best >= 0.01 else None
+        shown[scheme] = next(p for p in grid if accs[point_label(p)] == best)  # a scheme that learned nowhere: its best
         for p in grid:  # seed 1 trained at the chosen point only
             assert (point_root(root, p) / "flipflop" / scheme / "seed1").exists() == (p == expected[scheme])
         if expected[scheme] is not None:
@@ -118,9 +122,9 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path)
     chosen = [s for s in preset.schemes if expected[s] is not None]
     assert chosen, "no scheme learned at the bar: the test's budget is too small"
     merged = load(root / "results.jsonl")
-    assert sorted((r.scheme, r.seed) for r in merged) == sorted((s, k) for s in chosen for k in (0, 1))
-    for r in merged:  # the top-level records are the chosen point's
-        assert r.cells == next(x for x in load(point_root(root, expected[r.scheme]) / "results.jsonl")
+    assert sorted((r.scheme, r.seed) for r in merged) == sorted((s, k) for s in preset.schemes for k in ((0, 1) if s in chosen else (0,)))
+    for r in merged:  # the top-level records are the chosen point's (a scheme that learned nowhere: seed 0 at its best)
+        assert r.cells == next(x for x in load(point_root(root, shown[r.scheme]) / "results.jsonl")
                                if isinstance(x, Task) and (x.scheme, x.seed) == (r.scheme, r.seed)).cells
     text = report.read_text()
     assert "## Sweep: each scheme at its best setting" in text and "### Sensitivity on flipflop" in text
@@ -211,3 +215,14 @@ def test_a_sweep_killed_before_its_other_seeds_resumes_them_only(tmp_path):
     assert not failures and (seed1 / "train_summary.json").exists()
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # the grid points were not retrained
     assert sorted(r.seed for r in load(root / "results.jsonl")) == [0, 1]
+
+
+def test_a_report_header_says_swept_for_a_setting_the_sweep_varies():
+    preset = load_preset("retrieval")  # grid train.lr; path and path+forget also model.n_head
+    assert (setting(preset, "train.lr"), setting(preset, "model.n_head"), setting(preset, "train.steps")) == ("swept", "swept", 600)
+    meta = task_meta(preset)
+    assert "lr swept" in meta["budget"] and meta["budget"].startswith("600 steps") and "swept heads" in meta["model"]
+    plain = load_preset("retrieval", {"sweep": None})
+    assert setting(plain, "train.lr") == plain.train.lr == 2e-3 and "lr 0.002" in task_meta(plain)["budget"]
+    point = task_meta(at_point(preset, (("train.lr", 1e-3), ("model.n_head", 2))))  # one grid point: its own values
+    assert "2 heads" in point["model"] and "lr 0.001" in point["budget"]

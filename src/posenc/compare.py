@@ -33,7 +33,8 @@ from tqdm.auto import tqdm
 from posenc import encodings
 from posenc.checkpoint import read_json
 from posenc.config import (
-    ClusterConfig, Point, Preset, absolute_corpus, at_point, grid_points, job_configs, point_label, point_root, schedule_spec, task_specs,
+    ClusterConfig, Point, Preset, absolute_corpus, at_point, grid_points, job_configs, point_label, point_root, schedule_spec, setting,
+    task_specs,
 )
 from posenc.data import load_tokens
 from posenc.diagnose import far_mass_records
@@ -402,8 +403,10 @@ def _meta(preset: Preset, data) -> dict:
         "train_length": preset.model.train_length,
         "corpus": f"{preset.train.corpus} ({len(data.train):,} training tokens; held out: {', '.join(n for n, _ in data.val_docs)})",
         "tokenizer": f"{preset.train.tokenizer} (vocab {data.vocab_size})",
-        "model": f"{preset.model.n_layer} layers, width {preset.model.d_model}, {preset.model.n_head} heads, {preset.model.mlp}, {preset.model.norm}, train length {preset.model.train_length}",
-        "budget": f"{preset.train.steps} steps x {preset.train.batch_size} x {preset.model.train_length} tokens, lr {preset.train.lr}",
+        "model": (f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, {setting(preset, 'model.n_head')} heads, "
+                  f"{preset.model.mlp}, {preset.model.norm}, train length {preset.model.train_length}"),
+        "budget": (f"{setting(preset, 'train.steps')} steps x {preset.train.batch_size} x {preset.model.train_length} tokens, "
+                   f"lr {setting(preset, 'train.lr')}"),
         "seeds": preset.seeds,
         "eval": f"non-overlapping windows; every length scores the same text: the first {_span(preset)} targets of each of the first {-(-preset.eval.max_tokens // _span(preset))} held-out works",
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},

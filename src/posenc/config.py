@@ -238,6 +238,16 @@ def grid_points(preset: Preset, scheme: str) -> list[Point]:
     return [tuple(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
+def setting(preset: Preset, key: str):
+    """The value of ``key`` (``train.lr``) a report's header states: the preset's, or "swept" when its sweep varies
+    it (each scheme's value is then its chosen grid point, which the sweep table names)."""
+    axes = {} if preset.sweep is None else {k for g in (preset.sweep.grid, *preset.sweep.schemes.values()) for k in g}
+    if key in axes:
+        return "swept"
+    section, field = key.split(".")
+    return getattr(getattr(preset, section), field)
+
+
 def point_label(point: Point) -> str:
     """A grid point as one word (its run directory's name): ``train.lr=0.002,model.n_head=4``; "" for ()."""
     return ",".join(f"{k}={v}" for k, v in point)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from posenc.checkpoint import read_json, read_jsonl
-from posenc.config import Point, Preset, job_configs, point_root, task_specs
+from posenc.config import Point, Preset, job_configs, point_root, setting, task_specs
 from posenc.data import load_tokens
 from posenc.records import Task, append, load
 from posenc.stamp import run_stamp
@@ -63,9 +63,11 @@ def task_meta(preset: Preset) -> dict:
         "name": preset.name,
         "train_length": m.train_length,
         "tasks": {spec: get_task(spec).describe() for spec in task_specs(preset)},
-        "model": f"{m.n_layer} layers, width {m.d_model}, {m.n_head} heads, {m.mlp}, {m.norm}, train length {m.train_length}",
+        "model": (f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, "
+                  f"{setting(preset, 'model.n_head')} heads, {m.mlp}, {m.norm}, train length {m.train_length}"),
         "n_head": m.n_head,  # the head count of records without their own (retrieval_report.claim_alibi_slopes)
-        "budget": f"{t.steps} steps x {t.batch_size} sequences of {m.train_length} tokens, lr {t.lr}, loss on {t.loss}"
+        "budget": (f"{setting(preset, 'train.steps')} steps x {t.batch_size} sequences of {m.train_length} tokens, "
+                   f"lr {setting(preset, 'train.lr')}, loss on {t.loss}")
                   + (f"; until {t.until.describe()} (steps is the cap)" if t.until else ""),
         "seeds": preset.seeds,
         "eval": preset.task_eval.model_dump(),

@@ -56,6 +56,10 @@ class Choice:
         self.task, self.scheme, self.points, self.results, self.steps = task, scheme, points, results, steps
         label = choose(results, higher_is_better=task is not None, bar=bar, tiebreak=steps)
         self.point: Optional[Point] = next((p for p in points if point_label(p) == label), None)
+        # what the reports show: the chosen point, else (a task none of whose points learned) the best one, so the
+        # scheme appears as "did not learn" with its measurement instead of vanishing from the tables
+        best = label if label is not None or task is None else choose(results, higher_is_better=True, tiebreak=steps)
+        self.shown: Optional[Point] = next((p for p in points if point_label(p) == best), None)
 
     def setting(self) -> str:
         """The chosen setting in words, or why there is none."""
@@ -149,12 +153,13 @@ def write_sensitivity(run_root: Path, chosen: list[Choice], seed: int, bar: Opti
 
 
 def merge_chosen(run_root: Path, chosen: list[Choice], schemes: list[str]) -> None:
-    """``run_root/results.jsonl``: the records of each (task, scheme) at its chosen grid point (every seed), the
-    rows of RoPE context-extension schedules and eval_methods evaluated on a chosen scheme; rewritten whole each time."""
+    """``run_root/results.jsonl``: the records of each (task, scheme) at its chosen grid point (every seed) or, on a
+    task none of its points learned, at its best point (seed 0 only: no other seed runs there), the rows of RoPE
+    context-extension schedules and eval_methods evaluated on a chosen scheme; rewritten whole each time."""
     keep: dict[Point, set] = {}
     for c in chosen:
-        if c.point is not None:
-            keep.setdefault(c.point, set()).add((c.task, c.scheme))
+        if c.shown is not None:
+            keep.setdefault(c.shown, set()).add((c.task, c.scheme))
     out = []
     for point, wanted in keep.items():
         names = {s for _, s in wanted}

@@ -41,7 +41,8 @@ def add_parser(sub):
     p.add_argument("--top-k", type=int, help="sample from the k most likely tokens only")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
     p.add_argument("--method", metavar="SPEC", help="a long-context method (posenc eval --help), e.g. sinks:n_sink=4,window=124: "
-                   "attention sinks keep the cache at n_sink + window positions (posenc train runs only, for now)")
+                   "attention sinks keep the cache at n_sink + window positions (posenc train runs only, for now); on a pretrained model "
+                   "self-extend and lm-infinite, defaults from its native context, on top of --schedule (docs/long-context.md)")
     p.add_argument("--schedule", metavar="NAME", help=f"a RoPE context-extension schedule ({', '.join(NAMES)}) with the "
                    "settings below; a posenc train run of RoPE or a pretrained model")
     p.add_argument("--factor", type=float, help="the schedule's scale factor s (default 2)")
@@ -62,9 +63,9 @@ def run(args) -> int:
     kind = model_kind(args.model)
     if kind == "train":
         return own_run(args, given)
-    if args.method is not None:
-        raise PosencError(f"--method on a pretrained or fine-tuned model is not supported yet: {args.method!r} applies to "
-                          "posenc train runs (rope, alibi, t5, kerple)")
+    if args.method is not None and (kind == "finetune" or args.scheme is not None):
+        raise PosencError(f"--method applies to native RoPE or a --schedule of a pretrained model and to posenc train runs "
+                          f"(not {'a finetune run' if kind == 'finetune' else '--scheme'}): {args.method!r}")
     if kind == "finetune":
         if args.schedule is not None or args.scheme is not None:
             raise PosencError(f"{args.model} is a finetune run: it generates with the scheme or schedule it was trained "
@@ -80,6 +81,9 @@ def run(args) -> int:
             settings = validated(extend.ScheduleSettings, given, "schedule settings")
             extend.check_settings(settings, [args.schedule])
             adapted.set_schedule(extend.extension(settings, args.schedule))
+        if args.method is not None:
+            method = adapted.set_method(args.method)
+            print(f"posenc: {args.model}: {args.schedule or 'native RoPE'} + {method.describe()}", file=sys.stderr)
     tok = loaded.tokenizer
     ids = torch.tensor(tok(args.prompt)["input_ids"], dtype=torch.int64)
     out = generation.generate(adapted, ids, args.max_new_tokens, args.temperature, args.top_k, args.seed,

@@ -25,10 +25,10 @@ import warnings
 
 import torch
 
-from posenc import hf, rope
+from posenc import hf, methods, rope
 from posenc.encodings.base import keeping_precision
 from posenc.errors import PosencError
-from posenc.pretrained import rerope
+from posenc.pretrained import long_context, rerope
 from posenc.pretrained.schedules import Extension, extension_params, head_dim, native_context, original_length
 
 # the schedules whose frequencies transformers picks per forward from the largest position + 1:
@@ -42,7 +42,8 @@ class Adaptation:
 
     ``extension``: the RoPE schedule set (``Extension("none")`` when native); ``rerope``: (inv_freq (D/2,),
     window, leak) while (leaky) ReRoPE is set, else None; ``scheme``: the ``posenc.hf.Scheme`` in attention,
-    else None; ``weights``: what changed the weights since loading (set it after training: it enters
+    else None; ``method``: the long-context method (``posenc.methods.Method``) on top of the schedule, else None;
+    ``weights``: what changed the weights since loading (set it after training: it enters
     :meth:`key`), else None; ``l0``: the native context. Creating it changes nothing in the model; PosencError
     for a model whose rotary embedding is already swapped (``posenc.hf.apply_scheme`` ran on it): its native
     RoPE is not there to record.
@@ -62,6 +63,7 @@ class Adaptation:
         self.extension = Extension("none")
         self.rerope: tuple | None = None
         self.scheme: hf.Scheme | None = None
+        self.method: methods.Method | None = None
         self.weights: str | None = None
 
     @property
@@ -76,7 +78,7 @@ class Adaptation:
             self.scheme.remove()
         for handle in self._hooks:
             handle.remove()
-        self._hooks, self.rerope, self.scheme, self.extension = [], None, None, Extension("none")
+        self._hooks, self.rerope, self.scheme, self.method, self.extension = [], None, None, None, Extension("none")
         self.model.config.rope_parameters = dict(self._rope)
         self.model.model.rotary_emb = self._rotary_type(config=self.model.config)
         self.model.set_attn_implementation(self._attn)
@@ -114,6 +116,25 @@ class Adaptation:
             self.model.model.rotary_emb = rotary
         self.extension = ext
 
+    def set_method(self, spec: str) -> methods.Method:
+        """Put long-context method ``spec`` (``posenc.methods.parse``, defaults from L0 = :attr:`l0`: Self-Extend's
+        window L0 // 2, LM-Infinite's L0) on top of the current schedule (native RoPE, or one :meth:`set_schedule`
+        set: call it first, it undoes the method); returns the method. Its attention is
+        :mod:`posenc.pretrained.long_context` (KV-cache decoding exact). Raises PosencError (one line), before the
+        model changes, for a bad spec, attention sinks, a method already set, a posenc scheme, ReRoPE or a schedule
+        whose frequencies switch with the length (dynamic NTK, LongRoPE)."""
+        method = methods.parse(spec, self.l0)
+        if self.method is not None or self.scheme is not None or self.rerope is not None or self.extension.schedule in SWITCHES:
+            now = (f"method {self.method.label()}" if self.method else f"scheme {self.scheme.spec}" if self.scheme
+                   else f"schedule {self.extension.schedule}")
+            raise PosencError(f"method {method.name} applies to native RoPE or a fixed-frequency schedule (pi, ntk, yarn, "
+                              f"llama3); the model has {now}")
+        if self.extension.schedule == "none":  # float32 frequencies also after a cast of the model (bf16: 40 rad off at 32K)
+            self.model.model.rotary_emb = self._rotary({})
+        self._hooks += long_context.install(self.model, method)
+        self.method = method
+        return method
+
     def _rotary(self, attributes: dict):
         """A rotary embedding of the model's type built from a copy of its config with ``attributes`` set: transformers
         reads them from the config it was given, and the model's own keep their other uses (generate's length limit).
@@ -150,6 +171,8 @@ class Adaptation:
             h.update(repr(self.rerope[1:]).encode())
         if self.scheme is not None:
             h.update(b"scheme:" + self.scheme.spec.encode())
+        if self.method is not None:
+            h.update(b"method:" + self.method.label().encode())
         if self.weights:
             h.update(b"weights:" + self.weights.encode())
         self.reset_rotary()

@@ -21,7 +21,9 @@ from posenc.pretrained.adaptation import SWITCHES, Adaptation
 def exact_with_cache(adapted: Adaptation, total: int) -> bool:
     """Whether decoding ``adapted.model`` up to ``total`` positions through the KV cache gives the logits of full
     forwards: not for a scheme that replaces attention, nor for dynamic NTK or LongRoPE past L0 (their
-    frequencies change with the length after keys are cached)."""
+    frequencies change with the length after keys are cached). Self-Extend and LM-Infinite (``Adaptation.set_method``)
+    decode exactly through it: their keys are cached unrotated, none is evicted, and each step rotates them at the
+    method's positions (``posenc.pretrained.long_context``)."""
     switches = adapted.extension.schedule in SWITCHES and total > adapted.l0
     return not (adapted.full_forward or switches)
 

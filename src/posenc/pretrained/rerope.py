@@ -72,9 +72,10 @@ def _mask_bias(mask: torch.Tensor, first: int, dtype: torch.dtype):
     return tile
 
 
-def _pass_setting(setting: tuple, module, args, kwargs):
-    """Forward pre-hook on ``self_attn``: transformers hands the layer's extra keyword arguments to the attention function."""
-    return args, {**kwargs, "rerope": setting}
+def pass_setting(name: str, setting: tuple, module, args, kwargs):
+    """Forward pre-hook on ``self_attn`` (bind ``name``, ``setting`` with functools.partial): transformers hands the
+    layer's extra keyword arguments to the attention function, here ``name=setting``."""
+    return args, {**kwargs, name: setting}
 
 
 def install(model, setting: tuple) -> list:
@@ -90,7 +91,7 @@ def install(model, setting: tuple) -> list:
     AttentionInterface.register(ATTN_NAME, attention_forward)
     AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)  # else a custom attention gets no mask: padding ignored
     model.model.rotary_emb = IdentityRotary(setting[0])
-    hook = functools.partial(_pass_setting, setting)
+    hook = functools.partial(pass_setting, "rerope", setting)
     handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
     model.set_attn_implementation(ATTN_NAME)
     return handles

@@ -1,0 +1,205 @@
+"""Self-Extend and LM-Infinite on a pretrained Llama (posenc.pretrained.long_context; a tiny random one built here):
+the installed model's logits equal a naive float64 reference whose attention rotates each query by the method's
+relative position d(i, j) (``posenc.methods.relative_positions``, full matrix), with the model's frequencies or a
+schedule's; a window >= T reproduces the unmodified model; cached greedy decoding equals full recomputation;
+padded batches, sinks and bad specs are one-line errors; ``posenc generate MODEL --method`` runs it."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from posenc import methods  # noqa: E402
+from posenc.cli import main  # noqa: E402
+from posenc.errors import PosencError  # noqa: E402
+from posenc.pretrained import generation, loading  # noqa: E402
+from posenc.pretrained.adaptation import Adaptation  # noqa: E402
+from posenc.pretrained.schedules import Extension  # noqa: E402
+
+from test_generate_pretrained import L0, llama  # noqa: E402  (the tiny random Llama, native context L0 = 16)
+
+T = 40  # the input: longer than L0
+
+
+def adapted(schedule: str | None, spec: str | None, dtype=torch.float32) -> Adaptation:
+    a = Adaptation(llama().to(dtype))
+    if schedule is not None:
+        a.set_schedule(Extension(schedule, factor=4.0))
+    if spec is not None:
+        a.set_method(spec)
+    return a
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def naive_attention(method, inv_freq, mscale, module, query, key, value, attention_mask, scaling, **kwargs):
+    """Reference: every score <R(d(i, j)) q_i, k_j> with d from ``methods.relative_positions`` (Tq x Tk x D), float64;
+    q, k unrotated (the installed model's IdentityRotary), ``inv_freq`` and ``mscale`` transformers' own."""
+    q, k, v = (t.double() for t in (query, key, value))
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    tq, tk = q.shape[-2], k.shape[-2]
+    d, visible = methods.relative_positions(method, torch.arange(tk - tq, tk)[:, None], torch.arange(tk)[None])
+    angle = d[..., None].double() * inv_freq.double()  # (Tq, Tk, D/2)
+    cos, sin = torch.cat((angle.cos(), angle.cos()), -1), torch.cat((angle.sin(), angle.sin()), -1)
+    rotated = q[:, :, :, None] * cos + _rotate_half(q)[:, :, :, None] * sin  # (B, H, Tq, Tk, D)
+    s = (rotated * k[:, :, None]).sum(-1) * scaling * mscale**2
+    out = s.masked_fill(~visible, float("-inf")).softmax(-1) @ v
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def reference(schedule, spec) -> Adaptation:
+    """The float64 model with the same method, its attention the naive one at transformers' frequencies."""
+    from transformers import AttentionInterface
+
+    a = adapted(schedule, spec, torch.float64)
+    AttentionInterface.register("test_naive_method", functools.partial(naive_attention, a.method, *native_inv_freq(schedule)))
+    a.model.set_attn_implementation("test_naive_method")
+    return a
+
+
+def native_inv_freq(schedule):
+    """The frequencies transformers' own rotary embedding takes for ``schedule`` (None: the model's)."""
+    a = adapted(schedule, None)
+    return a.model.model.rotary_emb.inv_freq.float(), float(a.model.model.rotary_emb.attention_scaling)
+
+
+@pytest.mark.parametrize("schedule", [None, "ntk", "yarn"])
+@pytest.mark.parametrize("spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10"])
+def test_logits_equal_the_naive_reference(schedule, spec):
+    ids = torch.randint(0, 128, (2, T))
+    a = adapted(schedule, spec)
+    with torch.no_grad():
+        got, ref = a.model(ids, use_cache=False).logits, reference(schedule, spec).model(ids, use_cache=False).logits
+        plain = adapted(schedule, None).model(ids, use_cache=False).logits
+    assert torch.allclose(got.double(), ref, atol=2e-5, rtol=1e-4)
+    assert (got - plain).abs().max() > 1e-3  # the method acts at T > window
+    if schedule is not None:  # the schedule's frequencies (and yarn's scaling), not the model's
+        assert not torch.allclose(*(native_inv_freq(s)[0] for s in (schedule, None)))
+
+
+@pytest.mark.parametrize("spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10"])
+def test_gradients_equal_the_naive_reference(spec):
+    ids = torch.randint(0, 128, (1, T))
+    fast, ref = adapted("ntk", spec), reference("ntk", spec)
+    for a in (fast, ref):
+        a.model(ids, use_cache=False).logits.logsumexp(-1).sum().backward()
+    for name in ("q_proj", "k_proj", "v_proj"):
+        got, want = (getattr(a.model.model.layers[0].self_attn, name).weight.grad for a in (fast, ref))
+        assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("schedule", [None, "ntk"])
+@pytest.mark.parametrize("spec", [f"self-extend:group=4,window={T}", f"lm-infinite:n_global=0,window={T}"])
+def test_a_window_covering_the_input_reproduces_the_model(schedule, spec):
+    ids = torch.randint(0, 128, (2, T))
+    with torch.no_grad():
+        got = adapted(schedule, spec).model(ids).logits
+        plain = adapted(schedule, None).model(ids).logits
+    assert torch.allclose(got, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["self-extend:group=2,window=4", "lm-infinite:n_global=1,window=6"])
+def test_cached_greedy_decoding_equals_full_recomputation(spec):
+    a, ids = adapted("ntk", spec), torch.randint(0, 128, (9,))
+    a.model.generation_config.eos_token_id = None  # the random model's id 2 would stop it early
+    seen = []
+    a.model.model.register_forward_pre_hook(lambda m, args, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    out = generation.generate(a, ids, 14)
+    assert seen == [9] + [1] * 13  # through the KV cache
+    assert torch.equal(out, generation.greedy_reference(a.model, ids, 14))
+
+
+def test_restore_undoes_the_method_and_the_key_names_it():
+    ids = torch.randint(0, 128, (1, T))
+    a = adapted(None, None)
+    with torch.no_grad():
+        plain, key = a.model(ids).logits, a.key(T)
+        a.set_method("self-extend:group=2,window=4")
+        assert a.key(T) != key
+        a.restore()
+        assert a.method is None and a.key(T) == key and torch.equal(a.model(ids).logits, plain)
+
+
+@pytest.mark.parametrize("schedule", [None, "ntk"])
+def test_a_bf16_model_rotates_at_float32_frequencies(schedule):
+    a = adapted(schedule, "self-extend:group=2,window=4", torch.bfloat16)
+    assert torch.equal(a.model.model.rotary_emb.inv_freq, native_inv_freq(schedule)[0])  # float32, not bf16's
+    ids = torch.randint(0, 128, (1, T))
+    with torch.no_grad():
+        got, want = a.model(ids).logits, adapted(schedule, "self-extend:group=2,window=4").model(ids).logits
+    assert got.dtype == torch.bfloat16 and torch.allclose(got.float(), want, atol=0.1)
+
+
+def test_defaults_come_from_the_native_context():
+    assert adapted(None, "self-extend").method == methods.Method("self-extend", window=L0 // 2, group=4)
+    assert adapted(None, "lm-infinite").method == methods.Method("lm-infinite", window=L0, n_global=10)
+
+
+@pytest.mark.parametrize("schedule, spec, message", [
+    (None, "sinks:n_sink=2,window=8", "method sinks on a pretrained model is not supported yet"),
+    (None, "self-extend:group=0", "group must be an integer >= 1"),
+    (None, "nosuch", "unknown method 'nosuch'"),
+    ("rerope", "self-extend", "the model has schedule rerope"),
+    ("dynamic", "lm-infinite", "the model has schedule dynamic"),
+])
+def test_unsupported_settings_are_refused(schedule, spec, message):
+    a = Adaptation(llama())
+    if schedule is not None:
+        a.set_schedule(Extension(schedule, factor=2.0, window=4 if schedule == "rerope" else None))
+    with pytest.raises(PosencError, match=message):
+        a.set_method(spec)
+
+
+def test_a_padded_batch_is_refused():
+    a, ids = adapted(None, "self-extend:group=2,window=4"), torch.randint(0, 128, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with pytest.raises(PosencError, match="unpadded rows only"):
+        a.model(ids, attention_mask=mask)
+    a.model(ids, attention_mask=torch.ones_like(ids))  # an all-ones mask is honoured
+
+
+def test_a_sliding_window_model_is_refused():
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=128, max_position_embeddings=L0, sliding_window=8)
+    a = Adaptation(transformers.MistralForCausalLM(cfg).eval())
+    a.set_method("self-extend:group=2,window=4")
+    with pytest.raises(PosencError, match="sliding window of 8 tokens"):
+        a.model(torch.randint(0, 128, (1, 12)))
+
+
+PROMPT = "The pass key is 1 2 3 . Remember it"
+
+
+def test_cli_generates_with_the_method(llama_dir, capsys):
+    spec = "self-extend:group=2,window=4"
+    code = main(["generate", str(llama_dir / "tiny"), "--prompt", PROMPT, "--max-new-tokens", "6", "--temperature", "0",
+                 "--schedule", "ntk", "--factor", "2", "--method", spec])
+    out, err = capsys.readouterr()
+    loaded = loading.load(str(llama_dir / "tiny"))
+    a = Adaptation(loaded.model)
+    a.set_schedule(Extension("ntk", factor=2.0))
+    a.set_method(spec)
+    ids = torch.tensor(loaded.tokenizer(PROMPT)["input_ids"])
+    ref = generation.greedy_reference(a.model, ids, 6, eos_token_id=loaded.model.generation_config.eos_token_id)
+    assert code == 0 and out == loaded.tokenizer.decode(ref.tolist(), skip_special_tokens=True) + "\n"
+    assert "self-extend(group=2,window=4)" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--method", "self-extend:group=x"], "group must be an integer"),
+    (["--method", "sinks"], "method sinks on a pretrained model is not supported yet"),
+    (["--method", "self-extend", "--scheme", "alibi"], "--method applies to native RoPE or a --schedule"),
+])
+def test_cli_bad_method_is_one_line(llama_dir, capsys, flags, message):
+    code = main(["generate", str(llama_dir / "tiny"), "--prompt", "x", *flags])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and message in err, err
