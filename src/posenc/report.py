@@ -292,11 +292,12 @@ def plot_passkey(path: Path, records: list, train_length: int) -> None:
 
 
 def plot_far_mass(path: Path, records: list, train_length: int) -> None:
-    """Far attention mass (mean over layers and heads) vs evaluation length per scheme; uniform dashed."""
+    """Far attention mass (mean over layers and heads) vs evaluation length per scheme; uniform dashed; identical
+    curves stay visible (``posenc.reporting.plot_lines``)."""
     recs = [r for r in records if isinstance(r, FarMass) and r.far_mass_mean is not None]
     fig, ax = figure(figsize=(7, 4.5))
-    for s, row in _grid(recs, "far_mass_mean", at="length").items():
-        ax.plot([L / train_length for L in sorted(row)], [np.mean(row[L]) for L in sorted(row)], marker="o", label=s)
+    plot_lines(ax, [{"label": s, "x": [L / train_length for L in sorted(row)], "y": [np.mean(row[L]) for L in sorted(row)]}
+                    for s, row in _grid(recs, "far_mass_mean", at="length").items()])
     uniform = sorted({(r.length, r.uniform_far_mass) for r in recs})
     ax.plot([L / train_length for L, _ in uniform], [u for _, u in uniform], color="gray", ls="--", label="uniform attention")
     log_scale(ax, "x", base=2)

@@ -60,50 +60,44 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
 
 def log_ticks(vmin: float, vmax: float, base: float = 10) -> np.ndarray:
     """Labelled tick positions of a log axis viewing [vmin, vmax]: the powers of ``base`` (with 2x and 5x for base 10
-    over less than 3,000x), or, where fewer than three of those fall inside the view, a linear 1-2-2.5-5 ladder
-    (about six ticks). Positions outside the view may be included (matplotlib clips them)."""
+    over less than 3,000x; every ``stride``-th power over more than 12), or, where fewer than three of those fall inside
+    the view, a linear 1-2-2.5-5 ladder (about five ticks). Positions outside the view may be included (matplotlib
+    clips them)."""
     from matplotlib.ticker import LogLocator, MaxNLocator
 
     vmin, vmax = sorted((vmin, vmax))
     if vmin <= 0:  # no data yet: matplotlib's own choice
         return LogLocator(base).tick_values(max(vmin, 1e-300), max(vmax, 1e-300))
-    subs = (1.0, 2.0, 5.0) if base == 10 and vmax / vmin < 3e3 else (1.0,)
-    ticks = LogLocator(base, subs=subs, numticks=12).tick_values(vmin, vmax)
+    lo, hi = math.floor(math.log(vmin, base) + 1e-9), math.ceil(math.log(vmax, base) - 1e-9)
+    subs = (1, 2, 5) if base == 10 and vmax / vmin < 3e3 else (1,)
+    stride = math.ceil((hi - lo + 1) / 12)
+    ticks = np.array([m * float(base) ** k for k in range(lo, hi + 1, stride) for m in subs])
     if np.count_nonzero((ticks >= vmin) & (ticks <= vmax)) >= 3:
         return ticks
-    ladder = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(vmin, vmax)
+    ladder = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(vmin, vmax)
     return ladder[ladder > 0]
+
+
+def plain_number(v: float) -> str:
+    """A tick label: an integer in full (1048576, not 1.04858e+06), anything else as ``format(v, "g")`` (0.25, 1.5)."""
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
 def log_scale(ax, which: str, base: float = 10) -> None:
     """Make ``ax``'s ``which`` ("x" or "y") axis logarithmic with at least three plain tick labels (2, not 2x10^0)
     at any range (:func:`log_ticks`, chosen at draw time from the view); the minor ticks are unlabelled."""
-    from matplotlib.ticker import FuncFormatter, Locator, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    class Ticks(Locator):
-        def __call__(self):
-            return self.tick_values(*self.axis.get_view_interval())
-
+    class Ticks(LogLocator):  # LogLocator's view limits and nonsingular handling, log_ticks's positions
         def tick_values(self, vmin, vmax):
             return log_ticks(vmin, vmax, base)
 
     getattr(ax, f"set_{which}scale")("log", base=base)
     axis = getattr(ax, f"{which}axis")
-    axis.set_major_locator(Ticks())
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_major_locator(Ticks(base))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
     axis.set_minor_locator(LogLocator(base, subs="auto"))
     axis.set_minor_formatter(NullFormatter())
-
-
-def labelled_ticks(ax, which: str) -> list[tuple[float, str]]:
-    """(position, label) of the ticks of ``ax``'s ``which`` axis that are drawn with a label inside its view, after
-    rendering the figure: what a reader sees on the axis."""
-    ax.figure.canvas.draw()
-    axis = getattr(ax, f"{which}axis")
-    lo, hi = sorted(axis.get_view_interval())
-    ticks = axis.get_major_ticks() + axis.get_minor_ticks()
-    return sorted((t.get_loc(), t.label1.get_text()) for t in ticks
-                  if lo <= t.get_loc() <= hi and t.label1.get_visible() and t.label1.get_text())
 
 
 # line styles and marker shapes of lines that repeat an earlier one, in order; each is drawn smaller and over it
@@ -112,11 +106,13 @@ REPEAT_STYLES = [("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"),
 
 def same_as(lines: Sequence[tuple[str, Sequence[float], Sequence[float]]], rtol: float = 1e-6) -> dict[str, str]:
     """{label: the label of the first earlier line it repeats} over ``lines`` of (label, x, y): equal x, and y equal
-    within ``rtol`` (relative) at every point. Lines that repeat none are not in the result."""
+    within ``rtol`` (relative) at every point (a gap, None or NaN, equals a gap). Lines that repeat none are not in
+    the result."""
     out: dict[str, str] = {}
     for i, (label, x, y) in enumerate(lines):
         for first, fx, fy in lines[:i]:
-            if first not in out and len(fx) == len(x) and np.array_equal(fx, x) and np.allclose(fy, y, rtol=rtol, atol=0):
+            if first not in out and len(fx) == len(x) and np.array_equal(fx, x) and np.allclose(
+                    np.asarray(fy, float), np.asarray(y, float), rtol=rtol, atol=0, equal_nan=True):
                 out[label] = first
                 break
     return out

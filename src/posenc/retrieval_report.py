@@ -521,12 +521,13 @@ def reference_markdown(t: TaskTable, ref: dict) -> str:
 
 
 NOT_LEARNED_LS, WINDOW_LS = ":", "-."  # distance plot: the curve of a scheme that did not learn; a scheme's mixing window
+WINDOW_LABEL = "mixing window w_0.01 (dash-dot, in the scheme's colour)"
 
 
 def distance_figure(t: TaskTable, schemes: list[str], windows: dict, chance: float):
     """The figure of ``distance-TASK.png``: each scheme's controlled-gap accuracy (mean over seeds) against evidence
     distance (log axis); a scheme that did not learn is dotted, its mixing window w_0.01 (where known) a dash-dot
-    vertical line in its colour, the training length dashed black, chance grey; the legend names each encoding.
+    vertical line in its colour (one legend entry for them all), the training length dashed black, chance grey.
     Identical curves stay visible (``posenc.reporting.plot_lines``)."""
     from matplotlib.lines import Line2D
 
@@ -545,14 +546,15 @@ def distance_figure(t: TaskTable, schemes: list[str], windows: dict, chance: flo
             ax.axvline(windows[s], color=colors[s], ls=WINDOW_LS, lw=1)
     ax.axvline(t.L0, color="black", ls="--", lw=1, label=f"training length {t.L0}")
     ax.axhline(100 * chance, color="grey", lw=1, label="chance")
-    if any(windows.get(s) for s in schemes):
-        ax.add_artist(ax.legend(handles=[Line2D([], [], color="grey", ls=WINDOW_LS, lw=1)], labels=[
-            "dash-dot: the scheme's mixing window w_0.01 (its colour)"], fontsize=7, loc="lower left"))
+    handles, labels = ax.get_legend_handles_labels()
+    if any(windows.get(s) for s in schemes):  # one entry for every window line: grey, as each has its scheme's colour
+        handles.append(Line2D([], [], color="grey", ls=WINDOW_LS, lw=1))
+        labels.append(WINDOW_LABEL)
     log_scale(ax, "x", base=2)
     ax.set_xlabel("evidence distance (tokens)")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"{t.task}: controlled-gap test")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
