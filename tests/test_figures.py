@@ -65,4 +65,5 @@ def test_extend_position_plot_has_a_point_per_bucket_at_any_length(length):
     (line,) = ax.get_lines()
     assert list(line.get_xdata()) == [(i + 0.5) * width for i in range(n)]
     assert line.get_label() == {512: "none @ 512", 8192: "none @ 8K"}[length]
+    assert ax.get_xlabel() == f"position in window (tokens; buckets of {width} tokens, each point at its middle)"
     assert [round(v, 6) for v in line.get_ydata()] == [round(2.718281828 ** (1 / width), 6)] * n  # exp(nll / tokens)

@@ -569,7 +569,7 @@ def length_figure(t: TaskTable, schemes: list[str], chance: float):
     """The figure of ``length-TASK.png``: accuracy (mean over seeds) against sequence length, one panel per test (id,
     sparse, near, those run); the training length dashed, chance grey; identical curves stay visible."""
     tests = [test for test in ("id", "sparse", "near") if next(iter(t.scores[schemes[0]].values())).lengths(test)]
-    fig, axes = figure(1, len(tests), figsize=(4.5 * len(tests), 4), squeeze=False)
+    fig, axes = figure(1, len(tests), figsize=(4.5 * len(tests), 4 + 0.18 * ((len(schemes) + 1) // 2)), squeeze=False)
     for ax, test in zip(axes[0], tests):
         lines = []
         for i, s in enumerate(schemes):
@@ -584,7 +584,7 @@ def length_figure(t: TaskTable, schemes: list[str], chance: float):
         ax.set_ylabel("accuracy (%)")
         ax.set_title(f"{t.task}: {test}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: per panel, its own repeats
     fig.tight_layout()
     return fig
 

@@ -82,7 +82,7 @@ def length_figure(ppl: list[dict], adaptations: list[str]):
     in ``adaptations`` (rows of :func:`ppl_rows`); identical curves stay visible (``posenc.reporting.plot_lines``)."""
     from matplotlib.ticker import NullLocator
 
-    fig, ax = figure(figsize=(7, 4.5))
+    fig, ax = figure(figsize=(9, 4.5))
     lines = []
     for m in adaptations:
         rs = sorted((r for r in ppl if r["adaptation"] == m), key=lambda r: r["length"])
@@ -94,7 +94,7 @@ def length_figure(ppl: list[dict], adaptations: list[str]):
     lengths = sorted({r["length"] for r in ppl})
     ax.set_xticks(lengths, [_k(L) for L in lengths], minor=False)
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: the curves stay uncovered
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     return fig
@@ -103,18 +103,18 @@ def length_figure(ppl: list[dict], adaptations: list[str]):
 def position_figure(ppl: list[dict], adaptations: list[str]):
     """The figure of ``ppl_by_position.png``: perplexity per position bucket (each point at its bucket's middle,
     tokens) at each adaptation's longest length; identical curves stay visible."""
-    fig, ax = figure(figsize=(7, 4.5))
+    fig, ax = figure(figsize=(9, 4.5))
+    longest = [max((r for r in ppl if r["adaptation"] == m), key=lambda r: r["length"]) for m in adaptations
+               if any(r["adaptation"] == m for r in ppl)]
     lines = []
-    for m in adaptations:
-        rs = [r for r in ppl if r["adaptation"] == m]
-        if rs:
-            r = max(rs, key=lambda r: r["length"])
-            xs = [(i + 0.5) * r["bucket"] for i, v in enumerate(r["bucket_ppl"]) if v]
-            lines.append({"label": f"{m} @ {_k(r['length'])}", "x": xs, "y": [v for v in r["bucket_ppl"] if v], "ms": 3})
+    for r in longest:
+        xs = [(i + 0.5) * r["bucket"] for i, v in enumerate(r["bucket_ppl"]) if v]
+        lines.append({"label": f"{r['adaptation']} @ {_k(r['length'])}", "x": xs, "y": [v for v in r["bucket_ppl"] if v], "ms": 3})
     plot_lines(ax, lines)
-    ax.set(xlabel="position in window (tokens)", ylabel="bucket perplexity")
+    widths = " / ".join(str(w) for w in sorted({r["bucket"] for r in longest}))
+    ax.set(xlabel=f"position in window (tokens; buckets of {widths} tokens, each point at its middle)", ylabel="bucket perplexity")
     log_scale(ax, "y")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
