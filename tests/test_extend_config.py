@@ -14,7 +14,9 @@ from posenc.cli import build_parser, main
 from posenc.commands import extend_cmd
 from posenc.errors import PosencError
 from posenc.extend import ExtendConfig, extension, load_extend_config, open_store, preset_names
+from posenc.pretrained.evaluate import bucket_width
 from posenc.pretrained.schedules import Extension
+from posenc.records import ScoredWindow, append
 from posenc.rope import NAMES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +30,7 @@ SHIPPED = {
                       passkey_lengths=[], passkey_depths=[0.5], passkey_schedules=None),
 }
 COMMON = dict(model="smollm2", corpus="shakespeare", docs=["first"], max_tokens=32768, factor=2.0, stride=None,
-              bos="none", bucket=1024, rerope_window=None, leak=None, seed=0, schedules=list(NAMES), schemes=[], trials=1, threads=None,
+              bos="none", bucket=None, rerope_window=None, leak=None, seed=0, schedules=list(NAMES), schemes=[], trials=1, threads=None,
               original_max_position_embeddings=None, attention_factor=None, beta_fast=None, beta_slow=None, truncate=None,
               low_freq_factor=None, high_freq_factor=None, short_factor=None, long_factor=None)
 
@@ -59,7 +61,8 @@ def test_flags_override_the_preset(tmp_path):
                 "--schedules", "none", "yarn", "--name", "mine", "--stride", "9")
     assert (cfg.lengths, cfg.factor, cfg.long_schedules, cfg.passkey_lengths) == ([64, 128], 4.0, None, [])
     assert (cfg.schedules, cfg.name, cfg.stride) == (["none", "yarn"], "mine", 9)
-    assert (cfg.max_windows, cfg.passkey_schedules, cfg.bucket) == (1, ["none", "yarn"], 1024)  # the rest: quick's
+    assert (cfg.max_windows, cfg.passkey_schedules, cfg.bucket) == (1, ["none", "yarn"], None)  # the rest: quick's
+    assert parse("--quick", "--bucket", "64").bucket == 64
     assert parse("--long-schedules", "yarn").long_schedules == ["yarn"] and parse().long_schedules == ["dynamic"]
     path = tmp_path / "mine.yaml"
     path.write_text("name: mine\nlengths: [16, 32]\nfactor: 2\nbos: prepend\n")
@@ -165,6 +168,34 @@ def test_the_schedule_settings_enter_the_setting_tag_only_when_given(tmp_path):
     tags = {tag(), tag("--beta-fast", "16"), tag("--beta-fast", "8"), tag("--no-truncate"), tag("--attention-factor", "1"),
             tag("--original-max-position-embeddings", "128")}
     assert len(tags) == 6
+
+
+def test_bucket_width_is_one_32nd_of_the_length_unless_given():
+    assert [bucket_width(L) for L in (2, 31, 32, 64, 512, 1000, 8192, 32768)] == [1, 1, 1, 2, 16, 16, 256, 1024]
+    assert bucket_width(512, 1024) == 1024 and bucket_width(8192, 7) == 7
+
+
+def test_a_run_directory_keeps_its_recorded_bucket_width(tmp_path):
+    """Without --bucket a new directory scores 1/32 of each length, one an earlier release ran (config.json: bucket
+    1024, its default then) keeps 1024: the tag is that run's, so its finished records are read and it resumes."""
+    docs = [("doc", [])]
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir()
+    old.mkdir()
+    cfg = parse("--quick", "--schedules", "yarn")
+    setting = {k: getattr(cfg, k) for k in ("model", "corpus", "docs", "factor", "max_tokens", "stride", "bos", "bucket",
+                                            "rerope_window", "leak", "seed")} | {"docs": ["doc"]}
+    (old / "config.json").write_text(json.dumps({**setting, "bucket": 1024, "native_context": 256, "invocations": []}))
+    earlier = hashlib.sha256(json.dumps({**setting, "bucket": 1024}, sort_keys=True).encode()).hexdigest()[:12]
+    append(old / "records.jsonl", ScoredWindow(
+        key="ppl|yarn|512|doc|0", adaptation="yarn", factor=2.0, length=512, stride=511, bos="none", doc="doc", begin=0,
+        bucket=1024, signature="s", seconds=1.0, nll_sum=5.0, n_scored=511, bucket_nll=[5.0], bucket_n=[511], setting=earlier))
+    store = open_store(old, cfg, docs, 256, "src")
+    assert (store.tag, store.bucket, store.done) == (earlier, 1024, {"ppl|yarn|512|doc|0"})
+    assert json.loads((old / "config.json").read_text())["bucket"] == 1024
+    store = open_store(new, cfg, docs, 256, "src")
+    assert store.bucket is None and store.tag == hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
+    assert open_store(old, parse("--quick", "--schedules", "yarn", "--bucket", "64"), docs, 256, "src").bucket == 64  # given: its own
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -463,7 +463,10 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
     assert main([*argv, "--lengths", "16", "32"]) == 0  # and a tiny end-to-end run writes the report
     assert (tmp_path / "o" / "results.md").exists() and (tmp_path / "o" / "ppl_vs_length.png").exists()
     lines = (tmp_path / "o" / "records.jsonl").read_text().splitlines()
+    widths = {(r["length"], r["bucket"], len(r["bucket_n"])) for r in map(json.loads, lines) if r["kind"] == "ppl"}
+    assert widths == {(16, 1, 16), (32, 1, 32)}  # no --bucket: 1/32 of each length (at least 1), a bucket per position here
     config = (tmp_path / "o" / "config.json").read_text()
+    assert json.loads(config)["bucket"] is None
     assert main([*argv, "--lengths", "100000"]) == 2
     assert (tmp_path / "o" / "config.json").read_text() == config  # a failed call keeps the earlier run's files
     assert main([*argv, "--lengths", "16", "32"]) == 0  # resume: nothing recomputed

@@ -1,8 +1,11 @@
-"""posenc.reporting: markdown tables, Agg figures written atomically, plain log ticks."""
+"""posenc.reporting: markdown tables, Agg figures written atomically, readable log ticks, identical curves visible."""
+
+import math
 
 import matplotlib.pyplot as plt
+import pytest
 
-from posenc.reporting import figure, log_scale, markdown_table, save_figure
+from posenc.reporting import figure, log_scale, log_ticks, markdown_table, plain_number, plot_lines, same_as, save_figure
 
 
 def test_markdown_table_escapes_pipes_and_keeps_empty_cells_narrow():
@@ -11,23 +14,68 @@ def test_markdown_table_escapes_pipes_and_keeps_empty_cells_narrow():
     assert markdown_table(["only"], []) == "| only |\n|---|"
 
 
+def labelled_ticks(ax, which: str) -> list[tuple[float, str]]:
+    """(position rounded to 6 digits, label) of the ticks a reader sees on ``ax``'s ``which`` axis: labelled and
+    inside the view, after drawing."""
+    ax.figure.canvas.draw()
+    axis = getattr(ax, f"{which}axis")
+    lo, hi = sorted(axis.get_view_interval())
+    ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+    return sorted((round(float(t.get_loc()), 6), t.label1.get_text()) for t in ticks
+                  if lo * (1 - 1e-9) <= t.get_loc() <= hi * (1 + 1e-9) and t.label1.get_visible() and t.label1.get_text())
+
+
 def test_figures_are_agg_written_atomically_without_pyplot(tmp_path):
     fig, axes = figure(1, 2, figsize=(4, 3), squeeze=False)
     assert axes.shape == (1, 2) and fig.get_size_inches().tolist() == [4, 3]
     axes[0][0].plot([1, 2, 1000], [1, 2, 3])
     log_scale(axes[0][0], "x")
-    fig.canvas.draw()
-    major, minor = axes[0][0].xaxis.get_major_formatter(), axes[0][0].xaxis.get_minor_formatter()
-    assert axes[0][0].get_xscale() == "log" and major(100, 0) == "100" and major(1, 0) == "1"
-    assert minor(20, 0) == "20" and minor(30, 0) == ""  # a span of decades: only 2x and 5x minor labels
+    assert axes[0][0].get_xscale() == "log"
+    # under 3,000x: 1-2-5 in each decade, plain numbers; the minor ticks carry no label
+    assert [label for _, label in labelled_ticks(axes[0][0], "x")] == ["1", "2", "5", "10", "20", "50", "100", "200", "500", "1000"]
     path = save_figure(fig, tmp_path / "f.png", dpi=50)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and [p.name for p in tmp_path.iterdir()] == ["f.png"]
     assert plt.get_fignums() == []  # no pyplot figure left open
 
 
-def test_log_scale_base_2_labels_short_spans_fully():
-    fig, ax = figure(figsize=(3, 3))
-    ax.plot([1, 2, 4, 8], [1, 1, 1, 1])
-    log_scale(ax, "x", base=2)
-    ax.set_xlim(1, 8)
-    assert ax.xaxis.get_major_formatter()(4, 0) == "4" and ax.xaxis.get_minor_formatter()(3, 0) == "3"
+@pytest.mark.parametrize("lo,hi,base,labels", [
+    (1, 2, 10, ["1", "1.2", "1.4", "1.6", "1.8", "2"]),  # inside one decade: a linear ladder, not just "1" and "2"
+    (0.9, 1.1, 10, ["0.9", "0.95", "1", "1.05", "1.1"]),
+    (1, 100, 10, ["1", "2", "5", "10", "20", "50", "100"]),
+    (1e-3, 1e6, 10, ["0.001", "0.01", "0.1", "1", "10", "100", "1000", "10000", "100000", "1000000"]),  # decades only
+    (1, 8, 2, ["1", "2", "4", "8"]),
+    (1, 3, 2, ["1", "1.5", "2", "2.5", "3"]),
+    (1.5, 1.7, 10, ["1.5", "1.55", "1.6", "1.65", "1.7"]),
+    (2 ** 10, 2 ** 20, 2, [str(2 ** k) for k in range(10, 21)]),  # integers in full: 1048576, not 1.04858e+06
+    (1, 2 ** 30, 2, [str(2 ** k) for k in range(0, 31, 3)]),  # over 12 powers: every 3rd (31 powers / 12)
+])
+def test_log_axes_label_at_least_three_ticks_at_any_range(lo, hi, base, labels):
+    fig, ax = figure(figsize=(4, 6))
+    ax.plot([1, 2], [lo, hi])
+    log_scale(ax, "y", base=base)
+    ax.set_ylim(lo, hi)
+    seen = labelled_ticks(ax, "y")
+    assert [label for _, label in seen] == labels
+    assert all(math.isclose(float(label), pos, rel_tol=1e-5) for pos, label in seen)  # each label names its position
+    ticks = log_ticks(lo, hi, base)
+    assert ticks[0] <= lo * (1 + 1e-9) and ticks[-1] >= hi * (1 - 1e-9)  # the ticks cover the view
+
+
+def test_plain_number():
+    assert [plain_number(v) for v in (2.0, 1048576.0, 0.25, 1.5e-7)] == ["2", "1048576", "0.25", "1.5e-07"]
+
+
+def test_identical_curves_stay_visible_and_say_so():
+    fig, ax = figure(figsize=(4, 3))
+    lines = [{"label": "a", "x": [1, 2, 4], "y": [1.0, 2.0, 3.0]},
+             {"label": "b", "x": [1, 2, 4], "y": [1.0, 2.0, 3.0 * (1 + 1e-9)]},  # a within rounding
+             {"label": "c", "x": [1, 2, 4], "y": [1.0, 2.0, 3.1]},  # differs at one point
+             {"label": "d", "x": [1, 2, 4], "y": [1.0, 2.0, 3.0], "ms": 4, "ls": "--"},  # a again, own style kept
+             {"label": "e", "x": [1, 2], "y": [1.0, 2.0]}]  # fewer points: another curve
+    assert same_as([(ln["label"], ln["x"], ln["y"]) for ln in lines]) == {"b": "a", "d": "a"}
+    drawn = plot_lines(ax, lines)
+    seen = [(ln.get_label(), ln.get_linestyle(), ln.get_marker(), round(ln.get_markersize(), 3)) for ln in drawn]
+    assert seen == [("a", "-", "o", 5), ("b (same as a)", "--", "s", 3.5), ("c", "-", "o", 5),
+                    ("d (same as a)", "--", "^", 1.96), ("e", "-", "o", 5)]  # 2nd repeat: 0.7^2 x its own size 4
+    assert [ln.get_zorder() for ln in drawn] == sorted(ln.get_zorder() for ln in drawn)  # each repeat drawn over the first
+    assert same_as([("a", [1, 2], [1.0, None]), ("b", [1, 2], [1.0, float("nan")])]) == {"b": "a"}  # a gap equals a gap

@@ -100,7 +100,8 @@ class ExtendConfig(ScoringConfig):
     renamed_keys: ClassVar[dict[str, str]] = {"methods": "schedules", "long_methods": "long_schedules",
                                               "passkey_methods": "passkey_schedules"}
     stride: Optional[int] = None  # sliding-window stride in text tokens; None: non-overlapping windows
-    bucket: int = Field(1024, ge=1)  # position-bucket width of the per-position loss
+    # position-bucket width (tokens); None: the run directory's (open_store), else 1/32 of each length (evaluate.bucket_width)
+    bucket: Optional[int] = Field(None, ge=1)
     seed: int = 0  # seed of the passkey keys
     schedules: list[str] = Field(list(NAMES), min_length=1)  # RoPE context-extension schedules (posenc.rope)
     schemes: list[str] = []  # posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme)
@@ -202,9 +203,9 @@ class _Store:
     finished keys (a key recorded twice by an earlier release counts once; records an earlier release measured
     otherwise are ignored: :func:`_skipped_a_target`, :func:`_other_bos`)."""
 
-    def __init__(self, path: Path, tag: str, bos: str = "none"):
+    def __init__(self, path: Path, tag: str, bos: str = "none", bucket: int | None = None):
         drop_torn_tail(path)  # a record cut by a kill must not swallow the next one
-        self.path, self.tag = path, tag
+        self.path, self.tag, self.bucket = path, tag, bucket  # bucket: the setting's width (evaluate.bucket_width)
         self.records, self.done = [], set()
         for r in load(path, PRETRAINED):
             if r.setting == tag and not _skipped_a_target(r) and not _other_bos(r, bos) and r.key not in self.done:
@@ -228,7 +229,7 @@ def _ppl_points(adapted: Adaptation, label: str, L: int, windows: list, doc_toke
                 cfg: ExtendConfig, bos_id: int | None) -> None:
     """Score the windows of one (adaptation ``label``, length) point, reusing forwards with an equal key
     (``Adaptation.key``)."""
-    sig = adapted.key(L)
+    sig, bucket = adapted.key(L), evaluate.bucket_width(L, store.bucket)
     for doc, win in tqdm(windows, desc=f"{label} ppl@{L}", leave=False, disable=None):  # no bar off a terminal
         key = f"ppl|{label}|{L}|{doc}|{win.begin}"
         if key in store.done:
@@ -240,9 +241,9 @@ def _ppl_points(adapted: Adaptation, label: str, L: int, windows: list, doc_toke
             res["reused_from"] = prev.adaptation
         else:
             adapted.reset_rotary()
-            res = evaluate.score_window(adapted.model, doc_tokens[doc], win, bos_id, cfg.bucket)
+            res = evaluate.score_window(adapted.model, doc_tokens[doc], win, bos_id, bucket)
         store.add(ScoredWindow(key=key, adaptation=label, factor=cfg.factor, length=L, stride=cfg.stride or L - 1, bos=cfg.bos,
-                               doc=doc, begin=win.begin, bucket=cfg.bucket, signature=sig, seconds=round(time.time() - t0, 2), **res))
+                               doc=doc, begin=win.begin, bucket=bucket, signature=sig, seconds=round(time.time() - t0, 2), **res))
         tqdm.write(f"{label:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
                    f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
 
@@ -273,13 +274,16 @@ def _write_config(path: Path, setting: dict, invocation: dict) -> None:
 
 
 def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -> _Store:
-    """Record this call in ``config.json`` and open the records of its setting."""
+    """Record this call in ``config.json`` and open the records of its setting. Without ``cfg.bucket`` the bucket
+    width is the one ``config.json`` records (every run of a release before 1/32 of each length was the default
+    records 1024), so that a run directory resumes on its own records; in a new directory it stays None."""
+    config = out / "config.json"
+    bucket = cfg.bucket if cfg.bucket is not None or not config.exists() else read_json(config).get("bucket")
     later = {k: getattr(cfg, k) for k in LATER_SETTING if getattr(cfg, k) is not None}
-    setting = {**{k: getattr(cfg, k) for k in SETTING}, **later, "docs": [d for d, _ in docs]}
+    setting = {**{k: getattr(cfg, k) for k in SETTING}, **later, "bucket": bucket, "docs": [d for d, _ in docs]}
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
-    _write_config(out / "config.json", {**setting, "native_context": l0, "source": source},
-                  {k: getattr(cfg, k) for k in INVOCATION})
-    return _Store(out / "records.jsonl", tag, cfg.bos)
+    _write_config(config, {**setting, "native_context": l0, "source": source}, {k: getattr(cfg, k) for k in INVOCATION})
+    return _Store(out / "records.jsonl", tag, cfg.bos, bucket)
 
 
 def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Document]) -> tuple[int, list, dict, int | None]:

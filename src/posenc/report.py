@@ -20,7 +20,7 @@ import numpy as np
 from posenc.checkpoint import atomic_write_bytes
 from posenc.claims import claims_markdown
 from posenc.records import FarMass, PasskeyCell, Ppl, load
-from posenc.reporting import figure, log_scale, markdown_table, save_figure, seed_cell, write_csv_table
+from posenc.reporting import figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell, write_csv_table
 
 CSV_FIELDS = ["scheme", "seed", "train_length", "eval_length", "windows", "scored_tokens", "nll", "ppl", "ratio", "note"]
 
@@ -205,14 +205,16 @@ def write_csv(path: Path, records: list[Ppl]) -> None:
     write_csv_table(path, CSV_FIELDS, ([getattr(r, f) for f in CSV_FIELDS] for r in records))
 
 
-def plot_ratio(path: Path, records: list[Ppl], train_length: int) -> None:
+def ratio_figure(records: list[Ppl], train_length: int):
+    """The figure of ``ppl_ratio.png``: each scheme's ratio (mean over seeds) against evaluation length / training
+    length, log-log; identical curves stay visible (``posenc.reporting.plot_lines``)."""
     fig, ax = figure(figsize=(7, 4.5))
-    grid = _grid(records, "ratio")
-    for s, row in grid.items():
-        xs = [L / train_length for L in sorted(row) if any(v is not None for v in row[L])]
-        ys = [np.mean([v for v in row[L] if v is not None]) for L in sorted(row) if any(v is not None for v in row[L])]
-        if xs:
-            ax.plot(xs, ys, marker="o", label=s)
+    lines = []
+    for s, row in _grid(records, "ratio").items():
+        pts = [(L / train_length, np.mean([v for v in row[L] if v is not None])) for L in sorted(row) if any(v is not None for v in row[L])]
+        if pts:
+            lines.append({"label": s, "x": [p[0] for p in pts], "y": [p[1] for p in pts]})
+    plot_lines(ax, lines)
     log_scale(ax, "x", base=2)
     log_scale(ax, "y")
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
@@ -222,28 +224,48 @@ def plot_ratio(path: Path, records: list[Ppl], train_length: int) -> None:
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig
 
 
-def plot_buckets(path: Path, records: list[Ppl], train_length: int) -> None:
-    """Per-position-bucket perplexity at the longest evaluated length, per scheme."""
+def plot_ratio(path: Path, records: list[Ppl], train_length: int) -> None:
+    """``path``: :func:`ratio_figure` as PNG."""
+    save_figure(ratio_figure(records, train_length), path)
+
+
+def buckets_figure(records: list[Ppl], train_length: int):
+    """The figure of ``buckets.png``: per-position-bucket perplexity at each scheme's longest evaluated length, each
+    point at its bucket's midpoint (position / training length, log axis) and the x ticks at those midpoints,
+    labelled with the bucket's range ("2-4": positions from 2 to 4 training lengths)."""
+    from matplotlib.ticker import NullLocator
+
     fig, ax = figure(figsize=(7, 4.5))
     longest = {}
     for r in records:
         if r.bucket_ppl and (r.scheme not in longest or r.eval_length >= longest[r.scheme].eval_length):
             longest[r.scheme] = r
+    ticks = {}
+    lines = []
     for s, r in longest.items():
-        mids = [(a + b) / 2 / train_length for a, b in zip(r.bucket_edges[:-1], r.bucket_edges[1:])]
-        ax.plot(mids, r.bucket_ppl, marker=".", label=f"{s} (L={r.eval_length})")
+        spans = [(a / train_length, b / train_length) for a, b in zip(r.bucket_edges[:-1], r.bucket_edges[1:])]
+        ticks.update({(a + b) / 2: f"{a:g}-{b:g}" for a, b in spans})
+        lines.append({"label": f"{s} (L={r.eval_length})", "x": [(a + b) / 2 for a, b in spans], "y": r.bucket_ppl})
+    plot_lines(ax, lines)
     log_scale(ax, "x", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("position in window / training length")
+    log_scale(ax, "y")
+    ax.set_xticks(sorted(ticks), [ticks[x] for x in sorted(ticks)])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("position bucket in the window (training lengths; points at the bucket's middle)")
     ax.set_ylabel("perplexity of the position bucket")
     ax.set_title("Where each scheme breaks")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig
+
+
+def plot_buckets(path: Path, records: list[Ppl], train_length: int) -> None:
+    """``path``: :func:`buckets_figure` as PNG."""
+    save_figure(buckets_figure(records, train_length), path)
 
 
 def plot_passkey(path: Path, records: list, train_length: int) -> None:
@@ -270,11 +292,12 @@ def plot_passkey(path: Path, records: list, train_length: int) -> None:
 
 
 def plot_far_mass(path: Path, records: list, train_length: int) -> None:
-    """Far attention mass (mean over layers and heads) vs evaluation length per scheme; uniform dashed."""
+    """Far attention mass (mean over layers and heads) vs evaluation length per scheme; uniform dashed; identical
+    curves stay visible (``posenc.reporting.plot_lines``)."""
     recs = [r for r in records if isinstance(r, FarMass) and r.far_mass_mean is not None]
     fig, ax = figure(figsize=(7, 4.5))
-    for s, row in _grid(recs, "far_mass_mean", at="length").items():
-        ax.plot([L / train_length for L in sorted(row)], [np.mean(row[L]) for L in sorted(row)], marker="o", label=s)
+    plot_lines(ax, [{"label": s, "x": [L / train_length for L in sorted(row)], "y": [np.mean(row[L]) for L in sorted(row)]}
+                    for s, row in _grid(recs, "far_mass_mean", at="length").items()])
     uniform = sorted({(r.length, r.uniform_far_mass) for r in recs})
     ax.plot([L / train_length for L, _ in uniform], [u for _, u in uniform], color="gray", ls="--", label="uniform attention")
     log_scale(ax, "x", base=2)

@@ -27,7 +27,7 @@ from posenc.claims import FAILS, FLAT_TOL, HOLDS, NOISE, Claim, Table, combine, 
 from posenc.encodings.bias import alibi_slopes
 from posenc.records import Ppl, Task, TaskCell, load, load_ppl
 from posenc.report import with_ratios
-from posenc.reporting import figure, log_scale, markdown_table, save_figure, seed_cell, write_csv_table
+from posenc.reporting import figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell, write_csv_table
 from posenc.stamp import stamp_line
 from posenc.taskeval import standard_error
 from posenc.tasks import get_task
@@ -520,36 +520,63 @@ def reference_markdown(t: TaskTable, ref: dict) -> str:
     return markdown_table(header, rows)
 
 
-def plot_distance(path: Path, t: TaskTable, schemes: list[str], windows: dict, chance: float) -> None:
+NOT_LEARNED_LS, WINDOW_LS = ":", "-."  # distance plot: the curve of a scheme that did not learn; a scheme's mixing window
+WINDOW_LABEL = "mixing window w_0.01 (dash-dot, in the scheme's colour)"
+
+
+def distance_figure(t: TaskTable, schemes: list[str], windows: dict, chance: float):
+    """The figure of ``distance-TASK.png``: each scheme's controlled-gap accuracy (mean over seeds) against evidence
+    distance (log axis); a scheme that did not learn is dotted, its mixing window w_0.01 (where known) a dash-dot
+    vertical line in its colour (one legend entry for them all), the training length dashed black, chance grey.
+    Identical curves stay visible (``posenc.reporting.plot_lines``)."""
+    from matplotlib.lines import Line2D
+
     fig, ax = figure(figsize=(9.5, 4.5))
     colors = {s: f"C{i % 10}" for i, s in enumerate(schemes)}
+    lines = []
     for s in schemes:
         curves = [t.curve(s, seed) for seed in t.scores[s]]
         buckets = sorted(curves[0])
-        acc = [100 * np.mean([c[b] for c in curves if b in c]) for b in buckets]
-        ax.plot(buckets, acc, marker="o", ms=3, color=colors[s], label=s + ("" if t.learned(s) else " (did not learn)"),
-                ls="-" if t.learned(s) else ":")
+        lines.append({"label": s + ("" if t.learned(s) else " (did not learn: dotted)"), "x": buckets,
+                      "y": [100 * np.mean([c[b] for c in curves if b in c]) for b in buckets], "ms": 4, "color": colors[s],
+                      "ls": "-" if t.learned(s) else NOT_LEARNED_LS})
+    plot_lines(ax, lines)
+    for s in schemes:
         if windows.get(s):
-            ax.axvline(windows[s], color=colors[s], ls=":", lw=1)
+            ax.axvline(windows[s], color=colors[s], ls=WINDOW_LS, lw=1)
     ax.axvline(t.L0, color="black", ls="--", lw=1, label=f"training length {t.L0}")
     ax.axhline(100 * chance, color="grey", lw=1, label="chance")
+    handles, labels = ax.get_legend_handles_labels()
+    if any(windows.get(s) for s in schemes):  # one entry for every window line: grey, as each has its scheme's colour
+        handles.append(Line2D([], [], color="grey", ls=WINDOW_LS, lw=1))
+        labels.append(WINDOW_LABEL)
     log_scale(ax, "x", base=2)
-    ax.set_xlabel("evidence distance (tokens; dotted: the scheme's mixing window w_0.01)")
+    ax.set_xlabel("evidence distance (tokens)")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"{t.task}: controlled-gap test")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig
 
 
-def plot_length(path: Path, t: TaskTable, schemes: list[str], chance: float) -> None:
+def plot_distance(path: Path, t: TaskTable, schemes: list[str], windows: dict, chance: float) -> None:
+    """``path``: :func:`distance_figure` as PNG."""
+    save_figure(distance_figure(t, schemes, windows, chance), path)
+
+
+def length_figure(t: TaskTable, schemes: list[str], chance: float):
+    """The figure of ``length-TASK.png``: accuracy (mean over seeds) against sequence length, one panel per test (id,
+    sparse, near, those run); the training length dashed, chance grey; identical curves stay visible."""
     tests = [test for test in ("id", "sparse", "near") if next(iter(t.scores[schemes[0]].values())).lengths(test)]
-    fig, axes = figure(1, len(tests), figsize=(4.5 * len(tests), 4), squeeze=False)
+    fig, axes = figure(1, len(tests), figsize=(4.5 * len(tests), 4 + 0.18 * ((len(schemes) + 1) // 2)), squeeze=False)
     for ax, test in zip(axes[0], tests):
+        lines = []
         for i, s in enumerate(schemes):
             lengths = next(iter(t.scores[s].values())).lengths(test)
-            ax.plot(lengths, [100 * np.mean(t.values(s, test, L)[0]) for L in lengths], marker="o", ms=3, color=f"C{i % 10}", label=s)
+            lines.append({"label": s, "x": lengths, "y": [100 * np.mean(t.values(s, test, L)[0]) for L in lengths], "ms": 4,
+                          "color": f"C{i % 10}"})
+        plot_lines(ax, lines)
         ax.axvline(t.L0, color="black", ls="--", lw=1)
         ax.axhline(100 * chance, color="grey", lw=1)
         log_scale(ax, "x", base=2)
@@ -557,9 +584,14 @@ def plot_length(path: Path, t: TaskTable, schemes: list[str], chance: float) -> 
         ax.set_ylabel("accuracy (%)")
         ax.set_title(f"{t.task}: {test}")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: per panel, its own repeats
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig
+
+
+def plot_length(path: Path, t: TaskTable, schemes: list[str], chance: float) -> None:
+    """``path``: :func:`length_figure` as PNG."""
+    save_figure(length_figure(t, schemes, chance), path)
 
 
 def write_csv(path: Path, records: list[Task]) -> None:

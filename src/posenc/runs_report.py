@@ -36,7 +36,7 @@ from posenc.errors import PosencError
 from posenc.jobs import FREE_SETTINGS, _flatten, settings
 from posenc.records import Ppl, load_ppl
 from posenc.report import with_ratios
-from posenc.reporting import figure, log_scale, markdown_table, save_figure, seed_cell
+from posenc.reporting import figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell
 from posenc.scoreboard import TaskRun, is_task_run, load_task_run, scoreboard_markdown, task_claims_markdown
 
 HEADER_KEYS = ("corpus", "tokenizer", "model", "budget", "eval")  # report.md header lines that describe the settings
@@ -192,17 +192,20 @@ def claims_markdown(runs: list[Run]) -> str:
 
 def ratio_figure(runs: list[Run]):
     """The figure of ratio against evaluation length / training length (log-log), every run overlaid: colour per
-    scheme, line style and marker per run (repeating after four runs)."""
+    scheme, line style and marker per run (repeating after four runs); a curve equal to an earlier one is drawn
+    smaller over it and its legend entry says "(same as ...)" (``posenc.reporting.plot_lines``)."""
     names = schemes(runs)
     colours = {key: f"C{i % 10}" for i, key in enumerate(names)}
     fig, ax = figure(figsize=(8, 5))
+    lines = []
     for i, run in enumerate(runs):
         for key, row in _grid(run, "ratio").items():
             pts = [(m, np.mean([v for v in row[m] if v is not None])) for m in sorted(row) if any(v is not None for v in row[m])]
             if pts:
                 ls, marker = STYLES[i % len(STYLES)]
-                ax.plot([m for m, _ in pts], [v for _, v in pts], ls=ls, marker=marker, ms=3,
-                        color=colours[key], label=f"{names[key]} ({run.label})")
+                lines.append({"label": f"{names[key]} ({run.label})", "x": [m for m, _ in pts], "y": [v for _, v in pts],
+                              "ls": ls, "marker": marker, "ms": 4, "color": colours[key]})
+    plot_lines(ax, lines)
     log_scale(ax, "x", base=2)
     log_scale(ax, "y")
     ax.axhline(1.0, color="gray", lw=0.8)

@@ -74,7 +74,8 @@ def add_parser(sub) -> None:
                    help=f"none: windows of raw text, first token context only; prepend: BOS + length-1 text tokens (default {d.bos})")
     p.add_argument("--corpus", help=f"corpus spec (see posenc.data; default {d.corpus}); held-out documents are used")
     p.add_argument("--docs", nargs="+", help=f"held-out document names, 'all' or 'first' (default {shown(d.docs)})")
-    p.add_argument("--bucket", type=int, help=f"position-bucket width for per-position loss (tokens; default {d.bucket})")
+    p.add_argument("--bucket", type=int, help="position-bucket width for per-position loss (tokens; default: the width the run "
+                   "directory's config.json records, else the largest power of two at most 1/32 of each length: 16 at 512, 1024 at 32K)")
     p.add_argument("--passkey-lengths", type=int, nargs="*", help=f"passkey prompt lengths (default {shown(d.passkey_lengths)}; the bare flag, no lengths: no passkey)")
     p.add_argument("--passkey-depths", type=float, nargs="+", help=f"key depths in [0, 1] (default {shown(d.passkey_depths)})")
     p.add_argument("--passkey-schedules", nargs="+", metavar="S", help=f"schedules for passkey (default {shown(d.passkey_schedules)})")

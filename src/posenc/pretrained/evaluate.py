@@ -47,6 +47,18 @@ def _head(model):
     return lambda h: cap * torch.tanh(head(h).float() / cap)
 
 
+POSITION_BUCKETS = 32  # position buckets per window when no bucket width is given
+
+
+def bucket_width(length: int, bucket: int | None = None) -> int:
+    """Position-bucket width (tokens) for a window of ``length`` model positions: ``bucket`` when given, else the
+    largest power of two at most length / POSITION_BUCKETS, at least 1 (32 buckets of 16 tokens at 512, of 1,024
+    at 32K), so that a per-position plot has points at any length."""
+    if bucket is not None:
+        return bucket
+    return 1 << max(0, (length // POSITION_BUCKETS).bit_length() - 1)
+
+
 def score_window(model, tokens: np.ndarray, win: Window, bos_id: int | None, bucket: int) -> dict:
     """Forward one window; NLL sum and count of its scored targets, and per-bucket
     sums by position in the window (bucket = model input index of the target // ``bucket``)."""

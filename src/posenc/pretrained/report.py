@@ -8,9 +8,11 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 from posenc.checkpoint import atomic_write_bytes
 from posenc.records import PasskeyTrial, PretrainedRecord, ScoredWindow
-from posenc.reporting import figure, log_scale, markdown_table, save_figure, write_csv_table
+from posenc.reporting import figure, log_scale, markdown_table, plot_lines, save_figure, write_csv_table
 
 PPL_FIELDS = ["adaptation", "factor", "length", "stride", "bos", "windows", "scored_tokens", "ppl", "docs", "seconds", "reused_from"]
 PASSKEY_FIELDS = ["adaptation", "factor", "length", "depth", "trials", "correct", "accuracy", "prompt_tokens"]
@@ -75,59 +77,77 @@ def markdown(ppl: list[dict], passkey: list[dict], adaptations: list[str], heade
     return "\n".join(lines) + "\n"
 
 
-def plots(out: Path, ppl: list[dict], passkey: list[dict], adaptations: list[str]) -> None:
+def length_figure(ppl: list[dict], adaptations: list[str]):
+    """The figure of ``ppl_vs_length.png``: perplexity against evaluation length (log-log), one curve per adaptation
+    in ``adaptations`` (rows of :func:`ppl_rows`); identical curves stay visible (``posenc.reporting.plot_lines``)."""
     from matplotlib.ticker import NullLocator
 
-    fig, ax = figure(figsize=(7, 4.5))
+    fig, ax = figure(figsize=(9, 4.5))
+    lines = []
     for m in adaptations:
         rs = sorted((r for r in ppl if r["adaptation"] == m), key=lambda r: r["length"])
         if rs:
-            ax.plot([r["length"] for r in rs], [r["ppl"] for r in rs], marker="o", label=m)
+            lines.append({"label": m, "x": [r["length"] for r in rs], "y": [r["ppl"] for r in rs]})
+    plot_lines(ax, lines)
     ax.set(xscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity")
     log_scale(ax, "y")
     lengths = sorted({r["length"] for r in ppl})
     ax.set_xticks(lengths, [_k(L) for L in lengths], minor=False)
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: the curves stay uncovered
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    save_figure(fig, out / "ppl_vs_length.png")
+    return fig
 
-    if ppl:  # per-position loss at each adaptation's longest length
-        fig, ax = figure(figsize=(7, 4.5))
-        for m in adaptations:
-            rs = [r for r in ppl if r["adaptation"] == m]
-            if rs:
-                r = max(rs, key=lambda r: r["length"])
-                xs = [(i + 0.5) * r["bucket"] for i, v in enumerate(r["bucket_ppl"]) if v]
-                ax.plot(xs, [v for v in r["bucket_ppl"] if v], marker=".", label=f"{m} @ {_k(r['length'])}")
-        ax.set(xlabel="position in window (tokens)", ylabel="bucket perplexity")
-        log_scale(ax, "y")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        save_figure(fig, out / "ppl_by_position.png")
 
+def position_figure(ppl: list[dict], adaptations: list[str]):
+    """The figure of ``ppl_by_position.png``: perplexity per position bucket (each point at its bucket's middle,
+    tokens) at each adaptation's longest length; identical curves stay visible."""
+    fig, ax = figure(figsize=(9, 4.5))
+    longest = [max((r for r in ppl if r["adaptation"] == m), key=lambda r: r["length"]) for m in adaptations
+               if any(r["adaptation"] == m for r in ppl)]
+    lines = []
+    for r in longest:
+        xs = [(i + 0.5) * r["bucket"] for i, v in enumerate(r["bucket_ppl"]) if v]
+        lines.append({"label": f"{r['adaptation']} @ {_k(r['length'])}", "x": xs, "y": [v for v in r["bucket_ppl"] if v], "ms": 3})
+    plot_lines(ax, lines)
+    widths = " / ".join(str(w) for w in sorted({r["bucket"] for r in longest}))
+    ax.set(xlabel=f"position in window (tokens; buckets of {widths} tokens, each point at its middle)", ylabel="bucket perplexity")
+    log_scale(ax, "y")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def passkey_figure(passkey: list[dict], adaptations: list[str]):
+    """The figure of ``passkey.png``: per adaptation, correct / trials by key depth (rows) and length (columns)."""
+    lengths = sorted({r["length"] for r in passkey})
+    depths = sorted({r["depth"] for r in passkey})
+    ms = [m for m in adaptations if any(r["adaptation"] == m for r in passkey)]
+    fig, axes = figure(1, len(ms), figsize=(1.6 * len(ms) + 1.5, 3), squeeze=False, layout="constrained")
+    for n, (ax, m) in enumerate(zip(axes[0], ms)):
+        grid = np.full((len(depths), len(lengths)), np.nan)
+        for r in passkey:
+            if r["adaptation"] == m:
+                y, x = depths.index(r["depth"]), lengths.index(r["length"])
+                grid[y, x] = r["accuracy"]
+                ax.text(x, y, f"{r['correct']}/{r['trials']}", ha="center", va="center", fontsize=8)
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set(title=m, xticks=range(len(lengths)), xticklabels=[_k(L) for L in lengths], xlabel="length",
+               yticks=range(len(depths)), yticklabels=[f"{d:g}" for d in depths] if n == 0 else [])
+    axes[0][0].set_ylabel("key depth")
+    fig.colorbar(im, ax=axes[0].tolist(), label="accuracy")
+    return fig
+
+
+def plots(out: Path, ppl: list[dict], passkey: list[dict], adaptations: list[str]) -> None:
+    """``ppl_vs_length.png``, ``ppl_by_position.png`` (with perplexity rows) and ``passkey.png`` (with passkey rows) under ``out``."""
+    save_figure(length_figure(ppl, adaptations), out / "ppl_vs_length.png")
+    if ppl:
+        save_figure(position_figure(ppl, adaptations), out / "ppl_by_position.png")
     if passkey:
-        import numpy as np
-
-        lengths = sorted({r["length"] for r in passkey})
-        depths = sorted({r["depth"] for r in passkey})
-        ms = [m for m in adaptations if any(r["adaptation"] == m for r in passkey)]
-        fig, axes = figure(1, len(ms), figsize=(1.6 * len(ms) + 1.5, 3), squeeze=False, layout="constrained")
-        for n, (ax, m) in enumerate(zip(axes[0], ms)):
-            grid = np.full((len(depths), len(lengths)), np.nan)
-            for r in passkey:
-                if r["adaptation"] == m:
-                    y, x = depths.index(r["depth"]), lengths.index(r["length"])
-                    grid[y, x] = r["accuracy"]
-                    ax.text(x, y, f"{r['correct']}/{r['trials']}", ha="center", va="center", fontsize=8)
-            im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-            ax.set(title=m, xticks=range(len(lengths)), xticklabels=[_k(L) for L in lengths], xlabel="length",
-                   yticks=range(len(depths)), yticklabels=[f"{d:g}" for d in depths] if n == 0 else [])
-        axes[0][0].set_ylabel("key depth")
-        fig.colorbar(im, ax=axes[0].tolist(), label="accuracy")
-        save_figure(fig, out / "passkey.png")
+        save_figure(passkey_figure(passkey, adaptations), out / "passkey.png")
 
 
 def write_report(out: Path, records: list[PretrainedRecord], adaptations: list[str], header: str) -> str:
