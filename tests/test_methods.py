@@ -38,7 +38,28 @@ def test_sinks_table():
         [0], [1, 0], [2, 1, 0], [3, 2, 1, 0], [3, 2, X, 1, 0], [3, 2, X, X, 1, 0]]
 
 
-METHODS = [Method("self-extend", window=5, group=3), Method("lm-infinite", window=6, n_global=2), Method("sinks", window=5, n_sink=3)]
+def test_dual_chunk_table():
+    # chunks of S = 3, local window w = 1 (An et al. 2024, sec. 3, ChunkLlama's positions): keys at j mod 3; queries
+    # at i mod 3 in their chunk, min(i mod 3 + 3, 4) for the previous chunk, min(2*3 - 1, 4) = 4 for earlier ones
+    assert table(parse("dual-chunk:chunk=3,local=1", 8), 9) == [
+        [0], [1, 0], [2, 1, 0],
+        [3, 2, 1, 0], [4, 3, 2, 1, 0], [4, 3, 2, 2, 1, 0],
+        [4, 3, 2, 3, 2, 1, 0], [4, 3, 2, 4, 3, 2, 1, 0], [4, 3, 2, 4, 3, 2, 2, 1, 0]]
+
+
+@pytest.mark.parametrize("S, w, T", [(3, 1, 9), (88, 8, 1000), (5, 7, 60), (4, 0, 30)])
+def test_dual_chunk_distances_stay_within_the_chunk_plus_the_local_window(S, w, T):
+    """Every relative position lies in [0, S + w] however long the input (the point of the method), the distance
+    to the chunk's own keys is i - j, and the successive chunk's first w queries keep their distance i - j."""
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    d, visible = relative_positions(Method("dual-chunk", window=S, chunk=S, local=w), i, j)
+    assert bool(visible.equal(j <= i)) and int(d.max()) <= S + w and int(d[visible].min()) >= 0
+    same, succ = (i // S == j // S) & visible, (i // S - j // S == 1) & (i % S < w)
+    assert torch.equal(d[same], (i - j).expand(T, T)[same]) and torch.equal(d[succ], (i - j).expand(T, T)[succ])
+
+
+METHODS = [Method("self-extend", window=5, group=3), Method("lm-infinite", window=6, n_global=2), Method("sinks", window=5, n_sink=3),
+           Method("dual-chunk", window=4, chunk=4, local=2)]
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
@@ -97,7 +118,8 @@ def test_method_changes_attention_beyond_the_window():
     assert (a[..., 4:, :] - b[..., 4:, :]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("spec", ["self-extend:group=2,window=3", "lm-infinite:n_global=2,window=4", "sinks:n_sink=2,window=4"])
+@pytest.mark.parametrize("spec", ["self-extend:group=2,window=3", "lm-infinite:n_global=2,window=4", "sinks:n_sink=2,window=4",
+                                  "dual-chunk:chunk=4,local=1"])
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "t5"])
 def test_decoding_equals_the_parallel_forward(spec, encoding):
     model = _model(encoding)
@@ -147,6 +169,9 @@ def test_generate_with_sinks_runs_past_the_training_length():
     ("nope:x=1", "unknown method 'nope'"),
     ("sinks:window=4,group=2", "unknown parameter 'group'"),
     ("lm-infinite:n_global=-1", "n_global must be an integer >= 0"),
+    ("dual-chunk:chunk=0", "chunk must be an integer >= 1"),
+    ("dual-chunk:local=-1", "local must be an integer >= 0"),
+    ("dual-chunk:window=4", "unknown parameter 'window' .valid: chunk, local."),
 ])
 def test_bad_specs(spec, message):
     with pytest.raises(PosencError, match=message):
@@ -163,6 +188,10 @@ def test_defaults_and_label():
     assert parse("sinks", 64).label() == "sinks:n_sink=4,window=60"
     assert parse("self-extend:group=8", 64).label() == "self-extend:group=8,window=32"
     assert parse("lm-infinite", 64).label() == "lm-infinite:n_global=10,window=64"
+    # ChunkLlama's defaults at L = 4096 (chunk_size 3L/4 = 3072, local_window L/16 = 256, chunk_len 2816)
+    assert parse("dual-chunk", 4096) == Method("dual-chunk", window=2816, chunk=2816, local=256)
+    assert parse("dual-chunk:local=32", 128).label() == "dual-chunk:chunk=64,local=32"
+    assert parse("dual-chunk", 128).describe() == "dual-chunk(chunk=88,local=8)"
 
 
 def test_bad_values_are_checked_before_the_default_window():
@@ -238,7 +267,7 @@ def test_generate_with_a_rope_schedule_and_a_method(rope_run, capsys, monkeypatc
 
 @pytest.mark.parametrize("argv, message", [
     (["--method", "self-extend:grp=4"], "method 'self-extend': unknown parameter 'grp' (valid: group, window)"),
-    (["--method", "streaming"], "unknown method 'streaming' (methods: self-extend, lm-infinite, sinks)"),
+    (["--method", "streaming"], "unknown method 'streaming' (methods: self-extend, lm-infinite, sinks, dual-chunk)"),
     (["--rope-schedule", "rerope", "--rerope-window", "8", "--method", "sinks"], "method sinks applies to rope (fixed-frequency schedules), alibi, t5 and kerple"),
 ])
 def test_eval_bad_method_one_line_exit_2(rope_run, capsys, argv, message):
@@ -271,7 +300,7 @@ def test_block_keys_cover_every_visible_key_and_skip_the_hidden_middle():
             i = torch.arange(lo, hi + 1)[:, None]
             seen = set(torch.nonzero(method.visible(i, k_pos[None, :]).any(0)).flatten().tolist())
             assert seen <= keys and keys <= set(range(hi + 1))
-            if method.name != "self-extend" and lo > 20:
+            if method.name not in ("self-extend", "dual-chunk") and lo > 20:  # the others see every key
                 assert len(keys) <= (method.n_global or method.n_sink) + method.window + 6
 
 
@@ -313,7 +342,8 @@ def test_eval_stream_records_one_row_with_flat_cache(rope_run, capsys):
 
 
 @pytest.mark.parametrize("encoding", ["rope", "rope:pairing=adjacent,rotary_fraction=0.5", "alibi", "t5", "kerple"])
-@pytest.mark.parametrize("spec", ["self-extend:group=3,window=40", "lm-infinite:n_global=1,window=40", "sinks:n_sink=1,window=40"])
+@pytest.mark.parametrize("spec", ["self-extend:group=3,window=40", "lm-infinite:n_global=1,window=40", "sinks:n_sink=1,window=40",
+                                  "dual-chunk:chunk=40,local=0"])
 def test_a_window_past_the_text_is_the_plain_model(encoding, spec):
     """With W >= T every map is i - j and every key visible: the method's path equals the core's own forward."""
     model = _model(encoding, n_kv_head=1)

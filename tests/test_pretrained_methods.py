@@ -71,7 +71,8 @@ def native_inv_freq(schedule):
 
 
 @pytest.mark.parametrize("schedule", [None, "ntk", "yarn"])
-@pytest.mark.parametrize("spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10"])
+@pytest.mark.parametrize("spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10",
+                                  "dual-chunk:chunk=7,local=2"])
 def test_logits_equal_the_naive_reference(schedule, spec):
     ids = torch.randint(0, 128, (2, T))
     a = adapted(schedule, spec)
@@ -84,7 +85,8 @@ def test_logits_equal_the_naive_reference(schedule, spec):
         assert not torch.allclose(*(native_inv_freq(s)[0] for s in (schedule, None)))
 
 
-@pytest.mark.parametrize("spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10"])
+@pytest.mark.parametrize("spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10",
+                                  "dual-chunk:chunk=7,local=2"])
 def test_gradients_equal_the_naive_reference(spec):
     ids = torch.randint(0, 128, (1, T))
     fast, ref = adapted("ntk", spec), reference("ntk", spec)
@@ -96,7 +98,7 @@ def test_gradients_equal_the_naive_reference(spec):
 
 
 @pytest.mark.parametrize("schedule", [None, "ntk"])
-@pytest.mark.parametrize("spec", [f"self-extend:group=4,window={T}", f"lm-infinite:n_global=0,window={T}"])
+@pytest.mark.parametrize("spec", [f"self-extend:group=4,window={T}", f"lm-infinite:n_global=0,window={T}", f"dual-chunk:chunk={T},local=0"])
 def test_a_window_covering_the_input_reproduces_the_model(schedule, spec):
     ids = torch.randint(0, 128, (2, T))
     with torch.no_grad():
@@ -105,7 +107,7 @@ def test_a_window_covering_the_input_reproduces_the_model(schedule, spec):
     assert torch.allclose(got, plain, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["self-extend:group=2,window=4", "lm-infinite:n_global=1,window=6"])
+@pytest.mark.parametrize("spec", ["self-extend:group=2,window=4", "lm-infinite:n_global=1,window=6", "dual-chunk:chunk=5,local=1"])
 def test_cached_greedy_decoding_equals_full_recomputation(spec):
     a, ids = adapted("ntk", spec), torch.randint(0, 128, (9,))
     a.model.generation_config.eos_token_id = None  # the random model's id 2 would stop it early

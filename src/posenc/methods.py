@@ -15,11 +15,20 @@ Each method replaces the relative position ``i - j`` that a position-indexed sch
   ``n_sink`` tokens and the last W (the query among them); positions are assigned inside the cache, so
   ``d`` is the query's cache slot minus the key's: ``i - j`` in the window, ``min(i, n_sink + W - 1) - j``
   for a sink; the other keys are evicted (hidden).
+- Dual-chunk attention (An et al. 2024, "Training-Free Long-Context Scaling of Large Language Models",
+  ChunkLlama, arXiv:2402.17463, sec. 3), chunk length S, local window w: the input is cut into chunks of S
+  tokens, every key sits at ``j mod S``; a query at ``i mod S`` for keys of its own chunk (intra-chunk:
+  ``d = i - j``), at ``min(i mod S + S, S + w)`` for the previous chunk (successive-chunk: the first w
+  queries keep their distance to the keys just before the chunk) and at ``min(2S - 1, S + w)`` for every
+  earlier one (inter-chunk); every key visible, the largest distance S + w. These are the reference code's
+  positions (HKUNLP/ChunkLlama, ``chunkllama_attn_replace.py``: its ``chunk_len``, ``local_window`` and the
+  clamp at ``chunk_size`` = S + w; the paper writes c - 1 where the code has S + w).
 
 ``relative_positions`` writes each definition directly (the naive reference, tested against hand-computed
-tables); the fast path (``method_attention``) uses each method's split into a near region (q at i, k at j)
-and a far one (q at ``q_far(i)``, k at ``k_far(j)``), in which ``d`` is a difference of per-row and
-per-column positions, so RoPE needs two rotations of q and k, never one per pair (tested equal).
+tables); the fast path (``method_attention``) uses each method's split into regions (``Method.region``: near
+and far; dual-chunk's intra, successive and inter), in each of which ``d`` is a difference of per-row and
+per-column positions (``Method.query_positions``, ``key_positions``), so RoPE needs one rotation of q and k per
+region, never one per pair (tested equal).
 """
 
 from __future__ import annotations
@@ -43,19 +52,30 @@ PARAMETERS = {
     "self-extend": {"group": 4, "window": None},
     "lm-infinite": {"n_global": 10, "window": None},
     "sinks": {"n_sink": 4, "window": None},
+    "dual-chunk": {"chunk": None, "local": None},
+}
+# the defaults from the training length L (ChunkLlama's: chunk_size = 3L/4, local_window = L/16, S = their difference)
+DEFAULTS = {
+    "self-extend": lambda L, p: {"window": L // 2},
+    "lm-infinite": lambda L, p: {"window": L},
+    "sinks": lambda L, p: {"window": L - p["n_sink"]},
+    "dual-chunk": lambda L, p: {"local": L // 16, "chunk": 3 * L // 4 - (L // 16 if p["local"] is None else p["local"])},
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """One method and its parameters (tokens): ``group`` G (Self-Extend), ``window`` W (every method),
-    ``n_global`` (LM-Infinite's starting tokens), ``n_sink`` (attention sinks)."""
+    """One method and its parameters (tokens): ``group`` G (Self-Extend), ``window`` W (Self-Extend, LM-Infinite,
+    sinks; dual-chunk: its chunk length), ``n_global`` (LM-Infinite's starting tokens), ``n_sink`` (attention
+    sinks), ``chunk`` S and ``local`` w (dual-chunk)."""
 
     name: str
     window: int
     group: int = 1
     n_global: int = 0
     n_sink: int = 0
+    chunk: int = 0
+    local: int = 0
 
     @property
     def bounded(self) -> bool:
@@ -75,43 +95,59 @@ class Method:
         """The row label's form, e.g. ``self-extend(group=4,window=64)`` (``rope+self-extend(...)`` in a report)."""
         return f"{self.name}({','.join(f'{k}={getattr(self, k)}' for k in PARAMETERS[self.name])})"
 
-    def far(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        """Whether (i, j) lies in the far region (bool, broadcast shape): i - j >= W for every method."""
-        return i - j >= self.window
+    def region(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """The region of (i, j) (int64, broadcast shape), an index into ``query_positions`` and ``key_positions``:
+        0 near (i - j < W), 1 far; dual-chunk: 0 intra-chunk, 1 successive-chunk, 2 inter-chunk."""
+        if self.name == "dual-chunk":
+            return (i // self.chunk - j // self.chunk).clamp(min=0, max=2)
+        return (i - j >= self.window).long()
 
-    def q_far(self, i: torch.Tensor) -> torch.Tensor:
-        """The query position of the far region (int64, i's shape)."""
+    def query_positions(self, i: torch.Tensor) -> list[torch.Tensor]:
+        """The query's position in each region (int64, i's shape each): d(i, j) = query_positions(i)[r] -
+        key_positions(j)[r] for (i, j) in region r."""
+        if self.name == "dual-chunk":
+            S, top = self.chunk, self.chunk + self.local
+            return [i % S, (i % S + S).clamp(max=top), torch.full_like(i, min(2 * S - 1, top))]
         if self.name == "self-extend":
-            return i // self.group + (self.window - self.window // self.group)
-        if self.name == "lm-infinite":
-            return torch.full_like(i, self.window)
-        return i.clamp(max=self.n_sink + self.window - 1)
+            far = i // self.group + (self.window - self.window // self.group)
+        elif self.name == "lm-infinite":
+            far = torch.full_like(i, self.window)
+        else:
+            far = i.clamp(max=self.n_sink + self.window - 1)
+        return [i, far]
 
-    def k_far(self, j: torch.Tensor) -> torch.Tensor:
-        """The key position of the far region (int64, j's shape)."""
+    def key_positions(self, j: torch.Tensor) -> list[torch.Tensor]:
+        """The key's position in each region (int64, j's shape each); see ``query_positions``."""
+        if self.name == "dual-chunk":
+            return [j % self.chunk] * 3
         if self.name == "self-extend":
-            return j // self.group
-        return torch.zeros_like(j) if self.name == "lm-infinite" else j
+            return [j, j // self.group]
+        return [j, torch.zeros_like(j) if self.name == "lm-infinite" else j]
 
     def visible(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Causal mask of the keys a query sees (bool, broadcast shape of i, j)."""
         causal = j <= i
-        if self.name == "self-extend":
+        if self.name in ("self-extend", "dual-chunk"):
             return causal
         first = self.n_global if self.name == "lm-infinite" else self.n_sink
         return causal & ((j < first) | (i - j < self.window))
 
     def distance(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        """d(i, j) from the near/far split (int64), the fast path's; equals ``relative_positions`` where visible."""
-        return torch.where(self.far(i, j), self.q_far(i) - self.k_far(j), i - j)
+        """d(i, j) from the regions (int64), the fast path's; equals ``relative_positions`` where visible."""
+        region = self.region(i, j)
+        d = torch.zeros(region.shape, dtype=torch.int64, device=region.device)
+        for r, (qp, kp) in enumerate(zip(self.query_positions(i), self.key_positions(j))):
+            d = torch.where(region == r, qp - kp, d)
+        return d
 
 
 def parse(spec: str, train_length: int) -> Method:
     """A method from its spec ``NAME:k=v,...`` (``self-extend:group=4,window=64``, ``lm-infinite:n_global=10``,
-    ``sinks:n_sink=4,window=252``). Defaults: window = train_length // 2 (Self-Extend), train_length
-    (LM-Infinite: L_pretrain), train_length - n_sink (sinks: the cache holds the training length).
-    Raises PosencError (one line) for an unknown name or parameter, or a value out of range
-    (group, window >= 1 integers; n_global, n_sink >= 0 integers)."""
+    ``sinks:n_sink=4,window=252``, ``dual-chunk:chunk=88,local=8``). Defaults: window = train_length // 2
+    (Self-Extend), train_length (LM-Infinite: L_pretrain), train_length - n_sink (sinks: the cache holds the
+    training length); dual-chunk local = L // 16 and chunk = 3L // 4 - local (ChunkLlama's). Raises PosencError
+    (one line) for an unknown name or parameter, or a value out of range (group, window, chunk >= 1 integers;
+    n_global, n_sink, local >= 0 integers)."""
     name, given = split_part(spec, "method")
     if name not in PARAMETERS:
         raise PosencError(f"unknown method {name!r} (methods: {', '.join(PARAMETERS)})")
@@ -119,14 +155,22 @@ def parse(spec: str, train_length: int) -> Method:
     if unknown:
         raise PosencError(f"method {name!r}: unknown parameter {unknown[0]!r} (valid: {', '.join(PARAMETERS[name])})")
     p = {**PARAMETERS[name], **given}
-    for key in [k for k, v in p.items() if v is not None] + ["window"]:  # the default window after its inputs
-        if p[key] is None:
-            p["window"] = {"self-extend": train_length // 2, "lm-infinite": train_length}.get(name, train_length - p.get("n_sink", 0))
-        low = 1 if key in ("group", "window") else 0
-        if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < low:
-            raise PosencError(f"method {name!r}: {key} must be an integer >= {low}, got {p[key]!r}"
-                              + (f" (default: from the training length {train_length})" if key not in given else ""))
+    _check_values(name, {k: v for k, v in p.items() if v is not None}, train_length, from_length=False)
+    defaults = {k: v for k, v in DEFAULTS[name](train_length, p).items() if p[k] is None}
+    _check_values(name, defaults, train_length, from_length=True)
+    p.update(defaults)
+    if name == "dual-chunk":
+        return Method(name, window=p["chunk"], chunk=p["chunk"], local=p["local"])
     return Method(name, **p)
+
+
+def _check_values(name: str, values: dict, train_length: int, from_length: bool) -> None:
+    """PosencError (one line) for a parameter out of range: group, window, chunk >= 1, the others >= 0 (integers)."""
+    for key, value in values.items():
+        low = 1 if key in ("group", "window", "chunk") else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise PosencError(f"method {name!r}: {key} must be an integer >= {low}, got {value!r}"
+                              + (f" (default: from the training length {train_length})" if from_length else ""))
 
 
 def relative_positions(method: Method, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,6 +182,12 @@ def relative_positions(method: Method, i: torch.Tensor, j: torch.Tensor) -> tupl
     """
     causal = j <= i
     rel = i - j
+    if method.name == "dual-chunk":  # An et al. 2024, sec. 3 (the reference code's positions)
+        S, w = method.chunk, method.local
+        intra, succ, inter = i % S, torch.minimum(i % S + S, torch.tensor(S + w)), min(2 * S - 1, S + w)
+        chunks = i // S - j // S
+        d = torch.where(chunks == 0, intra, torch.where(chunks == 1, succ, inter)) - j % S
+        return torch.where(causal, d, 0), causal
     if method.name == "self-extend":
         W, G = method.window, method.group
         d = torch.where(rel < W, rel, i // G - j // G + W - W // G)
@@ -180,29 +230,32 @@ def method_attention(
     q: (B, H, Tq, D), k: (B, H, Tk, D), v: (B, H, Tk, Dv), all unrotated, H heads each (repeat grouped keys
     first); q_pos (Tq,), k_pos (Tk,) int64 absolute token positions (decoding: the new rows and the cached
     keys, which for sinks are the kept ones only). RoPE (``inv_freq`` (P,) radians per token, P <= D/2,
-    ``pairing``): near scores <R(i) q, R(j) k>, far ones <R(q_far(i)) q, R(k_far(j)) k>. A distance-only
+    ``pairing``): in region r the score <R(qpos_r(i)) q, R(kpos_r(j)) k> (``Method.query_positions``,
+    ``key_positions``). A distance-only
     bias (``bias_of``: the scheme's BiasFn builder, see ``distance_table``): its value at d(i, j). scale:
-    multiplies q.k (default 1/sqrt(D)). At most H x block x Tk scores exist at once (two tiles for RoPE),
-    never Tq x Tk; under a Lambda mask only the keys the block may see (``block_keys``). Returns (B, H, Tq, Dv) in v's dtype; differentiable (autograd). Reference:
+    multiplies q.k (default 1/sqrt(D)). At most H x block x Tk scores exist at once (one tile per region for
+    RoPE), never Tq x Tk; under a Lambda mask only the keys the block may see (``block_keys``). Returns (B, H, Tq, Dv) in v's dtype; differentiable (autograd). Reference:
     ``naive_method_attention`` (tested: values and gradients).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    q_maps, k_maps = method.query_positions(q_pos), method.key_positions(k_pos)
     if inv_freq is not None:
-        q_near, k_near = _rot(q, q_pos, inv_freq, pairing), _rot(k, k_pos, inv_freq, pairing)
-        q_far, k_far = _rot(q, method.q_far(q_pos), inv_freq, pairing), _rot(k, method.k_far(k_pos), inv_freq, pairing)
+        q_rot = [_rot(q, p, inv_freq, pairing) for p in q_maps]
+        k_rot = [_rot(k, p, inv_freq, pairing) for p in k_maps]
     table = None
-    if bias_of is not None:  # q_far, k_far grow with i, j: the largest far distance is at the corner
-        reach = max(method.window, int(method.q_far(q_pos.max()) - method.k_far(k_pos.min())))
-        table = distance_table(bias_of, reach + 1, q.device)
+    if bias_of is not None:  # no distance exceeds the largest query position less the smallest key one of a region
+        reach = max(int(qp.max() - kp.min()) for qp, kp in zip(q_maps, k_maps))
+        table = distance_table(bias_of, max(reach, 0) + 1, q.device)
     out = []
     for a in range(0, q.shape[-2], block_size):
         b, i = a + block_size, q_pos[a : a + block_size, None]
         keys = block_keys(method, k_pos, int(i.min()), int(i.max()))
         j = k_pos[None, keys]
-        far = method.far(i, j)
         if inv_freq is not None:
-            s = torch.where(far, q_far[..., a:b, :] @ k_far[..., keys, :].transpose(-1, -2),
-                            q_near[..., a:b, :] @ k_near[..., keys, :].transpose(-1, -2))
+            region = method.region(i, j)
+            s = q_rot[0][..., a:b, :] @ k_rot[0][..., keys, :].transpose(-1, -2)
+            for r in range(1, len(q_rot)):
+                s = torch.where(region == r, q_rot[r][..., a:b, :] @ k_rot[r][..., keys, :].transpose(-1, -2), s)
         else:
             s = q[..., a:b, :] @ k[..., keys, :].transpose(-1, -2)
         s = s * scale
@@ -219,7 +272,7 @@ def block_keys(method: Method, k_pos: torch.Tensor, lo: int, hi: int) -> torch.T
     hi, and for LM-Infinite and sinks only the first tokens and those from lo - W + 1 on (the Lambda mask), so a
     block costs O(block x (n_first + W + block)), not O(block x T)."""
     end = int(torch.searchsorted(k_pos, hi, right=True))
-    if method.name == "self-extend":
+    if method.name in ("self-extend", "dual-chunk"):
         return torch.arange(end, device=k_pos.device)
     first = int(torch.searchsorted(k_pos, method.n_global if method.name == "lm-infinite" else method.n_sink))
     start = max(first, int(torch.searchsorted(k_pos, lo - method.window + 1)))

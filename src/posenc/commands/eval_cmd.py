@@ -40,7 +40,7 @@ def add_parser(sub):
     g.add_argument("--rope-param", nargs="+", default=[], metavar="KEY=VALUE", help="other schedule parameters, e.g. beta_fast=32 attention_factor=1.2 truncate=false")
     m = p.add_argument_group("long-context methods (rope with fixed frequencies, alibi, t5, kerple; no retraining)")
     m.add_argument("--method", metavar="SPEC", help="self-extend:group=G,window=W | lm-infinite:n_global=N,window=W | "
-                   "sinks:n_sink=N,window=W (defaults from the training length; with --rope-schedule, on top of it)")
+                   "sinks:n_sink=N,window=W | dual-chunk:chunk=S,local=W (defaults from the training length; with --rope-schedule, on top of it)")
     m.add_argument("--stream", type=int, metavar="TOKENS", help="with --method sinks: instead of the lengths, the perplexity of "
                    "the first TOKENS targets of the held-out documents (joined in order) streamed through the bounded cache, "
                    "per eighth of the text, and the cache's peak size")

@@ -1,4 +1,5 @@
-"""Self-Extend and LM-Infinite inside a Hugging Face Llama-family model (``posenc generate MODEL --method SPEC``).
+"""Self-Extend, LM-Infinite and dual-chunk attention inside a Hugging Face Llama-family model
+(``posenc generate MODEL --method SPEC``).
 
 :func:`install` does what :mod:`posenc.pretrained.rerope` does for ReRoPE: it swaps ``model.model.rotary_emb``
 for ``rerope.IdentityRotary`` (attention receives unrotated q and k; the KV cache stores unrotated keys), registers
@@ -7,11 +8,12 @@ through a forward pre-hook on each ``self_attn``. The attention function is ``po
 (blockwise: O(block x T) scores in a prefill, never T x T), with the model's RoPE frequencies or a schedule's
 (``Adaptation.set_schedule`` first: PI, NTK-aware, YaRN, Llama-3; YaRN's attention factor as its cos/sin scaling).
 
-Decoding with the KV cache is exact for both methods: every key stays cached (neither evicts) unrotated, and each
+Decoding with the KV cache is exact for these methods: every key stays cached (none evicts) unrotated, and each
 step rotates the new query and all keys at the positions the method assigns (absolute positions 0..Tk-1), so the
 cache gives the logits of a full forward (tested against ``generation.greedy_reference``). Attention sinks are
 refused (their cache evicts keys; posenc train runs only, for now). Sources: Self-Extend, Jin et al. 2024,
-arXiv:2401.01325; LM-Infinite, Han et al. 2023, arXiv:2308.16137 (``posenc.methods``).
+arXiv:2401.01325; LM-Infinite, Han et al. 2023, arXiv:2308.16137; dual-chunk attention, An et al. 2024,
+arXiv:2402.17463 (``posenc.methods``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from posenc.errors import PosencError
 from posenc.pretrained.rerope import IdentityRotary, pass_setting
 
 ATTN_NAME = "posenc_method"
-SUPPORTED = ("self-extend", "lm-infinite")
+SUPPORTED = ("self-extend", "lm-infinite", "dual-chunk")
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, posenc_method=None, **kwargs):
