@@ -107,7 +107,9 @@ def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir, h
 @pytest.mark.parametrize("extra, message", [
     (["--scheme", "alibi", "--schedule", "yarn"], "not both"),
     (["--schedule", "nosuch"], "nosuch"),
-    (["--method", "yarn"], "--method was renamed: use --schedule"),
+    (["--pose-target", "16"], "pose_target 16 is shorter than the training sequence (length 32)"),
+    (["--pose-target", "64", "--pose-chunks", "40"], "pose_chunks 40: more chunks than tokens per sequence"),
+    (["--pose-target", "64", "--scheme", "alibi"], "PoSE moves the model's RoPE positions (position_ids): not with scheme 'alibi'"),
     (["--lora-targets", "q_proj", "nosuch_proj"], "no module of the model is named nosuch_proj"),
     (["--lora-targets", "self_attn"], "peft cannot put LoRA on self_attn"),
     (["--length", "100000"], "too few for --length 100000"),
@@ -160,10 +162,53 @@ def test_a_rope_schedule_fine_tunes(llama_dir):
     assert json.loads((out / "finetune.json").read_text())["schedule"] == "yarn"
 
 
-def test_an_old_preset_key_names_its_new_name(tmp_path):
+def test_an_unknown_preset_key_is_one_line(tmp_path):
     (tmp_path / "old.yaml").write_text("name: x\nmethod: yarn\n")
-    with pytest.raises(PosencError, match=r"^finetune preset old.yaml: key 'method' was renamed: use 'schedule'$"):
+    with pytest.raises(PosencError, match=r"^invalid finetune preset old.yaml: method: Extra inputs are not permitted$"):
         ft.load_finetune_config(str(tmp_path / "old.yaml"))
+
+
+@pytest.mark.parametrize("length, target, chunks", [(32, 64, 2), (32, 32, 2), (1024, 16384, 2), (100, 5000, 5), (16, 100, 1), (8, 20, 8)])
+def test_pose_position_ids(length, target, chunks):
+    """PoSE (Zhu et al. 2024, sec. 3.2): chunks of consecutive positions, the first from 0, each later one shifted
+    by a bias at least the previous one's, the last position below the target; the same for the same (seed, step)."""
+    ids = ft.pose_position_ids(length, target, chunks, seed=3, step=5)
+    assert ids.dtype == torch.int64 and ids.shape == (length,)
+    assert int(ids[0]) == 0 and int(ids[-1]) < target and bool((ids.diff() >= 1).all())
+    jumps = ids.diff() - 1  # 0 inside a chunk; a chunk boundary jumps by the bias's increment
+    assert int((jumps != 0).sum()) <= chunks - 1
+    assert torch.equal(ids, ft.pose_position_ids(length, target, chunks, seed=3, step=5))
+    if target == length or chunks == 1:
+        assert torch.equal(ids, torch.arange(length))  # nothing to skip over
+
+
+def test_pose_covers_the_target_over_steps():
+    """Over many steps the positions reach the target's far end, and the chunks' cuts move."""
+    draws = [ft.pose_position_ids(64, 4096, 2, 0, s) for s in range(300)]
+    assert max(int(d[-1]) for d in draws) > 3900 and len({int((d.diff() > 1).nonzero()[0]) for d in draws if (d.diff() > 1).any()}) > 20
+
+
+def test_pose_fine_tuning_feeds_the_position_ids(llama_dir, monkeypatch):
+    """Each PoSE step draws its position ids from (seed, step), the model trains at them (its first loss differs from
+    the same step at 0..L-1), and the run's config records the setting."""
+    seen = []
+    real = ft.pose_position_ids
+
+    def spy(*a):
+        seen.append(real(*a))
+        return seen[-1]
+
+    monkeypatch.setattr(ft, "pose_position_ids", spy)
+    out = llama_dir / "pose"
+    assert main(argv(llama_dir, "--schedule", "yarn", "--factor", "2", "--steps", "2", "--pose-target", "64", "--out", str(out))) == 0
+    assert len(seen) == 2 and all(int(s[-1]) < 64 for s in seen)
+    assert [s.tolist() for s in seen] == [real(32, 64, 2, 0, step).tolist() for step in (0, 1)]
+    cfg = json.loads((out / "finetune.json").read_text())
+    assert cfg["pose_target"] == 64 and cfg["pose_chunks"] == 2
+    plain = llama_dir / "plain"
+    assert main(argv(llama_dir, "--schedule", "yarn", "--factor", "2", "--steps", "2", "--out", str(plain))) == 0
+    first = [json.loads((d / "train.jsonl").read_text().splitlines()[0])["loss"] for d in (out, plain)]
+    assert abs(first[0] - first[1]) > 1e-4, first
 
 
 @pytest.mark.parametrize("command", ["extend", "finetune"])

@@ -58,8 +58,6 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
     lengths in tokens of the model's tokenizer, lr in AdamW units. It trains on the corpus's training
     documents; ``seed`` seeds the batches, LoRA and scheme initialisation and the passkey keys."""
 
-    renamed_keys: ClassVar[dict[str, str]] = {"method": "schedule"}  # earlier versions' keys (posenc.presets.load_flat)
-
     # the loop's defaults for a pretrained model: a short budget of small batches, a low rate, no decay
     batch_size: PositiveInt = 1
     steps: PositiveInt = 50
@@ -75,6 +73,8 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
     lora_targets: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
     eval_lengths: list[Annotated[int, Field(ge=2)]] = Field([1024], min_length=1)
     eval_windows: int = Field(4, ge=0)  # windows per length; 0: all
+    pose_target: Optional[int] = Field(None, ge=2)  # PoSE: position ids skip-wise over this length (pose_position_ids)
+    pose_chunks: int = Field(2, ge=1)  # PoSE's chunks per training sequence (the paper's default: 2)
 
 
 def preset_names() -> list[str]:
@@ -97,6 +97,14 @@ def check_config(cfg: FinetuneConfig) -> None:
     """What field bounds cannot say: a scheme or a schedule (not both), and extend's checks of the scoring."""
     if cfg.scheme and cfg.schedule != "none":
         raise PosencError(f"give a scheme or a RoPE schedule, not both (scheme {cfg.scheme!r}, schedule {cfg.schedule!r})")
+    if cfg.pose_target is not None:
+        if cfg.pose_target < cfg.length:
+            raise PosencError(f"pose_target {cfg.pose_target} is shorter than the training sequence (length {cfg.length})")
+        if cfg.pose_chunks > cfg.length:
+            raise PosencError(f"pose_chunks {cfg.pose_chunks}: more chunks than tokens per sequence (length {cfg.length})")
+        if cfg.scheme or cfg.schedule == "rerope":  # their attention takes positions 0..T-1, not position_ids
+            raise PosencError(f"PoSE moves the model's RoPE positions (position_ids): not with "
+                              f"{'scheme ' + repr(cfg.scheme) if cfg.scheme else 'schedule rerope'}")
     extend.check_config(eval_config(cfg))
 
 
@@ -200,6 +208,25 @@ def trained_state(model, params: dict) -> dict[str, torch.Tensor]:
 
 
 LOG_FIELDS = ("step", "loss", "lr", "grad_norm", "seconds")  # a train.jsonl record
+POSE_STREAM = 2  # PoSE's generator is seeded (seed, step, 2): a stream apart from the batch's (seed, step)
+
+
+def pose_position_ids(length: int, target: int, chunks: int, seed: int, step: int) -> torch.Tensor:
+    """PoSE's position ids of one training sequence (Zhu et al. 2024, "PoSE: Efficient Context Window Extension of
+    LLMs via Positional Skip-wise Training", arXiv:2309.10400, sec. 3.2): the ``length`` tokens are cut into
+    ``chunks`` consecutive chunks at cut points drawn uniformly, and chunk c is shifted by a skipping bias u_c,
+    u_0 = 0 and u_c ~ U{u_(c-1), ..., target - length}, so its positions are its offsets in the sequence plus u_c:
+    increasing, the first 0, the last below ``target``. (length,) int64, drawn from (seed, step): a resumed run
+    draws what it would have. PosencError if target < length or chunks is not in [1, length]."""
+    if target < length or not 1 <= chunks <= length:
+        raise PosencError(f"PoSE needs target >= length and 1 <= chunks <= length, got target {target}, length {length}, chunks {chunks}")
+    rng = np.random.default_rng([seed, step, POSE_STREAM])
+    cuts = np.sort(rng.choice(np.arange(1, length), size=chunks - 1, replace=False)) if chunks > 1 else []
+    bounds, u, ids = [0, *cuts, length], 0, np.arange(length)
+    for c in range(1, chunks):
+        u = int(rng.integers(u, target - length, endpoint=True))
+        ids[bounds[c]:] = np.arange(bounds[c], length) + u
+    return torch.from_numpy(ids)
 
 
 def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, out: Path, tracker: Tracker = NO_TRACKER) -> None:
@@ -219,7 +246,9 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
         x, y = batch_at(stream, step, cfg.batch_size, cfg.length, cfg.seed)
-        logits = model(input_ids=x, use_cache=False).logits
+        pose = {} if cfg.pose_target is None else {"position_ids": pose_position_ids(
+            cfg.length, cfg.pose_target, cfg.pose_chunks, cfg.seed, step).expand(x.shape[0], -1)}  # one draw per step
+        logits = model(input_ids=x, use_cache=False, **pose).logits
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten()), x.numel()
 
     fit(model, cfg, loss_at, ckpt, step, log_fields=LOG_FIELDS, tracker=tracker, desc="finetune")

@@ -37,7 +37,6 @@ def add_parser(sub) -> None:
     p.add_argument("--scheme", help="posenc scheme put into the model's attention (posenc.hf.apply_scheme; "
                    f"default {shown(d.scheme)})")
     p.add_argument("--schedule", help=f"or a RoPE context-extension schedule ({', '.join(NAMES)}) instead of a scheme")
-    p.add_argument("--method", help=argparse.SUPPRESS)  # renamed: a one-line error naming --schedule
     p.add_argument("--factor", type=float, help=f"the schedule's scale factor s (default {shown(d.factor)})")
     add_factor_lists(p)
     p.add_argument("--corpus", help=f"corpus spec (default {d.corpus}): trains on its training documents")
@@ -46,6 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, help=f"sequences per step (default {d.batch_size})")
     p.add_argument("--lr", type=float, help=f"peak learning rate (default {shown(d.lr)}; warmup then cosine)")
     p.add_argument("--warmup", type=int, help=f"warmup steps (default {d.warmup})")
+    p.add_argument("--pose-target", type=int, metavar="TOKENS", help="PoSE (Zhu et al. 2024): train with position ids "
+                   "skipping over a context of TOKENS (chunks of each sequence shifted; native RoPE or a schedule)")
+    p.add_argument("--pose-chunks", type=int, help=f"PoSE's chunks per training sequence (default {d.pose_chunks})")
     p.add_argument("--lora-rank", type=int, help=f"LoRA rank (default {d.lora_rank}); 0: train every weight")
     p.add_argument("--lora-alpha", type=float, help=f"LoRA alpha (default {shown(d.lora_alpha)})")
     p.add_argument("--lora-targets", nargs="+", metavar="MODULE", help=f"LoRA target modules (default {shown(d.lora_targets)})")
@@ -70,8 +72,6 @@ def add_parser(sub) -> None:
 def config(args) -> FinetuneConfig:
     """The preset named by ``--preset`` (or ``--quick``) with every given flag replacing its value; a given ``--schedule``
     replaces the preset's scheme (and ``--scheme`` its schedule): one adaptation per run."""
-    if args.method is not None:
-        raise PosencError("--method was renamed: use --schedule")
     derived = factor_lists(args)
     if args.schedule is not None and args.scheme is None:
         derived["scheme"] = None
