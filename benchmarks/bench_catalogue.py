@@ -32,8 +32,19 @@ from posenc.encodings.householder import path_attention
 from posenc.encodings.householder_naive import path_attention_naive
 from posenc.reporting import markdown_table
 
-
-LONG_SCHEMES = ["rope", "xpos", "pope", "path", "forget", "acc-rand-qkv+forget", "acc-rand-qkv+alibi", "path+forget", "fire", "cope", "dape"]
+LONG_SCHEMES = [
+    "rope",
+    "xpos",
+    "pope",
+    "path",
+    "forget",
+    "acc-rand-qkv+forget",
+    "acc-rand-qkv+alibi",
+    "path+forget",
+    "fire",
+    "cope",
+    "dape",
+]
 
 
 def path_inputs(T, B=1, H=1, D=64, seed=0):
@@ -59,9 +70,22 @@ def bench_path(T: int) -> dict:
         ref = path_attention_naive(*args)
         err = float((fast - ref).abs().max())
         t_fast, n_fast = median_seconds(lambda: path_attention(*args, block_size=64), 7)
-        t_ref, n_ref = median_seconds(lambda: path_attention_naive(*args), 3, warmup=0)  # ~1 min a call; warm from `ref`
-    return {"T": T, "B": 1, "H": 1, "D": 64, "block": 64, "blockwise_s": t_fast, "blockwise_runs": n_fast,
-            "naive_s": t_ref, "naive_runs": n_ref, "speedup": t_ref / t_fast, "max_abs_diff": err}
+        t_ref, n_ref = median_seconds(
+            lambda: path_attention_naive(*args), 3, warmup=0
+        )  # ~1 min a call; warm from `ref`
+    return {
+        "T": T,
+        "B": 1,
+        "H": 1,
+        "D": 64,
+        "block": 64,
+        "blockwise_s": t_fast,
+        "blockwise_runs": n_fast,
+        "naive_s": t_ref,
+        "naive_runs": n_ref,
+        "speedup": t_ref / t_fast,
+        "max_abs_diff": err,
+    }
 
 
 # Peak resident memory of one call: reset the high-water mark (Linux clear_refs "5"), run,
@@ -78,7 +102,9 @@ def peak_growth(fn):
     return _status("VmHWM") - before
 """
 
-_MEM_CHILD = _PEAK + """
+_MEM_CHILD = (
+    _PEAK
+    + """
 import sys, torch
 torch.set_num_threads(1)
 sys.path.insert(0, {bench!r})
@@ -88,17 +114,28 @@ args = path_inputs({T})
 with torch.inference_mode():
     print(peak_growth(lambda: path_attention(*args, block_size={C})))
 """
+)
 
 
 def bench_path_memory(T: int, C: int = 64) -> dict:
     code = _MEM_CHILD.format(bench=str(Path(__file__).parent), T=T, C=C)
-    mb = float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()[-1])
+    mb = float(
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()[-1]
+    )
     inputs_mb = 5 * T * 64 * 4 / 2**20
-    return {"T": T, "D": 64, "block": C, "peak_growth_MiB": mb, "inputs_MiB": inputs_mb,
-            "one_T_by_T_float32_MiB": T * T * 4 / 2**20}
+    return {
+        "T": T,
+        "D": 64,
+        "block": C,
+        "peak_growth_MiB": mb,
+        "inputs_MiB": inputs_mb,
+        "one_T_by_T_float32_MiB": T * T * 4 / 2**20,
+    }
 
 
-_LONG_CHILD = _PEAK + """
+_LONG_CHILD = (
+    _PEAK
+    + """
 import time, torch
 torch.set_num_threads(1)
 from posenc.model import build_model
@@ -109,6 +146,7 @@ with torch.inference_mode():
     mb = peak_growth(lambda: assert_finite(model.token_nll(tokens[:, :-1], tokens[:, 1:])))
 print(mb, time.time() - t0)
 """
+)
 
 
 def bench_long_eval(schemes: list[str], L0: int = 128, multiple: int = 128) -> list[dict]:
@@ -117,8 +155,21 @@ def bench_long_eval(schemes: list[str], L0: int = 128, multiple: int = 128) -> l
     out = []
     for scheme in schemes:
         code = _LONG_CHILD.format(L0=L0, T=T, scheme=scheme)
-        mb, sec = map(float, subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()[-2:])
-        out.append({"scheme": scheme, "T": T - 1, "peak_growth_MiB": mb, "seconds": sec, "one_T_by_T_float32_per_head_MiB": (T - 1) ** 2 * 4 / 2**20})
+        mb, sec = map(
+            float,
+            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()[
+                -2:
+            ],
+        )
+        out.append(
+            {
+                "scheme": scheme,
+                "T": T - 1,
+                "peak_growth_MiB": mb,
+                "seconds": sec,
+                "one_T_by_T_float32_per_head_MiB": (T - 1) ** 2 * 4 / 2**20,
+            }
+        )
     return out
 
 
@@ -145,42 +196,72 @@ def bench_ratios(T: int) -> dict:
 
 def markdown(res: dict) -> str:
     p, m, r, long = res["path"], res["path_memory"], res["ratios"], res["long_eval"]
-    path = markdown_table(["T", "B x H x D", "blockwise (s)", "naive reference (s)", "speed-up", "max abs diff"], [[
-        p["T"], f"{p['B']} x {p['H']} x {p['D']}", f"{p['blockwise_s']:.3f} (median of {p['blockwise_runs']})",
-        f"{p['naive_s']:.2f} (median of {p['naive_runs']})", f"**{p['speedup']:.0f}x**", f"{p['max_abs_diff']:.1e}"]])
-    memory = markdown_table(["T", "D", "block", "peak RSS growth (MiB)", "inputs q,k,v,w (MiB)", "one T x T float32 matrix (MiB)"],
-                            [[m["T"], m["D"], m["block"], f"{m['peak_growth_MiB']:.0f}", f"{m['inputs_MiB']:.0f}",
-                              f"{m['one_T_by_T_float32_MiB']:.0f}"]])
-    ratios = markdown_table(["scheme", "median (ms)", "ratio to RoPE"], [
-        ["rope (rotate + SDPA)", f"{r['rope_s'] * 1e3:.1f}", "1.00"],
-        ["xpos (blockwise offsets, SDPA per 512-query block)", f"{r['xpos_s'] * 1e3:.1f}", f"{r['xpos_over_rope']:.2f}"],
-        ["pope (2D features, SDPA)", f"{r['pope_s'] * 1e3:.1f}", f"{r['pope_over_rope']:.2f}"]])
-    evals = markdown_table(["scheme", "peak RSS growth (MiB)", "seconds"],
-                           [[f"`{e['scheme']}`", f"{e['peak_growth_MiB']:.0f}", f"{e['seconds']:.1f}"] for e in long])
+    path = markdown_table(
+        ["T", "B x H x D", "blockwise (s)", "naive reference (s)", "speed-up", "max abs diff"],
+        [
+            [
+                p["T"],
+                f"{p['B']} x {p['H']} x {p['D']}",
+                f"{p['blockwise_s']:.3f} (median of {p['blockwise_runs']})",
+                f"{p['naive_s']:.2f} (median of {p['naive_runs']})",
+                f"**{p['speedup']:.0f}x**",
+                f"{p['max_abs_diff']:.1e}",
+            ]
+        ],
+    )
+    memory = markdown_table(
+        ["T", "D", "block", "peak RSS growth (MiB)", "inputs q,k,v,w (MiB)", "one T x T float32 matrix (MiB)"],
+        [
+            [
+                m["T"],
+                m["D"],
+                m["block"],
+                f"{m['peak_growth_MiB']:.0f}",
+                f"{m['inputs_MiB']:.0f}",
+                f"{m['one_T_by_T_float32_MiB']:.0f}",
+            ]
+        ],
+    )
+    ratios = markdown_table(
+        ["scheme", "median (ms)", "ratio to RoPE"],
+        [
+            ["rope (rotate + SDPA)", f"{r['rope_s'] * 1e3:.1f}", "1.00"],
+            [
+                "xpos (blockwise offsets, SDPA per 512-query block)",
+                f"{r['xpos_s'] * 1e3:.1f}",
+                f"{r['xpos_over_rope']:.2f}",
+            ],
+            ["pope (2D features, SDPA)", f"{r['pope_s'] * 1e3:.1f}", f"{r['pope_over_rope']:.2f}"],
+        ],
+    )
+    evals = markdown_table(
+        ["scheme", "peak RSS growth (MiB)", "seconds"],
+        [[f"`{e['scheme']}`", f"{e['peak_growth_MiB']:.0f}", f"{e['seconds']:.1f}"] for e in long],
+    )
     return f"""# Catalogue benchmark
 
-Machine: {res['machine']}; torch {res['torch']}; {res['threads']} thread(s).
-Load average (1, 5, 15 min) before: {res['load_before']}, after: {res['load_after']} (shared 2-core CPU:
+Machine: {res["machine"]}; torch {res["torch"]}; {res["threads"]} thread(s).
+Load average (1, 5, 15 min) before: {res["load_before"]}, after: {res["load_after"]} (shared 2-core CPU:
 absolute times are noisy, ratios less so). Forward only, float32, medians after a warm-up.
 
-## PaTH: blockwise (UT transform + right-to-left scan, block {p['block']}) vs the product-building reference
+## PaTH: blockwise (UT transform + right-to-left scan, block {p["block"]}) vs the product-building reference
 
 {path}
 
-Goal >= 10x: {'met' if p['speedup'] >= 10 else 'NOT met'}.
+Goal >= 10x: {"met" if p["speedup"] >= 10 else "NOT met"}.
 
 ## PaTH peak memory (forward, inference mode, fresh process)
 
 {memory}
 
-## Attention time relative to RoPE (T = {r['T']}, B x H x D = {r['B']} x {r['H']} x {r['D']})
+## Attention time relative to RoPE (T = {r["T"]}, B x H x D = {r["B"]} x {r["H"]} x {r["D"]})
 
 {ratios}
 
-## Evaluation at 128x the training length (1 layer, 2 heads of 32, L0 = 128, T = {long[0]['T']})
+## Evaluation at 128x the training length (1 layer, 2 heads of 32, L0 = 128, T = {long[0]["T"]})
 
 Forward of the whole model in inference mode, fresh process per scheme; one T x T float32 score
-matrix per head would be {long[0]['one_T_by_T_float32_per_head_MiB']:.0f} MiB.
+matrix per head would be {long[0]["one_T_by_T_float32_per_head_MiB"]:.0f} MiB.
 
 {evals}
 """
@@ -192,8 +273,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    res = {"machine": f"{platform.machine()} {os.cpu_count()} CPUs", "torch": torch.__version__, "threads": args.threads,
-           "load_before": [round(x, 2) for x in os.getloadavg()]}
+    res = {
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
     res["ratios"] = bench_ratios(2048)
     res["path"] = bench_path(2048)
     res["path_memory"] = bench_path_memory(8192)

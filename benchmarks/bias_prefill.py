@@ -73,12 +73,16 @@ def report(res: dict, base: dict | None, command: str) -> str:
                 sec = tab.get(T, {}).get(s)
                 row += ["", ""] if sec is None else [f"{sec:.2f}", f"{sec / tab[T]['rope']:.2f}"]
         rows.append(row)
-    lines = ["# Score-bias schemes: evaluation forward at long contexts", "",
-             f"Command: `{command}`", "",
-             f"Default model (4 layers, width 256, 4 heads), one sequence, `torch.no_grad()`, {res['threads']} thread(s), "
-             f"CPU seconds of the process (`time.process_time`), min of {res['repeats']} interleaved repeats; "
-             f"ratio = seconds / RoPE's at the same length. "
-             f"{res['platform']}, torch {res['torch']}, load average {res['load']}."]
+    lines = [
+        "# Score-bias schemes: evaluation forward at long contexts",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Default model (4 layers, width 256, 4 heads), one sequence, `torch.no_grad()`, {res['threads']} thread(s), "
+        f"CPU seconds of the process (`time.process_time`), min of {res['repeats']} interleaved repeats; "
+        f"ratio = seconds / RoPE's at the same length. "
+        f"{res['platform']}, torch {res['torch']}, load average {res['load']}.",
+    ]
     if base:
         lines += ["", f"old: {base['label']}; new: {res['label']}."]
     return "\n".join(lines + ["", markdown_table(header, rows), ""])
@@ -96,8 +100,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    res = {"label": args.label, "threads": args.threads, "repeats": args.repeats, "torch": torch.__version__,
-           "platform": platform.processor() or platform.machine()}
+    res = {
+        "label": args.label,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "platform": platform.processor() or platform.machine(),
+    }
     res["seconds"] = measure(args.schemes, args.lengths, args.repeats)
     res["load"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     if args.json_only:

@@ -58,12 +58,27 @@ def median_ms(fn, shape, runs: int = 5) -> float:
 
 def main() -> int:
     compiled = torch.compile(after, dynamic=False)
-    rows = [[name, *(f"{median_ms(fn, shape):.1f}" for fn in (before, after, compiled))] for name, shape in SHAPES.items()]
-    meta = {"threads": torch.get_num_threads(), "load_average": os.getloadavg(), "machine": platform.processor() or platform.machine(), "torch": torch.__version__}
+    rows = [
+        [name, *(f"{median_ms(fn, shape):.1f}" for fn in (before, after, compiled))] for name, shape in SHAPES.items()
+    ]
+    meta = {
+        "threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(),
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+    }
     OUT.mkdir(exist_ok=True)
     atomic_write_bytes(OUT / "draw.json", json.dumps({"meta": meta, "rows": rows}, indent=1).encode())
     head = f"# Random accumulated draw, ms per layer and step (CPU, {meta['threads']} threads, torch {meta['torch']}, load average {meta['load_average'][0]:.1f})\n\n"
-    table = markdown_table(["shape (rows x heads x positions x blocks)", "before: generator per row", "after: counter hash", "after, compiled"], rows)
+    table = markdown_table(
+        [
+            "shape (rows x heads x positions x blocks)",
+            "before: generator per row",
+            "after: counter hash",
+            "after, compiled",
+        ],
+        rows,
+    )
     atomic_write_bytes(OUT / "draw.md", (head + table + "\n").encode())
     print(head + table)
     return 0

@@ -40,11 +40,15 @@ HF = "hf-llama"
 def decode_error(scheme: str, dtype: torch.dtype, T: int = 64, prefill: int = 16) -> float:
     """max |parallel - decoded| logits of a 2-layer model on one random sequence of T tokens."""
     torch.manual_seed(0)
-    model = build_model({"encoding": scheme, "n_layer": 2, "n_head": 4, "d_model": 64, "train_length": 32}).to(dtype).eval()
+    model = (
+        build_model({"encoding": scheme, "n_layer": 2, "n_head": 4, "d_model": 64, "train_length": 32}).to(dtype).eval()
+    )
     x = torch.randint(0, 256, (1, T))
     cache = Cache(len(model.blocks))
     with torch.no_grad():
-        steps = [model.decode(x[:, :prefill], cache)] + [model.decode(x[:, t : t + 1], cache) for t in range(prefill, T)]
+        steps = [model.decode(x[:, :prefill], cache)] + [
+            model.decode(x[:, t : t + 1], cache) for t in range(prefill, T)
+        ]
         return (torch.cat(steps, dim=1) - model(x)).abs().max().item()
 
 
@@ -52,14 +56,27 @@ def llama(cfg):
     """transformers' LlamaForCausalLM with the posenc model's sizes (SwiGLU hidden 2/3 of the GELU one: equal weights)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hf = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
-                     num_key_value_heads=cfg.n_head, intermediate_size=2 * int(cfg.mlp_ratio * cfg.d_model) // 3, tie_word_embeddings=True,
-                     max_position_embeddings=1 << 20, attn_implementation="sdpa")
+    hf = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_head,
+        intermediate_size=2 * int(cfg.mlp_ratio * cfg.d_model) // 3,
+        tie_word_embeddings=True,
+        max_position_embeddings=1 << 20,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(hf).eval()
 
 
 def hf_cache_bytes(cache) -> int:
-    return sum(t.numel() * t.element_size() for layer in getattr(cache, "layers", []) for t in (layer.keys, layer.values) if t is not None)
+    return sum(
+        t.numel() * t.element_size()
+        for layer in getattr(cache, "layers", [])
+        for t in (layer.keys, layer.values)
+        if t is not None
+    )
 
 
 @torch.no_grad()
@@ -92,7 +109,9 @@ def slope(xs: list[float], ys: list[float]) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--schemes", nargs="+", help="default: the default preset's schemes and path")
-    p.add_argument("--contexts", nargs="+", type=int, default=[1024, 4096, 16384], help="prefill lengths (default 1K 4K 16K)")
+    p.add_argument(
+        "--contexts", nargs="+", type=int, default=[1024, 4096, 16384], help="prefill lengths (default 1K 4K 16K)"
+    )
     p.add_argument("--new-tokens", type=int, default=32, help="timed one-token steps per context (default 32)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers Llama")
@@ -121,12 +140,28 @@ def main(argv=None) -> int:
     rows = []
     for name in models:
         t = timing[name]
-        row = {"scheme": name, "by_context": t, "slope_ms_per_1k": 1e3 * slope(args.contexts, [t[L]["ms_per_token"] for L in args.contexts]) if len(args.contexts) > 1 else None}
+        row = {
+            "scheme": name,
+            "by_context": t,
+            "slope_ms_per_1k": 1e3 * slope(args.contexts, [t[L]["ms_per_token"] for L in args.contexts])
+            if len(args.contexts) > 1
+            else None,
+        }
         if name != HF:
-            row |= {"max_err_float32": decode_error(name, torch.float32), "max_err_float64": decode_error(name, torch.float64)}
+            row |= {
+                "max_err_float32": decode_error(name, torch.float32),
+                "max_err_float64": decode_error(name, torch.float64),
+            }
         rows.append(row)
-    meta = {"contexts": args.contexts, "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "load_average_before": load_before,
-            "load_average_after": load_after, "machine": platform.processor() or platform.machine(), "torch": torch.__version__}
+    meta = {
+        "contexts": args.contexts,
+        "new_tokens": args.new_tokens,
+        "threads": torch.get_num_threads(),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+    }
     try:
         import transformers
 
@@ -137,23 +172,38 @@ def main(argv=None) -> int:
     atomic_write_bytes(args.out / "generate.json", json.dumps({"meta": meta, "rows": rows}, indent=1).encode())
     ref = {L: timing["rope"][L]["tokens_per_s"] for L in args.contexts} if "rope" in timing else None
     Lmax = args.contexts[-1]
-    head = ["scheme"] + [f"tok/s {L // 1024 if L >= 1024 else L}{'K' if L >= 1024 else ''}" for L in args.contexts] + \
-           [f"ms/token {L // 1024 if L >= 1024 else L}{'K' if L >= 1024 else ''}" for L in args.contexts] + \
-           ["slope ms per 1K ctx", f"x rope at {Lmax}", f"cache MiB at {Lmax}", "max err f32", "max err f64"]
+    head = (
+        ["scheme"]
+        + [f"tok/s {L // 1024 if L >= 1024 else L}{'K' if L >= 1024 else ''}" for L in args.contexts]
+        + [f"ms/token {L // 1024 if L >= 1024 else L}{'K' if L >= 1024 else ''}" for L in args.contexts]
+        + ["slope ms per 1K ctx", f"x rope at {Lmax}", f"cache MiB at {Lmax}", "max err f32", "max err f64"]
+    )
     table = []
     for r in rows:
         t = r["by_context"]
-        table.append([r["scheme"]] + [f"{t[L]['tokens_per_s']:.0f}" for L in args.contexts] + [f"{t[L]['ms_per_token']:.2f}" for L in args.contexts]
-                     + [f"{r['slope_ms_per_1k']:.3f}" if r["slope_ms_per_1k"] is not None else "",
-                        f"{t[Lmax]['tokens_per_s'] / ref[Lmax]:.2f}" if ref else "", f"{t[Lmax]['cache_bytes'] / 2**20:.1f}",
-                        f"{r['max_err_float32']:.1e}" if "max_err_float32" in r else "", f"{r['max_err_float64']:.1e}" if "max_err_float64" in r else ""])
-    text = (f"# Decoding speed at long contexts\n\nDefault model (4 layers, width 256, 4 heads, vocabulary 256), batch 1, greedy; per context a prefill of "
-            f"that many random tokens, then {args.new_tokens} timed one-token steps through the cache; {meta['threads']} thread(s), torch {meta['torch']}"
-            f"{', transformers ' + meta['transformers'] if 'transformers' in meta else ''}; one interleaved run; load average "
-            f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (2 cores shared with training runs: absolute figures are noisy, ratios less so). "
-            f"`{HF}`: transformers' LlamaForCausalLM of the same size (SwiGLU hidden 682, as many MLP weights) with its own DynamicCache. "
-            "Slope: least squares of ms per token against the context. Errors: max |parallel - decoded| logits (2-layer model, 64 tokens).\n\n"
-            "Command: `.venv/bin/python benchmarks/generate.py " + " ".join(argv if argv is not None else __import__("sys").argv[1:]) + "`\n\n")
+        table.append(
+            [r["scheme"]]
+            + [f"{t[L]['tokens_per_s']:.0f}" for L in args.contexts]
+            + [f"{t[L]['ms_per_token']:.2f}" for L in args.contexts]
+            + [
+                f"{r['slope_ms_per_1k']:.3f}" if r["slope_ms_per_1k"] is not None else "",
+                f"{t[Lmax]['tokens_per_s'] / ref[Lmax]:.2f}" if ref else "",
+                f"{t[Lmax]['cache_bytes'] / 2**20:.1f}",
+                f"{r['max_err_float32']:.1e}" if "max_err_float32" in r else "",
+                f"{r['max_err_float64']:.1e}" if "max_err_float64" in r else "",
+            ]
+        )
+    text = (
+        f"# Decoding speed at long contexts\n\nDefault model (4 layers, width 256, 4 heads, vocabulary 256), batch 1, greedy; per context a prefill of "
+        f"that many random tokens, then {args.new_tokens} timed one-token steps through the cache; {meta['threads']} thread(s), torch {meta['torch']}"
+        f"{', transformers ' + meta['transformers'] if 'transformers' in meta else ''}; one interleaved run; load average "
+        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (2 cores shared with training runs: absolute figures are noisy, ratios less so). "
+        f"`{HF}`: transformers' LlamaForCausalLM of the same size (SwiGLU hidden 682, as many MLP weights) with its own DynamicCache. "
+        "Slope: least squares of ms per token against the context. Errors: max |parallel - decoded| logits (2-layer model, 64 tokens).\n\n"
+        "Command: `.venv/bin/python benchmarks/generate.py "
+        + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+        + "`\n\n"
+    )
     atomic_write_bytes(args.out / "generate.md", (text + markdown_table(head, table) + "\n").encode())
     return 0
 

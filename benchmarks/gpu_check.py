@@ -102,17 +102,23 @@ def model_agreement(scheme: str, device: torch.device, T: int) -> dict:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             bf16 = float(dev.token_nll(tok[:, :-1].to(device), tok[:, 1:].to(device)).mean())
             enc = dev.blocks[0].attn.enc
-            xb = torch.randn(2, T, cfg.d_model, device=device).to(torch.bfloat16 if device.type == "cuda" else torch.float32)
+            xb = torch.randn(2, T, cfg.d_model, device=device).to(
+                torch.bfloat16 if device.type == "cuda" else torch.float32
+            )
             phi = enc.phases(Inputs(xb, torch.arange(T, device=device), tok[:, :-1].to(device)))
     rel32, rel16 = abs(f32 - ref) / ref, abs(bf16 - ref) / ref
     return {
-        "nll_cpu": ref, "rel_f32": rel32, "rel_bf16": rel16,
+        "nll_cpu": ref,
+        "rel_f32": rel32,
+        "rel_bf16": rel16,
         "phase_dtype": None if phi is None else str(phi.dtype).replace("torch.", ""),
         "ok": rel32 <= 1e-5 and rel16 <= 2e-2 and (phi is None or phi.dtype in (torch.float32, torch.float64)),
     }
 
 
-def throughput(scheme: str, device: torch.device, cfg: ModelConfig, batch: int, steps: int, compiled: bool = False) -> float:
+def throughput(
+    scheme: str, device: torch.device, cfg: ModelConfig, batch: int, steps: int, compiled: bool = False
+) -> float:
     """Training tokens/s of ``cfg`` with ``scheme`` on random tokens (bf16 autocast on CUDA), eager or compiled."""
     preset = load_preset("paper")
     torch.manual_seed(0)
@@ -167,8 +173,10 @@ def flex_vs_chunked(device: torch.device, T: int) -> dict:
     FlexAttention (evaluation, no grad) against the chunked path (taken whenever grad is enabled)."""
     dt = torch.bfloat16 if device.type == "cuda" else torch.float32
     q, k, v = (torch.randn(1, 12, T, 64, device=device, dtype=dt) for _ in range(3))
-    biases = {"alibi": distance_bias(alibi_slopes(12).to(device), torch.arange(T, device=device)),
-              "forget": forget_bias(log_forget_cumsum(torch.randn(1, 12, T, device=device) + 3))}
+    biases = {
+        "alibi": distance_bias(alibi_slopes(12).to(device), torch.arange(T, device=device)),
+        "forget": forget_bias(log_forget_cumsum(torch.randn(1, 12, T, device=device) + 3)),
+    }
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     out = {}
     for name, bias in biases.items():
@@ -195,30 +203,88 @@ def _tps(v) -> str:
 
 
 def markdown(res: dict) -> str:
-    lines = [f"# GPU check on {res['device_name']}", "", f"torch {res['torch']}, flash-linear-attention kernel: "
-             f"{res['fla']}, {res['seconds']:.0f} s.", "", "## CUDA vs CPU (small inputs, eval mode)", ""]
+    lines = [
+        f"# GPU check on {res['device_name']}",
+        "",
+        f"torch {res['torch']}, flash-linear-attention kernel: {res['fla']}, {res['seconds']:.0f} s.",
+        "",
+        "## CUDA vs CPU (small inputs, eval mode)",
+        "",
+    ]
     rows = []
     for s, r in res["agreement"].items():
         if "error" in r:
             rows.append([s, f"error: {r['error']}", "", "", "", "", "", "no"])
             continue
         la, ma = r["layer"], r["model"]
-        rows.append([s, f"{la['out']:.1e}", f"{la['grad_x']:.1e}", f"{la['grad_w']:.1e}", f"{ma['rel_f32']:.1e}",
-                     f"{ma['rel_bf16']:.1e}", ma["phase_dtype"], "yes" if la["ok"] and ma["ok"] else "NO"])
-    lines.append(markdown_table(["scheme", "layer out", "grad x", "grad W", "model NLL f32", "model NLL bf16",
-                                 "phases under autocast", "ok"], rows))
+        rows.append(
+            [
+                s,
+                f"{la['out']:.1e}",
+                f"{la['grad_x']:.1e}",
+                f"{la['grad_w']:.1e}",
+                f"{ma['rel_f32']:.1e}",
+                f"{ma['rel_bf16']:.1e}",
+                ma["phase_dtype"],
+                "yes" if la["ok"] and ma["ok"] else "NO",
+            ]
+        )
+    lines.append(
+        markdown_table(
+            [
+                "scheme",
+                "layer out",
+                "grad x",
+                "grad W",
+                "model NLL f32",
+                "model NLL bf16",
+                "phases under autocast",
+                "ok",
+            ],
+            rows,
+        )
+    )
     t = res["throughput"]
     base = t["tokens_per_s"].get("rope")
-    rows = [[s, _tps(v), "" if isinstance(v, str) or not base else f"{v / base:.2f}x", _tps(t["compiled"].get(s, "not run"))]
-            for s, v in t["tokens_per_s"].items()]
-    lines += ["", f"## Paper-preset training throughput ({t['config']})", "",
-              markdown_table(["scheme", "tokens/s eager", "ratio to RoPE", "tokens/s compiled"], rows)]
-    lines += ["", f"## Scoring one {res['memory_length']}-token window with the paper model (bf16 autocast)", "",
-              markdown_table(["scheme", "peak memory (GiB)", "seconds"],
-                             [[s, m, ""] if isinstance(m, str) else [s, f"{m['peak_gib']:.2f}", f"{m['seconds']:.1f}"] for s, m in res["memory"].items()])]
-    lines += ["", "## FlexAttention vs the chunked path (one attention call, 12 heads x 64)", "",
-              markdown_table(["T", *FLEX_COLUMNS], [[T, *(f"{r[c] * 1e3:.1f} ms" for c in FLEX_COLUMNS)] if isinstance(r, dict) else [T, r]
-                                                    for T, r in res["flex"].items()])]
+    rows = [
+        [
+            s,
+            _tps(v),
+            "" if isinstance(v, str) or not base else f"{v / base:.2f}x",
+            _tps(t["compiled"].get(s, "not run")),
+        ]
+        for s, v in t["tokens_per_s"].items()
+    ]
+    lines += [
+        "",
+        f"## Paper-preset training throughput ({t['config']})",
+        "",
+        markdown_table(["scheme", "tokens/s eager", "ratio to RoPE", "tokens/s compiled"], rows),
+    ]
+    lines += [
+        "",
+        f"## Scoring one {res['memory_length']}-token window with the paper model (bf16 autocast)",
+        "",
+        markdown_table(
+            ["scheme", "peak memory (GiB)", "seconds"],
+            [
+                [s, m, ""] if isinstance(m, str) else [s, f"{m['peak_gib']:.2f}", f"{m['seconds']:.1f}"]
+                for s, m in res["memory"].items()
+            ],
+        ),
+    ]
+    lines += [
+        "",
+        "## FlexAttention vs the chunked path (one attention call, 12 heads x 64)",
+        "",
+        markdown_table(
+            ["T", *FLEX_COLUMNS],
+            [
+                [T, *(f"{r[c] * 1e3:.1f} ms" for c in FLEX_COLUMNS)] if isinstance(r, dict) else [T, r]
+                for T, r in res["flex"].items()
+            ],
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -238,11 +304,18 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 comparisons in true float32
         torch.backends.cudnn.allow_tf32 = False
     schemes = ["rope"] + [s for s in encodings.names() if s != "rope"]
-    res = {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
-           "fla": fla_available(), "agreement": {}}
+    res = {
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "fla": fla_available(),
+        "agreement": {},
+    }
     for s in schemes:
         try:
-            res["agreement"][s] = {"layer": layer_agreement(s, device, T=192), "model": model_agreement(s, device, T=192)}
+            res["agreement"][s] = {
+                "layer": layer_agreement(s, device, T=192),
+                "model": model_agreement(s, device, T=192),
+            }
         except Exception as exc:  # reported; the other schemes go on
             res["agreement"][s] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         print(f"[{time.time() - T0:5.0f} s] agreement {s}: {res['agreement'][s]}", flush=True)
@@ -251,15 +324,25 @@ def main(argv=None) -> int:
         cfg = dataclasses.replace(cfg, n_layer=2, d_model=96, n_head=2, train_length=64, vocab_size=512)
     batch, default = 2 if args.tiny else args.batch, load_preset("default").schemes
     deadline = T0 + args.budget
-    res["flex"] = {T: guarded(lambda T=T: flex_vs_chunked(device, T), deadline) for T in ((512, 1024) if args.tiny else (16384, 65536))}
+    res["flex"] = {
+        T: guarded(lambda T=T: flex_vs_chunked(device, T), deadline)
+        for T in ((512, 1024) if args.tiny else (16384, 65536))
+    }
     res["memory_length"] = 1024 if args.tiny else 65536
-    res["memory"] = {s: guarded(lambda s=s: eval_peak_memory(s, device, cfg, res["memory_length"]), deadline) for s in default}
-    res["throughput"] = {"config": f"{cfg.n_layer} layers, width {cfg.d_model}, vocab {cfg.vocab_size}, {batch} x {cfg.train_length} tokens/step, "
-                                   f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, {args.steps} timed steps after 2 warm-up",
-                         "tokens_per_s": {}, "compiled": {}}
+    res["memory"] = {
+        s: guarded(lambda s=s: eval_peak_memory(s, device, cfg, res["memory_length"]), deadline) for s in default
+    }
+    res["throughput"] = {
+        "config": f"{cfg.n_layer} layers, width {cfg.d_model}, vocab {cfg.vocab_size}, {batch} x {cfg.train_length} tokens/step, "
+        f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, {args.steps} timed steps after 2 warm-up",
+        "tokens_per_s": {},
+        "compiled": {},
+    }
     for key, compiled in (("tokens_per_s", False), ("compiled", True)):
         for s in default[:1] if compiled and args.tiny else default:  # --tiny: one compiled scheme (a smoke run)
-            res["throughput"][key][s] = guarded(lambda s=s, compiled=compiled: throughput(s, device, cfg, batch, args.steps, compiled), deadline)
+            res["throughput"][key][s] = guarded(
+                lambda s=s, compiled=compiled: throughput(s, device, cfg, batch, args.steps, compiled), deadline
+            )
             print(f"[{time.time() - T0:5.0f} s] throughput {key} {s}: {res['throughput'][key][s]}", flush=True)
     res["seconds"] = time.time() - T0
     out = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
@@ -281,7 +364,6 @@ def guarded(work, deadline: float):
         return work()
     except Exception as exc:
         return f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
 
 
 if __name__ == "__main__":

@@ -19,7 +19,15 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CORE = ("posenc.errors", "posenc.attention", "posenc.scoring", "posenc.layer", "posenc.model", "posenc.encodings", "posenc.rope")
+CORE = (
+    "posenc.errors",
+    "posenc.attention",
+    "posenc.scoring",
+    "posenc.layer",
+    "posenc.model",
+    "posenc.encodings",
+    "posenc.rope",
+)
 LAYERS = ("core", "theory", "apps")
 
 
@@ -73,10 +81,14 @@ def summary(commit: str, mods: dict[str, str]) -> list[str]:
                 third[L].add(target.split(".")[0])
         for target in targets - {name}:
             edges[(L, layer(target))] += 1
-    out = [f"commit {commit} ({git('rev-parse', '--short', commit).strip()}): {len(mods)} modules, {sum(lines.values())} lines"]
+    out = [
+        f"commit {commit} ({git('rev-parse', '--short', commit).strip()}): {len(mods)} modules, {sum(lines.values())} lines"
+    ]
     for L in LAYERS:
         into = ", ".join(f"{b} {edges[(L, b)]}" for b in LAYERS if edges[(L, b)])
-        out.append(f"  {L}: {count[L]} modules, {lines[L]} lines; imports of posenc modules: {into}; third-party: {', '.join(sorted(third[L]))}")
+        out.append(
+            f"  {L}: {count[L]} modules, {lines[L]} lines; imports of posenc modules: {into}; third-party: {', '.join(sorted(third[L]))}"
+        )
     return out
 
 

@@ -87,18 +87,35 @@ def train_tokens_per_s(schemes, steps: int, repeats: int) -> dict:
 
 def markdown() -> str:
     runs = [json.loads(p.read_text()) for p in sorted(OUT.glob("path_prefill_*.json"))]
-    lines = ["# PaTH prefill and training vs RoPE (default model, CPU, 1 thread)", "",
-             "Written by `benchmarks/path_prefill.py` (its docstring: what is timed). Commands:", ""]
-    lines += [f"- {r['label']} ({r['commit']}): `{r['command']}`, load {r['load_before']} -> {r['load_after']}" for r in runs]
+    lines = [
+        "# PaTH prefill and training vs RoPE (default model, CPU, 1 thread)",
+        "",
+        "Written by `benchmarks/path_prefill.py` (its docstring: what is timed). Commands:",
+        "",
+    ]
+    lines += [
+        f"- {r['label']} ({r['commit']}): `{r['command']}`, load {r['load_before']} -> {r['load_after']}" for r in runs
+    ]
     lines += ["", "## Evaluation forward, one sequence: seconds (ratio to RoPE)", ""]
     lengths = sorted({int(T) for r in runs for T in r["prefill"]["rope"]})
-    lines += ["| run | scheme | " + " | ".join(f"{T // 1024}K" for T in lengths) + " |", "|---|---|" + "---|" * len(lengths)]
+    lines += [
+        "| run | scheme | " + " | ".join(f"{T // 1024}K" for T in lengths) + " |",
+        "|---|---|" + "---|" * len(lengths),
+    ]
     for r in runs:
         rope = r["prefill"]["rope"]
         for s, row in r["prefill"].items():
-            cells = [f"{row[str(T)]:.2f} ({row[str(T)] / rope[str(T)]:.2f}x)" if str(T) in row else "-" for T in lengths]
+            cells = [
+                f"{row[str(T)]:.2f} ({row[str(T)] / rope[str(T)]:.2f}x)" if str(T) in row else "-" for T in lengths
+            ]
             lines.append(f"| {r['label']} | {s} | " + " | ".join(cells) + " |")
-    lines += ["", "## Training, batch 16 x 128: tokens/s (ratio to RoPE)", "", "| run | scheme | tokens/s |", "|---|---|---|"]
+    lines += [
+        "",
+        "## Training, batch 16 x 128: tokens/s (ratio to RoPE)",
+        "",
+        "| run | scheme | tokens/s |",
+        "|---|---|---|",
+    ]
     for r in runs:
         for s, tps in r["train"].items():
             lines.append(f"| {r['label']} | {s} | {tps:.0f} ({tps / r['train']['rope']:.2f}x) |")
@@ -118,9 +135,16 @@ def main(argv=None) -> int:
     import posenc
 
     commit = os.popen(f"git -C {Path(posenc.__file__).parent} rev-parse --short HEAD 2>/dev/null").read().strip()
-    res = {"label": args.label, "commit": commit, "command": " ".join(["benchmarks/path_prefill.py", *(argv or sys.argv[1:])]),
-           "load_before": [round(x, 2) for x in os.getloadavg()]}
-    res["prefill"] = {s: {str(T): t for T, t in row.items()} for s, row in prefill_seconds(args.schemes, args.lengths, args.repeats).items()}
+    res = {
+        "label": args.label,
+        "commit": commit,
+        "command": " ".join(["benchmarks/path_prefill.py", *(argv or sys.argv[1:])]),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
+    res["prefill"] = {
+        s: {str(T): t for T, t in row.items()}
+        for s, row in prefill_seconds(args.schemes, args.lengths, args.repeats).items()
+    }
     res["train"] = train_tokens_per_s(args.train_schemes, args.train_steps, args.repeats)
     res["load_after"] = [round(x, 2) for x in os.getloadavg()]
     OUT.mkdir(exist_ok=True)

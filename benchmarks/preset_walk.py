@@ -69,7 +69,9 @@ class _Module:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
                 for a in node.names:
                     sub = f"{base}.{a.name}"
                     self.bound[a.asname or a.name] = (sub, None) if sub in names else (base, a.name)
@@ -130,7 +132,11 @@ class _Walker:
         for n in ast.walk(node):  # aliases: p = preset (with parts: m, t = preset.model, preset.train too)
             if isinstance(n, ast.Assign):
                 for t in n.targets:
-                    pairs = zip(t.elts, n.value.elts) if isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple) else [(t, n.value)]
+                    pairs = (
+                        zip(t.elts, n.value.elts)
+                        if isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple)
+                        else [(t, n.value)]
+                    )
                     tracked |= {a.id for a, v in pairs if isinstance(a, ast.Name) and self._holds(v, tracked)}
         holders = {}  # names bound to an expression holding a job tuple: jobs = [(run_job, (..., preset, ...)), ...]
         for n in ast.walk(node):
@@ -143,7 +149,11 @@ class _Walker:
             for name in self._params(callee, call, tracked):
                 self.visit(*callee, name, module)
             jobs = self._jobs_in(module, ast.Tuple(elts=list(call.args)), tracked) + [
-                job for a in call.args if isinstance(a, ast.Name) and a.id in holders for job in self._jobs_in(module, holders[a.id], tracked)]
+                job
+                for a in call.args
+                if isinstance(a, ast.Name) and a.id in holders
+                for job in self._jobs_in(module, holders[a.id], tracked)
+            ]
             if jobs:
                 self.visit(*callee, None, module)
                 for target, name in jobs:
@@ -189,8 +199,12 @@ class _Walker:
         return out
 
 
-def walk(src: Path = ROOT / "src", readme: Path = ROOT / "docs" / "layout.md", start: tuple[str, str, str] = ("posenc.compare", "compare", "preset"),
-         parts: bool = False) -> Walk:
+def walk(
+    src: Path = ROOT / "src",
+    readme: Path = ROOT / "docs" / "layout.md",
+    start: tuple[str, str, str] = ("posenc.compare", "compare", "preset"),
+    parts: bool = False,
+) -> Walk:
     """The stays and climbs of ``start`` = (module, function, parameter) in the package under ``src``; ``parts``:
     follow the preset's sections too (``preset.eval``, ``dataclasses.replace(preset.model, ...)``), not only the preset."""
     walker = _Walker(src, readme, parts)
@@ -199,9 +213,11 @@ def walk(src: Path = ROOT / "src", readme: Path = ROOT / "docs" / "layout.md", s
 
 
 def calls(module: str, fn: str, src: Path = ROOT / "src", readme: Path = ROOT / "docs" / "layout.md") -> set[str]:
-    """"module.function" of every posenc function ``module.fn`` calls by name (nested functions included)."""
+    """ "module.function" of every posenc function ``module.fn`` calls by name (nested functions included)."""
     walker = _Walker(src, readme)
-    found = (walker.resolve(module, n.func) for n in ast.walk(walker.mods[module].functions[fn]) if isinstance(n, ast.Call))
+    found = (
+        walker.resolve(module, n.func) for n in ast.walk(walker.mods[module].functions[fn]) if isinstance(n, ast.Call)
+    )
     return {f"{m}.{f}" for m, f in filter(None, found)}
 
 

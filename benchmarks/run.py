@@ -77,7 +77,9 @@ def attention_case(scheme: str, T: int) -> Timer:
     def step():
         layer(x, pos, tokens=tokens).sum().backward()
 
-    return Timer("step()", globals={"step": step}, num_threads=1, label="attention", sub_label=scheme, description=str(T))
+    return Timer(
+        "step()", globals={"step": step}, num_threads=1, label="attention", sub_label=scheme, description=str(T)
+    )
 
 
 def _warm(make, *args):
@@ -109,7 +111,10 @@ def paired(timers: dict, rounds: int, number: int, section: str) -> dict:
             times[s, key].append(t)
             ratios[s, key].append(t / ref)
         print(f"{section} round {r + 1}/{rounds} done, load {loadavg()}", file=sys.stderr)
-    return {c: {"seconds": float(np.median(times[c])), "ratio": float(np.median(ratios[c])) if ratios[c] else 1.0} for c in timers}
+    return {
+        c: {"seconds": float(np.median(times[c])), "ratio": float(np.median(ratios[c])) if ratios[c] else 1.0}
+        for c in timers
+    }
 
 
 def bench_attention(schemes: list[str], rounds: int) -> dict:
@@ -186,7 +191,11 @@ def bench_compile(schemes: list[str], rounds: int) -> dict:
         print(f"compile round {r + 1}/{rounds} done, load {loadavg()}", file=sys.stderr)
     for s in dict.fromkeys(s for s, _ in timers):  # in the order given
         eager, comp = (float(np.median(times[s, m])) for m in ("eager", "compiled"))
-        rows[s] = {"eager_tokens_per_s": TRAIN_TOKENS / eager, "compiled_tokens_per_s": TRAIN_TOKENS / comp, "speedup": eager / comp}
+        rows[s] = {
+            "eager_tokens_per_s": TRAIN_TOKENS / eager,
+            "compiled_tokens_per_s": TRAIN_TOKENS / comp,
+            "speedup": eager / comp,
+        }
     return rows
 
 
@@ -204,8 +213,14 @@ def memory_child(scheme: str, layers: int) -> None:
     docs = [("synthetic", rng.integers(0, cfg.vocab_size, MEM_LENGTH + 1).astype(np.uint16))]
     base = _vm("VmRSS")
     t0 = time.time()
-    rec = evaluate_length(model, docs, MEM_LENGTH, {"scheme": cfg.encoding}, MEM_LENGTH, batch_tokens=8192, progress=False)
-    print(json.dumps({"peak_bytes": _vm("VmHWM"), "before_eval_bytes": base, "seconds": time.time() - t0, "note": rec.note}))
+    rec = evaluate_length(
+        model, docs, MEM_LENGTH, {"scheme": cfg.encoding}, MEM_LENGTH, batch_tokens=8192, progress=False
+    )
+    print(
+        json.dumps(
+            {"peak_bytes": _vm("VmHWM"), "before_eval_bytes": base, "seconds": time.time() - t0, "note": rec.note}
+        )
+    )
 
 
 def _vm(key: str) -> int:
@@ -218,7 +233,9 @@ def _vm(key: str) -> int:
 def run_memory_child(scheme: str, layers: int, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--memory-child", scheme, "--memory-layers", str(layers)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f} s"}
     if proc.returncode:
@@ -246,41 +263,84 @@ TITLES = {
 
 def section_markdown(name: str, sec: dict) -> list[str]:
     rows = sec["rows"]
-    head = ["", f"## {TITLES[name]}", "", f"`{sec['command']}`, {sec['date']}, {sec['seconds']} s; load average before "
-            f"{sec['load_before']}, after {sec['load_after']}."]
+    head = [
+        "",
+        f"## {TITLES[name]}",
+        "",
+        f"`{sec['command']}`, {sec['date']}, {sec['seconds']} s; load average before "
+        f"{sec['load_before']}, after {sec['load_after']}.",
+    ]
     if sec.get("earlier"):
-        head += ["", "Rows of other schemes kept from earlier runs: " + "; ".join(f"`{c}`" for c in sec["earlier"]) + "."]
+        head += [
+            "",
+            "Rows of other schemes kept from earlier runs: " + "; ".join(f"`{c}`" for c in sec["earlier"]) + ".",
+        ]
     if name == "attention":
-        head += ["Each cell: median over rounds of the time ratio to RoPE timed just before it (batch 1; the goal for "
-                 "accumulated QK/QKV is <= 1.15x). First row: RoPE's median time.", ""]
+        head += [
+            "Each cell: median over rounds of the time ratio to RoPE timed just before it (batch 1; the goal for "
+            "accumulated QK/QKV is <= 1.15x). First row: RoPE's median time.",
+            "",
+        ]
         cells = [["rope (ms)", *(f"{1e3 * rows['rope'][str(T)]['seconds']:.1f}" for T in ATTN_LENGTHS)]]
-        cells += [[s, f"failed: {row['error']}"] if "error" in row else [s, *(f"{row[str(T)]['ratio']:.2f}x" for T in ATTN_LENGTHS)]
-                  for s, row in rows.items()]
+        cells += [
+            [s, f"failed: {row['error']}"]
+            if "error" in row
+            else [s, *(f"{row[str(T)]['ratio']:.2f}x" for T in ATTN_LENGTHS)]
+            for s, row in rows.items()
+        ]
         head.append(markdown_table(["scheme", *(f"T={T}" for T in ATTN_LENGTHS)], cells))
     elif name == "train":
-        cells = [[s, f"failed: {r['error']}", ""] if "error" in r else [s, f"{r['tokens_per_s']:,.0f}", f"{r['ratio']:.2f}x"]
-                 for s, r in rows.items()]
-        head += ["Ratio: median over rounds of the step-time ratio, inverted (goal >= 0.85x except PaTH on CPU).", "",
-                 markdown_table(["scheme", "tokens/s", "ratio to RoPE"], cells)]
+        cells = [
+            [s, f"failed: {r['error']}", ""] if "error" in r else [s, f"{r['tokens_per_s']:,.0f}", f"{r['ratio']:.2f}x"]
+            for s, r in rows.items()
+        ]
+        head += [
+            "Ratio: median over rounds of the step-time ratio, inverted (goal >= 0.85x except PaTH on CPU).",
+            "",
+            markdown_table(["scheme", "tokens/s", "ratio to RoPE"], cells),
+        ]
     elif name == "compile":
-        cells = [[s, f"failed: {r['error']}", "", ""] if "error" in r else
-                 [s, f"{r['eager_tokens_per_s']:,.0f}", f"{r['compiled_tokens_per_s']:,.0f}", f"{r['speedup']:.2f}x"] for s, r in rows.items()]
-        head += ["One thread; eager and compiled steps timed alternately, median over rounds (compilation excluded).", "",
-                 markdown_table(["scheme", "eager tokens/s", "compiled tokens/s", "speedup"], cells)]
+        cells = [
+            [s, f"failed: {r['error']}", "", ""]
+            if "error" in r
+            else [s, f"{r['eager_tokens_per_s']:,.0f}", f"{r['compiled_tokens_per_s']:,.0f}", f"{r['speedup']:.2f}x"]
+            for s, r in rows.items()
+        ]
+        head += [
+            "One thread; eager and compiled steps timed alternately, median over rounds (compilation excluded).",
+            "",
+            markdown_table(["scheme", "eager tokens/s", "compiled tokens/s", "speedup"], cells),
+        ]
     else:
-        head += [f"Goal: <= 4 GiB. The default `compare` model with {sec['layers']} layer(s), one thread per process. "
-                 "`before eval`: the process after imports and model build.", ""]
-        cells = [[s, "failed", "", "", r["error"]] if "error" in r else
-                 [s, f"{r['peak_bytes'] / GIB:.2f}", f"{r['before_eval_bytes'] / GIB:.2f}", f"{r['seconds']:.0f}", r["note"] or ""]
-                 for s, r in rows.items()]
+        head += [
+            f"Goal: <= 4 GiB. The default `compare` model with {sec['layers']} layer(s), one thread per process. "
+            "`before eval`: the process after imports and model build.",
+            "",
+        ]
+        cells = [
+            [s, "failed", "", "", r["error"]]
+            if "error" in r
+            else [
+                s,
+                f"{r['peak_bytes'] / GIB:.2f}",
+                f"{r['before_eval_bytes'] / GIB:.2f}",
+                f"{r['seconds']:.0f}",
+                r["note"] or "",
+            ]
+            for s, r in rows.items()
+        ]
         head.append(markdown_table(["scheme", "peak (GiB)", "before eval (GiB)", "eval time (s)", "note"], cells))
     return head
 
 
 def markdown(res: dict) -> str:
     m = res["machine"]
-    lines = ["# Benchmark suite", "", f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}. "
-             "Every scheme registered at the time of the run; ratios are to RoPE within one interleaved run per section."]
+    lines = [
+        "# Benchmark suite",
+        "",
+        f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}. "
+        "Every scheme registered at the time of the run; ratios are to RoPE within one interleaved run per section.",
+    ]
     for name in TITLES:
         if name in res["sections"]:
             lines += section_markdown(name, res["sections"][name])
@@ -292,10 +352,14 @@ def main(argv=None) -> int:
     p.add_argument("--sections", nargs="+", default=list(TITLES), choices=list(TITLES))
     p.add_argument("--schemes", nargs="+", help="default: every registered scheme (posenc.encodings.names())")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median over them)")
-    p.add_argument("--memory-layers", type=int, help="layers of the model in the memory section (default: the default model's)")
+    p.add_argument(
+        "--memory-layers", type=int, help="layers of the model in the memory section (default: the default model's)"
+    )
     p.add_argument("--memory-workers", type=int, default=2, help="memory subprocesses at a time")
     p.add_argument("--memory-timeout", type=float, default=3600, help="seconds per memory subprocess")
-    p.add_argument("--out", type=Path, default=OUT, help="results folder; sections not run are kept from its suite.json")
+    p.add_argument(
+        "--out", type=Path, default=OUT, help="results folder; sections not run are kept from its suite.json"
+    )
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.memory_layers = args.memory_layers or load_preset("default").model.n_layer
@@ -306,7 +370,11 @@ def main(argv=None) -> int:
     schemes = ["rope"] + [s for s in schemes if s != "rope"]
     path = args.out / "suite.json"
     res = json.loads(path.read_text()) if path.exists() else {"sections": {}}
-    res["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__}
+    res["machine"] = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+    }
     run = {
         "attention": lambda: bench_attention(schemes, args.rounds),
         "train": lambda: bench_train(schemes, args.rounds),
@@ -314,8 +382,12 @@ def main(argv=None) -> int:
         "compile": lambda: bench_compile(schemes, args.rounds),
     }
     for name in args.sections:
-        sec = {"command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": loadavg(), "rounds": args.rounds}
+        sec = {
+            "command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_before": loadavg(),
+            "rounds": args.rounds,
+        }
         if name == "memory":
             sec["layers"] = args.memory_layers
         t0 = time.time()
@@ -325,7 +397,11 @@ def main(argv=None) -> int:
         kept = {s: r for s, r in old.get("rows", {}).items() if s not in sec["rows"]}
         if kept:  # rows of schemes not run now stay, with the command that measured them
             sec["rows"] = {**sec["rows"], **kept}
-            sec["earlier"] = sorted({*old.get("earlier", []), f"{old['command']} ({old['date']})"}) if "command" in old else old.get("earlier", [])
+            sec["earlier"] = (
+                sorted({*old.get("earlier", []), f"{old['command']} ({old['date']})"})
+                if "command" in old
+                else old.get("earlier", [])
+            )
         res["sections"][name] = sec
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, (json.dumps(res, indent=2) + "\n").encode())

@@ -54,17 +54,38 @@ def between(a: Path, b: Path) -> None:
         dp, dr = abs(p2 - p1) / p1, abs(r2 - r1) / r1
         w = worst.setdefault(s, {"ppl": 0.0, "ratio": 0.0})
         w["ppl"], w["ratio"] = max(w["ppl"], dp), max(w["ratio"], dr)
-        rows.append([s, f"{L // L0}x", f"{p1:.4f}", f"{p2:.4f}", f"{100 * dp:.2f}%", f"{r1:.4f}", f"{r2:.4f}", f"{100 * dr:.2f}%"])
+        rows.append(
+            [
+                s,
+                f"{L // L0}x",
+                f"{p1:.4f}",
+                f"{p2:.4f}",
+                f"{100 * dp:.2f}%",
+                f"{r1:.4f}",
+                f"{r2:.4f}",
+                f"{100 * dr:.2f}%",
+            ]
+        )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "run_noise_machines.json").write_text(json.dumps(
-        {"a": str(a), "b": str(b), "device_a": device_of(a), "device_b": device_of(b), "largest_by_scheme": worst}, indent=1) + "\n")
-    md = (f"# Run-to-run noise between machines: default preset, seed 0\n\n`{a}` ({device_of(a)}) against `{b}` "
-          f"({device_of(b)}): relative change of perplexity and of its ratio to 1x at every length. Command: "
-          f"`.venv/bin/python benchmarks/run_noise.py --between {a} {b}`.\n\n"
-          + markdown_table(["scheme", "length", "ppl a", "ppl b", "change", "ratio a", "ratio b", "change"], rows)
-          + "\n\nLargest change per scheme (over every length):\n\n"
-          + markdown_table(["scheme", "ppl", "ratio"], [[s, f"{100 * w['ppl']:.2f}%", f"{100 * w['ratio']:.2f}%"] for s, w in worst.items()])
-          + "\n")
+    (RESULTS / "run_noise_machines.json").write_text(
+        json.dumps(
+            {"a": str(a), "b": str(b), "device_a": device_of(a), "device_b": device_of(b), "largest_by_scheme": worst},
+            indent=1,
+        )
+        + "\n"
+    )
+    md = (
+        f"# Run-to-run noise between machines: default preset, seed 0\n\n`{a}` ({device_of(a)}) against `{b}` "
+        f"({device_of(b)}): relative change of perplexity and of its ratio to 1x at every length. Command: "
+        f"`.venv/bin/python benchmarks/run_noise.py --between {a} {b}`.\n\n"
+        + markdown_table(["scheme", "length", "ppl a", "ppl b", "change", "ratio a", "ratio b", "change"], rows)
+        + "\n\nLargest change per scheme (over every length):\n\n"
+        + markdown_table(
+            ["scheme", "ppl", "ratio"],
+            [[s, f"{100 * w['ppl']:.2f}%", f"{100 * w['ratio']:.2f}%"] for s, w in worst.items()],
+        )
+        + "\n"
+    )
     (RESULTS / "run_noise_machines.md").write_text(md)
     print(md)
 
@@ -76,13 +97,19 @@ def threads_of(run_dir: Path, scheme: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--schemes", nargs="+", default=["rope", "acc-learned-qkv", "hybrid", "rope+forget"])
-    ap.add_argument("--against", type=Path, default=Path("runs/default"), help="a default-preset run made with 2 threads")
+    ap.add_argument(
+        "--against", type=Path, default=Path("runs/default"), help="a default-preset run made with 2 threads"
+    )
     ap.add_argument("--out", type=Path, default=Path("runs/noise"))
-    ap.add_argument("--between", type=Path, nargs=2, metavar=("A", "B"), help="compare two existing runs; train nothing")
+    ap.add_argument(
+        "--between", type=Path, nargs=2, metavar=("A", "B"), help="compare two existing runs; train nothing"
+    )
     args = ap.parse_args()
     if args.between:
         return between(*args.between)
-    preset = load_preset("default", {"name": "threads1", "schemes": args.schemes, "seeds": [0], "train": {"threads": 1}})
+    preset = load_preset(
+        "default", {"name": "threads1", "schemes": args.schemes, "seeds": [0], "train": {"threads": 1}}
+    )
     compare(preset, args.out)
     one, other = seed0(args.out / preset.name), seed0(args.against)
     rows, spread = [], {"ppl": {}, "ratio": {}}
@@ -95,15 +122,27 @@ def main() -> None:
     threads = {s: threads_of(args.against, s) for s in args.schemes}
     largest = {k: max(v.values()) for k, v in spread.items()}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "run_noise.json").write_text(json.dumps(
-        {"relative_difference": spread, "largest": largest, "against": str(args.against), "against_threads": threads,
-         "stamp": run_stamp()}, indent=1) + "\n")
-    md = ("# Run-to-run noise: default preset, seed 0, 1 thread vs 2 threads\n\n"
-          f"The same preset, seed and steps trained with 1 thread (`{args.out / preset.name}`) and with "
-          f"{sorted(set(threads.values()))} threads (`{args.against}`); relative difference of perplexity at 1x and "
-          "of the perplexity ratio at 16x and 128x. Command: `.venv/bin/python benchmarks/run_noise.py`.\n\n"
-          + markdown_table(["scheme", "value", "1 thread", "2 threads", "relative difference"], rows)
-          + f"\n\nLargest: perplexity {100 * largest['ppl']:.2f}%, ratio {100 * largest['ratio']:.2f}%.\n")
+    (RESULTS / "run_noise.json").write_text(
+        json.dumps(
+            {
+                "relative_difference": spread,
+                "largest": largest,
+                "against": str(args.against),
+                "against_threads": threads,
+                "stamp": run_stamp(),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    md = (
+        "# Run-to-run noise: default preset, seed 0, 1 thread vs 2 threads\n\n"
+        f"The same preset, seed and steps trained with 1 thread (`{args.out / preset.name}`) and with "
+        f"{sorted(set(threads.values()))} threads (`{args.against}`); relative difference of perplexity at 1x and "
+        "of the perplexity ratio at 16x and 128x. Command: `.venv/bin/python benchmarks/run_noise.py`.\n\n"
+        + markdown_table(["scheme", "value", "1 thread", "2 threads", "relative difference"], rows)
+        + f"\n\nLargest: perplexity {100 * largest['ppl']:.2f}%, ratio {100 * largest['ratio']:.2f}%.\n"
+    )
     (RESULTS / "run_noise.md").write_text(md)
     print(md)
 

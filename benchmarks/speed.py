@@ -133,8 +133,13 @@ def bench_prefill(schemes: list[str], rounds: int, lengths=(4096, 16384)) -> dic
                     times[s, L].append(time.perf_counter() - t0)
             print(f"prefill round {r + 1}/{rounds} done, load {loadavg()}", file=sys.stderr, flush=True)
     best = {c: min(t) for c, t in times.items()}
-    return {s: {str(L): {"seconds": best[s, L], "ratio": best[s, L] / best["rope", L] if ("rope", L) in best else None} for L in lengths}
-            for s in schemes}
+    return {
+        s: {
+            str(L): {"seconds": best[s, L], "ratio": best[s, L] / best["rope", L] if ("rope", L) in best else None}
+            for L in lengths
+        }
+        for s in schemes
+    }
 
 
 def bench_generate(schemes: list[str], contexts=(1024, 4096, 16384), new: int = 16) -> dict:
@@ -158,45 +163,102 @@ def bench_generate(schemes: list[str], contexts=(1024, 4096, 16384), new: int = 
 
 def markdown(res: dict, command: str) -> str:
     meta, sec = res["meta"], res["sections"]
-    lines = ["# posenc at the machine's speed", "",
-             f"{meta['cpu']}; bf16 units: {', '.join(meta['bf16_units']) or 'none'}; torch {meta['torch']}; one thread; "
-             f"load average {meta['load_before']} before, {meta['load_after']} after. One interleaved run.", "",
-             f"Command: `{command}`", ""]
+    lines = [
+        "# posenc at the machine's speed",
+        "",
+        f"{meta['cpu']}; bf16 units: {', '.join(meta['bf16_units']) or 'none'}; torch {meta['torch']}; one thread; "
+        f"load average {meta['load_before']} before, {meta['load_after']} after. One interleaved run.",
+        "",
+        f"Command: `{command}`",
+        "",
+    ]
     peak = sec.get("peak")
     if peak:
-        lines += ["## Matmul peak (GFLOP/s, one thread)", "", markdown_table(["case", "GFLOP/s"], [[k, f"{v:.0f}"] for k, v in peak.items()]), ""]
+        lines += [
+            "## Matmul peak (GFLOP/s, one thread)",
+            "",
+            markdown_table(["case", "GFLOP/s"], [[k, f"{v:.0f}"] for k, v in peak.items()]),
+            "",
+        ]
     cfg = default_model("rope")
     n = weights(cfg)
     if "train" in sec:
         flops = 6 * n + 6 * cfg.n_layer * cfg.train_length * cfg.d_model
-        head = ["scheme"] + [f"{mode_name(*m)} tok/s" for m in MODES] + ["bf16 / fp32", "bf16 x rope fp32", "compile s (fp32, bf16)",
-                                                                          "break-even steps (fp32, bf16)", "fp32 % peak", "bf16 % peak"]
+        head = (
+            ["scheme"]
+            + [f"{mode_name(*m)} tok/s" for m in MODES]
+            + [
+                "bf16 / fp32",
+                "bf16 x rope fp32",
+                "compile s (fp32, bf16)",
+                "break-even steps (fp32, bf16)",
+                "fp32 % peak",
+                "bf16 % peak",
+            ]
+        )
         rope32 = sec["train"].get("rope", {}).get("fp32", {}).get("tokens_per_s")
         table = []
         for s, r in sec["train"].items():
             tps = [r.get(mode_name(*m), {}).get("tokens_per_s") for m in MODES]
             comp = [r.get(mode_name(p, True), {}) for p in ("fp32", "bf16")]
-            table.append([s] + [f"{t:,.0f}" if t else r.get(mode_name(*m), {}).get("error", "") for t, m in zip(tps, MODES)]
-                         + [f"{tps[1] / tps[0]:.2f}x" if tps[0] and tps[1] else "", f"{tps[1] / rope32:.2f}" if rope32 and tps[1] else "",
-                            ", ".join(f"{c['compile_s']:.0f}" if "compile_s" in c else "-" for c in comp),
-                            ", ".join(f"{c['break_even_steps']:,.0f}" if c.get("break_even_steps") else "never" for c in comp),
-                            f"{100 * tps[0] * flops / 1e9 / peak_of(peak, 'fp32'):.0f}%" if peak and tps[0] else "",
-                            f"{100 * tps[1] * flops / 1e9 / peak_of(peak, 'bf16'):.0f}%" if peak and tps[1] else ""])
-        lines += [f"## Training tokens/s (batch 16 x 128; {flops / 1e6:.1f} MFLOP per token)", "", markdown_table(head, table), ""]
+            table.append(
+                [s]
+                + [f"{t:,.0f}" if t else r.get(mode_name(*m), {}).get("error", "") for t, m in zip(tps, MODES)]
+                + [
+                    f"{tps[1] / tps[0]:.2f}x" if tps[0] and tps[1] else "",
+                    f"{tps[1] / rope32:.2f}" if rope32 and tps[1] else "",
+                    ", ".join(f"{c['compile_s']:.0f}" if "compile_s" in c else "-" for c in comp),
+                    ", ".join(f"{c['break_even_steps']:,.0f}" if c.get("break_even_steps") else "never" for c in comp),
+                    f"{100 * tps[0] * flops / 1e9 / peak_of(peak, 'fp32'):.0f}%" if peak and tps[0] else "",
+                    f"{100 * tps[1] * flops / 1e9 / peak_of(peak, 'bf16'):.0f}%" if peak and tps[1] else "",
+                ]
+            )
+        lines += [
+            f"## Training tokens/s (batch 16 x 128; {flops / 1e6:.1f} MFLOP per token)",
+            "",
+            markdown_table(head, table),
+            "",
+        ]
     if "prefill" in sec:
         Ls = list(next(iter(sec["prefill"].values())))
-        head = ["scheme"] + [f"{k(L)} s" for L in Ls] + [f"{k(L)} x rope" for L in Ls] + [f"{k(L)} % fp32 peak" for L in Ls]
-        table = [[s] + [f"{r[L]['seconds']:.2f}" for L in Ls] + [f"{r[L]['ratio']:.2f}" if r[L]["ratio"] else "" for L in Ls]
-                 + [f"{100 * int(L) * (2 * n + 2 * cfg.n_layer * int(L) * cfg.d_model) / r[L]['seconds'] / 1e9 / peak_of(peak, 'fp32'):.0f}%" if peak else "" for L in Ls]
-                 for s, r in sec["prefill"].items()]
-        lines += ["## Prefill (evaluation forward, one sequence, fp32, best of the rounds)", "", markdown_table(head, table), ""]
+        head = (
+            ["scheme"]
+            + [f"{k(L)} s" for L in Ls]
+            + [f"{k(L)} x rope" for L in Ls]
+            + [f"{k(L)} % fp32 peak" for L in Ls]
+        )
+        table = [
+            [s]
+            + [f"{r[L]['seconds']:.2f}" for L in Ls]
+            + [f"{r[L]['ratio']:.2f}" if r[L]["ratio"] else "" for L in Ls]
+            + [
+                f"{100 * int(L) * (2 * n + 2 * cfg.n_layer * int(L) * cfg.d_model) / r[L]['seconds'] / 1e9 / peak_of(peak, 'fp32'):.0f}%"
+                if peak
+                else ""
+                for L in Ls
+            ]
+            for s, r in sec["prefill"].items()
+        ]
+        lines += [
+            "## Prefill (evaluation forward, one sequence, fp32, best of the rounds)",
+            "",
+            markdown_table(head, table),
+            "",
+        ]
     if "generate" in sec:
         Cs = list(next(iter(sec["generate"].values())))
         rope = sec["generate"].get("rope")
         head = ["model"] + [f"tok/s {k(c)}" for c in Cs] + [f"x rope {k(c)}" for c in Cs]
-        table = [[s] + [f"{r[c]:.0f}" for c in Cs] + [f"{r[c] / rope[c]:.2f}" if rope else "" for c in Cs] for s, r in sec["generate"].items()]
-        lines += [f"## Generation (prompt of the context, then one-token steps through the cache; `{HF}`: transformers' Llama of the same size)", "",
-                  markdown_table(head, table), ""]
+        table = [
+            [s] + [f"{r[c]:.0f}" for c in Cs] + [f"{r[c] / rope[c]:.2f}" if rope else "" for c in Cs]
+            for s, r in sec["generate"].items()
+        ]
+        lines += [
+            f"## Generation (prompt of the context, then one-token steps through the cache; `{HF}`: transformers' Llama of the same size)",
+            "",
+            markdown_table(head, table),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -216,8 +278,12 @@ def main(argv=None) -> int:
         schemes = ["rope", *schemes]
     meta = {"cpu": cpu_name(), "bf16_units": bf16_units(), "torch": torch.__version__, "load_before": loadavg()}
     sections = {}
-    runs = {"peak": matmul_peak, "train": lambda: bench_train(schemes, args.rounds, [m for m in MODES if not (args.no_compile and m[1])]),
-            "prefill": lambda: bench_prefill(schemes, args.rounds, args.lengths), "generate": lambda: bench_generate(schemes, args.contexts)}
+    runs = {
+        "peak": matmul_peak,
+        "train": lambda: bench_train(schemes, args.rounds, [m for m in MODES if not (args.no_compile and m[1])]),
+        "prefill": lambda: bench_prefill(schemes, args.rounds, args.lengths),
+        "generate": lambda: bench_generate(schemes, args.contexts),
+    }
     for name in SECTIONS:
         if name in args.sections or (name == "peak" and {"train", "prefill"} & set(args.sections)):
             sections[name] = runs[name]()

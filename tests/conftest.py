@@ -27,16 +27,19 @@ def tiny_corpus(tmp_path, monkeypatch):
 def word_tokenizer():
     """A word-level Hugging Face tokenizer of the passkey texts (digits one token each)."""
     pytest.importorskip("transformers")
-    from posenc import passkey
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = (passkey.TASK + " " + passkey.FILLER + passkey.QUESTION + " Remember it. is pass key")
+    from posenc import passkey
+
+    words = passkey.TASK + " " + passkey.FILLER + passkey.QUESTION + " Remember it. is pass key"
     vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate("0123456789")}}
     for wd in words.replace(".", " . ").replace("?", " ? ").split():
         vocab.setdefault(wd, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", model_max_length=64)
 
 
@@ -68,9 +71,16 @@ def llama_dir(tmp_path, word_tokenizer):
     from posenc import passkey
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=len(word_tokenizer), hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(word_tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tiny")
     word_tokenizer.save_pretrained(tmp_path / "tiny")
     (tmp_path / "corpus.txt").write_text((passkey.TASK + " " + passkey.FILLER + "\n") * 60)

@@ -28,9 +28,17 @@ SCHEMES = ("rope", "alibi", "xpos")  # identical to the model, a bias, a scheme 
 
 def llama(seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=L0,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 5000.0}, attn_implementation="sdpa")
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=L0,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+        attn_implementation="sdpa",
+    )
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
@@ -40,15 +48,20 @@ def extension(name):
 
 def every_adaptation():
     """(label, apply) for every RoPE schedule and a few schemes."""
-    return ([(n, lambda a, n=n: a.set_schedule(extension(n))) for n in NAMES] + [("longrope", lambda a: a.set_schedule(extension("longrope")))]
-            + [(f"scheme:{s}", lambda a, s=s: a.set_scheme(s)) for s in SCHEMES])
+    return (
+        [(n, lambda a, n=n: a.set_schedule(extension(n))) for n in NAMES]
+        + [("longrope", lambda a: a.set_schedule(extension("longrope")))]
+        + [(f"scheme:{s}", lambda a, s=s: a.set_scheme(s)) for s in SCHEMES]
+    )
 
 
 def posenc_attributes(model) -> list[str]:
     """Every attribute, submodule, parameter or buffer named posenc_* on the model, its modules or its config."""
     found = [f"config.{k}" for k in vars(model.config) if k.startswith("posenc")]
     for name, m in model.named_modules():
-        found += [f"{name}.{k}" for k in (*vars(m), *m._modules, *m._parameters, *m._buffers) if k.startswith("posenc_")]
+        found += [
+            f"{name}.{k}" for k in (*vars(m), *m._modules, *m._parameters, *m._buffers) if k.startswith("posenc_")
+        ]
     return found
 
 
@@ -63,14 +76,20 @@ def logits(model, ids):
 
 def test_no_state_on_the_model_applied_or_restored():
     model = llama()
-    native_hooks, native_rope, native_attn = hooks(model), dict(model.config.rope_parameters), model.config._attn_implementation
+    native_hooks, native_rope, native_attn = (
+        hooks(model),
+        dict(model.config.rope_parameters),
+        model.config._attn_implementation,
+    )
     adapted = Adaptation(model)
     for label, apply in every_adaptation():
         apply(adapted)
         assert posenc_attributes(model) == [], label
         added = sum(a + b for a, b in hooks(model).values()) - sum(a + b for a, b in native_hooks.values())
         # the hooks the adaptation owns: the length switch (dynamic, longrope), one per layer (ReRoPE), padding + per layer (scheme)
-        assert added == {"dynamic": 1, "longrope": 1, "rerope": 2, "leaky-rerope": 2}.get(label, 3 if "scheme" in label else 0), label
+        assert added == {"dynamic": 1, "longrope": 1, "rerope": 2, "leaky-rerope": 2}.get(
+            label, 3 if "scheme" in label else 0
+        ), label
         assert len(adapted._hooks) + (len(adapted.scheme.hooks) if adapted.scheme else 0) == added
         assert any(hasattr(layer.self_attn, "posenc") for layer in model.model.layers) == label.startswith("scheme:")
         assert adapted.full_forward == (label == "scheme:xpos")  # xPos replaces attention: generation without the cache
@@ -88,7 +107,12 @@ def test_restoring_gives_the_native_logits_bit_exactly():
     for label, apply in every_adaptation():
         apply(adapted)
         changed = logits(model, ids)
-        if label not in ("none", "scheme:rope", "rerope", "dynamic"):  # rerope: w = 8 < 40 changes it; none, dynamic at T <= L0 do not
+        if label not in (
+            "none",
+            "scheme:rope",
+            "rerope",
+            "dynamic",
+        ):  # rerope: w = 8 < 40 changes it; none, dynamic at T <= L0 do not
             assert not torch.allclose(changed, native, atol=1e-4), label
         adapted.restore()
         assert torch.equal(logits(model, ids), native), label
@@ -109,7 +133,9 @@ def test_the_key_changes_with_every_mutation_and_only_then():
         keys[label] = adapted.key(4 * L0)
         assert adapted.key(4 * L0) == keys[label]  # a key is a pure function of the state
         if label in ("dynamic", "rerope"):  # equal forwards up to L0 (dynamic) and within the window w = 8 (ReRoPE)
-            assert adapted.key(L0 if label == "dynamic" else 8) == Adaptation(llama()).key(L0 if label == "dynamic" else 8)
+            assert adapted.key(L0 if label == "dynamic" else 8) == Adaptation(llama()).key(
+                L0 if label == "dynamic" else 8
+            )
     assert len(set(keys.values())) == len(keys), keys  # scheme:rope too: a scheme never shares the native scores
     assert keys["none"] == native[4 * L0]
     adapted.restore()
@@ -121,8 +147,11 @@ def test_the_key_changes_with_every_mutation_and_only_then():
 def test_the_keys_are_those_of_the_records_already_stored():
     """The key hashes what ``schedules.signature`` hashed before the Adaptation, so an earlier run's records.jsonl is reused."""
     adapted, got = Adaptation(llama()), {}
-    for label, apply in [("none", lambda: None), ("leaky-rerope", lambda: adapted.set_schedule(extension("leaky-rerope"))),
-                         ("scheme:alibi", lambda: adapted.set_scheme("alibi"))]:
+    for label, apply in [
+        ("none", lambda: None),
+        ("leaky-rerope", lambda: adapted.set_schedule(extension("leaky-rerope"))),
+        ("scheme:alibi", lambda: adapted.set_scheme("alibi")),
+    ]:
         apply()
         got[label] = adapted.key(32)
     assert got == {"none": "397c4541401cd3a2", "leaky-rerope": "c89deb133138e9af", "scheme:alibi": "f758449679bac1dd"}
@@ -140,8 +169,26 @@ def test_a_swapped_model_is_refused_a_second_swap():
 def test_extend_reuses_the_scores_of_equal_forwards(llama_dir):
     """dynamic NTK at L <= L0 and ReRoPE with w >= L score what none scores: reused; PI and scheme:rope are scored."""
     out = llama_dir / "o"
-    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
-            "--schedules", "none", "dynamic", "rerope", "pi", "--scheme", "rope", "--lengths", "16", "32", "--passkey-lengths"]
+    argv = [
+        "extend",
+        "--model",
+        str(llama_dir / "tiny"),
+        "--corpus",
+        str(llama_dir / "corpus.txt"),
+        "--out",
+        str(out),
+        "--schedules",
+        "none",
+        "dynamic",
+        "rerope",
+        "pi",
+        "--scheme",
+        "rope",
+        "--lengths",
+        "16",
+        "32",
+        "--passkey-lengths",
+    ]
     assert main(argv) == 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     ppl = [r for r in records if r["kind"] == "ppl"]
@@ -161,17 +208,40 @@ def test_extend_passkey_prompts_get_the_bos_with_bos_prepend(llama_dir):
     tok = AutoTokenizer.from_pretrained(llama_dir / "tiny", bos_token="[UNK]")
     tok.save_pretrained(llama_dir / "tiny")
     out = llama_dir / "o"
-    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
-            "--schedules", "none", "--lengths", "32", "--passkey-lengths", "120", "--passkey-schedules", "none", "--bos", "prepend"]
+    argv = [
+        "extend",
+        "--model",
+        str(llama_dir / "tiny"),
+        "--corpus",
+        str(llama_dir / "corpus.txt"),
+        "--out",
+        str(out),
+        "--schedules",
+        "none",
+        "--lengths",
+        "32",
+        "--passkey-lengths",
+        "120",
+        "--passkey-schedules",
+        "none",
+        "--bos",
+        "prepend",
+    ]
     assert main(argv) == 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     (trial,) = [r for r in records if r["kind"] == "passkey"]
     from posenc import passkey
 
     assert trial["bos"] == "prepend"
-    assert trial["prompt_tokens"] == len(passkey.passkey_prompt(tok, 120, 0.5, trial["passkey"], tok.bos_token_id)[0]) <= 120
+    assert (
+        trial["prompt_tokens"]
+        == len(passkey.passkey_prompt(tok, 120, 0.5, trial["passkey"], tok.bos_token_id)[0])
+        <= 120
+    )
     old = {k: v for k, v in trial.items() if k != "bos"}  # as an earlier release wrote it
-    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if r["kind"] != "passkey") + json.dumps(old) + "\n")
+    (out / "records.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records if r["kind"] != "passkey") + json.dumps(old) + "\n"
+    )
     assert main(argv) == 0
     again = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if '"passkey"' in line]
     assert [r.get("bos") for r in again if r["kind"] == "passkey"] == [None, "prepend"]

@@ -24,7 +24,9 @@ def numeric_params():
     out = []
     for name in encodings.names():
         resolved = encodings.parts(name) if len(encodings.layer_pattern(name)) == 1 else []
-        if len(resolved) != 1 or resolved[0][0].name != name:  # aliases and compositions share their classes' parameters
+        if (
+            len(resolved) != 1 or resolved[0][0].name != name
+        ):  # aliases and compositions share their classes' parameters
             continue
         cls = resolved[0][0]
         for p in inspect.signature(cls.__init__).parameters.values():
@@ -43,15 +45,24 @@ def test_every_numeric_scheme_parameter_is_checked(scheme, param, value):
 
 def test_the_sweep_covers_the_numeric_parameters():
     found = set(numeric_params())
-    assert {("rope", "rope_theta"), ("accumulated", "a"), ("xpos", "scale_base"), ("pope", "base"), ("t5", "num_buckets")} <= found
+    assert {
+        ("rope", "rope_theta"),
+        ("accumulated", "a"),
+        ("xpos", "scale_base"),
+        ("pope", "base"),
+        ("t5", "num_buckets"),
+    } <= found
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda q: dict(q=q[..., :0, :], k=q[..., :0, :], v=q[..., :0, :]), "T >= 1"),
-    (lambda q: dict(q=q, k=q[..., :3, :], v=q[..., :3, :]), "more queries"),
-    (lambda q: dict(q=q, k=q, v=q, phases=torch.zeros(1, 1, 5, 3)), "phases"),
-    (lambda q: dict(q=q, k=q, v=q, phases=torch.zeros(1, 1, 6, 8)), "phases"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda q: dict(q=q[..., :0, :], k=q[..., :0, :], v=q[..., :0, :]), "T >= 1"),
+        (lambda q: dict(q=q, k=q[..., :3, :], v=q[..., :3, :]), "more queries"),
+        (lambda q: dict(q=q, k=q, v=q, phases=torch.zeros(1, 1, 5, 3)), "phases"),
+        (lambda q: dict(q=q, k=q, v=q, phases=torch.zeros(1, 1, 6, 8)), "phases"),
+    ],
+)
 def test_attention_core_shape_errors_are_one_line(make, message):
     q = torch.randn(1, 2, 6, 8)
     with pytest.raises(PosencError, match=message):
@@ -71,18 +82,33 @@ def digest(folder):
 
 
 def bad_commands(run):
-    train = ["train", "--preset", "quick", "--steps", "2", "--out", str(run), "--resume"]  # past the "holds a run" check
+    train = [
+        "train",
+        "--preset",
+        "quick",
+        "--steps",
+        "2",
+        "--out",
+        str(run),
+        "--resume",
+    ]  # past the "holds a run" check
     return [
         (["generate", str(run.parent / "missing"), "--prompt", "To be"], "does not exist"),
         (["generate", str(run), "--prompt", "To be", "--scheme", "alibi"], "--scheme applies to pretrained models"),
         (["generate", str(run), "--prompt", "To be", "--schedule", "yarn"], "rope schedules apply to RoPE models"),
-        (["generate", str(run), "--prompt", "To be", "--leak", "2"], "--leak is a schedule setting: it needs --schedule"),
+        (
+            ["generate", str(run), "--prompt", "To be", "--leak", "2"],
+            "--leak is a schedule setting: it needs --schedule",
+        ),
         (["generate", str(run), "--prompt", ""], "--prompt is empty"),
         (["generate", str(run), "--prompt", "To be", "--max-new-tokens", "-1"], "max_new_tokens must be"),
         (["generate", str(run), "--prompt", "To be", "--temperature", "nan"], "temperature must be"),
         (["generate", str(run), "--prompt", "To be", "--temperature", "-1"], "temperature must be"),
         (["generate", str(run), "--prompt", "To be", "--top-k", "0"], "top_k must be"),
-        (["generate", str(run), "--prompt", "x" * 30, "--max-new-tokens", "5"], "exceed the learned position table of 32"),
+        (
+            ["generate", str(run), "--prompt", "x" * 30, "--max-new-tokens", "5"],
+            "exceed the learned position table of 32",
+        ),
         (["generate", str(run), "--prompt", "To be", "--max-new-tokens", "many"], "invalid int value"),
         (["generate", str(run)], "--prompt"),
         (["eval", str(run), "--passkey", "guess"], "invalid choice"),
@@ -175,34 +201,74 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
     assert load_preset("quick").name == "quick"
     (tmp_path / "bad").write_text((SHIPPED / "quick.yaml").read_text() + "bogus: 1\n")
     code = main(["compare", "--preset", "./bad", "--out", str(tmp_path)])
-    assert (code, capsys.readouterr().err) == (2, "posenc: error: invalid preset bad: bogus: Extra inputs are not permitted\n")
+    assert (code, capsys.readouterr().err) == (
+        2,
+        "posenc: error: invalid preset bad: bogus: Extra inputs are not permitted\n",
+    )
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: posenc.Attention(64, 0), "d_model, n_head and n_kv_head must be >= 1, got 64, 0, 0"),
-    (lambda: posenc.Attention(64, 4, scheme=None), "scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got NoneType"),
-    (lambda: build_model(["rope"]), "a model config is a ModelConfig or a dict of its settings (e.g. {'encoding': 'rope'}), got list"),
-    (lambda: build_model({"d_model": 10, "n_head": 4}), "invalid model config: d_model 10 is not divisible by n_head 4"),
-    (lambda: build_model({"n_layer": 0}), "invalid model config: n_layer must be an integer > 0, got 0"),
-    (lambda: build_model({"mlp": "relu"}), "invalid model config: mlp must be one of gelu, swiglu, got 'relu'"),
-    (lambda: build_model({"n_layer": 1, "bogus": 1}), "invalid model config: bogus: not a setting (valid: vocab_size, n_layer, n_head, "
-     "d_model, mlp, mlp_ratio, norm, train_length, encoding, encoding_params, attn_block_size, n_kv_head)"),
-    (lambda: posenc.Attention(64, 4, scheme="acc-token-qk"),
-     "accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got 0"),
-    (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate("To be", 2),
-     "the prompt must be token ids (a tensor or a list of ints), got str"),
-    *[(lambda n=n: build_model({"n_layer": 4, "n_head": 2, "d_model": 16}).decode(torch.zeros(1, 3, dtype=torch.long), Cache(n)),
-       f"the cache has {n} layers, the model 4: use Cache(4)") for n in (0, 2, 8)],
-    (lambda: posenc.prepare("rope", torch.randn(1, 6, 16), n_head=0), "n_head must be an integer >= 1, got 0"),
-    (lambda: posenc.prepare("alibi", torch.randn(1, 6, 16), n_head=-1), "n_head must be an integer >= 1, got -1"),
-    (lambda: encodings.get("alibi", Dims(n_head=-1, head_dim=8, d_model=16, vocab_size=0, train_length=16)),
-     "n_head must be an integer >= 1, got -1"),
-    (lambda: posenc.prepare("rope", torch.randn(1, 6, 16), n_head=3), "d_model 16 does not divide into 3 heads (give head_dim)"),
-    (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16})(torch.tensor([[1, 300]])),
-     "token ids must lie in [0, 256), got [1, 300]"),
-    (lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).token_nll(torch.tensor([[1, 3]]), torch.tensor([[1, -2]])),
-     "target ids must lie in [0, 256), got [-2, 1]"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: posenc.Attention(64, 0), "d_model, n_head and n_kv_head must be >= 1, got 64, 0, 0"),
+        (
+            lambda: posenc.Attention(64, 4, scheme=None),
+            "scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got NoneType",
+        ),
+        (
+            lambda: build_model(["rope"]),
+            "a model config is a ModelConfig or a dict of its settings (e.g. {'encoding': 'rope'}), got list",
+        ),
+        (
+            lambda: build_model({"d_model": 10, "n_head": 4}),
+            "invalid model config: d_model 10 is not divisible by n_head 4",
+        ),
+        (lambda: build_model({"n_layer": 0}), "invalid model config: n_layer must be an integer > 0, got 0"),
+        (lambda: build_model({"mlp": "relu"}), "invalid model config: mlp must be one of gelu, swiglu, got 'relu'"),
+        (
+            lambda: build_model({"n_layer": 1, "bogus": 1}),
+            "invalid model config: bogus: not a setting (valid: vocab_size, n_layer, n_head, "
+            "d_model, mlp, mlp_ratio, norm, train_length, encoding, encoding_params, attn_block_size, n_kv_head)",
+        ),
+        (
+            lambda: posenc.Attention(64, 4, scheme="acc-token-qk"),
+            "accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got 0",
+        ),
+        (
+            lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate("To be", 2),
+            "the prompt must be token ids (a tensor or a list of ints), got str",
+        ),
+        *[
+            (
+                lambda n=n: build_model({"n_layer": 4, "n_head": 2, "d_model": 16}).decode(
+                    torch.zeros(1, 3, dtype=torch.long), Cache(n)
+                ),
+                f"the cache has {n} layers, the model 4: use Cache(4)",
+            )
+            for n in (0, 2, 8)
+        ],
+        (lambda: posenc.prepare("rope", torch.randn(1, 6, 16), n_head=0), "n_head must be an integer >= 1, got 0"),
+        (lambda: posenc.prepare("alibi", torch.randn(1, 6, 16), n_head=-1), "n_head must be an integer >= 1, got -1"),
+        (
+            lambda: encodings.get("alibi", Dims(n_head=-1, head_dim=8, d_model=16, vocab_size=0, train_length=16)),
+            "n_head must be an integer >= 1, got -1",
+        ),
+        (
+            lambda: posenc.prepare("rope", torch.randn(1, 6, 16), n_head=3),
+            "d_model 16 does not divide into 3 heads (give head_dim)",
+        ),
+        (
+            lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16})(torch.tensor([[1, 300]])),
+            "token ids must lie in [0, 256), got [1, 300]",
+        ),
+        (
+            lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).token_nll(
+                torch.tensor([[1, 3]]), torch.tensor([[1, -2]])
+            ),
+            "target ids must lie in [0, 256), got [-2, 1]",
+        ),
+    ],
+)
 def test_python_api_bad_arguments_are_one_line(make, message):
     with pytest.raises(PosencError) as err:
         make()
@@ -236,9 +302,11 @@ def test_bugs_inside_a_scheme_raise_with_their_traceback_and_bad_values_are_one_
             encodings.get("broken-plugin:width=x")
     finally:
         encodings.unregister("broken-plugin")
-    for params, message in (({"schedule": "yarn", "schedule_params": 5}, "expected dict"),
-                            ({"schedule": "yarn", "schedule_params": {"factor": "x"}}, "factor='x': expected a finite number"),
-                            ({"schedule_params": {"factor": 2.0}}, "need a schedule")):
+    for params, message in (
+        ({"schedule": "yarn", "schedule_params": 5}, "expected dict"),
+        ({"schedule": "yarn", "schedule_params": {"factor": "x"}}, "factor='x': expected a finite number"),
+        ({"schedule_params": {"factor": 2.0}}, "need a schedule"),
+    ):
         with pytest.raises(PosencError, match=message):
             encodings.get("rope", **params)
 

@@ -166,13 +166,22 @@ def test_dape_in_a_composition_feeds_the_other_bias_to_the_mlp():
 
 # ---------------------------------------------------------------- all three
 
-SPECS = ["fire", "cope:block_size=4", "dape:block_size=4", "dape-kerple", "cope:block_size=4+alibi", "dape:block_size=4+t5"]
+SPECS = [
+    "fire",
+    "cope:block_size=4",
+    "dape:block_size=4",
+    "dape-kerple",
+    "cope:block_size=4+alibi",
+    "dape:block_size=4+t5",
+]
 
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_future_tokens_do_not_change_earlier_outputs(spec):
     torch.manual_seed(0)
-    model = build_model({"encoding": spec, "n_layer": 2, "n_head": 2, "d_model": 16, "train_length": 8, "attn_block_size": 4}).eval()
+    model = build_model(
+        {"encoding": spec, "n_layer": 2, "n_head": 2, "d_model": 16, "train_length": 8, "attn_block_size": 4}
+    ).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("pos_emb"):  # CoPE's table starts at 0: give the gates something to move
@@ -186,17 +195,20 @@ def test_future_tokens_do_not_change_earlier_outputs(spec):
     assert not torch.allclose(a[:, 6:], b[:, 6:])
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("fire:mlp_width=0", r"fire needs mlp_width >= 1, init_c > 0 and init_L > 0, got 0, 0.1, 4.0"),
-    ("fire:init_c=0", r"got 32, 0, 4.0"),
-    ("fire:init_L=-1", r"got 32, 0.1, -1.0"),
-    ("cope:npos_max=0", r"cope needs npos_max >= 1 and block_size >= 1, got 0, 512"),
-    ("cope:block_size=0", r"got 64, 0"),
-    ("cope:npos_max=2.5", r"npos_max=2.5: expected int"),
-    ("dape:base=rope", r"dape base must be 'alibi' or 'kerple', got 'rope'"),
-    ("dape:mlp_width=0", r"dape needs mlp_width >= 1 and block_size >= 1, got 0, 512"),
-    ("dape-kerple:base=alibi", r"'dape-kerple' fixes base='kerple'"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("fire:mlp_width=0", r"fire needs mlp_width >= 1, init_c > 0 and init_L > 0, got 0, 0.1, 4.0"),
+        ("fire:init_c=0", r"got 32, 0, 4.0"),
+        ("fire:init_L=-1", r"got 32, 0.1, -1.0"),
+        ("cope:npos_max=0", r"cope needs npos_max >= 1 and block_size >= 1, got 0, 512"),
+        ("cope:block_size=0", r"got 64, 0"),
+        ("cope:npos_max=2.5", r"npos_max=2.5: expected int"),
+        ("dape:base=rope", r"dape base must be 'alibi' or 'kerple', got 'rope'"),
+        ("dape:mlp_width=0", r"dape needs mlp_width >= 1 and block_size >= 1, got 0, 512"),
+        ("dape-kerple:base=alibi", r"'dape-kerple' fixes base='kerple'"),
+    ],
+)
 def test_bad_parameters_are_one_line_errors(spec, message):
     with pytest.raises(PosencError, match=message) as err:
         encodings.get(spec, DIMS)
@@ -223,7 +235,9 @@ def test_models_train(spec):
 
 @pytest.mark.parametrize("spec", ["fire", "cope", "dape"])
 def test_bf16_models_keep_float32_positions(spec):
-    model = build_model({"encoding": spec, "n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8}).to(torch.bfloat16)
+    model = build_model({"encoding": spec, "n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8}).to(
+        torch.bfloat16
+    )
     enc = model.blocks[0].attn.enc
     if spec == "fire":  # bf16 parameters, autocast on: psi and the MLP still run in float32
         assert enc.c.dtype == torch.bfloat16

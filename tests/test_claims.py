@@ -14,7 +14,9 @@ def table(rows: dict[str, dict[int, list[float]]]) -> list[Ppl]:
     """scheme -> {multiple: [ppl per seed]} -> ppl records with ratios (seed i is the i-th value)."""
     recs = [
         Ppl(scheme=s, seed=i, train_length=L0, eval_length=m * L0, ppl=p)
-        for s, by_m in rows.items() for m, ppls in by_m.items() for i, p in enumerate(ppls)
+        for s, by_m in rows.items()
+        for m, ppls in by_m.items()
+        for i, p in enumerate(ppls)
     ]
     return with_ratios(recs)
 
@@ -24,7 +26,10 @@ def row(p1: list[float], r16: list[float], r128: list[float]) -> dict[int, list[
 
 
 def verdicts(rows) -> dict[str, str]:
-    return {f"{c.key}:{c.text.split('(')[1].split(')')[0] if c.key in ('i', 'iii') else ''}": c.verdict for c in check_claims(table(rows), L0)}
+    return {
+        f"{c.key}:{c.text.split('(')[1].split(')')[0] if c.key in ('i', 'iii') else ''}": c.verdict
+        for c in check_claims(table(rows), L0)
+    }
 
 
 def test_comparison_verdicts():
@@ -43,7 +48,9 @@ def test_run_to_run_noise_widens_each_band():
     # both sides widened: 7.45 vs 7.57 x 1.02 = 7.72 holds at 1%, is within noise at 2%
     assert at_most([7.45], [7.7214], 0.01, 0.01) == HOLDS
     assert at_most([7.45], [7.7214], 0.02, 0.02) == NOISE
-    assert exceeds([1.03], 1.02) == HOLDS and exceeds([1.03], 1.02, 0.02) == NOISE and exceeds([0.99], 1.02, 0.02) == FAILS
+    assert (
+        exceeds([1.03], 1.02) == HOLDS and exceeds([1.03], 1.02, 0.02) == NOISE and exceeds([0.99], 1.02, 0.02) == FAILS
+    )
 
 
 def test_paper_pattern_every_claim_holds():
@@ -57,8 +64,15 @@ def test_paper_pattern_every_claim_holds():
         "rope+forget": row([6.4], [0.99], [0.98]),
     }
     v = verdicts(rows)
-    assert v == {"i:acc-rand-qk": HOLDS, "i:acc-rand-qkv": HOLDS, "ii:": HOLDS, "iii:acc-rand-qkv vs acc-rand-qk": HOLDS,
-                 "iv:": HOLDS, "v:": HOLDS, "vi:": HOLDS}
+    assert v == {
+        "i:acc-rand-qk": HOLDS,
+        "i:acc-rand-qkv": HOLDS,
+        "ii:": HOLDS,
+        "iii:acc-rand-qkv vs acc-rand-qk": HOLDS,
+        "iv:": HOLDS,
+        "v:": HOLDS,
+        "vi:": HOLDS,
+    }
 
 
 def test_each_claim_can_fail():
@@ -72,8 +86,15 @@ def test_each_claim_can_fail():
         "rope+forget": row([6.4], [0.99], [0.98]),
     }
     v = verdicts(rows)
-    assert v == {"i:acc-rand-qk": FAILS, "i:acc-rand-qkv": FAILS, "ii:": FAILS, "iii:acc-rand-qkv vs acc-rand-qk": FAILS,
-                 "iv:": FAILS, "v:": FAILS, "vi:": FAILS}
+    assert v == {
+        "i:acc-rand-qk": FAILS,
+        "i:acc-rand-qkv": FAILS,
+        "ii:": FAILS,
+        "iii:acc-rand-qkv vs acc-rand-qk": FAILS,
+        "iv:": FAILS,
+        "v:": FAILS,
+        "vi:": FAILS,
+    }
 
 
 @pytest.fixture
@@ -120,7 +141,10 @@ def test_degrading_is_strictly_above_the_flat_threshold(no_run_noise):
 def test_claims_whose_schemes_were_not_run_are_omitted():
     assert check_claims(table({"nope": row([10.0], [1.1], [1.2]), "alibi": row([6.7], [1.0], [1.0])}), L0) == []
     assert "No claim of arXiv 2606.24975 is checked" in claims_markdown(table({"nope": row([10.0], [1.1], [1.2])}), L0)
-    keys = [c.key for c in check_claims(table({"rope": row([6.4], [1.8], [3.3]), "acc-rand-qkv": row([7.3], [1.05], [1.2])}), L0)]
+    keys = [
+        c.key
+        for c in check_claims(table({"rope": row([6.4], [1.8], [3.3]), "acc-rand-qkv": row([7.3], [1.05], [1.2])}), L0)
+    ]
     assert keys == ["i"]
 
 
@@ -137,18 +161,28 @@ def test_window_section_sorts_by_window_and_predicts_from_the_training_length():
     assert [r["scheme"] for r in got] == ["acc-rand-qkv:a=2", "acc-rand-qkv:a=1", "acc-rand-qkv:a=0.1"]
     assert got[2]["w_ratio"] == pytest.approx(2763 / 128) and got[0]["rmax"] == [pytest.approx(1.1)]
     md = window_markdown(table(rows), windows, L0)
-    assert "| acc-rand-qkv:a=1 | 27 | 0.211 | extrapolates |" in md and "| acc-rand-qkv:a=0.1 | 2763 | 21.6 | degrades |" in md
+    assert (
+        "| acc-rand-qkv:a=1 | 27 | 0.211 | extrapolates |" in md
+        and "| acc-rand-qkv:a=0.1 | 2763 | 21.6 | degrades |" in md
+    )
     assert window_rows(table(rows), {"acc-rand-qkv:a=2": 6, "acc-rand-qkv:a=1": 27}, L0) == []  # fewer than 3 windows
 
 
 def test_claims_find_their_schemes_by_canonical_spec():
     """rope:rope_theta=10000 is rope and acc-rand-qk:a=1 is acc-rand-qk: the same runs give the same claims."""
-    plain = {"rope": row([6.4], [1.8], [3.3]), "acc-rand-qk": row([7.3], [1.05], [1.2]), "alibi": row([6.7], [0.99], [0.98])}
+    plain = {
+        "rope": row([6.4], [1.8], [3.3]),
+        "acc-rand-qk": row([7.3], [1.05], [1.2]),
+        "alibi": row([6.7], [0.99], [0.98]),
+    }
     spelled = {"rope:rope_theta=10000": plain["rope"], "acc-rand-qk:a=1": plain["acc-rand-qk"], "alibi": plain["alibi"]}
     want = [(c.key, c.verdict, c.evidence) for c in check_claims(table(plain), L0)]
     assert [c.key for c in check_claims(table(plain), L0)] == ["i", "iv"]
     assert [(c.key, c.verdict, c.evidence) for c in check_claims(table(spelled), L0)] == want
-    other = {"rope:rope_theta=500000": plain["rope"], "acc-rand-qk": plain["acc-rand-qk"]}  # another theta is another scheme
+    other = {
+        "rope:rope_theta=500000": plain["rope"],
+        "acc-rand-qk": plain["acc-rand-qk"],
+    }  # another theta is another scheme
     assert check_claims(table(other), L0) == []
 
 

@@ -31,6 +31,8 @@ def test_compiled_and_eager_training_losses_agree(tmp_path):
     for flag in (False, True):
         torch._dynamo.reset()
         train(tmp_path / str(flag), mcfg, preset.train.model_copy(update={"compile": flag}))
-        losses[flag] = [json.loads(line)["loss"] for line in (tmp_path / str(flag) / "train.jsonl").read_text().splitlines()]
+        losses[flag] = [
+            json.loads(line)["loss"] for line in (tmp_path / str(flag) / "train.jsonl").read_text().splitlines()
+        ]
     assert len(losses[True]) == 3
     assert max(abs(a - b) for a, b in zip(losses[True], losses[False])) < 1e-5, losses

@@ -36,10 +36,21 @@ def test_every_shipped_preset_resolves_as_before_the_rebase():
 
 def test_the_shipped_presets_share_blocks_through_base():
     from posenc.presets import SHIPPED
-    bases = {n: next((line.split()[1] for line in (SHIPPED / f"{n}.yaml").read_text().splitlines() if line.startswith("base:")), None)
-             for n in preset_names()}
-    assert {n: b for n, b in bases.items() if b} == {"baselines": "default", "learned": "default", "quick": "default",
-                                                     "window": "default", "state-tracking": "retrieval"}
+
+    bases = {
+        n: next(
+            (line.split()[1] for line in (SHIPPED / f"{n}.yaml").read_text().splitlines() if line.startswith("base:")),
+            None,
+        )
+        for n in preset_names()
+    }
+    assert {n: b for n, b in bases.items() if b} == {
+        "baselines": "default",
+        "learned": "default",
+        "quick": "default",
+        "window": "default",
+        "state-tracking": "retrieval",
+    }
 
 
 def _write(folder: Path, name: str, text: str) -> Path:
@@ -48,16 +59,26 @@ def _write(folder: Path, name: str, text: str) -> Path:
 
 
 def test_base_deep_merges_sections_and_replaces_lists_and_free_mappings(tmp_path):
-    _write(tmp_path, "mid.yaml", "name: mid\ndescription: the middle\nbase: quick\ntrain: {lr: 5.0e-3}\n"
-           "eval: {passkey: {trials: 3}}\nsweep: {grid: {train.lr: [1e-3, 2e-3]}, schemes: {rope: {train.steps: [4]}}}\n")
-    child = _write(tmp_path, "child.yaml", "name: child\nbase: ./mid.yaml\ntrain: {steps: 7}\nschemes: [rope]\n"
-                   "eval: {multiples: [1, 2]}\nsweep: {grid: {model.n_head: [1, 2]}}\n")
+    _write(
+        tmp_path,
+        "mid.yaml",
+        "name: mid\ndescription: the middle\nbase: quick\ntrain: {lr: 5.0e-3}\n"
+        "eval: {passkey: {trials: 3}}\nsweep: {grid: {train.lr: [1e-3, 2e-3]}, schemes: {rope: {train.steps: [4]}}}\n",
+    )
+    child = _write(
+        tmp_path,
+        "child.yaml",
+        "name: child\nbase: ./mid.yaml\ntrain: {steps: 7}\nschemes: [rope]\n"
+        "eval: {multiples: [1, 2]}\nsweep: {grid: {model.n_head: [1, 2]}}\n",
+    )
     quick, p = load_preset("quick"), load_preset(str(child))
     assert p.name == "child" and p.description == ""  # own keys: never the base's
     assert (p.train.steps, p.train.lr, p.train.batch_size) == (7, 5e-3, quick.train.batch_size)  # merged key by key
     assert p.model == quick.model and p.schemes == ["rope"] and p.eval.multiples == [1, 2]  # lists replace whole
     assert p.eval.passkey.trials == 3 and p.eval.passkey.depths == quick.eval.passkey.depths
-    assert p.sweep.grid == {"model.n_head": [1, 2]} and p.sweep.schemes == {"rope": {"train.steps": [4]}}  # grid replaced
+    assert p.sweep.grid == {"model.n_head": [1, 2]} and p.sweep.schemes == {
+        "rope": {"train.steps": [4]}
+    }  # grid replaced
 
 
 def test_a_cycle_of_bases_and_a_bad_base_are_one_line_errors(tmp_path):
@@ -79,33 +100,59 @@ def _compare_args(*argv):
 
 def test_flags_and_set_are_one_mechanism_and_the_last_given_wins():
     by_flag = load_preset("quick", given_settings(_compare_args("--steps", "5", "--schemes", "rope"), FLAGS))
-    by_set = load_preset("quick", given_settings(_compare_args("--set", "train.steps=5", "--set", "schemes=[rope]"), FLAGS))
+    by_set = load_preset(
+        "quick", given_settings(_compare_args("--set", "train.steps=5", "--set", "schemes=[rope]"), FLAGS)
+    )
     assert by_flag == by_set and by_set.train.steps == 5 and "this run sets train.steps = 5" in by_set.description
-    assert load_preset("quick", given_settings(_compare_args("--steps", "5", "--set", "train.steps=6"), FLAGS)).train.steps == 6
+    assert (
+        load_preset("quick", given_settings(_compare_args("--steps", "5", "--set", "train.steps=6"), FLAGS)).train.steps
+        == 6
+    )
 
 
 def test_set_reaches_any_key_with_yaml_values():
-    args = _compare_args("--set", "train.lr=3e-4", "--set", "eval.passkey={trials: 1}", "--set", "cluster.partition=gpu",
-                         "--set", "sweep.grid.train.lr=[1e-3,3e-3]", "--set", "model.encoding_params.a=0.5", "--set", "seeds=[0, 1]",
-                         "--set", "schemes=[acc-rand-qkv]")
+    args = _compare_args(
+        "--set",
+        "train.lr=3e-4",
+        "--set",
+        "eval.passkey={trials: 1}",
+        "--set",
+        "cluster.partition=gpu",
+        "--set",
+        "sweep.grid.train.lr=[1e-3,3e-3]",
+        "--set",
+        "model.encoding_params.a=0.5",
+        "--set",
+        "seeds=[0, 1]",
+        "--set",
+        "schemes=[acc-rand-qkv]",
+    )
     p = load_preset("quick", given_settings(args, FLAGS))
     quick = load_preset("quick")
     assert p.train.lr == 3e-4 and isinstance(p.train.lr, float)  # 3e-4 is a float, as in YAML 1.2
-    assert p.eval.passkey.trials == 1 and p.eval.passkey.depths == quick.eval.passkey.depths  # a section's mapping merges
+    assert (
+        p.eval.passkey.trials == 1 and p.eval.passkey.depths == quick.eval.passkey.depths
+    )  # a section's mapping merges
     assert p.cluster == ClusterConfig(partition="gpu") and p.sweep.grid == {"train.lr": [1e-3, 3e-3]}
     assert p.model.encoding_params == {"a": 0.5} and p.seeds == [0, 1]
     assert load_preset("quick", given_settings(_compare_args("--set", "sweep=null"), FLAGS)).sweep is None
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--set", "train.foo=1"], "--set train.foo: unknown key 'foo' in train (valid: batch_size, steps, lr,"),
-    (["--set", "bogus=1"], "--set bogus: unknown key 'bogus' at the top (valid: name, description, model,"),
-    (["--set", "train.lr=-1"], "invalid train.lr=-1 (command line): Input should be greater than 0"),
-    (["--set", "eval.passkey.trials=x"], "invalid eval.passkey.trials=x (command line): Input should be a valid integer"),
-    (["--set", "train.lr.x=1"], "--set train.lr.x: train.lr takes a value, not keys"),
-    (["--set", "train.lr"], "--set expects KEY=VALUE"),
-    (["--set", "train.lr=[1"], "--set train.lr: '[1' is not a YAML value"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--set", "train.foo=1"], "--set train.foo: unknown key 'foo' in train (valid: batch_size, steps, lr,"),
+        (["--set", "bogus=1"], "--set bogus: unknown key 'bogus' at the top (valid: name, description, model,"),
+        (["--set", "train.lr=-1"], "invalid train.lr=-1 (command line): Input should be greater than 0"),
+        (
+            ["--set", "eval.passkey.trials=x"],
+            "invalid eval.passkey.trials=x (command line): Input should be a valid integer",
+        ),
+        (["--set", "train.lr.x=1"], "--set train.lr.x: train.lr takes a value, not keys"),
+        (["--set", "train.lr"], "--set expects KEY=VALUE"),
+        (["--set", "train.lr=[1"], "--set train.lr: '[1' is not a YAML value"),
+    ],
+)
 def test_a_bad_set_is_one_line_exit_2_naming_the_key(argv, message, capsys):
     assert main(["compare", "--preset", "quick", *argv]) == 2
     err = capsys.readouterr().err
@@ -114,9 +161,14 @@ def test_a_bad_set_is_one_line_exit_2_naming_the_key(argv, message, capsys):
 
 def test_set_on_train_extend_and_finetune(capsys):
     from posenc.commands import extend_cmd, finetune_cmd
-    ft = finetune_cmd.config(build_parser().parse_args(["finetune", "--quick", "--lora-rank", "4", "--set", "lora_alpha=32"]))
+
+    ft = finetune_cmd.config(
+        build_parser().parse_args(["finetune", "--quick", "--lora-rank", "4", "--set", "lora_alpha=32"])
+    )
     assert (ft.lora_rank, ft.lora_alpha) == (4, 32.0)
-    ex = extend_cmd.config(build_parser().parse_args(["extend", "--quick", "--set", "bucket=512", "--set", "passkey_depths=[0.2]"]))
+    ex = extend_cmd.config(
+        build_parser().parse_args(["extend", "--quick", "--set", "bucket=512", "--set", "passkey_depths=[0.2]"])
+    )
     assert (ex.bucket, ex.passkey_depths) == (512, [0.2])
     assert main(["extend", "--quick", "--set", "buckets=5"]) == 2 and "unknown key 'buckets'" in capsys.readouterr().err
     assert main(["train", "--scheme", "rope", "--preset", "quick", "--set", "model.n_layers=2"]) == 2
@@ -132,11 +184,38 @@ def test_set_cannot_change_a_finished_compare_runs_settings(tmp_path, capsys):
 
 def test_set_cannot_change_a_trained_runs_settings_on_resume(tmp_path, capsys):
     out = str(tmp_path / "run")
-    tiny = ["--set", "model.d_model=16", "--set", "model.n_layer=1", "--set", "model.train_length=16", "--set", "train.batch_size=2"]
+    tiny = [
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.n_layer=1",
+        "--set",
+        "model.train_length=16",
+        "--set",
+        "train.batch_size=2",
+    ]
     assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", out, *tiny]) == 0
     capsys.readouterr()
-    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", out, "--resume", *tiny,
-                 "--set", "train.lr=1e-3"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--scheme",
+                "rope",
+                "--preset",
+                "quick",
+                "--steps",
+                "2",
+                "--out",
+                out,
+                "--resume",
+                *tiny,
+                "--set",
+                "train.lr=1e-3",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "its training differs (lr 0.003 -> 0.001)" in err and err.count("\n") == 1
 
@@ -149,8 +228,14 @@ def test_every_field_is_documented_in_docs_presets_md():
     assert doc.endswith(make.generated()), "docs/presets.md is stale: run docs/make_presets.py"
     assert "(undocumented)" not in reference(Preset)
     tables = doc.split(make.MARK)[1]
-    for cls, section in ((Preset, "the top level"), (ModelConfig, "`model`"), (TrainConfig, "`train`"), (EvalConfig, "`eval`"),
-                         (TaskEvalConfig, "`task_eval`"), (SweepConfig, "`sweep`")):
+    for cls, section in (
+        (Preset, "the top level"),
+        (ModelConfig, "`model`"),
+        (TrainConfig, "`train`"),
+        (EvalConfig, "`eval`"),
+        (TaskEvalConfig, "`task_eval`"),
+        (SweepConfig, "`sweep`"),
+    ):
         table = tables.split(f"### {section} ({cls.__name__})")[1].split("###")[0]
         for name, (_, _, _, description) in _field_infos(cls).items():
             assert description and f"| `{name}` |" in table, (cls.__name__, name)

@@ -36,7 +36,9 @@ def test_flags_match_hooks(spec):
     assert enc.rotary == (enc.phases(inp) is not None)
     assert enc.has_bias == (enc.bias(inp) is not None)
     assert enc.replaces_attention == (enc.attend(q, k, v, inp) is not None)
-    assert enc.has_logits == (enc.logits(q, k, inp, None, 0, 6) is not None) and (enc.replaces_attention or not enc.has_logits)
+    assert enc.has_logits == (enc.logits(q, k, inp, None, 0, 6) is not None) and (
+        enc.replaces_attention or not enc.has_logits
+    )
     assert enc.rotary == (enc.spectral_gap() is not None)
 
 
@@ -60,7 +62,9 @@ def test_model_init_keeps_declared_zero_layers():
         assert torch.count_nonzero(block.attn.enc.step.weight) == 0
         assert 0.01 < float(block.attn.qkv.weight.detach().std()) < 0.03  # N(0, 0.02^2)
     model = LM(dataclasses.replace(cfg, encoding_params={"init": "random"}))
-    assert all(b.attn.enc.zero_init() == () and float(b.attn.enc.step.weight.detach().std()) > 0.01 for b in model.blocks)
+    assert all(
+        b.attn.enc.zero_init() == () and float(b.attn.enc.step.weight.detach().std()) > 0.01 for b in model.blocks
+    )
 
 
 def test_every_scheme_has_a_family_and_a_source():

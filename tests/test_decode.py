@@ -11,7 +11,11 @@ from posenc.presets import preset_names
 from posenc.rope import SCHEDULES as SCHEDULE_NAMES
 
 PRESET_SPECS = sorted({s for name in preset_names() for s in load_preset(name).schemes})
-SPECS = sorted(set(encodings.names()) | set(PRESET_SPECS) | {"acc-rand-qkv:a=0.3+alibi", "path+forget", "rope:rotary_fraction=0.5", "rope|nope"})
+SPECS = sorted(
+    set(encodings.names())
+    | set(PRESET_SPECS)
+    | {"acc-rand-qkv:a=0.3+alibi", "path+forget", "rope:rotary_fraction=0.5", "rope|nope"}
+)
 T = 20
 
 
@@ -50,15 +54,29 @@ def test_decode_equals_parallel_float32(spec):
 
 L0 = 8  # the schedules' original context: every cut pattern below crosses it
 HALF = 8  # head dim 16 / 2 frequency pairs
-SCHEDULE_PARAMS = {"none": {}, "rerope": {"window": 2}, "leaky-rerope": {"window": 2, "leak": 4.0},
-                   "longrope": {"factor": 4.0, "short_factor": [1 + 0.1 * i for i in range(HALF)], "long_factor": [1 + i for i in range(HALF)]}}
+SCHEDULE_PARAMS = {
+    "none": {},
+    "rerope": {"window": 2},
+    "leaky-rerope": {"window": 2, "leak": 4.0},
+    "longrope": {
+        "factor": 4.0,
+        "short_factor": [1 + 0.1 * i for i in range(HALF)],
+        "long_factor": [1 + i for i in range(HALF)],
+    },
+}
 
 
 def scheduled(schedule, n_layer, dtype=torch.float64):
     """A RoPE model of L0 = 8 under ``schedule`` whose weights are large enough (std 0.5) that a stale cached
     layer input moves the logits by far more than rounding."""
-    cfg = {"encoding": "rope", "n_layer": n_layer, "n_head": 2, "d_model": 32, "train_length": L0,
-           "encoding_params": {"schedule": schedule, "schedule_params": SCHEDULE_PARAMS.get(schedule, {"factor": 4.0})}}
+    cfg = {
+        "encoding": "rope",
+        "n_layer": n_layer,
+        "n_head": 2,
+        "d_model": 32,
+        "train_length": L0,
+        "encoding_params": {"schedule": schedule, "schedule_params": SCHEDULE_PARAMS.get(schedule, {"factor": 4.0})},
+    }
     m = build_model(cfg).to(dtype).eval()
     with torch.no_grad():
         for p in m.parameters():
@@ -114,9 +132,17 @@ def test_chunked_prefill_leaves_the_state_of_one_prefill():
         m.decode(x, one)
         for a, b in ((0, 4), (4, 5), (5, 15)):
             m.decode(x[:, a:b], chunks)
-    for l1, l2 in zip(one.layers, chunks.layers):  # rotated keys and values, running phase and steps, cumulative log-gates
+    for l1, l2 in zip(
+        one.layers, chunks.layers
+    ):  # rotated keys and values, running phase and steps, cumulative log-gates
         (rot1, gate1), (rot2, gate2) = l1.state.states, l2.state.states
-        for a, b in ((l1.k, l2.k), (l1.v, l2.v), (rot1.last, rot2.last), (rot1.theta.value, rot2.theta.value), (gate1.lam.value, gate2.lam.value)):
+        for a, b in (
+            (l1.k, l2.k),
+            (l1.v, l2.v),
+            (rot1.last, rot2.last),
+            (rot1.theta.value, rot2.theta.value),
+            (gate1.lam.value, gate2.lam.value),
+        ):
             assert torch.allclose(a, b, atol=1e-12, rtol=0)
 
 
@@ -133,18 +159,24 @@ def test_generate_greedy_continues_with_the_parallel_argmax():
 def test_generate_samples_reproducibly_and_respects_top_k():
     torch.manual_seed(5)
     m, prompt = model("rope", torch.float32), torch.randint(0, 256, (2, 4))
-    a, b = m.generate(prompt, 8, temperature=1.0, top_k=3, seed=7), m.generate(prompt, 8, temperature=1.0, top_k=3, seed=7)
+    a, b = (
+        m.generate(prompt, 8, temperature=1.0, top_k=3, seed=7),
+        m.generate(prompt, 8, temperature=1.0, top_k=3, seed=7),
+    )
     assert a.shape == (2, 12) and torch.equal(a, b)
     assert not torch.equal(a, m.generate(prompt, 8, temperature=1.0, top_k=3, seed=8))
     out = m.generate(prompt, 1, top_k=1, seed=0)  # top-1 sampling is greedy
     assert torch.equal(out, m.generate(prompt, 1, temperature=0))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"max_new_tokens": -1}, "max_new_tokens"),
-    ({"max_new_tokens": 2, "temperature": float("nan")}, "temperature"),
-    ({"max_new_tokens": 2, "top_k": 0}, "top_k"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"max_new_tokens": 2, "temperature": float("nan")}, "temperature"),
+        ({"max_new_tokens": 2, "top_k": 0}, "top_k"),
+    ],
+)
 def test_generate_rejects_bad_arguments(kwargs, match):
     with pytest.raises(PosencError, match=match):
         model("rope").generate(torch.tensor([1, 2]), **kwargs)

@@ -3,14 +3,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from test_decode import SPECS, T, model
 
 from posenc.encodings.base import Buffer, Encoding, Inputs
 from posenc.encodings.householder import path_keys
 from posenc.errors import PosencError
 from posenc.model import Cache
 from posenc.rope import NAMES as SCHEDULES
-
-from test_decode import SPECS, T, model
 
 REFERENCE_ONLY = {"dynamic", "longrope"}  # rope schedules whose frequencies follow the length
 
@@ -39,7 +38,9 @@ def test_incremental_decoding_equals_the_full_recomputation(spec, dtype, tol):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_rope_schedules_decode_incrementally_except_those_following_the_length(schedule):
     torch.manual_seed(2)
-    params = {"none": {}, "rerope": {"window": 6}, "leaky-rerope": {"window": 6, "leak": 4.0}}.get(schedule, {"factor": 4.0})
+    params = {"none": {}, "rerope": {"window": 6}, "leaky-rerope": {"window": 6, "leak": 4.0}}.get(
+        schedule, {"factor": 4.0}
+    )
     m, x = model("rope", schedule=schedule, schedule_params=params), torch.randint(0, 256, (1, T))
     with torch.no_grad():
         fast, cache = decoded(m, x, reference=False, cuts=(8,))
@@ -121,7 +122,9 @@ def test_path_keys_equal_the_decoding_recurrence():
         assert (path_keys(k, w, beta, block) - cache).abs().max().item() < 1e-12
 
 
-@pytest.mark.parametrize("spec", ["rope", "hybrid", "acc-rand-qkv:a=0.3+alibi", "rope+forget", "xpos", "cope", "dape", "pope", "t5"])
+@pytest.mark.parametrize(
+    "spec", ["rope", "hybrid", "acc-rand-qkv:a=0.3+alibi", "rope+forget", "xpos", "cope", "dape", "pope", "t5"]
+)
 def test_crop_and_reorder_continue_as_a_fresh_cache(spec):
     torch.manual_seed(5)
     m, x, y = model(spec), torch.randint(0, 256, (2, 14)), torch.randint(0, 256, (2, 4))
@@ -208,7 +211,9 @@ def test_path_decoding_across_flushes_of_its_pending_factors_equals_the_parallel
     with torch.no_grad():
         got, cache = decoded(m, x, reference=False, cuts=(6, 10))  # 14 tokens after the prefill: 4 flushes
         assert (got - m(x)).abs().max().item() < tol
-        pending = next(s for s in getattr(cache.layers[0].state, "states", [cache.layers[0].state]) if isinstance(s, PaTHState)).pending
+        pending = next(
+            s for s in getattr(cache.layers[0].state, "states", [cache.layers[0].state]) if isinstance(s, PaTHState)
+        ).pending
         assert pending.count == 2 and pending.flushed == T - 2
         beams = torch.tensor([1, 1, 0])
         cache.reorder(beams)

@@ -10,12 +10,19 @@ from posenc import build_model, encodings
 from posenc.attention import attention, rotate
 from posenc.cli import main
 from posenc.diagnose import (
-    FarMassConfig, block_logits, diagnose_model, far_mass_records, layer_sums, naive_layer_sums, rotated_qk, step_phasor_sums,
+    FarMassConfig,
+    block_logits,
+    diagnose_model,
+    far_mass_records,
+    layer_sums,
+    naive_layer_sums,
+    rotated_qk,
+    step_phasor_sums,
     uniform_reference,
 )
-from posenc.encodings.base import Dims, Encoding, Inputs
-from posenc.encodings.accumulated import spectral_gap
 from posenc.diagnose_report import markdown
+from posenc.encodings.accumulated import spectral_gap
+from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.model import LM
 from posenc.records import DIAGNOSE, Diagnosis, FarMass, load
 
@@ -46,13 +53,25 @@ def test_streaming_equals_full_softmax_matrix(scheme, gain):
         v = rotate(a.v, a.phases, a.pairing) if a.rotate_v else a.v
         out = P @ v
         out = rotate(out, -a.phases, a.pairing) if a.rotate_v else out
-        ref = attention(a.q, a.k, a.v, phases=a.phases, rotate_v=a.rotate_v, pairing=a.pairing, bias=a.bias, logit_scale=a.logit_scale, block_size=16)
+        ref = attention(
+            a.q,
+            a.k,
+            a.v,
+            phases=a.phases,
+            rotate_v=a.rotate_v,
+            pairing=a.pairing,
+            bias=a.bias,
+            logit_scale=a.logit_scale,
+            block_size=16,
+        )
         torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
         # independent reductions of the full matrix; the logit range of row i is log(max p / min p)
         Pn = P.double().numpy()
         far_i = np.stack([Pn[:, :, i, : i - w + 1].sum(-1) for i in range(w, T)], -1)  # (B, H, T - w)
         with np.errstate(divide="ignore"):  # min p underflows to 0 in peaked rows: r = inf, bound 0
-            r_i = np.stack([np.log(Pn[:, :, i, : i + 1].max(-1) / Pn[:, :, i, : i + 1].min(-1)) for i in range(w, T)], -1)
+            r_i = np.stack(
+                [np.log(Pn[:, :, i, : i + 1].max(-1) / Pn[:, :, i, : i + 1].min(-1)) for i in range(w, T)], -1
+            )
         M = np.arange(w, T) - w + 1
         bound_i = M / (M + w * np.exp(r_i))
         assert (far_i >= bound_i - 1e-6).all()  # the theorem holds query by query
@@ -167,9 +186,16 @@ def test_far_mass_records_are_the_diagnosis_means():
     model = tiny("rope")
     recs = far_mass_records(model, docs, FarMassConfig(multiples=[1, 4], windows=1), base)
     full = diagnose_model(model, docs, multiples=[1, 4], n_windows=1, progress=False)
-    assert all(isinstance(r, FarMass) for r in recs) and [(r.scheme, r.seed, r.train_length, r.w) for r in recs] == [("rope", 3, 16, 16)] * 2
-    assert [(r.length, r.windows, r.far_mass_mean, r.entropy_mean, r.uniform_far_mass, r.uniform_entropy) for r in recs] == [
-        (d.length, d.windows, d.far_mass_mean, d.entropy_mean, d.uniform_far_mass, d.uniform_entropy) for d in full.lengths]
+    assert (
+        all(isinstance(r, FarMass) for r in recs)
+        and [(r.scheme, r.seed, r.train_length, r.w) for r in recs] == [("rope", 3, 16, 16)] * 2
+    )
+    assert [
+        (r.length, r.windows, r.far_mass_mean, r.entropy_mean, r.uniform_far_mass, r.uniform_entropy) for r in recs
+    ] == [
+        (d.length, d.windows, d.far_mass_mean, d.entropy_mean, d.uniform_far_mass, d.uniform_entropy)
+        for d in full.lengths
+    ]
     assert recs[0].far_mass_mean is None and 0 < recs[1].far_mass_mean < 1
     assert recs[1].uniform_far_mass == pytest.approx(np.mean([(t - 15) / (t + 1) for t in range(16, 64)]), rel=1e-12)
     assert far_mass_records(model, docs, FarMassConfig(multiples=[1], windows=0), base) == []
@@ -178,11 +204,17 @@ def test_far_mass_records_are_the_diagnosis_means():
 def test_far_mass_records_of_an_unreadable_scheme_are_notes():
     encodings.register(_CustomAttend)
     try:
-        recs = far_mass_records(tiny(_CustomAttend.name), [("x", np.zeros(200, dtype=np.uint16))], FarMassConfig(multiples=[1, 2]),
-                                {"scheme": _CustomAttend.name, "seed": 0, "train_length": 16})
+        recs = far_mass_records(
+            tiny(_CustomAttend.name),
+            [("x", np.zeros(200, dtype=np.uint16))],
+            FarMassConfig(multiples=[1, 2]),
+            {"scheme": _CustomAttend.name, "seed": 0, "train_length": 16},
+        )
     finally:
         encodings.unregister(_CustomAttend.name)
-    assert [r.length for r in recs] == [16, 32] and all(r.note.startswith("not supported") and r.w is None for r in recs)
+    assert [r.length for r in recs] == [16, 32] and all(
+        r.note.startswith("not supported") and r.w is None for r in recs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +249,12 @@ def test_diagnose_without_checkpoint_exits_2(tmp_path, capsys):
 @pytest.mark.parametrize("window", ["256", "100000"])
 def test_diagnose_window_beyond_every_length_exits_2(trained_run, capsys, window):
     """w >= the longest evaluation length leaves no query with far keys: every far mass would be n/a."""
-    assert main(["diagnose", str(trained_run), "--multiples", "1", "8", "--window", window, "--out", str(trained_run / "w")]) == 2
+    assert (
+        main(
+            ["diagnose", str(trained_run), "--multiples", "1", "8", "--window", window, "--out", str(trained_run / "w")]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"far-mass distance w={window} must be < the longest evaluation length 256" in err
     assert not (trained_run / "w").exists()
@@ -239,6 +276,8 @@ def test_attending_schemes_are_read_through_their_logits(scheme):
             torch.testing.assert_close(p @ a.v, enc.attend(a.q, a.k, a.v, a.inp), atol=1e-6, rtol=1e-5)
             i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
             far = (p * (i - j >= w)).sum(-1)[..., w:].double().sum((0, 2))
-            torch.testing.assert_close(layer_sums(a, w, block_elems=2 * 2 * 48 * 8, enc=enc)["far"], far, atol=1e-9, rtol=1e-6)
+            torch.testing.assert_close(
+                layer_sums(a, w, block_elems=2 * 2 * 48 * 8, enc=enc)["far"], far, atol=1e-9, rtol=1e-6
+            )
     res = diagnose_model(model, [("x", np.arange(300, dtype=np.uint16) % 256)], multiples=[1, 2], progress=False)
     assert res.note is None and res.lengths[1].far_mass_mean > 0

@@ -12,9 +12,9 @@ import torch
 
 from posenc import distributed, encodings
 from posenc.config import load_preset
+from posenc.data import load_tokens
 from posenc.encodings.base import Dims, Inputs
 from posenc.errors import PosencError
-from posenc.data import load_tokens
 from posenc.model import build_model
 from posenc.train import batch_at, make_optimizer, train
 
@@ -44,8 +44,23 @@ def test_torchrun_two_processes_equal_single_process(setup):
     single = tmp_path / "single"
     train(single, dataclasses.replace(preset.model, encoding="acc-rand-qkv"), preset.train)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "posenc.cli", "train", "--scheme", "acc-rand-qkv", "--preset", str(preset_path), "--out", str(tmp_path / "ddp")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "posenc.cli",
+        "train",
+        "--scheme",
+        "acc-rand-qkv",
+        "--preset",
+        str(preset_path),
+        "--out",
+        str(tmp_path / "ddp"),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("trained acc-rand-qkv: step 5 of 5, ") == 1  # rank 0 reports, rank 1 stays quiet

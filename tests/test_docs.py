@@ -94,9 +94,22 @@ def test_the_readme_stays_a_front_page():
 def test_the_plugin_page_gives_each_hook_its_exact_signature():
     """docs/plugins.md states every hook as base.py defines it: a changed signature makes the page wrong, and this fail."""
     page = (ROOT / "docs" / "plugins.md").read_text()
-    hooks = ("embed", "phases", "steps", "bias", "attend", "logits", "decoder", "length_key", "spectral_gap", "mixing_window")
+    hooks = (
+        "embed",
+        "phases",
+        "steps",
+        "bias",
+        "attend",
+        "logits",
+        "decoder",
+        "length_key",
+        "spectral_gap",
+        "mixing_window",
+    )
     for hook in hooks:
         signature = str(inspect.signature(getattr(encodings.Encoding, hook))).replace("'", "")
         assert f"`{hook}{signature}`" in page, (hook, signature)
     assert all(f"`{flag}`" in page for flag in registry.FLAG_HOOKS)
-    assert all(f"`{field.name}`" in page for cls in (encodings.Dims, encodings.Inputs) for field in dataclasses.fields(cls))
+    assert all(
+        f"`{field.name}`" in page for cls in (encodings.Dims, encodings.Inputs) for field in dataclasses.fields(cls)
+    )

@@ -5,8 +5,8 @@ import math
 import torch
 
 from posenc import encodings
-from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.accumulated import EVAL_DRAW
+from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.draw import counter_uniform, counter_uniform_naive, row_key_int, row_keys
 
 
@@ -65,7 +65,10 @@ def test_random_steps_of_a_position_do_not_depend_on_the_length():
     long, short = phases(40), phases(25)
     assert torch.equal(long[..., :25, :], short)
     steps = enc._u(Inputs(torch.zeros(1, 1, 16), torch.tensor([30]), torch.zeros(1, 1, dtype=torch.long)))
-    assert torch.equal(steps[0, :, 0], enc._u(Inputs(torch.zeros(1, 40, 16), torch.arange(40), torch.zeros(1, 40, dtype=torch.long)))[0, :, 30])
+    assert torch.equal(
+        steps[0, :, 0],
+        enc._u(Inputs(torch.zeros(1, 40, 16), torch.arange(40), torch.zeros(1, 40, dtype=torch.long)))[0, :, 30],
+    )
     enc.train()
     enc.draws.zero_()
     a = phases(40)

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from posenc import build_model
-from posenc.errors import PosencError
 from posenc.compare import evaluate_length
+from posenc.errors import PosencError
 from posenc.scoring import bucket_edges, plan, window_starts
-
 
 RUN = {"scheme": "rope"}  # the run fields each record carries
 
@@ -18,7 +17,13 @@ RUN = {"scheme": "rope"}  # the run fields each record carries
 def test_windows_score_every_target_once():
     """Every target 1..N-1 of each document at least L + 1 tokens long, each once (a last window overlapping its
     predecessor scores only what is left); shorter documents have no window."""
-    docs = [("a", np.arange(101)), ("b", np.arange(50)), ("c", np.arange(10)), ("d", np.arange(17)), ("e", np.arange(16))]
+    docs = [
+        ("a", np.arange(101)),
+        ("b", np.arange(50)),
+        ("c", np.arange(10)),
+        ("d", np.arange(17)),
+        ("e", np.arange(16)),
+    ]
     L = 16
     seen = {d: np.zeros(len(a), int) for d, (_, a) in enumerate(docs)}
     for d, w in plan(docs, L):

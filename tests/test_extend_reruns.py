@@ -23,9 +23,28 @@ def _passkey_cells(out):
 
 def test_extend_rerun_counts_each_passkey_trial_once(llama_dir):
     out = llama_dir / "o"
-    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
-            "--schedules", "none", "yarn", "--lengths", "16", "--max-windows", "1", "--passkey-lengths", "120",
-            "--trials", "2", "--scheme", "alibi"]
+    argv = [
+        "extend",
+        "--model",
+        str(llama_dir / "tiny"),
+        "--corpus",
+        str(llama_dir / "corpus.txt"),
+        "--out",
+        str(out),
+        "--schedules",
+        "none",
+        "yarn",
+        "--lengths",
+        "16",
+        "--max-windows",
+        "1",
+        "--passkey-lengths",
+        "120",
+        "--trials",
+        "2",
+        "--scheme",
+        "alibi",
+    ]
     assert main(argv) == 0
     lines, cells = _lines(out), _passkey_cells(out)
     trials = [json.loads(x) for x in lines if json.loads(x)["kind"] == "passkey"]
@@ -38,19 +57,58 @@ def test_extend_rerun_counts_each_passkey_trial_once(llama_dir):
 def test_passkey_schedules_outside_schedules_warn(llama_dir, capsys):
     """A passkey length with no schedule of --schedules in --passkey-schedules runs no trial: said, not silent."""
     out = llama_dir / "w"
-    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
-            "--schedules", "none", "--lengths", "16", "--max-windows", "1", "--passkey-lengths", "120", "--passkey-schedules", "yarn"]
+    argv = [
+        "extend",
+        "--model",
+        str(llama_dir / "tiny"),
+        "--corpus",
+        str(llama_dir / "corpus.txt"),
+        "--out",
+        str(out),
+        "--schedules",
+        "none",
+        "--lengths",
+        "16",
+        "--max-windows",
+        "1",
+        "--passkey-lengths",
+        "120",
+        "--passkey-schedules",
+        "yarn",
+    ]
     assert main(argv) == 0
-    assert "posenc: warning: no schedule of --schedules (none) is in --passkey-schedules (yarn)" in capsys.readouterr().err
+    assert (
+        "posenc: warning: no schedule of --schedules (none) is in --passkey-schedules (yarn)" in capsys.readouterr().err
+    )
     assert not any(json.loads(x)["kind"] == "passkey" for x in _lines(out))
 
 
 def test_finetune_rerun_counts_each_passkey_trial_once(llama_dir, capsys):
     pytest.importorskip("peft")
     out = llama_dir / "f"
-    argv = ["finetune", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--length", "32",
-            "--steps", "2", "--eval-lengths", "16", "--eval-windows", "1", "--passkey-lengths", "120", "--trials", "2",
-            "--scheme", "alibi", "--out", str(out)]
+    argv = [
+        "finetune",
+        "--model",
+        str(llama_dir / "tiny"),
+        "--corpus",
+        str(llama_dir / "corpus.txt"),
+        "--length",
+        "32",
+        "--steps",
+        "2",
+        "--eval-lengths",
+        "16",
+        "--eval-windows",
+        "1",
+        "--passkey-lengths",
+        "120",
+        "--trials",
+        "2",
+        "--scheme",
+        "alibi",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     lines, cells = _lines(out), _passkey_cells(out)
     assert sum(json.loads(x)["kind"] == "passkey" for x in lines) == 2 * 2  # before and after training
@@ -63,8 +121,18 @@ def test_finetune_rerun_counts_each_passkey_trial_once(llama_dir, capsys):
 def test_records_of_the_old_passkey_field_resume_and_count_once(tmp_path):
     """Records of the earlier release: the passkey number had overwritten the resume key, and each rerun had
     appended the trial again. Their key is rebuilt and the repeat counts once."""
-    old = {"kind": "passkey", "key": 12345, "method": "none", "factor": 2.0, "length": 120, "depth": 0.5, "trial": 0,
-           "correct": True, "prompt_tokens": 100, "setting": "t"}
+    old = {
+        "kind": "passkey",
+        "key": 12345,
+        "method": "none",
+        "factor": 2.0,
+        "length": 120,
+        "depth": 0.5,
+        "trial": 0,
+        "correct": True,
+        "prompt_tokens": 100,
+        "setting": "t",
+    }
     path = tmp_path / "records.jsonl"
     path.write_text((json.dumps(old) + "\n") * 2)
     store = extend._Store(path, "t")
@@ -95,8 +163,22 @@ def test_extend_resumes_a_version_1_store_and_refuses_a_newer_one(llama_dir, cap
     """Records written before the row label was renamed (version 1: ``method``) resume under ``adaptation``: their
     keys match, nothing is scored again, the tables read the same; a record of a newer posenc is one line."""
     out = llama_dir / "o"
-    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
-            "--schedules", "none", "--lengths", "16", "--max-windows", "1", "--passkey-lengths"]
+    argv = [
+        "extend",
+        "--model",
+        str(llama_dir / "tiny"),
+        "--corpus",
+        str(llama_dir / "corpus.txt"),
+        "--out",
+        str(out),
+        "--schedules",
+        "none",
+        "--lengths",
+        "16",
+        "--max-windows",
+        "1",
+        "--passkey-lengths",
+    ]
     assert main(argv) == 0
     (new,) = [json.loads(x) for x in _lines(out)]
     old = {("method" if k == "adaptation" else k): v for k, v in new.items() if k != "schema_version"}
@@ -109,36 +191,88 @@ def test_extend_resumes_a_version_1_store_and_refuses_a_newer_one(llama_dir, cap
     capsys.readouterr()
     assert main(argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
-    assert last == (f"posenc: error: {out / 'records.jsonl'} line 1 holds records of schema version {SCHEMA_VERSION + 1}; "
-                    f"this posenc reads versions up to {SCHEMA_VERSION} (a newer posenc wrote it)")
+    assert last == (
+        f"posenc: error: {out / 'records.jsonl'} line 1 holds records of schema version {SCHEMA_VERSION + 1}; "
+        f"this posenc reads versions up to {SCHEMA_VERSION} (a newer posenc wrote it)"
+    )
 
 
 def test_extend_refuses_lengths_no_schedule_would_score(llama_dir, capsys):
     """Lengths above factor x L0 are scored only by --long-schedules: with none of them in --schedules the table was empty."""
     out = llama_dir / "o"
-    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
-            "--schedules", "none", "--factor", "1", "--lengths", "16", "300", "--long-schedules", "dynamic", "--passkey-lengths"]
+    argv = [
+        "extend",
+        "--model",
+        str(llama_dir / "tiny"),
+        "--corpus",
+        str(llama_dir / "corpus.txt"),
+        "--out",
+        str(out),
+        "--schedules",
+        "none",
+        "--factor",
+        "1",
+        "--lengths",
+        "16",
+        "300",
+        "--long-schedules",
+        "dynamic",
+        "--passkey-lengths",
+    ]
     assert main(argv) == 2 and not out.exists()
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
-    assert last.startswith("posenc: error: --lengths 300 exceed factor x native length = 256") and "--long-schedules (dynamic)" in last
+    assert (
+        last.startswith("posenc: error: --lengths 300 exceed factor x native length = 256")
+        and "--long-schedules (dynamic)" in last
+    )
 
 
 def test_finetune_without_peft_names_finetune_and_peft(llama_dir, capsys, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft raises ImportError
-    argv = ["finetune", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--length", "32",
-            "--steps", "1", "--eval-lengths", "16", "--out", str(llama_dir / "f")]
+    argv = [
+        "finetune",
+        "--model",
+        str(llama_dir / "tiny"),
+        "--corpus",
+        str(llama_dir / "corpus.txt"),
+        "--length",
+        "32",
+        "--steps",
+        "1",
+        "--eval-lengths",
+        "16",
+        "--out",
+        str(llama_dir / "f"),
+    ]
     assert main(argv) == 2 and not (llama_dir / "f").exists()
     err = capsys.readouterr().err
-    assert err == "posenc: error: posenc finetune needs peft: pip install 'posenc[pretrained]' (or --lora-rank 0: no peft)\n"
+    assert (
+        err
+        == "posenc: error: posenc finetune needs peft: pip install 'posenc[pretrained]' (or --lora-rank 0: no peft)\n"
+    )
 
 
 def test_extend_header_states_the_windows_each_point_scores(llama_dir):
     """--max-windows 1 scores one window per point: the header says so (it said "first 32768 tokens each")."""
     out = llama_dir / "h"
-    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out", str(out),
-            "--schedules", "none", "--lengths", "16", "32", "--max-windows", "1"]
+    argv = [
+        "extend",
+        "--model",
+        str(llama_dir / "tiny"),
+        "--corpus",
+        str(llama_dir / "corpus.txt"),
+        "--out",
+        str(out),
+        "--schedules",
+        "none",
+        "--lengths",
+        "16",
+        "32",
+        "--max-windows",
+        "1",
+    ]
     assert main(argv) == 0
     text = (out / "results.md").read_text()
     assert "each point scores 1 window(s) of its length, the first in document order" in text

@@ -23,8 +23,25 @@ from posenc.pretrained import loading  # noqa: E402
 
 
 def argv(d, *extra):
-    return ["finetune", "--model", str(d / "tiny"), "--corpus", str(d / "corpus.txt"), "--length", "32",
-            "--eval-lengths", "16", "32", "--eval-windows", "2", "--lr", "1e-2", "--warmup", "1", *extra]
+    return [
+        "finetune",
+        "--model",
+        str(d / "tiny"),
+        "--corpus",
+        str(d / "corpus.txt"),
+        "--length",
+        "32",
+        "--eval-lengths",
+        "16",
+        "32",
+        "--eval-windows",
+        "2",
+        "--lr",
+        "1e-2",
+        "--warmup",
+        "1",
+        *extra,
+    ]
 
 
 def records(out):
@@ -47,9 +64,12 @@ def test_finetune_end_to_end(llama_dir):
     trained = load_file(out / "trained.safetensors")
     lora = [k for k in trained if ".lora_" in k]
     assert len(lora) == 2 * 4 * 2  # A and B on q/k/v/o of 2 layers
-    assert all(".posenc." in k for k in trained if ".lora_" not in k)  # and the schemes' buffers: random steps have no weights
+    assert all(
+        ".posenc." in k for k in trained if ".lora_" not in k
+    )  # and the schemes' buffers: random steps have no weights
     assert {k: int(v) for k, v in trained.items() if k.endswith("draws")} == {  # their draw counters: one draw per
-        f"model.layers.{i}.self_attn.posenc.draws": 12 for i in range(2)}  # training step; scoring uses the fixed draw
+        f"model.layers.{i}.self_attn.posenc.draws": 12 for i in range(2)
+    }  # training step; scoring uses the fixed draw
     assert any(float(v.abs().max()) > 0 for k, v in trained.items() if "lora_B" in k)  # B starts at 0 and trained
     md = (out / "results.md").read_text()
     assert label in md and tuned in md and "LoRA rank 8" in md
@@ -67,7 +87,9 @@ def test_interrupted_run_resumes_to_the_same_tensors(llama_dir, monkeypatch):
         return batch_at(stream, step, *args)
 
     monkeypatch.setattr(ft, "batch_at", interrupt_at_3)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job ignores it)
+    previous = signal.signal(
+        signal.SIGINT, signal.default_int_handler
+    )  # as in a terminal (a background job ignores it)
     try:
         assert main(argv(llama_dir, *common, "--out", str(llama_dir / "cut"))) == 130
     finally:
@@ -75,7 +97,10 @@ def test_interrupted_run_resumes_to_the_same_tensors(llama_dir, monkeypatch):
     assert torch.load(llama_dir / "cut" / "state.pt")["step"] == 4  # Ctrl-C: the step in flight ends, then a checkpoint
     monkeypatch.setattr(ft, "batch_at", batch_at)
     assert main(argv(llama_dir, *common, "--out", str(llama_dir / "cut"))) == 0
-    whole, cut = load_file(llama_dir / "whole" / "trained.safetensors"), load_file(llama_dir / "cut" / "trained.safetensors")
+    whole, cut = (
+        load_file(llama_dir / "whole" / "trained.safetensors"),
+        load_file(llama_dir / "cut" / "trained.safetensors"),
+    )
     assert set(whole) == set(cut) and any(".posenc." in k for k in whole)  # every weight and the forget gates
     draws = [k for k in whole if k.endswith("draws")]  # the random-draw counters: one training draw per step
     assert draws and all(int(whole[k]) == 5 for k in draws)
@@ -91,8 +116,17 @@ def test_interrupted_run_resumes_to_the_same_tensors(llama_dir, monkeypatch):
 
 
 def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir, hf_decode):
-    cfg = ft.load_finetune_config("quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"),
-                                   "scheme": "acc-learned-qk+forget", "steps": 4, "lr": 1e-2, "length": 32})
+    cfg = ft.load_finetune_config(
+        "quick",
+        {
+            "model": str(llama_dir / "tiny"),
+            "corpus": str(llama_dir / "corpus.txt"),
+            "scheme": "acc-learned-qk+forget",
+            "steps": 4,
+            "lr": 1e-2,
+            "length": 32,
+        },
+    )
     loaded = loading.load(cfg.model)
     model = loaded.model
     ft.adapt(model, cfg)
@@ -104,20 +138,26 @@ def test_decoding_a_finetuned_swapped_model_equals_its_full_forward(llama_dir, h
     assert torch.allclose(decoded, full, atol=1e-5)
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--scheme", "alibi", "--schedule", "yarn"], "not both"),
-    (["--schedule", "nosuch"], "nosuch"),
-    (["--pose-target", "16"], "pose_target 16 is shorter than the training sequence (length 32)"),
-    (["--pose-target", "64", "--pose-chunks", "40"], "pose_chunks 40: more chunks than tokens per sequence"),
-    (["--pose-target", "64", "--scheme", "alibi"], "PoSE moves the model's RoPE positions (position_ids): not with scheme 'alibi'"),
-    (["--lora-targets", "q_proj", "nosuch_proj"], "no module of the model is named nosuch_proj"),
-    (["--lora-targets", "self_attn"], "peft cannot put LoRA on self_attn"),
-    (["--length", "100000"], "too few for --length 100000"),
-    (["--scheme", "acc-token-qk"], "token ids"),
-    (["--preset", "nosuch"], "unknown finetune preset"),
-    (["--steps", "0"], "steps"),
-    (["--passkey-lengths", "40"], "passkey length 40 is too short"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--scheme", "alibi", "--schedule", "yarn"], "not both"),
+        (["--schedule", "nosuch"], "nosuch"),
+        (["--pose-target", "16"], "pose_target 16 is shorter than the training sequence (length 32)"),
+        (["--pose-target", "64", "--pose-chunks", "40"], "pose_chunks 40: more chunks than tokens per sequence"),
+        (
+            ["--pose-target", "64", "--scheme", "alibi"],
+            "PoSE moves the model's RoPE positions (position_ids): not with scheme 'alibi'",
+        ),
+        (["--lora-targets", "q_proj", "nosuch_proj"], "no module of the model is named nosuch_proj"),
+        (["--lora-targets", "self_attn"], "peft cannot put LoRA on self_attn"),
+        (["--length", "100000"], "too few for --length 100000"),
+        (["--scheme", "acc-token-qk"], "token ids"),
+        (["--preset", "nosuch"], "unknown finetune preset"),
+        (["--steps", "0"], "steps"),
+        (["--passkey-lengths", "40"], "passkey length 40 is too short"),
+    ],
+)
 def test_bad_input_is_one_line_and_touches_nothing(llama_dir, capsys, extra, message):
     assert main(argv(llama_dir, "--steps", "2", "--out", str(llama_dir / "o"), *extra)) == 2
     err = capsys.readouterr().err
@@ -133,24 +173,43 @@ def test_a_directory_of_other_runs_is_refused_and_untouched(llama_dir, capsys):
     (runs / "notes.txt").write_text("mine")
     assert main(argv(llama_dir, "--steps", "2", "--out", str(runs))) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"posenc: error: {runs} holds files but no finetune run (finetune.json); --out is the run directory "
-                   "itself: give a new or empty one (default runs/finetune/<name>)"]
-    assert sorted(str(p.relative_to(runs)) for p in runs.rglob("*")) == ["notes.txt", "train", "train/rope", "train/rope/model.safetensors"]
+    assert err == [
+        f"posenc: error: {runs} holds files but no finetune run (finetune.json); --out is the run directory "
+        "itself: give a new or empty one (default runs/finetune/<name>)"
+    ]
+    assert sorted(str(p.relative_to(runs)) for p in runs.rglob("*")) == [
+        "notes.txt",
+        "train",
+        "train/rope",
+        "train/rope/model.safetensors",
+    ]
 
 
 def test_shipped_presets_and_flags():
     assert ft.preset_names() == ["default", "quick"]
     cfg = ft.load_finetune_config("default")
-    assert (cfg.model, cfg.scheme, cfg.length, cfg.steps, cfg.lora_rank, cfg.eval_lengths) == ("smollm2", "acc-rand-qk", 1024, 50, 8, [1024])
+    assert (cfg.model, cfg.scheme, cfg.length, cfg.steps, cfg.lora_rank, cfg.eval_lengths) == (
+        "smollm2",
+        "acc-rand-qk",
+        1024,
+        50,
+        8,
+        [1024],
+    )
     from posenc.cli import build_parser
     from posenc.commands import finetune_cmd
 
-    args = build_parser().parse_args(["finetune", "--preset", "quick", "--lora-rank", "0", "--scheme", "alibi", "--passkey-lengths"])
+    args = build_parser().parse_args(
+        ["finetune", "--preset", "quick", "--lora-rank", "0", "--scheme", "alibi", "--passkey-lengths"]
+    )
     cfg = finetune_cmd.config(args)
     assert (cfg.name, cfg.steps, cfg.lora_rank, cfg.scheme, cfg.passkey_lengths) == ("quick", 5, 0, "alibi", [])
     assert args.func is finetune_cmd.run
-    for flags, want in ((["--schedule", "yarn"], (None, "yarn")), (["--scheme", "alibi"], ("alibi", "none")),
-                        (["--preset", "quick"], ("acc-rand-qk", "none"))):  # a flag replaces the preset's adaptation
+    for flags, want in (
+        (["--schedule", "yarn"], (None, "yarn")),
+        (["--scheme", "alibi"], ("alibi", "none")),
+        (["--preset", "quick"], ("acc-rand-qk", "none")),
+    ):  # a flag replaces the preset's adaptation
         cfg = finetune_cmd.config(build_parser().parse_args(["finetune", *flags]))
         assert (cfg.scheme, cfg.schedule) == want
 
@@ -164,11 +223,15 @@ def test_a_rope_schedule_fine_tunes(llama_dir):
 
 def test_an_unknown_preset_key_is_one_line(tmp_path):
     (tmp_path / "old.yaml").write_text("name: x\nmethod: yarn\n")
-    with pytest.raises(PosencError, match=r"^invalid finetune preset old.yaml: method: Extra inputs are not permitted$"):
+    with pytest.raises(
+        PosencError, match=r"^invalid finetune preset old.yaml: method: Extra inputs are not permitted$"
+    ):
         ft.load_finetune_config(str(tmp_path / "old.yaml"))
 
 
-@pytest.mark.parametrize("length, target, chunks", [(32, 64, 2), (32, 32, 2), (1024, 16384, 2), (100, 5000, 5), (16, 100, 1), (8, 20, 8)])
+@pytest.mark.parametrize(
+    "length, target, chunks", [(32, 64, 2), (32, 32, 2), (1024, 16384, 2), (100, 5000, 5), (16, 100, 1), (8, 20, 8)]
+)
 def test_pose_position_ids(length, target, chunks):
     """PoSE (Zhu et al. 2024, sec. 3.2): chunks of consecutive positions, the first from 0, each later one shifted
     by a bias at least the previous one's, the last position below the target; the same for the same (seed, step)."""
@@ -185,7 +248,10 @@ def test_pose_position_ids(length, target, chunks):
 def test_pose_covers_the_target_over_steps():
     """Over many steps the positions reach the target's far end, and the chunks' cuts move."""
     draws = [ft.pose_position_ids(64, 4096, 2, 0, s) for s in range(300)]
-    assert max(int(d[-1]) for d in draws) > 3900 and len({int((d.diff() > 1).nonzero()[0]) for d in draws if (d.diff() > 1).any()}) > 20
+    assert (
+        max(int(d[-1]) for d in draws) > 3900
+        and len({int((d.diff() > 1).nonzero()[0]) for d in draws if (d.diff() > 1).any()}) > 20
+    )
 
 
 def test_pose_fine_tuning_feeds_the_position_ids(llama_dir, monkeypatch):
@@ -200,7 +266,24 @@ def test_pose_fine_tuning_feeds_the_position_ids(llama_dir, monkeypatch):
 
     monkeypatch.setattr(ft, "pose_position_ids", spy)
     out = llama_dir / "pose"
-    assert main(argv(llama_dir, "--schedule", "yarn", "--factor", "2", "--steps", "2", "--pose-target", "64", "--out", str(out))) == 0
+    assert (
+        main(
+            argv(
+                llama_dir,
+                "--schedule",
+                "yarn",
+                "--factor",
+                "2",
+                "--steps",
+                "2",
+                "--pose-target",
+                "64",
+                "--out",
+                str(out),
+            )
+        )
+        == 0
+    )
     assert len(seen) == 2 and all(int(s[-1]) < 64 for s in seen)
     assert [s.tolist() for s in seen] == [real(32, 64, 2, 0, step).tolist() for step in (0, 1)]
     cfg = json.loads((out / "finetune.json").read_text())

@@ -25,8 +25,14 @@ def biases(T: int, dtype=torch.float64, B: int = 2) -> dict:
     t5 = encodings.get("t5:num_buckets=8,max_distance=20", DIMS).to(dtype)
     torch.nn.init.normal_(t5.table)
     t5 = t5.bias(Inputs(torch.zeros(1, T, 24, dtype=dtype), torch.arange(T)))
-    return {"alibi": alibi, "forget": forget, "alibi+forget": sum_biases([alibi, forget]), "t5": t5,
-            "t5+forget": sum_biases([t5, forget]), "alibi+t5+forget": sum_biases([alibi, t5, forget])}
+    return {
+        "alibi": alibi,
+        "forget": forget,
+        "alibi+forget": sum_biases([alibi, forget]),
+        "t5": t5,
+        "t5+forget": sum_biases([t5, forget]),
+        "alibi+t5+forget": sum_biases([alibi, t5, forget]),
+    }
 
 
 def untiled(bias):
@@ -52,7 +58,11 @@ def test_fused_values_with_wider_values_and_logit_scale():
     """Dv > Dk + 1 (the kernel's common width is v's) and a logit scale: the extra feature divides it out."""
     T = 40
     bias = biases(T, B=1)["alibi+forget"]
-    q, k, v = torch.randn(1, 3, T, 4, dtype=torch.float64), torch.randn(1, 3, T, 4, dtype=torch.float64), torch.randn(1, 3, T, 12, dtype=torch.float64)
+    q, k, v = (
+        torch.randn(1, 3, T, 4, dtype=torch.float64),
+        torch.randn(1, 3, T, 4, dtype=torch.float64),
+        torch.randn(1, 3, T, 12, dtype=torch.float64),
+    )
     with torch.no_grad():
         fast = attention(q, k, v, bias=bias, logit_scale=1.7, block_size=16)
     assert torch.allclose(fast, naive_attention(q, k, v, bias=bias, logit_scale=1.7), atol=1e-12, rtol=0)
@@ -74,7 +84,16 @@ def test_fused_training_forward_gradients_equal_tile_path(spec):
     for block, fn in ((64, lambda b: b), (8, untiled)):  # fused (one call), then tiles over 5 query blocks
         bias = enc.bias(inp)
         assert fusable(q, fn(bias), block) == (block == 64)
-        out = attention(q, k, v, bias=fn(bias), phases=enc.phases(inp), rotate_v=enc.rotate_v, logit_scale=enc.logit_scale, block_size=block)
+        out = attention(
+            q,
+            k,
+            v,
+            bias=fn(bias),
+            phases=enc.phases(inp),
+            rotate_v=enc.rotate_v,
+            logit_scale=enc.logit_scale,
+            block_size=block,
+        )
         outs.append(out)
         grads.append(torch.autograd.grad((out * torch.linspace(-1, 1, 8, dtype=torch.float64)).sum(), leaves))
     assert torch.allclose(*outs, atol=1e-12, rtol=0)
@@ -92,7 +111,9 @@ def test_fused_gate_gradients_equal_explicit_products():
     ref_bias = forget_bias_naive(logits)
     ref = naive_attention(q, k, v, bias=lambda *a: ref_bias.clone())
     assert torch.allclose(fast, ref, atol=1e-12)
-    for a, b in zip(torch.autograd.grad(fast.sum(), (q, k, v, logits)), torch.autograd.grad(ref.sum(), (q, k, v, logits))):
+    for a, b in zip(
+        torch.autograd.grad(fast.sum(), (q, k, v, logits)), torch.autograd.grad(ref.sum(), (q, k, v, logits))
+    ):
         assert torch.allclose(a, b, atol=1e-10)
 
 
@@ -105,7 +126,9 @@ def test_when_the_fused_path_is_taken():
         assert not fusable(q, untiled(bias), 2) and not fusable(q, None, 2)
         with torch.autocast("cpu", dtype=torch.bfloat16):  # the key term must not reach a bf16 kernel
             assert not fusable(q, bias, 2)
-    t5, kerple = (encodings.get(s, DIMS).bias(Inputs(torch.zeros(1, 10, 24), torch.arange(10))) for s in ("t5", "kerple"))
+    t5, kerple = (
+        encodings.get(s, DIMS).bias(Inputs(torch.zeros(1, 10, 24), torch.arange(10))) for s in ("t5", "kerple")
+    )
     with torch.no_grad():  # T5: separable on far keys only, so without grad
         assert fusable(q, t5, 2) and fusable(q, sum_biases([bias, t5]), 2)
         assert not fusable(q, kerple, 2) and not fusable(q, sum_biases([bias, kerple]), 2)  # not separable: tiles
@@ -117,7 +140,9 @@ def test_autocast_forward_is_the_tile_path():
     bias = biases(T, torch.float32)["alibi+forget"]
     q, k, v = (torch.randn(2, 3, T, 8) for _ in range(3))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        assert torch.equal(attention(q, k, v, bias=bias, block_size=16), attention(q, k, v, bias=untiled(bias), block_size=16))
+        assert torch.equal(
+            attention(q, k, v, bias=bias, block_size=16), attention(q, k, v, bias=untiled(bias), block_size=16)
+        )
 
 
 @pytest.mark.slow
@@ -132,6 +157,7 @@ def test_fused_float32_precision_at_64k_tokens(name):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 1, T, 8, generator=g) for _ in range(3))
     if name == "alibi":
+
         def make(dtype):
             return distance_bias(torch.tensor([0.5], dtype=torch.float64), torch.arange(T), dtype)
     else:
@@ -139,13 +165,18 @@ def test_fused_float32_precision_at_64k_tokens(name):
 
         def make(dtype):
             return forget_bias(lam, dtype)
+
     with torch.no_grad():
         fast = attention(q, k, v, bias=make(torch.float32))[..., -rows:, :]
         qs = T - rows
         q64, k64, v64 = (t.double() for t in (q, k, v))
-        scores = q64[..., qs:, :] @ k64.transpose(-1, -2) / 8**0.5 + causal_tile(make(torch.float64), qs, T, T, "cpu", torch.float64)
+        scores = q64[..., qs:, :] @ k64.transpose(-1, -2) / 8**0.5 + causal_tile(
+            make(torch.float64), qs, T, T, "cpu", torch.float64
+        )
         ref = torch.softmax(scores, dim=-1) @ v64
-        tiles = attention(q[..., -512:, :], k, v, bias=make(torch.float32))[..., -rows:, :]  # the tile path's last block
+        tiles = attention(q[..., -512:, :], k, v, bias=make(torch.float32))[
+            ..., -rows:, :
+        ]  # the tile path's last block
     assert (fast - tiles).abs().max() < 1e-6
     assert (fast.double() - ref).abs().max() < 5e-5 and (tiles.double() - ref).abs().max() < 5e-5
 
@@ -157,7 +188,9 @@ def test_model_evaluation_forward_equals_the_tile_path(spec):
     from posenc import build_model
 
     torch.manual_seed(0)
-    model = build_model({"encoding": spec, "n_layer": 2, "d_model": 32, "n_head": 4, "n_kv_head": 2, "attn_block_size": 16}).double()
+    model = build_model(
+        {"encoding": spec, "n_layer": 2, "d_model": 32, "n_head": 4, "n_kv_head": 2, "attn_block_size": 16}
+    ).double()
     for p in model.parameters():  # learned biases and gates away from their neutral starts
         torch.nn.init.normal_(p, std=0.3)
     tokens = torch.randint(0, 256, (2, 53))

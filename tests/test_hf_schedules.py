@@ -25,15 +25,25 @@ LENGTHS = (16, L0, L0 + 1, 2 * L0, 3 * L0, 4 * L0, 8 * L0)
 
 
 def config(max_positions: int, rope_parameters: dict) -> transformers.LlamaConfig:
-    return transformers.LlamaConfig(hidden_size=4 * D, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                    num_key_value_heads=2, vocab_size=32, max_position_embeddings=max_positions,
-                                    rope_parameters={"rope_theta": THETA, **rope_parameters}, attn_implementation="sdpa")
+    return transformers.LlamaConfig(
+        hidden_size=4 * D,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=32,
+        max_position_embeddings=max_positions,
+        rope_parameters={"rope_theta": THETA, **rope_parameters},
+        attn_implementation="sdpa",
+    )
 
 
 def extended_model() -> transformers.LlamaForCausalLM:
     """Plain RoPE, native context L0 = 64 (``original_max_position_embeddings``), ``max_position_embeddings`` 256."""
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config(4 * L0, {"rope_type": "default", "original_max_position_embeddings": L0})).eval()
+    return transformers.LlamaForCausalLM(
+        config(4 * L0, {"rope_type": "default", "original_max_position_embeddings": L0})
+    ).eval()
 
 
 # each schedule as transformers writes it with L0 = 64: dynamic reads L0 from max_position_embeddings, the others
@@ -43,8 +53,16 @@ REFERENCE = {
     "pi": (4 * L0, {"rope_type": "linear", "factor": S}),
     "dynamic": (L0, {"rope_type": "dynamic", "factor": S}),
     "yarn": (4 * L0, {"rope_type": "yarn", "factor": S, "original_max_position_embeddings": L0}),
-    "llama3": (4 * L0, {"rope_type": "llama3", "factor": S, "original_max_position_embeddings": L0, "low_freq_factor": 1.0,
-                        "high_freq_factor": 4.0}),
+    "llama3": (
+        4 * L0,
+        {
+            "rope_type": "llama3",
+            "factor": S,
+            "original_max_position_embeddings": L0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+        },
+    ),
     "longrope": (4 * L0, {"rope_type": "longrope", "factor": S, "original_max_position_embeddings": L0, **LISTS}),
 }
 
@@ -70,7 +88,10 @@ def test_each_schedule_equals_transformers_for_the_same_l0_at_every_length(name)
         ref, ref_af = frequencies(LlamaRotaryEmbedding(config(*REFERENCE[name])), length)
         assert torch.allclose(got, want, rtol=1e-6, atol=0), (name, length)
         assert torch.allclose(ref, want, rtol=1e-6, atol=0), (name, length)
-        assert got_af == pytest.approx(want_af, rel=1e-12) and ref_af == pytest.approx(want_af, rel=1e-12), (name, length)
+        assert got_af == pytest.approx(want_af, rel=1e-12) and ref_af == pytest.approx(want_af, rel=1e-12), (
+            name,
+            length,
+        )
 
 
 def test_dynamic_ntk_scales_past_the_native_context_not_past_max_position_embeddings():
@@ -131,13 +152,21 @@ def test_every_yarn_setting_and_the_original_length_can_be_given():
     adapted = Adaptation(model)
     assert adapted.l0 == 80
     tuned = {"attention_factor": 1.0, "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False}
-    with pytest.warns(UserWarning, match=r"^factor 4 differs from the model's max_position_embeddings / L0 = 80 / 64 = 1.25"):
+    with pytest.warns(
+        UserWarning, match=r"^factor 4 differs from the model's max_position_embeddings / L0 = 80 / 64 = 1.25"
+    ):
         adapted.set_schedule(Extension("yarn", S, original_max_position_embeddings=L0, **tuned))
     got, got_af = frequencies(model.model.rotary_emb, 2 * L0)
-    ref, ref_af = frequencies(LlamaRotaryEmbedding(config(80, {"rope_type": "yarn", "factor": S,
-                                                              "original_max_position_embeddings": L0, **tuned})), 2 * L0)
-    default, default_af = frequencies(LlamaRotaryEmbedding(config(80, {"rope_type": "yarn", "factor": S,
-                                                                      "original_max_position_embeddings": 80})), 2 * L0)
+    ref, ref_af = frequencies(
+        LlamaRotaryEmbedding(
+            config(80, {"rope_type": "yarn", "factor": S, "original_max_position_embeddings": L0, **tuned})
+        ),
+        2 * L0,
+    )
+    default, default_af = frequencies(
+        LlamaRotaryEmbedding(config(80, {"rope_type": "yarn", "factor": S, "original_max_position_embeddings": 80})),
+        2 * L0,
+    )
     assert torch.allclose(got, ref, rtol=1e-6, atol=0) and got_af == ref_af == 1.0
     assert not torch.allclose(got, default, rtol=1e-3) and default_af > 1.1  # the settings change something
 
@@ -146,8 +175,21 @@ def test_llama3_bands_can_be_given():
     model = extended_model()
     Adaptation(model).set_schedule(Extension("llama3", S, low_freq_factor=2.0, high_freq_factor=8.0))
     got, _ = frequencies(model.model.rotary_emb, L0)
-    ref, _ = frequencies(LlamaRotaryEmbedding(config(4 * L0, {"rope_type": "llama3", "factor": S, "original_max_position_embeddings": L0,
-                                                               "low_freq_factor": 2.0, "high_freq_factor": 8.0})), L0)
+    ref, _ = frequencies(
+        LlamaRotaryEmbedding(
+            config(
+                4 * L0,
+                {
+                    "rope_type": "llama3",
+                    "factor": S,
+                    "original_max_position_embeddings": L0,
+                    "low_freq_factor": 2.0,
+                    "high_freq_factor": 8.0,
+                },
+            )
+        ),
+        L0,
+    )
     default, _ = frequencies(LlamaRotaryEmbedding(config(*REFERENCE["llama3"])), L0)
     assert torch.allclose(got, ref, rtol=1e-6, atol=0) and not torch.allclose(got, default, rtol=1e-3)
 
@@ -170,18 +212,26 @@ def test_the_factor_warning_is_given_once_and_only_where_the_lengths_disagree():
         adapted.set_schedule(Extension("pi", 1.25, original_max_position_embeddings=L0))  # the config's ratio
         adapted.set_schedule(Extension("pi", S))  # L0 = max_position_embeddings: nothing to disagree with
         adapted.set_schedule(Extension("rerope", S, original_max_position_embeddings=L0))  # no factor
-    assert [str(w.message) for w in caught] == ["factor 4 differs from the model's max_position_embeddings / L0 = 80 / 64 = 1.25: "
-                                                "the schedule scales by 4, not by the config's ratio"]
+    assert [str(w.message) for w in caught] == [
+        "factor 4 differs from the model's max_position_embeddings / L0 = 80 / 64 = 1.25: "
+        "the schedule scales by 4, not by the config's ratio"
+    ]
 
 
-@pytest.mark.parametrize("ext,message", [
-    (Extension("pi", S, beta_fast=16.0), r"^rope schedule 'pi' takes factor; got beta_fast$"),
-    (Extension("llama3", S, attention_factor=1.0), r"^rope schedule 'llama3' takes .*; got attention_factor$"),
-    (Extension("none", S, truncate=False), r"^rope schedule 'none' takes no parameters; got truncate$"),
-    (Extension("yarn", S, beta_fast=1.0, beta_slow=2.0), r"^yarn needs beta_fast > beta_slow > 0"),
-    (Extension("yarn", S, attention_factor=0.0), r"attention_factor must be > 0, got 0.0$"),
-    (Extension("yarn", S, original_max_position_embeddings=1), r"^original_max_position_embeddings \(L0\) must be an integer >= 2"),
-])
+@pytest.mark.parametrize(
+    "ext,message",
+    [
+        (Extension("pi", S, beta_fast=16.0), r"^rope schedule 'pi' takes factor; got beta_fast$"),
+        (Extension("llama3", S, attention_factor=1.0), r"^rope schedule 'llama3' takes .*; got attention_factor$"),
+        (Extension("none", S, truncate=False), r"^rope schedule 'none' takes no parameters; got truncate$"),
+        (Extension("yarn", S, beta_fast=1.0, beta_slow=2.0), r"^yarn needs beta_fast > beta_slow > 0"),
+        (Extension("yarn", S, attention_factor=0.0), r"attention_factor must be > 0, got 0.0$"),
+        (
+            Extension("yarn", S, original_max_position_embeddings=1),
+            r"^original_max_position_embeddings \(L0\) must be an integer >= 2",
+        ),
+    ],
+)
 def test_a_setting_the_schedule_does_not_take_or_out_of_range_is_refused(ext, message):
     model = qwen3_style_model()
     adapted = Adaptation(model)

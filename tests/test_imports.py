@@ -24,7 +24,9 @@ def _imports(name: str, path: Path, mods: dict) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             found |= {base} | {f"{base}.{a.name}" for a in node.names}
     own = {".".join(name.split(".")[:k]) for k in range(1, name.count(".") + 1)}  # running already (registry pattern)
     with_parents = {".".join(t.split(".")[:k]) for t in found for k in range(1, t.count(".") + 2)}
@@ -40,7 +42,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
         path.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == "open":
-                return path[path.index(n):] + [n]
+                return path[path.index(n) :] + [n]
             if n not in state and (found := visit(n)):
                 return found
         state[m] = "done"

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.attention import attention
+from posenc.attention import attention, repeat_kv
 from posenc.errors import PosencError
-from posenc.attention import repeat_kv
 from posenc.model import build_model
 
 LIBRARY = Path(__file__).resolve().parents[1] / "docs" / "library.md"  # "Use it in your own model"
@@ -23,7 +22,21 @@ def _decoded(layer, x, cut=6):
     return torch.cat(out, dim=1)
 
 
-@pytest.mark.parametrize("spec", ["acc-rand-qkv:a=1", "acc-learned-qkv", "rope", "alibi", "hybrid", "path", "path+forget", "pope", "xpos", "rope|nope"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "acc-rand-qkv:a=1",
+        "acc-learned-qkv",
+        "rope",
+        "alibi",
+        "hybrid",
+        "path",
+        "path+forget",
+        "pope",
+        "xpos",
+        "rope|nope",
+    ],
+)
 @pytest.mark.parametrize("n_kv_head", [None, 1, 2])
 def test_decode_with_a_layer_cache_equals_the_parallel_forward(spec, n_kv_head):
     torch.manual_seed(0)
@@ -72,7 +85,9 @@ def test_positions_shift_rope_outputs_only_through_relative_offsets():
     layer = posenc.Attention(32, 4, "rope").double()
     x = torch.randn(1, 10, 32, dtype=torch.float64)
     shifted = layer(x, torch.arange(100, 110))
-    assert torch.allclose(shifted, layer(x), atol=1e-10) and not torch.allclose(layer(x, torch.arange(10) * 3), layer(x), atol=1e-3)
+    assert torch.allclose(shifted, layer(x), atol=1e-10) and not torch.allclose(
+        layer(x, torch.arange(10) * 3), layer(x), atol=1e-3
+    )
 
 
 def test_prepare_attend_equals_the_core_and_the_module():
@@ -90,29 +105,60 @@ def test_prepare_attend_equals_the_core_and_the_module():
     assert torch.allclose(layer.proj(out.transpose(1, 2).reshape(2, 11, 32)), layer(x), atol=1e-6)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: posenc.Attention(30, 4), "must divide"),
-    (lambda: posenc.Attention(32, 4, n_kv_head=3), "must divide"),
-    (lambda: posenc.Attention(32, 4, "sinusoidal"), "additive input embedding"),
-    (lambda: posenc.Attention(32, 4, "nosuch"), "unknown scheme"),
-    (lambda: posenc.Attention(32, 4)(torch.randn(2, 5, 16)), r"x must be \(batch, T, 32\)"),
-    (lambda: posenc.Attention(32, 4)(torch.randn(2, 5, 32), torch.arange(4)), r"positions must be \(5,\) int64"),
-    (lambda: posenc.Attention(32, 4)(torch.randn(2, 5, 32), torch.arange(5.0)), "int64"),
-    (lambda: posenc.Attention(32, 4, "acc-token-qkv", vocab_size=16)(torch.randn(2, 5, 32)), "need the token ids"),
-    (lambda: posenc.prepare("forget", torch.randn(1, 5, 32), n_head=4), "learned parameters"),
-    (lambda: posenc.prepare("alibi", torch.randn(1, 5, 32)), "needs n_head"),
-    (lambda: posenc.attend(torch.randn(1, 4, 5, 8), torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8),
-                           posenc.prepare("alibi", torch.randn(1, 5, 32), n_head=4)), "do not divide"),
-    *[(lambda spec=spec: posenc.attend(*torch.randn(3, 1, 2, 6, 16), posenc.prepare(spec, torch.randn(1, 6, 16), n_head=2)),
-       "^q, k have head dim 16, 16; the scheme was prepared for head dim 8$") for spec in ("rope", "xpos", "alibi", "nope")],
-    (lambda: posenc.attend(*torch.randn(3, 1, 2, 6, 8), posenc.prepare("rope", torch.randn(1, 6, 16), n_head=2, head_dim=4)),
-     "^q, k have head dim 8, 8; the scheme was prepared for head dim 4$"),
-    (lambda: posenc.attend(torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 4),
-                           posenc.prepare("acc-rand-qkv:a=1", torch.randn(1, 6, 16), n_head=2)),
-     "^q, k, v have head dim 8, 8, 4; the scheme was prepared for head dim 8$"),
-    (lambda: posenc.attend(*torch.randn(3, 1, 4, 6, 8), posenc.prepare("alibi", torch.randn(1, 6, 16), n_head=2)),
-     "^q has 4 heads; the scheme was prepared for 2$"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: posenc.Attention(30, 4), "must divide"),
+        (lambda: posenc.Attention(32, 4, n_kv_head=3), "must divide"),
+        (lambda: posenc.Attention(32, 4, "sinusoidal"), "additive input embedding"),
+        (lambda: posenc.Attention(32, 4, "nosuch"), "unknown scheme"),
+        (lambda: posenc.Attention(32, 4)(torch.randn(2, 5, 16)), r"x must be \(batch, T, 32\)"),
+        (lambda: posenc.Attention(32, 4)(torch.randn(2, 5, 32), torch.arange(4)), r"positions must be \(5,\) int64"),
+        (lambda: posenc.Attention(32, 4)(torch.randn(2, 5, 32), torch.arange(5.0)), "int64"),
+        (lambda: posenc.Attention(32, 4, "acc-token-qkv", vocab_size=16)(torch.randn(2, 5, 32)), "need the token ids"),
+        (lambda: posenc.prepare("forget", torch.randn(1, 5, 32), n_head=4), "learned parameters"),
+        (lambda: posenc.prepare("alibi", torch.randn(1, 5, 32)), "needs n_head"),
+        (
+            lambda: posenc.attend(
+                torch.randn(1, 4, 5, 8),
+                torch.randn(1, 3, 5, 8),
+                torch.randn(1, 3, 5, 8),
+                posenc.prepare("alibi", torch.randn(1, 5, 32), n_head=4),
+            ),
+            "do not divide",
+        ),
+        *[
+            (
+                lambda spec=spec: posenc.attend(
+                    *torch.randn(3, 1, 2, 6, 16), posenc.prepare(spec, torch.randn(1, 6, 16), n_head=2)
+                ),
+                "^q, k have head dim 16, 16; the scheme was prepared for head dim 8$",
+            )
+            for spec in ("rope", "xpos", "alibi", "nope")
+        ],
+        (
+            lambda: posenc.attend(
+                *torch.randn(3, 1, 2, 6, 8), posenc.prepare("rope", torch.randn(1, 6, 16), n_head=2, head_dim=4)
+            ),
+            "^q, k have head dim 8, 8; the scheme was prepared for head dim 4$",
+        ),
+        (
+            lambda: posenc.attend(
+                torch.randn(1, 2, 6, 8),
+                torch.randn(1, 2, 6, 8),
+                torch.randn(1, 2, 6, 4),
+                posenc.prepare("acc-rand-qkv:a=1", torch.randn(1, 6, 16), n_head=2),
+            ),
+            "^q, k, v have head dim 8, 8, 4; the scheme was prepared for head dim 8$",
+        ),
+        (
+            lambda: posenc.attend(
+                *torch.randn(3, 1, 4, 6, 8), posenc.prepare("alibi", torch.randn(1, 6, 16), n_head=2)
+            ),
+            "^q has 4 heads; the scheme was prepared for 2$",
+        ),
+    ],
+)
 def test_bad_input_raises_one_line_posenc_error(call, message):
     with pytest.raises(PosencError, match=message) as exc:
         call()

@@ -21,11 +21,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 LAYOUT = ROOT / "docs" / "layout.md"  # its "Layout" listing, bottom up
-CORE = ("posenc.errors", "posenc.attention", "posenc.methods", "posenc.scoring", "posenc.layer", "posenc.model", "posenc.encodings", "posenc.rope")
+CORE = (
+    "posenc.errors",
+    "posenc.attention",
+    "posenc.methods",
+    "posenc.scoring",
+    "posenc.layer",
+    "posenc.model",
+    "posenc.encodings",
+    "posenc.rope",
+)
 THEORY_HELPERS = ("posenc.checkpoint", "posenc.presets", "posenc.reporting")
 CORE_EXTERNAL = {"torch", "numpy"}
-CORE_LAZY_EXTERNAL = {"fla"}  # flash-linear-attention's PaTH kernel: imported inside the CUDA path only (householder.py)
-HEAVY = ("matplotlib", "transformers", "pydantic", "yaml", "safetensors", "datasets", "tokenizers")  # tqdm: torch imports it itself
+CORE_LAZY_EXTERNAL = {
+    "fla"
+}  # flash-linear-attention's PaTH kernel: imported inside the CUDA path only (householder.py)
+HEAVY = (
+    "matplotlib",
+    "transformers",
+    "pydantic",
+    "yaml",
+    "safetensors",
+    "datasets",
+    "tokenizers",
+)  # tqdm: torch imports it itself
 
 
 def _modules() -> dict[str, Path]:
@@ -45,7 +64,9 @@ def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
     """(imported module, inside a function) for every import of the file; relative imports resolved."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())
-    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
+    nested = {
+        id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
+    }
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -53,7 +74,9 @@ def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
         elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             out += [(base, id(node) in nested)] + [(f"{base}.{a.name}", id(node) in nested) for a in node.names]
     return out
 
@@ -72,7 +95,12 @@ def _violations(mods: dict[str, Path]) -> list[str]:
                 module = max((m for m in mods if target == m or target.startswith(m + ".")), key=len)
                 if not _in(module, allowed):
                     bad.append(f"{name} imports {module}")
-            elif core and top not in sys.stdlib_module_names and top not in CORE_EXTERNAL and not (lazy and top in CORE_LAZY_EXTERNAL):
+            elif (
+                core
+                and top not in sys.stdlib_module_names
+                and top not in CORE_EXTERNAL
+                and not (lazy and top in CORE_LAZY_EXTERNAL)
+            ):
                 bad.append(f"{name} imports {target}")
     return sorted(set(bad))
 
@@ -87,16 +115,31 @@ def test_the_layer_check_finds_an_upward_import(tmp_path):
     pkg = tmp_path / "posenc"
     (pkg / "encodings").mkdir(parents=True)
     (pkg / "theory").mkdir()
-    for f, text in {"__init__.py": "", "config.py": "import pydantic\n", "encodings/__init__.py": "",
-                    "encodings/x.py": "from posenc.theory.mixing import w\nimport matplotlib\n\ndef f():\n    import fla\n",
-                    "theory/__init__.py": "", "theory/mixing.py": "from posenc.config import Preset\n"}.items():
+    for f, text in {
+        "__init__.py": "",
+        "config.py": "import pydantic\n",
+        "encodings/__init__.py": "",
+        "encodings/x.py": "from posenc.theory.mixing import w\nimport matplotlib\n\ndef f():\n    import fla\n",
+        "theory/__init__.py": "",
+        "theory/mixing.py": "from posenc.config import Preset\n",
+    }.items():
         (pkg / f).write_text(text)
-    mods = {m: pkg.parent / p for m, p in {
-        "posenc": "posenc/__init__.py", "posenc.config": "posenc/config.py", "posenc.encodings": "posenc/encodings/__init__.py",
-        "posenc.encodings.x": "posenc/encodings/x.py", "posenc.theory": "posenc/theory/__init__.py",
-        "posenc.theory.mixing": "posenc/theory/mixing.py"}.items()}
-    assert _violations(mods) == ["posenc.encodings.x imports matplotlib", "posenc.encodings.x imports posenc.theory.mixing",
-                                 "posenc.theory.mixing imports posenc.config"]
+    mods = {
+        m: pkg.parent / p
+        for m, p in {
+            "posenc": "posenc/__init__.py",
+            "posenc.config": "posenc/config.py",
+            "posenc.encodings": "posenc/encodings/__init__.py",
+            "posenc.encodings.x": "posenc/encodings/x.py",
+            "posenc.theory": "posenc/theory/__init__.py",
+            "posenc.theory.mixing": "posenc/theory/mixing.py",
+        }.items()
+    }
+    assert _violations(mods) == [
+        "posenc.encodings.x imports matplotlib",
+        "posenc.encodings.x imports posenc.theory.mixing",
+        "posenc.theory.mixing imports posenc.config",
+    ]
 
 
 def test_importing_the_core_loads_no_heavy_module():
@@ -115,7 +158,9 @@ def test_importing_the_core_loads_no_heavy_module():
 
 def test_the_public_names_load_on_first_access():
     code = "import sys, posenc\nposenc.PosencError\nassert 'posenc.model' not in sys.modules\nposenc.LM, posenc.hf\nprint('posenc.hf' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["True"]
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == [
+        "True"
+    ]
 
 
 def _preset_walk():
@@ -180,7 +225,9 @@ def test_compare_reaches_the_report_through_the_traced_files():
     assert "set_defaults(func=run)" in (SRC / "posenc" / "commands" / "compare_cmd.py").read_text()
     assert {"posenc.config.load_preset", "posenc.compare.compare"} <= pw.calls("posenc.commands.compare_cmd", "run")
     assert {"posenc.jobs.run_pool", "posenc.report.write_report"} <= pw.calls("posenc.compare", "compare")
-    assert {"posenc.train.train", "posenc.compare.evaluate_length", "posenc.records.append"} <= pw.calls("posenc.compare", "run_job")
+    assert {"posenc.train.train", "posenc.compare.evaluate_length", "posenc.records.append"} <= pw.calls(
+        "posenc.compare", "run_job"
+    )
     assert {"posenc.records.load"} <= pw.calls("posenc.report", "write_report")  # the report reads the store
     report = (SRC / "posenc" / "report.py").read_text()
     write = next(n for n in ast.parse(report).body if isinstance(n, ast.FunctionDef) and n.name == "write_report")

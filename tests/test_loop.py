@@ -25,8 +25,10 @@ LOOP = dict(steps=8, batch_size=2, lr=3e-3, warmup=2, ckpt_every=3, threads=1, p
 def reference_losses(model, params: list, cfg: LoopConfig, loss_at) -> list[float]:
     """AdamW (0.9, 0.95; decay on matrices), linear warmup then cosine to min_lr_ratio * lr, global-norm
     clipping: the schedule every posenc run trains with, written out without the loop."""
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
     model.train()
     losses = []
@@ -90,7 +92,10 @@ def test_train_runs_on_the_loop_with_the_reference_losses(tiny_corpus, tmp_path,
     assert logged(tmp_path / "run") == want  # bitwise: deterministic CPU settings
     config = read_json(tmp_path / "run" / "config.json")
     assert config["train"]["precision"] == precision and all(p.dtype == torch.float32 for p in model.parameters())
-    assert config["stamp"]["dtype"] == f"float32 weights, {'bfloat16 autocast' if precision == 'bf16' else 'float32 compute'}"
+    assert (
+        config["stamp"]["dtype"]
+        == f"float32 weights, {'bfloat16 autocast' if precision == 'bf16' else 'float32 compute'}"
+    )
 
 
 def test_a_crashed_train_run_resumes_to_the_uninterrupted_losses(tiny_corpus, tmp_path, monkeypatch):
@@ -99,7 +104,10 @@ def test_a_crashed_train_run_resumes_to_the_uninterrupted_losses(tiny_corpus, tm
     restore = crash_at(monkeypatch, 5)  # 5 steps logged, the last checkpoint at step 3
     with pytest.raises(Stop):
         train(tmp_path / "cut", MCFG, tcfg)
-    assert len(logged(tmp_path / "cut")) == 5 and torch.load(tmp_path / "cut" / "state.pt", weights_only=False)["step"] == 3
+    assert (
+        len(logged(tmp_path / "cut")) == 5
+        and torch.load(tmp_path / "cut" / "state.pt", weights_only=False)["step"] == 3
+    )
     restore()
     train(tmp_path / "cut", MCFG, tcfg, resume=True)
     assert [r["step"] for r in read_jsonl(tmp_path / "cut" / "train.jsonl")] == list(range(1, 9))
@@ -109,7 +117,9 @@ def test_a_crashed_train_run_resumes_to_the_uninterrupted_losses(tiny_corpus, tm
 def test_a_nan_loss_stops_with_one_line_naming_the_step_and_the_last_good_checkpoint(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
-    ckpt = Checkpoint(tmp_path, model.state_dict, torch.optim.AdamW(model.parameters()), key="trained", weights="w.safetensors")
+    ckpt = Checkpoint(
+        tmp_path, model.state_dict, torch.optim.AdamW(model.parameters()), key="trained", weights="w.safetensors"
+    )
     x = torch.randn(4, 3)
 
     def loss_at(step):
@@ -126,9 +136,17 @@ def test_a_nan_loss_stops_with_one_line_naming_the_step_and_the_last_good_checkp
 def test_progress_is_printed_at_each_checkpoint_and_the_last_step(tmp_path, capsys, steps, ckpt_every, shown):
     """Off a terminal, one line per checkpoint and one at the end: a run shorter than ckpt_every printed none."""
     model = torch.nn.Linear(3, 1)
-    ckpt = Checkpoint(tmp_path, model.state_dict, torch.optim.AdamW(model.parameters()), key="trained", weights="w.safetensors")
+    ckpt = Checkpoint(
+        tmp_path, model.state_dict, torch.optim.AdamW(model.parameters()), key="trained", weights="w.safetensors"
+    )
     x = torch.randn(4, 3)
-    fit(model, LoopConfig(steps=steps, warmup=0, ckpt_every=ckpt_every), lambda step: (model(x).square().mean(), x.numel()), ckpt, desc="job")
+    fit(
+        model,
+        LoopConfig(steps=steps, warmup=0, ckpt_every=ckpt_every),
+        lambda step: (model(x).square().mean(), x.numel()),
+        ckpt,
+        desc="job",
+    )
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("job: step")]
     assert [int(line.split()[2].split("/")[0]) for line in lines] == shown
     assert all(f"/{steps}, loss " in line and line.endswith(f"checkpoint {tmp_path}") for line in lines)
@@ -143,8 +161,20 @@ def _finetune_setup(llama_dir, **overrides):
     from posenc import finetune as ft
     from posenc.pretrained import loading
 
-    cfg = ft.load_finetune_config("quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"), "scheme": "acc-rand-qk",
-                                   "steps": 6, "lr": 1e-2, "length": 32, "ckpt_every": 2, "threads": 1, **overrides})
+    cfg = ft.load_finetune_config(
+        "quick",
+        {
+            "model": str(llama_dir / "tiny"),
+            "corpus": str(llama_dir / "corpus.txt"),
+            "scheme": "acc-rand-qk",
+            "steps": 6,
+            "lr": 1e-2,
+            "length": 32,
+            "ckpt_every": 2,
+            "threads": 1,
+            **overrides,
+        },
+    )
     loaded = loading.load(cfg.model)
     ft.adapt(loaded.model, cfg)
     return ft, cfg, loaded.model, ft.trainable(loaded.model, cfg), ft.train_stream(cfg, loaded.tokenizer)
@@ -163,7 +193,13 @@ def test_finetune_runs_on_the_loop_with_the_reference_losses(llama_dir, lora_ran
 
     want = reference_losses(model, list(params.values()), cfg, loss_at)
     assert logged(llama_dir / "run") == want
-    assert [sorted(r) for r in read_jsonl(llama_dir / "run" / "train.jsonl")][0] == ["grad_norm", "loss", "lr", "seconds", "step"]
+    assert [sorted(r) for r in read_jsonl(llama_dir / "run" / "train.jsonl")][0] == [
+        "grad_norm",
+        "loss",
+        "lr",
+        "seconds",
+        "step",
+    ]
 
 
 def test_a_crashed_finetune_resumes_to_the_uninterrupted_losses(llama_dir, monkeypatch):
@@ -203,8 +239,21 @@ def _helps(command: str) -> dict[str, str]:
 
 
 # defaults that helps say in words (the schedule settings: the schedule's own default when not given)
-IN_WORDS = {"name", "threads", "schedules", "stride", "rerope_window", "leak", "original_max_position_embeddings", "attention_factor",
-            "beta_fast", "beta_slow", "truncate", "low_freq_factor", "high_freq_factor"}
+IN_WORDS = {
+    "name",
+    "threads",
+    "schedules",
+    "stride",
+    "rerope_window",
+    "leak",
+    "original_max_position_embeddings",
+    "attention_factor",
+    "beta_fast",
+    "beta_slow",
+    "truncate",
+    "low_freq_factor",
+    "high_freq_factor",
+}
 
 
 @pytest.mark.parametrize("command, module", [("finetune", "posenc.finetune"), ("extend", "posenc.extend")])
@@ -228,13 +277,25 @@ def test_help_shows_the_default_presets_values(command, module, monkeypatch):
 def test_shown_formats_config_values():
     from posenc.commands import shown
 
-    assert [shown(v) for v in (2e-4, 2.0, [8192, 16384], [], None, "first", 7)] == ["0.0002", "2", "8192 16384", "none", "none", "first", "7"]
+    assert [shown(v) for v in (2e-4, 2.0, [8192, 16384], [], None, "first", 7)] == [
+        "0.0002",
+        "2",
+        "8192 16384",
+        "none",
+        "none",
+        "first",
+        "7",
+    ]
 
 
 def test_auto_precision_is_bf16_only_where_the_device_has_bf16_units(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    for units, on_cpu, on_cuda in (([], "fp32", "fp32"), (["avx512_bf16"], "bf16", "fp32"), (["amx_bf16", "avx512_bf16"], "bf16", "fp32"),
-                                   (["cuda"], "fp32", "bf16")):
+    for units, on_cpu, on_cuda in (
+        ([], "fp32", "fp32"),
+        (["avx512_bf16"], "bf16", "fp32"),
+        (["amx_bf16", "avx512_bf16"], "bf16", "fp32"),
+        (["cuda"], "fp32", "bf16"),
+    ):
         monkeypatch.setattr(posenc.train, "bf16_units", lambda units=units: units)
         assert (resolve_precision("auto", cpu), resolve_precision("auto", cuda)) == (on_cpu, on_cuda), units
         assert resolve_precision("fp32", cpu) == "fp32" and resolve_precision("bf16", cpu) == "bf16"

@@ -6,8 +6,16 @@ import pytest
 import torch
 
 from posenc.errors import PosencError
-from posenc.methods import Method, block_keys, method_attention, naive_method_attention, parse, relative_positions, scheme_args
-from posenc.model import Cache, LM, ModelConfig, set_method
+from posenc.methods import (
+    Method,
+    block_keys,
+    method_attention,
+    naive_method_attention,
+    parse,
+    relative_positions,
+    scheme_args,
+)
+from posenc.model import LM, Cache, ModelConfig, set_method
 from posenc.rope import rope_inv_freq
 
 X = None  # hidden pair in a table
@@ -22,29 +30,55 @@ def table(method, T):
 def test_self_extend_table():
     # W = 4, G = 2: i - j below 4, else i//2 - j//2 + (4 - 4//2) (Jin et al. 2024, eq. 3-4)
     assert table(Method("self-extend", window=4, group=2), 8) == [
-        [0], [1, 0], [2, 1, 0], [3, 2, 1, 0], [4, 3, 2, 1, 0], [4, 4, 3, 2, 1, 0],
-        [5, 5, 4, 3, 2, 1, 0], [5, 5, 4, 4, 3, 2, 1, 0]]
+        [0],
+        [1, 0],
+        [2, 1, 0],
+        [3, 2, 1, 0],
+        [4, 3, 2, 1, 0],
+        [4, 4, 3, 2, 1, 0],
+        [5, 5, 4, 3, 2, 1, 0],
+        [5, 5, 4, 4, 3, 2, 1, 0],
+    ]
 
 
 def test_lm_infinite_table():
     # one global token, window 3, distance capped at 3 (Han et al. 2023)
     assert table(Method("lm-infinite", window=3, n_global=1), 6) == [
-        [0], [1, 0], [2, 1, 0], [3, 2, 1, 0], [3, X, 2, 1, 0], [3, X, X, 2, 1, 0]]
+        [0],
+        [1, 0],
+        [2, 1, 0],
+        [3, 2, 1, 0],
+        [3, X, 2, 1, 0],
+        [3, X, X, 2, 1, 0],
+    ]
 
 
 def test_sinks_table():
     # two sinks, window 2: the cache at i holds {0, 1, i-1, i}, positions are cache slots (Xiao et al. 2024)
     assert table(Method("sinks", window=2, n_sink=2), 6) == [
-        [0], [1, 0], [2, 1, 0], [3, 2, 1, 0], [3, 2, X, 1, 0], [3, 2, X, X, 1, 0]]
+        [0],
+        [1, 0],
+        [2, 1, 0],
+        [3, 2, 1, 0],
+        [3, 2, X, 1, 0],
+        [3, 2, X, X, 1, 0],
+    ]
 
 
 def test_dual_chunk_table():
     # chunks of S = 3, local window w = 1 (An et al. 2024, sec. 3, ChunkLlama's positions): keys at j mod 3; queries
     # at i mod 3 in their chunk, min(i mod 3 + 3, 4) for the previous chunk, min(2*3 - 1, 4) = 4 for earlier ones
     assert table(parse("dual-chunk:chunk=3,local=1", 8), 9) == [
-        [0], [1, 0], [2, 1, 0],
-        [3, 2, 1, 0], [4, 3, 2, 1, 0], [4, 3, 2, 2, 1, 0],
-        [4, 3, 2, 3, 2, 1, 0], [4, 3, 2, 4, 3, 2, 1, 0], [4, 3, 2, 4, 3, 2, 2, 1, 0]]
+        [0],
+        [1, 0],
+        [2, 1, 0],
+        [3, 2, 1, 0],
+        [4, 3, 2, 1, 0],
+        [4, 3, 2, 2, 1, 0],
+        [4, 3, 2, 3, 2, 1, 0],
+        [4, 3, 2, 4, 3, 2, 1, 0],
+        [4, 3, 2, 4, 3, 2, 2, 1, 0],
+    ]
 
 
 @pytest.mark.parametrize("S, w, T", [(3, 1, 9), (88, 8, 1000), (5, 7, 60), (4, 0, 30)])
@@ -58,8 +92,12 @@ def test_dual_chunk_distances_stay_within_the_chunk_plus_the_local_window(S, w, 
     assert torch.equal(d[same], (i - j).expand(T, T)[same]) and torch.equal(d[succ], (i - j).expand(T, T)[succ])
 
 
-METHODS = [Method("self-extend", window=5, group=3), Method("lm-infinite", window=6, n_global=2), Method("sinks", window=5, n_sink=3),
-           Method("dual-chunk", window=4, chunk=4, local=2)]
+METHODS = [
+    Method("self-extend", window=5, group=3),
+    Method("lm-infinite", window=6, n_global=2),
+    Method("sinks", window=5, n_sink=3),
+    Method("dual-chunk", window=4, chunk=4, local=2),
+]
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
@@ -77,7 +115,9 @@ def _qkv(T=23, D=8, seed=0, dtype=torch.float64):
 
 def _model(encoding, **kw):
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=32, n_layer=2, n_head=2, d_model=16, train_length=8, encoding=encoding, attn_block_size=5, **kw)
+    cfg = ModelConfig(
+        vocab_size=32, n_layer=2, n_head=2, d_model=16, train_length=8, encoding=encoding, attn_block_size=5, **kw
+    )
     return LM(cfg).double().eval()
 
 
@@ -118,8 +158,15 @@ def test_method_changes_attention_beyond_the_window():
     assert (a[..., 4:, :] - b[..., 4:, :]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("spec", ["self-extend:group=2,window=3", "lm-infinite:n_global=2,window=4", "sinks:n_sink=2,window=4",
-                                  "dual-chunk:chunk=4,local=1"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "self-extend:group=2,window=3",
+        "lm-infinite:n_global=2,window=4",
+        "sinks:n_sink=2,window=4",
+        "dual-chunk:chunk=4,local=1",
+    ],
+)
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "t5"])
 def test_decoding_equals_the_parallel_forward(spec, encoding):
     model = _model(encoding)
@@ -164,15 +211,18 @@ def test_generate_with_sinks_runs_past_the_training_length():
     assert out.shape == (43,)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("self-extend:group=0", "group must be an integer >= 1"),
-    ("nope:x=1", "unknown method 'nope'"),
-    ("sinks:window=4,group=2", "unknown parameter 'group'"),
-    ("lm-infinite:n_global=-1", "n_global must be an integer >= 0"),
-    ("dual-chunk:chunk=0", "chunk must be an integer >= 1"),
-    ("dual-chunk:local=-1", "local must be an integer >= 0"),
-    ("dual-chunk:window=4", "unknown parameter 'window' .valid: chunk, local."),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("self-extend:group=0", "group must be an integer >= 1"),
+        ("nope:x=1", "unknown method 'nope'"),
+        ("sinks:window=4,group=2", "unknown parameter 'group'"),
+        ("lm-infinite:n_global=-1", "n_global must be an integer >= 0"),
+        ("dual-chunk:chunk=0", "chunk must be an integer >= 1"),
+        ("dual-chunk:local=-1", "local must be an integer >= 0"),
+        ("dual-chunk:window=4", "unknown parameter 'window' .valid: chunk, local."),
+    ],
+)
 def test_bad_specs(spec, message):
     with pytest.raises(PosencError, match=message):
         parse(spec, 64)
@@ -197,7 +247,9 @@ def test_defaults_and_label():
 def test_bad_values_are_checked_before_the_default_window():
     with pytest.raises(PosencError, match="n_sink must be an integer >= 0, got 'x'"):
         parse("sinks:n_sink=x", 64)
-    with pytest.raises(PosencError, match=r"window must be an integer >= 1, got 0 \(default: from the training length 64\)"):
+    with pytest.raises(
+        PosencError, match=r"window must be an integer >= 1, got 0 \(default: from the training length 64\)"
+    ):
         parse("sinks:n_sink=64", 64)
 
 
@@ -222,17 +274,43 @@ def _cli(capsys, *argv):
 def test_eval_records_the_method(rope_run, capsys):
     from posenc.records import load
 
-    code, out, err = _cli(capsys, "eval", str(rope_run), "--multiples", "1", "4", "--max-tokens", "64",
-                          "--rope-schedule", "ntk", "--factor", "2", "--method", "self-extend:group=4")
+    code, out, err = _cli(
+        capsys,
+        "eval",
+        str(rope_run),
+        "--multiples",
+        "1",
+        "4",
+        "--max-tokens",
+        "64",
+        "--rope-schedule",
+        "ntk",
+        "--factor",
+        "2",
+        "--method",
+        "self-extend:group=4",
+    )
     assert code == 0 and "scheme: rope+ntk(s=2)+self-extend(group=4,window=16)" in out, err
     rows = [r for r in load(rope_run / "eval.jsonl") if r.kind == "ppl"]
-    assert [(r.method, r.eval_length) for r in rows] == [("self-extend:group=4,window=16", 32), ("self-extend:group=4,window=16", 128)]
+    assert [(r.method, r.eval_length) for r in rows] == [
+        ("self-extend:group=4,window=16", 32),
+        ("self-extend:group=4,window=16", 128),
+    ]
     assert all(r.ppl > 1 for r in rows)
 
 
 def test_generate_with_sinks(rope_run, capsys):
-    code, out, err = _cli(capsys, "generate", str(rope_run), "--prompt", "To be", "--max-new-tokens", "80",
-                          "--method", "sinks:n_sink=4,window=12")
+    code, out, err = _cli(
+        capsys,
+        "generate",
+        str(rope_run),
+        "--prompt",
+        "To be",
+        "--max-new-tokens",
+        "80",
+        "--method",
+        "sinks:n_sink=4,window=12",
+    )
     assert code == 0 and out.startswith("To be") and len(out) > len("To be") + 40, err
 
 
@@ -255,8 +333,25 @@ def test_generate_with_a_rope_schedule_and_a_method(rope_run, capsys, monkeypatc
 
     monkeypatch.setattr(generate_cmd, "with_rope_schedule", schedule)
     monkeypatch.setattr(generate_cmd, "set_method", method)
-    code, out, err = _cli(capsys, "generate", str(rope_run), "--prompt", "To be", "--max-new-tokens", "40", "--temperature", "0",
-                          "--schedule", "yarn", "--factor", "4", "--beta-fast", "16", "--method", "self-extend:group=2")
+    code, out, err = _cli(
+        capsys,
+        "generate",
+        str(rope_run),
+        "--prompt",
+        "To be",
+        "--max-new-tokens",
+        "40",
+        "--temperature",
+        "0",
+        "--schedule",
+        "yarn",
+        "--factor",
+        "4",
+        "--beta-fast",
+        "16",
+        "--method",
+        "self-extend:group=2",
+    )
     assert calls == [("yarn", {"factor": 4.0, "beta_fast": 16.0}), ("yarn", "self-extend:group=2")]
     model, _, _ = load_run(rope_run)
     model, _ = with_rope_schedule(model, "yarn", {"factor": 4.0, "beta_fast": 16.0})
@@ -265,11 +360,20 @@ def test_generate_with_a_rope_schedule_and_a_method(rope_run, capsys, monkeypatc
     assert code == 0 and out == bytes(ids.tolist()).decode("utf-8", errors="replace") + "\n", err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--method", "self-extend:grp=4"], "method 'self-extend': unknown parameter 'grp' (valid: group, window)"),
-    (["--method", "streaming"], "unknown method 'streaming' (methods: self-extend, lm-infinite, sinks, dual-chunk)"),
-    (["--rope-schedule", "rerope", "--rerope-window", "8", "--method", "sinks"], "method sinks applies to rope (fixed-frequency schedules), alibi, t5 and kerple"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--method", "self-extend:grp=4"], "method 'self-extend': unknown parameter 'grp' (valid: group, window)"),
+        (
+            ["--method", "streaming"],
+            "unknown method 'streaming' (methods: self-extend, lm-infinite, sinks, dual-chunk)",
+        ),
+        (
+            ["--rope-schedule", "rerope", "--rerope-window", "8", "--method", "sinks"],
+            "method sinks applies to rope (fixed-frequency schedules), alibi, t5 and kerple",
+        ),
+    ],
+)
 def test_eval_bad_method_one_line_exit_2(rope_run, capsys, argv, message):
     code, out, err = _cli(capsys, "eval", str(rope_run), "--multiples", "1", "--max-tokens", "64", *argv)
     assert code == 2 and err.count("\n") == 1 and err.startswith("posenc: error: ") and message in err, (out, err)
@@ -279,16 +383,24 @@ def test_compare_evaluates_eval_methods_on_the_schemes_they_apply_to(tmp_path, c
     from posenc.records import load
 
     preset = tmp_path / "methods.yaml"
-    preset.write_text("name: methods\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 16}\n"
-                      "train: {steps: 3, batch_size: 2, lr: 3.0e-3, warmup: 1, ckpt_every: 3}\n"
-                      "eval: {multiples: [1, 4], max_tokens: 64, passkey: {trials: 0}, far_mass: {multiples: []}}\n"
-                      "schemes: [nope, rope, alibi]\neval_methods: ['lm-infinite:n_global=2']\n")
+    preset.write_text(
+        "name: methods\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 16}\n"
+        "train: {steps: 3, batch_size: 2, lr: 3.0e-3, warmup: 1, ckpt_every: 3}\n"
+        "eval: {multiples: [1, 4], max_tokens: 64, passkey: {trials: 0}, far_mass: {multiples: []}}\n"
+        "schemes: [nope, rope, alibi]\neval_methods: ['lm-infinite:n_global=2']\n"
+    )
     code, out, err = _cli(capsys, "compare", "--preset", str(preset), "--out", str(tmp_path / "out"))
     assert code == 0, err
-    rows = {(r.scheme, r.method, r.eval_length) for r in load(tmp_path / "out" / "methods" / "results.jsonl") if r.kind == "ppl"}
+    rows = {
+        (r.scheme, r.method, r.eval_length)
+        for r in load(tmp_path / "out" / "methods" / "results.jsonl")
+        if r.kind == "ppl"
+    }
     method_rows = {r for r in rows if r[1] is not None}
     label = "lm-infinite:n_global=2,window=16"
-    assert method_rows == {(f"{s}+lm-infinite(n_global=2,window=16)", label, L) for s in ("rope", "alibi") for L in (16, 64)}
+    assert method_rows == {
+        (f"{s}+lm-infinite(n_global=2,window=16)", label, L) for s in ("rope", "alibi") for L in (16, 64)
+    }
 
 
 def test_block_keys_cover_every_visible_key_and_skip_the_hidden_middle():
@@ -333,7 +445,12 @@ def test_eval_stream_records_one_row_with_flat_cache(rope_run, capsys):
         code, out, err = _cli(capsys, "eval", str(rope_run), "--method", "sinks:n_sink=2,window=14", "--stream", str(n))
         assert code == 0 and "scheme: rope+sinks(n_sink=2,window=14) streamed" in out, err
         rec = [r for r in load(rope_run / "eval.jsonl") if r.kind == "ppl"][-1]
-        assert (rec.eval_length, rec.scored_tokens, rec.method, len(rec.bucket_ppl)) == (n, n, "sinks:n_sink=2,window=14", 8)
+        assert (rec.eval_length, rec.scored_tokens, rec.method, len(rec.bucket_ppl)) == (
+            n,
+            n,
+            "sinks:n_sink=2,window=14",
+            8,
+        )
         assert (rope_run / "stream_sinks_n_sink=2_window=14.png").stat().st_size > 0
         sizes.append(rec.note)
     assert sizes[0] == sizes[1]  # the same peak cache for three times the text
@@ -342,8 +459,15 @@ def test_eval_stream_records_one_row_with_flat_cache(rope_run, capsys):
 
 
 @pytest.mark.parametrize("encoding", ["rope", "rope:pairing=adjacent,rotary_fraction=0.5", "alibi", "t5", "kerple"])
-@pytest.mark.parametrize("spec", ["self-extend:group=3,window=40", "lm-infinite:n_global=1,window=40", "sinks:n_sink=1,window=40",
-                                  "dual-chunk:chunk=40,local=0"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "self-extend:group=3,window=40",
+        "lm-infinite:n_global=1,window=40",
+        "sinks:n_sink=1,window=40",
+        "dual-chunk:chunk=40,local=0",
+    ],
+)
 def test_a_window_past_the_text_is_the_plain_model(encoding, spec):
     """With W >= T every map is i - j and every key visible: the method's path equals the core's own forward."""
     model = _model(encoding, n_kv_head=1)
@@ -377,5 +501,7 @@ def test_a_bounded_cache_refuses_crop():
 @pytest.mark.parametrize("G, W, T", [(2, 4, 8), (4, 16, 100), (3, 7, 50)])
 def test_self_extend_largest_position(G, W, T):
     """The largest relative position over T tokens is (T - 1) // G + W - W // G (the key j = 0)."""
-    d, _ = relative_positions(Method("self-extend", window=W, group=G), torch.arange(T)[:, None], torch.arange(T)[None, :])
+    d, _ = relative_positions(
+        Method("self-extend", window=W, group=G), torch.arange(T)[:, None], torch.arange(T)[None, :]
+    )
     assert int(d.max()) == (T - 1) // G + W - W // G

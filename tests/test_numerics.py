@@ -10,7 +10,17 @@ from posenc import build_model, encodings
 from posenc.attention import rotate
 from posenc.encodings.base import Encoding, Inputs
 
-SCHEMES = ["rope", "rope:rope_theta=500000", "acc-rand-qkv", "acc-drift-qkv", "acc-token-qkv", "xpos", "pope", "alibi", "hybrid"]
+SCHEMES = [
+    "rope",
+    "rope:rope_theta=500000",
+    "acc-rand-qkv",
+    "acc-drift-qkv",
+    "acc-token-qkv",
+    "xpos",
+    "pope",
+    "alibi",
+    "hybrid",
+]
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -35,7 +45,9 @@ def test_rope_phases_at_long_positions_do_not_depend_on_the_module_dtype():
     model.to(torch.bfloat16)
     after = enc.phases(Inputs(inp.x.bfloat16(), pos, inp.tokens))
     assert after.dtype == torch.float32 and torch.equal(after, before)
-    exact = torch.remainder(pos.double()[:, None] * (10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)), 2 * math.pi)
+    exact = torch.remainder(
+        pos.double()[:, None] * (10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)), 2 * math.pi
+    )
     torch.testing.assert_close(after[0, 0].double(), exact, atol=1e-5, rtol=0)
 
 
@@ -43,7 +55,12 @@ def test_nonsensical_parameters_and_inputs_are_one_line_errors():
     from posenc import encodings
     from posenc.errors import PosencError
 
-    for params in ({"rope_theta": float("nan")}, {"rope_theta": float("inf")}, {"rope_theta": 0.5}, {"rope_theta": "x"}):
+    for params in (
+        {"rope_theta": float("nan")},
+        {"rope_theta": float("inf")},
+        {"rope_theta": 0.5},
+        {"rope_theta": "x"},
+    ):
         with pytest.raises(PosencError, match="rope_theta"):
             encodings.get("rope", **params)
     model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 32})
@@ -73,7 +90,9 @@ def test_bf16_rope_angles_and_relative_scores_do_not_drift_with_position():
     model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 32}).to(torch.bfloat16)
     enc = model.blocks[0].attn.enc
     pos = torch.tensor([0, 1, 4095, 65536, 131071])
-    phases = enc.phases(Inputs(torch.zeros(1, 5, 32, dtype=torch.bfloat16), pos, torch.zeros(1, 5, dtype=torch.int64)))[0, 0]
+    phases = enc.phases(Inputs(torch.zeros(1, 5, 32, dtype=torch.bfloat16), pos, torch.zeros(1, 5, dtype=torch.int64)))[
+        0, 0
+    ]
     exact = pos.double()[:, None] * (10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16))
     diff = torch.remainder(phases.double() - exact + math.pi, 2 * math.pi) - math.pi
     assert float(diff.abs().max()) < 1e-3
@@ -171,14 +190,19 @@ def test_casts_keep_float64_frequencies_and_relative_scores_to_64k(cast):
     assert enc.inv_freq.dtype == torch.float64
     pos = torch.tensor([4095, 65536, 131071])
     exact = pos.double()[:, None] * (10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64))
-    diff = torch.remainder(enc.phases(Inputs(torch.zeros(1, 3, 64), pos))[0, 0].double() - exact + math.pi, 2 * math.pi) - math.pi
+    diff = (
+        torch.remainder(enc.phases(Inputs(torch.zeros(1, 3, 64), pos))[0, 0].double() - exact + math.pi, 2 * math.pi)
+        - math.pi
+    )
     assert float(diff.abs().max()) < 1e-5
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 1, 1, 64, generator=g), torch.randn(1, 1, 1, 64, generator=g)
     scores = []
     for s in STARTS:
         phi = enc.phases(Inputs(torch.zeros(1, 2, 64), torch.tensor([s, s + OFFSET])))
-        scores.append(float((core.rotate(q, phi[..., 1:, :]).double() * core.rotate(k, phi[..., :1, :]).double()).sum()))
+        scores.append(
+            float((core.rotate(q, phi[..., 1:, :]).double() * core.rotate(k, phi[..., :1, :]).double()).sum())
+        )
     assert max(scores) - min(scores) < 1e-4, scores
     model.double()  # raising precision is allowed
     assert enc.inv_freq.dtype == torch.float64

@@ -18,8 +18,15 @@ def ppl(run_root):
 
 
 def quick(name, schemes):
-    return load_preset("quick", {"name": name, "schemes": schemes, "train": {"steps": 6, "batch_size": 4},
-                                 "eval": {"multiples": [1, 4], "max_tokens": 256, "passkey": {"trials": 0}, "far_mass": {"windows": 0}}})
+    return load_preset(
+        "quick",
+        {
+            "name": name,
+            "schemes": schemes,
+            "train": {"steps": 6, "batch_size": 4},
+            "eval": {"multiples": [1, 4], "max_tokens": 256, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
+        },
+    )
 
 
 @pytest.mark.slow
@@ -51,7 +58,7 @@ def test_parallel_needs_isolation_and_positive_counts(tmp_path):
         compare(quick("x", ["rope"]), tmp_path, parallel=0)
 
 
-POOL_JOBS = '''
+POOL_JOBS = """
 import time
 from pathlib import Path
 
@@ -67,7 +74,7 @@ def wait_for(go, out):
             return
         time.sleep(0.1)
     Path(out).write_text("timed out")
-'''
+"""
 
 
 def test_a_failed_parallel_job_is_reported_while_the_others_run(tmp_path, monkeypatch):

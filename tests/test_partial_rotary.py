@@ -37,7 +37,7 @@ def test_core_with_partial_phases_equals_naive(pairing, rotate_v):
     assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(grads, ref))
     if rotate_v:  # the unrotated value features are plain attention values
         plain = naive_attention(rq, rk, v)
-        assert torch.allclose(got[..., 2 * P:], plain[..., 2 * P:], atol=1e-12)
+        assert torch.allclose(got[..., 2 * P :], plain[..., 2 * P :], atol=1e-12)
 
 
 def test_rotate_shared_partial_equals_rotate():
@@ -53,7 +53,11 @@ def test_rope_partial_matches_gpt_neox():
     transformers = pytest.importorskip("transformers")
     from transformers.models.gpt_neox import modeling_gpt_neox as neox
 
-    cfg = transformers.GPTNeoXConfig(hidden_size=32, num_attention_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+    cfg = transformers.GPTNeoXConfig(
+        hidden_size=32,
+        num_attention_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    )
     hf_inv, _ = neox.GPTNeoXRotaryEmbedding.compute_default_rope_parameters(cfg)
     enc = encodings.get("rope:rotary_fraction=0.25", DIMS)
     assert enc.inv_freq.shape == (2,) and torch.allclose(enc.inv_freq.float(), hf_inv, rtol=1e-6)
@@ -67,8 +71,14 @@ def test_rope_partial_matches_gpt_neox():
 
 
 def test_partial_models_train_and_leave_the_rest_alone():
-    for spec, pairs in (("rope:rotary_fraction=0.25", 2), ("acc-rand-qkv:rotary_fraction=0.5", 4), ("acc-learned-qk:rotary_fraction=0.5", 4)):
-        model = build_model({"vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 32, "train_length": 16, "encoding": spec})
+    for spec, pairs in (
+        ("rope:rotary_fraction=0.25", 2),
+        ("acc-rand-qkv:rotary_fraction=0.5", 4),
+        ("acc-learned-qk:rotary_fraction=0.5", 4),
+    ):
+        model = build_model(
+            {"vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 32, "train_length": 16, "encoding": spec}
+        )
         x = torch.randint(0, 32, (2, 12))
         a = next(model.prepare(x))
         assert a.phases.shape[-1] == pairs
@@ -78,11 +88,17 @@ def test_partial_models_train_and_leave_the_rest_alone():
     assert "rotary_fraction=0.25" in encodings.describe("rope:rotary_fraction=0.25", DIMS)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("rope:rotary_fraction=0", "rotary_fraction must be in (0, 1], got 0"),
-    ("rope:rotary_fraction=1.5", "rotary_fraction must be in (0, 1], got 1.5"),
-    ("acc-rand-qkv:rotary_fraction=0.1", "rotary_fraction 0.1 rotates int(16 * 0.1) = 1 features of head dim 16; it must give an even rotary dim >= 2"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("rope:rotary_fraction=0", "rotary_fraction must be in (0, 1], got 0"),
+        ("rope:rotary_fraction=1.5", "rotary_fraction must be in (0, 1], got 1.5"),
+        (
+            "acc-rand-qkv:rotary_fraction=0.1",
+            "rotary_fraction 0.1 rotates int(16 * 0.1) = 1 features of head dim 16; it must give an even rotary dim >= 2",
+        ),
+    ],
+)
 def test_bad_fractions_are_one_line(spec, message):
     with pytest.raises(PosencError) as err:
         encodings.get(spec, DIMS)

@@ -73,7 +73,10 @@ def test_oracle_scores_every_trial_and_cells_count_trials(monkeypatch):
     cfg = PasskeyConfig(lengths_multiples=[4, 8], depths=[0.0, 0.5, 1.0], trials=3, candidates=6)
     recs = list(passkey_records(model, TOK, cfg, BASE))
     assert [(r.length, r.depth) for r in recs] == [(L, d) for L in (128, 256) for d in (0.0, 0.5, 1.0)]
-    assert all(r.trials == 3 and r.correct == 3 and r.accuracy == 1.0 and r.candidates == 6 and r.scheme == "rope" for r in recs)
+    assert all(
+        r.trials == 3 and r.correct == 3 and r.accuracy == 1.0 and r.candidates == 6 and r.scheme == "rope"
+        for r in recs
+    )
     assert len(seen) == 6 * 3 * 6  # cells x trials x candidates
     # done cells are skipped; a model preferring a wrong key, or a tie, scores 0
     monkeypatch.setattr(model, "token_nll", _fake_nll(lambda hidden, row: row == 1))
@@ -126,7 +129,12 @@ def test_compare_report_has_passkey_column_heat_map_and_far_mass(tmp_path):
     )
     assert all(r["trials"] == 2 and r["correct"] in (0, 1, 2) and r["accuracy"] == r["correct"] / 2 for r in pk)
     fm = [r for r in records if r["kind"] == "far_mass"]
-    assert sorted((r["scheme"], r["length"]) for r in fm) == [("alibi", 64), ("alibi", 128), ("rope", 64), ("rope", 128)]
+    assert sorted((r["scheme"], r["length"]) for r in fm) == [
+        ("alibi", 64),
+        ("alibi", 128),
+        ("rope", 64),
+        ("rope", 128),
+    ]
     assert all(0 < r["far_mass_mean"] < 1 for r in fm)
     report = (run / "report.md").read_text()
     assert "| passkey @ 256 |" in report and "## Passkey retrieval" in report and "## Far attention mass" in report
@@ -146,8 +154,13 @@ def test_generation_prompt_is_task_then_whole_sentences():
     words = lambda text, **_: {"input_ids": text.split()}  # noqa: E731
     ids, text = passkey_prompt(words, 120, 0.25, 12345)
     n = text.count(FILLER)
-    parts = [TASK, *[FILLER.strip()] * round(n * 0.25), "The pass key is 12345. Remember it. 12345 is the pass key.",
-             *[FILLER.strip()] * (n - round(n * 0.25)), QUESTION.strip()]
+    parts = [
+        TASK,
+        *[FILLER.strip()] * round(n * 0.25),
+        "The pass key is 12345. Remember it. 12345 is the pass key.",
+        *[FILLER.strip()] * (n - round(n * 0.25)),
+        QUESTION.strip(),
+    ]
     assert text == " ".join(parts) and ids == text.split() and 120 - 19 < len(ids) <= 120 and n == 3
 
 
@@ -155,7 +168,9 @@ def test_a_preset_without_eval_passkey_scores_no_passkey(tmp_path):
     """Leaving eval.passkey out means off; a block given takes PasskeyConfig's defaults for the keys it leaves out."""
     from posenc.compare import extras_pending
 
-    base = "name: p\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\ntrain: {steps: 1}\nschemes: [rope]\n"
+    base = (
+        "name: p\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\ntrain: {steps: 1}\nschemes: [rope]\n"
+    )
     without = tmp_path / "without.yaml"
     without.write_text(base + "eval: {far_mass: {windows: 0}}\n")
     ev = load_preset(str(without)).eval
@@ -176,6 +191,11 @@ def test_a_description_is_flagged_with_the_settings_a_run_overrides(tmp_path):
     assert task_meta(preset)["notes"] == preset.description
     assert "this run sets" not in load_preset("retrieval").description
     custom = tmp_path / "heads.yaml"
-    custom.write_text("name: h\ndescription: 1 layer, 2 heads\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\n"
-                      "train: {steps: 1}\nschemes: [rope]\n")
-    assert load_preset(str(custom), {"train": {"steps": 5}}).description == "1 layer, 2 heads [The preset as written; this run sets train.steps = 5.]"
+    custom.write_text(
+        "name: h\ndescription: 1 layer, 2 heads\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\n"
+        "train: {steps: 1}\nschemes: [rope]\n"
+    )
+    assert (
+        load_preset(str(custom), {"train": {"steps": 5}}).description
+        == "1 layer, 2 heads [The preset as written; this run sets train.steps = 5.]"
+    )

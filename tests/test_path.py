@@ -11,8 +11,8 @@ from posenc.attention import naive_attention
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.forget import forget_bias, log_forget_cumsum
 from posenc.encodings.householder import path_attention, path_keys
-from posenc.errors import PosencError
 from posenc.encodings.householder_naive import path_attention_naive, path_decode, path_scores_naive
+from posenc.errors import PosencError
 
 
 def inputs(B=2, H=3, T=21, D=8, dtype=torch.float64, seed=0):
@@ -170,7 +170,9 @@ def test_pending_factors_with_a_forget_bias_and_an_empty_flush_point():
     bias = forget_bias(log_forget_cumsum(torch.randn(2, 3, 14, dtype=torch.float64)), torch.float64)
     ref, fast, _, flushes = _decode_both(q, k, v, w, beta, 1, [1] * 13, 5, bias)
     assert flushes == 2 and (ref - fast).abs().max().item() < 1e-10
-    assert (fast - path_attention_naive(q, k, v, w, beta, bias=bias, logit_scale=1.3)[:, :, 1:]).abs().max().item() < 1e-10
+    assert (
+        fast - path_attention_naive(q, k, v, w, beta, bias=bias, logit_scale=1.3)[:, :, 1:]
+    ).abs().max().item() < 1e-10
 
 
 def test_chunked_with_forget_bias_gradients_equal_naive_including_the_gate():
@@ -266,5 +268,7 @@ def test_path_fox_matches_flash_linear_attentions_pathfox():
     s = path_scores_naive(q, k, w, beta) + G[..., :, None] - G[..., None, :]
     ref = torch.softmax(s / math.sqrt(16), dim=-1) @ v
     torch.testing.assert_close(fox.attend(q, k, v, inp), ref, rtol=0, atol=1e-10)
-    fox_unscaled = torch.softmax(path_scores_naive(q, k, w, beta) / math.sqrt(16) + G[..., :, None] - G[..., None, :], dim=-1) @ v
+    fox_unscaled = (
+        torch.softmax(path_scores_naive(q, k, w, beta) / math.sqrt(16) + G[..., :, None] - G[..., None, :], dim=-1) @ v
+    )
     torch.testing.assert_close(plain.attend(q, k, v, inp), fox_unscaled, rtol=0, atol=1e-10)

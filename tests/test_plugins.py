@@ -7,17 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from posenc import encodings
-from posenc.cli import main
-from posenc.encodings import registry
-from posenc.errors import PosencError
 from posenc.checkpoint import read_json
-from posenc.jobs import scheme_modules
-from posenc.encodings import Encoding
+from posenc.cli import main
+from posenc.encodings import Encoding, registry
 from posenc.encodings.bias import alibi_slopes, distance_bias
+from posenc.errors import PosencError
+from posenc.jobs import scheme_modules
 from posenc.report import markdown
-import torch
 
 PLUGIN = '''"""A scheme written outside posenc: ALiBi at half slope."""
 import torch
@@ -59,7 +58,9 @@ def _distribution(folder: Path, module: str, entry_points: str) -> None:
 
 def _posenc(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
     code = "import sys; from posenc.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **env}
+    )
 
 
 @pytest.fixture
@@ -92,7 +93,9 @@ def test_import_schemes_joins_posenc_import_and_jobs_leave_plugins_to_the_job(tm
     assert encodings.import_schemes(str(path)) == "local_plugin"  # again: the module is not run twice
     assert os.environ[registry.IMPORT_VAR] == str(path.resolve())
     assert encodings.get("local-scheme").has_bias
-    assert scheme_modules(["local-scheme+rope"]) == ["posenc.encodings.rotary"]  # the job imports local_plugin from POSENC_IMPORT
+    assert scheme_modules(["local-scheme+rope"]) == [
+        "posenc.encodings.rotary"
+    ]  # the job imports local_plugin from POSENC_IMPORT
 
 
 def test_an_import_that_fails_is_one_line(tmp_path, capsys, forget_plugins):
@@ -125,8 +128,11 @@ def test_an_entry_point_scheme_runs_in_compare(tmp_path):
     site.mkdir()
     _module(site, "myscheme_plugin", "myscheme")
     _distribution(site, "myscheme_plugin", "myscheme = myscheme_plugin")
-    out = _posenc(["compare", "--preset", "quick", "--steps", "2", "--schemes", "myscheme", "--out", "runs", "--name", "ep"],
-                  tmp_path, PYTHONPATH=str(site))
+    out = _posenc(
+        ["compare", "--preset", "quick", "--steps", "2", "--schemes", "myscheme", "--out", "runs", "--name", "ep"],
+        tmp_path,
+        PYTHONPATH=str(site),
+    )
     assert out.returncode == 0, out.stderr
     assert "| myscheme |" in (tmp_path / "runs" / "ep" / "report.md").read_text()
 
@@ -135,18 +141,43 @@ def test_an_entry_point_scheme_runs_in_compare(tmp_path):
 def test_an_imported_file_scheme_runs_in_compare(tmp_path):
     (tmp_path / "local").mkdir()
     _module(tmp_path / "local", "filescheme", "filescheme")
-    out = _posenc(["--import", "local/filescheme.py", "compare", "--preset", "quick", "--steps", "2", "--schemes", "filescheme",
-                   "--out", "runs", "--name", "file"], tmp_path)
+    out = _posenc(
+        [
+            "--import",
+            "local/filescheme.py",
+            "compare",
+            "--preset",
+            "quick",
+            "--steps",
+            "2",
+            "--schemes",
+            "filescheme",
+            "--out",
+            "runs",
+            "--name",
+            "file",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert "| filescheme |" in (tmp_path / "runs" / "file" / "report.md").read_text()
     run = tmp_path / "runs" / "file" / "filescheme" / "seed0"
-    assert read_json(run / "config.json")["plugins"] == [{"module": "filescheme", "file": str((tmp_path / "local" / "filescheme.py").resolve())}]
+    assert read_json(run / "config.json")["plugins"] == [
+        {"module": "filescheme", "file": str((tmp_path / "local" / "filescheme.py").resolve())}
+    ]
     # another process without the plugin: one line naming what to import, exit 2 (it said "unknown scheme")
     gen = _posenc(["generate", str(run), "--prompt", "ab", "--max-new-tokens", "2"], tmp_path)
     assert gen.returncode == 2 and gen.stderr.strip().splitlines()[-1] == (
         f"posenc: error: {run} was trained with the scheme plugin {(tmp_path / 'local' / 'filescheme.py').resolve()}: "
-        f"load it with posenc --import {(tmp_path / 'local' / 'filescheme.py').resolve()} (or POSENC_IMPORT)")
-    assert _posenc(["--import", "local/filescheme.py", "generate", str(run), "--prompt", "ab", "--max-new-tokens", "2"], tmp_path).returncode == 0
+        f"load it with posenc --import {(tmp_path / 'local' / 'filescheme.py').resolve()} (or POSENC_IMPORT)"
+    )
+    assert (
+        _posenc(
+            ["--import", "local/filescheme.py", "generate", str(run), "--prompt", "ab", "--max-new-tokens", "2"],
+            tmp_path,
+        ).returncode
+        == 0
+    )
 
 
 @pytest.mark.parametrize("flag, hook", [("has_bias", "bias"), ("rotary", "phases")])
@@ -157,13 +188,16 @@ def test_a_scheme_whose_flags_disagree_with_its_hooks_is_refused_when_it_registe
     with pytest.raises(PosencError, match=f"scheme 'silent-flag' implements {hook}\\(\\) but declares {flag} = False"):
         registry.register(silent)
     empty = type("Empty", (encodings.Encoding,), {"name": "empty-flag", flag: True})
-    with pytest.raises(PosencError, match=f"scheme 'empty-flag' declares {flag} = True but does not implement {hook}\\(\\)"):
+    with pytest.raises(
+        PosencError, match=f"scheme 'empty-flag' declares {flag} = True but does not implement {hook}\\(\\)"
+    ):
         registry.register(empty)
     assert "silent-flag" not in encodings.names() and "empty-flag" not in encodings.names()
 
 
 def test_a_schemes_description_names_its_parameters(forget_plugins):
     """The report's Schemes line of ``slope-alibi:learn=true`` says learn=true (it said ``slope-alibi``)."""
+
     @registry.register
     class SlopeALiBi(Encoding):
         name = "slope-alibi-test"
@@ -178,5 +212,7 @@ def test_a_schemes_description_names_its_parameters(forget_plugins):
 
     line = encodings.describe("slope-alibi-test:learn=true,scale=0.5")
     assert "learn=true" in line and "scale=0.5" in line
-    text = markdown([], {}, {"descriptions": {"slope-alibi-test:learn=true": encodings.describe("slope-alibi-test:learn=true")}})
+    text = markdown(
+        [], {}, {"descriptions": {"slope-alibi-test:learn=true": encodings.describe("slope-alibi-test:learn=true")}}
+    )
     assert "slope-alibi-test:learn=true`: slope-alibi-test:learn=true" in text.split("## Schemes")[1]

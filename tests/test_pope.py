@@ -20,7 +20,9 @@ def test_pope_equals_complex_reference(block):
     dims = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
     enc = encodings.get("pope", dims, block_size=block).double()
     with torch.no_grad():
-        enc.delta.copy_(torch.tensor([-1.0, 0.5, -7.0, -3.0] * 4, dtype=torch.float64).view(2, 8))  # some outside the clamp
+        enc.delta.copy_(
+            torch.tensor([-1.0, 0.5, -7.0, -3.0] * 4, dtype=torch.float64).view(2, 8)
+        )  # some outside the clamp
     T = 23
     inp = Inputs(torch.zeros(1, T, 16), torch.arange(T), torch.zeros(1, T, dtype=torch.long))
     q, k, v = (torch.randn(2, 2, T, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -47,4 +49,6 @@ def test_phase_bias_shifts_scores():
     with torch.no_grad():
         enc.delta.fill_(-1.0)
     assert not torch.allclose(a, enc.attend(q, k, v, inp), atol=1e-4)
-    assert torch.allclose(enc.attend(q, k, v, inp).double(), pope_naive(q, k, v, inp.pos, delta=enc.phase_bias().detach()), atol=1e-5)
+    assert torch.allclose(
+        enc.attend(q, k, v, inp).double(), pope_naive(q, k, v, inp.pos, delta=enc.phase_bias().detach()), atol=1e-5
+    )

@@ -33,41 +33,59 @@ def test_the_positions_are_a_sorted_subset_of_the_range_drawn_per_seed_and_step(
 def test_uniform_over_the_range():
     """Each position of 0..N-1 is kept with probability T/N: over 400 draws of 32 of 128, every quarter of the
     range holds a quarter of the positions (3,200 each; 5 standard deviations ~ 260)."""
-    counts = np.bincount(torch.cat([randomized_positions(128, 32, 0, s) for s in range(400)]).numpy() // 32, minlength=4)
+    counts = np.bincount(
+        torch.cat([randomized_positions(128, 32, 0, s) for s in range(400)]).numpy() // 32, minlength=4
+    )
     assert np.abs(counts - 3200).max() < 260, counts
 
 
 def test_the_spec():
     assert randomized_max("contiguous") is None and randomized_max("randomized:max=2048") == 2048
-    for bad, message in [("randomized", "must be 'contiguous' or 'randomized:max=N'"), ("shuffled:max=4", "must be 'contiguous'"),
-                         ("randomized:max=0", "max must be an integer >= 1"), ("randomized:max=1.5", "max must be an integer >= 1"),
-                         ("randomized:max=4,x=1", "must be 'contiguous'")]:
+    for bad, message in [
+        ("randomized", "must be 'contiguous' or 'randomized:max=N'"),
+        ("shuffled:max=4", "must be 'contiguous'"),
+        ("randomized:max=0", "max must be an integer >= 1"),
+        ("randomized:max=1.5", "max must be an integer >= 1"),
+        ("randomized:max=4,x=1", "must be 'contiguous'"),
+    ]:
         with pytest.raises(PosencError, match=message):
             randomized_max(bad)
 
 
-@pytest.mark.parametrize("scheme, message", [
-    ("nope", "scheme 'nope' reads no position"),
-    ("acc-rand-qkv", "reads no position"),
-    ("path", "reads no position"),
-    ("forget", "reads no position"),
-    ("learned", "scheme 'learned' takes 16 positions, fewer than max"),
-])
+@pytest.mark.parametrize(
+    "scheme, message",
+    [
+        ("nope", "scheme 'nope' reads no position"),
+        ("acc-rand-qkv", "reads no position"),
+        ("path", "reads no position"),
+        ("forget", "reads no position"),
+        ("learned", "scheme 'learned' takes 16 positions, fewer than max"),
+    ],
+)
 def test_schemes_that_take_no_positions_are_refused(scheme, message):
     tcfg = TrainConfig(positions="randomized:max=64")
     with pytest.raises(PosencError, match=message):
         check_positions(ModelConfig(**{**MCFG.__dict__, "encoding": scheme}), tcfg)
 
 
-@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5", "kerple", "fire", "xpos", "pope", "sinusoidal", "rope+forget", "rope|nope"])
+@pytest.mark.parametrize(
+    "scheme", ["rope", "alibi", "t5", "kerple", "fire", "xpos", "pope", "sinusoidal", "rope+forget", "rope|nope"]
+)
 def test_position_indexed_schemes_take_them(scheme):
-    assert check_positions(ModelConfig(**{**MCFG.__dict__, "encoding": scheme}), TrainConfig(positions="randomized:max=64")) == 64
+    assert (
+        check_positions(
+            ModelConfig(**{**MCFG.__dict__, "encoding": scheme}), TrainConfig(positions="randomized:max=64")
+        )
+        == 64
+    )
     with pytest.raises(PosencError, match="max must be >= the training length 16"):
         check_positions(ModelConfig(**{**MCFG.__dict__, "encoding": scheme}), TrainConfig(positions="randomized:max=8"))
 
 
 def _first_loss(tmp_path, tiny_corpus, positions, name):
-    tcfg = TrainConfig(corpus=str(tiny_corpus), steps=1, batch_size=2, lr=1e-3, warmup=1, log_every=1, threads=1, positions=positions)
+    tcfg = TrainConfig(
+        corpus=str(tiny_corpus), steps=1, batch_size=2, lr=1e-3, warmup=1, log_every=1, threads=1, positions=positions
+    )
     train(tmp_path / name, ALIBI, tcfg)
     return json.loads((tmp_path / name / "train.jsonl").read_text().splitlines()[0])["loss"], tcfg
 
@@ -96,36 +114,74 @@ def test_the_training_loss_sees_the_drawn_positions(tmp_path, tiny_corpus):
 def test_evaluation_stays_contiguous(tmp_path, tiny_corpus):
     """A run trained on randomized positions scores with 0..T-1: eval's perplexity is the model's at contiguous
     positions (the model's default), never a draw."""
-    tcfg = TrainConfig(corpus=str(tiny_corpus), steps=2, batch_size=2, lr=1e-3, warmup=1, threads=1, positions="randomized:max=256")
+    tcfg = TrainConfig(
+        corpus=str(tiny_corpus), steps=2, batch_size=2, lr=1e-3, warmup=1, threads=1, positions="randomized:max=256"
+    )
     train(tmp_path / "run", MCFG, tcfg)
     model = load_run(tmp_path / "run")[0].eval()
     tokens = torch.randint(0, 256, (1, 17))
     with torch.no_grad():
-        torch.testing.assert_close(model.token_nll(tokens[:, :-1], tokens[:, 1:]),
-                                   model.token_nll(tokens[:, :-1], tokens[:, 1:], pos=torch.arange(16)), rtol=0, atol=0)
+        torch.testing.assert_close(
+            model.token_nll(tokens[:, :-1], tokens[:, 1:]),
+            model.token_nll(tokens[:, :-1], tokens[:, 1:], pos=torch.arange(16)),
+            rtol=0,
+            atol=0,
+        )
 
 
 def test_resume_draws_what_the_uninterrupted_run_draws(tmp_path, tiny_corpus):
     """4 steps, then resumed to 8, log the losses of 8 steps in one go: the positions come from (seed, step). (A
     constant learning rate after warmup, min_lr_ratio 1, so the 4-step run's schedule is the 8-step one's.)"""
-    base = dict(corpus=str(tiny_corpus), batch_size=2, lr=3e-3, warmup=1, min_lr_ratio=1.0, log_every=1, threads=1, ckpt_every=4,
-                positions="randomized:max=512")
+    base = dict(
+        corpus=str(tiny_corpus),
+        batch_size=2,
+        lr=3e-3,
+        warmup=1,
+        min_lr_ratio=1.0,
+        log_every=1,
+        threads=1,
+        ckpt_every=4,
+        positions="randomized:max=512",
+    )
     train(tmp_path / "once", MCFG, TrainConfig(steps=8, **base))
     train(tmp_path / "twice", MCFG, TrainConfig(steps=4, **base))
     train(tmp_path / "twice", MCFG, TrainConfig(steps=8, **base), resume=True)
-    losses = [[json.loads(line)["loss"] for line in (tmp_path / d / "train.jsonl").read_text().splitlines()] for d in ("once", "twice")]
+    losses = [
+        [json.loads(line)["loss"] for line in (tmp_path / d / "train.jsonl").read_text().splitlines()]
+        for d in ("once", "twice")
+    ]
     assert len(losses[0]) == 8 and losses[0] == losses[1]
 
 
 def test_bad_positions_on_the_command_line_are_one_line(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", "--scheme", "nope", "--preset", "quick", "--steps", "1", "--set", "train.positions=randomized:max=64",
-                 "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--scheme",
+                "nope",
+                "--preset",
+                "quick",
+                "--steps",
+                "1",
+                "--set",
+                "train.positions=randomized:max=64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["posenc: error: train.positions 'randomized:max=64': scheme 'nope' reads no position (randomized positions "
-                   "apply to position-indexed schemes: rope, alibi, t5, kerple, fire, xpos, pope, ...)"]
+    assert err == [
+        "posenc: error: train.positions 'randomized:max=64': scheme 'nope' reads no position (randomized positions "
+        "apply to position-indexed schemes: rope, alibi, t5, kerple, fire, xpos, pope, ...)"
+    ]
     assert not out.exists()  # refused before the run directory is made
-    assert main(["compare", "--preset", "quick", "--set", "train.positions=randomized:max=8", "--out", str(tmp_path)]) == 2
+    assert (
+        main(["compare", "--preset", "quick", "--set", "train.positions=randomized:max=8", "--out", str(tmp_path)]) == 2
+    )
     assert "max must be >= the training length 32" in capsys.readouterr().err
     assert not (tmp_path / "quick").exists()
     assert main(["compare", "--preset", "quick", "--set", "train.positions=shuffled", "--out", str(tmp_path)]) == 2
@@ -144,7 +200,9 @@ def test_a_comparison_on_randomized_positions_says_so_and_scores_contiguously(tm
     assert "randomized positions" not in (tmp_path / "c" / "quick" / "report.md").read_text()
     cfg = json.loads((tmp_path / "r" / "quick" / "alibi" / "seed0" / "config.json").read_text())
     assert cfg["train"]["positions"] == "randomized:max=256"
-    assert main(["report", str(tmp_path / "r" / "quick"), str(tmp_path / "c" / "quick"), "--out", str(tmp_path / "both")]) == 0
+    assert (
+        main(["report", str(tmp_path / "r" / "quick"), str(tmp_path / "c" / "quick"), "--out", str(tmp_path / "both")])
+        == 0
+    )
     both = (tmp_path / "both" / "report.md").read_text()
     assert "other settings: train.positions 'randomized:max=256' -> 'contiguous' |" in both
-

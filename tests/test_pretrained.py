@@ -18,11 +18,11 @@ from posenc import passkey  # noqa: E402
 from posenc.attention import rotate  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
 from posenc.pretrained import evaluate as ev  # noqa: E402
-from posenc.pretrained import schedules  # noqa: E402
 from posenc.pretrained import rerope as hf_rerope  # noqa: E402
-from posenc.rope import NAMES, rerope  # noqa: E402
+from posenc.pretrained import schedules  # noqa: E402
 from posenc.pretrained.adaptation import Adaptation  # noqa: E402
 from posenc.pretrained.schedules import Extension  # noqa: E402
+from posenc.rope import NAMES, rerope  # noqa: E402
 
 BASE, D, L0 = 10000.0, 32, 2048
 OMEGA = BASE ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
@@ -31,9 +31,17 @@ OMEGA = BASE ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
 def tiny_model(seed: int = 0) -> LlamaForCausalLM:
     """2-layer Llama, head dim 32, 4 heads / 2 KV heads, native context 2048, random weights."""
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=L0,
-                      rope_parameters={"rope_type": "default", "rope_theta": BASE}, attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=L0,
+        rope_parameters={"rope_type": "default", "rope_theta": BASE},
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -124,8 +132,11 @@ def test_rerope_params_and_bad_factor():
     assert w == 2048 and w + (2 * 8192 - w) / k == pytest.approx(8192)  # largest relative position at s L0 is L0
     with pytest.raises(PosencError):
         Adaptation(tiny_model()).set_schedule(Extension("pi", 0.5))
-    for bad in (Extension("leaky-rerope", 2.0, window=8192), Extension("leaky-rerope", 2.0, leak=0.5),
-                Extension("rerope", 2.0, window=-3)):
+    for bad in (
+        Extension("leaky-rerope", 2.0, window=8192),
+        Extension("leaky-rerope", 2.0, leak=0.5),
+        Extension("rerope", 2.0, window=-3),
+    ):
         with pytest.raises(PosencError):
             schedules.extension_params(bad, 8192)
 
@@ -153,7 +164,8 @@ def test_rerope_wide_window_is_rope():
     inv, pos = OMEGA[:8].float(), torch.arange(40)
     phi = pos[:, None] * OMEGA[:8]
     want = torch.nn.functional.scaled_dot_product_attention(
-        rotate(q, phi), rotate(k, phi).repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+        rotate(q, phi), rotate(k, phi).repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True
+    )
     torch.testing.assert_close(rerope.rerope_attention(q, k, v, inv, 40, block_size=8), want, atol=2e-5, rtol=1e-4)
 
 
@@ -183,7 +195,10 @@ def test_rerope_in_model_and_with_kv_cache():
 
 # ---------------------------------------------------------------- padding and the KV cache
 
-SHORT, LONG = tuple(1.0 + 0.05 * i for i in range(D // 2)), tuple(1.0 + 0.5 * i for i in range(D // 2))  # LongRoPE lists
+SHORT, LONG = (
+    tuple(1.0 + 0.05 * i for i in range(D // 2)),
+    tuple(1.0 + 0.5 * i for i in range(D // 2)),
+)  # LongRoPE lists
 
 
 @pytest.mark.parametrize("schedule", [*NAMES, "longrope"])
@@ -206,7 +221,13 @@ def test_left_padded_batches_score_as_their_unpadded_rows(schedule):
             steps = [out.logits]
             for t in (T, T + 1):
                 extra = {"position_ids": positions[:, t : t + 1]} if kw else {}
-                out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=out.past_key_values, use_cache=True, **extra)
+                out = model(
+                    ids[:, t : t + 1],
+                    attention_mask=mask[:, : t + 1],
+                    cache=out.past_key_values,
+                    use_cache=True,
+                    **extra,
+                )
                 steps.append(out.logits)
             batch = torch.cat(steps, 1)
             for b, r in enumerate(rows):
@@ -216,16 +237,31 @@ def test_left_padded_batches_score_as_their_unpadded_rows(schedule):
 def short_model(l0: int = 16) -> LlamaForCausalLM:
     """tiny_model's sizes with native context ``l0``."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=l0, attn_implementation="sdpa",
-                      rope_parameters={"rope_type": "default", "rope_theta": BASE})
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=l0,
+        attn_implementation="sdpa",
+        rope_parameters={"rope_type": "default", "rope_theta": BASE},
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
-@pytest.mark.parametrize("ext,label,kept", [
-    (Extension("dynamic", 4.0), "dynamic NTK takes its base", "the base of the step that cached them"),
-    (Extension("longrope", 4.0, short_factor=SHORT, long_factor=LONG), "LongRoPE takes its factor list", "the short factors up to L0"),
-])
+@pytest.mark.parametrize(
+    "ext,label,kept",
+    [
+        (Extension("dynamic", 4.0), "dynamic NTK takes its base", "the base of the step that cached them"),
+        (
+            Extension("longrope", 4.0, short_factor=SHORT, long_factor=LONG),
+            "LongRoPE takes its factor list",
+            "the short factors up to L0",
+        ),
+    ],
+)
 def test_length_switches_past_the_native_length_refuse_padding_and_warn_for_cached_decoding(ext, label, kept):
     """Dynamic NTK and LongRoPE, L0 = 16: cached decoding up to L0 equals the full forward (no warning); past it the
     cached keys keep their step's frequencies, logits differ and a one-line warning says so; a padded batch past
@@ -244,17 +280,27 @@ def test_length_switches_past_the_native_length_refuse_padding_and_warn_for_cach
             got.append(out.logits[0, -1])
     assert max((g - f).abs().max().item() for g, f in zip(got, full[9:16])) < 1e-5
     name = label.split(" takes")[0]
-    with torch.inference_mode(), pytest.warns(UserWarning, match=rf"^{name} decoded with the KV cache past L0 = 16: cached keys keep "
-                                                                  rf"{kept}, .*use_cache=False\) is exact\)$"):
+    with (
+        torch.inference_mode(),
+        pytest.warns(
+            UserWarning,
+            match=rf"^{name} decoded with the KV cache past L0 = 16: cached keys keep "
+            rf"{kept}, .*use_cache=False\) is exact\)$",
+        ),
+    ):
         for t in range(16, 24):
             out = model(ids[:, t : t + 1], cache=out.past_key_values, use_cache=True)
             got.append(out.logits[0, -1])
-    assert max((g - f).abs().max().item() for g, f in zip(got[7:], full[16:])) > 1e-3  # the stale keys, as documented (100x)
+    assert (
+        max((g - f).abs().max().item() for g, f in zip(got[7:], full[16:])) > 1e-3
+    )  # the stale keys, as documented (100x)
     mask = torch.ones(2, 20, dtype=torch.long)
     mask[0, :5] = 0
     with pytest.raises(PosencError, match=rf"^{label} for a padded batch from its longest row: past L0 = 16"):
         model(torch.randint(0, 97, (2, 20)), attention_mask=mask)
-    assert torch.isfinite(model(torch.randint(0, 97, (2, 16)), attention_mask=mask[:, :16]).logits).all()  # up to L0: exact
+    assert torch.isfinite(
+        model(torch.randint(0, 97, (2, 16)), attention_mask=mask[:, :16]).logits
+    ).all()  # up to L0: exact
     adapted.set_schedule(Extension("none"))  # the checks follow the schedule
     assert torch.isfinite(model(torch.randint(0, 97, (2, 20)), attention_mask=mask).logits).all()
 
@@ -299,8 +345,17 @@ def test_longrope_on_a_pretrained_model_switches_lists_past_l0():
 # ---------------------------------------------------------------- token accounting
 
 
-@pytest.mark.parametrize("n,length,stride,bos", [(100, 10, None, False), (100, 10, None, True), (103, 16, 5, False),
-                                                 (103, 16, 5, True), (64, 64, None, False), (50, 8, 1, False)])
+@pytest.mark.parametrize(
+    "n,length,stride,bos",
+    [
+        (100, 10, None, False),
+        (100, 10, None, True),
+        (103, 16, 5, False),
+        (103, 16, 5, True),
+        (64, 64, None, False),
+        (50, 8, 1, False),
+    ],
+)
 def test_windows_score_every_target_once(n, length, stride, bos):
     wins = ev.model_windows(n, length, stride, bos)
     count = np.zeros(n, dtype=int)
@@ -423,7 +478,9 @@ def test_bad_models(tmp_path):
 
     with pytest.raises(PosencError, match="does not exist"):
         loading.load(str(tmp_path / "missing"))
-    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32).save_pretrained(tmp_path / "vit")
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32).save_pretrained(
+        tmp_path / "vit"
+    )
     with pytest.raises(PosencError, match="causal LM"):
         loading.load(str(tmp_path / "vit"))
     gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=64))
@@ -450,13 +507,26 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
     model.save_pretrained(tmp_path / "tiny")
     word_tokenizer.save_pretrained(tmp_path / "tiny")
     (tmp_path / "corpus.txt").write_text((passkey.FILLER + "\n") * 40)
-    argv = ["extend", "--model", str(tmp_path / "tiny"), "--corpus", str(tmp_path / "corpus.txt"), "--out",
-            str(tmp_path / "o"), "--schedules", "none", "--passkey-lengths"]
+    argv = [
+        "extend",
+        "--model",
+        str(tmp_path / "tiny"),
+        "--corpus",
+        str(tmp_path / "corpus.txt"),
+        "--out",
+        str(tmp_path / "o"),
+        "--schedules",
+        "none",
+        "--passkey-lengths",
+    ]
     assert main([*argv, "--lengths", "100000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("posenc: error: length 100000 exceeds the held-out text")
-    for bad, message in ((["--stride", "0"], "--stride must be in [1, 15]"), (["--docs", "nosuch"], "unknown document"),
-                         (["--schedules", "leaky-rerope", "--factor", "1"], "needs factor s > 1")):
+    for bad, message in (
+        (["--stride", "0"], "--stride must be in [1, 15]"),
+        (["--docs", "nosuch"], "unknown document"),
+        (["--schedules", "leaky-rerope", "--factor", "1"], "needs factor s > 1"),
+    ):
         assert main([*argv, "--lengths", "16", "32", *bad]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # bad input touches no output directory
@@ -464,7 +534,10 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
     assert (tmp_path / "o" / "results.md").exists() and (tmp_path / "o" / "ppl_vs_length.png").exists()
     lines = (tmp_path / "o" / "records.jsonl").read_text().splitlines()
     widths = {(r["length"], r["bucket"], len(r["bucket_n"])) for r in map(json.loads, lines) if r["kind"] == "ppl"}
-    assert widths == {(16, 1, 16), (32, 1, 32)}  # no --bucket: 1/32 of each length (at least 1), a bucket per position here
+    assert widths == {
+        (16, 1, 16),
+        (32, 1, 32),
+    }  # no --bucket: 1/32 of each length (at least 1), a bucket per position here
     config = (tmp_path / "o" / "config.json").read_text()
     assert json.loads(config)["bucket"] is None
     assert main([*argv, "--lengths", "100000"]) == 2
@@ -483,8 +556,22 @@ def test_extend_with_posenc_schemes(tmp_path, word_tokenizer):
     model.save_pretrained(tmp_path / "tiny")
     word_tokenizer.save_pretrained(tmp_path / "tiny")
     (tmp_path / "corpus.txt").write_text((passkey.FILLER + "\n") * 40)
-    argv = ["extend", "--model", str(tmp_path / "tiny"), "--corpus", str(tmp_path / "corpus.txt"), "--out",
-            str(tmp_path / "o"), "--schedules", "none", "--lengths", "16", "32", "--passkey-lengths", "120"]
+    argv = [
+        "extend",
+        "--model",
+        str(tmp_path / "tiny"),
+        "--corpus",
+        str(tmp_path / "corpus.txt"),
+        "--out",
+        str(tmp_path / "o"),
+        "--schedules",
+        "none",
+        "--lengths",
+        "16",
+        "32",
+        "--passkey-lengths",
+        "120",
+    ]
     assert main([*argv, "--scheme", "nosuch"]) == 2 and not (tmp_path / "o").exists()
     assert main([*argv, "--scheme", "rope", "alibi", "xpos"]) == 0  # xPos replaces attention: passkey without the cache
     records = [json.loads(line) for line in (tmp_path / "o" / "records.jsonl").read_text().splitlines()]
@@ -492,7 +579,12 @@ def test_extend_with_posenc_schemes(tmp_path, word_tokenizer):
     for L in (16, 32):
         assert abs(ppl["scheme:rope", L] - ppl["none", L]) < 1e-5
         assert abs(ppl["scheme:alibi", L] - ppl["none", L]) > 1e-4
-    assert {r["adaptation"] for r in records if r["kind"] == "passkey"} == {"none", "scheme:rope", "scheme:alibi", "scheme:xpos"}
+    assert {r["adaptation"] for r in records if r["kind"] == "passkey"} == {
+        "none",
+        "scheme:rope",
+        "scheme:alibi",
+        "scheme:xpos",
+    }
     assert "scheme:alibi" in (tmp_path / "o" / "results.md").read_text()
 
 

@@ -13,14 +13,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from test_generate_pretrained import L0, llama  # noqa: E402  (the tiny random Llama, native context L0 = 16)
+
 from posenc import methods  # noqa: E402
 from posenc.cli import main  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
 from posenc.pretrained import generation, loading  # noqa: E402
 from posenc.pretrained.adaptation import Adaptation  # noqa: E402
 from posenc.pretrained.schedules import Extension  # noqa: E402
-
-from test_generate_pretrained import L0, llama  # noqa: E402  (the tiny random Llama, native context L0 = 16)
 
 T = 40  # the input: longer than L0
 
@@ -59,7 +59,9 @@ def reference(schedule, spec) -> Adaptation:
     from transformers import AttentionInterface
 
     a = adapted(schedule, spec, torch.float64)
-    AttentionInterface.register("test_naive_method", functools.partial(naive_attention, a.method, *native_inv_freq(schedule)))
+    AttentionInterface.register(
+        "test_naive_method", functools.partial(naive_attention, a.method, *native_inv_freq(schedule))
+    )
     a.model.set_attn_implementation("test_naive_method")
     return a
 
@@ -71,8 +73,9 @@ def native_inv_freq(schedule):
 
 
 @pytest.mark.parametrize("schedule", [None, "ntk", "yarn"])
-@pytest.mark.parametrize("spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10",
-                                  "dual-chunk:chunk=7,local=2"])
+@pytest.mark.parametrize(
+    "spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10", "dual-chunk:chunk=7,local=2"]
+)
 def test_logits_equal_the_naive_reference(schedule, spec):
     ids = torch.randint(0, 128, (2, T))
     a = adapted(schedule, spec)
@@ -85,8 +88,9 @@ def test_logits_equal_the_naive_reference(schedule, spec):
         assert not torch.allclose(*(native_inv_freq(s)[0] for s in (schedule, None)))
 
 
-@pytest.mark.parametrize("spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10",
-                                  "dual-chunk:chunk=7,local=2"])
+@pytest.mark.parametrize(
+    "spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10", "dual-chunk:chunk=7,local=2"]
+)
 def test_gradients_equal_the_naive_reference(spec):
     ids = torch.randint(0, 128, (1, T))
     fast, ref = adapted("ntk", spec), reference("ntk", spec)
@@ -98,7 +102,9 @@ def test_gradients_equal_the_naive_reference(spec):
 
 
 @pytest.mark.parametrize("schedule", [None, "ntk"])
-@pytest.mark.parametrize("spec", [f"self-extend:group=4,window={T}", f"lm-infinite:n_global=0,window={T}", f"dual-chunk:chunk={T},local=0"])
+@pytest.mark.parametrize(
+    "spec", [f"self-extend:group=4,window={T}", f"lm-infinite:n_global=0,window={T}", f"dual-chunk:chunk={T},local=0"]
+)
 def test_a_window_covering_the_input_reproduces_the_model(schedule, spec):
     ids = torch.randint(0, 128, (2, T))
     with torch.no_grad():
@@ -107,7 +113,9 @@ def test_a_window_covering_the_input_reproduces_the_model(schedule, spec):
     assert torch.allclose(got, plain, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["self-extend:group=2,window=4", "lm-infinite:n_global=1,window=6", "dual-chunk:chunk=5,local=1"])
+@pytest.mark.parametrize(
+    "spec", ["self-extend:group=2,window=4", "lm-infinite:n_global=1,window=6", "dual-chunk:chunk=5,local=1"]
+)
 def test_cached_greedy_decoding_equals_full_recomputation(spec):
     a, ids = adapted("ntk", spec), torch.randint(0, 128, (9,))
     a.model.generation_config.eos_token_id = None  # the random model's id 2 would stop it early
@@ -144,13 +152,16 @@ def test_defaults_come_from_the_native_context():
     assert adapted(None, "lm-infinite").method == methods.Method("lm-infinite", window=L0, n_global=10)
 
 
-@pytest.mark.parametrize("schedule, spec, message", [
-    (None, "sinks:n_sink=2,window=8", "method sinks on a pretrained model is not supported yet"),
-    (None, "self-extend:group=0", "group must be an integer >= 1"),
-    (None, "nosuch", "unknown method 'nosuch'"),
-    ("rerope", "self-extend", "the model has schedule rerope"),
-    ("dynamic", "lm-infinite", "the model has schedule dynamic"),
-])
+@pytest.mark.parametrize(
+    "schedule, spec, message",
+    [
+        (None, "sinks:n_sink=2,window=8", "method sinks on a pretrained model is not supported yet"),
+        (None, "self-extend:group=0", "group must be an integer >= 1"),
+        (None, "nosuch", "unknown method 'nosuch'"),
+        ("rerope", "self-extend", "the model has schedule rerope"),
+        ("dynamic", "lm-infinite", "the model has schedule dynamic"),
+    ],
+)
 def test_unsupported_settings_are_refused(schedule, spec, message):
     a = Adaptation(llama())
     if schedule is not None:
@@ -170,8 +181,16 @@ def test_a_padded_batch_is_refused():
 
 def test_a_sliding_window_model_is_refused():
     torch.manual_seed(0)
-    cfg = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                                     num_key_value_heads=2, vocab_size=128, max_position_embeddings=L0, sliding_window=8)
+    cfg = transformers.MistralConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=L0,
+        sliding_window=8,
+    )
     a = Adaptation(transformers.MistralForCausalLM(cfg).eval())
     a.set_method("self-extend:group=2,window=4")
     with pytest.raises(PosencError, match="sliding window of 8 tokens"):
@@ -183,8 +202,24 @@ PROMPT = "The pass key is 1 2 3 . Remember it"
 
 def test_cli_generates_with_the_method(llama_dir, capsys):
     spec = "self-extend:group=2,window=4"
-    code = main(["generate", str(llama_dir / "tiny"), "--prompt", PROMPT, "--max-new-tokens", "6", "--temperature", "0",
-                 "--schedule", "ntk", "--factor", "2", "--method", spec])
+    code = main(
+        [
+            "generate",
+            str(llama_dir / "tiny"),
+            "--prompt",
+            PROMPT,
+            "--max-new-tokens",
+            "6",
+            "--temperature",
+            "0",
+            "--schedule",
+            "ntk",
+            "--factor",
+            "2",
+            "--method",
+            spec,
+        ]
+    )
     out, err = capsys.readouterr()
     loaded = loading.load(str(llama_dir / "tiny"))
     a = Adaptation(loaded.model)
@@ -196,11 +231,14 @@ def test_cli_generates_with_the_method(llama_dir, capsys):
     assert "self-extend(group=2,window=4)" in err
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--method", "self-extend:group=x"], "group must be an integer"),
-    (["--method", "sinks"], "method sinks on a pretrained model is not supported yet"),
-    (["--method", "self-extend", "--scheme", "alibi"], "--method applies to native RoPE or a --schedule"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--method", "self-extend:group=x"], "group must be an integer"),
+        (["--method", "sinks"], "method sinks on a pretrained model is not supported yet"),
+        (["--method", "self-extend", "--scheme", "alibi"], "--method applies to native RoPE or a --schedule"),
+    ],
+)
 def test_cli_bad_method_is_one_line(llama_dir, capsys, flags, message):
     code = main(["generate", str(llama_dir / "tiny"), "--prompt", "x", *flags])
     _, err = capsys.readouterr()

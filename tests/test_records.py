@@ -9,48 +9,169 @@ import pytest
 from posenc.cli import main
 from posenc.errors import PosencError
 from posenc.records import (
-    DIAGNOSE, PRETRAINED, RUN, SCHEMA_VERSION, Diagnosis, FarMass, LayerGap, LengthDiagnosis, PasskeyCell, PasskeyTrial, Ppl,
-    ScoredWindow, Task, TaskCell, append, drop_torn_tail, load, load_csv, load_ppl, trial_key, write,
+    DIAGNOSE,
+    PRETRAINED,
+    RUN,
+    SCHEMA_VERSION,
+    Diagnosis,
+    FarMass,
+    LayerGap,
+    LengthDiagnosis,
+    PasskeyCell,
+    PasskeyTrial,
+    Ppl,
+    ScoredWindow,
+    Task,
+    TaskCell,
+    append,
+    drop_torn_tail,
+    load,
+    load_csv,
+    load_ppl,
+    trial_key,
+    write,
 )
 from posenc.report import write_csv
 
 RESULTS = Path(__file__).parent.parent / "results"
 
 RUN_RECORDS = [
-    Ppl(scheme="rope", seed=0, train_length=128, eval_length=256, windows=4, scored_tokens=1024, nll=2900.5, ppl=17.0,
-        bucket_edges=[0, 128, 256], bucket_ppl=[15.0, 19.0], seconds=1.5),
+    Ppl(
+        scheme="rope",
+        seed=0,
+        train_length=128,
+        eval_length=256,
+        windows=4,
+        scored_tokens=1024,
+        nll=2900.5,
+        ppl=17.0,
+        bucket_edges=[0, 128, 256],
+        bucket_ppl=[15.0, 19.0],
+        seconds=1.5,
+    ),
     Ppl(scheme="rope", seed=0, train_length=128, eval_length=8192, windows=0, scored_tokens=0, note="n/a: too long"),
-    PasskeyCell(scheme="alibi", seed=1, train_length=128, length=512, depth=0.25, mode="rank", candidates=8, digits=5,
-                trials=8, correct=3, accuracy=0.375, seconds=2.0),
-    FarMass(scheme="alibi", seed=1, train_length=128, length=512, windows=2, far_mass_mean=0.01, entropy_mean=1.2,
-            uniform_far_mass=0.6, uniform_entropy=5.4, w=128),
+    PasskeyCell(
+        scheme="alibi",
+        seed=1,
+        train_length=128,
+        length=512,
+        depth=0.25,
+        mode="rank",
+        candidates=8,
+        digits=5,
+        trials=8,
+        correct=3,
+        accuracy=0.375,
+        seconds=2.0,
+    ),
+    FarMass(
+        scheme="alibi",
+        seed=1,
+        train_length=128,
+        length=512,
+        windows=2,
+        far_mass_mean=0.01,
+        entropy_mean=1.2,
+        uniform_far_mass=0.6,
+        uniform_entropy=5.4,
+        w=128,
+    ),
     FarMass(scheme="pope", seed=0, train_length=128, length=512, note="not supported: no softmax"),
-    Task(task="flipflop", scheme="rope", seed=0, train_length=128, train_seconds=10.0, eval_seconds=1.0, threads=2,
-         cells=[TaskCell(test="id", length=128, bucket=8, n=100, correct=97, nll=3.5)]),
+    Task(
+        task="flipflop",
+        scheme="rope",
+        seed=0,
+        train_length=128,
+        train_seconds=10.0,
+        eval_seconds=1.0,
+        threads=2,
+        cells=[TaskCell(test="id", length=128, bucket=8, n=100, correct=97, nll=3.5)],
+    ),
 ]
 PRETRAINED_RECORDS = [
-    ScoredWindow(key="ppl|none|16|doc|0", adaptation="none", factor=2.0, length=16, stride=15, bos="none", doc="doc", begin=0,
-                 bucket=1024, signature="ab12", seconds=0.1, nll_sum=40.0, n_scored=15, bucket_nll=[40.0], bucket_n=[15],
-                 reused_from="pi", setting="t"),
-    PasskeyTrial(key=trial_key("yarn", 120, 0.5, 1), adaptation="yarn", factor=2.0, length=120, depth=0.5, trial=1, seconds=0.3,
-                 passkey=12345, answer="12345", got=12345, correct=True, prompt_tokens=117, setting="t"),
+    ScoredWindow(
+        key="ppl|none|16|doc|0",
+        adaptation="none",
+        factor=2.0,
+        length=16,
+        stride=15,
+        bos="none",
+        doc="doc",
+        begin=0,
+        bucket=1024,
+        signature="ab12",
+        seconds=0.1,
+        nll_sum=40.0,
+        n_scored=15,
+        bucket_nll=[40.0],
+        bucket_n=[15],
+        reused_from="pi",
+        setting="t",
+    ),
+    PasskeyTrial(
+        key=trial_key("yarn", 120, 0.5, 1),
+        adaptation="yarn",
+        factor=2.0,
+        length=120,
+        depth=0.5,
+        trial=1,
+        seconds=0.3,
+        passkey=12345,
+        answer="12345",
+        got=12345,
+        correct=True,
+        prompt_tokens=117,
+        setting="t",
+    ),
 ]
 
 DIAGNOSE_RECORDS = [
-    Diagnosis(scheme="acc-rand-qkv", describe="accumulated(...)", train_length=16, w=16, eps=0.01, windows_per_length=1,
-              lengths=[LengthDiagnosis(length=16, multiple=1.0, windows=1, entropy=[[1.5, 1.6]], entropy_mean=1.55,
-                                       uniform_entropy=1.9),
-                       LengthDiagnosis(length=32, multiple=2.0, windows=1, far_mass=[[0.25, 0.5]], far_mass_bound=[[0.1, 0.2]],
-                                       entropy=[[2.0, 2.1]], far_mass_mean=0.375, entropy_mean=2.05, uniform_far_mass=0.4,
-                                       uniform_entropy=2.5),
-                       LengthDiagnosis(length=64, multiple=4.0, windows=0, note="n/a: too long")],
-              spectral_gap=[LayerGap(layer=0, steps=45, beta=[[1.0, 0.5]], baseline=[0.84, 0.84], w_eps=[[None, 7]],
-                                     mean_step=[[0.0, 0.1]])]),
-    Diagnosis(scheme="path", describe="path", train_length=16, w=16, eps=0.01, windows_per_length=2, note="not supported: no softmax"),
+    Diagnosis(
+        scheme="acc-rand-qkv",
+        describe="accumulated(...)",
+        train_length=16,
+        w=16,
+        eps=0.01,
+        windows_per_length=1,
+        lengths=[
+            LengthDiagnosis(
+                length=16, multiple=1.0, windows=1, entropy=[[1.5, 1.6]], entropy_mean=1.55, uniform_entropy=1.9
+            ),
+            LengthDiagnosis(
+                length=32,
+                multiple=2.0,
+                windows=1,
+                far_mass=[[0.25, 0.5]],
+                far_mass_bound=[[0.1, 0.2]],
+                entropy=[[2.0, 2.1]],
+                far_mass_mean=0.375,
+                entropy_mean=2.05,
+                uniform_far_mass=0.4,
+                uniform_entropy=2.5,
+            ),
+            LengthDiagnosis(length=64, multiple=4.0, windows=0, note="n/a: too long"),
+        ],
+        spectral_gap=[
+            LayerGap(
+                layer=0, steps=45, beta=[[1.0, 0.5]], baseline=[0.84, 0.84], w_eps=[[None, 7]], mean_step=[[0.0, 0.1]]
+            )
+        ],
+    ),
+    Diagnosis(
+        scheme="path",
+        describe="path",
+        train_length=16,
+        w=16,
+        eps=0.01,
+        windows_per_length=2,
+        note="not supported: no softmax",
+    ),
 ]
 
 
-@pytest.mark.parametrize("kinds, recs", [(RUN, RUN_RECORDS), (PRETRAINED, PRETRAINED_RECORDS), (DIAGNOSE, DIAGNOSE_RECORDS)])
+@pytest.mark.parametrize(
+    "kinds, recs", [(RUN, RUN_RECORDS), (PRETRAINED, PRETRAINED_RECORDS), (DIAGNOSE, DIAGNOSE_RECORDS)]
+)
 def test_every_kind_round_trips(tmp_path, kinds, recs):
     path = tmp_path / "r.jsonl"
     for r in recs:
@@ -76,18 +197,49 @@ def test_ratio_is_derived_not_stored(tmp_path):
 def test_a_version_1_file_loads(tmp_path):
     """Lines as posenc wrote them before the schema field: compare's, eval's (no kind), extend's old passkey key."""
     lines = [
-        {"kind": "ppl", "scheme": "rope", "seed": 0, "train_length": 128, "eval_length": 128, "windows": 2,
-         "scored_tokens": 256, "nll": 700.0, "ppl": 15.4, "bucket_edges": [0, 128], "bucket_ppl": [15.4], "seconds": 1.0},
-        {"scheme": "alibi", "train_length": 128, "eval_length": 256, "windows": 1, "scored_tokens": 256, "nll": 710.0,
-         "ppl": 16.0, "bucket_edges": [0, 256], "bucket_ppl": [16.0]},
+        {
+            "kind": "ppl",
+            "scheme": "rope",
+            "seed": 0,
+            "train_length": 128,
+            "eval_length": 128,
+            "windows": 2,
+            "scored_tokens": 256,
+            "nll": 700.0,
+            "ppl": 15.4,
+            "bucket_edges": [0, 128],
+            "bucket_ppl": [15.4],
+            "seconds": 1.0,
+        },
+        {
+            "scheme": "alibi",
+            "train_length": 128,
+            "eval_length": 256,
+            "windows": 1,
+            "scored_tokens": 256,
+            "nll": 710.0,
+            "ppl": 16.0,
+            "bucket_edges": [0, 256],
+            "bucket_ppl": [16.0],
+        },
         {"kind": "far_mass", "scheme": "rope", "seed": 0, "train_length": 128, "length": 256, "note": "not supported"},
     ]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     got = load(tmp_path / "results.jsonl")
     assert [type(r) for r in got] == [Ppl, Ppl, FarMass] and {r.schema_version for r in got} == {1}
     assert (got[1].scheme, got[1].seed, got[1].ppl) == ("alibi", None, 16.0)
-    old = {"kind": "passkey", "key": 12345, "method": "none", "factor": 2.0, "length": 120, "depth": 0.5, "trial": 0,
-           "correct": True, "prompt_tokens": 100, "setting": "t"}
+    old = {
+        "kind": "passkey",
+        "key": 12345,
+        "method": "none",
+        "factor": 2.0,
+        "length": 120,
+        "depth": 0.5,
+        "trial": 0,
+        "correct": True,
+        "prompt_tokens": 100,
+        "setting": "t",
+    }
     (tmp_path / "records.jsonl").write_text(json.dumps(old) + "\n")
     (trial,) = load(tmp_path / "records.jsonl", PRETRAINED)
     assert (trial.key, trial.adaptation, trial.passkey, trial.answer) == ("passkey|none|120|0.5|0", "none", 12345, None)
@@ -102,8 +254,10 @@ def test_a_version_1_pretrained_line_reads_method_as_adaptation(tmp_path):
     old[1].pop("schema_version")
     path.write_text("".join(json.dumps(r) + "\n" for r in old))
     got = load(path, PRETRAINED)
-    assert [(r.adaptation, r.key, r.schema_version) for r in got] == [("none", "ppl|none|16|doc|0", 1),
-                                                                      ("yarn", "passkey|yarn|120|0.5|1", 1)]
+    assert [(r.adaptation, r.key, r.schema_version) for r in got] == [
+        ("none", "ppl|none|16|doc|0", 1),
+        ("yarn", "passkey|yarn|120|0.5|1", 1),
+    ]
     assert [r.model_copy(update={"schema_version": SCHEMA_VERSION}) for r in got] == PRETRAINED_RECORDS
     path.write_text(json.dumps({**old[0], "schema_version": 2}) + "\n")
     with pytest.raises(PosencError, match=r"line 1: not a ppl record \(adaptation: Field required\)"):
@@ -112,11 +266,15 @@ def test_a_version_1_pretrained_line_reads_method_as_adaptation(tmp_path):
 
 def test_a_newer_pretrained_line_is_refused_with_one_line(tmp_path):
     path = tmp_path / "records.jsonl"
-    path.write_text(json.dumps(PRETRAINED_RECORDS[1].model_dump(mode="json") | {"schema_version": SCHEMA_VERSION + 1}) + "\n")
+    path.write_text(
+        json.dumps(PRETRAINED_RECORDS[1].model_dump(mode="json") | {"schema_version": SCHEMA_VERSION + 1}) + "\n"
+    )
     with pytest.raises(PosencError) as exc:
         load(path, PRETRAINED)
-    assert str(exc.value) == (f"{path} line 1 holds records of schema version {SCHEMA_VERSION + 1}; this posenc reads "
-                              f"versions up to {SCHEMA_VERSION} (a newer posenc wrote it)")
+    assert str(exc.value) == (
+        f"{path} line 1 holds records of schema version {SCHEMA_VERSION + 1}; this posenc reads "
+        f"versions up to {SCHEMA_VERSION} (a newer posenc wrote it)"
+    )
 
 
 def test_a_newer_version_is_refused_with_one_line(tmp_path, capsys):
@@ -128,14 +286,18 @@ def test_a_newer_version_is_refused_with_one_line(tmp_path, capsys):
         load(run / "results.jsonl")
     assert main(["report", str(run), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"posenc: error: {run / 'results.jsonl'} line 1 holds records of schema version {SCHEMA_VERSION + 1}")
+    assert err.startswith(
+        f"posenc: error: {run / 'results.jsonl'} line 1 holds records of schema version {SCHEMA_VERSION + 1}"
+    )
     assert len(err.splitlines()) == 1
 
 
 def test_unknown_kinds_and_misfit_fields_are_one_line_errors(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps({"kind": "bogus"}) + "\n")
-    with pytest.raises(PosencError, match="line 1 holds a record of unknown kind 'bogus'; known: ppl, passkey, far_mass, task"):
+    with pytest.raises(
+        PosencError, match="line 1 holds a record of unknown kind 'bogus'; known: ppl, passkey, far_mass, task"
+    ):
         load(path)
     path.write_text(json.dumps({"kind": "task", "scheme": "rope"}) + "\n")
     with pytest.raises(PosencError, match=r"line 1: not a task record \(task: Field required\)"):

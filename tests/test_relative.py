@@ -73,12 +73,15 @@ def test_kerple_coefficients_are_clamped_positive():
     assert torch.all(r1 == 1e-2) and torch.all(r2 == 2.0)
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("kerple:variant=cubic", "variant must be 'log' or 'power'"),
-    ("t5:num_buckets=1", "2 <= num_buckets <= 4096"),
-    ("t5:num_buckets=32,max_distance=16", "max_distance > num_buckets / 2"),
-    ("t5:num_buckets=-4", "2 <= num_buckets <= 4096"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("kerple:variant=cubic", "variant must be 'log' or 'power'"),
+        ("t5:num_buckets=1", "2 <= num_buckets <= 4096"),
+        ("t5:num_buckets=32,max_distance=16", "max_distance > num_buckets / 2"),
+        ("t5:num_buckets=-4", "2 <= num_buckets <= 4096"),
+    ],
+)
 def test_bad_parameters_are_one_line_errors(spec, message):
     with pytest.raises(PosencError, match=message):
         encodings.get(spec, DIMS)

@@ -5,7 +5,16 @@ import math
 import matplotlib.pyplot as plt
 import pytest
 
-from posenc.reporting import figure, log_scale, log_ticks, markdown_table, plain_number, plot_lines, same_as, save_figure
+from posenc.reporting import (
+    figure,
+    log_scale,
+    log_ticks,
+    markdown_table,
+    plain_number,
+    plot_lines,
+    same_as,
+    save_figure,
+)
 
 
 def test_markdown_table_escapes_pipes_and_keeps_empty_cells_narrow():
@@ -21,8 +30,11 @@ def labelled_ticks(ax, which: str) -> list[tuple[float, str]]:
     axis = getattr(ax, f"{which}axis")
     lo, hi = sorted(axis.get_view_interval())
     ticks = axis.get_major_ticks() + axis.get_minor_ticks()
-    return sorted((round(float(t.get_loc()), 6), t.label1.get_text()) for t in ticks
-                  if lo * (1 - 1e-9) <= t.get_loc() <= hi * (1 + 1e-9) and t.label1.get_visible() and t.label1.get_text())
+    return sorted(
+        (round(float(t.get_loc()), 6), t.label1.get_text())
+        for t in ticks
+        if lo * (1 - 1e-9) <= t.get_loc() <= hi * (1 + 1e-9) and t.label1.get_visible() and t.label1.get_text()
+    )
 
 
 def test_figures_are_agg_written_atomically_without_pyplot(tmp_path):
@@ -32,23 +44,42 @@ def test_figures_are_agg_written_atomically_without_pyplot(tmp_path):
     log_scale(axes[0][0], "x")
     assert axes[0][0].get_xscale() == "log"
     # under 3,000x: 1-2-5 in each decade, plain numbers; the minor ticks carry no label
-    assert [label for _, label in labelled_ticks(axes[0][0], "x")] == ["1", "2", "5", "10", "20", "50", "100", "200", "500", "1000"]
+    assert [label for _, label in labelled_ticks(axes[0][0], "x")] == [
+        "1",
+        "2",
+        "5",
+        "10",
+        "20",
+        "50",
+        "100",
+        "200",
+        "500",
+        "1000",
+    ]
     path = save_figure(fig, tmp_path / "f.png", dpi=50)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and [p.name for p in tmp_path.iterdir()] == ["f.png"]
     assert plt.get_fignums() == []  # no pyplot figure left open
 
 
-@pytest.mark.parametrize("lo,hi,base,labels", [
-    (1, 2, 10, ["1", "1.2", "1.4", "1.6", "1.8", "2"]),  # inside one decade: a linear ladder, not just "1" and "2"
-    (0.9, 1.1, 10, ["0.9", "0.95", "1", "1.05", "1.1"]),
-    (1, 100, 10, ["1", "2", "5", "10", "20", "50", "100"]),
-    (1e-3, 1e6, 10, ["0.001", "0.01", "0.1", "1", "10", "100", "1000", "10000", "100000", "1000000"]),  # decades only
-    (1, 8, 2, ["1", "2", "4", "8"]),
-    (1, 3, 2, ["1", "1.5", "2", "2.5", "3"]),
-    (1.5, 1.7, 10, ["1.5", "1.55", "1.6", "1.65", "1.7"]),
-    (2 ** 10, 2 ** 20, 2, [str(2 ** k) for k in range(10, 21)]),  # integers in full: 1048576, not 1.04858e+06
-    (1, 2 ** 30, 2, [str(2 ** k) for k in range(0, 31, 3)]),  # over 12 powers: every 3rd (31 powers / 12)
-])
+@pytest.mark.parametrize(
+    "lo,hi,base,labels",
+    [
+        (1, 2, 10, ["1", "1.2", "1.4", "1.6", "1.8", "2"]),  # inside one decade: a linear ladder, not just "1" and "2"
+        (0.9, 1.1, 10, ["0.9", "0.95", "1", "1.05", "1.1"]),
+        (1, 100, 10, ["1", "2", "5", "10", "20", "50", "100"]),
+        (
+            1e-3,
+            1e6,
+            10,
+            ["0.001", "0.01", "0.1", "1", "10", "100", "1000", "10000", "100000", "1000000"],
+        ),  # decades only
+        (1, 8, 2, ["1", "2", "4", "8"]),
+        (1, 3, 2, ["1", "1.5", "2", "2.5", "3"]),
+        (1.5, 1.7, 10, ["1.5", "1.55", "1.6", "1.65", "1.7"]),
+        (2**10, 2**20, 2, [str(2**k) for k in range(10, 21)]),  # integers in full: 1048576, not 1.04858e+06
+        (1, 2**30, 2, [str(2**k) for k in range(0, 31, 3)]),  # over 12 powers: every 3rd (31 powers / 12)
+    ],
+)
 def test_log_axes_label_at_least_three_ticks_at_any_range(lo, hi, base, labels):
     fig, ax = figure(figsize=(4, 6))
     ax.plot([1, 2], [lo, hi])
@@ -67,15 +98,24 @@ def test_plain_number():
 
 def test_identical_curves_stay_visible_and_say_so():
     fig, ax = figure(figsize=(4, 3))
-    lines = [{"label": "a", "x": [1, 2, 4], "y": [1.0, 2.0, 3.0]},
-             {"label": "b", "x": [1, 2, 4], "y": [1.0, 2.0, 3.0 * (1 + 1e-9)]},  # a within rounding
-             {"label": "c", "x": [1, 2, 4], "y": [1.0, 2.0, 3.1]},  # differs at one point
-             {"label": "d", "x": [1, 2, 4], "y": [1.0, 2.0, 3.0], "ms": 4, "ls": "--"},  # a again, own style kept
-             {"label": "e", "x": [1, 2], "y": [1.0, 2.0]}]  # fewer points: another curve
+    lines = [
+        {"label": "a", "x": [1, 2, 4], "y": [1.0, 2.0, 3.0]},
+        {"label": "b", "x": [1, 2, 4], "y": [1.0, 2.0, 3.0 * (1 + 1e-9)]},  # a within rounding
+        {"label": "c", "x": [1, 2, 4], "y": [1.0, 2.0, 3.1]},  # differs at one point
+        {"label": "d", "x": [1, 2, 4], "y": [1.0, 2.0, 3.0], "ms": 4, "ls": "--"},  # a again, own style kept
+        {"label": "e", "x": [1, 2], "y": [1.0, 2.0]},
+    ]  # fewer points: another curve
     assert same_as([(ln["label"], ln["x"], ln["y"]) for ln in lines]) == {"b": "a", "d": "a"}
     drawn = plot_lines(ax, lines)
     seen = [(ln.get_label(), ln.get_linestyle(), ln.get_marker(), round(ln.get_markersize(), 3)) for ln in drawn]
-    assert seen == [("a", "-", "o", 5), ("b (same as a)", "--", "s", 3.5), ("c", "-", "o", 5),
-                    ("d (same as a)", "--", "^", 1.96), ("e", "-", "o", 5)]  # 2nd repeat: 0.7^2 x its own size 4
-    assert [ln.get_zorder() for ln in drawn] == sorted(ln.get_zorder() for ln in drawn)  # each repeat drawn over the first
+    assert seen == [
+        ("a", "-", "o", 5),
+        ("b (same as a)", "--", "s", 3.5),
+        ("c", "-", "o", 5),
+        ("d (same as a)", "--", "^", 1.96),
+        ("e", "-", "o", 5),
+    ]  # 2nd repeat: 0.7^2 x its own size 4
+    assert [ln.get_zorder() for ln in drawn] == sorted(
+        ln.get_zorder() for ln in drawn
+    )  # each repeat drawn over the first
     assert same_as([("a", [1, 2], [1.0, None]), ("b", [1, 2], [1.0, float("nan")])]) == {"b": "a"}  # a gap equals a gap

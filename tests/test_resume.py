@@ -65,8 +65,11 @@ def test_kill_9_then_resume_equals_uninterrupted(setup):
     args = ["train", "--scheme", "acc-rand-qkv", "--preset", preset(steps)]
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
     run = tmp_path / "killed"
-    proc = subprocess.run([sys.executable, "-c", KILL_AT, *args, "--out", str(run)],
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_AT, *args, "--out", str(run)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stderr=subprocess.DEVNULL,
+    )
     assert proc.returncode == -signal.SIGKILL
     assert torch.load(run / "state.pt", weights_only=False)["step"] == 10
     assert len(records(run)) == 17 and not (run / "train_summary.json").exists()
@@ -105,7 +108,10 @@ def test_resume_of_a_finished_run_keeps_it(setup, capsys):
     files = {p.name: p.read_bytes() for p in run.iterdir()}
     assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(12), "--out", str(run), "--resume"]) == 0
     assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(5), "--out", str(run), "--resume"]) == 2
-    assert capsys.readouterr().err.splitlines()[-1] == f"posenc: error: cannot resume {run}: it has trained 12 steps, more than steps=5"
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == f"posenc: error: cannot resume {run}: it has trained 12 steps, more than steps=5"
+    )
     assert {p.name: p.read_bytes() for p in run.iterdir()} == files
 
 
@@ -116,7 +122,10 @@ def test_resume_without_state_pt_is_refused(setup, capsys):
     (tmp_path / "r" / "state.pt").unlink()
     weights = (tmp_path / "r" / "model.safetensors").read_bytes()
     assert main([*args, "--resume"]) == 2
-    assert capsys.readouterr().err.splitlines()[-1] == f"posenc: error: cannot resume {tmp_path / 'r'}: it has weights but no state.pt (optimizer state); use another --out"
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == f"posenc: error: cannot resume {tmp_path / 'r'}: it has weights but no state.pt (optimizer state); use another --out"
+    )
     assert (tmp_path / "r" / "model.safetensors").read_bytes() == weights
 
 
@@ -169,10 +178,33 @@ def test_resume_with_other_training_settings_is_refused(setup, capsys):
     run = tmp_path / "r"
     assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(10), "--out", str(run)]) == 0
     files = {p.name: p.read_bytes() for p in run.iterdir()}
-    assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(20), "--out", str(run), "--resume", "--seed", "3", "--batch-size", "4"]) == 2
-    assert capsys.readouterr().err.splitlines()[-1] == f"posenc: error: cannot resume {run}: its training differs (batch_size 2 -> 4; seed 0 -> 3); use another --out"
+    assert (
+        main(
+            [
+                "train",
+                "--scheme",
+                "acc-rand-qkv",
+                "--preset",
+                preset(20),
+                "--out",
+                str(run),
+                "--resume",
+                "--seed",
+                "3",
+                "--batch-size",
+                "4",
+            ]
+        )
+        == 2
+    )
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == f"posenc: error: cannot resume {run}: its training differs (batch_size 2 -> 4; seed 0 -> 3); use another --out"
+    )
     assert {p.name: p.read_bytes() for p in run.iterdir()} == files  # nothing touched
-    assert main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(20), "--out", str(run), "--resume"]) == 0  # more steps: fine
+    assert (
+        main(["train", "--scheme", "acc-rand-qkv", "--preset", preset(20), "--out", str(run), "--resume"]) == 0
+    )  # more steps: fine
 
 
 @pytest.mark.slow
@@ -180,9 +212,25 @@ def test_sigterm_is_an_interrupt_with_the_resume_line(tiny_corpus, tmp_path):
     """``timeout`` sends SIGTERM to the command's process group: compare and its job process stop as on Ctrl-C
     (checkpoint, the resume line, exit 128 + 15), with no leaked-semaphore warnings or tracebacks."""
     runs = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "posenc.cli", "compare", "--preset", "quick", "--schemes", "rope", "--steps", "100000",
-           "--corpus", str(tiny_corpus), "--out", str(runs)]
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "posenc.cli",
+        "compare",
+        "--preset",
+        "quick",
+        "--schemes",
+        "rope",
+        "--steps",
+        "100000",
+        "--corpus",
+        str(tiny_corpus),
+        "--out",
+        str(runs),
+    ]
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     lines = []
     while not any("checkpoint" in line for line in lines):  # the job trains and has saved a checkpoint
         lines.append(proc.stderr.readline())
@@ -191,6 +239,8 @@ def test_sigterm_is_an_interrupt_with_the_resume_line(tiny_corpus, tmp_path):
     err = "".join(lines) + proc.communicate(timeout=120)[1]
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "leaked" not in err and "Traceback" not in err, err
-    assert err.splitlines()[-2:] == [f"posenc: interrupted: finished jobs are kept in {runs / 'quick'}; each interrupted one resumes from its last checkpoint",
-                                     f"posenc: resume with: {shlex.join(['posenc', *cmd[3:]])}"]
+    assert err.splitlines()[-2:] == [
+        f"posenc: interrupted: finished jobs are kept in {runs / 'quick'}; each interrupted one resumes from its last checkpoint",
+        f"posenc: resume with: {shlex.join(['posenc', *cmd[3:]])}",
+    ]
     assert (runs / "quick" / "rope" / "seed0").is_dir()

@@ -4,7 +4,6 @@ reference (values and gradients), identical in own models and in the HF attentio
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -18,7 +17,8 @@ from posenc.attention import rotate  # noqa: E402
 from posenc.cli import main  # noqa: E402
 from posenc.encodings.base import Dims, Inputs  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
-from posenc.pretrained import rerope as hf_rerope, schedules  # noqa: E402
+from posenc.pretrained import rerope as hf_rerope  # noqa: E402
+from posenc.pretrained import schedules  # noqa: E402
 from posenc.pretrained.adaptation import Adaptation  # noqa: E402
 from posenc.pretrained.schedules import Extension  # noqa: E402
 from posenc.rope import rerope  # noqa: E402
@@ -28,8 +28,13 @@ D, THETA, L0 = 32, 10000.0, 256
 
 def hf_frequencies(rope_parameters: dict, seq_len=None) -> tuple[torch.Tensor, float]:
     """transformers' (inv_freq float64, attention factor) for a Llama config with these rope_parameters."""
-    cfg = LlamaConfig(hidden_size=4 * D, num_attention_heads=4, head_dim=D, max_position_embeddings=L0,
-                      rope_parameters=rope_parameters)
+    cfg = LlamaConfig(
+        hidden_size=4 * D,
+        num_attention_heads=4,
+        head_dim=D,
+        max_position_embeddings=L0,
+        rope_parameters=rope_parameters,
+    )
     kind = rope_parameters["rope_type"]
     if kind == "default":
         inv, af = LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)
@@ -62,8 +67,16 @@ def test_own_frequencies_equal_transformers_for_the_adapter_parameters(name, fac
 
 def test_adapter_installs_the_same_frequencies():
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=4 * D, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                      head_dim=D, max_position_embeddings=L0, rope_parameters={"rope_type": "default", "rope_theta": THETA})
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=4 * D,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        head_dim=D,
+        max_position_embeddings=L0,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA},
+    )
     model = LlamaForCausalLM(cfg).eval()
     adapted = Adaptation(model)
     for name in rope.NAMES:
@@ -83,12 +96,16 @@ def _inputs(B, H, Hkv, Tq, Tk, Dh, dtype, seed):
 
 
 @pytest.mark.parametrize("pairing", ["half", "adjacent"])
-@pytest.mark.parametrize("window,leak,block,tq", [(1, None, 5, 37), (6, None, 7, 37), (6, 4.0, 7, 37), (11, 2.5, 16, 5), (50, 3.0, 8, 37)])
+@pytest.mark.parametrize(
+    "window,leak,block,tq", [(1, None, 5, 37), (6, None, 7, 37), (6, 4.0, 7, 37), (11, 2.5, 16, 5), (50, 3.0, 8, 37)]
+)
 def test_blockwise_equals_naive_values_and_gradients(pairing, window, leak, block, tq):
     """float64, GQA (4 query heads on 2 KV heads), decoding queries (Tq < Tk), a bias and a logit scale."""
     Tk, Dh = 37, 8
     q, k, v = _inputs(2, 4, 2, tq, Tk, Dh, torch.float64, seed=window + block)
-    table = torch.randn(1, 4, Tk, Tk, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    table = torch.randn(
+        1, 4, Tk, Tk, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True
+    )
 
     tiles = []
 
@@ -104,7 +121,9 @@ def test_blockwise_equals_naive_values_and_gradients(pairing, window, leak, bloc
     assert fast.shape == (2, 4, tq, Dh + 2) and fast.dtype == torch.float64
     torch.testing.assert_close(fast, ref, atol=1e-12, rtol=1e-10)
     w = torch.randn_like(ref)  # a random cotangent: every output element matters
-    for a, b in zip(torch.autograd.grad((fast * w).sum(), (q, k, v, table)), torch.autograd.grad((ref * w).sum(), (q, k, v, table))):
+    for a, b in zip(
+        torch.autograd.grad((fast * w).sum(), (q, k, v, table)), torch.autograd.grad((ref * w).sum(), (q, k, v, table))
+    ):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
 
 
@@ -128,8 +147,16 @@ def test_own_model_and_hf_rerope_are_one_attention(name, leak):
     """RoPE(schedule=...).attend and the HF attention function on the same q, k, v."""
     B, H, T, w = 2, 4, 40, 7
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=H * D, intermediate_size=64, num_hidden_layers=1, num_attention_heads=H,
-                      head_dim=D, max_position_embeddings=L0, rope_parameters={"rope_type": "default", "rope_theta": THETA})
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=H * D,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=H,
+        head_dim=D,
+        max_position_embeddings=L0,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA},
+    )
     adapted = Adaptation(LlamaForCausalLM(cfg).eval())
     adapted.set_schedule(Extension(name, 2.0, window=w, leak=leak))
     params = {"window": w} if leak is None else {"window": w, "leak": leak}
@@ -140,8 +167,16 @@ def test_own_model_and_hf_rerope_are_one_attention(name, leak):
     pos = torch.arange(T)
     with torch.no_grad():
         own = enc.attend(q, k, v, Inputs(torch.zeros(B, T, H * D), pos, torch.zeros(B, T, dtype=torch.long)))
-        hf, _ = hf_rerope.attention_forward(adapted.model.model.layers[0].self_attn, q, k, v, None, D**-0.5,
-                                            position_ids=pos[None], rerope=adapted.rerope)
+        hf, _ = hf_rerope.attention_forward(
+            adapted.model.model.layers[0].self_attn,
+            q,
+            k,
+            v,
+            None,
+            D**-0.5,
+            position_ids=pos[None],
+            rerope=adapted.rerope,
+        )
     torch.testing.assert_close(hf.transpose(1, 2), own, atol=1e-6, rtol=1e-5)
     assert adapted.rerope[1:] == (w, leak)  # one meaning of leak: Su's k
 
@@ -151,11 +186,14 @@ def test_old_spellings_name_the_new_ones(tmp_path, capsys):
         rope.schedule_params("leaky_rerope", L0, {"window": 4, "leak": 2.0})
     with pytest.raises(PosencError, match="use 'leaky-rerope'"):
         schedules.extension_params(Extension("leaky_rerope"), L0)
-    for argv, message in ((["--schedules", "leaky_rerope"], "use 'leaky-rerope'"), (["--leaky-k", "4"], "--leaky-k was renamed: use --leak"),
-                          (["--schedules", "yarn", "--passkey-schedules", "nosuch"], "unknown rope schedule 'nosuch'"),
-                          (["--methods", "yarn"], "--methods was renamed: use --schedules"),
-                          (["--long-methods"], "--long-methods was renamed: use --long-schedules"),
-                          (["--passkey-methods", "yarn"], "--passkey-methods was renamed: use --passkey-schedules")):
+    for argv, message in (
+        (["--schedules", "leaky_rerope"], "use 'leaky-rerope'"),
+        (["--leaky-k", "4"], "--leaky-k was renamed: use --leak"),
+        (["--schedules", "yarn", "--passkey-schedules", "nosuch"], "unknown rope schedule 'nosuch'"),
+        (["--methods", "yarn"], "--methods was renamed: use --schedules"),
+        (["--long-methods"], "--long-methods was renamed: use --long-schedules"),
+        (["--passkey-methods", "yarn"], "--passkey-methods was renamed: use --passkey-schedules"),
+    ):
         assert main(["extend", *argv, "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0]

@@ -54,7 +54,9 @@ def test_accumulated_fast_path_equals_explicit_transports(dtype, tol, rotate_v):
     q, k, v = (torch.randn(T, D, generator=g, dtype=dtype) for _ in range(3))
     theta = (torch.rand(T, D // 2, generator=g, dtype=torch.float64) * 2 - 1) * 1.3
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, theta)]
-    fast = attention(*(t[None, None] for t in leaves[:3]), phases=accumulate(leaves[3], dtype=dtype)[None, None], rotate_v=rotate_v)[0, 0]
+    fast = attention(
+        *(t[None, None] for t in leaves[:3]), phases=accumulate(leaves[3], dtype=dtype)[None, None], rotate_v=rotate_v
+    )[0, 0]
     ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v, theta.to(dtype))]
     _, ref = naive_transport_attention(*ref_leaves, rotate_v)
     assert torch.allclose(fast, ref, atol=tol, rtol=0)
@@ -83,7 +85,9 @@ def test_rope_is_accumulated_rotation_with_constant_step():
     const = rope_inv_freq(8)[None, :].expand(T, 4)
     acc_phi = accumulate(const)  # Phi_t = (t+1) omega: a constant offset, the same scores
     q, k, v = (torch.randn(1, 2, T, 8) for _ in range(3))
-    assert torch.allclose(attention(q, k, v, phases=rope_phi), attention(q, k, v, phases=acc_phi[None, None]), atol=1e-5)
+    assert torch.allclose(
+        attention(q, k, v, phases=rope_phi), attention(q, k, v, phases=acc_phi[None, None]), atol=1e-5
+    )
     assert not torch.allclose(attention(q, k, v, phases=rope_phi), attention(q, k, v), atol=1e-3)
 
 
@@ -126,7 +130,11 @@ def test_accumulated_module_phases_are_prefix_sums_of_its_steps(spec):
     assert torch.allclose(enc.phases(inp), accumulate(theta), atol=1e-6)
     assert enc.rotate_v
     if spec == "acc-token-qkv":  # Example 1: U[-1, 1] on every block, beta = sin(1) / 1
-        assert float(theta.min()) >= -1 and float(theta.max()) <= 1 and float(theta.min()) < -0.5 < 0.5 < float(theta.max())
+        assert (
+            float(theta.min()) >= -1
+            and float(theta.max()) <= 1
+            and float(theta.min()) < -0.5 < 0.5 < float(theta.max())
+        )
         np.testing.assert_allclose(enc.spectral_gap().numpy(), math.sin(1.0), rtol=1e-7)
     else:  # drift: steps lie in [0, 2 omega_b], beta = |sin(omega)/omega|
         assert float(theta.min()) >= 0 and bool((theta <= 2 * enc.center_b + 1e-7).all())

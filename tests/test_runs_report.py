@@ -17,12 +17,16 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def tiny_run(corpus, out, name, schemes, steps):
-    preset = load_preset("quick", {
-        "name": name, "schemes": schemes,
-        "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
-        "train": {"corpus": str(corpus), "steps": steps, "batch_size": 2, "ckpt_every": steps, "threads": 1},
-        "eval": {"multiples": [1, 2, 4], "max_tokens": 64, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
-    })
+    preset = load_preset(
+        "quick",
+        {
+            "name": name,
+            "schemes": schemes,
+            "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+            "train": {"corpus": str(corpus), "steps": steps, "batch_size": 2, "ckpt_every": steps, "threads": 1},
+            "eval": {"multiples": [1, 2, 4], "max_tokens": 64, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
+        },
+    )
     compare(preset, out, isolate=False)
     return out / name
 
@@ -37,8 +41,11 @@ def test_two_tiny_runs_side_by_side(tiny_corpus, tmp_path, capsys):
     assert "| b | " in text and "other settings: train.steps 2 -> 3" in text
     rows = [line for line in text.splitlines() if line.startswith("| rope |") or line.startswith("| rope:")]
     assert [r.split(" | ")[1] for r in rows] == ["a", "b"]  # one scheme: both runs under the first spelling
-    ppl = {json.loads(line)["eval_length"]: json.loads(line)["ppl"] for line in (b / "results.jsonl").read_text().splitlines()
-           if json.loads(line)["scheme"].startswith("rope")}
+    ppl = {
+        json.loads(line)["eval_length"]: json.loads(line)["ppl"]
+        for line in (b / "results.jsonl").read_text().splitlines()
+        if json.loads(line)["scheme"].startswith("rope")
+    }
     assert rows[1].split(" | ")[2:5] == [f"{ppl[16]:.2f}", f"{ppl[32] / ppl[16]:.3f}", f"{ppl[64] / ppl[16]:.3f} |"]
     assert any(line.startswith("| alibi | a |") for line in text.splitlines())
     assert any(line.startswith("| nope | b |") for line in text.splitlines())
@@ -46,7 +53,10 @@ def test_two_tiny_runs_side_by_side(tiny_corpus, tmp_path, capsys):
 
 
 def test_the_committed_default_runs_from_their_csv(tmp_path):
-    for name in ("default", "default-450"):  # the committed runs keep no results.jsonl: read from a copy without one too
+    for name in (
+        "default",
+        "default-450",
+    ):  # the committed runs keep no results.jsonl: read from a copy without one too
         shutil.copytree(RESULTS / name, tmp_path / name, ignore=shutil.ignore_patterns("*.png", "*.jsonl"))
     report = write_runs_report([tmp_path / "default", tmp_path / "default-450"], tmp_path / "out")
     text = report.read_text()
@@ -54,10 +64,17 @@ def test_the_committed_default_runs_from_their_csv(tmp_path):
     assert "| rope | default | 7.59 ± 0.03 |" in text and "| 2.007 ± 0.194 |" in text
     assert "| rope | default-450 | 6.32 ± 0.03 |" in text and "| 3.210 ± 0.755 |" in text
     assert "| hybrid | default | 6.73 ± 0.05 |" in text
-    assert ("other settings: budget '200 steps x 16 x 128 tokens, lr 0.002' -> '450 steps x 16 x 128 tokens, lr 0.002'") in text
+    assert (
+        "other settings: budget '200 steps x 16 x 128 tokens, lr 0.002' -> '450 steps x 16 x 128 tokens, lr 0.002'"
+    ) in text
     # 1.084 ± 0.003 at 16x, widened by the 2.2% measured between machines, reaches past the 1.10 bar
-    assert ("| (ii) learned rotations match RoPE at 1x and stay near 1x perplexity at 16x | within noise | within noise |") in text
-    assert "| (iii) rotating Q/K/V extrapolates better than Q/K only (acc-rand-qkv vs acc-rand-qk) | does not hold | does not hold |" in text
+    assert (
+        "| (ii) learned rotations match RoPE at 1x and stay near 1x perplexity at 16x | within noise | within noise |"
+    ) in text
+    assert (
+        "| (iii) rotating Q/K/V extrapolates better than Q/K only (acc-rand-qkv vs acc-rand-qk) | does not hold | does not hold |"
+        in text
+    )
     assert (tmp_path / "out" / "ppl_ratio.png").exists()
 
 
@@ -66,7 +83,9 @@ def test_the_plot_tells_runs_apart_in_its_legend():
     a marker in its middle shows a dashed line as solid)."""
     runs = [load_run(RESULTS / "default"), load_run(RESULTS / "default-450")]
     legend = ratio_figure(runs).axes[0].get_legend()
-    style = {t.get_text(): (h.get_linestyle(), h.get_marker()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    style = {
+        t.get_text(): (h.get_linestyle(), h.get_marker()) for t, h in zip(legend.get_texts(), legend.legend_handles)
+    }
     assert style["rope (default)"] == style["alibi (default)"] == ("-", "o")
     assert style["rope (default-450)"] == style["alibi (default-450)"] == ("--", "s")
     assert len(style) == 2 * 8  # eight schemes per run

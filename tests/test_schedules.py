@@ -10,17 +10,19 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from posenc import encodings
 from posenc.attention import attention, rotate
 from posenc.encodings.base import Dims, Inputs
-from posenc.rope import SCHEDULES, check_window, rerope_attention, rope_inv_freq, schedule_params
-from posenc.model import with_rope_schedule
 from posenc.errors import PosencError
-from posenc.model import build_model
+from posenc.model import build_model, with_rope_schedule
+from posenc.rope import SCHEDULES, check_window, rerope_attention, rope_inv_freq, schedule_params
 
 D, THETA, L0 = 64, 10000.0, 128
 
 
 def hf(rope_type, seq_len=None, **params):
     cfg = transformers.LlamaConfig(
-        hidden_size=4 * D, num_attention_heads=4, head_dim=D, max_position_embeddings=L0,
+        hidden_size=4 * D,
+        num_attention_heads=4,
+        head_dim=D,
+        max_position_embeddings=L0,
         rope_parameters={"rope_type": rope_type, "rope_theta": THETA, **params},
     )
     inv, af = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu", seq_len=seq_len)
@@ -33,13 +35,24 @@ def ours(name, seq_len=None, **params):
 
 @pytest.mark.parametrize("factor", [2.0, 8.0, 32.0])
 def test_pi_and_llama3_equal_transformers(factor):
-    for name, hf_name, extra in (("pi", "linear", {}), ("llama3", "llama3", {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": L0})):
+    for name, hf_name, extra in (
+        ("pi", "linear", {}),
+        ("llama3", "llama3", {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": L0}),
+    ):
         inv, af = ours(name, factor=factor)
         ref, ref_af = hf(hf_name, factor=factor, **extra)
         assert torch.allclose(inv, ref, rtol=1e-6, atol=0) and af == ref_af == 1.0
 
 
-@pytest.mark.parametrize("factor,extra", [(8.0, {}), (4.0, {"truncate": False}), (16.0, {"beta_fast": 16.0, "beta_slow": 2.0}), (8.0, {"attention_factor": 1.5})])
+@pytest.mark.parametrize(
+    "factor,extra",
+    [
+        (8.0, {}),
+        (4.0, {"truncate": False}),
+        (16.0, {"beta_fast": 16.0, "beta_slow": 2.0}),
+        (8.0, {"attention_factor": 1.5}),
+    ],
+)
 def test_yarn_equals_transformers(factor, extra):
     inv, af = ours("yarn", factor=factor, **extra)
     ref, ref_af = hf("yarn", factor=factor, original_max_position_embeddings=L0, **extra)
@@ -84,9 +97,18 @@ def test_longrope_equals_transformers(factor, attention_factor, seq_len):
 
     params = {"factor": factor, "short_factor": SHORT, "long_factor": LONG, "attention_factor": attention_factor}
     inv, af = ours("longrope", seq_len=seq_len, **params)
-    cfg = transformers.LlamaConfig(hidden_size=4 * D, num_attention_heads=4, head_dim=D, max_position_embeddings=L0,
-                                   rope_parameters={"rope_type": "longrope", "rope_theta": THETA,
-                                                    "original_max_position_embeddings": L0, **{k: v for k, v in params.items() if v is not None}})
+    cfg = transformers.LlamaConfig(
+        hidden_size=4 * D,
+        num_attention_heads=4,
+        head_dim=D,
+        max_position_embeddings=L0,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": THETA,
+            "original_max_position_embeddings": L0,
+            **{k: v for k, v in params.items() if v is not None},
+        },
+    )
     ref, ref_af = _compute_longrope_parameters(cfg, "cpu", seq_len=seq_len)
     assert torch.allclose(inv, ref.double(), rtol=1e-6, atol=0) and af == pytest.approx(ref_af, rel=1e-12)
     ext = LONG if seq_len is not None and seq_len > L0 else SHORT  # the switch: L0 itself keeps the short list
@@ -99,14 +121,21 @@ def test_a_phi3_config_is_longrope_with_factor_from_its_lengths():
     with that factor gives its frequencies and attention factor, and its rotary switches lists past L0."""
     from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-    cfg = transformers.Phi3Config(hidden_size=4 * D, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32 * L0,
-                                  original_max_position_embeddings=L0,
-                                  rope_parameters={"rope_type": "longrope", "rope_theta": THETA, "short_factor": SHORT, "long_factor": LONG})
+    cfg = transformers.Phi3Config(
+        hidden_size=4 * D,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=32 * L0,
+        original_max_position_embeddings=L0,
+        rope_parameters={"rope_type": "longrope", "rope_theta": THETA, "short_factor": SHORT, "long_factor": LONG},
+    )
     rotary = Phi3RotaryEmbedding(cfg)
     for T, long in ((L0, False), (L0 + 1, True)):
         rotary(torch.zeros(1), torch.arange(T)[None])  # transformers picks the list for this forward
         inv, af = ours("longrope", seq_len=T, factor=32.0, short_factor=SHORT, long_factor=LONG)
-        assert torch.allclose(rotary.inv_freq.double(), inv, rtol=1e-6) and rotary.attention_scaling == pytest.approx(af, rel=1e-12)
+        assert torch.allclose(rotary.inv_freq.double(), inv, rtol=1e-6) and rotary.attention_scaling == pytest.approx(
+            af, rel=1e-12
+        )
         assert af == pytest.approx(math.sqrt(1 + math.log(32) / math.log(L0)))
         assert torch.allclose(inv, rope_inv_freq(D, THETA) / torch.tensor(LONG if long else SHORT, dtype=torch.float64))
 
@@ -116,8 +145,14 @@ def test_longrope_through_hf_rope_parameters():
 
     params = schedule_params("longrope", L0, {"factor": 8.0, "short_factor": SHORT, "long_factor": LONG})
     rp = hf_rope_parameters("longrope", params, THETA, D)
-    assert rp == {"rope_type": "longrope", "rope_theta": THETA, "factor": 8.0, "original_max_position_embeddings": L0,
-                  "short_factor": SHORT, "long_factor": LONG}
+    assert rp == {
+        "rope_type": "longrope",
+        "rope_theta": THETA,
+        "factor": 8.0,
+        "original_max_position_embeddings": L0,
+        "short_factor": SHORT,
+        "long_factor": LONG,
+    }
     for seq_len in (None, 2 * L0):
         inv, af = hf("longrope", seq_len, **{k: v for k, v in rp.items() if k not in ("rope_type", "rope_theta")})
         want, want_af = ours("longrope", seq_len=seq_len, factor=8.0, short_factor=SHORT, long_factor=LONG)
@@ -126,14 +161,23 @@ def test_longrope_through_hf_rope_parameters():
         hf_rope_parameters("longrope", params, THETA, 32)
 
 
-@pytest.mark.parametrize("params,msg", [
-    ({"factor": 4.0}, "rope schedule 'longrope' needs long_factor, short_factor"),
-    ({"factor": 4.0, "short_factor": SHORT, "long_factor": [1.0, 0.0]}, r"long_factor must be a non-empty list of finite numbers > 0"),
-    ({"factor": 4.0, "short_factor": [], "long_factor": LONG}, "short_factor must be a non-empty list"),
-    ({"factor": 4.0, "short_factor": 2.0, "long_factor": LONG}, "short_factor must be a non-empty list"),
-    ({"factor": 4.0, "short_factor": SHORT, "long_factor": [float("nan")] * (D // 2)}, "long_factor must be a non-empty list"),
-    ({"factor": 0.5, "short_factor": SHORT, "long_factor": LONG}, "factor must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "params,msg",
+    [
+        ({"factor": 4.0}, "rope schedule 'longrope' needs long_factor, short_factor"),
+        (
+            {"factor": 4.0, "short_factor": SHORT, "long_factor": [1.0, 0.0]},
+            r"long_factor must be a non-empty list of finite numbers > 0",
+        ),
+        ({"factor": 4.0, "short_factor": [], "long_factor": LONG}, "short_factor must be a non-empty list"),
+        ({"factor": 4.0, "short_factor": 2.0, "long_factor": LONG}, "short_factor must be a non-empty list"),
+        (
+            {"factor": 4.0, "short_factor": SHORT, "long_factor": [float("nan")] * (D // 2)},
+            "long_factor must be a non-empty list",
+        ),
+        ({"factor": 0.5, "short_factor": SHORT, "long_factor": LONG}, "factor must be >= 1"),
+    ],
+)
 def test_bad_longrope_input(params, msg):
     with pytest.raises(PosencError, match=msg) as exc:
         schedule_params("longrope", L0, params)
@@ -228,7 +272,9 @@ def test_schedule_rejects_non_rope_model():
 def test_preset_eval_schedules_are_validated_before_training():
     from posenc.config import load_preset
 
-    preset = load_preset("quick", {"eval_schedules": [{"schedule": "yarn", "factor": 4}, {"schedule": "rerope", "window": 8}]})
+    preset = load_preset(
+        "quick", {"eval_schedules": [{"schedule": "yarn", "factor": 4}, {"schedule": "rerope", "window": 8}]}
+    )
     assert len(preset.eval_schedules) == 2
     with pytest.raises(PosencError, match="factor must be >= 1"):
         load_preset("quick", {"eval_schedules": [{"schedule": "yarn", "factor": 0.5}]})
@@ -264,11 +310,27 @@ def test_eval_flags_give_the_longrope_factor_lists():
     from posenc.cli import build_parser
     from posenc.commands.eval_cmd import schedule_args
 
-    args = build_parser().parse_args(["eval", "run", "--rope-schedule", "longrope", "--factor", "4",
-                                      "--short-factor", "1,1.5,2,3", "--long-factor", "2,4,8,16.5"])
+    args = build_parser().parse_args(
+        [
+            "eval",
+            "run",
+            "--rope-schedule",
+            "longrope",
+            "--factor",
+            "4",
+            "--short-factor",
+            "1,1.5,2,3",
+            "--long-factor",
+            "2,4,8,16.5",
+        ]
+    )
     model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16})
     ext, label = with_rope_schedule(model, "longrope", schedule_args(args))
     full = ext.blocks[0].attn.enc.schedule_params
-    assert (full["short_factor"], full["long_factor"], label) == ([1.0, 1.5, 2.0, 3.0], [2.0, 4.0, 8.0, 16.5], "rope+longrope(s=4)")
+    assert (full["short_factor"], full["long_factor"], label) == (
+        [1.0, 1.5, 2.0, 3.0],
+        [2.0, 4.0, 8.0, 16.5],
+        "rope+longrope(s=4)",
+    )
     long, _ = SCHEDULES["longrope"](8, 10000.0, full, 17)
     assert torch.allclose(long, rope_inv_freq(8, 10000.0) / torch.tensor([2.0, 4.0, 8.0, 16.5], dtype=torch.float64))

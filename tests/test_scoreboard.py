@@ -7,7 +7,7 @@ import pytest
 
 from posenc.cli import main
 from posenc.records import Ppl, Task, TaskCell, append
-from posenc.report import write_csv, with_ratios
+from posenc.report import with_ratios, write_csv
 from posenc.runs_report import scoreboard
 from posenc.scoreboard import BEGIN, END, load_task_run, readme_block, task_label
 
@@ -29,8 +29,10 @@ def _text_run(path: Path) -> Path:
     recs = []
     for s, (p1, r16, r128) in ppl.items():
         for seed in (0, 1):
-            recs += [Ppl(scheme=s, seed=seed, train_length=L0, eval_length=m * L0, ppl=p1[seed] * r)
-                     for m, r in ((1, 1.0), (16, r16[seed]), (128, r128[seed]))]
+            recs += [
+                Ppl(scheme=s, seed=seed, train_length=L0, eval_length=m * L0, ppl=p1[seed] * r)
+                for m, r in ((1, 1.0), (16, r16[seed]), (128, r128[seed]))
+            ]
     path.mkdir()
     write_csv(path / "results.csv", with_ratios(recs))
     return path
@@ -38,18 +40,37 @@ def _text_run(path: Path) -> Path:
 
 def _job(task, scheme, seed, id_acc, curve, step=None, criterion=True):
     cells = [TaskCell(test="id", length=L0, bucket=8, n=1000, correct=round(1000 * id_acc), nll=0.0)]
-    cells += [TaskCell(test="gap", length=L0 + b + 1, bucket=b, n=1000, correct=round(1000 * a), nll=0.0) for b, a in curve.items()]
-    return Task(task=task, scheme=scheme, seed=seed, train_length=L0, train_seconds=1, eval_seconds=1, threads=1, cells=cells,
-                trained_steps=step or 600, criterion="id_accuracy >= 0.99" if criterion else None, criterion_step=step)
+    cells += [
+        TaskCell(test="gap", length=L0 + b + 1, bucket=b, n=1000, correct=round(1000 * a), nll=0.0)
+        for b, a in curve.items()
+    ]
+    return Task(
+        task=task,
+        scheme=scheme,
+        seed=seed,
+        train_length=L0,
+        train_seconds=1,
+        eval_seconds=1,
+        threads=1,
+        cells=cells,
+        trained_steps=step or 600,
+        criterion="id_accuracy >= 0.99" if criterion else None,
+        criterion_step=step,
+    )
 
 
 def _task_run(path: Path) -> Path:
     far, near = {8: 1.0, 64: 1.0, 1024: 1.0, 2048: 0.5}, {8: 1.0, 64: 1.0, 128: 0.5}
-    jobs = [_job("flipflop", "rope:rope_theta=10000", 0, 0.99, near, 300), _job("flipflop", "rope:rope_theta=10000", 1, 0.99, far, 500),
-            _job("flipflop", "rope:rope_theta=10000", 2, 0.99, far),  # criterion not met: 2 of 3 seeds
-            _job("flipflop", "alibi", 0, 0.6, near), _job("flipflop", "alibi", 1, 0.99, near),  # 1 of 2 seeds learned
-            _job("flipflop", "path", 0, 1.0, far),  # never met its criterion
-            _job("modsum:m=2", "path", 0, 1.0, near, criterion=False), _job("modsum:m=2", "path", 1, 1.0, far, criterion=False)]
+    jobs = [
+        _job("flipflop", "rope:rope_theta=10000", 0, 0.99, near, 300),
+        _job("flipflop", "rope:rope_theta=10000", 1, 0.99, far, 500),
+        _job("flipflop", "rope:rope_theta=10000", 2, 0.99, far),  # criterion not met: 2 of 3 seeds
+        _job("flipflop", "alibi", 0, 0.6, near),
+        _job("flipflop", "alibi", 1, 0.99, near),  # 1 of 2 seeds learned
+        _job("flipflop", "path", 0, 1.0, far),  # never met its criterion
+        _job("modsum:m=2", "path", 0, 1.0, near, criterion=False),
+        _job("modsum:m=2", "path", 1, 1.0, far, criterion=False),
+    ]
     path.mkdir()
     for r in jobs:
         append(path / "results.jsonl", r)
@@ -59,12 +80,20 @@ def _task_run(path: Path) -> Path:
 def test_scoreboard_values_on_synthetic_runs(tmp_path):
     text, tasks = _text_run(tmp_path / "text"), _task_run(tmp_path / "tasks")
     lines = scoreboard([tasks, text]).splitlines()
-    assert lines[0] == ("| scheme | ppl at 1x | ratio at 16x | ratio at 128x | flip-flop horizon | parity horizon | "
-                        "flip-flop steps to criterion |")
+    assert lines[0] == (
+        "| scheme | ppl at 1x | ratio at 16x | ratio at 128x | flip-flop horizon | parity horizon | "
+        "flip-flop steps to criterion |"
+    )
     rows = {line.split(" | ")[0].strip("| "): line for line in lines[2:5]}
     # rope matched by spec; horizons 64 / 1024 / 1024 -> 704 ± 480; criterion met on seeds 0, 1 (300, 500)
-    assert rows["rope"] == "| rope | 8.10 ± 0.10 | 1.600 ± 0.100 | 2.500 ± 0.500 | 704 ± 480 | | 400 ± 100 (2 of 3 seeds) |"
-    assert rows["alibi"] == "| alibi | 9.00 ± 0.00 | 1.000 ± 0.000 | 0.980 ± 0.010 | did not learn (1 of 2 seeds learned) | | not reached (600 steps) |"
+    assert (
+        rows["rope"]
+        == "| rope | 8.10 ± 0.10 | 1.600 ± 0.100 | 2.500 ± 0.500 | 704 ± 480 | | 400 ± 100 (2 of 3 seeds) |"
+    )
+    assert (
+        rows["alibi"]
+        == "| alibi | 9.00 ± 0.00 | 1.000 ± 0.000 | 0.980 ± 0.010 | did not learn (1 of 2 seeds learned) | | not reached (600 steps) |"
+    )
     assert rows["path"] == "| path | | | | 1024 | 544 ± 480 | not reached (600 steps) |"
     assert "parity: `tasks`" in lines[-1] and "settings from defaults" in lines[-1]
     only_tasks = scoreboard([tasks]).splitlines()  # no text run: no text columns
@@ -76,8 +105,13 @@ def test_report_with_task_runs_writes_the_scoreboard_and_the_task_claims(tmp_pat
     assert main(["report", str(tasks), str(text), "--out", str(tmp_path / "o")]) == 0
     report = (tmp_path / "o" / "report.md").read_text()
     assert report.startswith("# posenc report: tasks, text\n\n## Scoreboard\n\n" + scoreboard([tasks, text]))
-    assert "## Perplexity at the training length and ratios per scheme and run" in report and (tmp_path / "o" / "ppl_ratio.png").exists()
-    assert "| tasks | (R1) flipflop: flat perplexity is not far retrieval" in report  # alibi, flat in the text run: undecided
+    assert (
+        "## Perplexity at the training length and ratios per scheme and run" in report
+        and (tmp_path / "o" / "ppl_ratio.png").exists()
+    )
+    assert (
+        "| tasks | (R1) flipflop: flat perplexity is not far retrieval" in report
+    )  # alibi, flat in the text run: undecided
     assert "| tasks | (R7) flipflop: ALiBi's horizon follows its slopes" in report
     capsys.readouterr()
     assert main(["report", str(tasks), str(text), "--scoreboard"]) == 0
@@ -85,14 +119,18 @@ def test_report_with_task_runs_writes_the_scoreboard_and_the_task_claims(tmp_pat
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{BEGIN}\nold\n{END}\n\nrest\n")
     assert main(["report", str(tasks), "--readme", str(readme)]) == 0
-    assert readme.read_text() == f"# x\n\n{BEGIN}\n{scoreboard([tasks])}{END}\n\nrest\n" and readme_block(readme) == scoreboard([tasks])
+    assert readme.read_text() == f"# x\n\n{BEGIN}\n{scoreboard([tasks])}{END}\n\nrest\n" and readme_block(
+        readme
+    ) == scoreboard([tasks])
 
 
 def test_scoreboard_bad_input_is_one_line(tmp_path, capsys):
     text, tasks = _text_run(tmp_path / "text"), _task_run(tmp_path / "tasks")
     (tmp_path / "README.md").write_text("# no block\n")
-    cases = [(["report", str(text), "--scoreboard"], "the scoreboard needs a task comparison"),
-             (["report", str(tasks), "--readme", str(tmp_path / "README.md")], f"{tmp_path / 'README.md'} has no {BEGIN}")]
+    cases = [
+        (["report", str(text), "--scoreboard"], "the scoreboard needs a task comparison"),
+        (["report", str(tasks), "--readme", str(tmp_path / "README.md")], f"{tmp_path / 'README.md'} has no {BEGIN}"),
+    ]
     for argv, message in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err
@@ -100,16 +138,29 @@ def test_scoreboard_bad_input_is_one_line(tmp_path, capsys):
     assert (tmp_path / "README.md").read_text() == "# no block\n"
     (tmp_path / "mixed").mkdir()
     for L in (128, 64):
-        append(tmp_path / "mixed" / "results.jsonl", _job("flipflop", "path", 0, 1.0, {8: 1.0}).model_copy(update={"train_length": L}))
+        append(
+            tmp_path / "mixed" / "results.jsonl",
+            _job("flipflop", "path", 0, 1.0, {8: 1.0}).model_copy(update={"train_length": L}),
+        )
     assert main(["report", str(tmp_path / "mixed"), "--scoreboard"]) == 2
-    assert capsys.readouterr().err == f"posenc: error: {tmp_path / 'mixed'} mixes training lengths [64, 128] on flipflop: not one task comparison\n"
+    assert (
+        capsys.readouterr().err
+        == f"posenc: error: {tmp_path / 'mixed'} mixes training lengths [64, 128] on flipflop: not one task comparison\n"
+    )
 
 
 def test_task_labels_and_the_committed_task_runs_settings():
-    assert [task_label(t) for t in ("flipflop", "flipflop:p_ignore=0.9", "mqar:pairs=4", "modsum:m=2", "modsum", "modsum:m=3")] == [
-        "flip-flop", "flip-flop", "gap-MQAR", "parity", "parity", "modsum:m=3"]
+    assert [
+        task_label(t)
+        for t in ("flipflop", "flipflop:p_ignore=0.9", "mqar:pairs=4", "modsum:m=2", "modsum", "modsum:m=3")
+    ] == ["flip-flop", "flip-flop", "gap-MQAR", "parity", "parity", "modsum:m=3"]
     retrieval, tracking = load_task_run(RESULTS / "retrieval", "r"), load_task_run(RESULTS / "state-tracking", "s")
-    assert (retrieval.source, retrieval.n_head, retrieval.learned, retrieval.horizon_tol) == ("preset.json", 2, 0.9, 0.05)
+    assert (retrieval.source, retrieval.n_head, retrieval.learned, retrieval.horizon_tol) == (
+        "preset.json",
+        2,
+        0.9,
+        0.05,
+    )
     assert retrieval.mixing_windows["acc-rand-qkv:a=0.5"] == 110 and retrieval.mixing_windows["rope"] is None
     assert (tracking.source, tracking.n_head, tracking.tasks()) == ("preset.json", 4, ["modsum:m=2"])
 

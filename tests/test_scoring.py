@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from posenc import build_model
-from posenc.errors import PosencError
 from posenc.compare import evaluate_length
+from posenc.errors import PosencError
 from posenc.pretrained import evaluate as hf
 from posenc.scoring import Window, check_once, text_windows, token_nll
 
@@ -120,17 +120,41 @@ def test_own_and_hf_paths_give_the_same_nll():
 
 def test_extend_ignores_records_of_the_old_bos_none_accounting():
     from posenc.extend import _skipped_a_target
-
     from posenc.records import PasskeyTrial, ScoredWindow
 
     def window(**over):
-        fields = {"key": "ppl|none|16|doc|16", "adaptation": "none", "factor": 1.0, "length": 16, "stride": 16, "bos": "none",
-                  "doc": "doc", "begin": 16, "bucket": 16, "signature": "s", "seconds": 0.0, "nll_sum": 1.0, "n_scored": 15,
-                  "bucket_nll": [1.0], "bucket_n": [15]}
+        fields = {
+            "key": "ppl|none|16|doc|16",
+            "adaptation": "none",
+            "factor": 1.0,
+            "length": 16,
+            "stride": 16,
+            "bos": "none",
+            "doc": "doc",
+            "begin": 16,
+            "bucket": 16,
+            "signature": "s",
+            "seconds": 0.0,
+            "nll_sum": 1.0,
+            "n_scored": 15,
+            "bucket_nll": [1.0],
+            "bucket_n": [15],
+        }
         return ScoredWindow(**{**fields, **over})
 
-    assert _skipped_a_target(window()) and not _skipped_a_target(window(begin=0))  # skipped target 16; the first window was right
+    assert _skipped_a_target(window()) and not _skipped_a_target(
+        window(begin=0)
+    )  # skipped target 16; the first window was right
     assert not _skipped_a_target(window(stride=15)) and not _skipped_a_target(window(bos="prepend", stride=15))
-    trial = PasskeyTrial(key="passkey|none|16|0.5|0", adaptation="none", factor=1.0, length=16, depth=0.5, trial=0, passkey=1,
-                         correct=True, prompt_tokens=16)
+    trial = PasskeyTrial(
+        key="passkey|none|16|0.5|0",
+        adaptation="none",
+        factor=1.0,
+        length=16,
+        depth=0.5,
+        trial=0,
+        passkey=1,
+        correct=True,
+        prompt_tokens=16,
+    )
     assert not _skipped_a_target(trial)

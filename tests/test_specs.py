@@ -79,7 +79,10 @@ def test_spec_values_are_typed():
         ("learn_a=true", "quote specs with ',' in YAML lists"),
         ("accumulated:mode=bogus", "mode must be one of random, token, learned"),
         ("accumulated:learn_a=true", "learn_a applies to mode='learned' only"),
-        ("accumulated:center=rope,mode=learned,learn_a=true", "learn_a applies to mode='learned' and center='zero' only"),
+        (
+            "accumulated:center=rope,mode=learned,learn_a=true",
+            "learn_a applies to mode='learned' and center='zero' only",
+        ),
         ("acc-rand-qkv:rope_theta=500", "rope_theta applies to center='rope' only; here it would do nothing"),
         ("acc-rand-qk:init=random", "init applies to mode='learned' only"),
         ("acc-learned-qkv:seed=3", "seed applies to mode='random' or 'token' only"),
@@ -104,14 +107,26 @@ def test_bad_specs_are_one_line_errors(spec, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["acc-rand-qk", "acc-rand-qkv", "acc-drift-qk", "acc-drift-qkv", "acc-token-qkv", "acc-learned-qkv"])
+@pytest.mark.parametrize(
+    "name", ["acc-rand-qk", "acc-rand-qkv", "acc-drift-qk", "acc-drift-qkv", "acc-token-qkv", "acc-learned-qkv"]
+)
 def test_the_valid_list_names_exactly_what_the_scheme_accepts(name):
     """Each parameter the "valid:" list names is accepted on its own; each settable one it leaves out is refused."""
     with pytest.raises(PosencError, match="valid: ") as err:
         encodings.get(f"{name}:nosuch=1", DIMS)
     valid = str(err.value).split("valid: ")[1].split(", ")
-    samples = {"a": 0.5, "center": "zero", "init": "random", "learn_a": True, "pairing": "adjacent", "rope_theta": 500.0,
-               "rotary_fraction": 0.5, "seed": 3, "mode": "random", "rotate": "qk"}
+    samples = {
+        "a": 0.5,
+        "center": "zero",
+        "init": "random",
+        "learn_a": True,
+        "pairing": "adjacent",
+        "rope_theta": 500.0,
+        "rotary_fraction": 0.5,
+        "seed": 3,
+        "mode": "random",
+        "rotate": "qk",
+    }
     for key in sorted(set(samples) - set(encodings.alias_of(name)[1])):
         spec = f"{name}:{key}={samples[key]}".replace("True", "true")
         if key in valid:
@@ -147,14 +162,22 @@ def test_params_with_a_composition_are_refused():
 
 
 def test_cli_rejects_a_bad_spec_with_exit_2(tmp_path, capsys):
-    assert main(["train", "--scheme", "acc-rand-qkv:a=0", "--preset", "quick", "--steps", "1", "--out", str(tmp_path / "r")]) == 2
+    assert (
+        main(
+            ["train", "--scheme", "acc-rand-qkv:a=0", "--preset", "quick", "--steps", "1", "--out", str(tmp_path / "r")]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "half-width a must be" in err
 
 
 def test_spec_is_stored_in_the_run_config_and_reloads(tmp_path):
     run = tmp_path / "r"
-    assert main(["train", "--scheme", "acc-rand-qkv:a=0.5+alibi", "--preset", "quick", "--steps", "2", "--out", str(run)]) == 0
+    assert (
+        main(["train", "--scheme", "acc-rand-qkv:a=0.5+alibi", "--preset", "quick", "--steps", "2", "--out", str(run)])
+        == 0
+    )
     from posenc.train import load_run
 
     model = load_run(run)[0]
@@ -203,7 +226,10 @@ def test_a_models_mixing_window_is_its_slowest_layers():
 def _learned_steps(enc: Accumulated, x: torch.Tensor) -> torch.Tensor:
     inp = Inputs(x, torch.arange(x.shape[1]), torch.zeros(x.shape[:2], dtype=torch.int64))
     phi = enc.phases(inp).double()
-    return torch.remainder(torch.diff(phi, dim=-2, prepend=torch.zeros_like(phi[..., :1, :])) + math.pi, 2 * math.pi) - math.pi
+    return (
+        torch.remainder(torch.diff(phi, dim=-2, prepend=torch.zeros_like(phi[..., :1, :])) + math.pi, 2 * math.pi)
+        - math.pi
+    )
 
 
 def test_learned_step_law_is_zero_centred_and_bounded():
@@ -230,23 +256,39 @@ def test_learned_half_width_is_a_parameter_that_trains():
 
 
 def test_layer_pattern_repeats_over_layers():
-    model = build_model({"vocab_size": 32, "n_layer": 5, "n_head": 2, "d_model": 16, "train_length": 16, "encoding": "irope"})
+    model = build_model(
+        {"vocab_size": 32, "n_layer": 5, "n_head": 2, "d_model": 16, "train_length": 16, "encoding": "irope"}
+    )
     assert [b.attn.enc.name for b in model.blocks] == ["rope", "rope", "rope", "nope", "rope"]
-    model = build_model({"vocab_size": 32, "n_layer": 3, "n_head": 2, "d_model": 16, "train_length": 16, "encoding": "acc-rand-qkv:a=0.5|alibi"})
+    model = build_model(
+        {
+            "vocab_size": 32,
+            "n_layer": 3,
+            "n_head": 2,
+            "d_model": 16,
+            "train_length": 16,
+            "encoding": "acc-rand-qkv:a=0.5|alibi",
+        }
+    )
     assert [type(b.attn.enc).__name__ for b in model.blocks] == ["Accumulated", "ALiBi", "Accumulated"]
     assert model.blocks[2].attn.enc.a == 0.5 and model.blocks[2].attn.enc.seed == 2  # seed offset by the layer index
     assert model.token_nll(torch.randint(0, 32, (1, 8)), torch.randint(0, 32, (1, 8))).isfinite().all()
-    assert encodings.describe("irope").startswith("per layer, repeating: rope(") and encodings.describe("irope").endswith("| nope")
+    assert encodings.describe("irope").startswith("per layer, repeating: rope(") and encodings.describe(
+        "irope"
+    ).endswith("| nope")
     assert not is_rope("irope") and is_rope("rope:rope_theta=500")
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("rope||nope", "empty layer entry"),
-    ("rope|nop", "unknown scheme 'nop'"),
-    ("irope:rope_theta=5", "is a per-layer pattern"),
-    ("rope|sinusoidal", "cannot be in a '|' pattern"),
-    ("rope|acc-rand-qkv:a=9", "a must be in (0, pi]"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("rope||nope", "empty layer entry"),
+        ("rope|nop", "unknown scheme 'nop'"),
+        ("irope:rope_theta=5", "is a per-layer pattern"),
+        ("rope|sinusoidal", "cannot be in a '|' pattern"),
+        ("rope|acc-rand-qkv:a=9", "a must be in (0, pi]"),
+    ],
+)
 def test_bad_layer_patterns_are_one_line(spec, message):
     cfg = ModelConfig(vocab_size=32, n_layer=2, n_head=2, d_model=16, train_length=16, encoding=spec)
     with pytest.raises(PosencError, match=re.escape(message)):
@@ -257,41 +299,86 @@ def test_every_scheme_documents_each_parameter_a_spec_may_set():
     for name in (n for n in encodings.names() if not encodings.alias_of(n)):
         cls, _ = encodings.resolve(name)
         settable = sorted(encodings.registry._accepted(cls) - set(cls.internal))
-        assert sorted(encodings.registry.param_docs(cls)) == settable, name  # one line each, none for a parameter that is not there
-        assert [p.name for p in encodings.parameters(name)] == [p for p in inspect.signature(cls.__init__).parameters if p in settable]
+        assert sorted(encodings.registry.param_docs(cls)) == settable, (
+            name
+        )  # one line each, none for a parameter that is not there
+        assert [p.name for p in encodings.parameters(name)] == [
+            p for p in inspect.signature(cls.__init__).parameters if p in settable
+        ]
         assert all(p.doc for p in encodings.parameters(name)), name
 
 
 def test_parameters_give_defaults_and_meaning_an_alias_drops_those_it_fixes():
     rope = {p.name: p for p in encodings.parameters("rope")}
     assert list(rope) == ["rope_theta", "pairing", "rotary_fraction"]  # schedule, schedule_params: not in a spec
-    assert rope["rope_theta"] == encodings.Parameter("rope_theta", 10000.0, "float", "the frequencies' base, a finite number > 1")
-    assert [p.name for p in encodings.parameters("acc-rand-qkv")] == ["center", "a", "init", "learn_a", "rope_theta", "pairing", "seed", "rotary_fraction"]
+    assert rope["rope_theta"] == encodings.Parameter(
+        "rope_theta", 10000.0, "float", "the frequencies' base, a finite number > 1"
+    )
+    assert [p.name for p in encodings.parameters("acc-rand-qkv")] == [
+        "center",
+        "a",
+        "init",
+        "learn_a",
+        "rope_theta",
+        "pairing",
+        "seed",
+        "rotary_fraction",
+    ]
     assert encodings.parameters("hybrid") == encodings.parameters("irope") == encodings.parameters("alibi") == []
-    assert encodings.alias_of("acc-rand-qkv") == ("accumulated", {"mode": "random", "rotate": "qkv"}) and encodings.alias_of("rope") is None
+    assert (
+        encodings.alias_of("acc-rand-qkv") == ("accumulated", {"mode": "random", "rotate": "qkv"})
+        and encodings.alias_of("rope") is None
+    )
     with pytest.raises(PosencError, match="unknown scheme 'ropee'"):
         encodings.parameters("ropee")
 
 
-@pytest.mark.parametrize("spec, given", [
-    ("acc-rand-qkv:a=0.5", {}), ("rope", {"rope_theta": 500000.0}), ("forget:scaled=true", {}), ("t5:num_buckets=8,max_distance=64", {}),
-])
+@pytest.mark.parametrize(
+    "spec, given",
+    [
+        ("acc-rand-qkv:a=0.5", {}),
+        ("rope", {"rope_theta": 500000.0}),
+        ("forget:scaled=true", {}),
+        ("t5:num_buckets=8,max_distance=64", {}),
+    ],
+)
 def test_a_scheme_repr_is_its_full_spec_that_rebuilds_it(spec, given):
     enc = encodings.get(spec, DIMS, **given)
-    expect = {"acc-rand-qkv:a=0.5": "accumulated:mode=random,rotate=qkv,a=0.5", "rope": "rope:rope_theta=500000.0"}.get(spec, spec)
-    assert enc.spec == expect and repr(enc).startswith(f"{type(enc).__name__}(\n  {expect}\n" if list(enc.children()) else f"{type(enc).__name__}({expect})")
+    expect = {"acc-rand-qkv:a=0.5": "accumulated:mode=random,rotate=qkv,a=0.5", "rope": "rope:rope_theta=500000.0"}.get(
+        spec, spec
+    )
+    assert enc.spec == expect and repr(enc).startswith(
+        f"{type(enc).__name__}(\n  {expect}\n" if list(enc.children()) else f"{type(enc).__name__}({expect})"
+    )
     again = encodings.get(enc.spec, DIMS)
     assert again.describe() == enc.describe() and again.spec == enc.spec
 
 
 def test_repr_names_pretrained_defaults_and_the_parameters_a_spec_cannot_set():
-    assert repr(encodings.get("rope", DIMS, defaults={"rope_theta": 500000, "base": 3})) == "RoPE(rope:rope_theta=500000)"
-    model = build_model(ModelConfig(n_layer=1, n_head=2, d_model=16, train_length=16, encoding="rope", encoding_params={"schedule": "pi", "schedule_params": {"factor": 2.0}}))
+    assert (
+        repr(encodings.get("rope", DIMS, defaults={"rope_theta": 500000, "base": 3})) == "RoPE(rope:rope_theta=500000)"
+    )
+    model = build_model(
+        ModelConfig(
+            n_layer=1,
+            n_head=2,
+            d_model=16,
+            train_length=16,
+            encoding="rope",
+            encoding_params={"schedule": "pi", "schedule_params": {"factor": 2.0}},
+        )
+    )
     enc = model.blocks[0].attn.enc
-    assert repr(enc) == f"RoPE(rope, schedule='pi', schedule_params={enc.schedule_params!r})" and enc.schedule_params["factor"] == 2.0
+    assert (
+        repr(enc) == f"RoPE(rope, schedule='pi', schedule_params={enc.schedule_params!r})"
+        and enc.schedule_params["factor"] == 2.0
+    )
     assert repr(RoPE(DIMS)) == "RoPE()"  # built directly, not from a spec
     parts = encodings.get("acc-rand-qkv:a=0.3+alibi", DIMS)
-    assert [p.spec for p in parts.parts] == ["accumulated:mode=random,rotate=qkv,a=0.3", "alibi"] and "acc-rand-qkv:a=0.3+alibi" in repr(parts)
+    assert [p.spec for p in parts.parts] == [
+        "accumulated:mode=random,rotate=qkv,a=0.3",
+        "alibi",
+    ] and "acc-rand-qkv:a=0.3+alibi" in repr(parts)
 
 
 @pytest.mark.parametrize(
@@ -299,7 +386,10 @@ def test_repr_names_pretrained_defaults_and_the_parameters_a_spec_cannot_set():
     [
         ({"center": "rope", "a": 0.5}, "a applies to center='zero' only"),
         ({"init": "random"}, "init applies to mode='learned' only"),
-        ({"mode": "learned", "center": "rope", "learn_a": True}, "learn_a applies to mode='learned' and center='zero' only"),
+        (
+            {"mode": "learned", "center": "rope", "learn_a": True},
+            "learn_a applies to mode='learned' and center='zero' only",
+        ),
         ({"mode": "learned", "seed": 3}, "seed applies to mode='random' or 'token' only"),
         ({"rope_theta": 500.0}, "rope_theta applies to center='rope' only"),
     ],
@@ -317,4 +407,3 @@ def test_a_scheme_built_directly_refuses_what_a_spec_refuses(params, message):
     assert str(spec_err.value) == str(err.value)
     Accumulated(DIMS, mode="learned", learn_a=True, init="random")  # each where it applies
     Accumulated(DIMS, center="rope", rope_theta=500.0)
-

@@ -21,10 +21,14 @@ def test_stamp_records_the_settings_that_change_numbers():
         torch.set_num_threads(old)
     assert s["threads"] == 1 and s["torch"] == torch.__version__
     assert s["bf16_units"] == bf16_units()
-    assert s["dtype"] == ("float32 weights, bfloat16 autocast" if bf16_units() else "float32 weights, float32 compute")  # auto's pick
+    assert s["dtype"] == (
+        "float32 weights, bfloat16 autocast" if bf16_units() else "float32 weights, float32 compute"
+    )  # auto's pick
     assert run_stamp("fp32")["dtype"] == "float32 weights, float32 compute"
     assert run_stamp("bf16")["dtype"] == "float32 weights, bfloat16 autocast"
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     assert (git_commit() or "").split("+")[0] == head
     if not torch.cuda.is_available():
         assert s["device"].startswith("cpu (") and f"{torch.backends.cpu.get_cpu_capability()} kernels)" in s["device"]
@@ -49,7 +53,9 @@ def test_stamp_line_says_when_transformers_is_not_installed():
 def test_bf16_units_are_read_from_the_cpu_flags(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_tile amx_bf16 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    info.write_text(
+        "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_tile amx_bf16 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    )
     assert bf16_units(info) == ["amx_bf16", "avx512_bf16"]
     info.write_text("flags\t\t: fpu avx2 avx512f avx512_vnni\n")  # AVX512 without BF16: bf16 would be emulated
     assert bf16_units(info) == []

@@ -15,8 +15,8 @@ from posenc import encodings
 from posenc.cli import main
 from posenc.compare import compare
 from posenc.config import load_preset
-from posenc.records import drop_torn_tail
 from posenc.errors import PosencError
+from posenc.records import drop_torn_tail
 
 PLUGIN = '''
 import os, signal
@@ -64,12 +64,16 @@ def corpus(tiny_corpus):
 
 
 def tiny_preset(corpus, schemes):
-    return load_preset("quick", {
-        "name": "sweep", "schemes": schemes,
-        "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
-        "train": {"corpus": str(corpus), "steps": 4, "batch_size": 2, "ckpt_every": 2, "threads": 1},
-        "eval": {"multiples": [1, 2], "max_tokens": 64, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
-    })
+    return load_preset(
+        "quick",
+        {
+            "name": "sweep",
+            "schemes": schemes,
+            "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+            "train": {"corpus": str(corpus), "steps": 4, "batch_size": 2, "ckpt_every": 2, "threads": 1},
+            "eval": {"multiples": [1, 2], "max_tokens": 64, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
+        },
+    )
 
 
 @pytest.mark.slow
@@ -129,7 +133,9 @@ def test_rerun_with_other_settings_is_refused(corpus, tmp_path, monkeypatch):
     before = {p: p.read_bytes() for p in (run / "preset.json", run / "results.jsonl", run / "report.md")}
     changed = tiny_preset(corpus, ["rope"]).model_copy(deep=True)
     changed.train.steps = 3
-    with pytest.raises(PosencError, match=r"holds results made with other settings \(train.steps 4 -> 3\); use another --name or --out"):
+    with pytest.raises(
+        PosencError, match=r"holds results made with other settings \(train.steps 4 -> 3\); use another --name or --out"
+    ):
         compare(changed, tmp_path / "runs", isolate=False)
     assert {p: p.read_bytes() for p in before} == before
     grown = tiny_preset(corpus, ["rope", "alibi"]).model_copy(deep=True)  # more cells, memory knobs: allowed
@@ -161,7 +167,23 @@ def test_compare_exit_status_is_1_when_a_job_failed(broken_schemes, corpus, tmp_
 def test_too_short_held_out_text_fails_before_training(tmp_path, capsys):
     corpus = tmp_path / "c.txt"
     corpus.write_text("to be or not to be " * 40)
-    code = main(["compare", "--preset", "quick", "--schemes", "rope", "--steps", "2", "--corpus", str(corpus), "--out", str(tmp_path / "o")])
+    code = main(
+        [
+            "compare",
+            "--preset",
+            "quick",
+            "--schemes",
+            "rope",
+            "--steps",
+            "2",
+            "--corpus",
+            str(corpus),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("posenc: error: evaluation length 256 exceeds the longest held-out document")
+    assert code == 2 and err[-1].startswith(
+        "posenc: error: evaluation length 256 exceeds the longest held-out document"
+    )
     assert not (tmp_path / "o").exists()

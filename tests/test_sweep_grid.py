@@ -12,9 +12,9 @@ from posenc.checkpoint import read_json, read_jsonl
 from posenc.cli import main
 from posenc.compare import compare
 from posenc.config import at_point, grid_points, load_preset, point_label, point_root, setting
-from posenc.retrieval import task_meta
 from posenc.errors import PosencError
 from posenc.records import Ppl, Task, load
+from posenc.retrieval import task_meta
 from posenc.retrieval_report import Scores
 from posenc.sweep import Choice, choose
 
@@ -22,10 +22,23 @@ LR = [3e-3, 1e-2]
 
 
 def _preset(tmp_path, name="tiny", **over):
-    body = {"name": name, "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
-            "train": {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2, "threads": 1},
-            "tasks": ["flipflop"], "task_eval": {"multiples": [1, 2], "answers": 40, "max_tokens": 1024, "learned": 0.01},
-            "schemes": ["rope", "nope"], **over}
+    body = {
+        "name": name,
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+        "train": {
+            "steps": 4,
+            "batch_size": 4,
+            "lr": 3e-3,
+            "warmup": 1,
+            "loss": "answers",
+            "ckpt_every": 2,
+            "threads": 1,
+        },
+        "tasks": ["flipflop"],
+        "task_eval": {"multiples": [1, 2], "answers": 40, "max_tokens": 1024, "learned": 0.01},
+        "schemes": ["rope", "nope"],
+        **over,
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))  # the grid keeps its key order
     return load_preset(str(path))
@@ -57,35 +70,49 @@ def test_a_scheme_that_learned_nowhere_gets_no_setting_and_says_so():
     c = Choice("flipflop", "alibi", grid, {"train.lr=0.001": 0.95, "train.lr=0.01": 0.8}, {}, 0.9)
     assert c.point == c.shown == (("train.lr", 0.001),) and c.setting() == "train.lr=0.001"
     assert Choice("flipflop", "alibi", grid, {"train.lr=0.001": None, "train.lr=0.01": None}, {}, 0.9).shown is None
-    assert Choice(None, "rope", grid, {"train.lr=0.001": None, "train.lr=0.01": None}, {}, None).setting() == \
-        "none chosen: no grid point has a result"
+    assert (
+        Choice(None, "rope", grid, {"train.lr=0.001": None, "train.lr=0.01": None}, {}, None).setting()
+        == "none chosen: no grid point has a result"
+    )
 
 
 # ---------------------------------------------------------------- the grid
 
 
 def test_grid_points_per_scheme_and_at_point(tmp_path):
-    p = _preset(tmp_path, sweep={"grid": {"train.lr": LR, "model.n_head": [2, 4]}, "schemes": {"nope": {"train.lr": [5e-3]}}})
+    p = _preset(
+        tmp_path, sweep={"grid": {"train.lr": LR, "model.n_head": [2, 4]}, "schemes": {"nope": {"train.lr": [5e-3]}}}
+    )
     assert grid_points(p, "rope") == [(("train.lr", a), ("model.n_head", h)) for a in LR for h in (2, 4)]
-    assert grid_points(p, "nope") == [(("train.lr", 5e-3), ("model.n_head", 2)), (("train.lr", 5e-3), ("model.n_head", 4))]
+    assert grid_points(p, "nope") == [
+        (("train.lr", 5e-3), ("model.n_head", 2)),
+        (("train.lr", 5e-3), ("model.n_head", 4)),
+    ]
     q = at_point(p, grid_points(p, "rope")[3])
     assert (q.train.lr, q.model.n_head, q.sweep) == (1e-2, 4, None) and p.model.n_head == 2
     assert point_root(tmp_path, grid_points(p, "rope")[1]) == tmp_path / "sweep" / "train.lr=0.003,model.n_head=4"
     assert grid_points(_preset(tmp_path), "rope") == [()] and point_root(tmp_path, ()) == tmp_path
-    run_fewer = _preset(tmp_path, schemes=["rope"], sweep={"grid": {"train.lr": LR}, "schemes": {"alibi": {"model.n_head": [4]}}})
-    assert grid_points(run_fewer, "rope") == [(("train.lr", a),) for a in LR]  # a scheme left out (--schemes): its grid unused
+    run_fewer = _preset(
+        tmp_path, schemes=["rope"], sweep={"grid": {"train.lr": LR}, "schemes": {"alibi": {"model.n_head": [4]}}}
+    )
+    assert grid_points(run_fewer, "rope") == [
+        (("train.lr", a),) for a in LR
+    ]  # a scheme left out (--schemes): its grid unused
 
 
-@pytest.mark.parametrize("sweep, message", [
-    ({"grid": {"train.seed": [0, 1]}}, "'train.seed' cannot be swept"),
-    ({"grid": {"train.lr": [1e-3, 1e-3]}}, "each value once"),
-    ({"grid": {"train.lr": []}}, "each value once, at least one"),
-    ({"schemes": {"alibii": {"train.lr": [1e-3]}}}, "sweep.schemes names 'alibii', not a scheme"),
-    ({"schemes": {"rope": {"train.lr": [1e-3]}}}, "scheme 'nope' has no grid in the sweep"),
-    ({}, "scheme 'rope' has no grid in the sweep"),
-    ({"grid": {"model.n_head": [3]}}, "n_head|head"),
-    ({"grid": {"train.lr": [-1.0]}}, "grid point train.lr=-1.0: train.lr"),
-])
+@pytest.mark.parametrize(
+    "sweep, message",
+    [
+        ({"grid": {"train.seed": [0, 1]}}, "'train.seed' cannot be swept"),
+        ({"grid": {"train.lr": [1e-3, 1e-3]}}, "each value once"),
+        ({"grid": {"train.lr": []}}, "each value once, at least one"),
+        ({"schemes": {"alibii": {"train.lr": [1e-3]}}}, "sweep.schemes names 'alibii', not a scheme"),
+        ({"schemes": {"rope": {"train.lr": [1e-3]}}}, "scheme 'nope' has no grid in the sweep"),
+        ({}, "scheme 'rope' has no grid in the sweep"),
+        ({"grid": {"model.n_head": [3]}}, "n_head|head"),
+        ({"grid": {"train.lr": [-1.0]}}, "grid point train.lr=-1.0: train.lr"),
+    ],
+)
 def test_a_bad_grid_is_refused_before_any_work(tmp_path, sweep, message):
     with pytest.raises(PosencError, match=message):
         _preset(tmp_path, sweep=sweep)
@@ -101,9 +128,21 @@ def _id_acc(root, scheme, seed):
 
 @pytest.mark.slow
 def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path):
-    preset = _preset(tmp_path, seeds=[0, 1], sweep={"grid": {"train.lr": LR}, "schemes": {"nope": {"train.steps": [2, 4]}}},
-                     train={"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2, "threads": 1,
-                            "until": {"at_least": 0.99, "every": 2, "answers": 40}})
+    preset = _preset(
+        tmp_path,
+        seeds=[0, 1],
+        sweep={"grid": {"train.lr": LR}, "schemes": {"nope": {"train.steps": [2, 4]}}},
+        train={
+            "steps": 4,
+            "batch_size": 4,
+            "lr": 3e-3,
+            "warmup": 1,
+            "loss": "answers",
+            "ckpt_every": 2,
+            "threads": 1,
+            "until": {"at_least": 0.99, "every": 2, "answers": 40},
+        },
+    )
     report, failures = compare(preset, tmp_path / "runs", isolate=False)
     assert not failures
     root = tmp_path / "runs" / "tiny"
@@ -117,22 +156,36 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path)
         for p in grid:  # seed 1 trained at the chosen point only
             assert (point_root(root, p) / "flipflop" / scheme / "seed1").exists() == (p == expected[scheme])
         if expected[scheme] is not None:
-            assert read_json(point_root(root, expected[scheme]) / "flipflop" / scheme / "seed1" / "config.json")["train"]["lr"] == \
-                dict(expected[scheme])["train.lr"]
+            assert (
+                read_json(point_root(root, expected[scheme]) / "flipflop" / scheme / "seed1" / "config.json")["train"][
+                    "lr"
+                ]
+                == dict(expected[scheme])["train.lr"]
+            )
     chosen = [s for s in preset.schemes if expected[s] is not None]
     assert chosen, "no scheme learned at the bar: the test's budget is too small"
     merged = load(root / "results.jsonl")
-    assert sorted((r.scheme, r.seed) for r in merged) == sorted((s, k) for s in preset.schemes for k in ((0, 1) if s in chosen else (0,)))
+    assert sorted((r.scheme, r.seed) for r in merged) == sorted(
+        (s, k) for s in preset.schemes for k in ((0, 1) if s in chosen else (0,))
+    )
     for r in merged:  # the top-level records are the chosen point's (a scheme that learned nowhere: seed 0 at its best)
-        assert r.cells == next(x for x in load(point_root(root, shown[r.scheme]) / "results.jsonl")
-                               if isinstance(x, Task) and (x.scheme, x.seed) == (r.scheme, r.seed)).cells
+        assert (
+            r.cells
+            == next(
+                x
+                for x in load(point_root(root, shown[r.scheme]) / "results.jsonl")
+                if isinstance(x, Task) and (x.scheme, x.seed) == (r.scheme, r.seed)
+            ).cells
+        )
     text = report.read_text()
     assert "## Sweep: each scheme at its best setting" in text and "### Sensitivity on flipflop" in text
     for s in preset.schemes:
         setting = point_label(expected[s]) if expected[s] else "none chosen: did not learn at any grid point"
         assert f"| flipflop | {s} | {setting} |" in text
-    assert ("| scheme | train.lr=0.003 | train.lr=0.01 | train.lr=0.003,train.steps=2 | train.lr=0.003,train.steps=4 | "
-            "train.lr=0.01,train.steps=2 | train.lr=0.01,train.steps=4 |") in text
+    assert (
+        "| scheme | train.lr=0.003 | train.lr=0.01 | train.lr=0.003,train.steps=2 | train.lr=0.003,train.steps=4 | "
+        "train.lr=0.01,train.steps=2 | train.lr=0.01,train.steps=4 |"
+    ) in text
     rows = (root / "sweep.csv").read_text().splitlines()
     assert rows[0] == "task,scheme,setting,result,steps_to_criterion,chosen" and len(rows) == 1 + 2 + 4
     assert sum(line.endswith(",1") for line in rows[1:]) == len(chosen) and (root / "sweep.png").exists()
@@ -144,22 +197,40 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path)
 
 @pytest.mark.slow
 def test_a_text_sweep_chooses_by_validation_perplexity_at_the_training_length(tiny_corpus, tmp_path):
-    preset = load_preset("quick", {
-        "name": "textsweep", "schemes": ["rope"], "seeds": [0],
-        "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
-        "train": {"corpus": str(tiny_corpus), "steps": 4, "batch_size": 2, "ckpt_every": 2, "threads": 1},
-        "eval": {"multiples": [1, 2], "max_tokens": 64, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
-        "eval_schedules": [{"schedule": "yarn", "factor": 2}],
-        "sweep": {"grid": {"train.lr": [1e-4, 1e-2]}}})
+    preset = load_preset(
+        "quick",
+        {
+            "name": "textsweep",
+            "schemes": ["rope"],
+            "seeds": [0],
+            "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+            "train": {"corpus": str(tiny_corpus), "steps": 4, "batch_size": 2, "ckpt_every": 2, "threads": 1},
+            "eval": {"multiples": [1, 2], "max_tokens": 64, "passkey": {"trials": 0}, "far_mass": {"windows": 0}},
+            "eval_schedules": [{"schedule": "yarn", "factor": 2}],
+            "sweep": {"grid": {"train.lr": [1e-4, 1e-2]}},
+        },
+    )
     report, failures = compare(preset, tmp_path / "runs", isolate=False)
     root = tmp_path / "runs" / "textsweep"
-    ppl = {p: next(r.ppl for r in load(point_root(root, p) / "results.jsonl") if isinstance(r, Ppl) and r.eval_length == 16
-                   and r.scheme == "rope") for p in grid_points(preset, "rope")}
+    ppl = {
+        p: next(
+            r.ppl
+            for r in load(point_root(root, p) / "results.jsonl")
+            if isinstance(r, Ppl) and r.eval_length == 16 and r.scheme == "rope"
+        )
+        for p in grid_points(preset, "rope")
+    }
     best = min(ppl, key=ppl.get)
     merged = load(root / "results.jsonl")
     assert not failures and sorted((r.scheme, r.eval_length) for r in merged) == [
-        ("rope", 16), ("rope", 32), ("rope+yarn(s=2)", 16), ("rope+yarn(s=2)", 32)]
-    assert merged == [r for r in load(point_root(root, best) / "results.jsonl")]  # the chosen point's rows, schedule rows too
+        ("rope", 16),
+        ("rope", 32),
+        ("rope+yarn(s=2)", 16),
+        ("rope+yarn(s=2)", 32),
+    ]
+    assert merged == [
+        r for r in load(point_root(root, best) / "results.jsonl")
+    ]  # the chosen point's rows, schedule rows too
     assert [r.ppl for r in merged if (r.scheme, r.eval_length) == ("rope", 16)] == [ppl[best]]
     assert f"| text | rope | {point_label(best)} | {ppl[best]:.3f} |" in report.read_text()
 
@@ -169,17 +240,31 @@ def test_a_text_sweep_chooses_by_validation_perplexity_at_the_training_length(ti
 
 @pytest.mark.slow
 def test_a_run_trained_with_another_budget_is_refused_with_its_fields(tmp_path, capsys):
-    short = _preset(tmp_path, name="short", schemes=["rope"], train={"steps": 2, "batch_size": 4, "lr": 1e-2, "warmup": 1, "loss": "answers"})
+    short = _preset(
+        tmp_path,
+        name="short",
+        schemes=["rope"],
+        train={"steps": 2, "batch_size": 4, "lr": 1e-2, "warmup": 1, "loss": "answers"},
+    )
     compare(short, tmp_path / "runs", isolate=False)
     full = _preset(tmp_path, name="full", schemes=["rope"])
     dest = tmp_path / "runs" / "full" / "flipflop" / "rope" / "seed0"
-    shutil.copytree(tmp_path / "runs" / "short" / "flipflop" / "rope" / "seed0", dest)  # "a run directory of it can be copied in"
-    with pytest.raises(PosencError, match=r"seed0 was not trained with the settings of full's job flipflop rope \(seed 0\) "
-                                          r"\(training lr 0.01 -> 0.003; trained steps 2 -> 4\)"):
+    shutil.copytree(
+        tmp_path / "runs" / "short" / "flipflop" / "rope" / "seed0", dest
+    )  # "a run directory of it can be copied in"
+    with pytest.raises(
+        PosencError,
+        match=r"seed0 was not trained with the settings of full's job flipflop rope \(seed 0\) "
+        r"\(training lr 0.01 -> 0.003; trained steps 2 -> 4\)",
+    ):
         compare(full, tmp_path / "runs", isolate=False)
-    assert not (tmp_path / "runs" / "full" / "results.jsonl").exists() or not read_jsonl(tmp_path / "runs" / "full" / "results.jsonl")
+    assert not (tmp_path / "runs" / "full" / "results.jsonl").exists() or not read_jsonl(
+        tmp_path / "runs" / "full" / "results.jsonl"
+    )
     capsys.readouterr()
-    assert main(["compare", "--preset", str(tmp_path / "full.yaml"), "--out", str(tmp_path / "runs"), "--no-isolate"]) == 2
+    assert (
+        main(["compare", "--preset", str(tmp_path / "full.yaml"), "--out", str(tmp_path / "runs"), "--no-isolate"]) == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "trained steps 2 -> 4" in err and "training lr 0.01 -> 0.003" in err
     shutil.rmtree(dest)  # moved away: the job trains it itself
@@ -219,7 +304,11 @@ def test_a_sweep_killed_before_its_other_seeds_resumes_them_only(tmp_path):
 
 def test_a_report_header_says_swept_for_a_setting_the_sweep_varies():
     preset = load_preset("retrieval")  # grid train.lr; path and path+forget also model.n_head
-    assert (setting(preset, "train.lr"), setting(preset, "model.n_head"), setting(preset, "train.steps")) == ("swept", "swept", 600)
+    assert (setting(preset, "train.lr"), setting(preset, "model.n_head"), setting(preset, "train.steps")) == (
+        "swept",
+        "swept",
+        600,
+    )
     meta = task_meta(preset)
     assert "lr swept" in meta["budget"] and meta["budget"].startswith("600 steps") and "swept heads" in meta["model"]
     plain = load_preset("retrieval", {"sweep": None})

@@ -14,8 +14,24 @@ from posenc.claims import FAILS, HOLDS, NOISE
 from posenc.config import load_preset
 from posenc.errors import PosencError
 from posenc.records import Task, TaskCell
-from posenc.retrieval_report import (UNDECIDED, TaskTable, accuracy_markdown, at_most, budget, claim_alibi_slopes, claim_forget_leak,
-                                     claim_r1, claim_r2, claim_r3, claim_r4, claim_r5, claim_r6, distance_markdown, follows_window, horizon)
+from posenc.retrieval_report import (
+    UNDECIDED,
+    TaskTable,
+    accuracy_markdown,
+    at_most,
+    budget,
+    claim_alibi_slopes,
+    claim_forget_leak,
+    claim_r1,
+    claim_r2,
+    claim_r3,
+    claim_r4,
+    claim_r5,
+    claim_r6,
+    distance_markdown,
+    follows_window,
+    horizon,
+)
 from posenc.taskeval import bucket, score_batch
 from posenc.tasks import B0, B1, I, R, W, get_task, is_task
 from posenc.train import mean_loss
@@ -117,7 +133,7 @@ def test_modsum_probe_is_marked_only_at_its_sum():
     tok, answer, distance = task.row(np.random.default_rng(1), 128 + 64 + 1, gap=64)
     assert answer.sum() == 1 and answer[-1] and distance[-1] == 64
     revealed = len(tok) - 1 - 64
-    assert tok[revealed - 1] == 5 and tok[-2] == 5 and np.all(tok[revealed + 1:-2] < 5)
+    assert tok[revealed - 1] == 5 and tok[-2] == 5 and np.all(tok[revealed + 1 : -2] < 5)
     _check_modsum(5, tok, tok[:-1] == 5, _distances(tok, 5))  # every sum of the probe, the prefix's too, is right
     with pytest.raises(PosencError, match="gap 1 must be >= 2"):
         task.row(np.random.default_rng(0), 20, gap=1)
@@ -183,20 +199,23 @@ def test_batches_are_functions_of_seed_step_row():
     assert torch.equal(full.targets[:, :-1], full.inputs[:, 1:])
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("flipflop:p_ignore=1.5", "p_ignore must be in"),
-    ("flipflop:bogus=1", "unknown parameter 'bogus'"),
-    ("flipflop:p_ignore=x", "p_ignore must be float"),
-    ("mqar:pairs=20,keys=4", "at least as many keys"),
-    ("mqar:gap=9-3", "LO > HI"),
-    ("mqar:gap=a", "gap must be N or LO-HI"),
-    ("mqar:", "empty parameter list"),
-    ("mqar:pairs", "expected key=value"),
-    ("modsum:m=1", "m must be >= 2"),
-    ("modsum:p_query=0", "p_query must be in"),
-    ("modsum:sparse=1.0", "sparse must be in"),
-    ("fliflop", None),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("flipflop:p_ignore=1.5", "p_ignore must be in"),
+        ("flipflop:bogus=1", "unknown parameter 'bogus'"),
+        ("flipflop:p_ignore=x", "p_ignore must be float"),
+        ("mqar:pairs=20,keys=4", "at least as many keys"),
+        ("mqar:gap=9-3", "LO > HI"),
+        ("mqar:gap=a", "gap must be N or LO-HI"),
+        ("mqar:", "empty parameter list"),
+        ("mqar:pairs", "expected key=value"),
+        ("modsum:m=1", "m must be >= 2"),
+        ("modsum:p_query=0", "p_query must be in"),
+        ("modsum:sparse=1.0", "sparse must be in"),
+        ("fliflop", None),
+    ],
+)
 def test_bad_task_specs(spec, message):
     if message is None:
         assert not is_task(spec)
@@ -211,10 +230,30 @@ def test_gap_longer_than_training_length_is_refused():
 
 
 def test_task_corpus_in_a_text_command_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "posenc.cli", "eval", "--run", str(tmp_path), "--corpus", "flipflop"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "posenc.cli", "eval", "--run", str(tmp_path), "--corpus", "flipflop"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
-    proc = subprocess.run([sys.executable, "-m", "posenc.cli", "train", "--scheme", "rope", "--preset", "quick", "--corpus", "flipflop:p_ignore=1.5",
-                           "--out", str(tmp_path / "r")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "posenc.cli",
+            "train",
+            "--scheme",
+            "rope",
+            "--preset",
+            "quick",
+            "--corpus",
+            "flipflop:p_ignore=1.5",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "p_ignore must be in" in proc.stderr
 
 
@@ -223,7 +262,11 @@ def test_answer_loss_on_text_is_refused(tmp_path):
     from posenc.train import TrainConfig, train
 
     with pytest.raises(PosencError, match="needs a synthetic task corpus"):
-        train(tmp_path / "r", ModelConfig(n_layer=1, d_model=32, n_head=2, train_length=16), TrainConfig(loss="answers", corpus="pystdlib", steps=1))
+        train(
+            tmp_path / "r",
+            ModelConfig(n_layer=1, d_model=32, n_head=2, train_length=16),
+            TrainConfig(loss="answers", corpus="pystdlib", steps=1),
+        )
 
 
 def test_mean_loss_averages_answers_only():
@@ -261,9 +304,23 @@ def test_at_most_with_noise():
 
 def _records(task, table):
     """Records from {scheme: {seed: {(test, length, bucket): accuracy}}} with 1,000 answers a cell."""
-    return [Task(task=task, scheme=s, seed=seed, train_length=128, train_seconds=1, eval_seconds=1, threads=1,
-                 cells=[TaskCell(test=t, length=L, bucket=b, n=1000, correct=round(1000 * a), nll=0.0) for (t, L, b), a in cells.items()])
-            for s, seeds in table.items() for seed, cells in seeds.items()]
+    return [
+        Task(
+            task=task,
+            scheme=s,
+            seed=seed,
+            train_length=128,
+            train_seconds=1,
+            eval_seconds=1,
+            threads=1,
+            cells=[
+                TaskCell(test=t, length=L, bucket=b, n=1000, correct=round(1000 * a), nll=0.0)
+                for (t, L, b), a in cells.items()
+            ],
+        )
+        for s, seeds in table.items()
+        for seed, cells in seeds.items()
+    ]
 
 
 def _gap(id_acc, curve, near=None):
@@ -278,10 +335,17 @@ def _table(task, table):
 
 
 def test_a_scheme_learned_on_some_seeds_only_is_not_learned_and_says_how_many():
-    t = _table("flipflop", {"rope": {0: _gap(0.98, {8: 0.98}), 1: _gap(0.7, {8: 0.7}), 2: _gap(0.8, {8: 0.8})},
-                            "nope": {0: _gap(0.6, {8: 0.6}), 1: _gap(0.6, {8: 0.6})},
-                            "path": {0: _gap(1.0, {8: 1.0}), 1: _gap(1.0, {8: 1.0})}})
-    rows = {line.split(" | ")[0].strip("| "): line for line in accuracy_markdown(t, ["rope", "nope", "path"]).splitlines()}
+    t = _table(
+        "flipflop",
+        {
+            "rope": {0: _gap(0.98, {8: 0.98}), 1: _gap(0.7, {8: 0.7}), 2: _gap(0.8, {8: 0.8})},
+            "nope": {0: _gap(0.6, {8: 0.6}), 1: _gap(0.6, {8: 0.6})},
+            "path": {0: _gap(1.0, {8: 1.0}), 1: _gap(1.0, {8: 1.0})},
+        },
+    )
+    rows = {
+        line.split(" | ")[0].strip("| "): line for line in accuracy_markdown(t, ["rope", "nope", "path"]).splitlines()
+    }
     assert "**did not learn** (1 of 3 seeds learned)" in rows["rope"]
     assert "**did not learn** |" in rows["nope"] and "seeds learned" not in rows["nope"]
     assert "| yes |" in rows["path"]
@@ -296,7 +360,9 @@ def test_claim_r1_verdicts():
     assert claim_r1(_table("flipflop", {"alibi": {0: far}, "forget": {0: far}}), flat).verdict == FAILS
     assert claim_r1(_table("flipflop", {"alibi": {0: near, 1: far}, "forget": {0: far}}), flat).verdict == NOISE
     two_seeds = claim_r1(_table("flipflop", {"alibi": {0: near}}), {"alibi": [0.986, 0.990]})
-    assert "alibi (ratio 0.988 ± 0.002 at the longest length)" in two_seeds.evidence  # the table's mean, not the largest seed's 0.990
+    assert (
+        "alibi (ratio 0.988 ± 0.002 at the longest length)" in two_seeds.evidence
+    )  # the table's mean, not the largest seed's 0.990
     not_learned = _gap(0.6, {64: 0.6})
     undecided = claim_r1(_table("flipflop", {"alibi": {0: not_learned}}), flat)
     assert undecided.verdict == UNDECIDED
@@ -306,9 +372,11 @@ def test_claim_r1_verdicts():
 
 def test_claim_r2_verdicts():
     windows = {"acc-rand-qkv": 27, "acc-rand-qkv:a=0.5": 110, "acc-rand-qkv:a=2": 6}
-    follows = {"acc-rand-qkv:a=2": {0: _gap(0.95, {8: 0.95, 16: 0.5})},
-               "acc-rand-qkv": {0: _gap(0.95, {8: 0.95, 16: 0.95, 32: 0.95, 64: 0.5})},
-               "acc-rand-qkv:a=0.5": {0: _gap(0.95, {8: 0.95, 256: 0.95, 512: 0.5})}}
+    follows = {
+        "acc-rand-qkv:a=2": {0: _gap(0.95, {8: 0.95, 16: 0.5})},
+        "acc-rand-qkv": {0: _gap(0.95, {8: 0.95, 16: 0.95, 32: 0.95, 64: 0.5})},
+        "acc-rand-qkv:a=0.5": {0: _gap(0.95, {8: 0.95, 256: 0.95, 512: 0.5})},
+    }
     assert claim_r2(_table("flipflop", follows), windows).verdict == HOLDS
     flat_horizon = {s: {0: _gap(0.95, {8: 0.95, 2048: 0.95})} for s in windows}
     assert claim_r2(_table("flipflop", flat_horizon), windows).verdict == FAILS
@@ -316,28 +384,58 @@ def test_claim_r2_verdicts():
 
 def test_claim_r3_and_r5_and_r4():
     windows = {"acc-rand-qk": 27, "acc-rand-qkv": 27}
-    t = _table("flipflop", {"acc-rand-qk": {0: _gap(0.95, {8: 0.95, 32: 0.8, 64: 0.7})}, "acc-rand-qkv": {0: _gap(0.95, {8: 0.95, 32: 0.6, 64: 0.5})}})
+    t = _table(
+        "flipflop",
+        {
+            "acc-rand-qk": {0: _gap(0.95, {8: 0.95, 32: 0.8, 64: 0.7})},
+            "acc-rand-qkv": {0: _gap(0.95, {8: 0.95, 32: 0.6, 64: 0.5})},
+        },
+    )
     assert claim_r3(t, windows).verdict == HOLDS
-    t = _table("flipflop", {"acc-rand-qk": {0: _gap(0.95, {32: 0.5, 64: 0.5})}, "acc-rand-qkv": {0: _gap(0.95, {32: 0.9, 64: 0.9})}})
+    t = _table(
+        "flipflop",
+        {"acc-rand-qk": {0: _gap(0.95, {32: 0.5, 64: 0.5})}, "acc-rand-qkv": {0: _gap(0.95, {32: 0.9, 64: 0.9})}},
+    )
     assert claim_r3(t, windows).verdict == FAILS
 
     def sparse(err):
         return {("id", 128, 8): 0.99, ("sparse", 128, 8): 1 - err}
 
-    assert claim_r5(_table("flipflop", {"path": {0: sparse(0.0)}, "forget": {0: sparse(0.1)}, "rope": {0: sparse(0.3)}})).verdict == HOLDS
-    assert claim_r5(_table("flipflop", {"path": {0: sparse(0.3)}, "forget": {0: sparse(0.0)}, "rope": {0: sparse(0.3)}})).verdict == FAILS
+    assert (
+        claim_r5(
+            _table("flipflop", {"path": {0: sparse(0.0)}, "forget": {0: sparse(0.1)}, "rope": {0: sparse(0.3)}})
+        ).verdict
+        == HOLDS
+    )
+    assert (
+        claim_r5(
+            _table("flipflop", {"path": {0: sparse(0.3)}, "forget": {0: sparse(0.0)}, "rope": {0: sparse(0.3)}})
+        ).verdict
+        == FAILS
+    )
 
-    erode = {"rope": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.4})}, "alibi": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.94})}}
+    erode = {
+        "rope": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.4})},
+        "alibi": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.94})},
+    }
     assert claim_r4(_table("mqar", erode)).verdict == HOLDS
-    keeps = {"rope": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.95})}, "alibi": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.94})}}
+    keeps = {
+        "rope": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.95})},
+        "alibi": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.94})},
+    }
     assert claim_r4(_table("mqar", keeps)).verdict == FAILS
 
 
 def _tiny_preset(tmp_path, **over):
-    body = {"name": "tiny", "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 32},
-            "train": {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2},
-            "tasks": ["flipflop", "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-8"],
-            "task_eval": {"multiples": [1, 2], "answers": 40, "max_tokens": 1024}, "schemes": ["rope", "acc-rand-qkv"], **over}
+    body = {
+        "name": "tiny",
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 32},
+        "train": {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2},
+        "tasks": ["flipflop", "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-8"],
+        "task_eval": {"multiples": [1, 2], "answers": 40, "max_tokens": 1024},
+        "schemes": ["rope", "acc-rand-qkv"],
+        **over,
+    }
     import yaml
 
     path = tmp_path / "tiny.yaml"
@@ -352,7 +450,9 @@ def test_compare_tasks_end_to_end_resumes_and_refuses_other_settings(tmp_path):
     report, failures = compare(preset, tmp_path / "runs", isolate=False)
     assert not failures
     records = read_jsonl(tmp_path / "runs" / "tiny" / "results.jsonl")
-    assert sorted((r["task"], r["scheme"]) for r in records) == sorted((t, s) for t in preset.tasks for s in preset.schemes)
+    assert sorted((r["task"], r["scheme"]) for r in records) == sorted(
+        (t, s) for t in preset.tasks for s in preset.schemes
+    )
     flip = next(r for r in records if r["task"] == "flipflop")
     tests = {c["test"] for c in flip["cells"]}
     assert tests == {"id", "sparse", "dense", "gap"}
@@ -361,7 +461,9 @@ def test_compare_tasks_end_to_end_resumes_and_refuses_other_settings(tmp_path):
     text = report.read_text()
     assert "## flipflop" in text and "horizon" in text and "did not learn" in text
     assert (tmp_path / "runs" / "tiny" / "distance-flipflop.png").exists()
-    assert (tmp_path / "runs" / "tiny" / "retrieval.csv").read_text().count("\n") == 1 + sum(len(r["cells"]) for r in records)
+    assert (tmp_path / "runs" / "tiny" / "retrieval.csv").read_text().count("\n") == 1 + sum(
+        len(r["cells"]) for r in records
+    )
     compare(preset, tmp_path / "runs", isolate=False)  # a rerun: nothing new
     assert len(read_jsonl(tmp_path / "runs" / "tiny" / "results.jsonl")) == len(records)
     other = load_preset(str(_tiny_preset(tmp_path, task_eval={"multiples": [1, 2], "answers": 41, "max_tokens": 1024})))
@@ -372,7 +474,9 @@ def test_compare_tasks_end_to_end_resumes_and_refuses_other_settings(tmp_path):
 def test_claim_r4_on_flipflop_reads_near_buckets_of_the_id_test():
     def cells(far_acc):
         out = {("id", 128, 2): 0.99, ("id", 128, 8): 0.99, ("id", 128, 64): 0.99}
-        out.update({("id", 4096, 2): far_acc, ("id", 4096, 8): far_acc, ("id", 4096, 64): 0.2})  # the far bucket is not near recall
+        out.update(
+            {("id", 4096, 2): far_acc, ("id", 4096, 8): far_acc, ("id", 4096, 64): 0.2}
+        )  # the far bucket is not near recall
         return out
 
     t = _table("flipflop", {"rope": {0: cells(0.6)}, "forget": {0: cells(0.98)}})
@@ -386,7 +490,11 @@ def test_repeated_seeds_schemes_or_tasks_are_refused():
     for key, value in (("seeds", [0, 0]), ("schemes", ["rope", "rope"]), ("tasks", ["flipflop", "flipflop"])):
         with pytest.raises(PosencError, match="repeated"):
             load_preset("retrieval", {key: value})
-    proc = subprocess.run([sys.executable, "-m", "posenc.cli", "compare", "--preset", "quick", "--seeds", "0", "0"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "posenc.cli", "compare", "--preset", "quick", "--seeds", "0", "0"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "0 repeated" in proc.stderr and proc.stderr.count("\n") == 1
 
 
@@ -396,7 +504,11 @@ def test_a_small_corpus_trains_with_a_warning(tmp_path, capsys):
 
     corpus = tmp_path / "tiny.txt"
     corpus.write_text("to be or not to be, that is the question. " * 70)  # ~3K bytes
-    train(tmp_path / "r", ModelConfig(n_layer=1, d_model=32, n_head=2, train_length=16), TrainConfig(corpus=str(corpus), steps=2, batch_size=2, warmup=1))
+    train(
+        tmp_path / "r",
+        ModelConfig(n_layer=1, d_model=32, n_head=2, train_length=16),
+        TrainConfig(corpus=str(corpus), steps=2, batch_size=2, warmup=1),
+    )
     err = capsys.readouterr().err
     assert "only 2,648 tokens" in err and "memorisation" in err
 
@@ -445,7 +557,8 @@ def test_the_time_line_counts_only_jobs_that_recorded_their_times():
     from posenc.retrieval_report import _times_line
 
     assert _times_line([(130.0, 30.0), (float("nan"), float("nan")), (200.0, 40.0)]) == (
-        "Training time per job: 130-200 s; evaluation 30-40 s (2 of 3 jobs recorded their times).")
+        "Training time per job: 130-200 s; evaluation 30-40 s (2 of 3 jobs recorded their times)."
+    )
     assert _times_line([(130.0, 30.0)]) == "Training time per job: 130-130 s; evaluation 30-30 s."
     assert _times_line([(float("nan"), float("nan"))]) == "Training and evaluation times were not recorded."
 
@@ -456,9 +569,15 @@ def test_claim_r6_state_tracking():
     claim = claim_r6(_table("modsum", {"path": {0: far, 1: far}, "rope": {0: near}, "nope": {0: unlearned}}))
     assert claim.verdict == HOLDS and claim.evidence == "horizon: path 1024, rope 64; did not learn: nope"
     assert claim_r6(_table("modsum", {"path": {0: near}, "rope": {0: near}})).verdict == FAILS  # PaTH stops inside
-    assert claim_r6(_table("modsum", {"path": {0: far}, "acc-learned-qkv": {0: far}})).verdict == FAILS  # another goes as far
-    assert claim_r6(_table("modsum", {"path": {0: far, 1: near}, "rope": {0: near}})).verdict == NOISE  # the seeds disagree
-    assert claim_r6(_table("modsum", {"path": {0: unlearned}, "rope": {0: near}})).verdict == UNDECIDED  # PaTH did not learn
+    assert (
+        claim_r6(_table("modsum", {"path": {0: far}, "acc-learned-qkv": {0: far}})).verdict == FAILS
+    )  # another goes as far
+    assert (
+        claim_r6(_table("modsum", {"path": {0: far, 1: near}, "rope": {0: near}})).verdict == NOISE
+    )  # the seeds disagree
+    assert (
+        claim_r6(_table("modsum", {"path": {0: unlearned}, "rope": {0: near}})).verdict == UNDECIDED
+    )  # PaTH did not learn
     assert claim_r6(_table("modsum", {"rope": {0: near}})) is None  # PaTH was not run
 
 
@@ -473,7 +592,10 @@ def test_a_task_where_a_text_corpus_is_needed_is_one_line(spec):
     from posenc.data import load_corpus, load_tokens
 
     for load in (load_corpus, load_tokens):  # finetune and extend read load_corpus, text commands load_tokens
-        with pytest.raises(PosencError, match=rf"corpus '{spec}' is a synthetic task \(posenc.tasks\); this command needs a text corpus$"):
+        with pytest.raises(
+            PosencError,
+            match=rf"corpus '{spec}' is a synthetic task \(posenc.tasks\); this command needs a text corpus$",
+        ):
             load(spec)
 
 
@@ -493,30 +615,57 @@ def test_a_task_report_covers_every_task_the_run_holds(tmp_path):
     from posenc.retrieval_report import write_task_report
 
     mqar = "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-8"
-    for r in _records("flipflop", {"rope": {0: _gap(0.99, {8: 0.9})}}) + _records(mqar, {"rope": {0: _gap(0.95, {8: 0.8})}}):
+    for r in _records("flipflop", {"rope": {0: _gap(0.99, {8: 0.9})}}) + _records(
+        mqar, {"rope": {0: _gap(0.95, {8: 0.8})}}
+    ):
         append(tmp_path / "results.jsonl", r)
     model = {"n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 128}
-    meta = task_meta(load_preset(str(_tiny_preset(tmp_path, tasks=[mqar], model=model))))  # this invocation's tasks only
+    meta = task_meta(
+        load_preset(str(_tiny_preset(tmp_path, tasks=[mqar], model=model)))
+    )  # this invocation's tasks only
     text = write_task_report(tmp_path, meta).read_text()
     assert f"## {mqar}" in text and "## flipflop" in text
     assert text.index("## flipflop") > text.index(f"## {mqar}")  # this invocation's first, then the others
 
 
 def _job(curve=None, steps=600, **fields):
-    return Task(task="flipflop", scheme="rope", seed=0, train_length=128, train_seconds=1, eval_seconds=1, threads=1, cells=[],
-                trained_steps=steps, loss_curve=curve, **fields)
+    return Task(
+        task="flipflop",
+        scheme="rope",
+        seed=0,
+        train_length=128,
+        train_seconds=1,
+        eval_seconds=1,
+        threads=1,
+        cells=[],
+        trained_steps=steps,
+        loss_curve=curve,
+        **fields,
+    )
 
 
 def test_budget_reads_the_learning_curve():
-    steps = range(20, 620, 20)  # 30 logged steps: the last 3 against the 3 ending at step 440 (a quarter of 580 steps earlier)
+    steps = range(
+        20, 620, 20
+    )  # 30 logged steps: the last 3 against the 3 ending at step 440 (a quarter of 580 steps earlier)
     falling = [(s, 1.0 - s / 1000) for s in steps]
-    assert budget(_job(falling), 0.5) == "loss still falling at the step cap 600 (0.580 -> 0.420 over its last 160 steps): more steps"
+    assert (
+        budget(_job(falling), 0.5)
+        == "loss still falling at the step cap 600 (0.580 -> 0.420 over its last 160 steps): more steps"
+    )
     at_chance = [(s, 0.69) for s in steps]
-    assert budget(_job(at_chance), 0.5) == ("loss flat at chance at the step cap 600 (0.690; ln 2 = 0.693): "
-                                           "more steps alone unlikely, another learning rate or head count")
+    assert budget(_job(at_chance), 0.5) == (
+        "loss flat at chance at the step cap 600 (0.690; ln 2 = 0.693): "
+        "more steps alone unlikely, another learning rate or head count"
+    )
     stuck = [(s, 0.30) for s in steps]
-    assert budget(_job(stuck), 0.5) == "loss flat at 0.300 at the step cap 600 (chance 0.693): another setting (learning rate, heads), not more steps"
-    assert budget(_job(at_chance), 1 / 8).startswith("loss flat at 0.690 at the step cap 600 (chance 2.079)")  # ln 8 for 8 values
+    assert (
+        budget(_job(stuck), 0.5)
+        == "loss flat at 0.300 at the step cap 600 (chance 0.693): another setting (learning rate, heads), not more steps"
+    )
+    assert budget(_job(at_chance), 1 / 8).startswith(
+        "loss flat at 0.690 at the step cap 600 (chance 2.079)"
+    )  # ln 8 for 8 values
     assert budget(_job(None), 0.5) == budget(_job(falling[:3]), 0.5) == "no loss curve in the records"
 
 
@@ -527,22 +676,41 @@ def test_an_undecided_claim_names_each_seed_that_did_not_learn_and_its_budget():
     recs[2] = recs[2].model_copy(update={"loss_curve": [(s, 0.69) for s in steps], "trained_steps": 600})
     c = claim_r6(TaskTable(recs, "modsum", 128, 0.05, 0.9))
     assert c.verdict == UNDECIDED
-    assert c.evidence == ("path did not learn on seed 1 (id 60.0% < 90%: loss still falling at the step cap 600 "
-                          "(0.580 -> 0.420 over its last 160 steps): more steps); seed 2 (id 50.0% < 90%: loss flat at chance at the step cap "
-                          "600 (0.690; ln 2 = 0.693): more steps alone unlikely, another learning rate or head count)")
+    assert c.evidence == (
+        "path did not learn on seed 1 (id 60.0% < 90%: loss still falling at the step cap 600 "
+        "(0.580 -> 0.420 over its last 160 steps): more steps); seed 2 (id 50.0% < 90%: loss flat at chance at the step cap "
+        "600 (0.690; ln 2 = 0.693): more steps alone unlikely, another learning rate or head count)"
+    )
 
 
 def test_claims_r2_to_r5_are_undecided_when_their_schemes_did_not_learn():
     no = _gap(0.5, {8: 0.5, 64: 0.5})
     yes = _gap(0.95, {8: 0.95, 64: 0.9})
     windows = {"acc-rand-qkv": 27, "acc-rand-qkv:a=0.5": 110, "acc-rand-qk": 27}
-    t = _table("flipflop", {"acc-rand-qkv": {0: no}, "acc-rand-qkv:a=0.5": {0: yes}, "acc-rand-qk": {0: yes},
-                            "rope": {0: no}, "alibi": {0: yes}, "path": {0: yes}, "forget": {0: yes}})
+    t = _table(
+        "flipflop",
+        {
+            "acc-rand-qkv": {0: no},
+            "acc-rand-qkv:a=0.5": {0: yes},
+            "acc-rand-qk": {0: yes},
+            "rope": {0: no},
+            "alibi": {0: yes},
+            "path": {0: yes},
+            "forget": {0: yes},
+        },
+    )
     assert [c.verdict for c in (claim_r2(t, windows), claim_r3(t, windows), claim_r5(t))] == [UNDECIDED] * 3
-    assert claim_r3(t, windows).evidence.startswith("acc-rand-qkv did not learn") and "acc-rand-qk " not in claim_r3(t, windows).evidence
+    assert (
+        claim_r3(t, windows).evidence.startswith("acc-rand-qkv did not learn")
+        and "acc-rand-qk " not in claim_r3(t, windows).evidence
+    )
     assert claim_r5(t).evidence.startswith("rope did not learn")
     r4 = claim_r4(_table("flipflop", {"rope": {0: no}, "acc-rand-qk": {0: no}, "alibi": {0: yes}}))
-    assert r4.verdict == UNDECIDED and r4.evidence.startswith("rope did not learn") and "acc-rand-qk did not learn" in r4.evidence
+    assert (
+        r4.verdict == UNDECIDED
+        and r4.evidence.startswith("rope did not learn")
+        and "acc-rand-qk did not learn" in r4.evidence
+    )
     assert claim_r2(_table("flipflop", {"acc-rand-qkv": {0: yes}}), windows) is None  # one variant: nothing to order
     assert claim_r5(_table("flipflop", {"path": {0: yes}, "forget": {0: yes}})) is None  # rope not run
 
@@ -563,15 +731,29 @@ def _heads(recs, n):
 def test_claim_r7_alibi_horizon_follows_its_flattest_slope():
     near64 = _gap(0.99, {8: 0.99, 64: 0.99, 128: 0.5, 4096: 0.5})
     near16 = _gap(0.99, {8: 0.99, 16: 0.99, 32: 0.5, 4096: 0.5})
-    c = claim_alibi_slopes(TaskTable(_heads(_records("flipflop", {"alibi": {0: near64}}), 4), "flipflop", 128, 0.05, 0.9))
+    c = claim_alibi_slopes(
+        TaskTable(_heads(_records("flipflop", {"alibi": {0: near64}}), 4), "flipflop", 128, 0.05, 0.9)
+    )
     assert c.key == "R7" and c.verdict == HOLDS  # slopes 1/4 .. 1/256: w = 256, band [64, 1024]
-    assert c.evidence == "seed 0: 4 heads, flattest slope 0.003906/token, w 256, band [64, 1024], horizon 64 (bias there 0.25 nats)"
-    assert claim_alibi_slopes(TaskTable(_heads(_records("flipflop", {"alibi": {0: near16}}), 4), "flipflop", 128, 0.05, 0.9)).verdict == FAILS
+    assert (
+        c.evidence
+        == "seed 0: 4 heads, flattest slope 0.003906/token, w 256, band [64, 1024], horizon 64 (bias there 0.25 nats)"
+    )
+    assert (
+        claim_alibi_slopes(
+            TaskTable(_heads(_records("flipflop", {"alibi": {0: near16}}), 4), "flipflop", 128, 0.05, 0.9)
+        ).verdict
+        == FAILS
+    )
     both = _records("flipflop", {"alibi": {0: near64, 1: near16}})
-    assert claim_alibi_slopes(TaskTable(both, "flipflop", 128, 0.05, 0.9, n_head=2)).verdict == NOISE  # the run's head count
+    assert (
+        claim_alibi_slopes(TaskTable(both, "flipflop", 128, 0.05, 0.9, n_head=2)).verdict == NOISE
+    )  # the run's head count
     unknown = claim_alibi_slopes(TaskTable(both, "flipflop", 128, 0.05, 0.9))
     assert unknown.verdict == UNDECIDED and unknown.evidence.startswith("the head count is unknown")
-    assert claim_alibi_slopes(_table("flipflop", {"alibi": {0: _gap(0.77, {8: 0.7})}})).verdict == UNDECIDED  # did not learn
+    assert (
+        claim_alibi_slopes(_table("flipflop", {"alibi": {0: _gap(0.77, {8: 0.7})}})).verdict == UNDECIDED
+    )  # did not learn
     assert claim_alibi_slopes(_table("flipflop", {"rope": {0: near64}})) is None
 
 
@@ -583,10 +765,17 @@ def test_claim_r8_forget_horizon_follows_its_measured_leak():
     far = _gap(1.0, {8: 1.0, 64: 1.0, 1024: 1.0, 2048: 0.2, 4096: 0.5})
     near = _gap(1.0, {8: 1.0, 64: 1.0, 128: 0.5, 4096: 0.5})
     leak = [[0.40, 0.33], [0.0271, 0.0190]]  # the flattest head leaks 0.019 nats/token: w = 53, band [13, 211]
-    c = claim_forget_leak(TaskTable(_leaks(_records("flipflop", {"forget": {0: near}}), leak), "flipflop", 128, 0.05, 0.9))
+    c = claim_forget_leak(
+        TaskTable(_leaks(_records("flipflop", {"forget": {0: near}}), leak), "flipflop", 128, 0.05, 0.9)
+    )
     assert c.key == "R8" and c.verdict == HOLDS
     assert c.evidence == "forget seed 0: leak 0.0190 nats/token, w 53, band [13, 211], horizon 64 (bias there 1.2 nats)"
-    assert claim_forget_leak(TaskTable(_leaks(_records("flipflop", {"forget": {0: far}}), leak), "flipflop", 128, 0.05, 0.9)).verdict == FAILS
+    assert (
+        claim_forget_leak(
+            TaskTable(_leaks(_records("flipflop", {"forget": {0: far}}), leak), "flipflop", 128, 0.05, 0.9)
+        ).verdict
+        == FAILS
+    )
     mixed = _leaks(_records("flipflop", {"forget": {0: near}, "rope+forget": {0: far}}), leak)
     assert claim_forget_leak(TaskTable(mixed, "flipflop", 128, 0.05, 0.9)).verdict == NOISE
     unmeasured = claim_forget_leak(_table("flipflop", {"forget": {0: far}}))
@@ -603,16 +792,23 @@ def test_gate_leak_is_minus_log_f_of_each_head():
     task = get_task("flipflop")
     biases = [[1.0, 3.0], [2.0, 5.0]]
     for spec, scale in (("forget", 1.0), ("rope+forget:scaled=true", 1 / 4)):  # head_dim 16
-        model = build_model(ModelConfig(vocab_size=task.vocab_size, n_layer=2, n_head=2, d_model=32, train_length=16, encoding=spec))
+        model = build_model(
+            ModelConfig(vocab_size=task.vocab_size, n_layer=2, n_head=2, d_model=32, train_length=16, encoding=spec)
+        )
         gates = [m for m in model.modules() if m.__class__.__name__ == "ForgetGate"]
         with torch.no_grad():
             for gate, b in zip(gates, biases):
                 gate.gate.weight.zero_()
                 gate.gate.bias.copy_(torch.tensor(b))
         got = gate_leak(model, task, 16)
-        want = [[scale * float(torch.nn.functional.softplus(-torch.tensor(v, dtype=torch.float64))) for v in row] for row in biases]
+        want = [
+            [scale * float(torch.nn.functional.softplus(-torch.tensor(v, dtype=torch.float64))) for v in row]
+            for row in biases
+        ]
         assert np.allclose(got, want, rtol=1e-6, atol=0)
-    rope = build_model(ModelConfig(vocab_size=task.vocab_size, n_layer=1, n_head=2, d_model=32, train_length=16, encoding="rope"))
+    rope = build_model(
+        ModelConfig(vocab_size=task.vocab_size, n_layer=1, n_head=2, d_model=32, train_length=16, encoding="rope")
+    )
     assert gate_leak(rope, task, 16) is None
 
 
@@ -624,10 +820,15 @@ def test_task_csv_round_trips_and_a_csv_before_its_job_columns_loads(tmp_path):
     recs[0] = recs[0].model_copy(update={"trained_steps": 350, "criterion_step": 350})
     write_csv(tmp_path / "retrieval.csv", recs)
     back = load_tasks(tmp_path)
-    assert [(r.scheme, r.seed, r.train_length, r.trained_steps, r.criterion_step) for r in back] == [("rope", 0, 128, 350, 350), ("path", 1, 128, None, None)]
+    assert [(r.scheme, r.seed, r.train_length, r.trained_steps, r.criterion_step) for r in back] == [
+        ("rope", 0, 128, 350, 350),
+        ("path", 1, 128, None, None),
+    ]
     assert [c.model_dump() for c in back[0].cells] == [c.model_dump() for c in recs[0].cells]
     committed = load_task_csv(ROOT / "results" / "retrieval" / "retrieval.csv")  # written before the job columns
-    assert {r.train_length for r in committed} == {128} and len({(r.task, r.scheme, r.seed) for r in committed}) == len(committed)
+    assert {r.train_length for r in committed} == {128} and len({(r.task, r.scheme, r.seed) for r in committed}) == len(
+        committed
+    )
     assert {r.task for r in committed} == {"flipflop", "mqar:pairs=4,keys=8,values=8,filler=16,gap=0-64"}
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(PosencError, match="bad.csv is not a posenc retrieval table"):
@@ -645,7 +846,12 @@ def test_a_task_job_records_its_heads_loss_curve_and_gate_leak(tmp_path):
         run_task_job(tmp_path / "runs", preset, "flipflop", scheme, 0)
     recs = {r["scheme"]: Task(**r) for r in read_jsonl(tmp_path / "runs" / "results.jsonl")}
     run = tmp_path / "runs" / "flipflop" / "forget" / "seed0"
-    assert recs["forget"].n_head == 2 and recs["forget"].loss_curve == [(r["step"], r["loss"]) for r in read_jsonl(run / "train.jsonl")]
+    assert recs["forget"].n_head == 2 and recs["forget"].loss_curve == [
+        (r["step"], r["loss"]) for r in read_jsonl(run / "train.jsonl")
+    ]
     assert [s for s, _ in recs["forget"].loss_curve] == [1, 2, 3, 4]
-    assert recs["forget"].leak == gate_leak(load_run(run)[0], get_task("flipflop"), 32) and len(recs["forget"].leak[0]) == 2
+    assert (
+        recs["forget"].leak == gate_leak(load_run(run)[0], get_task("flipflop"), 32)
+        and len(recs["forget"].leak[0]) == 2
+    )
     assert recs["rope"].leak is None

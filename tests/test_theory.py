@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from posenc.attention import rotate
 from posenc.cli import main
+from posenc.encodings.absolute import sinusoidal_table
+from posenc.encodings.polar import pope_freqs
+from posenc.encodings.xpos import xpos_zeta
 from posenc.errors import PosencError
 from posenc.theory import (
     far_mass,
@@ -20,14 +24,10 @@ from posenc.theory import (
     window_size,
     window_vs_context,
 )
-from posenc.encodings.absolute import sinusoidal_table
-from posenc.encodings.polar import pope_freqs
-from posenc.encodings.xpos import xpos_zeta
 from posenc.theory.mass import _geometric_form, alibi_bounds, far_mass_bound, forget_gate_bound, gate_mean
-from posenc.theory.scores import tail_bound
 from posenc.theory.run import Check, Row, run_check
+from posenc.theory.scores import tail_bound
 from posenc.theory.stats import bernstein_tol, compare
-from posenc.attention import rotate
 from posenc.theory.steps import SO2Uniform, unit_vectors
 
 
@@ -102,9 +102,12 @@ def test_mixing_window_names_only_a_schemes_window():
     """The Monte Carlo check is mixing_check (a dict of the check); mixing_window is the scheme's / model's w_eps (tokens)."""
     import posenc.theory
     from posenc.model import ModelConfig
+
     assert not hasattr(posenc.theory, "mixing_window") and not hasattr(posenc.theory.mixing, "mixing_window")
     mcfg = ModelConfig(n_layer=1, n_head=2, d_model=32, train_length=16, encoding="acc-rand-qk")
-    assert mcfg.mixing_window(0.01) == mixing_check("so2:1", d=8, samples=10, n_max=2)["window"] == 27  # a = 1: |sin 1| both
+    assert (
+        mcfg.mixing_window(0.01) == mixing_check("so2:1", d=8, samples=10, n_max=2)["window"] == 27
+    )  # a = 1: |sin 1| both
 
 
 def test_wrong_closed_form_is_rejected(monkeypatch):
@@ -287,8 +290,18 @@ def test_translation_invariance():
 
 @pytest.mark.parametrize(
     ("spec", "d"),
-    [("foo", 8), ("so2:0", 8), ("so2:-1", 8), ("so2:abc", 8), ("so2:nan", 8), ("so2:1", 7), ("so2-drift", 5),
-     ("householder:2", 8), ("so2-drift:1", 8), ("haar", 1)],
+    [
+        ("foo", 8),
+        ("so2:0", 8),
+        ("so2:-1", 8),
+        ("so2:abc", 8),
+        ("so2:nan", 8),
+        ("so2:1", 7),
+        ("so2-drift", 5),
+        ("householder:2", 8),
+        ("so2-drift:1", 8),
+        ("haar", 1),
+    ],
 )
 def test_bad_distribution_raises(spec, d):
     with pytest.raises(PosencError):
@@ -336,8 +349,14 @@ def test_budgets_are_shipped_presets(tmp_path):
     from posenc.theory.run import load_budget
 
     full, quick = load_budget("full"), load_budget("quick")
-    assert full.mix_samples == 20000 and full.mass_Ms == tuple(2**i for i in range(4, 17)) and full.decay_max_dist == 8192
-    assert quick.mix_samples == 2000 and quick.context_lengths == (256, 1024) and quick.value_Ms == tuple(2**i for i in range(4, 11))
+    assert (
+        full.mix_samples == 20000 and full.mass_Ms == tuple(2**i for i in range(4, 17)) and full.decay_max_dist == 8192
+    )
+    assert (
+        quick.mix_samples == 2000
+        and quick.context_lengths == (256, 1024)
+        and quick.value_Ms == tuple(2**i for i in range(4, 11))
+    )
     bad = tmp_path / "b.yaml"
     bad.write_text(quick.model_dump_json().replace("mix_samples", "mix_sample"))
     with pytest.raises(PosencError, match="invalid theory budget b.yaml: mix_sample"):

@@ -9,10 +9,9 @@ import torch
 
 from posenc import encodings
 from posenc.encodings.absolute import sinusoidal_table
-from posenc.encodings.base import Dims
+from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.bias import alibi_slopes, distance_bias
 from posenc.encodings.forget import forget_bias, log_forget_cumsum
-from posenc.encodings.base import Inputs
 from posenc.encodings.polar import pope_features, pope_freqs
 from posenc.encodings.xpos import SCALE_BASE, XPos, xpos_block, xpos_naive_scores, xpos_zeta
 from posenc.rope import rope_inv_freq
@@ -23,8 +22,14 @@ from posenc.theory.mass import gate_log_decay
 def test_sinusoidal_table_golden_values():
     # d = 4: frequencies 1 and 1/100 (base 10000^(-2/4))
     pe = sinusoidal_table(torch.tensor([0, 1, 100]), 4)
-    want = torch.tensor([[0.0, 1.0, 0.0, 1.0], [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],
-                         [math.sin(100), math.cos(100), math.sin(1), math.cos(1)]], dtype=torch.float64)
+    want = torch.tensor(
+        [
+            [0.0, 1.0, 0.0, 1.0],
+            [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],
+            [math.sin(100), math.cos(100), math.sin(1), math.cos(1)],
+        ],
+        dtype=torch.float64,
+    )
     assert pe.dtype == torch.float64 and torch.allclose(pe, want, rtol=0, atol=1e-15)
     enc = encodings.get("sinusoidal", Dims(n_head=2, head_dim=2, d_model=4, vocab_size=8, train_length=16))
     assert torch.equal(enc.embed(torch.tensor([0, 1, 100])), want.float())
@@ -45,8 +50,17 @@ def test_xpos_score_is_the_scheme():
     n = torch.arange(32)
     assert torch.allclose(decay.SCHEMES["xpos"](q, k, i, j), ref[0, 0, n + 32, n], rtol=1e-12, atol=1e-12)
     # the scheme's fast path (block-relative scales, phases mod 2 pi): query rows 32.., keys 0..31
-    qb, kb = xpos_block(torch.cat([k, q])[None, None], torch.cat([k, q])[None, None], pos, rope_inv_freq(16), xpos_zeta(16),
-                        SCALE_BASE, 32, 64, "adjacent")
+    qb, kb = xpos_block(
+        torch.cat([k, q])[None, None],
+        torch.cat([k, q])[None, None],
+        pos,
+        rope_inv_freq(16),
+        xpos_zeta(16),
+        SCALE_BASE,
+        32,
+        64,
+        "adjacent",
+    )
     fast = (qb[0, 0] * kb[0, 0, :32]).sum(-1)
     assert torch.allclose(decay.SCHEMES["xpos"](q, k, i, j), fast, rtol=1e-9, atol=1e-9)
 

@@ -26,13 +26,28 @@ def preset_file(tmp_path, tiny_corpus):
 
 
 def sweep_preset(corpus, steps=4):
-    return load_preset("quick", {
-        "name": "sweep", "schemes": ["rope"],
-        "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
-        "train": {"corpus": str(corpus), "steps": steps, "batch_size": 2, "ckpt_every": 2, "log_every": 1, "threads": 1},
-        "eval": {"multiples": [1, 2], "max_tokens": 64, "passkey": {"lengths_multiples": [8], "depths": [0.5], "trials": 1},
-                 "far_mass": {"windows": 0}},
-    })
+    return load_preset(
+        "quick",
+        {
+            "name": "sweep",
+            "schemes": ["rope"],
+            "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+            "train": {
+                "corpus": str(corpus),
+                "steps": steps,
+                "batch_size": 2,
+                "ckpt_every": 2,
+                "log_every": 1,
+                "threads": 1,
+            },
+            "eval": {
+                "multiples": [1, 2],
+                "max_tokens": 64,
+                "passkey": {"lengths_multiples": [8], "depths": [0.5], "trials": 1},
+                "far_mass": {"windows": 0},
+            },
+        },
+    )
 
 
 def events(run_dir):
@@ -46,7 +61,9 @@ def events(run_dir):
 def hparams(acc) -> dict:
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    data = plugin_data_pb2.HParamsPluginData.FromString(acc.PluginTagToContent("hparams")["_hparams_/session_start_info"])
+    data = plugin_data_pb2.HParamsPluginData.FromString(
+        acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    )
     return {k: v.string_value or v.number_value or v.bool_value for k, v in data.session_start_info.hparams.items()}
 
 
@@ -99,8 +116,12 @@ def test_a_resumed_run_drops_what_the_interrupted_one_logged_past_its_checkpoint
 
 def test_wandb_offline_run_has_the_metrics_config_and_name(tiny_corpus, tmp_path, monkeypatch, wandb_records):
     pytest.importorskip("wandb")
-    for var, value in {"WANDB_MODE": "offline", "WANDB_CONFIG_DIR": tmp_path / "cfg", "WANDB_CACHE_DIR": tmp_path / "cache",
-                       "WANDB_DATA_DIR": tmp_path / "data"}.items():
+    for var, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_CONFIG_DIR": tmp_path / "cfg",
+        "WANDB_CACHE_DIR": tmp_path / "cache",
+        "WANDB_DATA_DIR": tmp_path / "data",
+    }.items():
         monkeypatch.setenv(var, str(value))
     compare(sweep_preset(tiny_corpus), tmp_path / "runs", isolate=False, log="wandb")
     recs = wandb_records(tmp_path / "runs" / "sweep" / "rope" / "seed0")
@@ -108,20 +129,29 @@ def test_wandb_offline_run_has_the_metrics_config_and_name(tiny_corpus, tmp_path
     assert (run.display_name, run.run_group, run.project) == ("sweep/rope/seed0", "sweep", "posenc")
     config = {u.key: json.loads(u.value_json) for u in run.config.update}
     assert config["scheme"] == "rope" and config["train"]["steps"] == 4 and config["stamp"]["torch"]
-    history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}  # W&B splits "a/b" keys
-               for r in recs if r.WhichOneof("record_type") == "history"]
+    history = [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}  # W&B splits "a/b" keys
+        for r in recs
+        if r.WhichOneof("record_type") == "history"
+    ]
     assert [h["_step"] for h in history if "train/loss" in h] == [1, 2, 3, 4]
     assert all({"train/lr", "train/grad_norm", "train/tokens_per_s"} <= set(h) for h in history if "train/loss" in h)
     results = [json.loads(line) for line in (tmp_path / "runs" / "sweep" / "results.jsonl").read_text().splitlines()]
     final = next(h for h in history if "eval/ppl@1x" in h)
-    assert final["_step"] == 4 and final["eval/ppl@2x"] == pytest.approx(next(r["ppl"] for r in results if r.get("eval_length") == 32))
+    assert final["_step"] == 4 and final["eval/ppl@2x"] == pytest.approx(
+        next(r["ppl"] for r in results if r.get("eval_length") == 32)
+    )
 
 
 def test_a_missing_tracker_package_is_one_line(monkeypatch):
     import importlib
 
     real = importlib.import_module
-    monkeypatch.setattr(importlib, "import_module", lambda name: (_ for _ in ()).throw(ImportError(name)) if name == "wandb" else real(name))
+    monkeypatch.setattr(
+        importlib,
+        "import_module",
+        lambda name: (_ for _ in ()).throw(ImportError(name)) if name == "wandb" else real(name),
+    )
     with pytest.raises(PosencError, match=r"^--log wandb needs wandb: pip install 'posenc\[wandb\]'$"):
         tracking.check_kind("wandb")
     with pytest.raises(PosencError, match="unknown --log 'mlflow'"):
@@ -143,17 +173,23 @@ def test_ctrl_c_in_training_names_the_checkpoint_and_the_resume_command(preset_f
     argv = ["train", "--scheme", "rope", "--preset", preset_file, "--out", str(out)]
     assert main(argv) == 130
     err = capsys.readouterr().err.splitlines()
-    assert err[-2:] == [f"posenc: interrupted: {out} checkpointed at step 3 of 4",
-                        f"posenc: resume with: posenc train --scheme rope --preset {preset_file} --out {out} --resume"]
+    assert err[-2:] == [
+        f"posenc: interrupted: {out} checkpointed at step 3 of 4",
+        f"posenc: resume with: posenc train --scheme rope --preset {preset_file} --out {out} --resume",
+    ]
     assert "\r" not in "".join(err)
-    assert any(line.startswith("rope: step 2/4, loss ") and line.endswith(f"checkpoint {out}") for line in err)  # line-based progress
+    assert any(
+        line.startswith("rope: step 2/4, loss ") and line.endswith(f"checkpoint {out}") for line in err
+    )  # line-based progress
     monkeypatch.setattr(posenc.train, "lr_at", real_lr_at)
     assert main([*argv, "--resume"]) == 0
 
 
 def test_interrupt_message_without_a_checkpoint_is_the_plain_line():
     assert cli.interrupted_message(KeyboardInterrupt(), ["compare"]) == "posenc: interrupted"
-    assert cli.interrupted_message(KeyboardInterrupt("kept", "--resume"), ["train", "--resume"]).endswith("resume with: posenc train --resume")
+    assert cli.interrupted_message(KeyboardInterrupt("kept", "--resume"), ["train", "--resume"]).endswith(
+        "resume with: posenc train --resume"
+    )
 
 
 def test_a_compare_rerun_with_nothing_to_do_says_so(tiny_corpus, tmp_path, capsys):
@@ -174,18 +210,53 @@ def test_finetune_logs_its_steps_and_both_scorings(tmp_path, word_tokenizer):
     from posenc import passkey
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=len(word_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128)
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(word_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tiny")
     word_tokenizer.save_pretrained(tmp_path / "tiny")
     (tmp_path / "corpus.txt").write_text((passkey.TASK + " " + passkey.FILLER + "\n") * 60)
     out = tmp_path / "ft"
-    assert main(["finetune", "--preset", "quick", "--model", str(tmp_path / "tiny"), "--corpus", str(tmp_path / "corpus.txt"),
-                 "--scheme", "rope", "--length", "32", "--steps", "3", "--eval-lengths", "16", "32", "--eval-windows", "1",
-                 "--out", str(out), "--log", "tensorboard"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--preset",
+                "quick",
+                "--model",
+                str(tmp_path / "tiny"),
+                "--corpus",
+                str(tmp_path / "corpus.txt"),
+                "--scheme",
+                "rope",
+                "--length",
+                "32",
+                "--steps",
+                "3",
+                "--eval-lengths",
+                "16",
+                "32",
+                "--eval-windows",
+                "1",
+                "--out",
+                str(out),
+                "--log",
+                "tensorboard",
+            ]
+        )
+        == 0
+    )
     acc = events(out)
     logged = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
-    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in logged]
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
+        (r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in logged
+    ]
     assert {"train/lr", "train/grad_norm", "train/tokens_per_s"} <= set(acc.Tags()["scalars"])
     for L in (16, 32):
         assert [e.step for e in acc.Scalars(f"eval/ppl@{L}")] == [0, 3]  # before and after training
@@ -203,7 +274,8 @@ def test_ctrl_c_in_compare_says_what_is_kept_and_the_command(monkeypatch, tmp_pa
     assert main(argv) == 130
     assert capsys.readouterr().err.splitlines() == [
         f"posenc: interrupted: finished jobs are kept in {tmp_path / 'quick'}; each interrupted one resumes from its last checkpoint",
-        f"posenc: resume with: posenc compare --preset quick --out {tmp_path}"]
+        f"posenc: resume with: posenc compare --preset quick --out {tmp_path}",
+    ]
 
 
 def test_bad_input_with_a_tracker_leaves_no_run_directory(preset_file, tmp_path, capsys):

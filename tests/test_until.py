@@ -10,17 +10,26 @@ from posenc import train as train_mod
 from posenc.checkpoint import read_json, read_jsonl
 from posenc.errors import PosencError
 from posenc.model import LM, ModelConfig
-from posenc.retrieval_report import TaskTable, criterion_markdown
 from posenc.records import Task, TaskCell
+from posenc.retrieval_report import TaskTable, criterion_markdown
 from posenc.taskeval import CRITERION_SEED, EVAL_SEED, id_accuracy
 from posenc.tasks import get_task
-from posenc.train import Criterion, TrainConfig, UntilConfig, fit, make_optimizer, train, Checkpoint
+from posenc.train import Checkpoint, Criterion, TrainConfig, UntilConfig, fit, make_optimizer, train
 
 MCFG = ModelConfig(n_layer=1, n_head=2, d_model=16, train_length=16, encoding="rope", vocab_size=5)
 
 
 def tcfg(**over):
-    base = {"corpus": "flipflop", "steps": 8, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 4, "threads": 1}
+    base = {
+        "corpus": "flipflop",
+        "steps": 8,
+        "batch_size": 4,
+        "lr": 3e-3,
+        "warmup": 1,
+        "loss": "answers",
+        "ckpt_every": 4,
+        "threads": 1,
+    }
     return TrainConfig(**{**base, **over})
 
 
@@ -41,7 +50,11 @@ def test_fit_stops_at_the_first_check_that_meets_the_criterion(tmp_path):
     seen = []
     done = _fit(tmp_path, lambda step: seen.append(step) or step / 10)
     assert seen == [2, 4, 6] and done["steps"] == 6 and done["criterion_step"] == 6
-    assert read_jsonl(tmp_path / "until.jsonl") == [{"step": 2, "value": 0.2}, {"step": 4, "value": 0.4}, {"step": 6, "value": 0.6}]
+    assert read_jsonl(tmp_path / "until.jsonl") == [
+        {"step": 2, "value": 0.2},
+        {"step": 4, "value": 0.4},
+        {"step": 6, "value": 0.6},
+    ]
 
 
 def test_fit_checks_at_the_cap_and_says_when_never_met(tmp_path):
@@ -60,7 +73,13 @@ def test_train_until_stops_early_and_records_steps_to_criterion(tmp_path):
     first = next(c["step"] for c in checks if c["value"] >= best)
     t = tcfg(steps=12, until={"at_least": best, "every": 3, "answers": 50})
     summary = train(tmp_path / "r", MCFG, t)
-    assert summary["steps"] == first and summary["until"] == {"metric": "id_accuracy", "at_least": best, "every": 3, "answers": 50, "reached": first}
+    assert summary["steps"] == first and summary["until"] == {
+        "metric": "id_accuracy",
+        "at_least": best,
+        "every": 3,
+        "answers": 50,
+        "reached": first,
+    }
     assert read_json(tmp_path / "r" / "train_summary.json") == summary
     assert read_jsonl(tmp_path / "r" / "until.jsonl") == [c for c in checks if c["step"] <= first]
     model = train_mod.load_run(tmp_path / "r")[0]  # the checkpoint holds the weights that met it
@@ -96,7 +115,9 @@ def test_the_checks_do_not_change_training_and_a_resume_repeats_them(tmp_path, m
     monkeypatch.setattr(train_mod, "id_accuracy", id_accuracy)
     resumed = train(tmp_path / "cut", MCFG, tcfg(until=never), resume=True)
     assert read_jsonl(tmp_path / "cut" / "until.jsonl") == checks
-    assert [r["loss"] for r in read_jsonl(tmp_path / "cut" / "train.jsonl")] == losses[: len(read_jsonl(tmp_path / "cut" / "train.jsonl"))]
+    assert [r["loss"] for r in read_jsonl(tmp_path / "cut" / "train.jsonl")] == losses[
+        : len(read_jsonl(tmp_path / "cut" / "train.jsonl"))
+    ]
     assert resumed["until"] == full["until"] and resumed["steps"] == full["steps"]
 
 
@@ -133,9 +154,19 @@ def test_until_is_refused_on_text_and_validated(tiny_corpus, tmp_path):
 
 
 def _record(seed, step, trained):
-    return Task(task="flipflop", scheme="rope", seed=seed, train_length=16, train_seconds=1.0, eval_seconds=1.0, threads=1,
-                cells=[TaskCell(test="id", length=16, bucket=2, n=10, correct=10, nll=0.1)], trained_steps=trained,
-                criterion="id_accuracy >= 0.99, checked every 50 steps on 1000 held-out answers", criterion_step=step)
+    return Task(
+        task="flipflop",
+        scheme="rope",
+        seed=seed,
+        train_length=16,
+        train_seconds=1.0,
+        eval_seconds=1.0,
+        threads=1,
+        cells=[TaskCell(test="id", length=16, bucket=2, n=10, correct=10, nll=0.1)],
+        trained_steps=trained,
+        criterion="id_accuracy >= 0.99, checked every 50 steps on 1000 held-out answers",
+        criterion_step=step,
+    )
 
 
 def test_the_report_gives_steps_to_criterion_per_scheme():
@@ -151,10 +182,23 @@ def test_posenc_train_says_the_run_met_its_criterion(tmp_path, monkeypatch, caps
     from posenc.cli import main
 
     preset = tmp_path / "p.yaml"
-    preset.write_text(yaml.safe_dump({"name": "p", "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
-                                      "train": {"corpus": "flipflop", "steps": 20, "batch_size": 4, "warmup": 1, "loss": "answers",
-                                                "until": {"at_least": 0.5, "every": 4, "answers": 20}},
-                                      "schemes": ["rope"]}))
+    preset.write_text(
+        yaml.safe_dump(
+            {
+                "name": "p",
+                "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
+                "train": {
+                    "corpus": "flipflop",
+                    "steps": 20,
+                    "batch_size": 4,
+                    "warmup": 1,
+                    "loss": "answers",
+                    "until": {"at_least": 0.5, "every": 4, "answers": 20},
+                },
+                "schemes": ["rope"],
+            }
+        )
+    )
     monkeypatch.setattr(train_mod, "id_accuracy", lambda *args, **kwargs: 0.75)  # met at the first check
     out = tmp_path / "run"
     assert main(["train", "--scheme", "rope", "--preset", str(preset), "--out", str(out)]) == 0

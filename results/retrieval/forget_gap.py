@@ -47,11 +47,15 @@ with torch.no_grad():
             others = lg.clone()
             others[..., bit - 1 : bit + 1] = -float("inf")
             margin = (lg[..., bit] - others.amax(-1)).mean(0)
-            parts.append(f"layer {li}: mass on the write {', '.join(f'{m:.3f}' for m in mass.tolist())}, "
-                         f"margin {', '.join(f'{m:.1f}' for m in margin.tolist())}")
+            parts.append(
+                f"layer {li}: mass on the write {', '.join(f'{m:.3f}' for m in mass.tolist())}, "
+                f"margin {', '.join(f'{m:.1f}' for m in margin.tolist())}"
+            )
         print(f"gap {g}: read accuracy {acc:.2f}; " + "; ".join(parts))
     tok = probes(4096, 4)[:, :-1]
     for li, a in enumerate(model.prepare(tok)):
         lf = log_gates(a.encoding.gate(a.inp.x).transpose(1, 2))[..., -4096:-2]  # over the gap
-        print(f"layer {li}: mean log f per token on the gap's ignores {', '.join(f'{v:.4f}' for v in lf[..., 0::2].mean((0, 2)).tolist())}"
-              f", on their bits {', '.join(f'{v:.4f}' for v in lf[..., 1::2].mean((0, 2)).tolist())}")
+        print(
+            f"layer {li}: mean log f per token on the gap's ignores {', '.join(f'{v:.4f}' for v in lf[..., 0::2].mean((0, 2)).tolist())}"
+            f", on their bits {', '.join(f'{v:.4f}' for v in lf[..., 1::2].mean((0, 2)).tolist())}"
+        )

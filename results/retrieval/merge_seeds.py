@@ -8,6 +8,7 @@ one thread per job):
 
     .venv/bin/python results/retrieval/merge_seeds.py     # writes runs/retrieval3/report.md, retrieval.csv, plots
 """
+
 import csv
 import math
 from collections import defaultdict
@@ -24,12 +25,26 @@ cells = defaultdict(list)
 for r in csv.DictReader(open(ROOT / "results" / "retrieval" / "retrieval.csv")):
     n = int(r["answers"])
     cells[(r["task"], r["scheme"], int(r["seed"]))].append(
-        TaskCell(test=r["test"], length=int(r["length"]), bucket=int(r["bucket"]), n=n, correct=int(r["correct"]),
-                 nll=float(r["nll_mean"]) * n))
-records = [Task(task=t, scheme=s, seed=seed, train_length=128, train_seconds=math.nan, eval_seconds=math.nan,
-                threads=1, cells=c) for (t, s, seed), c in cells.items()]
-records += [r for r in load(ROOT / "runs" / "retrieval" / "results.jsonl")
-            if isinstance(r, Task) and (r.task, r.scheme, r.seed) not in cells]
+        TaskCell(
+            test=r["test"],
+            length=int(r["length"]),
+            bucket=int(r["bucket"]),
+            n=n,
+            correct=int(r["correct"]),
+            nll=float(r["nll_mean"]) * n,
+        )
+    )
+records = [
+    Task(
+        task=t, scheme=s, seed=seed, train_length=128, train_seconds=math.nan, eval_seconds=math.nan, threads=1, cells=c
+    )
+    for (t, s, seed), c in cells.items()
+]
+records += [
+    r
+    for r in load(ROOT / "runs" / "retrieval" / "results.jsonl")
+    if isinstance(r, Task) and (r.task, r.scheme, r.seed) not in cells
+]
 out.mkdir(parents=True, exist_ok=True)
 (out / "results.jsonl").unlink(missing_ok=True)
 for r in records:
@@ -40,5 +55,6 @@ meta["notes"] = (meta["notes"] or "") + (
     "and of path and rope on gap-MQAR, with commit 0befcb3 (training 149-435 s, evaluation 40-168 s per flip-flop job); "
     "seeds 1 and 2 of the other nine schemes on gap-MQAR with commit b3bfe8e (their times are below). Three sessions, "
     "three machines, the same settings and one thread per job; only the last jobs' times are kept. The step-width "
-    "sweep (a = 0.25, 0.5, 2) is seed 0 only.")
+    "sweep (a = 0.25, 0.5, 2) is seed 0 only."
+)
 print(write_task_report(out, meta))

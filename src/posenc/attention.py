@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +114,9 @@ class _Rotation(torch.autograd.Function):
         return gx, gphi, None, None, None, None
 
 
-def rotate_shared(x: torch.Tensor, phi: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str = "half", sign: int = 1) -> torch.Tensor:
+def rotate_shared(
+    x: torch.Tensor, phi: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str = "half", sign: int = 1
+) -> torch.Tensor:
     """R(sign * phi) x from precomputed ``cos = cos(phi)``, ``sin = sin(phi)`` (x's dtype), gradients to x and phi.
 
     x: (B, H, T, D); phi: broadcastable to (B, H, T, P), float32+ radians, P <= D/2
@@ -135,7 +137,9 @@ def rotate_shared(x: torch.Tensor, phi: torch.Tensor, cos: torch.Tensor, sin: to
     return _Rotation.apply(x, phi, cos.detach(), sin.detach(), sign, pairing)
 
 
-def rotate_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str = "half", sign: int = 1) -> torch.Tensor:
+def rotate_rows(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str = "half", sign: int = 1
+) -> torch.Tensor:
     """R(sign * phi) x from cos/sin, as ``rotate_shared`` computes it, without its shape check and autograd node:
     decoding's rotation of a step's new rows (the check's broadcast costs more than the rotation of one row);
     differentiable where x requires grad.
@@ -159,7 +163,7 @@ def half_to_adjacent(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((x1, x2), dim=-1).flatten(-2)
 
 
-def causal_tile(bias: Optional[BiasFn], qs: int, qe: int, ke: int, device, dtype) -> torch.Tensor:
+def causal_tile(bias: BiasFn | None, qs: int, qe: int, ke: int, device, dtype) -> torch.Tensor:
     """Additive mask for queries [qs, qe) over keys [0, ke): bias tile + causal -inf.
 
     Keys before ``qs`` are visible to every query of the block, so only the diagonal
@@ -171,14 +175,16 @@ def causal_tile(bias: Optional[BiasFn], qs: int, qe: int, ke: int, device, dtype
     return tile
 
 
-def check_shapes(q: torch.Tensor, k: torch.Tensor, phases: Optional[torch.Tensor]) -> None:
+def check_shapes(q: torch.Tensor, k: torch.Tensor, phases: torch.Tensor | None) -> None:
     """PosencError (one line) for an empty sequence, more queries than keys, or phases that do not fit."""
     if q.shape[-2] == 0:
         raise PosencError("attention needs T >= 1 positions, got an empty sequence")
     if q.shape[-2] > k.shape[-2]:
         raise PosencError(f"more queries ({q.shape[-2]}) than keys ({k.shape[-2]})")
     if phases is not None and (phases.shape[-2] != k.shape[-2] or 2 * phases.shape[-1] > q.shape[-1]):
-        raise PosencError(f"phases {tuple(phases.shape)} do not fit T = {k.shape[-2]} positions of head dim {q.shape[-1]}")
+        raise PosencError(
+            f"phases {tuple(phases.shape)} do not fit T = {k.shape[-2]} positions of head dim {q.shape[-1]}"
+        )
 
 
 def attention(
@@ -186,10 +192,10 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    phases: Optional[torch.Tensor] = None,
+    phases: torch.Tensor | None = None,
     rotate_v: bool = False,
     pairing: str = "half",
-    bias: Optional[BiasFn] = None,
+    bias: BiasFn | None = None,
     logit_scale: float = 1.0,
     block_size: int = 512,
 ) -> torch.Tensor:
@@ -233,7 +239,11 @@ def attention(
         for qs in range(q_start, T, block_size):
             qe = min(qs + block_size, T)
             mask = causal_tile(bias, qs, qe, qe, q.device, q.dtype)
-            blocks.append(F.scaled_dot_product_attention(q[..., qs - q_start : qe - q_start, :], k[..., :qe, :], v[..., :qe, :], attn_mask=mask, scale=scale))
+            blocks.append(
+                F.scaled_dot_product_attention(
+                    q[..., qs - q_start : qe - q_start, :], k[..., :qe, :], v[..., :qe, :], attn_mask=mask, scale=scale
+                )
+            )
         out = torch.cat(blocks, dim=-2)
     if phases is not None and rotate_v:
         out = rotate_shared(out.to(dtype), phases[..., rows, :], cos[..., rows, :], sin[..., rows, :], pairing, sign=-1)
@@ -251,15 +261,25 @@ def nan_rows(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """
     with torch.no_grad():
         dtype = torch.promote_types(q.dtype, torch.float32)  # the sums of finite features stay finite
-        return q.sum(-1, keepdim=True, dtype=dtype).add_(k[..., :1, :].sum(-1, keepdim=True, dtype=dtype)).mul_(0).to(q.dtype)
+        return (
+            q.sum(-1, keepdim=True, dtype=dtype)
+            .add_(k[..., :1, :].sum(-1, keepdim=True, dtype=dtype))
+            .mul_(0)
+            .to(q.dtype)
+        )
 
 
-def fusable(q: torch.Tensor, bias: Optional[BiasFn], block_size: int) -> bool:
+def fusable(q: torch.Tensor, bias: BiasFn | None, block_size: int) -> bool:
     """Whether ``fused_separable`` computes this forward (of all T queries), with its gradients where grad is
     enabled: a separable bias on CPU, float32 or float64 outside autocast (the key term rides on a feature of q
     and k, which must not be bf16), and no grad (``keys`` or ``far``), or T <= block_size and ``keys`` (one SDPA
     call, differentiable to the bias parameters)."""
-    if bias is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled("cpu"):
+    if (
+        bias is None
+        or q.device.type != "cpu"
+        or q.dtype not in (torch.float32, torch.float64)
+        or torch.is_autocast_enabled("cpu")
+    ):
         return False
     if torch.is_grad_enabled():
         return hasattr(bias, "keys") and q.shape[-2] <= block_size
@@ -272,7 +292,9 @@ def far_keys(bias: BiasFn, qs: int, qe: int) -> tuple[int, torch.Tensor]:
     return bias.far(qs, qe) if hasattr(bias, "far") else (qs, bias.keys(qs, qs))
 
 
-def fused_separable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: BiasFn, scale: float, block_size: int) -> torch.Tensor:
+def fused_separable(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: BiasFn, scale: float, block_size: int
+) -> torch.Tensor:
     """Causal attention with a separable score bias: no (block x T) bias tile, the far keys' bias on one feature.
 
     q, k: (B, H, T, Dk), v: (B, H, T, Dv), every query (no cache), float32 or float64; bias: a BiasFn with
@@ -367,10 +389,12 @@ def flex_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: Callable,
     """
     T = q.shape[-2]
     mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, T, T, device=q.device)
-    return _compiled_flex()(q, k, v, score_mod=lambda score, b, h, qi, ki: score + at(b, h, qi, ki), block_mask=mask, scale=scale)
+    return _compiled_flex()(
+        q, k, v, score_mod=lambda score, b, h, qi, ki: score + at(b, h, qi, ki), block_mask=mask, scale=scale
+    )
 
 
-def naive_attention(q, k, v, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0) -> torch.Tensor:
+def naive_attention(q, k, v, *, bias: BiasFn | None = None, logit_scale: float = 1.0) -> torch.Tensor:
     """Reference: the full T x T causal softmax, no rotation. Shapes as ``attention``."""
     T = q.shape[-2]
     scores = logit_scale * (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])

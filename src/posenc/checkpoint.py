@@ -19,7 +19,6 @@ from safetensors.torch import load_file, save
 
 from posenc.errors import PosencError, first_line
 
-
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read the process umask (os has no getter)
 
@@ -118,7 +117,9 @@ def load_torch(path: Path, mmap: bool = False) -> Any:
     try:
         return torch.load(path, weights_only=False, mmap=mmap)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
-        raise PosencError(f"{path} is damaged or unreadable ({first_line(exc).split('. ')[0]})") from None  # torch's are long
+        raise PosencError(
+            f"{path} is damaged or unreadable ({first_line(exc).split('. ')[0]})"
+        ) from None  # torch's are long
 
 
 def save_torch(path: Path, obj: Any) -> None:

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Callable, Optional
-
+from collections.abc import Callable
 
 from posenc import encodings
 from posenc.records import Ppl
@@ -107,7 +106,7 @@ class Table:
                 self.ratio[name[r.scheme]][r.eval_length].append(r.ratio)
         self.longest = max((L for row in self.ratio.values() for L in row), default=None)
 
-    def has(self, *schemes: str, L: Optional[int] = None) -> bool:
+    def has(self, *schemes: str, L: int | None = None) -> bool:
         return all(self.ppl[s].get(self.L0) and (L is None or self.ratio[s].get(L)) for s in schemes)
 
     def ppl1(self, s: str) -> list[float]:
@@ -121,69 +120,110 @@ def _x(t: Table, L: int) -> str:
     return f"{L // t.L0}x"
 
 
-def _better_than_rope(t: Table, s: str) -> Optional[Claim]:
+def _better_than_rope(t: Table, s: str) -> Claim | None:
     lengths = [L for L in (16 * t.L0, t.longest) if L in t.ratio[s]]
     if not t.has(s, ROPE) or not lengths or not all(t.ratio[ROPE].get(L) for L in lengths):
         return None
     lengths = sorted(set(lengths))
     verdict = combine([at_most(t.r(s, L), t.r(ROPE, L), RATIO_NOISE, RATIO_NOISE) for L in lengths])
-    ev = "; ".join(f"ratio at {_x(t, L)}: {s} {seed_cell(t.r(s, L))} vs rope {seed_cell(t.r(ROPE, L))}" for L in lengths)
+    ev = "; ".join(
+        f"ratio at {_x(t, L)}: {s} {seed_cell(t.r(s, L))} vs rope {seed_cell(t.r(ROPE, L))}" for L in lengths
+    )
     return Claim("i", f"random accumulated rotations ({s}) extrapolate better than RoPE", verdict, ev)
 
 
-def _learned(t: Table) -> Optional[Claim]:
+def _learned(t: Table) -> Claim | None:
     L16 = 16 * t.L0
     if not t.has(LEARNED_QKV, ROPE, L=L16):
         return None
     bar = [v * (1 + MATCH_TOL) for v in t.ppl1(ROPE)]
-    verdict = combine([at_most(t.ppl1(LEARNED_QKV), bar, PPL_NOISE, PPL_NOISE), at_most(t.r(LEARNED_QKV, L16), [NEAR_16X], RATIO_NOISE)])
-    ev = (f"ppl at 1x: {LEARNED_QKV} {seed_cell(t.ppl1(LEARNED_QKV), '.2f')} vs rope {seed_cell(t.ppl1(ROPE), '.2f')} "
-          f"(bar: rope x {1 + MATCH_TOL:g}); ratio at 16x: {seed_cell(t.r(LEARNED_QKV, L16))} (bar: {NEAR_16X:g})")
+    verdict = combine(
+        [
+            at_most(t.ppl1(LEARNED_QKV), bar, PPL_NOISE, PPL_NOISE),
+            at_most(t.r(LEARNED_QKV, L16), [NEAR_16X], RATIO_NOISE),
+        ]
+    )
+    ev = (
+        f"ppl at 1x: {LEARNED_QKV} {seed_cell(t.ppl1(LEARNED_QKV), '.2f')} vs rope {seed_cell(t.ppl1(ROPE), '.2f')} "
+        f"(bar: rope x {1 + MATCH_TOL:g}); ratio at 16x: {seed_cell(t.r(LEARNED_QKV, L16))} (bar: {NEAR_16X:g})"
+    )
     return Claim("ii", "learned rotations match RoPE at 1x and stay near 1x perplexity at 16x", verdict, ev)
 
 
-def _qkv_beats_qk(t: Table, qk: str, qkv: str) -> Optional[Claim]:
+def _qkv_beats_qk(t: Table, qk: str, qkv: str) -> Claim | None:
     L = t.longest
     if not t.has(qk, qkv, L=L):
         return None
     ev = f"ratio at {_x(t, L)}: {qkv} {seed_cell(t.r(qkv, L))} vs {qk} {seed_cell(t.r(qk, L))}"
-    return Claim("iii", f"rotating Q/K/V extrapolates better than Q/K only ({qkv} vs {qk})", at_most(t.r(qkv, L), t.r(qk, L), RATIO_NOISE, RATIO_NOISE), ev)
+    return Claim(
+        "iii",
+        f"rotating Q/K/V extrapolates better than Q/K only ({qkv} vs {qk})",
+        at_most(t.r(qkv, L), t.r(qk, L), RATIO_NOISE, RATIO_NOISE),
+        ev,
+    )
 
 
-def _rotation_degrades(t: Table) -> Optional[Claim]:
+def _rotation_degrades(t: Table) -> Claim | None:
     L = t.longest
     rotary = [s for s in (ROPE, RANDOM_QK, RANDOM_QKV, LEARNED_QK, LEARNED_QKV) if t.has(s, L=L)]
     if not rotary or not t.has(ALIBI, L=L):
         return None
-    parts = [exceeds(t.r(s, L), 1 + FLAT_TOL, RATIO_NOISE) for s in rotary] + [at_most(t.r(ALIBI, L), [1 + FLAT_TOL], RATIO_NOISE)]
-    ev = f"ratio at {_x(t, L)} (flat: <= {1 + FLAT_TOL:g}): " + ", ".join(f"{s} {seed_cell(t.r(s, L))}" for s in rotary + [ALIBI])
+    parts = [exceeds(t.r(s, L), 1 + FLAT_TOL, RATIO_NOISE) for s in rotary] + [
+        at_most(t.r(ALIBI, L), [1 + FLAT_TOL], RATIO_NOISE)
+    ]
+    ev = f"ratio at {_x(t, L)} (flat: <= {1 + FLAT_TOL:g}): " + ", ".join(
+        f"{s} {seed_cell(t.r(s, L))}" for s in rotary + [ALIBI]
+    )
     return Claim("iv", "rotation-only models degrade at the longest length while ALiBi stays flat", combine(parts), ev)
 
 
-def _hybrid_flat(t: Table) -> Optional[Claim]:
+def _hybrid_flat(t: Table) -> Claim | None:
     L = t.longest
     if not t.has(HYBRID, ROPE, L=L):
         return None
-    verdict = combine([at_most(t.r(HYBRID, L), [1 + FLAT_TOL], RATIO_NOISE), at_most(t.ppl1(HYBRID), t.ppl1(ROPE), PPL_NOISE, PPL_NOISE)])
-    ev = (f"ratio at {_x(t, L)}: {seed_cell(t.r(HYBRID, L))} (flat: <= {1 + FLAT_TOL:g}); "
-          f"ppl at 1x: hybrid {seed_cell(t.ppl1(HYBRID), '.2f')} vs rope {seed_cell(t.ppl1(ROPE), '.2f')}")
-    return Claim("v", "the hybrid (accumulated rotation + far-mass control) is flat and as good as RoPE at 1x (ppl <= RoPE's)", verdict, ev)
+    verdict = combine(
+        [
+            at_most(t.r(HYBRID, L), [1 + FLAT_TOL], RATIO_NOISE),
+            at_most(t.ppl1(HYBRID), t.ppl1(ROPE), PPL_NOISE, PPL_NOISE),
+        ]
+    )
+    ev = (
+        f"ratio at {_x(t, L)}: {seed_cell(t.r(HYBRID, L))} (flat: <= {1 + FLAT_TOL:g}); "
+        f"ppl at 1x: hybrid {seed_cell(t.ppl1(HYBRID), '.2f')} vs rope {seed_cell(t.ppl1(ROPE), '.2f')}"
+    )
+    return Claim(
+        "v",
+        "the hybrid (accumulated rotation + far-mass control) is flat and as good as RoPE at 1x (ppl <= RoPE's)",
+        verdict,
+        ev,
+    )
 
 
-def _hybrid_vs_rope_forget(t: Table) -> Optional[Claim]:
+def _hybrid_vs_rope_forget(t: Table) -> Claim | None:
     L = t.longest
     if not t.has(HYBRID, ROPE_FORGET, L=L):
         return None
     far = {s: t.ppl[s][L] for s in (HYBRID, ROPE_FORGET)}
     far_noise = PPL_NOISE + RATIO_NOISE  # ppl at L = ppl at 1x x ratio
-    verdict = combine([at_most(t.ppl1(HYBRID), t.ppl1(ROPE_FORGET), PPL_NOISE, PPL_NOISE),
-                       at_most(far[HYBRID], far[ROPE_FORGET], far_noise, far_noise)])
-    ev = (f"ppl at 1x: hybrid {seed_cell(t.ppl1(HYBRID), '.2f')} vs rope+forget {seed_cell(t.ppl1(ROPE_FORGET), '.2f')}; "
-          f"ppl at {_x(t, L)}: {seed_cell(far[HYBRID], '.2f')} vs {seed_cell(far[ROPE_FORGET], '.2f')}")
-    return Claim("vi", "the hybrid matches or beats rope+forget at 1x and at the longest length (ppl <=; accumulated rotation adds something once far mass is controlled)", verdict, ev)
+    verdict = combine(
+        [
+            at_most(t.ppl1(HYBRID), t.ppl1(ROPE_FORGET), PPL_NOISE, PPL_NOISE),
+            at_most(far[HYBRID], far[ROPE_FORGET], far_noise, far_noise),
+        ]
+    )
+    ev = (
+        f"ppl at 1x: hybrid {seed_cell(t.ppl1(HYBRID), '.2f')} vs rope+forget {seed_cell(t.ppl1(ROPE_FORGET), '.2f')}; "
+        f"ppl at {_x(t, L)}: {seed_cell(far[HYBRID], '.2f')} vs {seed_cell(far[ROPE_FORGET], '.2f')}"
+    )
+    return Claim(
+        "vi",
+        "the hybrid matches or beats rope+forget at 1x and at the longest length (ppl <=; accumulated rotation adds something once far mass is controlled)",
+        verdict,
+        ev,
+    )
 
 
-CHECKS: list[Callable[[Table], Optional[Claim]]] = [
+CHECKS: list[Callable[[Table], Claim | None]] = [
     lambda t: _better_than_rope(t, RANDOM_QK),
     lambda t: _better_than_rope(t, RANDOM_QKV),
     _learned,
@@ -211,8 +251,10 @@ def claims_markdown(records: list[Ppl], train_length: int) -> str:
     """The report's claims section; without a claim whose schemes were run, one line saying which roles it needs."""
     claims = check_claims(records, train_length)
     if not claims:
-        return (f"\nNo claim of arXiv 2606.24975 is checked: each compares two of {', '.join(ROLES)} "
-                "(by spec: another spelling of one of them counts), and this run lacks the pairs.\n")
+        return (
+            f"\nNo claim of arXiv 2606.24975 is checked: each compares two of {', '.join(ROLES)} "
+            "(by spec: another spelling of one of them counts), and this run lacks the pairs.\n"
+        )
     out = (
         "\n## The paper's claims (arXiv 2606.24975), checked on this run\n\n"
         "Computed from the tables above. Each value is its seed range widened by the measured run-to-run noise "
@@ -222,7 +264,12 @@ def claims_markdown(records: list[Ppl], train_length: int) -> str:
         f"Flat: ratio <= {1 + FLAT_TOL:g}, degrades: ratio > {1 + FLAT_TOL:g}; matches RoPE at 1x (ii): perplexity <= "
         f"RoPE's x {1 + MATCH_TOL:g}; near 1x perplexity at 16x: ratio <= {NEAR_16X:g}; (v) and (vi): perplexity <= the "
         "baseline's, no tolerance."
-        + (" One seed: the bands are the run-to-run noise alone, not the seed-to-seed spread." if _one_seed(records) else "") + "\n\n"
+        + (
+            " One seed: the bands are the run-to-run noise alone, not the seed-to-seed spread."
+            if _one_seed(records)
+            else ""
+        )
+        + "\n\n"
     )
     rows = [[f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence] for c in claims]
     return out + markdown_table(["claim", "verdict", "numbers"], rows) + "\n"

@@ -45,10 +45,20 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="posenc", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"posenc {posenc.__version__} (commit {git_commit() or 'n/a'}), torch {torch.__version__}")
-    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                        help="import MODULE (a module name or a .py path) before the command, for the schemes it registers; "
-                             "job processes import it too (as POSENC_IMPORT, comma-separated, does)")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"posenc {posenc.__version__} (commit {git_commit() or 'n/a'}), torch {torch.__version__}",
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (a module name or a .py path) before the command, for the schemes it registers; "
+        "job processes import it too (as POSENC_IMPORT, comma-separated, does)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
         importlib.import_module(name).add_parser(sub)

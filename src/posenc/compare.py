@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -33,7 +32,18 @@ from tqdm.auto import tqdm
 from posenc import encodings
 from posenc.checkpoint import read_json
 from posenc.config import (
-    ClusterConfig, Point, Preset, absolute_corpus, at_point, grid_points, job_configs, point_label, point_root, positions_note, schedule_spec, setting,
+    ClusterConfig,
+    Point,
+    Preset,
+    absolute_corpus,
+    at_point,
+    grid_points,
+    job_configs,
+    point_label,
+    point_root,
+    positions_note,
+    schedule_spec,
+    setting,
     task_specs,
 )
 from posenc.data import load_tokens
@@ -41,17 +51,25 @@ from posenc.diagnose import far_mass_records
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.errors import PosencError
 from posenc.jobs import (
-    LAUNCHERS, check_same_settings, done_cells, executor, one_line, record_run, run_inline, run_pool, run_submitit,
+    LAUNCHERS,
+    check_same_settings,
+    done_cells,
+    executor,
+    one_line,
+    record_run,
+    run_inline,
+    run_pool,
+    run_submitit,
     scheme_modules,
 )
 from posenc.model import LM, is_rope, set_method, with_rope_schedule
 from posenc.passkey import passkey_records
 from posenc.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, load
 from posenc.report import with_ratios, write_report
-from posenc.stamp import run_stamp, stamp_line
 from posenc.retrieval import done_jobs, run_task_job, task_meta
 from posenc.retrieval_report import write_task_report
 from posenc.scoring import bucket_edges, eval_lengths, plan, window_starts
+from posenc.stamp import run_stamp, stamp_line
 from posenc.sweep import choices, merge_chosen, sweep_markdown, write_sensitivity
 from posenc.tasks import get_task
 from posenc.tracking import check_kind, eval_metrics, open_tracker
@@ -75,8 +93,18 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
                     model, label = with_rope_schedule(load_run(run_dir)[0], name, params)
                     for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
                         if (label, seed, L) not in done:
-                            append(results, evaluate_length(model, data.val_docs, L, {"scheme": label, "seed": seed},
-                                                            preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset)))
+                            append(
+                                results,
+                                evaluate_length(
+                                    model,
+                                    data.val_docs,
+                                    L,
+                                    {"scheme": label, "seed": seed},
+                                    preset.eval.max_tokens,
+                                    preset.eval.batch_tokens,
+                                    span=_span(preset),
+                                ),
+                            )
                 except Exception as exc:  # one broken row must not lose the others
                     failures[f"{scheme}+{name} (seed {seed})"] = one_line(exc)
     return failures
@@ -101,8 +129,18 @@ def run_methods(run_root: Path, preset: Preset, data, results: Path) -> dict[str
                 try:
                     for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
                         if (base["scheme"], seed, L) not in done_cells(results):
-                            append(results, evaluate_length(model, data.val_docs, L, base, preset.eval.max_tokens,
-                                                            preset.eval.batch_tokens, span=_span(preset)))
+                            append(
+                                results,
+                                evaluate_length(
+                                    model,
+                                    data.val_docs,
+                                    L,
+                                    base,
+                                    preset.eval.max_tokens,
+                                    preset.eval.batch_tokens,
+                                    span=_span(preset),
+                                ),
+                            )
                 except Exception as exc:  # one broken row must not lose the others
                     failures[f"{base['scheme']} (seed {seed})"] = one_line(exc)
     return failures
@@ -119,14 +157,34 @@ def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int, log
     Reads the sweep's ``preset.json`` (the resolved preset), so the run is the one the sweep would train.
     """
     out = run_root / scheme / f"seed{seed}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "posenc.cli", "train", "--scheme", scheme, "--preset", str(run_root / "preset.json"),
-           "--seed", str(seed), "--out", str(out)] + (["--resume"] if (out / "config.json").exists() else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "posenc.cli",
+        "train",
+        "--scheme",
+        scheme,
+        "--preset",
+        str(run_root / "preset.json"),
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+    ] + (["--resume"] if (out / "config.json").exists() else [])
     # torchrun's own parser takes any "--log..." as an abbreviation of its --log-dir: the tracker goes by environment
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "POSENC_LOG": log})
     if proc.returncode:
-        lines = [line for line in proc.stderr.splitlines() if "posenc: error:" in line] or proc.stderr.strip().splitlines()[-1:]
-        raise PosencError(f"torchrun training of {scheme} (seed {seed}) failed: {lines[0] if lines else f'exit code {proc.returncode}'}")
+        lines = [
+            line for line in proc.stderr.splitlines() if "posenc: error:" in line
+        ] or proc.stderr.strip().splitlines()[-1:]
+        raise PosencError(
+            f"torchrun training of {scheme} (seed {seed}) failed: {lines[0] if lines else f'exit code {proc.returncode}'}"
+        )
 
 
 @torch.inference_mode()
@@ -160,7 +218,9 @@ def evaluate_length(
             chunk = wins[b : b + per_batch]
             batch = np.stack([docs[d][1][w.begin : w.begin + length + 1] for d, w in chunk]).astype(np.int64)
             t = torch.from_numpy(batch).to(next(model.parameters()).device)
-            nll = model.token_nll(t[:, :-1], t[:, 1:]).double().cpu()  # (B, L): entry j predicts text token begin + 1 + j
+            nll = (
+                model.token_nll(t[:, :-1], t[:, 1:]).double().cpu()
+            )  # (B, L): entry j predicts text token begin + 1 + j
             # a document's last window may overlap its predecessor: only its targets from w.lo on count
             first = torch.tensor([w.lo - w.begin - 1 for _, w in chunk])
             keep = torch.arange(length)[None] >= first[:, None]
@@ -175,12 +235,28 @@ def evaluate_length(
         return Ppl(**base, windows=0, scored_tokens=0, note=f"n/a: {exc}")
     finally:
         bar.close()
-    return Ppl(**base, windows=len(wins), scored_tokens=count, nll=nll_sum, ppl=math.exp(nll_sum / count), bucket_edges=edges,
-               bucket_ppl=[math.exp(n / c) for n, c in zip(b_nll, b_count)], seconds=time.time() - t0)
+    return Ppl(
+        **base,
+        windows=len(wins),
+        scored_tokens=count,
+        nll=nll_sum,
+        ppl=math.exp(nll_sum / count),
+        bucket_edges=edges,
+        bucket_ppl=[math.exp(n / c) for n, c in zip(b_nll, b_count)],
+        seconds=time.time() - t0,
+    )
 
 
-def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, nproc: int = 1, log: str = "none",
-            point: Point = ()) -> None:
+def run_job(
+    run_root: Path,
+    preset: Preset,
+    scheme: str,
+    seed: int,
+    data=None,
+    nproc: int = 1,
+    log: str = "none",
+    point: Point = (),
+) -> None:
     """One job: train (or resume) and evaluate one scheme and seed at grid ``point`` (``posenc.config.grid_points``;
     () without a sweep), appending result records to its point's ``results.jsonl``.
 
@@ -194,8 +270,15 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
     done = done_cells(results)
     run_dir = root / scheme / f"seed{seed}"
     mcfg, tcfg = job_configs(preset, point, scheme, seed, data.vocab_size)
-    config = {"name": preset.name, "scheme": scheme, "seed": seed, "model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(),
-              "eval": preset.eval.model_dump(), "stamp": run_stamp(machine_precision(tcfg))}
+    config = {
+        "name": preset.name,
+        "scheme": scheme,
+        "seed": seed,
+        "model": dataclasses.asdict(mcfg),
+        "train": tcfg.model_dump(),
+        "eval": preset.eval.model_dump(),
+        "stamp": run_stamp(machine_precision(tcfg)),
+    }
     with open_tracker(log, run_dir, f"{preset.name}/{scheme}/seed{seed}", preset.name, config) as tracker:
         if not is_trained(run_dir) and nproc > 1:
             train_under_torchrun(root, scheme, seed, nproc, log)
@@ -205,9 +288,21 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
         for L in eval_lengths(mcfg.train_length, preset.eval.multiples):
             if (scheme, seed, L) in done:
                 continue
-            append(results, evaluate_length(model, data.val_docs, L, {"scheme": scheme, "seed": seed},
-                                            preset.eval.max_tokens, preset.eval.batch_tokens, span=_span(preset)))
-        compare_extras(model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length})
+            append(
+                results,
+                evaluate_length(
+                    model,
+                    data.val_docs,
+                    L,
+                    {"scheme": scheme, "seed": seed},
+                    preset.eval.max_tokens,
+                    preset.eval.batch_tokens,
+                    span=_span(preset),
+                ),
+            )
+        compare_extras(
+            model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length}
+        )
         mine = [r for r in load(results) if isinstance(r, (Ppl, PasskeyCell)) and (r.scheme, r.seed) == (scheme, seed)]
         evals = with_ratios([r for r in mine if isinstance(r, Ppl)]) + [r for r in mine if isinstance(r, PasskeyCell)]
         tracker.log(eval_metrics(evals, mcfg.train_length), read_json(run_dir / "train_summary.json")["steps"])
@@ -215,8 +310,11 @@ def run_job(run_root: Path, preset: Preset, scheme: str, seed: int, data=None, n
 
 def _recorded(results: Path, scheme: str, seed: int) -> set:
     """(kind, length, depth) of the passkey and far-mass records of (scheme, seed) in ``results``."""
-    return {(r.kind, r.length, getattr(r, "depth", None)) for r in load(results)
-            if isinstance(r, (PasskeyCell, FarMass)) and (r.scheme, r.seed) == (scheme, seed)}
+    return {
+        (r.kind, r.length, getattr(r, "depth", None))
+        for r in load(results)
+        if isinstance(r, (PasskeyCell, FarMass)) and (r.scheme, r.seed) == (scheme, seed)
+    }
 
 
 def extras_pending(ev, train_length: int, results: Path, scheme: str, seed: int) -> bool:
@@ -226,7 +324,11 @@ def extras_pending(ev, train_length: int, results: Path, scheme: str, seed: int)
     """
     keys = set()
     if ev.passkey.trials:
-        keys |= {("passkey", L, d) for L in eval_lengths(train_length, ev.passkey.lengths_multiples) for d in ev.passkey.depths}
+        keys |= {
+            ("passkey", L, d)
+            for L in eval_lengths(train_length, ev.passkey.lengths_multiples)
+            for d in ev.passkey.depths
+        }
     if ev.far_mass.windows:
         keys |= {("far_mass", L, None) for L in eval_lengths(train_length, ev.far_mass.multiples)}
     return not keys <= _recorded(results, scheme, seed)
@@ -250,7 +352,7 @@ def compare_extras(model: LM, ev, data, results: Path, base: dict) -> None:
 class Job:
     """One job of a comparison: a scheme and seed (on a task, for task presets) at a grid point (() without a sweep)."""
 
-    task: Optional[str]
+    task: str | None
     scheme: str
     seed: int
     point: Point = ()
@@ -272,13 +374,22 @@ def _finished(run_root: Path, preset: Preset, job: Job, done: dict) -> bool:
         return (job.task, job.scheme, job.seed) in done[root]
     lengths = eval_lengths(preset.model.train_length, preset.eval.multiples)
     return (
-        is_trained(job.where(run_root)) and all((job.scheme, job.seed, L) in done[root] for L in lengths)
+        is_trained(job.where(run_root))
+        and all((job.scheme, job.seed, L) in done[root] for L in lengths)
         and not extras_pending(preset.eval, preset.model.train_length, root / "results.jsonl", job.scheme, job.seed)
     )
 
 
-def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True, parallel: int = 1, nproc_per_node: int = 1,
-            log: str = "none", launcher: str = "pool", cluster: Optional[ClusterConfig] = None) -> tuple[Path, dict[str, str]]:
+def compare(
+    preset: Preset,
+    out_root: Path = Path("runs"),
+    isolate: bool = True,
+    parallel: int = 1,
+    nproc_per_node: int = 1,
+    log: str = "none",
+    launcher: str = "pool",
+    cluster: ClusterConfig | None = None,
+) -> tuple[Path, dict[str, str]]:
     """Run the whole comparison, on text or on synthetic tasks (``tasks``); returns the report path and the failed jobs
     ({job: one-line error}). The one runner: it enumerates tasks x schemes x grid points x seeds.
 
@@ -302,16 +413,22 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     tracker or launcher package, or more than one process per job for synthetic tasks.
     """
     if parallel < 1 or nproc_per_node < 1 or (not isolate and (parallel > 1 or nproc_per_node > 1)):
-        raise PosencError(f"--parallel and --nproc-per-node must be >= 1 and need job isolation, got {parallel}, {nproc_per_node}")
+        raise PosencError(
+            f"--parallel and --nproc-per-node must be >= 1 and need job isolation, got {parallel}, {nproc_per_node}"
+        )
     if launcher not in LAUNCHERS:
         raise PosencError(f"unknown --launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
     if launcher != "pool" and (not isolate or parallel > 1):
-        raise PosencError(f"--launcher {launcher} runs every job at once in its own process: no --no-isolate or --parallel")
+        raise PosencError(
+            f"--launcher {launcher} runs every job at once in its own process: no --no-isolate or --parallel"
+        )
     check_kind(log)
     if launcher != "pool":
         cluster = cluster or preset.cluster or ClusterConfig()
         if cluster.gpus_per_job is None:
-            cluster = cluster.model_copy(update={"gpus_per_job": nproc_per_node if launcher == "slurm" or torch.cuda.is_available() else 0})
+            cluster = cluster.model_copy(
+                update={"gpus_per_job": nproc_per_node if launcher == "slurm" or torch.cuda.is_available() else 0}
+            )
         if 0 < cluster.gpus_per_job < nproc_per_node:  # 0: CPU jobs (torchrun over gloo)
             raise PosencError(f"--gpus-per-job {cluster.gpus_per_job} is fewer than --nproc-per-node {nproc_per_node}")
     tasks = task_specs(preset)
@@ -322,7 +439,9 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     if not tasks:
         preset = absolute_corpus(preset)
         data = load_tokens(preset.train.corpus, preset.train.tokenizer)  # bad input fails before anything is written
-        window_starts(data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset))  # held-out text long enough
+        window_starts(
+            data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset)
+        )  # held-out text long enough
     grids = {s: grid_points(preset, s) for s in preset.schemes}
     for s in preset.schemes:  # randomized training positions: every scheme takes them, before any job starts
         check_positions(dataclasses.replace(preset.model, encoding=s), preset.train)
@@ -335,7 +454,10 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
     record_run(run_root, preset)
     for p in points:
         if p:
-            record_run(point_root(run_root, p), at_point(preset, p).model_copy(update={"schemes": [s for s in preset.schemes if p in grids[s]]}))
+            record_run(
+                point_root(run_root, p),
+                at_point(preset, p).model_copy(update={"schemes": [s for s in preset.schemes if p in grids[s]]}),
+            )
         drop_torn_tail(point_root(run_root, p) / "results.jsonl")
     failures: dict[str, str] = {}
     units = [None] if not tasks else tasks
@@ -348,16 +470,33 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
         """Run the stage's unfinished jobs after checking every run it would report; returns how many were pending."""
         for job in stage:
             vocab = get_task(job.task).vocab_size if job.task else data.vocab_size
-            check_trained_as(job.where(run_root), *job_configs(preset, job.point, job.scheme, job.seed, vocab, job.task),
-                             f"{preset.name}'s job {job.name()}")
-        done = {point_root(run_root, p): (done_jobs if tasks else done_cells)(point_root(run_root, p) / "results.jsonl") for p in points}
+            check_trained_as(
+                job.where(run_root),
+                *job_configs(preset, job.point, job.scheme, job.seed, vocab, job.task),
+                f"{preset.name}'s job {job.name()}",
+            )
+        done = {
+            point_root(run_root, p): (done_jobs if tasks else done_cells)(point_root(run_root, p) / "results.jsonl")
+            for p in points
+        }
         pending = [job for job in stage if not _finished(run_root, preset, job, done)]
         # inline, a text job gets this process's data (no reload); isolated, it loads its own
-        jobs = [((run_task_job, (run_root, preset, j.task, j.scheme, j.seed, log, j.point)) if j.task else
-                 (run_job, (run_root, preset, j.scheme, j.seed, None if isolate else data, nproc_per_node, log, j.point)))
-                + (j.where(run_root).with_suffix(".error.txt"), scheme_modules([j.scheme])) for j in pending]
+        jobs = [
+            (
+                (run_task_job, (run_root, preset, j.task, j.scheme, j.seed, log, j.point))
+                if j.task
+                else (
+                    run_job,
+                    (run_root, preset, j.scheme, j.seed, None if isolate else data, nproc_per_node, log, j.point),
+                )
+            )
+            + (j.where(run_root).with_suffix(".error.txt"), scheme_modules([j.scheme]))
+            for j in pending
+        ]
         if ex is not None:
-            run_submitit(jobs, ex, poll_s=1 if launcher == "local" else 30, on_failure=lambda i, error: failed(pending[i], error))
+            run_submitit(
+                jobs, ex, poll_s=1 if launcher == "local" else 30, on_failure=lambda i, error: failed(pending[i], error)
+            )
         elif isolate:
             run_pool(jobs, parallel, nproc_per_node, on_failure=lambda i, error: failed(pending[i], error))
         else:
@@ -380,14 +519,20 @@ def compare(preset: Preset, out_root: Path = Path("runs"), isolate: bool = True,
         _all_done(run_root, len(final))
     for p in points if not tasks else []:  # the RoPE schedule and method rows of the schemes reported at each point
         at = list(dict.fromkeys(j.scheme for j in final if j.point == p))
-        args = (point_root(run_root, p), at_point(preset, p).model_copy(update={"schemes": at}), data,
-                point_root(run_root, p) / "results.jsonl")
+        args = (
+            point_root(run_root, p),
+            at_point(preset, p).model_copy(update={"schemes": at}),
+            data,
+            point_root(run_root, p) / "results.jsonl",
+        )
         failures.update(run_schedules(*args))
         failures.update(run_methods(*args))
     sweep_lines = []
     if swept:
         merge_chosen(run_root, chosen, preset.schemes)
-        sweep_lines = sweep_markdown(chosen, first, write_sensitivity(run_root, chosen, first, preset.task_eval.learned))
+        sweep_lines = sweep_markdown(
+            chosen, first, write_sensitivity(run_root, chosen, first, preset.task_eval.learned)
+        )
     if tasks:
         return write_task_report(run_root, {**task_meta(preset), "sweep": sweep_lines}, failures), failures
     return write_report(run_root, {**_meta(preset, data), "sweep": sweep_lines}, failures), failures
@@ -405,10 +550,14 @@ def _meta(preset: Preset, data) -> dict:
         "train_length": preset.model.train_length,
         "corpus": f"{preset.train.corpus} ({len(data.train):,} training tokens; held out: {', '.join(n for n, _ in data.val_docs)})",
         "tokenizer": f"{preset.train.tokenizer} (vocab {data.vocab_size})",
-        "model": (f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, {setting(preset, 'model.n_head')} heads, "
-                  f"{preset.model.mlp}, {preset.model.norm}, train length {preset.model.train_length}"),
-        "budget": (f"{setting(preset, 'train.steps')} steps x {preset.train.batch_size} x {preset.model.train_length} tokens, "
-                   f"lr {setting(preset, 'train.lr')}{positions_note(preset)}"),
+        "model": (
+            f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, {setting(preset, 'model.n_head')} heads, "
+            f"{preset.model.mlp}, {preset.model.norm}, train length {preset.model.train_length}"
+        ),
+        "budget": (
+            f"{setting(preset, 'train.steps')} steps x {preset.train.batch_size} x {preset.model.train_length} tokens, "
+            f"lr {setting(preset, 'train.lr')}{positions_note(preset)}"
+        ),
         "seeds": preset.seeds,
         "eval": f"non-overlapping windows; every length scores the same text: the first {_span(preset)} targets of each of the first {-(-preset.eval.max_tokens // _span(preset))} held-out works",
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
@@ -416,4 +565,3 @@ def _meta(preset: Preset, data) -> dict:
         "notes": preset.description or None,
         "run": stamp_line(run_stamp(machine_precision(preset.train))),
     }
-

@@ -11,20 +11,19 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from posenc.diagnose import FarMassConfig
-from posenc.rope import check_window, schedule_params
 from posenc import methods
+from posenc.diagnose import FarMassConfig
 from posenc.errors import PosencError
 from posenc.model import ModelConfig
 from posenc.passkey import PasskeyConfig
 from posenc.presets import apply, read_preset, validated
+from posenc.rope import check_window, schedule_params
 from posenc.tasks import get_task, is_task
 from posenc.train import TrainConfig, randomized_max
-
 
 
 class ClusterConfig(BaseModel):
@@ -32,13 +31,13 @@ class ClusterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    partition: Optional[str] = None
+    partition: str | None = None
     """Slurm partition; null: the scheduler's default."""
-    gpus_per_job: Optional[int] = Field(None, ge=0)
+    gpus_per_job: int | None = Field(None, ge=0)
     """GPUs per job; null: ``--nproc-per-node`` (on CPU with the local executor: 0)."""
     time_min: int = Field(240, gt=0)
     """Wall-clock limit per job (minutes); a job killed at it resumes from its last checkpoint on a rerun."""
-    mem_gb: Optional[float] = Field(None, gt=0)
+    mem_gb: float | None = Field(None, gt=0)
     """Memory per job (GB); null: the scheduler's default."""
 
 
@@ -77,8 +76,18 @@ class TaskEvalConfig(BaseModel):
 
 
 # the settings a sweep may vary (``SweepConfig``): training budget and optimiser, and the model's shape
-SWEEP_KEYS = ("train.lr", "train.weight_decay", "train.steps", "train.warmup", "model.n_head", "model.n_layer", "model.d_model")
-Point = tuple[tuple[str, Any], ...]  # one grid point: ((key, value), ...) in the grid's key order; () is the preset itself
+SWEEP_KEYS = (
+    "train.lr",
+    "train.weight_decay",
+    "train.steps",
+    "train.warmup",
+    "model.n_head",
+    "model.n_layer",
+    "model.d_model",
+)
+Point = tuple[
+    tuple[str, Any], ...
+]  # one grid point: ((key, value), ...) in the grid's key order; () is the preset itself
 
 
 def _check_axes(axes: dict[str, list]) -> dict[str, list]:
@@ -143,13 +152,13 @@ class Preset(BaseModel):
     """Synthetic tasks (``posenc.tasks``): each scheme trains and is scored on each; a task in ``train.corpus`` alone means ``tasks: [that task]``."""
     task_eval: TaskEvalConfig = TaskEvalConfig()
     """Scoring of the synthetic tasks."""
-    text_results: Optional[str] = None
+    text_results: str | None = None
     """A text comparison's run directory (relative to the working directory) for the retrieval claim R1; null: none."""
-    reference: Optional[dict[str, Any]] = None
+    reference: dict[str, Any] | None = None
     """Published numbers printed beside ours: ``{source, task, tests: [...], rows: {scheme: [...]}}``; null: none."""
-    cluster: Optional[ClusterConfig] = None
+    cluster: ClusterConfig | None = None
     """Resources of each job under ``compare --launcher slurm`` (or ``local``); the flags override them; null: the defaults below."""
-    sweep: Optional[SweepConfig] = None
+    sweep: SweepConfig | None = None
     """A grid over training and model settings, chosen per scheme on the first seed; null: no sweep."""
 
     @field_validator("schemes", "seeds", "tasks")
@@ -168,7 +177,7 @@ class Preset(BaseModel):
         return v
 
 
-def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> Preset:
+def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None) -> Preset:
     """A preset by name (posenc/configs/NAME.yaml, package data) or path, its ``base`` resolved
     (``posenc.presets.read_preset``), with ``overrides`` set ({dotted key: value}, ``{"train.lr": 3e-3}``; a
     section given a mapping, ``{"train": {"steps": 5}}``, merges it: ``posenc.presets.apply``), as the command
@@ -177,9 +186,15 @@ def load_preset(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -
     Raises PosencError for an unknown preset, invalid YAML, a cycle of bases, an unknown key or invalid values.
     """
     path, data = read_preset(name_or_path, cls=Preset)
-    written = validated(Preset, data, f"preset {path.name}").model_dump(mode="json", include=SETTINGS) if data.get("description") else None
+    written = (
+        validated(Preset, data, f"preset {path.name}").model_dump(mode="json", include=SETTINGS)
+        if data.get("description")
+        else None
+    )
     data = apply(Preset, data, overrides)
-    preset = validated(Preset, data, f"preset {path.name}" + (" with command-line options" if overrides else ""), overrides)
+    preset = validated(
+        Preset, data, f"preset {path.name}" + (" with command-line options" if overrides else ""), overrides
+    )
     if written is not None:
         _flag_overrides(preset, written)
     for s in preset.schemes:  # fail fast, before any training
@@ -207,7 +222,12 @@ def _flag_overrides(preset: Preset, written: dict) -> None:
     """Append to ``preset.description`` the settings this run changes from the preset as written: the
     description states them ("2 layers, width 128, 2 heads", "4,000 steps") and a report quotes it."""
     now = preset.model_dump(mode="json", include=SETTINGS)
-    changed = [f"{section}.{k} = {v!r}" for section in sorted(SETTINGS) for k, v in now[section].items() if written[section].get(k) != v]
+    changed = [
+        f"{section}.{k} = {v!r}"
+        for section in sorted(SETTINGS)
+        for k, v in now[section].items()
+        if written[section].get(k) != v
+    ]
     if changed:
         preset.description += f" [The preset as written; this run sets {', '.join(changed)}.]"
 
@@ -223,8 +243,10 @@ def _check_sweep(preset: Preset) -> None:
             raise PosencError(f"preset {preset.name}: sweep.schemes names {s!r}, not a scheme ({exc})") from None
     bare = [s for s in preset.schemes if not {**preset.sweep.grid, **preset.sweep.schemes.get(s, {})}]
     if bare:  # its jobs would train in the comparison's own directory, where the sweep writes the chosen runs' records
-        raise PosencError(f"preset {preset.name}: scheme {bare[0]!r} has no grid in the sweep: give sweep.grid, or sweep.schemes "
-                          f"with a value (one is enough) for it")
+        raise PosencError(
+            f"preset {preset.name}: scheme {bare[0]!r} has no grid in the sweep: give sweep.grid, or sweep.schemes "
+            f"with a value (one is enough) for it"
+        )
     for s in preset.schemes:
         for point in grid_points(preset, s):
             dataclasses.replace(at_point(preset, point).model, encoding=s).check_encoding()
@@ -250,7 +272,7 @@ def setting(preset: Preset, key: str):
 
 
 def positions_note(preset: Preset) -> str:
-    """", randomized positions (max N)" for a budget line when the preset trains on randomized positions, else ""."""
+    """ ", randomized positions (max N)" for a budget line when the preset trains on randomized positions, else ""."""
     n = randomized_max(preset.train.positions)
     return "" if n is None else f", randomized positions (max {n})"
 
@@ -277,7 +299,7 @@ def at_point(preset: Preset, point: Point) -> Preset:
     return validated(Preset, {**data, "sweep": None}, f"preset {preset.name} at grid point {point_label(point)}")
 
 
-def job_configs(preset: Preset, point: Point, scheme: str, seed: int, vocab_size: int, task: Optional[str] = None):
+def job_configs(preset: Preset, point: Point, scheme: str, seed: int, vocab_size: int, task: str | None = None):
     """(ModelConfig, TrainConfig) of one job: the preset at grid ``point``, ``scheme``, ``seed`` and the data's
     vocabulary, on ``task`` when given (its corpus): what the job trains and what its run must record."""
     p = at_point(preset, point)
@@ -306,4 +328,6 @@ def absolute_corpus(preset: Preset) -> Preset:
     spec = preset.train.corpus
     if spec in ("shakespeare", "pystdlib") or spec.startswith("hf:") or not Path(spec).expanduser().exists():
         return preset
-    return preset.model_copy(update={"train": preset.train.model_copy(update={"corpus": str(Path(spec).expanduser().resolve())})})
+    return preset.model_copy(
+        update={"train": preset.train.model_copy(update={"corpus": str(Path(spec).expanduser().resolve())})}
+    )

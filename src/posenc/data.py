@@ -156,7 +156,9 @@ def _local(spec: str) -> Corpus:
     path = Path(spec).expanduser()
     if not path.exists():
         raise PosencError(f"corpus {spec!r} not found (not a known corpus, file or directory)")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    files = (
+        [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    )
     docs, binary = [], 0
     for p in files:
         try:
@@ -181,7 +183,9 @@ def _huggingface(spec: str) -> Corpus:
         else:
             ds = datasets.load_dataset(*parts)
     except ConnectionError as exc:
-        raise PosencError(f"could not fetch Hugging Face dataset {spec[3:]!r} (no network?): {first_line(exc)}") from None
+        raise PosencError(
+            f"could not fetch Hugging Face dataset {spec[3:]!r} (no network?): {first_line(exc)}"
+        ) from None
     except FileNotFoundError as exc:  # a missing local file or an unknown Hub dataset
         raise PosencError(f"Hugging Face dataset {spec[3:]!r} not found: {first_line(exc)}") from None
     docs = {}
@@ -240,7 +244,7 @@ class BPETokenizer:
         self.name = f"bpe{self.vocab_size}"
 
     @classmethod
-    def train(cls, corpus: Corpus, vocab_size: int, path: Path) -> "BPETokenizer":
+    def train(cls, corpus: Corpus, vocab_size: int, path: Path) -> BPETokenizer:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         if path.exists():
@@ -308,7 +312,9 @@ def _write_memmap(path: Path, arrays: list[np.ndarray], dtype) -> None:
     os.replace(tmp, path)
 
 
-def load_tokens(corpus_spec: str = "shakespeare", tokenizer_spec: str = "byte", tasks: bool = False) -> TokenData | TaskData:
+def load_tokens(
+    corpus_spec: str = "shakespeare", tokenizer_spec: str = "byte", tasks: bool = False
+) -> TokenData | TaskData:
     """Tokenise a corpus once and cache it as ``.npy`` memmaps.
 
     Documents are joined with a blank line in the training stream; held-out

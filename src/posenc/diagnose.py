@@ -31,7 +31,6 @@ tables, the records file and the plots.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import torch
@@ -41,11 +40,11 @@ from tqdm.auto import tqdm
 from posenc.attention import causal_tile, rotate
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.encodings.base import Encoding
-from posenc.errors import PosencError
-from posenc.scoring import eval_lengths, window_starts
-from posenc.model import LM, AttentionInputs
 from posenc.encodings.mixing import check_eps, window_size
+from posenc.errors import PosencError
+from posenc.model import LM, AttentionInputs
 from posenc.records import Diagnosis, FarMass, LayerGap, LengthDiagnosis
+from posenc.scoring import eval_lengths, window_starts
 
 BLOCK_ELEMS = 2**23  # probabilities held at once per query block (32 MiB in float32)
 DEFAULT_MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
@@ -107,7 +106,9 @@ def _reduce(logits: torch.Tensor, qs: int, w: int) -> dict[str, torch.Tensor]:
 
 
 @torch.inference_mode()
-def layer_sums(a: AttentionInputs, w: int, block_elems: int = BLOCK_ELEMS, enc: Optional[Encoding] = None) -> dict[str, torch.Tensor]:
+def layer_sums(
+    a: AttentionInputs, w: int, block_elems: int = BLOCK_ELEMS, enc: Encoding | None = None
+) -> dict[str, torch.Tensor]:
     """Streaming sums over one layer's queries, per head: ``far``, ``entropy``, ``bound`` (H,) float64.
 
     Divide ``far`` and ``bound`` by the number of queries with far keys
@@ -118,6 +119,7 @@ def layer_sums(a: AttentionInputs, w: int, block_elems: int = BLOCK_ELEMS, enc: 
     q, k = rotated_qk(a)
     B, H, T, _ = q.shape
     qb = max(1, min(T, block_elems // (B * H * T)))
+
     def logits(qs: int, qe: int) -> torch.Tensor:
         if enc is not None and enc.replaces_attention:
             return enc.logits(a.q, a.k, a.inp, a.bias, qs, qe).float()
@@ -133,7 +135,7 @@ def naive_layer_sums(a: AttentionInputs, w: int) -> dict[str, torch.Tensor]:
     return {key: v.cpu() for key, v in _reduce(block_logits(a, q, k, 0, q.shape[-2]), 0, w).items()}
 
 
-def uniform_reference(length: int, w: int) -> tuple[Optional[float], float]:
+def uniform_reference(length: int, w: int) -> tuple[float | None, float]:
     """(far mass, entropy) of uniform causal attention: means of (i-w+1)/(i+1) over i >= w and of log(i+1)."""
     i = np.arange(length, dtype=np.float64)
     far = ((i[w:] - w + 1) / (i[w:] + 1)).mean() if length > w else None
@@ -160,7 +162,7 @@ def unreadable(model: LM) -> bool:
     return any(b.attn.enc.replaces_attention and not b.attn.enc.has_logits for b in model.blocks)
 
 
-def baseline_gap(enc: Encoding) -> Optional[list[float]]:
+def baseline_gap(enc: Encoding) -> list[float] | None:
     """The scheme's step-law spectral gap per block, (D/2,): uniform steps |sin a_b / a_b|; RoPE 1."""
     gap = enc.spectral_gap()
     return None if gap is None else gap.tolist()
@@ -171,7 +173,7 @@ def diagnose_model(
     model: LM,
     docs: list[tuple[str, np.ndarray]],
     multiples=DEFAULT_MULTIPLES,
-    w: Optional[int] = None,
+    w: int | None = None,
     n_windows: int = 2,
     eps: float = 0.01,
     block_elems: int = BLOCK_ELEMS,
@@ -197,15 +199,27 @@ def diagnose_model(
     w = cfg.train_length if w is None else w
     if w < 1 or n_windows < 1:
         raise PosencError(f"need a far-mass distance w >= 1 and >= 1 window per length, got w={w}, windows={n_windows}")
-    out = Diagnosis(scheme=cfg.encoding, describe=(model.pos_embed or model.blocks[0].attn.enc).describe(), train_length=cfg.train_length,
-                    w=w, eps=eps, windows_per_length=n_windows)
+    out = Diagnosis(
+        scheme=cfg.encoding,
+        describe=(model.pos_embed or model.blocks[0].attn.enc).describe(),
+        train_length=cfg.train_length,
+        w=w,
+        eps=eps,
+        windows_per_length=n_windows,
+    )
     if unreadable(model):
         out.note = f"not supported: {cfg.encoding} replaces attention without exposing its logits, so there is no softmax to read"
         return out
     phasors = [0] * cfg.n_layer  # per layer: sum of exp(i theta), (H, P) complex128 once the layer has phases
     steps = [0] * cfg.n_layer
     plan = [(L, window_starts(docs, L, n_windows * L)) for L in lengths]
-    bar = tqdm(total=sum(len(ws) for _, ws in plan), desc="diagnose", unit="win", leave=False, disable=None if progress else True)
+    bar = tqdm(
+        total=sum(len(ws) for _, ws in plan),
+        desc="diagnose",
+        unit="win",
+        leave=False,
+        disable=None if progress else True,
+    )
     out.lengths = [_length_record(model, docs, L, wins, w, block_elems, phasors, steps, bar) for L, wins in plan]
     bar.close()
     if any(steps):
@@ -213,8 +227,9 @@ def diagnose_model(
     return out
 
 
-def _length_record(model: LM, docs, L: int, wins: list[tuple[int, int]], w: int, block_elems: int,
-                   phasors: list, steps: list, bar) -> LengthDiagnosis:
+def _length_record(
+    model: LM, docs, L: int, wins: list[tuple[int, int]], w: int, block_elems: int, phasors: list, steps: list, bar
+) -> LengthDiagnosis:
     """One length's entry of ``diagnose_model``: far mass, its bound and entropy per layer and head over the windows
     ``wins`` (doc, start), their means and the uniform reference; a note when the scheme cannot run that length.
     Each layer's step phasors (``step_phasor_sums``) are added to ``phasors[layer]`` / ``steps[layer]``."""
@@ -240,13 +255,15 @@ def _length_record(model: LM, docs, L: int, wins: list[tuple[int, int]], w: int,
     n_far = len(wins) * max(0, L - w)
     u_far, u_ent = uniform_reference(L, w)
     return LengthDiagnosis(
-        **where, windows=len(wins),
+        **where,
+        windows=len(wins),
         far_mass=(far / n_far).tolist() if n_far else None,
         far_mass_bound=(bound / n_far).tolist() if n_far else None,
         entropy=(ent / (len(wins) * L)).tolist(),
         far_mass_mean=float(far.sum() / (n_far * L_n * H)) if n_far else None,
         entropy_mean=float(ent.mean() / (len(wins) * L)),
-        uniform_far_mass=u_far, uniform_entropy=u_ent,
+        uniform_far_mass=u_far,
+        uniform_entropy=u_ent,
     )
 
 
@@ -260,11 +277,20 @@ def _spectral_gaps(model: LM, phasors: list, steps: list, eps: float) -> list[La
         beta = torch.where(1 - beta < BETA_ONE, torch.ones_like(beta), beta)
         w_eps = [[_finite(window_size(float(b), eps)) for b in row] for row in beta.tolist()]
         drift = torch.angle(phasors[layer])  # arg mean exp(i theta): the steps' mean rotation per token
-        out.append(LayerGap(layer=layer, steps=steps[layer], beta=beta.tolist(), baseline=base, w_eps=w_eps, mean_step=drift.tolist()))
+        out.append(
+            LayerGap(
+                layer=layer,
+                steps=steps[layer],
+                beta=beta.tolist(),
+                baseline=base,
+                w_eps=w_eps,
+                mean_step=drift.tolist(),
+            )
+        )
     return out
 
 
-def _finite(x: float) -> Optional[int]:
+def _finite(x: float) -> int | None:
     return None if math.isinf(x) else int(x)
 
 
@@ -277,6 +303,8 @@ def far_mass_records(model: LM, docs, settings: FarMassConfig, base: dict) -> li
         return []
     res = diagnose_model(model, docs, settings.multiples, n_windows=settings.windows, progress=False)
     if res.note:
-        return [FarMass(**base, length=L, note=res.note) for L in eval_lengths(model.cfg.train_length, settings.multiples)]
+        return [
+            FarMass(**base, length=L, note=res.note) for L in eval_lengths(model.cfg.train_length, settings.multiples)
+        ]
     keep = {"length", "windows", "far_mass_mean", "entropy_mean", "uniform_far_mass", "uniform_entropy", "note"}
     return [FarMass(**base, **r.model_dump(include=keep), w=res.w) for r in res.lengths]

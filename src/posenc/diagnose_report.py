@@ -9,7 +9,6 @@ the spectral gaps of the step angles per layer.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -24,9 +23,14 @@ def _fmt(x, spec=".3f") -> str:
 
 def markdown(res: Diagnosis) -> str:
     """The diagnose tables: far mass and entropy per layer.head and length, spectral gaps per layer."""
-    lines = [f"# posenc diagnose: {res.scheme}", "", f"- scheme: {res.describe}",
-             f"- training length {res.train_length}; far keys: distance >= w = {res.w}; "
-             f"{res.windows_per_length} held-out window(s) per length", ""]
+    lines = [
+        f"# posenc diagnose: {res.scheme}",
+        "",
+        f"- scheme: {res.describe}",
+        f"- training length {res.train_length}; far keys: distance >= w = {res.w}; "
+        f"{res.windows_per_length} held-out window(s) per length",
+        "",
+    ]
     if res.note:
         return "\n".join(lines + [f"**{res.note}**", ""])
     rows = res.lengths
@@ -34,23 +38,46 @@ def markdown(res: Diagnosis) -> str:
     n_layer = max((len(r.entropy or []) for r in rows), default=0)
     n_head = max((len(r.entropy[0]) for r in rows if r.entropy), default=0)
     for title, key, ref in (
-        ("Far attention mass (keys at distance >= w; mean over queries that have such keys)", "far_mass", "uniform_far_mass"),
-        ("Far-mass lower bound M / (M + K e^r) (Sec. 4; M far, K = w near keys, r = the query's logit range), "
-         "mean over the same queries", "far_mass_bound", None),
+        (
+            "Far attention mass (keys at distance >= w; mean over queries that have such keys)",
+            "far_mass",
+            "uniform_far_mass",
+        ),
+        (
+            "Far-mass lower bound M / (M + K e^r) (Sec. 4; M far, K = w near keys, r = the query's logit range), "
+            "mean over the same queries",
+            "far_mass_bound",
+            None,
+        ),
         ("Attention entropy (nats; mean over queries)", "entropy", "uniform_entropy"),
     ):
-        cells = [[f"{layer}.{h}", *(_fmt(getattr(r, key)[layer][h]) if getattr(r, key) else "n/a" for r in rows)]
-                 for layer in range(n_layer) for h in range(n_head)]
+        cells = [
+            [f"{layer}.{h}", *(_fmt(getattr(r, key)[layer][h]) if getattr(r, key) else "n/a" for r in rows)]
+            for layer in range(n_layer)
+            for h in range(n_head)
+        ]
         cells += [["uniform", *(_fmt(getattr(r, ref)) for r in rows)]] if ref else []
         lines += [f"## {title}", "", markdown_table(head, cells), ""]
     if res.spectral_gap:
-        lines += ["## Spectral gap of the step angles", "",
-                  f"beta_b = |mean exp(i theta)| per head and frequency block over held-out tokens; baseline: the "
-                  f"scheme's step law (|sin a_b / a_b|; RoPE 1); w_eps = ceil(log eps / log beta), eps = {res.eps:g}.", "",
-                  "Blocks that do not mix within the training length keep a near-constant step; their mean step "
-                  "arg mean exp(i theta) says whether they still rotate (RoPE-like, unseen phases at longer lengths) or stand still (NoPE-like).", ""]
-        head = ["layer", "beta min / median / max", "baseline min / median / max", "max abs(beta - baseline)", "w_eps median",
-                "blocks with w_eps <= train length", "others: median abs(mean step) (rad/token)"]
+        lines += [
+            "## Spectral gap of the step angles",
+            "",
+            f"beta_b = |mean exp(i theta)| per head and frequency block over held-out tokens; baseline: the "
+            f"scheme's step law (|sin a_b / a_b|; RoPE 1); w_eps = ceil(log eps / log beta), eps = {res.eps:g}.",
+            "",
+            "Blocks that do not mix within the training length keep a near-constant step; their mean step "
+            "arg mean exp(i theta) says whether they still rotate (RoPE-like, unseen phases at longer lengths) or stand still (NoPE-like).",
+            "",
+        ]
+        head = [
+            "layer",
+            "beta min / median / max",
+            "baseline min / median / max",
+            "max abs(beta - baseline)",
+            "w_eps median",
+            "blocks with w_eps <= train length",
+            "others: median abs(mean step) (rad/token)",
+        ]
         cells = []
         for g in res.spectral_gap:
             beta = np.asarray(g.beta)
@@ -58,14 +85,22 @@ def markdown(res: Diagnosis) -> str:
             w_eps = np.array([np.inf if x is None else x for row in g.w_eps for x in row], dtype=float)
             rng = lambda x: f"{x.min():.4f} / {np.median(x):.4f} / {x.max():.4f}"  # noqa: E731
             slow = np.abs(np.asarray(g.mean_step)).ravel()[w_eps > res.train_length]
-            cells.append([g.layer, rng(beta), rng(base) if base is not None else "n/a",
-                          _fmt(np.abs(beta - base).max() if base is not None else None, ".4f"), f"{np.median(w_eps):g}",
-                          f"{int((w_eps <= res.train_length).sum())}/{w_eps.size}", _fmt(np.median(slow) if slow.size else None, ".2e")])
+            cells.append(
+                [
+                    g.layer,
+                    rng(beta),
+                    rng(base) if base is not None else "n/a",
+                    _fmt(np.abs(beta - base).max() if base is not None else None, ".4f"),
+                    f"{np.median(w_eps):g}",
+                    f"{int((w_eps <= res.train_length).sum())}/{w_eps.size}",
+                    _fmt(np.median(slow) if slow.size else None, ".2e"),
+                ]
+            )
         lines += [markdown_table(head, cells), ""]
     return "\n".join(lines)
 
 
-def plot_vs_length(path: Path, res: Diagnosis, key: str, ref: str, ylabel: str, dotted: Optional[str] = None) -> None:
+def plot_vs_length(path: Path, res: Diagnosis, key: str, ref: str, ylabel: str, dotted: str | None = None) -> None:
     """One subplot per layer, one line per head (``dotted``: a second quantity per head, dotted),
     the uniform reference dashed; x = length / train length. key, ref, dotted: ``LengthDiagnosis`` fields."""
     rows = [r for r in res.lengths if getattr(r, key)]
@@ -74,7 +109,7 @@ def plot_vs_length(path: Path, res: Diagnosis, key: str, ref: str, ylabel: str, 
     xs = [r.multiple for r in rows]
     for layer, ax in enumerate(axes[0]):
         for h in range(len(getattr(rows[0], key)[layer]) if rows else 0):
-            line, = ax.plot(xs, [getattr(r, key)[layer][h] for r in rows], marker=".", label=f"head {h}")
+            (line,) = ax.plot(xs, [getattr(r, key)[layer][h] for r in rows], marker=".", label=f"head {h}")
             if dotted:
                 ax.plot(xs, [getattr(r, dotted)[layer][h] for r in rows], ls=":", color=line.get_color())
         ax.plot(xs, [getattr(r, ref) for r in rows], color="gray", ls="--", label="uniform")
@@ -120,7 +155,14 @@ def write_outputs(res: Diagnosis, out: Path) -> list[Path]:
     if res.note:
         return paths
     if any(r.far_mass for r in res.lengths):
-        plot_vs_length(out / "far_mass.png", res, "far_mass", "uniform_far_mass", "far attention mass (dotted: lower bound)", "far_mass_bound")
+        plot_vs_length(
+            out / "far_mass.png",
+            res,
+            "far_mass",
+            "uniform_far_mass",
+            "far attention mass (dotted: lower bound)",
+            "far_mass_bound",
+        )
         paths.append(out / "far_mass.png")
     if any(r.entropy for r in res.lengths):
         plot_vs_length(out / "entropy.png", res, "entropy", "uniform_entropy", "attention entropy (nats)")

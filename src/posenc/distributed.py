@@ -84,7 +84,9 @@ def check_device(name: str) -> torch.device:
     except RuntimeError:
         raise PosencError(f"unknown device {name!r} (e.g. cpu, cuda, cuda:1)") from None
     if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
-        raise PosencError(f"device {name!r} is not available here (torch {torch.__version__}, cuda available: {torch.cuda.is_available()})")
+        raise PosencError(
+            f"device {name!r} is not available here (torch {torch.__version__}, cuda available: {torch.cuda.is_available()})"
+        )
     return device
 
 
@@ -126,7 +128,9 @@ def wrap(model: torch.nn.Module, shard: Shard) -> torch.nn.Module:
         return model
     ddp = torch.nn.parallel.DistributedDataParallel
     # torch >= 2.13 renamed broadcast_buffers (syncing them once at init is harmless: they agree)
-    sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
+    sync = (
+        "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
+    )
     ids = [shard.device.index] if shard.device.type == "cuda" else None
     return ddp(model, device_ids=ids, **{sync: False})
 

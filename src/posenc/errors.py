@@ -2,7 +2,7 @@
 
 import contextlib
 import signal
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class PosencError(Exception):

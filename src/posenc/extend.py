@@ -24,7 +24,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Optional
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,26 +32,57 @@ from tqdm import tqdm
 
 from posenc import encodings, hf, passkey, rope
 from posenc.checkpoint import read_json, write_json
-from posenc.presets import SHIPPED, load_flat, preset_names as shipped
 from posenc.data import Document, load_corpus
 from posenc.errors import PosencError
+from posenc.presets import SHIPPED, load_flat
+from posenc.presets import preset_names as shipped
 from posenc.pretrained import evaluate, loading, report, schedules
-from posenc.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, drop_torn_tail, load, trial_key
 from posenc.pretrained.adaptation import Adaptation
+from posenc.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, drop_torn_tail, load, trial_key
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
 
 PRESETS = SHIPPED / "extend"
 # the setting: records of another setting in the same directory are kept, not shown (their tag differs)
-SETTING = ("model", "corpus", "docs", "factor", "max_tokens", "stride", "bos", "bucket", "rerope_window", "leak", "seed")
+SETTING = (
+    "model",
+    "corpus",
+    "docs",
+    "factor",
+    "max_tokens",
+    "stride",
+    "bos",
+    "bucket",
+    "rerope_window",
+    "leak",
+    "seed",
+)
 # settings added later: in the setting only when given, so the runs of earlier releases keep their tag
-LATER_SETTING = ("original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "truncate", "low_freq_factor",
-                 "high_freq_factor", "short_factor", "long_factor")
+LATER_SETTING = (
+    "original_max_position_embeddings",
+    "attention_factor",
+    "beta_fast",
+    "beta_slow",
+    "truncate",
+    "low_freq_factor",
+    "high_freq_factor",
+    "short_factor",
+    "long_factor",
+)
 # each schedule setting and the posenc.rope schedule parameter (Extension field) it gives
 SCHEDULE_KEYS = {"rerope_window": "window", "leak": "leak", **{k: k for k in LATER_SETTING[1:]}}
 # what one call ran, listed in config.json
-INVOCATION = ("lengths", "long_schedules", "max_windows", "passkey_lengths", "passkey_depths", "passkey_schedules", "name", "schedules",
-              "schemes")
+INVOCATION = (
+    "lengths",
+    "long_schedules",
+    "max_windows",
+    "passkey_lengths",
+    "passkey_depths",
+    "passkey_schedules",
+    "name",
+    "schedules",
+    "schemes",
+)
 SCHEME_LABEL = "scheme:"  # a posenc scheme's adaptation label: scheme:SPEC
 
 
@@ -64,17 +95,17 @@ class ScheduleSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     factor: float = Field(2.0, ge=1)  # scale factor s
-    original_max_position_embeddings: Optional[int] = Field(None, ge=2)  # L0 in tokens; None: the model's native context
-    attention_factor: Optional[float] = Field(None, gt=0)  # multiplies cos and sin (yarn, longrope); None: the schedule's
-    beta_fast: Optional[float] = None  # YaRN: rotations per L0 above which frequencies are kept (default 32)
-    beta_slow: Optional[float] = None  # YaRN: rotations per L0 below which they are divided by s (default 1)
-    truncate: Optional[bool] = None  # YaRN: floor/ceil the ramp's ends (default true)
-    low_freq_factor: Optional[float] = None  # Llama 3: wavelengths > L0 / low_freq_factor divided by s (default 1)
-    high_freq_factor: Optional[float] = None  # Llama 3: wavelengths < L0 / high_freq_factor kept (default 4)
-    short_factor: Optional[list[float]] = None  # LongRoPE: D/2 factors up to L0 (a model's searched list)
-    long_factor: Optional[list[float]] = None  # LongRoPE: D/2 factors past L0
-    rerope_window: Optional[int] = None  # ReRoPE window w; None: L0/4
-    leak: Optional[float] = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
+    original_max_position_embeddings: int | None = Field(None, ge=2)  # L0 in tokens; None: the model's native context
+    attention_factor: float | None = Field(None, gt=0)  # multiplies cos and sin (yarn, longrope); None: the schedule's
+    beta_fast: float | None = None  # YaRN: rotations per L0 above which frequencies are kept (default 32)
+    beta_slow: float | None = None  # YaRN: rotations per L0 below which they are divided by s (default 1)
+    truncate: bool | None = None  # YaRN: floor/ceil the ramp's ends (default true)
+    low_freq_factor: float | None = None  # Llama 3: wavelengths > L0 / low_freq_factor divided by s (default 1)
+    high_freq_factor: float | None = None  # Llama 3: wavelengths < L0 / high_freq_factor kept (default 4)
+    short_factor: list[float] | None = None  # LongRoPE: D/2 factors up to L0 (a model's searched list)
+    long_factor: list[float] | None = None  # LongRoPE: D/2 factors past L0
+    rerope_window: int | None = None  # ReRoPE window w; None: L0/4
+    leak: float | None = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
 
 
 class ScoringConfig(ScheduleSettings):
@@ -97,19 +128,24 @@ class ExtendConfig(ScoringConfig):
     """One ``posenc extend`` run; lengths, windows and strides in tokens of the model's tokenizer."""
 
     # keys of earlier versions: a one-line error naming the new key (posenc.presets.load_flat)
-    renamed_keys: ClassVar[dict[str, str]] = {"methods": "schedules", "long_methods": "long_schedules",
-                                              "passkey_methods": "passkey_schedules"}
-    stride: Optional[int] = None  # sliding-window stride in text tokens; None: non-overlapping windows
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "methods": "schedules",
+        "long_methods": "long_schedules",
+        "passkey_methods": "passkey_schedules",
+    }
+    stride: int | None = None  # sliding-window stride in text tokens; None: non-overlapping windows
     # position-bucket width (tokens); None: the run directory's (open_store), else 1/32 of each length (evaluate.bucket_width)
-    bucket: Optional[int] = Field(None, ge=1)
+    bucket: int | None = Field(None, ge=1)
     seed: int = 0  # seed of the passkey keys
     schedules: list[str] = Field(list(NAMES), min_length=1)  # RoPE context-extension schedules (posenc.rope)
-    schemes: list[str] = []  # posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme)
+    schemes: list[
+        str
+    ] = []  # posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme)
     lengths: list[Annotated[int, Field(ge=2)]] = Field(min_length=1)  # model positions per window
-    long_schedules: Optional[list[str]] = None  # only these at lengths > factor x L0; None: every schedule
+    long_schedules: list[str] | None = None  # only these at lengths > factor x L0; None: every schedule
     max_windows: int = Field(0, ge=0)  # windows per (adaptation, length); 0: all
-    passkey_schedules: Optional[list[str]] = None  # None: every schedule
-    threads: Optional[int] = None  # torch CPU threads; None: torch's choice
+    passkey_schedules: list[str] | None = None  # None: every schedule
+    threads: int | None = None  # torch CPU threads; None: torch's choice
 
 
 def preset_names() -> list[str]:
@@ -117,7 +153,7 @@ def preset_names() -> list[str]:
     return shipped(PRESETS)
 
 
-def load_extend_config(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> ExtendConfig:
+def load_extend_config(name_or_path: str, overrides: dict[str, Any] | None = None) -> ExtendConfig:
     """An extend preset by name (package data) or YAML path; ``overrides`` (given flags) replace its keys.
 
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or
@@ -139,7 +175,9 @@ def check_config(cfg: ExtendConfig) -> None:
             encodings.parts(entry)
     targets = min(cfg.lengths) - 1  # per window of the shortest length, either BOS policy
     if cfg.stride is not None and not 1 <= cfg.stride <= targets:
-        raise PosencError(f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {cfg.stride}")
+        raise PosencError(
+            f"--stride must be in [1, {targets}] (targets per window of the shortest length), got {cfg.stride}"
+        )
 
 
 def check_settings(cfg: ScheduleSettings, names: list[str]) -> None:
@@ -147,18 +185,28 @@ def check_settings(cfg: ScheduleSettings, names: list[str]) -> None:
     for key, param in SCHEDULE_KEYS.items():
         takers = [n for n, s in rope.SCHEDULES.items() if param in s.defaults]
         if getattr(cfg, key) is not None and not set(takers) & set(names):
-            raise PosencError(f"{key} (--{key.replace('_', '-')}) is a setting of {', '.join(takers)}; no schedule of this run "
-                              f"({', '.join(names)}) takes it")
+            raise PosencError(
+                f"{key} (--{key.replace('_', '-')}) is a setting of {', '.join(takers)}; no schedule of this run "
+                f"({', '.join(names)}) takes it"
+            )
 
 
 def extension(cfg: ScheduleSettings, schedule: str) -> schedules.Extension:
     """Schedule ``schedule`` with ``cfg``'s settings: factor, L0 and each setting the schedule takes (a run's other
     schedules take the rest)."""
     takes = rope.SCHEDULES[check_name(schedule)].defaults
-    given = {param: getattr(cfg, key) for key, param in SCHEDULE_KEYS.items() if param in takes and getattr(cfg, key) is not None}
+    given = {
+        param: getattr(cfg, key)
+        for key, param in SCHEDULE_KEYS.items()
+        if param in takes and getattr(cfg, key) is not None
+    }
     lists = {k: tuple(v) for k, v in given.items() if isinstance(v, list)}
-    return schedules.Extension(schedule, cfg.factor, original_max_position_embeddings=cfg.original_max_position_embeddings,
-                               **{**given, **lists})
+    return schedules.Extension(
+        schedule,
+        cfg.factor,
+        original_max_position_embeddings=cfg.original_max_position_embeddings,
+        **{**given, **lists},
+    )
 
 
 def held_out(cfg: ExtendConfig) -> list[Document]:
@@ -177,18 +225,29 @@ def held_out(cfg: ExtendConfig) -> list[Document]:
 
 def _plan_windows(docs: list[tuple[str, list[int]]], length: int, cfg: ExtendConfig) -> list[tuple[str, Window]]:
     """(document, window) pairs scored at ``length``: every window of every document, the first ``max_windows``."""
-    out = [(name, w) for name, toks in docs for w in evaluate.model_windows(len(toks), length, cfg.stride, cfg.bos == "prepend")]
+    out = [
+        (name, w)
+        for name, toks in docs
+        for w in evaluate.model_windows(len(toks), length, cfg.stride, cfg.bos == "prepend")
+    ]
     if not out:
         longest = max(len(t) for _, t in docs)
-        raise PosencError(f"length {length} exceeds the held-out text ({longest} tokens in the longest document "
-                          f"after --max-tokens {cfg.max_tokens})")
+        raise PosencError(
+            f"length {length} exceeds the held-out text ({longest} tokens in the longest document "
+            f"after --max-tokens {cfg.max_tokens})"
+        )
     return out[: cfg.max_windows] if cfg.max_windows else out
 
 
 def _skipped_a_target(record: ScoredWindow | PasskeyTrial) -> bool:
     """A --bos none window after the first from before the accounting fix (stride = length): its first target
     was never scored and its begin is off the current grid, so the record is ignored."""
-    return isinstance(record, ScoredWindow) and record.bos == "none" and record.stride >= record.length and record.begin > 0
+    return (
+        isinstance(record, ScoredWindow)
+        and record.bos == "none"
+        and record.stride >= record.length
+        and record.begin > 0
+    )
 
 
 def _other_bos(record: ScoredWindow | PasskeyTrial, bos: str) -> bool:
@@ -225,8 +284,16 @@ class _Store:
             self.by_sig.setdefault((record.signature, record.doc, record.begin, record.length), record)
 
 
-def _ppl_points(adapted: Adaptation, label: str, L: int, windows: list, doc_tokens: dict, store: _Store,
-                cfg: ExtendConfig, bos_id: int | None) -> None:
+def _ppl_points(
+    adapted: Adaptation,
+    label: str,
+    L: int,
+    windows: list,
+    doc_tokens: dict,
+    store: _Store,
+    cfg: ExtendConfig,
+    bos_id: int | None,
+) -> None:
     """Score the windows of one (adaptation ``label``, length) point, reusing forwards with an equal key
     (``Adaptation.key``)."""
     sig, bucket = adapted.key(L), evaluate.bucket_width(L, store.bucket)
@@ -242,10 +309,26 @@ def _ppl_points(adapted: Adaptation, label: str, L: int, windows: list, doc_toke
         else:
             adapted.reset_rotary()
             res = evaluate.score_window(adapted.model, doc_tokens[doc], win, bos_id, bucket)
-        store.add(ScoredWindow(key=key, adaptation=label, factor=cfg.factor, length=L, stride=cfg.stride or L - 1, bos=cfg.bos,
-                               doc=doc, begin=win.begin, bucket=bucket, signature=sig, seconds=round(time.time() - t0, 2), **res))
-        tqdm.write(f"{label:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
-                   f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})")
+        store.add(
+            ScoredWindow(
+                key=key,
+                adaptation=label,
+                factor=cfg.factor,
+                length=L,
+                stride=cfg.stride or L - 1,
+                bos=cfg.bos,
+                doc=doc,
+                begin=win.begin,
+                bucket=bucket,
+                signature=sig,
+                seconds=round(time.time() - t0, 2),
+                **res,
+            )
+        )
+        tqdm.write(
+            f"{label:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
+            f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})"
+        )
 
 
 def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: ExtendConfig, bos_id: int | None) -> None:
@@ -258,12 +341,32 @@ def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: Ex
                     continue
                 t0 = time.time()
                 adapted.reset_rotary()
-                res = passkey.passkey_trial(adapted.model, tok, L, depth, passkey.passkey_key(cfg.seed, L, depth, trial),
-                                            use_cache=not adapted.full_forward, bos_id=bos_id)
-                store.add(PasskeyTrial(key=key, adaptation=label, factor=cfg.factor, length=L, depth=depth, trial=trial,
-                                       seconds=round(time.time() - t0, 2), bos=cfg.bos, **res))
-                tqdm.write(f"{label:>12} passkey L={L} depth={depth} trial={trial}: "
-                           f"{'ok' if res['correct'] else 'wrong'} ({res['answer']!r}, {time.time() - t0:.0f} s)")
+                res = passkey.passkey_trial(
+                    adapted.model,
+                    tok,
+                    L,
+                    depth,
+                    passkey.passkey_key(cfg.seed, L, depth, trial),
+                    use_cache=not adapted.full_forward,
+                    bos_id=bos_id,
+                )
+                store.add(
+                    PasskeyTrial(
+                        key=key,
+                        adaptation=label,
+                        factor=cfg.factor,
+                        length=L,
+                        depth=depth,
+                        trial=trial,
+                        seconds=round(time.time() - t0, 2),
+                        bos=cfg.bos,
+                        **res,
+                    )
+                )
+                tqdm.write(
+                    f"{label:>12} passkey L={L} depth={depth} trial={trial}: "
+                    f"{'ok' if res['correct'] else 'wrong'} ({res['answer']!r}, {time.time() - t0:.0f} s)"
+                )
 
 
 def _write_config(path: Path, setting: dict, invocation: dict) -> None:
@@ -286,7 +389,9 @@ def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -
     return _Store(out / "records.jsonl", tag, cfg.bos, bucket)
 
 
-def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Document]) -> tuple[int, list, dict, int | None]:
+def eval_inputs(
+    cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Document]
+) -> tuple[int, list, dict, int | None]:
     """Native context L0, (document, tokens) pairs, windows per length and BOS id of ``cfg`` for a loaded model
     and the held-out ``documents`` (:func:`held_out`): every input checked (PosencError as :func:`extend`)."""
     l0 = cfg.original_max_position_embeddings or schedules.native_context(loaded.model.config)
@@ -304,12 +409,21 @@ def eval_inputs(cfg: ExtendConfig, loaded: loading.Loaded, documents: list[Docum
     plan = {L: _plan_windows(docs, L, cfg) for L in cfg.lengths}
     long = [L for L in cfg.lengths if L > cfg.factor * l0]
     if long and cfg.long_schedules is not None and not set(cfg.long_schedules) & set(cfg.schedules):
-        raise PosencError(f"--lengths {' '.join(map(str, long))} exceed factor x native length = {cfg.factor * l0:g}, where "
-                          f"only --long-schedules ({' '.join(cfg.long_schedules) or 'none'}) are scored, and --schedules has "
-                          "none of them: nothing would score there (add one to --schedules, or give a bare --long-schedules)")
-    if cfg.passkey_lengths and cfg.passkey_schedules is not None and not set(cfg.passkey_schedules) & set(cfg.schedules):
-        print(f"posenc: warning: no schedule of --schedules ({' '.join(cfg.schedules)}) is in --passkey-schedules "
-              f"({' '.join(cfg.passkey_schedules) or 'none'}): no schedule runs passkey trials", file=sys.stderr)
+        raise PosencError(
+            f"--lengths {' '.join(map(str, long))} exceed factor x native length = {cfg.factor * l0:g}, where "
+            f"only --long-schedules ({' '.join(cfg.long_schedules) or 'none'}) are scored, and --schedules has "
+            "none of them: nothing would score there (add one to --schedules, or give a bare --long-schedules)"
+        )
+    if (
+        cfg.passkey_lengths
+        and cfg.passkey_schedules is not None
+        and not set(cfg.passkey_schedules) & set(cfg.schedules)
+    ):
+        print(
+            f"posenc: warning: no schedule of --schedules ({' '.join(cfg.schedules)}) is in --passkey-schedules "
+            f"({' '.join(cfg.passkey_schedules) or 'none'}): no schedule runs passkey trials",
+            file=sys.stderr,
+        )
     return l0, docs, plan, bos_id
 
 
@@ -320,7 +434,7 @@ def text_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
-def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
+def extend(cfg: ExtendConfig, out: Path | None = None) -> tuple[Path, str]:
     """Score every (adaptation, length) window and passkey trial of ``cfg`` not yet recorded, then write the report.
 
     ``out``: the run directory (default ``runs/extend/<cfg.name>``). Returns it and the
@@ -354,8 +468,17 @@ def extend(cfg: ExtendConfig, out: Optional[Path] = None) -> tuple[Path, str]:
     return out, report.write_report(out, store.records, rows, _header(cfg, l0, docs, store.records))
 
 
-def _scheme_points(adapted: Adaptation, tok, spec: str, plan: dict, doc_tokens: dict, store: _Store, cfg: ExtendConfig,
-                   l0: int, bos_id: int | None) -> None:
+def _scheme_points(
+    adapted: Adaptation,
+    tok,
+    spec: str,
+    plan: dict,
+    doc_tokens: dict,
+    store: _Store,
+    cfg: ExtendConfig,
+    l0: int,
+    bos_id: int | None,
+) -> None:
     """Perplexity (lengths up to factor x L0, all with a bare --long-schedules) and passkey (every passkey length)
     of the model with scheme ``spec`` in its attention, without fine-tuning."""
     adapted.set_scheme(spec)
@@ -363,8 +486,17 @@ def _scheme_points(adapted: Adaptation, tok, spec: str, plan: dict, doc_tokens: 
     measure(adapted, tok, SCHEME_LABEL + spec, lengths, plan, doc_tokens, store, cfg, bos_id)
 
 
-def measure(adapted: Adaptation, tok, label: str, lengths: list[int], plan: dict, doc_tokens: dict, store: _Store,
-            cfg: ExtendConfig, bos_id: int | None) -> None:
+def measure(
+    adapted: Adaptation,
+    tok,
+    label: str,
+    lengths: list[int],
+    plan: dict,
+    doc_tokens: dict,
+    store: _Store,
+    cfg: ExtendConfig,
+    bos_id: int | None,
+) -> None:
     """Record perplexity at ``lengths`` (windows from ``plan``) and passkey (``cfg.passkey_lengths``) of the
     adapted model as it is now, under ``label``; points already in ``store`` are skipped."""
     for L in lengths:
@@ -377,8 +509,10 @@ def _header(cfg: ExtendConfig, l0: int, docs: list, records: list) -> str:
     ``--max-windows`` keeps the first ones, in document order), BOS policy, passkey scoring."""
     counts = sorted(set(Counter((r.adaptation, r.length) for r in records if isinstance(r, ScoredWindow)).values()))
     n = "no" if not counts else f"{counts[0]}" + (f"-{counts[-1]}" if len(counts) > 1 else "")
-    return (f"# posenc extend: {cfg.model} (native context {l0}, factor {cfg.factor:g})\n\n"
-            f"Text: {', '.join(d for d, _ in docs)} (each cut to its first {cfg.max_tokens} tokens); each point scores "
-            f"{n} window(s) of its length, the first in document order (tokens per point below), "
-            f"BOS policy {cfg.bos}, {'stride ' + str(cfg.stride) if cfg.stride else 'non-overlapping windows'}; "
-            f"passkey greedy, first integer of the output compared exactly.")
+    return (
+        f"# posenc extend: {cfg.model} (native context {l0}, factor {cfg.factor:g})\n\n"
+        f"Text: {', '.join(d for d, _ in docs)} (each cut to its first {cfg.max_tokens} tokens); each point scores "
+        f"{n} window(s) of its length, the first in document order (tokens per point below), "
+        f"BOS policy {cfg.bos}, {'stride ' + str(cfg.stride) if cfg.stride else 'non-overlapping windows'}; "
+        f"passkey greedy, first integer of the output compared exactly."
+    )

@@ -24,7 +24,7 @@ import importlib
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Optional
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -36,7 +36,8 @@ from posenc import extend
 from posenc.checkpoint import load_tensors, load_torch, make_run_dir, read_json, read_jsonl, write_json
 from posenc.data import load_corpus
 from posenc.errors import PosencError
-from posenc.presets import SHIPPED, load_flat, preset_names as shipped, validated
+from posenc.presets import SHIPPED, load_flat, validated
+from posenc.presets import preset_names as shipped
 from posenc.pretrained import loading, report
 from posenc.pretrained.adaptation import Adaptation
 from posenc.records import PasskeyTrial, ScoredWindow
@@ -49,8 +50,19 @@ PRESETS = SHIPPED / "finetune"
 SETTINGS = "finetune.json"  # the training settings (config.json is the evaluation's, as posenc extend writes it)
 WEIGHTS = "trained.safetensors"  # the trained tensors of the last checkpoint, by name (trained_state)
 # what may change when a run resumes (scoring, run name, checkpoint interval): the rest must equal finetune.json
-RESUME_FREE = {"name", "ckpt_every", "threads", "eval_lengths", "eval_windows", "docs", "max_tokens", "bos",
-               "passkey_lengths", "passkey_depths", "trials"}
+RESUME_FREE = {
+    "name",
+    "ckpt_every",
+    "threads",
+    "eval_lengths",
+    "eval_windows",
+    "docs",
+    "max_tokens",
+    "bos",
+    "passkey_lengths",
+    "passkey_depths",
+    "trials",
+}
 
 
 class FinetuneConfig(LoopConfig, extend.ScoringConfig):
@@ -65,7 +77,7 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
     warmup: NonNegativeInt = 5
     weight_decay: NonNegativeFloat = 0.0
     ckpt_every: PositiveInt = 10
-    scheme: Optional[str] = None  # a posenc scheme put into the model's attention (posenc.hf.apply_scheme)
+    scheme: str | None = None  # a posenc scheme put into the model's attention (posenc.hf.apply_scheme)
     schedule: str = "none"  # or a RoPE context-extension schedule (posenc.rope); not with a scheme
     length: int = Field(1024, ge=2)  # tokens per training sequence
     lora_rank: int = Field(8, ge=0)  # 0: full fine-tuning
@@ -73,7 +85,7 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
     lora_targets: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
     eval_lengths: list[Annotated[int, Field(ge=2)]] = Field([1024], min_length=1)
     eval_windows: int = Field(4, ge=0)  # windows per length; 0: all
-    pose_target: Optional[int] = Field(None, ge=2)  # PoSE: position ids skip-wise over this length (pose_position_ids)
+    pose_target: int | None = Field(None, ge=2)  # PoSE: position ids skip-wise over this length (pose_position_ids)
     pose_chunks: int = Field(2, ge=1)  # PoSE's chunks per training sequence (the paper's default: 2)
 
 
@@ -82,7 +94,7 @@ def preset_names() -> list[str]:
     return shipped(PRESETS)
 
 
-def load_finetune_config(name_or_path: str, overrides: Optional[dict[str, Any]] = None) -> FinetuneConfig:
+def load_finetune_config(name_or_path: str, overrides: dict[str, Any] | None = None) -> FinetuneConfig:
     """A finetune preset by name (package data) or YAML path, ``overrides`` (given flags) replacing its keys.
 
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or bad
@@ -96,23 +108,38 @@ def load_finetune_config(name_or_path: str, overrides: Optional[dict[str, Any]] 
 def check_config(cfg: FinetuneConfig) -> None:
     """What field bounds cannot say: a scheme or a schedule (not both), and extend's checks of the scoring."""
     if cfg.scheme and cfg.schedule != "none":
-        raise PosencError(f"give a scheme or a RoPE schedule, not both (scheme {cfg.scheme!r}, schedule {cfg.schedule!r})")
+        raise PosencError(
+            f"give a scheme or a RoPE schedule, not both (scheme {cfg.scheme!r}, schedule {cfg.schedule!r})"
+        )
     if cfg.pose_target is not None:
         if cfg.pose_target < cfg.length:
-            raise PosencError(f"pose_target {cfg.pose_target} is shorter than the training sequence (length {cfg.length})")
+            raise PosencError(
+                f"pose_target {cfg.pose_target} is shorter than the training sequence (length {cfg.length})"
+            )
         if cfg.pose_chunks > cfg.length:
-            raise PosencError(f"pose_chunks {cfg.pose_chunks}: more chunks than tokens per sequence (length {cfg.length})")
+            raise PosencError(
+                f"pose_chunks {cfg.pose_chunks}: more chunks than tokens per sequence (length {cfg.length})"
+            )
         if cfg.scheme or cfg.schedule == "rerope":  # their attention takes positions 0..T-1, not position_ids
-            raise PosencError(f"PoSE moves the model's RoPE positions (position_ids): not with "
-                              f"{'scheme ' + repr(cfg.scheme) if cfg.scheme else 'schedule rerope'}")
+            raise PosencError(
+                f"PoSE moves the model's RoPE positions (position_ids): not with "
+                f"{'scheme ' + repr(cfg.scheme) if cfg.scheme else 'schedule rerope'}"
+            )
     extend.check_config(eval_config(cfg))
 
 
 def eval_config(cfg: FinetuneConfig) -> extend.ExtendConfig:
     """The ``posenc extend`` settings that score the model before and after training."""
     shared = {k: getattr(cfg, k) for k in extend.ScoringConfig.model_fields}
-    return extend.ExtendConfig(**shared, seed=cfg.seed, schedules=[cfg.schedule], schemes=[cfg.scheme] if cfg.scheme else [],
-                               lengths=cfg.eval_lengths, long_schedules=None, max_windows=cfg.eval_windows)
+    return extend.ExtendConfig(
+        **shared,
+        seed=cfg.seed,
+        schedules=[cfg.schedule],
+        schemes=[cfg.scheme] if cfg.scheme else [],
+        lengths=cfg.eval_lengths,
+        long_schedules=None,
+        max_windows=cfg.eval_windows,
+    )
 
 
 def train_stream(cfg: FinetuneConfig, tokenizer) -> np.ndarray:
@@ -123,7 +150,9 @@ def train_stream(cfg: FinetuneConfig, tokenizer) -> np.ndarray:
     for doc in load_corpus(cfg.corpus).train:
         ids += extend.text_ids(tokenizer, doc.text) + eos
     if len(ids) <= cfg.length + 1:
-        raise PosencError(f"the training documents of {cfg.corpus} have {len(ids)} tokens, too few for --length {cfg.length}")
+        raise PosencError(
+            f"the training documents of {cfg.corpus} have {len(ids)} tokens, too few for --length {cfg.length}"
+        )
     return np.asarray(ids, dtype=np.int64)
 
 
@@ -136,8 +165,10 @@ def check_dependencies(cfg: FinetuneConfig) -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        raise PosencError(f"posenc finetune needs {', '.join(missing)}: pip install 'posenc[pretrained]'"
-                          + (" (or --lora-rank 0: no peft)" if missing == ["peft"] else ""))
+        raise PosencError(
+            f"posenc finetune needs {', '.join(missing)}: pip install 'posenc[pretrained]'"
+            + (" (or --lora-rank 0: no peft)" if missing == ["peft"] else "")
+        )
 
 
 def adapt(model, cfg: FinetuneConfig) -> tuple[Adaptation, str]:
@@ -166,15 +197,19 @@ def trainable(model, cfg: FinetuneConfig) -> dict[str, torch.nn.Parameter]:
         modules = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
         missing = [t for t in cfg.lora_targets if t not in modules]
         if missing:
-            raise PosencError(f"no module of the model is named {', '.join(missing)} (LoRA targets in a Llama-family "
-                              "model: q_proj, k_proj, v_proj, o_proj; MLP: gate_proj, up_proj, down_proj)")
+            raise PosencError(
+                f"no module of the model is named {', '.join(missing)} (LoRA targets in a Llama-family "
+                "model: q_proj, k_proj, v_proj, o_proj; MLP: gate_proj, up_proj, down_proj)"
+            )
         torch.manual_seed(cfg.seed)
         lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=cfg.lora_targets)
         try:
             inject_adapter_in_model(lora, model)  # in place; freezes every other weight
         except ValueError as exc:
-            raise PosencError(f"peft cannot put LoRA on {', '.join(cfg.lora_targets)} (give Linear layers): "
-                              f"{str(exc).splitlines()[0][:120]}") from None
+            raise PosencError(
+                f"peft cannot put LoRA on {', '.join(cfg.lora_targets)} (give Linear layers): "
+                f"{str(exc).splitlines()[0][:120]}"
+            ) from None
         for name, p in model.named_parameters():
             if ".posenc." in name:  # new parameters of the scheme: trained in full
                 p.requires_grad_(True)
@@ -191,11 +226,15 @@ def check_resumable(out: Path, cfg: FinetuneConfig) -> None:
     as ``--out runs`` would be: ``--out`` is the run directory itself, as extend's and train's are)."""
     if not (out / SETTINGS).exists():
         if out.is_dir() and any(out.iterdir()):
-            raise PosencError(f"{out} holds files but no finetune run ({SETTINGS}); --out is the run directory itself: "
-                              "give a new or empty one (default runs/finetune/<name>)")
+            raise PosencError(
+                f"{out} holds files but no finetune run ({SETTINGS}); --out is the run directory itself: "
+                "give a new or empty one (default runs/finetune/<name>)"
+            )
         return
     old = read_json(out / SETTINGS)
-    diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in json.loads(json.dumps(_settings(cfg))).items() if old.get(k) != v]
+    diff = [
+        f"{k} {old.get(k)!r} -> {v!r}" for k, v in json.loads(json.dumps(_settings(cfg))).items() if old.get(k) != v
+    ]
     if diff:
         raise PosencError(f"cannot resume {out}: its settings differ ({'; '.join(diff)}); use another --name or --out")
 
@@ -219,17 +258,21 @@ def pose_position_ids(length: int, target: int, chunks: int, seed: int, step: in
     increasing, the first 0, the last below ``target``. (length,) int64, drawn from (seed, step): a resumed run
     draws what it would have. PosencError if target < length or chunks is not in [1, length]."""
     if target < length or not 1 <= chunks <= length:
-        raise PosencError(f"PoSE needs target >= length and 1 <= chunks <= length, got target {target}, length {length}, chunks {chunks}")
+        raise PosencError(
+            f"PoSE needs target >= length and 1 <= chunks <= length, got target {target}, length {length}, chunks {chunks}"
+        )
     rng = np.random.default_rng([seed, step, POSE_STREAM])
     cuts = np.sort(rng.choice(np.arange(1, length), size=chunks - 1, replace=False)) if chunks > 1 else []
     bounds, u, ids = [0, *cuts, length], 0, np.arange(length)
     for c in range(1, chunks):
         u = int(rng.integers(u, target - length, endpoint=True))
-        ids[bounds[c]:] = np.arange(bounds[c], length) + u
+        ids[bounds[c] :] = np.arange(bounds[c], length) + u
     return torch.from_numpy(ids)
 
 
-def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, out: Path, tracker: Tracker = NO_TRACKER) -> None:
+def train_steps(
+    model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, out: Path, tracker: Tracker = NO_TRACKER
+) -> None:
     """Train ``params`` of ``model`` up to ``cfg.steps`` with posenc's loop (``posenc.train.fit``), resuming from ``out``.
 
     Each step's batch is ``posenc.train.batch_at`` of (seed, step); the loss is the mean next-token NLL
@@ -241,13 +284,23 @@ def train_steps(model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, ou
     ckpt = Checkpoint(out, lambda: state, make_optimizer(model, cfg), key="trained", weights=WEIGHTS)
     step = ckpt.load()
     if step:
-        tqdm.write(f"posenc: {out} is already fine-tuned (step {step} of {cfg.steps}): training skipped" if step >= cfg.steps
-                   else f"posenc: resuming {out} at step {step} of {cfg.steps}")
+        tqdm.write(
+            f"posenc: {out} is already fine-tuned (step {step} of {cfg.steps}): training skipped"
+            if step >= cfg.steps
+            else f"posenc: resuming {out} at step {step} of {cfg.steps}"
+        )
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
         x, y = batch_at(stream, step, cfg.batch_size, cfg.length, cfg.seed)
-        pose = {} if cfg.pose_target is None else {"position_ids": pose_position_ids(
-            cfg.length, cfg.pose_target, cfg.pose_chunks, cfg.seed, step).expand(x.shape[0], -1)}  # one draw per step
+        pose = (
+            {}
+            if cfg.pose_target is None
+            else {
+                "position_ids": pose_position_ids(cfg.length, cfg.pose_target, cfg.pose_chunks, cfg.seed, step).expand(
+                    x.shape[0], -1
+                )
+            }
+        )  # one draw per step
         logits = model(input_ids=x, use_cache=False, **pose).logits
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten()), x.numel()
 
@@ -272,8 +325,10 @@ def load_finetuned(run_dir: Path) -> tuple[loading.Loaded, Adaptation, str]:
     check_dependencies(cfg)
     weights, state = run_dir / WEIGHTS, run_dir / "state.pt"
     if not (weights.exists() and state.exists()):
-        raise PosencError(f"{run_dir} is a finetune run without a checkpoint yet (no {WEIGHTS}): "
-                          "rerun its posenc finetune command to resume it")
+        raise PosencError(
+            f"{run_dir} is a finetune run without a checkpoint yet (no {WEIGHTS}): "
+            "rerun its posenc finetune command to resume it"
+        )
     step = int(load_torch(state, mmap=True)["step"])
     loaded = loading.load(cfg.model)
     adapted, label = adapt(loaded.model, cfg)
@@ -300,7 +355,7 @@ def _weights_label(tuned: str, cfg: FinetuneConfig) -> str:
     return tuned + " " + json.dumps(_settings(cfg), sort_keys=True)
 
 
-def finetune(cfg: FinetuneConfig, out: Optional[Path] = None, log: str = "none") -> tuple[Path, str]:
+def finetune(cfg: FinetuneConfig, out: Path | None = None, log: str = "none") -> tuple[Path, str]:
     """Score, train and score again the adapted model of ``cfg``; returns the run directory and the report's markdown.
 
     ``out``: the run directory (default ``runs/finetune/<cfg.name>``). ``log``: a tracker kind
@@ -325,11 +380,15 @@ def finetune(cfg: FinetuneConfig, out: Optional[Path] = None, log: str = "none")
     adapted, label = adapt(model, cfg)
     params = trainable(model, cfg)  # LoRA starts at zero: the model is unchanged until it trains
     make_run_dir(out)
-    write_json(out / SETTINGS, _settings(cfg))  # first: it marks out as this run's, also when the first scoring is interrupted
+    write_json(
+        out / SETTINGS, _settings(cfg)
+    )  # first: it marks out as this run's, also when the first scoring is interrupted
     store = extend.open_store(out, ecfg, docs, l0, loaded.source)
     tuned = tuned_label(label, cfg.steps, cfg.steps)
     with open_tracker(log, out, cfg.name, "finetune", {"finetune": cfg.model_dump(), "stamp": run_stamp()}) as tracker:
-        extend.measure(adapted, tok, label, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)  # before any training
+        extend.measure(
+            adapted, tok, label, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id
+        )  # before any training
         tracker.log(scores(store.records, label), 0)
         train_steps(model, params, stream, cfg, out, tracker)
         adapted.weights = _weights_label(tuned, cfg)  # no reuse of the scores before
@@ -354,8 +413,10 @@ def scores(records: list[ScoredWindow | PasskeyTrial], label: str) -> dict[str, 
             cell[1] += r.n_scored
         elif r.adaptation == label and isinstance(r, PasskeyTrial):
             keys.setdefault(r.length, []).append(r.correct)
-    return {**{f"eval/ppl@{L}": math.exp(s / n) for L, (s, n) in nll.items() if n},
-            **{f"eval/passkey@{L}": sum(v) / len(v) for L, v in keys.items()}}
+    return {
+        **{f"eval/ppl@{L}": math.exp(s / n) for L, (s, n) in nll.items() if n},
+        **{f"eval/passkey@{L}": sum(v) / len(v) for L, v in keys.items()},
+    }
 
 
 def _loss_plot(out: Path, log: list[dict], label: str) -> None:
@@ -372,10 +433,18 @@ def _header(cfg: FinetuneConfig, label: str, l0: int, params: dict, log: list[di
     n = sum(p.numel() for p in params.values())
     what = f"LoRA rank {cfg.lora_rank} on {', '.join(cfg.lora_targets)}" if cfg.lora_rank else "every weight"
     k = max(1, len(log) // 10)
-    loss = (f"mean loss of the first {k} step(s) {np.mean([r['loss'] for r in log[:k]]):.3f}, "
-            f"of the last {k} {np.mean([r['loss'] for r in log[-k:]]):.3f}") if log else "no steps logged"
-    return (f"# posenc finetune: {cfg.model} (native context {l0}) with {label}\n\n"
-            f"Trained {cfg.steps} steps of {cfg.batch_size} x {cfg.length} tokens of {cfg.corpus} ({what}, "
-            f"{n:,} trained parameters, lr {cfg.lr:g}): {sum(r['seconds'] for r in log):.0f} s of training; {loss}.\n\n"
-            f"Scored on held-out text as `posenc extend` scores: {', '.join(d for d in cfg.docs)}, "
-            f"{cfg.eval_windows or 'all'} window(s) per length, BOS policy {cfg.bos}.")
+    loss = (
+        (
+            f"mean loss of the first {k} step(s) {np.mean([r['loss'] for r in log[:k]]):.3f}, "
+            f"of the last {k} {np.mean([r['loss'] for r in log[-k:]]):.3f}"
+        )
+        if log
+        else "no steps logged"
+    )
+    return (
+        f"# posenc finetune: {cfg.model} (native context {l0}) with {label}\n\n"
+        f"Trained {cfg.steps} steps of {cfg.batch_size} x {cfg.length} tokens of {cfg.corpus} ({what}, "
+        f"{n:,} trained parameters, lr {cfg.lr:g}): {sum(r['seconds'] for r in log):.0f} s of training; {loss}.\n\n"
+        f"Scored on held-out text as `posenc extend` scores: {', '.join(d for d in cfg.docs)}, "
+        f"{cfg.eval_windows or 'all'} window(s) per length, BOS policy {cfg.bos}."
+    )

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Optional
 
 import torch
 
@@ -101,19 +100,29 @@ def apply_scheme(model, spec: str) -> Scheme:
     from transformers import AttentionInterface  # optional dependency (posenc[pretrained])
 
     if isinstance(model.model.rotary_emb, IdentityRotary):
-        raise PosencError("the model's rotary embedding is already swapped (a posenc scheme or ReRoPE): "
-                          "remove that first (Scheme.remove, or posenc.pretrained.adaptation.Adaptation)")
+        raise PosencError(
+            "the model's rotary embedding is already swapped (a posenc scheme or ReRoPE): "
+            "remove that first (Scheme.remove, or posenc.pretrained.adaptation.Adaptation)"
+        )
     param = next(model.parameters())
     schemes = layer_schemes(model, spec)
     hook = functools.partial(_decoding_state, spec)
     hooks = [model.model.register_forward_pre_hook(_refuse_padding, with_kwargs=True)]
     for layer, enc in zip(model.model.layers, schemes):
         # a submodule, not adaptation state: its parameters train, save and move with the model's
-        layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype).train(model.training)  # eval: fixed draws
+        layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype).train(
+            model.training
+        )  # eval: fixed draws
         hooks.append(layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True))
     AttentionInterface.register(ATTN_NAME, attention_forward)
-    swapped = Scheme(model, spec, any(enc.replaces_attention for enc in schemes), model.model.rotary_emb,
-                     model.config._attn_implementation, hooks)
+    swapped = Scheme(
+        model,
+        spec,
+        any(enc.replaces_attention for enc in schemes),
+        model.model.rotary_emb,
+        model.config._attn_implementation,
+        hooks,
+    )
     model.model.rotary_emb = IdentityRotary(model.model.rotary_emb.inv_freq)
     model.set_attn_implementation(ATTN_NAME)
     return swapped
@@ -127,7 +136,14 @@ def layer_schemes(model, spec: str) -> list[Encoding]:
     theta = float(config.rope_parameters["rope_theta"])
     out = []
     for i in range(len(model.model.layers)):
-        dims = Dims(config.num_attention_heads, head_dim(config), config.hidden_size, config.vocab_size, native_context(config), i)
+        dims = Dims(
+            config.num_attention_heads,
+            head_dim(config),
+            config.hidden_size,
+            config.vocab_size,
+            native_context(config),
+            i,
+        )
         enc = encodings.get(spec, dims, defaults={"rope_theta": theta})
         _check_scheme(enc, spec)
         for part in enc.modules():
@@ -149,8 +165,10 @@ def _refuse_padding(module, args, kwargs):
     batch (zeros in ``attention_mask``) would be scored wrongly; refuse it instead."""
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all()):
-        raise PosencError("a model with a posenc scheme takes unpadded batches (attention_mask has zeros): "
-                          "run rows of different lengths one at a time")
+        raise PosencError(
+            "a model with a posenc scheme takes unpadded batches (attention_mask has zeros): "
+            "run rows of different lengths one at a time"
+        )
 
 
 @functools.cache
@@ -165,7 +183,7 @@ def cache_layer_type():
     class PosencLayer(DynamicLayer):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
-            self.x: Optional[torch.Tensor] = None
+            self.x: torch.Tensor | None = None
 
         def reset(self) -> None:
             super().reset()
@@ -211,17 +229,25 @@ def _cache_layer(cache, layer_idx: int):
     from transformers.cache_utils import DynamicLayer
 
     kind, layers = cache_layer_type(), getattr(cache, "layers", None)
-    if layers is not None and len(layers) <= layer_idx and getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
+    if (
+        layers is not None
+        and len(layers) <= layer_idx
+        and getattr(cache, "layer_class_to_replicate", None) is DynamicLayer
+    ):
         layers.extend(kind() for _ in range(layer_idx + 1 - len(layers)))  # what Cache.update would append
     entry = layers[layer_idx] if layers is not None and layer_idx < len(layers) else None
     if isinstance(entry, kind):
         return entry
     if type(entry) is not DynamicLayer:
-        raise PosencError(f"a model with a posenc scheme decodes with transformers' DynamicCache (the default); got "
-                          f"{type(cache).__name__}{f' with {type(entry).__name__} layers' if entry is not None else ''}")
+        raise PosencError(
+            f"a model with a posenc scheme decodes with transformers' DynamicCache (the default); got "
+            f"{type(cache).__name__}{f' with {type(entry).__name__} layers' if entry is not None else ''}"
+        )
     if entry.get_seq_length():
-        raise PosencError(f"the KV cache holds {entry.get_seq_length()} positions this posenc model did not decode "
-                          "(filled before apply_scheme?): start from an empty cache")
+        raise PosencError(
+            f"the KV cache holds {entry.get_seq_length()} positions this posenc model did not decode "
+            "(filled before apply_scheme?): start from an empty cache"
+        )
     layers[layer_idx] = kind()
     return layers[layer_idx]
 
@@ -242,24 +268,39 @@ def _layer_input(new: torch.Tensor, layer, n_keys: int) -> torch.Tensor:
     old = None if layer is None else layer.x
     have = 0 if old is None else old.shape[1]
     if have + new.shape[1] != n_keys or (old is not None and old.shape[0] != new.shape[0]):
-        raise PosencError(f"posenc attention got {n_keys} keys for {new.shape[1]} new positions and {have} cached inputs "
-                          "(a KV cache changed outside transformers' Cache methods?)")
+        raise PosencError(
+            f"posenc attention got {n_keys} keys for {new.shape[1]} new positions and {have} cached inputs "
+            "(a KV cache changed outside transformers' Cache methods?)"
+        )
     x = new if old is None else torch.cat((old.to(new.device), new), dim=1)  # an offloaded cache keeps x on the CPU
     if layer is not None:
         layer.x = x.detach()
     return x
 
 
-def attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
-                      position_ids: Optional[torch.Tensor] = None, posenc_x: Optional[torch.Tensor] = None,
-                      posenc_layer=None, posenc_spec: str = "", **kwargs):
+def attention_forward(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling: float,
+    dropout: float = 0.0,
+    position_ids: torch.Tensor | None = None,
+    posenc_x: torch.Tensor | None = None,
+    posenc_layer=None,
+    posenc_spec: str = "",
+    **kwargs,
+):
     """transformers ``AttentionInterface`` entry: query (B, H, Tq, D), key, value (B, Hkv, T, D) unrotated
     -> ((B, Tq, H, D), None). The queries are the last Tq of the T positions 0..T-1; ``posenc_x``,
     ``posenc_layer`` and ``posenc_spec`` come from the pre-hook :func:`_decoding_state`."""
     n_keys = key.shape[-2]
     if module.posenc.replaces_attention and query.shape[-2] != n_keys:
-        raise PosencError(f"{posenc_spec!r} replaces attention and needs every query: "
-                          "decode without the KV cache (generate(..., use_cache=False))")
+        raise PosencError(
+            f"{posenc_spec!r} replaces attention and needs every query: "
+            "decode without the KV cache (generate(..., use_cache=False))"
+        )
     x = _layer_input(posenc_x, posenc_layer, n_keys)
     prepared = prepare(module.posenc, x)  # positions 0..T-1
     scale = prepared.logit_scale * scaling * math.sqrt(query.shape[-1])  # the model's softmax scale, not 1/sqrt(D)

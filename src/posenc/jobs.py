@@ -22,8 +22,9 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from pydantic import ValidationError
@@ -45,7 +46,9 @@ def one_line(exc: BaseException) -> str:
 def scheme_modules(schemes: list[str]) -> list[str]:
     """Modules defining the schemes' classes (each part of ``A+B``, each entry of ``A|B``), for a job process to import;
     plugins are left out: the job loads them itself (entry points, and POSENC_IMPORT, which it inherits)."""
-    mods = {cls.__module__ for s in schemes for entry in encodings.layer_pattern(s) for cls, _ in encodings.parts(entry)}
+    mods = {
+        cls.__module__ for s in schemes for entry in encodings.layer_pattern(s) for cls, _ in encodings.parts(entry)
+    }
     return sorted(mods - {"__main__"} - encodings.plugin_modules())  # spawn re-runs __main__ itself
 
 
@@ -58,7 +61,9 @@ def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, env:
             torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
         for m in modules:
             importlib.import_module(m)
-        with sigterm_as_interrupt():  # a stop sent to the whole group (timeout) saves the job's checkpoint, as Ctrl-C does
+        with (
+            sigterm_as_interrupt()
+        ):  # a stop sent to the whole group (timeout) saves the job's checkpoint, as Ctrl-C does
             fn(*args)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -67,7 +72,7 @@ def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, env:
         sys.exit(1)
 
 
-def start_isolated(fn: Callable, args: tuple, error_file: Path, modules: list[str], env: Optional[dict[str, str]] = None):
+def start_isolated(fn: Callable, args: tuple, error_file: Path, modules: list[str], env: dict[str, str] | None = None):
     """Start ``fn(*args)`` in a fresh spawned process (``finish_isolated`` collects it)."""
     error_file.parent.mkdir(parents=True, exist_ok=True)
     error_file.unlink(missing_ok=True)
@@ -76,7 +81,7 @@ def start_isolated(fn: Callable, args: tuple, error_file: Path, modules: list[st
     return proc
 
 
-def finish_isolated(proc, error_file: Path) -> Optional[str]:
+def finish_isolated(proc, error_file: Path) -> str | None:
     """Wait for a job process; None on success, else its one-line error.
 
     Ctrl-C reaches the job too: it is waited for (it saves its checkpoint) and re-raised here.
@@ -107,13 +112,19 @@ def slot_env(slot: int, parallel: int, nproc: int) -> dict[str, str]:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         if len(gpus) < parallel * nproc:
-            raise PosencError(f"--parallel {parallel} x --nproc-per-node {nproc} needs {parallel * nproc} GPUs, found {len(gpus)}")
+            raise PosencError(
+                f"--parallel {parallel} x --nproc-per-node {nproc} needs {parallel * nproc} GPUs, found {len(gpus)}"
+            )
         return {"CUDA_VISIBLE_DEVICES": ",".join(gpus[slot * nproc : (slot + 1) * nproc])}
     return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // (parallel * nproc)))}
 
 
-def run_pool(jobs: list[tuple[Callable, tuple, Path, list[str]]], parallel: int, nproc: int = 1,
-             on_failure: Optional[Callable[[int, str], None]] = None) -> dict[int, str]:
+def run_pool(
+    jobs: list[tuple[Callable, tuple, Path, list[str]]],
+    parallel: int,
+    nproc: int = 1,
+    on_failure: Callable[[int, str], None] | None = None,
+) -> dict[int, str]:
     """Run isolated jobs (fn, args, error file, modules), ``parallel`` at a time, each pinned by ``slot_env``.
 
     Returns {index of a failed job: its one-line error}; ``on_failure(index, error)`` is called as each
@@ -174,14 +185,26 @@ def executor(launcher: str, folder: Path, cluster: ClusterConfig, name: str = "p
         ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
     except Exception as exc:  # no sbatch here
         raise PosencError(f"--launcher slurm: submitit cannot use Slurm here ({one_line(exc)})") from None
-    params = {"timeout_min": cluster.time_min, "gpus_per_node": cluster.gpus_per_job, "nodes": 1, "tasks_per_node": 1, "name": name}
-    params |= {k: v for k, v in {"slurm_partition": cluster.partition, "mem_gb": cluster.mem_gb}.items() if v is not None}
+    params = {
+        "timeout_min": cluster.time_min,
+        "gpus_per_node": cluster.gpus_per_job,
+        "nodes": 1,
+        "tasks_per_node": 1,
+        "name": name,
+    }
+    params |= {
+        k: v for k, v in {"slurm_partition": cluster.partition, "mem_gb": cluster.mem_gb}.items() if v is not None
+    }
     ex.update_parameters(**params)
     return ex
 
 
-def run_submitit(jobs: list[tuple[Callable, tuple, Path, list[str]]], ex, poll_s: float = 5,
-                 on_failure: Optional[Callable[[int, str], None]] = None) -> dict[int, str]:
+def run_submitit(
+    jobs: list[tuple[Callable, tuple, Path, list[str]]],
+    ex,
+    poll_s: float = 5,
+    on_failure: Callable[[int, str], None] | None = None,
+) -> dict[int, str]:
     """Submit each job (fn, args, error file, modules) through the submitit executor ``ex`` (``executor``) and
     wait for all of them (stderr says what was submitted and where each job's output goes); returns {index of a
     failed job: its one-line error}, calling ``on_failure`` as
@@ -196,10 +219,18 @@ def run_submitit(jobs: list[tuple[Callable, tuple, Path, list[str]]], ex, poll_s
     for _, _, error_file, _ in jobs:
         error_file.parent.mkdir(parents=True, exist_ok=True)
         error_file.unlink(missing_ok=True)
-    with _stderr_into(Path(ex.folder) / "controllers.err"), ex.batch():  # one submission (a Slurm job array where the scheduler has them)
-        submitted = [ex.submit(_cluster_entry, fn, args, modules, error_file, sys.argv) for fn, args, error_file, modules in jobs]
-    print(f"posenc: {len(submitted)} submitit job(s) submitted ({', '.join(job.job_id for job in submitted)}), waiting; "
-          f"each job's output: {submitted[0].paths.stderr.parent}/<job id>_0_log.err", file=sys.stderr)
+    with (
+        _stderr_into(Path(ex.folder) / "controllers.err"),
+        ex.batch(),
+    ):  # one submission (a Slurm job array where the scheduler has them)
+        submitted = [
+            ex.submit(_cluster_entry, fn, args, modules, error_file, sys.argv) for fn, args, error_file, modules in jobs
+        ]
+    print(
+        f"posenc: {len(submitted)} submitit job(s) submitted ({', '.join(job.job_id for job in submitted)}), waiting; "
+        f"each job's output: {submitted[0].paths.stderr.parent}/<job id>_0_log.err",
+        file=sys.stderr,
+    )
     index = {job.job_id: i for i, job in enumerate(submitted)}
     failures: dict[int, str] = {}
     try:
@@ -240,7 +271,7 @@ def _stderr_into(path: Path):
         os.close(saved)
 
 
-def run_inline(fn: Callable, args: tuple, error_file: Path) -> Optional[str]:
+def run_inline(fn: Callable, args: tuple, error_file: Path) -> str | None:
     """Run ``fn(*args)`` in this process; None on success, else its one-line error (traceback in ``error_file``)."""
     try:
         fn(*args)
@@ -260,8 +291,22 @@ def done_cells(results: Path) -> set[tuple[str, int, int]]:
 
 # set per job, lists of cells that may grow (results are kept per cell), or memory/speed knobs
 FREE_SETTINGS = {
-    "model.encoding", "model.attn_block_size", "train.seed", "train.threads", "train.compile", "train.ckpt_every", "train.log_every",
-    "eval.multiples", "eval.batch_tokens", "task_eval.multiples", "task_eval.batch_tokens", "task_eval.horizon_tol", "task_eval.learned", "eval.passkey.lengths_multiples", "eval.passkey.depths", "eval.far_mass.multiples",
+    "model.encoding",
+    "model.attn_block_size",
+    "train.seed",
+    "train.threads",
+    "train.compile",
+    "train.ckpt_every",
+    "train.log_every",
+    "eval.multiples",
+    "eval.batch_tokens",
+    "task_eval.multiples",
+    "task_eval.batch_tokens",
+    "task_eval.horizon_tol",
+    "task_eval.learned",
+    "eval.passkey.lengths_multiples",
+    "eval.passkey.depths",
+    "eval.far_mass.multiples",
 }
 
 
@@ -305,4 +350,6 @@ def check_same_settings(run_root: Path, preset: Preset) -> None:
     now = settings(preset)
     diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if old.get(k) != v]
     if diff:
-        raise PosencError(f"{run_root} holds results made with other settings ({'; '.join(diff)}); use another --name or --out")
+        raise PosencError(
+            f"{run_root} holds results made with other settings ({'; '.join(diff)}); use another --name or --out"
+        )

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -36,8 +35,8 @@ class Prepared:
     """
 
     inp: Inputs
-    phases: Optional[torch.Tensor]
-    bias: Optional[BiasFn]
+    phases: torch.Tensor | None
+    bias: BiasFn | None
     rotate_v: bool
     pairing: str
     logit_scale: float
@@ -49,9 +48,9 @@ class AttentionInputs(Prepared):
     """One attention layer's inputs: the Prepared hooks and q: (B, H, Tq, Dk), k: (B, H, T, Dk),
     v: (B, H, T, Dv), not yet rotated, keys and values already repeated to the H query heads."""
 
-    q: Optional[torch.Tensor] = None
-    k: Optional[torch.Tensor] = None
-    v: Optional[torch.Tensor] = None
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
 
 
 def _prepare(enc: Encoding, inp: Inputs) -> Prepared:
@@ -60,13 +59,13 @@ def _prepare(enc: Encoding, inp: Inputs) -> Prepared:
 
 
 def prepare(
-    scheme: Union[str, Encoding],
+    scheme: str | Encoding,
     x: torch.Tensor,
-    positions: Optional[torch.Tensor] = None,
+    positions: torch.Tensor | None = None,
     *,
-    n_head: Optional[int] = None,
-    head_dim: Optional[int] = None,
-    tokens: Optional[torch.Tensor] = None,
+    n_head: int | None = None,
+    head_dim: int | None = None,
+    tokens: torch.Tensor | None = None,
     train_length: int = 128,
 ) -> Prepared:
     """Evaluate a scheme's hooks on a layer input, for :func:`attend`.
@@ -93,12 +92,16 @@ def prepare(
         dims = Dims(n_head, head_dim or d // n_head, d, 0, train_length)
         spec, scheme = scheme, encodings.get(scheme, dims)
         if any(True for _ in scheme.parameters()):
-            raise PosencError(f"{spec!r} has learned parameters: build it once with posenc.encodings.get and keep it in your module")
+            raise PosencError(
+                f"{spec!r} has learned parameters: build it once with posenc.encodings.get and keep it in your module"
+            )
     _check_scheme(scheme)
     return _prepare(scheme, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared, block_size: int = 512) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared, block_size: int = 512
+) -> torch.Tensor:
     """Causal attention of q over k, v with the prepared scheme: (B, H, Tq, Dv) in v's dtype.
 
     q: (B, H, Tq, Dk), the queries of the last Tq of the T positions; k: (B, Hkv, T, Dk);
@@ -109,7 +112,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared
     bias tile. Raises PosencError for shapes that do not fit.
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
-        raise PosencError(f"q, k, v must be (B, H, T, D) with matching batch, heads and length; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise PosencError(
+            f"q, k, v must be (B, H, T, D) with matching batch, heads and length; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     _check_heads(q, k, v, prepared)
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     p = prepared
@@ -117,8 +122,17 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared
         if q.shape[-2] != k.shape[-2]:
             raise PosencError(f"{p.encoding.describe()} attends with all T queries; got {q.shape[-2]} of {k.shape[-2]}")
         return p.encoding.attend(q, k, v, p.inp, bias=p.bias)  # the hooks' bias, not computed twice
-    return attention(q, k, v, phases=p.phases, rotate_v=p.rotate_v, pairing=p.pairing, bias=p.bias,
-                     logit_scale=p.logit_scale, block_size=block_size)
+    return attention(
+        q,
+        k,
+        v,
+        phases=p.phases,
+        rotate_v=p.rotate_v,
+        pairing=p.pairing,
+        bias=p.bias,
+        logit_scale=p.logit_scale,
+        block_size=block_size,
+    )
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Prepared) -> None:
@@ -127,8 +141,10 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Prepared)
     dims = p.encoding.dims
     given = {"q": q.shape[-1], "k": k.shape[-1], **({"v": v.shape[-1]} if p.rotate_v else {})}
     if set(given.values()) != {dims.head_dim}:
-        raise PosencError(f"{', '.join(given)} have head dim {', '.join(map(str, given.values()))}; "
-                          f"the scheme was prepared for head dim {dims.head_dim}")
+        raise PosencError(
+            f"{', '.join(given)} have head dim {', '.join(map(str, given.values()))}; "
+            f"the scheme was prepared for head dim {dims.head_dim}"
+        )
     if q.shape[1] != dims.n_head:
         raise PosencError(f"q has {q.shape[1]} heads; the scheme was prepared for {dims.n_head}")
 
@@ -153,7 +169,7 @@ class LayerCache:
 
     def __init__(self, reference: bool = False, capacity: int = 0):
         self.reference, self.state = reference, None
-        self.batch: Optional[int] = None
+        self.batch: int | None = None
         self.has_tokens = False
         self._pos = Buffer(-1, capacity, batched=False)
         self._x, self._tokens = Buffer(-2, capacity), Buffer(-1, capacity)
@@ -171,7 +187,14 @@ class LayerCache:
     tokens = property(lambda self: self._tokens.value)
 
     def _all(self) -> list:
-        return ([self.state] if self.state is not None else []) + [self._pos, self._x, self._tokens, self._q, self._k, self._v]  # the state may refuse first
+        return ([self.state] if self.state is not None else []) + [
+            self._pos,
+            self._x,
+            self._tokens,
+            self._q,
+            self._k,
+            self._v,
+        ]  # the state may refuse first
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` positions (e.g. after rejected speculative tokens); PosencError where the
@@ -192,25 +215,29 @@ class LayerCache:
         return sum(b.nbytes() for b in self._all())
 
 
-def _check_x(x: torch.Tensor, d_model: Optional[int] = None) -> torch.Tensor:
+def _check_x(x: torch.Tensor, d_model: int | None = None) -> torch.Tensor:
     if x.dim() != 3 or x.shape[1] == 0 or (d_model is not None and x.shape[2] != d_model):
         want = d_model if d_model is not None else "d_model"
         raise PosencError(f"x must be (batch, T, {want}) with T >= 1, got shape {tuple(x.shape)}")
     return x
 
 
-def _positions(positions: Optional[torch.Tensor], n: int, start: int, device) -> torch.Tensor:
+def _positions(positions: torch.Tensor | None, n: int, start: int, device) -> torch.Tensor:
     """positions (n,) int64 as given, default arange(start, start + n); PosencError for another shape or dtype."""
     if positions is None:
         return torch.arange(start, start + n, device=device)
     if positions.shape != (n,) or positions.dtype != torch.int64:
-        raise PosencError(f"positions must be ({n},) int64 for T = {n}, got shape {tuple(positions.shape)} {positions.dtype}")
+        raise PosencError(
+            f"positions must be ({n},) int64 for T = {n}, got shape {tuple(positions.shape)} {positions.dtype}"
+        )
     return positions
 
 
 def _check_scheme(enc: Encoding) -> None:
     if enc.additive:
-        raise PosencError(f"{enc.describe()} is an additive input embedding: add enc.embed(positions) to the token embeddings instead")
+        raise PosencError(
+            f"{enc.describe()} is an additive input embedding: add enc.embed(positions) to the token embeddings instead"
+        )
 
 
 class Attention(nn.Module):
@@ -231,8 +258,8 @@ class Attention(nn.Module):
         self,
         d_model: int,
         n_head: int,
-        scheme: Union[str, Encoding] = "acc-rand-qkv:a=1",
-        n_kv_head: Optional[int] = None,
+        scheme: str | Encoding = "acc-rand-qkv:a=1",
+        n_kv_head: int | None = None,
         train_length: int = 128,
         *,
         vocab_size: int = 0,
@@ -244,23 +271,41 @@ class Attention(nn.Module):
         if min(d_model, n_head, kv) < 1:  # before the modulo below divides by them
             raise PosencError(f"d_model, n_head and n_kv_head must be >= 1, got {d_model}, {n_head}, {kv}")
         if not isinstance(scheme, (str, Encoding)):
-            raise PosencError(f"scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got {type(scheme).__name__}")
+            raise PosencError(
+                f"scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got {type(scheme).__name__}"
+            )
         if d_model % n_head or n_head % kv:
-            raise PosencError(f"d_model {d_model} must divide into n_head {n_head} heads, and n_kv_head {kv} must divide n_head")
-        self.d_model, self.n_head, self.n_kv_head, self.head_dim, self.block = d_model, n_head, kv, d_model // n_head, block_size
+            raise PosencError(
+                f"d_model {d_model} must divide into n_head {n_head} heads, and n_kv_head {kv} must divide n_head"
+            )
+        self.d_model, self.n_head, self.n_kv_head, self.head_dim, self.block = (
+            d_model,
+            n_head,
+            kv,
+            d_model // n_head,
+            block_size,
+        )
         self.qkv = nn.Linear(d_model, (n_head + 2 * kv) * self.head_dim, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         dims = Dims(n_head, self.head_dim, d_model, vocab_size, train_length, layer_index)
         self.enc = encodings.get(scheme, dims) if isinstance(scheme, str) else scheme
         _check_scheme(self.enc)
-        self.method: Optional[Method] = None  # an inference method (posenc.methods; set_method): attention under its map
+        self.method: Method | None = None  # an inference method (posenc.methods; set_method): attention under its map
 
     @classmethod
-    def from_config(cls, cfg, layer_index: int) -> "Attention":
+    def from_config(cls, cfg, layer_index: int) -> Attention:
         """Layer ``layer_index`` of a ``posenc.model.ModelConfig`` (an additive scheme gives NoPE layers:
         its embedding lives at the model input)."""
-        layer = cls(cfg.d_model, cfg.n_head, "nope", cfg.n_kv_head, cfg.train_length, vocab_size=cfg.vocab_size,
-                    layer_index=layer_index, block_size=cfg.attn_block_size)
+        layer = cls(
+            cfg.d_model,
+            cfg.n_head,
+            "nope",
+            cfg.n_kv_head,
+            cfg.train_length,
+            vocab_size=cfg.vocab_size,
+            layer_index=layer_index,
+            block_size=cfg.attn_block_size,
+        )
         enc = encodings.get(cfg.encoding, cfg.dims(layer_index), **cfg.encoding_params)  # after the projections: the
         if not enc.additive:  # random-number order (hence the initial weights) of every posenc model so far
             layer.enc = enc
@@ -269,11 +314,21 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q: (B, H, T, D), k, v: (B, Hkv, T, D), from x (B, T, d_model)."""
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, -1, self.head_dim).transpose(1, 2).split((self.n_head, self.n_kv_head, self.n_kv_head), dim=1)
+        q, k, v = (
+            self.qkv(x)
+            .view(B, T, -1, self.head_dim)
+            .transpose(1, 2)
+            .split((self.n_head, self.n_kv_head, self.n_kv_head), dim=1)
+        )
         return q, k, v
 
-    def prepare(self, x: torch.Tensor, pos: torch.Tensor, tokens: Optional[torch.Tensor] = None,
-                qkv: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> AttentionInputs:
+    def prepare(
+        self,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        tokens: torch.Tensor | None = None,
+        qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> AttentionInputs:
         """The layer's q, k, v and the scheme's hooks evaluated on x, before attention.
 
         x: (B, T, d_model) the normalised layer input; pos: (T,) int64; tokens: (B, T) int64 or None;
@@ -284,7 +339,7 @@ class Attention(nn.Module):
         p = _prepare(self.enc, Inputs(x, pos, tokens))
         return AttentionInputs(**vars(p), q=q, k=repeat_kv(k, self.n_head), v=repeat_kv(v, self.n_head))
 
-    def set_method(self, method: Optional[Method]) -> None:
+    def set_method(self, method: Method | None) -> None:
         """Attend under an inference method (``posenc.methods``) from now on, None to stop; PosencError (one line)
         for a scheme the method does not apply to (``posenc.methods.scheme_args``)."""
         if method is not None:
@@ -295,15 +350,28 @@ class Attention(nn.Module):
         """Attention of captured inputs, projected: (B, Tq, d_model)."""
         if self.method is not None:
             pos = a.inp.pos
-            out = method_attention(a.q, a.k, a.v, pos[pos.shape[0] - a.q.shape[-2]:], pos, self.method,
-                                   block_size=self.block, **scheme_args(self.enc, self.method, a.inp.x))
+            out = method_attention(
+                a.q,
+                a.k,
+                a.v,
+                pos[pos.shape[0] - a.q.shape[-2] :],
+                pos,
+                self.method,
+                block_size=self.block,
+                **scheme_args(self.enc, self.method, a.inp.x),
+            )
         else:
             out = attend(a.q, a.k, a.v, a, self.block)
         B, _, T, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(B, T, -1))
 
-    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None, cache: Optional[LayerCache] = None,
-                tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x: (B, T, d_model) -> (B, T, d_model), x's dtype.
 
         positions: (T,) int64 absolute positions of x's rows (default arange(T), or
@@ -317,8 +385,13 @@ class Attention(nn.Module):
             return self.decode(x, cache, positions, tokens)
         return self.output(self.prepare(x, _positions(positions, x.shape[1], 0, x.device), tokens))
 
-    def decode(self, x: torch.Tensor, cache: LayerCache, positions: Optional[torch.Tensor] = None,
-               tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def decode(
+        self,
+        x: torch.Tensor,
+        cache: LayerCache,
+        positions: torch.Tensor | None = None,
+        tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Attention of the n new positions over the cached prefix and themselves: (B, n, d_model).
 
         x: (B, n, d_model) the normalised inputs of the new positions; positions: (n,)
@@ -327,8 +400,10 @@ class Attention(nn.Module):
         for another batch size, or token ids given at one step and not another.
         """
         if cache.batch is not None and (cache.batch != x.shape[0] or (tokens is None) == cache.has_tokens):
-            raise PosencError(f"the cache holds batch size {cache.batch}{' and token ids' if cache.has_tokens else ''}; "
-                              f"got {x.shape[0]} rows{' and token ids' if tokens is not None else ''}")
+            raise PosencError(
+                f"the cache holds batch size {cache.batch}{' and token ids' if cache.has_tokens else ''}; "
+                f"got {x.shape[0]} rows{' and token ids' if tokens is not None else ''}"
+            )
         if cache.batch is None:
             cache.batch, cache.has_tokens = x.shape[0], tokens is not None
             cache.state = None if cache.reference else self.enc.decoder()
@@ -360,8 +435,16 @@ class Attention(nn.Module):
         pos = _positions(positions, x.shape[1], 0 if last is None else int(last[-1]) + 1, x.device)
         q, k, v = self.project(x)
         every, keys, values = cache._pos.append(pos), cache._k.append(k), cache._v.append(v)
-        out = method_attention(q, repeat_kv(keys, self.n_head), repeat_kv(values, self.n_head), pos, every, self.method,
-                               block_size=self.block, **scheme_args(self.enc, self.method, x))
+        out = method_attention(
+            q,
+            repeat_kv(keys, self.n_head),
+            repeat_kv(values, self.n_head),
+            pos,
+            every,
+            self.method,
+            block_size=self.block,
+            **scheme_args(self.enc, self.method, x),
+        )
         m = self.method
         if m.bounded and cache.length > m.kept:
             stop = cache.length - m.window
@@ -382,8 +465,14 @@ class Attention(nn.Module):
             q, k = (rotate_rows(t.to(dtype), cos, sin, enc.pairing) for t in (q, k))
             v = rotate_rows(v.to(dtype), cos, sin, enc.pairing) if enc.rotate_v else v.to(dtype)
         keys, values = cache._k.append(k), cache._v.append(v)
-        out = attention(q, repeat_kv(keys, self.n_head), repeat_kv(values, self.n_head), bias=bias,
-                        logit_scale=enc.logit_scale, block_size=self.block)
+        out = attention(
+            q,
+            repeat_kv(keys, self.n_head),
+            repeat_kv(values, self.n_head),
+            bias=bias,
+            logit_scale=enc.logit_scale,
+            block_size=self.block,
+        )
         if phi is not None and enc.rotate_v:
             out = rotate_rows(out, cos, sin, enc.pairing, sign=-1)
         return out.to(out_dtype)
@@ -391,7 +480,14 @@ class Attention(nn.Module):
     def _decode_reference(self, x, q, k, v, pos, tokens, cache: LayerCache) -> torch.Tensor:
         """The reference: the hooks over the whole prefix and the whole attention (schemes that replace it), last rows kept."""
         whole = self.enc.replaces_attention  # no query-suffix form: the whole attention, last rows kept
-        for buf, t in ((cache._x, x), (cache._q, q if whole else None), (cache._k, k), (cache._v, v), (cache._pos, pos), (cache._tokens, tokens)):
+        for buf, t in (
+            (cache._x, x),
+            (cache._q, q if whole else None),
+            (cache._k, k),
+            (cache._v, v),
+            (cache._pos, pos),
+            (cache._tokens, tokens),
+        ):
             if t is not None:
                 buf.append(t)
         a = self.prepare(cache.x, cache.pos, cache.tokens, qkv=(cache.q if whole else q, cache.k, cache.v))

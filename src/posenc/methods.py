@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -59,7 +59,10 @@ DEFAULTS = {
     "self-extend": lambda L, p: {"window": L // 2},
     "lm-infinite": lambda L, p: {"window": L},
     "sinks": lambda L, p: {"window": L - p["n_sink"]},
-    "dual-chunk": lambda L, p: {"local": L // 16, "chunk": 3 * L // 4 - (L // 16 if p["local"] is None else p["local"])},
+    "dual-chunk": lambda L, p: {
+        "local": L // 16,
+        "chunk": 3 * L // 4 - (L // 16 if p["local"] is None else p["local"]),
+    },
 }
 
 
@@ -169,8 +172,10 @@ def _check_values(name: str, values: dict, train_length: int, from_length: bool)
     for key, value in values.items():
         low = 1 if key in ("group", "window", "chunk") else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise PosencError(f"method {name!r}: {key} must be an integer >= {low}, got {value!r}"
-                              + (f" (default: from the training length {train_length})" if from_length else ""))
+            raise PosencError(
+                f"method {name!r}: {key} must be an integer >= {low}, got {value!r}"
+                + (f" (default: from the training length {train_length})" if from_length else "")
+            )
 
 
 def relative_positions(method: Method, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,10 +224,10 @@ def method_attention(
     k_pos: torch.Tensor,
     method: Method,
     *,
-    inv_freq: Optional[torch.Tensor] = None,
+    inv_freq: torch.Tensor | None = None,
     pairing: str = "half",
-    bias_of: Optional[Callable] = None,
-    scale: Optional[float] = None,
+    bias_of: Callable | None = None,
+    scale: float | None = None,
     block_size: int = 512,
 ) -> torch.Tensor:
     """Causal attention under ``method``'s position map and mask, blockwise over query blocks.
@@ -276,7 +281,9 @@ def block_keys(method: Method, k_pos: torch.Tensor, lo: int, hi: int) -> torch.T
         return torch.arange(end, device=k_pos.device)
     first = int(torch.searchsorted(k_pos, method.n_global if method.name == "lm-infinite" else method.n_sink))
     start = max(first, int(torch.searchsorted(k_pos, lo - method.window + 1)))
-    return torch.cat((torch.arange(min(first, end), device=k_pos.device), torch.arange(start, end, device=k_pos.device)))
+    return torch.cat(
+        (torch.arange(min(first, end), device=k_pos.device), torch.arange(start, end, device=k_pos.device))
+    )
 
 
 def naive_method_attention(q, k, v, q_pos, k_pos, method, *, inv_freq=None, pairing="half", bias_of=None, scale=None):
@@ -302,8 +309,14 @@ def scheme_args(enc: Encoding, method: Method, x: torch.Tensor) -> dict:
     length-dependent or attention-replacing RoPE schedules (dynamic, longrope, rerope), FIRE (it also reads the
     query position), accumulated or data-dependent phases, compositions, NoPE and additive embeddings."""
     if isinstance(enc, RoPE) and enc.schedule not in ("dynamic", "longrope") and not enc.replaces_attention:
-        return {"inv_freq": enc.inv_freq, "pairing": enc.pairing, "scale": enc.logit_scale / math.sqrt(enc.dims.head_dim)}
+        return {
+            "inv_freq": enc.inv_freq,
+            "pairing": enc.pairing,
+            "scale": enc.logit_scale / math.sqrt(enc.dims.head_dim),
+        }
     if isinstance(enc, (ALiBi, T5Bias, Kerple)):
         return {"bias_of": lambda pos: enc.bias(Inputs(x, pos))}
-    raise PosencError(f"method {method.name} applies to rope (fixed-frequency schedules), alibi, t5 and kerple; "
-                      f"this layer uses {enc.describe()}")
+    raise PosencError(
+        f"method {method.name} applies to rope (fixed-frequency schedules), alibi, t5 and kerple; "
+        f"this layer uses {enc.describe()}"
+    )

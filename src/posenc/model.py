@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterator, Literal, Optional, get_args
+from collections.abc import Iterator
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -18,16 +19,23 @@ from torch import nn
 
 from posenc import encodings, methods, scoring
 from posenc.encodings.base import Buffer, Dims, Encoding
-from posenc.layer import Attention, AttentionInputs, LayerCache
 from posenc.encodings.rotary import RoPE
-from posenc.rope import schedule_label, schedule_params
 from posenc.errors import PosencError
-
+from posenc.layer import Attention, AttentionInputs, LayerCache
+from posenc.rope import schedule_label, schedule_params
 
 Mlp = Literal["gelu", "swiglu"]
 Norm = Literal["rmsnorm", "layernorm"]
-_POSITIVE = {"vocab_size": int, "n_layer": int, "n_head": int, "d_model": int, "mlp_ratio": (int, float),
-             "train_length": int, "attn_block_size": int, "n_kv_head": int}
+_POSITIVE = {
+    "vocab_size": int,
+    "n_layer": int,
+    "n_head": int,
+    "d_model": int,
+    "mlp_ratio": (int, float),
+    "train_length": int,
+    "attn_block_size": int,
+    "n_kv_head": int,
+}
 
 
 @dataclasses.dataclass
@@ -40,7 +48,10 @@ class ModelConfig:
     and turns the ValueError into a ValidationError; from a dict of settings: :func:`build_model`.
     """
 
-    __pydantic_config__ = {"extra": "forbid", "use_attribute_docstrings": True}  # read by pydantic when it validates this: unknown keys refused
+    __pydantic_config__ = {
+        "extra": "forbid",
+        "use_attribute_docstrings": True,
+    }  # read by pydantic when it validates this: unknown keys refused
 
     vocab_size: int = 256
     """Vocabulary size (tokens, > 0); a run sets it from its data's tokenizer."""
@@ -64,7 +75,7 @@ class ModelConfig:
     """Parameters of the scheme (a mapping; a spec's ``:k=v`` parts do the same)."""
     attn_block_size: int = 512
     """Query/key block of the chunked attention (tokens, > 0): memory and speed only, never the result."""
-    n_kv_head: Optional[int] = None
+    n_kv_head: int | None = None
     """Key/value heads (grouped-query attention; > 0, divides ``n_head``); null: ``n_head``."""
 
     def __post_init__(self):
@@ -103,7 +114,7 @@ class ModelConfig:
         """Build the scheme of each distinct layer once: PosencError (one line) before any work if it is invalid."""
         self.layer_schemes()
 
-    def mixing_window(self, eps: float = 0.01) -> Optional[float]:
+    def mixing_window(self, eps: float = 0.01) -> float | None:
         """The slowest mixing window w_eps (tokens) over the layers (``Encoding.mixing_window``); None when no
         layer's scheme has a random step law."""
         windows = [enc.mixing_window(eps) for enc in self.layer_schemes()]
@@ -126,10 +137,10 @@ class Cache:
         self._tokens = Buffer(-1, self._capacity)
         self.uncounted = 0  # positions fed but not kept in ``tokens`` (a bounded method: sinks)
         self.layers = [LayerCache(self._reference, self._capacity) for _ in range(self._n_layer)]
-        self.length_keys: Optional[tuple] = None  # the layers' Encoding.length_key the cached inputs were computed under
+        self.length_keys: tuple | None = None  # the layers' Encoding.length_key the cached inputs were computed under
 
     @property
-    def tokens(self) -> Optional[torch.Tensor]:
+    def tokens(self) -> torch.Tensor | None:
         return self._tokens.value
 
     @property
@@ -189,7 +200,7 @@ class Block(nn.Module):
     def prepare(self, x, pos, tokens) -> AttentionInputs:
         return self.attn.prepare(self.norm1(x), pos, tokens)
 
-    def forward(self, x, pos, tokens, captured: Optional[AttentionInputs] = None):
+    def forward(self, x, pos, tokens, captured: AttentionInputs | None = None):
         """``captured``: this block's ``prepare(x, ...)`` if already computed."""
         if captured is None:
             captured = self.prepare(x, pos, tokens)
@@ -227,11 +238,13 @@ class LM(nn.Module):
             if isinstance(m, (nn.Linear, nn.Embedding)) and id(m) not in keep:
                 nn.init.normal_(m.weight, std=0.02)
 
-    def _embed(self, tokens: torch.Tensor, pos: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _embed(self, tokens: torch.Tensor, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if tokens.dim() != 2 or tokens.shape[1] == 0:
             raise PosencError(f"tokens must be (batch, T) with T >= 1, got shape {tuple(tokens.shape)}")
         if pos is not None and pos.shape != (tokens.shape[1],):
-            raise PosencError(f"positions must be ({tokens.shape[1]},) for T = {tokens.shape[1]}, got shape {tuple(pos.shape)}")
+            raise PosencError(
+                f"positions must be ({tokens.shape[1]},) for T = {tokens.shape[1]}, got shape {tuple(pos.shape)}"
+            )
         check_ids(tokens, self.cfg.vocab_size, "token ids")
         pos = torch.arange(tokens.shape[1], device=tokens.device) if pos is None else pos
         x = self.tok(tokens)
@@ -239,14 +252,14 @@ class LM(nn.Module):
             x = x + self.pos_embed.embed(pos).to(x.dtype)
         return x, pos
 
-    def hidden(self, tokens: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def hidden(self, tokens: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: (B, T) int64 -> final hidden states (B, T, d_model); PosencError for a bad shape or ids outside the vocabulary."""
         x, pos = self._embed(tokens, pos)
         for block in self.blocks:
             x = block(x, pos, tokens)
         return self.norm(x)
 
-    def prepare(self, tokens: torch.Tensor, pos: Optional[torch.Tensor] = None) -> Iterator[AttentionInputs]:
+    def prepare(self, tokens: torch.Tensor, pos: torch.Tensor | None = None) -> Iterator[AttentionInputs]:
         """Run the model on ``tokens`` (B, T) and yield each layer's AttentionInputs (its ``Attention.prepare``), first layer first.
 
         Each layer runs after its inputs are yielded (from the same capture), so a
@@ -279,7 +292,9 @@ class LM(nn.Module):
             raise PosencError(f"tokens must be (batch, n) with n >= 1, got shape {tuple(tokens.shape)}")
         check_ids(tokens, self.cfg.vocab_size, "token ids")  # before the cache's prefix joins them
         if len(cache.layers) != len(self.blocks):
-            raise PosencError(f"the cache has {len(cache.layers)} layers, the model {len(self.blocks)}: use Cache({len(self.blocks)})")
+            raise PosencError(
+                f"the cache has {len(cache.layers)} layers, the model {len(self.blocks)}: use Cache({len(self.blocks)})"
+            )
         if cache.tokens is not None and cache.tokens.shape[0] != tokens.shape[0]:
             raise PosencError(f"the cache holds batch size {cache.tokens.shape[0]}, got {tokens.shape[0]} new rows")
         n = tokens.shape[1]
@@ -311,7 +326,14 @@ class LM(nn.Module):
             raise PosencError(f"{length} tokens exceed the learned position table of {limit} positions")
 
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None, seed: Optional[int] = None) -> torch.Tensor:
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+    ) -> torch.Tensor:
         """The prompt (B, T) or (T,) int64 (a tensor or a list) followed by ``max_new_tokens`` sampled tokens: (B, T + n) or (T + n,).
 
         temperature 0 is greedy; top_k keeps the k most likely tokens; seed makes
@@ -323,13 +345,19 @@ class LM(nn.Module):
             try:
                 prompt_ids = torch.as_tensor(prompt_ids, device=self.tok.weight.device)
             except (TypeError, ValueError, RuntimeError):
-                raise PosencError(f"the prompt must be token ids (a tensor or a list of ints), got {type(prompt_ids).__name__}") from None
+                raise PosencError(
+                    f"the prompt must be token ids (a tensor or a list of ints), got {type(prompt_ids).__name__}"
+                ) from None
         flat = prompt_ids.dim() == 1
         ids = prompt_ids[None] if flat else prompt_ids
         if ids.dim() != 2 or ids.shape[1] == 0 or ids.is_floating_point() or ids.is_complex():
-            raise PosencError(f"the prompt must be (T,) or (batch, T) integer token ids, T >= 1; got shape {tuple(prompt_ids.shape)}, {prompt_ids.dtype}")
+            raise PosencError(
+                f"the prompt must be (T,) or (batch, T) integer token ids, T >= 1; got shape {tuple(prompt_ids.shape)}, {prompt_ids.dtype}"
+            )
         if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
-            raise PosencError(f"prompt token ids must lie in [0, {self.cfg.vocab_size}), got [{int(ids.min())}, {int(ids.max())}]")
+            raise PosencError(
+                f"prompt token ids must lie in [0, {self.cfg.vocab_size}), got [{int(ids.min())}, {int(ids.max())}]"
+            )
         self.check_length(ids.shape[1] + max_new_tokens)
         gen = None if seed is None else torch.Generator(ids.device).manual_seed(seed)
         was_training, cache, out = self.training, Cache(len(self.blocks)), [ids]
@@ -357,9 +385,13 @@ class LM(nn.Module):
         """
         method = self.blocks[0].attn.method
         if method is None or not method.bounded:
-            raise PosencError("a streaming perplexity needs a bounded cache: apply a sinks method first (--method sinks:...)")
+            raise PosencError(
+                "a streaming perplexity needs a bounded cache: apply a sinks method first (--method sinks:...)"
+            )
         if chunk < 1 or text.dim() != 1 or text.shape[0] < 2:
-            raise PosencError(f"streaming needs chunk >= 1 and a text of >= 2 tokens, got chunk {chunk}, shape {tuple(text.shape)}")
+            raise PosencError(
+                f"streaming needs chunk >= 1 and a text of >= 2 tokens, got chunk {chunk}, shape {tuple(text.shape)}"
+            )
         was_training, cache, out, peak = self.training, Cache(len(self.blocks)), [], 0
         self.eval()
         try:
@@ -372,8 +404,9 @@ class LM(nn.Module):
             self.train(was_training)
         return torch.cat(out), peak
 
-    def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096,
-                  pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def token_nll(
+        self, tokens: torch.Tensor, targets: torch.Tensor, chunk: int = 4096, pos: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Per-token negative log-likelihood (nats), (B, T) float32 (``posenc.scoring.token_nll``): tokens, targets
         (B, T) int64; ``pos`` (T,) int64 the positions (``hidden``; None: 0..T-1). Raises PosencError for a bad
         shape or ids outside the vocabulary."""
@@ -395,7 +428,9 @@ def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:
         raise PosencError(f"{what} must lie in [0, {vocab_size}), got [{lo}, {hi}]")
 
 
-def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], generator: Optional[torch.Generator]) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> torch.Tensor:
     """One token per row from logits (B, vocab): (B, 1) int64. temperature 0 is argmax."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
@@ -412,7 +447,9 @@ def build_model(config: ModelConfig | dict) -> LM:
     if isinstance(config, ModelConfig):
         return LM(config)
     if not isinstance(config, dict):
-        raise PosencError(f"a model config is a ModelConfig or a dict of its settings (e.g. {{'encoding': 'rope'}}), got {type(config).__name__}")
+        raise PosencError(
+            f"a model config is a ModelConfig or a dict of its settings (e.g. {{'encoding': 'rope'}}), got {type(config).__name__}"
+        )
     names = [f.name for f in dataclasses.fields(ModelConfig)]
     unknown = [k for k in config if k not in names]
     if unknown:
@@ -436,7 +473,7 @@ def check_sampling(max_new_tokens, temperature, top_k) -> None:
         raise PosencError(f"top_k must be an integer >= 1, got {top_k!r}")
 
 
-def set_method(model: "LM", spec: Optional[str]) -> Optional[methods.Method]:
+def set_method(model: LM, spec: str | None) -> methods.Method | None:
     """Apply the inference method ``spec`` (``posenc.methods.parse``: ``self-extend:group=4,window=64``,
     ``lm-infinite``, ``sinks:n_sink=4,window=60``) to every layer of ``model`` in place (None: none); returns the
     Method (``label()``: its spec with every parameter), or None. PosencError (one line) for a bad spec or a
@@ -455,7 +492,7 @@ def is_rope(spec: str) -> bool:
     return len(encodings.layer_pattern(spec)) == 1 and [cls for cls, _ in encodings.parts(spec)] == [RoPE]
 
 
-def with_rope_schedule(model, name: str, params: Optional[dict] = None):
+def with_rope_schedule(model, name: str, params: dict | None = None):
     """A copy of a trained RoPE ``LM`` whose RoPE layers use schedule ``name``.
 
     Returns (model, label) with label like ``rope+yarn(s=8)``. Raises PosencError
@@ -465,7 +502,9 @@ def with_rope_schedule(model, name: str, params: Optional[dict] = None):
     if not is_rope(cfg.encoding):
         raise PosencError(f"rope schedules apply to RoPE models; this run uses {cfg.encoding!r}")
     full = schedule_params(name, cfg.train_length, params)
-    new_cfg = dataclasses.replace(cfg, encoding_params={**cfg.encoding_params, "schedule": name, "schedule_params": full})
+    new_cfg = dataclasses.replace(
+        cfg, encoding_params={**cfg.encoding_params, "schedule": name, "schedule_params": full}
+    )
     out = LM(new_cfg)
     out.load_state_dict(model.state_dict())
     return out, f"{cfg.encoding}+{schedule_label(name, full)}"

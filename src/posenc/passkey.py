@@ -29,19 +29,22 @@ import dataclasses
 import random
 import re
 import time
-from typing import Annotated, Iterator, Literal
+from collections.abc import Iterator
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from posenc.errors import PosencError
-from posenc.scoring import eval_lengths
 from posenc.model import LM
 from posenc.records import PasskeyCell
+from posenc.scoring import eval_lengths
 
-TASK = ("There is an important info hidden inside a lot of irrelevant text. "
-        "Find it and memorize it. I will quiz you about the important information there.")
+TASK = (
+    "There is an important info hidden inside a lot of irrelevant text. "
+    "Find it and memorize it. I will quiz you about the important information there."
+)
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "What is the pass key? The pass key is "
@@ -90,7 +93,11 @@ def make_sample(tokenizer, length: int, depth: float, key: str, filler: str = FI
 
     Raises PosencError when ``length`` cannot hold the needle and the question.
     """
-    needle, question, key_t = _encode(tokenizer, NEEDLE.format(key=key)), _encode(tokenizer, QUESTION), _encode(tokenizer, key)
+    needle, question, key_t = (
+        _encode(tokenizer, NEEDLE.format(key=key)),
+        _encode(tokenizer, QUESTION),
+        _encode(tokenizer, key),
+    )
     n_fill = length + 1 - len(needle) - len(question) - len(key_t)
     if n_fill < 0:
         raise PosencError(f"passkey length {length} is shorter than the needle and question ({length - n_fill} tokens)")
@@ -125,7 +132,16 @@ def continuation_nll(model: LM, batch: np.ndarray, n_last: int) -> torch.Tensor:
     return model.token_nll(t[:, :-1], t[:, 1:])[:, -n_last:].double().sum(1).cpu()
 
 
-def trial(model: LM, tokenizer, length: int, depth: float, rng: np.random.Generator, candidates: int, digits: int, mode: str = "rank") -> bool:
+def trial(
+    model: LM,
+    tokenizer,
+    length: int,
+    depth: float,
+    rng: np.random.Generator,
+    candidates: int,
+    digits: int,
+    mode: str = "rank",
+) -> bool:
     """One trial. rank: True when the true key (hidden in the prompt) is strictly the most likely candidate;
     generate: True when greedy decoding after the prompt reproduces the key's tokens exactly."""
     keys = draw_keys(rng, tokenizer, candidates, digits)
@@ -141,7 +157,9 @@ def trial(model: LM, tokenizer, length: int, depth: float, rng: np.random.Genera
     return bool(nll[0] < nll[1:].min())
 
 
-def passkey_records(model: LM, tokenizer, cfg: PasskeyConfig, base: dict, done: set = frozenset()) -> Iterator[PasskeyCell]:
+def passkey_records(
+    model: LM, tokenizer, cfg: PasskeyConfig, base: dict, done: set = frozenset()
+) -> Iterator[PasskeyCell]:
     """One record per (length, depth) cell not in ``done``: trials, correct, accuracy (None: n/a, with a ``note``).
 
     Lengths are ``cfg.lengths_multiples`` of the model's training length. Keys
@@ -164,7 +182,9 @@ def passkey_records(model: LM, tokenizer, cfg: PasskeyConfig, base: dict, done: 
             except PosencError as exc:  # a learned table too short, or no room for the needle
                 yield PasskeyCell(**cell, trials=0, correct=0, note=f"n/a: {exc}")
                 continue
-            yield PasskeyCell(**cell, trials=cfg.trials, correct=correct, accuracy=correct / cfg.trials, seconds=time.time() - t0)
+            yield PasskeyCell(
+                **cell, trials=cfg.trials, correct=correct, accuracy=correct / cfg.trials, seconds=time.time() - t0
+            )
 
 
 # ---------------------------------------------------------------- generation (Hugging Face models)
@@ -196,8 +216,10 @@ def passkey_prompt(tokenizer, length: int, depth: float, key: int, bos_id: int |
     text = build(n)
     ids = tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"]
     if len(ids) > length:
-        raise PosencError(f"passkey length {length + len(bos)} is too short for the prompt ({len(ids) + len(bos)} tokens "
-                          "without filler)")
+        raise PosencError(
+            f"passkey length {length + len(bos)} is too short for the prompt ({len(ids) + len(bos)} tokens "
+            "without filler)"
+        )
     return bos + ids, text
 
 
@@ -213,8 +235,16 @@ def passkey_key(seed: int, length: int, depth: float, trial: int) -> int:
 
 
 @torch.inference_mode()
-def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tokens: int = 8, use_cache: bool = True,
-                  bos_id: int | None = None) -> dict:
+def passkey_trial(
+    model,
+    tokenizer,
+    length: int,
+    depth: float,
+    key: int,
+    new_tokens: int = 8,
+    use_cache: bool = True,
+    bos_id: int | None = None,
+) -> dict:
     """Greedy generation on one ``passkey_prompt`` (BOS ``bos_id`` first when given); correct iff the first integer equals ``key``.
 
     Returns {passkey (``key``), answer (the decoded output), got (its first integer or None), correct,
@@ -226,8 +256,14 @@ def passkey_trial(model, tokenizer, length: int, depth: float, key: int, new_tok
     x = torch.tensor([ids])
     assert x.shape[1] == len(ids) <= length
     pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
-    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
-                         pad_token_id=pad, use_cache=use_cache)
+    out = model.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+        use_cache=use_cache,
+    )
     answer = tokenizer.decode(out[0, x.shape[1] :], skip_special_tokens=True)
     got = first_integer(answer)
     return {"passkey": key, "answer": answer, "got": got, "correct": got == key, "prompt_tokens": len(ids)}

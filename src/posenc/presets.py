@@ -15,7 +15,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -36,14 +36,16 @@ class Loader(yaml.SafeLoader):
     reads a float only with a dot, ``3.0e-3``)."""
 
 
-Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
-                             list("-+0123456789."))
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"), list("-+0123456789.")
+)
 
 OWN = ("name", "description")  # what each preset says of itself: never taken from its base
 
 
-def read_preset(name_or_path: str, folder=SHIPPED, kind: str = "preset", cls: Optional[type] = None,
-                _chain: tuple[str, ...] = ()) -> tuple[Path, dict]:
+def read_preset(
+    name_or_path: str, folder=SHIPPED, kind: str = "preset", cls: type | None = None, _chain: tuple[str, ...] = ()
+) -> tuple[Path, dict]:
     """(path, settings) of preset ``name_or_path``: a name in ``folder`` or a YAML file's path (any extension),
     with its ``base`` resolved: the base preset (a name in ``folder``, or a path relative to this file's folder),
     itself resolved, under this file's settings merged by :func:`merge` over ``cls``'s sections (every key but
@@ -59,7 +61,7 @@ def read_preset(name_or_path: str, folder=SHIPPED, kind: str = "preset", cls: Op
     if not path.is_file():
         raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {', '.join(preset_names(folder))}")
     if str(path) in _chain:
-        names = [Path(p).name for p in (*_chain[_chain.index(str(path)):], str(path))]
+        names = [Path(p).name for p in (*_chain[_chain.index(str(path)) :], str(path))]
         raise PosencError(f"{kind} {names[0]}: its bases form a cycle ({' -> '.join(names)})")
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader) or {}
@@ -79,7 +81,7 @@ def read_preset(name_or_path: str, folder=SHIPPED, kind: str = "preset", cls: Op
     return path, merge(cls, {k: v for k, v in inherited.items() if k not in OWN}, data)
 
 
-def merge(cls: Optional[type], data: dict, over: dict) -> dict:
+def merge(cls: type | None, data: dict, over: dict) -> dict:
     """``over``'s settings over ``data``'s (a new dict; neither is changed): a key naming a section of ``cls`` (a
     pydantic model or dataclass field, ``train``, ``eval.passkey``) given a mapping merges key by key; any other
     value (a scalar, a list, null, a free mapping such as ``sweep.grid`` or ``model.encoding_params``) replaces
@@ -151,13 +153,13 @@ def _unwrap(tp):
             return tp
 
 
-def _section(tp) -> Optional[type]:
+def _section(tp) -> type | None:
     """The model (pydantic or dataclass) of a setting of type ``tp``, else None (a value or a free mapping)."""
     tp = _unwrap(tp)
     return tp if isinstance(tp, type) and (issubclass(tp, BaseModel) or dataclasses.is_dataclass(tp)) else None
 
 
-def _fields(cls: Optional[type]) -> dict[str, Any]:
+def _fields(cls: type | None) -> dict[str, Any]:
     """{field: type} of a pydantic model or dataclass, in declaration order; {} for anything else."""
     if cls is None:
         return {}
@@ -172,7 +174,7 @@ def _is_mapping(tp) -> bool:
     return tp is Any or tp is dict or typing.get_origin(tp) is dict
 
 
-def validated(cls: type, data: dict, where: str, overrides: Optional[dict[str, Any]] = None):
+def validated(cls: type, data: dict, where: str, overrides: dict[str, Any] | None = None):
     """``cls`` (a pydantic model or a standard-library dataclass such as ``ModelConfig``) built from ``data``; the
     first validation error as one PosencError line naming ``where`` and the field (``config`` for a check of the
     whole object), or naming ``KEY=VALUE (command line)`` when the field is one of ``overrides`` (a flag or ``--set`` gave it)."""
@@ -195,8 +197,10 @@ def reference(cls: type, key: str = "") -> str:
     lines = [f"### {title} ({cls.__name__})", "", "| key | type | default | meaning |", "|---|---|---|---|"]
     below = []
     for name, (tp, meta, default, doc) in _field_infos(cls).items():
-        lines.append(f"| `{name}` | {_type_name(tp, meta)} | {_default(default)} | "
-                     f"{(doc or '(undocumented)').replace('``', '`').replace('|', '/')} |")
+        lines.append(
+            f"| `{name}` | {_type_name(tp, meta)} | {_default(default)} | "
+            f"{(doc or '(undocumented)').replace('``', '`').replace('|', '/')} |"
+        )
         if _section(tp) is not None:
             below.append(reference(_section(tp), f"{key}.{name}" if key else name))
     return "\n\n".join(["\n".join(lines), *below])
@@ -206,15 +210,21 @@ def _field_infos(cls: type) -> dict[str, tuple]:
     """{field: (type, constraints, default, description)} of a pydantic model or dataclass (default
     PydanticUndefined when required)."""
     if issubclass(cls, BaseModel):
-        return {name: (f.annotation, f.metadata, f.get_default(call_default_factory=True), f.description)
-                for name, f in cls.model_fields.items()}
+        return {
+            name: (f.annotation, f.metadata, f.get_default(call_default_factory=True), f.description)
+            for name, f in cls.model_fields.items()
+        }
     docs = TypeAdapter(cls).json_schema()["properties"]
     hints = typing.get_type_hints(cls, include_extras=True)
     out = {}
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        out[f.name] = (hints[f.name], [], PydanticUndefined if default is dataclasses.MISSING else default,
-                       docs[f.name].get("description"))
+        out[f.name] = (
+            hints[f.name],
+            [],
+            PydanticUndefined if default is dataclasses.MISSING else default,
+            docs[f.name].get("description"),
+        )
     return out
 
 
@@ -229,7 +239,9 @@ def _type_name(tp, meta=()) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a, () if a is type(None) else meta) for a in args)
     meta = [*meta, *(m2 for m in meta for m2 in getattr(m, "metadata", ()))]  # a Field(...) inside Annotated
-    bounds = [f"{op} {getattr(m, attr)}" for m in meta for attr, op in _BOUNDS.items() if getattr(m, attr, None) is not None]
+    bounds = [
+        f"{op} {getattr(m, attr)}" for m in meta for attr, op in _BOUNDS.items() if getattr(m, attr, None) is not None
+    ]
     least = [f" (at least {m.min_length})" for m in meta if getattr(m, "min_length", None)]
     if origin is typing.Literal:
         name = "one of " + ", ".join(f"`{a}`" for a in args)
@@ -258,7 +270,7 @@ def _default(value) -> str:
     return "`" + yaml.safe_dump([value], default_flow_style=True, width=10**6).strip()[1:-1] + "`"
 
 
-def apply(cls: type, data: dict, overrides: Optional[dict[str, Any]]) -> dict:
+def apply(cls: type, data: dict, overrides: dict[str, Any] | None) -> dict:
     """``data`` with each of ``overrides`` ({dotted key: value}, in order; a section's key given a mapping merges
     it) set by :func:`assign`: how a command's flags and ``--set`` reach a preset."""
     for key, value in (overrides or {}).items():

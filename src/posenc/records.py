@@ -27,7 +27,7 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -55,19 +55,19 @@ class Ppl(Record):
 
     kind: Literal["ppl"] = "ppl"
     scheme: str
-    seed: Optional[int] = None  # posenc eval: the run's own
+    seed: int | None = None  # posenc eval: the run's own
     train_length: int
     eval_length: int
-    method: Optional[str] = None  # an inference method's full spec (posenc.methods), e.g. self-extend:group=4,window=64
-    windows: Optional[int] = None
-    scored_tokens: Optional[int] = None
-    nll: Optional[float] = None  # summed over the scored tokens, nats
-    ppl: Optional[float] = None  # None: not measurable (``note``)
-    bucket_edges: Optional[list[int]] = None  # position-bucket edges in the window (tokens)
-    bucket_ppl: Optional[list[float]] = None
-    note: Optional[str] = None
-    seconds: Optional[float] = None
-    ratio: Optional[float] = None
+    method: str | None = None  # an inference method's full spec (posenc.methods), e.g. self-extend:group=4,window=64
+    windows: int | None = None
+    scored_tokens: int | None = None
+    nll: float | None = None  # summed over the scored tokens, nats
+    ppl: float | None = None  # None: not measurable (``note``)
+    bucket_edges: list[int] | None = None  # position-bucket edges in the window (tokens)
+    bucket_ppl: list[float] | None = None
+    note: str | None = None
+    seconds: float | None = None
+    ratio: float | None = None
 
 
 class PasskeyCell(Record):
@@ -75,19 +75,19 @@ class PasskeyCell(Record):
 
     kind: Literal["passkey"] = "passkey"
     scheme: str
-    method: Optional[str] = None  # as Ppl.method
-    seed: Optional[int] = None
-    train_length: Optional[int] = None
+    method: str | None = None  # as Ppl.method
+    seed: int | None = None
+    train_length: int | None = None
     length: int  # prompt tokens
     depth: float  # key position as a fraction of the filler
     mode: str = "rank"
-    candidates: Optional[int] = None
-    digits: Optional[int] = None
+    candidates: int | None = None
+    digits: int | None = None
     trials: int
     correct: int
-    accuracy: Optional[float] = None  # None: not measurable (``note``)
-    seconds: Optional[float] = None
-    note: Optional[str] = None
+    accuracy: float | None = None  # None: not measurable (``note``)
+    seconds: float | None = None
+    note: str | None = None
 
 
 class FarMass(Record):
@@ -96,16 +96,16 @@ class FarMass(Record):
 
     kind: Literal["far_mass"] = "far_mass"
     scheme: str
-    seed: Optional[int] = None
-    train_length: Optional[int] = None
+    seed: int | None = None
+    train_length: int | None = None
     length: int
-    windows: Optional[int] = None
-    far_mass_mean: Optional[float] = None
-    entropy_mean: Optional[float] = None
-    uniform_far_mass: Optional[float] = None
-    uniform_entropy: Optional[float] = None
-    w: Optional[int] = None  # None: a "not supported" record
-    note: Optional[str] = None
+    windows: int | None = None
+    far_mass_mean: float | None = None
+    entropy_mean: float | None = None
+    uniform_far_mass: float | None = None
+    uniform_entropy: float | None = None
+    w: int | None = None  # None: a "not supported" record
+    note: str | None = None
 
 
 class TaskCell(BaseModel):
@@ -133,14 +133,16 @@ class Task(Record):
     eval_seconds: float
     threads: int
     cells: list[TaskCell]
-    trained_steps: Optional[int] = None  # steps the model trained (below the cap when it met train.until)
-    criterion: Optional[str] = None  # train.until as words (UntilConfig.describe); None: trained to the cap
-    criterion_step: Optional[int] = None  # the step it met the criterion at; None: not met (or no criterion)
-    n_head: Optional[int] = None  # the model's query heads (ALiBi's slopes follow from them); None: records before the field
-    loss_curve: Optional[list[tuple[int, float]]] = None  # (step, training loss) of each logged step (train.jsonl)
+    trained_steps: int | None = None  # steps the model trained (below the cap when it met train.until)
+    criterion: str | None = None  # train.until as words (UntilConfig.describe); None: trained to the cap
+    criterion_step: int | None = None  # the step it met the criterion at; None: not met (or no criterion)
+    n_head: int | None = (
+        None  # the model's query heads (ALiBi's slopes follow from them); None: records before the field
+    )
+    loss_curve: list[tuple[int, float]] | None = None  # (step, training loss) of each logged step (train.jsonl)
     # mean -log f per token (nats) of each head of each forget-gate layer over the controlled-gap probe's gap
     # (posenc.taskeval.gate_leak), (gated layers, heads); None: no forget gate, or records before the field
-    leak: Optional[list[list[float]]] = None
+    leak: list[list[float]] | None = None
 
 
 class ScoredWindow(Record):
@@ -165,8 +167,8 @@ class ScoredWindow(Record):
     n_scored: int
     bucket_nll: list[float]
     bucket_n: list[int]
-    reused_from: Optional[str] = None  # the adaptation whose equal forward was reused
-    setting: Optional[str] = None
+    reused_from: str | None = None  # the adaptation whose equal forward was reused
+    setting: str | None = None
 
 
 def trial_key(adaptation: str, length: int, depth: float, trial: int) -> str:
@@ -185,13 +187,13 @@ class PasskeyTrial(Record):
     length: int
     depth: float
     trial: int
-    seconds: Optional[float] = None
+    seconds: float | None = None
     passkey: int  # the number hidden in the prompt
-    answer: Optional[str] = None
-    got: Optional[int] = None
+    answer: str | None = None
+    got: int | None = None
     correct: bool
     prompt_tokens: int
-    setting: Optional[str] = None
+    setting: str | None = None
     bos: Literal["none", "prepend"] = "none"  # the prompt's BOS policy; before passkey prompts took it, none had a BOS
 
     @model_validator(mode="before")
@@ -200,7 +202,11 @@ class PasskeyTrial(Record):
         """Before the number had its own field it overwrote the resume key (so each rerun ran the trial again):
         the key is rebuilt and the number kept as ``passkey``."""
         if isinstance(data, dict) and isinstance(data.get("key"), int):
-            data = {**data, "passkey": data["key"], "key": trial_key(data["adaptation"], data["length"], data["depth"], data["trial"])}
+            data = {
+                **data,
+                "passkey": data["key"],
+                "key": trial_key(data["adaptation"], data["length"], data["depth"], data["trial"]),
+            }
         return data
 
 
@@ -215,14 +221,14 @@ class LengthDiagnosis(BaseModel):
     length: int  # tokens
     multiple: float  # length / training length
     windows: int  # held-out windows measured
-    far_mass: Optional[list[list[float]]] = None
-    far_mass_bound: Optional[list[list[float]]] = None
-    entropy: Optional[list[list[float]]] = None
-    far_mass_mean: Optional[float] = None
-    entropy_mean: Optional[float] = None
-    uniform_far_mass: Optional[float] = None
-    uniform_entropy: Optional[float] = None
-    note: Optional[str] = None
+    far_mass: list[list[float]] | None = None
+    far_mass_bound: list[list[float]] | None = None
+    entropy: list[list[float]] | None = None
+    far_mass_mean: float | None = None
+    entropy_mean: float | None = None
+    uniform_far_mass: float | None = None
+    uniform_entropy: float | None = None
+    note: str | None = None
 
 
 class LayerGap(BaseModel):
@@ -235,8 +241,8 @@ class LayerGap(BaseModel):
     layer: int
     steps: int
     beta: list[list[float]]
-    baseline: Optional[list[float]] = None
-    w_eps: list[list[Optional[int]]]
+    baseline: list[float] | None = None
+    w_eps: list[list[int | None]]
     mean_step: list[list[float]]
 
 
@@ -253,8 +259,8 @@ class Diagnosis(Record):
     eps: float
     windows_per_length: int
     lengths: list[LengthDiagnosis] = []
-    spectral_gap: Optional[list[LayerGap]] = None
-    note: Optional[str] = None
+    spectral_gap: list[LayerGap] | None = None
+    note: str | None = None
 
 
 PretrainedRecord = ScoredWindow | PasskeyTrial
@@ -283,8 +289,10 @@ def _parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
     Raises PosencError naming ``where`` for a newer schema version, an unknown kind or fields that do not fit the kind."""
     version = raw.get("schema_version", 1)
     if not isinstance(version, int) or version > SCHEMA_VERSION:
-        raise PosencError(f"{where} holds records of schema version {version}; this posenc reads versions up to "
-                          f"{SCHEMA_VERSION} (a newer posenc wrote it)")
+        raise PosencError(
+            f"{where} holds records of schema version {version}; this posenc reads versions up to "
+            f"{SCHEMA_VERSION} (a newer posenc wrote it)"
+        )
     raw = {**raw, "schema_version": version}  # a line without the field is version 1, not this posenc's
     for since, names in RENAMED.items():
         if version < since:
@@ -336,7 +344,10 @@ def load_csv(path: Path) -> list[Ppl]:
         if missing:
             raise KeyError(missing[0])
         for row in rows:
-            rec = {k: None if row.get(k) in (None, "") else (int(float(row[k])) if k in _INT else float(row[k])) for k in _INT + _FLOAT}
+            rec = {
+                k: None if row.get(k) in (None, "") else (int(float(row[k])) if k in _INT else float(row[k]))
+                for k in _INT + _FLOAT
+            }
             if rec["eval_length"] and rec["train_length"]:
                 out.append(Ppl(scheme=row["scheme"], note=row.get("note") or None, **rec))
     except (KeyError, ValueError) as exc:
@@ -344,7 +355,7 @@ def load_csv(path: Path) -> list[Ppl]:
     return out
 
 
-def load_ppl(run_dir: Path) -> Optional[list[Ppl]]:
+def load_ppl(run_dir: Path) -> list[Ppl] | None:
     """The perplexity records of a compare run directory: its ``results.jsonl``, else its ``results.csv``
     (committed results keep only the CSV); None when it has neither."""
     run_dir = Path(run_dir)
@@ -376,18 +387,41 @@ def load_task_csv(path: Path) -> list[Task]:
             groups.setdefault((row["task"], row["scheme"], int(row["seed"])), []).append(row)
         out = []
         for (task, scheme, seed), job in groups.items():
-            cells = [TaskCell(test=r["test"], length=int(r["length"]), bucket=int(r["bucket"]), n=int(r["answers"]),
-                              correct=int(r["correct"]), nll=float(r["nll_mean"]) * int(r["answers"])) for r in job]
-            extra = {k: int(job[0][k]) if job[0].get(k) else None for k in ("train_length", "trained_steps", "criterion_step")}
+            cells = [
+                TaskCell(
+                    test=r["test"],
+                    length=int(r["length"]),
+                    bucket=int(r["bucket"]),
+                    n=int(r["answers"]),
+                    correct=int(r["correct"]),
+                    nll=float(r["nll_mean"]) * int(r["answers"]),
+                )
+                for r in job
+            ]
+            extra = {
+                k: int(job[0][k]) if job[0].get(k) else None
+                for k in ("train_length", "trained_steps", "criterion_step")
+            }
             L0 = extra.pop("train_length") or _task_train_length(cells, f"{path} ({task}, {scheme}, seed {seed})")
-            out.append(Task(task=task, scheme=scheme, seed=seed, train_length=L0, train_seconds=float("nan"),
-                            eval_seconds=float("nan"), threads=0, cells=cells, **extra))
+            out.append(
+                Task(
+                    task=task,
+                    scheme=scheme,
+                    seed=seed,
+                    train_length=L0,
+                    train_seconds=float("nan"),
+                    eval_seconds=float("nan"),
+                    threads=0,
+                    cells=cells,
+                    **extra,
+                )
+            )
     except (KeyError, ValueError, TypeError) as exc:
         raise PosencError(f"{path} is not a posenc retrieval table ({type(exc).__name__}: {exc})") from None
     return out
 
 
-def load_tasks(run_dir: Path) -> Optional[list[Task]]:
+def load_tasks(run_dir: Path) -> list[Task] | None:
     """The task records of a task comparison directory: its ``results.jsonl``, else its ``retrieval.csv`` (committed
     results keep the CSV); None when it has neither."""
     run_dir = Path(run_dir)

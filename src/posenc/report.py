@@ -22,7 +22,18 @@ from posenc.claims import claims_markdown
 from posenc.records import FarMass, PasskeyCell, Ppl, load
 from posenc.reporting import figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell, write_csv_table
 
-CSV_FIELDS = ["scheme", "seed", "train_length", "eval_length", "windows", "scored_tokens", "nll", "ppl", "ratio", "note"]
+CSV_FIELDS = [
+    "scheme",
+    "seed",
+    "train_length",
+    "eval_length",
+    "windows",
+    "scored_tokens",
+    "nll",
+    "ppl",
+    "ratio",
+    "note",
+]
 
 
 def with_ratios(records: list[Ppl]) -> list[Ppl]:
@@ -68,8 +79,11 @@ def passkey_markdown(records: list, L0: int) -> str:
         return ""
     lengths = sorted({L for cells in grid.values() for L, _ in cells})
     first = next(r for r in records if isinstance(r, PasskeyCell))
-    what = (f"whose true key has the highest log-probability among {first.candidates} candidates; chance {1 / first.candidates:.2f}"
-            if first.mode == "rank" else "whose key greedy decoding reproduces exactly")
+    what = (
+        f"whose true key has the highest log-probability among {first.candidates} candidates; chance {1 / first.candidates:.2f}"
+        if first.mode == "rank"
+        else "whose key greedy decoding reproduces exactly"
+    )
     out = (
         f"\n## Passkey retrieval\n\nAccuracy (fraction of trials {what}) per input length, pooled over depths; "
         "`passkey.png` shows each depth.\n\n"
@@ -86,7 +100,9 @@ def far_mass_markdown(records: list, L0: int) -> str:
     lengths = sorted({r.length for r in recs})
     w = next((r.w for r in recs if r.w is not None), L0)  # "not supported" records carry no w
     grid = _grid(recs, "far_mass_mean", at="length")
-    uniform = {r.length: r.uniform_far_mass for r in recs if r.uniform_far_mass is not None}  # "not supported" records carry none
+    uniform = {
+        r.length: r.uniform_far_mass for r in recs if r.uniform_far_mass is not None
+    }  # "not supported" records carry none
     out = (
         f"\n## Far attention mass\n\nMean softmax mass on keys at distance >= {w} (the training length), over "
         "layers, heads and the queries that have such keys (`posenc diagnose` gives each layer and head; `far_mass.png`). "
@@ -104,7 +120,9 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
     column and their sections)."""
     lengths = sorted({r.eval_length for r in records})
     seen = list(dict.fromkeys(r.scheme for r in records))  # parallel jobs append in finishing order
-    schemes = [s for s in meta.get("descriptions", {}) if s in seen] + [s for s in seen if s not in meta.get("descriptions", {})]
+    schemes = [s for s in meta.get("descriptions", {}) if s in seen] + [
+        s for s in seen if s not in meta.get("descriptions", {})
+    ]
     L0 = meta.get("train_length")
     out = io.StringIO()
     out.write(f"# posenc compare: {meta.get('name', '')}\n\n")
@@ -119,12 +137,17 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
         grid = _grid(records, key)
         pk_col = key == "ratio" and pk_L is not None  # passkey accuracy at its longest length
         head = ["scheme", *(f"{L} ({L // L0}x)" if L0 else str(L) for L in lengths)] + [f"passkey @ {pk_L}"] * pk_col
-        rows = [[s, *(seed_cell(grid[s][L], fmt) for L in lengths)] + [_passkey_at(pk.get(s, {}), pk_L)] * pk_col for s in schemes]
+        rows = [
+            [s, *(seed_cell(grid[s][L], fmt) for L in lengths)] + [_passkey_at(pk.get(s, {}), pk_L)] * pk_col
+            for s in schemes
+        ]
         out.write(f"\n## {title}\n\n" + markdown_table(head, rows) + "\n")
     out.write(claims_markdown(records, L0))
-    out.write("\nFlat perplexity does not say whether a scheme still uses what lies beyond its training length: "
-              "`posenc compare --preset retrieval` measures that on tasks with a known distance to the evidence "
-              "(flip-flop, associative recall; `results/retrieval/`).\n")
+    out.write(
+        "\nFlat perplexity does not say whether a scheme still uses what lies beyond its training length: "
+        "`posenc compare --preset retrieval` measures that on tasks with a known distance to the evidence "
+        "(flip-flop, associative recall; `results/retrieval/`).\n"
+    )
     out.write(window_markdown(records, meta.get("mixing_windows") or {}, L0))
     out.write(passkey_markdown(extras, L0))
     out.write(far_mass_markdown(extras, L0))
@@ -137,8 +160,17 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
         for s, err in failures.items():
             out.write(f"- `{s}`: {err}\n")
     far = any(isinstance(r, FarMass) and r.far_mass_mean is not None for r in extras)
-    pngs = ["ppl_ratio.png", "buckets.png"] + ["window.png"] * bool(window_rows(records, meta.get("mixing_windows") or {}, L0)) + ["passkey.png"] * bool(pk) + ["far_mass.png"] * far
-    out.write("\nFiles: `results.jsonl` (one record per evaluation), `results.csv`, " + ", ".join(f"`{f}`" for f in pngs) + ".\n")
+    pngs = (
+        ["ppl_ratio.png", "buckets.png"]
+        + ["window.png"] * bool(window_rows(records, meta.get("mixing_windows") or {}, L0))
+        + ["passkey.png"] * bool(pk)
+        + ["far_mass.png"] * far
+    )
+    out.write(
+        "\nFiles: `results.jsonl` (one record per evaluation), `results.csv`, "
+        + ", ".join(f"`{f}`" for f in pngs)
+        + ".\n"
+    )
     return out.getvalue()
 
 
@@ -154,7 +186,17 @@ def window_rows(records: list[Ppl], windows: dict[str, float], L0: int) -> list[
     longest = max(r.eval_length for r in records)
     rows = []
     for s, w in sorted(known.items(), key=lambda kv: kv[1]):
-        rows.append({"scheme": s, "w": w, "w_ratio": w / L0, "ppl1": ppl[s].get(L0, []), "r32": ratio[s].get(32 * L0, []), "rmax": ratio[s].get(longest, []), "longest": longest})
+        rows.append(
+            {
+                "scheme": s,
+                "w": w,
+                "w_ratio": w / L0,
+                "ppl1": ppl[s].get(L0, []),
+                "r32": ratio[s].get(32 * L0, []),
+                "rmax": ratio[s].get(longest, []),
+                "longest": longest,
+            }
+        )
     return rows
 
 
@@ -172,8 +214,18 @@ def window_markdown(records: list[Ppl], windows: dict[str, float], L0: int) -> s
         "longer than the window looks alike, and training saw such routes. `window.png` plots these rows.\n\n"
     )
     head = ["scheme", "w_0.01 (tokens)", "w_0.01 / L", "predicted", "ppl at 1x", "ratio at 32x", f"ratio at {Lx}"]
-    cells = [[r["scheme"], f"{r['w']:g}", f"{r['w_ratio']:.3g}", "extrapolates" if r["w_ratio"] <= 1 else "degrades",
-              seed_cell(r["ppl1"], ".2f"), seed_cell(r["r32"], ".3f"), seed_cell(r["rmax"], ".3f")] for r in rows]
+    cells = [
+        [
+            r["scheme"],
+            f"{r['w']:g}",
+            f"{r['w_ratio']:.3g}",
+            "extrapolates" if r["w_ratio"] <= 1 else "degrades",
+            seed_cell(r["ppl1"], ".2f"),
+            seed_cell(r["r32"], ".3f"),
+            seed_cell(r["rmax"], ".3f"),
+        ]
+        for r in rows
+    ]
     return out + markdown_table(head, cells) + "\n"
 
 
@@ -211,7 +263,11 @@ def ratio_figure(records: list[Ppl], train_length: int):
     fig, ax = figure(figsize=(7, 4.5))
     lines = []
     for s, row in _grid(records, "ratio").items():
-        pts = [(L / train_length, np.mean([v for v in row[L] if v is not None])) for L in sorted(row) if any(v is not None for v in row[L])]
+        pts = [
+            (L / train_length, np.mean([v for v in row[L] if v is not None]))
+            for L in sorted(row)
+            if any(v is not None for v in row[L])
+        ]
         if pts:
             lines.append({"label": s, "x": [p[0] for p in pts], "y": [p[1] for p in pts]})
     plot_lines(ax, lines)
@@ -281,7 +337,15 @@ def plot_passkey(path: Path, records: list, train_length: int) -> None:
             acc[depths.index(d), lengths.index(L)] = c / n
         im = ax.imshow(acc, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
         for (i, j), v in np.ndenumerate(acc):
-            ax.text(j, i, "n/a" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 else "k")
+            ax.text(
+                j,
+                i,
+                "n/a" if np.isnan(v) else f"{v:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="w" if v < 0.6 else "k",
+            )
         ax.set_xticks(range(len(lengths)), [f"{L / train_length:g}x" for L in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
         ax.set_title(s, fontsize=9)
@@ -296,10 +360,21 @@ def plot_far_mass(path: Path, records: list, train_length: int) -> None:
     curves stay visible (``posenc.reporting.plot_lines``)."""
     recs = [r for r in records if isinstance(r, FarMass) and r.far_mass_mean is not None]
     fig, ax = figure(figsize=(7, 4.5))
-    plot_lines(ax, [{"label": s, "x": [L / train_length for L in sorted(row)], "y": [np.mean(row[L]) for L in sorted(row)]}
-                    for s, row in _grid(recs, "far_mass_mean", at="length").items()])
+    plot_lines(
+        ax,
+        [
+            {"label": s, "x": [L / train_length for L in sorted(row)], "y": [np.mean(row[L]) for L in sorted(row)]}
+            for s, row in _grid(recs, "far_mass_mean", at="length").items()
+        ],
+    )
     uniform = sorted({(r.length, r.uniform_far_mass) for r in recs})
-    ax.plot([L / train_length for L, _ in uniform], [u for _, u in uniform], color="gray", ls="--", label="uniform attention")
+    ax.plot(
+        [L / train_length for L, _ in uniform],
+        [u for _, u in uniform],
+        color="gray",
+        ls="--",
+        label="uniform attention",
+    )
     log_scale(ax, "x", base=2)
     ax.set_ylim(0, 1)
     ax.set_xlabel("evaluation length / training length")

@@ -11,10 +11,11 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
-from pathlib import Path
-from typing import Any, Iterable, Sequence
 
 from posenc.checkpoint import atomic_write_bytes
 
@@ -111,8 +112,12 @@ def same_as(lines: Sequence[tuple[str, Sequence[float], Sequence[float]]], rtol:
     out: dict[str, str] = {}
     for i, (label, x, y) in enumerate(lines):
         for first, fx, fy in lines[:i]:
-            if first not in out and len(fx) == len(x) and np.array_equal(fx, x) and np.allclose(
-                    np.asarray(fy, float), np.asarray(y, float), rtol=rtol, atol=0, equal_nan=True):
+            if (
+                first not in out
+                and len(fx) == len(x)
+                and np.array_equal(fx, x)
+                and np.allclose(np.asarray(fy, float), np.asarray(y, float), rtol=rtol, atol=0, equal_nan=True)
+            ):
                 out[label] = first
                 break
     return out
@@ -146,6 +151,7 @@ def plot_lines(ax, lines: Sequence[dict], ms: float = 5) -> list:
 def markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     """A markdown table: the header row, the ``|---|`` separator and one line per row, joined
     by newlines (no trailing one). Cells are ``str()``-ed with ``|`` escaped; an empty cell is ``| |``."""
+
     def line(cells):
         return "|" + "|".join(f" {c} " if c != "" else " " for c in (str(c).replace("|", "\\|") for c in cells)) + "|"
 

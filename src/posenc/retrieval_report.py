@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -60,7 +59,7 @@ class Scores:
     def __init__(self, cells: list[TaskCell]):
         self.cells = {(c.test, c.length, c.bucket): (c.n, c.correct, c.nll) for c in cells}
 
-    def acc(self, test: str, length: Optional[int] = None, bucket: Optional[int] = None) -> tuple[Optional[float], int]:
+    def acc(self, test: str, length: int | None = None, bucket: int | None = None) -> tuple[float | None, int]:
         """(accuracy, answers) over the matching cells; (None, 0) when there are none."""
         sel = [v for (t, L, b), v in self.cells.items() if t == test and length in (None, L) and bucket in (None, b)]
         n = sum(v[0] for v in sel)
@@ -73,7 +72,7 @@ class Scores:
         return sorted({b for t, _, b in self.cells if t == test})
 
 
-def horizon(curve: dict[int, float], id_acc: float, tol: float) -> Optional[int]:
+def horizon(curve: dict[int, float], id_acc: float, tol: float) -> int | None:
     """Largest bucket up to which every bucket of ``curve`` ({bucket: accuracy}) is >= id_acc - tol; None if the first is not."""
     best = None
     for b in sorted(curve):
@@ -86,7 +85,9 @@ def horizon(curve: dict[int, float], id_acc: float, tol: float) -> Optional[int]
 class TaskTable:
     """One task's scores over schemes and seeds, with each job's in-distribution accuracy and horizon."""
 
-    def __init__(self, records: list[Task], task: str, train_length: int, tol: float, bar: float, n_head: Optional[int] = None):
+    def __init__(
+        self, records: list[Task], task: str, train_length: int, tol: float, bar: float, n_head: int | None = None
+    ):
         """``n_head``: the run's head count for records without their own (``Task.n_head``); None: unknown."""
         self.task, self.L0, self.tol, self.bar = task, train_length, tol, bar
         self.chance = get_task(task).chance
@@ -96,9 +97,13 @@ class TaskTable:
         name = role_names([r.scheme for r in mine], TASK_ROLES)
         for r in mine:
             self.scores.setdefault(name[r.scheme], {})[r.seed] = Scores(r.cells)
-            self.records[(name[r.scheme], r.seed)] = r if r.n_head is not None else r.model_copy(update={"n_head": n_head})
+            self.records[(name[r.scheme], r.seed)] = (
+                r if r.n_head is not None else r.model_copy(update={"n_head": n_head})
+            )
         self.seconds = {(name[r.scheme], r.seed): (r.train_seconds, r.eval_seconds) for r in mine}
-        self.criterion = {(name[r.scheme], r.seed): (r.criterion, r.criterion_step, r.trained_steps) for r in mine if r.criterion}
+        self.criterion = {
+            (name[r.scheme], r.seed): (r.criterion, r.criterion_step, r.trained_steps) for r in mine if r.criterion
+        }
 
     def id_acc(self, scheme: str) -> list[float]:
         return [s.acc("id", self.L0)[0] for s in self.scores.get(scheme, {}).values()]
@@ -117,14 +122,22 @@ class TaskTable:
         s = self.scores[scheme][seed]
         return {b: s.acc(test, bucket=b)[0] for b in s.buckets(test)}
 
-    def horizons(self, scheme: str) -> list[Optional[int]]:
-        return [horizon(self.curve(scheme, seed), s.acc("id", self.L0)[0], self.tol) for seed, s in self.scores[scheme].items()]
+    def horizons(self, scheme: str) -> list[int | None]:
+        return [
+            horizon(self.curve(scheme, seed), s.acc("id", self.L0)[0], self.tol)
+            for seed, s in self.scores[scheme].items()
+        ]
 
     def censored(self, scheme: str) -> list[bool]:
         """Per seed: the horizon is the largest distance probed (the true one may lie beyond)."""
-        return [h is not None and h == max(self.curve(scheme, seed)) for seed, h in zip(self.scores[scheme], self.horizons(scheme))]
+        return [
+            h is not None and h == max(self.curve(scheme, seed))
+            for seed, h in zip(self.scores[scheme], self.horizons(scheme))
+        ]
 
-    def values(self, scheme: str, test: str, length: Optional[int] = None, bucket: Optional[int] = None) -> tuple[list[float], float]:
+    def values(
+        self, scheme: str, test: str, length: int | None = None, bucket: int | None = None
+    ) -> tuple[list[float], float]:
         """(accuracy per seed, the largest binomial standard error among them)."""
         pairs = [s.acc(test, length, bucket) for s in self.scores[scheme].values()]
         pairs = [(a, n) for a, n in pairs if a is not None]
@@ -155,13 +168,13 @@ def _pct(values: list[float]) -> str:
     return f"{v[0]:.1f}" if len(v) == 1 else f"{np.mean(v):.1f} ± {(max(v) - min(v)) / 2:.1f}"
 
 
-def _h(values: list[Optional[int]]) -> str:
+def _h(values: list[int | None]) -> str:
     """Horizons over seeds: one value when they agree, else each seed's; "none": the smallest bucket already falls short."""
     shown = ["none" if h is None else str(h) for h in values]
     return shown[0] if len(set(shown)) == 1 else " / ".join(shown)
 
 
-def _hval(h: Optional[int]) -> int:
+def _hval(h: int | None) -> int:
     return 0 if h is None else h
 
 
@@ -200,8 +213,10 @@ def budget(record: Task, chance: float) -> str:
     if late < before * (1 - LOSS_FALLING):
         return f"loss still falling at the step cap {cap} ({before:.3f} -> {late:.3f} over its last {steps[-1] - steps[i]} steps): more steps"
     if late >= AT_CHANCE * chance_loss:
-        return (f"loss flat at chance at the step cap {cap} ({late:.3f}; ln {1 / chance:g} = {chance_loss:.3f}): "
-                "more steps alone unlikely, another learning rate or head count")
+        return (
+            f"loss flat at chance at the step cap {cap} ({late:.3f}; ln {1 / chance:g} = {chance_loss:.3f}): "
+            "more steps alone unlikely, another learning rate or head count"
+        )
     return f"loss flat at {late:.3f} at the step cap {cap} (chance {chance_loss:.3f}): another setting (learning rate, heads), not more steps"
 
 
@@ -217,9 +232,14 @@ def not_learned(t: TaskTable, schemes: list[str]) -> str:
             acc = scores.acc("id", t.L0)[0]
             if acc is None or acc < t.bar:
                 low.setdefault(budget(t.records[(s, seed)], t.chance), []).append((seed, acc or 0.0))
-        parts.append(f"{s} did not learn on " + "; ".join(
-            f"seed{'s' * (len(v) > 1)} {', '.join(str(seed) for seed, _ in v)} (id {' / '.join(f'{100 * a:.1f}' for _, a in v)}% "
-            f"< {100 * t.bar:.0f}%: {why})" for why, v in low.items()))
+        parts.append(
+            f"{s} did not learn on "
+            + "; ".join(
+                f"seed{'s' * (len(v) > 1)} {', '.join(str(seed) for seed, _ in v)} (id {' / '.join(f'{100 * a:.1f}' for _, a in v)}% "
+                f"< {100 * t.bar:.0f}%: {why})"
+                for why, v in low.items()
+            )
+        )
     return "; ".join(parts)
 
 
@@ -227,7 +247,7 @@ def _undecided(key: str, text: str, t: TaskTable, schemes: list[str]) -> Claim:
     return Claim(key, text, UNDECIDED, not_learned(t, schemes))
 
 
-def claim_r1(t: TaskTable, flat: dict[str, list[float]]) -> Optional[Claim]:
+def claim_r1(t: TaskTable, flat: dict[str, list[float]]) -> Claim | None:
     text = f"{t.task}: flat perplexity is not far retrieval (some scheme flat in the text run has a horizon <= the training length {t.L0})"
     run = [s for s in flat if s in t.scores]
     schemes = [s for s in run if t.learned(s)]
@@ -236,17 +256,27 @@ def claim_r1(t: TaskTable, flat: dict[str, list[float]]) -> Optional[Claim]:
     if not schemes:
         return _undecided("R1", text, t, run)
     beyond = {s: [_hval(h) > t.L0 for h in t.horizons(s)] for s in schemes}
-    verdict = HOLDS if any(not any(v) for v in beyond.values()) else (FAILS if all(all(v) for v in beyond.values()) else NOISE)
+    verdict = (
+        HOLDS
+        if any(not any(v) for v in beyond.values())
+        else (FAILS if all(all(v) for v in beyond.values()) else NOISE)
+    )
     # the ratio as the text run's table shows it (mean ± half-range over seeds), not one seed's
-    numbers = "; ".join(f"{s} (ratio {seed_cell(flat[s], '.3f')} at the longest length): horizon {_h(t.horizons(s))}" for s in schemes)
+    numbers = "; ".join(
+        f"{s} (ratio {seed_cell(flat[s], '.3f')} at the longest length): horizon {_h(t.horizons(s))}" for s in schemes
+    )
     return Claim("R1", text, verdict, numbers)
 
 
-def _rand_qkv_variants(t: TaskTable, windows: dict[str, Optional[float]]) -> list[tuple[float, str]]:
-    return sorted((windows[s], s) for s in t.scores if (s == RAND_QKV or s.startswith(RAND_QKV + ":")) and "+" not in s and windows.get(s))
+def _rand_qkv_variants(t: TaskTable, windows: dict[str, float | None]) -> list[tuple[float, str]]:
+    return sorted(
+        (windows[s], s)
+        for s in t.scores
+        if (s == RAND_QKV or s.startswith(RAND_QKV + ":")) and "+" not in s and windows.get(s)
+    )
 
 
-def claim_r2(t: TaskTable, windows: dict[str, Optional[float]]) -> Optional[Claim]:
+def claim_r2(t: TaskTable, windows: dict[str, float | None]) -> Claim | None:
     text = f"{t.task}: random accumulated rotations retrieve only within about their mixing window (horizon <= 4 w_0.01, growing with w)"
     run = _rand_qkv_variants(t, windows)
     variants = [(w, s) for w, s in run if t.learned(s)]
@@ -256,14 +286,20 @@ def claim_r2(t: TaskTable, windows: dict[str, Optional[float]]) -> Optional[Clai
         return _undecided("R2", text, t, [s for _, s in run])
     within = [all(_hval(h) <= 4 * w for h in t.horizons(s)) for w, s in variants]
     exceeds = [all(_hval(h) > 4 * w for h in t.horizons(s)) for w, s in variants]
-    order = [max(map(_hval, t.horizons(a))) <= min(map(_hval, t.horizons(b))) for (_, a), (_, b) in zip(variants, variants[1:])]
-    reversed_ = [min(map(_hval, t.horizons(a))) > max(map(_hval, t.horizons(b))) for (_, a), (_, b) in zip(variants, variants[1:])]
+    order = [
+        max(map(_hval, t.horizons(a))) <= min(map(_hval, t.horizons(b)))
+        for (_, a), (_, b) in zip(variants, variants[1:])
+    ]
+    reversed_ = [
+        min(map(_hval, t.horizons(a))) > max(map(_hval, t.horizons(b)))
+        for (_, a), (_, b) in zip(variants, variants[1:])
+    ]
     verdict = HOLDS if all(within) and all(order) else (FAILS if any(exceeds) or any(reversed_) else NOISE)
     numbers = "; ".join(f"{s}: w_0.01 {w:.0f}, horizon {_h(t.horizons(s))}" for w, s in variants)
     return Claim("R2", text, verdict, numbers)
 
 
-def claim_r3(t: TaskTable, windows: dict[str, Optional[float]]) -> Optional[Claim]:
+def claim_r3(t: TaskTable, windows: dict[str, float | None]) -> Claim | None:
     if RAND_QK not in t.scores or RAND_QKV not in t.scores or not windows.get(RAND_QK):
         return None
     w = windows[RAND_QK]
@@ -279,7 +315,12 @@ def claim_r3(t: TaskTable, windows: dict[str, Optional[float]]) -> Optional[Clai
 
     qkv, qk = mean_far(RAND_QKV), mean_far(RAND_QK)
     se = max(t.values(s, "gap", bucket=far[0])[1] for s in (RAND_QK, RAND_QKV))
-    return Claim("R3", text, at_most(qkv, qk, se), f"accuracy over gap buckets >= {far[0]}: acc-rand-qkv {_pct(qkv)}% vs acc-rand-qk {_pct(qk)}%")
+    return Claim(
+        "R3",
+        text,
+        at_most(qkv, qk, se),
+        f"accuracy over gap buckets >= {far[0]}: acc-rand-qkv {_pct(qkv)}% vs acc-rand-qk {_pct(qk)}%",
+    )
 
 
 NEAR = 16  # flip-flop near recall: answers whose evidence is fewer than NEAR tokens back
@@ -302,7 +343,7 @@ def near_values(t: TaskTable, s: str, length: int) -> tuple[list[float], float]:
     return accs, se
 
 
-def claim_r4(t: TaskTable) -> Optional[Claim]:
+def claim_r4(t: TaskTable) -> Claim | None:
     rot_run, ctrl_run = [s for s in ROTATION_ONLY if s in t.scores], [s for s in FAR_MASS_CONTROLS if s in t.scores]
     if not rot_run or not ctrl_run:
         return None
@@ -310,9 +351,13 @@ def claim_r4(t: TaskTable) -> Optional[Claim]:
     first = next(iter(t.scores[rot_run[0]].values()))
     lengths = first.lengths("near") or first.lengths("id")
     near, far = lengths[0], lengths[-1]
-    what = "the pairs right before the queries" if first.lengths("near") else f"reads whose write is < {NEAR} tokens back"
-    text = (f"{t.task}: near recall ({what}) in a long context ({near} -> {far} tokens) erodes (drop > {100 * t.tol:.0f} points) "
-            "for rotation-only schemes, not for ALiBi or forget-gate schemes")
+    what = (
+        "the pairs right before the queries" if first.lengths("near") else f"reads whose write is < {NEAR} tokens back"
+    )
+    text = (
+        f"{t.task}: near recall ({what}) in a long context ({near} -> {far} tokens) erodes (drop > {100 * t.tol:.0f} points) "
+        "for rotation-only schemes, not for ALiBi or forget-gate schemes"
+    )
     if not rot or not ctrl:  # the side with no learned scheme is what would decide it
         return _undecided("R4", text, t, (rot_run if not rot else []) + (ctrl_run if not ctrl else []))
 
@@ -329,7 +374,7 @@ def claim_r4(t: TaskTable) -> Optional[Claim]:
     return Claim("R4", text, combine(parts), "accuracy drop in points: " + ", ".join(numbers))
 
 
-def claim_r5(t: TaskTable) -> Optional[Claim]:
+def claim_r5(t: TaskTable) -> Claim | None:
     schemes = ("path", "forget", "rope")
     text = f"{t.task}: PaTH errs at most as often as FoX and RoPE on the sparse test at the training length (the PaTH paper's order)"
     if not all(s in t.scores for s in schemes):
@@ -345,11 +390,13 @@ def claim_r5(t: TaskTable) -> Optional[Claim]:
     return Claim("R5", text, verdict, ", ".join(f"{s} {_pct(v[0])}%" for s, v in errs.items()))
 
 
-def claim_r6(t: TaskTable) -> Optional[Claim]:
+def claim_r6(t: TaskTable) -> Claim | None:
     """State tracking (modsum): PaTH carries the running sum beyond the training length, no other learned scheme does.
     Undecided when PaTH did not learn the task; None when it was not run."""
-    text = (f"{t.task}: state tracking beyond the training length {t.L0}: PaTH's horizon exceeds it and no other "
-            "learned scheme's does (a reflection can flip a state; SO(2) steps of at most 1 rad and position biases cannot)")
+    text = (
+        f"{t.task}: state tracking beyond the training length {t.L0}: PaTH's horizon exceeds it and no other "
+        "learned scheme's does (a reflection can flip a state; SO(2) steps of at most 1 rad and position biases cannot)"
+    )
     if REFLECTING not in t.scores:
         return None
     if not t.learned(REFLECTING):
@@ -374,7 +421,7 @@ def decay_window(rate: float) -> float:
     return WINDOW_NATS / rate if rate > 0 else math.inf
 
 
-def follows_window(horizons: list[Optional[int]], windows: list[float], censored: list[bool]) -> str:
+def follows_window(horizons: list[int | None], windows: list[float], censored: list[bool]) -> str:
     """Verdict of "the horizon follows the window" over seeds: a seed's horizon follows when it lies within
     [w / HORIZON_FACTOR, w x HORIZON_FACTOR] (None, the first bucket already short, counts 0); a horizon at the largest
     distance probed (``censored``) whose band reaches it is open (it may lie beyond). Holds when every seed follows,
@@ -392,40 +439,51 @@ def _band(w: float) -> str:
     return f"[{w / HORIZON_FACTOR:.0f}, {w * HORIZON_FACTOR:.0f}]" if math.isfinite(w) else "unbounded"
 
 
-def claim_alibi_slopes(t: TaskTable) -> Optional[Claim]:
+def claim_alibi_slopes(t: TaskTable) -> Claim | None:
     """(R7) ALiBi's horizon follows its slopes: the bias of head h at distance d is -m_h d (Press et al. 2022,
     arXiv 2108.12409, sec. 3), so the flattest head (the smallest slope of ``alibi_slopes(n_head)``) reaches farthest,
     and its window w = WINDOW_NATS / m_min (``decay_window``) predicts the horizon within HORIZON_FACTOR
     (``follows_window``). The slopes' geometric sequence ends at 2^-8 for every head count (w = 256 tokens): the head
     count changes the steeper heads, not the flattest. The head count is each record's (``Task.n_head``), else the
     run's. None when ALiBi was not run; undecided when it did not learn or the head count is unknown."""
-    text = (f"{t.task}: ALiBi's horizon follows its slopes (within x{HORIZON_FACTOR:g} of w = {WINDOW_NATS:g} / m of its flattest "
-            "head: where that head's bias reaches 1 nat)")
+    text = (
+        f"{t.task}: ALiBi's horizon follows its slopes (within x{HORIZON_FACTOR:g} of w = {WINDOW_NATS:g} / m of its flattest "
+        "head: where that head's bias reaches 1 nat)"
+    )
     if ALIBI not in t.scores:
         return None
     if not t.learned(ALIBI):
         return _undecided("R7", text, t, [ALIBI])
     heads = [t.records[(ALIBI, seed)].n_head for seed in t.scores[ALIBI]]
     if None in heads:
-        return Claim("R7", text, UNDECIDED, "the head count is unknown (records without n_head and no preset.json): rerun the "
-                     "report on a run whose records or preset give it")
+        return Claim(
+            "R7",
+            text,
+            UNDECIDED,
+            "the head count is unknown (records without n_head and no preset.json): rerun the "
+            "report on a run whose records or preset give it",
+        )
     windows = [decay_window(float(alibi_slopes(n).min())) for n in heads]
     hs = t.horizons(ALIBI)
-    numbers = "; ".join(f"seed {seed}: {n} heads, flattest slope {float(alibi_slopes(n).min()):.4g}/token, w {w:.0f}, band {_band(w)}, "
-                        f"horizon {_h([h])} (bias there {_hval(h) * float(alibi_slopes(n).min()):.2g} nats)"
-                        for seed, n, w, h in zip(t.scores[ALIBI], heads, windows, hs))
+    numbers = "; ".join(
+        f"seed {seed}: {n} heads, flattest slope {float(alibi_slopes(n).min()):.4g}/token, w {w:.0f}, band {_band(w)}, "
+        f"horizon {_h([h])} (bias there {_hval(h) * float(alibi_slopes(n).min()):.2g} nats)"
+        for seed, n, w, h in zip(t.scores[ALIBI], heads, windows, hs)
+    )
     return Claim("R7", text, follows_window(hs, windows, t.censored(ALIBI)), numbers)
 
 
-def claim_forget_leak(t: TaskTable) -> Optional[Claim]:
+def claim_forget_leak(t: TaskTable) -> Claim | None:
     """(R8) A forget gate's horizon follows its measured leak: the bias against a key d tokens back is the sum of the
     log forget gates over those d tokens (Lin et al. 2025, arXiv 2503.02130, eq. 4-6), about -r d for a gate that leaks
     r nats per token over the gap (``Task.leak``, measured by ``posenc.taskeval.gate_leak`` on each job), so the horizon
     of the flattest head (the smallest leak over every gated layer) should follow w = WINDOW_NATS / r within
     HORIZON_FACTOR (``follows_window``), each seed against its own leak; over every forget-gate scheme that learned.
     None when no forget-gate scheme was run; undecided when none learned, or the records keep no leak."""
-    text = (f"{t.task}: a forget gate's horizon follows its measured leak (within x{HORIZON_FACTOR:g} of w = {WINDOW_NATS:g} / r "
-            "of its flattest head, r its mean -log f per token over the probe's gap)")
+    text = (
+        f"{t.task}: a forget gate's horizon follows its measured leak (within x{HORIZON_FACTOR:g} of w = {WINDOW_NATS:g} / r "
+        "of its flattest head, r its mean -log f per token over the probe's gap)"
+    )
     run = [s for s in FORGET_GATES if s in t.scores]
     learned = [s for s in run if t.learned(s)]
     if not run:
@@ -434,15 +492,22 @@ def claim_forget_leak(t: TaskTable) -> Optional[Claim]:
         return _undecided("R8", text, t, run)
     measured = [s for s in learned if all(t.records[(s, seed)].leak for seed in t.scores[s])]
     if not measured:
-        return Claim("R8", text, UNDECIDED, f"no leak in the records of {', '.join(learned)} (written before Task.leak; a job "
-                     "run now measures it after training)")
+        return Claim(
+            "R8",
+            text,
+            UNDECIDED,
+            f"no leak in the records of {', '.join(learned)} (written before Task.leak; a job "
+            "run now measures it after training)",
+        )
     hs, ws, cut, numbers = [], [], [], []
     for s in measured:
         for (seed, h), c in zip(zip(t.scores[s], t.horizons(s)), t.censored(s)):
             r = min(min(row) for row in t.records[(s, seed)].leak)
             hs.append(h), ws.append(decay_window(r)), cut.append(c)
-            numbers.append(f"{s} seed {seed}: leak {r:.4f} nats/token, w {ws[-1]:.0f}, band {_band(ws[-1])}, horizon {_h([h])} "
-                           f"(bias there {_hval(h) * r:.2g} nats)")
+            numbers.append(
+                f"{s} seed {seed}: leak {r:.4f} nats/token, w {ws[-1]:.0f}, band {_band(ws[-1])}, horizon {_h([h])} "
+                f"(bias there {_hval(h) * r:.2g} nats)"
+            )
     return Claim("R8", text, follows_window(hs, ws, cut), "; ".join(numbers))
 
 
@@ -462,7 +527,7 @@ def check_task_claims(t: TaskTable, meta: dict, text_records: list[Ppl]) -> list
 
 
 def _seeds_learned(t: TaskTable, s: str) -> str:
-    """"" when no seed or every seed learned, else "(k of n seeds learned)": a scheme that learns on some
+    """ "" when no seed or every seed learned, else "(k of n seeds learned)": a scheme that learns on some
     seeds only has still not learned the task at this budget, but it is not the same as never."""
     k, n = t.seeds_learned(s)
     return f" ({k} of {n} seeds learned)" if 0 < k < n else ""
@@ -488,8 +553,11 @@ def distance_markdown(t: TaskTable, schemes: list[str], windows: dict) -> str:
     rows = []
     for s in schemes:
         w = windows.get(s)
-        rows.append([s, "" if w is None else f"{w:.0f}", _pct(t.id_acc(s))] + [_pct(t.values(s, "gap", bucket=b)[0]) for b in buckets]
-                    + [_h(t.horizons(s)) if t.learned(s) else "no verdict (did not learn)" + _seeds_learned(t, s)])
+        rows.append(
+            [s, "" if w is None else f"{w:.0f}", _pct(t.id_acc(s))]
+            + [_pct(t.values(s, "gap", bucket=b)[0]) for b in buckets]
+            + [_h(t.horizons(s)) if t.learned(s) else "no verdict (did not learn)" + _seeds_learned(t, s)]
+        )
     counts = ", ".join(f"{b}: {first.acc('gap', bucket=b)[1]}" for b in buckets)
     return markdown_table(header, rows) + f"\n\nAnswers per distance bucket (one seed): {counts}."
 
@@ -502,10 +570,19 @@ def criterion_markdown(t: TaskTable, schemes: list[str]) -> str:
         runs = [t.criterion[(s, seed)] for seed in sorted(t.scores[s]) if (s, seed) in t.criterion]
         reached = [step for _, step, _ in runs if step is not None]
         shown = [str(step) if step is not None else f"not reached ({trained} steps)" for _, step, trained in runs]
-        rows.append([s, " / ".join(shown), f"{np.mean(reached):.0f}" if reached else "not reached",
-                     f"{len(reached)} of {len(runs)}"])
+        rows.append(
+            [
+                s,
+                " / ".join(shown),
+                f"{np.mean(reached):.0f}" if reached else "not reached",
+                f"{len(reached)} of {len(runs)}",
+            ]
+        )
     what = "; ".join(sorted({c for c, _, _ in t.criterion.values()}))
-    return markdown_table(["scheme", "steps (each seed)", "mean over seeds that reached it", "reached"], rows) + f"\n\nCriterion: {what}."
+    return (
+        markdown_table(["scheme", "steps (each seed)", "mean over seeds that reached it", "reached"], rows)
+        + f"\n\nCriterion: {what}."
+    )
 
 
 def reference_markdown(t: TaskTable, ref: dict) -> str:
@@ -520,7 +597,10 @@ def reference_markdown(t: TaskTable, ref: dict) -> str:
     return markdown_table(header, rows)
 
 
-NOT_LEARNED_LS, WINDOW_LS = ":", "-."  # distance plot: the curve of a scheme that did not learn; a scheme's mixing window
+NOT_LEARNED_LS, WINDOW_LS = (
+    ":",
+    "-.",
+)  # distance plot: the curve of a scheme that did not learn; a scheme's mixing window
 WINDOW_LABEL = "mixing window w_0.01 (dash-dot, in the scheme's colour)"
 
 
@@ -537,9 +617,16 @@ def distance_figure(t: TaskTable, schemes: list[str], windows: dict, chance: flo
     for s in schemes:
         curves = [t.curve(s, seed) for seed in t.scores[s]]
         buckets = sorted(curves[0])
-        lines.append({"label": s + ("" if t.learned(s) else " (did not learn: dotted)"), "x": buckets,
-                      "y": [100 * np.mean([c[b] for c in curves if b in c]) for b in buckets], "ms": 4, "color": colors[s],
-                      "ls": "-" if t.learned(s) else NOT_LEARNED_LS})
+        lines.append(
+            {
+                "label": s + ("" if t.learned(s) else " (did not learn: dotted)"),
+                "x": buckets,
+                "y": [100 * np.mean([c[b] for c in curves if b in c]) for b in buckets],
+                "ms": 4,
+                "color": colors[s],
+                "ls": "-" if t.learned(s) else NOT_LEARNED_LS,
+            }
+        )
     plot_lines(ax, lines)
     for s in schemes:
         if windows.get(s):
@@ -574,8 +661,15 @@ def length_figure(t: TaskTable, schemes: list[str], chance: float):
         lines = []
         for i, s in enumerate(schemes):
             lengths = next(iter(t.scores[s].values())).lengths(test)
-            lines.append({"label": s, "x": lengths, "y": [100 * np.mean(t.values(s, test, L)[0]) for L in lengths], "ms": 4,
-                          "color": f"C{i % 10}"})
+            lines.append(
+                {
+                    "label": s,
+                    "x": lengths,
+                    "y": [100 * np.mean(t.values(s, test, L)[0]) for L in lengths],
+                    "ms": 4,
+                    "color": f"C{i % 10}",
+                }
+            )
         plot_lines(ax, lines)
         ax.axvline(t.L0, color="black", ls="--", lw=1)
         ax.axhline(100 * chance, color="grey", lw=1)
@@ -584,7 +678,9 @@ def length_figure(t: TaskTable, schemes: list[str], chance: float):
         ax.set_ylabel("accuracy (%)")
         ax.set_title(f"{t.task}: {test}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: per panel, its own repeats
+        ax.legend(
+            fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2)
+        )  # below: per panel, its own repeats
     fig.tight_layout()
     return fig
 
@@ -597,11 +693,44 @@ def plot_length(path: Path, t: TaskTable, schemes: list[str], chance: float) -> 
 def write_csv(path: Path, records: list[Task]) -> None:
     """retrieval.csv: one row per cell of each job, with the job's training length and steps (``posenc.records.load_task_csv``
     reads it back)."""
-    header = ["task", "scheme", "seed", "test", "length", "bucket", "answers", "correct", "accuracy", "nll_mean",
-              "train_length", "trained_steps", "criterion_step"]
-    write_csv_table(path, header, ([r.task, r.scheme, r.seed, c.test, c.length, c.bucket, c.n, c.correct, f"{c.correct / c.n:.4f}",
-                                    f"{c.nll / c.n:.4f}", r.train_length, r.trained_steps, r.criterion_step]
-                                   for r in records for c in r.cells))
+    header = [
+        "task",
+        "scheme",
+        "seed",
+        "test",
+        "length",
+        "bucket",
+        "answers",
+        "correct",
+        "accuracy",
+        "nll_mean",
+        "train_length",
+        "trained_steps",
+        "criterion_step",
+    ]
+    write_csv_table(
+        path,
+        header,
+        (
+            [
+                r.task,
+                r.scheme,
+                r.seed,
+                c.test,
+                c.length,
+                c.bucket,
+                c.n,
+                c.correct,
+                f"{c.correct / c.n:.4f}",
+                f"{c.nll / c.n:.4f}",
+                r.train_length,
+                r.trained_steps,
+                r.criterion_step,
+            ]
+            for r in records
+            for c in r.cells
+        ),
+    )
 
 
 def _times_line(seconds: list[tuple[float, float]]) -> str:
@@ -610,8 +739,10 @@ def _times_line(seconds: list[tuple[float, float]]) -> str:
     if not timed:
         return "Training and evaluation times were not recorded."
     of = f" ({len(timed)} of {len(seconds)} jobs recorded their times)" if len(timed) < len(seconds) else ""
-    return (f"Training time per job: {min(v[0] for v in timed):.0f}-{max(v[0] for v in timed):.0f} s; "
-            f"evaluation {min(v[1] for v in timed):.0f}-{max(v[1] for v in timed):.0f} s{of}.")
+    return (
+        f"Training time per job: {min(v[0] for v in timed):.0f}-{max(v[0] for v in timed):.0f} s; "
+        f"evaluation {min(v[1] for v in timed):.0f}-{max(v[1] for v in timed):.0f} s{of}."
+    )
 
 
 def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None = None) -> Path:
@@ -623,17 +754,28 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
     text = meta.get("text_results")
     text_records = read_text_results(Path(text)) if text else []
     st = meta["stamp"]
-    lines = [f"# posenc retrieval: {meta['name']}", "",
-             f"- model: {meta['model']}", f"- budget: {meta['budget']}", f"- seeds: {meta['seeds']}",
-             f"- evaluation: answers per cell {ev['answers']} (or {ev['max_tokens']} tokens), lengths {ev['multiples']} x {L0}; "
-             f"learned: id accuracy >= {100 * ev['learned']:.0f}%; horizon: accuracy within {100 * ev['horizon_tol']:.0f} points of id",
-             f"- run: {stamp_line(st)} (each invocation: `invocations.jsonl`; each job's threads: its record)",
-             f"- noise: a comparison is over seeds ({len(meta['seeds'])}) plus two binomial standard errors of the test sets; "
-             + ("one seed does not measure training noise (thread count changes learned schemes' weights)" if len(meta["seeds"]) == 1 else "the seed range is the training noise"),
-             ""]
+    lines = [
+        f"# posenc retrieval: {meta['name']}",
+        "",
+        f"- model: {meta['model']}",
+        f"- budget: {meta['budget']}",
+        f"- seeds: {meta['seeds']}",
+        f"- evaluation: answers per cell {ev['answers']} (or {ev['max_tokens']} tokens), lengths {ev['multiples']} x {L0}; "
+        f"learned: id accuracy >= {100 * ev['learned']:.0f}%; horizon: accuracy within {100 * ev['horizon_tol']:.0f} points of id",
+        f"- run: {stamp_line(st)} (each invocation: `invocations.jsonl`; each job's threads: its record)",
+        f"- noise: a comparison is over seeds ({len(meta['seeds'])}) plus two binomial standard errors of the test sets; "
+        + (
+            "one seed does not measure training noise (thread count changes learned schemes' weights)"
+            if len(meta["seeds"]) == 1
+            else "the seed range is the training noise"
+        ),
+        "",
+    ]
     if meta.get("notes"):
         lines += [meta["notes"], ""]
-    lines += meta.get("sweep") or []  # posenc.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
+    lines += (
+        meta.get("sweep") or []
+    )  # posenc.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
     claims = []
     # every task the run holds: a task added by an earlier invocation (--tasks X, then --tasks Y) keeps its section
     tasks = {**meta["tasks"], **{r.task: get_task(r.task).describe() for r in records if r.task not in meta["tasks"]}}
@@ -645,13 +787,28 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
             lines += ["No results yet.", ""]
             continue
         lines += ["### Accuracy (%) by test and sequence length", "", accuracy_markdown(t, schemes), ""]
-        lines += ["### Accuracy (%) by evidence distance (controlled-gap test) and retrieval horizon", "", distance_markdown(t, schemes, windows), ""]
+        lines += [
+            "### Accuracy (%) by evidence distance (controlled-gap test) and retrieval horizon",
+            "",
+            distance_markdown(t, schemes, windows),
+            "",
+        ]
         if t.criterion:
-            lines += ["### Steps to criterion", "", criterion_markdown(t, [s for s in schemes if any(k[0] == s for k in t.criterion)]), ""]
+            lines += [
+                "### Steps to criterion",
+                "",
+                criterion_markdown(t, [s for s in schemes if any(k[0] == s for k in t.criterion)]),
+                "",
+            ]
         lines += [_times_line(list(t.seconds.values())), ""]
         ref = meta.get("reference")
         if ref and ref.get("task", "flipflop") == task.partition(":")[0]:
-            lines += [f"### Error (%) at the training length beside {ref['source']}", "", reference_markdown(t, ref), ""]
+            lines += [
+                f"### Error (%) at the training length beside {ref['source']}",
+                "",
+                reference_markdown(t, ref),
+                "",
+            ]
             if ref.get("note"):
                 lines += [ref["note"], ""]
         chance = get_task(task).chance
@@ -659,7 +816,15 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
         plot_length(run_dir / f"length-{slug(task)}.png", t, schemes, chance)
         claims += check_task_claims(t, meta, text_records)
     if claims:
-        lines += ["## Claims", "", markdown_table(["claim", "verdict", "numbers"], [[f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence] for c in claims]), ""]
+        lines += [
+            "## Claims",
+            "",
+            markdown_table(
+                ["claim", "verdict", "numbers"],
+                [[f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence] for c in claims],
+            ),
+            "",
+        ]
     elif records:
         lines += ["## Claims", "", "No claim applies: each compares schemes this run did not train.", ""]
     if text and not text_records:

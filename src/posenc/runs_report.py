@@ -40,7 +40,12 @@ from posenc.reporting import figure, log_scale, markdown_table, plot_lines, save
 from posenc.scoreboard import TaskRun, is_task_run, load_task_run, scoreboard_markdown, task_claims_markdown
 
 HEADER_KEYS = ("corpus", "tokenizer", "model", "budget", "eval")  # report.md header lines that describe the settings
-STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]  # per run: line style and marker (a short legend line hides a dash)
+STYLES = [
+    ("-", "o"),
+    ("--", "s"),
+    (":", "^"),
+    ("-.", "D"),
+]  # per run: line style and marker (a short legend line hides a dash)
 
 
 @dataclasses.dataclass
@@ -155,22 +160,46 @@ def text_markdown(runs: list[Run]) -> str:
     ppl, ratio = [_grid(run, "ppl") for run in runs], [_grid(run, "ratio") for run in runs]
     out = io.StringIO()
     out.write("## Runs\n\n")
-    rows = [[run.label, f"`{run.path}`", ", ".join(str(s) for s in sorted({r.seed for r in run.records})),
-             run.train_length, run.source, "reference" if i == 0 else differences(runs[0], run)] for i, run in enumerate(runs)]
-    out.write(markdown_table(["run", "directory", "seeds", "train length", "settings from", f"against {runs[0].label}"], rows) + "\n")
+    rows = [
+        [
+            run.label,
+            f"`{run.path}`",
+            ", ".join(str(s) for s in sorted({r.seed for r in run.records})),
+            run.train_length,
+            run.source,
+            "reference" if i == 0 else differences(runs[0], run),
+        ]
+        for i, run in enumerate(runs)
+    ]
+    out.write(
+        markdown_table(["run", "directory", "seeds", "train length", "settings from", f"against {runs[0].label}"], rows)
+        + "\n"
+    )
     for run in runs:
         if run.source == "report.md":
             out.write(f"\n- **{run.label}**: " + "; ".join(f"{k}: {v}" for k, v in run.settings.items()) + "\n")
-    out.write("\n## Perplexity at the training length and ratios per scheme and run\n\n"
-              "Ratio: perplexity at the length over the same run's perplexity at its training length (1x); "
-              "mean ± half-range over the run's seeds.\n\n")
+    out.write(
+        "\n## Perplexity at the training length and ratios per scheme and run\n\n"
+        "Ratio: perplexity at the length over the same run's perplexity at its training length (1x); "
+        "mean ± half-range over the run's seeds.\n\n"
+    )
     head = ["scheme", "run", "ppl at 1x", *(f"ratio {m:g}x" for m in multiples)]
     rows = []
     for key, name in names.items():
         for i, run in enumerate(runs):
             if key in ppl[i]:
-                rows.append([name, run.label, seed_cell(ppl[i][key].get(1.0, []), ".2f"), *(seed_cell(ratio[i][key].get(m, []), ".3f") for m in multiples)])
-    out.write(markdown_table(head, rows) + "\n\n`ppl_ratio.png` overlays the ratio curves (colour: scheme, line style: run).\n")
+                rows.append(
+                    [
+                        name,
+                        run.label,
+                        seed_cell(ppl[i][key].get(1.0, []), ".2f"),
+                        *(seed_cell(ratio[i][key].get(m, []), ".3f") for m in multiples),
+                    ]
+                )
+    out.write(
+        markdown_table(head, rows)
+        + "\n\n`ppl_ratio.png` overlays the ratio curves (colour: scheme, line style: run).\n"
+    )
     out.write(claims_markdown(runs))
     return out.getvalue()
 
@@ -182,11 +211,24 @@ def claims_markdown(runs: list[Run]) -> str:
     if not claims:
         return ""
     first = {k: next(per_run[k] for per_run in checked if k in per_run) for k in claims}
-    out = "\n## The paper's claims on each run\n\n" + markdown_table(
-        ["claim", *(run.label for run in runs)],
-        [[f"({first[k].key}) {first[k].text}", *(per_run[k].verdict if k in per_run else "not run" for per_run in checked)] for k in claims]) + "\n"
+    out = (
+        "\n## The paper's claims on each run\n\n"
+        + markdown_table(
+            ["claim", *(run.label for run in runs)],
+            [
+                [
+                    f"({first[k].key}) {first[k].text}",
+                    *(per_run[k].verdict if k in per_run else "not run" for per_run in checked),
+                ]
+                for k in claims
+            ],
+        )
+        + "\n"
+    )
     for run, per_run in zip(runs, checked):
-        out += f"\n### {run.label}\n\n" + "".join(f"- ({c.key}) **{c.verdict}**: {c.evidence}\n" for c in per_run.values())
+        out += f"\n### {run.label}\n\n" + "".join(
+            f"- ({c.key}) **{c.verdict}**: {c.evidence}\n" for c in per_run.values()
+        )
     return out
 
 
@@ -200,11 +242,24 @@ def ratio_figure(runs: list[Run]):
     lines = []
     for i, run in enumerate(runs):
         for key, row in _grid(run, "ratio").items():
-            pts = [(m, np.mean([v for v in row[m] if v is not None])) for m in sorted(row) if any(v is not None for v in row[m])]
+            pts = [
+                (m, np.mean([v for v in row[m] if v is not None]))
+                for m in sorted(row)
+                if any(v is not None for v in row[m])
+            ]
             if pts:
                 ls, marker = STYLES[i % len(STYLES)]
-                lines.append({"label": f"{names[key]} ({run.label})", "x": [m for m, _ in pts], "y": [v for _, v in pts],
-                              "ls": ls, "marker": marker, "ms": 4, "color": colours[key]})
+                lines.append(
+                    {
+                        "label": f"{names[key]} ({run.label})",
+                        "x": [m for m, _ in pts],
+                        "y": [v for _, v in pts],
+                        "ls": ls,
+                        "marker": marker,
+                        "ms": 4,
+                        "color": colours[key],
+                    }
+                )
     plot_lines(ax, lines)
     log_scale(ax, "x", base=2)
     log_scale(ax, "y")

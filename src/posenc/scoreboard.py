@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
 
 from pydantic import ValidationError
 
@@ -43,8 +42,8 @@ class TaskRun:
     records: list[Task]
     horizon_tol: float
     learned: float
-    n_head: Optional[int]
-    mixing_windows: dict[str, Optional[float]]
+    n_head: int | None
+    mixing_windows: dict[str, float | None]
     source: str  # "preset.json" or "defaults"
 
     def tasks(self) -> list[str]:
@@ -54,7 +53,9 @@ class TaskRun:
         mine = [r for r in self.records if r.task == task]
         lengths = {r.train_length for r in mine}
         if len(lengths) > 1:
-            raise PosencError(f"{self.path} mixes training lengths {sorted(lengths)} on {task}: not one task comparison")
+            raise PosencError(
+                f"{self.path} mixes training lengths {sorted(lengths)} on {task}: not one task comparison"
+            )
         return TaskTable(mine, task, lengths.pop(), self.horizon_tol, self.learned, self.n_head)
 
 
@@ -78,7 +79,9 @@ def load_task_run(path: Path, label: str) -> TaskRun:
             preset = None
         if preset is not None:
             ev, n_head, source = preset.task_eval, preset.model.n_head, "preset.json"
-            windows = {s: dataclasses.replace(preset.model, encoding=s).mixing_window() for s in {r.scheme for r in records}}
+            windows = {
+                s: dataclasses.replace(preset.model, encoding=s).mixing_window() for s in {r.scheme for r in records}
+            }
     return TaskRun(path, label, records, ev.horizon_tol, ev.learned, n_head, windows, source)
 
 
@@ -130,25 +133,44 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
             names.setdefault(_key(s), s)
     labels = [task_label(task) for task in tables]
     labels = [lb if labels.count(lb) == 1 else task for lb, task in zip(labels, tables)]
-    steps = [task for task, (_, t) in tables.items() if any(r.criterion or r.criterion_step is not None for r in t.records.values())]
+    steps = [
+        task
+        for task, (_, t) in tables.items()
+        if any(r.criterion or r.criterion_step is not None for r in t.records.values())
+    ]
     head = ["scheme"] + (["ppl at 1x", *(f"ratio at {m}x" for m in TEXT_MULTIPLES)] if text else [])
-    head += [f"{lb} horizon" for lb in labels] + [f"{labels[list(tables).index(task)]} steps to criterion" for task in steps]
+    head += [f"{lb} horizon" for lb in labels] + [
+        f"{labels[list(tables).index(task)]} steps to criterion" for task in steps
+    ]
     rows = []
     for key, name in names.items():
         row = [name]
         if text:
             mine = [r for r in text.records if _key(r.scheme) == key]
             row += [seed_cell([r.ppl for r in mine if r.eval_length == text.train_length], ".2f") if mine else ""]
-            row += [seed_cell([r.ratio for r in mine if r.eval_length == m * text.train_length], ".3f") if mine else "" for m in TEXT_MULTIPLES]
+            row += [
+                seed_cell([r.ratio for r in mine if r.eval_length == m * text.train_length], ".3f") if mine else ""
+                for m in TEXT_MULTIPLES
+            ]
         cells = {task: next((s for s in t.scores if _key(s) == key), None) for task, (_, t) in tables.items()}
         row += [horizon_cell(tables[task][1], s) if s else "" for task, s in cells.items()]
         row += [criterion_cell(tables[task][1], cells[task]) if cells[task] else "" for task in steps]
         rows.append(row)
-    sources = ([f"text: `{text.label}` (ppl at the training length {text.train_length}; ratio: ppl at the length over it)"] if text else [])
-    sources += [f"{', '.join(task_label(task) for task in run.tasks())}: `{run.label}` (learned: id accuracy >= {100 * run.learned:.0f}%; "
-                f"horizon: the largest gap bucket within {100 * run.horizon_tol:.0f} points of id; settings from {run.source})" for run in task_runs]
-    return (markdown_table(head, rows) + "\n\nMean ± half-range over seeds; horizons in tokens (a seed whose first gap bucket already "
-            "falls short counts 0); empty: not run. Sources: " + "; ".join(sources) + ".\n")
+    sources = (
+        [f"text: `{text.label}` (ppl at the training length {text.train_length}; ratio: ppl at the length over it)"]
+        if text
+        else []
+    )
+    sources += [
+        f"{', '.join(task_label(task) for task in run.tasks())}: `{run.label}` (learned: id accuracy >= {100 * run.learned:.0f}%; "
+        f"horizon: the largest gap bucket within {100 * run.horizon_tol:.0f} points of id; settings from {run.source})"
+        for run in task_runs
+    ]
+    return (
+        markdown_table(head, rows)
+        + "\n\nMean ± half-range over seeds; horizons in tokens (a seed whose first gap bucket already "
+        "falls short counts 0); empty: not run. Sources: " + "; ".join(sources) + ".\n"
+    )
 
 
 def task_claims_markdown(text, task_runs: list[TaskRun]) -> str:
@@ -157,7 +179,9 @@ def task_claims_markdown(text, task_runs: list[TaskRun]) -> str:
     rows = []
     for run in task_runs:
         for task in run.tasks():
-            for c in check_task_claims(run.table(task), {"mixing_windows": run.mixing_windows}, text.records if text else []):
+            for c in check_task_claims(
+                run.table(task), {"mixing_windows": run.mixing_windows}, text.records if text else []
+            ):
                 rows.append([run.label, f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence])
     if not rows:
         return ""

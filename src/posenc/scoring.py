@@ -21,10 +21,9 @@ predecessor and then scores only the targets after it. Windows never cross a doc
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
-
 import torch
 import torch.nn.functional as F
 
@@ -62,8 +61,10 @@ def text_windows(n_tokens: int, span: int, stride: int | None = None, bos: bool 
     per_window = span - first
     stride = per_window if stride is None else stride
     if per_window < 1 or not 1 <= stride <= per_window:
-        raise PosencError(f"stride must be in [1, {per_window}] for windows of {span} text tokens"
-                          f"{' after BOS' if bos else ''}, got {stride}")
+        raise PosencError(
+            f"stride must be in [1, {per_window}] for windows of {span} text tokens"
+            f"{' after BOS' if bos else ''}, got {stride}"
+        )
     out, done = [], 0
     for begin in range(0, n_tokens - span + 1, stride):
         out.append(Window(begin, span, max(begin + first, done), begin + span))
@@ -84,12 +85,15 @@ def check_once(wins: list[Window], first: int, n_tokens: int) -> None:
     inside = all(w.begin + first <= w.lo < w.hi <= w.begin + w.span <= n_tokens for w in wins)
     if not inside or [w.lo for w in wins] != starts or wins[-1].hi != n_tokens:
         scored = sum(w.n_scored for w in wins)
-        raise RuntimeError(f"token accounting: {scored} targets scored for the {n_tokens - first} targets "
-                           f"[{first}, {n_tokens}); each must be scored exactly once")
+        raise RuntimeError(
+            f"token accounting: {scored} targets scored for the {n_tokens - first} targets "
+            f"[{first}, {n_tokens}); each must be scored exactly once"
+        )
 
 
-def token_nll(hidden: torch.Tensor, logits: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor,
-              chunk: int = 4096) -> torch.Tensor:
+def token_nll(
+    hidden: torch.Tensor, logits: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
     """Next-token NLL in nats: (B, T) float32.
 
     hidden: (B, T, d) final hidden states (any float dtype) of the positions that
@@ -100,8 +104,14 @@ def token_nll(hidden: torch.Tensor, logits: Callable[[torch.Tensor], torch.Tenso
     """
     if hidden.shape[:2] != targets.shape:
         raise PosencError(f"hidden states {tuple(hidden.shape)} do not match targets {tuple(targets.shape)}")
-    out = [F.cross_entropy(logits(hidden[:, s : s + chunk]).float().flatten(0, 1), targets[:, s : s + chunk].flatten(),
-                           reduction="none") for s in range(0, hidden.shape[1], chunk)]
+    out = [
+        F.cross_entropy(
+            logits(hidden[:, s : s + chunk]).float().flatten(0, 1),
+            targets[:, s : s + chunk].flatten(),
+            reduction="none",
+        )
+        for s in range(0, hidden.shape[1], chunk)
+    ]
     return torch.cat([o.view(targets.shape[0], -1) for o in out], dim=1)
 
 

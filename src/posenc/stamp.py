@@ -31,8 +31,15 @@ def git_commit() -> str | None:
     if not (root / ".git").exists():
         return None
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if head.returncode:
@@ -47,7 +54,10 @@ def cpu_name() -> str:
     model = platform.processor() or platform.machine()
     info = Path("/proc/cpuinfo")
     if info.exists():
-        model = next((line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")), model)
+        model = next(
+            (line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")),
+            model,
+        )
     return f"{model}, {torch.backends.cpu.get_cpu_capability()} kernels"
 
 
@@ -63,7 +73,9 @@ def bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
         return ["cuda"] if torch.cuda.is_bf16_supported() else []
     if not cpuinfo.exists():
         return []
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), [])
+    flags = next(
+        (line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), []
+    )
     return [unit for unit in BF16_FLAGS if unit in flags]
 
 
@@ -87,7 +99,7 @@ def run_stamp(precision: str | None = None) -> dict:
         "device": device,
         "bf16_units": units,
         "dtype": f"{str(torch.get_default_dtype()).removeprefix('torch.')} weights, "
-                 + ("bfloat16 autocast" if compute == "bf16" else "float32 compute"),
+        + ("bfloat16 autocast" if compute == "bf16" else "float32 compute"),
         "threads": torch.get_num_threads(),
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
@@ -95,5 +107,7 @@ def run_stamp(precision: str | None = None) -> dict:
 
 def stamp_line(stamp: dict) -> str:
     """The stamp as one line for a report header."""
-    return (f"posenc {stamp['posenc']} (commit {stamp['commit'] or 'n/a'}), torch {stamp['torch']}, transformers {stamp['transformers'] or 'not installed'}, "
-            f"{stamp['device']}, {stamp.get('dtype', 'dtype n/a')}, {stamp['threads']} threads, python {stamp['python']} on {stamp['platform']}; command: `{stamp['command']}`")
+    return (
+        f"posenc {stamp['posenc']} (commit {stamp['commit'] or 'n/a'}), torch {stamp['torch']}, transformers {stamp['transformers'] or 'not installed'}, "
+        f"{stamp['device']}, {stamp.get('dtype', 'dtype n/a')}, {stamp['threads']} threads, python {stamp['python']} on {stamp['platform']}; command: `{stamp['command']}`"
+    )

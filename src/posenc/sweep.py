@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
 
 from posenc.config import Point, point_label, point_root
 from posenc.records import Ppl, Task, load, write
@@ -20,8 +19,12 @@ from posenc.reporting import figure, log_scale, markdown_table, save_figure, wri
 from posenc.retrieval_report import Scores
 
 
-def choose(results: dict[str, Optional[float]], higher_is_better: bool, bar: Optional[float] = None,
-           tiebreak: Optional[dict[str, Optional[int]]] = None) -> Optional[str]:
+def choose(
+    results: dict[str, float | None],
+    higher_is_better: bool,
+    bar: float | None = None,
+    tiebreak: dict[str, int | None] | None = None,
+) -> str | None:
     """The grid point (a key of ``results``, in grid order) with the best value; None when none has one.
 
     ``results``: {point: value, or None when the point has no result (failed, not measurable)}. A value below
@@ -37,7 +40,9 @@ def choose(results: dict[str, Optional[float]], higher_is_better: bool, bar: Opt
     return min(tied, key=lambda p: (math.inf if steps.get(p) is None else steps[p], tied.index(p)))
 
 
-def seed_results(records: list, task: Optional[str], scheme: str, seed: int, train_length: int) -> tuple[Optional[float], Optional[int]]:
+def seed_results(
+    records: list, task: str | None, scheme: str, seed: int, train_length: int
+) -> tuple[float | None, int | None]:
     """(held-out in-distribution result, steps to criterion) of one job in a grid point's ``records``: the id accuracy
     at the training length on a task, the perplexity at the training length on text; (None, None) without a record."""
     for r in records:
@@ -51,15 +56,22 @@ def seed_results(records: list, task: Optional[str], scheme: str, seed: int, tra
 class Choice:
     """The sweep of one (task, scheme): its result at each grid point and the chosen point (None: none chosen)."""
 
-    def __init__(self, task: Optional[str], scheme: str, points: list[Point], results: dict[str, Optional[float]],
-                 steps: dict[str, Optional[int]], bar: Optional[float]):
+    def __init__(
+        self,
+        task: str | None,
+        scheme: str,
+        points: list[Point],
+        results: dict[str, float | None],
+        steps: dict[str, int | None],
+        bar: float | None,
+    ):
         self.task, self.scheme, self.points, self.results, self.steps = task, scheme, points, results, steps
         label = choose(results, higher_is_better=task is not None, bar=bar, tiebreak=steps)
-        self.point: Optional[Point] = next((p for p in points if point_label(p) == label), None)
+        self.point: Point | None = next((p for p in points if point_label(p) == label), None)
         # what the reports show: the chosen point, else (a task none of whose points learned) the best one, so the
         # scheme appears as "did not learn" with its measurement instead of vanishing from the tables
         best = label if label is not None or task is None else choose(results, higher_is_better=True, tiebreak=steps)
-        self.shown: Optional[Point] = next((p for p in points if point_label(p) == best), None)
+        self.shown: Point | None = next((p for p in points if point_label(p) == best), None)
 
     def setting(self) -> str:
         """The chosen setting in words, or why there is none."""
@@ -70,8 +82,9 @@ class Choice:
         return "none chosen: did not learn at any grid point"
 
 
-def choices(run_root: Path, tasks: list[Optional[str]], points: dict[str, list[Point]], seed: int, train_length: int,
-            bar: float) -> list[Choice]:
+def choices(
+    run_root: Path, tasks: list[str | None], points: dict[str, list[Point]], seed: int, train_length: int, bar: float
+) -> list[Choice]:
     """The choice of every (task, scheme) from the records of ``seed`` at each of its grid points (``points``: scheme
     -> its grid); ``bar``: a task's learned threshold (``task_eval.learned``)."""
     out, records = [], {}
@@ -80,51 +93,100 @@ def choices(run_root: Path, tasks: list[Optional[str]], points: dict[str, list[P
             for p in grid:  # each grid point's records read once
                 records.setdefault(p, load(point_root(run_root, p) / "results.jsonl"))
             found = {point_label(p): seed_results(records[p], task, scheme, seed, train_length) for p in grid}
-            out.append(Choice(task, scheme, grid, {k: v for k, (v, _) in found.items()}, {k: s for k, (_, s) in found.items()},
-                              bar if task else None))
+            out.append(
+                Choice(
+                    task,
+                    scheme,
+                    grid,
+                    {k: v for k, (v, _) in found.items()},
+                    {k: s for k, (_, s) in found.items()},
+                    bar if task else None,
+                )
+            )
     return out
 
 
-def _value(task: Optional[str], v: Optional[float]) -> str:
+def _value(task: str | None, v: float | None) -> str:
     if v is None:
         return "—"
     return f"{100 * v:.1f}" if task else f"{v:.3f}"
 
 
-def _metric(task: Optional[str]) -> str:
+def _metric(task: str | None) -> str:
     return "id accuracy (%) at the training length" if task else "validation perplexity at the training length"
 
 
-def sweep_markdown(chosen: list[Choice], seed: int, plot: Optional[str]) -> list[str]:
+def sweep_markdown(chosen: list[Choice], seed: int, plot: str | None) -> list[str]:
     """The report's sweep section: each scheme's chosen setting, then the sensitivity table (the result at every
     grid point; the chosen one in bold) and the plot."""
-    lines = ["## Sweep: each scheme at its best setting", "",
-             f"Each scheme trained at every point of its grid on seed {seed}; its setting is the point with the best held-out "
-             "in-distribution result of that seed (a task: id accuracy at the training length, at or above the learned bar; "
-             "text: validation perplexity at the training length), never an extrapolation test; ties go to fewer steps to "
-             "criterion, then to the first point. The other seeds ran at the chosen setting; the tables below report each "
-             "scheme there (the model and budget lines above are the preset's, before the grid's settings).", ""]
-    rows = [[c.task or "text", c.scheme, c.setting(), _value(c.task, c.results.get(point_label(c.point)) if c.point else None)] for c in chosen]
+    lines = [
+        "## Sweep: each scheme at its best setting",
+        "",
+        f"Each scheme trained at every point of its grid on seed {seed}; its setting is the point with the best held-out "
+        "in-distribution result of that seed (a task: id accuracy at the training length, at or above the learned bar; "
+        "text: validation perplexity at the training length), never an extrapolation test; ties go to fewer steps to "
+        "criterion, then to the first point. The other seeds ran at the chosen setting; the tables below report each "
+        "scheme there (the model and budget lines above are the preset's, before the grid's settings).",
+        "",
+    ]
+    rows = [
+        [
+            c.task or "text",
+            c.scheme,
+            c.setting(),
+            _value(c.task, c.results.get(point_label(c.point)) if c.point else None),
+        ]
+        for c in chosen
+    ]
     lines += [markdown_table(["task", "scheme", "chosen setting", "result at it"], rows), ""]
     for task in dict.fromkeys(c.task for c in chosen):
         mine = [c for c in chosen if c.task == task]
         labels = list(dict.fromkeys(point_label(p) for c in mine for p in c.points))
-        body = [[c.scheme] + [(f"**{_value(task, c.results[lb])}**" if c.point and lb == point_label(c.point) else _value(task, c.results[lb]))
-                              if lb in c.results else "" for lb in labels] for c in mine]
-        lines += [f"### Sensitivity{f' on {task}' if task else ''}: {_metric(task)}, seed {seed}", "",
-                  markdown_table(["scheme", *labels], body), ""]
+        body = [
+            [c.scheme]
+            + [
+                (
+                    f"**{_value(task, c.results[lb])}**"
+                    if c.point and lb == point_label(c.point)
+                    else _value(task, c.results[lb])
+                )
+                if lb in c.results
+                else ""
+                for lb in labels
+            ]
+            for c in mine
+        ]
+        lines += [
+            f"### Sensitivity{f' on {task}' if task else ''}: {_metric(task)}, seed {seed}",
+            "",
+            markdown_table(["scheme", *labels], body),
+            "",
+        ]
     if plot:
         lines += [f"![sensitivity]({plot})", ""]
     return lines
 
 
-def write_sensitivity(run_root: Path, chosen: list[Choice], seed: int, bar: Optional[float] = None) -> Optional[str]:
+def write_sensitivity(run_root: Path, chosen: list[Choice], seed: int, bar: float | None = None) -> str | None:
     """``sweep.csv`` (task, scheme, setting, result, steps to criterion, chosen) and ``sweep.png`` (one panel per task:
     the result against the grid point, one line per scheme, a task's learned ``bar`` dashed); returns the plot's file
     name (None without results)."""
-    write_csv_table(Path(run_root) / "sweep.csv", ["task", "scheme", "setting", "result", "steps_to_criterion", "chosen"],
-                    ([c.task, c.scheme, point_label(p), c.results[point_label(p)], c.steps[point_label(p)] or "", int(p == c.point)]
-                     for c in chosen for p in c.points))
+    write_csv_table(
+        Path(run_root) / "sweep.csv",
+        ["task", "scheme", "setting", "result", "steps_to_criterion", "chosen"],
+        (
+            [
+                c.task,
+                c.scheme,
+                point_label(p),
+                c.results[point_label(p)],
+                c.steps[point_label(p)] or "",
+                int(p == c.point),
+            ]
+            for c in chosen
+            for p in c.points
+        ),
+    )
     tasks = list(dict.fromkeys(c.task for c in chosen))
     if not any(v is not None for c in chosen for v in c.results.values()):
         return None
@@ -135,10 +197,17 @@ def write_sensitivity(run_root: Path, chosen: list[Choice], seed: int, bar: Opti
         for c in mine:
             xs = [labels.index(point_label(p)) for p in c.points if c.results[point_label(p)] is not None]
             ys = [c.results[labels[x]] * (100 if task else 1) for x in xs]
-            line, = ax.plot(xs, ys, marker="o", label=c.scheme)
+            (line,) = ax.plot(xs, ys, marker="o", label=c.scheme)
             if c.point is not None:  # the chosen point, ringed
                 x = labels.index(point_label(c.point))
-                ax.plot([x], [c.results[labels[x]] * (100 if task else 1)], marker="o", ms=12, mfc="none", color=line.get_color())
+                ax.plot(
+                    [x],
+                    [c.results[labels[x]] * (100 if task else 1)],
+                    marker="o",
+                    ms=12,
+                    mfc="none",
+                    color=line.get_color(),
+                )
         if task and bar is not None:
             ax.axhline(100 * bar, color="gray", ls="--", lw=1, label="learned bar")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)

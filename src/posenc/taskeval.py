@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 import zlib
 
-from typing import Optional
-
 import torch
 
 from posenc.encodings.forget import ForgetGate
@@ -28,7 +26,9 @@ def bucket(distance: torch.Tensor) -> torch.Tensor:
     return torch.pow(2, torch.floor(torch.log2(distance.double())).long())
 
 
-def score_batch(logits: torch.Tensor, targets: torch.Tensor, answer: torch.Tensor, distance: torch.Tensor) -> dict[int, list[float]]:
+def score_batch(
+    logits: torch.Tensor, targets: torch.Tensor, answer: torch.Tensor, distance: torch.Tensor
+) -> dict[int, list[float]]:
     """{bucket: [answers, correct, nll sum]} of one batch. logits (B, T, V); the rest (B, T)."""
     logp = torch.log_softmax(logits[answer].double(), dim=-1)
     y = targets[answer]
@@ -43,8 +43,15 @@ def score_batch(logits: torch.Tensor, targets: torch.Tensor, answer: torch.Tenso
 
 
 @torch.no_grad()
-def score_test(model: torch.nn.Module, task: Task, test: Test, answers: int, max_tokens: int, batch_tokens: int,
-               base_seed: int = EVAL_SEED) -> dict[int, list[float]]:
+def score_test(
+    model: torch.nn.Module,
+    task: Task,
+    test: Test,
+    answers: int,
+    max_tokens: int,
+    batch_tokens: int,
+    base_seed: int = EVAL_SEED,
+) -> dict[int, list[float]]:
     """{bucket: [answers, correct, nll sum]} of one test cell, drawn from a seed of ``base_seed``, its name and length."""
     seed = base_seed + zlib.crc32(f"{test.name}:{test.length}".encode())
     totals: dict[int, list[float]] = {}
@@ -63,7 +70,15 @@ def score_test(model: torch.nn.Module, task: Task, test: Test, answers: int, max
     return totals
 
 
-def evaluate_task(model: torch.nn.Module, task: Task, train_length: int, multiples: list[int], answers: int, max_tokens: int, batch_tokens: int) -> list[dict]:
+def evaluate_task(
+    model: torch.nn.Module,
+    task: Task,
+    train_length: int,
+    multiples: list[int],
+    answers: int,
+    max_tokens: int,
+    batch_tokens: int,
+) -> list[dict]:
     """One record per (test, length, bucket): ``n`` answers, ``correct``, ``nll`` (sum, nats)."""
     was_training = model.training
     model.eval()
@@ -71,13 +86,17 @@ def evaluate_task(model: torch.nn.Module, task: Task, train_length: int, multipl
     try:
         for test in task.tests(train_length, multiples):
             for b, (n, c, nll) in sorted(score_test(model, task, test, answers, max_tokens, batch_tokens).items()):
-                records.append({"test": test.name, "length": test.length, "bucket": b, "n": int(n), "correct": int(c), "nll": nll})
+                records.append(
+                    {"test": test.name, "length": test.length, "bucket": b, "n": int(n), "correct": int(c), "nll": nll}
+                )
     finally:
         model.train(was_training)
     return records
 
 
-def id_accuracy(model: torch.nn.Module, task: Task, train_length: int, answers: int, batch_tokens: int = 16384) -> float:
+def id_accuracy(
+    model: torch.nn.Module, task: Task, train_length: int, answers: int, batch_tokens: int = 16384
+) -> float:
     """Accuracy (fraction in [0, 1]) on ``answers`` answers of the in-distribution held-out set of ``train.until``:
     sequences of ``train_length`` tokens at the training settings drawn from ``CRITERION_SEED``, the same for every
     scheme, seed and step (never a training batch, nor the sequences the report's "id" test scores). The model is
@@ -86,8 +105,15 @@ def id_accuracy(model: torch.nn.Module, task: Task, train_length: int, answers: 
     model.eval()
     try:
         with torch.random.fork_rng(devices=[]):
-            totals = score_test(model, task, Test("id", train_length, {}), answers, 64 * answers * train_length, batch_tokens,
-                                base_seed=CRITERION_SEED)
+            totals = score_test(
+                model,
+                task,
+                Test("id", train_length, {}),
+                answers,
+                64 * answers * train_length,
+                batch_tokens,
+                base_seed=CRITERION_SEED,
+            )
     finally:
         model.train(was_training)
     n = sum(t[0] for t in totals.values())
@@ -100,7 +126,7 @@ def standard_error(p: float, n: int) -> float:
 
 
 @torch.no_grad()
-def gate_leak(model: torch.nn.Module, task: Task, train_length: int) -> Optional[list[list[float]]]:
+def gate_leak(model: torch.nn.Module, task: Task, train_length: int) -> list[list[float]] | None:
     """The forget gate's leak: mean -log f per token (nats) of each head of each layer with a forget gate (FoX, Lin et
     al. 2025, arXiv:2503.02130; alone or a part of a composite, several summed), over the last g = LEAK_MULTIPLE x
     ``train_length`` positions of the task's controlled-gap probe at distance g (LEAK_ROWS probes drawn from

@@ -144,13 +144,17 @@ class FlipFlop(Task):
             return _flipflop_pairs(rng, length + 1, self.values["p_ignore"] if p_ignore is None else p_ignore)
         prefix = length - gap - 1
         if gap < 2 or gap % 2 or prefix < 0 or prefix % 2:
-            raise PosencError(f"flip-flop probe: gap {gap} must be even and >= 2, and length - gap - 1 = {prefix} even and >= 0")
+            raise PosencError(
+                f"flip-flop probe: gap {gap} must be even and >= 2, and length - gap - 1 = {prefix} even and >= 0"
+            )
         bit = B0 + rng.integers(0, 2)
         probe = np.empty(gap + 2, dtype=np.int64)
         probe[0], probe[1], probe[-2], probe[-1] = W, bit, R, bit
         probe[2:-2:2] = I
         probe[3:-2:2] = B0 + rng.integers(0, 2, size=gap // 2 - 1)
-        tok = np.concatenate([_flipflop_pairs(rng, prefix, self.values["p_ignore"])[0] if prefix else np.empty(0, np.int64), probe])
+        tok = np.concatenate(
+            [_flipflop_pairs(rng, prefix, self.values["p_ignore"])[0] if prefix else np.empty(0, np.int64), probe]
+        )
         return _probe(tok, gap)
 
     def tests(self, train_length, multiples):
@@ -169,8 +173,11 @@ def _stream_tests(train_length: int, multiples: list[int], density: str, sparse:
     """A stream task's tests: in distribution, ``sparse`` and ``dense`` (values of the ``density`` setting) at each
     multiple of the training length, and the controlled-gap probe at gaps 8 .. the longest length (powers of two)."""
     lengths = [k * train_length for k in multiples]
-    out = [Test(name, L, settings) for name, settings in (("id", {}), ("sparse", {density: sparse}), ("dense", {density: dense}))
-           for L in lengths]
+    out = [
+        Test(name, L, settings)
+        for name, settings in (("id", {}), ("sparse", {density: sparse}), ("dense", {density: dense}))
+        for L in lengths
+    ]
     gaps = [2**k for k in range(3, int(math.log2(max(lengths))) + 1)]
     return out + [Test("gap", train_length + g + 1, {"gap": g}) for g in gaps]  # a training-length prefix first
 
@@ -202,7 +209,14 @@ class MQAR(Task):
     """Multi-query associative recall with a gap (Zoology): each key's value after a filler gap."""
 
     name = "mqar"
-    params = {"pairs": (int, 4), "keys": (int, 16), "values": (int, 16), "filler": (int, 16), "gap": (str, "0-64"), "fused": (bool, False)}
+    params = {
+        "pairs": (int, 4),
+        "keys": (int, 16),
+        "values": (int, 16),
+        "filler": (int, 16),
+        "gap": (str, "0-64"),
+        "fused": (bool, False),
+    }
 
     @property
     def vocab_size(self) -> int:
@@ -239,8 +253,10 @@ class MQAR(Task):
         """PosencError when the largest training gap does not fit the training length."""
         hi = self.gap_range()[1]
         if hi + self.span() > train_length + 1:
-            raise PosencError(f"task {self.spec!r}: gap up to {hi} plus {self.span()} tokens of pairs and queries "
-                              f"exceeds the training length {train_length} + 1")
+            raise PosencError(
+                f"task {self.spec!r}: gap up to {hi} plus {self.span()} tokens of pairs and queries "
+                f"exceeds the training length {train_length} + 1"
+            )
 
     def row(self, rng, length, gap=None, pre=None):
         """Filler, pairs, ``gap`` filler tokens, queries; the filler before the pairs pads to ``length + 1``
@@ -317,20 +333,26 @@ class ModSum(Task):
         tok = _modsum_stream(rng, pre, m, self.values["p_query"])[0] if pre else np.empty(0, np.int64)
         elems = rng.integers(0, m, size=gap - 2)
         state = int(tok[tok < m].sum()) % m
-        return _probe(np.concatenate([tok, [m, m + 1 + state], elems, [m, m + 1 + (state + int(elems.sum())) % m]]), gap)
+        return _probe(
+            np.concatenate([tok, [m, m + 1 + state], elems, [m, m + 1 + (state + int(elems.sum())) % m]]), gap
+        )
 
     def tests(self, train_length, multiples):
         return _stream_tests(train_length, multiples, "p_query", self.values["sparse"], self.values["dense"])
 
 
-def _modsum_stream(rng: np.random.Generator, n: int, m: int, p_query: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _modsum_stream(
+    rng: np.random.Generator, n: int, m: int, p_query: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``n`` tokens of a Z_m stream: elements, and queries ``m`` each followed by the running sum (token
     ``m + 1 + sum mod m``); answer and distance marks for the ``n - 1`` targets. A query cut off by the end
     becomes the element 0 (the identity), so every query has its sum."""
     is_query = rng.random(n) < p_query  # one unit per token at most: a query unit takes two
     elems = rng.integers(0, m, size=n)
     sums = np.cumsum(np.where(is_query, 0, elems)) % m
-    tok = np.where(is_query[:, None], np.stack([np.full(n, m), m + 1 + sums], 1), np.stack([elems, np.full(n, -1)], 1)).reshape(-1)
+    tok = np.where(
+        is_query[:, None], np.stack([np.full(n, m), m + 1 + sums], 1), np.stack([elems, np.full(n, -1)], 1)
+    ).reshape(-1)
     tok = tok[tok >= 0][:n]
     if tok[-1] == m:
         tok[-1] = 0
@@ -338,7 +360,9 @@ def _modsum_stream(rng: np.random.Generator, n: int, m: int, p_query: float) -> 
     answer = np.zeros(n - 1, dtype=bool)
     distance = np.zeros(n - 1, dtype=np.int64)
     answer[sum_pos - 1] = True
-    distance[sum_pos - 1] = sum_pos - np.concatenate([[-1], sum_pos[:-1]])  # back to the last revealed sum (the start: -1)
+    distance[sum_pos - 1] = sum_pos - np.concatenate(
+        [[-1], sum_pos[:-1]]
+    )  # back to the last revealed sum (the start: -1)
     return tok, answer, distance
 
 

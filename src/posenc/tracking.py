@@ -115,12 +115,20 @@ class WandbTracker(Tracker):
 
             self.log_dir.mkdir(parents=True, exist_ok=True)
             try:
-                self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "posenc"), name=self.name, group=self.group,
-                                      dir=str(self.log_dir), config=self.config, settings=wandb.Settings(silent=True))
+                self.run = wandb.init(
+                    project=os.environ.get("WANDB_PROJECT", "posenc"),
+                    name=self.name,
+                    group=self.group,
+                    dir=str(self.log_dir),
+                    config=self.config,
+                    settings=wandb.Settings(silent=True),
+                )
             except Exception as exc:  # no API key, no network: wandb's own errors are long
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise PosencError(f"wandb could not start a run ({first}); WANDB_MODE=offline writes it under "
-                                  f"{self.log_dir}/wandb without network (upload later with `wandb sync`)") from None
+                raise PosencError(
+                    f"wandb could not start a run ({first}); WANDB_MODE=offline writes it under "
+                    f"{self.log_dir}/wandb without network (upload later with `wandb sync`)"
+                ) from None
         return self.run
 
     def start(self, step: int) -> None:

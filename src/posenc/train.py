@@ -28,8 +28,9 @@ import signal
 import sys
 import time
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Callable, Literal, Optional
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -38,17 +39,26 @@ from tqdm.auto import tqdm
 
 from posenc import distributed, encodings
 from posenc.checkpoint import (
-    append_jsonl, load_tensors, load_torch, load_weights, make_run_dir, read_json, read_jsonl, save_tensors, save_torch,
-    write_json, write_jsonl,
+    append_jsonl,
+    load_tensors,
+    load_torch,
+    load_weights,
+    make_run_dir,
+    read_json,
+    read_jsonl,
+    save_tensors,
+    save_torch,
+    write_json,
+    write_jsonl,
 )
 from posenc.data import TokenData, load_tokens
+from posenc.errors import PosencError
+from posenc.model import LM, ModelConfig
+from posenc.presets import validated
 from posenc.stamp import bf16_units, run_stamp
 from posenc.taskeval import id_accuracy
 from posenc.tasks import TaskData
 from posenc.tracking import NO_TRACKER, Tracker
-from posenc.errors import PosencError
-from posenc.model import LM, ModelConfig
-from posenc.presets import validated
 
 
 class LoopConfig(BaseModel):
@@ -78,7 +88,7 @@ class LoopConfig(BaseModel):
     """Seed of the initialisation and the batches (numpy's generators take no negative seed)."""
     ckpt_every: PositiveInt = 100
     """Checkpoint interval (steps): a killed run resumes from the last one."""
-    threads: Optional[PositiveInt] = None
+    threads: PositiveInt | None = None
     """torch CPU threads; null: torch's choice."""
 
 
@@ -95,7 +105,7 @@ def resolve_precision(precision: Precision, device: torch.device) -> Literal["bf
     return "bf16" if units and (device.type == "cuda") == (units == ["cuda"]) else "fp32"
 
 
-def machine_precision(tcfg: "TrainConfig") -> Literal["bf16", "fp32"]:
+def machine_precision(tcfg: TrainConfig) -> Literal["bf16", "fp32"]:
     """The precision ``tcfg`` resolves to on this machine's default device (a job runs on it)."""
     return resolve_precision(tcfg.precision, distributed.default_device())
 
@@ -128,7 +138,9 @@ class UntilConfig(BaseModel):
     """Held-out answers per check (a 1-point standard error at 90% accuracy needs ~900)."""
 
     def describe(self) -> str:
-        return f"{self.metric} >= {self.at_least:g}, checked every {self.every} steps on {self.answers} held-out answers"
+        return (
+            f"{self.metric} >= {self.at_least:g}, checked every {self.every} steps on {self.answers} held-out answers"
+        )
 
 
 @dataclasses.dataclass
@@ -148,7 +160,7 @@ class TrainConfig(LoopConfig):
     """Training text: ``shakespeare``, ``pystdlib``, ``hf:NAME``, a local path, or a synthetic task spec (``posenc list``)."""
     tokenizer: str = "byte"
     """``byte`` (256 entries) or ``bpeN`` (a byte-level BPE of N entries trained on the corpus)."""
-    time_budget: Optional[float] = Field(None, gt=0)
+    time_budget: float | None = Field(None, gt=0)
     """Stop after this many seconds of training (a later ``--resume`` continues); null: no limit."""
     log_every: int = Field(10, gt=0)
     """Loss log interval (steps)."""
@@ -160,7 +172,7 @@ class TrainConfig(LoopConfig):
     # "answers": the mean NLL over a task's answer positions only (posenc.tasks); "all": every target
     loss: Literal["all", "answers"] = "all"
     """``all``: the mean NLL over every target; ``answers``: over a task's answer positions only."""
-    until: Optional[UntilConfig] = None
+    until: UntilConfig | None = None
     """Train to criterion (synthetic tasks only; ``steps`` is the cap); null: train ``steps`` steps."""
     positions: str = "contiguous"
     # randomized: Ruoss et al. 2023, a sorted random subset of 0..N-1 per step (randomized_positions)
@@ -200,7 +212,7 @@ def training_batch(data: TokenData | TaskData, step: int, tcfg: TrainConfig, len
 POSITIONS_STREAM = 1  # the positions' generator is seeded (seed, step, 1): a stream apart from the batch's (seed, step)
 
 
-def randomized_max(spec: str) -> Optional[int]:
+def randomized_max(spec: str) -> int | None:
     """N of ``train.positions`` ``randomized:max=N``; None for ``contiguous``. PosencError (one line) for another
     spec or a max that is not an integer >= 1 (``check_positions`` compares it with the training length)."""
     name, params = encodings.split_part(spec, "train.positions")
@@ -223,7 +235,7 @@ def randomized_positions(n_max: int, length: int, seed: int, step: int) -> torch
     return torch.from_numpy(np.sort(rng.choice(n_max, size=length, replace=False)).astype(np.int64))
 
 
-def check_positions(mcfg: ModelConfig, tcfg: "TrainConfig") -> Optional[int]:
+def check_positions(mcfg: ModelConfig, tcfg: TrainConfig) -> int | None:
     """N of randomized training positions (None: contiguous), checked against the model before it is built:
     PosencError (one line) when N < the training length, when no layer's scheme reads positions
     (``Encoding.position_indexed``: nope, the accumulated, PaTH and forget-gate schemes take none), or when a
@@ -236,15 +248,19 @@ def check_positions(mcfg: ModelConfig, tcfg: "TrainConfig") -> Optional[int]:
         raise PosencError(f"train.positions {tcfg.positions!r}: max must be >= the training length {L}")
     classes = [cls for spec in encodings.layer_pattern(scheme) for cls, _ in encodings.parts(spec)]
     if not any(cls.position_indexed for cls in classes):
-        raise PosencError(f"train.positions {tcfg.positions!r}: scheme {scheme!r} reads no position (randomized "
-                          "positions apply to position-indexed schemes: rope, alibi, t5, kerple, fire, xpos, pope, ...)")
+        raise PosencError(
+            f"train.positions {tcfg.positions!r}: scheme {scheme!r} reads no position (randomized "
+            "positions apply to position-indexed schemes: rope, alibi, t5, kerple, fire, xpos, pope, ...)"
+        )
     short = [m for cls in classes if (m := cls.positions_supported(mcfg.dims())) is not None and m < n]
     if short:
-        raise PosencError(f"train.positions {tcfg.positions!r}: scheme {scheme!r} takes {short[0]} positions, fewer than max")
+        raise PosencError(
+            f"train.positions {tcfg.positions!r}: scheme {scheme!r} takes {short[0]} positions, fewer than max"
+        )
     return n
 
 
-def mean_loss(nll: torch.Tensor, answers: Optional[torch.Tensor]) -> torch.Tensor:
+def mean_loss(nll: torch.Tensor, answers: torch.Tensor | None) -> torch.Tensor:
     """The mean of the (B, T) per-target NLL over ``answers`` (every target when None)."""
     if answers is None:
         return nll.mean()
@@ -300,8 +316,11 @@ def check_data(data: TokenData | TaskData, mcfg: ModelConfig, tcfg: TrainConfig)
         raise PosencError(f"training split has {len(data.train)} tokens, fewer than train_length {mcfg.train_length}")
     elif len(data.train) < SMALL_CORPUS:
         seen = tcfg.steps * tcfg.batch_size * mcfg.train_length
-        print(f"posenc: warning: the training split has only {len(data.train):,} tokens (the budget reads {seen:,}, "
-              f"{seen / len(data.train):.2g} times the split): numbers will measure memorisation", file=sys.stderr)
+        print(
+            f"posenc: warning: the training split has only {len(data.train):,} tokens (the budget reads {seen:,}, "
+            f"{seen / len(data.train):.2g} times the split): numbers will measure memorisation",
+            file=sys.stderr,
+        )
 
 
 def make_optimizer(model: torch.nn.Module, cfg: LoopConfig) -> torch.optim.AdamW:
@@ -363,10 +382,21 @@ def truncate_log(path: Path, step: int) -> None:
 LOG_FIELDS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")  # a train.jsonl record
 
 
-def fit(model: torch.nn.Module, cfg: LoopConfig, loss_at: Callable[[int], tuple[torch.Tensor, int]], ckpt: Checkpoint,
-        step: int = 0, *, log_every: int = 1, log_fields: tuple[str, ...] = LOG_FIELDS, time_budget: Optional[float] = None,
-        shard: distributed.Shard = distributed.Shard(), tracker: Tracker = NO_TRACKER, desc: str = "train",
-        criterion: Optional[Criterion] = None) -> dict:
+def fit(
+    model: torch.nn.Module,
+    cfg: LoopConfig,
+    loss_at: Callable[[int], tuple[torch.Tensor, int]],
+    ckpt: Checkpoint,
+    step: int = 0,
+    *,
+    log_every: int = 1,
+    log_fields: tuple[str, ...] = LOG_FIELDS,
+    time_budget: float | None = None,
+    shard: distributed.Shard = distributed.Shard(),
+    tracker: Tracker = NO_TRACKER,
+    desc: str = "train",
+    criterion: Criterion | None = None,
+) -> dict:
     """The training loop: from ``step`` to ``cfg.steps``, AdamW ``ckpt.opt`` at :func:`lr_at`, gradients of
     ``model``'s trainable parameters clipped to ``cfg.grad_clip`` (global norm), a checkpoint every
     ``cfg.ckpt_every`` steps and at the end. Returns {steps, seconds, tokens_per_s, final_loss}.
@@ -407,7 +437,14 @@ def fit(model: torch.nn.Module, cfg: LoopConfig, loss_at: Callable[[int], tuple[
     t0, tokens_seen, loss_all, saved = time.time(), 0, None, None
     last_good = step or None
     # disable=None: no bar unless stderr is a terminal (a log file would get one line of carriage returns)
-    bar = tqdm(total=cfg.steps, initial=step, desc=desc, unit="step", dynamic_ncols=True, disable=None if shard.is_main else True)
+    bar = tqdm(
+        total=cfg.steps,
+        initial=step,
+        desc=desc,
+        unit="step",
+        dynamic_ncols=True,
+        disable=None if shard.is_main else True,
+    )
     with ctrl_c_between_steps() as interrupted:
         try:
             while step < cfg.steps:
@@ -437,15 +474,26 @@ def fit(model: torch.nn.Module, cfg: LoopConfig, loss_at: Callable[[int], tuple[
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_all:.3f}", tok_s=f"{tps:,.0f}")
                 if shard.is_main and (step % log_every == 0 or step == cfg.steps):
-                    rec = {"step": step, "loss": loss_all, "lr": lr_at(step - 1, cfg), "grad_norm": gnorm, "tokens_per_s": tps,
-                           "seconds": round(time.time() - t_step, 3)}
+                    rec = {
+                        "step": step,
+                        "loss": loss_all,
+                        "lr": lr_at(step - 1, cfg),
+                        "grad_norm": gnorm,
+                        "tokens_per_s": tps,
+                        "seconds": round(time.time() - t_step, 3),
+                    }
                     append_jsonl(log, {k: rec[k] for k in log_fields})
                     tracker.log({f"train/{k}": rec[k] for k in ("loss", "lr", "grad_norm", "tokens_per_s")}, step)
-                if step % cfg.ckpt_every == 0 or step == cfg.steps:  # the last step too: a run shorter than ckpt_every shows progress
+                if (
+                    step % cfg.ckpt_every == 0 or step == cfg.steps
+                ):  # the last step too: a run shorter than ckpt_every shows progress
                     if shard.is_main:
                         ckpt.save(step)
                         if bar.disable:
-                            print(f"{desc}: step {step}/{cfg.steps}, loss {loss_all:.3f}, {tps:,.0f} tokens/s, checkpoint {run_dir}", file=sys.stderr)
+                            print(
+                                f"{desc}: step {step}/{cfg.steps}, loss {loss_all:.3f}, {tps:,.0f} tokens/s, checkpoint {run_dir}",
+                                file=sys.stderr,
+                            )
                     last_good = saved = step
         except StopNow:
             raise
@@ -479,8 +527,10 @@ def check_plugins(run_dir: Path, cfg: dict) -> None:
     missing = [p for p in cfg.get("plugins", []) if p["module"] not in encodings.plugin_modules()]
     if missing:
         what = ", ".join(p["file"] or p["module"] for p in missing)
-        raise PosencError(f"{run_dir} was trained with the scheme plugin {what}: load it with posenc --import {missing[0]['file'] or missing[0]['module']} "
-                          f"(or POSENC_IMPORT)")
+        raise PosencError(
+            f"{run_dir} was trained with the scheme plugin {what}: load it with posenc --import {missing[0]['file'] or missing[0]['module']} "
+            f"(or POSENC_IMPORT)"
+        )
 
 
 def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
@@ -490,7 +540,10 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
     cfg = read_run_config(run_dir)
     check_plugins(run_dir, cfg)
-    mcfg, tcfg = validated(ModelConfig, cfg["model"], "model config"), validated(TrainConfig, cfg["train"], "training config")
+    mcfg, tcfg = (
+        validated(ModelConfig, cfg["model"], "model config"),
+        validated(TrainConfig, cfg["train"], "training config"),
+    )
     model = LM(mcfg)
     load_weights(run_dir / "model.safetensors", model)
     return model.to(distributed.default_device()), mcfg, tcfg
@@ -503,7 +556,7 @@ class _TokenNLL(torch.nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, y: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
         return self.lm.token_nll(x, y, pos=pos)
 
 
@@ -518,7 +571,10 @@ def run_differences(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> dict
     saved = read_run_config(run_dir)
     old_train = {"precision": legacy_precision(), **saved["train"]}
     out = {}
-    for section, settings, free in (("model", dataclasses.asdict(mcfg), set()), ("training", tcfg.model_dump(), RESUME_FREE)):
+    for section, settings, free in (
+        ("model", dataclasses.asdict(mcfg), set()),
+        ("training", tcfg.model_dump(), RESUME_FREE),
+    ):
         now = json.loads(json.dumps(settings, default=str))  # as config.json stores it
         old = saved["model"] if section == "model" else old_train
         diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if k not in free and old.get(k) != v]
@@ -552,11 +608,15 @@ def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: 
     if is_trained(run_dir):
         summary = read_json(run_dir / "train_summary.json")
         steps = summary.get("steps")
-        early = (tcfg.until is not None and (summary.get("until") or {}).get("reached") == steps) or (tcfg.time_budget and steps < tcfg.steps)
+        early = (tcfg.until is not None and (summary.get("until") or {}).get("reached") == steps) or (
+            tcfg.time_budget and steps < tcfg.steps
+        )
         if steps != tcfg.steps and not early:
             diff.append(f"trained steps {steps!r} -> {tcfg.steps!r}")
     if diff:
-        raise PosencError(f"{run_dir} was not trained with the settings of {what} ({'; '.join(diff)}); move it away or use another --out")
+        raise PosencError(
+            f"{run_dir} was not trained with the settings of {what} ({'; '.join(diff)}); move it away or use another --out"
+        )
 
 
 def train(
@@ -564,7 +624,7 @@ def train(
     mcfg: ModelConfig,
     tcfg: TrainConfig,
     resume: bool = False,
-    data: Optional[TokenData] = None,
+    data: TokenData | None = None,
     desc: str = "",
     tracker: Tracker = NO_TRACKER,
 ) -> dict:
@@ -582,7 +642,9 @@ def train(
     """
     run_dir = Path(run_dir)
     shard = distributed.setup()
-    tcfg = tcfg.model_copy(update={"precision": resolve_precision(tcfg.precision, shard.device)})  # config.json: what ran
+    tcfg = tcfg.model_copy(
+        update={"precision": resolve_precision(tcfg.precision, shard.device)}
+    )  # config.json: what ran
     rows = shard.rows(tcfg.batch_size)
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
@@ -605,12 +667,21 @@ def train(
         if is_trained(run_dir) and _finished_at(read_json(run_dir / "train_summary.json"), step, tcfg):
             return read_json(run_dir / "train_summary.json")  # finished: keep its summary and log as they are
     elif resume and (run_dir / "model.safetensors").exists():  # starting over would overwrite these weights
-        raise PosencError(f"cannot resume {run_dir}: it has weights but no state.pt (optimizer state); use another --out")
+        raise PosencError(
+            f"cannot resume {run_dir}: it has weights but no state.pt (optimizer state); use another --out"
+        )
     elif shard.is_main:  # a fresh run replaces an old summary (and log: fit)
         (run_dir / "train_summary.json").unlink(missing_ok=True)
     if shard.is_main:
-        write_json(run_dir / "config.json", {"model": dataclasses.asdict(mcfg), "train": tcfg.model_dump(), "stamp": run_stamp(tcfg.precision),
-                                            "plugins": encodings.plugin_sources(mcfg.encoding)})
+        write_json(
+            run_dir / "config.json",
+            {
+                "model": dataclasses.asdict(mcfg),
+                "train": tcfg.model_dump(),
+                "stamp": run_stamp(tcfg.precision),
+                "plugins": encodings.plugin_sources(mcfg.encoding),
+            },
+        )
     distributed.set_batch_rows(model, rows)
     loss_fn = distributed.wrap(_TokenNLL(model), shard)
     if tcfg.compile:
@@ -619,7 +690,9 @@ def train(
     n_max = check_positions(mcfg, tcfg)
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
-        x, y, answers = (t if t is None else t.to(shard.device) for t in training_batch(data, step, tcfg, mcfg.train_length, rows))
+        x, y, answers = (
+            t if t is None else t.to(shard.device) for t in training_batch(data, step, tcfg, mcfg.train_length, rows)
+        )
         pos = () if n_max is None else (randomized_positions(n_max, x.shape[1], tcfg.seed, step).to(shard.device),)
         with autocast(tcfg.precision, shard.device):
             return mean_loss(loss_fn(x, y, *pos), answers), x.numel()  # mean over this rank's rows (answers)
@@ -627,9 +700,22 @@ def train(
     criterion = None
     if tcfg.until is not None:
         until = tcfg.until
-        criterion = Criterion(until.every, until.at_least, lambda step: id_accuracy(model, data.task, mcfg.train_length, until.answers))
-    done = fit(model, tcfg, loss_at, ckpt, step, log_every=tcfg.log_every, time_budget=tcfg.time_budget, shard=shard,
-               tracker=tracker, desc=desc or mcfg.encoding, criterion=criterion)
+        criterion = Criterion(
+            until.every, until.at_least, lambda step: id_accuracy(model, data.task, mcfg.train_length, until.answers)
+        )
+    done = fit(
+        model,
+        tcfg,
+        loss_at,
+        ckpt,
+        step,
+        log_every=tcfg.log_every,
+        time_budget=tcfg.time_budget,
+        shard=shard,
+        tracker=tracker,
+        desc=desc or mcfg.encoding,
+        criterion=criterion,
+    )
     summary = {**done, "params": model.num_params()}
     if tcfg.until is not None:
         summary["until"] = {**tcfg.until.model_dump(), "reached": summary.pop("criterion_step")}
@@ -645,7 +731,7 @@ def _finished_at(summary: dict, step: int, tcfg: TrainConfig) -> bool:
     return summary.get("steps") == step and (step == tcfg.steps or (tcfg.until is not None and reached == step))
 
 
-def steps_to_criterion(summary: dict) -> Optional[int]:
+def steps_to_criterion(summary: dict) -> int | None:
     """The step a run's summary (``train_summary.json``) says it met ``train.until`` at; None when not met."""
     return (summary.get("until") or {}).get("reached")
 

@@ -30,9 +30,15 @@ def number_list(flag: str, text: str) -> list[float]:
 
 def add_set(p, example: str) -> None:
     """The ``--set KEY=VALUE`` option of a command that takes ``--preset``."""
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"set any key of the preset (docs/presets.md), the value read as YAML, e.g. {example}; repeatable, "
-                   "after the flags (the last given wins); a finished run's settings cannot be changed")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"set any key of the preset (docs/presets.md), the value read as YAML, e.g. {example}; repeatable, "
+        "after the flags (the last given wins); a finished run's settings cannot be changed",
+    )
 
 
 def given_settings(args, flags: dict[str, str], derived: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -3,9 +3,9 @@
 from pathlib import Path
 
 from posenc.data import load_tokens
-from posenc.distributed import check_device
 from posenc.diagnose import DEFAULT_MULTIPLES, diagnose_model
 from posenc.diagnose_report import write_outputs
+from posenc.distributed import check_device
 from posenc.train import load_run
 
 
@@ -18,7 +18,13 @@ def add_parser(sub):
     )
     p.add_argument("run_dir", type=Path)
     p.add_argument("--out", type=Path, help="output folder (default RUN_DIR/diagnose)")
-    p.add_argument("--multiples", type=int, nargs="+", default=list(DEFAULT_MULTIPLES), help="lengths as multiples of the training length")
+    p.add_argument(
+        "--multiples",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_MULTIPLES),
+        help="lengths as multiples of the training length",
+    )
     p.add_argument("--window", type=int, help="far keys are at distance >= this (default: the training length)")
     p.add_argument("--windows", type=int, default=2, help="held-out windows per length (default %(default)s)")
     p.add_argument("--eps", type=float, default=0.01, help="mixing tolerance of w_eps (default %(default)s)")

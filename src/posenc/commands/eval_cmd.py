@@ -10,14 +10,14 @@ import numpy as np
 import torch
 
 from posenc.commands import number_list
+from posenc.compare import evaluate_length
 from posenc.data import load_tokens
-from posenc.rope import NAMES, check_window
+from posenc.errors import PosencError
 from posenc.model import set_method, with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
 from posenc.records import Ppl, append
 from posenc.reporting import figure, save_figure
-from posenc.errors import PosencError
-from posenc.compare import evaluate_length
+from posenc.rope import NAMES, check_window
 from posenc.scoring import eval_lengths, plan
 from posenc.train import load_run
 
@@ -25,25 +25,52 @@ from posenc.train import load_run
 def add_parser(sub):
     p = sub.add_parser("eval", help="evaluate a trained run: perplexity vs evaluation length")
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--multiples", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64], help="lengths as multiples of the training length")
+    p.add_argument(
+        "--multiples",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8, 16, 32, 64],
+        help="lengths as multiples of the training length",
+    )
     p.add_argument("--max-tokens", type=int, default=32768, help="scored tokens per length")
     p.add_argument("--corpus", help="evaluate on another corpus's held-out documents")
-    p.add_argument("--passkey", choices=["rank", "generate"], help="also passkey retrieval at 1x and 4x: by log-probability rank, or by greedy generation of the key")
+    p.add_argument(
+        "--passkey",
+        choices=["rank", "generate"],
+        help="also passkey retrieval at 1x and 4x: by log-probability rank, or by greedy generation of the key",
+    )
     g = p.add_argument_group("RoPE context extension (RoPE runs only, no retraining)")
     g.add_argument("--rope-schedule", metavar="NAME", help=", ".join(NAMES))
     g.add_argument("--factor", type=float, help="scale factor s (pi, ntk, dynamic, yarn, llama3)")
     g.add_argument("--rerope-window", type=int, help="ReRoPE window w (tokens)")
     g.add_argument("--window", type=int, help=argparse.SUPPRESS)  # renamed as in extend: a one-line error
     g.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k")
-    g.add_argument("--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to the training length")
+    g.add_argument(
+        "--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to the training length"
+    )
     g.add_argument("--long-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors past it")
-    g.add_argument("--rope-param", nargs="+", default=[], metavar="KEY=VALUE", help="other schedule parameters, e.g. beta_fast=32 attention_factor=1.2 truncate=false")
+    g.add_argument(
+        "--rope-param",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="other schedule parameters, e.g. beta_fast=32 attention_factor=1.2 truncate=false",
+    )
     m = p.add_argument_group("long-context methods (rope with fixed frequencies, alibi, t5, kerple; no retraining)")
-    m.add_argument("--method", metavar="SPEC", help="self-extend:group=G,window=W | lm-infinite:n_global=N,window=W | "
-                   "sinks:n_sink=N,window=W | dual-chunk:chunk=S,local=W (defaults from the training length; with --rope-schedule, on top of it)")
-    m.add_argument("--stream", type=int, metavar="TOKENS", help="with --method sinks: instead of the lengths, the perplexity of "
-                   "the first TOKENS targets of the held-out documents (joined in order) streamed through the bounded cache, "
-                   "per eighth of the text, and the cache's peak size")
+    m.add_argument(
+        "--method",
+        metavar="SPEC",
+        help="self-extend:group=G,window=W | lm-infinite:n_global=N,window=W | "
+        "sinks:n_sink=N,window=W | dual-chunk:chunk=S,local=W (defaults from the training length; with --rope-schedule, on top of it)",
+    )
+    m.add_argument(
+        "--stream",
+        type=int,
+        metavar="TOKENS",
+        help="with --method sinks: instead of the lengths, the perplexity of "
+        "the first TOKENS targets of the held-out documents (joined in order) streamed through the bounded cache, "
+        "per eighth of the text, and the cache's peak size",
+    )
     p.set_defaults(func=run)
 
 
@@ -59,8 +86,11 @@ def _value(text: str):
 def schedule_args(args) -> dict:
     """Schedule parameters from --factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param."""
     params = {"factor": args.factor, "window": args.rerope_window, "leak": args.leak}
-    params.update((k, number_list(f"--{k.replace('_', '-')}", getattr(args, k))) for k in ("short_factor", "long_factor")
-                  if getattr(args, k) is not None)
+    params.update(
+        (k, number_list(f"--{k.replace('_', '-')}", getattr(args, k)))
+        for k in ("short_factor", "long_factor")
+        if getattr(args, k) is not None
+    )
     for item in args.rope_param:
         key, sep, val = item.partition("=")
         if not sep:
@@ -75,13 +105,17 @@ def scored_text(docs: list, corpus: str, span: int, max_tokens: int) -> str:
     wins = plan(docs, span, max_tokens, span=span)
     used = [docs[d][0] for d in dict.fromkeys(d for d, _ in wins)]
     scored = sum(w.n_scored for _, w in wins)
-    line = (f"text: the first {span} targets of {len(used)} held-out document(s) of {corpus} ({', '.join(used)}), "
-            f"{scored} targets per length")
+    line = (
+        f"text: the first {span} targets of {len(used)} held-out document(s) of {corpus} ({', '.join(used)}), "
+        f"{scored} targets per length"
+    )
     if scored < max_tokens:
         line += f", fewer than --max-tokens {max_tokens}: no other held-out document has {span + 1} tokens"
     elif scored > max_tokens:
         line += f", more than --max-tokens {max_tokens}: whole spans of the longest length"
-    return line + f" (posenc compare scores this text when its longest length is {span} and its max_tokens {max_tokens})"
+    return (
+        line + f" (posenc compare scores this text when its longest length is {span} and its max_tokens {max_tokens})"
+    )
 
 
 def run(args) -> int:
@@ -89,7 +123,9 @@ def run(args) -> int:
         raise PosencError("--window was renamed: use --rerope-window (as in posenc extend)")
     given = [args.factor, args.rerope_window, args.leak, args.short_factor, args.long_factor, *args.rope_param]
     if not args.rope_schedule and any(v is not None for v in given):  # else silently ignored
-        raise PosencError("--factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param need --rope-schedule")
+        raise PosencError(
+            "--factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param need --rope-schedule"
+        )
     model, mcfg, tcfg = load_run(args.run_dir)
     lengths = eval_lengths(mcfg.train_length, args.multiples)
     scheme = mcfg.encoding
@@ -103,7 +139,9 @@ def run(args) -> int:
         base["method"] = method.label()
     corpus = args.corpus or tcfg.corpus
     data = load_tokens(corpus, tcfg.tokenizer)
-    text = scored_text(data.val_docs, corpus, max(lengths), args.max_tokens)  # bad --max-tokens, short text: before any output
+    text = scored_text(
+        data.val_docs, corpus, max(lengths), args.max_tokens
+    )  # bad --max-tokens, short text: before any output
     if args.stream is not None:
         return stream(args, model, data, base, corpus)
     print(f"scheme: {scheme}\n{text}")
@@ -140,14 +178,30 @@ def stream(args, model, data, base: dict, corpus: str) -> int:
     n = nll.shape[0]
     edges = sorted({round(n * b / 8) for b in range(9)})
     buckets = [math.exp(float(nll[a:b].double().mean())) for a, b in zip(edges, edges[1:])]
-    note = f"streamed through the bounded cache: peak {peak} bytes" + (f"; the held-out text has only {n} targets" if n < args.stream else "")
-    rec = Ppl(**{**base, "scheme": base["scheme"] + " streamed"}, train_length=model.cfg.train_length, eval_length=n, windows=1,
-              scored_tokens=n, nll=float(nll.double().sum()), ppl=math.exp(float(nll.double().mean())), bucket_edges=edges,
-              bucket_ppl=buckets, note=note, seconds=time.time() - t0)
+    note = f"streamed through the bounded cache: peak {peak} bytes" + (
+        f"; the held-out text has only {n} targets" if n < args.stream else ""
+    )
+    rec = Ppl(
+        **{**base, "scheme": base["scheme"] + " streamed"},
+        train_length=model.cfg.train_length,
+        eval_length=n,
+        windows=1,
+        scored_tokens=n,
+        nll=float(nll.double().sum()),
+        ppl=math.exp(float(nll.double().mean())),
+        bucket_edges=edges,
+        bucket_ppl=buckets,
+        note=note,
+        seconds=time.time() - t0,
+    )
     append(Path(args.run_dir) / "eval.jsonl", rec)
-    plot = plot_stream(nll, Path(args.run_dir) / f"stream_{re.sub(r'[^A-Za-z0-9=._-]', '_', base['method'])}.png", rec.scheme)
-    print(f"scheme: {rec.scheme}\ntext: the first {n} targets of the held-out documents of {corpus}, joined in order\n"
-          f"ppl {rec.ppl:.3f}; peak cache {peak} bytes; per position: {plot}\n{'targets':>16} {'ppl':>10}")
+    plot = plot_stream(
+        nll, Path(args.run_dir) / f"stream_{re.sub(r'[^A-Za-z0-9=._-]', '_', base['method'])}.png", rec.scheme
+    )
+    print(
+        f"scheme: {rec.scheme}\ntext: the first {n} targets of the held-out documents of {corpus}, joined in order\n"
+        f"ppl {rec.ppl:.3f}; peak cache {peak} bytes; per position: {plot}\n{'targets':>16} {'ppl':>10}"
+    )
     for a, b, p in zip(edges, edges[1:], buckets):
         print(f"{f'{a}-{b}':>16} {p:>10.3f}")
     return 0

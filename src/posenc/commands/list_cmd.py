@@ -4,16 +4,18 @@ the synthetic tasks and the presets; --json: the same as one JSON object, for sc
 import json
 
 from posenc import encodings
-from posenc.presets import preset_names
-from posenc.tasks import TASKS
 from posenc.extend import preset_names as extend_presets
 from posenc.finetune import preset_names as finetune_presets
+from posenc.presets import preset_names
+from posenc.tasks import TASKS
 
 
 def add_parser(sub):
     p = sub.add_parser("list", help="list positional schemes (by family, with sources), synthetic tasks and presets")
     p.add_argument("--params", action="store_true", help="each scheme's parameters: default, meaning and range")
-    p.add_argument("--json", action="store_true", help="print one JSON object (every scheme with its parameters, tasks, presets)")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object (every scheme with its parameters, tasks, presets)"
+    )
     p.set_defaults(func=run)
 
 
@@ -21,12 +23,29 @@ def listing() -> dict:
     """Schemes (name, family, doc, source, the alias' spec and fixed parameters or None, the parameters a spec may
     set), tasks (name, doc, parameter defaults) and presets."""
     return {
-        "schemes": [{"name": name, "family": family, "doc": doc, "source": source, "alias_of": _alias(name),
-                     "params": [p._asdict() for p in encodings.parameters(name)]}
-                    for family, rows in encodings.catalogue().items() for name, doc, source in rows],
-        "tasks": [{"name": name, "doc": cls.__doc__.strip().splitlines()[0], "params": {k: d for k, (_, d) in cls.params.items()}}
-                  for name, cls in TASKS.items()],
-        "presets": preset_names(), "extend_presets": extend_presets(), "finetune_presets": finetune_presets(),
+        "schemes": [
+            {
+                "name": name,
+                "family": family,
+                "doc": doc,
+                "source": source,
+                "alias_of": _alias(name),
+                "params": [p._asdict() for p in encodings.parameters(name)],
+            }
+            for family, rows in encodings.catalogue().items()
+            for name, doc, source in rows
+        ],
+        "tasks": [
+            {
+                "name": name,
+                "doc": cls.__doc__.strip().splitlines()[0],
+                "params": {k: d for k, (_, d) in cls.params.items()},
+            }
+            for name, cls in TASKS.items()
+        ],
+        "presets": preset_names(),
+        "extend_presets": extend_presets(),
+        "finetune_presets": finetune_presets(),
     }
 
 
@@ -40,7 +59,9 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print("schemes (parameters with ':', parts with '+', layers with '|', e.g. acc-rand-qkv:a=0.3+alibi, rope|rope|rope|nope):")
+    print(
+        "schemes (parameters with ':', parts with '+', layers with '|', e.g. acc-rand-qkv:a=0.3+alibi, rope|rope|rope|nope):"
+    )
     family = None
     for s in out["schemes"]:
         if s["family"] != family:

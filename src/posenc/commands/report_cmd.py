@@ -9,17 +9,33 @@ from posenc.scoreboard import write_readme_block
 
 
 def add_parser(sub):
-    p = sub.add_parser("report", help="put compare runs side by side: perplexity and ratios per scheme and run, one plot, the claims; "
-                       "with task runs, the scoreboard",
-                       description="Runs made with other settings are labelled with how they differ (preset.json, else the "
-                       "header of report.md), not refused; schemes are matched by spec. Task comparisons (retrieval, "
-                       "state-tracking) add the scoreboard and the task claims.")
-    p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
-                   help="posenc compare run directories, text or task (runs/NAME, results/default, results/retrieval, ...)")
-    p.add_argument("--out", type=_out_dir, default=Path("runs") / "report", help="output directory (default runs/report/)")
-    p.add_argument("--scoreboard", action="store_true", help="print the scoreboard alone (needs a task run) and write nothing")
-    p.add_argument("--readme", type=Path, metavar="FILE",
-                   help="write the scoreboard between FILE's <!-- scoreboard:begin --> and <!-- scoreboard:end --> lines")
+    p = sub.add_parser(
+        "report",
+        help="put compare runs side by side: perplexity and ratios per scheme and run, one plot, the claims; "
+        "with task runs, the scoreboard",
+        description="Runs made with other settings are labelled with how they differ (preset.json, else the "
+        "header of report.md), not refused; schemes are matched by spec. Task comparisons (retrieval, "
+        "state-tracking) add the scoreboard and the task claims.",
+    )
+    p.add_argument(
+        "run_dirs",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="posenc compare run directories, text or task (runs/NAME, results/default, results/retrieval, ...)",
+    )
+    p.add_argument(
+        "--out", type=_out_dir, default=Path("runs") / "report", help="output directory (default runs/report/)"
+    )
+    p.add_argument(
+        "--scoreboard", action="store_true", help="print the scoreboard alone (needs a task run) and write nothing"
+    )
+    p.add_argument(
+        "--readme",
+        type=Path,
+        metavar="FILE",
+        help="write the scoreboard between FILE's <!-- scoreboard:begin --> and <!-- scoreboard:end --> lines",
+    )
     p.set_defaults(func=run)
 
 

@@ -15,18 +15,36 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, default=Path("runs/theory"), help="output folder (default runs/theory)")
     p.add_argument("--quick", action="store_true", help="small sample sizes (seconds; for tests)")
     p.add_argument("--seed", type=int, default=0, help="base random seed (default %(default)s)")
-    p.add_argument("--dims", type=int, nargs="+", default=list(DEFAULT_DIMS),
-                   help="dimensions d of the score-gap check (even for SO(2))")
-    p.add_argument("--mix-dim", type=int, default=16, help="d of the mixing, far-mass and value checks (default %(default)s)")
-    p.add_argument("--dists", nargs="+", default=list(DEFAULT_DISTS),
-                   help="step distributions: so2:<a>, so2-drift[:base], householder, haar")
+    p.add_argument(
+        "--dims",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_DIMS),
+        help="dimensions d of the score-gap check (even for SO(2))",
+    )
+    p.add_argument(
+        "--mix-dim", type=int, default=16, help="d of the mixing, far-mass and value checks (default %(default)s)"
+    )
+    p.add_argument(
+        "--dists",
+        nargs="+",
+        default=list(DEFAULT_DISTS),
+        help="step distributions: so2:<a>, so2-drift[:base], householder, haar",
+    )
     p.add_argument("--eps", type=float, default=0.01, help="mixing tolerance in (0, 1) (default %(default)s)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    report = run_theory(args.out, dists=tuple(args.dists), dims=tuple(args.dims), mix_dim=args.mix_dim,
-                        eps=args.eps, seed=args.seed, quick=args.quick)
+    report = run_theory(
+        args.out,
+        dists=tuple(args.dists),
+        dims=tuple(args.dims),
+        mix_dim=args.mix_dim,
+        eps=args.eps,
+        seed=args.seed,
+        quick=args.quick,
+    )
     print(checks_table(report["table"]))
     held = sum(r["holds"] for r in report["table"])
     print(f"\n{held}/{len(report['table'])} checks hold; {report['runtime_s']:.1f} s; wrote {args.out}/summary.md")

@@ -14,17 +14,51 @@ from __future__ import annotations
 
 from typing import Any
 
-from posenc.encodings import absolute, accumulated, bias, cope, dape, fire, forget, householder, polar, relative, rotary, xpos  # noqa: F401 (registers the families)
+from posenc.encodings import (  # noqa: F401 (registers the families)
+    absolute,
+    accumulated,
+    bias,
+    cope,
+    dape,
+    fire,
+    forget,
+    householder,
+    polar,
+    relative,
+    rotary,
+    xpos,
+)
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
 from posenc.encodings.registry import (
-    Parameter, _accepted, alias, constructor_defaults, alias_of, by_role, canonical, catalogue, check_types, format_part, import_schemes, layer_pattern, names, parameters, parts, plugin_modules, plugin_sources, register,
-    resolve, split_part, unregister,
+    Parameter,
+    _accepted,
+    alias,
+    alias_of,
+    by_role,
+    canonical,
+    catalogue,
+    check_types,
+    constructor_defaults,
+    format_part,
+    import_schemes,
+    layer_pattern,
+    names,
+    parameters,
+    parts,
+    plugin_modules,
+    plugin_sources,
+    register,
+    resolve,
+    split_part,
+    unregister,
 )
 from posenc.errors import PosencError
 
 
-def _build(cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str, defaults: dict[str, Any] | None = None) -> Encoding:
+def _build(
+    cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str, defaults: dict[str, Any] | None = None
+) -> Encoding:
     ignored = cls.applies_to({**constructor_defaults(cls), **params})  # a default is for the parts it applies to
     params = {**{k: v for k, v in (defaults or {}).items() if k in _accepted(cls) and k not in ignored}, **params}
     check_types(spec, cls, params)  # parameters given in Python too, not only in the spec
@@ -51,7 +85,9 @@ def get(spec: str, dims: Dims | None = None, defaults: dict[str, Any] | None = N
         cls, merged = resolve(spec, params)  # Python parameters are checked as the spec's are
         clash = sorted(set(params) & set(split_part(spec)[1]))
         if clash:
-            raise PosencError(f"{spec!r}: parameter {', '.join(map(repr, clash))} given both in the spec and separately")
+            raise PosencError(
+                f"{spec!r}: parameter {', '.join(map(repr, clash))} given both in the spec and separately"
+            )
         return _build(cls, merged, dims, spec, defaults)
     if params:
         raise PosencError(f"{spec!r} is a composition: give parameters per part (NAME:key=value)")
@@ -62,7 +98,9 @@ def _layer_of(pattern: list[str], spec: str, dims: Dims, params: dict, defaults:
     if params:
         raise PosencError(f"{spec!r} is a per-layer pattern: give parameters per entry (NAME:key=value)")
     if any(cls.additive for entry in pattern for cls, _ in parts(entry)):  # also checks every entry's names
-        raise PosencError(f"{spec!r}: additive embeddings act at the input, not per layer; they cannot be in a '|' pattern")
+        raise PosencError(
+            f"{spec!r}: additive embeddings act at the input, not per layer; they cannot be in a '|' pattern"
+        )
     return get(pattern[dims.layer_index % len(pattern)], dims, defaults)
 
 
@@ -75,6 +113,25 @@ def describe(spec: str, dims: Dims | None = None, **params: Any) -> str:
 
 
 __all__ = [
-    "Dims", "Encoding", "Inputs", "Parameter", "alias", "alias_of", "by_role", "canonical", "catalogue", "describe", "get", "import_schemes", "layer_pattern", "names", "parameters", "parts",
-    "plugin_modules", "plugin_sources", "register", "resolve", "unregister",
+    "Dims",
+    "Encoding",
+    "Inputs",
+    "Parameter",
+    "alias",
+    "alias_of",
+    "by_role",
+    "canonical",
+    "catalogue",
+    "describe",
+    "get",
+    "import_schemes",
+    "layer_pattern",
+    "names",
+    "parameters",
+    "parts",
+    "plugin_modules",
+    "plugin_sources",
+    "register",
+    "resolve",
+    "unregister",
 ]

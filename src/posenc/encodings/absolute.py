@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
-from posenc.encodings.registry import alias, register
 from posenc.encodings.base import Dims, Encoding
+from posenc.encodings.registry import alias, register
 from posenc.errors import PosencError
 
 

@@ -44,14 +44,13 @@ import math
 import torch
 from torch import nn
 
-from posenc.encodings.registry import alias, register
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.draw import counter_uniform, row_key_int, uniform_at
 from posenc.encodings.mixing import window_size
 from posenc.encodings.phase import check_rotary_dims, rotary_dim
-from posenc.rope import rope_inv_freq, wrap_phases
+from posenc.encodings.registry import alias, register
 from posenc.errors import PosencError
-
+from posenc.rope import rope_inv_freq, wrap_phases
 
 EVAL_DRAW = 2**31 - 1  # the draw counter value reserved for evaluation (training never reaches it)
 
@@ -131,19 +130,35 @@ class Accumulated(Encoding):
         _check_choice("rotate", rotate, ("qk", "qkv"))
         _check_choice("center", center, ("zero", "rope"))
         _check_choice("init", init, ("zero", "random"))
-        self.check_applies(dict(mode=mode, rotate=rotate, center=center, a=a, init=init, learn_a=learn_a,
-                                rope_theta=rope_theta, pairing=pairing, seed=seed, rotary_fraction=rotary_fraction))
+        self.check_applies(
+            dict(
+                mode=mode,
+                rotate=rotate,
+                center=center,
+                a=a,
+                init=init,
+                learn_a=learn_a,
+                rope_theta=rope_theta,
+                pairing=pairing,
+                seed=seed,
+                rotary_fraction=rotary_fraction,
+            )
+        )
         a = 1.0 if a is None else a
         if not 0 < a <= math.pi:  # U[-pi, pi] is already uniform on the circle (beta = 0)
             raise PosencError(f"accumulated half-width a must be in (0, pi], got {a!r}")
         if not 0 <= seed < 2**31:
             raise PosencError(f"accumulated seed must be in [0, 2^31), got {seed}")
         if mode == "token" and (dims.vocab_size or 0) < 1:  # else an empty table, and an index error at the first token
-            raise PosencError(f"accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got {dims.vocab_size}")
+            raise PosencError(
+                f"accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got {dims.vocab_size}"
+            )
         self.mode, self.center, self.pairing, self.a, self.init = mode, center, pairing, float(a), init
         self.rotate_v = rotate == "qkv"
         self.seed = seed * 1_000_003 + dims.layer_index
-        self.eval_key = row_key_int(self.seed, EVAL_DRAW, 0)  # evaluation's key: decoding steps hash their positions only
+        self.eval_key = row_key_int(
+            self.seed, EVAL_DRAW, 0
+        )  # evaluation's key: decoding steps hash their positions only
         self.rotary_fraction, rot = rotary_fraction, rotary_dim(dims, rotary_fraction)
         self.n_blocks = half = rot // 2  # frequency blocks (rotated feature pairs)
         omega = rope_inv_freq(rot, rope_theta).float()
@@ -155,7 +170,9 @@ class Accumulated(Encoding):
         self.uses_tokens = mode == "token"
         if mode == "token":
             g = torch.Generator().manual_seed(self.seed)
-            self.register_buffer("token_u", torch.rand(dims.vocab_size, dims.n_head, half, generator=g) * 2 - 1, persistent=False)
+            self.register_buffer(
+                "token_u", torch.rand(dims.vocab_size, dims.n_head, half, generator=g) * 2 - 1, persistent=False
+            )
         if mode == "learned":
             self.step = nn.Linear(dims.d_model, dims.n_head * half, bias=False)
             nn.init.zeros_(self.step.weight) if init == "zero" else nn.init.normal_(self.step.weight, std=0.02)
@@ -176,7 +193,9 @@ class Accumulated(Encoding):
                 raise PosencError("per-token-id steps (mode='token') need the token ids; this layer has none")
             return self.token_u[inp.tokens].transpose(1, 2)
         if not self.training:  # evaluation: one fixed draw per position, the same for every row and window
-            key = torch.tensor([[self.eval_key]], device=inp.pos.device)  # counter_uniform's chain up to the row, computed once
+            key = torch.tensor(
+                [[self.eval_key]], device=inp.pos.device
+            )  # counter_uniform's chain up to the row, computed once
             return uniform_at(key, inp.pos, H, half)
         rows = torch.arange(self.batch_row_offset, self.batch_row_offset + B)
         u = counter_uniform(self.seed, self.draws, rows, inp.pos, H, half)
@@ -218,14 +237,25 @@ class Accumulated(Encoding):
         src = {
             "random": "i.i.d. per position",
             "token": "fixed per token id",
-            "learned": f"learned a*tanh(Wx), W {'= 0' if self.init == 'zero' else '~ N(0, 0.02^2)'} at init" + (", learned a per head and block" if self.log_a is not None else ""),
+            "learned": f"learned a*tanh(Wx), W {'= 0' if self.init == 'zero' else '~ N(0, 0.02^2)'} at init"
+            + (", learned a per head and block" if self.log_a is not None else ""),
         }[self.mode]
-        head = f"accumulated SO(2) {'QKV' if self.rotate_v else 'QK'}" + (f" on {self.rotary_fraction:g} of each head" if self.rotary_fraction < 1 else "") + ", steps "
+        head = (
+            f"accumulated SO(2) {'QKV' if self.rotate_v else 'QK'}"
+            + (f" on {self.rotary_fraction:g} of each head" if self.rotary_fraction < 1 else "")
+            + ", steps "
+        )
         if self.mode == "learned":
             bound = "a" if self.log_a is not None else f"{self.a:g}"
-            return head + f"in [-{bound}, {bound}], {src}; step law and mixing window known after training (posenc diagnose)"
+            return (
+                head
+                + f"in [-{bound}, {bound}], {src}; step law and mixing window known after training (posenc diagnose)"
+            )
         beta = self.spectral_gap()
-        return head + f"{dist}, {src}; beta range [{beta.min():.3f}, {beta.max():.3f}], mixing window w_0.01 = {self._window(0.01):g} tokens"
+        return (
+            head
+            + f"{dist}, {src}; beta range [{beta.min():.3f}, {beta.max():.3f}], mixing window w_0.01 = {self._window(0.01):g} tokens"
+        )
 
 
 def _check_choice(key: str, value: str, valid: tuple[str, ...]) -> None:
@@ -233,13 +263,65 @@ def _check_choice(key: str, value: str, valid: tuple[str, ...]) -> None:
         raise PosencError(f"accumulated {key} must be one of {', '.join(valid)}; got {value!r}")
 
 
-alias("acc-rand-qk", "accumulated", "accumulated random rotations on Q/K, steps U[-1, 1] (Example 1)", mode="random", rotate="qk")
-alias("acc-rand-qkv", "accumulated", "accumulated random rotations on Q/K/V, steps U[-1, 1] (Example 1)", mode="random", rotate="qkv")
-alias("acc-drift-qk", "accumulated", "ablation: random rotations on Q/K, steps U[0, 2 omega_b] around RoPE's frequencies", mode="random", rotate="qk", center="rope")
-alias("acc-drift-qkv", "accumulated", "ablation: random rotations on Q/K/V, steps U[0, 2 omega_b] around RoPE's frequencies", mode="random", rotate="qkv", center="rope")
-alias("acc-token-qk", "accumulated", "accumulated per-token-id rotations on Q/K, steps U[-1, 1]", mode="token", rotate="qk")
-alias("acc-token-qkv", "accumulated", "accumulated per-token-id rotations on Q/K/V, steps U[-1, 1]", mode="token", rotate="qkv")
-alias("acc-learned-qk", "accumulated", "accumulated learned rotations on Q/K, steps tanh(Wx) in [-1, 1], W = 0 at init", mode="learned", rotate="qk")
-alias("acc-learned-qkv", "accumulated", "accumulated learned rotations on Q/K/V, steps tanh(Wx) in [-1, 1], W = 0 at init", mode="learned", rotate="qkv")
-alias("hybrid", "acc-learned-qkv+forget", "accumulated learned Q/K/V rotations with a FoX forget gate (far-mass control)")
+alias(
+    "acc-rand-qk",
+    "accumulated",
+    "accumulated random rotations on Q/K, steps U[-1, 1] (Example 1)",
+    mode="random",
+    rotate="qk",
+)
+alias(
+    "acc-rand-qkv",
+    "accumulated",
+    "accumulated random rotations on Q/K/V, steps U[-1, 1] (Example 1)",
+    mode="random",
+    rotate="qkv",
+)
+alias(
+    "acc-drift-qk",
+    "accumulated",
+    "ablation: random rotations on Q/K, steps U[0, 2 omega_b] around RoPE's frequencies",
+    mode="random",
+    rotate="qk",
+    center="rope",
+)
+alias(
+    "acc-drift-qkv",
+    "accumulated",
+    "ablation: random rotations on Q/K/V, steps U[0, 2 omega_b] around RoPE's frequencies",
+    mode="random",
+    rotate="qkv",
+    center="rope",
+)
+alias(
+    "acc-token-qk",
+    "accumulated",
+    "accumulated per-token-id rotations on Q/K, steps U[-1, 1]",
+    mode="token",
+    rotate="qk",
+)
+alias(
+    "acc-token-qkv",
+    "accumulated",
+    "accumulated per-token-id rotations on Q/K/V, steps U[-1, 1]",
+    mode="token",
+    rotate="qkv",
+)
+alias(
+    "acc-learned-qk",
+    "accumulated",
+    "accumulated learned rotations on Q/K, steps tanh(Wx) in [-1, 1], W = 0 at init",
+    mode="learned",
+    rotate="qk",
+)
+alias(
+    "acc-learned-qkv",
+    "accumulated",
+    "accumulated learned rotations on Q/K/V, steps tanh(Wx) in [-1, 1], W = 0 at init",
+    mode="learned",
+    rotate="qkv",
+)
+alias(
+    "hybrid", "acc-learned-qkv+forget", "accumulated learned Q/K/V rotations with a FoX forget gate (far-mass control)"
+)
 alias("rope-adjacent", "rope", "RoPE with adjacent (RoFormer/Meta) pairing", pairing="adjacent")

@@ -51,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Hashable, Optional
+from collections.abc import Hashable
 
 import torch
 from torch import nn
@@ -74,7 +74,14 @@ class Dims:
     layer_index: int = 0
 
     def __post_init__(self):
-        for name, least in (("n_head", 1), ("head_dim", 1), ("d_model", 1), ("vocab_size", 0), ("train_length", 1), ("layer_index", 0)):
+        for name, least in (
+            ("n_head", 1),
+            ("head_dim", 1),
+            ("d_model", 1),
+            ("vocab_size", 0),
+            ("train_length", 1),
+            ("layer_index", 0),
+        ):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
                 raise PosencError(f"{name} must be an integer >= {least}, got {value!r}")
@@ -92,7 +99,7 @@ class Inputs:
 
     x: torch.Tensor
     pos: torch.Tensor
-    tokens: Optional[torch.Tensor] = None
+    tokens: torch.Tensor | None = None
 
 
 class Buffer:
@@ -107,11 +114,11 @@ class Buffer:
 
     def __init__(self, dim: int, capacity: int = 0, batched: bool = True):
         self.dim, self.capacity, self.batched = dim, capacity, batched
-        self.data: Optional[torch.Tensor] = None
+        self.data: torch.Tensor | None = None
         self.length = 0
 
     @property
-    def value(self) -> Optional[torch.Tensor]:
+    def value(self) -> torch.Tensor | None:
         return None if self.data is None else self.data.narrow(self.dim, 0, self.length)
 
     def append(self, t: torch.Tensor) -> torch.Tensor:
@@ -174,7 +181,7 @@ class DecodeState:
 
     per_head_keys = False
 
-    def __init__(self, enc: "Encoding"):
+    def __init__(self, enc: Encoding):
         self.enc = enc
 
     def buffers(self) -> list[Buffer]:
@@ -219,10 +226,10 @@ class RunningPhaseState(DecodeState):
 
     per_head_keys = True
 
-    def __init__(self, enc: "Encoding"):
+    def __init__(self, enc: Encoding):
         super().__init__(enc)
         self.theta = Buffer(-2)
-        self.last: Optional[torch.Tensor] = None
+        self.last: torch.Tensor | None = None
 
     def phases(self, inp: Inputs) -> torch.Tensor:
         theta = self.enc.steps(inp)
@@ -282,7 +289,7 @@ class Encoding(KeepsPrecision):
     rotate_v: bool = False  # rotate values by Phi and the output by -Phi
     pairing: str = "half"  # rotary feature pairing: "half" (rotate_half) or "adjacent"
     logit_scale: float = 1.0  # multiplies q.k / sqrt(D) (YaRN attention factor squared)
-    max_length: Optional[int] = None  # longest input the scheme supports (learned table)
+    max_length: int | None = None  # longest input the scheme supports (learned table)
     internal: tuple[str, ...] = ()  # constructor parameters a scheme spec may not set
     family: str = "other"  # the group `posenc list` shows it in
     source: str = ""  # the paper (authors, year, arXiv id, equation)
@@ -294,7 +301,9 @@ class Encoding(KeepsPrecision):
     position_indexed: bool = False  # the hooks read Inputs.pos as positions (randomized training positions apply)
     accumulates: bool = False  # phases() is the float64 prefix sum of steps()
     instance_flags: tuple[str, ...] = ()  # capability flags the constructor sets (their hooks give None while unset)
-    spec: str = ""  # the full spec it was built from, every parameter given (set by posenc.encodings.get; "" if built directly)
+    spec: str = (
+        ""  # the full spec it was built from, every parameter given (set by posenc.encodings.get; "" if built directly)
+    )
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -315,7 +324,7 @@ class Encoding(KeepsPrecision):
         return {}
 
     @classmethod
-    def positions_supported(cls, dims: Dims) -> Optional[int]:
+    def positions_supported(cls, dims: Dims) -> int | None:
         """The number of positions a layer of ``dims`` can take (a learned table's rows), known before it is
         built; None: any."""
         return None
@@ -335,27 +344,27 @@ class Encoding(KeepsPrecision):
         internal = [f"{k}={getattr(self, k)!r}" for k in self.internal if getattr(self, k, None) is not None]
         return ", ".join([self.spec, *internal] if self.spec else internal)
 
-    def embed(self, pos: torch.Tensor) -> Optional[torch.Tensor]:
+    def embed(self, pos: torch.Tensor) -> torch.Tensor | None:
         return None
 
-    def phases(self, inp: Inputs) -> Optional[torch.Tensor]:
+    def phases(self, inp: Inputs) -> torch.Tensor | None:
         return None
 
-    def steps(self, inp: Inputs) -> Optional[torch.Tensor]:
+    def steps(self, inp: Inputs) -> torch.Tensor | None:
         return None
 
-    def bias(self, inp: Inputs) -> Optional[BiasFn]:
+    def bias(self, inp: Inputs) -> BiasFn | None:
         return None
 
-    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None) -> Optional[torch.Tensor]:
+    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None) -> torch.Tensor | None:
         """q, k: (B, H, T, Dk), v: (B, H, T, Dv) -> (B, H, T, Dv); ``bias``: the other parts' score bias."""
         return None
 
-    def logits(self, q, k, inp: Inputs, bias: Optional[BiasFn], qs: int, qe: int) -> Optional[torch.Tensor]:
+    def logits(self, q, k, inp: Inputs, bias: BiasFn | None, qs: int, qe: int) -> torch.Tensor | None:
         """Causal logits of queries [qs, qe) over keys [0, qe): (B, H, qe-qs, qe) float32+, -inf above the diagonal."""
         return None
 
-    def attend_by_logits(self, q, k, v, inp: Inputs, bias: Optional[BiasFn], block_size: int) -> torch.Tensor:
+    def attend_by_logits(self, q, k, v, inp: Inputs, bias: BiasFn | None, block_size: int) -> torch.Tensor:
         """``attend`` of a scheme with ``logits``: softmax per query block of ``block_size``, then values; (B, H, T, Dv) in v's dtype."""
         T, out = q.shape[-2], []
         for qs in range(0, T, block_size):
@@ -363,7 +372,7 @@ class Encoding(KeepsPrecision):
             out.append(torch.softmax(self.logits(q, k, inp, bias, qs, qe), dim=-1).to(v.dtype) @ v[..., :qe, :])
         return torch.cat(out, dim=-2)
 
-    def decoder(self) -> Optional[DecodeState]:
+    def decoder(self) -> DecodeState | None:
         """A fresh incremental decoding state for one layer's cache (``DecodeState``), or None: no incremental
         form, so decoding recomputes the hooks over the whole prefix at each step (the reference). Default: the
         stateless NoPE state for a scheme without hooks, the running phase for ``accumulates``, else None (a new
@@ -380,7 +389,7 @@ class Encoding(KeepsPrecision):
         (``posenc.model.LM.decode``)."""
         return None
 
-    def spectral_gap(self) -> Optional[torch.Tensor]:
+    def spectral_gap(self) -> torch.Tensor | None:
         """(D/2,) float64 |E exp(i theta_b)| of the step law per frequency block, or None (no step law)."""
         return None
 
@@ -392,7 +401,7 @@ class Encoding(KeepsPrecision):
         """Set the learned parts (if any) so the scheme starts as close as it can to adding nothing learned:
         used when a scheme is attached to a pretrained model (``posenc.hf.apply_scheme``). Default: nothing."""
 
-    def mixing_window(self, eps: float = 0.01) -> Optional[float]:
+    def mixing_window(self, eps: float = 0.01) -> float | None:
         """Tokens after which the scheme's random step law decorrelates routes to ``eps`` (arXiv 2606.24975,
         Theorem 1), known before training; None when the scheme has no step law (or a learned one)."""
         return None

@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
+from posenc.encodings.registry import register
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:

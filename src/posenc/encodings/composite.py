@@ -46,7 +46,9 @@ class Composite(Encoding):
         if len(self._attenders) > 1:
             raise PosencError(f"{spec!r}: at most one part may replace attention")
         if self._attenders and rotary and self._attenders[0] is not rotary[0]:
-            raise PosencError(f"{spec!r}: {self._attenders[0].name!r} replaces attention and cannot take another rotary part")
+            raise PosencError(
+                f"{spec!r}: {self._attenders[0].name!r} replaces attention and cannot take another rotary part"
+            )
 
     @property
     def rotary_part(self) -> Encoding | None:
@@ -59,7 +61,7 @@ class Composite(Encoding):
     def bias(self, inp: Inputs):
         return sum_biases([p.bias(inp) for p in self.parts if p.has_bias])
 
-    def decoder(self) -> "CompositeState | None":
+    def decoder(self) -> CompositeState | None:
         """Each part's state (None, the reference, if any part has none)."""
         states = [p.decoder() for p in self.parts]
         return None if any(s is None for s in states) else CompositeState(self, states)

@@ -22,7 +22,6 @@ Gates, positions and logits are float32 (float64 for float64 inputs) whatever q'
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import nn
@@ -33,7 +32,9 @@ from posenc.encodings.registry import register
 from posenc.errors import PosencError
 
 
-def cope_logits(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, qs: int, qe: int, scale: float, q_start: int = 0) -> torch.Tensor:
+def cope_logits(
+    q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, qs: int, qe: int, scale: float, q_start: int = 0
+) -> torch.Tensor:
     """Content plus contextual-position logits of queries [qs, qe) over keys [0, qe), before bias and mask.
 
     q: (B, H, Tq, D) the queries of rows [q_start, q_start + Tq) (decoding: the new rows
@@ -78,14 +79,14 @@ class CoPE(Encoding):
         self.npos_max, self.block_size = npos_max, block_size
         self.pos_emb = nn.Parameter(torch.zeros(dims.head_dim, npos_max))
 
-    def logits(self, q, k, inp: Inputs, bias: Optional[BiasFn], qs: int, qe: int):
+    def logits(self, q, k, inp: Inputs, bias: BiasFn | None, qs: int, qe: int):
         logits = cope_logits(q, k, self.pos_emb, qs, qe, self.logit_scale / math.sqrt(q.shape[-1]))
         return logits + causal_tile(bias, qs, qe, qe, q.device, logits.dtype)
 
-    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
+    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
         return self.attend_by_logits(q, k, v, inp, bias, self.block_size)
 
-    def decoder(self) -> "CoPEState":
+    def decoder(self) -> CoPEState:
         return CoPEState(self)
 
     def describe(self) -> str:
@@ -109,7 +110,9 @@ class CoPEState(DecodeState):
         return torch.cat(out, dim=-2)
 
 
-def cope_attention_naive(q, k, v, emb: torch.Tensor, bias: Optional[BiasFn] = None, logit_scale: float = 1.0) -> torch.Tensor:
+def cope_attention_naive(
+    q, k, v, emb: torch.Tensor, bias: BiasFn | None = None, logit_scale: float = 1.0
+) -> torch.Tensor:
     """Reference: the full (T, T) CoPE attention in float64. p by a matrix product with the
     lower-triangular ones, e(p) by hat weights max(0, 1 - |p - n|) over all n (no floor/ceil)."""
     q, k, v, emb = q.double(), k.double(), v.double(), emb.double()

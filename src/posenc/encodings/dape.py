@@ -19,7 +19,6 @@ inputs); f runs per (query block x key block) tile, so at most (block x T) logit
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -34,7 +33,9 @@ from posenc.errors import PosencError
 BASES = {"alibi": ALiBi, "kerple": Kerple}
 
 
-def dape_tile(q, k, bias: BiasFn, mlp: PointMLP, scale: float, qs: int, qe: int, ks: int, ke: int, q_start: int = 0) -> torch.Tensor:
+def dape_tile(
+    q, k, bias: BiasFn, mlp: PointMLP, scale: float, qs: int, qe: int, ks: int, ke: int, q_start: int = 0
+) -> torch.Tensor:
     """A + B + f([A; B]) for queries [qs, qe) over keys [ks, ke), unmasked: (B, H, tq, tk) float32 (float64 for float64 q).
 
     q: (B, H, Tq, D) the queries of rows [q_start, q_start + Tq) (decoding: the new rows only),
@@ -75,17 +76,19 @@ class DAPE(Encoding):
         self.base = BASES[base](dims)
         self.mlp = PointMLP(2 * dims.n_head, mlp_width, dims.n_head, "leaky_relu")
 
-    def logits(self, q, k, inp: Inputs, bias: Optional[BiasFn], qs: int, qe: int):
+    def logits(self, q, k, inp: Inputs, bias: BiasFn | None, qs: int, qe: int):
         base = self.base.bias(inp)
         total = base if bias is None else (lambda *t: base(*t) + bias(*t))
         C, scale = self.block_size, self.logit_scale / math.sqrt(q.shape[-1])
-        logits = torch.cat([dape_tile(q, k, total, self.mlp, scale, qs, qe, ks, min(ks + C, qe)) for ks in range(0, qe, C)], dim=-1)
+        logits = torch.cat(
+            [dape_tile(q, k, total, self.mlp, scale, qs, qe, ks, min(ks + C, qe)) for ks in range(0, qe, C)], dim=-1
+        )
         return logits + causal_tile(None, qs, qe, qe, q.device, logits.dtype)
 
-    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
+    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
         return self.attend_by_logits(q, k, v, inp, bias, self.block_size)
 
-    def decoder(self) -> "DAPEState":
+    def decoder(self) -> DAPEState:
         return DAPEState(self)
 
     def describe(self) -> str:
@@ -105,7 +108,13 @@ class DAPEState(DecodeState):
         T0 = T - q.shape[-2]
         for qs in range(T0, T, C):
             qe = min(qs + C, T)
-            logits = torch.cat([dape_tile(q, K, total, enc.mlp, scale, qs, qe, ks, min(ks + C, qe), q_start=T0) for ks in range(0, qe, C)], dim=-1)
+            logits = torch.cat(
+                [
+                    dape_tile(q, K, total, enc.mlp, scale, qs, qe, ks, min(ks + C, qe), q_start=T0)
+                    for ks in range(0, qe, C)
+                ],
+                dim=-1,
+            )
             logits = logits + causal_tile(None, qs, qe, qe, q.device, logits.dtype)
             out.append(torch.softmax(logits, dim=-1).to(v.dtype) @ V[..., :qe, :])
         return torch.cat(out, dim=-2)
@@ -125,7 +134,9 @@ def dape_attention_naive(q, k, v, enc: DAPE, base: torch.Tensor, logit_scale: fl
     a = logit_scale / math.sqrt(q.shape[-1]) * q @ k.transpose(-1, -2)
     b = base.double().expand_as(a)
     w1, b1, w2, b2 = (p.double() for p in (enc.mlp.w1, enc.mlp.b1, enc.mlp.w2, enc.mlp.b2))
-    hidden = torch.nn.functional.leaky_relu(torch.einsum("uc,bcij->buij", w1, torch.cat((a, b), dim=1)) + b1[:, None, None])
+    hidden = torch.nn.functional.leaky_relu(
+        torch.einsum("uc,bcij->buij", w1, torch.cat((a, b), dim=1)) + b1[:, None, None]
+    )
     f = torch.einsum("hu,buij->bhij", w2, hidden) + b2[:, None, None]
     mask = torch.ones(T, T, dtype=torch.bool).triu(1)
     return torch.softmax((a + b + f).masked_fill(mask, float("-inf")), dim=-1) @ v

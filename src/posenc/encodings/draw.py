@@ -66,7 +66,9 @@ def uniform_at(per_row: torch.Tensor, pos: torch.Tensor, n_head: int, n_blocks: 
     return u.view(per_row.shape[0], len(pos), n_head, n_blocks).transpose(1, 2)
 
 
-def counter_uniform(seed: int, draw: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, n_head: int, n_blocks: int) -> torch.Tensor:
+def counter_uniform(
+    seed: int, draw: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, n_head: int, n_blocks: int
+) -> torch.Tensor:
     """U[-1, 1) per (row, head, position, block): (len(rows), H, len(pos), n_blocks) float32.
 
     seed: int >= 0; draw: int64 scalar tensor in [0, 2^31) (the training draw counter);

@@ -18,8 +18,6 @@ float64 module); tiles are computed in key chunks so no (T x T x width) tensor e
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import nn
 
@@ -58,11 +56,13 @@ class FIRE(Encoding):
     has_bias = True
     family, source = "score biases", "Li et al. 2024, arXiv:2310.04418 (FIRE)"
 
-    def __init__(self, dims: Dims, mlp_width: int = 32, init_c: float = 0.1, init_L: Optional[float] = None):
+    def __init__(self, dims: Dims, mlp_width: int = 32, init_c: float = 0.1, init_L: float | None = None):
         super().__init__(dims)
         init_L = float(dims.train_length / 4 if init_L is None else init_L)
         if mlp_width < 1 or not init_c > 0 or not init_L > 0:
-            raise PosencError(f"fire needs mlp_width >= 1, init_c > 0 and init_L > 0, got {mlp_width}, {init_c}, {init_L}")
+            raise PosencError(
+                f"fire needs mlp_width >= 1, init_c > 0 and init_L > 0, got {mlp_width}, {init_c}, {init_L}"
+            )
         self.init_c, self.init_L = init_c, init_L
         self.mlp = PointMLP(1, mlp_width, dims.n_head, "relu")
         self.c = nn.Parameter(torch.tensor(float(init_c)))

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.registry import register
 
 
 def log_gates(logits: torch.Tensor) -> torch.Tensor:
@@ -103,11 +103,13 @@ class ForgetGate(Encoding):
     def bias(self, inp: Inputs) -> BiasFn:
         return forget_bias(self.log_lambda(inp), torch.promote_types(inp.x.dtype, torch.float32))
 
-    def decoder(self) -> "ForgetState":
+    def decoder(self) -> ForgetState:
         return ForgetState(self)
 
     def describe(self) -> str:
-        return "forget gate (FoX): bias cumsum log sigmoid(Wx+b), float64 prefix sums" + (", times 1/sqrt(D)" if self.scaled else "")
+        return "forget gate (FoX): bias cumsum log sigmoid(Wx+b), float64 prefix sums" + (
+            ", times 1/sqrt(D)" if self.scaled else ""
+        )
 
 
 class ForgetState(DecodeState):

@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.registry import register
 from posenc.errors import PosencError
 
 FLA_HEAD_DIMS = (16, 32, 64)
@@ -97,14 +96,16 @@ def _bias_rows(bias: BiasFn, T: int, C: int, b: int) -> torch.Tensor:
     return bias(qs, qe, 0, qe)
 
 
-def _rows(S, Qh, Kh, Mt, v, bias: Optional[BiasFn], T: int) -> torch.Tensor:
+def _rows(S, Qh, Kh, Mt, v, bias: BiasFn | None, T: int) -> torch.Tensor:
     """Query block b's scores: Q^_b K~^T against the keys of blocks < b carried to b's start
     (K~ <- [K~ M_b^T ; K^_b] after block b), then its intra-block scores S_b; one softmax per
     (C, (b + 1) C) tile. S (scaled, -inf above the diagonal), Q^ (scaled), K^ as ``_ut_blocks``
     (n blocks), M^T (``_transform``) of blocks 1 .. n - 2 (the only ones carried across);
     v (B, H, n C, Dv). Returns (B, H, n C, Dv). Autograd's form."""
     n, C = S.shape[2], S.shape[-1]
-    S, Qh, Kh, Mt = (x.unbind(2) if x is not None else None for x in (S, Qh, Kh, Mt))  # one backward, not one per select
+    S, Qh, Kh, Mt = (
+        x.unbind(2) if x is not None else None for x in (S, Qh, Kh, Mt)
+    )  # one backward, not one per select
     out, K = [], None
     for b in range(n):
         s = S[b] if b == 0 else torch.cat((Qh[b] @ K.transpose(-1, -2), S[b]), dim=-1)
@@ -117,7 +118,7 @@ def _rows(S, Qh, Kh, Mt, v, bias: Optional[BiasFn], T: int) -> torch.Tensor:
     return torch.cat(out, dim=-2)
 
 
-def _rows_inference(S, Qh, Kh, Mt, v, bias: Optional[BiasFn], T: int) -> torch.Tensor:
+def _rows_inference(S, Qh, Kh, Mt, v, bias: BiasFn | None, T: int) -> torch.Tensor:
     """``_rows`` (same arguments and result) without autograd, in buffers allocated once: on CPU a fresh
     multi-MB tensor per block costs page faults, ~40% of the score matmul that fills it."""
     B, H, n, C, _ = S.shape
@@ -154,7 +155,9 @@ def chunk_size(T: int, block_size: int) -> int:
     return min(block_size, max(SHORT_BLOCK, T // 16), T)
 
 
-def path_attention(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0, block_size: int = 128) -> torch.Tensor:
+def path_attention(
+    q, k, v, w, beta, *, bias: BiasFn | None = None, logit_scale: float = 1.0, block_size: int = 128
+) -> torch.Tensor:
     """Chunked PaTH attention (module docstring, 2.), the form of flash-linear-attention's ``parallel_path_attn``.
 
     q, k, w: (B, H, T, D) float32/64 (w unit-norm); v: (B, H, T, Dv); beta: (B, H, T)
@@ -177,7 +180,9 @@ def path_attention(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_sca
         S, Qh, Kh, U = _ut_blocks(q, k, w, F.pad(beta.to(dt), (0, pad)).view(B, H, n, C), carry=n > 1)
         S = S + torch.full((C, C), float("-inf"), dtype=dt, device=q.device).triu(1)  # added: masked_fill is slower
         Mt = _transform(U[:, :, 1:-1], w[:, :, 1:-1]) if n > 2 else None
-        grad = torch.is_grad_enabled() and (bias is not None or any(x.requires_grad for x in (S, vp)))  # out= is not differentiable
+        grad = torch.is_grad_enabled() and (
+            bias is not None or any(x.requires_grad for x in (S, vp))
+        )  # out= is not differentiable
         out = (_rows if grad else _rows_inference)(S, Qh, Kh, Mt, vp, bias, T)
     return out[:, :, :T].to(v.dtype)
 
@@ -207,7 +212,7 @@ def path_keys(k, w, beta, block_size: int = 64) -> torch.Tensor:
         return out.view(B, H, n * C, D)[:, :, :T]
 
 
-def path_step(q, k, v, w, beta, keys: Buffer, values: Buffer, bias: Optional[BiasFn], scale: float) -> torch.Tensor:
+def path_step(q, k, v, w, beta, keys: Buffer, values: Buffer, bias: BiasFn | None, scale: float) -> torch.Tensor:
     """n new tokens, one at a time, over the cached keys (``path_keys``' form, in ``keys``' dtype), updated in place.
 
     q, k, w: (B, H, n, D), v: (B, H, n, Dv), beta: (B, H, n); each token t first applies
@@ -277,7 +282,9 @@ class PendingFactors:
         if not self.count:
             return K.clone()
         old = K[..., : self.flushed, :]
-        return torch.cat((old - (old @ self.u.value.transpose(-1, -2)) @ self.w.value, K[..., self.flushed :, :]), dim=-2)
+        return torch.cat(
+            (old - (old @ self.u.value.transpose(-1, -2)) @ self.w.value, K[..., self.flushed :, :]), dim=-2
+        )
 
     def reorder(self, index: torch.Tensor) -> None:
         self.w.reorder(index)
@@ -287,7 +294,9 @@ class PendingFactors:
         return self.w.nbytes() + self.u.nbytes()
 
 
-def path_step_pending(q, k, v, w, beta, keys: Buffer, values: Buffer, pending: PendingFactors, bias: Optional[BiasFn], scale: float) -> torch.Tensor:
+def path_step_pending(
+    q, k, v, w, beta, keys: Buffer, values: Buffer, pending: PendingFactors, bias: BiasFn | None, scale: float
+) -> torch.Tensor:
     """``path_step`` (the reference, same arguments and result) without a pass over the key cache per token.
 
     Token t's H_t updates only the rows written since the last flush (O(p D)) and joins
@@ -307,7 +316,10 @@ def path_step_pending(q, k, v, w, beta, keys: Buffer, values: Buffer, pending: P
         K = keys.append(k[:, :, t : t + 1].to(wide))
         qt = q[:, :, t, None, :].to(wide)  # a row: q K^T runs ~5x faster on CPU than the matrix-vector K q
         qf = pending.apply(qt.transpose(-1, -2)).transpose(-1, -2)
-        s = torch.cat((qf @ K[..., :F, :].transpose(-1, -2), qt @ K[..., F:, :].transpose(-1, -2)), dim=-1)[..., 0, :] * scale
+        s = (
+            torch.cat((qf @ K[..., :F, :].transpose(-1, -2), qt @ K[..., F:, :].transpose(-1, -2)), dim=-1)[..., 0, :]
+            * scale
+        )
         if bias is not None:
             s = s + bias(T0 + t, T0 + t + 1, 0, T0 + t + 1)[..., 0, :].to(s.dtype)
         out.append(torch.softmax(s, dim=-1)[:, :, None, :] @ V[:, :, : T0 + t + 1])
@@ -333,8 +345,11 @@ def _fla_kernel():
 def fla_path_attention(kernel, q, k, v, w, beta, logit_scale: float = 1.0) -> torch.Tensor:
     """Call ``parallel_path_attn`` (layout [B, T, H, D], w and beta float32); shapes as ``path_attention``."""
     o, _ = kernel(
-        q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2),
-        w=w.transpose(1, 2).float().contiguous(), beta=beta.transpose(1, 2).float().contiguous(),
+        q=q.transpose(1, 2),
+        k=k.transpose(1, 2),
+        v=v.transpose(1, 2),
+        w=w.transpose(1, 2).float().contiguous(),
+        beta=beta.transpose(1, 2).float().contiguous(),
         scale=logit_scale / math.sqrt(q.shape[-1]),
     )
     return o.transpose(1, 2)
@@ -362,7 +377,9 @@ class PaTH(Encoding):
     def __init__(self, dims: Dims, rank: int = 32, conv_size: int = 3, block_size: int = 128, use_kernel: bool = True):
         super().__init__(dims)
         if rank < 1 or conv_size < 1 or block_size < 1:
-            raise PosencError(f"path: rank, conv_size and block_size must be >= 1, got {rank}, {conv_size}, {block_size}")
+            raise PosencError(
+                f"path: rank, conv_size and block_size must be >= 1, got {rank}, {conv_size}, {block_size}"
+            )
         width = dims.n_head * dims.head_dim
         self.w_proj = nn.Sequential(nn.Linear(dims.d_model, rank, bias=False), nn.Linear(rank, width, bias=False))
         self.w_conv = nn.Conv1d(width, width, conv_size, groups=width, bias=False, padding=conv_size - 1)
@@ -381,24 +398,36 @@ class PaTH(Encoding):
         w = F.normalize(F.silu(u.to(wide)).view(B, self.dims.n_head, self.dims.head_dim, T).transpose(-1, -2), dim=-1)
         return w, 2 * torch.sigmoid(self.beta_proj(x).to(wide)).transpose(1, 2)
 
-    def decoder(self) -> "PaTHState":
+    def decoder(self) -> PaTHState:
         return PaTHState(self)
 
-    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
+    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
         return self.attend_gated(q, k, v, *self.gates(inp.x), bias)
 
-    def attend_gated(self, q, k, v, w, beta, bias: Optional[BiasFn] = None):
+    def attend_gated(self, q, k, v, w, beta, bias: BiasFn | None = None):
         """``attend`` given the gates w (B, H, T, D), beta (B, H, T)."""
         kernel = _fla_kernel() if (self.use_kernel and q.is_cuda and bias is None) else None
         if kernel is not None and q.shape[-1] not in FLA_HEAD_DIMS:
             if not self._warned:
-                warnings.warn(f"path: head dim {q.shape[-1]} not supported by the fla kernel {FLA_HEAD_DIMS}; using the PyTorch path", stacklevel=2)
+                warnings.warn(
+                    f"path: head dim {q.shape[-1]} not supported by the fla kernel {FLA_HEAD_DIMS}; using the PyTorch path",
+                    stacklevel=2,
+                )
                 self._warned = True
             kernel = None
         if kernel is not None:
             return fla_path_attention(kernel, q, k, v, w, beta, self.logit_scale)
         wide = torch.promote_types(q.dtype, torch.float32)  # the Householder products in float32+ (bf16 autocast too)
-        out = path_attention(q.to(wide), k.to(wide), v.to(wide), w.to(wide), beta.to(wide), bias=bias, logit_scale=self.logit_scale, block_size=self.block_size)
+        out = path_attention(
+            q.to(wide),
+            k.to(wide),
+            v.to(wide),
+            w.to(wide),
+            beta.to(wide),
+            bias=bias,
+            logit_scale=self.logit_scale,
+            block_size=self.block_size,
+        )
         return out.to(v.dtype)
 
     def describe(self) -> str:
@@ -415,12 +444,14 @@ class PaTHState(DecodeState):
     invertible at beta = 1)."""
 
     per_head_keys = True
-    flush_every = 32  # pending factors before a flush: a flush costs ~ 2 p of the per-token score passes, once per p tokens
+    flush_every = (
+        32  # pending factors before a flush: a flush costs ~ 2 p of the per-token score passes, once per p tokens
+    )
 
     def __init__(self, enc: PaTH):
         super().__init__(enc)
-        self.tail: Optional[torch.Tensor] = None  # (B, H D, conv_size - 1) projections before the new tokens
-        self.pending: Optional[PendingFactors] = None
+        self.tail: torch.Tensor | None = None  # (B, H D, conv_size - 1) projections before the new tokens
+        self.pending: PendingFactors | None = None
         self.length = 0
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
@@ -437,7 +468,9 @@ class PaTHState(DecodeState):
         else:
             u = torch.cat((self.tail, proj), dim=-1)
             w, beta = enc._gates(F.conv1d(u, enc.w_conv.weight, groups=u.shape[1]), x)
-            out = path_step_pending(q, k, v, w, beta, keys, values, self.pending, bias, enc.logit_scale / math.sqrt(q.shape[-1]))
+            out = path_step_pending(
+                q, k, v, w, beta, keys, values, self.pending, bias, enc.logit_scale / math.sqrt(q.shape[-1])
+            )
         self.tail = torch.cat((self.tail, proj), dim=-1)[..., proj.shape[-1] :]
         self.length += x.shape[1]
         return out

@@ -8,7 +8,6 @@ Shapes: q, k, w: (B, H, T, D); v: (B, H, T, Dv); beta: (B, H, T); w unit-norm.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -29,13 +28,16 @@ def path_scores_naive(q, k, w, beta) -> torch.Tensor:
     for i in range(T):
         wi, bi = w[:, :, i], beta[:, :, i]
         # H_i P = P - beta_i w_i (w_i^T P)
-        P = P - bi[..., None, None, None] * wi[:, :, None, :, None] * torch.einsum("bhd,bhjde->bhje", wi, P)[..., None, :]
+        P = (
+            P
+            - bi[..., None, None, None] * wi[:, :, None, :, None] * torch.einsum("bhd,bhjde->bhje", wi, P)[..., None, :]
+        )
         P = torch.cat((P, eye), dim=2)
         scores[:, :, i, : i + 1] = torch.einsum("bhd,bhjde,bhje->bhj", q[:, :, i], P, k[:, :, : i + 1])
     return scores
 
 
-def path_attention_naive(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0) -> torch.Tensor:
+def path_attention_naive(q, k, v, w, beta, *, bias: BiasFn | None = None, logit_scale: float = 1.0) -> torch.Tensor:
     """Full T x T causal softmax over ``path_scores_naive`` (+ bias). Returns (B, H, T, Dv)."""
     T = q.shape[-2]
     s = path_scores_naive(q, k, w, beta) * (logit_scale / math.sqrt(q.shape[-1]))
@@ -44,7 +46,7 @@ def path_attention_naive(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, log
     return torch.softmax(s, dim=-1) @ v
 
 
-def path_decode(q, k, v, w, beta, *, bias: Optional[BiasFn] = None, logit_scale: float = 1.0) -> torch.Tensor:
+def path_decode(q, k, v, w, beta, *, bias: BiasFn | None = None, logit_scale: float = 1.0) -> torch.Tensor:
     """Token-by-token decoding: appending token t updates every cached key in place of products,
     k_j <- k_j - beta_t (w_t . k_j) w_t, then appends k_t and attends. Returns (B, H, T, Dv)."""
     T = q.shape[-2]

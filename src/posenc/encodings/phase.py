@@ -21,5 +21,7 @@ def rotary_dim(dims: Dims, fraction: float) -> int:
         raise PosencError(f"rotary_fraction must be in (0, 1], got {fraction}")
     r = int(dims.head_dim * fraction)
     if r < 2 or r % 2:
-        raise PosencError(f"rotary_fraction {fraction} rotates int({dims.head_dim} * {fraction}) = {r} features of head dim {dims.head_dim}; it must give an even rotary dim >= 2")
+        raise PosencError(
+            f"rotary_fraction {fraction} rotates int({dims.head_dim} * {fraction}) = {r} features of head dim {dims.head_dim}; it must give an even rotary dim >= 2"
+        )
     return r

@@ -19,17 +19,16 @@ computed in float64 and reduced mod 2 pi.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from posenc.attention import attention
-from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
-from posenc.rope import wrap_phases
+from posenc.encodings.registry import register
 from posenc.errors import PosencError
+from posenc.rope import wrap_phases
 
 TWO_PI = 2 * math.pi
 
@@ -41,7 +40,9 @@ def pope_freqs(head_dim: int, base: float = 10000.0) -> torch.Tensor:
     return base ** (-torch.arange(head_dim, dtype=torch.float64) / head_dim)
 
 
-def pope_features(x: torch.Tensor, pos: torch.Tensor, freqs: torch.Tensor, delta: Optional[torch.Tensor] = None) -> torch.Tensor:
+def pope_features(
+    x: torch.Tensor, pos: torch.Tensor, freqs: torch.Tensor, delta: torch.Tensor | None = None
+) -> torch.Tensor:
     """[mu cos phi, mu sin phi]: (B, H, T, D) -> (B, H, T, 2D) in x's dtype.
 
     mu = softplus(x); phi = pos * freqs (float64, mod 2 pi) + delta (H, D), if given. pos: (T,) position ids
@@ -83,7 +84,7 @@ class PoPE(Encoding):
         """delta clamped to [-2 pi, 0]: (H, D) float32."""
         return self.delta.clamp(-TWO_PI, 0.0)
 
-    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
+    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
         q2 = pope_features(q, inp.pos, self.freqs)
         k2 = pope_features(k, inp.pos, self.freqs, self.phase_bias())
         D = v.shape[-1]
@@ -92,7 +93,7 @@ class PoPE(Encoding):
         out = attention(q2, k2, v2, bias=bias, logit_scale=self.logit_scale * math.sqrt(2), block_size=self.block_size)
         return out[..., :D]
 
-    def decoder(self) -> "PoPEState":
+    def decoder(self) -> PoPEState:
         return PoPEState(self)
 
     def describe(self) -> str:
@@ -109,7 +110,14 @@ class PoPEState(DecodeState):
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         enc = self.enc
         K, V = keys.append(pope_features(k, inp.pos, enc.freqs, enc.phase_bias())), values.append(v)
-        return attention(pope_features(q, inp.pos, enc.freqs), K, V, bias=bias, logit_scale=enc.logit_scale * math.sqrt(2), block_size=enc.block_size)
+        return attention(
+            pope_features(q, inp.pos, enc.freqs),
+            K,
+            V,
+            bias=bias,
+            logit_scale=enc.logit_scale * math.sqrt(2),
+            block_size=enc.block_size,
+        )
 
 
 def pope_naive(q, k, v, pos, base=10000.0, delta=None):

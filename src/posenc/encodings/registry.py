@@ -56,8 +56,10 @@ def check_capabilities(cls: type[Encoding]) -> None:
         implemented = getattr(cls, hook) is not getattr(Encoding, hook)
         declared = bool(getattr(cls, flag))
         if implemented and not declared and flag not in cls.instance_flags:
-            raise PosencError(f"scheme {cls.name!r} implements {hook}() but declares {flag} = False: set {flag} = True "
-                              f"(or list it in instance_flags when the constructor sets it)")
+            raise PosencError(
+                f"scheme {cls.name!r} implements {hook}() but declares {flag} = False: set {flag} = True "
+                f"(or list it in instance_flags when the constructor sets it)"
+            )
         if declared and not implemented:
             raise PosencError(f"scheme {cls.name!r} declares {flag} = True but does not implement {hook}()")
 
@@ -272,7 +274,7 @@ def param_docs(cls: type[Encoding]) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     key, indent = "", 0
-    for line in lines[lines.index("Parameters:") + 1:]:
+    for line in lines[lines.index("Parameters:") + 1 :]:
         if not line.strip():
             break
         if key and len(line) - len(line.lstrip()) > indent:
@@ -292,8 +294,11 @@ def parameters(name: str) -> list[Parameter]:
         return []
     cls, fixed = resolve(name)
     docs = param_docs(cls)
-    return [Parameter(p.name, None if p.default is p.empty else p.default, str(p.annotation), docs.get(p.name, ""))
-            for p in inspect.signature(cls.__init__).parameters.values() if p.name in _settable(cls, fixed)]
+    return [
+        Parameter(p.name, None if p.default is p.empty else p.default, str(p.annotation), docs.get(p.name, ""))
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name in _settable(cls, fixed)
+    ]
 
 
 def _accepted(cls: type[Encoding]) -> set[str]:
@@ -314,7 +319,12 @@ def check_types(name: str, cls: type[Encoding], params: dict[str, Any]) -> None:
         ok = (
             (bool in want and isinstance(value, bool))
             or (int in want and isinstance(value, int) and not isinstance(value, bool))
-            or (float in want and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+            or (
+                float in want
+                and isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            )
             or (str in want and isinstance(value, str))
             or (dict in want and isinstance(value, dict))
             or not want
@@ -322,7 +332,9 @@ def check_types(name: str, cls: type[Encoding], params: dict[str, Any]) -> None:
         if not ok and isinstance(value, float) and not math.isfinite(value) and float in want:
             raise PosencError(f"scheme {name!r}: {key}={value!r}: must be a finite number")
         if not ok:
-            raise PosencError(f"scheme {name!r}: {key}={value!r}: expected {' or '.join(sorted(t.__name__ for t in want))}")
+            raise PosencError(
+                f"scheme {name!r}: {key}={value!r}: expected {' or '.join(sorted(t.__name__ for t in want))}"
+            )
 
 
 def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encoding], dict[str, Any]]:
@@ -343,7 +355,9 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
             raise PosencError(f"{base!r} is a composition ({target}); give parameters to its parts")
         fixed = sorted(set(own) & set(preset))
         if fixed:  # acc-rand-qkv:mode=token would train another scheme under this name
-            raise PosencError(f"{base!r} fixes {', '.join(f'{k}={preset[k]!r}' for k in fixed)}; use {target!r} with the parameters you want")
+            raise PosencError(
+                f"{base!r} fixes {', '.join(f'{k}={preset[k]!r}' for k in fixed)}; use {target!r} with the parameters you want"
+            )
         name, params = target, {**preset, **params}
     if name in RENAMED:
         raise PosencError(f"scheme {name!r} was renamed: use {RENAMED[name]!r} (docs/schemes.md, 'Renamed')")
@@ -357,7 +371,9 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     ignored = cls.applies_to({**constructor_defaults(cls), **{k: v for k, v in params.items() if k not in unknown}})
     if unknown:
         valid = sorted(_settable(cls, aliased) - set(ignored))
-        raise PosencError(f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(valid) or 'none'}")
+        raise PosencError(
+            f"scheme {base!r} has no parameter {', '.join(map(repr, unknown))}; valid: {', '.join(valid) or 'none'}"
+        )
     explicit = sorted((set(params) - aliased) & set(ignored))
     if explicit:  # acc-rand-qkv:rope_theta=500 would train what acc-rand-qkv trains under another name
         key = explicit[0]
@@ -367,8 +383,11 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
 
 def constructor_defaults(cls: type[Encoding]) -> dict[str, Any]:
     """The constructor's parameters that have a default, with it."""
-    return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items() if p.default is not inspect.Parameter.empty}
-
+    return {
+        k: p.default
+        for k, p in inspect.signature(cls.__init__).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
 
 
 def layer_pattern(spec: str) -> list[str]:
@@ -415,8 +434,10 @@ def canonical(spec: str) -> str:
             entry_parts = []
             for cls, params in parts(entry):
                 defaults = constructor_defaults(cls)
-                merged = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                          for k, v in cls.effective({**defaults, **params}).items()}
+                merged = {
+                    k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                    for k, v in cls.effective({**defaults, **params}).items()
+                }
                 entry_parts.append((cls.__name__, sorted(merged.items())))  # 10000 and 10000.0 are one value
             entries.append(entry_parts)
         return repr(entries)

@@ -32,7 +32,10 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int =
     """T5's causal bucket of each distance i - j >= 0 (int64 tensor, same shape)."""
     n = distance.clamp(min=0)
     exact = num_buckets // 2
-    large = exact + (torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact) * (num_buckets - exact)).long()
+    large = (
+        exact
+        + (torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact) * (num_buckets - exact)).long()
+    )
     return torch.where(n < exact, n, large.clamp(max=num_buckets - 1))
 
 
@@ -77,7 +80,9 @@ class T5Bias(Encoding):
     def __init__(self, dims: Dims, num_buckets: int = 32, max_distance: int = 128):
         super().__init__(dims)
         if not 2 <= num_buckets <= 4096 or max_distance <= num_buckets // 2:
-            raise PosencError(f"t5 needs 2 <= num_buckets <= 4096 and max_distance > num_buckets / 2, got {num_buckets}, {max_distance}")
+            raise PosencError(
+                f"t5 needs 2 <= num_buckets <= 4096 and max_distance > num_buckets / 2, got {num_buckets}, {max_distance}"
+            )
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Parameter(torch.zeros(num_buckets, dims.n_head))
 
@@ -159,9 +164,21 @@ def relative_bias_naive(enc: Encoding, pos: list[int]) -> torch.Tensor:
             for h in range(H):
                 if isinstance(enc, T5Bias):
                     exact = enc.num_buckets // 2
-                    b = n if n < exact else min(enc.num_buckets - 1, exact + int(math.log(n / exact) / math.log(enc.max_distance / exact) * (enc.num_buckets - exact)))
+                    b = (
+                        n
+                        if n < exact
+                        else min(
+                            enc.num_buckets - 1,
+                            exact
+                            + int(math.log(n / exact) / math.log(enc.max_distance / exact) * (enc.num_buckets - exact)),
+                        )
+                    )
                     out[0, h, i, j] = enc.table[b, h]
                 else:  # tensors, so gradients reach r1 and r2
                     r1, r2 = (c[h].double() for c in enc.coefficients())
-                    out[0, h, i, j] = -r1 * (torch.log1p(r2 * n) if enc.variant == "log" else torch.tensor(float(n), dtype=torch.float64) ** r2)
+                    out[0, h, i, j] = -r1 * (
+                        torch.log1p(r2 * n)
+                        if enc.variant == "log"
+                        else torch.tensor(float(n), dtype=torch.float64) ** r2
+                    )
     return out

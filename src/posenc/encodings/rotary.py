@@ -15,9 +15,8 @@ import torch
 from posenc import rope
 from posenc.encodings.base import Buffer, DecodeState, Dims, Encoding, Inputs, PositionState
 from posenc.encodings.phase import check_rotary_dims, rotary_dim
-from posenc.errors import PosencError
 from posenc.encodings.registry import register
-
+from posenc.errors import PosencError
 
 _LENGTH_DEPENDENT = ("dynamic", "longrope")  # schedules whose frequencies follow the sequence length
 
@@ -50,10 +49,23 @@ class RoPE(Encoding):
     internal = ("schedule", "schedule_params")  # set by with_rope_schedule (posenc eval --rope-schedule), not by specs
     instance_flags = ("replaces_attention",)  # the rerope schedules' attention
 
-    def __init__(self, dims: Dims, rope_theta: float = 10000.0, pairing: str = "half", schedule: str | None = None, schedule_params: dict | None = None, rotary_fraction: float = 1.0):
+    def __init__(
+        self,
+        dims: Dims,
+        rope_theta: float = 10000.0,
+        pairing: str = "half",
+        schedule: str | None = None,
+        schedule_params: dict | None = None,
+        rotary_fraction: float = 1.0,
+    ):
         super().__init__(dims)
         check_rotary_dims(dims, pairing)
-        self.rope_theta, self.pairing, self.schedule, self.rotary_fraction = rope_theta, pairing, schedule, rotary_fraction
+        self.rope_theta, self.pairing, self.schedule, self.rotary_fraction = (
+            rope_theta,
+            pairing,
+            schedule,
+            rotary_fraction,
+        )
         self.rot_dim = rotary_dim(dims, rotary_fraction)
         self.replaces_attention = schedule in rope.RELATIVE
         if self.replaces_attention and self.rot_dim < dims.head_dim:
@@ -93,8 +105,18 @@ class RoPE(Encoding):
             return None
         p = self.schedule_params
         rope.check_window(p, q.shape[-2])
-        return rope.rerope_attention(q, k, v, self.inv_freq, int(p["window"]), p.get("leak"), q_pos=inp.pos - inp.pos[0],
-                                     pairing=self.pairing, bias=bias, scale=self.logit_scale / math.sqrt(q.shape[-1]))
+        return rope.rerope_attention(
+            q,
+            k,
+            v,
+            self.inv_freq,
+            int(p["window"]),
+            p.get("leak"),
+            q_pos=inp.pos - inp.pos[0],
+            pairing=self.pairing,
+            bias=bias,
+            scale=self.logit_scale / math.sqrt(q.shape[-1]),
+        )
 
     def decoder(self) -> DecodeState | None:
         """Fixed frequencies: the new positions' t * omega only (``PositionState``); ReRoPE: the new query rows
@@ -125,16 +147,29 @@ class ReRoPEState(DecodeState):
         enc, p = self.enc, self.enc.schedule_params
         K, V = keys.append(k), values.append(v)
         rope.check_window(p, K.shape[-2])
-        return rope.rerope_attention(q, K, V, enc.inv_freq, int(p["window"]), p.get("leak"), q_pos=inp.pos - pos[0],
-                                     pairing=enc.pairing, bias=bias, scale=enc.logit_scale / math.sqrt(q.shape[-1]))
+        return rope.rerope_attention(
+            q,
+            K,
+            V,
+            enc.inv_freq,
+            int(p["window"]),
+            p.get("leak"),
+            q_pos=inp.pos - pos[0],
+            pairing=enc.pairing,
+            bias=bias,
+            scale=enc.logit_scale / math.sqrt(q.shape[-1]),
+        )
 
 
 def _check_schedule_values(schedule: str, params: dict) -> None:
     """PosencError unless every schedule parameter is unset (None), true/false, a finite number or a list of them
     (the schedule checks names and ranges, ``posenc.rope.schedule_params``)."""
+
     def number(v) -> bool:
         return isinstance(v, (int, float)) and (isinstance(v, bool) or math.isfinite(v))
 
     for key, value in params.items():
         if not (value is None or number(value) or (isinstance(value, (list, tuple)) and all(map(number, value)))):
-            raise PosencError(f"rope schedule {schedule!r}: {key}={value!r}: expected a finite number, true/false or a list of numbers")
+            raise PosencError(
+                f"rope schedule {schedule!r}: {key}={value!r}: expected a finite number, true/false or a list of numbers"
+            )

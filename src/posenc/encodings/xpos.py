@@ -21,18 +21,16 @@ exp(x ln zeta), then cast (>= float32).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from posenc.attention import causal_tile, repeat_kv, rotate
-from posenc.encodings.registry import register
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
-from posenc.errors import PosencError
 from posenc.encodings.phase import check_rotary_dims
+from posenc.encodings.registry import register
+from posenc.errors import PosencError
 from posenc.rope import rope_inv_freq, wrap_phases
-
 
 SCALE_BASE = 512.0  # B of the decay zeta^((n-m)/B), tokens (Sun et al. 2023): the scheme's default
 
@@ -106,7 +104,14 @@ class XPos(Encoding):
     family, source = "rotary", "Sun et al. 2023, arXiv:2212.10554"
     replaces_attention = True
 
-    def __init__(self, dims: Dims, rope_theta: float = 10000.0, scale_base: float = SCALE_BASE, pairing: str = "half", block_size: int = 512):
+    def __init__(
+        self,
+        dims: Dims,
+        rope_theta: float = 10000.0,
+        scale_base: float = SCALE_BASE,
+        pairing: str = "half",
+        block_size: int = 512,
+    ):
         super().__init__(dims)
         check_rotary_dims(dims, pairing)
         if not (math.isfinite(scale_base) and scale_base > 0) or block_size < 1:
@@ -115,9 +120,11 @@ class XPos(Encoding):
         self.register_buffer("inv_freq", rope_inv_freq(dims.head_dim, rope_theta), persistent=False)
         self.register_buffer("zeta", xpos_zeta(dims.head_dim), persistent=False)
 
-    def attend(self, q, k, v, inp: Inputs, bias: Optional[BiasFn] = None):
+    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
         if bool((inp.pos[1:] < inp.pos[:-1]).any()):
-            raise PosencError("xpos needs non-decreasing position ids: its decay zeta^((n-m)/B) is for keys at or before their query")
+            raise PosencError(
+                "xpos needs non-decreasing position ids: its decay zeta^((n-m)/B) is for keys at or before their query"
+            )
         scale = self.logit_scale / math.sqrt(q.shape[-1])
         out = []
         for qs, qe in query_blocks(inp.pos, self.block_size, MAX_SPAN_BASES * self.scale_base):
@@ -126,7 +133,7 @@ class XPos(Encoding):
             out.append(F.scaled_dot_product_attention(qb, kb, v[..., :qe, :], attn_mask=mask, scale=scale))
         return torch.cat(out, dim=-2)
 
-    def decoder(self) -> "XPosState":
+    def decoder(self) -> XPosState:
         return XPosState(self)
 
     def describe(self) -> str:
@@ -141,7 +148,9 @@ class XPosState(DecodeState):
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         enc, T0 = self.enc, keys.length
         if bool((pos[max(T0, 1) :] < pos[max(T0, 1) - 1 : -1]).any()):
-            raise PosencError("xpos needs non-decreasing position ids: its decay zeta^((n-m)/B) is for keys at or before their query")
+            raise PosencError(
+                "xpos needs non-decreasing position ids: its decay zeta^((n-m)/B) is for keys at or before their query"
+            )
         p, ln_zeta = pos.to(torch.float64), torch.log(enc.zeta).to(pos.device)
         phi = wrap_phases(p[T0:, None] * enc.inv_freq.to(pos.device), q.dtype)
         K, V = keys.append(rotate(k, phi, enc.pairing)), values.append(v)
@@ -154,8 +163,15 @@ class XPosState(DecodeState):
         for qs, qe in query_blocks(inp.pos, enc.block_size, MAX_SPAN_BASES * enc.scale_base):
             o, end = p[T0 + qs], T0 + qe
             mask = causal_tile(bias, T0 + qs, end, end, q.device, qr.dtype)
-            out.append(F.scaled_dot_product_attention(qr[..., qs:qe, :] * decay(p[T0 + qs : end] - o), K[..., :end, :] * decay(o - p[:end]),
-                                                      V[..., :end, :], attn_mask=mask, scale=scale))
+            out.append(
+                F.scaled_dot_product_attention(
+                    qr[..., qs:qe, :] * decay(p[T0 + qs : end] - o),
+                    K[..., :end, :] * decay(o - p[:end]),
+                    V[..., :end, :],
+                    attn_mask=mask,
+                    scale=scale,
+                )
+            )
         return torch.cat(out, dim=-2)
 
 
@@ -179,4 +195,6 @@ def xpos_naive_scores(q, k, pos, rope_theta=10000.0, scale_base=SCALE_BASE, pair
 
     q, k: (B, H, T, D); pos: (T,) position ids. Returns (B, H, T, T).
     """
-    return xpos_score(q[..., :, None, :], k[..., None, :, :], pos[:, None], pos[None, :], rope_theta, scale_base, pairing)
+    return xpos_score(
+        q[..., :, None, :], k[..., None, :, :], pos[:, None], pos[None, :], rope_theta, scale_base, pairing
+    )

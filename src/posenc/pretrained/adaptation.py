@@ -33,8 +33,10 @@ from posenc.pretrained.schedules import Extension, extension_params, head_dim, n
 
 # the schedules whose frequencies transformers picks per forward from the largest position + 1:
 # (name, what is picked, what keys cached before a later forward keep)
-SWITCHES = {"dynamic": ("dynamic NTK", "its base", "the base of the step that cached them"),
-            "longrope": ("LongRoPE", "its factor list", "the short factors up to L0")}
+SWITCHES = {
+    "dynamic": ("dynamic NTK", "its base", "the base of the step that cached them"),
+    "longrope": ("LongRoPE", "its factor list", "the short factors up to L0"),
+}
 
 
 class Adaptation:
@@ -51,8 +53,10 @@ class Adaptation:
 
     def __init__(self, model):
         if isinstance(model.model.rotary_emb, rerope.IdentityRotary):
-            raise PosencError("the model's rotary embedding is already swapped (a posenc scheme or ReRoPE): "
-                              "adapt it from its native state (Scheme.remove first)")
+            raise PosencError(
+                "the model's rotary embedding is already swapped (a posenc scheme or ReRoPE): "
+                "adapt it from its native state (Scheme.remove first)"
+            )
         config = model.config
         self.model = model
         self.l0 = native_context(config)
@@ -104,13 +108,19 @@ class Adaptation:
         _check_factor(params, self.model.config.max_position_embeddings, original_length(ext, self.l0))
         self.restore()
         config = self.model.config
-        config.rope_parameters = rope.hf_rope_parameters(ext.schedule, params, float(self._rope["rope_theta"]), head_dim(config))
+        config.rope_parameters = rope.hf_rope_parameters(
+            ext.schedule, params, float(self._rope["rope_theta"]), head_dim(config)
+        )
         rotary = self._rotary(rope.hf_config_attributes(ext.schedule, params))
         if ext.schedule in SWITCHES:  # transformers switches their frequencies with the length, past L0
             hook = functools.partial(_length_switch, ext.schedule, params["original_max_position_embeddings"])
             self._hooks.append(self.model.model.register_forward_pre_hook(hook, with_kwargs=True))
         if ext.schedule in rope.RELATIVE:
-            self.rerope = (rotary.inv_freq, int(params["window"]), None if params.get("leak") is None else float(params["leak"]))
+            self.rerope = (
+                rotary.inv_freq,
+                int(params["window"]),
+                None if params.get("leak") is None else float(params["leak"]),
+            )
             self._hooks += rerope.install(self.model, self.rerope)
         else:
             self.model.model.rotary_emb = rotary
@@ -124,12 +134,26 @@ class Adaptation:
         model changes, for a bad spec, attention sinks, a method already set, a posenc scheme, ReRoPE or a schedule
         whose frequencies switch with the length (dynamic NTK, LongRoPE)."""
         method = methods.parse(spec, self.l0)
-        if self.method is not None or self.scheme is not None or self.rerope is not None or self.extension.schedule in SWITCHES:
-            now = (f"method {self.method.label()}" if self.method else f"scheme {self.scheme.spec}" if self.scheme
-                   else f"schedule {self.extension.schedule}")
-            raise PosencError(f"method {method.name} applies to native RoPE or a fixed-frequency schedule (pi, ntk, yarn, "
-                              f"llama3); the model has {now}")
-        if self.extension.schedule == "none":  # float32 frequencies also after a cast of the model (bf16: 40 rad off at 32K)
+        if (
+            self.method is not None
+            or self.scheme is not None
+            or self.rerope is not None
+            or self.extension.schedule in SWITCHES
+        ):
+            now = (
+                f"method {self.method.label()}"
+                if self.method
+                else f"scheme {self.scheme.spec}"
+                if self.scheme
+                else f"schedule {self.extension.schedule}"
+            )
+            raise PosencError(
+                f"method {method.name} applies to native RoPE or a fixed-frequency schedule (pi, ntk, yarn, "
+                f"llama3); the model has {now}"
+            )
+        if (
+            self.extension.schedule == "none"
+        ):  # float32 frequencies also after a cast of the model (bf16: 40 rad off at 32K)
             self.model.model.rotary_emb = self._rotary({})
         self._hooks += long_context.install(self.model, method)
         self.method = method
@@ -185,8 +209,11 @@ def _check_factor(params: dict, max_positions: int, l0: int) -> None:
     extended by that ratio (transformers derives yarn's and longrope's factor from it when none is given)."""
     ratio = max_positions / l0
     if "factor" in params and max_positions != l0 and not math.isclose(params["factor"], ratio):
-        warnings.warn(f"factor {params['factor']:g} differs from the model's max_position_embeddings / L0 = {max_positions} / {l0} "
-                      f"= {ratio:g}: the schedule scales by {params['factor']:g}, not by the config's ratio", stacklevel=2)
+        warnings.warn(
+            f"factor {params['factor']:g} differs from the model's max_position_embeddings / L0 = {max_positions} / {l0} "
+            f"= {ratio:g}: the schedule scales by {params['factor']:g}, not by the config's ratio",
+            stacklevel=2,
+        )
 
 
 def _length_switch(schedule: str, l0: int, module, args, kwargs):
@@ -205,8 +232,13 @@ def _length_switch(schedule: str, l0: int, module, args, kwargs):
     total = ids.shape[1] + (cache.get_seq_length() if cache is not None else 0)
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all()) and total > l0:
-        raise PosencError(f"{label} takes {picked} for a padded batch from its longest row: past L0 = {l0} positions its "
-                          "shorter rows would score otherwise than alone; run rows of different lengths one at a time")
+        raise PosencError(
+            f"{label} takes {picked} for a padded batch from its longest row: past L0 = {l0} positions its "
+            "shorter rows would score otherwise than alone; run rows of different lengths one at a time"
+        )
     if total > ids.shape[1] and total > l0:
-        warnings.warn(f"{label} decoded with the KV cache past L0 = {l0}: cached keys keep {kept}, so logits differ "
-                      "from a full forward (generate(..., use_cache=False) is exact)", stacklevel=2)
+        warnings.warn(
+            f"{label} decoded with the KV cache past L0 = {l0}: cached keys keep {kept}, so logits differ "
+            "from a full forward (generate(..., use_cache=False) is exact)",
+            stacklevel=2,
+        )

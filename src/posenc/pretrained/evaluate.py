@@ -74,5 +74,9 @@ def score_window(model, tokens: np.ndarray, win: Window, bos_id: int | None, buc
     b_sum = torch.zeros(n_buckets, dtype=torch.float64).index_add_(0, pos // bucket, scored)
     b_n = torch.bincount(pos // bucket, minlength=n_buckets)
     assert len(scored) == win.n_scored
-    return {"nll_sum": float(scored.sum()), "n_scored": int(win.n_scored),
-            "bucket_nll": b_sum.tolist(), "bucket_n": b_n.tolist()}
+    return {
+        "nll_sum": float(scored.sum()),
+        "n_scored": int(win.n_scored),
+        "bucket_nll": b_sum.tolist(),
+        "bucket_n": b_n.tolist(),
+    }

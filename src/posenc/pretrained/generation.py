@@ -29,8 +29,15 @@ def exact_with_cache(adapted: Adaptation, total: int) -> bool:
 
 
 @torch.inference_mode()
-def generate(adapted: Adaptation, ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
-             top_k: int | None = None, seed: int | None = None, eos_token_id=None) -> torch.Tensor:
+def generate(
+    adapted: Adaptation,
+    ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    eos_token_id=None,
+) -> torch.Tensor:
     """The prompt ``ids`` (T,) int64 followed by up to ``max_new_tokens`` generated tokens: (T + n,) int64, n <= max_new_tokens.
 
     transformers' ``generate`` on ``adapted.model``: greedy at temperature 0, else sampling at ``temperature``
@@ -47,10 +54,19 @@ def generate(adapted: Adaptation, ids: torch.Tensor, max_new_tokens: int, temper
         raise PosencError(f"the prompt must be one non-empty row of token ids, got shape {tuple(ids.shape)}")
     if max_new_tokens == 0:
         return ids
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": top_k or 0, "top_p": 1.0} if temperature else {"do_sample": False}
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_k": top_k or 0, "top_p": 1.0}
+        if temperature
+        else {"do_sample": False}
+    )
     pad = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
-    config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=0 if pad is None else pad,
-                              use_cache=exact_with_cache(adapted, ids.numel() + max_new_tokens), **sampling)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=0 if pad is None else pad,
+        use_cache=exact_with_cache(adapted, ids.numel() + max_new_tokens),
+        **sampling,
+    )
     adapted.reset_rotary()  # dynamic NTK's frequencies of an earlier, longer forward
     if seed is not None:
         torch.manual_seed(seed)

@@ -63,7 +63,9 @@ def _resolve(spec: str) -> tuple[str, str | None]:
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
-            raise PosencError(f"model file {spec} is not a .gguf file (give a GGUF file, a model directory or a hub id)")
+            raise PosencError(
+                f"model file {spec} is not a .gguf file (give a GGUF file, a model directory or a hub id)"
+            )
         return str(path.parent), path.name
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
@@ -109,7 +111,9 @@ def load(spec: str = DEFAULT_MODEL) -> Loaded:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
-        raise PosencError("posenc extend needs transformers, gguf and accelerate: pip install 'posenc[pretrained]'") from exc
+        raise PosencError(
+            "posenc extend needs transformers, gguf and accelerate: pip install 'posenc[pretrained]'"
+        ) from exc
     where, gguf = _resolve(spec)
     kw = {"gguf_file": gguf} if gguf else {}
     try:
@@ -131,7 +135,9 @@ def check_rope(model, spec: str) -> None:
     if getattr(inner, "rotary_emb", None) is None or "rope_theta" not in rope:
         raise PosencError(f"{spec!r} ({model.config.model_type}) is not a RoPE model: no rotary embedding to extend")
     if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
-        raise PosencError(f"{spec!r} already uses {rope.get('rope_type')} RoPE (partial "
-                          f"{rope.get('partial_rotary_factor', 1.0)}); posenc extends plain full RoPE models")
+        raise PosencError(
+            f"{spec!r} already uses {rope.get('rope_type')} RoPE (partial "
+            f"{rope.get('partial_rotary_factor', 1.0)}); posenc extends plain full RoPE models"
+        )
     if not hasattr(inner, "layers") or not hasattr(inner.layers[0], "self_attn"):
         raise PosencError(f"{spec!r} ({model.config.model_type}) is not a Llama-family decoder")

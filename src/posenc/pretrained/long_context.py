@@ -45,16 +45,21 @@ def attention_forward(module, query, key, value, attention_mask, scaling, dropou
     method, inv_freq, mscale = posenc_method
     tq, tk = query.shape[-2], key.shape[-2]
     if kwargs.get("sliding_window") is not None:  # a sliding-window model (Mistral, Qwen2 with use_sliding_window)
-        raise PosencError(f"{method.name} on a pretrained model replaces its attention; this model's layers attend "
-                          f"within a sliding window of {kwargs['sliding_window']} tokens, which it would drop")
+        raise PosencError(
+            f"{method.name} on a pretrained model replaces its attention; this model's layers attend "
+            f"within a sliding window of {kwargs['sliding_window']} tokens, which it would drop"
+        )
     if attention_mask is not None and not _is_causal(attention_mask, tq, tk):
-        raise PosencError(f"{method.name} on a pretrained model takes unpadded rows only: run rows of different lengths "
-                          "one at a time (the attention mask hides some keys)")
+        raise PosencError(
+            f"{method.name} on a pretrained model takes unpadded rows only: run rows of different lengths "
+            "one at a time (the attention mask hides some keys)"
+        )
     dtype = torch.promote_types(query.dtype, torch.float32)
     k, v = (repeat_kv(t, query.shape[1]).to(dtype) for t in (key, value))
     pos = torch.arange(tk, device=query.device)
-    out = methods.method_attention(query.to(dtype), k, v, pos[tk - tq:], pos, method, inv_freq=inv_freq,
-                                   pairing="half", scale=scaling * mscale**2)
+    out = methods.method_attention(
+        query.to(dtype), k, v, pos[tk - tq :], pos, method, inv_freq=inv_freq, pairing="half", scale=scaling * mscale**2
+    )
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
@@ -77,16 +82,22 @@ def install(model, method: methods.Method) -> list:
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     if method.name not in SUPPORTED:
-        raise PosencError(f"method {method.name} on a pretrained model is not supported yet (pretrained: "
-                          f"{', '.join(SUPPORTED)}; sinks: posenc train runs)")
+        raise PosencError(
+            f"method {method.name} on a pretrained model is not supported yet (pretrained: "
+            f"{', '.join(SUPPORTED)}; sinks: posenc train runs)"
+        )
     rotary = model.model.rotary_emb
     if isinstance(rotary, IdentityRotary):
-        raise PosencError(f"method {method.name} needs the model's rotary embedding; it is swapped (ReRoPE or a posenc scheme)")
+        raise PosencError(
+            f"method {method.name} needs the model's rotary embedding; it is swapped (ReRoPE or a posenc scheme)"
+        )
     setting = (method, rotary.inv_freq.float().clone(), float(rotary.attention_scaling))
     AttentionInterface.register(ATTN_NAME, attention_forward)
     AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)  # else no mask reaches it: padding would pass unseen
     model.model.rotary_emb = IdentityRotary(setting[1])
-    model.model.rotary_emb.attention_scaling = setting[2]  # read back only (Adaptation.key); it still returns cos 1, sin 0
+    model.model.rotary_emb.attention_scaling = setting[
+        2
+    ]  # read back only (Adaptation.key); it still returns cos 1, sin 0
     hook = functools.partial(pass_setting, "posenc_method", setting)
     handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
     model.set_attn_implementation(ATTN_NAME)

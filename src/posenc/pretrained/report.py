@@ -14,7 +14,19 @@ from posenc.checkpoint import atomic_write_bytes
 from posenc.records import PasskeyTrial, PretrainedRecord, ScoredWindow
 from posenc.reporting import figure, log_scale, markdown_table, plot_lines, save_figure, write_csv_table
 
-PPL_FIELDS = ["adaptation", "factor", "length", "stride", "bos", "windows", "scored_tokens", "ppl", "docs", "seconds", "reused_from"]
+PPL_FIELDS = [
+    "adaptation",
+    "factor",
+    "length",
+    "stride",
+    "bos",
+    "windows",
+    "scored_tokens",
+    "ppl",
+    "docs",
+    "seconds",
+    "reused_from",
+]
 PASSKEY_FIELDS = ["adaptation", "factor", "length", "depth", "trials", "correct", "accuracy", "prompt_tokens"]
 
 
@@ -33,11 +45,23 @@ def ppl_rows(records: list[PretrainedRecord]) -> list[dict]:
             for i, (s, c) in enumerate(zip(r.bucket_nll, r.bucket_n)):
                 b_nll[i] += s
                 b_n[i] += c
-        rows.append({"adaptation": adaptation, "factor": factor, "length": length, "stride": rs[0].stride,
-                     "bos": rs[0].bos, "windows": len(rs), "scored_tokens": n, "ppl": math.exp(nll / n),
-                     "docs": ",".join(sorted({r.doc for r in rs})), "seconds": sum(r.seconds for r in rs),
-                     "reused_from": ",".join(sorted({r.reused_from for r in rs if r.reused_from is not None})),
-                     "bucket": rs[0].bucket, "bucket_ppl": [math.exp(s / c) if c else None for s, c in zip(b_nll, b_n)]})
+        rows.append(
+            {
+                "adaptation": adaptation,
+                "factor": factor,
+                "length": length,
+                "stride": rs[0].stride,
+                "bos": rs[0].bos,
+                "windows": len(rs),
+                "scored_tokens": n,
+                "ppl": math.exp(nll / n),
+                "docs": ",".join(sorted({r.doc for r in rs})),
+                "seconds": sum(r.seconds for r in rs),
+                "reused_from": ",".join(sorted({r.reused_from for r in rs if r.reused_from is not None})),
+                "bucket": rs[0].bucket,
+                "bucket_ppl": [math.exp(s / c) if c else None for s, c in zip(b_nll, b_n)],
+            }
+        )
     return sorted(rows, key=lambda r: (r["adaptation"], r["length"]))
 
 
@@ -47,10 +71,22 @@ def passkey_rows(records: list[PretrainedRecord]) -> list[dict]:
     for r in records:
         if isinstance(r, PasskeyTrial):
             groups[(r.adaptation, r.factor, r.length, r.depth)].append(r)
-    return sorted(({"adaptation": m, "factor": f, "length": L, "depth": d, "trials": len(rs),
-                    "correct": sum(r.correct for r in rs), "accuracy": sum(r.correct for r in rs) / len(rs),
-                    "prompt_tokens": max(r.prompt_tokens for r in rs)}
-                   for (m, f, L, d), rs in groups.items()), key=lambda r: (r["adaptation"], r["length"], r["depth"]))
+    return sorted(
+        (
+            {
+                "adaptation": m,
+                "factor": f,
+                "length": L,
+                "depth": d,
+                "trials": len(rs),
+                "correct": sum(r.correct for r in rs),
+                "accuracy": sum(r.correct for r in rs) / len(rs),
+                "prompt_tokens": max(r.prompt_tokens for r in rs),
+            }
+            for (m, f, L, d), rs in groups.items()
+        ),
+        key=lambda r: (r["adaptation"], r["length"], r["depth"]),
+    )
 
 
 def _k(n: int) -> str:
@@ -61,19 +97,44 @@ def markdown(ppl: list[dict], passkey: list[dict], adaptations: list[str], heade
     lengths = sorted({r["length"] for r in ppl})
     cell = {(r["adaptation"], r["length"]): r for r in ppl}
     head = ["adaptation", *(_k(L) for L in lengths)]
-    lines = [header, "", "## Perplexity (lower is better)", "",
-             markdown_table(head, [[m, *(f"{cell[m, L]['ppl']:.2f}" if (m, L) in cell else "-" for L in lengths)]
-                                   for m in adaptations]),
-             "", "Scored tokens per point (windows):", "",
-             markdown_table(head, [[m, *(f"{cell[m, L]['scored_tokens']} ({cell[m, L]['windows']})" if (m, L) in cell else "-"
-                                         for L in lengths)] for m in adaptations])]
+    lines = [
+        header,
+        "",
+        "## Perplexity (lower is better)",
+        "",
+        markdown_table(
+            head, [[m, *(f"{cell[m, L]['ppl']:.2f}" if (m, L) in cell else "-" for L in lengths)] for m in adaptations]
+        ),
+        "",
+        "Scored tokens per point (windows):",
+        "",
+        markdown_table(
+            head,
+            [
+                [
+                    m,
+                    *(
+                        f"{cell[m, L]['scored_tokens']} ({cell[m, L]['windows']})" if (m, L) in cell else "-"
+                        for L in lengths
+                    ),
+                ]
+                for m in adaptations
+            ],
+        ),
+    ]
     if passkey:
         cols = sorted({(r["length"], r["depth"]) for r in passkey})
         pk = {(r["adaptation"], r["length"], r["depth"]): r for r in passkey}
-        rows = [[m, *(f"{pk[m, L, d]['correct']}/{pk[m, L, d]['trials']}" if (m, L, d) in pk else "-" for L, d in cols)]
-                for m in adaptations]
-        lines += ["", "## Passkey retrieval (correct / trials)", "",
-                  markdown_table(["adaptation", *(f"{_k(L)} @ {d:g}" for L, d in cols)], rows)]
+        rows = [
+            [m, *(f"{pk[m, L, d]['correct']}/{pk[m, L, d]['trials']}" if (m, L, d) in pk else "-" for L, d in cols)]
+            for m in adaptations
+        ]
+        lines += [
+            "",
+            "## Passkey retrieval (correct / trials)",
+            "",
+            markdown_table(["adaptation", *(f"{_k(L)} @ {d:g}" for L, d in cols)], rows),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -104,15 +165,28 @@ def position_figure(ppl: list[dict], adaptations: list[str]):
     """The figure of ``ppl_by_position.png``: perplexity per position bucket (each point at its bucket's middle,
     tokens) at each adaptation's longest length; identical curves stay visible."""
     fig, ax = figure(figsize=(9, 4.5))
-    longest = [max((r for r in ppl if r["adaptation"] == m), key=lambda r: r["length"]) for m in adaptations
-               if any(r["adaptation"] == m for r in ppl)]
+    longest = [
+        max((r for r in ppl if r["adaptation"] == m), key=lambda r: r["length"])
+        for m in adaptations
+        if any(r["adaptation"] == m for r in ppl)
+    ]
     lines = []
     for r in longest:
         xs = [(i + 0.5) * r["bucket"] for i, v in enumerate(r["bucket_ppl"]) if v]
-        lines.append({"label": f"{r['adaptation']} @ {_k(r['length'])}", "x": xs, "y": [v for v in r["bucket_ppl"] if v], "ms": 3})
+        lines.append(
+            {
+                "label": f"{r['adaptation']} @ {_k(r['length'])}",
+                "x": xs,
+                "y": [v for v in r["bucket_ppl"] if v],
+                "ms": 3,
+            }
+        )
     plot_lines(ax, lines)
     widths = " / ".join(str(w) for w in sorted({r["bucket"] for r in longest}))
-    ax.set(xlabel=f"position in window (tokens; buckets of {widths} tokens, each point at its middle)", ylabel="bucket perplexity")
+    ax.set(
+        xlabel=f"position in window (tokens; buckets of {widths} tokens, each point at its middle)",
+        ylabel="bucket perplexity",
+    )
     log_scale(ax, "y")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)
@@ -134,8 +208,14 @@ def passkey_figure(passkey: list[dict], adaptations: list[str]):
                 grid[y, x] = r["accuracy"]
                 ax.text(x, y, f"{r['correct']}/{r['trials']}", ha="center", va="center", fontsize=8)
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        ax.set(title=m, xticks=range(len(lengths)), xticklabels=[_k(L) for L in lengths], xlabel="length",
-               yticks=range(len(depths)), yticklabels=[f"{d:g}" for d in depths] if n == 0 else [])
+        ax.set(
+            title=m,
+            xticks=range(len(lengths)),
+            xticklabels=[_k(L) for L in lengths],
+            xlabel="length",
+            yticks=range(len(depths)),
+            yticklabels=[f"{d:g}" for d in depths] if n == 0 else [],
+        )
     axes[0][0].set_ylabel("key depth")
     fig.colorbar(im, ax=axes[0].tolist(), label="accuracy")
     return fig

@@ -52,8 +52,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling, dropou
     inv_freq, window, leak = rerope
     dtype = torch.promote_types(query.dtype, torch.float32)
     bias = None if attention_mask is None else _mask_bias(attention_mask, key.shape[-2] - query.shape[-2], dtype)
-    out = rope.rerope_attention(query.to(dtype), key.to(dtype), value.to(dtype), inv_freq, window, leak,
-                                bias=bias, scale=scaling)
+    out = rope.rerope_attention(
+        query.to(dtype), key.to(dtype), value.to(dtype), inv_freq, window, leak, bias=bias, scale=scaling
+    )
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 

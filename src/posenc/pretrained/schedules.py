@@ -88,14 +88,18 @@ def extension_params(ext: Extension, l0: int) -> dict:
         return rope.schedule_params(name, l0, given)
     if name in rope.SHIPPED:
         lists = {"short_factor": ext.short_factor, "long_factor": ext.long_factor}
-        return rope.schedule_params(name, l0, {"factor": float(ext.factor), **given, **{k: v and list(v) for k, v in lists.items()}})
+        return rope.schedule_params(
+            name, l0, {"factor": float(ext.factor), **given, **{k: v and list(v) for k, v in lists.items()}}
+        )
     if name not in rope.RELATIVE:
         return rope.schedule_params(name, l0, {"factor": float(ext.factor), **given})
     w = ext.window or l0 // WINDOW_DIVISOR
     given["window"] = w
     if name == "leaky-rerope":
         if ext.leak is None and not (w < l0 and ext.factor > 1):  # else the default k would be <= 1
-            raise PosencError(f"leaky-rerope's default k = (s L0 - w)/(L0 - w) needs factor s > 1 and window {w} "
-                              f"< L0 = {l0}; give --leak k > 1")
+            raise PosencError(
+                f"leaky-rerope's default k = (s L0 - w)/(L0 - w) needs factor s > 1 and window {w} "
+                f"< L0 = {l0}; give --leak k > 1"
+            )
         given["leak"] = ext.leak if ext.leak is not None else (ext.factor * l0 - w) / (l0 - w)
     return rope.schedule_params(name, l0, given)

@@ -29,7 +29,18 @@ from posenc.rope.schedules import (
 )
 
 __all__ = [
-    "NAMES", "RELATIVE", "SCHEDULES", "SHIPPED", "Schedule", "check_name", "check_window", "hf_config_attributes", "hf_rope_parameters",
+    "NAMES",
+    "RELATIVE",
+    "SCHEDULES",
+    "SHIPPED",
+    "Schedule",
+    "check_name",
+    "check_window",
+    "hf_config_attributes",
+    "hf_rope_parameters",
     "rerope_attention",
-    "rope_inv_freq", "schedule_label", "schedule_params", "wrap_phases",
+    "rope_inv_freq",
+    "schedule_label",
+    "schedule_params",
+    "wrap_phases",
 ]

@@ -26,7 +26,6 @@ better (``posenc.rope.schedules.wrap_phases``).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -34,7 +33,7 @@ from posenc.attention import BiasFn, repeat_kv, rotate
 from posenc.rope.schedules import wrap_phases
 
 
-def _slope(leak: Optional[float]) -> float:
+def _slope(leak: float | None) -> float:
     """d pos / d (i - j) beyond the window: 0 for ReRoPE, 1/k for leaky ReRoPE."""
     return 0.0 if leak is None else 1.0 / leak
 
@@ -56,7 +55,9 @@ def _attend(q, k, v, keep, bias, scale, fused):
     if fused:
         mask = None if bias is None else bias.to(q.dtype)
         if keep is not None:
-            mask = (torch.zeros(keep.shape, dtype=q.dtype, device=q.device) if mask is None else mask).masked_fill(~keep, -math.inf)
+            mask = (torch.zeros(keep.shape, dtype=q.dtype, device=q.device) if mask is None else mask).masked_fill(
+                ~keep, -math.inf
+            )
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)
         return out, lse if keep is None else lse.masked_fill(~keep.any(-1), -math.inf)
     s = q @ k.transpose(-1, -2) * scale
@@ -82,14 +83,14 @@ def rerope_attention(
     v: torch.Tensor,
     inv_freq: torch.Tensor,
     window: int,
-    leak: Optional[float] = None,
+    leak: float | None = None,
     *,
-    q_pos: Optional[torch.Tensor] = None,
+    q_pos: torch.Tensor | None = None,
     pairing: str = "half",
-    bias: Optional[BiasFn] = None,
-    scale: Optional[float] = None,
+    bias: BiasFn | None = None,
+    scale: float | None = None,
     block_size: int = 512,
-    fused: Optional[bool] = None,
+    fused: bool | None = None,
 ) -> torch.Tensor:
     """Causal (leaky) ReRoPE attention of unrotated q, k, blockwise over query blocks (Su 2023).
 
@@ -135,9 +136,13 @@ def rerope_attention(
         f0, f1 = max(0, lo - window + 1), max(0, hi - window + 1)
         m0, m1 = min(max(hi - window + 1, f0), lo + 1), lo + 1
         parts = []
-        for kk, q_, j0, j1, rule in ((k_far, qf, 0, f0, None), (k_far, qf, f0, f1, "far"),
-                                     (k_near, qn, f0, m0, "near"), (k_near, qn, m0, m1, None),
-                                     (k_near, qn, m1, hi + 1, "near")):
+        for kk, q_, j0, j1, rule in (
+            (k_far, qf, 0, f0, None),
+            (k_far, qf, f0, f1, "far"),
+            (k_near, qn, f0, m0, "near"),
+            (k_near, qn, m0, m1, None),
+            (k_near, qn, m1, hi + 1, "near"),
+        ):
             if j1 > j0:
                 j = k_pos[None, j0:j1]
                 keep = None if rule is None else (j <= p - window) if rule == "far" else (j > p - window) & (j <= p)

@@ -60,7 +60,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -85,7 +86,9 @@ def wrap_phases(phi: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.
     The result is contiguous: the four rotations of an attention layer run ~1.5x
     faster on CPU than with the permuted layout a per-head projection leaves.
     """
-    return torch.remainder(phi, TWO_PI).to(torch.promote_types(dtype, torch.float32), memory_format=torch.contiguous_format)
+    return torch.remainder(phi, TWO_PI).to(
+        torch.promote_types(dtype, torch.float32), memory_format=torch.contiguous_format
+    )
 
 
 def ntk_base(rope_theta: float, factor: float, head_dim: int) -> float:
@@ -131,7 +134,7 @@ class HFRope:
 
     rope_type: str
     keys: tuple[str, ...] = ()
-    base: Optional[Callable[[float, dict, int], float]] = None
+    base: Callable[[float, dict, int], float] | None = None
     config: tuple[tuple[str, str], ...] = ()
 
 
@@ -164,7 +167,7 @@ class Schedule:
     """
 
     name: str
-    inv_freq: Callable[[int, float, dict, Optional[int]], torch.Tensor]
+    inv_freq: Callable[[int, float, dict, int | None], torch.Tensor]
     hf: HFRope
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
     check: Callable[[str, dict], None] = _no_check
@@ -174,7 +177,9 @@ class Schedule:
     shipped: bool = False
     renamed_from: tuple[str, ...] = ()
 
-    def __call__(self, head_dim: int, rope_theta: float, params: dict, seq_len: Optional[int] = None) -> tuple[torch.Tensor, float]:
+    def __call__(
+        self, head_dim: int, rope_theta: float, params: dict, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, float]:
         return self.inv_freq(head_dim, rope_theta, params, seq_len), float(self.attention_factor(params))
 
 
@@ -215,7 +220,9 @@ def _yarn(head_dim, rope_theta, p, seq_len):
 
 def _check_yarn(name, p):
     if not p["beta_fast"] > p["beta_slow"] > 0:
-        raise PosencError(f"yarn needs beta_fast > beta_slow > 0, got beta_fast={p['beta_fast']}, beta_slow={p['beta_slow']}")
+        raise PosencError(
+            f"yarn needs beta_fast > beta_slow > 0, got beta_fast={p['beta_fast']}, beta_slow={p['beta_slow']}"
+        )
 
 
 def _llama3(head_dim, rope_theta, p, seq_len):
@@ -242,8 +249,11 @@ def _longrope(head_dim, rope_theta, p, seq_len):
 def _check_longrope(name, p):
     for key in ("short_factor", "long_factor"):
         v = p[key]
-        if not (isinstance(v, (list, tuple)) and v and all(isinstance(f, (int, float)) and not isinstance(f, bool)
-                                                          and math.isfinite(f) and f > 0 for f in v)):
+        if not (
+            isinstance(v, (list, tuple))
+            and v
+            and all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0 for f in v)
+        ):
             raise PosencError(f"longrope: {key} must be a non-empty list of finite numbers > 0, got {v!r}")
         p[key] = [float(f) for f in v]
 
@@ -265,32 +275,97 @@ def _check_longrope_dims(p, head_dim):
         longrope_factors(p, head_dim, long)
 
 
-SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
-    Schedule("none", _plain, HFRope("default")),
-    Schedule("pi", _pi, HFRope("linear", ("factor",)), {"factor": REQUIRED}),
-    # transformers has no static NTK type: its ``default`` with the raised base
-    Schedule("ntk", _ntk, HFRope("default", base=lambda theta, p, head_dim: ntk_base(theta, p["factor"], head_dim)), {"factor": REQUIRED}),
-    # transformers' dynamic reads L0 from the config's max_position_embeddings, not from rope_parameters
-    Schedule("dynamic", _dynamic, HFRope("dynamic", ("factor",), config=(("max_position_embeddings", "original_max_position_embeddings"),)), {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH}),
-    Schedule("yarn", _yarn,
-             HFRope("yarn", ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate")),
-             {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH, "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None,
-              "truncate": True},
-             _check_yarn, _given_or(lambda p: yarn_attention_factor(p["factor"]))),
-    Schedule("llama3", _llama3, HFRope("llama3", ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor")),
-             {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, _check_llama3),
-    Schedule("longrope", _longrope,
-             HFRope("longrope", ("factor", "original_max_position_embeddings", "short_factor", "long_factor", "attention_factor")),
-             {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH, "short_factor": REQUIRED, "long_factor": REQUIRED,
-              "attention_factor": None},
-             _check_longrope, _given_or(lambda p: longrope_attention_factor(p["factor"], p["original_max_position_embeddings"])),
-             _check_longrope_dims, shipped=True),
-    Schedule("rerope", _plain, HFRope("default"), {"window": REQUIRED}, _check_rerope, replaces_attention=True),
-    Schedule("leaky-rerope", _plain, HFRope("default"), {"window": REQUIRED, "leak": REQUIRED}, _check_rerope,
-             replaces_attention=True, renamed_from=("leaky_rerope",)),
-)}
+SCHEDULES: dict[str, Schedule] = {
+    s.name: s
+    for s in (
+        Schedule("none", _plain, HFRope("default")),
+        Schedule("pi", _pi, HFRope("linear", ("factor",)), {"factor": REQUIRED}),
+        # transformers has no static NTK type: its ``default`` with the raised base
+        Schedule(
+            "ntk",
+            _ntk,
+            HFRope("default", base=lambda theta, p, head_dim: ntk_base(theta, p["factor"], head_dim)),
+            {"factor": REQUIRED},
+        ),
+        # transformers' dynamic reads L0 from the config's max_position_embeddings, not from rope_parameters
+        Schedule(
+            "dynamic",
+            _dynamic,
+            HFRope("dynamic", ("factor",), config=(("max_position_embeddings", "original_max_position_embeddings"),)),
+            {"factor": REQUIRED, "original_max_position_embeddings": TRAIN_LENGTH},
+        ),
+        Schedule(
+            "yarn",
+            _yarn,
+            HFRope(
+                "yarn",
+                (
+                    "factor",
+                    "original_max_position_embeddings",
+                    "beta_fast",
+                    "beta_slow",
+                    "attention_factor",
+                    "truncate",
+                ),
+            ),
+            {
+                "factor": REQUIRED,
+                "original_max_position_embeddings": TRAIN_LENGTH,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "attention_factor": None,
+                "truncate": True,
+            },
+            _check_yarn,
+            _given_or(lambda p: yarn_attention_factor(p["factor"])),
+        ),
+        Schedule(
+            "llama3",
+            _llama3,
+            HFRope("llama3", ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor")),
+            {
+                "factor": REQUIRED,
+                "original_max_position_embeddings": TRAIN_LENGTH,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+            },
+            _check_llama3,
+        ),
+        Schedule(
+            "longrope",
+            _longrope,
+            HFRope(
+                "longrope",
+                ("factor", "original_max_position_embeddings", "short_factor", "long_factor", "attention_factor"),
+            ),
+            {
+                "factor": REQUIRED,
+                "original_max_position_embeddings": TRAIN_LENGTH,
+                "short_factor": REQUIRED,
+                "long_factor": REQUIRED,
+                "attention_factor": None,
+            },
+            _check_longrope,
+            _given_or(lambda p: longrope_attention_factor(p["factor"], p["original_max_position_embeddings"])),
+            _check_longrope_dims,
+            shipped=True,
+        ),
+        Schedule("rerope", _plain, HFRope("default"), {"window": REQUIRED}, _check_rerope, replaces_attention=True),
+        Schedule(
+            "leaky-rerope",
+            _plain,
+            HFRope("default"),
+            {"window": REQUIRED, "leak": REQUIRED},
+            _check_rerope,
+            replaces_attention=True,
+            renamed_from=("leaky_rerope",),
+        ),
+    )
+}
 SHIPPED = tuple(n for n, s in SCHEDULES.items() if s.shipped)
-NAMES = tuple(n for n in SCHEDULES if n not in SHIPPED)  # the one naming (CLI, presets, reports) and the default schedules
+NAMES = tuple(
+    n for n in SCHEDULES if n not in SHIPPED
+)  # the one naming (CLI, presets, reports) and the default schedules
 RELATIVE = tuple(n for n, s in SCHEDULES.items() if s.replaces_attention)  # schedules that replace attention
 _RENAMED = {old: n for n, s in SCHEDULES.items() for old in s.renamed_from}
 
@@ -304,7 +379,7 @@ def check_name(name: str) -> str:
     return name
 
 
-def schedule_params(name: str, train_length: int, params: Optional[dict] = None) -> dict[str, Any]:
+def schedule_params(name: str, train_length: int, params: dict | None = None) -> dict[str, Any]:
     """Validated parameters of schedule ``name`` with defaults filled in.
 
     Raises PosencError (one line) for an unknown or renamed schedule or parameter, a missing
@@ -317,7 +392,9 @@ def schedule_params(name: str, train_length: int, params: Optional[dict] = None)
     given = {k: v for k, v in (params or {}).items() if v is not None}
     unknown = set(given) - set(schedule.defaults)
     if unknown:
-        raise PosencError(f"rope schedule {name!r} takes {', '.join(schedule.defaults) or 'no parameters'}; got {', '.join(sorted(unknown))}")
+        raise PosencError(
+            f"rope schedule {name!r} takes {', '.join(schedule.defaults) or 'no parameters'}; got {', '.join(sorted(unknown))}"
+        )
     out = {k: train_length if d is TRAIN_LENGTH else d for k, d in schedule.defaults.items()}
     out.update(given)
     missing = [k for k, v in out.items() if v is REQUIRED]
@@ -348,4 +425,3 @@ def schedule_label(name: str, params: dict) -> str:
     if "window" in params:
         return f"{name}(w={params['window']:g}" + (f",k={params['leak']:g})" if "leak" in params else ")")
     return f"{name}(s={params['factor']:g})"
-

@@ -134,7 +134,7 @@ def long_range_decay(
     survey = expected_score("pope-survey-sign", np.concatenate([[0], dist, far]), d)
     out["schemes"]["pope-survey-sign"] = {
         "curve": _normalized(survey[: len(dist)]),
-        "far_residual": float(np.mean(np.abs(survey[-len(far):] / survey[0]))),
+        "far_residual": float(np.mean(np.abs(survey[-len(far) :] / survey[0]))),
         "at": _checkpoints("pope-survey-sign", d, max_dist),
     }
     out["holds"] = all(s.get("holds", True) for s in out["schemes"].values())
@@ -204,8 +204,14 @@ def translation_invariance(
     for name, (before, after) in _accumulated_pairs(q, k, i, j, shifts, a, vocab, gen).items():
         change = max(float((x - before).abs().max()) for x in after)
         out[name] = _verdict(change / float(before.abs().max()), name == "accumulated-token", rtol, fail_rtol)
-    return {"d": d, "shifts": list(shifts), "rtol": rtol, "fail_rtol": fail_rtol, "schemes": out,
-            "holds": all(v["holds"] for v in out.values())}
+    return {
+        "d": d,
+        "shifts": list(shifts),
+        "rtol": rtol,
+        "fail_rtol": fail_rtol,
+        "schemes": out,
+        "holds": all(v["holds"] for v in out.values()),
+    }
 
 
 def _verdict(rel_change: float, expect_invariant: bool, rtol: float, fail_rtol: float) -> dict:

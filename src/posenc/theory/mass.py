@@ -150,15 +150,25 @@ def far_mass(
         "forget_gate": compare(fg_mean, fg_hi, zq * fg_se, "upper"),
     }
     return {
-        "K": K, "lambda": lam, "Ms": list(Ms), "d": d, "a": a, "samples": samples,
-        "alibi_slope": slope, "gate": {"mu": gate[0], "sigma": gate[1], "mean": f},
-        "lower_bound": lower.tolist(), "alibi_lower": a_lo.tolist(), "alibi_upper": a_hi.tolist(),
+        "K": K,
+        "lambda": lam,
+        "Ms": list(Ms),
+        "d": d,
+        "a": a,
+        "samples": samples,
+        "alibi_slope": slope,
+        "gate": {"mu": gate[0], "sigma": gate[1], "mean": f},
+        "lower_bound": lower.tolist(),
+        "alibi_lower": a_lo.tolist(),
+        "alibi_upper": a_hi.tolist(),
         "alibi_sup": 1 / (1 + math.exp(-2 * lam) * math.expm1(slope * K)),
-        "forget_gate_upper": fg_hi.tolist(), "forget_gate_sup": forget_gate_bound(math.inf, K, lam, f).item(),
+        "forget_gate_upper": fg_hi.tolist(),
+        "forget_gate_sup": forget_gate_bound(math.inf, K, lam, f).item(),
         "rho_mean": {k: v.mean(0).tolist() for k, v in rho.items()},
         "rho_min": {k: v.min(0).values.tolist() for k, v in rho.items()},
         "rho_max": {k: v.max(0).values.tolist() for k, v in rho.items()},
-        "checks": checks, "holds": all(checks.values()),
+        "checks": checks,
+        "holds": all(checks.values()),
     }
 
 
@@ -202,8 +212,16 @@ def value_incoherence(
     for r in rows:
         r["holds"] = compare(r["incoherent_trace"], r["incoherent_pred"], zq * r["incoherent_se"])
     return {
-        "K": K, "lambda": lam, "d": d, "a": a, "beta": beta, "samples": samples,
-        "sigma_g": sigma_g, "sigma_n": sigma_n, "z": zq, "per_M": rows,
+        "K": K,
+        "lambda": lam,
+        "d": d,
+        "a": a,
+        "beta": beta,
+        "samples": samples,
+        "sigma_g": sigma_g,
+        "sigma_n": sigma_n,
+        "z": zq,
+        "per_M": rows,
         "holds": all(r["holds"] for r in rows),
     }
 

@@ -59,10 +59,18 @@ def mixing_check(
     pred = beta**n
     tol = bernstein_tol(samples, d, delta / (n_max + 1))
     out = {
-        "dist": steps.name, "d": d, "eps": eps, "samples": samples, "n_max": n_max,
-        "beta": beta, "beta_mc": float(sim[1]), "window": window,
-        "norm_sim": sim.tolist(), "norm_pred": pred.tolist(),
-        "tolerance": tol, "max_error": float((sim - pred).abs().max()),
+        "dist": steps.name,
+        "d": d,
+        "eps": eps,
+        "samples": samples,
+        "n_max": n_max,
+        "beta": beta,
+        "beta_mc": float(sim[1]),
+        "window": window,
+        "norm_sim": sim.tolist(),
+        "norm_pred": pred.tolist(),
+        "tolerance": tol,
+        "max_error": float((sim - pred).abs().max()),
     }
     out["holds"] = compare(sim, pred, tol)
     if isinstance(steps, SO2Steps):
@@ -78,7 +86,9 @@ def _block_check(steps: SO2Steps, mean, n, eps, samples, delta) -> dict:
     return {
         "beta": betas.tolist(),
         "window": [window_size(float(b), eps) for b in betas],
-        "tolerance": tol, "max_error": float((sim - pred).abs().max()), "holds": compare(sim, pred, tol),
+        "tolerance": tol,
+        "max_error": float((sim - pred).abs().max()),
+        "holds": compare(sim, pred, tol),
     }
 
 
@@ -112,8 +122,14 @@ def window_vs_context(
     gen = torch.Generator().manual_seed(seed)
     per_length = [_window_in_context(steps, L, eps, samples, batches, fit_floor, z, gen) for L in lengths]
     return {
-        "dist": steps.name, "d": d, "eps": eps, "samples": samples, "beta": beta, "window": window,
-        "lengths": list(lengths), "contexts": per_length,
+        "dist": steps.name,
+        "d": d,
+        "eps": eps,
+        "samples": samples,
+        "beta": beta,
+        "window": window,
+        "lengths": list(lengths),
+        "contexts": per_length,
         "holds": compare([c["window_sim"] for c in per_length], window, [c["tolerance"] for c in per_length]),
     }
 

@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 
 from posenc.reporting import figure, save_figure
 
+
 def write_all(out: Path, results: dict) -> list[Path]:
     """Write every plot whose check ran; returns the paths written."""
     makers = {
@@ -30,8 +31,9 @@ def _figure(width: float, height: float, nrows: int = 1, ncols: int = 1, **kwarg
     """``posenc.reporting.figure`` with fixed margins: tight_layout costs a full tick layout
     per axes, most of the plotting time."""
     fig, axes = figure(nrows, ncols, figsize=(width, height), **kwargs)
-    fig.subplots_adjust(left=0.7 / width, right=0.98, bottom=0.5 / height, top=1 - 0.35 / height,
-                        wspace=0.25, hspace=0.35)
+    fig.subplots_adjust(
+        left=0.7 / width, right=0.98, bottom=0.5 / height, top=1 - 0.35 / height, wspace=0.25, hspace=0.35
+    )
     return fig, axes
 
 
@@ -44,10 +46,15 @@ def _mixing(results: dict) -> Figure:
         ax.semilogy(n, r["norm_sim"], ".", color=color, ms=3, label=f"{r['dist']} (beta={r['beta']:.3g})")
     eps = next(iter(results.values()))["eps"]
     ax.axhline(eps, color="k", ls="--", lw=0.8, label=f"eps = {eps:g}")
-    ax.axhline(max(r["tolerance"] for r in results.values()), color="gray", ls=":", lw=0.8,
-               label="largest MC tolerance")
-    ax.set(xlabel="route length n", ylabel="||E[P_n]||_op", ylim=(1e-3, 1.5),
-           title="Mixing: Monte Carlo (dots) vs beta^n (lines)")
+    ax.axhline(
+        max(r["tolerance"] for r in results.values()), color="gray", ls=":", lw=0.8, label="largest MC tolerance"
+    )
+    ax.set(
+        xlabel="route length n",
+        ylabel="||E[P_n]||_op",
+        ylim=(1e-3, 1.5),
+        title="Mixing: Monte Carlo (dots) vs beta^n (lines)",
+    )
     ax.legend(fontsize=7)
     drift = next((r for r in results.values() if r["dist"].startswith("so2-drift")), None)
     if drift:
@@ -55,8 +62,11 @@ def _mixing(results: dict) -> Figure:
         betas = np.array(drift["blocks"]["beta"])
         for b in range(0, len(betas), max(1, len(betas) // 4)):
             bx.plot(n, betas[b] ** n, label=f"block {b}: beta={betas[b]:.4g}, w={drift['blocks']['window'][b]}")
-        bx.set(xlabel="route length n", ylabel="|E exp(i Phi_n,b)|",
-               title=f"{drift['dist']}: slow blocks never mix (closed form)")
+        bx.set(
+            xlabel="route length n",
+            ylabel="|E exp(i Phi_n,b)|",
+            title=f"{drift['dist']}: slow blocks never mix (closed form)",
+        )
         bx.legend(fontsize=7)
     else:
         bx.set_axis_off()
@@ -71,8 +81,12 @@ def _context(r: dict) -> Figure:
     ax.semilogy(n, r["beta"] ** n, "k-", lw=1, label=f"beta^n, w_eps = {r['window']}")
     ax.axhline(r["eps"], color="k", ls="--", lw=0.8)
     ax.axvline(r["window"], color="gray", ls=":", lw=0.8)
-    ax.set(xlabel="route length n (query = last token)", ylabel="|E exp(i Phi)|", ylim=(1e-3, 1.5),
-           title=f"{r['dist']}: the window does not depend on context length")
+    ax.set(
+        xlabel="route length n (query = last token)",
+        ylabel="|E exp(i Phi)|",
+        ylim=(1e-3, 1.5),
+        title=f"{r['dist']}: the window does not depend on context length",
+    )
     ax.legend(fontsize=8)
     return fig
 
@@ -111,8 +125,12 @@ def _far_mass(r: dict) -> Figure:
     ax.semilogx(M, r["lower_bound"], "k--", label="lower bound M/(M+K e^(2 lambda))")
     ax.semilogx(M, r["alibi_upper"], "--", color="C1", label="ALiBi upper bound")
     ax.semilogx(M, r["forget_gate_upper"], ":", color="C2", label="forget gate: bound on E rho_D")
-    ax.set(xlabel="far tokens M", ylabel="far mass rho_D", ylim=(0, 1.02),
-           title=f"Far mass, K={r['K']} near, logits in [-{r['lambda']:g}, {r['lambda']:g}]")
+    ax.set(
+        xlabel="far tokens M",
+        ylabel="far mass rho_D",
+        ylim=(0, 1.02),
+        title=f"Far mass, K={r['K']} near, logits in [-{r['lambda']:g}, {r['lambda']:g}]",
+    )
     ax.legend(fontsize=7)
     return fig
 
@@ -131,8 +149,11 @@ def _value(r: dict) -> Figure:
     }
     for label, (key, color, style) in series.items():
         ax.loglog(M, [x[key] for x in rows], style, color=color, ms=3, label=label)
-    ax.set(xlabel="far tokens M", ylabel="covariance norm",
-           title="Far values with a shared background (sigma_g = sigma_n = 1)")
+    ax.set(
+        xlabel="far tokens M",
+        ylabel="covariance norm",
+        title="Far values with a shared background (sigma_g = sigma_n = 1)",
+    )
     ax.legend(fontsize=7)
     return fig
 
@@ -149,8 +170,11 @@ def _decay(r: dict) -> Figure:
             ax.plot(grid[1:], s["mc_mean"][1:], ".", color=f"C{i}", ms=4)
     ax.set_xscale("log")
     ax.axhline(0, color="k", lw=0.5)
-    ax.set(xlabel="distance i - j", ylabel="E score / E score(0)",
-           title=f"Long-range decay, q = k random, d={r['d']} (dots: Monte Carlo)")
+    ax.set(
+        xlabel="distance i - j",
+        ylabel="E score / E score(0)",
+        title=f"Long-range decay, q = k random, d={r['d']} (dots: Monte Carlo)",
+    )
     ax.legend(fontsize=7)
     alibi = r["schemes"]["alibi"]
     bx.plot(dist, alibi["curve"], "-", lw=1)

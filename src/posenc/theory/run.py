@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -125,10 +126,22 @@ def run_theory(
         for check in tqdm(checks, desc="posenc theory", unit="check", disable=None):
             table += run_check(check, results)
     runtime = time.perf_counter() - start
-    config = {"dists": list(dists), "dims": list(dims), "mix_dim": mix_dim, "eps": eps, "seed": seed,
-              "quick": quick, "budget": budget.model_dump()}
-    report = {"config": config, "runtime_s": runtime, "all_hold": all(r["holds"] for r in table),
-              "table": table, "results": results}
+    config = {
+        "dists": list(dists),
+        "dims": list(dims),
+        "mix_dim": mix_dim,
+        "eps": eps,
+        "seed": seed,
+        "quick": quick,
+        "budget": budget.model_dump(),
+    }
+    report = {
+        "config": config,
+        "runtime_s": runtime,
+        "all_hold": all(r["holds"] for r in table),
+        "table": table,
+        "results": results,
+    }
     _write(Path(out), report)
     return report
 
@@ -138,9 +151,19 @@ def _checks(names: list[str], dims, mix_dim, eps, seed, a, b: Budget) -> list[Ch
 
     def mix(name):
         matrix = name in ("householder", "haar")
-        return Check("mixing", name, lambda: mixing.mixing_check(
-            name, mix_dim, eps, b.mix_matrix_samples if matrix else b.mix_samples,
-            n_max=4 if name == "haar" else None, seed=seed), _mixing_rows)
+        return Check(
+            "mixing",
+            name,
+            lambda: mixing.mixing_check(
+                name,
+                mix_dim,
+                eps,
+                b.mix_matrix_samples if matrix else b.mix_samples,
+                n_max=4 if name == "haar" else None,
+                seed=seed,
+            ),
+            _mixing_rows,
+        )
 
     def gap(name):
         n = b.gap_householder_samples if name == "householder" else b.gap_samples
@@ -149,15 +172,31 @@ def _checks(names: list[str], dims, mix_dim, eps, seed, a, b: Budget) -> list[Ch
     so2 = f"so2:{a:g}"
     return [
         *[mix(name) for name in names],
-        Check("window_vs_context", None, lambda: mixing.window_vs_context(
-            so2, mix_dim, b.context_lengths, eps, b.context_samples, seed=seed + 2), _context_rows),
+        Check(
+            "window_vs_context",
+            None,
+            lambda: mixing.window_vs_context(so2, mix_dim, b.context_lengths, eps, b.context_samples, seed=seed + 2),
+            _context_rows,
+        ),
         *[gap(name) for name in names],
-        Check("far_mass", None, lambda: mass.far_mass(
-            Ms=b.mass_Ms, d=mix_dim, a=a, samples=b.mass_samples, seed=seed + 3), _mass_rows),
-        Check("value", None, lambda: mass.value_incoherence(
-            Ms=b.value_Ms, d=mix_dim, a=a, samples=b.value_samples, seed=seed + 4), _value_rows),
-        Check("decay", None, lambda: decay.long_range_decay(
-            max_dist=b.decay_max_dist, samples=b.decay_samples, seed=seed + 5), _decay_rows),
+        Check(
+            "far_mass",
+            None,
+            lambda: mass.far_mass(Ms=b.mass_Ms, d=mix_dim, a=a, samples=b.mass_samples, seed=seed + 3),
+            _mass_rows,
+        ),
+        Check(
+            "value",
+            None,
+            lambda: mass.value_incoherence(Ms=b.value_Ms, d=mix_dim, a=a, samples=b.value_samples, seed=seed + 4),
+            _value_rows,
+        ),
+        Check(
+            "decay",
+            None,
+            lambda: decay.long_range_decay(max_dist=b.decay_max_dist, samples=b.decay_samples, seed=seed + 5),
+            _decay_rows,
+        ),
         Check("translation", None, lambda: decay.translation_invariance(seed=seed + 6), _translation_rows),
     ]
 
@@ -184,13 +223,17 @@ def _mixing_rows(r: dict) -> list[Row]:
     form = forms.get(r["dist"].split(":")[0], "beta = |sin a / a|")
     if r["dist"].startswith("so2-drift"):
         b = r["blocks"]
-        pred = (f"{form} in [{_g(min(b['beta']), 4)}, {_g(max(b['beta']), 10)}]; ‖E P_n‖ = beta^n; "
-                f"w_b = {_g(min(b['window']))} .. {_g(max(b['window']))}")
+        pred = (
+            f"{form} in [{_g(min(b['beta']), 4)}, {_g(max(b['beta']), 10)}]; ‖E P_n‖ = beta^n; "
+            f"w_b = {_g(min(b['window']))} .. {_g(max(b['window']))}"
+        )
         sim = f"per-block max err {_g(b['max_error'])} (tol {_g(b['tolerance'])}); op-norm max err {_g(r['max_error'])}"
     else:
         pred = f"{form} = {_g(r['beta'], 4)}; ‖E P_n‖ = beta^n; w_eps = {_g(r['window'])}"
-        sim = (f"‖mean M‖ = {_g(r['beta_mc'], 4)}; max_n err {_g(r['max_error'])} "
-               f"(tol {_g(r['tolerance'])}, N={r['samples']})")
+        sim = (
+            f"‖mean M‖ = {_g(r['beta_mc'], 4)}; max_n err {_g(r['max_error'])} "
+            f"(tol {_g(r['tolerance'])}, N={r['samples']})"
+        )
     return [Row(f"1 mixing {r['dist']} (d={r['d']}, eps={r['eps']:g})", pred, sim, r["holds"])]
 
 
@@ -206,11 +249,18 @@ def _gap_rows(r: dict) -> list[Row]:
     bound = {"haar": "Levy 2exp(-d t^2/2)", "householder": "Chebyshev E[s^2]/t^2"}.get(r["dist"], "Hoeffding")
     dims = "/".join(str(p["d"]) for p in r["per_dim"])
     last = r["per_dim"][-1]
-    pred = (f"P(|s_far|>{t}) <= {bound}: " + "/".join(_g(p["tail_bound"][ti], 2) for p in r["per_dim"])
-            + f" (d={dims}); E s_near = {_g(last['near_pred'], 3)} (n={last['n_near']}, d={last['d']})")
-    sim = ("tail " + "/".join(_g(p["tail_sim"][ti], 2) for p in r["per_dim"])
-           + "; far std " + "/".join(_g(p["far_std"], 2) for p in r["per_dim"])
-           + f"; near mean {_g(last['near_mean'], 3)}")
+    pred = (
+        f"P(|s_far|>{t}) <= {bound}: "
+        + "/".join(_g(p["tail_bound"][ti], 2) for p in r["per_dim"])
+        + f" (d={dims}); E s_near = {_g(last['near_pred'], 3)} (n={last['n_near']}, d={last['d']})"
+    )
+    sim = (
+        "tail "
+        + "/".join(_g(p["tail_sim"][ti], 2) for p in r["per_dim"])
+        + "; far std "
+        + "/".join(_g(p["far_std"], 2) for p in r["per_dim"])
+        + f"; near mean {_g(last['near_mean'], 3)}"
+    )
     return [Row(f"2 score gap {r['dist']} (n_far = 2w)", pred, sim, r["holds"])]
 
 
@@ -219,30 +269,40 @@ def _mass_rows(r: dict) -> list[Row]:
     span = f"M={m0}..{m1}"
     mean = r["rho_mean"]
     return [
-        Row(f"3 far mass, bounded logits (K={r['K']}, lambda={r['lambda']:g})",
-             f"rho_D >= M/(M+K e^(2 lambda)): {_g(r['lower_bound'][0])} -> {_g(r['lower_bound'][-1])} ({span})",
-             f"min rho_D {_g(r['rho_min']['none'][0])} -> {_g(r['rho_min']['none'][-1], 4)}; "
-             f"worst case attains the bound: {'yes' if c['tight'] else 'no'}",
-             c["bound"] and c["tight"]),
-        Row(f"3 far mass, ALiBi slope {r['alibi_slope']:g}",
-             f"rho_D <= 1/(1+e^(-2 lambda)(e^(mK)-1)) = {_g(r['alibi_sup'])} for all M",
-             f"mean rho_D {_g(mean['alibi'][0])} -> {_g(mean['alibi'][-1])}, max {_g(max(r['rho_max']['alibi']))}",
-             c["alibi"]),
-        Row(f"3 far mass, forget gate z~N({r['gate']['mu']:g},{r['gate']['sigma']:g})",
-             f"E rho_D <= {_g(r['forget_gate_sup'])} for all M (Jensen, E f = {_g(r['gate']['mean'])})",
-             f"mean rho_D {_g(mean['forget_gate'][0])} -> {_g(mean['forget_gate'][-1])}",
-             c["forget_gate"]),
+        Row(
+            f"3 far mass, bounded logits (K={r['K']}, lambda={r['lambda']:g})",
+            f"rho_D >= M/(M+K e^(2 lambda)): {_g(r['lower_bound'][0])} -> {_g(r['lower_bound'][-1])} ({span})",
+            f"min rho_D {_g(r['rho_min']['none'][0])} -> {_g(r['rho_min']['none'][-1], 4)}; "
+            f"worst case attains the bound: {'yes' if c['tight'] else 'no'}",
+            c["bound"] and c["tight"],
+        ),
+        Row(
+            f"3 far mass, ALiBi slope {r['alibi_slope']:g}",
+            f"rho_D <= 1/(1+e^(-2 lambda)(e^(mK)-1)) = {_g(r['alibi_sup'])} for all M",
+            f"mean rho_D {_g(mean['alibi'][0])} -> {_g(mean['alibi'][-1])}, max {_g(max(r['rho_max']['alibi']))}",
+            c["alibi"],
+        ),
+        Row(
+            f"3 far mass, forget gate z~N({r['gate']['mu']:g},{r['gate']['sigma']:g})",
+            f"E rho_D <= {_g(r['forget_gate_sup'])} for all M (Jensen, E f = {_g(r['gate']['mean'])})",
+            f"mean rho_D {_g(mean['forget_gate'][0])} -> {_g(mean['forget_gate'][-1])}",
+            c["forget_gate"],
+        ),
     ]
 
 
 def _value_rows(r: dict) -> list[Row]:
     lo, hi = r["per_M"][0], r["per_M"][-1]
-    pred = (f"coherent ‖Cov‖ = rho_D^2 + Σa^2 = {_g(hi['coherent'])}; incoherent E tr(Cov)/d = "
-            f"Σ a_j a_l beta^|j-l| + Σa^2 = {_g(hi['incoherent_pred'])} (M={hi['M']})")
-    sim = (f"incoherent tr/d {_g(hi['incoherent_trace'])} ± {_g(hi['incoherent_se'], 2)}, "
-           f"‖Cov‖ {_g(hi['incoherent'])}; "
-           f"coherent/incoherent {_g(lo['coherent'] / lo['incoherent'])}x (M={lo['M']}) -> "
-           f"{_g(hi['coherent'] / hi['incoherent'])}x (M={hi['M']})")
+    pred = (
+        f"coherent ‖Cov‖ = rho_D^2 + Σa^2 = {_g(hi['coherent'])}; incoherent E tr(Cov)/d = "
+        f"Σ a_j a_l beta^|j-l| + Σa^2 = {_g(hi['incoherent_pred'])} (M={hi['M']})"
+    )
+    sim = (
+        f"incoherent tr/d {_g(hi['incoherent_trace'])} ± {_g(hi['incoherent_se'], 2)}, "
+        f"‖Cov‖ {_g(hi['incoherent'])}; "
+        f"coherent/incoherent {_g(lo['coherent'] / lo['incoherent'])}x (M={lo['M']}) -> "
+        f"{_g(hi['coherent'] / hi['incoherent'])}x (M={hi['M']})"
+    )
     return [Row("4 value-side incoherence (SO(2) vs identity)", pred, sim, r["holds"])]
 
 
@@ -252,15 +312,24 @@ def _decay_rows(r: dict) -> list[Row]:
         if "holds" not in s:  # closed form only: reported as a note
             continue
         at = ", ".join(f"{_g(v, 2)}@{D}" for D, v in s["at"].items())
-        rows.append(Row(f"5 decay {name} (d={r['d']})", f"E s(D)/E s(0): {at}; far |.| {_g(s['far_residual'], 2)}",
-                         f"max |MC - closed| = {s['max_z_error']:.2f} SE (tol {r['z']:.2f})", s["holds"]))
+        rows.append(
+            Row(
+                f"5 decay {name} (d={r['d']})",
+                f"E s(D)/E s(0): {at}; far |.| {_g(s['far_residual'], 2)}",
+                f"max |MC - closed| = {s['max_z_error']:.2f} SE (tol {r['z']:.2f})",
+                s["holds"],
+            )
+        )
     return rows
 
 
 def _translation_rows(r: dict) -> list[Row]:
     s = r["schemes"]
     groups = {
-        "relative: " + ", ".join(decay.TRANSLATION_INVARIANT): (decay.TRANSLATION_INVARIANT, "invariant: s(i+s, j+s) = s(i, j)"),
+        "relative: " + ", ".join(decay.TRANSLATION_INVARIANT): (
+            decay.TRANSLATION_INVARIANT,
+            "invariant: s(i+s, j+s) = s(i, j)",
+        ),
         "additive sinusoidal, accumulated i.i.d.": (("sinusoidal", "accumulated-iid"), "not invariant"),
         "accumulated, token-id angles, same tokens in between": (("accumulated-token",), "invariant"),
     }
@@ -276,8 +345,10 @@ def _translation_rows(r: dict) -> list[Row]:
 
 def checks_table(rows: list[dict]) -> str:
     """The summary table: one markdown row per row dict of :func:`run_check`."""
-    return markdown_table(["check", "prediction (bound / closed form)", "simulation", "holds"],
-                          [[r["check"], r["prediction"], r["simulation"], "yes" if r["holds"] else "**no**"] for r in rows])
+    return markdown_table(
+        ["check", "prediction (bound / closed form)", "simulation", "holds"],
+        [[r["check"], r["prediction"], r["simulation"], "yes" if r["holds"] else "**no**"] for r in rows],
+    )
 
 
 def _summary_markdown(report: dict, plot_files: list[str]) -> str:
@@ -285,7 +356,7 @@ def _summary_markdown(report: dict, plot_files: list[str]) -> str:
     held = sum(r["holds"] for r in rows)
     parts = [
         "# posenc theory: stylized model of accumulated transports",
-        f"Paper: \"Why do accumulated transformations extrapolate?\" (arXiv 2606.24975); survey seeds/003. "
+        f'Paper: "Why do accumulated transformations extrapolate?" (arXiv 2606.24975); survey seeds/003. '
         f"Seed {c['seed']}, eps {c['eps']}, mixing d={c['mix_dim']}, score-gap d={c['dims']}"
         f"{', quick budget' if c['quick'] else ''}; float64; runtime {report['runtime_s']:.1f} s. "
         f"**{held}/{len(rows)} checks hold.**",
@@ -294,8 +365,10 @@ def _summary_markdown(report: dict, plot_files: list[str]) -> str:
     survey = report["results"].get("decay", {}).get("schemes", {}).get("pope-survey-sign")
     if survey:
         at = ", ".join(f"{_g(v, 2)} at D={D}" for D, v in survey["at"].items())
-        parts.append("Note: PoPE with the survey's frequencies base^((c-1)/d) (minus sign dropped) has no locality: "
-                     f"E s(D)/E s(0) = {at}; see `decay.png` (dotted).")
+        parts.append(
+            "Note: PoPE with the survey's frequencies base^((c-1)/d) (minus sign dropped) has no locality: "
+            f"E s(D)/E s(0) = {at}; see `decay.png` (dotted)."
+        )
     if report["results"]["skipped"]:
         parts.append("Skipped:\n" + "\n".join(f"- {k}: {v}" for k, v in report["results"]["skipped"].items()))
     parts.append("Plots: " + ", ".join(f"`{p}`" for p in plot_files))

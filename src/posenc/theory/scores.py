@@ -22,8 +22,8 @@ import math
 import numpy as np
 import torch
 
-from posenc.errors import PosencError
 from posenc.encodings.mixing import window_size
+from posenc.errors import PosencError
 from posenc.theory.stats import compare, proportion_tol, z_value
 from posenc.theory.steps import DTYPE, Haar, Householder, SO2Steps, StepDist, parse_dist, unit_vectors
 
@@ -89,8 +89,13 @@ def score_gap(
             compare(r[f"{w}_mean"], r[f"{w}_pred"], z * r[f"{w}_se"] + 1e-12) for w in ("near", "far")
         )
     return {
-        "dist": per_dim[0]["dist"], "dims": list(dims), "samples": samples, "thresholds": list(thresholds),
-        "tail_tolerance": tol, "z": z, "per_dim": per_dim,
+        "dist": per_dim[0]["dist"],
+        "dims": list(dims),
+        "samples": samples,
+        "thresholds": list(thresholds),
+        "tail_tolerance": tol,
+        "z": z,
+        "per_dim": per_dim,
         "holds": all(r["tail_holds"] and r["mean_holds"] for r in per_dim),
     }
 
