@@ -304,7 +304,6 @@ def _one_line_exit_2(capsys, argv, message):
             ["--rope-schedule", "longrope", "--factor", "2", "--short-factor", "1,2", "--long-factor", "1,2"],
             "longrope: short_factor has 2 entries; head dim 32 needs 16",
         ),
-        (["--rope-schedule", "rerope", "--window", "64"], "--window was renamed: use --rerope-window"),
         (["--rope-param", "beta_fast=16"], "need --rope-schedule"),
     ],
 )

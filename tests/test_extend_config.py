@@ -61,6 +61,7 @@ COMMON = dict(
     seed=0,
     schedules=list(NAMES),
     schemes=[],
+    methods=[],
     trials=1,
     threads=None,
     original_max_position_embeddings=None,
@@ -144,18 +145,15 @@ def test_flags_override_the_preset(tmp_path):
             "invalid extend preset bad.yaml: lengths.0: Input should be greater than or equal to 2",
         ),
         ("name: x\n", "invalid extend preset bad.yaml: lengths: Field required"),
+        ("name: x\nlengths: [16]\nschedules: [leaky_rerope]\n", "unknown rope schedule 'leaky_rerope'"),
+        ("name: x\nlengths: [16]\nmethods: [nosuch+self-extend]\n", "unknown rope schedule 'nosuch'"),
         (
-            "name: x\nlengths: [16]\nschedules: [leaky_rerope]\n",
-            "rope schedule 'leaky_rerope' was renamed: use 'leaky-rerope'",
+            "name: x\nlengths: [16]\nmethods: [dynamic+self-extend]\n",
+            "a method goes on native RoPE or a fixed-frequency",
         ),
-        (
-            "name: x\nlengths: [16]\nmethods: [yarn]\n",
-            "extend preset bad.yaml: key 'methods' was renamed: use 'schedules'",
-        ),
-        (
-            "name: x\nlengths: [16]\npasskey_methods: [yarn]\n",
-            "key 'passkey_methods' was renamed: use 'passkey_schedules'",
-        ),
+        ("name: x\nlengths: [16]\nmethods: [self-extend:group=0]\n", "group must be an integer >= 1"),
+        ("name: x\nlengths: [16]\nmethods: [sinks]\n", "method sinks on a pretrained model is not supported yet"),
+        ("name: x\nlengths: [16]\npasskey_methods: [yarn]\n", "passkey_methods: Extra inputs are not permitted"),
         ("name: x\nlengths: [16, 32]\nstride: 16\n", "--stride must be in [1, 15]"),
         ("name: [x\n", "is not valid YAML"),
         ("- name\n", "is not a YAML mapping"),
@@ -173,7 +171,7 @@ def test_cli_bad_preset_or_flag_exits_2(tmp_path, capsys):
     for argv, message in (
         (["--preset", "nosuch"], "unknown extend preset 'nosuch'; valid: default, quick, reproduce"),
         (["--factor", "0.5"], "invalid factor=0.5 (command line): Input should be greater than or equal to 1"),
-        (["--leaky-k", "2"], "--leaky-k was renamed: use --leak"),
+        (["--method", "ntk+nosuch"], "unknown method 'nosuch'"),
         (["--schedules", "nosuch"], "unknown rope schedule 'nosuch'"),
     ):
         assert main(["extend", *argv, "--out", str(out)]) == 2

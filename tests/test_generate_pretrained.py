@@ -196,7 +196,8 @@ def test_a_finetune_run_generates_with_its_trained_tensors(llama_dir, capsys, ex
     )  # of the unadapted model
     assert len(plan[32]) == len(after) == len(before) == 2
     for doc, win in plan[32]:
-        got = evaluate.score_window(a.model, dict(docs)[doc], win, bos_id, ecfg.bucket)["nll_sum"]
+        bucket = evaluate.bucket_width(32, ecfg.bucket)
+        got = evaluate.score_window(a.model, dict(docs)[doc], win, bos_id, bucket)["nll_sum"]
         assert got == pytest.approx(after[doc, win.begin], rel=1e-5) and got != pytest.approx(
             before[doc, win.begin], rel=1e-3
         )

@@ -253,6 +253,7 @@ IN_WORDS = {
     "truncate",
     "low_freq_factor",
     "high_freq_factor",
+    "bucket",
 }
 
 

@@ -7,6 +7,7 @@ padded batches, sinks and bad specs are one-line errors; ``posenc generate MODEL
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from test_generate_pretrained import L0, llama  # noqa: E402  (the tiny random L
 from posenc import methods  # noqa: E402
 from posenc.cli import main  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
+from posenc.pretrained import evaluate as ev  # noqa: E402
 from posenc.pretrained import generation, loading  # noqa: E402
 from posenc.pretrained.adaptation import Adaptation  # noqa: E402
 from posenc.pretrained.schedules import Extension  # noqa: E402
@@ -243,3 +245,64 @@ def test_cli_bad_method_is_one_line(llama_dir, capsys, flags, message):
     code = main(["generate", str(llama_dir / "tiny"), "--prompt", "x", *flags])
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_extend_scores_each_method_as_direct_scoring_does(llama_dir, tmp_path, capsys):
+    """posenc extend --method: a row per method whose NLL at each length is the window's score under
+    Adaptation.set_method (on its schedule), and the schedules' rows unchanged by it."""
+    from posenc import extend
+
+    specs = ["self-extend:group=2,window=4", "ntk+dual-chunk:chunk=8,local=2"]
+    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt")]
+    argv += ["--out", str(tmp_path / "o"), "--schedules", "none", "ntk", "--factor", "2", "--lengths", "16", "32"]
+    argv += ["--max-windows", "2", "--passkey-lengths", "80", "--method", *specs]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (tmp_path / "o" / "records.jsonl").read_text().splitlines()]
+    labels = ["self-extend(group=2,window=4)", "ntk+dual-chunk(chunk=8,local=2)"]
+    assert {r["adaptation"] for r in records} == {"none", "ntk", *labels}
+    assert set(labels) <= {r["adaptation"] for r in records if r["kind"] == "passkey"}
+    assert all(label in (tmp_path / "o" / "results.md").read_text() for label in labels)
+    cfg = extend.load_extend_config(
+        "quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"), "lengths": [16, 32]}
+    )
+    loaded = loading.load(cfg.model)
+    _, docs, plan, bos_id = extend.eval_inputs(cfg.model_copy(update={"max_windows": 2}), loaded, extend.held_out(cfg))
+    a = Adaptation(loaded.model)
+    for spec, label in zip(specs, labels):
+        schedule, method = extend.split_method(spec)
+        a.set_schedule(Extension(schedule, 2.0))
+        a.set_method(method)
+        for L in (16, 32):
+            got = [
+                r["nll_sum"] for r in records if r["kind"] == "ppl" and r["adaptation"] == label and r["length"] == L
+            ]
+            want = [
+                ev.score_window(a.model, dict(docs)[doc], win, bos_id, ev.bucket_width(L))["nll_sum"]
+                for doc, win in plan[L]
+            ]
+            assert len(want) == 2 and got == pytest.approx(want, rel=1e-6)
+        a.restore()
+    plain = {
+        (r["length"], r["begin"]): r["nll_sum"] for r in records if r["adaptation"] == "none" and r["kind"] == "ppl"
+    }
+    a.set_schedule(Extension("none", 2.0))
+    for doc, win in plan[32]:
+        assert plain[32, win.begin] == pytest.approx(
+            ev.score_window(a.model, dict(docs)[doc], win, bos_id, ev.bucket_width(32))["nll_sum"], rel=1e-6
+        )
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("sinks", "method sinks on a pretrained model is not supported yet"),
+        ("dynamic+self-extend", "a method goes on native RoPE or a fixed-frequency schedule"),
+        ("nosuch+self-extend", "nosuch"),
+        ("self-extend:group=x", "group must be an integer"),
+    ],
+)
+def test_extend_bad_method_is_one_line(llama_dir, tmp_path, capsys, spec, message):
+    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt")]
+    code = main([*argv, "--out", str(tmp_path / "o"), "--lengths", "16", "--method", spec])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and message in err and not (tmp_path / "o").exists(), err

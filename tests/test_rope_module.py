@@ -181,18 +181,10 @@ def test_own_model_and_hf_rerope_are_one_attention(name, leak):
     assert adapted.rerope[1:] == (w, leak)  # one meaning of leak: Su's k
 
 
-def test_old_spellings_name_the_new_ones(tmp_path, capsys):
-    with pytest.raises(PosencError, match="'leaky_rerope' was renamed: use 'leaky-rerope'"):
-        rope.schedule_params("leaky_rerope", L0, {"window": 4, "leak": 2.0})
-    with pytest.raises(PosencError, match="use 'leaky-rerope'"):
-        schedules.extension_params(Extension("leaky_rerope"), L0)
+def test_bad_schedule_flags_are_one_line(tmp_path, capsys):
     for argv, message in (
-        (["--schedules", "leaky_rerope"], "use 'leaky-rerope'"),
-        (["--leaky-k", "4"], "--leaky-k was renamed: use --leak"),
+        (["--schedules", "leaky_rerope"], "unknown rope schedule 'leaky_rerope'"),
         (["--schedules", "yarn", "--passkey-schedules", "nosuch"], "unknown rope schedule 'nosuch'"),
-        (["--methods", "yarn"], "--methods was renamed: use --schedules"),
-        (["--long-methods"], "--long-methods was renamed: use --long-schedules"),
-        (["--passkey-methods", "yarn"], "--passkey-methods was renamed: use --passkey-schedules"),
     ):
         assert main(["extend", *argv, "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -97,7 +97,7 @@ def test_spec_values_are_typed():
         ("nosuch:a=1", "unknown scheme 'nosuch'"),
         (":a=1", "missing scheme name"),
         ("alibi:x=1", "scheme 'alibi' has no parameter 'x'"),
-        ("acc-zero-qkv", "'acc-zero-qkv' was renamed: use 'acc-rand-qkv'"),
+        ("acc-zero-qkv", "unknown scheme 'acc-zero-qkv'"),
         ("alibi+alibi:x=1", "has no parameter 'x'"),
     ],
 )

@@ -24,20 +24,20 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from posenc import encodings, hf, passkey, rope
+from posenc import encodings, hf, methods, passkey, rope
 from posenc.checkpoint import read_json, write_json
 from posenc.data import Document, load_corpus
 from posenc.errors import PosencError
 from posenc.presets import SHIPPED, load_flat
 from posenc.presets import preset_names as shipped
-from posenc.pretrained import evaluate, loading, report, schedules
-from posenc.pretrained.adaptation import Adaptation
+from posenc.pretrained import evaluate, loading, long_context, report, schedules
+from posenc.pretrained.adaptation import SWITCHES, Adaptation
 from posenc.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, drop_torn_tail, load, trial_key
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
@@ -127,12 +127,6 @@ class ScoringConfig(ScheduleSettings):
 class ExtendConfig(ScoringConfig):
     """One ``posenc extend`` run; lengths, windows and strides in tokens of the model's tokenizer."""
 
-    # keys of earlier versions: a one-line error naming the new key (posenc.presets.load_flat)
-    renamed_keys: ClassVar[dict[str, str]] = {
-        "methods": "schedules",
-        "long_methods": "long_schedules",
-        "passkey_methods": "passkey_schedules",
-    }
     stride: int | None = None  # sliding-window stride in text tokens; None: non-overlapping windows
     # position-bucket width (tokens); None: the run directory's (open_store), else 1/32 of each length (evaluate.bucket_width)
     bucket: int | None = Field(None, ge=1)
@@ -141,6 +135,8 @@ class ExtendConfig(ScoringConfig):
     schemes: list[
         str
     ] = []  # posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme)
+    # long-context methods (posenc.methods) on native RoPE, or SCHEDULE+METHOD on a fixed-frequency schedule
+    methods: list[str] = []
     lengths: list[Annotated[int, Field(ge=2)]] = Field(min_length=1)  # model positions per window
     long_schedules: list[str] | None = None  # only these at lengths > factor x L0; None: every schedule
     max_windows: int = Field(0, ge=0)  # windows per (adaptation, length); 0: all
@@ -173,6 +169,14 @@ def check_config(cfg: ExtendConfig) -> None:
     for spec in cfg.schemes:  # names and parameters; sizes once the model is loaded
         for entry in encodings.layer_pattern(spec):
             encodings.parts(entry)
+    for spec in cfg.methods:  # the schedule underneath and the method's name and parameters (its defaults need L0)
+        schedule, method = split_method(spec)
+        check_name(schedule)
+        if schedule in SWITCHES or schedule in ("rerope", "leaky-rerope"):
+            raise PosencError(
+                f"--method {spec!r}: a method goes on native RoPE or a fixed-frequency schedule (pi, ntk, yarn, llama3)"
+            )
+        long_context.check_supported(methods.parse(method, 1 << 20))  # any L0: the name and parameters
     targets = min(cfg.lengths) - 1  # per window of the shortest length, either BOS policy
     if cfg.stride is not None and not 1 <= cfg.stride <= targets:
         raise PosencError(
@@ -207,6 +211,18 @@ def extension(cfg: ScheduleSettings, schedule: str) -> schedules.Extension:
         original_max_position_embeddings=cfg.original_max_position_embeddings,
         **{**given, **lists},
     )
+
+
+def split_method(spec: str) -> tuple[str, str]:
+    """(schedule, method spec) of a ``methods`` entry: ``self-extend:group=4`` on native RoPE ("none"),
+    ``ntk+self-extend:group=4`` on NTK-aware frequencies (the Self-Extend paper's composition)."""
+    schedule, plus, method = spec.partition("+")
+    return (schedule, method) if plus else ("none", spec)
+
+
+def method_label(schedule: str, method) -> str:
+    """A method row's label: ``self-extend(group=4,window=4096)``, ``ntk+self-extend(...)`` on a schedule."""
+    return method.describe() if schedule == "none" else f"{schedule}+{method.describe()}"
 
 
 def held_out(cfg: ExtendConfig) -> list[Document]:
@@ -399,6 +415,8 @@ def eval_inputs(
         schedules.extension_params(extension(cfg, name), l0)
     for spec in cfg.schemes:  # built for the model's sizes, not yet applied
         hf.layer_schemes(loaded.model, spec)
+    for spec in cfg.methods:  # the defaults from L0
+        methods.parse(split_method(spec)[1], l0)
     tok = loaded.tokenizer
     docs = [(d.name, text_ids(tok, d.text)[: cfg.max_tokens]) for d in documents]
     bos_id = tok.bos_token_id if cfg.bos == "prepend" else None
@@ -460,12 +478,35 @@ def extend(cfg: ExtendConfig, out: Path | None = None) -> tuple[Path, str]:
                 _ppl_points(adapted, name, L, plan[L], dict(docs), store, cfg, bos_id)
         if name in (cfg.passkey_schedules or cfg.schedules):
             _passkey_points(adapted, loaded.tokenizer, name, store, cfg, bos_id)
+    method_rows = [
+        _method_points(adapted, loaded.tokenizer, spec, plan, dict(docs), store, cfg, bos_id) for spec in cfg.methods
+    ]
     for spec in cfg.schemes:  # last: the model keeps the posenc attention (each scheme replaces the native RoPE)
         _scheme_points(adapted, loaded.tokenizer, spec, plan, dict(docs), store, cfg, l0, bos_id)
-    labels = [SCHEME_LABEL + s for s in cfg.schemes]
+    labels = method_rows + [SCHEME_LABEL + s for s in cfg.schemes]
     labels += sorted({r.adaptation for r in store.records if r.adaptation.startswith(SCHEME_LABEL)} - set(labels))
     rows = [m for m in NAMES if m in cfg.schedules or any(r.adaptation == m for r in store.records)] + labels
     return out, report.write_report(out, store.records, rows, _header(cfg, l0, docs, store.records))
+
+
+def _method_points(
+    adapted: Adaptation,
+    tok,
+    spec: str,
+    plan: dict,
+    doc_tokens: dict,
+    store: _Store,
+    cfg: ExtendConfig,
+    bos_id: int | None,
+) -> str:
+    """Perplexity at every length and passkey of the model under method ``spec`` (on its schedule, ``split_method``),
+    then the model restored; returns the row's label. Every length: the methods are for inputs beyond L0."""
+    schedule, method = split_method(spec)
+    adapted.set_schedule(extension(cfg, schedule))
+    label = method_label(schedule, adapted.set_method(method))
+    measure(adapted, tok, label, cfg.lengths, plan, doc_tokens, store, cfg, bos_id)
+    adapted.restore()
+    return label
 
 
 def _scheme_points(

@@ -281,11 +281,7 @@ def apply(cls: type, data: dict, overrides: dict[str, Any] | None) -> dict:
 def load_flat(cls: type[BaseModel], name_or_path: str, folder, kind: str, overrides: dict | None = None):
     """A preset whose keys are a command's flags: ``cls`` built from preset ``name_or_path`` (a name in
     ``folder`` or a YAML path) with ``overrides`` (the given flags and ``--set``s) replacing its keys
-    (:func:`apply`). PosencError as :func:`read_preset`, :func:`assign` and :func:`validated`, naming the ``kind``,
-    and for a key ``cls.renamed_keys`` lists (an earlier version's name: the error names the new one)."""
+    (:func:`apply`). PosencError as :func:`read_preset`, :func:`assign` and :func:`validated`, naming the ``kind``."""
     path, data = read_preset(name_or_path, folder, kind, cls)
-    for old, new in getattr(cls, "renamed_keys", {}).items():
-        if old in data:
-            raise PosencError(f"{kind} {path.name}: key {old!r} was renamed: use {new!r}")
     where = f"{kind} {path.name}" + (" with command-line options" if overrides else "")
     return validated(cls, apply(cls, data, overrides), where, overrides)

@@ -1,6 +1,5 @@
 """`posenc eval RUN_DIR`: perplexity against evaluation length for one trained run."""
 
-import argparse
 import math
 import re
 import time
@@ -43,7 +42,6 @@ def add_parser(sub):
     g.add_argument("--rope-schedule", metavar="NAME", help=", ".join(NAMES))
     g.add_argument("--factor", type=float, help="scale factor s (pi, ntk, dynamic, yarn, llama3)")
     g.add_argument("--rerope-window", type=int, help="ReRoPE window w (tokens)")
-    g.add_argument("--window", type=int, help=argparse.SUPPRESS)  # renamed as in extend: a one-line error
     g.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k")
     g.add_argument(
         "--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to the training length"
@@ -119,8 +117,6 @@ def scored_text(docs: list, corpus: str, span: int, max_tokens: int) -> str:
 
 
 def run(args) -> int:
-    if args.window is not None:
-        raise PosencError("--window was renamed: use --rerope-window (as in posenc extend)")
     given = [args.factor, args.rerope_window, args.leak, args.short_factor, args.long_factor, *args.rope_param]
     if not args.rope_schedule and any(v is not None for v in given):  # else silently ignored
         raise PosencError(

@@ -11,18 +11,9 @@ import argparse
 from pathlib import Path
 
 from posenc.commands import add_set, given_settings, number_list, shown
-from posenc.errors import PosencError
 from posenc.extend import ExtendConfig, extend, load_extend_config, preset_names
 from posenc.pretrained.schedules import WINDOW_DIVISOR
 from posenc.rope import NAMES
-
-# flags of earlier releases, each a one-line error naming its new spelling
-RENAMED = {
-    "--leaky-k": "--leak (same k)",
-    "--methods": "--schedules",
-    "--long-methods": "--long-schedules",
-    "--passkey-methods": "--passkey-schedules",
-}
 
 
 def _tokens(n: int) -> str:
@@ -80,6 +71,16 @@ def add_parser(sub) -> None:
         help="posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme; "
         "no fine-tuning: 'rope' reproduces the model, other schemes change it); reported as scheme:SPEC",
     )
+    p.add_argument(
+        "--method",
+        dest="methods",
+        nargs="+",
+        metavar="SPEC",
+        help="long-context methods scored beside the schedules at every length: self-extend:group=G,window=W, "
+        "lm-infinite:n_global=N,window=W, dual-chunk:chunk=S,local=W (defaults from L0), on native RoPE or "
+        "SCHEDULE+SPEC on a fixed-frequency schedule (ntk+self-extend:group=8); reported as the method's label "
+        f"(default {shown(d.methods)})",
+    )
     p.add_argument("--factor", type=float, help=f"scale factor s (>= 1); default {shown(d.factor)}")
     p.add_argument("--lengths", type=int, nargs="+", help=f"evaluation lengths in tokens (default {shown(d.lengths)})")
     p.add_argument(
@@ -129,8 +130,6 @@ def add_parser(sub) -> None:
     p.add_argument("--name", help="run name (default: the preset's name)")
     p.add_argument("--out", type=Path, help="output directory (default runs/extend/<name>)")
     add_set(p, "bucket=512 or passkey_depths=[0.2,0.8] (the keys are the flags': --max-windows is max_windows)")
-    for old in RENAMED:
-        p.add_argument(old, nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -190,9 +189,6 @@ def factor_lists(args) -> dict:
 
 def config(args) -> ExtendConfig:
     """The preset named by ``--preset`` (or ``--quick``, ``--reproduce``) with every given flag replacing its value."""
-    for old, new in RENAMED.items():
-        if getattr(args, old[2:].replace("-", "_")) is not None:
-            raise PosencError(f"{old} was renamed: use {new}")
     preset = args.preset or ("quick" if args.quick else "reproduce" if args.reproduce else "default")
     bare = (
         {"long_schedules": None} if args.long_schedules == [] else {}

@@ -36,7 +36,6 @@ from posenc.errors import PosencError
 
 _REGISTRY: dict[str, type[Encoding]] = {}
 _ALIASES: dict[str, tuple[str, dict[str, Any], str]] = {}
-RENAMED = {"acc-zero-qkv": "acc-rand-qkv"}  # names of earlier releases -> today's scheme with that meaning
 ENTRY_POINTS = "posenc.schemes"
 IMPORT_VAR = "POSENC_IMPORT"
 _PLUGINS: set[str] = set()  # modules loaded as plugins: a job process loads them itself (entry points, POSENC_IMPORT)
@@ -359,8 +358,6 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
                 f"{base!r} fixes {', '.join(f'{k}={preset[k]!r}' for k in fixed)}; use {target!r} with the parameters you want"
             )
         name, params = target, {**preset, **params}
-    if name in RENAMED:
-        raise PosencError(f"scheme {name!r} was renamed: use {RENAMED[name]!r} (docs/schemes.md, 'Renamed')")
     if name not in _REGISTRY:
         raise PosencError(f"unknown scheme {base!r}; valid: {', '.join(names())}")
     cls = _REGISTRY[name]

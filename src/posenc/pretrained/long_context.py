@@ -71,6 +71,15 @@ def _is_causal(mask: torch.Tensor, tq: int, tk: int) -> bool:
     return bool((mask == (torch.arange(tk, device=mask.device)[None] <= i)).all())
 
 
+def check_supported(method: methods.Method) -> None:
+    """PosencError (one line) for a method the pretrained attention does not implement (attention sinks)."""
+    if method.name not in SUPPORTED:
+        raise PosencError(
+            f"method {method.name} on a pretrained model is not supported yet (pretrained: "
+            f"{', '.join(SUPPORTED)}; sinks: posenc train runs)"
+        )
+
+
 def install(model, method: methods.Method) -> list:
     """Switch a Llama-family model to ``method``'s attention in place; returns the hook handles it registered.
 
@@ -81,11 +90,7 @@ def install(model, method: methods.Method) -> list:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    if method.name not in SUPPORTED:
-        raise PosencError(
-            f"method {method.name} on a pretrained model is not supported yet (pretrained: "
-            f"{', '.join(SUPPORTED)}; sinks: posenc train runs)"
-        )
+    check_supported(method)
     rotary = model.model.rotary_emb
     if isinstance(rotary, IdentityRotary):
         raise PosencError(

@@ -160,8 +160,7 @@ class Schedule:
     - ``hf``: its transformers ``rope_parameters`` (``posenc.rope.hf``);
     - ``check_head_dim(params, head_dim)``: PosencError for parameters that do not fit the head dim;
     - ``replaces_attention``: ReRoPE's attention (``posenc.rope.rerope``) instead of rotated q, k;
-    - ``shipped``: its parameters come with a model (searched lists): valid by name, never a default schedule;
-    - ``renamed_from``: its spellings in earlier releases.
+    - ``shipped``: its parameters come with a model (searched lists): valid by name, never a default schedule.
 
     Calling it gives ``(inv_freq, attention_factor)``.
     """
@@ -175,7 +174,6 @@ class Schedule:
     check_head_dim: Callable[[dict, int], None] = _no_check
     replaces_attention: bool = False
     shipped: bool = False
-    renamed_from: tuple[str, ...] = ()
 
     def __call__(
         self, head_dim: int, rope_theta: float, params: dict, seq_len: int | None = None
@@ -358,7 +356,6 @@ SCHEDULES: dict[str, Schedule] = {
             {"window": REQUIRED, "leak": REQUIRED},
             _check_rerope,
             replaces_attention=True,
-            renamed_from=("leaky_rerope",),
         ),
     )
 }
@@ -367,13 +364,10 @@ NAMES = tuple(
     n for n in SCHEDULES if n not in SHIPPED
 )  # the one naming (CLI, presets, reports) and the default schedules
 RELATIVE = tuple(n for n, s in SCHEDULES.items() if s.replaces_attention)  # schedules that replace attention
-_RENAMED = {old: n for n, s in SCHEDULES.items() for old in s.renamed_from}
 
 
 def check_name(name: str) -> str:
-    """``name`` if it is a schedule; PosencError naming the new spelling of a renamed one, or the valid names."""
-    if name in _RENAMED:
-        raise PosencError(f"rope schedule {name!r} was renamed: use {_RENAMED[name]!r}")
+    """``name`` if it is a schedule; PosencError naming the valid names."""
     if name not in SCHEDULES:
         raise PosencError(f"unknown rope schedule {name!r}; valid: {', '.join(SCHEDULES)}")
     return name
