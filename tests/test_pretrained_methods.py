@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,7 +77,13 @@ def native_inv_freq(schedule):
 
 @pytest.mark.parametrize("schedule", [None, "ntk", "yarn"])
 @pytest.mark.parametrize(
-    "spec", ["self-extend:group=3,window=6", "lm-infinite:n_global=2,window=10", "dual-chunk:chunk=7,local=2"]
+    "spec",
+    [
+        "self-extend:group=3,window=6",
+        "lm-infinite:n_global=2,window=10",
+        "dual-chunk:chunk=7,local=2",
+        "sinks:n_sink=2,window=9",
+    ],
 )
 def test_logits_equal_the_naive_reference(schedule, spec):
     ids = torch.randint(0, 128, (2, T))
@@ -116,7 +123,13 @@ def test_a_window_covering_the_input_reproduces_the_model(schedule, spec):
 
 
 @pytest.mark.parametrize(
-    "spec", ["self-extend:group=2,window=4", "lm-infinite:n_global=1,window=6", "dual-chunk:chunk=5,local=1"]
+    "spec",
+    [
+        "self-extend:group=2,window=4",
+        "lm-infinite:n_global=1,window=6",
+        "dual-chunk:chunk=5,local=1",
+        "sinks:n_sink=2,window=5",
+    ],
 )
 def test_cached_greedy_decoding_equals_full_recomputation(spec):
     a, ids = adapted("ntk", spec), torch.randint(0, 128, (9,))
@@ -157,7 +170,6 @@ def test_defaults_come_from_the_native_context():
 @pytest.mark.parametrize(
     "schedule, spec, message",
     [
-        (None, "sinks:n_sink=2,window=8", "method sinks on a pretrained model is not supported yet"),
         (None, "self-extend:group=0", "group must be an integer >= 1"),
         (None, "nosuch", "unknown method 'nosuch'"),
         ("rerope", "self-extend", "the model has schedule rerope"),
@@ -237,7 +249,6 @@ def test_cli_generates_with_the_method(llama_dir, capsys):
     "flags, message",
     [
         (["--method", "self-extend:group=x"], "group must be an integer"),
-        (["--method", "sinks"], "method sinks on a pretrained model is not supported yet"),
         (["--method", "self-extend", "--scheme", "alibi"], "--method applies to native RoPE or a --schedule"),
     ],
 )
@@ -252,13 +263,13 @@ def test_extend_scores_each_method_as_direct_scoring_does(llama_dir, tmp_path, c
     Adaptation.set_method (on its schedule), and the schedules' rows unchanged by it."""
     from posenc import extend
 
-    specs = ["self-extend:group=2,window=4", "ntk+dual-chunk:chunk=8,local=2"]
+    specs = ["self-extend:group=2,window=4", "ntk+dual-chunk:chunk=8,local=2", "sinks:n_sink=2,window=6"]
     argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt")]
     argv += ["--out", str(tmp_path / "o"), "--schedules", "none", "ntk", "--factor", "2", "--lengths", "16", "32"]
     argv += ["--max-windows", "2", "--passkey-lengths", "80", "--method", *specs]
     assert main(argv) == 0
     records = [json.loads(line) for line in (tmp_path / "o" / "records.jsonl").read_text().splitlines()]
-    labels = ["self-extend(group=2,window=4)", "ntk+dual-chunk(chunk=8,local=2)"]
+    labels = ["self-extend(group=2,window=4)", "ntk+dual-chunk(chunk=8,local=2)", "sinks(n_sink=2,window=6)"]
     assert {r["adaptation"] for r in records} == {"none", "ntk", *labels}
     assert set(labels) <= {r["adaptation"] for r in records if r["kind"] == "passkey"}
     assert all(label in (tmp_path / "o" / "results.md").read_text() for label in labels)
@@ -295,7 +306,7 @@ def test_extend_scores_each_method_as_direct_scoring_does(llama_dir, tmp_path, c
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("sinks", "method sinks on a pretrained model is not supported yet"),
+        ("sinks:n_sink=-1", "n_sink must be an integer >= 0"),
         ("dynamic+self-extend", "a method goes on native RoPE or a fixed-frequency schedule"),
         ("nosuch+self-extend", "nosuch"),
         ("self-extend:group=x", "group must be an integer"),
@@ -306,3 +317,73 @@ def test_extend_bad_method_is_one_line(llama_dir, tmp_path, capsys, spec, messag
     code = main([*argv, "--out", str(tmp_path / "o"), "--lengths", "16", "--method", spec])
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and message in err and not (tmp_path / "o").exists(), err
+
+
+def test_the_bounded_cache_holds_the_sinks_and_the_window_only():
+    """Decoding under sinks: each layer keeps n_sink + window - 1 keys between steps, the first n_sink and the
+    last window - 1 fed (their unrotated keys, as the full forward computes them)."""
+    from posenc.pretrained.sink_cache import sink_cache
+
+    a, ids = adapted(None, "sinks:n_sink=2,window=5"), torch.randint(0, 128, (1, 12))
+    cache = sink_cache(a.model, a.method)
+    with torch.no_grad():
+        a.model(ids[:, :7], past_key_values=cache, use_cache=True)
+        for t in range(7, 12):
+            a.model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+        full = sink_cache(a.model, methods.parse("sinks:n_sink=100,window=100", L0))  # evicts nothing
+        a.model(ids, past_key_values=full, use_cache=True)
+    assert cache.get_seq_length() == 12 and all(layer.keys.shape[-2] == 6 for layer in cache.layers)
+    kept = [0, 1, 8, 9, 10, 11]
+    for layer, whole in zip(cache.layers, full.layers):
+        assert torch.allclose(layer.keys, whole.keys[:, :, kept], atol=1e-5)
+        assert torch.allclose(layer.values, whole.values[:, :, kept], atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_streaming_nll_equals_the_full_forward_under_sinks(chunk):
+    """The streaming definition: a text fed chunk by chunk through the bounded cache scores each token as the
+    full forward under the sinks mask does; the cache stays at n_sink + window - 1 positions."""
+    from posenc.pretrained.sink_cache import streaming_nll
+
+    a, text = adapted(None, "sinks:n_sink=2,window=6"), torch.randint(0, 128, (50,))
+    nll, peak = streaming_nll(a.model, a.method, text, chunk)
+    with torch.no_grad():
+        logits = a.model(text[None, :-1], use_cache=False).logits[0].float()
+    want = torch.nn.functional.cross_entropy(logits, text[1:], reduction="none")
+    cfg = a.model.config
+    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+    assert nll.shape == (49,) and torch.allclose(nll, want, atol=1e-4)
+    assert peak == 7 * per_position * 4  # float32 keys and values of the 7 kept positions
+    with pytest.raises(PosencError, match="chunk >= 1"):
+        streaming_nll(a.model, a.method, text, 0)
+
+
+def test_extend_streams_the_held_out_text_through_the_sinks_cache(llama_dir, tmp_path, capsys):
+    """posenc extend --stream N with a sinks method: the JSON's perplexity is the full forward's under the sinks
+    mask over the first N targets of the held-out text joined; a rerun keeps it; --stream without sinks is refused."""
+    from posenc import extend
+
+    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt")]
+    argv += ["--out", str(tmp_path / "o"), "--schedules", "none", "--lengths", "16", "--max-windows", "1"]
+    argv += ["--passkey-lengths", "80"]
+    assert main([*argv, "--stream", "90"]) == 2 and "needs a bounded cache" in capsys.readouterr().err
+    assert main([*argv, "--method", "sinks:n_sink=2,window=6", "--stream", "90"]) == 0
+    path = tmp_path / "o" / "stream_sinks_n_sink=2_window=6_.json"
+    got = json.loads(path.read_text())
+    assert path.with_suffix(".png").stat().st_size > 0
+    cfg = extend.load_extend_config(
+        "quick", {"model": str(llama_dir / "tiny"), "corpus": str(llama_dir / "corpus.txt"), "lengths": [16]}
+    )
+    loaded = loading.load(cfg.model)
+    _, docs, _, _ = extend.eval_inputs(cfg, loaded, extend.held_out(cfg))
+    text = torch.as_tensor(np.concatenate([ids for _, ids in docs])[:91], dtype=torch.int64)
+    a = Adaptation(loaded.model)
+    a.set_method("sinks:n_sink=2,window=6")
+    with torch.no_grad():
+        logits = a.model(text[None, :-1], use_cache=False).logits[0].float()
+    nll = torch.nn.functional.cross_entropy(logits, text[1:], reduction="none").double()
+    assert got["targets"] == 90 and got["ppl"] == pytest.approx(float(nll.mean().exp()), rel=1e-5)
+    assert len(got["bucket_ppl"]) == 8 and got["peak_cache_bytes"] > 0
+    before = path.read_text()
+    assert main([*argv, "--method", "sinks:n_sink=2,window=6", "--stream", "90"]) == 0
+    assert path.read_text() == before  # kept: not streamed again

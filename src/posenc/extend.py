@@ -20,12 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
@@ -39,6 +41,7 @@ from posenc.presets import preset_names as shipped
 from posenc.pretrained import evaluate, loading, long_context, report, schedules
 from posenc.pretrained.adaptation import SWITCHES, Adaptation
 from posenc.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, drop_torn_tail, load, trial_key
+from posenc.reporting import plot_stream
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
 
@@ -137,6 +140,8 @@ class ExtendConfig(ScoringConfig):
     ] = []  # posenc schemes put into the model's attention after the schedules (posenc.hf.apply_scheme)
     # long-context methods (posenc.methods) on native RoPE, or SCHEDULE+METHOD on a fixed-frequency schedule
     methods: list[str] = []
+    # targets of the held-out text (joined) streamed through each sinks method's bounded cache; 0: none
+    stream: int = Field(0, ge=0)
     lengths: list[Annotated[int, Field(ge=2)]] = Field(min_length=1)  # model positions per window
     long_schedules: list[str] | None = None  # only these at lengths > factor x L0; None: every schedule
     max_windows: int = Field(0, ge=0)  # windows per (adaptation, length); 0: all
@@ -177,6 +182,8 @@ def check_config(cfg: ExtendConfig) -> None:
                 f"--method {spec!r}: a method goes on native RoPE or a fixed-frequency schedule (pi, ntk, yarn, llama3)"
             )
         long_context.check_supported(methods.parse(method, 1 << 20))  # any L0: the name and parameters
+    if cfg.stream and not any(split_method(m)[1].split(":")[0] == "sinks" for m in cfg.methods):
+        raise PosencError("--stream needs a bounded cache: give a sinks method (--method sinks:n_sink=4,window=W)")
     targets = min(cfg.lengths) - 1  # per window of the shortest length, either BOS policy
     if cfg.stride is not None and not 1 <= cfg.stride <= targets:
         raise PosencError(
@@ -505,8 +512,41 @@ def _method_points(
     adapted.set_schedule(extension(cfg, schedule))
     label = method_label(schedule, adapted.set_method(method))
     measure(adapted, tok, label, cfg.lengths, plan, doc_tokens, store, cfg, bos_id)
+    if cfg.stream and adapted.method.bounded:
+        _stream_point(adapted, label, doc_tokens, store.path.parent, cfg.stream)
     adapted.restore()
     return label
+
+
+def _stream_point(adapted: Adaptation, label: str, doc_tokens: dict, out: Path, targets: int) -> None:
+    """The first ``targets`` targets of the held-out documents, joined in order, streamed through the bounded
+    cache (``sink_cache.streaming_nll``): ``stream_<label>.json`` (perplexity, eight position buckets, the peak
+    cache in bytes, seconds) and its perplexity per position (``stream_<label>.png``); kept if already there."""
+    from posenc.pretrained.sink_cache import streaming_nll  # imports transformers
+
+    path = out / f"stream_{re.sub(r'[^A-Za-z0-9=._-]', '_', label)}.json"
+    if path.exists() and read_json(path)["targets_asked"] == targets:
+        return
+    joined = np.concatenate([doc_tokens[d] for d in doc_tokens])[: targets + 1]
+    t0 = time.time()
+    nll, peak = streaming_nll(adapted.model, adapted.method, torch.as_tensor(joined, dtype=torch.int64))
+    nll = nll.double().numpy()
+    edges = sorted({round(len(nll) * b / 8) for b in range(9)})
+    record = {
+        "label": label,
+        "targets_asked": targets,
+        "targets": len(nll),
+        "ppl": math.exp(float(nll.mean())),
+        "bucket_edges": edges,
+        "bucket_ppl": [math.exp(float(nll[a:b].mean())) for a, b in zip(edges, edges[1:])],
+        "peak_cache_bytes": peak,
+        "seconds": time.time() - t0,
+    }
+    plot_stream(nll, path.with_suffix(".png"), f"{label} streamed")
+    write_json(path, record)
+    print(
+        f"{label} streamed: ppl {record['ppl']:.3f} over {len(nll)} targets, peak cache {peak} bytes", file=sys.stderr
+    )
 
 
 def _scheme_points(

@@ -156,3 +156,13 @@ def markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
         return "|" + "|".join(f" {c} " if c != "" else " " for c in (str(c).replace("|", "\\|") for c in cells)) + "|"
 
     return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)])
+
+
+def plot_stream(nll: np.ndarray, path: Path, label: str, points: int = 100) -> Path:
+    """Perplexity per position to the end of a streamed text: the mean NLL of ``points`` equal spans of the
+    targets (nll (T,) nats), exponentiated; written atomically to ``path`` (PNG)."""
+    edges = sorted({round(len(nll) * b / points) for b in range(points + 1)})
+    fig, ax = figure(figsize=(7, 3.5), layout="constrained")
+    ax.plot(edges[1:], [math.exp(float(np.mean(nll[a:b], dtype=np.float64))) for a, b in zip(edges, edges[1:])])
+    ax.set(xlabel="target position (tokens)", ylabel="perplexity (per span)", title=label)
+    return save_figure(fig, path)

@@ -15,7 +15,7 @@ from posenc.errors import PosencError
 from posenc.model import set_method, with_rope_schedule
 from posenc.passkey import PasskeyConfig, passkey_records
 from posenc.records import Ppl, append
-from posenc.reporting import figure, save_figure
+from posenc.reporting import plot_stream
 from posenc.rope import NAMES, check_window
 from posenc.scoring import eval_lengths, plan
 from posenc.train import load_run
@@ -192,7 +192,9 @@ def stream(args, model, data, base: dict, corpus: str) -> int:
     )
     append(Path(args.run_dir) / "eval.jsonl", rec)
     plot = plot_stream(
-        nll, Path(args.run_dir) / f"stream_{re.sub(r'[^A-Za-z0-9=._-]', '_', base['method'])}.png", rec.scheme
+        nll.double().numpy(),
+        Path(args.run_dir) / f"stream_{re.sub(r'[^A-Za-z0-9=._-]', '_', base['method'])}.png",
+        rec.scheme,
     )
     print(
         f"scheme: {rec.scheme}\ntext: the first {n} targets of the held-out documents of {corpus}, joined in order\n"
@@ -201,13 +203,3 @@ def stream(args, model, data, base: dict, corpus: str) -> int:
     for a, b, p in zip(edges, edges[1:], buckets):
         print(f"{f'{a}-{b}':>16} {p:>10.3f}")
     return 0
-
-
-def plot_stream(nll: torch.Tensor, path: Path, label: str, points: int = 100) -> Path:
-    """Perplexity per position to the end of a streamed text: the mean NLL of ``points`` equal spans of the
-    targets (nll (T,) nats), exponentiated; written atomically to ``path`` (PNG)."""
-    edges = sorted({round(nll.shape[0] * b / points) for b in range(points + 1)})
-    fig, ax = figure(figsize=(7, 3.5), layout="constrained")
-    ax.plot([b for b in edges[1:]], [math.exp(float(nll[a:b].double().mean())) for a, b in zip(edges, edges[1:])])
-    ax.set(xlabel="target position (tokens)", ylabel="perplexity (per span)", title=label)
-    return save_figure(fig, path)

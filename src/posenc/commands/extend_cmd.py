@@ -81,6 +81,13 @@ def add_parser(sub) -> None:
         "SCHEDULE+SPEC on a fixed-frequency schedule (ntk+self-extend:group=8); reported as the method's label "
         f"(default {shown(d.methods)})",
     )
+    p.add_argument(
+        "--stream",
+        type=int,
+        metavar="TOKENS",
+        help="with a sinks --method: the first TOKENS targets of the held-out text, joined, streamed through its "
+        f"bounded cache (flat memory): OUT/stream_LABEL.json and .png, perplexity per position (default {shown(d.stream)})",
+    )
     p.add_argument("--factor", type=float, help=f"scale factor s (>= 1); default {shown(d.factor)}")
     p.add_argument("--lengths", type=int, nargs="+", help=f"evaluation lengths in tokens (default {shown(d.lengths)})")
     p.add_argument(

@@ -131,7 +131,7 @@ class Adaptation:
         window L0 // 2, LM-Infinite's L0) on top of the current schedule (native RoPE, or one :meth:`set_schedule`
         set: call it first, it undoes the method); returns the method. Its attention is
         :mod:`posenc.pretrained.long_context` (KV-cache decoding exact). Raises PosencError (one line), before the
-        model changes, for a bad spec, attention sinks, a method already set, a posenc scheme, ReRoPE or a schedule
+        model changes, for a bad spec, a method already set, a posenc scheme, ReRoPE or a schedule
         whose frequencies switch with the length (dynamic NTK, LongRoPE)."""
         method = methods.parse(spec, self.l0)
         if (

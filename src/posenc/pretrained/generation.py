@@ -1,7 +1,8 @@
 """Text generation from a Hugging Face causal LM with posenc's adaptation (``posenc generate MODEL``).
 
 :func:`generate` runs transformers' own ``generate`` with its KV cache (a ``DynamicCache``; with a posenc
-scheme its layers also hold the scheme's decoding state, ``posenc.hf``), except where the cache would
+scheme its layers also hold the scheme's decoding state, ``posenc.hf``; with attention sinks the bounded
+``posenc.pretrained.sink_cache``), except where the cache would
 change the result: a scheme that replaces attention needs every query (``Scheme.full_forward``), and
 dynamic NTK and LongRoPE pick their frequencies per forward from the length, so past L0 cached keys keep
 their step's (``posenc.pretrained.adaptation.SWITCHES``); those decode without the cache.
@@ -23,7 +24,8 @@ def exact_with_cache(adapted: Adaptation, total: int) -> bool:
     forwards: not for a scheme that replaces attention, nor for dynamic NTK or LongRoPE past L0 (their
     frequencies change with the length after keys are cached). Self-Extend and LM-Infinite (``Adaptation.set_method``)
     decode exactly through it: their keys are cached unrotated, none is evicted, and each step rotates them at the
-    method's positions (``posenc.pretrained.long_context``)."""
+    method's positions (``posenc.pretrained.long_context``); attention sinks through their bounded cache
+    (``posenc.pretrained.sink_cache``), equal to the full forward under the sinks mask."""
     switches = adapted.extension.schedule in SWITCHES and total > adapted.l0
     return not (adapted.full_forward or switches)
 
@@ -49,6 +51,8 @@ def generate(
     """
     from transformers import GenerationConfig  # optional dependency (posenc[pretrained])
 
+    from posenc.pretrained.sink_cache import sink_cache  # imports transformers
+
     check_sampling(max_new_tokens, temperature, top_k)
     if ids.dim() != 1 or ids.numel() == 0:
         raise PosencError(f"the prompt must be one non-empty row of token ids, got shape {tuple(ids.shape)}")
@@ -71,7 +75,9 @@ def generate(
     if seed is not None:
         torch.manual_seed(seed)
     x = ids[None].to(next(adapted.model.parameters()).device)
-    return adapted.model.generate(x, attention_mask=torch.ones_like(x), generation_config=config)[0].cpu()
+    bounded = adapted.method is not None and adapted.method.bounded  # sinks: the evicted keys leave the cache
+    cache = {"past_key_values": sink_cache(adapted.model, adapted.method)} if bounded else {}
+    return adapted.model.generate(x, attention_mask=torch.ones_like(x), generation_config=config, **cache)[0].cpu()
 
 
 @torch.inference_mode()

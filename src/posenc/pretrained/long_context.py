@@ -1,4 +1,4 @@
-"""Self-Extend, LM-Infinite and dual-chunk attention inside a Hugging Face Llama-family model
+"""Self-Extend, LM-Infinite, dual-chunk attention and attention sinks inside a Hugging Face Llama-family model
 (``posenc generate MODEL --method SPEC``).
 
 :func:`install` does what :mod:`posenc.pretrained.rerope` does for ReRoPE: it swaps ``model.model.rotary_emb``
@@ -10,10 +10,11 @@ through a forward pre-hook on each ``self_attn``. The attention function is ``po
 
 Decoding with the KV cache is exact for these methods: every key stays cached (none evicts) unrotated, and each
 step rotates the new query and all keys at the positions the method assigns (absolute positions 0..Tk-1), so the
-cache gives the logits of a full forward (tested against ``generation.greedy_reference``). Attention sinks are
-refused (their cache evicts keys; posenc train runs only, for now). Sources: Self-Extend, Jin et al. 2024,
+cache gives the logits of a full forward (tested against ``generation.greedy_reference``). Attention sinks
+decode through the bounded cache of :mod:`posenc.pretrained.sink_cache` (the evicted keys gone; the full
+forward under the sinks mask gives the same logits). Sources: Self-Extend, Jin et al. 2024,
 arXiv:2401.01325; LM-Infinite, Han et al. 2023, arXiv:2308.16137; dual-chunk attention, An et al. 2024,
-arXiv:2402.17463 (``posenc.methods``).
+arXiv:2402.17463; attention sinks, Xiao et al. 2024, arXiv:2309.17453 (``posenc.methods``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from posenc.errors import PosencError
 from posenc.pretrained.rerope import IdentityRotary, pass_setting
 
 ATTN_NAME = "posenc_method"
-SUPPORTED = ("self-extend", "lm-infinite", "dual-chunk")
+SUPPORTED = ("self-extend", "lm-infinite", "dual-chunk", "sinks")
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, posenc_method=None, **kwargs):
@@ -72,11 +73,10 @@ def _is_causal(mask: torch.Tensor, tq: int, tk: int) -> bool:
 
 
 def check_supported(method: methods.Method) -> None:
-    """PosencError (one line) for a method the pretrained attention does not implement (attention sinks)."""
+    """PosencError (one line) for a method the pretrained attention does not implement."""
     if method.name not in SUPPORTED:
         raise PosencError(
-            f"method {method.name} on a pretrained model is not supported yet (pretrained: "
-            f"{', '.join(SUPPORTED)}; sinks: posenc train runs)"
+            f"method {method.name} on a pretrained model is not supported (pretrained: {', '.join(SUPPORTED)})"
         )
 
 
@@ -84,7 +84,7 @@ def install(model, method: methods.Method) -> list:
     """Switch a Llama-family model to ``method``'s attention in place; returns the hook handles it registered.
 
     The frequencies and attention scaling are read from the model's current rotary embedding (native or a
-    schedule's). PosencError (one line), before the model changes, for attention sinks or a rotary embedding that
+    schedule's). PosencError (one line), before the model changes, for a method not in SUPPORTED or a rotary embedding that
     is already swapped (ReRoPE, a posenc scheme). Undone as ReRoPE is (``Adaptation.restore``).
     """
     from transformers import AttentionInterface
