@@ -546,6 +546,10 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
     assert (tmp_path / "o" / "records.jsonl").read_text().splitlines() == lines
     calls = json.loads((tmp_path / "o" / "config.json").read_text())["invocations"]
     assert [c["lengths"] for c in calls] == [[16, 32], [16, 32]]
+    assert all(
+        c["stamp"]["threads"] == torch.get_num_threads() and c["stamp"]["torch"] == torch.__version__ for c in calls
+    )
+    assert f"(commit {calls[-1]['stamp']['commit'] or 'n/a'})" in (tmp_path / "o" / "results.md").read_text()
 
 
 def test_extend_with_posenc_schemes(tmp_path, word_tokenizer):

@@ -44,6 +44,7 @@ from posenc.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, drop_
 from posenc.reporting import plot_stream
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
+from posenc.stamp import run_stamp, stamp_line
 
 PRESETS = SHIPPED / "extend"
 # the setting: records of another setting in the same directory are kept, not shown (their tag differs)
@@ -85,6 +86,8 @@ INVOCATION = (
     "name",
     "schedules",
     "schemes",
+    "methods",
+    "stream",
 )
 SCHEME_LABEL = "scheme:"  # a posenc scheme's adaptation label: scheme:SPEC
 
@@ -408,7 +411,8 @@ def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -
     later = {k: getattr(cfg, k) for k in LATER_SETTING if getattr(cfg, k) is not None}
     setting = {**{k: getattr(cfg, k) for k in SETTING}, **later, "bucket": bucket, "docs": [d for d, _ in docs]}
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
-    _write_config(config, {**setting, "native_context": l0, "source": source}, {k: getattr(cfg, k) for k in INVOCATION})
+    invocation = {**{k: getattr(cfg, k) for k in INVOCATION}, "stamp": run_stamp()}
+    _write_config(config, {**setting, "native_context": l0, "source": source}, invocation)
     return _Store(out / "records.jsonl", tag, cfg.bos, bucket)
 
 
@@ -493,7 +497,7 @@ def extend(cfg: ExtendConfig, out: Path | None = None) -> tuple[Path, str]:
     labels = method_rows + [SCHEME_LABEL + s for s in cfg.schemes]
     labels += sorted({r.adaptation for r in store.records if r.adaptation.startswith(SCHEME_LABEL)} - set(labels))
     rows = [m for m in NAMES if m in cfg.schedules or any(r.adaptation == m for r in store.records)] + labels
-    return out, report.write_report(out, store.records, rows, _header(cfg, l0, docs, store.records))
+    return out, report.write_report(out, store.records, rows, _header(cfg, l0, docs, store.records, run_stamp()))
 
 
 def _method_points(
@@ -585,9 +589,10 @@ def measure(
     _passkey_points(adapted, tok, label, store, cfg, bos_id)
 
 
-def _header(cfg: ExtendConfig, l0: int, docs: list, records: list) -> str:
+def _header(cfg: ExtendConfig, l0: int, docs: list, records: list, stamp: dict) -> str:
     """The report's first lines: model, L0, factor, text, the windows each point scored (from ``records``:
-    ``--max-windows`` keeps the first ones, in document order), BOS policy, passkey scoring."""
+    ``--max-windows`` keeps the first ones, in document order), BOS policy, passkey scoring, and the run stamp of
+    this invocation (``config.json`` keeps every invocation's: points scored by earlier ones keep their numbers)."""
     counts = sorted(set(Counter((r.adaptation, r.length) for r in records if isinstance(r, ScoredWindow)).values()))
     n = "no" if not counts else f"{counts[0]}" + (f"-{counts[-1]}" if len(counts) > 1 else "")
     return (
@@ -595,5 +600,6 @@ def _header(cfg: ExtendConfig, l0: int, docs: list, records: list) -> str:
         f"Text: {', '.join(d for d, _ in docs)} (each cut to its first {cfg.max_tokens} tokens); each point scores "
         f"{n} window(s) of its length, the first in document order (tokens per point below), "
         f"BOS policy {cfg.bos}, {'stride ' + str(cfg.stride) if cfg.stride else 'non-overlapping windows'}; "
-        f"passkey greedy, first integer of the output compared exactly."
+        f"passkey greedy, first integer of the output compared exactly.\n\n"
+        f"Run: {stamp_line(stamp)} (every invocation's stamp: `config.json`)"
     )
