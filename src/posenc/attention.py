@@ -38,6 +38,21 @@ from posenc.errors import PosencError
 BiasFn = Callable[[int, int, int, int], torch.Tensor]
 
 
+def with_forms(
+    tile: BiasFn,
+    *,
+    at: Callable[..., torch.Tensor] | None = None,
+    keys: Callable[[int, int], torch.Tensor] | None = None,
+    far: Callable[[int, int], tuple[int, torch.Tensor]] | None = None,
+) -> BiasFn:
+    """``tile`` carrying the forms given (``at``, ``keys``, ``far``; see ``BiasFn``) as attributes, the rest left
+    as they are: set here, as a type checker sees no such attributes on a Callable."""
+    for name, form in (("at", at), ("keys", keys), ("far", far)):
+        if form is not None:
+            setattr(tile, name, form)
+    return tile
+
+
 def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.Tensor:
     """Rotate feature pairs of ``x`` by angles ``phi``: returns R(phi) x.
 
@@ -64,7 +79,10 @@ def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.T
 
 
 def _pairs(x: torch.Tensor, pairing: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return x.chunk(2, dim=-1) if pairing == "half" else (x[..., 0::2], x[..., 1::2])
+    if pairing == "half":
+        x1, x2 = x.chunk(2, dim=-1)
+        return x1, x2
+    return x[..., 0::2], x[..., 1::2]
 
 
 def _join(y1: torch.Tensor, y2: torch.Tensor, pairing: str) -> torch.Tensor:
@@ -226,9 +244,9 @@ def attention(
         if rotate_v:
             v = rotate_shared(v, phases, cos, sin, pairing)
     scale = logit_scale / math.sqrt(q.shape[-1])
-    if q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and getattr(bias, "at", None) is not None:
-        out = flex_causal(q, k, v, bias.at, scale)
-    elif q_start == 0 and fusable(q, bias, block_size):
+    if q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and (at := getattr(bias, "at", None)) is not None:
+        out = flex_causal(q, k, v, at, scale)
+    elif q_start == 0 and bias is not None and fusable(q, bias, block_size):
         out = fused_separable(q, k, v, bias, scale, block_size) + nan_rows(q, k)
     elif bias is None and q_start == 0:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale) + nan_rows(q, k)
@@ -289,7 +307,10 @@ def fusable(q: torch.Tensor, bias: BiasFn | None, block_size: int) -> bool:
 def far_keys(bias: BiasFn, qs: int, qe: int) -> tuple[int, torch.Tensor]:
     """A separable bias's far keys for the queries [qs, qe): (near, row f(qs, j) over j in [0, near)); every key
     before qs for a bias with ``keys`` (see ``BiasFn``)."""
-    return bias.far(qs, qe) if hasattr(bias, "far") else (qs, bias.keys(qs, qs))
+    if hasattr(bias, "far"):
+        return bias.far(qs, qe)
+    assert hasattr(bias, "keys")  # a separable bias has one of the two (``fusable``)
+    return qs, bias.keys(qs, qs)
 
 
 def fused_separable(

@@ -18,7 +18,7 @@ from torch import nn
 
 from posenc import encodings
 from posenc.attention import attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype
-from posenc.encodings.base import BiasFn, Buffer, Dims, Encoding, Inputs
+from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 from posenc.methods import Method, method_attention, scheme_args
 
@@ -121,7 +121,9 @@ def attend(
     if p.encoding.replaces_attention:  # no query-suffix form: every query is given
         if q.shape[-2] != k.shape[-2]:
             raise PosencError(f"{p.encoding.describe()} attends with all T queries; got {q.shape[-2]} of {k.shape[-2]}")
-        return p.encoding.attend(q, k, v, p.inp, bias=p.bias)  # the hooks' bias, not computed twice
+        out = p.encoding.attend(q, k, v, p.inp, bias=p.bias)  # the hooks' bias, not computed twice
+        assert out is not None  # the scheme replaces attention
+        return out
     return attention(
         q,
         k,
@@ -168,7 +170,8 @@ class LayerCache:
     """
 
     def __init__(self, reference: bool = False, capacity: int = 0):
-        self.reference, self.state = reference, None
+        self.reference = reference
+        self.state: DecodeState | None = None
         self.batch: int | None = None
         self.has_tokens = False
         self._pos = Buffer(-1, capacity, batched=False)
@@ -348,6 +351,7 @@ class Attention(nn.Module):
 
     def output(self, a: AttentionInputs) -> torch.Tensor:
         """Attention of captured inputs, projected: (B, Tq, d_model)."""
+        assert a.q is not None and a.k is not None and a.v is not None  # as ``prepare`` gives them
         if self.method is not None:
             pos = a.inp.pos
             out = method_attention(
@@ -415,6 +419,7 @@ class Attention(nn.Module):
         if cache.reference:
             return self._decode_reference(x, q, k, v, pos, tokens, cache)
         inp, enc, state = Inputs(x, pos, tokens), self.enc, cache.state
+        assert state is not None  # an incremental cache has its scheme's state
         every = cache._pos.append(pos)
         phi = state.phases(inp) if enc.rotary and not enc.replaces_attention else None
         bias = state.bias(inp, every) if enc.has_bias else None
@@ -431,6 +436,8 @@ class Attention(nn.Module):
         """Decoding under ``self.method``: unrotated keys and values cached with their positions, the new rows
         through ``method_attention`` (equal to the parallel forward); a bounded method (sinks) then evicts every
         key but the n_sink first and the W last, so the cache stays at n_sink + W rows."""
+        m = self.method
+        assert m is not None  # ``decode`` calls it under a method
         last = cache.pos
         pos = _positions(positions, x.shape[1], 0 if last is None else int(last[-1]) + 1, x.device)
         q, k, v = self.project(x)
@@ -441,11 +448,10 @@ class Attention(nn.Module):
             repeat_kv(values, self.n_head),
             pos,
             every,
-            self.method,
+            m,
             block_size=self.block,
-            **scheme_args(self.enc, self.method, x),
+            **scheme_args(self.enc, m, x),
         )
-        m = self.method
         if m.bounded and cache.length > m.kept:
             stop = cache.length - m.window
             for buf in (cache._pos, cache._k, cache._v):

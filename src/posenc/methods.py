@@ -48,7 +48,7 @@ from posenc.errors import PosencError
 from posenc.rope.rerope import _rot
 
 # name -> (parameters with their defaults; None: from the training length, as ``parse`` says)
-PARAMETERS = {
+PARAMETERS: dict[str, dict[str, int | None]] = {
     "self-extend": {"group": 4, "window": None},
     "lm-infinite": {"n_global": 10, "window": None},
     "sinks": {"n_sink": 4, "window": None},

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
-from typing import Any, Literal, get_args
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, cast, get_args
 
 import torch
 import torch.nn.functional as F
@@ -230,6 +230,11 @@ class LM(nn.Module):
             if name.endswith(("proj.weight", "down.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
+    @property
+    def _blocks(self) -> Sequence[Block]:
+        """``blocks`` as the Blocks they are (a type checker sees an nn.ModuleList of nn.Module)."""
+        return cast("Sequence[Block]", self.blocks)
+
     def _init_weights(self) -> None:
         """N(0, 0.02^2) for every Linear and Embedding weight except the layers a scheme starts at zero
         (``Encoding.zero_init``, e.g. the learned step map: the model starts without rotation)."""
@@ -249,7 +254,9 @@ class LM(nn.Module):
         pos = torch.arange(tokens.shape[1], device=tokens.device) if pos is None else pos
         x = self.tok(tokens)
         if self.pos_embed is not None:
-            x = x + self.pos_embed.embed(pos).to(x.dtype)
+            emb = self.pos_embed.embed(pos)
+            assert emb is not None  # an additive scheme
+            x = x + emb.to(x.dtype)
         return x, pos
 
     def hidden(self, tokens: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
@@ -266,7 +273,7 @@ class LM(nn.Module):
         consumer holds one layer's q, k, v at a time (diagnostics, ``posenc.diagnose``).
         """
         x, pos = self._embed(tokens, pos)
-        for block in self.blocks:
+        for block in self._blocks:
             captured = block.prepare(x, pos, tokens)
             yield captured
             x = block(x, pos, tokens, captured)
@@ -300,14 +307,15 @@ class LM(nn.Module):
         n = tokens.shape[1]
         keys = self._length_keys(cache.length + n)
         if cache.length and keys != cache.length_keys:  # the deeper layers' cached inputs came from other frequencies
+            assert cache.tokens is not None  # the ids of the cached positions
             tokens = torch.cat((cache.tokens, tokens), dim=1)
             cache.clear()
         cache.length_keys = keys
         pos = torch.arange(cache.length, cache.length + tokens.shape[1], device=tokens.device)
         x, _ = self._embed(tokens, pos)
-        for block, layer in zip(self.blocks, cache.layers):
+        for block, layer in zip(self._blocks, cache.layers):
             x = block.decode(x, layer, pos, tokens)
-        if self.blocks[0].attn.method is not None and self.blocks[0].attn.method.bounded:
+        if self._blocks[0].attn.method is not None and self._blocks[0].attn.method.bounded:
             cache.uncounted += tokens.shape[1]  # the ids are not kept either: memory stays flat
         else:
             cache._tokens.append(tokens)
@@ -317,7 +325,7 @@ class LM(nn.Module):
         """``Encoding.length_key`` of every layer but the last at ``length`` positions: the last layer's cached
         inputs depend on no layer's frequencies, and a scheme whose key varies decodes by the reference
         (its hooks recomputed over the prefix), so only a change here leaves a cached input stale."""
-        return tuple(block.attn.enc.length_key(length) for block in self.blocks[:-1])
+        return tuple(block.attn.enc.length_key(length) for block in self._blocks[:-1])
 
     def check_length(self, length: int) -> None:
         """PosencError if some layer's scheme (a learned position table) cannot take ``length`` tokens."""
@@ -383,7 +391,7 @@ class LM(nn.Module):
         ``token_nll`` of the parallel forward under the method (tested: the streaming definition). Raises
         PosencError without a bounded method, for chunk < 1 or a text of fewer than 2 tokens.
         """
-        method = self.blocks[0].attn.method
+        method = self._blocks[0].attn.method
         if method is None or not method.bounded:
             raise PosencError(
                 "a streaming perplexity needs a bounded cache: apply a sinks method first (--method sinks:...)"
@@ -480,9 +488,9 @@ def set_method(model: LM, spec: str | None) -> methods.Method | None:
     scheme it does not apply to (every layer is checked before any changes)."""
     method = None if spec is None else methods.parse(spec, model.cfg.train_length)
     if method is not None:
-        for block in model.blocks:
+        for block in model._blocks:
             methods.scheme_args(block.attn.enc, method, torch.zeros(1, 1, model.cfg.d_model))
-    for block in model.blocks:
+    for block in model._blocks:
         block.attn.set_method(method)
     return method
 

@@ -76,6 +76,7 @@ class Learned(Encoding):
     position_indexed = True
     family, source = "none and absolute", "Radford et al. 2019 (GPT-2)"
     additive = True
+    max_length: int  # the table's rows (set in __init__)
 
     @classmethod
     def positions_supported(cls, dims: Dims) -> int:

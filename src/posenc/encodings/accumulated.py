@@ -92,6 +92,10 @@ class Accumulated(Encoding):
     family, source = "accumulated transports", "arXiv 2606.24975 (Example 1; learned steps)"
     rotary = accumulates = True  # decoding keeps the running phase (base.RunningPhaseState)
     batch_row_offset = 0  # first global batch row held by this process (posenc.distributed.set_batch_rows)
+    center_b: torch.Tensor  # buffers (register_buffer); token_u with mode='token' only
+    width_b: torch.Tensor
+    draws: torch.Tensor
+    token_u: torch.Tensor
 
     @classmethod
     def effective(cls, params: dict) -> dict:

@@ -52,6 +52,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -122,24 +123,26 @@ class Buffer:
         return None if self.data is None else self.data.narrow(self.dim, 0, self.length)
 
     def append(self, t: torch.Tensor) -> torch.Tensor:
-        n = t.shape[self.dim]
-        if self.data is None or self.length + n > self.data.shape[self.dim]:
-            size = 0 if self.data is None else self.data.shape[self.dim]
+        n, data = t.shape[self.dim], self.data
+        if data is None or self.length + n > data.shape[self.dim]:
+            size = 0 if data is None else data.shape[self.dim]
             shape = list(t.shape)
             shape[self.dim] = max(self.length + n, 2 * size, self.capacity)
             grown = t.new_empty(shape)
             if self.length:
-                grown.narrow(self.dim, 0, self.length).copy_(self.value)
-            self.data = grown
-        self.data.narrow(self.dim, self.length, n).copy_(t)
+                assert data is not None  # rows were appended before
+                grown.narrow(self.dim, 0, self.length).copy_(data.narrow(self.dim, 0, self.length))
+            self.data = data = grown
+        data.narrow(self.dim, self.length, n).copy_(t)
         self.length += n
-        return self.value
+        return data.narrow(self.dim, 0, self.length)  # ``value``, not None
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
 
     def drop(self, start: int, stop: int) -> None:
         """Remove rows [start, stop), the later rows moving down in place (a bounded cache's eviction)."""
+        assert self.data is not None  # rows [start, stop) are held
         tail = self.data.narrow(self.dim, stop, self.length - stop).clone()  # source and target may overlap
         self.data.narrow(self.dim, start, tail.shape[self.dim]).copy_(tail)
         self.length -= stop - start
@@ -184,6 +187,16 @@ class DecodeState:
     def __init__(self, enc: Encoding):
         self.enc = enc
 
+    if TYPE_CHECKING:  # the hooks, declared for the type checker only: a state has those its scheme's flags name
+
+        def phases(self, inp: Inputs) -> torch.Tensor: ...
+
+        def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn: ...
+
+        def attend(
+            self, q, k, v, inp: Inputs, pos: torch.Tensor, bias: BiasFn | None, keys: Buffer, values: Buffer
+        ) -> torch.Tensor: ...
+
     def buffers(self) -> list[Buffer]:
         return [b for b in vars(self).values() if isinstance(b, Buffer)]
 
@@ -205,10 +218,14 @@ class PositionState(DecodeState):
     positions (the bias, of which the core evaluates the new rows only, O(n T)); no state."""
 
     def phases(self, inp: Inputs) -> torch.Tensor:
-        return self.enc.phases(inp)
+        phases = self.enc.phases(inp)
+        assert phases is not None  # called for a rotary scheme only
+        return phases
 
     def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn:
-        return self.enc.bias(Inputs(inp.x, pos))
+        bias = self.enc.bias(Inputs(inp.x, pos))
+        assert bias is not None  # called for a scheme with a bias only
+        return bias
 
 
 class RunningPhaseState(DecodeState):
@@ -233,6 +250,7 @@ class RunningPhaseState(DecodeState):
 
     def phases(self, inp: Inputs) -> torch.Tensor:
         theta = self.enc.steps(inp)
+        assert theta is not None  # an accumulating scheme has steps
         self.theta.append(theta)
         phi = torch.cumsum(theta.to(torch.float64), dim=-2)
         if self.last is not None:
@@ -242,7 +260,9 @@ class RunningPhaseState(DecodeState):
 
     def crop(self, length: int) -> None:
         if length < self.theta.length:
-            kept = self.theta.value[..., :length, :].to(torch.float64)
+            held = self.theta.value
+            assert held is not None  # rows are held
+            kept = held[..., :length, :].to(torch.float64)
             self.last = torch.cumsum(kept, dim=-2)[..., -1:, :] if length else None
         super().crop(length)
 
@@ -369,7 +389,9 @@ class Encoding(KeepsPrecision):
         T, out = q.shape[-2], []
         for qs in range(0, T, block_size):
             qe = min(qs + block_size, T)
-            out.append(torch.softmax(self.logits(q, k, inp, bias, qs, qe), dim=-1).to(v.dtype) @ v[..., :qe, :])
+            logits = self.logits(q, k, inp, bias, qs, qe)
+            assert logits is not None  # a scheme with ``has_logits``
+            out.append(torch.softmax(logits, dim=-1).to(v.dtype) @ v[..., :qe, :])
         return torch.cat(out, dim=-2)
 
     def decoder(self) -> DecodeState | None:

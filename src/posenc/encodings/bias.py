@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from posenc.attention import with_forms
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
 from posenc.encodings.registry import register
 
@@ -33,7 +34,7 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-def distance_penalty(slope, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+def distance_penalty(slope, i: torch.Tensor | float, j: torch.Tensor) -> torch.Tensor:
     """ALiBi's bias -m (i - j) of a query at position i and a key at j: slope m a float or a tensor broadcast
     against positions i, j (the result has their broadcast shape and dtype)."""
     return -slope * (i - j)
@@ -57,9 +58,7 @@ def distance_bias(slopes: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype = 
         return distance_penalty(m[..., 0], 0.0, (pos[:ke] - pos[qs]).to(dtype))
 
     rel, m_h = (pos - pos[0]).to(dtype), slopes.to(dtype)
-    tile.at = lambda b, h, qi, ki: distance_penalty(m_h[h], rel[qi], rel[ki])
-    tile.keys = keys
-    return tile
+    return with_forms(tile, at=lambda b, h, qi, ki: distance_penalty(m_h[h], rel[qi], rel[ki]), keys=keys)
 
 
 @register
@@ -73,6 +72,7 @@ class ALiBi(Encoding):
     position_indexed = True
     family, source = "score biases", "Press et al. 2022, arXiv:2108.12409"
     has_bias = True
+    slopes: torch.Tensor  # a buffer (register_buffer)
 
     def __init__(self, dims: Dims):
         super().__init__(dims)

@@ -9,10 +9,13 @@ other parts' bias, e.g. ``path+forget``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import torch
 from torch import nn
 
-from posenc.attention import far_keys
+from posenc.attention import far_keys, with_forms
 from posenc.encodings.base import BiasFn, DecodeState, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 
@@ -55,16 +58,21 @@ class Composite(Encoding):
         """The rotary part (phases), or None."""
         return self._rotary[0] if self._rotary else None
 
+    @property
+    def _parts(self) -> Sequence[Encoding]:
+        """``parts`` as the schemes they are (a type checker sees an nn.ModuleList of nn.Module)."""
+        return cast("Sequence[Encoding]", self.parts)
+
     def phases(self, inp: Inputs):
-        return self.rotary_part.phases(inp) if self.rotary else None
+        return self._rotary[0].phases(inp) if self.rotary else None
 
     def bias(self, inp: Inputs):
-        return sum_biases([p.bias(inp) for p in self.parts if p.has_bias])
+        return sum_biases(cast("list[BiasFn]", [p.bias(inp) for p in self._parts if p.has_bias]))  # has_bias: not None
 
     def decoder(self) -> CompositeState | None:
         """Each part's state (None, the reference, if any part has none)."""
-        states = [p.decoder() for p in self.parts]
-        return None if any(s is None for s in states) else CompositeState(self, states)
+        states = [s for p in self._parts if (s := p.decoder()) is not None]
+        return None if len(states) < len(self._parts) else CompositeState(self, states)
 
     def logits(self, q, k, inp: Inputs, bias, qs: int, qe: int):
         """The attending part's logits, given the other parts' summed bias (``bias(inp)``)."""
@@ -78,13 +86,13 @@ class Composite(Encoding):
         return self._attenders[0].attend(q, k, v, inp, bias=self.bias(inp) if bias is None else bias)
 
     def spectral_gap(self):
-        return self.rotary_part.spectral_gap() if self.rotary else None
+        return self._rotary[0].spectral_gap() if self.rotary else None
 
     def mixing_window(self, eps: float = 0.01):
-        return self.rotary_part.mixing_window(eps) if self.rotary else None
+        return self._rotary[0].mixing_window(eps) if self.rotary else None
 
     def describe(self) -> str:
-        return " + ".join(p.describe() for p in self.parts)
+        return " + ".join(p.describe() for p in self._parts)
 
 
 def sum_biases(fns: list[BiasFn]) -> BiasFn | None:
@@ -98,11 +106,12 @@ def sum_biases(fns: list[BiasFn]) -> BiasFn | None:
     def tile(qs, qe, ks, ke):
         return sum(f(qs, qe, ks, ke) for f in fns)
 
-    ats, keys = [getattr(f, "at", None) for f in fns], [getattr(f, "keys", None) for f in fns]
-    if all(a is not None for a in ats):  # pointwise parts sum pointwise (FlexAttention on CUDA)
-        tile.at = lambda b, h, qi, ki: sum(a(b, h, qi, ki) for a in ats)
-    if all(c is not None for c in keys):  # separable parts sum separably (the fused CPU path)
-        tile.keys = lambda qs, ke: sum(c(qs, ke) for c in keys)
+    ats = [a for f in fns if (a := getattr(f, "at", None)) is not None]
+    keys = [c for f in fns if (c := getattr(f, "keys", None)) is not None]
+    if len(ats) == len(fns):  # pointwise parts sum pointwise (FlexAttention on CUDA)
+        with_forms(tile, at=lambda b, h, qi, ki: sum(a(b, h, qi, ki) for a in ats))
+    if len(keys) == len(fns):  # separable parts sum separably (the fused CPU path)
+        with_forms(tile, keys=lambda qs, ke: sum(c(qs, ke) for c in keys))
     elif all(hasattr(f, "keys") or hasattr(f, "far") for f in fns):  # separable on the keys all parts are far from
 
         def far(qs: int, qe: int):
@@ -110,7 +119,7 @@ def sum_biases(fns: list[BiasFn]) -> BiasFn | None:
             near = min(n for n, _ in parts)
             return near, sum(row[..., :near] for _, row in parts)
 
-        tile.far = far
+        with_forms(tile, far=far)
     return tile
 
 
@@ -127,7 +136,9 @@ class CompositeState(DecodeState):
         return next(s for s in self.states if s.enc.rotary).phases(inp)
 
     def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn:
-        return sum_biases([s.bias(inp, pos) for s in self.states if s.enc.has_bias])
+        bias = sum_biases([s.bias(inp, pos) for s in self.states if s.enc.has_bias])
+        assert bias is not None  # called for a composite with a bias part only
+        return bias
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys, values) -> torch.Tensor:
         return next(s for s in self.states if s.enc.replaces_attention).attend(q, k, v, inp, pos, bias, keys, values)

@@ -97,6 +97,8 @@ class CoPEState(DecodeState):
     """CoPE decoding: the new query rows' gates, positions and logits over every cached key (unrotated, as
     the parallel ``logits``), O(T D) per step."""
 
+    enc: CoPE
+
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         enc = self.enc
         K, V = (repeat_kv(t, q.shape[1]) for t in (keys.append(k), values.append(v)))

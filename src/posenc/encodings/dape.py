@@ -99,6 +99,8 @@ class DAPEState(DecodeState):
     """DAPE decoding: the new query rows' logits A + B + f([A; B]) over every cached key (unrotated), the base
     bias over the cached positions (its new rows only), O(T (D + width H)) per step."""
 
+    enc: DAPE
+
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         enc = self.enc
         K, V = (repeat_kv(t, q.shape[1]) for t in (keys.append(k), values.append(v)))

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posenc.attention import with_forms
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 
@@ -61,9 +62,7 @@ def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn
     def keys(qs: int, ke: int) -> torch.Tensor:  # separable: Lambda_i - Lambda_j; the row of query qs, in float64
         return (lam[..., qs : qs + 1] - lam[..., :ke]).to(dtype)
 
-    tile.at = lambda b, h, qi, ki: (lam[b, h, qi] - lam[b, h, ki]).clamp(max=0.0).to(dtype)
-    tile.keys = keys
-    return tile
+    return with_forms(tile, at=lambda b, h, qi, ki: (lam[b, h, qi] - lam[b, h, ki]).clamp(max=0.0).to(dtype), keys=keys)
 
 
 NEUTRAL_GATE_BIAS = 8.0  # a gate that (almost) never forgets: f = 1 needs b = +inf
@@ -117,6 +116,8 @@ class ForgetState(DecodeState):
     position; a step computes the gates of the new inputs only, adds their prefix sum to Lambda_{T-1}
     (the parallel ``log_lambda``'s float64 sums) and gives the bias rows Lambda_i - Lambda_j, O(T) per step."""
 
+    enc: ForgetGate
+
     def __init__(self, enc: ForgetGate):
         super().__init__(enc)
         self.lam = Buffer(-1)
@@ -125,7 +126,9 @@ class ForgetState(DecodeState):
         enc = self.enc
         lam = torch.cumsum(log_gates(enc.gate(inp.x).transpose(1, 2)), dim=-1)
         if self.lam.length:
-            lam = lam + self.lam.value[..., -1:] / enc.bias_scale  # the unscaled running sum
+            held = self.lam.value
+            assert held is not None  # rows are held
+            lam = lam + held[..., -1:] / enc.bias_scale  # the unscaled running sum
         return forget_bias(self.lam.append(lam * enc.bias_scale), torch.promote_types(inp.x.dtype, torch.float32))
 
 

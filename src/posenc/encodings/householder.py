@@ -108,7 +108,10 @@ def _rows(S, Qh, Kh, Mt, v, bias: BiasFn | None, T: int) -> torch.Tensor:
     )  # one backward, not one per select
     out, K = [], None
     for b in range(n):
-        s = S[b] if b == 0 else torch.cat((Qh[b] @ K.transpose(-1, -2), S[b]), dim=-1)
+        s = S[b]
+        if b:
+            assert K is not None  # carried across block b - 1
+            s = torch.cat((Qh[b] @ K.transpose(-1, -2), s), dim=-1)
         if bias is not None:
             t = _bias_rows(bias, T, C, b)
             s = s + F.pad(t, (0, s.shape[-1] - t.shape[-1], 0, C - t.shape[-2])).to(s.dtype)
@@ -123,7 +126,7 @@ def _rows_inference(S, Qh, Kh, Mt, v, bias: BiasFn | None, T: int) -> torch.Tens
     multi-MB tensor per block costs page faults, ~40% of the score matmul that fills it."""
     B, H, n, C, _ = S.shape
     s_buf = S.new_empty(B, H, C, n * C)
-    keys = [S.new_empty(B, H, n * C, Qh.shape[-1]) for _ in range(2)] if n > 1 else None
+    keys = [S.new_empty(B, H, n * C, Qh.shape[-1]) for _ in range(2)] if n > 1 else []  # none carried for one block
     out = v.new_empty(B, H, n * C, v.shape[-1])
     for b in range(n):
         c0, c1 = b * C, (b + 1) * C
@@ -221,10 +224,12 @@ def path_step(q, k, v, w, beta, keys: Buffer, values: Buffer, bias: BiasFn | Non
     T0 + t. Returns (B, H, n, Dv) in v's dtype; ``householder_naive.path_decode`` is the
     reference (the same recurrence over a whole sequence).
     """
+    assert keys.data is not None  # the prefill's keys
     wide, T0 = keys.data.dtype, keys.length
     V, out = values.append(v.to(wide)), []
     for t in range(q.shape[-2]):
         K = keys.value
+        assert K is not None
         wt = w[:, :, t].to(wide)
         K.sub_((K @ wt[..., None]) * (beta[:, :, t, None, None].to(wide) * wt[:, :, None, :]))
         K = keys.append(k[:, :, t : t + 1].to(wide))
@@ -263,15 +268,19 @@ class PendingFactors:
         """M x = x - U^T (W x) for columns x (B, H, D, c)."""
         if not self.count:
             return x
-        return x - self.u.value.transpose(-1, -2) @ (self.w.value @ x)
+        u, w = self.u.value, self.w.value
+        assert u is not None and w is not None  # factors are pending
+        return x - u.transpose(-1, -2) @ (w @ x)
 
     def flush(self, keys: Buffer) -> None:
         """Apply the pending factors to the rows before F at once: k^_j <- H_{T-1} ... H_F k^_j = M^T k^_j, as rows
         K <- K - (K U^T) W (two matmuls, one pass over the cache); the rows from F on are exact already. Then
         F = T and no factors are pending."""
         if self.count and self.flushed:
-            K = keys.value[..., : self.flushed, :]
-            K.sub_((K @ self.u.value.transpose(-1, -2)) @ self.w.value)
+            held, u, w = keys.value, self.u.value, self.w.value
+            assert held is not None and u is not None and w is not None  # keys are cached, factors pending
+            K = held[..., : self.flushed, :]
+            K.sub_((K @ u.transpose(-1, -2)) @ w)
         self.flushed = keys.length
         self.w.crop(0)
         self.u.crop(0)
@@ -279,12 +288,13 @@ class PendingFactors:
     def exact_keys(self, keys: Buffer) -> torch.Tensor:
         """The exact cached keys k~_j (B, H, T, D) (a new tensor; the cache is left as it is)."""
         K = keys.value
+        assert K is not None  # keys are cached
         if not self.count:
             return K.clone()
+        u, w = self.u.value, self.w.value
+        assert u is not None and w is not None  # factors are pending
         old = K[..., : self.flushed, :]
-        return torch.cat(
-            (old - (old @ self.u.value.transpose(-1, -2)) @ self.w.value, K[..., self.flushed :, :]), dim=-2
-        )
+        return torch.cat((old - (old @ u.transpose(-1, -2)) @ w, K[..., self.flushed :, :]), dim=-2)
 
     def reorder(self, index: torch.Tensor) -> None:
         self.w.reorder(index)
@@ -305,12 +315,15 @@ def path_step_pending(
     cache at once (``PendingFactors.flush``, O(T D p) in two matmuls). Per token: O(T D) reads
     for the scores and values, no writes to the cache.
     """
+    assert keys.data is not None  # the prefill's keys
     wide, T0 = keys.data.dtype, keys.length
     V, out = values.append(v.to(wide)), []
     for t in range(q.shape[-2]):
         wt, bt = w[:, :, t, None, :].to(wide), beta[:, :, t, None, None].to(wide)
         F = pending.flushed
-        recent = keys.value[..., F:, :]
+        held = keys.value
+        assert held is not None
+        recent = held[..., F:, :]
         recent.sub_((recent @ wt.transpose(-1, -2)) * (bt * wt))
         pending.push(wt, bt)
         K = keys.append(k[:, :, t : t + 1].to(wide))
@@ -443,6 +456,7 @@ class PaTHState(DecodeState):
     low-rank projections of x, so the new tokens' w needs only their own inputs. Cannot ``crop`` (H_t is not
     invertible at beta = 1)."""
 
+    enc: PaTH
     per_head_keys = True
     flush_every = (
         32  # pending factors before a flush: a flush costs ~ 2 p of the per-token score passes, once per p tokens
@@ -466,6 +480,7 @@ class PaTHState(DecodeState):
             self.tail = proj.new_zeros(*proj.shape[:2], enc.w_conv.kernel_size[0] - 1)
             self.pending = PendingFactors(self.flush_every, keys.length)
         else:
+            assert self.pending is not None  # set with the tail
             u = torch.cat((self.tail, proj), dim=-1)
             w, beta = enc._gates(F.conv1d(u, enc.w_conv.weight, groups=u.shape[1]), x)
             out = path_step_pending(
@@ -481,8 +496,12 @@ class PaTHState(DecodeState):
 
     def reorder(self, index: torch.Tensor) -> None:
         if self.tail is not None:
+            assert self.pending is not None  # set with the tail
             self.tail = self.tail.index_select(0, index.to(self.tail.device))
             self.pending.reorder(index)
 
     def nbytes(self) -> int:
-        return 0 if self.tail is None else self.tail.numel() * self.tail.element_size() + self.pending.nbytes()
+        if self.tail is None:
+            return 0
+        assert self.pending is not None  # set with the tail
+        return self.tail.numel() * self.tail.element_size() + self.pending.nbytes()

@@ -71,6 +71,7 @@ class PoPE(Encoding):
     position_indexed = True
     family, source = "rotary", "Gopalakrishnan et al. 2025, PoPE (polar coordinate positions)"
     replaces_attention = True
+    freqs: torch.Tensor  # a buffer (register_buffer)
 
     def __init__(self, dims: Dims, base: float = 10000.0, block_size: int = 512):
         super().__init__(dims)
@@ -105,6 +106,7 @@ class PoPEState(DecodeState):
     delta); the new queries' features over them, O(T D) per step. Values stay (B, H, T, D) (no zero padding: one
     query row needs no fused kernel)."""
 
+    enc: PoPE
     per_head_keys = True
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:

@@ -112,6 +112,7 @@ def _import(target: str) -> str:
             raise PosencError(f"cannot import {target!r}: a module named {name!r} is imported already")
     else:
         spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None  # a source file's (None for a path without .py)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # before running it, as the import system does (dataclasses and pickle look it up)
         try:

@@ -21,6 +21,7 @@ import math
 import torch
 from torch import nn
 
+from posenc.attention import with_forms
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
 from posenc.encodings.registry import alias, register
 from posenc.errors import PosencError
@@ -96,9 +97,8 @@ class T5Bias(Encoding):
             near = int(((pos[qs:qe].min() - pos[:qs]) >= self.max_distance).int().cumprod(0).sum())
             return near, table[-1][None, :, None].expand(1, -1, near)
 
-        tile = distance_tiles(values, pos, lambda d: d.clamp(min=0))
-        tile.far = far  # the keys at distance >= max_distance from every query of a block: one constant per head
-        return tile
+        # far: the keys at distance >= max_distance from every query of a block, one constant per head
+        return with_forms(distance_tiles(values, pos, lambda d: d.clamp(min=0)), far=far)
 
     def decoder(self) -> PositionState:
         return PositionState(self)  # buckets of the new query rows' distances only
@@ -154,7 +154,7 @@ class Kerple(Encoding):
 alias("kerple-power", "kerple", "Kerple power variant -r1 |i-j|^r2", variant="power")
 
 
-def relative_bias_naive(enc: Encoding, pos: list[int]) -> torch.Tensor:
+def relative_bias_naive(enc: T5Bias | Kerple, pos: list[int]) -> torch.Tensor:
     """Reference: b[h, i, j] by an explicit loop over query/key pairs, (1, H, T, T) float64 (0 above the diagonal)."""
     H, T = enc.dims.n_head, len(pos)
     out = torch.zeros(1, H, T, T, dtype=torch.float64)

@@ -48,6 +48,7 @@ class RoPE(Encoding):
     rotary = True
     internal = ("schedule", "schedule_params")  # set by with_rope_schedule (posenc eval --rope-schedule), not by specs
     instance_flags = ("replaces_attention",)  # the rerope schedules' attention
+    inv_freq: torch.Tensor  # a buffer (register_buffer)
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class RoPE(Encoding):
 
     def _inv_freq(self, length: int) -> torch.Tensor:
         """Dynamic NTK's and LongRoPE's frequencies for a sequence of ``length`` positions (LongRoPE switches lists past L0)."""
+        assert self.schedule is not None  # one of those schedules
         return rope.SCHEDULES[self.schedule](self.rot_dim, self.rope_theta, self.schedule_params, length)[0]
 
     def length_key(self, length: int):
@@ -142,6 +144,8 @@ class RoPE(Encoding):
 class ReRoPEState(DecodeState):
     """(Leaky) ReRoPE decoding: the new query rows over the cached unrotated keys (``rerope_attention`` with Tq = n:
     O(T D) per step, the keys rotated by their position and their window-clamped one)."""
+
+    enc: RoPE
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         enc, p = self.enc, self.enc.schedule_params

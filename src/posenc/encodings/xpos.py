@@ -103,6 +103,8 @@ class XPos(Encoding):
     position_indexed = True
     family, source = "rotary", "Sun et al. 2023, arXiv:2212.10554"
     replaces_attention = True
+    inv_freq: torch.Tensor  # buffers (register_buffer)
+    zeta: torch.Tensor
 
     def __init__(
         self,
@@ -144,6 +146,8 @@ class XPosState(DecodeState):
     """xPos decoding: keys cached rotated once, R(m omega) k_m; the new query rows (blocks as ``query_blocks``,
     offset o their first position) take q_n zeta^((n-o)/B) and the cached keys k_m zeta^((o-m)/B), as ``xpos_block``
     (no unbounded exponent): O(T D) per step (one exp per cached key and pair), no cos/sin of the prefix."""
+
+    enc: XPos
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         enc, T0 = self.enc, keys.length
