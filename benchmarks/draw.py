@@ -1,4 +1,5 @@
-"""The random accumulated draw, before and after the counter-based hash, at the default and the paper model's batch shape.
+"""The random accumulated draw, before and after the counter-based hash, at the default and the paper model's batch
+shape.
 
     .venv/bin/python benchmarks/draw.py          # writes results/draw.{json,md}
 
@@ -69,7 +70,10 @@ def main() -> int:
     }
     OUT.mkdir(exist_ok=True)
     atomic_write_bytes(OUT / "draw.json", json.dumps({"meta": meta, "rows": rows}, indent=1).encode())
-    head = f"# Random accumulated draw, ms per layer and step (CPU, {meta['threads']} threads, torch {meta['torch']}, load average {meta['load_average'][0]:.1f})\n\n"
+    head = (
+        f"# Random accumulated draw, ms per layer and step (CPU, {meta['threads']} threads, "
+        f"torch {meta['torch']}, load average {meta['load_average'][0]:.1f})\n\n"
+    )
     table = markdown_table(
         [
             "shape (rows x heads x positions x blocks)",

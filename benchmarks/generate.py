@@ -1,4 +1,5 @@
-"""Decoding speed per scheme at long contexts, beside a Hugging Face Llama of the same size; decode-vs-parallel agreement.
+"""Decoding speed per scheme at long contexts, beside a Hugging Face Llama of the same size; decode-vs-parallel \
+agreement.
 
     .venv/bin/python benchmarks/generate.py                                   # 1K/4K/16K, 32 new tokens, 1 thread
     .venv/bin/python benchmarks/generate.py --contexts 512 2048 --schemes rope path --new-tokens 16
@@ -53,7 +54,8 @@ def decode_error(scheme: str, dtype: torch.dtype, T: int = 64, prefill: int = 16
 
 
 def llama(cfg):
-    """transformers' LlamaForCausalLM with the posenc model's sizes (SwiGLU hidden 2/3 of the GELU one: equal weights)."""
+    """transformers' LlamaForCausalLM with the posenc model's sizes (SwiGLU hidden 2/3 of the GELU one: equal
+    weights)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hf = LlamaConfig(
@@ -194,12 +196,17 @@ def main(argv=None) -> int:
             ]
         )
     text = (
-        f"# Decoding speed at long contexts\n\nDefault model (4 layers, width 256, 4 heads, vocabulary 256), batch 1, greedy; per context a prefill of "
-        f"that many random tokens, then {args.new_tokens} timed one-token steps through the cache; {meta['threads']} thread(s), torch {meta['torch']}"
-        f"{', transformers ' + meta['transformers'] if 'transformers' in meta else ''}; one interleaved run; load average "
-        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (2 cores shared with training runs: absolute figures are noisy, ratios less so). "
-        f"`{HF}`: transformers' LlamaForCausalLM of the same size (SwiGLU hidden 682, as many MLP weights) with its own DynamicCache. "
-        "Slope: least squares of ms per token against the context. Errors: max |parallel - decoded| logits (2-layer model, 64 tokens).\n\n"
+        "# Decoding speed at long contexts\n\n"
+        "Default model (4 layers, width 256, 4 heads, vocabulary 256), batch 1, greedy; per context a prefill of "
+        f"that many random tokens, then {args.new_tokens} timed one-token steps through the cache; "
+        f"{meta['threads']} thread(s), torch {meta['torch']}"
+        f"{', transformers ' + meta['transformers'] if 'transformers' in meta else ''}; one interleaved run; "
+        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
+        "(2 cores shared with training runs: absolute figures are noisy, ratios less so). "
+        f"`{HF}`: transformers' LlamaForCausalLM of the same size (SwiGLU hidden 682, as many MLP weights) "
+        "with its own DynamicCache. "
+        "Slope: least squares of ms per token against the context. "
+        "Errors: max |parallel - decoded| logits (2-layer model, 64 tokens).\n\n"
         "Command: `.venv/bin/python benchmarks/generate.py "
         + " ".join(argv if argv is not None else __import__("sys").argv[1:])
         + "`\n\n"

@@ -333,7 +333,8 @@ def main(argv=None) -> int:
         s: guarded(lambda s=s: eval_peak_memory(s, device, cfg, res["memory_length"]), deadline) for s in default
     }
     res["throughput"] = {
-        "config": f"{cfg.n_layer} layers, width {cfg.d_model}, vocab {cfg.vocab_size}, {batch} x {cfg.train_length} tokens/step, "
+        "config": f"{cfg.n_layer} layers, width {cfg.d_model}, vocab {cfg.vocab_size}, "
+        f"{batch} x {cfg.train_length} tokens/step, "
         f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, {args.steps} timed steps after 2 warm-up",
         "tokens_per_s": {},
         "compiled": {},
@@ -357,7 +358,8 @@ def main(argv=None) -> int:
 
 
 def guarded(work, deadline: float):
-    """``work()``, or a string saying why not: skipped past ``deadline`` (time.time()), or its error (the others go on)."""
+    """``work()``, or a string saying why not: skipped past ``deadline`` (time.time()), or its error (the others go
+    on)."""
     if time.time() > deadline:
         return "skipped (time budget)"
     try:

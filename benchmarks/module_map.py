@@ -82,12 +82,14 @@ def summary(commit: str, mods: dict[str, str]) -> list[str]:
         for target in targets - {name}:
             edges[(L, layer(target))] += 1
     out = [
-        f"commit {commit} ({git('rev-parse', '--short', commit).strip()}): {len(mods)} modules, {sum(lines.values())} lines"
+        f"commit {commit} ({git('rev-parse', '--short', commit).strip()}): "
+        f"{len(mods)} modules, {sum(lines.values())} lines"
     ]
     for L in LAYERS:
         into = ", ".join(f"{b} {edges[(L, b)]}" for b in LAYERS if edges[(L, b)])
         out.append(
-            f"  {L}: {count[L]} modules, {lines[L]} lines; imports of posenc modules: {into}; third-party: {', '.join(sorted(third[L]))}"
+            f"  {L}: {count[L]} modules, {lines[L]} lines; imports of posenc modules: {into}; "
+            f"third-party: {', '.join(sorted(third[L]))}"
         )
     return out
 

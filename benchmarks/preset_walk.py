@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def layout_order(readme: Path) -> list[str]:
-    """The entries of the "## Layout" listing (docs/layout.md), bottom up: ``errors.py``, ``rope/``, ... (one per name of
-    the first column, so ``report.py, claims.py`` gives two)."""
+    """The entries of the "## Layout" listing (docs/layout.md), bottom up: ``errors.py``, ``rope/``, ... (one per name
+    of the first column, so ``report.py, claims.py`` gives two)."""
     block = readme.read_text().split("## Layout", 1)[1].split("```", 2)[1]
     names = []
     for line in block.splitlines():
@@ -96,7 +96,8 @@ class _Walker:
         self.walk, self.seen = Walk(), set()
 
     def resolve(self, module: str, node: ast.expr, depth: int = 0) -> tuple[str, str] | None:
-        """(module, function) a name or ``alias.attr`` refers to, following re-exports; None if not a posenc function."""
+        """(module, function) a name or ``alias.attr`` refers to, following re-exports; None if not a posenc
+        function."""
         if isinstance(node, ast.Name):
             return self._lookup(module, node.id, depth)
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
@@ -117,7 +118,8 @@ class _Walker:
         return None
 
     def visit(self, module: str, fn: str, param: str | None, caller: str | None) -> None:
-        """``module.fn`` reached from module ``caller`` with the preset in its parameter ``param`` (None: in a job list)."""
+        """``module.fn`` reached from module ``caller`` with the preset in its parameter ``param`` (None: in a job
+        list)."""
         if caller is not None and caller != module and self.rank.get(module, -1) > self.rank.get(caller, -1):
             if (caller, f"{module}.{fn}") not in self.walk.climbs:
                 self.walk.climbs.append((caller, f"{module}.{fn}"))
@@ -206,7 +208,8 @@ def walk(
     parts: bool = False,
 ) -> Walk:
     """The stays and climbs of ``start`` = (module, function, parameter) in the package under ``src``; ``parts``:
-    follow the preset's sections too (``preset.eval``, ``dataclasses.replace(preset.model, ...)``), not only the preset."""
+    follow the preset's sections too (``preset.eval``, ``dataclasses.replace(preset.model, ...)``), not only the
+    preset."""
     walker = _Walker(src, readme, parts)
     walker.visit(*start, None)
     return walker.walk

@@ -1,6 +1,6 @@
 """posenc at the machine's speed: training, prefill and generation, each beside the CPU's measured matmul peak.
 
-    .venv/bin/python benchmarks/speed.py                         # every section, default schemes + path (~30 min, 1 thread)
+    .venv/bin/python benchmarks/speed.py  # every section, default schemes + path (~30 min, 1 thread)
     .venv/bin/python benchmarks/speed.py --sections train --schemes rope alibi --rounds 2
 
 One interleaved run, one thread, the default ``compare`` model (4 layers, width 256, 4 heads, vocabulary 256):
@@ -227,16 +227,18 @@ def markdown(res: dict, command: str) -> str:
             + [f"{k(L)} x rope" for L in Ls]
             + [f"{k(L)} % fp32 peak" for L in Ls]
         )
+
+        def fp32_share(L: str, seconds: float) -> float:
+            """Percent of the fp32 peak reached by a prefill of ``L`` tokens taking ``seconds``."""
+            return (
+                100 * int(L) * (2 * n + 2 * cfg.n_layer * int(L) * cfg.d_model) / seconds / 1e9 / peak_of(peak, "fp32")
+            )
+
         table = [
             [s]
             + [f"{r[L]['seconds']:.2f}" for L in Ls]
             + [f"{r[L]['ratio']:.2f}" if r[L]["ratio"] else "" for L in Ls]
-            + [
-                f"{100 * int(L) * (2 * n + 2 * cfg.n_layer * int(L) * cfg.d_model) / r[L]['seconds'] / 1e9 / peak_of(peak, 'fp32'):.0f}%"
-                if peak
-                else ""
-                for L in Ls
-            ]
+            + [f"{fp32_share(L, r[L]['seconds']):.0f}%" if peak else "" for L in Ls]
             for s, r in sec["prefill"].items()
         ]
         lines += [
@@ -254,7 +256,8 @@ def markdown(res: dict, command: str) -> str:
             for s, r in sec["generate"].items()
         ]
         lines += [
-            f"## Generation (prompt of the context, then one-token steps through the cache; `{HF}`: transformers' Llama of the same size)",
+            "## Generation (prompt of the context, then one-token steps through the cache; "
+            f"`{HF}`: transformers' Llama of the same size)",
             "",
             markdown_table(head, table),
             "",

@@ -86,7 +86,8 @@ def test_no_state_on_the_model_applied_or_restored():
         apply(adapted)
         assert posenc_attributes(model) == [], label
         added = sum(a + b for a, b in hooks(model).values()) - sum(a + b for a, b in native_hooks.values())
-        # the hooks the adaptation owns: the length switch (dynamic, longrope), one per layer (ReRoPE), padding + per layer (scheme)
+        # the hooks the adaptation owns: the length switch (dynamic, longrope), one per layer (ReRoPE),
+        # padding + per layer (scheme)
         assert added == {"dynamic": 1, "longrope": 1, "rerope": 2, "leaky-rerope": 2}.get(
             label, 3 if "scheme" in label else 0
         ), label
@@ -145,7 +146,8 @@ def test_the_key_changes_with_every_mutation_and_only_then():
 
 
 def test_the_keys_are_those_of_the_records_already_stored():
-    """The key hashes what ``schedules.signature`` hashed before the Adaptation, so an earlier run's records.jsonl is reused."""
+    """The key hashes what ``schedules.signature`` hashed before the Adaptation, so an earlier run's records.jsonl is
+    reused."""
     adapted, got = Adaptation(llama()), {}
     for label, apply in [
         ("none", lambda: None),

@@ -232,7 +232,8 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
         ),
         (
             lambda: posenc.Attention(64, 4, scheme="acc-token-qk"),
-            "accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got 0",
+            "accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 "
+            "(Attention(..., vocab_size=V)), got 0",
         ),
         (
             lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate("To be", 2),

@@ -1,4 +1,5 @@
-"""Incremental decoding states (``Encoding.decoder``) equal the full recomputation, and never re-run the prefix's hooks."""
+"""Incremental decoding states (``Encoding.decoder``) equal the full recomputation, and never re-run the prefix's
+hooks."""
 
 import pytest
 import torch

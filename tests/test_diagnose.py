@@ -110,7 +110,8 @@ def test_nope_with_zero_qk_is_uniform_attention():
 
 @pytest.mark.parametrize("slope", [0.3, 1.0, 20.0])
 def test_alibi_far_mass_closed_form(slope):
-    """Zero q/k: p_ij proportional to exp(-m (i-j)); far mass of query i = sum_{d=w}^{i} e^{-md} / sum_{d=0}^{i} e^{-md}."""
+    """Zero q/k: p_ij proportional to exp(-m (i-j));
+    far mass of query i = sum_{d=w}^{i} e^{-md} / sum_{d=0}^{i} e^{-md}."""
     model = tiny("alibi")
     with torch.no_grad():
         for b in model.blocks:

@@ -92,7 +92,8 @@ def test_the_readme_stays_a_front_page():
 
 
 def test_the_plugin_page_gives_each_hook_its_exact_signature():
-    """docs/plugins.md states every hook as base.py defines it: a changed signature makes the page wrong, and this fail."""
+    """docs/plugins.md states every hook as base.py defines it: a changed signature makes the page wrong, and this
+    fail."""
     page = (ROOT / "docs" / "plugins.md").read_text()
     hooks = (
         "embed",

@@ -263,7 +263,8 @@ def test_every_schedule_setting_is_a_flag_and_a_preset_key(tmp_path):
 
 
 def test_the_schedule_settings_enter_the_setting_tag_only_when_given(tmp_path):
-    """A setting changes the tag (its records are not another setting's); without one the tag is the earlier releases'."""
+    """A setting changes the tag (its records are not another setting's); without one the tag is the earlier
+    releases'."""
     docs = [("doc", [])]
     (tmp_path / "o").mkdir()
 

@@ -198,7 +198,8 @@ def test_extend_resumes_a_version_1_store_and_refuses_a_newer_one(llama_dir, cap
 
 
 def test_extend_refuses_lengths_no_schedule_would_score(llama_dir, capsys):
-    """Lengths above factor x L0 are scored only by --long-schedules: with none of them in --schedules the table was empty."""
+    """Lengths above factor x L0 are scored only by --long-schedules: with none of them in --schedules the table was
+    empty."""
     out = llama_dir / "o"
     argv = [
         "extend",

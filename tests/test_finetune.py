@@ -296,7 +296,8 @@ def test_pose_fine_tuning_feeds_the_position_ids(llama_dir, monkeypatch):
 
 @pytest.mark.parametrize("command", ["extend", "finetune"])
 def test_quick_means_preset_quick_in_both_commands(command, capsys):
-    """``--quick`` is ``--preset quick`` for finetune as for extend (finetune refused it); with --preset it is refused."""
+    """``--quick`` is ``--preset quick`` for finetune as for extend (finetune refused it); with --preset it is
+    refused."""
     from posenc.cli import build_parser
     from posenc.commands import extend_cmd, finetune_cmd
 

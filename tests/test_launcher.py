@@ -116,7 +116,8 @@ def test_ctrl_c_of_local_submitit_jobs_ends_with_posencs_lines_only(tiny_corpus,
     err = proc.communicate(timeout=120)[1]  # to the end: what every process holding posenc's stderr wrote
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.splitlines() == [
-        f"posenc: interrupted: finished jobs are kept in {runs / 'quick'}; each interrupted one resumes from its last checkpoint",
+        f"posenc: interrupted: finished jobs are kept in {runs / 'quick'}; "
+        "each interrupted one resumes from its last checkpoint",
         f"posenc: resume with: {shlex.join(['posenc', *cmd[3:]])}",
     ]
     deadline = time.time() + 60  # the controllers' tracebacks: in their own file (they may outlive posenc by a second)

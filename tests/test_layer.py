@@ -1,4 +1,5 @@
-"""posenc.Attention (the drop-in layer LM is built from), grouped-query attention, prepare/attend, the docs' example of the layer in a block."""
+"""posenc.Attention (the drop-in layer LM is built from), grouped-query attention, prepare/attend, the docs' example of
+the layer in a block."""
 
 import re
 from pathlib import Path

@@ -4,7 +4,8 @@ pydantic, matplotlib, transformers or ``posenc.theory``; ``posenc.theory`` sits 
 never on the apps.
 
 Layers, bottom up (docs/layout.md, "Layout"):
-- core: errors, attention, methods, scoring, layer, model, encodings/*, rope/*, and the package ``posenc`` itself (lazy: PEP 562).
+- core: errors, attention, methods, scoring, layer, model, encodings/*, rope/*, and the package ``posenc`` itself
+  (lazy: PEP 562).
 - theory: theory/*, on the core and on checkpoint, presets, reporting.
 - apps: every other module, on anything below (no cycles: tests/test_imports.py).
 
@@ -56,7 +57,8 @@ def _modules() -> dict[str, Path]:
 
 
 def _in(name: str, packages: tuple[str, ...]) -> bool:
-    """Whether module ``name`` is one of ``packages`` or inside one; the package ``posenc`` is core (it imports nothing)."""
+    """Whether module ``name`` is one of ``packages`` or inside one; the package ``posenc`` is core (it imports
+    nothing)."""
     return name == "posenc" or any(name == p or name.startswith(p + ".") for p in packages)
 
 
@@ -157,7 +159,10 @@ def test_importing_the_core_loads_no_heavy_module():
 
 
 def test_the_public_names_load_on_first_access():
-    code = "import sys, posenc\nposenc.PosencError\nassert 'posenc.model' not in sys.modules\nposenc.LM, posenc.hf\nprint('posenc.hf' in sys.modules)"
+    code = (
+        "import sys, posenc\nposenc.PosencError\nassert 'posenc.model' not in sys.modules\n"
+        "posenc.LM, posenc.hf\nprint('posenc.hf' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == [
         "True"
     ]
@@ -204,9 +209,12 @@ def test_the_preset_walk_counts_stays_and_climbs(tmp_path):
     pkg.mkdir(parents=True)
     for f, text in {
         "__init__.py": "",
-        "low.py": "def run(jobs):\n    pass\n\ndef size(n):\n    pass\n\ndef use(cfg):\n    from posenc.high import back\n    back(cfg)\n",
-        "mid.py": "from posenc import low\n\ndef job(a, p):\n    pass\n\ndef go(x):\n    q = x\n    low.use(q)\n    low.run([(job, (1, q))])\n    low.size(x.part)\n",
-        "high.py": "from posenc.mid import go as start\n\ndef back(c):\n    pass\n\ndef top(preset):\n    start(x=preset)\n    top(preset)\n",
+        "low.py": "def run(jobs):\n    pass\n\ndef size(n):\n    pass\n\n"
+        "def use(cfg):\n    from posenc.high import back\n    back(cfg)\n",
+        "mid.py": "from posenc import low\n\ndef job(a, p):\n    pass\n\n"
+        "def go(x):\n    q = x\n    low.use(q)\n    low.run([(job, (1, q))])\n    low.size(x.part)\n",
+        "high.py": "from posenc.mid import go as start\n\ndef back(c):\n    pass\n\n"
+        "def top(preset):\n    start(x=preset)\n    top(preset)\n",
     }.items():
         (pkg / f).write_text(text)
     w = _preset_walk().walk(tmp_path / "src", tmp_path / "README.md", ("posenc.high", "top", "preset"))
@@ -217,8 +225,8 @@ def test_the_preset_walk_counts_stays_and_climbs(tmp_path):
 
 
 def test_compare_reaches_the_report_through_the_traced_files():
-    """The trace of docs/layout.md, checked on the source: cli -> commands/compare_cmd -> config -> compare -> jobs -> train,
-    records -> report."""
+    """The trace of docs/layout.md, checked on the source: cli -> commands/compare_cmd -> config -> compare -> jobs ->
+    train, records -> report."""
     pw = _preset_walk()
     cli = (SRC / "posenc" / "cli.py").read_text()
     assert '"posenc.commands.compare_cmd"' in cli and "args.func(args)" in cli

@@ -1,4 +1,5 @@
-"""Sweeps on several devices: `compare --parallel K` and `--nproc-per-node N` give the sequential results (CPU, gloo)."""
+"""Sweeps on several devices: `compare --parallel K` and `--nproc-per-node N` give the sequential results (CPU,
+gloo)."""
 
 import importlib
 import json

@@ -116,7 +116,8 @@ def test_compare_report_has_passkey_column_heat_map_and_far_mass(tmp_path):
     preset.write_text(
         "name: pk\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\n"
         "train: {steps: 3, batch_size: 4, warmup: 1, threads: 1}\n"
-        "eval: {multiples: [1, 2], max_tokens: 256, passkey: {lengths_multiples: [4, 8], depths: [0.25, 0.75], trials: 2, candidates: 3},"
+        "eval: {multiples: [1, 2], max_tokens: 256, "
+        "passkey: {lengths_multiples: [4, 8], depths: [0.25, 0.75], trials: 2, candidates: 3},"
         " far_mass: {multiples: [2, 4], windows: 1}}\n"
         "schemes: [rope, alibi]\n"
     )

@@ -249,7 +249,8 @@ def test_path_plus_forget_model_gradients_use_the_chunked_form():
 
 def test_path_fox_matches_flash_linear_attentions_pathfox():
     """flash-linear-attention's PaTH-FoX: softmax((q^T H_i..H_{j+1} k_j + G_i - G_j) / sqrt(D)) v, G = cumsum of the
-    log-gates (``parallel_path_attn``). ``path+forget:scaled=true`` gives it; ``path+forget`` adds FoX's unscaled gate."""
+    log-gates (``parallel_path_attn``). ``path+forget:scaled=true`` gives it; ``path+forget`` adds FoX's unscaled
+    gate."""
     from posenc import encodings
     from posenc.encodings.base import Dims
     from posenc.encodings.householder_naive import path_scores_naive

@@ -553,7 +553,8 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
 
 
 def test_extend_with_posenc_schemes(tmp_path, word_tokenizer):
-    """--scheme: 'rope' scores what the unchanged model scores; ALiBi (no fine-tuning) scores otherwise; both reported."""
+    """--scheme: 'rope' scores what the unchanged model scores; ALiBi (no fine-tuning) scores otherwise; both
+    reported."""
     from posenc.cli import main
 
     model = tiny_model()

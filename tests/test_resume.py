@@ -1,4 +1,5 @@
-"""Crash recovery: `kill -9` mid-training then `--resume` gives the uninterrupted loss curve; NaN stops with one line."""
+"""Crash recovery: `kill -9` mid-training then `--resume` gives the uninterrupted loss curve; NaN stops with one
+line."""
 
 import json
 import os
@@ -124,7 +125,8 @@ def test_resume_without_state_pt_is_refused(setup, capsys):
     assert main([*args, "--resume"]) == 2
     assert (
         capsys.readouterr().err.splitlines()[-1]
-        == f"posenc: error: cannot resume {tmp_path / 'r'}: it has weights but no state.pt (optimizer state); use another --out"
+        == f"posenc: error: cannot resume {tmp_path / 'r'}: it has weights but no state.pt (optimizer state); "
+        "use another --out"
     )
     assert (tmp_path / "r" / "model.safetensors").read_bytes() == weights
 
@@ -199,7 +201,8 @@ def test_resume_with_other_training_settings_is_refused(setup, capsys):
     )
     assert (
         capsys.readouterr().err.splitlines()[-1]
-        == f"posenc: error: cannot resume {run}: its training differs (batch_size 2 -> 4; seed 0 -> 3); use another --out"
+        == f"posenc: error: cannot resume {run}: its training differs (batch_size 2 -> 4; seed 0 -> 3); "
+        "use another --out"
     )
     assert {p.name: p.read_bytes() for p in run.iterdir()} == files  # nothing touched
     assert (
@@ -240,7 +243,8 @@ def test_sigterm_is_an_interrupt_with_the_resume_line(tiny_corpus, tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "leaked" not in err and "Traceback" not in err, err
     assert err.splitlines()[-2:] == [
-        f"posenc: interrupted: finished jobs are kept in {runs / 'quick'}; each interrupted one resumes from its last checkpoint",
+        f"posenc: interrupted: finished jobs are kept in {runs / 'quick'}; "
+        "each interrupted one resumes from its last checkpoint",
         f"posenc: resume with: {shlex.join(['posenc', *cmd[3:]])}",
     ]
     assert (runs / "quick" / "rope" / "seed0").is_dir()

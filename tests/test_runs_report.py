@@ -1,5 +1,6 @@
 """posenc report: compare runs side by side (two tiny runs of other budgets, the committed results/default and
-results/default-450 that keep only results.csv), schemes matched by spec, other settings labelled; bad input is one line."""
+results/default-450 that keep only results.csv), schemes matched by spec, other settings labelled; bad input is one
+line."""
 
 import json
 import shutil
@@ -72,8 +73,8 @@ def test_the_committed_default_runs_from_their_csv(tmp_path):
         "| (ii) learned rotations match RoPE at 1x and stay near 1x perplexity at 16x | within noise | within noise |"
     ) in text
     assert (
-        "| (iii) rotating Q/K/V extrapolates better than Q/K only (acc-rand-qkv vs acc-rand-qk) | does not hold | does not hold |"
-        in text
+        "| (iii) rotating Q/K/V extrapolates better than Q/K only (acc-rand-qkv vs acc-rand-qk) "
+        "| does not hold | does not hold |" in text
     )
     assert (tmp_path / "out" / "ppl_ratio.png").exists()
 

@@ -17,7 +17,8 @@ L0 = 128
 
 
 def test_the_readme_block_is_what_the_code_prints_from_the_committed_results():
-    """A generated artifact: rewrite it with `posenc report results/retrieval results/state-tracking results/default --readme README.md`."""
+    """A generated artifact: rewrite it with
+    `posenc report results/retrieval results/state-tracking results/default --readme README.md`."""
     printed = scoreboard([RESULTS / "retrieval", RESULTS / "state-tracking", RESULTS / "default"])
     assert readme_block(ROOT / "README.md") == printed
     assert (ROOT / "README.md").read_text().index(BEGIN) < (ROOT / "README.md").read_text().index("## Two commands")
@@ -92,7 +93,8 @@ def test_scoreboard_values_on_synthetic_runs(tmp_path):
     )
     assert (
         rows["alibi"]
-        == "| alibi | 9.00 ± 0.00 | 1.000 ± 0.000 | 0.980 ± 0.010 | did not learn (1 of 2 seeds learned) | | not reached (600 steps) |"
+        == "| alibi | 9.00 ± 0.00 | 1.000 ± 0.000 | 0.980 ± 0.010 | did not learn (1 of 2 seeds learned) | "
+        "| not reached (600 steps) |"
     )
     assert rows["path"] == "| path | | | | 1024 | 544 ± 480 | not reached (600 steps) |"
     assert "parity: `tasks`" in lines[-1] and "settings from defaults" in lines[-1]
@@ -144,8 +146,8 @@ def test_scoreboard_bad_input_is_one_line(tmp_path, capsys):
         )
     assert main(["report", str(tmp_path / "mixed"), "--scoreboard"]) == 2
     assert (
-        capsys.readouterr().err
-        == f"posenc: error: {tmp_path / 'mixed'} mixes training lengths [64, 128] on flipflop: not one task comparison\n"
+        capsys.readouterr().err == f"posenc: error: {tmp_path / 'mixed'} mixes training lengths [64, 128] on flipflop: "
+        "not one task comparison\n"
     )
 
 

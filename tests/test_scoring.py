@@ -62,7 +62,8 @@ def test_the_reported_case_scores_all_1099_targets():
 
 
 def test_bos_none_default_stride_scores_each_windows_first_target():
-    """The bug of `posenc extend --bos none`: windows of L text tokens every L tokens left target L, 2L, ... unscored."""
+    """The bug of `posenc extend --bos none`: windows of L text tokens every L tokens left target L, 2L, ...
+    unscored."""
     wins = hf.model_windows(100, 10, None, bos=False)
     assert [w.begin for w in wins[:3]] == [0, 9, 18] and [(w.lo, w.hi) for w in wins[:2]] == [(1, 10), (10, 19)]
     assert sum(w.n_scored for w in wins) == wins[-1].hi - 1 == 99

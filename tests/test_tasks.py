@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _check_flipflop(tok, answer, distance):
-    """Brute force: an answer exactly at each read's bit, equal to the last write's bit, at the distance between them."""
+    """Brute force: an answer exactly at each read's bit, equal to the last write's bit, at the distance between
+    them."""
     last_write_bit = None
     for t in range(len(tok) - 1):
         if tok[t] == W and t % 2 == 0:
@@ -609,7 +610,8 @@ def test_task_claims_find_their_schemes_by_canonical_spec():
 
 
 def test_a_task_report_covers_every_task_the_run_holds(tmp_path):
-    """--tasks flipflop, then --tasks mqar into the same run: report.md keeps flipflop's section (it had mqar's only)."""
+    """--tasks flipflop, then --tasks mqar into the same run: report.md keeps flipflop's section (it had mqar's
+    only)."""
     from posenc.records import append
     from posenc.retrieval import task_meta
     from posenc.retrieval_report import write_task_report
@@ -660,8 +662,8 @@ def test_budget_reads_the_learning_curve():
     )
     stuck = [(s, 0.30) for s in steps]
     assert (
-        budget(_job(stuck), 0.5)
-        == "loss flat at 0.300 at the step cap 600 (chance 0.693): another setting (learning rate, heads), not more steps"
+        budget(_job(stuck), 0.5) == "loss flat at 0.300 at the step cap 600 (chance 0.693): "
+        "another setting (learning rate, heads), not more steps"
     )
     assert budget(_job(at_chance), 1 / 8).startswith(
         "loss flat at 0.690 at the step cap 600 (chance 2.079)"
@@ -678,8 +680,8 @@ def test_an_undecided_claim_names_each_seed_that_did_not_learn_and_its_budget():
     assert c.verdict == UNDECIDED
     assert c.evidence == (
         "path did not learn on seed 1 (id 60.0% < 90%: loss still falling at the step cap 600 "
-        "(0.580 -> 0.420 over its last 160 steps): more steps); seed 2 (id 50.0% < 90%: loss flat at chance at the step cap "
-        "600 (0.690; ln 2 = 0.693): more steps alone unlikely, another learning rate or head count)"
+        "(0.580 -> 0.420 over its last 160 steps): more steps); seed 2 (id 50.0% < 90%: loss flat at chance at the "
+        "step cap 600 (0.690; ln 2 = 0.693): more steps alone unlikely, another learning rate or head count)"
     )
 
 

@@ -99,7 +99,8 @@ def test_so2_uniform_mixing_matches_sin_a_over_a():
 
 
 def test_mixing_window_names_only_a_schemes_window():
-    """The Monte Carlo check is mixing_check (a dict of the check); mixing_window is the scheme's / model's w_eps (tokens)."""
+    """The Monte Carlo check is mixing_check (a dict of the check); mixing_window is the scheme's / model's w_eps
+    (tokens)."""
     import posenc.theory
     from posenc.model import ModelConfig
 

@@ -273,7 +273,8 @@ def test_ctrl_c_in_compare_says_what_is_kept_and_the_command(monkeypatch, tmp_pa
     argv = ["compare", "--preset", "quick", "--out", str(tmp_path)]
     assert main(argv) == 130
     assert capsys.readouterr().err.splitlines() == [
-        f"posenc: interrupted: finished jobs are kept in {tmp_path / 'quick'}; each interrupted one resumes from its last checkpoint",
+        f"posenc: interrupted: finished jobs are kept in {tmp_path / 'quick'}; "
+        "each interrupted one resumes from its last checkpoint",
         f"posenc: resume with: posenc compare --preset quick --out {tmp_path}",
     ]
 

@@ -132,7 +132,8 @@ def test_installed_wheel_runs_compare_with_tracking_version_list_and_report(tmp_
         [
             venv / "bin" / "python",
             "-c",
-            "import posenc, importlib.resources as r; print(posenc.__file__); print(r.files('posenc') / 'configs' / 'quick.yaml')",
+            "import posenc, importlib.resources as r; print(posenc.__file__); "
+            "print(r.files('posenc') / 'configs' / 'quick.yaml')",
         ],
         capture_output=True,
         text=True,

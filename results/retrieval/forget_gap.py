@@ -4,7 +4,8 @@ For controlled-gap probes (a training-length prefix, a write, g ignores, a read)
 the attention mass of the read on the write (its W and bit tokens), the logit margin of the write's bit over
 the best other key, the accuracy of the read, and the mean log forget-gate per token over the gap.
 
-    .venv/bin/python results/retrieval/forget_gap.py runs/retrieval/flipflop/forget/seed0 > results/retrieval/forget_gap.txt
+    .venv/bin/python results/retrieval/forget_gap.py runs/retrieval/flipflop/forget/seed0 \
+        > results/retrieval/forget_gap.txt
 
 The leak over the gap is library code now (``posenc.taskeval.gate_leak``, every head of every gated layer, ignores
 and bits together): each task job records it (``Task.leak``) and claim R8 reads it.
@@ -56,6 +57,7 @@ with torch.no_grad():
     for li, a in enumerate(model.prepare(tok)):
         lf = log_gates(a.encoding.gate(a.inp.x).transpose(1, 2))[..., -4096:-2]  # over the gap
         print(
-            f"layer {li}: mean log f per token on the gap's ignores {', '.join(f'{v:.4f}' for v in lf[..., 0::2].mean((0, 2)).tolist())}"
+            f"layer {li}: mean log f per token on the gap's ignores "
+            f"{', '.join(f'{v:.4f}' for v in lf[..., 0::2].mean((0, 2)).tolist())}"
             f", on their bits {', '.join(f'{v:.4f}' for v in lf[..., 1::2].mean((0, 2)).tolist())}"
         )

@@ -52,7 +52,8 @@ for r in records:
 meta = task_meta(load_preset("retrieval", {"seeds": [0, 1, 2]}))
 meta["notes"] = (meta["notes"] or "") + (
     "\n\nSeeds: seed 0 of every job ran with commit 3b4d92c; seeds 1 and 2 of the eleven main schemes on flip-flop, "
-    "and of path and rope on gap-MQAR, with commit 0befcb3 (training 149-435 s, evaluation 40-168 s per flip-flop job); "
+    "and of path and rope on gap-MQAR, with commit 0befcb3 "
+    "(training 149-435 s, evaluation 40-168 s per flip-flop job); "
     "seeds 1 and 2 of the other nine schemes on gap-MQAR with commit b3bfe8e (their times are below). Three sessions, "
     "three machines, the same settings and one thread per job; only the last jobs' times are kept. The step-width "
     "sweep (a = 0.25, 0.5, 2) is seed 0 only."

@@ -59,11 +59,12 @@ def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.T
     x: (B, H, T, D); phi: broadcastable to (B, H, T, P), float32 or float64
     radians, P <= D/2 pairs: with P < D/2 only the first 2P features rotate and
     the rest pass unchanged (partial rotary, GPT-NeoX / Hugging Face
-    ``partial_rotary_factor``; pairs within those 2P features). Pairing "half" rotates (x_i, x_{i+D/2}) as Hugging Face's
-    ``rotate_half`` (x cos + rotate_half(x) sin); "adjacent" rotates
-    (x_{2i}, x_{2i+1}) as RoFormer / Meta Llama. cos and sin are taken in the
-    angles' dtype and only then cast to the rotation's (never bf16 angles): x's
-    dtype, float32+ under autocast (``rotation_dtype``, the dtype returned).
+    ``partial_rotary_factor``; pairs within those 2P features). Pairing "half"
+    rotates (x_i, x_{i+D/2}) as Hugging Face's ``rotate_half`` (x cos +
+    rotate_half(x) sin); "adjacent" rotates (x_{2i}, x_{2i+1}) as RoFormer / Meta
+    Llama. cos and sin are taken in the angles' dtype and only then cast to the
+    rotation's (never bf16 angles): x's dtype, float32+ under autocast
+    (``rotation_dtype``, the dtype returned).
     Gradients by autograd through cos and sin: the reference for ``rotate_shared``.
     Raises ValueError for an unknown pairing.
     """
@@ -424,7 +425,8 @@ def naive_attention(q, k, v, *, bias: BiasFn | None = None, logit_scale: float =
 
 
 def repeat_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
-    """(B, Hkv, T, D) -> (B, n_head, T, D), head h from head h // (n_head / Hkv); PosencError if Hkv does not divide n_head."""
+    """(B, Hkv, T, D) -> (B, n_head, T, D), head h from head h // (n_head / Hkv); PosencError if Hkv does not divide
+    n_head."""
     if n_head % t.shape[1]:
         raise PosencError(f"{t.shape[1]} key/value heads do not divide {n_head} query heads")
     return t if t.shape[1] == n_head else t.repeat_interleave(n_head // t.shape[1], dim=1)

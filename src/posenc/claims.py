@@ -4,11 +4,12 @@ Each claim is a conjunction of comparisons between schemes' values over seeds
 (perplexity at the training length, or perplexity ratio at a length). Each value
 is a band: its seed range widened by the measured run-to-run noise (PPL_NOISE,
 RATIO_NOISE: the largest relative change of the same seed and code between runs,
-``results/run_noise.md``), because the seed range of a learned scheme understates it. A comparison ``x <= y`` *holds* when x's band lies
-below y's, *does not hold* when it lies above, and is *within noise* when the
-bands overlap; a fixed bar (1.10, 1 + FLAT_TOL) has no band. A claim holds when
-all its comparisons hold, does not hold when one does not, and is within noise
-otherwise. Claims whose schemes were not run are omitted.
+``results/run_noise.md``), because the seed range of a learned scheme understates
+it. A comparison ``x <= y`` *holds* when x's band lies below y's, *does not hold*
+when it lies above, and is *within noise* when the bands overlap; a fixed bar (1.10,
+1 + FLAT_TOL) has no band. A claim holds when all its comparisons hold, does not
+hold when one does not, and is within noise otherwise. Claims whose schemes were not
+run are omitted.
 
 Thresholds (stated in the report): "flat" is a ratio <= 1 + FLAT_TOL at the
 longest length; "degrades" is a ratio > 1 + FLAT_TOL; "matches RoPE at 1x" (claim
@@ -217,7 +218,8 @@ def _hybrid_vs_rope_forget(t: Table) -> Claim | None:
     )
     return Claim(
         "vi",
-        "the hybrid matches or beats rope+forget at 1x and at the longest length (ppl <=; accumulated rotation adds something once far mass is controlled)",
+        "the hybrid matches or beats rope+forget at 1x and at the longest length (ppl <=; accumulated rotation adds "
+        "something once far mass is controlled)",
         verdict,
         ev,
     )
@@ -258,12 +260,13 @@ def claims_markdown(records: list[Ppl], train_length: int) -> str:
     out = (
         "\n## The paper's claims (arXiv 2606.24975), checked on this run\n\n"
         "Computed from the tables above. Each value is its seed range widened by the measured run-to-run noise "
-        f"(perplexity ±{100 * PPL_NOISE:.1f}%, ratio ±{100 * RATIO_NOISE:.1f}%: the largest change of one seed between runs of "
-        "the same code, here between two machines, `results/run_noise.md`); a comparison holds when one band lies entirely on the claimed side of the "
-        "other (or of a fixed bar), does not hold when it lies entirely on the other side, and is within noise otherwise. "
+        f"(perplexity ±{100 * PPL_NOISE:.1f}%, ratio ±{100 * RATIO_NOISE:.1f}%: the largest change of one seed between "
+        "runs of the same code, here between two machines, `results/run_noise.md`); a comparison holds when one band "
+        "lies entirely on the claimed side of the other (or of a fixed bar), does not hold when it lies entirely on "
+        "the other side, and is within noise otherwise. "
         f"Flat: ratio <= {1 + FLAT_TOL:g}, degrades: ratio > {1 + FLAT_TOL:g}; matches RoPE at 1x (ii): perplexity <= "
-        f"RoPE's x {1 + MATCH_TOL:g}; near 1x perplexity at 16x: ratio <= {NEAR_16X:g}; (v) and (vi): perplexity <= the "
-        "baseline's, no tolerance."
+        f"RoPE's x {1 + MATCH_TOL:g}; near 1x perplexity at 16x: ratio <= {NEAR_16X:g}; (v) and (vi): perplexity <= "
+        "the baseline's, no tolerance."
         + (
             " One seed: the bands are the run-to-run noise alone, not the seed-to-seed spread."
             if _one_seed(records)

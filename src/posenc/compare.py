@@ -152,7 +152,8 @@ def _span(preset: Preset) -> int:
 
 
 def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int, log: str = "none") -> None:
-    """Train (or resume) one job data-parallel: ``posenc train`` under torchrun with ``nproc`` processes on this machine.
+    """Train (or resume) one job data-parallel: ``posenc train`` under torchrun with ``nproc`` processes on this
+    machine.
 
     Reads the sweep's ``preset.json`` (the resolved preset), so the run is the one the sweep would train.
     """
@@ -183,7 +184,8 @@ def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int, log
             line for line in proc.stderr.splitlines() if "posenc: error:" in line
         ] or proc.stderr.strip().splitlines()[-1:]
         raise PosencError(
-            f"torchrun training of {scheme} (seed {seed}) failed: {lines[0] if lines else f'exit code {proc.returncode}'}"
+            f"torchrun training of {scheme} (seed {seed}) failed: "
+            f"{lines[0] if lines else f'exit code {proc.returncode}'}"
         )
 
 
@@ -404,8 +406,8 @@ def compare(
     ``parallel``: jobs at once, each pinned to its own devices (``posenc.jobs.run_pool``);
     ``nproc_per_node``: processes (GPUs) per job, training under torchrun (text only).
     ``log``: a tracker kind for every job (``posenc.tracking``). ``launcher``: "pool" (this machine,
-    ``run_pool``), or submitit ("slurm": one scheduler job per job with ``cluster``'s
-    resources, default the preset's; "local": the same jobs through submitit's LocalExecutor), waited for here; job files go
+    ``run_pool``), or submitit ("slurm": one scheduler job per job with ``cluster``'s resources, default the preset's;
+    "local": the same jobs through submitit's LocalExecutor), waited for here; job files go
     to ``out_root/name/submitit``. Every launcher skips finished jobs and resumes interrupted ones.
     Raises PosencError before any work when ``out_root/name`` (or a grid point's directory) holds results made
     with other model, training or evaluation settings, when a run a job would report was trained with other settings
@@ -548,10 +550,14 @@ def _meta(preset: Preset, data) -> dict:
     return {
         "name": preset.name,
         "train_length": preset.model.train_length,
-        "corpus": f"{preset.train.corpus} ({len(data.train):,} training tokens; held out: {', '.join(n for n, _ in data.val_docs)})",
+        "corpus": (
+            f"{preset.train.corpus} ({len(data.train):,} training tokens; "
+            f"held out: {', '.join(n for n, _ in data.val_docs)})"
+        ),
         "tokenizer": f"{preset.train.tokenizer} (vocab {data.vocab_size})",
         "model": (
-            f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, {setting(preset, 'model.n_head')} heads, "
+            f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, "
+            f"{setting(preset, 'model.n_head')} heads, "
             f"{preset.model.mlp}, {preset.model.norm}, train length {preset.model.train_length}"
         ),
         "budget": (
@@ -559,7 +565,11 @@ def _meta(preset: Preset, data) -> dict:
             f"lr {setting(preset, 'train.lr')}{positions_note(preset)}"
         ),
         "seeds": preset.seeds,
-        "eval": f"non-overlapping windows; every length scores the same text: the first {_span(preset)} targets of each of the first {-(-preset.eval.max_tokens // _span(preset))} held-out works",
+        "eval": (
+            "non-overlapping windows; every length scores the same text: "
+            f"the first {_span(preset)} targets of each of the first "
+            f"{-(-preset.eval.max_tokens // _span(preset))} held-out works"
+        ),
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
         "mixing_windows": {s: dataclasses.replace(mcfg, encoding=s).mixing_window() for s in preset.schemes},
         "notes": preset.description or None,

@@ -27,7 +27,8 @@ from posenc.train import TrainConfig, randomized_max
 
 
 class ClusterConfig(BaseModel):
-    """Resources of each submitit job (``posenc.jobs.run_submitit``): partition, GPUs, wall-clock limit (minutes), memory (GB)."""
+    """Resources of each submitit job (``posenc.jobs.run_submitit``): partition, GPUs, wall-clock limit (minutes),
+    memory (GB)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -51,7 +52,8 @@ class EvalConfig(BaseModel):
     batch_tokens: int = Field(8192, gt=0)
     """Tokens per evaluation forward batch: memory and speed only."""
     passkey: PasskeyConfig = PasskeyConfig(trials=0)
-    """Passkey retrieval cells (``posenc.passkey``): off (``trials: 0``) unless a preset gives ``eval.passkey``; a block given takes the defaults below for the keys it leaves out."""
+    """Passkey retrieval cells (``posenc.passkey``): off (``trials: 0``) unless a preset gives ``eval.passkey``; a block
+    given takes the defaults below for the keys it leaves out."""
     far_mass: FarMassConfig = FarMassConfig()
     """The cheap diagnose pass (far attention mass and entropy, ``posenc.diagnose``)."""
 
@@ -108,7 +110,8 @@ class SweepConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     grid: dict[str, list[Any]] = {}
-    """{key: [values]} for every scheme; keys: train.lr, train.weight_decay, train.steps, train.warmup, model.n_head, model.n_layer, model.d_model."""
+    """{key: [values]} for every scheme; keys: train.lr, train.weight_decay, train.steps, train.warmup, model.n_head,
+    model.n_layer, model.d_model."""
     schemes: dict[str, dict[str, list[Any]]] = {}
     """{scheme: {key: [values]}}: that scheme's own values, replacing the grid's for its keys (and adding keys)."""
 
@@ -131,7 +134,8 @@ class Preset(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str
-    """The run directory under ``--out`` (letters, digits, . _ -); each preset states its own (never taken from its base)."""
+    """The run directory under ``--out`` (letters, digits, . _ -); each preset states its own (never taken from its
+    base)."""
     description: str = ""
     """What the comparison tests, as the report quotes it; each preset states its own (never taken from its base)."""
     model: ModelConfig
@@ -145,11 +149,14 @@ class Preset(BaseModel):
     seeds: list[Annotated[int, Field(ge=0)]] = Field([0], min_length=1)
     """Training seeds, each once; the report shows mean ± half-range."""
     eval_schedules: list[dict[str, Any]] = []
-    """RoPE context-extension rows evaluated after the plain rows on every trained RoPE scheme, e.g. ``{schedule: yarn, factor: 8}`` -> row ``rope+yarn(s=8)`` (``posenc.rope``)."""
+    """RoPE context-extension rows evaluated after the plain rows on every trained RoPE scheme, e.g.
+    ``{schedule: yarn, factor: 8}`` -> row ``rope+yarn(s=8)`` (``posenc.rope``)."""
     eval_methods: list[str] = []
-    """Long-context methods (``posenc.methods``) evaluated after them on every trained scheme they apply to (RoPE with fixed frequencies, ALiBi, T5, Kerple), e.g. ``self-extend:group=4``."""
+    """Long-context methods (``posenc.methods``) evaluated after them on every trained scheme they apply to (RoPE with
+    fixed frequencies, ALiBi, T5, Kerple), e.g. ``self-extend:group=4``."""
     tasks: list[str] = []
-    """Synthetic tasks (``posenc.tasks``): each scheme trains and is scored on each; a task in ``train.corpus`` alone means ``tasks: [that task]``."""
+    """Synthetic tasks (``posenc.tasks``): each scheme trains and is scored on each; a task in ``train.corpus`` alone
+    means ``tasks: [that task]``."""
     task_eval: TaskEvalConfig = TaskEvalConfig()
     """Scoring of the synthetic tasks."""
     text_results: str | None = None
@@ -157,7 +164,8 @@ class Preset(BaseModel):
     reference: dict[str, Any] | None = None
     """Published numbers printed beside ours: ``{source, task, tests: [...], rows: {scheme: [...]}}``; null: none."""
     cluster: ClusterConfig | None = None
-    """Resources of each job under ``compare --launcher slurm`` (or ``local``); the flags override them; null: the defaults below."""
+    """Resources of each job under ``compare --launcher slurm`` (or ``local``); the flags override them; null: the
+    defaults below."""
     sweep: SweepConfig | None = None
     """A grid over training and model settings, chosen per scheme on the first seed; null: no sweep."""
 

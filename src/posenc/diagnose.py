@@ -208,7 +208,10 @@ def diagnose_model(
         windows_per_length=n_windows,
     )
     if unreadable(model):
-        out.note = f"not supported: {cfg.encoding} replaces attention without exposing its logits, so there is no softmax to read"
+        out.note = (
+            f"not supported: {cfg.encoding} replaces attention without exposing its logits, "
+            "so there is no softmax to read"
+        )
         return out
     phasors = [0] * cfg.n_layer  # per layer: sum of exp(i theta), (H, P) complex128 once the layer has phases
     steps = [0] * cfg.n_layer

@@ -66,7 +66,8 @@ def markdown(res: Diagnosis) -> str:
             f"scheme's step law (|sin a_b / a_b|; RoPE 1); w_eps = ceil(log eps / log beta), eps = {res.eps:g}.",
             "",
             "Blocks that do not mix within the training length keep a near-constant step; their mean step "
-            "arg mean exp(i theta) says whether they still rotate (RoPE-like, unseen phases at longer lengths) or stand still (NoPE-like).",
+            "arg mean exp(i theta) says whether they still rotate (RoPE-like, unseen phases at longer lengths) "
+            "or stand still (NoPE-like).",
             "",
         ]
         head = [

@@ -85,7 +85,8 @@ def check_device(name: str) -> torch.device:
         raise PosencError(f"unknown device {name!r} (e.g. cpu, cuda, cuda:1)") from None
     if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
         raise PosencError(
-            f"device {name!r} is not available here (torch {torch.__version__}, cuda available: {torch.cuda.is_available()})"
+            f"device {name!r} is not available here "
+            f"(torch {torch.__version__}, cuda available: {torch.cuda.is_available()})"
         )
     return device
 

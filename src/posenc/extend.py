@@ -134,7 +134,8 @@ class ExtendConfig(ScoringConfig):
     """One ``posenc extend`` run; lengths, windows and strides in tokens of the model's tokenizer."""
 
     stride: int | None = None  # sliding-window stride in text tokens; None: non-overlapping windows
-    # position-bucket width (tokens); None: the run directory's (open_store), else 1/32 of each length (evaluate.bucket_width)
+    # position-bucket width (tokens); None: the run directory's (open_store), else 1/32 of each length
+    # (evaluate.bucket_width)
     bucket: int | None = Field(None, ge=1)
     seed: int = 0  # seed of the passkey keys
     schedules: list[str] = Field(list(NAMES), min_length=1)  # RoPE context-extension schedules (posenc.rope)
@@ -195,7 +196,8 @@ def check_config(cfg: ExtendConfig) -> None:
 
 
 def check_settings(cfg: ScheduleSettings, names: list[str]) -> None:
-    """PosencError naming a schedule setting of ``cfg`` that no schedule of ``names`` takes (it would be silently ignored)."""
+    """PosencError naming a schedule setting of ``cfg`` that no schedule of ``names`` takes (it would be silently
+    ignored)."""
     for key, param in SCHEDULE_KEYS.items():
         takers = [n for n, s in rope.SCHEDULES.items() if param in s.defaults]
         if getattr(cfg, key) is not None and not set(takers) & set(names):
@@ -358,7 +360,8 @@ def _ppl_points(
 
 
 def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: ExtendConfig, bos_id: int | None) -> None:
-    """Run the passkey trials of one adaptation (``label``) not yet recorded, each prompt after BOS ``bos_id`` when given."""
+    """Run the passkey trials of one adaptation (``label``) not yet recorded, each prompt after BOS ``bos_id`` when
+    given."""
     for L in cfg.passkey_lengths:
         for depth in cfg.passkey_depths:
             for trial in range(cfg.trials):

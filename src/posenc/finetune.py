@@ -259,7 +259,8 @@ def pose_position_ids(length: int, target: int, chunks: int, seed: int, step: in
     draws what it would have. PosencError if target < length or chunks is not in [1, length]."""
     if target < length or not 1 <= chunks <= length:
         raise PosencError(
-            f"PoSE needs target >= length and 1 <= chunks <= length, got target {target}, length {length}, chunks {chunks}"
+            "PoSE needs target >= length and 1 <= chunks <= length, "
+            f"got target {target}, length {length}, chunks {chunks}"
         )
     rng = np.random.default_rng([seed, step, POSE_STREAM])
     cuts = np.sort(rng.choice(np.arange(1, length), size=chunks - 1, replace=False)) if chunks > 1 else []
@@ -273,7 +274,8 @@ def pose_position_ids(length: int, target: int, chunks: int, seed: int, step: in
 def train_steps(
     model, params: dict, stream: np.ndarray, cfg: FinetuneConfig, out: Path, tracker: Tracker = NO_TRACKER
 ) -> None:
-    """Train ``params`` of ``model`` up to ``cfg.steps`` with posenc's loop (``posenc.train.fit``), resuming from ``out``.
+    """Train ``params`` of ``model`` up to ``cfg.steps`` with posenc's loop (``posenc.train.fit``), resuming from
+    ``out``.
 
     Each step's batch is ``posenc.train.batch_at`` of (seed, step); the loss is the mean next-token NLL
     (nats), logged every step. The checkpoint (``state.pt``, ``trained.safetensors``) holds
@@ -351,7 +353,8 @@ def tuned_label(label: str, step: int, steps: int) -> str:
 
 
 def _weights_label(tuned: str, cfg: FinetuneConfig) -> str:
-    """``Adaptation.weights`` of a fine-tuned model: its label and training settings (no reuse of other weights' scores)."""
+    """``Adaptation.weights`` of a fine-tuned model: its label and training settings (no reuse of other weights'
+    scores)."""
     return tuned + " " + json.dumps(_settings(cfg), sort_keys=True)
 
 
@@ -359,10 +362,10 @@ def finetune(cfg: FinetuneConfig, out: Path | None = None, log: str = "none") ->
     """Score, train and score again the adapted model of ``cfg``; returns the run directory and the report's markdown.
 
     ``out``: the run directory (default ``runs/finetune/<cfg.name>``). ``log``: a tracker kind
-    (``posenc.tracking``) for the training steps and both scorings (at step 0 and at ``steps``). Raises PosencError, before
-    ``out`` is touched, for a missing dependency (transformers, gguf, accelerate; peft for LoRA), a run
-    directory of other settings or a directory of other files, everything ``posenc extend`` refuses, a corpus too short for ``length``
-    or a bad LoRA target; later, for a non-finite loss.
+    (``posenc.tracking``) for the training steps and both scorings (at step 0 and at ``steps``). Raises PosencError,
+    before ``out`` is touched, for a missing dependency (transformers, gguf, accelerate; peft for LoRA), a run
+    directory of other settings or a directory of other files, everything ``posenc extend`` refuses, a corpus too short
+    for ``length`` or a bad LoRA target; later, for a non-finite loss.
     """
     check_config(cfg)
     check_dependencies(cfg)

@@ -54,7 +54,8 @@ class AttentionInputs(Prepared):
 
 
 def _prepare(enc: Encoding, inp: Inputs) -> Prepared:
-    """``enc``'s hooks on ``inp`` (whole sequence so far): the one step :func:`prepare` and :meth:`Attention.prepare` share."""
+    """``enc``'s hooks on ``inp`` (whole sequence so far): the one step :func:`prepare` and :meth:`Attention.prepare`
+    share."""
     return Prepared(inp, enc.phases(inp), enc.bias(inp), enc.rotate_v, enc.pairing, enc.logit_scale, enc)
 
 
@@ -113,7 +114,8 @@ def attend(
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
         raise PosencError(
-            f"q, k, v must be (B, H, T, D) with matching batch, heads and length; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            "q, k, v must be (B, H, T, D) with matching batch, heads and length; "
+            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     _check_heads(q, k, v, prepared)
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
@@ -484,7 +486,8 @@ class Attention(nn.Module):
         return out.to(out_dtype)
 
     def _decode_reference(self, x, q, k, v, pos, tokens, cache: LayerCache) -> torch.Tensor:
-        """The reference: the hooks over the whole prefix and the whole attention (schemes that replace it), last rows kept."""
+        """The reference: the hooks over the whole prefix and the whole attention (schemes that replace it), last rows
+        kept."""
         whole = self.enc.replaces_attention  # no query-suffix form: the whole attention, last rows kept
         for buf, t in (
             (cache._x, x),

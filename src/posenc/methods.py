@@ -239,8 +239,8 @@ def method_attention(
     ``key_positions``). A distance-only
     bias (``bias_of``: the scheme's BiasFn builder, see ``distance_table``): its value at d(i, j). scale:
     multiplies q.k (default 1/sqrt(D)). At most H x block x Tk scores exist at once (one tile per region for
-    RoPE), never Tq x Tk; under a Lambda mask only the keys the block may see (``block_keys``). Returns (B, H, Tq, Dv) in v's dtype; differentiable (autograd). Reference:
-    ``naive_method_attention`` (tested: values and gradients).
+    RoPE), never Tq x Tk; under a Lambda mask only the keys the block may see (``block_keys``). Returns (B, H, Tq, Dv)
+    in v's dtype; differentiable (autograd). Reference: ``naive_method_attention`` (tested: values and gradients).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     q_maps, k_maps = method.query_positions(q_pos), method.key_positions(k_pos)

@@ -260,14 +260,16 @@ class LM(nn.Module):
         return x, pos
 
     def hidden(self, tokens: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens: (B, T) int64 -> final hidden states (B, T, d_model); PosencError for a bad shape or ids outside the vocabulary."""
+        """tokens: (B, T) int64 -> final hidden states (B, T, d_model); PosencError for a bad shape or ids outside the
+        vocabulary."""
         x, pos = self._embed(tokens, pos)
         for block in self.blocks:
             x = block(x, pos, tokens)
         return self.norm(x)
 
     def prepare(self, tokens: torch.Tensor, pos: torch.Tensor | None = None) -> Iterator[AttentionInputs]:
-        """Run the model on ``tokens`` (B, T) and yield each layer's AttentionInputs (its ``Attention.prepare``), first layer first.
+        """Run the model on ``tokens`` (B, T) and yield each layer's AttentionInputs (its ``Attention.prepare``), first
+        layer first.
 
         Each layer runs after its inputs are yielded (from the same capture), so a
         consumer holds one layer's q, k, v at a time (diagnostics, ``posenc.diagnose``).
@@ -342,7 +344,8 @@ class LM(nn.Module):
         top_k: int | None = None,
         seed: int | None = None,
     ) -> torch.Tensor:
-        """The prompt (B, T) or (T,) int64 (a tensor or a list) followed by ``max_new_tokens`` sampled tokens: (B, T + n) or (T + n,).
+        """The prompt (B, T) or (T,) int64 (a tensor or a list) followed by ``max_new_tokens`` sampled tokens:
+        (B, T + n) or (T + n,).
 
         temperature 0 is greedy; top_k keeps the k most likely tokens; seed makes
         sampling reproducible. Runs in evaluation mode (fixed random draws) with
@@ -360,7 +363,8 @@ class LM(nn.Module):
         ids = prompt_ids[None] if flat else prompt_ids
         if ids.dim() != 2 or ids.shape[1] == 0 or ids.is_floating_point() or ids.is_complex():
             raise PosencError(
-                f"the prompt must be (T,) or (batch, T) integer token ids, T >= 1; got shape {tuple(prompt_ids.shape)}, {prompt_ids.dtype}"
+                "the prompt must be (T,) or (batch, T) integer token ids, T >= 1; "
+                f"got shape {tuple(prompt_ids.shape)}, {prompt_ids.dtype}"
             )
         if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
             raise PosencError(
@@ -456,7 +460,8 @@ def build_model(config: ModelConfig | dict) -> LM:
         return LM(config)
     if not isinstance(config, dict):
         raise PosencError(
-            f"a model config is a ModelConfig or a dict of its settings (e.g. {{'encoding': 'rope'}}), got {type(config).__name__}"
+            "a model config is a ModelConfig or a dict of its settings (e.g. {'encoding': 'rope'}), "
+            f"got {type(config).__name__}"
         )
     names = [f.name for f in dataclasses.fields(ModelConfig)]
     unknown = [k for k in config if k not in names]

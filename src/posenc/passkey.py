@@ -245,7 +245,8 @@ def passkey_trial(
     use_cache: bool = True,
     bos_id: int | None = None,
 ) -> dict:
-    """Greedy generation on one ``passkey_prompt`` (BOS ``bos_id`` first when given); correct iff the first integer equals ``key``.
+    """Greedy generation on one ``passkey_prompt`` (BOS ``bos_id`` first when given); correct iff the first integer
+    equals ``key``.
 
     Returns {passkey (``key``), answer (the decoded output), got (its first integer or None), correct,
     prompt_tokens}. model: a Hugging Face causal LM, generating with its KV cache unless ``use_cache`` is

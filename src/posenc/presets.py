@@ -110,8 +110,9 @@ def parse_set(text: str) -> tuple[str, Any]:
 def assign(cls: type, data: dict, key: str, value: Any, origin: str) -> dict:
     """``data`` (a new dict) with the setting at dotted ``key`` of ``cls`` set to ``value``: its sections by field
     name (``train.lr``, ``eval.passkey.trials``; a section absent or null starts empty), below a free mapping the
-    rest of the key one entry (``sweep.grid.train.lr``); a mapping given for a section merges into it (:func:`merge`). PosencError naming ``origin`` (``--set train.lr``) for a
-    key ``cls`` does not have (the valid ones listed) or one below a value that takes no keys."""
+    rest of the key one entry (``sweep.grid.train.lr``); a mapping given for a section merges into it (:func:`merge`).
+    PosencError naming ``origin`` (``--set train.lr``) for a key ``cls`` does not have (the valid ones listed) or one
+    below a value that takes no keys."""
     path, tp, parts = [], cls, key.split(".")
     while parts:
         fields = _fields(_section(tp))
@@ -177,7 +178,8 @@ def _is_mapping(tp) -> bool:
 def validated(cls: type, data: dict, where: str, overrides: dict[str, Any] | None = None):
     """``cls`` (a pydantic model or a standard-library dataclass such as ``ModelConfig``) built from ``data``; the
     first validation error as one PosencError line naming ``where`` and the field (``config`` for a check of the
-    whole object), or naming ``KEY=VALUE (command line)`` when the field is one of ``overrides`` (a flag or ``--set`` gave it)."""
+    whole object), or naming ``KEY=VALUE (command line)`` when the field is one of ``overrides`` (a flag or ``--set``
+    gave it)."""
     try:
         return TypeAdapter(cls).validate_python(data)
     except ValidationError as exc:
@@ -197,9 +199,10 @@ def reference(cls: type, key: str = "") -> str:
     lines = [f"### {title} ({cls.__name__})", "", "| key | type | default | meaning |", "|---|---|---|---|"]
     below = []
     for name, (tp, meta, default, doc) in _field_infos(cls).items():
+        meaning = (doc or "(undocumented)").replace("\n", " ")  # a docstring wrapped to the line width: one cell
         lines.append(
             f"| `{name}` | {_type_name(tp, meta)} | {_default(default)} | "
-            f"{(doc or '(undocumented)').replace('``', '`').replace('|', '/')} |"
+            f"{meaning.replace('``', '`').replace('|', '/')} |"
         )
         if _section(tp) is not None:
             below.append(reference(_section(tp), f"{key}.{name}" if key else name))

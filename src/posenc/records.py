@@ -49,9 +49,9 @@ class Record(BaseModel):
 
 
 class Ppl(Record):
-    """Perplexity of one model at one evaluation length (``posenc.compare.evaluate_length`` measures it). ``ratio`` is derived
-    (ppl over the same scheme and seed's ppl at the training length, ``posenc.report.with_ratios``): in results.csv,
-    never in the JSONL."""
+    """Perplexity of one model at one evaluation length (``posenc.compare.evaluate_length`` measures it). ``ratio`` is
+    derived (ppl over the same scheme and seed's ppl at the training length, ``posenc.report.with_ratios``): in
+    results.csv, never in the JSONL."""
 
     kind: Literal["ppl"] = "ppl"
     scheme: str
@@ -286,7 +286,8 @@ def write(path: Path, records: list[Record]) -> None:
 
 def _parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
     """The typed record of one decoded line, an older version's fields under their current names (``RENAMED``).
-    Raises PosencError naming ``where`` for a newer schema version, an unknown kind or fields that do not fit the kind."""
+    Raises PosencError naming ``where`` for a newer schema version, an unknown kind or fields that do not fit the
+    kind."""
     version = raw.get("schema_version", 1)
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise PosencError(

@@ -80,7 +80,8 @@ def passkey_markdown(records: list, L0: int) -> str:
     lengths = sorted({L for cells in grid.values() for L, _ in cells})
     first = next(r for r in records if isinstance(r, PasskeyCell))
     what = (
-        f"whose true key has the highest log-probability among {first.candidates} candidates; chance {1 / first.candidates:.2f}"
+        f"whose true key has the highest log-probability among {first.candidates} candidates; "
+        f"chance {1 / first.candidates:.2f}"
         if first.mode == "rank"
         else "whose key greedy decoding reproduces exactly"
     )
@@ -105,8 +106,8 @@ def far_mass_markdown(records: list, L0: int) -> str:
     }  # "not supported" records carry none
     out = (
         f"\n## Far attention mass\n\nMean softmax mass on keys at distance >= {w} (the training length), over "
-        "layers, heads and the queries that have such keys (`posenc diagnose` gives each layer and head; `far_mass.png`). "
-        "Uniform attention is the reference; a distance bias keeps it near 0.\n\n"
+        "layers, heads and the queries that have such keys (`posenc diagnose` gives each layer and head; "
+        "`far_mass.png`). Uniform attention is the reference; a distance bias keeps it near 0.\n\n"
     )
     rows = [[s, *(seed_cell(row[L], ".3f") for L in lengths)] for s, row in grid.items()]
     rows.append(["uniform", *(seed_cell([uniform.get(L)], ".3f") for L in lengths)])
@@ -175,7 +176,8 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
 
 
 def window_rows(records: list[Ppl], windows: dict[str, float], L0: int) -> list[dict]:
-    """Schemes with a known mixing window (random step laws), by window: w_0.01, ppl at 1x, ratios at 32x and the longest length.
+    """Schemes with a known mixing window (random step laws), by window: w_0.01, ppl at 1x, ratios at 32x and the
+    longest length.
 
     Empty unless at least three schemes have distinct windows (a sweep, e.g. the ``window`` preset).
     """
@@ -208,10 +210,11 @@ def window_markdown(records: list[Ppl], windows: dict[str, float], L0: int) -> s
     Lx = f"{rows[0]['longest'] // L0}x"
     out = (
         "\n## Mixing window vs extrapolation\n\n"
-        "w_0.01 = ceil(log 0.01 / log beta) of the step law (beta = |sin a / a| for U[-a, a] steps), the distance beyond "
-        "which routes are decorrelated to 1% (arXiv 2606.24975, Theorem 1; `posenc theory`, check 1). The theory predicts "
-        "that extrapolation holds while the window fits inside the training length (w_0.01 / L <= 1): every route "
-        "longer than the window looks alike, and training saw such routes. `window.png` plots these rows.\n\n"
+        "w_0.01 = ceil(log 0.01 / log beta) of the step law (beta = |sin a / a| for U[-a, a] steps), the distance "
+        "beyond which routes are decorrelated to 1% (arXiv 2606.24975, Theorem 1; `posenc theory`, check 1). The "
+        "theory predicts that extrapolation holds while the window fits inside the training length (w_0.01 / L <= 1): "
+        "every route longer than the window looks alike, and training saw such routes. `window.png` plots these "
+        "rows.\n\n"
     )
     head = ["scheme", "w_0.01 (tokens)", "w_0.01 / L", "predicted", "ppl at 1x", "ratio at 32x", f"ratio at {Lx}"]
     cells = [

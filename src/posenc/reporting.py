@@ -127,8 +127,8 @@ def plot_lines(ax, lines: Sequence[dict], ms: float = 5) -> list:
     """Draw ``lines`` on ``ax`` so that identical ones stay visible; returns the Line2D objects. Each line is a dict
     with "label", "x", "y" and any ``Axes.plot`` keywords (colour, ls, marker, ...; marker "o" and ls "-" when not
     given). A line that repeats an earlier one (:func:`same_as`) is labelled "LABEL (same as FIRST)", drawn over it
-    with its marker size (``ms`` unless given) x 0.7^k (the k-th repeat) and, unless its own are given, the k-th line style and
-    marker shape of ``REPEAT_STYLES``."""
+    with its marker size (``ms`` unless given) x 0.7^k (the k-th repeat) and, unless its own are given, the k-th line
+    style and marker shape of ``REPEAT_STYLES``."""
     repeats = same_as([(ln["label"], list(ln["x"]), list(ln["y"])) for ln in lines])
     k: dict[str, int] = {}
     drawn = []

@@ -34,7 +34,8 @@ from posenc.tasks import get_task
 ROTATION_ONLY = ("rope", "acc-rand-qk", "acc-rand-qkv", "acc-learned-qkv")
 FAR_MASS_CONTROLS = ("alibi", "forget", "rope+forget", "hybrid")
 RAND_QKV, RAND_QK = "acc-rand-qkv", "acc-rand-qk"
-REFLECTING = "path"  # Householder transports with beta in [0, 2]: a reflection flips a state, an SO(2) step of at most 1 rad cannot
+# Householder transports with beta in [0, 2]: a reflection flips a state, an SO(2) step of at most 1 rad cannot
+REFLECTING = "path"
 ALIBI = "alibi"
 FORGET_GATES = ("forget", "rope+forget", "path+forget")  # the schemes whose jobs measure the gate's leak (Task.leak)
 # every scheme a task claim names: a run's scheme takes the role whose canonical spec it has (claims.role_names)
@@ -73,7 +74,8 @@ class Scores:
 
 
 def horizon(curve: dict[int, float], id_acc: float, tol: float) -> int | None:
-    """Largest bucket up to which every bucket of ``curve`` ({bucket: accuracy}) is >= id_acc - tol; None if the first is not."""
+    """Largest bucket up to which every bucket of ``curve`` ({bucket: accuracy}) is >= id_acc - tol; None if the first
+    is not."""
     best = None
     for b in sorted(curve):
         if curve[b] < id_acc - tol:
@@ -169,7 +171,8 @@ def _pct(values: list[float]) -> str:
 
 
 def _h(values: list[int | None]) -> str:
-    """Horizons over seeds: one value when they agree, else each seed's; "none": the smallest bucket already falls short."""
+    """Horizons over seeds: one value when they agree, else each seed's; "none": the smallest bucket already falls
+    short."""
     shown = ["none" if h is None else str(h) for h in values]
     return shown[0] if len(set(shown)) == 1 else " / ".join(shown)
 
@@ -211,13 +214,19 @@ def budget(record: Task, chance: float) -> str:
     before = float(np.mean(loss[max(0, i - k + 1) : i + 1]))
     chance_loss = -math.log(chance)
     if late < before * (1 - LOSS_FALLING):
-        return f"loss still falling at the step cap {cap} ({before:.3f} -> {late:.3f} over its last {steps[-1] - steps[i]} steps): more steps"
+        return (
+            f"loss still falling at the step cap {cap} "
+            f"({before:.3f} -> {late:.3f} over its last {steps[-1] - steps[i]} steps): more steps"
+        )
     if late >= AT_CHANCE * chance_loss:
         return (
             f"loss flat at chance at the step cap {cap} ({late:.3f}; ln {1 / chance:g} = {chance_loss:.3f}): "
             "more steps alone unlikely, another learning rate or head count"
         )
-    return f"loss flat at {late:.3f} at the step cap {cap} (chance {chance_loss:.3f}): another setting (learning rate, heads), not more steps"
+    return (
+        f"loss flat at {late:.3f} at the step cap {cap} (chance {chance_loss:.3f}): "
+        "another setting (learning rate, heads), not more steps"
+    )
 
 
 def not_learned(t: TaskTable, schemes: list[str]) -> str:
@@ -235,7 +244,8 @@ def not_learned(t: TaskTable, schemes: list[str]) -> str:
         parts.append(
             f"{s} did not learn on "
             + "; ".join(
-                f"seed{'s' * (len(v) > 1)} {', '.join(str(seed) for seed, _ in v)} (id {' / '.join(f'{100 * a:.1f}' for _, a in v)}% "
+                f"seed{'s' * (len(v) > 1)} {', '.join(str(seed) for seed, _ in v)} "
+                f"(id {' / '.join(f'{100 * a:.1f}' for _, a in v)}% "
                 f"< {100 * t.bar:.0f}%: {why})"
                 for why, v in low.items()
             )
@@ -248,7 +258,10 @@ def _undecided(key: str, text: str, t: TaskTable, schemes: list[str]) -> Claim:
 
 
 def claim_r1(t: TaskTable, flat: dict[str, list[float]]) -> Claim | None:
-    text = f"{t.task}: flat perplexity is not far retrieval (some scheme flat in the text run has a horizon <= the training length {t.L0})"
+    text = (
+        f"{t.task}: flat perplexity is not far retrieval "
+        f"(some scheme flat in the text run has a horizon <= the training length {t.L0})"
+    )
     run = [s for s in flat if s in t.scores]
     schemes = [s for s in run if t.learned(s)]
     if not run:
@@ -277,7 +290,10 @@ def _rand_qkv_variants(t: TaskTable, windows: dict[str, float | None]) -> list[t
 
 
 def claim_r2(t: TaskTable, windows: dict[str, float | None]) -> Claim | None:
-    text = f"{t.task}: random accumulated rotations retrieve only within about their mixing window (horizon <= 4 w_0.01, growing with w)"
+    text = (
+        f"{t.task}: random accumulated rotations retrieve only within about their mixing window "
+        "(horizon <= 4 w_0.01, growing with w)"
+    )
     run = _rand_qkv_variants(t, windows)
     variants = [(w, s) for w, s in run if t.learned(s)]
     if len(run) < 2:
@@ -303,7 +319,10 @@ def claim_r3(t: TaskTable, windows: dict[str, float | None]) -> Claim | None:
     if RAND_QK not in t.scores or RAND_QKV not in t.scores or not windows.get(RAND_QK):
         return None
     w = windows[RAND_QK]
-    text = f"{t.task}: beyond the mixing window ({w:.0f} tokens) Q/K/V retrieves no better than Q/K (value transport scrambles far content)"
+    text = (
+        f"{t.task}: beyond the mixing window ({w:.0f} tokens) Q/K/V retrieves no better than Q/K "
+        "(value transport scrambles far content)"
+    )
     if not (t.learned(RAND_QK) and t.learned(RAND_QKV)):
         return _undecided("R3", text, t, [RAND_QK, RAND_QKV])
     far = [b for b in next(iter(t.scores[RAND_QK].values())).buckets("gap") if b >= w]
@@ -355,8 +374,8 @@ def claim_r4(t: TaskTable) -> Claim | None:
         "the pairs right before the queries" if first.lengths("near") else f"reads whose write is < {NEAR} tokens back"
     )
     text = (
-        f"{t.task}: near recall ({what}) in a long context ({near} -> {far} tokens) erodes (drop > {100 * t.tol:.0f} points) "
-        "for rotation-only schemes, not for ALiBi or forget-gate schemes"
+        f"{t.task}: near recall ({what}) in a long context ({near} -> {far} tokens) erodes "
+        f"(drop > {100 * t.tol:.0f} points) for rotation-only schemes, not for ALiBi or forget-gate schemes"
     )
     if not rot or not ctrl:  # the side with no learned scheme is what would decide it
         return _undecided("R4", text, t, (rot_run if not rot else []) + (ctrl_run if not ctrl else []))
@@ -376,7 +395,10 @@ def claim_r4(t: TaskTable) -> Claim | None:
 
 def claim_r5(t: TaskTable) -> Claim | None:
     schemes = ("path", "forget", "rope")
-    text = f"{t.task}: PaTH errs at most as often as FoX and RoPE on the sparse test at the training length (the PaTH paper's order)"
+    text = (
+        f"{t.task}: PaTH errs at most as often as FoX and RoPE on the sparse test at the training length "
+        "(the PaTH paper's order)"
+    )
     if not all(s in t.scores for s in schemes):
         return None
     if not all(t.learned(s) for s in schemes):
@@ -447,8 +469,8 @@ def claim_alibi_slopes(t: TaskTable) -> Claim | None:
     count changes the steeper heads, not the flattest. The head count is each record's (``Task.n_head``), else the
     run's. None when ALiBi was not run; undecided when it did not learn or the head count is unknown."""
     text = (
-        f"{t.task}: ALiBi's horizon follows its slopes (within x{HORIZON_FACTOR:g} of w = {WINDOW_NATS:g} / m of its flattest "
-        "head: where that head's bias reaches 1 nat)"
+        f"{t.task}: ALiBi's horizon follows its slopes (within x{HORIZON_FACTOR:g} of w = {WINDOW_NATS:g} / m of its "
+        "flattest head: where that head's bias reaches 1 nat)"
     )
     if ALIBI not in t.scores:
         return None
@@ -481,7 +503,8 @@ def claim_forget_leak(t: TaskTable) -> Claim | None:
     HORIZON_FACTOR (``follows_window``), each seed against its own leak; over every forget-gate scheme that learned.
     None when no forget-gate scheme was run; undecided when none learned, or the records keep no leak."""
     text = (
-        f"{t.task}: a forget gate's horizon follows its measured leak (within x{HORIZON_FACTOR:g} of w = {WINDOW_NATS:g} / r "
+        f"{t.task}: a forget gate's horizon follows its measured leak "
+        f"(within x{HORIZON_FACTOR:g} of w = {WINDOW_NATS:g} / r "
         "of its flattest head, r its mean -log f per token over the probe's gap)"
     )
     run = [s for s in FORGET_GATES if s in t.scores]
@@ -691,8 +714,8 @@ def plot_length(path: Path, t: TaskTable, schemes: list[str], chance: float) -> 
 
 
 def write_csv(path: Path, records: list[Task]) -> None:
-    """retrieval.csv: one row per cell of each job, with the job's training length and steps (``posenc.records.load_task_csv``
-    reads it back)."""
+    """retrieval.csv: one row per cell of each job, with the job's training length and steps
+    (``posenc.records.load_task_csv`` reads it back)."""
     header = [
         "task",
         "scheme",
@@ -734,7 +757,8 @@ def write_csv(path: Path, records: list[Task]) -> None:
 
 
 def _times_line(seconds: list[tuple[float, float]]) -> str:
-    """Training and evaluation time ranges over the jobs that recorded them (records rebuilt from a CSV keep none: NaN)."""
+    """Training and evaluation time ranges over the jobs that recorded them (records rebuilt from a CSV keep none:
+    NaN)."""
     timed = [v for v in seconds if not any(math.isnan(x) for x in v)]
     if not timed:
         return "Training and evaluation times were not recorded."
@@ -760,10 +784,13 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
         f"- model: {meta['model']}",
         f"- budget: {meta['budget']}",
         f"- seeds: {meta['seeds']}",
-        f"- evaluation: answers per cell {ev['answers']} (or {ev['max_tokens']} tokens), lengths {ev['multiples']} x {L0}; "
-        f"learned: id accuracy >= {100 * ev['learned']:.0f}%; horizon: accuracy within {100 * ev['horizon_tol']:.0f} points of id",
+        f"- evaluation: answers per cell {ev['answers']} (or {ev['max_tokens']} tokens), "
+        f"lengths {ev['multiples']} x {L0}; "
+        f"learned: id accuracy >= {100 * ev['learned']:.0f}%; "
+        f"horizon: accuracy within {100 * ev['horizon_tol']:.0f} points of id",
         f"- run: {stamp_line(st)} (each invocation: `invocations.jsonl`; each job's threads: its record)",
-        f"- noise: a comparison is over seeds ({len(meta['seeds'])}) plus two binomial standard errors of the test sets; "
+        f"- noise: a comparison is over seeds ({len(meta['seeds'])}) "
+        "plus two binomial standard errors of the test sets; "
         + (
             "one seed does not measure training noise (thread count changes learned schemes' weights)"
             if len(meta["seeds"]) == 1

@@ -142,7 +142,8 @@ def schemes(runs: list[Run]) -> dict[str, str]:
 
 
 def markdown(runs: list[Run], task_runs: list[TaskRun] = ()) -> str:
-    """The side-by-side report (see the module docstring): with ``task_runs``, the scoreboard first and their claims last."""
+    """The side-by-side report (see the module docstring): with ``task_runs``, the scoreboard first and their claims
+    last."""
     out = io.StringIO()
     out.write(f"# posenc report: {', '.join(run.label for run in [*task_runs, *runs])}\n\n")
     if task_runs:
@@ -205,7 +206,8 @@ def text_markdown(runs: list[Run]) -> str:
 
 
 def claims_markdown(runs: list[Run]) -> str:
-    """The claims of arXiv 2606.24975 (``posenc.claims``) checked on each run: one table of verdicts, then each run's numbers."""
+    """The claims of arXiv 2606.24975 (``posenc.claims``) checked on each run: one table of verdicts, then each run's
+    numbers."""
     checked = [{c.key + c.text: c for c in check_claims(run.records, run.train_length)} for run in runs]
     claims = list(dict.fromkeys(k for per_run in checked for k in per_run))
     if not claims:

@@ -162,7 +162,8 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
         else []
     )
     sources += [
-        f"{', '.join(task_label(task) for task in run.tasks())}: `{run.label}` (learned: id accuracy >= {100 * run.learned:.0f}%; "
+        f"{', '.join(task_label(task) for task in run.tasks())}: `{run.label}` "
+        f"(learned: id accuracy >= {100 * run.learned:.0f}%; "
         f"horizon: the largest gap bucket within {100 * run.horizon_tol:.0f} points of id; settings from {run.source})"
         for run in task_runs
     ]

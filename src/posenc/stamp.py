@@ -26,7 +26,8 @@ def _version(dist: str) -> str | None:
 
 
 def git_commit() -> str | None:
-    """The checkout's commit (with ``+dirty`` for uncommitted changes) when posenc runs from a git checkout, else None."""
+    """The checkout's commit (with ``+dirty`` for uncommitted changes) when posenc runs from a git checkout, else
+    None."""
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return None
@@ -108,6 +109,8 @@ def run_stamp(precision: str | None = None) -> dict:
 def stamp_line(stamp: dict) -> str:
     """The stamp as one line for a report header."""
     return (
-        f"posenc {stamp['posenc']} (commit {stamp['commit'] or 'n/a'}), torch {stamp['torch']}, transformers {stamp['transformers'] or 'not installed'}, "
-        f"{stamp['device']}, {stamp.get('dtype', 'dtype n/a')}, {stamp['threads']} threads, python {stamp['python']} on {stamp['platform']}; command: `{stamp['command']}`"
+        f"posenc {stamp['posenc']} (commit {stamp['commit'] or 'n/a'}), torch {stamp['torch']}, "
+        f"transformers {stamp['transformers'] or 'not installed'}, "
+        f"{stamp['device']}, {stamp.get('dtype', 'dtype n/a')}, {stamp['threads']} threads, "
+        f"python {stamp['python']} on {stamp['platform']}; command: `{stamp['command']}`"
     )

@@ -122,11 +122,12 @@ def sweep_markdown(chosen: list[Choice], seed: int, plot: str | None) -> list[st
     lines = [
         "## Sweep: each scheme at its best setting",
         "",
-        f"Each scheme trained at every point of its grid on seed {seed}; its setting is the point with the best held-out "
-        "in-distribution result of that seed (a task: id accuracy at the training length, at or above the learned bar; "
-        "text: validation perplexity at the training length), never an extrapolation test; ties go to fewer steps to "
-        "criterion, then to the first point. The other seeds ran at the chosen setting; the tables below report each "
-        "scheme there (the model and budget lines above are the preset's, before the grid's settings).",
+        f"Each scheme trained at every point of its grid on seed {seed}; its setting is the point with the best "
+        "held-out in-distribution result of that seed (a task: id accuracy at the training length, at or above the "
+        "learned bar; text: validation perplexity at the training length), never an extrapolation test; ties go to "
+        "fewer steps to criterion, then to the first point. The other seeds ran at the chosen setting; the tables "
+        "below report each scheme there (the model and budget lines above are the preset's, before the grid's "
+        "settings).",
         "",
     ]
     rows = [

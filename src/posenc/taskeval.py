@@ -52,7 +52,8 @@ def score_test(
     batch_tokens: int,
     base_seed: int = EVAL_SEED,
 ) -> dict[int, list[float]]:
-    """{bucket: [answers, correct, nll sum]} of one test cell, drawn from a seed of ``base_seed``, its name and length."""
+    """{bucket: [answers, correct, nll sum]} of one test cell, drawn from a seed of ``base_seed``, its name and
+    length."""
     seed = base_seed + zlib.crc32(f"{test.name}:{test.length}".encode())
     totals: dict[int, list[float]] = {}
     rows_per_batch = max(1, batch_tokens // test.length)

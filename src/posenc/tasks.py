@@ -162,7 +162,8 @@ class FlipFlop(Task):
 
 
 def _probe(tok: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A controlled-gap probe's row: ``tok`` (T + 1,) whose last target alone is an answer, ``gap`` tokens from its evidence."""
+    """A controlled-gap probe's row: ``tok`` (T + 1,) whose last target alone is an answer, ``gap`` tokens from its
+    evidence."""
     answer = np.zeros(len(tok) - 1, dtype=bool)
     distance = np.zeros(len(tok) - 1, dtype=np.int64)
     answer[-1], distance[-1] = True, gap

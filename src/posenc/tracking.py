@@ -169,8 +169,8 @@ def open_tracker(kind: str, log_dir: Path, name: str, group: str, config: dict) 
 
 
 def eval_metrics(records: list[Ppl | PasskeyCell], train_length: int) -> dict[str, float | None]:
-    """Tracker metrics of compare's evaluation records: ``eval/ppl@Mx`` and ``eval/ratio@Mx`` of ppl records
-    (with ``ratio``), ``eval/passkey@Mx`` (accuracy) of passkey records pooled over depths, M = length / train_length."""
+    """Tracker metrics of compare's evaluation records: ``eval/ppl@Mx`` and ``eval/ratio@Mx`` of ppl records (with
+    ``ratio``), ``eval/passkey@Mx`` (accuracy) of passkey records pooled over depths, M = length / train_length."""
     out: dict[str, float | None] = {}
     hits: dict[str, list[int]] = {}
     for r in records:

@@ -157,7 +157,8 @@ class TrainConfig(LoopConfig):
     """Data and loop settings of one of posenc's LMs. ``steps`` is the budget; ``time_budget`` (s) may stop earlier."""
 
     corpus: str = "shakespeare"
-    """Training text: ``shakespeare``, ``pystdlib``, ``hf:NAME``, a local path, or a synthetic task spec (``posenc list``)."""
+    """Training text: ``shakespeare``, ``pystdlib``, ``hf:NAME``, a local path, or a synthetic task spec
+    (``posenc list``)."""
     tokenizer: str = "byte"
     """``byte`` (256 entries) or ``bpeN`` (a byte-level BPE of N entries trained on the corpus)."""
     time_budget: float | None = Field(None, gt=0)
@@ -491,7 +492,8 @@ def fit(
                         ckpt.save(step)
                         if bar.disable:
                             print(
-                                f"{desc}: step {step}/{cfg.steps}, loss {loss_all:.3f}, {tps:,.0f} tokens/s, checkpoint {run_dir}",
+                                f"{desc}: step {step}/{cfg.steps}, loss {loss_all:.3f}, {tps:,.0f} tokens/s, "
+                                f"checkpoint {run_dir}",
                                 file=sys.stderr,
                             )
                     last_good = saved = step
@@ -528,7 +530,8 @@ def check_plugins(run_dir: Path, cfg: dict) -> None:
     if missing:
         what = ", ".join(p["file"] or p["module"] for p in missing)
         raise PosencError(
-            f"{run_dir} was trained with the scheme plugin {what}: load it with posenc --import {missing[0]['file'] or missing[0]['module']} "
+            f"{run_dir} was trained with the scheme plugin {what}: "
+            f"load it with posenc --import {missing[0]['file'] or missing[0]['module']} "
             f"(or POSENC_IMPORT)"
         )
 
@@ -596,8 +599,9 @@ def _check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None
 def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: str) -> None:
     """Raise PosencError (one line naming each differing field) when the run in ``run_dir`` (if any: its config.json)
     was not trained with ``mcfg`` and ``tcfg`` (precision "auto" as this machine resolves it), the fields that may
-    change on resume and the model's speed knobs (``MODEL_KNOBS``) excepted, or, finished, trained another number of steps than ``tcfg.steps`` (fewer only by
-    meeting ``train.until`` or under a ``time_budget``). ``what`` names who expects these settings (a sweep's job)."""
+    change on resume and the model's speed knobs (``MODEL_KNOBS``) excepted, or, finished, trained another number of
+    steps than ``tcfg.steps`` (fewer only by meeting ``train.until`` or under a ``time_budget``). ``what`` names who
+    expects these settings (a sweep's job)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").exists():
         return
@@ -615,7 +619,8 @@ def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: 
             diff.append(f"trained steps {steps!r} -> {tcfg.steps!r}")
     if diff:
         raise PosencError(
-            f"{run_dir} was not trained with the settings of {what} ({'; '.join(diff)}); move it away or use another --out"
+            f"{run_dir} was not trained with the settings of {what} ({'; '.join(diff)}); "
+            "move it away or use another --out"
         )
 
 

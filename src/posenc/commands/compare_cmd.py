@@ -83,8 +83,8 @@ def add_parser(sub):
         "--time-min",
         type=int,
         metavar="MIN",
-        help=f"wall-clock limit per job in minutes (default: the preset's, else {ClusterConfig().time_min}; a job killed "
-        "at its limit resumes from its last checkpoint on a rerun)",
+        help=f"wall-clock limit per job in minutes (default: the preset's, else {ClusterConfig().time_min}; a job "
+        "killed at its limit resumes from its last checkpoint on a rerun)",
     )
     g.add_argument(
         "--mem-gb", type=float, metavar="GB", help="memory per job (default: the preset's, else the cluster's)"

@@ -59,7 +59,8 @@ def add_parser(sub):
         "--method",
         metavar="SPEC",
         help="self-extend:group=G,window=W | lm-infinite:n_global=N,window=W | "
-        "sinks:n_sink=N,window=W | dual-chunk:chunk=S,local=W (defaults from the training length; with --rope-schedule, on top of it)",
+        "sinks:n_sink=N,window=W | dual-chunk:chunk=S,local=W (defaults from the training length; with "
+        "--rope-schedule, on top of it)",
     )
     m.add_argument(
         "--stream",

@@ -27,6 +27,7 @@ def _span(lengths: list[int]) -> str:
 
 def budget_note(quick: ExtendConfig, reproduce: ExtendConfig) -> str:
     """The description's budget paragraph; the quick and reproduce presets' lengths read from them."""
+    quick_lengths = " and ".join(map(_tokens, quick.lengths))
     return f"""\
 Budget (2 CPU cores, SmolLM2-135M, native context L0 = 8K): one 8K forward takes
 ~35 s on an idle machine, one 16K forward ~105 s (ReRoPE ~120 s), one 32K forward
@@ -38,7 +39,7 @@ schedule to the same run (~45 min more). Forwards whose effective RoPE equals on
 measured (dynamic NTK at L <= L0, ReRoPE with window >= L) are reused, not rerun.
 --preset reproduce (--reproduce) runs the calibration protocol (first 32,768 tokens of
 Hamlet, every non-overlapping window, {_span(reproduce.lengths)}, all schedules; hours on 2 cores; resumable).
---preset quick (--quick; ~1 minute with the model cached): {" and ".join(map(_tokens, quick.lengths))} tokens, passkey at
+--preset quick (--quick; ~1 minute with the model cached): {quick_lengths} tokens, passkey at
 {shown([_tokens(n) for n in quick.passkey_lengths])}: a smoke test. Every flag below overrides the preset's value."""
 
 
@@ -86,7 +87,8 @@ def add_parser(sub) -> None:
         type=int,
         metavar="TOKENS",
         help="with a sinks --method: the first TOKENS targets of the held-out text, joined, streamed through its "
-        f"bounded cache (flat memory): OUT/stream_LABEL.json and .png, perplexity per position (default {shown(d.stream)})",
+        "bounded cache (flat memory): OUT/stream_LABEL.json and .png, perplexity per position "
+        f"(default {shown(d.stream)})",
     )
     p.add_argument("--factor", type=float, help=f"scale factor s (>= 1); default {shown(d.factor)}")
     p.add_argument("--lengths", type=int, nargs="+", help=f"evaluation lengths in tokens (default {shown(d.lengths)})")
@@ -105,7 +107,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--bos",
         choices=("none", "prepend"),
-        help=f"none: windows of raw text, first token context only; prepend: BOS + length-1 text tokens (default {d.bos})",
+        help="none: windows of raw text, first token context only; prepend: BOS + length-1 text tokens "
+        f"(default {d.bos})",
     )
     p.add_argument("--corpus", help=f"corpus spec (see posenc.data; default {d.corpus}); held-out documents are used")
     p.add_argument("--docs", nargs="+", help=f"held-out document names, 'all' or 'first' (default {shown(d.docs)})")
@@ -113,7 +116,8 @@ def add_parser(sub) -> None:
         "--bucket",
         type=int,
         help="position-bucket width for per-position loss (tokens; default: the width the run "
-        "directory's config.json records, else the largest power of two at most 1/32 of each length: 16 at 512, 1024 at 32K)",
+        "directory's config.json records, else the largest power of two at most 1/32 of each length: 16 at 512, "
+        "1024 at 32K)",
     )
     p.add_argument(
         "--passkey-lengths",

@@ -1,4 +1,5 @@
-"""``posenc finetune``: fine-tune a pretrained RoPE model after a scheme swap or a RoPE schedule, scored before and after.
+"""``posenc finetune``: fine-tune a pretrained RoPE model after a scheme swap or a RoPE schedule, scored before \
+and after.
 
 The job is ``posenc.finetune``; presets are ``posenc/configs/finetune/*.yaml``.
 """
@@ -101,8 +102,8 @@ def add_parser(sub) -> None:
 
 
 def config(args) -> FinetuneConfig:
-    """The preset named by ``--preset`` (or ``--quick``) with every given flag replacing its value; a given ``--schedule``
-    replaces the preset's scheme (and ``--scheme`` its schedule): one adaptation per run."""
+    """The preset named by ``--preset`` (or ``--quick``) with every given flag replacing its value; a given
+    ``--schedule`` replaces the preset's scheme (and ``--scheme`` its schedule): one adaptation per run."""
     derived = factor_lists(args)
     if args.schedule is not None and args.scheme is None:
         derived["scheme"] = None

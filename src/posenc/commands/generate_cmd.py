@@ -58,7 +58,8 @@ def add_parser(sub):
         metavar="SPEC",
         help="a long-context method (posenc eval --help), e.g. sinks:n_sink=4,window=124: "
         "attention sinks keep the cache at n_sink + window positions; on a pretrained model self-extend, "
-        "lm-infinite, dual-chunk and sinks, defaults from its native context, on top of --schedule (docs/long-context.md)",
+        "lm-infinite, dual-chunk and sinks, defaults from its native context, on top of --schedule "
+        "(docs/long-context.md)",
     )
     p.add_argument(
         "--schedule",

@@ -41,7 +41,8 @@ def add_parser(sub):
         choices=KINDS,
         default=os.environ.get("POSENC_LOG", "none"),
         help="experiment tracking: TensorBoard event files or a W&B run "
-        "(WANDB_MODE=offline: no network) in the run directory (default none, or $POSENC_LOG: how compare passes it through torchrun)",
+        "(WANDB_MODE=offline: no network) in the run directory (default none, or $POSENC_LOG: how compare passes it "
+        "through torchrun)",
     )
     p.set_defaults(func=run)
 
@@ -102,7 +103,7 @@ def run(args) -> int:
         stop = f" (time budget {preset.train.time_budget:g} s reached; --resume continues)" if left else ""
         stop = f" (met train.until: {preset.train.until.describe()})" if met is not None else stop
         print(
-            f"trained {args.scheme}: step {summary['steps']} of {preset.train.steps}, {summary['seconds']:.0f} s in this call, "
-            f"final loss {loss} -> {out}{stop}"
+            f"trained {args.scheme}: step {summary['steps']} of {preset.train.steps}, "
+            f"{summary['seconds']:.0f} s in this call, final loss {loss} -> {out}{stop}"
         )
     return 0

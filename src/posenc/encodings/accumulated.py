@@ -71,9 +71,11 @@ class Accumulated(Encoding):
     """Accumulated SO(2) rotations: random, per-token or learned step angles; rotating QK or QKV.
 
     Parameters:
-        mode: where the steps come from: "random" (a fresh draw per position), "token" (per token id), "learned" (a tanh(Wx))
+        mode: where the steps come from: "random" (a fresh draw per position), "token" (per token id), "learned"
+            (a tanh(Wx))
         rotate: "qk" (queries and keys) or "qkv" (values too, the output rotated back)
-        center: "zero" (steps U[-a, a], the paper's Example 1) or "rope" (U[0, 2 omega_b], drift around RoPE's frequencies)
+        center: "zero" (steps U[-a, a], the paper's Example 1) or "rope" (U[0, 2 omega_b], drift around RoPE's
+            frequencies)
         a: the steps' half-width in radians, in (0, pi], center="zero" only (None: 1)
         init: the learned W at the start, mode="learned" only: "zero" (no rotation) or "random" (N(0, 0.02^2))
         learn_a: the half-width learned per head and block too (mode="learned", center="zero")
@@ -155,7 +157,8 @@ class Accumulated(Encoding):
             raise PosencError(f"accumulated seed must be in [0, 2^31), got {seed}")
         if mode == "token" and (dims.vocab_size or 0) < 1:  # else an empty table, and an index error at the first token
             raise PosencError(
-                f"accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 (Attention(..., vocab_size=V)), got {dims.vocab_size}"
+                "accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 "
+                f"(Attention(..., vocab_size=V)), got {dims.vocab_size}"
             )
         self.mode, self.center, self.pairing, self.a, self.init = mode, center, pairing, float(a), init
         self.rotate_v = rotate == "qkv"
@@ -216,7 +219,8 @@ class Accumulated(Encoding):
         return accumulate(self.steps(inp), dtype=inp.x.dtype)
 
     def spectral_gap(self) -> torch.Tensor:
-        """(D/2,) float64: beta_b = |sin a_b / a_b| of uniform steps (learned: the bound's law; learned a: mean over heads)."""
+        """(D/2,) float64: beta_b = |sin a_b / a_b| of uniform steps (learned: the bound's law; learned a: mean over
+        heads)."""
         widths = self.widths().detach()
         return spectral_gap(widths.mean(0) if widths.dim() == 2 else widths)
 
@@ -257,8 +261,8 @@ class Accumulated(Encoding):
             )
         beta = self.spectral_gap()
         return (
-            head
-            + f"{dist}, {src}; beta range [{beta.min():.3f}, {beta.max():.3f}], mixing window w_0.01 = {self._window(0.01):g} tokens"
+            head + f"{dist}, {src}; beta range [{beta.min():.3f}, {beta.max():.3f}], "
+            f"mixing window w_0.01 = {self._window(0.01):g} tokens"
         )
 
 

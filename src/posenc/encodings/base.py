@@ -360,7 +360,8 @@ class Encoding(KeepsPrecision):
                 raise PosencError(f"scheme {cls.name!r}: {key} applies to {where} only; here it would do nothing")
 
     def extra_repr(self) -> str:
-        """The spec, then the parameters a spec cannot set (``internal``) that are set: ``RoPE(rope:rope_theta=500000)``."""
+        """The spec, then the parameters a spec cannot set (``internal``) that are set:
+        ``RoPE(rope:rope_theta=500000)``."""
         internal = [f"{k}={getattr(self, k)!r}" for k in self.internal if getattr(self, k, None) is not None]
         return ", ".join([self.spec, *internal] if self.spec else internal)
 
@@ -385,7 +386,8 @@ class Encoding(KeepsPrecision):
         return None
 
     def attend_by_logits(self, q, k, v, inp: Inputs, bias: BiasFn | None, block_size: int) -> torch.Tensor:
-        """``attend`` of a scheme with ``logits``: softmax per query block of ``block_size``, then values; (B, H, T, Dv) in v's dtype."""
+        """``attend`` of a scheme with ``logits``: softmax per query block of ``block_size``, then values; (B, H, T, Dv)
+        in v's dtype."""
         T, out = q.shape[-2], []
         for qs in range(0, T, block_size):
             qe = min(qs + block_size, T)

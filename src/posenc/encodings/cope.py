@@ -56,7 +56,8 @@ def cope_logits(
 
 @register
 class CoPE(Encoding):
-    """CoPE: gates sigmoid(q.k) counted back from each query give positions p_ij, logit q . e(p_ij) (Golovneva et al. 2024).
+    """CoPE: gates sigmoid(q.k) counted back from each query give positions p_ij, logit q . e(p_ij) \
+(Golovneva et al. 2024).
 
     Parameters:
         npos_max: position embeddings, >= 1 (contextual positions are clipped at npos_max - 1)

@@ -36,7 +36,8 @@ BASES = {"alibi": ALiBi, "kerple": Kerple}
 def dape_tile(
     q, k, bias: BiasFn, mlp: PointMLP, scale: float, qs: int, qe: int, ks: int, ke: int, q_start: int = 0
 ) -> torch.Tensor:
-    """A + B + f([A; B]) for queries [qs, qe) over keys [ks, ke), unmasked: (B, H, tq, tk) float32 (float64 for float64 q).
+    """A + B + f([A; B]) for queries [qs, qe) over keys [ks, ke), unmasked: (B, H, tq, tk) float32 (float64 for
+    float64 q).
 
     q: (B, H, Tq, D) the queries of rows [q_start, q_start + Tq) (decoding: the new rows only),
     k: (B, H, T, D); bias: the tile function of B.
@@ -92,7 +93,10 @@ class DAPE(Encoding):
         return DAPEState(self)
 
     def describe(self) -> str:
-        return f"DAPE: logits A + B + MLP([A; B]) over heads (width {self.mlp.w1.shape[0]}), base bias B = {self.base.describe()}"
+        return (
+            f"DAPE: logits A + B + MLP([A; B]) over heads (width {self.mlp.w1.shape[0]}), "
+            f"base bias B = {self.base.describe()}"
+        )
 
 
 class DAPEState(DecodeState):

@@ -58,7 +58,8 @@ def row_key_int(seed: int, draw: int, row: int) -> int:
 
 
 def uniform_at(per_row: torch.Tensor, pos: torch.Tensor, n_head: int, n_blocks: int) -> torch.Tensor:
-    """The rest of the chain, position -> (head, block), from ``row_keys`` (B, 1) int64: (B, H, len(pos), n_blocks) float32."""
+    """The rest of the chain, position -> (head, block), from ``row_keys`` (B, 1) int64: (B, H, len(pos), n_blocks)
+    float32."""
     per_pos = mix32(per_row + pos.to(per_row.device)[None, :] * GOLDEN)  # (B, T)
     lane = torch.arange(n_head * n_blocks, device=per_row.device) * GOLDEN
     bits = mix32(per_pos[..., None] + lane)  # (B, T, H * n_blocks)

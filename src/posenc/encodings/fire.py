@@ -90,7 +90,10 @@ class FIRE(Encoding):
         return PositionState(self)  # the MLP on the new query rows' (T,) inputs only: O(T width) per step
 
     def describe(self) -> str:
-        return f"FIRE: bias f(log(1+c(i-j)) / log(1+c max(L,i))), MLP width {self.mlp.w1.shape[0]}, learned c (init {self.init_c:g}), L (init {self.init_L:g})"
+        return (
+            f"FIRE: bias f(log(1+c(i-j)) / log(1+c max(L,i))), MLP width {self.mlp.w1.shape[0]}, "
+            f"learned c (init {self.init_c:g}), L (init {self.init_L:g})"
+        )
 
 
 def fire_bias_naive(enc: FIRE, pos: list[int]) -> torch.Tensor:

@@ -95,7 +95,8 @@ class ForgetGate(Encoding):
         return log_forget_cumsum(self.gate(inp.x).transpose(1, 2)) * self.bias_scale
 
     def neutral_init(self) -> None:
-        """W = 0, b = NEUTRAL_GATE_BIAS: every f_t = sigmoid(8) ~ 0.99966 (-3.4e-4 nats of bias per token of distance)."""
+        """W = 0, b = NEUTRAL_GATE_BIAS: every f_t = sigmoid(8) ~ 0.99966 (-3.4e-4 nats of bias per token of
+        distance)."""
         nn.init.zeros_(self.gate.weight)
         nn.init.constant_(self.gate.bias, NEUTRAL_GATE_BIAS)
 

@@ -400,7 +400,8 @@ class PaTH(Encoding):
         self.block_size, self.use_kernel, self._warned = block_size, use_kernel, False
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, d_model) -> w (B, H, T, D) unit-norm, beta (B, H, T) in (0, 2), float32 or better (float64 in a float64 model)."""
+        """x (B, T, d_model) -> w (B, H, T, D) unit-norm, beta (B, H, T) in (0, 2), float32 or better (float64 in a
+        float64 model)."""
         u = self.w_conv(self.w_proj(x).transpose(1, 2))[..., : x.shape[1]]  # causal: left padding only kept
         return self._gates(u, x)
 
@@ -423,7 +424,8 @@ class PaTH(Encoding):
         if kernel is not None and q.shape[-1] not in FLA_HEAD_DIMS:
             if not self._warned:
                 warnings.warn(
-                    f"path: head dim {q.shape[-1]} not supported by the fla kernel {FLA_HEAD_DIMS}; using the PyTorch path",
+                    f"path: head dim {q.shape[-1]} not supported by the fla kernel {FLA_HEAD_DIMS}; "
+                    "using the PyTorch path",
                     stacklevel=2,
                 )
                 self._warned = True
@@ -444,7 +446,10 @@ class PaTH(Encoding):
         return out.to(v.dtype)
 
     def describe(self) -> str:
-        return f"PaTH (accumulated Householder), w rank {self.w_proj[0].out_features}, conv {self.w_conv.kernel_size[0]}, block {self.block_size}"
+        return (
+            f"PaTH (accumulated Householder), w rank {self.w_proj[0].out_features}, "
+            f"conv {self.w_conv.kernel_size[0]}, block {self.block_size}"
+        )
 
 
 class PaTHState(DecodeState):

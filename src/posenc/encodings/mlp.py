@@ -14,10 +14,11 @@ class PointMLP(nn.Module):
 
     ``act``: "relu" (FIRE) or "leaky_relu" (DAPE, slope 0.01). Computed in x's dtype
     (parameters cast to it), also under autocast: FIRE's inputs are positions and DAPE's
-    include distance biases of size ~T, which bf16 would round. Weights are plain parameters initialised as ``nn.Linear``'s
-    default, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as both reference implementations
-    construct them; not ``nn.Linear`` layers, because the model's N(0, 0.02^2) init of
-    every Linear would start FIRE's bias at ~0. Raises ValueError for an unknown act.
+    include distance biases of size ~T, which bf16 would round. Weights are plain
+    parameters initialised as ``nn.Linear``'s default, U(-1/sqrt(fan_in),
+    1/sqrt(fan_in)), as both reference implementations construct them; not ``nn.Linear``
+    layers, because the model's N(0, 0.02^2) init of every Linear would start FIRE's
+    bias at ~0. Raises ValueError for an unknown act.
     """
 
     def __init__(self, n_in: int, width: int, n_out: int, act: str):

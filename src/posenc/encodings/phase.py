@@ -22,6 +22,7 @@ def rotary_dim(dims: Dims, fraction: float) -> int:
     r = int(dims.head_dim * fraction)
     if r < 2 or r % 2:
         raise PosencError(
-            f"rotary_fraction {fraction} rotates int({dims.head_dim} * {fraction}) = {r} features of head dim {dims.head_dim}; it must give an even rotary dim >= 2"
+            f"rotary_fraction {fraction} rotates int({dims.head_dim} * {fraction}) = {r} features of head dim "
+            f"{dims.head_dim}; it must give an even rotary dim >= 2"
         )
     return r

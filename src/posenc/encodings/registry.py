@@ -356,7 +356,8 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
         fixed = sorted(set(own) & set(preset))
         if fixed:  # acc-rand-qkv:mode=token would train another scheme under this name
             raise PosencError(
-                f"{base!r} fixes {', '.join(f'{k}={preset[k]!r}' for k in fixed)}; use {target!r} with the parameters you want"
+                f"{base!r} fixes {', '.join(f'{k}={preset[k]!r}' for k in fixed)}; "
+                f"use {target!r} with the parameters you want"
             )
         name, params = target, {**preset, **params}
     if name not in _REGISTRY:

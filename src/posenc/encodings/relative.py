@@ -82,7 +82,8 @@ class T5Bias(Encoding):
         super().__init__(dims)
         if not 2 <= num_buckets <= 4096 or max_distance <= num_buckets // 2:
             raise PosencError(
-                f"t5 needs 2 <= num_buckets <= 4096 and max_distance > num_buckets / 2, got {num_buckets}, {max_distance}"
+                "t5 needs 2 <= num_buckets <= 4096 and max_distance > num_buckets / 2, "
+                f"got {num_buckets}, {max_distance}"
             )
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Parameter(torch.zeros(num_buckets, dims.n_head))

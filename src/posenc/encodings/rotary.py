@@ -89,7 +89,8 @@ class RoPE(Encoding):
         return rope.wrap_phases(phi, inp.x.dtype)[None, None]
 
     def _inv_freq(self, length: int) -> torch.Tensor:
-        """Dynamic NTK's and LongRoPE's frequencies for a sequence of ``length`` positions (LongRoPE switches lists past L0)."""
+        """Dynamic NTK's and LongRoPE's frequencies for a sequence of ``length`` positions (LongRoPE switches lists
+        past L0)."""
         assert self.schedule is not None  # one of those schedules
         return rope.SCHEDULES[self.schedule](self.rot_dim, self.rope_theta, self.schedule_params, length)[0]
 
@@ -123,7 +124,8 @@ class RoPE(Encoding):
     def decoder(self) -> DecodeState | None:
         """Fixed frequencies: the new positions' t * omega only (``PositionState``); ReRoPE: the new query rows
         (``ReRoPEState``); dynamic NTK and LongRoPE: None, the reference (their frequencies follow the length, so
-        every cached key is rotated anew at each step: O(T D) cos/sin per step, equal to the prefix's parallel forward)."""
+        every cached key is rotated anew at each step: O(T D) cos/sin per step, equal to the prefix's parallel
+        forward)."""
         if self.schedule in _LENGTH_DEPENDENT:
             return None
         return ReRoPEState(self) if self.replaces_attention else PositionState(self)
@@ -175,5 +177,6 @@ def _check_schedule_values(schedule: str, params: dict) -> None:
     for key, value in params.items():
         if not (value is None or number(value) or (isinstance(value, (list, tuple)) and all(map(number, value)))):
             raise PosencError(
-                f"rope schedule {schedule!r}: {key}={value!r}: expected a finite number, true/false or a list of numbers"
+                f"rope schedule {schedule!r}: {key}={value!r}: "
+                "expected a finite number, true/false or a list of numbers"
             )

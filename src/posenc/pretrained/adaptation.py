@@ -72,7 +72,8 @@ class Adaptation:
 
     @property
     def full_forward(self) -> bool:
-        """Whether generation must run without the KV cache (a scheme that replaces attention: every query is needed)."""
+        """Whether generation must run without the KV cache (a scheme that replaces attention: every query is
+        needed)."""
         return self.scheme is not None and self.scheme.full_forward
 
     def restore(self) -> None:
@@ -210,8 +211,9 @@ def _check_factor(params: dict, max_positions: int, l0: int) -> None:
     ratio = max_positions / l0
     if "factor" in params and max_positions != l0 and not math.isclose(params["factor"], ratio):
         warnings.warn(
-            f"factor {params['factor']:g} differs from the model's max_position_embeddings / L0 = {max_positions} / {l0} "
-            f"= {ratio:g}: the schedule scales by {params['factor']:g}, not by the config's ratio",
+            f"factor {params['factor']:g} differs from the model's max_position_embeddings / L0 = "
+            f"{max_positions} / {l0} = {ratio:g}: the schedule scales by {params['factor']:g}, "
+            "not by the config's ratio",
             stacklevel=2,
         )
 

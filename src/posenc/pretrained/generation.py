@@ -40,7 +40,8 @@ def generate(
     seed: int | None = None,
     eos_token_id=None,
 ) -> torch.Tensor:
-    """The prompt ``ids`` (T,) int64 followed by up to ``max_new_tokens`` generated tokens: (T + n,) int64, n <= max_new_tokens.
+    """The prompt ``ids`` (T,) int64 followed by up to ``max_new_tokens`` generated tokens: (T + n,) int64,
+    n <= max_new_tokens.
 
     transformers' ``generate`` on ``adapted.model``: greedy at temperature 0, else sampling at ``temperature``
     from the ``top_k`` most likely tokens (None: all; no nucleus cut, no penalty: the model's generation

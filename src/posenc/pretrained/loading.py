@@ -101,7 +101,8 @@ def _bars_on_terminal_only(gguf: bool):
 
 
 def load(spec: str = DEFAULT_MODEL) -> Loaded:
-    """Load tokenizer and causal LM (float32, SDPA attention, eval mode); transformers' progress bars only on a terminal.
+    """Load tokenizer and causal LM (float32, SDPA attention, eval mode); transformers' progress bars only on a
+    terminal.
 
     Raises PosencError when the path is missing, the model is not a causal LM,
     is not RoPE-based (needs ``model.model.rotary_emb`` and ``rope_theta``), or

@@ -33,7 +33,8 @@ SUPPORTED = ("self-extend", "lm-infinite", "dual-chunk", "sinks")
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, posenc_method=None, **kwargs):
-    """transformers ``AttentionInterface`` entry: q (B, H, Tq, D), k, v (B, Hkv, Tk, D) unrotated -> ((B, Tq, H, D), None).
+    """transformers ``AttentionInterface`` entry: q (B, H, Tq, D), k, v (B, Hkv, Tk, D) unrotated
+    -> ((B, Tq, H, D), None).
 
     ``posenc_method`` = (method, inv_freq (D/2,) radians per token, attention_scaling), passed by :func:`install`'s
     pre-hook. Keys are at positions 0..Tk-1, the queries the last Tq (``position_ids`` unused); grouped keys are
@@ -84,8 +85,8 @@ def install(model, method: methods.Method) -> list:
     """Switch a Llama-family model to ``method``'s attention in place; returns the hook handles it registered.
 
     The frequencies and attention scaling are read from the model's current rotary embedding (native or a
-    schedule's). PosencError (one line), before the model changes, for a method not in SUPPORTED or a rotary embedding that
-    is already swapped (ReRoPE, a posenc scheme). Undone as ReRoPE is (``Adaptation.restore``).
+    schedule's). PosencError (one line), before the model changes, for a method not in SUPPORTED or a rotary embedding
+    that is already swapped (ReRoPE, a posenc scheme). Undone as ReRoPE is (``Adaptation.restore``).
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

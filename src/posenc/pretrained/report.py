@@ -222,7 +222,8 @@ def passkey_figure(passkey: list[dict], adaptations: list[str]):
 
 
 def plots(out: Path, ppl: list[dict], passkey: list[dict], adaptations: list[str]) -> None:
-    """``ppl_vs_length.png``, ``ppl_by_position.png`` (with perplexity rows) and ``passkey.png`` (with passkey rows) under ``out``."""
+    """``ppl_vs_length.png``, ``ppl_by_position.png`` (with perplexity rows) and ``passkey.png`` (with passkey rows)
+    under ``out``."""
     save_figure(length_figure(ppl, adaptations), out / "ppl_vs_length.png")
     if ppl:
         save_figure(position_figure(ppl, adaptations), out / "ppl_by_position.png")

@@ -1,4 +1,5 @@
-"""(Leaky) ReRoPE inside a Hugging Face Llama-family model: the rotary embedding as the identity and an attention function.
+"""(Leaky) ReRoPE inside a Hugging Face Llama-family model: the rotary embedding as the identity and an attention
+function.
 
 :func:`install` swaps ``model.model.rotary_emb`` for :class:`IdentityRotary` (``cos = 1, sin = 0``:
 attention receives unrotated q and k, and the KV cache stores unrotated keys, as ReRoPE decoding

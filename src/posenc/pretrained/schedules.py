@@ -64,7 +64,8 @@ def head_dim(config) -> int:
 
 
 def original_length(ext: Extension, native: int) -> int:
-    """L0 of ``ext`` in tokens: its ``original_max_position_embeddings``, else ``native``. PosencError unless an integer >= 2."""
+    """L0 of ``ext`` in tokens: its ``original_max_position_embeddings``, else ``native``.
+    PosencError unless an integer >= 2."""
     l0 = native if ext.original_max_position_embeddings is None else ext.original_max_position_embeddings
     if isinstance(l0, bool) or not isinstance(l0, int) or l0 < 2:
         raise PosencError(f"original_max_position_embeddings (L0) must be an integer >= 2 tokens, got {l0!r}")

@@ -387,7 +387,8 @@ def schedule_params(name: str, train_length: int, params: dict | None = None) ->
     unknown = set(given) - set(schedule.defaults)
     if unknown:
         raise PosencError(
-            f"rope schedule {name!r} takes {', '.join(schedule.defaults) or 'no parameters'}; got {', '.join(sorted(unknown))}"
+            f"rope schedule {name!r} takes {', '.join(schedule.defaults) or 'no parameters'}; "
+            f"got {', '.join(sorted(unknown))}"
         )
     out = {k: train_length if d is TRAIN_LENGTH else d for k, d in schedule.defaults.items()}
     out.update(given)

@@ -116,7 +116,8 @@ class SO2Uniform(SO2Steps):
 
 
 class SO2Drift(SO2Steps):
-    """Angles U[0, 2 omega_b]: RoPE's frequency as the mean step, with jitter (the drift variant of ``posenc.encodings.accumulated``)."""
+    """Angles U[0, 2 omega_b]: RoPE's frequency as the mean step, with jitter (the drift variant of
+    ``posenc.encodings.accumulated``)."""
 
     def __init__(self, d: int, base: float = 10000.0):
         self.name = "so2-drift" if base == 10000.0 else f"so2-drift:{base:g}"
