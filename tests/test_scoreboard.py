@@ -159,7 +159,7 @@ def test_task_labels_and_the_committed_task_runs_settings():
     retrieval, tracking = load_task_run(RESULTS / "retrieval", "r"), load_task_run(RESULTS / "state-tracking", "s")
     assert (retrieval.source, retrieval.n_head, retrieval.learned, retrieval.horizon_tol) == (
         "preset.json",
-        2,
+        4,
         0.9,
         0.05,
     )

@@ -827,7 +827,7 @@ def test_task_csv_round_trips_and_a_csv_before_its_job_columns_loads(tmp_path):
         ("path", 1, 128, None, None),
     ]
     assert [c.model_dump() for c in back[0].cells] == [c.model_dump() for c in recs[0].cells]
-    committed = load_task_csv(ROOT / "results" / "retrieval" / "retrieval.csv")  # written before the job columns
+    committed = load_task_csv(ROOT / "results" / "retrieval" / "retrieval.csv")  # the committed table reads back
     assert {r.train_length for r in committed} == {128} and len({(r.task, r.scheme, r.seed) for r in committed}) == len(
         committed
     )
