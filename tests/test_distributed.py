@@ -62,7 +62,7 @@ def test_torchrun_two_processes_equal_single_process(setup):
         str(tmp_path / "ddp"),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[:4000] + "\n...\n" + proc.stderr[-2000:]  # the ranks' errors come first
     assert proc.stdout.count("trained acc-rand-qkv: step 5 of 5, ") == 1  # rank 0 reports, rank 1 stays quiet
     ref, got = losses(single), losses(tmp_path / "ddp")
     assert len(got) == 5  # only rank 0 logs

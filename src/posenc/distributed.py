@@ -63,6 +63,13 @@ class Shard:
         if self.is_main and self.world > 1:
             dist.barrier()
 
+    def wait_all(self) -> None:
+        """Every rank waits here for the others (no-op on a single process): ranks leave a job together, so none
+        tears its process group down while rank 0 still writes the run's files (a gloo rank whose peers are still
+        busy can abort at exit)."""
+        if self.world > 1:
+            dist.barrier()
+
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on any rank (a collective stop decision)."""
         if self.world == 1:

@@ -726,6 +726,7 @@ def train(
         summary["until"] = {**tcfg.until.model_dump(), "reached": summary.pop("criterion_step")}
     if shard.is_main:
         write_json(run_dir / "train_summary.json", summary)
+    shard.wait_all()
     return summary
 
 
