@@ -500,7 +500,8 @@ def extend(cfg: ExtendConfig, out: Path | None = None) -> tuple[Path, str]:
     labels = method_rows + [SCHEME_LABEL + s for s in cfg.schemes]
     labels += sorted({r.adaptation for r in store.records if r.adaptation.startswith(SCHEME_LABEL)} - set(labels))
     rows = [m for m in NAMES if m in cfg.schedules or any(r.adaptation == m for r in store.records)] + labels
-    return out, report.write_report(out, store.records, rows, _header(cfg, l0, docs, store.records, run_stamp()))
+    stamp = read_json(out / "config.json")["invocations"][-1]["stamp"]  # the one open_store recorded
+    return out, report.write_report(out, store.records, rows, _header(cfg, l0, docs, store.records, stamp))
 
 
 def _method_points(
