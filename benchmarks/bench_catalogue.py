@@ -26,11 +26,11 @@ import torch.utils.benchmark as tb
 
 from posenc import encodings
 from posenc.attention import attention
-from posenc.checkpoint import atomic_write_bytes
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.householder import path_attention
 from posenc.encodings.householder_naive import path_attention_naive
-from posenc.reporting import markdown_table
+from posenc.reports.render import markdown_table
+from posenc.store.checkpoint import atomic_write_bytes
 
 LONG_SCHEMES = [
     "rope",

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from posenc.checkpoint import atomic_write_bytes
 from posenc.model import build_model
-from posenc.reporting import markdown_table
+from posenc.reports.render import markdown_table
+from posenc.store.checkpoint import atomic_write_bytes
 
 OUT = Path(__file__).resolve().parent / "results"
 SCHEMES = ["rope", "alibi", "forget", "hybrid", "rope+forget", "t5", "kerple", "fire"]

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from posenc.checkpoint import atomic_write_bytes
 from posenc.encodings.draw import counter_uniform
-from posenc.reporting import markdown_table
+from posenc.reports.render import markdown_table
+from posenc.store.checkpoint import atomic_write_bytes
 
 OUT = Path(__file__).resolve().parent / "results"
 SHAPES = {"default (16 x 4 x 128 x 32)": (16, 4, 128, 32), "paper (64 x 12 x 512 x 32)": (64, 12, 512, 32)}

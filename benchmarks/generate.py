@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from posenc.checkpoint import atomic_write_bytes
-from posenc.config import load_preset
+from posenc.config.plan import load_preset
 from posenc.model import Cache, build_model
-from posenc.reporting import markdown_table
+from posenc.reports.render import markdown_table
+from posenc.store.checkpoint import atomic_write_bytes
 
 OUT = Path(__file__).resolve().parent / "results"
 HF = "hf-llama"

@@ -18,7 +18,7 @@ Part 3, memory: peak device memory of scoring one 65,536-token window with the
 ``paper`` preset's model, per default scheme.
 Part 4, throughput: the ``paper`` preset's model (16 x 768, vocab 32768, length
 512) trained for a few steps per default scheme on random tokens (bf16 autocast,
-AdamW, gradient clipping as ``posenc.train``), eager (tokens/s and ratio to RoPE)
+AdamW, gradient clipping as ``posenc.train.loop``), eager (tokens/s and ratio to RoPE)
 and under ``torch.compile``.
 
 Exit status 1 when a CUDA path disagrees with the CPU path (part 1), else 0.
@@ -43,14 +43,14 @@ import torch
 
 from posenc import encodings
 from posenc.attention import attention
-from posenc.checkpoint import atomic_write_bytes
-from posenc.config import load_preset
+from posenc.config.plan import load_preset
 from posenc.encodings.base import Inputs
 from posenc.encodings.bias import alibi_slopes, distance_bias
 from posenc.encodings.forget import forget_bias, log_forget_cumsum
 from posenc.model import Attention, ModelConfig, build_model
-from posenc.reporting import markdown_table
-from posenc.train import make_optimizer
+from posenc.reports.render import markdown_table
+from posenc.store.checkpoint import atomic_write_bytes
+from posenc.train.loop import make_optimizer
 
 T0 = time.time()
 FLEX_COLUMNS = ("alibi flex", "alibi chunked", "forget flex", "forget chunked")

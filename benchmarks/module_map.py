@@ -74,7 +74,9 @@ def summary(commit: str, mods: dict[str, str]) -> list[str]:
         targets = set()
         for target in imported(src):
             if target.startswith("posenc"):
-                while target not in mods and "." in target:  # "posenc.rope.NAME" -> "posenc.rope"; "posenc.hf" stays
+                while (
+                    target not in mods and "." in target
+                ):  # "posenc.rope.NAME" -> "posenc.rope"; "posenc.hf.scheme" stays
                     target = target.rsplit(".", 1)[0]
                 targets.add(target)
             elif target.split(".")[0] not in sys.stdlib_module_names and target != "__future__":

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from posenc.config import load_preset
+from posenc.config.plan import load_preset
 from posenc.model import build_model
-from posenc.train import make_optimizer
+from posenc.train.loop import make_optimizer
 
 OUT = Path(__file__).resolve().parent / "results"
 SCHEMES = ("rope", "path", "path+forget")

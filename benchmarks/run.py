@@ -17,7 +17,7 @@ average) and ``suite.md`` (the tables). Sections, each per scheme in
   ``torch.compile`` (``train.compile``), timed alternately; speedup.
 - ``memory``: peak resident memory (VmHWM) of a fresh process that builds the
   default ``compare`` model (all its layers; ``--memory-layers`` overrides) and
-  evaluates one 32768-token window with ``posenc.compare.evaluate_length``,
+  evaluates one 32768-token window with ``posenc.runs.compare.evaluate_length``,
   one thread per process. Goal: <= 4 GiB.
 
 Timings use ``torch.utils.benchmark.Timer`` (one thread, warm-up first); the
@@ -43,11 +43,11 @@ import torch
 from torch.utils.benchmark import Timer
 
 from posenc import encodings
-from posenc.checkpoint import atomic_write_bytes
-from posenc.config import load_preset
+from posenc.config.plan import load_preset
 from posenc.model import Attention, build_model
-from posenc.reporting import markdown_table
-from posenc.train import autocast, make_optimizer
+from posenc.reports.render import markdown_table
+from posenc.store.checkpoint import atomic_write_bytes
+from posenc.train.loop import autocast, make_optimizer
 
 OUT = Path(__file__).resolve().parent / "results"
 ATTN_LENGTHS = (1024, 2048, 4096)
@@ -139,7 +139,7 @@ TRAIN_TOKENS = 16 * 128  # the default preset's batch (checked in train_case)
 
 def train_case(scheme: str, compiled: bool = False, precision: str = "fp32") -> Timer:
     """Timer of one training step of the default compare model (batch 16 x 128, AdamW), eager or under torch.compile,
-    in fp32 or under bf16 autocast (``posenc.train.autocast``, as ``train.precision``)."""
+    in fp32 or under bf16 autocast (``posenc.train.loop.autocast``, as ``train.precision``)."""
     preset = load_preset("default")
     cfg = default_model(scheme)
     torch.manual_seed(0)
@@ -204,7 +204,7 @@ def bench_compile(schemes: list[str], rounds: int) -> dict:
 
 def memory_child(scheme: str, layers: int) -> None:
     """In a fresh process: evaluate one MEM_LENGTH window; print peak RSS and timing as JSON."""
-    from posenc.compare import evaluate_length
+    from posenc.runs.compare import evaluate_length
 
     torch.set_num_threads(1)
     cfg = dataclasses.replace(default_model(scheme), n_layer=layers)

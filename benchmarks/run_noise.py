@@ -5,7 +5,7 @@ trained twice with one seed and one budget can end at other weights. This trains
 default preset with one thread and compares it with a default run made with two (by default
 ``runs/default``, what ``posenc compare --preset default`` writes on 2 cores): how far perplexity
 at 1x and the ratios at 16x and 128x move. Writes ``results/run_noise.{json,md}``; the claims'
-``posenc.claims.PPL_NOISE`` and ``RATIO_NOISE`` are the largest of these.
+``posenc.reports.claims.PPL_NOISE`` and ``RATIO_NOISE`` are the largest of these.
 
 ``--between A B`` trains nothing: it compares seed 0 of two default runs of the same code (run
 directories, or committed results with their ``results.csv``), made on two machines, at every scheme
@@ -21,12 +21,12 @@ import argparse
 import json
 from pathlib import Path
 
-from posenc import records
-from posenc.compare import compare
-from posenc.config import load_preset
-from posenc.report import with_ratios
-from posenc.reporting import markdown_table
-from posenc.stamp import run_stamp
+from posenc.config.plan import load_preset
+from posenc.reports.compare import with_ratios
+from posenc.reports.render import markdown_table
+from posenc.runs.compare import compare
+from posenc.store import records
+from posenc.store.stamp import run_stamp
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 L0 = 128

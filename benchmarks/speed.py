@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmar
 from generate import HF, llama, time_per_token  # noqa: E402
 from run import TRAIN_TOKENS, _warm, default_model, loadavg, train_case  # noqa: E402
 
-from posenc.checkpoint import atomic_write_bytes  # noqa: E402
-from posenc.config import load_preset  # noqa: E402
+from posenc.config.plan import load_preset  # noqa: E402
 from posenc.model import build_model  # noqa: E402
-from posenc.reporting import markdown_table  # noqa: E402
-from posenc.stamp import bf16_units, cpu_name  # noqa: E402
+from posenc.reports.render import markdown_table  # noqa: E402
+from posenc.store.checkpoint import atomic_write_bytes  # noqa: E402
+from posenc.store.stamp import bf16_units, cpu_name  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 MODES = [("fp32", False), ("bf16", False), ("fp32", True), ("bf16", True)]

@@ -5,7 +5,7 @@
 
 For each number of targets N, a fresh process (one thread) loads the model, puts
 ``sinks:n_sink=4,window=W`` on it (``Adaptation.set_method``) and streams the first N targets of
-the Shakespeare held-out works, joined in order, through ``posenc.pretrained.sink_cache.streaming_nll``
+the Shakespeare held-out works, joined in order, through ``posenc.hf.sink_cache.streaming_nll``
 (256 tokens a chunk). Reported: the process's peak resident memory (``VmHWM``), the largest cache
 held between chunks, perplexity, and seconds. With the bounded cache the memory should not grow with
 N. Writes ``results/stream_memory.{json,md}``.
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from posenc.stamp import stamp_line
+from posenc.store.stamp import stamp_line
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -31,11 +31,11 @@ def child(model: str, spec: str, targets: int) -> dict:
     import numpy as np
     import torch
 
-    from posenc.data import load_corpus
-    from posenc.pretrained import loading
-    from posenc.pretrained.adaptation import Adaptation
-    from posenc.pretrained.sink_cache import streaming_nll
-    from posenc.stamp import run_stamp
+    from posenc.data.corpora import load_corpus
+    from posenc.hf import loading
+    from posenc.hf.adaptation import Adaptation
+    from posenc.hf.sink_cache import streaming_nll
+    from posenc.store.stamp import run_stamp
 
     torch.set_num_threads(1)
     loaded = loading.load(model)

@@ -30,7 +30,7 @@ def word_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from posenc import passkey
+    from posenc.eval import passkey
 
     words = passkey.TASK + " " + passkey.FILLER + passkey.QUESTION + " Remember it. is pass key"
     vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate("0123456789")}}
@@ -68,7 +68,7 @@ def llama_dir(tmp_path, word_tokenizer):
     """A saved 2-layer Llama (4 heads, 2 KV heads, head dim 16, native context 256) with the word
     tokenizer, and a text corpus file, in tmp_path."""
     transformers = pytest.importorskip("transformers")
-    from posenc import passkey
+    from posenc.eval import passkey
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(

@@ -1,4 +1,4 @@
-"""posenc.pretrained.adaptation.Adaptation: each adaptation of a Hugging Face model owns its state and its reuse key.
+"""posenc.hf.adaptation.Adaptation: each adaptation of a Hugging Face model owns its state and its reuse key.
 
 On a tiny Llama (2 layers, 4 heads over 2 key/value heads, head dim 16, native context 64): no ``posenc_*``
 attribute and no leftover hook on any transformers object, applied or restored; restoring gives the native
@@ -15,10 +15,10 @@ import torch
 from posenc.errors import PosencError
 
 transformers = pytest.importorskip("transformers")
-from posenc import hf  # noqa: E402
-from posenc.cli import main  # noqa: E402
-from posenc.pretrained.adaptation import Adaptation  # noqa: E402
-from posenc.pretrained.schedules import Extension  # noqa: E402
+from posenc.cli.main import main  # noqa: E402
+from posenc.hf import scheme as hf  # noqa: E402
+from posenc.hf.adaptation import Adaptation  # noqa: E402
+from posenc.hf.schedules import Extension  # noqa: E402
 from posenc.rope import NAMES  # noqa: E402
 
 L0 = 64
@@ -232,7 +232,7 @@ def test_extend_passkey_prompts_get_the_bos_with_bos_prepend(llama_dir):
     assert main(argv) == 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     (trial,) = [r for r in records if r["kind"] == "passkey"]
-    from posenc import passkey
+    from posenc.eval import passkey
 
     assert trial["bos"] == "prepend"
     assert (

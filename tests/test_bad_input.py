@@ -11,7 +11,7 @@ import torch
 import posenc
 from posenc import build_model, encodings
 from posenc.attention import attention
-from posenc.cli import main
+from posenc.cli.main import main
 from posenc.encodings.base import Dims
 from posenc.errors import PosencError
 from posenc.model import Cache
@@ -152,7 +152,7 @@ def test_resume_of_a_state_without_its_keys_is_one_line(run, tmp_path, capsys):
 
 
 def test_generate_prints_the_models_greedy_continuation(run, capsys):
-    from posenc.train import load_run
+    from posenc.train.loop import load_run
 
     assert main(["generate", str(run), "--prompt", "To be", "--max-new-tokens", "8", "--temperature", "0"]) == 0
     model, _, _ = load_run(run)
@@ -161,7 +161,7 @@ def test_generate_prints_the_models_greedy_continuation(run, capsys):
 
 
 def test_a_run_with_a_bad_training_section_is_one_line(tmp_path):
-    from posenc.train import load_run
+    from posenc.train.loop import load_run
 
     (tmp_path / "config.json").write_text('{"model": {}, "train": {"steps": 0}}')
     (tmp_path / "model.safetensors").write_bytes(b"")
@@ -191,8 +191,8 @@ def test_ctrl_c_while_the_command_modules_import_is_an_interrupt(monkeypatch, ca
 
 
 def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, capsys):
-    from posenc.config import load_preset
-    from posenc.presets import SHIPPED
+    from posenc.config.plan import load_preset
+    from posenc.store.presets import SHIPPED
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mypreset").write_text((SHIPPED / "quick.yaml").read_text().replace("name: quick", "name: mine"))

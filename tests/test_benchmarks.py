@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from posenc import encodings
-from posenc.config import load_preset
+from posenc.config.plan import load_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from posenc import claims
-from posenc.claims import FAILS, HOLDS, NOISE, at_most, check_claims, claims_markdown, combine, exceeds
-from posenc.records import Ppl
-from posenc.report import markdown, window_markdown, window_rows, with_ratios
+from posenc.reports import claims
+from posenc.reports.claims import FAILS, HOLDS, NOISE, at_most, check_claims, claims_markdown, combine, exceeds
+from posenc.reports.compare import markdown, window_markdown, window_rows, with_ratios
+from posenc.store.records import Ppl
 
 L0 = 128
 

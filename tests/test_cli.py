@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from posenc import encodings
-from posenc.cli import main
-from posenc.records import PasskeyCell, load
+from posenc.cli.main import main
+from posenc.store.records import PasskeyCell, load
 
 
 def run_cli(capsys, *argv):

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from posenc.config import load_preset
+from posenc.config.plan import load_preset
 from posenc.model import build_model
-from posenc.train import train
+from posenc.train.loop import train
 
 DEFAULT = load_preset("default").schemes
 

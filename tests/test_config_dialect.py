@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from posenc import extend, finetune
-from posenc.cli import build_parser, main
-from posenc.commands import given_settings
-from posenc.commands.compare_cmd import FLAGS
-from posenc.config import ClusterConfig, EvalConfig, Preset, SweepConfig, TaskEvalConfig, load_preset
+from posenc.cli.common import given_settings
+from posenc.cli.compare_cmd import FLAGS
+from posenc.cli.main import build_parser, main
+from posenc.config.plan import ClusterConfig, EvalConfig, Preset, SweepConfig, TaskEvalConfig, load_preset
 from posenc.errors import PosencError
-from posenc.jobs import record_run
 from posenc.model import ModelConfig
-from posenc.presets import _field_infos, preset_names, reference
-from posenc.train import TrainConfig
+from posenc.runs import extend, finetune
+from posenc.runs.jobs import record_run
+from posenc.store.presets import _field_infos, preset_names, reference
+from posenc.train.loop import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOLVED = Path(__file__).parent / "data" / "presets_resolved"
@@ -35,7 +35,7 @@ def test_every_shipped_preset_resolves_as_before_the_rebase():
 
 
 def test_the_shipped_presets_share_blocks_through_base():
-    from posenc.presets import SHIPPED
+    from posenc.store.presets import SHIPPED
 
     bases = {
         n: next(
@@ -160,7 +160,7 @@ def test_a_bad_set_is_one_line_exit_2_naming_the_key(argv, message, capsys):
 
 
 def test_set_on_train_extend_and_finetune(capsys):
-    from posenc.commands import extend_cmd, finetune_cmd
+    from posenc.cli import extend_cmd, finetune_cmd
 
     ft = finetune_cmd.config(
         build_parser().parse_args(["finetune", "--quick", "--lora-rank", "4", "--set", "lora_alpha=32"])

@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 
-from posenc import data
+from posenc.data import corpora as data
 from posenc.errors import PosencError
 
 

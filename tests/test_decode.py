@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from posenc import encodings
-from posenc.config import load_preset
+from posenc.config.plan import load_preset
 from posenc.errors import PosencError
 from posenc.model import Cache, build_model
-from posenc.presets import preset_names
 from posenc.rope import SCHEDULES as SCHEDULE_NAMES
+from posenc.store.presets import preset_names
 
 PRESET_SPECS = sorted({s for name in preset_names() for s in load_preset(name).schemes})
 SPECS = sorted(

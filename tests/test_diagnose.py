@@ -8,8 +8,10 @@ import torch
 
 from posenc import build_model, encodings
 from posenc.attention import attention, rotate
-from posenc.cli import main
-from posenc.diagnose import (
+from posenc.cli.main import main
+from posenc.encodings.accumulated import spectral_gap
+from posenc.encodings.base import Dims, Encoding, Inputs
+from posenc.eval.diagnose import (
     FarMassConfig,
     block_logits,
     diagnose_model,
@@ -20,11 +22,9 @@ from posenc.diagnose import (
     step_phasor_sums,
     uniform_reference,
 )
-from posenc.diagnose_report import markdown
-from posenc.encodings.accumulated import spectral_gap
-from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.model import LM
-from posenc.records import DIAGNOSE, Diagnosis, FarMass, load
+from posenc.reports.diagnose import markdown
+from posenc.store.records import DIAGNOSE, Diagnosis, FarMass, load
 
 
 def tiny(encoding, **kw) -> LM:

@@ -10,13 +10,14 @@ import sys
 import pytest
 import torch
 
-from posenc import distributed, encodings
-from posenc.config import load_preset
-from posenc.data import load_tokens
+from posenc import encodings
+from posenc.config.plan import load_preset
+from posenc.data.corpora import load_tokens
 from posenc.encodings.base import Dims, Inputs
 from posenc.errors import PosencError
 from posenc.model import build_model
-from posenc.train import batch_at, make_optimizer, train
+from posenc.train import distributed
+from posenc.train.loop import batch_at, make_optimizer, train
 
 PRESET = """name: tiny
 model: {n_layer: 2, n_head: 2, d_model: 32, train_length: 16}
@@ -52,7 +53,7 @@ def test_torchrun_two_processes_equal_single_process(setup):
         "--nproc_per_node",
         "2",
         "-m",
-        "posenc.cli",
+        "posenc.cli.main",
         "train",
         "--scheme",
         "acc-rand-qkv",

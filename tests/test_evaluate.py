@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from posenc import build_model
-from posenc.compare import evaluate_length
 from posenc.errors import PosencError
+from posenc.runs.compare import evaluate_length
 from posenc.scoring import bucket_edges, plan, window_starts
 
 RUN = {"scheme": "rope"}  # the run fields each record carries
@@ -92,7 +92,7 @@ def test_span_makes_every_length_score_the_same_targets():
 
 
 def test_eval_says_which_text_it_scored_and_when_it_is_fewer_tokens_than_asked(tmp_path, capsys):
-    from posenc.cli import main
+    from posenc.cli.main import main
 
     run = tmp_path / "run"
     assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(run)]) == 0

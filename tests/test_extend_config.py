@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from posenc.cli import build_parser, main
-from posenc.commands import extend_cmd
+from posenc.cli import extend_cmd
+from posenc.cli.main import build_parser, main
 from posenc.errors import PosencError
-from posenc.extend import ExtendConfig, extension, load_extend_config, open_store, preset_names
-from posenc.pretrained.evaluate import bucket_width
-from posenc.pretrained.schedules import Extension
-from posenc.records import ScoredWindow, append
+from posenc.eval.perplexity import bucket_width
+from posenc.hf.schedules import Extension
 from posenc.rope import NAMES
+from posenc.runs.extend import ExtendConfig, extension, load_extend_config, open_store, preset_names
+from posenc.store.records import ScoredWindow, append
 
 REPO = Path(__file__).resolve().parents[1]
 # the presets of the command before they became YAML files
@@ -199,7 +199,7 @@ def _extend_help() -> str:
 
 def test_help_reads_preset_values_and_the_rerope_default():
     """The help's lengths are the quick and reproduce presets', the ReRoPE window the one schedules uses (L0 // 4)."""
-    from posenc.pretrained.schedules import WINDOW_DIVISOR
+    from posenc.hf.schedules import WINDOW_DIVISOR
 
     text = " ".join(_extend_help().split())
     assert WINDOW_DIVISOR == 4 and "ReRoPE window w in tokens (default L0/4)" in text
@@ -407,7 +407,7 @@ def test_a_schedule_setting_no_schedule_takes_or_out_of_range_exits_2(tmp_path, 
 
 
 def test_finetune_takes_the_same_schedule_settings():
-    from posenc.commands import finetune_cmd
+    from posenc.cli import finetune_cmd
 
     def ft(*argv):
         return finetune_cmd.config(build_parser().parse_args(["finetune", *argv]))
@@ -431,8 +431,8 @@ def test_every_schedule_parameter_is_an_extension_field_a_preset_key_and_a_flag(
     import dataclasses
 
     from posenc import rope
-    from posenc.extend import SCHEDULE_KEYS
-    from posenc.finetune import FinetuneConfig
+    from posenc.runs.extend import SCHEDULE_KEYS
+    from posenc.runs.finetune import FinetuneConfig
 
     params = {k for s in rope.SCHEDULES.values() for k in s.defaults}
     assert params <= {f.name for f in dataclasses.fields(Extension)}

@@ -8,9 +8,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from posenc import extend  # noqa: E402
-from posenc.cli import main  # noqa: E402
-from posenc.records import SCHEMA_VERSION, trial_key  # noqa: E402
+from posenc.cli.main import main  # noqa: E402
+from posenc.runs import extend  # noqa: E402
+from posenc.store.records import SCHEMA_VERSION, trial_key  # noqa: E402
 
 
 def _lines(out):
@@ -145,7 +145,7 @@ def test_a_literal_special_token_in_a_document_is_text(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from posenc import finetune
+    from posenc.runs import finetune
 
     t = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2, "<": 3, "s": 4, ">": 5}, unk_token="[UNK]"))
     t.pre_tokenizer = pre_tokenizers.Whitespace()

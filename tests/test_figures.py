@@ -4,12 +4,12 @@ per-position plot with a point per bucket at any length."""
 
 import pytest
 
-from posenc.pretrained.evaluate import bucket_width
-from posenc.pretrained.report import position_figure, ppl_rows
-from posenc.records import Ppl, ScoredWindow, Task, TaskCell
-from posenc.report import buckets_figure
-from posenc.retrieval_report import WINDOW_LABEL, TaskTable, distance_figure
-from posenc.tasks import get_task
+from posenc.data.tasks import get_task
+from posenc.eval.perplexity import bucket_width
+from posenc.reports.compare import buckets_figure
+from posenc.reports.pretrained import position_figure, ppl_rows
+from posenc.reports.tasks import WINDOW_LABEL, TaskTable, distance_figure
+from posenc.store.records import Ppl, ScoredWindow, Task, TaskCell
 
 
 def test_buckets_sit_on_their_ticks_at_the_bucket_midpoints():

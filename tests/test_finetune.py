@@ -15,11 +15,11 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 from safetensors.torch import load_file  # noqa: E402
 
-from posenc import checkpoint  # noqa: E402
-from posenc import finetune as ft  # noqa: E402
-from posenc.cli import main  # noqa: E402
+from posenc.cli.main import main  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
-from posenc.pretrained import loading  # noqa: E402
+from posenc.hf import loading  # noqa: E402
+from posenc.runs import finetune as ft  # noqa: E402
+from posenc.store import checkpoint  # noqa: E402
 
 
 def argv(d, *extra):
@@ -196,8 +196,8 @@ def test_shipped_presets_and_flags():
         8,
         [1024],
     )
-    from posenc.cli import build_parser
-    from posenc.commands import finetune_cmd
+    from posenc.cli import finetune_cmd
+    from posenc.cli.main import build_parser
 
     args = build_parser().parse_args(
         ["finetune", "--preset", "quick", "--lora-rank", "0", "--scheme", "alibi", "--passkey-lengths"]
@@ -298,8 +298,8 @@ def test_pose_fine_tuning_feeds_the_position_ids(llama_dir, monkeypatch):
 def test_quick_means_preset_quick_in_both_commands(command, capsys):
     """``--quick`` is ``--preset quick`` for finetune as for extend (finetune refused it); with --preset it is
     refused."""
-    from posenc.cli import build_parser
-    from posenc.commands import extend_cmd, finetune_cmd
+    from posenc.cli import extend_cmd, finetune_cmd
+    from posenc.cli.main import build_parser
 
     module = {"extend": extend_cmd, "finetune": finetune_cmd}[command]
     quick = module.config(build_parser().parse_args([command, "--quick"]))

@@ -58,8 +58,8 @@ def test_long_sequence_prefix_sums_stay_exact():
 
 
 def test_composite_model_weights_save_and_load(tmp_path):
-    from posenc.checkpoint import load_weights, save_weights
     from posenc.model import build_model
+    from posenc.store.checkpoint import load_weights, save_weights
 
     cfg = {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 8, "encoding": "acc-rand-qkv+forget"}
     model = build_model(cfg)

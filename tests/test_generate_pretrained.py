@@ -12,13 +12,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from posenc import extend  # noqa: E402
-from posenc import finetune as ft  # noqa: E402
-from posenc.cli import main  # noqa: E402
+from posenc.cli.main import main  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
-from posenc.pretrained import evaluate, generation, loading  # noqa: E402
-from posenc.pretrained.adaptation import Adaptation  # noqa: E402
-from posenc.pretrained.schedules import Extension  # noqa: E402
+from posenc.eval import perplexity as evaluate  # noqa: E402
+from posenc.hf import generation, loading  # noqa: E402
+from posenc.hf.adaptation import Adaptation  # noqa: E402
+from posenc.hf.schedules import Extension  # noqa: E402
+from posenc.runs import extend  # noqa: E402
+from posenc.runs import finetune as ft  # noqa: E402
 
 L0 = 16  # the tiny model's native context: prompt + new tokens pass it
 

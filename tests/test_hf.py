@@ -1,4 +1,4 @@
-"""posenc.hf.apply_scheme: any scheme inside a tiny Hugging Face Llama (GQA: 4 heads, 2 key/value heads)."""
+"""posenc.hf.scheme.apply_scheme: any scheme inside a tiny Hugging Face Llama (GQA: 4 heads, 2 key/value heads)."""
 
 import pytest
 import torch
@@ -6,8 +6,8 @@ import torch
 from posenc.errors import PosencError
 
 transformers = pytest.importorskip("transformers")
-from posenc import hf  # noqa: E402
 from posenc.encodings.rotary import RoPE  # noqa: E402
+from posenc.hf import scheme as hf  # noqa: E402
 
 THETA = 5000.0
 

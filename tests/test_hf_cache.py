@@ -1,4 +1,4 @@
-"""posenc.hf: a scheme's decoding state (every position's layer input x) lives in transformers' Cache.
+"""posenc.hf.scheme: a scheme's decoding state (every position's layer input x) lives in transformers' Cache.
 
 Properties on a tiny Llama (2 layers, GQA) with every scheme apply_scheme accepts, learned parts moved away
 from their neutral start so that x matters: beam search and sampling decode the same sequences with and
@@ -14,7 +14,8 @@ from posenc.errors import PosencError
 transformers = pytest.importorskip("transformers")
 from transformers import DynamicCache, StaticCache  # noqa: E402
 
-from posenc import encodings, hf  # noqa: E402
+from posenc import encodings  # noqa: E402
+from posenc.hf import scheme as hf  # noqa: E402
 
 REFUSED = {"learned", "sinusoidal", "acc-token-qk", "acc-token-qkv"}  # input embeddings; token ids
 SCHEMES = [n for rows in encodings.catalogue().values() for n, _, _ in rows if n not in REFUSED] + ["rope+forget"]

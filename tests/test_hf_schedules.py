@@ -17,8 +17,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noq
 
 from posenc import rope  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
-from posenc.pretrained.adaptation import Adaptation  # noqa: E402
-from posenc.pretrained.schedules import Extension, extension_params  # noqa: E402
+from posenc.hf.adaptation import Adaptation  # noqa: E402
+from posenc.hf.schedules import Extension, extension_params  # noqa: E402
 
 D, THETA, L0, S = 16, 10000.0, 64, 4.0
 LISTS = {"short_factor": [1.0 + 0.1 * i for i in range(D // 2)], "long_factor": [1.0 + 0.5 * i for i in range(D // 2)]}

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from posenc.cli import build_parser, main
-from posenc.commands.compare_cmd import cluster_config
-from posenc.compare import compare
-from posenc.config import ClusterConfig, load_preset
+from posenc.cli.compare_cmd import cluster_config
+from posenc.cli.main import build_parser, main
+from posenc.config.plan import ClusterConfig, load_preset
 from posenc.errors import PosencError
-from posenc.jobs import executor
+from posenc.runs.compare import compare
+from posenc.runs.jobs import executor
 
 submitit = pytest.importorskip("submitit")
 
@@ -83,7 +83,7 @@ def test_ctrl_c_of_local_submitit_jobs_ends_with_posencs_lines_only(tiny_corpus,
     cmd = [
         sys.executable,
         "-m",
-        "posenc.cli",
+        "posenc.cli.main",
         "compare",
         "--preset",
         "quick",

@@ -6,12 +6,12 @@ never on the apps.
 Layers, bottom up (docs/layout.md, "Layout"):
 - core: errors, attention, methods, scoring, layer, model, encodings/*, rope/*, and the package ``posenc`` itself
   (lazy: PEP 562).
-- theory: theory/*, on the core and on checkpoint, presets, reporting.
-- apps: every other module, on anything below (no cycles: tests/test_imports.py).
+- apps: one folder per layer (store/, data/, hf/, eval/, train/, config/, reports/, theory/, runs/, cli/), each on
+  the folders below it in the "Layout" list of docs/layout.md (imports point down it; no cycles:
+  tests/test_imports.py); theory/ only on the core and on store/checkpoint, store/presets, reports/render.
 
-The "Layout" list of docs/layout.md is bottom up (imports point down it), and the walk of compare's preset
-(``benchmarks/preset_walk.py``) stays within 30 functions and 5 climbs back up that list.
-"""
+The walk of compare's preset (``benchmarks/preset_walk.py``) stays within 30 functions and 5 climbs back up
+that list."""
 
 import ast
 import importlib.util
@@ -32,11 +32,12 @@ CORE = (
     "posenc.encodings",
     "posenc.rope",
 )
-THEORY_HELPERS = ("posenc.checkpoint", "posenc.presets", "posenc.reporting")
+THEORY_HELPERS = ("posenc.store.checkpoint", "posenc.store.presets", "posenc.reports.render")
 CORE_EXTERNAL = {"torch", "numpy"}
 CORE_LAZY_EXTERNAL = {
     "fla"
 }  # flash-linear-attention's PaTH kernel: imported inside the CUDA path only (householder.py)
+APP_FOLDERS = ["store/", "data/", "hf/", "eval/", "train/", "config/", "reports/", "theory/", "runs/", "cli/"]
 HEAVY = (
     "matplotlib",
     "transformers",
@@ -123,14 +124,14 @@ def test_the_layer_check_finds_an_upward_import(tmp_path):
         "encodings/__init__.py": "",
         "encodings/x.py": "from posenc.theory.mixing import w\nimport matplotlib\n\ndef f():\n    import fla\n",
         "theory/__init__.py": "",
-        "theory/mixing.py": "from posenc.config import Preset\n",
+        "theory/mixing.py": "from posenc.config.plan import Preset\n",
     }.items():
         (pkg / f).write_text(text)
     mods = {
         m: pkg.parent / p
         for m, p in {
             "posenc": "posenc/__init__.py",
-            "posenc.config": "posenc/config.py",
+            "posenc.config.plan": "posenc/config/plan.py",
             "posenc.encodings": "posenc/encodings/__init__.py",
             "posenc.encodings.x": "posenc/encodings/x.py",
             "posenc.theory": "posenc/theory/__init__.py",
@@ -140,7 +141,7 @@ def test_the_layer_check_finds_an_upward_import(tmp_path):
     assert _violations(mods) == [
         "posenc.encodings.x imports matplotlib",
         "posenc.encodings.x imports posenc.theory.mixing",
-        "posenc.theory.mixing imports posenc.config",
+        "posenc.theory.mixing imports posenc.config.plan",
     ]
 
 
@@ -161,7 +162,7 @@ def test_importing_the_core_loads_no_heavy_module():
 def test_the_public_names_load_on_first_access():
     code = (
         "import sys, posenc\nposenc.PosencError\nassert 'posenc.model' not in sys.modules\n"
-        "posenc.LM, posenc.hf\nprint('posenc.hf' in sys.modules)"
+        "posenc.LM, posenc.hf.scheme\nprint('posenc.hf.scheme' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == [
         "True"
@@ -175,14 +176,12 @@ def _preset_walk():
     return module
 
 
-# the one import up the layout list (between two packages, no module cycle)
-UPWARD = {("posenc.pretrained.adaptation", "posenc.hf")}
-
-
 def test_the_layout_lists_every_module_bottom_up():
     pw, mods = _preset_walk(), _modules()
     order = pw.layout_order(LAYOUT)
-    assert order[:3] == ["errors.py", "presets.py", "checkpoint.py"] and order[-2:] == ["cli.py", "__main__.py"]
+    assert order[:3] == ["errors.py", "attention.py", "rope/"] and order[-2:] == ["cli/", "__main__.py"]
+    folders = [u for u in order if u.endswith("/")]
+    assert folders == ["rope/", "encodings/", *APP_FOLDERS], folders  # each app folder one layer, in this order
     assert sorted({pw.unit(m, SRC) for m in mods if m != "posenc"} - set(order)) == []
     rank = {m: order.index(pw.unit(m, SRC)) for m in mods if m != "posenc"}
     up = set()
@@ -192,15 +191,15 @@ def test_the_layout_lists_every_module_bottom_up():
                 module = max((m for m in mods if target == m or target.startswith(m + ".")), key=len)
                 if module != "posenc" and rank[module] > rank[name]:
                     up.add((name, module))
-    assert up == UPWARD
+    assert up == set(), sorted(up)
 
 
 def test_the_preset_walk_stays_within_its_bounds():
     w = _preset_walk().walk(SRC, LAYOUT)
-    assert {"compare", "run_job", "_meta"} <= set(w.stays["posenc.compare"])  # the walk follows the preset at all
-    assert "run_task_job" in w.stays["posenc.retrieval"] and "check_same_settings" in w.stays["posenc.jobs"]
+    assert {"compare", "run_job", "_meta"} <= set(w.stays["posenc.runs.compare"])  # the walk follows the preset at all
+    assert "run_task_job" in w.stays["posenc.runs.retrieval"] and "check_same_settings" in w.stays["posenc.runs.jobs"]
     assert w.n_stays <= 30 and len(w.climbs) <= 5, (w.n_stays, w.climbs)
-    assert ("posenc.jobs", "posenc.compare.run_job") in w.climbs  # a job runs up from the job runner
+    assert w.climbs == []  # the job runner and the jobs it runs share runs/
 
 
 def test_the_preset_walk_counts_stays_and_climbs(tmp_path):
@@ -225,18 +224,26 @@ def test_the_preset_walk_counts_stays_and_climbs(tmp_path):
 
 
 def test_compare_reaches_the_report_through_the_traced_files():
-    """The trace of docs/layout.md, checked on the source: cli -> commands/compare_cmd -> config -> compare -> jobs ->
-    train, records -> report."""
+    """The trace of docs/layout.md, checked on the source: cli/main -> cli/compare_cmd -> config/plan -> runs/compare
+    -> runs/jobs -> train/loop, store/records -> reports/compare."""
     pw = _preset_walk()
-    cli = (SRC / "posenc" / "cli.py").read_text()
-    assert '"posenc.commands.compare_cmd"' in cli and "args.func(args)" in cli
-    assert "set_defaults(func=run)" in (SRC / "posenc" / "commands" / "compare_cmd.py").read_text()
-    assert {"posenc.config.load_preset", "posenc.compare.compare"} <= pw.calls("posenc.commands.compare_cmd", "run")
-    assert {"posenc.jobs.run_pool", "posenc.report.write_report"} <= pw.calls("posenc.compare", "compare")
-    assert {"posenc.train.train", "posenc.compare.evaluate_length", "posenc.records.append"} <= pw.calls(
-        "posenc.compare", "run_job"
+    cli = (SRC / "posenc" / "cli" / "main.py").read_text()
+    assert '"posenc.cli.compare_cmd"' in cli and "args.func(args)" in cli
+    assert "set_defaults(func=run)" in (SRC / "posenc" / "cli" / "compare_cmd.py").read_text()
+    assert {"posenc.config.plan.load_preset", "posenc.runs.compare.compare"} <= pw.calls(
+        "posenc.cli.compare_cmd", "run"
     )
-    assert {"posenc.records.load"} <= pw.calls("posenc.report", "write_report")  # the report reads the store
-    report = (SRC / "posenc" / "report.py").read_text()
+    assert {"posenc.runs.jobs.run_pool", "posenc.reports.compare.write_report"} <= pw.calls(
+        "posenc.runs.compare", "compare"
+    )
+    assert {
+        "posenc.train.loop.train",
+        "posenc.runs.compare.evaluate_length",
+        "posenc.store.records.append",
+    } <= pw.calls("posenc.runs.compare", "run_job")
+    assert {"posenc.store.records.load"} <= pw.calls(
+        "posenc.reports.compare", "write_report"
+    )  # the report reads the store
+    report = (SRC / "posenc" / "reports" / "compare.py").read_text()
     write = next(n for n in ast.parse(report).body if isinstance(n, ast.FunctionDef) and n.name == "write_report")
     assert '"report.md"' in ast.get_source_segment(report, write)

@@ -1,4 +1,4 @@
-"""One training loop (``posenc.train.fit``) trains posenc's LMs and fine-tunes pretrained models: its losses
+"""One training loop (``posenc.train.loop.fit``) trains posenc's LMs and fine-tunes pretrained models: its losses
 equal those of a plain reference loop written here (bit for bit on CPU), a run stopped mid-way and resumed
 logs the uninterrupted losses, a NaN stops with one line, and the CLI help shows the config defaults."""
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import posenc.train
-from posenc.checkpoint import read_json, read_jsonl, write_json
-from posenc.data import load_tokens
+import posenc.train.loop
+from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
 from posenc.model import ModelConfig, build_model
-from posenc.train import Checkpoint, LoopConfig, TrainConfig, batch_at, fit, resolve_precision, train
+from posenc.store.checkpoint import read_json, read_jsonl, write_json
+from posenc.train.loop import Checkpoint, LoopConfig, TrainConfig, batch_at, fit, resolve_precision, train
 
 MCFG = ModelConfig(encoding="acc-rand-qkv", n_layer=1, n_head=2, d_model=16, train_length=16)  # random draws per step
 LOOP = dict(steps=8, batch_size=2, lr=3e-3, warmup=2, ckpt_every=3, threads=1, precision="fp32")
@@ -59,15 +59,15 @@ class Stop(Exception):
 
 def crash_at(monkeypatch, at: int):
     """Make step ``at`` of the loop crash as a kill would (the last checkpoint and log stay as they were)."""
-    real = posenc.train.lr_at
+    real = posenc.train.loop.lr_at
 
     def lr_at(step, cfg):
         if step == at:
             raise Stop
         return real(step, cfg)
 
-    monkeypatch.setattr(posenc.train, "lr_at", lr_at)
-    return lambda: monkeypatch.setattr(posenc.train, "lr_at", real)
+    monkeypatch.setattr(posenc.train.loop, "lr_at", lr_at)
+    return lambda: monkeypatch.setattr(posenc.train.loop, "lr_at", real)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -76,7 +76,7 @@ def test_train_runs_on_the_loop_with_the_reference_losses(tiny_corpus, tmp_path,
     and config.json records the precision that ran."""
     tcfg = TrainConfig(corpus=str(tiny_corpus), log_every=1, **{**LOOP, "precision": precision})
     calls = []
-    monkeypatch.setattr(posenc.train, "fit", lambda *a, **k: calls.append(a[3]) or fit(*a, **k))
+    monkeypatch.setattr(posenc.train.loop, "fit", lambda *a, **k: calls.append(a[3]) or fit(*a, **k))
     train(tmp_path / "run", MCFG, tcfg)
     assert len(calls) == 1 and calls[0].run_dir == tmp_path / "run"
     data = load_tokens(tcfg.corpus, tcfg.tokenizer)
@@ -158,8 +158,8 @@ def test_progress_is_printed_at_each_checkpoint_and_the_last_step(tmp_path, caps
 def _finetune_setup(llama_dir, **overrides):
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
-    from posenc import finetune as ft
-    from posenc.pretrained import loading
+    from posenc.hf import loading
+    from posenc.runs import finetune as ft
 
     cfg = ft.load_finetune_config(
         "quick",
@@ -183,7 +183,7 @@ def _finetune_setup(llama_dir, **overrides):
 @pytest.mark.parametrize("lora_rank", [8, 0])
 def test_finetune_runs_on_the_loop_with_the_reference_losses(llama_dir, lora_rank):
     ft, cfg, model, params, stream = _finetune_setup(llama_dir, lora_rank=lora_rank)
-    assert ft.fit is posenc.train.fit and issubclass(type(cfg), LoopConfig)
+    assert ft.fit is posenc.train.loop.fit and issubclass(type(cfg), LoopConfig)
     ft.train_steps(model, params, stream, cfg, llama_dir / "run")
     _, _, model, params, stream = _finetune_setup(llama_dir, lora_rank=lora_rank)
 
@@ -217,8 +217,8 @@ def test_a_crashed_finetune_resumes_to_the_uninterrupted_losses(llama_dir, monke
 
 
 def test_configs_share_the_loop_and_scoring_fields():
-    from posenc.extend import ExtendConfig, ScoringConfig
-    from posenc.finetune import FinetuneConfig, eval_config, load_finetune_config
+    from posenc.runs.extend import ExtendConfig, ScoringConfig
+    from posenc.runs.finetune import FinetuneConfig, eval_config, load_finetune_config
 
     loop, scoring = set(LoopConfig.model_fields), set(ScoringConfig.model_fields)
     assert loop <= set(TrainConfig.model_fields) and loop | scoring <= set(FinetuneConfig.model_fields)
@@ -232,7 +232,7 @@ def test_configs_share_the_loop_and_scoring_fields():
 
 
 def _helps(command: str) -> dict[str, str]:
-    from posenc.cli import build_parser
+    from posenc.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
     return {a.dest: a.help % {"default": a.default} for a in sub._actions if a.help}
@@ -257,11 +257,11 @@ IN_WORDS = {
 }
 
 
-@pytest.mark.parametrize("command, module", [("finetune", "posenc.finetune"), ("extend", "posenc.extend")])
+@pytest.mark.parametrize("command, module", [("finetune", "posenc.runs.finetune"), ("extend", "posenc.runs.extend")])
 def test_help_shows_the_default_presets_values(command, module, monkeypatch):
     import importlib
 
-    from posenc.commands import shown
+    from posenc.cli.common import shown
 
     load = f"load_{command}_config"
     d = getattr(importlib.import_module(module), load)("default")
@@ -270,13 +270,13 @@ def test_help_shows_the_default_presets_values(command, module, monkeypatch):
     assert len(fields) >= 12
     for k in fields:
         assert f"default {shown(getattr(d, k))}" in helps[k] or f"default: {shown(getattr(d, k))}" in helps[k], k
-    cmd = importlib.import_module(f"posenc.commands.{command}_cmd")  # read from the config, not written in the help
+    cmd = importlib.import_module(f"posenc.cli.{command}_cmd")  # read from the config, not written in the help
     monkeypatch.setattr(cmd, load, lambda name: d.model_copy(update={"trials": 777, "seed": 5}))
     assert "(default 777)" in _helps(command)["trials"] and "(default 5)" in _helps(command)["seed"]
 
 
 def test_shown_formats_config_values():
-    from posenc.commands import shown
+    from posenc.cli.common import shown
 
     assert [shown(v) for v in (2e-4, 2.0, [8192, 16384], [], None, "first", 7)] == [
         "0.0002",
@@ -297,7 +297,7 @@ def test_auto_precision_is_bf16_only_where_the_device_has_bf16_units(monkeypatch
         (["amx_bf16", "avx512_bf16"], "bf16", "fp32"),
         (["cuda"], "fp32", "bf16"),
     ):
-        monkeypatch.setattr(posenc.train, "bf16_units", lambda units=units: units)
+        monkeypatch.setattr(posenc.train.loop, "bf16_units", lambda units=units: units)
         assert (resolve_precision("auto", cpu), resolve_precision("auto", cuda)) == (on_cpu, on_cuda), units
         assert resolve_precision("fp32", cpu) == "fp32" and resolve_precision("bf16", cpu) == "bf16"
 

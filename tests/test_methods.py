@@ -256,7 +256,7 @@ def test_bad_values_are_checked_before_the_default_window():
 @pytest.fixture(scope="module")
 def rope_run(tmp_path_factory):
     """A 4-step RoPE run of the quick preset (train length 32)."""
-    from posenc.cli import main
+    from posenc.cli.main import main
 
     run = tmp_path_factory.mktemp("rope") / "run"
     assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "4", "--out", str(run)]) == 0
@@ -264,7 +264,7 @@ def rope_run(tmp_path_factory):
 
 
 def _cli(capsys, *argv):
-    from posenc.cli import main
+    from posenc.cli.main import main
 
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -272,7 +272,7 @@ def _cli(capsys, *argv):
 
 
 def test_eval_records_the_method(rope_run, capsys):
-    from posenc.records import load
+    from posenc.store.records import load
 
     code, out, err = _cli(
         capsys,
@@ -317,9 +317,9 @@ def test_generate_with_sinks(rope_run, capsys):
 def test_generate_with_a_rope_schedule_and_a_method(rope_run, capsys, monkeypatch):
     """posenc generate RUN --schedule yarn --factor 4 --beta-fast 16 (extend's schedule flags) hands posenc.rope's
     parameters to with_rope_schedule, then applies the method, and prints that model's continuation."""
-    from posenc.commands import generate_cmd
+    from posenc.cli import generate_cmd
     from posenc.model import with_rope_schedule
-    from posenc.train import load_run
+    from posenc.train.loop import load_run
 
     calls = []
 
@@ -380,7 +380,7 @@ def test_eval_bad_method_one_line_exit_2(rope_run, capsys, argv, message):
 
 
 def test_compare_evaluates_eval_methods_on_the_schemes_they_apply_to(tmp_path, capsys):
-    from posenc.records import load
+    from posenc.store.records import load
 
     preset = tmp_path / "methods.yaml"
     preset.write_text(
@@ -438,7 +438,7 @@ def test_streaming_nll_needs_sinks():
 
 
 def test_eval_stream_records_one_row_with_flat_cache(rope_run, capsys):
-    from posenc.records import load
+    from posenc.store.records import load
 
     sizes = []
     for n in (600, 1800):

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from posenc.compare import compare
-from posenc.config import load_preset
+from posenc.config.plan import load_preset
 from posenc.errors import PosencError
-from posenc.jobs import run_pool, slot_env
+from posenc.runs.compare import compare
+from posenc.runs.jobs import run_pool, slot_env
 
 
 def ppl(run_root):

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from posenc import build_model
-from posenc.compare import compare
-from posenc.config import load_preset
-from posenc.data import ByteTokenizer
+from posenc.config.plan import load_preset
+from posenc.data.corpora import ByteTokenizer
 from posenc.errors import PosencError
-from posenc.passkey import NEEDLE, QUESTION, PasskeyConfig, draw_keys, make_sample, passkey_records
+from posenc.eval.passkey import NEEDLE, QUESTION, PasskeyConfig, draw_keys, make_sample, passkey_records
+from posenc.runs.compare import compare
 
 TOK = ByteTokenizer()
 BASE = {"scheme": "rope", "seed": 0, "train_length": 32}  # the run fields each record carries
@@ -150,7 +150,7 @@ def test_compare_report_has_passkey_column_heat_map_and_far_mass(tmp_path):
 
 def test_generation_prompt_is_task_then_whole_sentences():
     """The Hugging Face prompt: task, filler sentences, needle after round(depth * n) of them, question."""
-    from posenc.passkey import FILLER, TASK, passkey_prompt
+    from posenc.eval.passkey import FILLER, TASK, passkey_prompt
 
     words = lambda text, **_: {"input_ids": text.split()}  # noqa: E731
     ids, text = passkey_prompt(words, 120, 0.25, 12345)
@@ -167,7 +167,7 @@ def test_generation_prompt_is_task_then_whole_sentences():
 
 def test_a_preset_without_eval_passkey_scores_no_passkey(tmp_path):
     """Leaving eval.passkey out means off; a block given takes PasskeyConfig's defaults for the keys it leaves out."""
-    from posenc.compare import extras_pending
+    from posenc.runs.compare import extras_pending
 
     base = (
         "name: p\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\ntrain: {steps: 1}\nschemes: [rope]\n"
@@ -185,7 +185,7 @@ def test_a_preset_without_eval_passkey_scores_no_passkey(tmp_path):
 
 def test_a_description_is_flagged_with_the_settings_a_run_overrides(tmp_path):
     """retrieval's description says 4,000 steps and 2 heads; a run with --steps 30 says it sets train.steps = 30."""
-    from posenc.retrieval import task_meta
+    from posenc.runs.retrieval import task_meta
 
     preset = load_preset("retrieval", {"train": {"steps": 30}})
     assert preset.description.endswith("[The preset as written; this run sets train.steps = 30.]")

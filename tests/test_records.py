@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from posenc.cli import main
+from posenc.cli.main import main
 from posenc.errors import PosencError
-from posenc.records import (
+from posenc.reports.compare import write_csv
+from posenc.store.records import (
     DIAGNOSE,
     PRETRAINED,
     RUN,
@@ -31,7 +32,6 @@ from posenc.records import (
     trial_key,
     write,
 )
-from posenc.report import write_csv
 
 RESULTS = Path(__file__).parent.parent / "results"
 
@@ -345,7 +345,7 @@ def test_load_ppl_prefers_the_jsonl_and_keeps_only_perplexity(tmp_path):
 def test_the_extend_store_counts_each_trial_once_across_reruns(tmp_path):
     """A rerun reopens the store: finished keys are skipped, a key recorded twice counts once, another
     setting's records are kept in the file but not shown."""
-    extend = pytest.importorskip("posenc.extend")
+    extend = pytest.importorskip("posenc.runs.extend")
     path = tmp_path / "records.jsonl"
     store = extend._Store(path, "t")
     for r in PRETRAINED_RECORDS:

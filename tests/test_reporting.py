@@ -1,11 +1,12 @@
-"""posenc.reporting: markdown tables, Agg figures written atomically, readable log ticks, identical curves visible."""
+"""posenc.reports.render: markdown tables, Agg figures written atomically, readable log ticks, identical curves
+visible."""
 
 import math
 
 import matplotlib.pyplot as plt
 import pytest
 
-from posenc.reporting import (
+from posenc.reports.render import (
     figure,
     log_scale,
     log_ticks,

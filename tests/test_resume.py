@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-import posenc.train
+import posenc.train.loop
 from posenc import encodings
-from posenc.cli import main
+from posenc.cli.main import main
 from posenc.encodings.base import Encoding
 
 PRESET = """name: tiny
@@ -42,10 +42,10 @@ def records(run_dir):
 
 KILL_AT = """
 import os, signal, sys
-import posenc.train
-from posenc.cli import main
+import posenc.train.loop
+from posenc.cli.main import main
 
-real_lr_at = posenc.train.lr_at
+real_lr_at = posenc.train.loop.lr_at
 
 
 def kill_at_17(step, cfg):  # step 17 starts: 17 steps logged, the last checkpoint at step 10
@@ -54,7 +54,7 @@ def kill_at_17(step, cfg):  # step 17 starts: 17 steps logged, the last checkpoi
     return real_lr_at(step, cfg)
 
 
-posenc.train.lr_at = kill_at_17
+posenc.train.loop.lr_at = kill_at_17
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -86,16 +86,16 @@ def test_resume_takes_weights_from_state_pt(setup, monkeypatch):
     args = ["train", "--scheme", "acc-rand-qkv", "--preset", preset(30)]
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
     run = tmp_path / "cut"
-    real_lr_at = posenc.train.lr_at
+    real_lr_at = posenc.train.loop.lr_at
 
     def interrupt_at_15(step, cfg):
         if step == 15:
             raise KeyboardInterrupt  # Ctrl-C: checkpoint at step 15, then re-raised
         return real_lr_at(step, cfg)
 
-    monkeypatch.setattr(posenc.train, "lr_at", interrupt_at_15)
+    monkeypatch.setattr(posenc.train.loop, "lr_at", interrupt_at_15)
     assert main([*args, "--out", str(run)]) == 130
-    monkeypatch.setattr(posenc.train, "lr_at", real_lr_at)
+    monkeypatch.setattr(posenc.train.loop, "lr_at", real_lr_at)
     assert torch.load(run / "state.pt", weights_only=False)["step"] == 15
     shutil.copy(tmp_path / "whole" / "model.safetensors", run / "model.safetensors")  # weights of another step
     assert main([*args, "--out", str(run), "--resume"]) == 0
@@ -218,7 +218,7 @@ def test_sigterm_is_an_interrupt_with_the_resume_line(tiny_corpus, tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "posenc.cli",
+        "posenc.cli.main",
         "compare",
         "--preset",
         "quick",

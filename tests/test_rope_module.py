@@ -14,13 +14,13 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noq
 
 from posenc import encodings, rope  # noqa: E402
 from posenc.attention import rotate  # noqa: E402
-from posenc.cli import main  # noqa: E402
+from posenc.cli.main import main  # noqa: E402
 from posenc.encodings.base import Dims, Inputs  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
-from posenc.pretrained import rerope as hf_rerope  # noqa: E402
-from posenc.pretrained import schedules  # noqa: E402
-from posenc.pretrained.adaptation import Adaptation  # noqa: E402
-from posenc.pretrained.schedules import Extension  # noqa: E402
+from posenc.hf import rerope as hf_rerope  # noqa: E402
+from posenc.hf import schedules  # noqa: E402
+from posenc.hf.adaptation import Adaptation  # noqa: E402
+from posenc.hf.schedules import Extension  # noqa: E402
 from posenc.rope import rerope  # noqa: E402
 
 D, THETA, L0 = 32, 10000.0, 256

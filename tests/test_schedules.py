@@ -270,7 +270,7 @@ def test_schedule_rejects_non_rope_model():
 
 
 def test_preset_eval_schedules_are_validated_before_training():
-    from posenc.config import load_preset
+    from posenc.config.plan import load_preset
 
     preset = load_preset(
         "quick", {"eval_schedules": [{"schedule": "yarn", "factor": 4}, {"schedule": "rerope", "window": 8}]}
@@ -307,8 +307,8 @@ def test_own_model_longrope_switches_lists_past_the_training_length():
 def test_eval_flags_give_the_longrope_factor_lists():
     """``posenc eval --short-factor/--long-factor`` comma lists are the schedule's lists: omega / short up to the
     training length, omega / long past it."""
-    from posenc.cli import build_parser
-    from posenc.commands.eval_cmd import schedule_args
+    from posenc.cli.eval_cmd import schedule_args
+    from posenc.cli.main import build_parser
 
     args = build_parser().parse_args(
         [

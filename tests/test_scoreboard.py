@@ -1,15 +1,15 @@
-"""The scoreboard (posenc.scoreboard): values on synthetic runs, `posenc report` with task runs, and the README's block
-against what the code prints from the committed results."""
+"""The scoreboard (posenc.reports.scoreboard): values on synthetic runs, `posenc report` with task runs, and the
+README's block against what the code prints from the committed results."""
 
 from pathlib import Path
 
 import pytest
 
-from posenc.cli import main
-from posenc.records import Ppl, Task, TaskCell, append
-from posenc.report import with_ratios, write_csv
-from posenc.runs_report import scoreboard
-from posenc.scoreboard import BEGIN, END, load_task_run, readme_block, task_label
+from posenc.cli.main import main
+from posenc.reports.compare import with_ratios, write_csv
+from posenc.reports.runs import scoreboard
+from posenc.reports.scoreboard import BEGIN, END, load_task_run, readme_block, task_label
+from posenc.store.records import Ppl, Task, TaskCell, append
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from posenc import build_model
-from posenc.compare import evaluate_length
 from posenc.errors import PosencError
-from posenc.pretrained import evaluate as hf
+from posenc.eval import perplexity as hf
+from posenc.runs.compare import evaluate_length
 from posenc.scoring import Window, check_once, text_windows, token_nll
 
 
@@ -95,7 +95,7 @@ def test_token_nll_chunks_equal_one_pass_and_check_shapes():
 
 
 class _AsHF(torch.nn.Module):
-    """An own LM behind the Hugging Face interface ``posenc.pretrained.evaluate`` reads."""
+    """An own LM behind the Hugging Face interface ``posenc.eval.perplexity`` reads."""
 
     def __init__(self, lm):
         super().__init__()
@@ -120,8 +120,8 @@ def test_own_and_hf_paths_give_the_same_nll():
 
 
 def test_extend_ignores_records_of_the_old_bos_none_accounting():
-    from posenc.extend import _skipped_a_target
-    from posenc.records import PasskeyTrial, ScoredWindow
+    from posenc.runs.extend import _skipped_a_target
+    from posenc.store.records import PasskeyTrial, ScoredWindow
 
     def window(**over):
         fields = {

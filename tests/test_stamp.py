@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from posenc.stamp import bf16_units, git_commit, run_stamp, stamp_line
+from posenc.store.stamp import bf16_units, git_commit, run_stamp, stamp_line
 
 ROOT = Path(__file__).resolve().parents[1]
 

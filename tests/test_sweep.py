@@ -12,11 +12,11 @@ import sys
 import pytest
 
 from posenc import encodings
-from posenc.cli import main
-from posenc.compare import compare
-from posenc.config import load_preset
+from posenc.cli.main import main
+from posenc.config.plan import load_preset
 from posenc.errors import PosencError
-from posenc.records import drop_torn_tail
+from posenc.runs.compare import compare
+from posenc.store.records import drop_torn_tail
 
 PLUGIN = '''
 import os, signal

@@ -8,15 +8,15 @@ import shutil
 import pytest
 import yaml
 
-from posenc.checkpoint import read_json, read_jsonl
-from posenc.cli import main
-from posenc.compare import compare
-from posenc.config import at_point, grid_points, load_preset, point_label, point_root, setting
+from posenc.cli.main import main
+from posenc.config.plan import at_point, grid_points, load_preset, point_label, point_root, setting
 from posenc.errors import PosencError
-from posenc.records import Ppl, Task, load
-from posenc.retrieval import task_meta
-from posenc.retrieval_report import Scores
-from posenc.sweep import Choice, choose
+from posenc.reports.tasks import Scores
+from posenc.runs.compare import compare
+from posenc.runs.retrieval import task_meta
+from posenc.runs.sweep import Choice, choose
+from posenc.store.checkpoint import read_json, read_jsonl
+from posenc.store.records import Ppl, Task, load
 
 LR = [3e-3, 1e-2]
 
@@ -278,7 +278,7 @@ def test_until_on_a_text_preset_is_refused_at_load():
 
 
 def test_the_window_preset_no_longer_invites_copying_the_default_run():
-    from posenc.presets import SHIPPED
+    from posenc.store.presets import SHIPPED
 
     text = (SHIPPED / "window.yaml").read_text()
     assert "can be copied in" not in text and "same model, seed and budget" not in text
@@ -286,7 +286,7 @@ def test_the_window_preset_no_longer_invites_copying_the_default_run():
 
 @pytest.mark.slow
 def test_a_sweep_killed_before_its_other_seeds_resumes_them_only(tmp_path):
-    from posenc.records import write
+    from posenc.store.records import write
 
     preset = _preset(tmp_path, schemes=["rope"], seeds=[0, 1], sweep={"grid": {"train.lr": LR}})
     compare(preset, tmp_path / "runs", isolate=False)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from posenc.checkpoint import read_jsonl
-from posenc.claims import FAILS, HOLDS, NOISE
-from posenc.config import load_preset
+from posenc.config.plan import load_preset
+from posenc.data.tasks import B0, B1, I, R, W, get_task, is_task
 from posenc.errors import PosencError
-from posenc.records import Task, TaskCell
-from posenc.retrieval_report import (
+from posenc.eval.tasks import bucket, score_batch
+from posenc.reports.claims import FAILS, HOLDS, NOISE
+from posenc.reports.tasks import (
     UNDECIDED,
     TaskTable,
     accuracy_markdown,
@@ -32,9 +32,9 @@ from posenc.retrieval_report import (
     follows_window,
     horizon,
 )
-from posenc.taskeval import bucket, score_batch
-from posenc.tasks import B0, B1, I, R, W, get_task, is_task
-from posenc.train import mean_loss
+from posenc.store.checkpoint import read_jsonl
+from posenc.store.records import Task, TaskCell
+from posenc.train.loop import mean_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -232,7 +232,7 @@ def test_gap_longer_than_training_length_is_refused():
 
 def test_task_corpus_in_a_text_command_is_one_line(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "posenc.cli", "eval", "--run", str(tmp_path), "--corpus", "flipflop"],
+        [sys.executable, "-m", "posenc.cli.main", "eval", "--run", str(tmp_path), "--corpus", "flipflop"],
         capture_output=True,
         text=True,
     )
@@ -241,7 +241,7 @@ def test_task_corpus_in_a_text_command_is_one_line(tmp_path):
         [
             sys.executable,
             "-m",
-            "posenc.cli",
+            "posenc.cli.main",
             "train",
             "--scheme",
             "rope",
@@ -260,7 +260,7 @@ def test_task_corpus_in_a_text_command_is_one_line(tmp_path):
 
 def test_answer_loss_on_text_is_refused(tmp_path):
     from posenc.model import ModelConfig
-    from posenc.train import TrainConfig, train
+    from posenc.train.loop import TrainConfig, train
 
     with pytest.raises(PosencError, match="needs a synthetic task corpus"):
         train(
@@ -445,7 +445,7 @@ def _tiny_preset(tmp_path, **over):
 
 
 def test_compare_tasks_end_to_end_resumes_and_refuses_other_settings(tmp_path):
-    from posenc.compare import compare
+    from posenc.runs.compare import compare
 
     preset = load_preset(str(_tiny_preset(tmp_path)))
     report, failures = compare(preset, tmp_path / "runs", isolate=False)
@@ -492,7 +492,7 @@ def test_repeated_seeds_schemes_or_tasks_are_refused():
         with pytest.raises(PosencError, match="repeated"):
             load_preset("retrieval", {key: value})
     proc = subprocess.run(
-        [sys.executable, "-m", "posenc.cli", "compare", "--preset", "quick", "--seeds", "0", "0"],
+        [sys.executable, "-m", "posenc.cli.main", "compare", "--preset", "quick", "--seeds", "0", "0"],
         capture_output=True,
         text=True,
     )
@@ -501,7 +501,7 @@ def test_repeated_seeds_schemes_or_tasks_are_refused():
 
 def test_a_small_corpus_trains_with_a_warning(tmp_path, capsys):
     from posenc.model import ModelConfig
-    from posenc.train import TrainConfig, train
+    from posenc.train.loop import TrainConfig, train
 
     corpus = tmp_path / "tiny.txt"
     corpus.write_text("to be or not to be, that is the question. " * 70)  # ~3K bytes
@@ -517,7 +517,7 @@ def test_a_small_corpus_trains_with_a_warning(tmp_path, capsys):
 def test_flat_schemes_of_the_committed_default_run():
     from pathlib import Path
 
-    from posenc.retrieval_report import flat_schemes, read_text_results
+    from posenc.reports.tasks import flat_schemes, read_text_results
 
     records = read_text_results(Path(__file__).parent.parent / "results" / "default")
     flat = flat_schemes(records)
@@ -530,7 +530,7 @@ def test_task_comparison_through_submitit_local_jobs_tracks_to_tensorboard(tmp_p
     """--launcher local and --log tensorboard on a task preset: real submitit jobs, event files read back."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from posenc.compare import compare
+    from posenc.runs.compare import compare
 
     preset = load_preset(str(_tiny_preset(tmp_path, schemes=["rope"], tasks=["flipflop"])))
     report, failures = compare(preset, tmp_path / "runs", launcher="local", log="tensorboard")
@@ -548,14 +548,14 @@ def test_task_comparison_through_submitit_local_jobs_tracks_to_tensorboard(tmp_p
 
 
 def test_task_comparisons_refuse_several_processes_per_job(tmp_path):
-    from posenc.compare import compare
+    from posenc.runs.compare import compare
 
     with pytest.raises(PosencError, match="no --nproc-per-node"):
         compare(load_preset(str(_tiny_preset(tmp_path))), tmp_path / "runs", nproc_per_node=2)
 
 
 def test_the_time_line_counts_only_jobs_that_recorded_their_times():
-    from posenc.retrieval_report import _times_line
+    from posenc.reports.tasks import _times_line
 
     assert _times_line([(130.0, 30.0), (float("nan"), float("nan")), (200.0, 40.0)]) == (
         "Training time per job: 130-200 s; evaluation 30-40 s (2 of 3 jobs recorded their times)."
@@ -590,12 +590,12 @@ def test_asking_about_a_scheme_without_records_adds_none():
 
 @pytest.mark.parametrize("spec", ["modsum", "flipflop:p_ignore=0.9"])
 def test_a_task_where_a_text_corpus_is_needed_is_one_line(spec):
-    from posenc.data import load_corpus, load_tokens
+    from posenc.data.corpora import load_corpus, load_tokens
 
     for load in (load_corpus, load_tokens):  # finetune and extend read load_corpus, text commands load_tokens
         with pytest.raises(
             PosencError,
-            match=rf"corpus '{spec}' is a synthetic task \(posenc.tasks\); this command needs a text corpus$",
+            match=rf"corpus '{spec}' is a synthetic task \(posenc.data.tasks\); this command needs a text corpus$",
         ):
             load(spec)
 
@@ -612,9 +612,9 @@ def test_task_claims_find_their_schemes_by_canonical_spec():
 def test_a_task_report_covers_every_task_the_run_holds(tmp_path):
     """--tasks flipflop, then --tasks mqar into the same run: report.md keeps flipflop's section (it had mqar's
     only)."""
-    from posenc.records import append
-    from posenc.retrieval import task_meta
-    from posenc.retrieval_report import write_task_report
+    from posenc.reports.tasks import write_task_report
+    from posenc.runs.retrieval import task_meta
+    from posenc.store.records import append
 
     mqar = "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-8"
     for r in _records("flipflop", {"rope": {0: _gap(0.99, {8: 0.9})}}) + _records(
@@ -788,8 +788,8 @@ def test_claim_r8_forget_horizon_follows_its_measured_leak():
 
 def test_gate_leak_is_minus_log_f_of_each_head():
     """Gates with zero weights and per-head biases b leak -log sigmoid(b) = softplus(-b) per token at every position."""
+    from posenc.eval.tasks import gate_leak
     from posenc.model import ModelConfig, build_model
-    from posenc.taskeval import gate_leak
 
     task = get_task("flipflop")
     biases = [[1.0, 3.0], [2.0, 5.0]]
@@ -815,8 +815,8 @@ def test_gate_leak_is_minus_log_f_of_each_head():
 
 
 def test_task_csv_round_trips_and_a_csv_before_its_job_columns_loads(tmp_path):
-    from posenc.records import load_task_csv, load_tasks
-    from posenc.retrieval_report import write_csv
+    from posenc.reports.tasks import write_csv
+    from posenc.store.records import load_task_csv, load_tasks
 
     recs = _records("flipflop", {"rope": {0: _gap(0.99, {8: 0.9})}, "path": {1: _gap(0.9, {8: 0.8})}})
     recs[0] = recs[0].model_copy(update={"trained_steps": 350, "criterion_step": 350})
@@ -838,9 +838,9 @@ def test_task_csv_round_trips_and_a_csv_before_its_job_columns_loads(tmp_path):
 
 
 def test_a_task_job_records_its_heads_loss_curve_and_gate_leak(tmp_path):
-    from posenc.retrieval import run_task_job
-    from posenc.taskeval import gate_leak
-    from posenc.train import load_run
+    from posenc.eval.tasks import gate_leak
+    from posenc.runs.retrieval import run_task_job
+    from posenc.train.loop import load_run
 
     train = {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2, "log_every": 1}
     preset = load_preset(str(_tiny_preset(tmp_path, tasks=["flipflop"], schemes=["forget", "rope"], train=train)))

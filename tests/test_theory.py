@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc.attention import rotate
-from posenc.cli import main
+from posenc.cli.main import main
 from posenc.encodings.absolute import sinusoidal_table
 from posenc.encodings.polar import pope_freqs
 from posenc.encodings.xpos import xpos_zeta

@@ -1,15 +1,16 @@
-"""Experiment tracking (posenc.tracking): TensorBoard event files and W&B offline runs read back with their own
+"""Experiment tracking (posenc.train.tracking): TensorBoard event files and W&B offline runs read back with their own
 readers; the terminal habits of training (no progress bar in a log file, Ctrl-C names the resume command)."""
 
 import json
 
 import pytest
 
-from posenc import cli, tracking
-from posenc.cli import main
-from posenc.compare import compare
-from posenc.config import load_preset
+from posenc.cli import main as cli
+from posenc.cli.main import main
+from posenc.config.plan import load_preset
 from posenc.errors import PosencError
+from posenc.runs.compare import compare
+from posenc.train import tracking
 
 PRESET = """name: tiny
 model: {n_layer: 1, n_head: 2, d_model: 16, train_length: 16}
@@ -159,16 +160,16 @@ def test_a_missing_tracker_package_is_one_line(monkeypatch):
 
 
 def test_ctrl_c_in_training_names_the_checkpoint_and_the_resume_command(preset_file, tmp_path, monkeypatch, capsys):
-    import posenc.train
+    import posenc.train.loop
 
-    real_lr_at = posenc.train.lr_at
+    real_lr_at = posenc.train.loop.lr_at
 
     def interrupt_at_3(step, cfg):
         if step == 3:
             raise KeyboardInterrupt
         return real_lr_at(step, cfg)
 
-    monkeypatch.setattr(posenc.train, "lr_at", interrupt_at_3)
+    monkeypatch.setattr(posenc.train.loop, "lr_at", interrupt_at_3)
     out = tmp_path / "run"
     argv = ["train", "--scheme", "rope", "--preset", preset_file, "--out", str(out)]
     assert main(argv) == 130
@@ -181,7 +182,7 @@ def test_ctrl_c_in_training_names_the_checkpoint_and_the_resume_command(preset_f
     assert any(
         line.startswith("rope: step 2/4, loss ") and line.endswith(f"checkpoint {out}") for line in err
     )  # line-based progress
-    monkeypatch.setattr(posenc.train, "lr_at", real_lr_at)
+    monkeypatch.setattr(posenc.train.loop, "lr_at", real_lr_at)
     assert main([*argv, "--resume"]) == 0
 
 
@@ -207,7 +208,7 @@ def test_finetune_logs_its_steps_and_both_scorings(tmp_path, word_tokenizer):
     pytest.importorskip("peft")
     import torch
 
-    from posenc import passkey
+    from posenc.eval import passkey
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
@@ -264,7 +265,7 @@ def test_finetune_logs_its_steps_and_both_scorings(tmp_path, word_tokenizer):
 
 
 def test_ctrl_c_in_compare_says_what_is_kept_and_the_command(monkeypatch, tmp_path, capsys):
-    import posenc.commands.compare_cmd as compare_cmd
+    import posenc.cli.compare_cmd as compare_cmd
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -6,15 +6,15 @@ import zlib
 import pytest
 import torch
 
-from posenc import train as train_mod
-from posenc.checkpoint import read_json, read_jsonl
+from posenc.data.tasks import get_task
 from posenc.errors import PosencError
+from posenc.eval.tasks import CRITERION_SEED, EVAL_SEED, id_accuracy
 from posenc.model import LM, ModelConfig
-from posenc.records import Task, TaskCell
-from posenc.retrieval_report import TaskTable, criterion_markdown
-from posenc.taskeval import CRITERION_SEED, EVAL_SEED, id_accuracy
-from posenc.tasks import get_task
-from posenc.train import Checkpoint, Criterion, TrainConfig, UntilConfig, fit, make_optimizer, train
+from posenc.reports.tasks import TaskTable, criterion_markdown
+from posenc.store.checkpoint import read_json, read_jsonl
+from posenc.store.records import Task, TaskCell
+from posenc.train import loop as train_mod
+from posenc.train.loop import Checkpoint, Criterion, TrainConfig, UntilConfig, fit, make_optimizer, train
 
 MCFG = ModelConfig(n_layer=1, n_head=2, d_model=16, train_length=16, encoding="rope", vocab_size=5)
 
@@ -179,7 +179,7 @@ def test_the_report_gives_steps_to_criterion_per_scheme():
 def test_posenc_train_says_the_run_met_its_criterion(tmp_path, monkeypatch, capsys):
     import yaml
 
-    from posenc.cli import main
+    from posenc.cli.main import main
 
     preset = tmp_path / "p.yaml"
     preset.write_text(

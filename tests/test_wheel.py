@@ -123,7 +123,7 @@ def test_wheel_holds_every_module_preset_and_py_typed(wheel):
         "posenc/encodings/registry.py",
     } <= shipped
     assert packed == shipped
-    assert "posenc = posenc.cli:main" in entry_points
+    assert "posenc = posenc.cli.main:main" in entry_points
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ the best other key, the accuracy of the read, and the mean log forget-gate per t
     .venv/bin/python results/retrieval/forget_gap.py runs/retrieval/flipflop/forget/seed0 \
         > results/retrieval/forget_gap.txt
 
-The leak over the gap is library code now (``posenc.taskeval.gate_leak``, every head of every gated layer, ignores
+The leak over the gap is library code now (``posenc.eval.tasks.gate_leak``, every head of every gated layer, ignores
 and bits together): each task job records it (``Task.leak``) and claim R8 reads it.
 """
 
@@ -16,10 +16,10 @@ import sys
 import numpy as np
 import torch
 
-from posenc.diagnose import block_logits, rotated_qk
+from posenc.data.tasks import get_task
 from posenc.encodings.forget import log_gates
-from posenc.tasks import get_task
-from posenc.train import load_run
+from posenc.eval.diagnose import block_logits, rotated_qk
+from posenc.train.loop import load_run
 
 torch.set_num_threads(1)
 model, mcfg, _ = load_run(sys.argv[1])

@@ -2,7 +2,7 @@
 
 ``import posenc`` loads nothing but this file: each name below is imported on
 first access (PEP 562), so ``import posenc.attention`` or ``posenc.PosencError``
-pulls in neither the LM's pydantic config nor ``posenc.hf`` and transformers.
+pulls in neither the LM's pydantic config nor ``posenc.hf.scheme`` and transformers.
 ``posenc.attention`` is the attention-core module (its function is
 ``posenc.attention.attention``): a package attribute cannot be both.
 """

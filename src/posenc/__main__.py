@@ -1,8 +1,8 @@
-"""``python -m posenc``: the ``posenc`` command (``posenc.cli.main``), for an environment whose scripts
+"""``python -m posenc``: the ``posenc`` command (``posenc.cli.main.main``), for an environment whose scripts
 directory is not on PATH."""
 
 import sys
 
-from posenc.cli import main
+from posenc.cli.main import main
 
 sys.exit(main())

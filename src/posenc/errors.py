@@ -8,7 +8,7 @@ from collections.abc import Iterator
 class PosencError(Exception):
     """Bad input (unknown scheme, invalid config, missing corpus, ...).
 
-    Raised anywhere in posenc for problems the user can fix; ``posenc.cli.main``
+    Raised anywhere in posenc for problems the user can fix; ``posenc.cli.main.main``
     turns it into ``posenc: error: <message>`` on stderr and exit code 2.
     """
 

@@ -272,7 +272,7 @@ class LM(nn.Module):
         layer first.
 
         Each layer runs after its inputs are yielded (from the same capture), so a
-        consumer holds one layer's q, k, v at a time (diagnostics, ``posenc.diagnose``).
+        consumer holds one layer's q, k, v at a time (diagnostics, ``posenc.eval.diagnose``).
         """
         x, pos = self._embed(tokens, pos)
         for block in self._blocks:
@@ -477,7 +477,7 @@ def build_model(config: ModelConfig | dict) -> LM:
 def check_sampling(max_new_tokens, temperature, top_k) -> None:
     """PosencError (one line) unless ``max_new_tokens`` is an integer >= 0, ``temperature`` finite and >= 0 (0: greedy)
     and ``top_k`` None or an integer >= 1: the generation settings of ``LM.generate`` and of pretrained models'
-    (``posenc.pretrained.generation``)."""
+    (``posenc.hf.generation``)."""
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
         raise PosencError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if not (math.isfinite(temperature) and temperature >= 0):

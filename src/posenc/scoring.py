@@ -1,5 +1,5 @@
-"""Token accounting and next-token NLL: the one place both own models (``posenc.compare.evaluate_length``,
-``posenc.passkey``, training) and Hugging Face models (``posenc.pretrained.evaluate``) score text.
+"""Token accounting and next-token NLL: the one place both own models (``posenc.runs.compare.evaluate_length``,
+``posenc.eval.passkey``, training) and Hugging Face models (``posenc.eval.perplexity``) score text.
 
 Accounting. A window reads ``span`` consecutive text tokens of one document,
 ``[begin, begin + span)``, optionally after a BOS token. Its targets are the text

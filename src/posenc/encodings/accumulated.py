@@ -93,7 +93,7 @@ class Accumulated(Encoding):
     name = "accumulated"
     family, source = "accumulated transports", "arXiv 2606.24975 (Example 1; learned steps)"
     rotary = accumulates = True  # decoding keeps the running phase (base.RunningPhaseState)
-    batch_row_offset = 0  # first global batch row held by this process (posenc.distributed.set_batch_rows)
+    batch_row_offset = 0  # first global batch row held by this process (posenc.train.distributed.set_batch_rows)
     center_b: torch.Tensor  # buffers (register_buffer); token_u with mode='token' only
     width_b: torch.Tensor
     draws: torch.Tensor

@@ -423,7 +423,7 @@ class Encoding(KeepsPrecision):
 
     def neutral_init(self) -> None:
         """Set the learned parts (if any) so the scheme starts as close as it can to adding nothing learned:
-        used when a scheme is attached to a pretrained model (``posenc.hf.apply_scheme``). Default: nothing."""
+        used when a scheme is attached to a pretrained model (``posenc.hf.scheme.apply_scheme``). Default: nothing."""
 
     def mixing_window(self, eps: float = 0.01) -> float | None:
         """Tokens after which the scheme's random step law decorrelates routes to ``eps`` (arXiv 2606.24975,

@@ -8,7 +8,7 @@
 - :mod:`.hf`: a schedule as transformers' ``rope_parameters`` and config attributes (from its record).
 
 Users: ``posenc.encodings.rotary.RoPE`` (own models, ``posenc eval --rope-schedule``)
-and ``posenc.pretrained.schedules`` (``posenc extend``). Layering: this package
+and ``posenc.hf.schedules`` (``posenc extend``). Layering: this package
 depends only on ``posenc.errors`` and ``posenc.attention``.
 """
 

@@ -1,6 +1,6 @@
 """A schedule as Hugging Face transformers' ``rope_parameters`` (read by ``ROPE_INIT_FUNCTIONS``).
 
-Pure data, no transformers import: ``posenc.pretrained.schedules`` applies the
+Pure data, no transformers import: ``posenc.hf.schedules`` applies the
 result to a loaded model. The frequencies transformers computes from it equal
 ``posenc.rope.SCHEDULES[name]`` for the same parameters (tested at several lengths on
 a model whose ``max_position_embeddings`` is not its L0), given the config attributes of

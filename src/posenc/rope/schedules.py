@@ -52,7 +52,7 @@ switch. Its factor lists come from a search per model (Phi-3 ships them), so
 ``longrope`` has no defaults and is not among the ``NAMES`` that commands default to.
 A transformers model picks one list per forward from its largest position + 1, so
 with the KV cache the keys cached before the switch keep the short factors while
-later queries and keys take the long ones (``posenc.pretrained.schedules`` warns).
+later queries and keys take the long ones (``posenc.hf.schedules`` warns).
 """
 
 from __future__ import annotations

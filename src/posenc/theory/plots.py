@@ -1,4 +1,4 @@
-"""PNG plots of the theory checks (``posenc.reporting`` figures: Agg canvas, atomic writes)."""
+"""PNG plots of the theory checks (``posenc.reports.render`` figures: Agg canvas, atomic writes)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from posenc.reporting import figure, save_figure
+from posenc.reports.render import figure, save_figure
 
 
 def write_all(out: Path, results: dict) -> list[Path]:
@@ -28,7 +28,7 @@ def write_all(out: Path, results: dict) -> list[Path]:
 
 
 def _figure(width: float, height: float, nrows: int = 1, ncols: int = 1, **kwargs):
-    """``posenc.reporting.figure`` with fixed margins: tight_layout costs a full tick layout
+    """``posenc.reports.render.figure`` with fixed margins: tight_layout costs a full tick layout
     per axes, most of the plotting time."""
     fig, axes = figure(nrows, ncols, figsize=(width, height), **kwargs)
     fig.subplots_adjust(

@@ -15,11 +15,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from posenc.checkpoint import atomic_write_bytes
 from posenc.encodings.mixing import check_eps
 from posenc.errors import PosencError
-from posenc.presets import SHIPPED, read_preset, validated
-from posenc.reporting import markdown_table
+from posenc.reports.render import markdown_table
+from posenc.store.checkpoint import atomic_write_bytes
+from posenc.store.presets import SHIPPED, read_preset, validated
 from posenc.theory import decay, mass, mixing, plots, scores
 from posenc.theory.steps import SO2Uniform, parse_dist
 

@@ -1,0 +1,53 @@
+"""The subcommands of ``posenc`` (``posenc.cli.main`` lists them), and what their parsers share."""
+
+import math
+from typing import Any
+
+from posenc.errors import PosencError
+from posenc.store.presets import parse_set
+
+
+def shown(value) -> str:
+    """A config value as a help string shows it: a list space-separated, None as 'none', a float as %g."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(shown, value)) or "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return "none" if value is None else str(value)
+
+
+def number_list(flag: str, text: str) -> list[float]:
+    """A comma-separated list of finite numbers as given to ``flag`` (``1.0,1.5,2``; LongRoPE's ``--short-factor``).
+    PosencError naming the flag for an empty entry or one that is not a finite number."""
+    try:
+        out = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise PosencError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+    if not all(map(math.isfinite, out)):
+        raise PosencError(f"{flag} takes finite numbers, got {text!r}")
+    return out
+
+
+def add_set(p, example: str) -> None:
+    """The ``--set KEY=VALUE`` option of a command that takes ``--preset``."""
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"set any key of the preset (docs/presets.md), the value read as YAML, e.g. {example}; repeatable, "
+        "after the flags (the last given wins); a finished run's settings cannot be changed",
+    )
+
+
+def given_settings(args, flags: dict[str, str], derived: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings a command line gives, as preset overrides {dotted key: value} (``posenc.store.presets.apply``):
+    each flag given (``flags``: {argparse dest: the preset key it sets}) as ``--set key=value`` would, then the
+    ``derived`` settings (those a flag implies, or gives in another form), then each ``--set`` (so the last given wins).
+    PosencError for a malformed ``--set``."""
+    out = {key: getattr(args, dest) for dest, key in flags.items() if getattr(args, dest) is not None}
+    for key, value in [*(derived or {}).items(), *map(parse_set, args.sets)]:
+        out.pop(key, None)  # re-inserted last: the order they apply in is the command line's
+        out[key] = value
+    return out

@@ -1,0 +1,155 @@
+"""`posenc compare`: the main job (train every scheme, evaluate, report)."""
+
+import sys
+from pathlib import Path
+
+from posenc.cli.common import add_set, given_settings
+from posenc.config.plan import ClusterConfig, Preset, load_preset
+from posenc.data.tasks import TASKS
+from posenc.errors import PosencError
+from posenc.runs.compare import compare
+from posenc.runs.jobs import LAUNCHERS
+from posenc.store.presets import validated
+from posenc.train.loop import PRECISIONS
+from posenc.train.tracking import KINDS
+
+
+def add_parser(sub):
+    p = sub.add_parser("compare", help="train one model per scheme under one budget and compare length extrapolation")
+    p.add_argument("--preset", default="default", help="a preset name (posenc list) or a YAML path (default: default)")
+    p.add_argument("--schemes", nargs="+", help="schemes to compare (default: the preset's)")
+    p.add_argument("--seeds", type=int, nargs="+", help="seeds (the report shows mean ± half-range)")
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        help="synthetic tasks to train and score on (flipflop, mqar:pairs=8, ...; default: the preset's)",
+    )
+    p.add_argument(
+        "--corpus", help=f"corpus: shakespeare, pystdlib, hf:NAME, a path, or a synthetic task ({', '.join(TASKS)})"
+    )
+    p.add_argument("--tokenizer", help="byte or bpeN")
+    p.add_argument("--steps", type=int, help="training steps per scheme")
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="training compute dtype (train.precision; default the preset's): "
+        "auto picks bf16 autocast where the device has bf16 units, else fp32",
+    )
+    p.add_argument("--name", help="run name (directory under --out)")
+    add_set(p, "train.lr=3e-3 or eval.multiples=[1,4,16]")
+    p.add_argument("--out", type=Path, default=Path("runs"), help="output root (default runs/)")
+    p.add_argument(
+        "--no-isolate", action="store_true", help="run every scheme in this process (no crash isolation; for debugging)"
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="K",
+        help="jobs at once, each on its own GPUs (or its share of the CPU cores)",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes (GPUs) per job: training under torchrun, data-parallel",
+    )
+    p.add_argument(
+        "--log",
+        choices=KINDS,
+        default="none",
+        help="experiment tracking of every job: TensorBoard event files or a W&B run "
+        "(WANDB_MODE=offline: no network) in each run directory (default none)",
+    )
+    g = p.add_argument_group(
+        "cluster (submitit): one scheduler job per scheme and seed, waited for here; "
+        "flags replace the values of the preset's cluster section"
+    )
+    g.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="pool",
+        help="pool: this machine (default); slurm: the Slurm cluster; local: submitit's local executor (testing)",
+    )
+    g.add_argument("--partition", help="Slurm partition (default: the preset's cluster.partition, else the cluster's)")
+    g.add_argument(
+        "--gpus-per-job",
+        type=int,
+        metavar="G",
+        help="GPUs per job (default: the preset's cluster.gpus_per_job, else --nproc-per-node)",
+    )
+    g.add_argument(
+        "--time-min",
+        type=int,
+        metavar="MIN",
+        help=f"wall-clock limit per job in minutes (default: the preset's, else {ClusterConfig().time_min}; a job "
+        "killed at its limit resumes from its last checkpoint on a rerun)",
+    )
+    g.add_argument(
+        "--mem-gb", type=float, metavar="GB", help="memory per job (default: the preset's, else the cluster's)"
+    )
+    p.epilog = (
+        "Exit status: 0 when every job finished, 1 when some failed (their errors are in the report), 2 for bad input."
+    )
+    p.set_defaults(func=run)
+
+
+# each flag of a preset setting: the key it sets (as --set KEY=VALUE does)
+FLAGS = {
+    "schemes": "schemes",
+    "seeds": "seeds",
+    "tasks": "tasks",
+    "name": "name",
+    "corpus": "train.corpus",
+    "tokenizer": "train.tokenizer",
+    "steps": "train.steps",
+    "precision": "train.precision",
+}
+
+
+def cluster_config(args, preset: Preset) -> ClusterConfig | None:
+    """The submitit jobs' resources: the preset's ``cluster``, the flags given replacing its values (None with
+    the pool launcher); PosencError for bad values or resource flags without a submitit launcher."""
+    flags = {
+        "partition": args.partition,
+        "gpus_per_job": args.gpus_per_job,
+        "time_min": args.time_min,
+        "mem_gb": args.mem_gb,
+    }
+    given = {k: v for k, v in flags.items() if v is not None}
+    if args.launcher == "pool":
+        if given:
+            raise PosencError(
+                f"{', '.join('--' + k.replace('_', '-') for k in given)}: only with --launcher slurm (or local)"
+            )
+        return None
+    return validated(
+        ClusterConfig, {**(preset.cluster.model_dump() if preset.cluster else {}), **given}, "cluster flags"
+    )
+
+
+def run(args) -> int:
+    preset = load_preset(args.preset, given_settings(args, FLAGS))
+    cluster = cluster_config(args, preset)
+    try:
+        report, failures = compare(
+            preset,
+            args.out,
+            isolate=not args.no_isolate,
+            parallel=args.parallel,
+            nproc_per_node=args.nproc_per_node,
+            log=args.log,
+            launcher=args.launcher,
+            cluster=cluster,
+        )
+    except KeyboardInterrupt:  # cli prints it with the command that resumes
+        raise KeyboardInterrupt(
+            f"finished jobs are kept in {args.out / preset.name}; each interrupted one resumes from its last checkpoint"
+        ) from None
+    print(report.read_text())
+    print(f"report: {report}")
+    if failures:  # the others' results are in the report; scripts still learn that some failed
+        print(f"posenc: {len(failures)} job(s) failed: {', '.join(failures)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,44 @@
+"""`posenc diagnose RUN_DIR`: far attention mass, attention entropy and step spectral gaps of a trained run."""
+
+from pathlib import Path
+
+from posenc.data.corpora import load_tokens
+from posenc.eval.diagnose import DEFAULT_MULTIPLES, diagnose_model
+from posenc.reports.diagnose import write_outputs
+from posenc.train.distributed import check_device
+from posenc.train.loop import load_run
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        "diagnose",
+        help="attention diagnostics of a trained run: far mass, entropy, spectral gap (tables and plots)",
+        description="Per layer and head: attention mass on keys at distance >= w and attention entropy against "
+        "evaluation length; for schemes with phases, the spectral gap of the step angles and the mixing window.",
+    )
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--out", type=Path, help="output folder (default RUN_DIR/diagnose)")
+    p.add_argument(
+        "--multiples",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_MULTIPLES),
+        help="lengths as multiples of the training length",
+    )
+    p.add_argument("--window", type=int, help="far keys are at distance >= this (default: the training length)")
+    p.add_argument("--windows", type=int, default=2, help="held-out windows per length (default %(default)s)")
+    p.add_argument("--eps", type=float, default=0.01, help="mixing tolerance of w_eps (default %(default)s)")
+    p.add_argument("--corpus", help="diagnose on another corpus's held-out documents")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    device = check_device(args.device)
+    model, _, tcfg = load_run(args.run_dir)
+    data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
+    res = diagnose_model(model.to(device), data.val_docs, args.multiples, args.window, args.windows, args.eps)
+    paths = write_outputs(res, args.out or Path(args.run_dir) / "diagnose")
+    print(paths[0].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0

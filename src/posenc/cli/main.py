@@ -1,0 +1,102 @@
+"""The ``posenc`` command line: one subcommand per job.
+
+Every subcommand module exposes ``add_parser(subparsers)`` which registers its
+parser and sets ``func``; bad input raises :class:`posenc.errors.PosencError`,
+printed here as one line with exit code 2; Ctrl-C exits with code 130 (the shell's for SIGINT), SIGTERM
+(``timeout``) is handled as Ctrl-C and exits with 143 (128 + 15); output
+piped into a reader that stops early (``posenc list | head``) ends quietly with 141 (the shell's for SIGPIPE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shlex
+import signal
+import sys
+
+import torch
+
+import posenc
+from posenc import encodings
+from posenc.errors import PosencError, sigterm_as_interrupt
+from posenc.store.stamp import git_commit
+
+# subcommand modules, in the order `posenc --help` lists them
+COMMANDS = [
+    "posenc.cli.list_cmd",
+    "posenc.cli.train_cmd",
+    "posenc.cli.eval_cmd",
+    "posenc.cli.generate_cmd",
+    "posenc.cli.compare_cmd",
+    "posenc.cli.report_cmd",
+    "posenc.cli.extend_cmd",
+    "posenc.cli.finetune_cmd",
+    "posenc.cli.theory_cmd",
+    "posenc.cli.diagnose_cmd",
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: one line, exit 2
+        self.exit(2, f"posenc: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="posenc", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"posenc {posenc.__version__} (commit {git_commit() or 'n/a'}), torch {torch.__version__}",
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (a module name or a .py path) before the command, for the schemes it registers; "
+        "job processes import it too (as POSENC_IMPORT, comma-separated, does)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in COMMANDS:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def interrupted_message(exc: KeyboardInterrupt, argv: list[str]) -> str:
+    """What Ctrl-C prints. A command that checkpointed raises ``KeyboardInterrupt(where, *flags)``: where its
+    work is kept, and the flags a rerun needs beyond ``argv`` (e.g. ``--resume``); the message then names
+    the command that resumes it."""
+    if not exc.args or not exc.args[0]:
+        return "posenc: interrupted"
+    where, extra = str(exc.args[0]), [str(a) for a in exc.args[1:] if str(a) not in argv]
+    return f"posenc: interrupted: {where}\nposenc: resume with: {shlex.join(['posenc', *argv, *extra])}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with sigterm_as_interrupt() as received:
+        return _run(argv, received)
+
+
+def _run(argv: list[str], received: list[int]) -> int:
+    try:  # build_parser imports the command modules (torch: seconds), so Ctrl-C there is an interrupt too
+        args = build_parser().parse_args(argv)
+        for target in args.imports:
+            encodings.import_schemes(target)
+        return int(args.func(args) or 0)
+    except PosencError as exc:
+        print(f"posenc: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        print(interrupted_message(exc, argv), file=sys.stderr)
+        return 128 + (received[0] if received else signal.SIGINT)
+    except BrokenPipeError:  # the reader closed stdout: point it at devnull so the exit flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""`posenc report RUN_DIR...`: compare runs side by side (tables, overlaid ratio plot, claims); with task comparisons
+among them, the scoreboard (``--scoreboard`` prints it alone, ``--readme FILE`` writes it into FILE's block)."""
+
+import argparse
+from pathlib import Path
+
+from posenc.reports.runs import scoreboard, write_runs_report
+from posenc.reports.scoreboard import write_readme_block
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        "report",
+        help="put compare runs side by side: perplexity and ratios per scheme and run, one plot, the claims; "
+        "with task runs, the scoreboard",
+        description="Runs made with other settings are labelled with how they differ (preset.json, else the "
+        "header of report.md), not refused; schemes are matched by spec. Task comparisons (retrieval, "
+        "state-tracking) add the scoreboard and the task claims.",
+    )
+    p.add_argument(
+        "run_dirs",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="posenc compare run directories, text or task (runs/NAME, results/default, results/retrieval, ...)",
+    )
+    p.add_argument(
+        "--out", type=_out_dir, default=Path("runs") / "report", help="output directory (default runs/report/)"
+    )
+    p.add_argument(
+        "--scoreboard", action="store_true", help="print the scoreboard alone (needs a task run) and write nothing"
+    )
+    p.add_argument(
+        "--readme",
+        type=Path,
+        metavar="FILE",
+        help="write the scoreboard between FILE's <!-- scoreboard:begin --> and <!-- scoreboard:end --> lines",
+    )
+    p.set_defaults(func=run)
+
+
+def _out_dir(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("--out is empty: give a directory")
+    return Path(text)
+
+
+def run(args) -> int:
+    if args.scoreboard or args.readme:
+        block = scoreboard(args.run_dirs)
+        if args.readme:
+            write_readme_block(args.readme, block)
+            print(f"scoreboard: {args.readme}")
+        else:
+            print(block, end="")
+        return 0
+    report = write_runs_report(args.run_dirs, args.out)
+    print(report.read_text())
+    print(f"report: {report}")
+    return 0

@@ -1,0 +1,109 @@
+"""`posenc train`: train one model with one scheme (one process, or data-parallel under torchrun)."""
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+
+from posenc.cli.common import add_set, given_settings
+from posenc.config.plan import load_preset
+from posenc.errors import PosencError
+from posenc.store.checkpoint import read_json
+from posenc.store.stamp import run_stamp
+from posenc.train import distributed
+from posenc.train.loop import PRECISIONS, StopNow, is_trained, machine_precision, steps_to_criterion, train
+from posenc.train.tracking import KINDS, check_kind, open_tracker
+
+
+def add_parser(sub):
+    p = sub.add_parser("train", help="train one language model with one positional scheme")
+    p.add_argument("--scheme", required=True, help="scheme name (see `posenc list`)")
+    p.add_argument(
+        "--preset", default="default", help="preset for model and budget (a preset name (posenc list) or a path)"
+    )
+    p.add_argument("--out", type=_run_dir, help="run directory (default runs/train/<scheme>)")
+    p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, or a path")
+    p.add_argument("--tokenizer", help="byte or bpeN")
+    p.add_argument("--steps", type=int, help="training steps")
+    p.add_argument("--batch-size", type=int, help="global batch size (split evenly over torchrun processes)")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--time-budget", type=float, help="stop after this many seconds")
+    p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (train.compile)")
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="compute dtype (train.precision): auto picks bf16 where the device has bf16 units",
+    )
+    add_set(p, "train.lr=3e-3 or model.n_layer=2")
+    p.add_argument(
+        "--log",
+        choices=KINDS,
+        default=os.environ.get("POSENC_LOG", "none"),
+        help="experiment tracking: TensorBoard event files or a W&B run "
+        "(WANDB_MODE=offline: no network) in the run directory (default none, or $POSENC_LOG: how compare passes it "
+        "through torchrun)",
+    )
+    p.set_defaults(func=run)
+
+
+# each flag of a preset setting: the key it sets (as --set KEY=VALUE does)
+FLAGS = {
+    k: f"train.{k}"
+    for k in ("corpus", "tokenizer", "steps", "batch_size", "seed", "time_budget", "compile", "precision")
+}
+
+
+def _run_dir(text: str) -> Path:
+    if not text.strip():  # Path("") is the current directory: a run would be written into it
+        raise argparse.ArgumentTypeError("--out is empty: give a run directory")
+    return Path(text)
+
+
+def run(args) -> int:
+    preset = load_preset(args.preset, given_settings(args, FLAGS))
+    mcfg = dataclasses.replace(preset.model, encoding=args.scheme)
+    mcfg.check_encoding()  # unknown scheme: one line before any work
+    out = args.out or Path("runs") / "train" / args.scheme
+    if not args.resume and (out / "model.safetensors").exists():
+        raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
+    if args.resume and not (out / "config.json").exists():  # a mistyped --out would start a fresh run silently
+        raise PosencError(f"--resume: {out} holds no run to resume (no config.json); drop --resume to start one there")
+    check_kind(args.log)
+    config = {
+        "name": out.name,
+        "scheme": args.scheme,
+        "model": dataclasses.asdict(mcfg),
+        "train": preset.train.model_dump(),
+        "stamp": run_stamp(machine_precision(preset.train)),
+    }
+    before = read_json(out / "train_summary.json") if is_trained(out) else None  # finished: train keeps it as it is
+    finished = before is not None and (
+        before["steps"] == preset.train.steps or steps_to_criterion(before) == before["steps"]
+    )
+    try:
+        with open_tracker(
+            args.log if distributed.rank() == 0 else "none", out, f"{out.name}/{args.scheme}", "train", config
+        ) as tracker:
+            summary = train(out, mcfg, preset.train, resume=args.resume, tracker=tracker)
+    except StopNow:  # a second Ctrl-C: no new checkpoint
+        raise KeyboardInterrupt(f"stopped at once; {out} keeps its last checkpoint", "--resume") from None
+    except KeyboardInterrupt as exc:
+        raise KeyboardInterrupt(str(exc) or f"{out} keeps its last checkpoint", "--resume") from None
+    finally:
+        distributed.teardown()
+    if distributed.rank() == 0 and finished:
+        print(f"{out} is already trained (step {summary['steps']} of {preset.train.steps}): nothing left to do")
+    elif distributed.rank() == 0:
+        met = steps_to_criterion(summary)
+        left = (
+            met is None and summary["steps"] < preset.train.steps
+        )  # the time budget stopped it: say so, and how to go on
+        loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
+        stop = f" (time budget {preset.train.time_budget:g} s reached; --resume continues)" if left else ""
+        stop = f" (met train.until: {preset.train.until.describe()})" if met is not None else stop
+        print(
+            f"trained {args.scheme}: step {summary['steps']} of {preset.train.steps}, "
+            f"{summary['seconds']:.0f} s in this call, final loss {loss} -> {out}{stop}"
+        )
+    return 0

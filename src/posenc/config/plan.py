@@ -1,0 +1,377 @@
+"""Configs as data: the comparison preset (model, training, evaluation, schemes) and its loading.
+
+Presets are YAML files shipped as package data (``posenc/configs/NAME.yaml``,
+read with ``importlib.resources``, so an installed wheel has them); a path to a
+YAML file works too. Every section is a pydantic model: unknown keys and bad
+values are one-line errors before any work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from posenc import methods
+from posenc.data.tasks import get_task, is_task
+from posenc.errors import PosencError
+from posenc.eval.diagnose import FarMassConfig
+from posenc.eval.passkey import PasskeyConfig
+from posenc.model import ModelConfig
+from posenc.rope import check_window, schedule_params
+from posenc.store.presets import apply, read_preset, validated
+from posenc.train.loop import TrainConfig, machine_precision, randomized_max
+
+
+class ClusterConfig(BaseModel):
+    """Resources of each submitit job (``posenc.runs.jobs.run_submitit``): partition, GPUs, wall-clock limit (minutes),
+    memory (GB)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    partition: str | None = None
+    """Slurm partition; null: the scheduler's default."""
+    gpus_per_job: int | None = Field(None, ge=0)
+    """GPUs per job; null: ``--nproc-per-node`` (on CPU with the local executor: 0)."""
+    time_min: int = Field(240, gt=0)
+    """Wall-clock limit per job (minutes); a job killed at it resumes from its last checkpoint on a rerun."""
+    mem_gb: float | None = Field(None, gt=0)
+    """Memory per job (GB); null: the scheduler's default."""
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    multiples: list[int] = [1, 2, 4, 8, 16, 32, 64]
+    """Evaluation lengths, as multiples of ``model.train_length``."""
+    max_tokens: int = Field(32768, gt=0)
+    """Targets scored per length (tokens; fewer windows at long lengths)."""
+    batch_tokens: int = Field(8192, gt=0)
+    """Tokens per evaluation forward batch: memory and speed only."""
+    passkey: PasskeyConfig = PasskeyConfig(trials=0)
+    """Passkey retrieval cells (``posenc.eval.passkey``): off (``trials: 0``) unless a preset gives ``eval.passkey``; a
+    block given takes the defaults below for the keys it leaves out."""
+    far_mass: FarMassConfig = FarMassConfig()
+    """The cheap diagnose pass (far attention mass and entropy, ``posenc.eval.diagnose``)."""
+
+
+class TaskEvalConfig(BaseModel):
+    """Scoring of synthetic tasks (``posenc.eval.tasks``): lengths, and the answers each cell aims for."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    multiples: list[Annotated[int, Field(gt=0)]] = [1, 4, 16, 32]
+    """Sequence lengths scored, as multiples of ``model.train_length``; probes reach the largest."""
+    answers: int = Field(2000, gt=0)
+    """Answers scored per cell (a 1-point standard error near 90% needs ~900) ..."""
+    max_tokens: int = Field(65536, gt=0)
+    """... or this many tokens per cell, whichever comes first."""
+    batch_tokens: int = Field(16384, gt=0)
+    """Tokens per scoring forward batch: memory and speed only."""
+    horizon_tol: float = Field(0.05, gt=0, lt=1)
+    """The horizon: the longest distance whose accuracy is within this (a fraction) of the in-distribution accuracy."""
+    learned: float = Field(0.9, gt=0, le=1)
+    """In-distribution accuracy below this (a fraction): the scheme did not learn the task."""
+
+
+# the settings a sweep may vary (``SweepConfig``): training budget and optimiser, and the model's shape
+SWEEP_KEYS = (
+    "train.lr",
+    "train.weight_decay",
+    "train.steps",
+    "train.warmup",
+    "model.n_head",
+    "model.n_layer",
+    "model.d_model",
+)
+Point = tuple[
+    tuple[str, Any], ...
+]  # one grid point: ((key, value), ...) in the grid's key order; () is the preset itself
+
+
+def _check_axes(axes: dict[str, list]) -> dict[str, list]:
+    for key, values in axes.items():
+        if key not in SWEEP_KEYS:
+            raise ValueError(f"{key!r} cannot be swept (valid: {', '.join(SWEEP_KEYS)})")
+        if not values or len({repr(v) for v in values}) < len(values):
+            raise ValueError(f"{key}: give each value once, at least one")
+    return axes
+
+
+class SweepConfig(BaseModel):
+    """A grid over training and model settings, each scheme trained at every point of its grid on the first
+    seed, its setting chosen by the held-out in-distribution result (``posenc.runs.sweep``) and the other seeds run
+    there. ``grid``: {key: [values]} for every scheme; ``schemes``: {scheme: {key: [values]}}, that scheme's
+    own values (they replace the grid's for its keys and may add keys). Keys: ``SWEEP_KEYS``."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    grid: dict[str, list[Any]] = {}
+    """{key: [values]} for every scheme; keys: train.lr, train.weight_decay, train.steps, train.warmup, model.n_head,
+    model.n_layer, model.d_model."""
+    schemes: dict[str, dict[str, list[Any]]] = {}
+    """{scheme: {key: [values]}}: that scheme's own values, replacing the grid's for its keys (and adding keys)."""
+
+    @field_validator("grid")
+    @classmethod
+    def _grid(cls, v: dict) -> dict:
+        return _check_axes(v)
+
+    @field_validator("schemes")
+    @classmethod
+    def _per_scheme(cls, v: dict) -> dict:
+        for axes in v.values():
+            _check_axes(axes)
+        return v
+
+
+class Preset(BaseModel):
+    """A comparison: model, training budget, evaluation and the schemes to run."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str
+    """The run directory under ``--out`` (letters, digits, . _ -); each preset states its own (never taken from its
+    base)."""
+    description: str = ""
+    """What the comparison tests, as the report quotes it; each preset states its own (never taken from its base)."""
+    model: ModelConfig
+    """The model every scheme trains (a scheme's spec replaces ``encoding``)."""
+    train: TrainConfig
+    """The training budget, data and optimiser of every job."""
+    eval: EvalConfig = EvalConfig()
+    """Perplexity against length, passkey and far mass on text."""
+    schemes: list[str] = Field(min_length=1)
+    """The positional schemes to compare (``posenc list``), each once."""
+    seeds: list[Annotated[int, Field(ge=0)]] = Field([0], min_length=1)
+    """Training seeds, each once; the report shows mean ± half-range."""
+    eval_schedules: list[dict[str, Any]] = []
+    """RoPE context-extension rows evaluated after the plain rows on every trained RoPE scheme, e.g.
+    ``{schedule: yarn, factor: 8}`` -> row ``rope+yarn(s=8)`` (``posenc.rope``)."""
+    eval_methods: list[str] = []
+    """Long-context methods (``posenc.methods``) evaluated after them on every trained scheme they apply to (RoPE with
+    fixed frequencies, ALiBi, T5, Kerple), e.g. ``self-extend:group=4``."""
+    tasks: list[str] = []
+    """Synthetic tasks (``posenc.data.tasks``): each scheme trains and is scored on each; a task in ``train.corpus``
+    alone means ``tasks: [that task]``."""
+    task_eval: TaskEvalConfig = TaskEvalConfig()
+    """Scoring of the synthetic tasks."""
+    text_results: str | None = None
+    """A text comparison's run directory (relative to the working directory) for the retrieval claim R1; null: none."""
+    reference: dict[str, Any] | None = None
+    """Published numbers printed beside ours: ``{source, task, tests: [...], rows: {scheme: [...]}}``; null: none."""
+    cluster: ClusterConfig | None = None
+    """Resources of each job under ``compare --launcher slurm`` (or ``local``); the flags override them; null: the
+    defaults below."""
+    sweep: SweepConfig | None = None
+    """A grid over training and model settings, chosen per scheme on the first seed; null: no sweep."""
+
+    @field_validator("schemes", "seeds", "tasks")
+    @classmethod
+    def _distinct(cls, v: list) -> list:  # a repeat would run once and be reported as if it were two
+        repeated = sorted({str(x) for x in v if v.count(x) > 1})
+        if repeated:
+            raise ValueError(f"each entry once: {', '.join(repeated)} repeated")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:  # the run directory under --out, never outside it
+        if not v or v in (".", "..") or not all(c.isalnum() or c in "._-" for c in v):
+            raise ValueError(f"must be a plain directory name (letters, digits, . _ -), got {v!r}")
+        return v
+
+
+def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None) -> Preset:
+    """A preset by name (posenc/configs/NAME.yaml, package data) or path, its ``base`` resolved
+    (``posenc.store.presets.read_preset``), with ``overrides`` set ({dotted key: value}, ``{"train.lr": 3e-3}``; a
+    section given a mapping, ``{"train": {"steps": 5}}``, merges it: ``posenc.store.presets.apply``), as the command
+    line's flags and ``--set`` give them. The format: docs/presets.md.
+
+    Raises PosencError for an unknown preset, invalid YAML, a cycle of bases, an unknown key or invalid values.
+    """
+    path, data = read_preset(name_or_path, cls=Preset)
+    written = (
+        validated(Preset, data, f"preset {path.name}").model_dump(mode="json", include=SETTINGS)
+        if data.get("description")
+        else None
+    )
+    data = apply(Preset, data, overrides)
+    preset = validated(
+        Preset, data, f"preset {path.name}" + (" with command-line options" if overrides else ""), overrides
+    )
+    if written is not None:
+        _flag_overrides(preset, written)
+    for s in preset.schemes:  # fail fast, before any training
+        dataclasses.replace(preset.model, encoding=s).check_encoding()
+    for spec in preset.eval_schedules:
+        schedule_spec(spec, preset)
+    for spec in preset.eval_methods:
+        methods.parse(spec, preset.model.train_length)
+    randomized_max(preset.train.positions)  # the spec (each scheme is checked where it trains: check_positions)
+    for spec in task_specs(preset):
+        get_task(spec).check_length(preset.model.train_length)
+    if preset.tasks and is_task(preset.train.corpus):
+        raise PosencError(f"preset {preset.name}: give the tasks in 'tasks' or in train.corpus, not both")
+    if preset.sweep is not None:
+        _check_sweep(preset)
+    if preset.train.until is not None and not task_specs(preset):
+        raise PosencError(f"preset {preset.name}: train.until needs synthetic tasks (tasks, or a task in train.corpus)")
+    return preset
+
+
+SETTINGS = {"model", "train", "eval", "task_eval"}  # what a preset's description may state and a run override
+
+
+def _flag_overrides(preset: Preset, written: dict) -> None:
+    """Append to ``preset.description`` the settings this run changes from the preset as written: the
+    description states them ("2 layers, width 128, 2 heads", "4,000 steps") and a report quotes it."""
+    now = preset.model_dump(mode="json", include=SETTINGS)
+    changed = [
+        f"{section}.{k} = {v!r}"
+        for section in sorted(SETTINGS)
+        for k, v in now[section].items()
+        if written[section].get(k) != v
+    ]
+    if changed:
+        preset.description += f" [The preset as written; this run sets {', '.join(changed)}.]"
+
+
+def _check_sweep(preset: Preset) -> None:
+    """PosencError before any work for a per-scheme grid of no valid scheme (one the run leaves out, ``--schemes``,
+    is ignored), a scheme without a grid, or a grid point whose settings are invalid (validation) or that a scheme
+    cannot be built with (its head dim)."""
+    for s in sorted(set(preset.sweep.schemes) - set(preset.schemes)):
+        try:
+            dataclasses.replace(preset.model, encoding=s).check_encoding()
+        except PosencError as exc:
+            raise PosencError(f"preset {preset.name}: sweep.schemes names {s!r}, not a scheme ({exc})") from None
+    bare = [s for s in preset.schemes if not {**preset.sweep.grid, **preset.sweep.schemes.get(s, {})}]
+    if bare:  # its jobs would train in the comparison's own directory, where the sweep writes the chosen runs' records
+        raise PosencError(
+            f"preset {preset.name}: scheme {bare[0]!r} has no grid in the sweep: give sweep.grid, or sweep.schemes "
+            f"with a value (one is enough) for it"
+        )
+    for s in preset.schemes:
+        for point in grid_points(preset, s):
+            dataclasses.replace(at_point(preset, point).model, encoding=s).check_encoding()
+
+
+def grid_points(preset: Preset, scheme: str) -> list[Point]:
+    """The grid points of ``scheme``: the cartesian product of the sweep's values (its own replacing the grid's),
+    in the grid's key order then its own; ``[()]`` (the preset itself) without a sweep."""
+    if preset.sweep is None:
+        return [()]
+    axes = {**preset.sweep.grid, **preset.sweep.schemes.get(scheme, {})}
+    return [tuple(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+def setting(preset: Preset, key: str):
+    """The value of ``key`` (``train.lr``) a report's header states: the preset's, or "swept" when its sweep varies
+    it (each scheme's value is then its chosen grid point, which the sweep table names)."""
+    axes = {} if preset.sweep is None else {k for g in (preset.sweep.grid, *preset.sweep.schemes.values()) for k in g}
+    if key in axes:
+        return "swept"
+    section, field = key.split(".")
+    return getattr(getattr(preset, section), field)
+
+
+def positions_note(preset: Preset) -> str:
+    """ ", randomized positions (max N)" for a budget line when the preset trains on randomized positions, else ""."""
+    n = randomized_max(preset.train.positions)
+    return "" if n is None else f", randomized positions (max {n})"
+
+
+def point_label(point: Point) -> str:
+    """A grid point as one word (its run directory's name): ``train.lr=0.002,model.n_head=4``; "" for ()."""
+    return ",".join(f"{k}={v}" for k, v in point)
+
+
+def point_root(run_root: Path, point: Point) -> Path:
+    """Where the jobs of a grid point train and record: ``run_root/sweep/<label>``, or ``run_root`` for ()."""
+    return Path(run_root) / "sweep" / point_label(point) if point else Path(run_root)
+
+
+def at_point(preset: Preset, point: Point) -> Preset:
+    """``preset`` with the grid point's settings in its model and train sections (no sweep of its own);
+    PosencError naming the point when they are invalid."""
+    if not point:
+        return preset
+    data = preset.model_dump()
+    for key, value in point:
+        section, field = key.split(".")
+        data[section][field] = value
+    return validated(Preset, {**data, "sweep": None}, f"preset {preset.name} at grid point {point_label(point)}")
+
+
+def job_configs(preset: Preset, point: Point, scheme: str, seed: int, vocab_size: int, task: str | None = None):
+    """(ModelConfig, TrainConfig) of one job: the preset at grid ``point``, ``scheme``, ``seed`` and the data's
+    vocabulary, on ``task`` when given (its corpus): what the job trains and what its run must record."""
+    p = at_point(preset, point)
+    mcfg = dataclasses.replace(p.model, encoding=scheme, vocab_size=vocab_size)
+    return mcfg, p.train.model_copy(update={"seed": seed, **({"corpus": task} if task else {})})
+
+
+def task_specs(preset: Preset) -> list[str]:
+    """The synthetic tasks a preset trains on: ``tasks``, or ``[train.corpus]`` when that is a task, else []."""
+    return preset.tasks or ([preset.train.corpus] if is_task(preset.train.corpus) else [])
+
+
+def schedule_spec(spec: dict, preset: Preset) -> tuple[str, dict]:
+    """(name, validated params) of one ``eval_schedules`` entry; PosencError if invalid."""
+    params = dict(spec)
+    name = params.pop("schedule", None)
+    if name is None:
+        raise PosencError(f"eval_schedules entry {spec} needs a 'schedule' key")
+    full = schedule_params(name, preset.model.train_length, params)
+    check_window(full, preset.model.train_length * min(preset.eval.multiples))
+    return name, full
+
+
+def absolute_corpus(preset: Preset) -> Preset:
+    """A local corpus by its absolute path, so one run directory means one corpus from any working directory."""
+    spec = preset.train.corpus
+    if spec in ("shakespeare", "pystdlib") or spec.startswith("hf:") or not Path(spec).expanduser().exists():
+        return preset
+    return preset.model_copy(
+        update={"train": preset.train.model_copy(update={"corpus": str(Path(spec).expanduser().resolve())})}
+    )
+
+
+# set per job, lists of cells that may grow (results are kept per cell), or memory/speed knobs
+FREE_SETTINGS = {
+    "model.encoding",
+    "model.attn_block_size",
+    "train.seed",
+    "train.threads",
+    "train.compile",
+    "train.ckpt_every",
+    "train.log_every",
+    "eval.multiples",
+    "eval.batch_tokens",
+    "task_eval.multiples",
+    "task_eval.batch_tokens",
+    "task_eval.horizon_tol",
+    "task_eval.learned",
+    "eval.passkey.lengths_multiples",
+    "eval.passkey.depths",
+    "eval.far_mass.multiples",
+}
+
+
+def flatten(d: dict, prefix: str) -> dict[str, Any]:
+    """Nested dict ``d`` as {dotted key: leaf value}, each key after ``prefix``."""
+    out = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def settings(preset: Preset) -> dict[str, Any]:
+    """The settings every result of a run directory shares (model, training, evaluation), flattened."""
+    flat = flatten(preset.model_dump(mode="json", include={"model", "train", "eval", "task_eval"}), "")
+    flat["train.precision"] = machine_precision(preset.train)  # "auto" compares as what it picks here
+    return {k: v for k, v in flat.items() if k not in FREE_SETTINGS}

@@ -1,0 +1,400 @@
+"""Synthetic retrieval tasks with a known answer and a known distance to its evidence.
+
+A task is a seeded generator of token sequences: the training batch of a step is a pure
+function of (seed, step, row), so runs are reproducible and resume exactly like text runs,
+and no data file is needed. Every sequence marks its *answer positions* (targets fixed by
+the context) and, for each, the *evidence distance* (tokens from the answer back to the
+token that determines it). Specs follow the scheme form, ``NAME[:key=value,...]``:
+
+- ``flipflop`` (Liu et al. 2023, arXiv 2306.00946): instruction/bit pairs over
+  {w, r, i, 0, 1}, the first a write, p(w) = p(r) = (1 - p_ignore) / 2; after ``r`` the bit
+  repeats the last written one (the answer; evidence: that write's bit). Chance: 1/2.
+- ``mqar`` (multi-query associative recall with a gap, after Zoology, Arora et al. 2023,
+  arXiv 2312.04927): filler, K key-value pairs, a gap of g filler tokens, then the K keys
+  again in random order, each followed by its value (the answer; evidence: the value in the
+  pair). Training gaps are drawn in ``gap=LO-HI``; the filler before the pairs pads every
+  sequence to the training length. ``fused=true`` writes each pair as one token (key, value),
+  a one-hop lookup. Chance: 1/values.
+- ``modsum`` (state tracking: the word problem of the cyclic group Z_m, Merrill et al. 2024,
+  arXiv 2404.08819; parity at m = 2): a stream of elements 0..m-1 in which a query token ``?``
+  is followed by the running sum mod m of every element so far (the answer; evidence: the last
+  revealed sum, or the sequence start). The answer needs every element since that evidence, so
+  a scheme must carry a state across the whole interval, not copy one token. Chance: 1/m.
+
+Tests (``Task.tests``) probe one thing each: the training distribution at longer lengths,
+denser or sparser writes, a controlled gap between evidence and answer up to 32x the
+training length, and near recall after a long context. Only numpy is needed here; the
+model side is ``posenc.eval.tasks``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from posenc.encodings.registry import split_part
+from posenc.errors import PosencError
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskBatch:
+    """Model inputs and targets with their answer marks.
+
+    ``inputs``, ``targets``: (B, T) int64 (targets are the inputs shifted by one);
+    ``answer``: (B, T) bool, True where the target is an answer; ``distance``: (B, T) int64,
+    tokens from the answer target back to its evidence (0 off answers).
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    answer: torch.Tensor
+    distance: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Test:
+    """One evaluation cell family: ``name`` (``id``, ``sparse``, ``gap``, ...), sequence ``length``
+    (tokens) and the generator settings that differ from training (``settings``)."""
+
+    name: str
+    length: int
+    settings: dict[str, Any]
+
+
+def _stack(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> TaskBatch:
+    """Rows of (tokens (T+1,), answer (T,), distance (T,)) of one length into a TaskBatch."""
+    tok = torch.from_numpy(np.stack([r[0] for r in rows]).astype(np.int64))
+    ans = torch.from_numpy(np.stack([r[1] for r in rows]))
+    dist = torch.from_numpy(np.stack([r[2] for r in rows]).astype(np.int64))
+    return TaskBatch(tok[:, :-1], tok[:, 1:], ans, dist)
+
+
+class Task:
+    """A task family: parameters from the spec, a row generator and its tests."""
+
+    name: str = ""
+    params: dict[str, tuple[type, Any]] = {}  # key -> (type, default)
+    vocab_size: int = 0
+    chance: float = 0.0
+
+    def __init__(self, spec: str, **params: Any):
+        self.spec = spec
+        unknown = sorted(set(params) - set(self.params))
+        if unknown:
+            raise PosencError(f"task {spec!r}: unknown parameter {unknown[0]!r} (valid: {', '.join(self.params)})")
+        self.values = {k: params.get(k, default) for k, (_, default) in self.params.items()}
+        for k, (kind, _) in self.params.items():
+            v = self.values[k]
+            ok = isinstance(v, kind) and not isinstance(v, bool) if kind in (int, float) else isinstance(v, kind)
+            if kind is float and isinstance(v, int) and not isinstance(v, bool):
+                self.values[k] = v = float(v)
+                ok = True
+            if not ok:
+                raise PosencError(f"task {spec!r}: {k} must be {kind.__name__}, got {v!r}")
+        self.check()
+
+    def check(self) -> None:
+        """Raise PosencError for out-of-range parameters."""
+
+    def check_length(self, train_length: int) -> None:
+        """Raise PosencError when training sequences of ``train_length`` tokens cannot hold the task."""
+
+    def row(self, rng: np.random.Generator, length: int, **settings: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One sequence: tokens (length + 1,), answer (length,) bool, distance (length,)."""
+        raise NotImplementedError
+
+    def batch(self, seed: int, step: int, rows: range, length: int, **settings: Any) -> TaskBatch:
+        """Rows ``rows`` of the batch of (seed, step): each row drawn from its own generator seeded by
+        (seed, step, row), so a data-parallel rank or a resumed run draws exactly these rows."""
+        return _stack([self.row(np.random.default_rng([seed, step, r]), length, **settings) for r in rows])
+
+    def tests(self, train_length: int, multiples: list[int]) -> list[Test]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.name} ({', '.join(f'{k}={v}' for k, v in self.values.items())}; chance {self.chance:.3g})"
+
+
+# flip-flop vocabulary: instructions then bits
+W, R, I, B0, B1 = range(5)  # noqa: E741 (write, read, ignore: the task's own letters)
+
+
+class FlipFlop(Task):
+    """Flip-flop language modelling (Liu et al. 2023): repeat the last written bit after each read."""
+
+    name = "flipflop"
+    params = {"p_ignore": (float, 0.8), "sparse": (float, 0.98), "dense": (float, 0.1)}
+    vocab_size = 5
+    chance = 0.5
+
+    def check(self) -> None:
+        for k in self.params:
+            if not 0.0 <= self.values[k] < 1.0:
+                raise PosencError(f"task {self.spec!r}: {k} must be in [0, 1), got {self.values[k]}")
+
+    def row(self, rng, length, p_ignore=None, gap=None):
+        """``gap`` None: pairs at density ``p_ignore`` (default: the training one). ``gap`` = g (even, >= 2):
+        the probe: ``length - g - 1`` tokens of training-density pairs, then a write, ignores, and one read
+        whose bit is g tokens after the write's bit; only that read is an answer."""
+        if gap is None:
+            return _flipflop_pairs(rng, length + 1, self.values["p_ignore"] if p_ignore is None else p_ignore)
+        prefix = length - gap - 1
+        if gap < 2 or gap % 2 or prefix < 0 or prefix % 2:
+            raise PosencError(
+                f"flip-flop probe: gap {gap} must be even and >= 2, and length - gap - 1 = {prefix} even and >= 0"
+            )
+        bit = B0 + rng.integers(0, 2)
+        probe = np.empty(gap + 2, dtype=np.int64)
+        probe[0], probe[1], probe[-2], probe[-1] = W, bit, R, bit
+        probe[2:-2:2] = I
+        probe[3:-2:2] = B0 + rng.integers(0, 2, size=gap // 2 - 1)
+        tok = np.concatenate(
+            [_flipflop_pairs(rng, prefix, self.values["p_ignore"])[0] if prefix else np.empty(0, np.int64), probe]
+        )
+        return _probe(tok, gap)
+
+    def tests(self, train_length, multiples):
+        return _stream_tests(train_length, multiples, "p_ignore", self.values["sparse"], self.values["dense"])
+
+
+def _probe(tok: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A controlled-gap probe's row: ``tok`` (T + 1,) whose last target alone is an answer, ``gap`` tokens from its
+    evidence."""
+    answer = np.zeros(len(tok) - 1, dtype=bool)
+    distance = np.zeros(len(tok) - 1, dtype=np.int64)
+    answer[-1], distance[-1] = True, gap
+    return tok, answer, distance
+
+
+def _stream_tests(train_length: int, multiples: list[int], density: str, sparse: float, dense: float) -> list[Test]:
+    """A stream task's tests: in distribution, ``sparse`` and ``dense`` (values of the ``density`` setting) at each
+    multiple of the training length, and the controlled-gap probe at gaps 8 .. the longest length (powers of two)."""
+    lengths = [k * train_length for k in multiples]
+    out = [
+        Test(name, L, settings)
+        for name, settings in (("id", {}), ("sparse", {density: sparse}), ("dense", {density: dense}))
+        for L in lengths
+    ]
+    gaps = [2**k for k in range(3, int(math.log2(max(lengths))) + 1)]
+    return out + [Test("gap", train_length + g + 1, {"gap": g}) for g in gaps]  # a training-length prefix first
+
+
+def _flipflop_pairs(rng: np.random.Generator, n: int, p_ignore: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` tokens of flip-flop pairs (instruction at even positions, the first a write); answer and
+    distance marks for the ``n - 1`` targets."""
+    pairs = -(-n // 2)
+    p_wr = (1 - p_ignore) / 2
+    instr = rng.choice(3, size=pairs, p=[p_wr, p_wr, p_ignore])  # W, R, I
+    instr[0] = W
+    bits = rng.integers(0, 2, size=pairs)
+    idx = np.arange(pairs)
+    last_write = np.maximum.accumulate(np.where(instr == W, idx, 0))
+    bits = np.where(instr == R, bits[last_write], bits)  # writes never read overwrite: last_write points at writes only
+    tok = np.empty(2 * pairs, dtype=np.int64)
+    tok[0::2], tok[1::2] = instr, B0 + bits
+    tok = tok[:n]
+    answer = np.zeros(n - 1, dtype=bool)
+    distance = np.zeros(n - 1, dtype=np.int64)
+    reads = idx[(instr == R)]
+    reads = reads[2 * reads + 1 < n]  # the read's bit is in the sequence
+    answer[2 * reads] = True  # target 2j is token 2j + 1, the bit after instruction j
+    distance[2 * reads] = 2 * (reads - last_write[reads])
+    return tok, answer, distance
+
+
+class MQAR(Task):
+    """Multi-query associative recall with a gap (Zoology): each key's value after a filler gap."""
+
+    name = "mqar"
+    params = {
+        "pairs": (int, 4),
+        "keys": (int, 16),
+        "values": (int, 16),
+        "filler": (int, 16),
+        "gap": (str, "0-64"),
+        "fused": (bool, False),
+    }
+
+    @property
+    def vocab_size(self) -> int:
+        v = self.values
+        return (v["keys"] * v["values"] if v["fused"] else 0) + v["keys"] + v["values"] + v["filler"]
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.values["values"]
+
+    def gap_range(self) -> tuple[int, int]:
+        lo, dash, hi = self.values["gap"].partition("-")
+        if not (lo.isdigit() and (not dash or hi.isdigit())):
+            raise PosencError(f"task {self.spec!r}: gap must be N or LO-HI in tokens, got {self.values['gap']!r}")
+        lo_i, hi_i = int(lo), int(hi) if dash else int(lo)
+        if lo_i > hi_i:
+            raise PosencError(f"task {self.spec!r}: gap {self.values['gap']!r} has LO > HI")
+        return lo_i, hi_i
+
+    def check(self) -> None:
+        v = self.values
+        for k in ("pairs", "keys", "values", "filler"):
+            if v[k] < 1:
+                raise PosencError(f"task {self.spec!r}: {k} must be >= 1, got {v[k]}")
+        if v["pairs"] > v["keys"]:
+            raise PosencError(f"task {self.spec!r}: pairs {v['pairs']} needs at least as many keys, got {v['keys']}")
+        self.gap_range()
+
+    def span(self) -> int:
+        """Tokens of the pairs plus the queries with their answers."""
+        return (1 if self.values["fused"] else 2) * self.values["pairs"] + 2 * self.values["pairs"]
+
+    def check_length(self, train_length: int) -> None:
+        """PosencError when the largest training gap does not fit the training length."""
+        hi = self.gap_range()[1]
+        if hi + self.span() > train_length + 1:
+            raise PosencError(
+                f"task {self.spec!r}: gap up to {hi} plus {self.span()} tokens of pairs and queries "
+                f"exceeds the training length {train_length} + 1"
+            )
+
+    def row(self, rng, length, gap=None, pre=None):
+        """Filler, pairs, ``gap`` filler tokens, queries; the filler before the pairs pads to ``length + 1``
+        (``pre`` fixes it instead: near recall after ``pre`` filler tokens). Training gaps: uniform in ``gap``."""
+        v = self.values
+        P, K, V = v["pairs"], v["keys"], v["values"]
+        n = length + 1
+        if gap is None and pre is None:
+            lo, hi = self.gap_range()
+            gap = int(rng.integers(lo, min(hi, n - self.span()) + 1))
+        if pre is not None:
+            gap = n - self.span() - pre
+        pre = n - self.span() - gap
+        if pre < 0 or gap < 0:
+            raise PosencError(f"task {self.spec!r}: length {length} is too short for gap {gap}")
+        keys = rng.permutation(K)[:P]
+        vals = rng.integers(0, V, size=P)
+        key_tok, val_tok, filler0 = keys, K + vals, K + V
+        fused0 = K + V + v["filler"]
+        pairs = fused0 + keys * V + vals if v["fused"] else np.stack([key_tok, val_tok], 1).reshape(-1)
+        order = rng.permutation(P)
+        queries = np.stack([key_tok[order], val_tok[order]], 1).reshape(-1)
+        filler = filler0 + rng.integers(0, v["filler"], size=pre + gap)
+        tok = np.concatenate([filler[:pre], pairs, filler[pre:], queries])
+        answer = np.zeros(n - 1, dtype=bool)
+        distance = np.zeros(n - 1, dtype=np.int64)
+        q0 = n - 2 * P  # position of the first query key
+        value_pos = pre + (order if v["fused"] else 2 * order + 1)  # the evidence: the value (or fused pair)
+        targets = q0 + 2 * np.arange(P)  # target t predicts token t + 1, the answer after query key t
+        answer[targets] = True
+        distance[targets] = targets + 1 - value_pos
+        return tok, answer, distance
+
+    def tests(self, train_length, multiples):
+        top = max(multiples) * train_length
+        out = [Test("id", train_length, {})]
+        gaps = [0] + [2**k for k in range(3, int(math.log2(top)) + 1)]
+        out += [Test("gap", g + self.span() - 1, {"gap": g}) for g in gaps]
+        out += [Test("near", m * train_length, {"pre": m * train_length + 1 - self.span()}) for m in multiples]
+        return out
+
+
+class ModSum(Task):
+    """State tracking (Z_m word problem): after each query, the running sum mod m of the elements so far."""
+
+    name = "modsum"
+    params = {"m": (int, 2), "p_query": (float, 0.1), "sparse": (float, 0.02), "dense": (float, 0.3)}
+
+    @property
+    def vocab_size(self) -> int:
+        return 2 * self.values["m"] + 1  # elements 0..m-1, the query token m, sums m+1..2m
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.values["m"]
+
+    def check(self) -> None:
+        if self.values["m"] < 2:
+            raise PosencError(f"task {self.spec!r}: m must be >= 2, got {self.values['m']}")
+        for k in ("p_query", "sparse", "dense"):
+            if not 0.0 < self.values[k] < 1.0:
+                raise PosencError(f"task {self.spec!r}: {k} must be in (0, 1), got {self.values[k]}")
+
+    def row(self, rng, length, p_query=None, gap=None):
+        """``gap`` None: a stream at query density ``p_query`` (default: the training one). ``gap`` = g (>= 2):
+        the probe: ``length - g - 3`` tokens of training-density stream, a query with its sum, g - 2 elements,
+        and one query whose sum is g tokens after the revealed one; only that sum is an answer."""
+        n, m = length + 1, self.values["m"]
+        if gap is None:
+            return _modsum_stream(rng, n, m, self.values["p_query"] if p_query is None else p_query)
+        pre = n - gap - 2
+        if gap < 2 or pre < 0:
+            raise PosencError(f"modsum probe: gap {gap} must be >= 2 and fit the length {length}")
+        tok = _modsum_stream(rng, pre, m, self.values["p_query"])[0] if pre else np.empty(0, np.int64)
+        elems = rng.integers(0, m, size=gap - 2)
+        state = int(tok[tok < m].sum()) % m
+        return _probe(
+            np.concatenate([tok, [m, m + 1 + state], elems, [m, m + 1 + (state + int(elems.sum())) % m]]), gap
+        )
+
+    def tests(self, train_length, multiples):
+        return _stream_tests(train_length, multiples, "p_query", self.values["sparse"], self.values["dense"])
+
+
+def _modsum_stream(
+    rng: np.random.Generator, n: int, m: int, p_query: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` tokens of a Z_m stream: elements, and queries ``m`` each followed by the running sum (token
+    ``m + 1 + sum mod m``); answer and distance marks for the ``n - 1`` targets. A query cut off by the end
+    becomes the element 0 (the identity), so every query has its sum."""
+    is_query = rng.random(n) < p_query  # one unit per token at most: a query unit takes two
+    elems = rng.integers(0, m, size=n)
+    sums = np.cumsum(np.where(is_query, 0, elems)) % m
+    tok = np.where(
+        is_query[:, None], np.stack([np.full(n, m), m + 1 + sums], 1), np.stack([elems, np.full(n, -1)], 1)
+    ).reshape(-1)
+    tok = tok[tok >= 0][:n]
+    if tok[-1] == m:
+        tok[-1] = 0
+    sum_pos = np.flatnonzero(tok > m)  # the answers are these tokens: targets sum_pos - 1
+    answer = np.zeros(n - 1, dtype=bool)
+    distance = np.zeros(n - 1, dtype=np.int64)
+    answer[sum_pos - 1] = True
+    distance[sum_pos - 1] = sum_pos - np.concatenate(
+        [[-1], sum_pos[:-1]]
+    )  # back to the last revealed sum (the start: -1)
+    return tok, answer, distance
+
+
+TASKS: dict[str, type[Task]] = {"flipflop": FlipFlop, "mqar": MQAR, "modsum": ModSum}
+
+
+def is_task(spec: str) -> bool:
+    """True when ``spec`` names a synthetic task (``flipflop``, ``mqar:pairs=8``), not a text corpus."""
+    return isinstance(spec, str) and spec.partition(":")[0] in TASKS
+
+
+def get_task(spec: str) -> Task:
+    """The task of ``spec`` (``NAME[:key=value,...]``); PosencError (one line) for a malformed spec,
+    an unknown name or parameter, or a value of the wrong type or range."""
+    name, params = split_part(spec, "task")
+    if name not in TASKS:
+        raise PosencError(f"unknown task {name!r} in {spec!r} (tasks: {', '.join(TASKS)})")
+    return TASKS[name](spec, **params)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+    """A task in the place of a tokenised corpus (``posenc.data.corpora.load_tokens`` of a task spec)."""
+
+    corpus: str
+    task: Task
+
+    @property
+    def vocab_size(self) -> int:
+        return self.task.vocab_size
+
+    def batch(self, step: int, batch_size: int, length: int, seed: int, rows: slice = slice(None)) -> TaskBatch:
+        """The global training batch of ``step`` (rows ``rows`` of it, for a data-parallel rank)."""
+        return self.task.batch(seed, step, range(batch_size)[rows], length)

@@ -1,0 +1,82 @@
+"""Perplexity with exact token accounting for a Hugging Face causal LM; a thin user of
+``posenc.scoring`` (windows, NLL). Passkey retrieval by generation: ``posenc.eval.passkey``.
+
+Token accounting (one BOS policy at every length; ``length`` = model positions):
+
+- ``bos="none"``: a window is ``length`` text tokens; its first token is context only.
+- ``bos="prepend"``: a window is BOS + ``length - 1`` text tokens; every text token in
+  it is predictable.
+
+Either way a window has ``length - 1`` targets, and windows start every ``stride``
+text tokens (default ``length - 1``: the targets of consecutive windows tile the
+text). Each window scores only targets not scored by the previous window, so every
+scored token is counted exactly once and PPL = exp(sum NLL / number of scored tokens).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from posenc import scoring
+from posenc.scoring import Window
+
+
+def model_windows(n_tokens: int, length: int, stride: int | None = None, bos: bool = False) -> list[Window]:
+    """All full windows of ``length`` model positions over ``n_tokens`` text tokens
+    (``posenc.scoring.text_windows`` of ``length - bos`` text tokens; its errors)."""
+    return scoring.text_windows(n_tokens, length - bos, stride, bos)
+
+
+@torch.inference_mode()
+def token_nll(model, ids: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Next-token NLL (nats) of ``ids`` (T,) int64: returns (T-1,) float64, entry p is
+    -log P(ids[p+1] | ids[:p+1]). The model reads all T ids; ``posenc.scoring.token_nll``
+    applies the head ``chunk`` positions at a time."""
+    hidden = model.model(input_ids=ids[None]).last_hidden_state[:, :-1]
+    return scoring.token_nll(hidden, _head(model), ids[None, 1:], chunk)[0].double()
+
+
+def _head(model):
+    """The output head as (B, t, d) -> (B, t, vocab) float32 logits, with Gemma 2 style soft-capping."""
+    head, cap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
+    if not cap:
+        return lambda h: head(h).float()
+    return lambda h: cap * torch.tanh(head(h).float() / cap)
+
+
+POSITION_BUCKETS = 32  # position buckets per window when no bucket width is given
+
+
+def bucket_width(length: int, bucket: int | None = None) -> int:
+    """Position-bucket width (tokens) for a window of ``length`` model positions: ``bucket`` when given, else the
+    largest power of two at most length / POSITION_BUCKETS, at least 1 (32 buckets of 16 tokens at 512, of 1,024
+    at 32K), so that a per-position plot has points at any length."""
+    if bucket is not None:
+        return bucket
+    return 1 << max(0, (length // POSITION_BUCKETS).bit_length() - 1)
+
+
+def score_window(model, tokens: np.ndarray, win: Window, bos_id: int | None, bucket: int) -> dict:
+    """Forward one window; NLL sum and count of its scored targets, and per-bucket
+    sums by position in the window (bucket = model input index of the target // ``bucket``)."""
+    text = torch.as_tensor(np.asarray(tokens[win.begin : win.begin + win.span], dtype=np.int64))
+    prefix = 0 if bos_id is None else 1
+    ids = torch.cat([torch.tensor([bos_id]), text]) if prefix else text
+    nll = token_nll(model, ids)
+    # target text index t sits at input index t - begin + prefix, predicted from the entry before it
+    first = win.lo - win.begin + prefix
+    scored = nll[first - 1 : win.hi - win.begin + prefix - 1]
+    pos = torch.arange(first, first + len(scored))
+    n_buckets = math.ceil(len(ids) / bucket)
+    b_sum = torch.zeros(n_buckets, dtype=torch.float64).index_add_(0, pos // bucket, scored)
+    b_n = torch.bincount(pos // bucket, minlength=n_buckets)
+    assert len(scored) == win.n_scored
+    return {
+        "nll_sum": float(scored.sum()),
+        "n_scored": int(win.n_scored),
+        "bucket_nll": b_sum.tolist(),
+        "bucket_n": b_n.tolist(),
+    }

@@ -1,0 +1,153 @@
+"""Scoring a model on a synthetic task (``posenc.data.tasks``): accuracy and NLL at the answer positions.
+
+Each test cell (test, sequence length) is scored on sequences drawn from a fixed evaluation
+seed, so every scheme and seed sees the same sequences. Answers are counted per evidence-
+distance bucket (powers of two: bucket b holds distances in [b, 2b)). Cells stop drawing
+when they hold ``answers`` answers or have used ``max_tokens`` tokens, whichever is first.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+
+from posenc.data.tasks import Task, Test
+from posenc.encodings.forget import ForgetGate
+
+EVAL_SEED = 1_000_003  # evaluation sequences never coincide with a training seed's batches
+CRITERION_SEED = 2_000_003  # train.until's held-out set: neither a training batch nor a test's sequences
+LEAK_MULTIPLE, LEAK_ROWS = 8, 8  # gate_leak: the probe's distance in training lengths, and how many probes
+
+
+def bucket(distance: torch.Tensor) -> torch.Tensor:
+    """Power-of-two bucket of each distance >= 1 (int64 in, int64 out): 2**floor(log2 d)."""
+    return torch.pow(2, torch.floor(torch.log2(distance.double())).long())
+
+
+def score_batch(
+    logits: torch.Tensor, targets: torch.Tensor, answer: torch.Tensor, distance: torch.Tensor
+) -> dict[int, list[float]]:
+    """{bucket: [answers, correct, nll sum]} of one batch. logits (B, T, V); the rest (B, T)."""
+    logp = torch.log_softmax(logits[answer].double(), dim=-1)
+    y = targets[answer]
+    correct = (logp.argmax(-1) == y).double()
+    nll = -logp.gather(-1, y[:, None])[:, 0]
+    b = bucket(distance[answer])
+    out = {}
+    for key in b.unique().tolist():
+        sel = b == key
+        out[int(key)] = [float(sel.sum()), float(correct[sel].sum()), float(nll[sel].sum())]
+    return out
+
+
+@torch.no_grad()
+def score_test(
+    model: torch.nn.Module,
+    task: Task,
+    test: Test,
+    answers: int,
+    max_tokens: int,
+    batch_tokens: int,
+    base_seed: int = EVAL_SEED,
+) -> dict[int, list[float]]:
+    """{bucket: [answers, correct, nll sum]} of one test cell, drawn from a seed of ``base_seed``, its name and
+    length."""
+    seed = base_seed + zlib.crc32(f"{test.name}:{test.length}".encode())
+    totals: dict[int, list[float]] = {}
+    rows_per_batch = max(1, batch_tokens // test.length)
+    device = next(model.parameters()).device
+    step, tokens, found = 0, 0, 0
+    while found < answers and tokens < max_tokens:
+        b = task.batch(seed, step, range(rows_per_batch), test.length, **test.settings)
+        logits = model(b.inputs.to(device)).float().cpu()
+        for key, (n, c, nll) in score_batch(logits, b.targets, b.answer, b.distance).items():
+            t = totals.setdefault(key, [0.0, 0.0, 0.0])
+            t[0], t[1], t[2] = t[0] + n, t[1] + c, t[2] + nll
+        found += int(b.answer.sum())
+        tokens += b.inputs.numel()
+        step += 1
+    return totals
+
+
+def evaluate_task(
+    model: torch.nn.Module,
+    task: Task,
+    train_length: int,
+    multiples: list[int],
+    answers: int,
+    max_tokens: int,
+    batch_tokens: int,
+) -> list[dict]:
+    """One record per (test, length, bucket): ``n`` answers, ``correct``, ``nll`` (sum, nats)."""
+    was_training = model.training
+    model.eval()
+    records = []
+    try:
+        for test in task.tests(train_length, multiples):
+            for b, (n, c, nll) in sorted(score_test(model, task, test, answers, max_tokens, batch_tokens).items()):
+                records.append(
+                    {"test": test.name, "length": test.length, "bucket": b, "n": int(n), "correct": int(c), "nll": nll}
+                )
+    finally:
+        model.train(was_training)
+    return records
+
+
+def id_accuracy(
+    model: torch.nn.Module, task: Task, train_length: int, answers: int, batch_tokens: int = 16384
+) -> float:
+    """Accuracy (fraction in [0, 1]) on ``answers`` answers of the in-distribution held-out set of ``train.until``:
+    sequences of ``train_length`` tokens at the training settings drawn from ``CRITERION_SEED``, the same for every
+    scheme, seed and step (never a training batch, nor the sequences the report's "id" test scores). The model is
+    put in eval mode and back; the global random state is left as it was (a check does not change training)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            totals = score_test(
+                model,
+                task,
+                Test("id", train_length, {}),
+                answers,
+                64 * answers * train_length,
+                batch_tokens,
+                base_seed=CRITERION_SEED,
+            )
+    finally:
+        model.train(was_training)
+    n = sum(t[0] for t in totals.values())
+    return sum(t[1] for t in totals.values()) / n
+
+
+def standard_error(p: float, n: int) -> float:
+    """Binomial standard error of an accuracy ``p`` measured on ``n`` answers."""
+    return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
+
+
+@torch.no_grad()
+def gate_leak(model: torch.nn.Module, task: Task, train_length: int) -> list[list[float]] | None:
+    """The forget gate's leak: mean -log f per token (nats) of each head of each layer with a forget gate (FoX, Lin et
+    al. 2025, arXiv:2503.02130; alone or a part of a composite, several summed), over the last g = LEAK_MULTIPLE x
+    ``train_length`` positions of the task's controlled-gap probe at distance g (LEAK_ROWS probes drawn from
+    EVAL_SEED). On a stream task (flip-flop, modsum) that span runs from the evidence to the answer, so the bias the
+    answer's query pays against its evidence is g x the leak (``results/retrieval/forget_gap.txt`` measured it by
+    hand). Returns (gated layers, H) floats, layers in order; None when no layer has a forget gate."""
+    if not any(isinstance(m, ForgetGate) for m in model.modules()):
+        return None
+    g = LEAK_MULTIPLE * train_length
+    test = next(t for t in task.tests(train_length, [LEAK_MULTIPLE]) if t.name == "gap" and t.settings["gap"] == g)
+    tokens = task.batch(EVAL_SEED, 0, range(LEAK_ROWS), test.length, **test.settings).inputs
+    was_training = model.training
+    model.eval()
+    try:
+        out = []
+        for a in model.prepare(tokens.to(next(model.parameters()).device)):
+            gates = [m for m in a.encoding.modules() if isinstance(m, ForgetGate)]
+            if gates:
+                lam = sum(m.log_lambda(a.inp) for m in gates)  # (B, H, T) float64: the bias's prefix sum
+                out.append((-(lam[..., -1] - lam[..., -1 - g]) / g).mean(0).tolist())
+    finally:
+        model.train(was_training)
+    return out or None

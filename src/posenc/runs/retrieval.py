@@ -1,0 +1,106 @@
+"""The job of a comparison on synthetic tasks: does a scheme still *use* what lies beyond its training length?
+
+``run_task_job`` trains one model per (task, scheme, seed) into
+``runs/<name>/<task>/<scheme>/seed<k>`` (under ``sweep/<grid point>/`` in a sweep) on the task's generator
+(``posenc.data.tasks``), scores it with ``posenc.eval.tasks`` and appends one record per job to the ``results.jsonl``
+beside it (``kind: "task"``: the cells of every test, length and evidence-distance bucket). ``posenc.runs.compare``
+runs the jobs (isolated, resumable) and writes the report (``posenc.reports.tasks``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from posenc.config.plan import Point, Preset, job_configs, point_root, positions_note, setting, task_specs
+from posenc.data.corpora import load_tokens
+from posenc.data.tasks import get_task
+from posenc.eval.tasks import evaluate_task, gate_leak
+from posenc.store.checkpoint import read_json, read_jsonl
+from posenc.store.records import Task, append, load
+from posenc.store.stamp import run_stamp
+from posenc.train.loop import is_trained, load_run, machine_precision, steps_to_criterion, train
+from posenc.train.tracking import open_tracker, task_metrics
+
+
+def done_jobs(results: Path) -> set[tuple[str, str, int]]:
+    """(task, scheme, seed) of every task record in ``results``."""
+    return {(r.task, r.scheme, r.seed) for r in load(results) if isinstance(r, Task)}
+
+
+def run_task_job(
+    run_root: Path, preset: Preset, task: str, scheme: str, seed: int, log: str = "none", point: Point = ()
+) -> None:
+    """Train (or resume) one scheme on one task at grid ``point`` (``posenc.config.plan.grid_points``; () without a
+    sweep) and record its scores (one record, written once). ``log``: a tracker kind (``posenc.train.tracking``) for the
+    training steps and the accuracies per test and length."""
+    data = load_tokens(task, tasks=True)
+    root = point_root(run_root, point)
+    run_dir = root / task / scheme / f"seed{seed}"
+    mcfg, tcfg = job_configs(preset, point, scheme, seed, data.vocab_size, task)
+    config = {
+        "name": preset.name,
+        "task": task,
+        "scheme": scheme,
+        "seed": seed,
+        "model": dataclasses.asdict(mcfg),
+        "train": tcfg.model_dump(),
+        "task_eval": preset.task_eval.model_dump(),
+        "stamp": run_stamp(machine_precision(tcfg)),
+    }
+    with open_tracker(log, run_dir, f"{preset.name}/{task}/{scheme}/seed{seed}", preset.name, config) as tracker:
+        if not is_trained(run_dir):
+            train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{task} {scheme} s{seed}", tracker=tracker)
+        model = load_run(run_dir)[0]
+        ev = preset.task_eval
+        t0 = time.time()
+        cells = evaluate_task(
+            model, data.task, mcfg.train_length, ev.multiples, ev.answers, ev.max_tokens, ev.batch_tokens
+        )
+        summary = read_json(run_dir / "train_summary.json")
+        record = Task(
+            task=task,
+            scheme=scheme,
+            seed=seed,
+            train_length=mcfg.train_length,
+            train_seconds=summary["seconds"],
+            eval_seconds=time.time() - t0,
+            threads=run_stamp()["threads"],
+            cells=cells,
+            trained_steps=summary["steps"],
+            criterion=tcfg.until.describe() if tcfg.until else None,
+            criterion_step=steps_to_criterion(summary),
+            n_head=mcfg.n_head,
+            loss_curve=[(r["step"], r["loss"]) for r in read_jsonl(run_dir / "train.jsonl")],
+            leak=gate_leak(model, data.task, mcfg.train_length),
+        )
+        append(root / "results.jsonl", record)
+        tracker.log(task_metrics(record.cells, mcfg.train_length), summary["steps"])
+
+
+def task_meta(preset: Preset) -> dict:
+    """The report's header: tasks, model, budget, evaluation, each scheme's mixing window, the stamp."""
+    m, t = preset.model, preset.train
+    return {
+        "name": preset.name,
+        "train_length": m.train_length,
+        "tasks": {spec: get_task(spec).describe() for spec in task_specs(preset)},
+        "model": (
+            f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, "
+            f"{setting(preset, 'model.n_head')} heads, {m.mlp}, {m.norm}, train length {m.train_length}"
+        ),
+        "n_head": m.n_head,  # the head count of records without their own (retrieval_report.claim_alibi_slopes)
+        "budget": (
+            f"{setting(preset, 'train.steps')} steps x {t.batch_size} sequences of {m.train_length} tokens, "
+            f"lr {setting(preset, 'train.lr')}, loss on {t.loss}{positions_note(preset)}"
+        )
+        + (f"; until {t.until.describe()} (steps is the cap)" if t.until else ""),
+        "seeds": preset.seeds,
+        "eval": preset.task_eval.model_dump(),
+        "mixing_windows": {s: dataclasses.replace(m, encoding=s).mixing_window() for s in preset.schemes},
+        "text_results": preset.text_results,
+        "reference": preset.reference,
+        "notes": preset.description or None,
+        "stamp": run_stamp(),
+    }

@@ -1,0 +1,290 @@
+"""Presets as data: YAML files shipped as package data (``posenc/configs/``, read with
+``importlib.resources`` so an installed wheel has them) or given by path, validated by a pydantic
+model into a one-line error. compare (``posenc.config.plan``), extend, finetune and theory read theirs here.
+
+One dialect for all of them: a preset may say ``base: NAME`` (another preset, by name or path) and
+gives only what differs (:func:`merge`); the command line sets any key with ``--set KEY=VALUE``
+(:func:`parse_set`, :func:`assign`); :func:`reference` documents a preset's keys from its models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import PydanticUndefined
+
+from posenc.errors import PosencError
+
+SHIPPED = importlib.resources.files("posenc") / "configs"  # package data: works from a wheel too
+
+
+def preset_names(folder=SHIPPED) -> list[str]:
+    """The presets shipped in ``folder`` (package data)."""
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+class Loader(yaml.SafeLoader):
+    """YAML as presets read it: PyYAML's safe loader, with ``3e-3`` a float as YAML 1.2 has it (PyYAML's 1.1
+    reads a float only with a dot, ``3.0e-3``)."""
+
+
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"), list("-+0123456789.")
+)
+
+OWN = ("name", "description")  # what each preset says of itself: never taken from its base
+
+
+def read_preset(
+    name_or_path: str, folder=SHIPPED, kind: str = "preset", cls: type | None = None, _chain: tuple[str, ...] = ()
+) -> tuple[Path, dict]:
+    """(path, settings) of preset ``name_or_path``: a name in ``folder`` or a YAML file's path (any extension),
+    with its ``base`` resolved: the base preset (a name in ``folder``, or a path relative to this file's folder),
+    itself resolved, under this file's settings merged by :func:`merge` over ``cls``'s sections (every key but
+    ``OWN``'s is taken from the base unless given here).
+
+    Raises PosencError (one line, naming the ``kind``) for an unknown preset, invalid YAML, a file that is not a
+    mapping of settings, a ``base`` that is not a name or path, and a cycle of bases.
+    """
+    path, shipped = Path(name_or_path), folder / f"{name_or_path}.yaml"
+    bare = not path.suffix and path.name == name_or_path  # "quick"; "./mypreset" and "my.yaml" are paths
+    if bare and (shipped.is_file() or not path.is_file()):  # a shipped name wins over a stray local file
+        path = shipped
+    if not path.is_file():
+        raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {', '.join(preset_names(folder))}")
+    if str(path) in _chain:
+        names = [Path(p).name for p in (*_chain[_chain.index(str(path)) :], str(path))]
+        raise PosencError(f"{kind} {names[0]}: its bases form a cycle ({' -> '.join(names)})")
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader) or {}
+    except yaml.YAMLError as exc:
+        raise PosencError(f"{kind} {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise PosencError(f"{kind} {path} is not UTF-8 text") from None
+    if not isinstance(data, dict):
+        raise PosencError(f"{kind} {path} is not a YAML mapping of settings")
+    if "base" not in data:
+        return path, data
+    base = data.pop("base")
+    if not isinstance(base, str) or not base.strip():
+        raise PosencError(f"{kind} {path.name}: base must be a preset's name or path, got {base!r}")
+    relative = base if Path(base).name == base and not Path(base).suffix else str(Path(path).parent / base)
+    _, inherited = read_preset(relative, folder, kind, cls, (*_chain, str(path)))
+    return path, merge(cls, {k: v for k, v in inherited.items() if k not in OWN}, data)
+
+
+def merge(cls: type | None, data: dict, over: dict) -> dict:
+    """``over``'s settings over ``data``'s (a new dict; neither is changed): a key naming a section of ``cls`` (a
+    pydantic model or dataclass field, ``train``, ``eval.passkey``) given a mapping merges key by key; any other
+    value (a scalar, a list, null, a free mapping such as ``sweep.grid`` or ``model.encoding_params``) replaces
+    the one in ``data`` whole."""
+    out, fields = dict(data), _fields(cls)
+    for key, value in over.items():
+        section = _section(fields.get(key))
+        if section is not None and isinstance(value, dict):
+            value = merge(section, out[key] if isinstance(out.get(key), dict) else {}, value)
+        out[key] = value
+    return out
+
+
+def parse_set(text: str) -> tuple[str, Any]:
+    """(key, value) of one ``--set KEY=VALUE``: the value read as YAML (a scalar, ``[a, b]``, ``{k: v}``, ``null``).
+    PosencError for a text without ``=`` or a value that is not YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise PosencError(f"--set expects KEY=VALUE (train.lr=3e-3), got {text!r}")
+    try:
+        return key.strip(), yaml.load(raw, Loader)
+    except yaml.YAMLError as exc:
+        raise PosencError(f"--set {key}: {raw!r} is not a YAML value ({str(exc).splitlines()[0]})") from None
+
+
+def assign(cls: type, data: dict, key: str, value: Any, origin: str) -> dict:
+    """``data`` (a new dict) with the setting at dotted ``key`` of ``cls`` set to ``value``: its sections by field
+    name (``train.lr``, ``eval.passkey.trials``; a section absent or null starts empty), below a free mapping the
+    rest of the key one entry (``sweep.grid.train.lr``); a mapping given for a section merges into it (:func:`merge`).
+    PosencError naming ``origin`` (``--set train.lr``) for a key ``cls`` does not have (the valid ones listed) or one
+    below a value that takes no keys."""
+    path, tp, parts = [], cls, key.split(".")
+    while parts:
+        fields = _fields(_section(tp))
+        if fields:
+            name = parts.pop(0)
+            if name not in fields:
+                where = f"in {'.'.join(path)}" if path else "at the top"
+                raise PosencError(f"{origin}: unknown key {name!r} {where} (valid: {', '.join(fields)})")
+            path.append(name)
+            tp = fields[name]
+        elif _is_mapping(tp):
+            path.append(".".join(parts))
+            tp = Any
+            break
+        else:
+            raise PosencError(f"{origin}: {'.'.join(path)} takes a value, not keys")
+    out = dict(data)
+    at = out
+    for name in path[:-1]:
+        at[name] = dict(at[name]) if isinstance(at.get(name), dict) else {}
+        at = at[name]
+    section = _section(tp)
+    at[path[-1]] = merge(section, at.get(path[-1]) or {}, value) if section and isinstance(value, dict) else value
+    return out
+
+
+def _unwrap(tp):
+    """``tp`` without Optional[...] and Annotated[...]: the type a setting holds when it is given."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def _section(tp) -> type | None:
+    """The model (pydantic or dataclass) of a setting of type ``tp``, else None (a value or a free mapping)."""
+    tp = _unwrap(tp)
+    return tp if isinstance(tp, type) and (issubclass(tp, BaseModel) or dataclasses.is_dataclass(tp)) else None
+
+
+def _fields(cls: type | None) -> dict[str, Any]:
+    """{field: type} of a pydantic model or dataclass, in declaration order; {} for anything else."""
+    if cls is None:
+        return {}
+    if issubclass(cls, BaseModel):
+        return {name: f.annotation for name, f in cls.model_fields.items()}
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _is_mapping(tp) -> bool:
+    tp = _unwrap(tp)
+    return tp is Any or tp is dict or typing.get_origin(tp) is dict
+
+
+def validated(cls: type, data: dict, where: str, overrides: dict[str, Any] | None = None):
+    """``cls`` (a pydantic model or a standard-library dataclass such as ``ModelConfig``) built from ``data``; the
+    first validation error as one PosencError line naming ``where`` and the field (``config`` for a check of the
+    whole object), or naming ``KEY=VALUE (command line)`` when the field is one of ``overrides`` (a flag or ``--set``
+    gave it)."""
+    try:
+        return TypeAdapter(cls).validate_python(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(map(str, err["loc"])) or "config"
+        if field in (overrides or {}):
+            raise PosencError(f"invalid {field}={overrides[field]} (command line): {err['msg']}") from None
+        raise PosencError(f"invalid {where}: {field}: {err['msg']}") from None
+
+
+def reference(cls: type, key: str = "") -> str:
+    """Markdown tables of the settings of ``cls`` (a pydantic model or dataclass; ``key``: where it sits in a
+    preset, "" at the top), one per section, each followed by its sections' tables: every key with its type (and
+    bounds), its default and its description (the field's docstring, with its unit). How docs/presets.md
+    documents the format; a field without a docstring reads "(undocumented)", which its test refuses."""
+    title = f"`{key}`" if key else "the top level"
+    lines = [f"### {title} ({cls.__name__})", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+    below = []
+    for name, (tp, meta, default, doc) in _field_infos(cls).items():
+        meaning = (doc or "(undocumented)").replace("\n", " ")  # a docstring wrapped to the line width: one cell
+        lines.append(
+            f"| `{name}` | {_type_name(tp, meta)} | {_default(default)} | "
+            f"{meaning.replace('``', '`').replace('|', '/')} |"
+        )
+        if _section(tp) is not None:
+            below.append(reference(_section(tp), f"{key}.{name}" if key else name))
+    return "\n\n".join(["\n".join(lines), *below])
+
+
+def _field_infos(cls: type) -> dict[str, tuple]:
+    """{field: (type, constraints, default, description)} of a pydantic model or dataclass (default
+    PydanticUndefined when required)."""
+    if issubclass(cls, BaseModel):
+        return {
+            name: (f.annotation, f.metadata, f.get_default(call_default_factory=True), f.description)
+            for name, f in cls.model_fields.items()
+        }
+    docs = TypeAdapter(cls).json_schema()["properties"]
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out = {}
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        out[f.name] = (
+            hints[f.name],
+            [],
+            PydanticUndefined if default is dataclasses.MISSING else default,
+            docs[f.name].get("description"),
+        )
+    return out
+
+
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def _type_name(tp, meta=()) -> str:
+    """A setting's type in words: ``integer > 0``, ``list of number >= 0, <= 1``, ``text or null``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _type_name(args[0], [*args[1:], *meta])
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a, () if a is type(None) else meta) for a in args)
+    meta = [*meta, *(m2 for m in meta for m2 in getattr(m, "metadata", ()))]  # a Field(...) inside Annotated
+    bounds = [
+        f"{op} {getattr(m, attr)}" for m in meta for attr, op in _BOUNDS.items() if getattr(m, attr, None) is not None
+    ]
+    least = [f" (at least {m.min_length})" for m in meta if getattr(m, "min_length", None)]
+    if origin is typing.Literal:
+        name = "one of " + ", ".join(f"`{a}`" for a in args)
+    elif origin is list:
+        name = f"list of {_type_name(args[0])}"
+    elif tp is Any:
+        name = "any"
+    elif origin is dict or tp is dict:
+        name = "mapping"
+    elif _section(tp) is not None:
+        name = "section (below)"
+    else:
+        name = {type(None): "null", int: "integer", float: "number", str: "text", bool: "true/false"}.get(tp, str(tp))
+    return " ".join([name, ", ".join(bounds)]).strip() + "".join(least)
+
+
+def _default(value) -> str:
+    """A default as a preset would write it (YAML flow style); a section's as the keys it sets apart from its own
+    defaults, or "its keys' defaults"."""
+    if value is PydanticUndefined:
+        return "required"
+    if isinstance(value, BaseModel) or dataclasses.is_dataclass(value):
+        value = value.model_dump(exclude_defaults=True) if isinstance(value, BaseModel) else {}
+        if not value:
+            return "its keys' defaults"
+    return "`" + yaml.safe_dump([value], default_flow_style=True, width=10**6).strip()[1:-1] + "`"
+
+
+def apply(cls: type, data: dict, overrides: dict[str, Any] | None) -> dict:
+    """``data`` with each of ``overrides`` ({dotted key: value}, in order; a section's key given a mapping merges
+    it) set by :func:`assign`: how a command's flags and ``--set`` reach a preset."""
+    for key, value in (overrides or {}).items():
+        data = assign(cls, data, key, value, f"--set {key}")
+    return data
+
+
+def load_flat(cls: type[BaseModel], name_or_path: str, folder, kind: str, overrides: dict | None = None):
+    """A preset whose keys are a command's flags: ``cls`` built from preset ``name_or_path`` (a name in
+    ``folder`` or a YAML path) with ``overrides`` (the given flags and ``--set``s) replacing its keys
+    (:func:`apply`). PosencError as :func:`read_preset`, :func:`assign` and :func:`validated`, naming the ``kind``."""
+    path, data = read_preset(name_or_path, folder, kind, cls)
+    where = f"{kind} {path.name}" + (" with command-line options" if overrides else "")
+    return validated(cls, apply(cls, data, overrides), where, overrides)

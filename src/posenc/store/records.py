@@ -1,0 +1,434 @@
+"""Typed run records and the one store that writes and reads them.
+
+Every measurement a command keeps is one record of a kind below, one JSON line in a run's file:
+
+- ``results.jsonl`` of ``posenc compare`` (and ``eval.jsonl`` of ``posenc eval``): :class:`Ppl` (perplexity at
+  one evaluation length), :class:`PasskeyCell` (passkey accuracy of one length and depth), :class:`FarMass`
+  (far attention mass and entropy at one length), :class:`Task` (a synthetic-task job: its :class:`TaskCell` s);
+- ``records.jsonl`` of ``posenc extend`` and ``posenc finetune``: :class:`ScoredWindow` (one scored window of a
+  pretrained model) and :class:`PasskeyTrial` (one passkey trial);
+- ``diagnose.jsonl`` of ``posenc diagnose``: one :class:`Diagnosis` (its :class:`LengthDiagnosis` per length and
+  :class:`LayerGap` per layer with phases), rewritten whole by each run (``write``).
+
+A file's kind field picks the type within its family (``RUN``, ``PRETRAINED`` or ``DIAGNOSE``; no kind: ``ppl``,
+as early ``eval.jsonl`` lines). Each record carries ``schema_version``; a line without one is version 1 (what posenc
+wrote before the field); version 2 renamed the row label of ``ScoredWindow`` and ``PasskeyTrial`` from ``method`` to
+``adaptation``, and ``load`` reads an older line's fields under their current names (``RENAMED``). ``append`` writes
+one record as one line, ``write`` replaces a file by its records; ``load`` reads a file back, skipping a line torn
+by a killed writer, and refuses a record of a newer version or of an unknown kind with one line.
+``load_ppl`` reads a compare directory's perplexity records from its ``results.jsonl``, else from the
+``results.csv`` committed results keep; ``load_tasks`` a task comparison's :class:`Task` records from its
+``results.jsonl``, else from its ``retrieval.csv``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from posenc.errors import PosencError
+from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, write_jsonl
+
+SCHEMA_VERSION = 2  # raise it when a record's fields change name or meaning; load refuses a newer file
+# fields renamed since a version: {version: {old name: new name}}, applied to every line written before it
+RENAMED = {2: {"method": "adaptation"}}
+
+
+class Record(BaseModel):
+    """Fields every record has: its kind and the schema version it was written with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    schema_version: int = SCHEMA_VERSION
+
+
+class Ppl(Record):
+    """Perplexity of one model at one evaluation length (``posenc.runs.compare.evaluate_length`` measures it).
+    ``ratio`` is derived (ppl over the same scheme and seed's ppl at the training length,
+    ``posenc.reports.compare.with_ratios``): in results.csv, never in the JSONL."""
+
+    kind: Literal["ppl"] = "ppl"
+    scheme: str
+    seed: int | None = None  # posenc eval: the run's own
+    train_length: int
+    eval_length: int
+    method: str | None = None  # an inference method's full spec (posenc.methods), e.g. self-extend:group=4,window=64
+    windows: int | None = None
+    scored_tokens: int | None = None
+    nll: float | None = None  # summed over the scored tokens, nats
+    ppl: float | None = None  # None: not measurable (``note``)
+    bucket_edges: list[int] | None = None  # position-bucket edges in the window (tokens)
+    bucket_ppl: list[float] | None = None
+    note: str | None = None
+    seconds: float | None = None
+    ratio: float | None = None
+
+
+class PasskeyCell(Record):
+    """Passkey retrieval of one posenc model at one (length, depth): ``correct`` of ``trials``
+    (``posenc.eval.passkey``)."""
+
+    kind: Literal["passkey"] = "passkey"
+    scheme: str
+    method: str | None = None  # as Ppl.method
+    seed: int | None = None
+    train_length: int | None = None
+    length: int  # prompt tokens
+    depth: float  # key position as a fraction of the filler
+    mode: str = "rank"
+    candidates: int | None = None
+    digits: int | None = None
+    trials: int
+    correct: int
+    accuracy: float | None = None  # None: not measurable (``note``)
+    seconds: float | None = None
+    note: str | None = None
+
+
+class FarMass(Record):
+    """Mean softmax mass on keys at distance >= ``w`` and mean attention entropy (nats) at one length, over layers
+    and heads (``posenc.eval.diagnose.far_mass_records``); ``uniform_*`` are uniform causal attention's."""
+
+    kind: Literal["far_mass"] = "far_mass"
+    scheme: str
+    seed: int | None = None
+    train_length: int | None = None
+    length: int
+    windows: int | None = None
+    far_mass_mean: float | None = None
+    entropy_mean: float | None = None
+    uniform_far_mass: float | None = None
+    uniform_entropy: float | None = None
+    w: int | None = None  # None: a "not supported" record
+    note: str | None = None
+
+
+class TaskCell(BaseModel):
+    """Answers of one (test, sequence length, evidence-distance bucket) of a task job (``posenc.eval.tasks``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    test: str
+    length: int
+    bucket: int
+    n: int  # answers
+    correct: int
+    nll: float  # summed over the answers, nats
+
+
+class Task(Record):
+    """One synthetic-task job (``posenc.runs.retrieval``): its cells, training and evaluation seconds, torch threads."""
+
+    kind: Literal["task"] = "task"
+    task: str
+    scheme: str
+    seed: int
+    train_length: int
+    train_seconds: float
+    eval_seconds: float
+    threads: int
+    cells: list[TaskCell]
+    trained_steps: int | None = None  # steps the model trained (below the cap when it met train.until)
+    criterion: str | None = None  # train.until as words (UntilConfig.describe); None: trained to the cap
+    criterion_step: int | None = None  # the step it met the criterion at; None: not met (or no criterion)
+    n_head: int | None = (
+        None  # the model's query heads (ALiBi's slopes follow from them); None: records before the field
+    )
+    loss_curve: list[tuple[int, float]] | None = None  # (step, training loss) of each logged step (train.jsonl)
+    # mean -log f per token (nats) of each head of each forget-gate layer over the controlled-gap probe's gap
+    # (posenc.eval.tasks.gate_leak), (gated layers, heads); None: no forget gate, or records before the field
+    leak: list[list[float]] | None = None
+
+
+class ScoredWindow(Record):
+    """One scored window of a pretrained model (``posenc extend`` / ``finetune``): NLL sum over its scored targets
+    and per position bucket. ``key`` is its resume key, ``adaptation`` the row label of what was applied to the model
+    (a RoPE schedule name, ``scheme:SPEC`` for a posenc scheme swapped in, either with ``, fine-tuned N steps``),
+    ``setting`` the tag of the run's setting."""
+
+    kind: Literal["ppl"] = "ppl"
+    key: str
+    adaptation: str
+    factor: float
+    length: int
+    stride: int
+    bos: str
+    doc: str
+    begin: int
+    bucket: int
+    signature: str
+    seconds: float
+    nll_sum: float
+    n_scored: int
+    bucket_nll: list[float]
+    bucket_n: list[int]
+    reused_from: str | None = None  # the adaptation whose equal forward was reused
+    setting: str | None = None
+
+
+def trial_key(adaptation: str, length: int, depth: float, trial: int) -> str:
+    """The resume key of one passkey trial (the format of every version: old stores' keys still match)."""
+    return f"passkey|{adaptation}|{length}|{depth}|{trial}"
+
+
+class PasskeyTrial(Record):
+    """One greedy passkey trial of a pretrained model (``posenc.eval.passkey.passkey_trial``); ``adaptation`` as
+    :class:`ScoredWindow`'s."""
+
+    kind: Literal["passkey"] = "passkey"
+    key: str
+    adaptation: str
+    factor: float
+    length: int
+    depth: float
+    trial: int
+    seconds: float | None = None
+    passkey: int  # the number hidden in the prompt
+    answer: str | None = None
+    got: int | None = None
+    correct: bool
+    prompt_tokens: int
+    setting: str | None = None
+    bos: Literal["none", "prepend"] = "none"  # the prompt's BOS policy; before passkey prompts took it, none had a BOS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resume_key(cls, data):
+        """Before the number had its own field it overwrote the resume key (so each rerun ran the trial again):
+        the key is rebuilt and the number kept as ``passkey``."""
+        if isinstance(data, dict) and isinstance(data.get("key"), int):
+            data = {
+                **data,
+                "passkey": data["key"],
+                "key": trial_key(data["adaptation"], data["length"], data["depth"], data["trial"]),
+            }
+        return data
+
+
+class LengthDiagnosis(BaseModel):
+    """Attention of a posenc model at one evaluation length (``posenc.eval.diagnose.diagnose_model``): far mass (keys at
+    distance >= w), its Sec. 4 lower bound and entropy (nats) per layer and head, (n_layer, n_head) lists (far mass
+    None when no query has far keys; all None with a ``note`` when the scheme cannot run the length), their means
+    over layers and heads, and uniform causal attention's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    length: int  # tokens
+    multiple: float  # length / training length
+    windows: int  # held-out windows measured
+    far_mass: list[list[float]] | None = None
+    far_mass_bound: list[list[float]] | None = None
+    entropy: list[list[float]] | None = None
+    far_mass_mean: float | None = None
+    entropy_mean: float | None = None
+    uniform_far_mass: float | None = None
+    uniform_entropy: float | None = None
+    note: str | None = None
+
+
+class LayerGap(BaseModel):
+    """Spectral gap of one layer's step angles (``posenc.eval.diagnose``): beta = |mean exp(i theta)| (H, D/2) over
+    ``steps`` steps, the scheme's step-law baseline (D/2,) (None without one), the mixing windows w_eps (H, D/2)
+    in tokens (None: beta = 1, no window) and the mean step arg mean exp(i theta) (H, D/2) in rad/token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layer: int
+    steps: int
+    beta: list[list[float]]
+    baseline: list[float] | None = None
+    w_eps: list[list[int | None]]
+    mean_step: list[list[float]]
+
+
+class Diagnosis(Record):
+    """One ``posenc diagnose`` of a trained model: its settings (far keys at distance >= ``w`` tokens, mixing
+    tolerance ``eps``), a :class:`LengthDiagnosis` per length, a :class:`LayerGap` per layer with phases (None when
+    no layer has any) and ``note`` when the scheme is not supported (no lengths then)."""
+
+    kind: Literal["diagnosis"] = "diagnosis"
+    scheme: str
+    describe: str
+    train_length: int
+    w: int
+    eps: float
+    windows_per_length: int
+    lengths: list[LengthDiagnosis] = []
+    spectral_gap: list[LayerGap] | None = None
+    note: str | None = None
+
+
+PretrainedRecord = ScoredWindow | PasskeyTrial
+RUN: dict[str, type[Record]] = {"ppl": Ppl, "passkey": PasskeyCell, "far_mass": FarMass, "task": Task}
+PRETRAINED: dict[str, type[Record]] = {"ppl": ScoredWindow, "passkey": PasskeyTrial}
+DIAGNOSE: dict[str, type[Record]] = {"diagnosis": Diagnosis}
+
+
+def _row(record: Record) -> dict:
+    """The JSON line of ``record`` (a Ppl's derived ratio left out)."""
+    return record.model_dump(mode="json", exclude={"ratio"} if isinstance(record, Ppl) else None)
+
+
+def append(path: Path, record: Record) -> None:
+    """Append ``record`` as one line, written and flushed at once (``posenc.store.checkpoint.append_jsonl``)."""
+    append_jsonl(path, _row(record))
+
+
+def write(path: Path, records: list[Record]) -> None:
+    """Replace ``path`` by ``records``, one line each, in one atomic write (a file a command rewrites whole)."""
+    write_jsonl(path, [_row(r) for r in records])
+
+
+def _parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
+    """The typed record of one decoded line, an older version's fields under their current names (``RENAMED``).
+    Raises PosencError naming ``where`` for a newer schema version, an unknown kind or fields that do not fit the
+    kind."""
+    version = raw.get("schema_version", 1)
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise PosencError(
+            f"{where} holds records of schema version {version}; this posenc reads versions up to "
+            f"{SCHEMA_VERSION} (a newer posenc wrote it)"
+        )
+    raw = {**raw, "schema_version": version}  # a line without the field is version 1, not this posenc's
+    for since, names in RENAMED.items():
+        if version < since:
+            raw = {names.get(k, k): v for k, v in raw.items()}
+    kind = raw.get("kind", "ppl")
+    if kind not in kinds:
+        raise PosencError(f"{where} holds a record of unknown kind {kind!r}; known: {', '.join(kinds)}")
+    try:
+        return kinds[kind].model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise PosencError(f"{where}: not a {kind} record ({'.'.join(map(str, err['loc']))}: {err['msg']})") from None
+
+
+def load(path: Path, kinds: dict[str, type[Record]] = RUN) -> list[Record]:
+    """Typed records of a JSONL file, of the family ``kinds`` ([] when it does not exist); a line that is not
+    JSON (torn by a killed writer) is skipped. Raises PosencError (one line, naming the file and line) for a
+    record of a newer schema version, of an unknown kind, or whose fields do not fit its kind."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out.append(_parse(raw, kinds, f"{path} line {i}"))
+    return out
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut a last line left unfinished by a killed writer, so the next append starts a clean line."""
+    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        text = path.read_bytes()
+        atomic_write_bytes(path, text[: text.rfind(b"\n") + 1])
+
+
+_INT, _FLOAT = ("seed", "train_length", "eval_length", "windows", "scored_tokens"), ("nll", "ppl", "ratio")
+
+
+def load_csv(path: Path) -> list[Ppl]:
+    """The perplexity records of a compare ``results.csv`` (``posenc.reports.compare.write_csv``): numbers parsed, empty
+    cells None, rows without lengths dropped. Raises PosencError naming the file for another table."""
+    out = []
+    rows = csv.DictReader(io.StringIO(Path(path).read_text(encoding="utf-8")))
+    try:
+        missing = [k for k in ("scheme", "train_length", "eval_length") if k not in (rows.fieldnames or [])]
+        if missing:
+            raise KeyError(missing[0])
+        for row in rows:
+            rec = {
+                k: None if row.get(k) in (None, "") else (int(float(row[k])) if k in _INT else float(row[k]))
+                for k in _INT + _FLOAT
+            }
+            if rec["eval_length"] and rec["train_length"]:
+                out.append(Ppl(scheme=row["scheme"], note=row.get("note") or None, **rec))
+    except (KeyError, ValueError) as exc:
+        raise PosencError(f"{path} is not a posenc results table ({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def load_ppl(run_dir: Path) -> list[Ppl] | None:
+    """The perplexity records of a compare run directory: its ``results.jsonl``, else its ``results.csv``
+    (committed results keep only the CSV); None when it has neither."""
+    run_dir = Path(run_dir)
+    if (run_dir / "results.jsonl").exists():
+        return [r for r in load(run_dir / "results.jsonl") if isinstance(r, Ppl)]
+    if (run_dir / "results.csv").exists():
+        return load_csv(run_dir / "results.csv")
+    return None
+
+
+def _task_train_length(cells: list[TaskCell], where: str) -> int:
+    """The training length of a job from a retrieval.csv written before its train_length column: the shortest length
+    of its ``id`` test (the in-distribution test at 1x, which every task's tests include at the preset's multiples)."""
+    lengths = [c.length for c in cells if c.test == "id"]
+    if not lengths:
+        raise PosencError(f"{where}: no train_length column and no id cells that give it")
+    return min(lengths)
+
+
+def load_task_csv(path: Path) -> list[Task]:
+    """The task records of a task comparison's ``retrieval.csv`` (``posenc.reports.tasks.write_csv``): one per
+    (task, scheme, seed), its cells (nll = nll_mean x answers, rounded as the CSV is), train_length, trained_steps
+    and criterion_step from their columns (a CSV written before them: train_length from the id cells, the others
+    None); times NaN and threads 0 (the CSV keeps none). Raises PosencError naming the file for another table."""
+    groups: dict[tuple[str, str, int], list[dict]] = {}
+    rows = csv.DictReader(io.StringIO(Path(path).read_text(encoding="utf-8")))
+    try:
+        for row in rows:
+            groups.setdefault((row["task"], row["scheme"], int(row["seed"])), []).append(row)
+        out = []
+        for (task, scheme, seed), job in groups.items():
+            cells = [
+                TaskCell(
+                    test=r["test"],
+                    length=int(r["length"]),
+                    bucket=int(r["bucket"]),
+                    n=int(r["answers"]),
+                    correct=int(r["correct"]),
+                    nll=float(r["nll_mean"]) * int(r["answers"]),
+                )
+                for r in job
+            ]
+            extra = {
+                k: int(job[0][k]) if job[0].get(k) else None
+                for k in ("train_length", "trained_steps", "criterion_step")
+            }
+            L0 = extra.pop("train_length") or _task_train_length(cells, f"{path} ({task}, {scheme}, seed {seed})")
+            out.append(
+                Task(
+                    task=task,
+                    scheme=scheme,
+                    seed=seed,
+                    train_length=L0,
+                    train_seconds=float("nan"),
+                    eval_seconds=float("nan"),
+                    threads=0,
+                    cells=cells,
+                    **extra,
+                )
+            )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise PosencError(f"{path} is not a posenc retrieval table ({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def load_tasks(run_dir: Path) -> list[Task] | None:
+    """The task records of a task comparison directory: its ``results.jsonl``, else its ``retrieval.csv`` (committed
+    results keep the CSV); None when it has neither."""
+    run_dir = Path(run_dir)
+    if (run_dir / "results.jsonl").exists():
+        return [r for r in load(run_dir / "results.jsonl") if isinstance(r, Task)]
+    if (run_dir / "retrieval.csv").exists():
+        return load_task_csv(run_dir / "retrieval.csv")
+    return None

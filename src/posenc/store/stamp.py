@@ -1,0 +1,116 @@
+"""What decides a run's numbers, recorded with it: versions, commit, device, dtype, threads, command line.
+
+Learned schemes' results can change with the code, the CPU kernels and the thread count
+(``benchmarks/run_noise.py`` measures the last), so a run that cannot be matched to them cannot be compared: each
+training run's ``config.json``, each compare invocation's line of ``invocations.jsonl`` (beside ``preset.json``) and
+the report header carry ``run_stamp()``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    """The checkout's commit (with ``+dirty`` for uncommitted changes) when posenc runs from a git checkout, else
+    None."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def cpu_name() -> str:
+    """The CPU model (Linux: /proc/cpuinfo's model name; elsewhere platform.processor()) and the instruction set
+    torch's CPU kernels dispatch to (``torch.backends.cpu.get_cpu_capability``: AVX2, AVX512 ...). Two machines
+    with other kernels sum in another order, so learned schemes' weights can differ between them."""
+    model = platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        model = next(
+            (line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")),
+            model,
+        )
+    return f"{model}, {torch.backends.cpu.get_cpu_capability()} kernels"
+
+
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPU units with native bf16 dot products
+
+
+def bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """The bfloat16 matrix units this machine has, detected, never assumed: on CUDA ``["cuda"]`` when
+    ``torch.cuda.is_bf16_supported()``; on a Linux CPU its /proc/cpuinfo flags among ``amx_bf16`` (Intel AMX
+    tiles) and ``avx512_bf16`` (AVX512 BF16 dot products, e.g. AMD Zen 4); empty elsewhere (bf16 matmuls would
+    be emulated, slower than float32)."""
+    if torch.cuda.is_available():
+        return ["cuda"] if torch.cuda.is_bf16_supported() else []
+    if not cpuinfo.exists():
+        return []
+    flags = next(
+        (line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), []
+    )
+    return [unit for unit in BF16_FLAGS if unit in flags]
+
+
+def run_stamp(precision: str | None = None) -> dict:
+    """{posenc, commit, torch, transformers, python, platform, device, bf16_units, dtype, threads, command}: plain
+    JSON values. command: the command line as a shell would retype it (arguments with spaces or quotes quoted).
+
+    dtype: the weights' (torch's default) dtype and the compute dtype: ``precision`` "bf16" (bfloat16 autocast,
+    float32 master weights; phases and cumulative sums stay float32+) or "fp32", as a training run resolved it
+    (``posenc.train.loop.resolve_precision``); without it, the one ``train.precision: auto`` picks on this machine."""
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({cpu_name()})"
+    units = bf16_units()
+    compute = precision or ("bf16" if units else "fp32")
+    return {
+        "posenc": _version("posenc"),
+        "commit": git_commit(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device,
+        "bf16_units": units,
+        "dtype": f"{str(torch.get_default_dtype()).removeprefix('torch.')} weights, "
+        + ("bfloat16 autocast" if compute == "bf16" else "float32 compute"),
+        "threads": torch.get_num_threads(),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def stamp_line(stamp: dict) -> str:
+    """The stamp as one line for a report header."""
+    return (
+        f"posenc {stamp['posenc']} (commit {stamp['commit'] or 'n/a'}), torch {stamp['torch']}, "
+        f"transformers {stamp['transformers'] or 'not installed'}, "
+        f"{stamp['device']}, {stamp.get('dtype', 'dtype n/a')}, {stamp['threads']} threads, "
+        f"python {stamp['python']} on {stamp['platform']}; command: `{stamp['command']}`"
+    )
