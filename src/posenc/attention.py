@@ -352,10 +352,19 @@ def fused_separable(
             kx[..., :near, D] = row
             far, far_lse = flash(rows, kx[..., :near, :], vx[..., :near, :], scale=scale)
             far_lse = far_lse + (tile[..., 0] - tile[..., :1, 0])  # r(i) - r(qs), from key near - 1's column
-            total = torch.logaddexp(lse, far_lse)
-            out = out * (lse - total).exp_()[..., None] + far * (far_lse - total).exp_()[..., None]
+            out = merge_lse([(out, lse), (far, far_lse)])
         blocks.append(out[..., : v.shape[-1]])
     return torch.cat(blocks, dim=-2)
+
+
+def merge_lse(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """One softmax over disjoint key sets from each set's attention: parts of (out (..., n, Dv), lse (..., n)), the
+    softmax output and log-sum-exp of each query row over that set. FlashAttention's merge (Dao et al. 2022,
+    arXiv:2205.14135, sec. 3.1): total = logsumexp over the parts, out = sum_p out_p exp(lse_p - total). A row
+    without keys in a part has lse -inf there and must have a finite out (weight 0); a NaN lse makes its row NaN.
+    Returns (..., n, Dv) in the parts' dtype."""
+    total = torch.stack([lse for _, lse in parts]).logsumexp(0)
+    return sum(out * (lse - total).exp()[..., None] for out, lse in parts)
 
 
 def _pad(t: torch.Tensor, width: int, feature) -> torch.Tensor:

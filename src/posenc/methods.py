@@ -25,10 +25,12 @@ Each method replaces the relative position ``i - j`` that a position-indexed sch
   clamp at ``chunk_size`` = S + w; the paper writes c - 1 where the code has S + w).
 
 ``relative_positions`` writes each definition directly (the naive reference, tested against hand-computed
-tables); the fast path (``method_attention``) uses each method's split into regions (``Method.region``: near
+tables); the blockwise path (``method_attention``) uses each method's split into regions (``Method.region``: near
 and far; dual-chunk's intra, successive and inter), in each of which ``d`` is a difference of per-row and
 per-column positions (``Method.query_positions``, ``key_positions``), so RoPE needs one rotation of q and k per
-region, never one per pair (tested equal).
+region, never one per pair (tested equal). In evaluation on CPU (``fast_applies``) the keys that every query of
+a block sees in one region go through the CPU flash kernel, only the others through explicit scores
+(``fast_blocks``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from collections.abc import Callable
 
 import torch
 
+from posenc.attention import _pad, merge_lse, nan_rows
 from posenc.encodings.base import Encoding, Inputs
 from posenc.encodings.bias import ALiBi
 from posenc.encodings.registry import format_part, split_part
@@ -136,7 +139,7 @@ class Method:
         return causal & ((j < first) | (i - j < self.window))
 
     def distance(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        """d(i, j) from the regions (int64), the fast path's; equals ``relative_positions`` where visible."""
+        """d(i, j) from the regions (int64), the blockwise path's; equals ``relative_positions`` where visible."""
         region = self.region(i, j)
         d = torch.zeros(region.shape, dtype=torch.int64, device=region.device)
         for r, (qp, kp) in enumerate(zip(self.query_positions(i), self.key_positions(j))):
@@ -241,12 +244,60 @@ def method_attention(
     multiplies q.k (default 1/sqrt(D)). At most H x block x Tk scores exist at once (one tile per region for
     RoPE), never Tq x Tk; under a Lambda mask only the keys the block may see (``block_keys``). Returns (B, H, Tq, Dv)
     in v's dtype; differentiable (autograd). Reference: ``naive_method_attention`` (tested: values and gradients).
+
+    Evaluation (``fast_applies``: no grad, CPU, float32/float64 outside autocast, no bias) takes the fast path
+    (``fast_blocks``): a block's keys that every query of it sees in one region go through the CPU flash kernel
+    unmasked, the rest (the diagonal, the band where a key changes region or leaves the window) through explicit
+    scores, the parts merged by their log-sum-exps; the same values as the explicit path (tested). The
+    distance-bias schemes (ALiBi, T5, Kerple) keep the explicit path: their bias varies along a run of such keys.
     """
+    fast = fast_applies(q, k, v, bias_of)
+    kw = {"inv_freq": inv_freq, "pairing": pairing, "bias_of": bias_of, "scale": scale, "block_size": block_size}
+    return blockwise(q, k, v, q_pos, k_pos, method, **kw, fast=fast)
+
+
+def fast_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of: Callable | None) -> bool:
+    """Whether ``method_attention`` takes the fast path: no grad (the kernel's log-sum-exp has no backward), CPU
+    (it is the CPU flash kernel), q, k, v of one dtype, float32 or float64, outside autocast (the dtypes in which
+    the kernel and the explicit path agree to rounding), and no score bias."""
+    return (
+        not torch.is_grad_enabled()
+        and bias_of is None
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and k.dtype == v.dtype == q.dtype
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def blockwise(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    method: Method,
+    *,
+    inv_freq: torch.Tensor | None = None,
+    pairing: str = "half",
+    bias_of: Callable | None = None,
+    scale: float | None = None,
+    block_size: int = 512,
+    fast: bool = False,
+) -> torch.Tensor:
+    """``method_attention`` on the path chosen (its arguments and result): ``fast`` (``fast_blocks``; only where
+    ``fast_applies`` holds, ValueError with a bias) or the explicit one, the reference path (any device, dtype and
+    grad mode). The tests and ``benchmarks/method_prefill.py`` call it to compare the two."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     q_maps, k_maps = method.query_positions(q_pos), method.key_positions(k_pos)
+    q_rot, k_rot = [q], [k]  # no RoPE: one product for every region
     if inv_freq is not None:
         q_rot = [_rot(q, p, inv_freq, pairing) for p in q_maps]
         k_rot = [_rot(k, p, inv_freq, pairing) for p in k_maps]
+    if fast:
+        if bias_of is not None:
+            raise ValueError("the fast path of method_attention takes no score bias")
+        return fast_blocks(q_rot, k_rot, v, q_pos, k_pos, method, scale, block_size)
     table = None
     if bias_of is not None:  # no distance exceeds the largest query position less the smallest key one of a region
         reach = max(int(qp.max() - kp.min()) for qp, kp in zip(q_maps, k_maps))
@@ -256,13 +307,11 @@ def method_attention(
         b, i = a + block_size, q_pos[a : a + block_size, None]
         keys = block_keys(method, k_pos, int(i.min()), int(i.max()))
         j = k_pos[None, keys]
-        if inv_freq is not None:
+        s = q_rot[0][..., a:b, :] @ k_rot[0][..., keys, :].transpose(-1, -2)
+        if len(q_rot) > 1:
             region = method.region(i, j)
-            s = q_rot[0][..., a:b, :] @ k_rot[0][..., keys, :].transpose(-1, -2)
             for r in range(1, len(q_rot)):
                 s = torch.where(region == r, q_rot[r][..., a:b, :] @ k_rot[r][..., keys, :].transpose(-1, -2), s)
-        else:
-            s = q[..., a:b, :] @ k[..., keys, :].transpose(-1, -2)
         s = s * scale
         if table is not None:
             d = method.distance(i, j).clamp(min=0)  # hidden pairs may fall below 0
@@ -280,10 +329,114 @@ def block_keys(method: Method, k_pos: torch.Tensor, lo: int, hi: int) -> torch.T
     if method.name in ("self-extend", "dual-chunk"):
         return torch.arange(end, device=k_pos.device)
     first = int(torch.searchsorted(k_pos, method.n_global if method.name == "lm-infinite" else method.n_sink))
-    start = max(first, int(torch.searchsorted(k_pos, lo - method.window + 1)))
+    start = max(first, int(torch.searchsorted(k_pos, lo - method.window + 1)))  # past end: a block before n_first
     return torch.cat(
-        (torch.arange(min(first, end), device=k_pos.device), torch.arange(start, end, device=k_pos.device))
+        (torch.arange(min(first, end), device=k_pos.device), torch.arange(start, max(start, end), device=k_pos.device))
     )
+
+
+def fast_blocks(
+    q_rot: list[torch.Tensor],
+    k_rot: list[torch.Tensor],
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    method: Method,
+    scale: float,
+    block_size: int,
+) -> torch.Tensor:
+    """The fast path, no grad, CPU float32/float64: q_rot[r] (B, H, Tq, D) and k_rot[r] (B, H, Tk, D) q and k
+    rotated at region r's positions (one entry each without RoPE), v (B, H, Tk, Dv), one dtype.
+
+    Per query block (``fast_query_blocks``) the runs of uniform keys (``uniform_regions``, ``key_runs``) go through
+    the CPU flash kernel unmasked (q and k of their region), the block's other keys through explicit scores
+    (``_explicit_part``), and the parts merge by their log-sum-exps (``merge_lse``). Returns (B, H, Tq, Dv) in
+    v's dtype. At most H x block x (keys of a block) scores exist at once.
+    """
+    Dv, width = v.shape[-1], max(q_rot[0].shape[-1], v.shape[-1])  # the kernel takes one head size for q, k and v
+    qw, kw, vw = [_pad(t, width, 0.0) for t in q_rot], [_pad(t, width, 0.0) for t in k_rot], _pad(v, width, 0.0)
+    flash, out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, []
+    for a, b in fast_query_blocks(method, q_pos, block_size):
+        i = q_pos[a:b, None]
+        lo, hi = int(i.min()), int(i.max())
+        keys = block_keys(method, k_pos, lo, hi)
+        label = uniform_regions(method, k_pos[keys], lo, hi)
+        parts = []
+        for r, ks, ke in key_runs(label, keys):
+            rows, run = qw[min(r, len(qw) - 1)][..., a:b, :], kw[min(r, len(kw) - 1)][..., ks:ke, :]
+            o, lse = flash(rows, run, vw[..., ks:ke, :], scale=scale)
+            # the kernel writes 0 (lse 0) for a row whose scores are all NaN: nan_rows gives the NaN back
+            parts.append((o[..., :Dv], lse + nan_rows(rows, run)[..., 0]))
+        rest = keys[label < 0]
+        if len(rest):
+            parts.append(_explicit_part(q_rot, k_rot, v, a, b, i, rest, k_pos[None, rest], method, scale))
+        out.append(merge_lse(parts))
+    return torch.cat(out, dim=-2).to(v.dtype)
+
+
+def fast_query_blocks(method: Method, q_pos: torch.Tensor, block_size: int) -> list[tuple[int, int]]:
+    """The fast path's query blocks, row ranges [a, b) of at most ``block_size`` rows; dual-chunk's also end where
+    q_pos (ascending) enters a new chunk: there every key changes region at once, and a block across it would
+    send a whole chunk of keys to the explicit scores."""
+    cuts = set(range(0, len(q_pos), block_size))
+    if method.name == "dual-chunk":
+        chunk = q_pos // method.chunk
+        cuts.update((torch.nonzero(chunk[1:] != chunk[:-1]).flatten() + 1).tolist())
+    edges = sorted(cuts) + [len(q_pos)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def uniform_regions(method: Method, j: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """For key positions j (n,) int64: the region that every query position i in [lo, hi] gives the key, where
+    every such query sees it (a uniform key), else -1; (n,) int64. Two evaluations of ``Method.region`` and
+    ``Method.visible``, at lo and at hi, decide it, since for each method and fixed j:
+
+    - the region is non-decreasing in i: self-extend, LM-Infinite and sinks have (i - j >= W), dual-chunk
+      clamp(i // S - j // S, 0, 2) (floor division by S > 0 is monotone); equal at lo and hi, it is equal at
+      every i between;
+    - the visible i form an interval: j <= i (self-extend, dual-chunk: [j, inf)), and under the Lambda mask
+      (LM-Infinite, sinks) also j < n_first or i - j < W ([j, inf) or [j, j + W - 1]); visible at lo and hi,
+      the key is visible at every i between.
+
+    Within region r the score is <R(qpos_r(i)) q_i, R(kpos_r(j)) k_j>, the product of q_rot[r] and k_rot[r], so
+    the kernel, unmasked, computes the explicit path's scores for these keys (the claim is also tested directly).
+    """
+    ends = torch.tensor([[lo], [hi]], device=j.device)
+    region, seen = method.region(ends, j[None, :]), method.visible(ends, j[None, :])
+    return torch.where((region[0] == region[1]) & seen.all(0), region[0], -1)
+
+
+def key_runs(label: torch.Tensor, keys: torch.Tensor) -> list[tuple[int, int, int]]:
+    """The maximal runs of uniform keys of one region, contiguous in k: (region, start, end) for the keys
+    start..end-1 of k, from ``uniform_regions``' label (n,) of the key indices ``keys`` (n,) int64 ascending."""
+    if not len(keys):
+        return []
+    cut = (label[1:] != label[:-1]) | (keys[1:] != keys[:-1] + 1)
+    starts = torch.cat((cut.new_zeros(1, dtype=torch.int64), torch.nonzero(cut).flatten() + 1))
+    last = torch.cat((starts[1:] - 1, starts.new_full((1,), len(keys) - 1)))
+    runs = zip(label[starts].tolist(), keys[starts].tolist(), (keys[last] + 1).tolist())
+    return [run for run in runs if run[0] >= 0]
+
+
+def _explicit_part(q_rot, k_rot, v, a: int, b: int, i, keys, j, method: Method, scale: float):
+    """Attention of the queries a:b (positions i (n, 1)) over the keys ``keys`` (m,) of positions j (1, m) by
+    explicit scores, the explicit path's: (out (B, H, n, Dv), lse (B, H, n)); a row that sees none of these keys
+    has out 0 and lse -inf (weight 0 in the merge). A region r > 0 takes its product only over the columns where
+    a visible pair has it (the diagonal has region 0 alone); softmax and log-sum-exp in place, one tile."""
+    region, seen = method.region(i, j).clamp_(max=len(q_rot) - 1), method.visible(i, j)
+    s = q_rot[0][..., a:b, :] @ k_rot[0][..., keys, :].transpose(-1, -2)
+    for r in range(1, len(q_rot)):
+        cols = torch.nonzero(((region == r) & seen).any(0)).flatten()
+        if len(cols):
+            c0, c1 = int(cols[0]), int(cols[-1]) + 1
+            tile = q_rot[r][..., a:b, :] @ k_rot[r][..., keys[c0:c1], :].transpose(-1, -2)
+            s[..., c0:c1] = torch.where(region[:, c0:c1] == r, tile, s[..., c0:c1])
+    s.mul_(scale).masked_fill_(~seen, -math.inf)
+    top = s.amax(-1, keepdim=True)
+    top = torch.where(top == -math.inf, 0.0, top)  # a row without keys: weights exp(-inf) = 0, not NaN
+    total = s.sub_(top).exp_().sum(-1, keepdim=True)
+    out = (s @ v[..., keys, :]) / torch.where(total == 0, 1.0, total)
+    return out, (top + total.log()).squeeze(-1)
 
 
 def naive_method_attention(q, k, v, q_pos, k_pos, method, *, inv_freq=None, pairing="half", bias_of=None, scale=None):

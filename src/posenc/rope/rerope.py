@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from posenc.attention import BiasFn, repeat_kv, rotate
+from posenc.attention import BiasFn, merge_lse, repeat_kv, rotate
 from posenc.rope.schedules import wrap_phases
 
 
@@ -49,7 +49,7 @@ def _attend(q, k, v, keep, bias, scale, fused):
     (None: all keys) and an additive ``bias`` tile (or None).
 
     Returns (out (B, H, bq, Dv), logsumexp (B, H, bq)); a row with no key has lse -inf
-    (its out is finite and gets weight 0 in ``_merge``). ``fused``: torch's CPU flash
+    (its out is finite and gets weight 0 in ``merge_lse``). ``fused``: torch's CPU flash
     kernel (returns the logsumexp; no gradient through it), else matmuls.
     """
     if fused:
@@ -69,12 +69,6 @@ def _attend(q, k, v, keep, bias, scale, fused):
     s = s.masked_fill(~(keep | ~has_key[:, None]), -math.inf)  # an empty row keeps finite scores: no NaN gradient
     lse = torch.where(has_key, s.logsumexp(-1), -math.inf)
     return torch.softmax(s, -1) @ v, lse
-
-
-def _merge(parts):
-    """One softmax over disjoint key sets from their (out, logsumexp) pairs."""
-    lse = torch.stack([lse for _, lse in parts]).logsumexp(0)
-    return sum(o * (part_lse - lse).exp()[..., None] for o, part_lse in parts)
 
 
 def rerope_attention(
@@ -148,7 +142,7 @@ def rerope_attention(
                 keep = None if rule is None else (j <= p - window) if rule == "far" else (j > p - window) & (j <= p)
                 tile = None if bias is None else bias(lo, hi + 1, j0, j1)
                 parts.append(_attend(q_, kk[:, :, j0:j1], v[:, :, j0:j1], keep, tile, scale, fused))
-        out.append(_merge(parts))
+        out.append(merge_lse(parts))
     return torch.cat(out, dim=-2).to(v.dtype)
 
 
