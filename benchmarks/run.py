@@ -17,7 +17,7 @@ average) and ``suite.md`` (the tables). Sections, each per scheme in
   ``torch.compile`` (``train.compile``), timed alternately; speedup.
 - ``memory``: peak resident memory (VmHWM) of a fresh process that builds the
   default ``compare`` model (all its layers; ``--memory-layers`` overrides) and
-  evaluates one 32768-token window with ``posenc.runs.compare.evaluate_length``,
+  evaluates one 32768-token window with ``posenc.eval.perplexity.evaluate_length``,
   one thread per process. Goal: <= 4 GiB.
 
 Timings use ``torch.utils.benchmark.Timer`` (one thread, warm-up first); the
@@ -204,7 +204,7 @@ def bench_compile(schemes: list[str], rounds: int) -> dict:
 
 def memory_child(scheme: str, layers: int) -> None:
     """In a fresh process: evaluate one MEM_LENGTH window; print peak RSS and timing as JSON."""
-    from posenc.runs.compare import evaluate_length
+    from posenc.eval.perplexity import evaluate_length
 
     torch.set_num_threads(1)
     cfg = dataclasses.replace(default_model(scheme), n_layer=layers)

@@ -8,7 +8,7 @@ import torch
 
 from posenc import build_model
 from posenc.errors import PosencError
-from posenc.runs.compare import evaluate_length
+from posenc.eval.perplexity import evaluate_length
 from posenc.scoring import bucket_edges, plan, window_starts
 
 RUN = {"scheme": "rope"}  # the run fields each record carries

@@ -238,7 +238,7 @@ def test_compare_reaches_the_report_through_the_traced_files():
     )
     assert {
         "posenc.train.loop.train",
-        "posenc.runs.compare.evaluate_length",
+        "posenc.eval.perplexity.evaluate_length",
         "posenc.store.records.append",
     } <= pw.calls("posenc.runs.compare", "run_job")
     assert {"posenc.store.records.load"} <= pw.calls(

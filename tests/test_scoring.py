@@ -10,7 +10,7 @@ import torch
 from posenc import build_model
 from posenc.errors import PosencError
 from posenc.eval import perplexity as hf
-from posenc.runs.compare import evaluate_length
+from posenc.eval.perplexity import evaluate_length
 from posenc.scoring import Window, check_once, text_windows, token_nll
 
 

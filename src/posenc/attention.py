@@ -364,7 +364,10 @@ def merge_lse(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     without keys in a part has lse -inf there and must have a finite out (weight 0); a NaN lse makes its row NaN.
     Returns (..., n, Dv) in the parts' dtype."""
     total = torch.stack([lse for _, lse in parts]).logsumexp(0)
-    return sum(out * (lse - total).exp()[..., None] for out, lse in parts)
+    merged = parts[0][0] * (parts[0][1] - total).exp()[..., None]
+    for out, lse in parts[1:]:
+        merged = merged + out * (lse - total).exp()[..., None]
+    return merged
 
 
 def _pad(t: torch.Tensor, width: int, feature) -> torch.Tensor:

@@ -252,8 +252,20 @@ def method_attention(
     distance-bias schemes (ALiBi, T5, Kerple) keep the explicit path: their bias varies along a run of such keys.
     """
     fast = fast_applies(q, k, v, bias_of)
-    kw = {"inv_freq": inv_freq, "pairing": pairing, "bias_of": bias_of, "scale": scale, "block_size": block_size}
-    return blockwise(q, k, v, q_pos, k_pos, method, **kw, fast=fast)
+    return blockwise(
+        q,
+        k,
+        v,
+        q_pos,
+        k_pos,
+        method,
+        inv_freq=inv_freq,
+        pairing=pairing,
+        bias_of=bias_of,
+        scale=scale,
+        block_size=block_size,
+        fast=fast,
+    )
 
 
 def fast_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of: Callable | None) -> bool:

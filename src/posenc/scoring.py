@@ -1,4 +1,4 @@
-"""Token accounting and next-token NLL: the one place both own models (``posenc.runs.compare.evaluate_length``,
+"""Token accounting and next-token NLL: the one place both own models (``posenc.eval.perplexity.evaluate_length``,
 ``posenc.eval.passkey``, training) and Hugging Face models (``posenc.eval.perplexity``) score text.
 
 Accounting. A window reads ``span`` consecutive text tokens of one document,

@@ -12,10 +12,10 @@ from posenc.cli.common import number_list
 from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
 from posenc.eval.passkey import PasskeyConfig, passkey_records
+from posenc.eval.perplexity import evaluate_length
 from posenc.model import set_method, with_rope_schedule
 from posenc.reports.render import plot_stream
 from posenc.rope import NAMES, check_window
-from posenc.runs.compare import evaluate_length
 from posenc.scoring import eval_lengths, plan
 from posenc.store.records import Ppl, append
 from posenc.train.loop import load_run

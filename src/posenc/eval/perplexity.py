@@ -1,7 +1,8 @@
-"""Perplexity with exact token accounting for a Hugging Face causal LM; a thin user of
-``posenc.scoring`` (windows, NLL). Passkey retrieval by generation: ``posenc.eval.passkey``.
+"""Perplexity with exact token accounting, of posenc's own models (``evaluate_length``: the windows of one
+evaluation length, batched, one ``Ppl`` record) and of Hugging Face causal LMs (``score_window``, one window at a
+time with a BOS policy); both take their windows from ``posenc.scoring``. Passkey retrieval: ``posenc.eval.passkey``.
 
-Token accounting (one BOS policy at every length; ``length`` = model positions):
+Token accounting of a Hugging Face model (one BOS policy at every length; ``length`` = model positions):
 
 - ``bos="none"``: a window is ``length`` text tokens; its first token is context only.
 - ``bos="prepend"``: a window is BOS + ``length - 1`` text tokens; every text token in
@@ -16,12 +17,17 @@ scored token is counted exactly once and PPL = exp(sum NLL / number of scored to
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from posenc import scoring
-from posenc.scoring import Window
+from posenc.encodings.absolute import LengthNotSupported
+from posenc.model import LM
+from posenc.scoring import Window, bucket_edges, plan
+from posenc.store.records import Ppl
 
 
 def model_windows(n_tokens: int, length: int, stride: int | None = None, bos: bool = False) -> list[Window]:
@@ -80,3 +86,63 @@ def score_window(model, tokens: np.ndarray, win: Window, bos_id: int | None, buc
         "bucket_nll": b_sum.tolist(),
         "bucket_n": b_n.tolist(),
     }
+
+
+@torch.inference_mode()
+def evaluate_length(
+    model: LM,
+    docs: list[tuple[str, np.ndarray]],
+    length: int,
+    base: dict,
+    max_tokens: int | None = None,
+    batch_tokens: int = 8192,
+    progress: bool = True,
+    span: int | None = None,
+) -> Ppl:
+    """Perplexity of ``model`` on the windows of ``length`` tokens that :func:`plan` gives (``max_tokens``, ``span``).
+
+    Returns the record: eval_length, windows, scored_tokens, nll (sum, nats), ppl, bucket_edges and bucket_ppl
+    (per position bucket), seconds, the model's train_length and ``base``'s fields ({"scheme"} at least; compare
+    adds "seed"). Learned tables too short for ``length`` give ``ppl: None`` and ``note: "n/a: ..."``.
+    ``progress``: a bar of windows on stderr when stderr is a terminal (never in a log file).
+    """
+    model.eval()
+    t0, base = time.time(), dict(base, train_length=model.cfg.train_length, eval_length=length)
+    wins = plan(docs, length, max_tokens, span)
+    edges = bucket_edges(length, model.cfg.train_length)
+    b_nll, b_count = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1, dtype=np.int64)
+    nll_sum, count = 0.0, 0
+    per_batch = max(1, batch_tokens // length)
+    bar = tqdm(total=len(wins), desc=f"eval L={length}", unit="win", leave=False, disable=None if progress else True)
+    try:
+        for b in range(0, len(wins), per_batch):
+            chunk = wins[b : b + per_batch]
+            batch = np.stack([docs[d][1][w.begin : w.begin + length + 1] for d, w in chunk]).astype(np.int64)
+            t = torch.from_numpy(batch).to(next(model.parameters()).device)
+            nll = (
+                model.token_nll(t[:, :-1], t[:, 1:]).double().cpu()
+            )  # (B, L): entry j predicts text token begin + 1 + j
+            # a document's last window may overlap its predecessor: only its targets from w.lo on count
+            first = torch.tensor([w.lo - w.begin - 1 for _, w in chunk])
+            keep = torch.arange(length)[None] >= first[:, None]
+            nll_sum += float(nll[keep].sum())
+            count += int(keep.sum())
+            per_pos, n_pos = (nll * keep).sum(0).numpy(), keep.sum(0).numpy()
+            for i in range(len(edges) - 1):
+                b_nll[i] += per_pos[edges[i] : edges[i + 1]].sum()
+                b_count[i] += n_pos[edges[i] : edges[i + 1]].sum()
+            bar.update(len(batch))
+    except LengthNotSupported as exc:
+        return Ppl(**base, windows=0, scored_tokens=0, note=f"n/a: {exc}")
+    finally:
+        bar.close()
+    return Ppl(
+        **base,
+        windows=len(wins),
+        scored_tokens=count,
+        nll=nll_sum,
+        ppl=math.exp(nll_sum / count),
+        bucket_edges=edges,
+        bucket_ppl=[math.exp(n / c) for n, c in zip(b_nll, b_count)],
+        seconds=time.time() - t0,
+    )

@@ -11,23 +11,19 @@ Each (scheme, seed) is a job (``run_job``) in its own spawned process
 (``posenc.runs.jobs``), so a scheme that raises, produces NaN, segfaults or is killed
 for memory is reported as failed with a one-line error (full traceback in
 ``<scheme>/seed<k>.error.txt``) and the other schemes' results are kept. The
-preset is ``posenc.config.plan.Preset``. Perplexity at one length (``evaluate_length``)
+preset is ``posenc.config.plan.Preset``. Perplexity at one length (``posenc.eval.perplexity.evaluate_length``)
 scores the windows of ``posenc.scoring.plan``: each target once, exp(sum NLL / targets).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from posenc import encodings
 from posenc.config.plan import (
@@ -47,10 +43,10 @@ from posenc.config.plan import (
 )
 from posenc.data.corpora import load_tokens
 from posenc.data.tasks import get_task
-from posenc.encodings.absolute import LengthNotSupported
 from posenc.errors import PosencError
 from posenc.eval.diagnose import far_mass_records
 from posenc.eval.passkey import passkey_records
+from posenc.eval.perplexity import evaluate_length
 from posenc.model import LM, is_rope, set_method, with_rope_schedule
 from posenc.reports.compare import with_ratios, write_report
 from posenc.reports.tasks import write_task_report
@@ -68,7 +64,7 @@ from posenc.runs.jobs import (
 )
 from posenc.runs.retrieval import done_jobs, run_task_job, task_meta
 from posenc.runs.sweep import choices, merge_chosen, sweep_markdown, write_sensitivity
-from posenc.scoring import bucket_edges, eval_lengths, plan, window_starts
+from posenc.scoring import eval_lengths, window_starts
 from posenc.store.checkpoint import read_json
 from posenc.store.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, load
 from posenc.store.stamp import run_stamp, stamp_line
@@ -187,66 +183,6 @@ def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int, log
             f"torchrun training of {scheme} (seed {seed}) failed: "
             f"{lines[0] if lines else f'exit code {proc.returncode}'}"
         )
-
-
-@torch.inference_mode()
-def evaluate_length(
-    model: LM,
-    docs: list[tuple[str, np.ndarray]],
-    length: int,
-    base: dict,
-    max_tokens: int | None = None,
-    batch_tokens: int = 8192,
-    progress: bool = True,
-    span: int | None = None,
-) -> Ppl:
-    """Perplexity of ``model`` on the windows of ``length`` tokens that :func:`plan` gives (``max_tokens``, ``span``).
-
-    Returns the record: eval_length, windows, scored_tokens, nll (sum, nats), ppl, bucket_edges and bucket_ppl
-    (per position bucket), seconds, the model's train_length and ``base``'s fields ({"scheme"} at least; compare
-    adds "seed"). Learned tables too short for ``length`` give ``ppl: None`` and ``note: "n/a: ..."``.
-    ``progress``: a bar of windows on stderr when stderr is a terminal (never in a log file).
-    """
-    model.eval()
-    t0, base = time.time(), dict(base, train_length=model.cfg.train_length, eval_length=length)
-    wins = plan(docs, length, max_tokens, span)
-    edges = bucket_edges(length, model.cfg.train_length)
-    b_nll, b_count = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1, dtype=np.int64)
-    nll_sum, count = 0.0, 0
-    per_batch = max(1, batch_tokens // length)
-    bar = tqdm(total=len(wins), desc=f"eval L={length}", unit="win", leave=False, disable=None if progress else True)
-    try:
-        for b in range(0, len(wins), per_batch):
-            chunk = wins[b : b + per_batch]
-            batch = np.stack([docs[d][1][w.begin : w.begin + length + 1] for d, w in chunk]).astype(np.int64)
-            t = torch.from_numpy(batch).to(next(model.parameters()).device)
-            nll = (
-                model.token_nll(t[:, :-1], t[:, 1:]).double().cpu()
-            )  # (B, L): entry j predicts text token begin + 1 + j
-            # a document's last window may overlap its predecessor: only its targets from w.lo on count
-            first = torch.tensor([w.lo - w.begin - 1 for _, w in chunk])
-            keep = torch.arange(length)[None] >= first[:, None]
-            nll_sum += float(nll[keep].sum())
-            count += int(keep.sum())
-            per_pos, n_pos = (nll * keep).sum(0).numpy(), keep.sum(0).numpy()
-            for i in range(len(edges) - 1):
-                b_nll[i] += per_pos[edges[i] : edges[i + 1]].sum()
-                b_count[i] += n_pos[edges[i] : edges[i + 1]].sum()
-            bar.update(len(batch))
-    except LengthNotSupported as exc:
-        return Ppl(**base, windows=0, scored_tokens=0, note=f"n/a: {exc}")
-    finally:
-        bar.close()
-    return Ppl(
-        **base,
-        windows=len(wins),
-        scored_tokens=count,
-        nll=nll_sum,
-        ppl=math.exp(nll_sum / count),
-        bucket_edges=edges,
-        bucket_ppl=[math.exp(n / c) for n, c in zip(b_nll, b_count)],
-        seconds=time.time() - t0,
-    )
 
 
 def run_job(

@@ -49,7 +49,7 @@ class Record(BaseModel):
 
 
 class Ppl(Record):
-    """Perplexity of one model at one evaluation length (``posenc.runs.compare.evaluate_length`` measures it).
+    """Perplexity of one model at one evaluation length (``posenc.eval.perplexity.evaluate_length`` measures it).
     ``ratio`` is derived (ppl over the same scheme and seed's ppl at the training length,
     ``posenc.reports.compare.with_ratios``): in results.csv, never in the JSONL."""
 
