@@ -120,7 +120,7 @@ class Buffer:
 
     @property
     def value(self) -> torch.Tensor | None:
-        return None if self.data is None else self.data.narrow(self.dim, 0, self.length)
+        return None if self.data is None else self._rows(self.data)
 
     def append(self, t: torch.Tensor) -> torch.Tensor:
         n, data = t.shape[self.dim], self.data
@@ -131,11 +131,15 @@ class Buffer:
             grown = t.new_empty(shape)
             if self.length:
                 assert data is not None  # rows were appended before
-                grown.narrow(self.dim, 0, self.length).copy_(data.narrow(self.dim, 0, self.length))
+                self._rows(grown).copy_(self._rows(data))
             self.data = data = grown
         data.narrow(self.dim, self.length, n).copy_(t)
         self.length += n
-        return data.narrow(self.dim, 0, self.length)  # ``value``, not None
+        return self._rows(data)
+
+    def _rows(self, data: torch.Tensor) -> torch.Tensor:
+        """The view of the rows held so far in ``data`` (the storage)."""
+        return data.narrow(self.dim, 0, self.length)
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
