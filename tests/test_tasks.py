@@ -857,3 +857,11 @@ def test_a_task_job_records_its_heads_loss_curve_and_gate_leak(tmp_path):
         and len(recs["forget"].leak[0]) == 2
     )
     assert recs["rope"].leak is None
+
+
+def test_per_seed_values_are_in_seed_order_whatever_order_the_jobs_finished():
+    curves = {0: _gap(1.0, {8: 1.0, 16: 0.5}), 1: _gap(1.0, {8: 1.0, 16: 1.0, 32: 0.5}), 2: _gap(1.0, {8: 0.5})}
+    finished = {"path": {2: curves[2], 0: curves[0], 1: curves[1]}}  # --parallel: the order jobs ended
+    t = _table("flipflop", finished)
+    assert list(t.scores["path"]) == [0, 1, 2]
+    assert t.horizons("path") == [8, 16, None]

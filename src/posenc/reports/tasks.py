@@ -102,6 +102,8 @@ class TaskTable:
             self.records[(name[r.scheme], r.seed)] = (
                 r if r.n_head is not None else r.model_copy(update={"n_head": n_head})
             )
+        # each scheme's seeds in seed order: the records come in the order the jobs finished (--parallel)
+        self.scores = {s: dict(sorted(by_seed.items())) for s, by_seed in self.scores.items()}
         self.seconds = {(name[r.scheme], r.seed): (r.train_seconds, r.eval_seconds) for r in mine}
         self.criterion = {
             (name[r.scheme], r.seed): (r.criterion, r.criterion_step, r.trained_steps) for r in mine if r.criterion
