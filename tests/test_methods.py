@@ -214,13 +214,15 @@ def test_generate_with_sinks_runs_past_the_training_length():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("self-extend:group=0", "group must be an integer >= 1"),
+        ("self-extend:group=0", r"group must be an integer in \[1, 2147483647\]"),
         ("nope:x=1", "unknown method 'nope'"),
         ("sinks:window=4,group=2", "unknown parameter 'group'"),
-        ("lm-infinite:n_global=-1", "n_global must be an integer >= 0"),
-        ("dual-chunk:chunk=0", "chunk must be an integer >= 1"),
-        ("dual-chunk:local=-1", "local must be an integer >= 0"),
+        ("lm-infinite:n_global=-1", r"n_global must be an integer in \[0, 2147483647\]"),
+        ("dual-chunk:chunk=0", r"chunk must be an integer in \[1, "),
+        ("dual-chunk:local=-1", r"local must be an integer in \[0, "),
         ("dual-chunk:window=4", "unknown parameter 'window' .valid: chunk, local."),
+        ("sinks:window=100000000000000000000", r"window must be an integer in \[1, 2147483647\], got 1000"),
+        ("self-extend:group=9223372036854775807", r"group must be an integer in \[1, 2147483647\]"),
     ],
 )
 def test_bad_specs(spec, message):
@@ -245,10 +247,12 @@ def test_defaults_and_label():
 
 
 def test_bad_values_are_checked_before_the_default_window():
-    with pytest.raises(PosencError, match="n_sink must be an integer >= 0, got 'x'"):
+    with pytest.raises(PosencError, match=r"n_sink must be an integer in \[0, 2147483647\], got 'x'"):
         parse("sinks:n_sink=x", 64)
     with pytest.raises(
-        PosencError, match=r"window must be an integer >= 1, got 0 \(default: from the training length 64\)"
+        PosencError,
+        match=r"window must be an integer in \[1, 2147483647\], got 0 "
+        r"\(default: from the training length 64, n_sink=64\)",
     ):
         parse("sinks:n_sink=64", 64)
 

@@ -1,4 +1,5 @@
-"""Training-free long-context methods at inference: Self-Extend, LM-Infinite and attention sinks (StreamingLLM).
+"""Training-free long-context methods at inference: Self-Extend, LM-Infinite, attention sinks (StreamingLLM)
+and dual-chunk attention.
 
 Each method replaces the relative position ``i - j`` that a position-indexed scheme consumes by a map
 ``d(i, j)`` and may hide keys (query position i >= key position j, tokens):
@@ -161,23 +162,29 @@ def parse(spec: str, train_length: int) -> Method:
     if unknown:
         raise PosencError(f"method {name!r}: unknown parameter {unknown[0]!r} (valid: {', '.join(PARAMETERS[name])})")
     p = {**PARAMETERS[name], **given}
-    _check_values(name, {k: v for k, v in p.items() if v is not None}, train_length, from_length=False)
+    _check_values(name, {k: v for k, v in p.items() if v is not None}, train_length, None)
     defaults = {k: v for k, v in DEFAULTS[name](train_length, p).items() if p[k] is None}
-    _check_values(name, defaults, train_length, from_length=True)
+    _check_values(name, defaults, train_length, {k: v for k, v in given.items() if v is not None})
     p.update(defaults)
     if name == "dual-chunk":
         return Method(name, window=p["chunk"], chunk=p["chunk"], local=p["local"])
     return Method(name, **p)
 
 
-def _check_values(name: str, values: dict, train_length: int, from_length: bool) -> None:
-    """PosencError (one line) for a parameter out of range: group, window, chunk >= 1, the others >= 0 (integers)."""
+MAX_PARAMETER = 2**31 - 1  # tokens: positions are int64 tensors, and no context comes near this
+
+
+def _check_values(name: str, values: dict, train_length: int, given: dict | None) -> None:
+    """PosencError (one line) for a parameter out of range: group, window, chunk in [1, MAX_PARAMETER], the others
+    in [0, MAX_PARAMETER] (integers). ``given``: None for the parameters as given, else those given (the values
+    checked are the defaults derived from them and the training length, and the message names both)."""
     for key, value in values.items():
         low = 1 if key in ("group", "window", "chunk") else 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_PARAMETER:
+            source = ", ".join([f"the training length {train_length}", *(f"{k}={v}" for k, v in (given or {}).items())])
             raise PosencError(
-                f"method {name!r}: {key} must be an integer >= {low}, got {value!r}"
-                + (f" (default: from the training length {train_length})" if from_length else "")
+                f"method {name!r}: {key} must be an integer in [{low}, {MAX_PARAMETER}], got {value!r}"
+                + (f" (default: from {source})" if given is not None else "")
             )
 
 
@@ -307,8 +314,8 @@ def blockwise(
         q_rot = [_rot(q, p, inv_freq, pairing) for p in q_maps]
         k_rot = [_rot(k, p, inv_freq, pairing) for p in k_maps]
     if fast:
-        if bias_of is not None:
-            raise ValueError("the fast path of method_attention takes no score bias")
+        if bias_of is not None or torch.is_grad_enabled():
+            raise ValueError("the fast path of method_attention takes no score bias and no gradients (fast_applies)")
         return fast_blocks(q_rot, k_rot, v, q_pos, k_pos, method, scale, block_size)
     table = None
     if bias_of is not None:  # no distance exceeds the largest query position less the smallest key one of a region
