@@ -6,7 +6,7 @@
 Attention alone: one sequence, 4 heads x 64 head dim, float32, RoPE (theta 10000), random q, k, v, under
 ``torch.no_grad()`` on one thread, timed as the process's CPU time (a shared machine's other processes stretch
 wall time much more). Cases: plain causal SDPA of the RoPE-rotated q and k (the rotation inside the timing, as the
-methods' own rotations are), and per method the explicit path (``posenc.methods.blockwise(fast=False)``: the
+methods' own rotations are), and per method the explicit path (``posenc.methods.method_attention(fast=False)``: the
 reference path, which ``method_attention`` takes with grad enabled) and the fast path (``method_attention`` under
 no grad, block 512). The cases are interleaved within each repeat and each cell is the minimum over the repeats;
 the largest difference between the two paths' outputs is written beside them. Writes
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from posenc.methods import blockwise, fast_applies, method_attention, parse
+from posenc.methods import fast_applies, method_attention, parse
 from posenc.reports.render import markdown_table
 from posenc.rope import rope_inv_freq
 from posenc.rope.rerope import _rot
@@ -60,7 +60,7 @@ def run_case(case: str, q, k, v, pos, inv_freq) -> torch.Tensor:
     if path == "fast":
         assert fast_applies(q, k, v, None)  # method_attention picks the fast path here
         return method_attention(q, k, v, pos, pos, method, inv_freq=inv_freq)
-    return blockwise(q, k, v, pos, pos, method, inv_freq=inv_freq, fast=False)
+    return method_attention(q, k, v, pos, pos, method, inv_freq=inv_freq, fast=False)
 
 
 def seconds(case: str, args: tuple) -> tuple[float, torch.Tensor]:
@@ -117,7 +117,7 @@ def report(res: dict, command: str) -> str:
         f"Attention alone: 1 sequence x {HEADS} heads x {HEAD_DIM} head dim, float32, RoPE (theta 10000), random "
         f"q, k, v, `torch.no_grad()`, block 512, {res['threads']} thread(s), CPU seconds of the process "
         f"(`time.process_time`), min of {res['repeats']} interleaved repeats; / SDPA = seconds / causal SDPA's "
-        f"at the same length (its q and k rotated inside the timing). explicit: `posenc.methods.blockwise` with "
+        f"at the same length (its q and k rotated inside the timing). explicit: `posenc.methods.method_attention` with "
         f"`fast=False` (the path `method_attention` takes with grad enabled); fast: `method_attention` under no grad. "
         f"{res['platform']}, torch {res['torch']}, load average {res['load']}.",
         "",

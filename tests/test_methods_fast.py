@@ -11,7 +11,6 @@ import torch
 from posenc.methods import (
     Method,
     block_keys,
-    blockwise,
     fast_applies,
     fast_query_blocks,
     key_runs,
@@ -69,7 +68,7 @@ def _three_ways(q, k, v, q_pos, k_pos, method, block_size, **kw):
     with torch.no_grad():
         assert fast_applies(q, k, v, None)
         fast = method_attention(q, k, v, q_pos, k_pos, method, block_size=block_size, **kw)
-        explicit = blockwise(q, k, v, q_pos, k_pos, method, block_size=block_size, fast=False, **kw)
+        explicit = method_attention(q, k, v, q_pos, k_pos, method, block_size=block_size, fast=False, **kw)
     with torch.enable_grad():
         grad_mode = method_attention(q, k, v, q_pos, k_pos, method, block_size=block_size, **kw)
     return fast, explicit, grad_mode
@@ -236,8 +235,8 @@ def test_bias_schemes_keep_the_explicit_path_in_evaluation(scheme):
     pos, method = torch.arange(60), METHODS[2]
     with torch.no_grad():
         out = method_attention(q, k, v, pos, pos, method, block_size=16, **kw)
-        explicit = blockwise(q, k, v, pos, pos, method, block_size=16, fast=False, **kw)
+        explicit = method_attention(q, k, v, pos, pos, method, block_size=16, fast=False, **kw)
         with pytest.raises(ValueError, match="takes no score bias"):
-            blockwise(q, k, v, pos, pos, method, block_size=16, fast=True, **kw)
+            method_attention(q, k, v, pos, pos, method, block_size=16, fast=True, **kw)
     assert torch.equal(out, explicit)
     torch.testing.assert_close(out, naive_method_attention(q, k, v, pos, pos, method, **kw))

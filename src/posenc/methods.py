@@ -239,6 +239,7 @@ def method_attention(
     bias_of: Callable | None = None,
     scale: float | None = None,
     block_size: int = 512,
+    fast: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention under ``method``'s position map and mask, blockwise over query blocks.
 
@@ -257,56 +258,11 @@ def method_attention(
     unmasked, the rest (the diagonal, the band where a key changes region or leaves the window) through explicit
     scores, the parts merged by their log-sum-exps; the same values as the explicit path (tested). The
     distance-bias schemes (ALiBi, T5, Kerple) keep the explicit path: their bias varies along a run of such keys.
+    ``fast``: None takes the path ``fast_applies`` picks; False the explicit one, the reference path (any device,
+    dtype and grad mode); True the fast one where ``fast_applies`` holds (ValueError with a bias or gradients).
+    The tests and ``benchmarks/method_prefill.py`` set it to compare the two.
     """
-    fast = fast_applies(q, k, v, bias_of)
-    return blockwise(
-        q,
-        k,
-        v,
-        q_pos,
-        k_pos,
-        method,
-        inv_freq=inv_freq,
-        pairing=pairing,
-        bias_of=bias_of,
-        scale=scale,
-        block_size=block_size,
-        fast=fast,
-    )
-
-
-def fast_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of: Callable | None) -> bool:
-    """Whether ``method_attention`` takes the fast path: no grad (the kernel's log-sum-exp has no backward), CPU
-    (it is the CPU flash kernel), q, k, v of one dtype, float32 or float64, outside autocast (the dtypes in which
-    the kernel and the explicit path agree to rounding), and no score bias."""
-    return (
-        not torch.is_grad_enabled()
-        and bias_of is None
-        and q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
-        and k.dtype == v.dtype == q.dtype
-        and not torch.is_autocast_enabled("cpu")
-    )
-
-
-def blockwise(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_pos: torch.Tensor,
-    k_pos: torch.Tensor,
-    method: Method,
-    *,
-    inv_freq: torch.Tensor | None = None,
-    pairing: str = "half",
-    bias_of: Callable | None = None,
-    scale: float | None = None,
-    block_size: int = 512,
-    fast: bool = False,
-) -> torch.Tensor:
-    """``method_attention`` on the path chosen (its arguments and result): ``fast`` (``fast_blocks``; only where
-    ``fast_applies`` holds, ValueError with a bias) or the explicit one, the reference path (any device, dtype and
-    grad mode). The tests and ``benchmarks/method_prefill.py`` call it to compare the two."""
+    fast = fast_applies(q, k, v, bias_of) if fast is None else fast
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     q_maps, k_maps = method.query_positions(q_pos), method.key_positions(k_pos)
     q_rot, k_rot = [q], [k]  # no RoPE: one product for every region
@@ -338,6 +294,20 @@ def blockwise(
         s = s.masked_fill(~method.visible(i, j), -math.inf)
         out.append(torch.softmax(s, -1) @ v[..., keys, :].to(s.dtype))
     return torch.cat(out, dim=-2).to(v.dtype)
+
+
+def fast_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of: Callable | None) -> bool:
+    """Whether ``method_attention`` takes the fast path: no grad (the kernel's log-sum-exp has no backward), CPU
+    (it is the CPU flash kernel), q, k, v of one dtype, float32 or float64, outside autocast (the dtypes in which
+    the kernel and the explicit path agree to rounding), and no score bias."""
+    return (
+        not torch.is_grad_enabled()
+        and bias_of is None
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and k.dtype == v.dtype == q.dtype
+        and not torch.is_autocast_enabled("cpu")
+    )
 
 
 def block_keys(method: Method, k_pos: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
