@@ -19,7 +19,7 @@ install-test: $(BIN)/python
 	$(BIN)/pip install -q -e ".[test,pretrained]"
 
 demo: install
-	$(BIN)/posenc compare --preset default
+	$(BIN)/posenc --import experiments/accumulated/claims.py compare --preset default
 
 test: install-test
 	$(BIN)/python -m pytest -m "slow or not slow"

@@ -5,7 +5,7 @@ trained twice with one seed and one budget can end at other weights. This trains
 default preset with one thread and compares it with a default run made with two (by default
 ``runs/default``, what ``posenc compare --preset default`` writes on 2 cores): how far perplexity
 at 1x and the ratios at 16x and 128x move. Writes ``results/run_noise.{json,md}``; the claims'
-``posenc.reports.claims.PPL_NOISE`` and ``RATIO_NOISE`` are the largest of these.
+``PPL_NOISE`` and ``RATIO_NOISE`` of ``experiments/accumulated/claims.py`` are the largest of these.
 
 ``--between A B`` trains nothing: it compares seed 0 of two default runs of the same code (run
 directories, or committed results with their ``results.csv``), made on two machines, at every scheme

@@ -4,12 +4,27 @@ import struct
 import pytest
 import torch
 
+from experiments.accumulated.claims import ACCUMULATED
+from posenc.reports import claims
+
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _no_claim_sets(monkeypatch):
+    """Each test starts with no claim set registered (``posenc.reports.claims``), whatever modules were imported."""
+    monkeypatch.setattr(claims, "_SETS", {})
+
+
+@pytest.fixture
+def accumulated_claims():
+    """The claims of experiments/accumulated (arXiv 2606.24975, R1-R8) registered for one test."""
+    return claims.register_claims(ACCUMULATED)
 
 
 @pytest.fixture

@@ -53,7 +53,7 @@ def test_two_tiny_runs_side_by_side(tiny_corpus, tmp_path, capsys):
     assert (out / "ppl_ratio.png").stat().st_size > 10_000
 
 
-def test_the_committed_default_runs_from_their_csv(tmp_path):
+def test_the_committed_default_runs_from_their_csv(tmp_path, accumulated_claims):
     for name in (
         "default",
         "default-450",

@@ -102,7 +102,7 @@ def test_scoreboard_values_on_synthetic_runs(tmp_path):
     assert only_tasks[0] == "| scheme | flip-flop horizon | parity horizon | flip-flop steps to criterion |"
 
 
-def test_report_with_task_runs_writes_the_scoreboard_and_the_task_claims(tmp_path, capsys):
+def test_report_with_task_runs_writes_the_scoreboard_and_the_task_claims(tmp_path, capsys, accumulated_claims):
     text, tasks = _text_run(tmp_path / "text"), _task_run(tmp_path / "tasks")
     assert main(["report", str(tasks), str(text), "--out", str(tmp_path / "o")]) == 0
     report = (tmp_path / "o" / "report.md").read_text()

@@ -15,26 +15,16 @@ from posenc.errors import PosencError
 from posenc.eval.tasks import bucket, score_batch
 from posenc.reports.claims import FAILS, HOLDS, NOISE
 from posenc.reports.tasks import (
-    UNDECIDED,
-    TaskTable,
     accuracy_markdown,
     at_most,
     budget,
-    claim_alibi_slopes,
-    claim_forget_leak,
-    claim_r1,
-    claim_r2,
-    claim_r3,
-    claim_r4,
-    claim_r5,
-    claim_r6,
     distance_markdown,
-    follows_window,
     horizon,
 )
 from posenc.store.checkpoint import read_jsonl
-from posenc.store.records import Task, TaskCell
+from posenc.store.records import Task
 from posenc.train.loop import mean_loss
+from tests.task_records import gap_cells, task_job, task_records, task_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -303,45 +293,13 @@ def test_at_most_with_noise():
     assert at_most([0.21], [0.2], 0.01) == NOISE
 
 
-def _records(task, table):
-    """Records from {scheme: {seed: {(test, length, bucket): accuracy}}} with 1,000 answers a cell."""
-    return [
-        Task(
-            task=task,
-            scheme=s,
-            seed=seed,
-            train_length=128,
-            train_seconds=1,
-            eval_seconds=1,
-            threads=1,
-            cells=[
-                TaskCell(test=t, length=L, bucket=b, n=1000, correct=round(1000 * a), nll=0.0)
-                for (t, L, b), a in cells.items()
-            ],
-        )
-        for s, seeds in table.items()
-        for seed, cells in seeds.items()
-    ]
-
-
-def _gap(id_acc, curve, near=None):
-    cells = {("id", 128, 8): id_acc, **{("gap", b + 129, b): a for b, a in curve.items()}}
-    for L, a in (near or {}).items():
-        cells[("near", L, 64)] = a
-    return cells
-
-
-def _table(task, table):
-    return TaskTable(_records(task, table), task, 128, 0.05, 0.9)
-
-
 def test_a_scheme_learned_on_some_seeds_only_is_not_learned_and_says_how_many():
-    t = _table(
+    t = task_table(
         "flipflop",
         {
-            "rope": {0: _gap(0.98, {8: 0.98}), 1: _gap(0.7, {8: 0.7}), 2: _gap(0.8, {8: 0.8})},
-            "nope": {0: _gap(0.6, {8: 0.6}), 1: _gap(0.6, {8: 0.6})},
-            "path": {0: _gap(1.0, {8: 1.0}), 1: _gap(1.0, {8: 1.0})},
+            "rope": {0: gap_cells(0.98, {8: 0.98}), 1: gap_cells(0.7, {8: 0.7}), 2: gap_cells(0.8, {8: 0.8})},
+            "nope": {0: gap_cells(0.6, {8: 0.6}), 1: gap_cells(0.6, {8: 0.6})},
+            "path": {0: gap_cells(1.0, {8: 1.0}), 1: gap_cells(1.0, {8: 1.0})},
         },
     )
     rows = {
@@ -351,80 +309,6 @@ def test_a_scheme_learned_on_some_seeds_only_is_not_learned_and_says_how_many():
     assert "**did not learn** |" in rows["nope"] and "seeds learned" not in rows["nope"]
     assert "| yes |" in rows["path"]
     assert "no verdict (did not learn) (1 of 3 seeds learned)" in distance_markdown(t, ["rope"], {})
-
-
-def test_claim_r1_verdicts():
-    flat = {"alibi": [0.99], "forget": [0.99]}
-    far = _gap(0.99, {64: 0.99, 128: 0.99, 256: 0.98})
-    near = _gap(0.99, {64: 0.99, 128: 0.99, 256: 0.6})
-    assert claim_r1(_table("flipflop", {"alibi": {0: near}, "forget": {0: far}}), flat).verdict == HOLDS
-    assert claim_r1(_table("flipflop", {"alibi": {0: far}, "forget": {0: far}}), flat).verdict == FAILS
-    assert claim_r1(_table("flipflop", {"alibi": {0: near, 1: far}, "forget": {0: far}}), flat).verdict == NOISE
-    two_seeds = claim_r1(_table("flipflop", {"alibi": {0: near}}), {"alibi": [0.986, 0.990]})
-    assert (
-        "alibi (ratio 0.988 ± 0.002 at the longest length)" in two_seeds.evidence
-    )  # the table's mean, not the largest seed's 0.990
-    not_learned = _gap(0.6, {64: 0.6})
-    undecided = claim_r1(_table("flipflop", {"alibi": {0: not_learned}}), flat)
-    assert undecided.verdict == UNDECIDED
-    assert undecided.evidence == "alibi did not learn on seed 0 (id 60.0% < 90%: no loss curve in the records)"
-    assert claim_r1(_table("flipflop", {"rope": {0: near}}), flat) is None  # no flat scheme was run
-
-
-def test_claim_r2_verdicts():
-    windows = {"acc-rand-qkv": 27, "acc-rand-qkv:a=0.5": 110, "acc-rand-qkv:a=2": 6}
-    follows = {
-        "acc-rand-qkv:a=2": {0: _gap(0.95, {8: 0.95, 16: 0.5})},
-        "acc-rand-qkv": {0: _gap(0.95, {8: 0.95, 16: 0.95, 32: 0.95, 64: 0.5})},
-        "acc-rand-qkv:a=0.5": {0: _gap(0.95, {8: 0.95, 256: 0.95, 512: 0.5})},
-    }
-    assert claim_r2(_table("flipflop", follows), windows).verdict == HOLDS
-    flat_horizon = {s: {0: _gap(0.95, {8: 0.95, 2048: 0.95})} for s in windows}
-    assert claim_r2(_table("flipflop", flat_horizon), windows).verdict == FAILS
-
-
-def test_claim_r3_and_r5_and_r4():
-    windows = {"acc-rand-qk": 27, "acc-rand-qkv": 27}
-    t = _table(
-        "flipflop",
-        {
-            "acc-rand-qk": {0: _gap(0.95, {8: 0.95, 32: 0.8, 64: 0.7})},
-            "acc-rand-qkv": {0: _gap(0.95, {8: 0.95, 32: 0.6, 64: 0.5})},
-        },
-    )
-    assert claim_r3(t, windows).verdict == HOLDS
-    t = _table(
-        "flipflop",
-        {"acc-rand-qk": {0: _gap(0.95, {32: 0.5, 64: 0.5})}, "acc-rand-qkv": {0: _gap(0.95, {32: 0.9, 64: 0.9})}},
-    )
-    assert claim_r3(t, windows).verdict == FAILS
-
-    def sparse(err):
-        return {("id", 128, 8): 0.99, ("sparse", 128, 8): 1 - err}
-
-    assert (
-        claim_r5(
-            _table("flipflop", {"path": {0: sparse(0.0)}, "forget": {0: sparse(0.1)}, "rope": {0: sparse(0.3)}})
-        ).verdict
-        == HOLDS
-    )
-    assert (
-        claim_r5(
-            _table("flipflop", {"path": {0: sparse(0.3)}, "forget": {0: sparse(0.0)}, "rope": {0: sparse(0.3)}})
-        ).verdict
-        == FAILS
-    )
-
-    erode = {
-        "rope": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.4})},
-        "alibi": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.94})},
-    }
-    assert claim_r4(_table("mqar", erode)).verdict == HOLDS
-    keeps = {
-        "rope": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.95})},
-        "alibi": {0: _gap(0.95, {8: 0.95}, {128: 0.95, 4096: 0.94})},
-    }
-    assert claim_r4(_table("mqar", keeps)).verdict == FAILS
 
 
 def _tiny_preset(tmp_path, **over):
@@ -472,21 +356,6 @@ def test_compare_tasks_end_to_end_resumes_and_refuses_other_settings(tmp_path):
         compare(other, tmp_path / "runs", isolate=False)
 
 
-def test_claim_r4_on_flipflop_reads_near_buckets_of_the_id_test():
-    def cells(far_acc):
-        out = {("id", 128, 2): 0.99, ("id", 128, 8): 0.99, ("id", 128, 64): 0.99}
-        out.update(
-            {("id", 4096, 2): far_acc, ("id", 4096, 8): far_acc, ("id", 4096, 64): 0.2}
-        )  # the far bucket is not near recall
-        return out
-
-    t = _table("flipflop", {"rope": {0: cells(0.6)}, "forget": {0: cells(0.98)}})
-    c = claim_r4(t)
-    assert c.verdict == HOLDS and "rope 39.0" in c.evidence and "forget 1.0" in c.evidence
-    t = _table("flipflop", {"rope": {0: cells(0.99)}, "forget": {0: cells(0.98)}})
-    assert claim_r4(t).verdict == FAILS
-
-
 def test_repeated_seeds_schemes_or_tasks_are_refused():
     for key, value in (("seeds", [0, 0]), ("schemes", ["rope", "rope"]), ("tasks", ["flipflop", "flipflop"])):
         with pytest.raises(PosencError, match="repeated"):
@@ -512,17 +381,6 @@ def test_a_small_corpus_trains_with_a_warning(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert "only 2,648 tokens" in err and "memorisation" in err
-
-
-def test_flat_schemes_of_the_committed_default_run():
-    from pathlib import Path
-
-    from posenc.reports.tasks import flat_schemes, read_text_results
-
-    records = read_text_results(Path(__file__).parent.parent / "results" / "default")
-    flat = flat_schemes(records)
-    assert sorted(flat) == ["alibi", "hybrid", "rope+forget"]  # the README's table: ratio <= 1.02 at 128x on every seed
-    assert len(flat["alibi"]) == 3 and max(flat["hybrid"]) < 1.0
 
 
 @pytest.mark.slow
@@ -564,30 +422,6 @@ def test_the_time_line_counts_only_jobs_that_recorded_their_times():
     assert _times_line([(float("nan"), float("nan"))]) == "Training and evaluation times were not recorded."
 
 
-def test_claim_r6_state_tracking():
-    far, near = _gap(0.99, {8: 0.99, 1024: 0.99}), _gap(0.99, {8: 0.99, 64: 0.99, 256: 0.5})
-    unlearned = _gap(0.6, {8: 0.6})
-    claim = claim_r6(_table("modsum", {"path": {0: far, 1: far}, "rope": {0: near}, "nope": {0: unlearned}}))
-    assert claim.verdict == HOLDS and claim.evidence == "horizon: path 1024, rope 64; did not learn: nope"
-    assert claim_r6(_table("modsum", {"path": {0: near}, "rope": {0: near}})).verdict == FAILS  # PaTH stops inside
-    assert (
-        claim_r6(_table("modsum", {"path": {0: far}, "acc-learned-qkv": {0: far}})).verdict == FAILS
-    )  # another goes as far
-    assert (
-        claim_r6(_table("modsum", {"path": {0: far, 1: near}, "rope": {0: near}})).verdict == NOISE
-    )  # the seeds disagree
-    assert (
-        claim_r6(_table("modsum", {"path": {0: unlearned}, "rope": {0: near}})).verdict == UNDECIDED
-    )  # PaTH did not learn
-    assert claim_r6(_table("modsum", {"rope": {0: near}})) is None  # PaTH was not run
-
-
-def test_asking_about_a_scheme_without_records_adds_none():
-    t = _table("modsum", {"path": {0: _gap(0.99, {8: 0.99, 1024: 0.99})}, "rope": {0: _gap(0.6, {8: 0.6})}})
-    assert not t.learned("acc-rand-qk") and t.seeds_learned("acc-rand-qk") == (0, 0)
-    assert list(t.scores) == ["path", "rope"] and claim_r6(t).evidence == "horizon: path 1024; did not learn: rope"
-
-
 @pytest.mark.parametrize("spec", ["modsum", "flipflop:p_ignore=0.9"])
 def test_a_task_where_a_text_corpus_is_needed_is_one_line(spec):
     from posenc.data.corpora import load_corpus, load_tokens
@@ -600,15 +434,6 @@ def test_a_task_where_a_text_corpus_is_needed_is_one_line(spec):
             load(spec)
 
 
-def test_task_claims_find_their_schemes_by_canonical_spec():
-    flat = {"alibi": [0.99], "forget": [0.99]}
-    far = _gap(0.99, {64: 0.99, 128: 0.99, 256: 0.98})
-    near = _gap(0.99, {64: 0.99, 128: 0.99, 256: 0.6})
-    spelled = _table("flipflop", {"alibi": {0: near}, "forget:scaled=false": {0: far}})
-    assert sorted(spelled.scores) == ["alibi", "forget"]
-    assert claim_r1(spelled, flat).verdict == HOLDS
-
-
 def test_a_task_report_covers_every_task_the_run_holds(tmp_path):
     """--tasks flipflop, then --tasks mqar into the same run: report.md keeps flipflop's section (it had mqar's
     only)."""
@@ -617,8 +442,8 @@ def test_a_task_report_covers_every_task_the_run_holds(tmp_path):
     from posenc.store.records import append
 
     mqar = "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-8"
-    for r in _records("flipflop", {"rope": {0: _gap(0.99, {8: 0.9})}}) + _records(
-        mqar, {"rope": {0: _gap(0.95, {8: 0.8})}}
+    for r in task_records("flipflop", {"rope": {0: gap_cells(0.99, {8: 0.9})}}) + task_records(
+        mqar, {"rope": {0: gap_cells(0.95, {8: 0.8})}}
     ):
         append(tmp_path / "results.jsonl", r)
     model = {"n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 128}
@@ -630,160 +455,29 @@ def test_a_task_report_covers_every_task_the_run_holds(tmp_path):
     assert text.index("## flipflop") > text.index(f"## {mqar}")  # this invocation's first, then the others
 
 
-def _job(curve=None, steps=600, **fields):
-    return Task(
-        task="flipflop",
-        scheme="rope",
-        seed=0,
-        train_length=128,
-        train_seconds=1,
-        eval_seconds=1,
-        threads=1,
-        cells=[],
-        trained_steps=steps,
-        loss_curve=curve,
-        **fields,
-    )
-
-
 def test_budget_reads_the_learning_curve():
     steps = range(
         20, 620, 20
     )  # 30 logged steps: the last 3 against the 3 ending at step 440 (a quarter of 580 steps earlier)
     falling = [(s, 1.0 - s / 1000) for s in steps]
     assert (
-        budget(_job(falling), 0.5)
+        budget(task_job(falling), 0.5)
         == "loss still falling at the step cap 600 (0.580 -> 0.420 over its last 160 steps): more steps"
     )
     at_chance = [(s, 0.69) for s in steps]
-    assert budget(_job(at_chance), 0.5) == (
+    assert budget(task_job(at_chance), 0.5) == (
         "loss flat at chance at the step cap 600 (0.690; ln 2 = 0.693): "
         "more steps alone unlikely, another learning rate or head count"
     )
     stuck = [(s, 0.30) for s in steps]
     assert (
-        budget(_job(stuck), 0.5) == "loss flat at 0.300 at the step cap 600 (chance 0.693): "
+        budget(task_job(stuck), 0.5) == "loss flat at 0.300 at the step cap 600 (chance 0.693): "
         "another setting (learning rate, heads), not more steps"
     )
-    assert budget(_job(at_chance), 1 / 8).startswith(
+    assert budget(task_job(at_chance), 1 / 8).startswith(
         "loss flat at 0.690 at the step cap 600 (chance 2.079)"
     )  # ln 8 for 8 values
-    assert budget(_job(None), 0.5) == budget(_job(falling[:3]), 0.5) == "no loss curve in the records"
-
-
-def test_an_undecided_claim_names_each_seed_that_did_not_learn_and_its_budget():
-    recs = _records("modsum", {"path": {0: _gap(0.99, {8: 0.99}), 1: _gap(0.6, {8: 0.6}), 2: _gap(0.5, {8: 0.5})}})
-    steps = range(20, 620, 20)
-    recs[1] = recs[1].model_copy(update={"loss_curve": [(s, 1.0 - s / 1000) for s in steps], "trained_steps": 600})
-    recs[2] = recs[2].model_copy(update={"loss_curve": [(s, 0.69) for s in steps], "trained_steps": 600})
-    c = claim_r6(TaskTable(recs, "modsum", 128, 0.05, 0.9))
-    assert c.verdict == UNDECIDED
-    assert c.evidence == (
-        "path did not learn on seed 1 (id 60.0% < 90%: loss still falling at the step cap 600 "
-        "(0.580 -> 0.420 over its last 160 steps): more steps); seed 2 (id 50.0% < 90%: loss flat at chance at the "
-        "step cap 600 (0.690; ln 2 = 0.693): more steps alone unlikely, another learning rate or head count)"
-    )
-
-
-def test_claims_r2_to_r5_are_undecided_when_their_schemes_did_not_learn():
-    no = _gap(0.5, {8: 0.5, 64: 0.5})
-    yes = _gap(0.95, {8: 0.95, 64: 0.9})
-    windows = {"acc-rand-qkv": 27, "acc-rand-qkv:a=0.5": 110, "acc-rand-qk": 27}
-    t = _table(
-        "flipflop",
-        {
-            "acc-rand-qkv": {0: no},
-            "acc-rand-qkv:a=0.5": {0: yes},
-            "acc-rand-qk": {0: yes},
-            "rope": {0: no},
-            "alibi": {0: yes},
-            "path": {0: yes},
-            "forget": {0: yes},
-        },
-    )
-    assert [c.verdict for c in (claim_r2(t, windows), claim_r3(t, windows), claim_r5(t))] == [UNDECIDED] * 3
-    assert (
-        claim_r3(t, windows).evidence.startswith("acc-rand-qkv did not learn")
-        and "acc-rand-qk " not in claim_r3(t, windows).evidence
-    )
-    assert claim_r5(t).evidence.startswith("rope did not learn")
-    r4 = claim_r4(_table("flipflop", {"rope": {0: no}, "acc-rand-qk": {0: no}, "alibi": {0: yes}}))
-    assert (
-        r4.verdict == UNDECIDED
-        and r4.evidence.startswith("rope did not learn")
-        and "acc-rand-qk did not learn" in r4.evidence
-    )
-    assert claim_r2(_table("flipflop", {"acc-rand-qkv": {0: yes}}), windows) is None  # one variant: nothing to order
-    assert claim_r5(_table("flipflop", {"path": {0: yes}, "forget": {0: yes}})) is None  # rope not run
-
-
-def test_follows_window():
-    assert follows_window([64, 128], [256, 256], [False, False]) == HOLDS  # within x4 of w
-    assert follows_window([16, None], [256, 256], [False, False]) == FAILS  # 16 < 64; None counts 0
-    assert follows_window([64, 16], [256, 256], [False, False]) == NOISE  # the seeds disagree
-    assert follows_window([4096], [256], [False]) == FAILS
-    assert follows_window([4096], [2048], [True]) == NOISE  # the band reaches the largest distance probed: open
-    assert follows_window([4096], [512], [True]) == FAILS  # the band ends below it
-
-
-def _heads(recs, n):
-    return [r.model_copy(update={"n_head": n}) for r in recs]
-
-
-def test_claim_r7_alibi_horizon_follows_its_flattest_slope():
-    near64 = _gap(0.99, {8: 0.99, 64: 0.99, 128: 0.5, 4096: 0.5})
-    near16 = _gap(0.99, {8: 0.99, 16: 0.99, 32: 0.5, 4096: 0.5})
-    c = claim_alibi_slopes(
-        TaskTable(_heads(_records("flipflop", {"alibi": {0: near64}}), 4), "flipflop", 128, 0.05, 0.9)
-    )
-    assert c.key == "R7" and c.verdict == HOLDS  # slopes 1/4 .. 1/256: w = 256, band [64, 1024]
-    assert (
-        c.evidence
-        == "seed 0: 4 heads, flattest slope 0.003906/token, w 256, band [64, 1024], horizon 64 (bias there 0.25 nats)"
-    )
-    assert (
-        claim_alibi_slopes(
-            TaskTable(_heads(_records("flipflop", {"alibi": {0: near16}}), 4), "flipflop", 128, 0.05, 0.9)
-        ).verdict
-        == FAILS
-    )
-    both = _records("flipflop", {"alibi": {0: near64, 1: near16}})
-    assert (
-        claim_alibi_slopes(TaskTable(both, "flipflop", 128, 0.05, 0.9, n_head=2)).verdict == NOISE
-    )  # the run's head count
-    unknown = claim_alibi_slopes(TaskTable(both, "flipflop", 128, 0.05, 0.9))
-    assert unknown.verdict == UNDECIDED and unknown.evidence.startswith("the head count is unknown")
-    assert (
-        claim_alibi_slopes(_table("flipflop", {"alibi": {0: _gap(0.77, {8: 0.7})}})).verdict == UNDECIDED
-    )  # did not learn
-    assert claim_alibi_slopes(_table("flipflop", {"rope": {0: near64}})) is None
-
-
-def _leaks(recs, leak):
-    return [r.model_copy(update={"leak": leak}) for r in recs]
-
-
-def test_claim_r8_forget_horizon_follows_its_measured_leak():
-    far = _gap(1.0, {8: 1.0, 64: 1.0, 1024: 1.0, 2048: 0.2, 4096: 0.5})
-    near = _gap(1.0, {8: 1.0, 64: 1.0, 128: 0.5, 4096: 0.5})
-    leak = [[0.40, 0.33], [0.0271, 0.0190]]  # the flattest head leaks 0.019 nats/token: w = 53, band [13, 211]
-    c = claim_forget_leak(
-        TaskTable(_leaks(_records("flipflop", {"forget": {0: near}}), leak), "flipflop", 128, 0.05, 0.9)
-    )
-    assert c.key == "R8" and c.verdict == HOLDS
-    assert c.evidence == "forget seed 0: leak 0.0190 nats/token, w 53, band [13, 211], horizon 64 (bias there 1.2 nats)"
-    assert (
-        claim_forget_leak(
-            TaskTable(_leaks(_records("flipflop", {"forget": {0: far}}), leak), "flipflop", 128, 0.05, 0.9)
-        ).verdict
-        == FAILS
-    )
-    mixed = _leaks(_records("flipflop", {"forget": {0: near}, "rope+forget": {0: far}}), leak)
-    assert claim_forget_leak(TaskTable(mixed, "flipflop", 128, 0.05, 0.9)).verdict == NOISE
-    unmeasured = claim_forget_leak(_table("flipflop", {"forget": {0: far}}))
-    assert unmeasured.verdict == UNDECIDED and unmeasured.evidence.startswith("no leak in the records of forget")
-    assert claim_forget_leak(_table("flipflop", {"forget": {0: _gap(0.6, {8: 0.6})}})).verdict == UNDECIDED
-    assert claim_forget_leak(_table("flipflop", {"rope": {0: far}})) is None
+    assert budget(task_job(None), 0.5) == budget(task_job(falling[:3]), 0.5) == "no loss curve in the records"
 
 
 def test_gate_leak_is_minus_log_f_of_each_head():
@@ -818,7 +512,7 @@ def test_task_csv_round_trips_and_a_csv_before_its_job_columns_loads(tmp_path):
     from posenc.reports.tasks import write_csv
     from posenc.store.records import load_task_csv, load_tasks
 
-    recs = _records("flipflop", {"rope": {0: _gap(0.99, {8: 0.9})}, "path": {1: _gap(0.9, {8: 0.8})}})
+    recs = task_records("flipflop", {"rope": {0: gap_cells(0.99, {8: 0.9})}, "path": {1: gap_cells(0.9, {8: 0.8})}})
     recs[0] = recs[0].model_copy(update={"trained_steps": 350, "criterion_step": 350})
     write_csv(tmp_path / "retrieval.csv", recs)
     back = load_tasks(tmp_path)
@@ -860,8 +554,12 @@ def test_a_task_job_records_its_heads_loss_curve_and_gate_leak(tmp_path):
 
 
 def test_per_seed_values_are_in_seed_order_whatever_order_the_jobs_finished():
-    curves = {0: _gap(1.0, {8: 1.0, 16: 0.5}), 1: _gap(1.0, {8: 1.0, 16: 1.0, 32: 0.5}), 2: _gap(1.0, {8: 0.5})}
+    curves = {
+        0: gap_cells(1.0, {8: 1.0, 16: 0.5}),
+        1: gap_cells(1.0, {8: 1.0, 16: 1.0, 32: 0.5}),
+        2: gap_cells(1.0, {8: 0.5}),
+    }
     finished = {"path": {2: curves[2], 0: curves[0], 1: curves[1]}}  # --parallel: the order jobs ended
-    t = _table("flipflop", finished)
+    t = task_table("flipflop", finished)
     assert list(t.scores["path"]) == [0, 1, 2]
     assert t.horizons("path") == [8, 16, None]

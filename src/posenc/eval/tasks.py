@@ -133,7 +133,8 @@ def gate_leak(model: torch.nn.Module, task: Task, train_length: int) -> list[lis
     ``train_length`` positions of the task's controlled-gap probe at distance g (LEAK_ROWS probes drawn from
     EVAL_SEED). On a stream task (flip-flop, modsum) that span runs from the evidence to the answer, so the bias the
     answer's query pays against its evidence is g x the leak (``results/retrieval/forget_gap.txt`` measured it by
-    hand). Returns (gated layers, H) floats, layers in order; None when no layer has a forget gate."""
+    hand, with ``experiments/accumulated/forget_gap.py``). Returns (gated layers, H) floats, layers in order; None
+    when no layer has a forget gate."""
     if not any(isinstance(m, ForgetGate) for m in model.modules()):
         return None
     g = LEAK_MULTIPLE * train_length

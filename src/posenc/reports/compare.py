@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.reports.claims import claims_markdown
+from posenc.reports.claims import text_claims_markdown
 from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell, write_csv_table
 from posenc.store.checkpoint import atomic_write_bytes
 from posenc.store.records import FarMass, PasskeyCell, Ppl, load
@@ -143,7 +143,7 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
             for s in schemes
         ]
         out.write(f"\n## {title}\n\n" + markdown_table(head, rows) + "\n")
-    out.write(claims_markdown(records, L0))
+    out.write(text_claims_markdown(records, L0))
     out.write(
         "\nFlat perplexity does not say whether a scheme still uses what lies beyond its training length: "
         "`posenc compare --preset retrieval` measures that on tasks with a known distance to the evidence "

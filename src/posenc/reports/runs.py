@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from posenc import encodings
 from posenc.config.plan import FREE_SETTINGS, Preset, flatten, settings
 from posenc.errors import PosencError
-from posenc.reports.claims import check_claims
+from posenc.reports.claims import claim_sets
 from posenc.reports.compare import with_ratios
 from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell
 from posenc.reports.scoreboard import TaskRun, is_task_run, load_task_run, scoreboard_markdown, task_claims_markdown
@@ -205,15 +205,19 @@ def text_markdown(runs: list[Run]) -> str:
 
 
 def claims_markdown(runs: list[Run]) -> str:
-    """The claims of arXiv 2606.24975 (``posenc.reports.claims``) checked on each run: one table of verdicts, then each
-    run's numbers."""
-    checked = [{c.key + c.text: c for c in check_claims(run.records, run.train_length)} for run in runs]
+    """Each registered claim set's text claims (``posenc.reports.claims``) checked on each run: one table of verdicts
+    per set, then each run's numbers."""
+    return "".join(_claim_set_markdown(cs, runs) for cs in claim_sets() if cs.text)
+
+
+def _claim_set_markdown(cs, runs: list[Run]) -> str:
+    checked = [{c.key + c.text: c for c in cs.text(run.records, run.train_length)} for run in runs]
     claims = list(dict.fromkeys(k for per_run in checked for k in per_run))
     if not claims:
         return ""
     first = {k: next(per_run[k] for per_run in checked if k in per_run) for k in claims}
     out = (
-        "\n## The paper's claims on each run\n\n"
+        f"\n## {cs.title} on each run\n\n"
         + markdown_table(
             ["claim", *(run.label for run in runs)],
             [

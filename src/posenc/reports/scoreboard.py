@@ -23,8 +23,9 @@ from posenc import encodings
 from posenc.config.plan import Preset, TaskEvalConfig
 from posenc.data.tasks import get_task
 from posenc.errors import PosencError
+from posenc.reports.claims import task_claims
 from posenc.reports.render import markdown_table, seed_cell
-from posenc.reports.tasks import TaskTable, check_task_claims
+from posenc.reports.tasks import TaskTable
 from posenc.store.checkpoint import atomic_write_bytes, read_json
 from posenc.store.records import Task, load_tasks
 
@@ -175,14 +176,12 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
 
 
 def task_claims_markdown(text, task_runs: list[TaskRun]) -> str:
-    """The task claims (``posenc.reports.tasks.check_task_claims``) of every task of ``task_runs``, R1 against the
-    text run ``text`` (None: R1 is omitted)."""
+    """The registered claim sets' task claims (``posenc.reports.claims.task_claims``) of every task of ``task_runs``,
+    read against the text run ``text`` (None: the claims that need one are omitted)."""
     rows = []
     for run in task_runs:
         for task in run.tasks():
-            for c in check_task_claims(
-                run.table(task), {"mixing_windows": run.mixing_windows}, text.records if text else []
-            ):
+            for c in task_claims(run.table(task), {"mixing_windows": run.mixing_windows}, text.records if text else []):
                 rows.append([run.label, f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence])
     if not rows:
         return ""

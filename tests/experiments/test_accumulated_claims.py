@@ -1,9 +1,11 @@
-"""The report's paper-claims section and mixing-window section, on synthetic results tables."""
+"""The text claims (i)-(vi) of experiments/accumulated (arXiv 2606.24975) and the report's mixing-window section, on
+synthetic results tables."""
 
 import pytest
 
-from posenc.reports import claims
-from posenc.reports.claims import FAILS, HOLDS, NOISE, at_most, check_claims, claims_markdown, combine, exceeds
+from experiments.accumulated import claims
+from experiments.accumulated.claims import check_claims, claims_markdown
+from posenc.reports.claims import FAILS, HOLDS, NOISE, at_most, combine, exceeds
 from posenc.reports.compare import markdown, window_markdown, window_rows, with_ratios
 from posenc.store.records import Ppl
 

@@ -4,7 +4,7 @@ For controlled-gap probes (a training-length prefix, a write, g ignores, a read)
 the attention mass of the read on the write (its W and bit tokens), the logit margin of the write's bit over
 the best other key, the accuracy of the read, and the mean log forget-gate per token over the gap.
 
-    .venv/bin/python results/retrieval/forget_gap.py runs/retrieval/flipflop/forget/seed0 \
+    .venv/bin/python experiments/accumulated/forget_gap.py runs/retrieval/flipflop/forget/seed0 \
         > results/retrieval/forget_gap.txt
 
 The leak over the gap is library code now (``posenc.eval.tasks.gate_leak``, every head of every gated layer, ignores
