@@ -1,7 +1,9 @@
-"""Randomized training positions (``train.positions: randomized:max=N``; Ruoss et al. 2023, arXiv:2305.16843): the
-sampler, the positions the training loss sees, contiguous evaluation, resume, and the one-line refusals."""
+"""Randomized positions (``train.positions: randomized:max=N``; Ruoss et al. 2023, arXiv:2305.16843): the sampler,
+the positions the training loss sees, evaluation on drawn positions as the paper's, resume, and the one-line
+refusals."""
 
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -9,7 +11,12 @@ import torch
 
 from posenc.cli.main import main
 from posenc.config.plan import load_preset
+from posenc.data.positions import EVAL_STREAM, randomized_positions
+from posenc.data.tasks import Test as TaskTest
+from posenc.data.tasks import get_task
 from posenc.errors import PosencError
+from posenc.eval.perplexity import evaluate_length
+from posenc.eval.tasks import EVAL_SEED, score_batch, score_test
 from posenc.model import LM, ModelConfig
 from posenc.train.loop import (
     TrainConfig,
@@ -17,8 +24,8 @@ from posenc.train.loop import (
     check_positions,
     load_run,
     randomized_max,
-    randomized_positions,
     train,
+    training_positions,
 )
 
 MCFG = ModelConfig(n_layer=1, n_head=2, d_model=16, train_length=16, encoding="rope")
@@ -26,13 +33,13 @@ ALIBI = ModelConfig(**{**MCFG.__dict__, "encoding": "alibi"})  # its bias reads 
 
 
 def test_the_positions_are_a_sorted_subset_of_the_range_drawn_per_seed_and_step():
-    p = randomized_positions(1000, 64, seed=3, step=7)
+    p = training_positions(1000, 64, seed=3, step=7)
     assert p.dtype == torch.int64 and p.shape == (64,)
     assert bool((p.diff() > 0).all()) and int(p.min()) >= 0 and int(p.max()) < 1000  # sorted, distinct, in range
-    assert torch.equal(p, randomized_positions(1000, 64, seed=3, step=7))  # a resumed run draws the same
-    assert not torch.equal(p, randomized_positions(1000, 64, seed=3, step=8))
-    assert not torch.equal(p, randomized_positions(1000, 64, seed=4, step=7))
-    assert torch.equal(randomized_positions(64, 64, seed=0, step=0), torch.arange(64))  # N = T: every position
+    assert torch.equal(p, training_positions(1000, 64, seed=3, step=7))  # a resumed run draws the same
+    assert not torch.equal(p, training_positions(1000, 64, seed=3, step=8))
+    assert not torch.equal(p, training_positions(1000, 64, seed=4, step=7))
+    assert torch.equal(training_positions(64, 64, seed=0, step=0), torch.arange(64))  # N = T: every position
     # the draw is numpy's uniform choice without replacement, seeded apart from the batch offsets (seed, step)
     rng = np.random.default_rng([3, 7, 1])
     assert p.tolist() == sorted(rng.choice(1000, size=64, replace=False).tolist())
@@ -41,9 +48,7 @@ def test_the_positions_are_a_sorted_subset_of_the_range_drawn_per_seed_and_step(
 def test_uniform_over_the_range():
     """Each position of 0..N-1 is kept with probability T/N: over 400 draws of 32 of 128, every quarter of the
     range holds a quarter of the positions (3,200 each; 5 standard deviations ~ 260)."""
-    counts = np.bincount(
-        torch.cat([randomized_positions(128, 32, 0, s) for s in range(400)]).numpy() // 32, minlength=4
-    )
+    counts = np.bincount(torch.cat([training_positions(128, 32, 0, s) for s in range(400)]).numpy() // 32, minlength=4)
     assert np.abs(counts - 3200).max() < 260, counts
 
 
@@ -110,7 +115,7 @@ def test_the_training_loss_sees_the_drawn_positions(tmp_path, tiny_corpus):
     x, y = batch_at(load_tokens(str(tiny_corpus), "byte").train, 0, 2, 16, tcfg.seed)
     with torch.no_grad():
         at = lambda pos: float(model.token_nll(x, y, pos=pos).mean())  # noqa: E731
-        assert randomized == pytest.approx(at(randomized_positions(4096, 16, tcfg.seed, 0)), rel=1e-6)
+        assert randomized == pytest.approx(at(training_positions(4096, 16, tcfg.seed, 0)), rel=1e-6)
         assert contiguous == pytest.approx(at(None), rel=1e-6)
     assert abs(randomized - contiguous) > 1e-3  # 400x the tolerance of the two matches above
     saved = json.loads((tmp_path / "randomized" / "config.json").read_text())
@@ -119,22 +124,49 @@ def test_the_training_loss_sees_the_drawn_positions(tmp_path, tiny_corpus):
     assert loaded_tcfg.positions == "randomized:max=4096"
 
 
-def test_evaluation_stays_contiguous(tmp_path, tiny_corpus):
-    """A run trained on randomized positions scores with 0..T-1: eval's perplexity is the model's at contiguous
-    positions (the model's default), never a draw."""
+def _trained(tmp_path, tiny_corpus, positions="randomized:max=256"):
     tcfg = TrainConfig(
-        corpus=str(tiny_corpus), steps=2, batch_size=2, lr=1e-3, warmup=1, threads=1, positions="randomized:max=256"
+        corpus=str(tiny_corpus), steps=2, batch_size=2, lr=1e-3, warmup=1, threads=1, positions=positions
     )
-    train(tmp_path / "run", MCFG, tcfg)
-    model = load_run(tmp_path / "run")[0].eval()
-    tokens = torch.randint(0, 256, (1, 17))
+    train(tmp_path / "run", ALIBI, tcfg)
+    return load_run(tmp_path / "run")[0].eval()
+
+
+def test_perplexity_is_scored_on_the_drawn_positions(tmp_path, tiny_corpus):
+    """A run trained on randomized positions is scored on them, as the paper's evaluation is: evaluate_length's NLL
+    is the model's at the batch's seeded draw (key: length, batch, EVAL_STREAM), not at 0..T-1; at T = N the draw is
+    0..N-1; beyond N the length is n/a."""
+    model = _trained(tmp_path, tiny_corpus)
+    tokens = torch.randint(0, 256, (17,), generator=torch.Generator().manual_seed(1))
+    docs = [("doc", tokens.numpy().astype(np.uint16))]  # one window of 16 model positions
     with torch.no_grad():
-        torch.testing.assert_close(
-            model.token_nll(tokens[:, :-1], tokens[:, 1:]),
-            model.token_nll(tokens[:, :-1], tokens[:, 1:], pos=torch.arange(16)),
-            rtol=0,
-            atol=0,
-        )
+        drawn = randomized_positions(256, 16, (16, 0, EVAL_STREAM))
+        at = lambda pos: float(model.token_nll(tokens[None, :-1], tokens[None, 1:], pos=pos).double().sum())  # noqa: E731
+        rec = evaluate_length(model, docs, 16, {"scheme": "alibi"}, progress=False, positions=256)
+        assert rec.nll == pytest.approx(at(drawn), rel=1e-9)
+        assert abs(rec.nll - at(None)) > 1e-3  # ALiBi's bias grows with the drawn gaps
+        whole = evaluate_length(model, docs, 16, {"scheme": "alibi"}, progress=False, positions=16)
+        assert whole.nll == pytest.approx(at(None), rel=1e-9)  # N = T: every position
+    beyond = evaluate_length(model, docs, 16, {"scheme": "alibi"}, progress=False, positions=8)
+    assert beyond.ppl is None and beyond.note == "n/a: randomized positions of max 8 cannot place 16 tokens"
+
+
+def test_task_answers_are_scored_on_the_drawn_positions(tmp_path, tiny_corpus):
+    """A task cell of such a model is its answers' scores at each batch's draw (key: the cell's seed, step,
+    EVAL_STREAM); the same cell on contiguous positions scores otherwise."""
+    model = _trained(tmp_path, tiny_corpus)
+    task, test = get_task("flipflop"), TaskTest("id", 16, {})
+    seed = EVAL_SEED + zlib.crc32(b"id:16")
+    b = task.batch(seed, 0, range(4), 16)
+    with torch.no_grad():
+        logits = model(b.inputs, randomized_positions(256, 16, (seed, 0, EVAL_STREAM)))
+        expected = score_batch(logits.float(), b.targets, b.answer, b.distance)
+        got = score_test(model, task, test, answers=1, max_tokens=64, batch_tokens=64, positions=256)
+        plain = score_test(model, task, test, answers=1, max_tokens=64, batch_tokens=64)
+    assert got.keys() == expected.keys()
+    for k in got:
+        assert got[k] == pytest.approx(expected[k], rel=1e-9)
+    assert any(abs(got[k][2] - plain[k][2]) > 1e-3 for k in got)
 
 
 def test_resume_draws_what_the_uninterrupted_run_draws(tmp_path, tiny_corpus):
@@ -192,12 +224,33 @@ def test_bad_positions_on_the_command_line_are_one_line(tmp_path, capsys):
     )
     assert "max must be >= the training length 32" in capsys.readouterr().err
     assert not (tmp_path / "quick").exists()
+    assert (
+        main(
+            [
+                "compare",
+                "--preset",
+                "quick",
+                "--schemes",
+                "rope",
+                "--set",
+                "train.positions=randomized:max=128",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )  # quick evaluates up to 8 x 32 = 256 tokens, each scored on a draw of 0..max-1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "posenc: error: train.positions 'randomized:max=128': max must be >= the longest evaluation length 256 (the "
+        "model is scored on randomized positions too)"
+    ]
+    assert not (tmp_path / "quick").exists()
     assert main(["compare", "--preset", "quick", "--set", "train.positions=shuffled", "--out", str(tmp_path)]) == 2
     assert "train.positions must be 'contiguous' or 'randomized:max=N', got 'shuffled'" in capsys.readouterr().err
     assert load_preset("quick").train.positions == "contiguous"
 
 
-def test_a_comparison_on_randomized_positions_says_so_and_scores_contiguously(tmp_path, tiny_corpus):
+def test_a_comparison_on_randomized_positions_says_so(tmp_path, tiny_corpus):
     """``posenc compare`` with randomized positions: the report's budget line names them, the run's config records
     them, and ``posenc report`` labels it apart from a contiguous run of the same preset."""
     common = ["--preset", "quick", "--schemes", "alibi", "--corpus", str(tiny_corpus), "--steps", "2"]

@@ -280,8 +280,9 @@ class LM(nn.Module):
             yield captured
             x = block(x, pos, tokens, captured)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.hidden(tokens) @ self.tok.weight.T
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) of tokens (B, T) int64 at positions ``pos`` (T,) int64 (None: 0..T-1)."""
+        return self.hidden(tokens, pos) @ self.tok.weight.T
 
     def decode(self, tokens: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Feed the next n tokens (B, n) int64 through ``cache`` (updated in place): their logits (B, n, vocab).

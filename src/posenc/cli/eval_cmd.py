@@ -18,7 +18,7 @@ from posenc.reports.render import plot_stream
 from posenc.rope import NAMES, check_window
 from posenc.scoring import eval_lengths, plan
 from posenc.store.records import Ppl, append
-from posenc.train.loop import load_run
+from posenc.train.loop import load_run, randomized_max
 
 
 def add_parser(sub):
@@ -145,7 +145,9 @@ def run(args) -> int:
     ref = None
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
     for L in lengths:
-        rec = evaluate_length(model, data.val_docs, L, base, args.max_tokens, span=max(lengths))
+        rec = evaluate_length(
+            model, data.val_docs, L, base, args.max_tokens, span=max(lengths), positions=randomized_max(tcfg.positions)
+        )
         append(Path(args.run_dir) / "eval.jsonl", rec)
         if rec.ppl is None:
             print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}")

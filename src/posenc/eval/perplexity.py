@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from posenc import scoring
+from posenc.data.positions import EVAL_STREAM, randomized_positions
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.model import LM
 from posenc.scoring import Window, bucket_edges, plan
@@ -98,13 +99,17 @@ def evaluate_length(
     batch_tokens: int = 8192,
     progress: bool = True,
     span: int | None = None,
+    positions: int | None = None,
 ) -> Ppl:
     """Perplexity of ``model`` on the windows of ``length`` tokens that :func:`plan` gives (``max_tokens``, ``span``).
 
     Returns the record: eval_length, windows, scored_tokens, nll (sum, nats), ppl, bucket_edges and bucket_ppl
     (per position bucket), seconds, the model's train_length and ``base``'s fields ({"scheme"} at least; compare
     adds "seed"). Learned tables too short for ``length`` give ``ppl: None`` and ``note: "n/a: ..."``.
-    ``progress``: a bar of windows on stderr when stderr is a terminal (never in a log file).
+    ``progress``: a bar of windows on stderr when stderr is a terminal (never in a log file). ``positions``: N of a
+    model trained on randomized positions (``train.positions: randomized:max=N``), scored on them as the paper does
+    (``posenc.data.positions``: one seeded draw per batch of windows); None: positions 0..length-1. A length above N
+    gives ``ppl: None`` with its note.
     """
     model.eval()
     t0, base = time.time(), dict(base, train_length=model.cfg.train_length, eval_length=length)
@@ -119,8 +124,9 @@ def evaluate_length(
             chunk = wins[b : b + per_batch]
             batch = np.stack([docs[d][1][w.begin : w.begin + length + 1] for d, w in chunk]).astype(np.int64)
             t = torch.from_numpy(batch).to(next(model.parameters()).device)
+            pos = None if positions is None else randomized_positions(positions, length, (length, b, EVAL_STREAM))
             nll = (
-                model.token_nll(t[:, :-1], t[:, 1:]).double().cpu()
+                model.token_nll(t[:, :-1], t[:, 1:], pos=None if pos is None else pos.to(t.device)).double().cpu()
             )  # (B, L): entry j predicts text token begin + 1 + j
             # a document's last window may overlap its predecessor: only its targets from w.lo on count
             first = torch.tensor([w.lo - w.begin - 1 for _, w in chunk])

@@ -13,6 +13,7 @@ import zlib
 
 import torch
 
+from posenc.data.positions import EVAL_STREAM, randomized_positions
 from posenc.data.tasks import Task, Test
 from posenc.encodings.forget import ForgetGate
 
@@ -51,9 +52,12 @@ def score_test(
     max_tokens: int,
     batch_tokens: int,
     base_seed: int = EVAL_SEED,
+    positions: int | None = None,
 ) -> dict[int, list[float]]:
     """{bucket: [answers, correct, nll sum]} of one test cell, drawn from a seed of ``base_seed``, its name and
-    length."""
+    length. ``positions``: N of a model trained on randomized positions, scored on them (``posenc.data.positions``:
+    one draw per batch, seeded by the cell's seed and the batch); None: 0..length-1. LengthNotSupported when the
+    length exceeds N."""
     seed = base_seed + zlib.crc32(f"{test.name}:{test.length}".encode())
     totals: dict[int, list[float]] = {}
     rows_per_batch = max(1, batch_tokens // test.length)
@@ -61,7 +65,8 @@ def score_test(
     step, tokens, found = 0, 0, 0
     while found < answers and tokens < max_tokens:
         b = task.batch(seed, step, range(rows_per_batch), test.length, **test.settings)
-        logits = model(b.inputs.to(device)).float().cpu()
+        pos = None if positions is None else randomized_positions(positions, test.length, (seed, step, EVAL_STREAM))
+        logits = model(b.inputs.to(device), None if pos is None else pos.to(device)).float().cpu()
         for key, (n, c, nll) in score_batch(logits, b.targets, b.answer, b.distance).items():
             t = totals.setdefault(key, [0.0, 0.0, 0.0])
             t[0], t[1], t[2] = t[0] + n, t[1] + c, t[2] + nll
@@ -79,14 +84,17 @@ def evaluate_task(
     answers: int,
     max_tokens: int,
     batch_tokens: int,
+    positions: int | None = None,
 ) -> list[dict]:
-    """One record per (test, length, bucket): ``n`` answers, ``correct``, ``nll`` (sum, nats)."""
+    """One record per (test, length, bucket): ``n`` answers, ``correct``, ``nll`` (sum, nats). ``positions``: as
+    ``score_test``'s."""
     was_training = model.training
     model.eval()
     records = []
     try:
         for test in task.tests(train_length, multiples):
-            for b, (n, c, nll) in sorted(score_test(model, task, test, answers, max_tokens, batch_tokens).items()):
+            cell = score_test(model, task, test, answers, max_tokens, batch_tokens, positions=positions)
+            for b, (n, c, nll) in sorted(cell.items()):
                 records.append(
                     {"test": test.name, "length": test.length, "bucket": b, "n": int(n), "correct": int(c), "nll": nll}
                 )
@@ -96,12 +104,18 @@ def evaluate_task(
 
 
 def id_accuracy(
-    model: torch.nn.Module, task: Task, train_length: int, answers: int, batch_tokens: int = 16384
+    model: torch.nn.Module,
+    task: Task,
+    train_length: int,
+    answers: int,
+    batch_tokens: int = 16384,
+    positions: int | None = None,
 ) -> float:
     """Accuracy (fraction in [0, 1]) on ``answers`` answers of the in-distribution held-out set of ``train.until``:
     sequences of ``train_length`` tokens at the training settings drawn from ``CRITERION_SEED``, the same for every
     scheme, seed and step (never a training batch, nor the sequences the report's "id" test scores). The model is
-    put in eval mode and back; the global random state is left as it was (a check does not change training)."""
+    put in eval mode and back; the global random state is left as it was (a check does not change training).
+    ``positions``: as ``score_test``'s (a model trained on randomized positions is checked on them)."""
     was_training = model.training
     model.eval()
     try:
@@ -114,6 +128,7 @@ def id_accuracy(
                 64 * answers * train_length,
                 batch_tokens,
                 base_seed=CRITERION_SEED,
+                positions=positions,
             )
     finally:
         model.train(was_training)

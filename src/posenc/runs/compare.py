@@ -68,7 +68,15 @@ from posenc.scoring import eval_lengths, window_starts
 from posenc.store.checkpoint import read_json
 from posenc.store.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, load
 from posenc.store.stamp import run_stamp, stamp_line
-from posenc.train.loop import check_positions, check_trained_as, is_trained, load_run, machine_precision, train
+from posenc.train.loop import (
+    check_positions,
+    check_trained_as,
+    is_trained,
+    load_run,
+    machine_precision,
+    randomized_max,
+    train,
+)
 from posenc.train.tracking import check_kind, eval_metrics, open_tracker
 
 
@@ -185,6 +193,23 @@ def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int, log
         )
 
 
+def check_positions_reach(preset: Preset, tasks: list[str]) -> None:
+    """PosencError (one line) when randomized training positions (``train.positions: randomized:max=N``) cannot
+    place the longest evaluation: the jobs score such a model on randomized positions too (``posenc.data.positions``),
+    so N must be at least every evaluated length (text: the eval multiples; tasks: every test's length)."""
+    n = randomized_max(preset.train.positions)
+    if n is None:
+        return
+    L = preset.model.train_length
+    lengths = [t.length for spec in tasks for t in get_task(spec).tests(L, preset.task_eval.multiples)]
+    longest = max(lengths) if tasks else max(eval_lengths(L, preset.eval.multiples))
+    if longest > n:
+        raise PosencError(
+            f"train.positions {preset.train.positions!r}: max must be >= the longest evaluation length {longest} "
+            "(the model is scored on randomized positions too)"
+        )
+
+
 def run_job(
     run_root: Path,
     preset: Preset,
@@ -236,6 +261,7 @@ def run_job(
                     preset.eval.max_tokens,
                     preset.eval.batch_tokens,
                     span=_span(preset),
+                    positions=randomized_max(tcfg.positions),
                 ),
             )
         compare_extras(
@@ -383,6 +409,7 @@ def compare(
     grids = {s: grid_points(preset, s) for s in preset.schemes}
     for s in preset.schemes:  # randomized training positions: every scheme takes them, before any job starts
         check_positions(dataclasses.replace(preset.model, encoding=s), preset.train)
+    check_positions_reach(preset, tasks)
     points = list(dict.fromkeys(p for grid in grids.values() for p in grid))
     check_same_settings(run_root, preset)
     for p in points:

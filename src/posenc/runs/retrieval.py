@@ -20,7 +20,7 @@ from posenc.eval.tasks import evaluate_task, gate_leak
 from posenc.store.checkpoint import read_json, read_jsonl
 from posenc.store.records import Task, append, load
 from posenc.store.stamp import run_stamp
-from posenc.train.loop import is_trained, load_run, machine_precision, steps_to_criterion, train
+from posenc.train.loop import is_trained, load_run, machine_precision, randomized_max, steps_to_criterion, train
 from posenc.train.tracking import open_tracker, task_metrics
 
 
@@ -56,7 +56,14 @@ def run_task_job(
         ev = preset.task_eval
         t0 = time.time()
         cells = evaluate_task(
-            model, data.task, mcfg.train_length, ev.multiples, ev.answers, ev.max_tokens, ev.batch_tokens
+            model,
+            data.task,
+            mcfg.train_length,
+            ev.multiples,
+            ev.answers,
+            ev.max_tokens,
+            ev.batch_tokens,
+            positions=randomized_max(tcfg.positions),
         )
         summary = read_json(run_dir / "train_summary.json")
         record = Task(

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from posenc import encodings
 from posenc.data.corpora import TokenData, load_tokens
+from posenc.data.positions import TRAIN_STREAM, randomized_positions
 from posenc.data.tasks import TaskData
 from posenc.errors import PosencError
 from posenc.eval.tasks import id_accuracy
@@ -177,8 +178,8 @@ class TrainConfig(LoopConfig):
     until: UntilConfig | None = None
     """Train to criterion (synthetic tasks only; ``steps`` is the cap); null: train ``steps`` steps."""
     positions: str = "contiguous"
-    # randomized: Ruoss et al. 2023, a sorted random subset of 0..N-1 per step (randomized_positions)
-    """``contiguous`` (0..T-1) or ``randomized:max=N`` (position-indexed schemes only; evaluation stays contiguous)."""
+    # randomized: Ruoss et al. 2023, a sorted random subset of 0..N-1 per step (posenc.data.positions)
+    """``contiguous`` (0..T-1) or ``randomized:max=N`` (position-indexed schemes only; evaluation draws them too)."""
 
 
 def lr_at(step: int, cfg: LoopConfig) -> float:
@@ -211,9 +212,6 @@ def training_batch(data: TokenData | TaskData, step: int, tcfg: TrainConfig, len
     return (*batch_at(data.train, step, tcfg.batch_size, length, tcfg.seed, rows), None)
 
 
-POSITIONS_STREAM = 1  # the positions' generator is seeded (seed, step, 1): a stream apart from the batch's (seed, step)
-
-
 def randomized_max(spec: str) -> int | None:
     """N of ``train.positions`` ``randomized:max=N``; None for ``contiguous``. PosencError (one line) for another
     spec or a max that is not an integer >= 1 (``check_positions`` compares it with the training length)."""
@@ -228,13 +226,11 @@ def randomized_max(spec: str) -> int | None:
     return n
 
 
-def randomized_positions(n_max: int, length: int, seed: int, step: int) -> torch.Tensor:
-    """The training positions of ``step`` under ``randomized:max=n_max`` (Ruoss et al. 2023, "Randomized Positional
-    Encodings Boost Length Generalization of Transformers", arXiv:2305.16843, sec. 3): ``length`` distinct positions
-    drawn uniformly from 0..n_max-1, sorted; (length,) int64. One draw per step, shared by the batch's sequences
-    (a layer takes one position vector); seeded by (seed, step), so a resumed run draws what it would have."""
-    rng = np.random.default_rng([seed, step, POSITIONS_STREAM])
-    return torch.from_numpy(np.sort(rng.choice(n_max, size=length, replace=False)).astype(np.int64))
+def training_positions(n_max: int, length: int, seed: int, step: int) -> torch.Tensor:
+    """The training positions of ``step`` under ``randomized:max=n_max`` (``posenc.data.positions``): ``length``
+    sorted distinct positions in 0..n_max-1, (length,) int64. One draw per step, shared by the batch's sequences,
+    seeded by (seed, step), so a resumed run draws what it would have."""
+    return randomized_positions(n_max, length, (seed, step, TRAIN_STREAM))
 
 
 def check_positions(mcfg: ModelConfig, tcfg: TrainConfig) -> int | None:
@@ -701,7 +697,7 @@ def train(
         x, y, answers = (
             t if t is None else t.to(shard.device) for t in training_batch(data, step, tcfg, mcfg.train_length, rows)
         )
-        pos = () if n_max is None else (randomized_positions(n_max, x.shape[1], tcfg.seed, step).to(shard.device),)
+        pos = () if n_max is None else (training_positions(n_max, x.shape[1], tcfg.seed, step).to(shard.device),)
         with autocast(tcfg.precision, shard.device):
             return mean_loss(loss_fn(x, y, *pos), answers), x.numel()  # mean over this rank's rows (answers)
 
@@ -709,7 +705,9 @@ def train(
     if tcfg.until is not None:
         until = tcfg.until
         criterion = Criterion(
-            until.every, until.at_least, lambda step: id_accuracy(model, data.task, mcfg.train_length, until.answers)
+            until.every,
+            until.at_least,
+            lambda step: id_accuracy(model, data.task, mcfg.train_length, until.answers, positions=n_max),
         )
     done = fit(
         model,

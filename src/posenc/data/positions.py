@@ -1,0 +1,32 @@
+"""Randomized positions (Ruoss et al. 2023, "Randomized Positional Encodings Boost Length Generalization of
+Transformers", arXiv:2305.16843, sec. 3): the positions of a sequence of T tokens are a sorted uniform subset of
+0..N-1 (N >= T, the longest length the model will see), drawn afresh for every forward.
+
+The paper's model draws them in training and at test alike: its reference code
+(google-deepmind/randomized_positional_encodings, ``noisy_fixed_positional_encodings``) samples the subset on every
+apply, and its length evaluation passes a fresh random key to each batch as training does. A model trained on them is
+therefore scored on them too (``posenc.eval``): one draw per batch, shared by the batch's sequences (a layer takes
+one position vector), seeded so a score is reproducible. At T = N the draw is every position, 0..N-1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from posenc.encodings.absolute import LengthNotSupported
+
+TRAIN_STREAM = 1  # a training step's draw is seeded (seed, step, 1): a stream apart from the batch's (seed, step)
+EVAL_STREAM = 2  # an evaluation batch's draw: (length, batch index, 2) for text, (test seed, step, 2) for tasks
+
+
+def randomized_positions(n_max: int, length: int, key: Sequence[int]) -> torch.Tensor:
+    """``length`` distinct positions drawn uniformly from 0..n_max-1, sorted, from a generator seeded by ``key``
+    (non-negative ints); (length,) int64. Raises LengthNotSupported (a PosencError) when length > n_max: the model
+    has no positions for that many tokens."""
+    if length > n_max:
+        raise LengthNotSupported(f"randomized positions of max {n_max} cannot place {length} tokens")
+    rng = np.random.default_rng(list(key))
+    return torch.from_numpy(np.sort(rng.choice(n_max, size=length, replace=False)).astype(np.int64))
