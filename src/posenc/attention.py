@@ -9,7 +9,10 @@
 - with a separable bias on CPU (ALiBi, the forget gate, their sums; T5 on the keys
   beyond its max_distance: a BiasFn with ``keys`` or ``far``): ``fused_separable``,
   the far keys of a block through the flash kernel with the bias on one extra
-  feature, the near ones with their tile.
+  feature, the near ones with their tile;
+- with a bias of the distance only over consecutive positions, in evaluation (T5,
+  Kerple: a BiasFn with ``toeplitz``): ``toeplitz_causal``, each block's mask a
+  strided view of one table of 2T - 1 values, read in place by the kernel.
 
 ``naive_attention`` beside it builds the full T x T matrix and is the reference
 the tests compare against. Rotations likewise: ``rotate_shared`` (the core's, one
@@ -34,7 +37,9 @@ from posenc.errors import PosencError
 # r(i) + c(j) for every i >= j, carries ``keys(qs, ke)``: the row of query qs over keys [0, ke), f(qs, j),
 # (B|1, H, ke) float32+; one separable on the keys far from each query block only (T5 beyond its
 # max_distance) carries ``far(qs, qe)`` -> (near, row): keys [0, near), near <= qs, on which f(i, j) = r(i) +
-# c(j) for the queries [qs, qe), and their row f(qs, j). The CPU path ``fused_separable`` reads them.
+# c(j) for the queries [qs, qe), and their row f(qs, j). The CPU path ``fused_separable`` reads them. A bias
+# of the distance only, f(i, j) = b(i - j) over consecutive positions, carries ``toeplitz(n)``: b at the
+# distances 0..n-1, (H, n) float32+ (``toeplitz_causal`` reads it).
 BiasFn = Callable[[int, int, int, int], torch.Tensor]
 
 
@@ -44,10 +49,11 @@ def with_forms(
     at: Callable[..., torch.Tensor] | None = None,
     keys: Callable[[int, int], torch.Tensor] | None = None,
     far: Callable[[int, int], tuple[int, torch.Tensor]] | None = None,
+    toeplitz: Callable[[int], torch.Tensor] | None = None,
 ) -> BiasFn:
-    """``tile`` carrying the forms given (``at``, ``keys``, ``far``; see ``BiasFn``) as attributes, the rest left
-    as they are: set here, as a type checker sees no such attributes on a Callable."""
-    for name, form in (("at", at), ("keys", keys), ("far", far)):
+    """``tile`` carrying the forms given (``at``, ``keys``, ``far``, ``toeplitz``; see ``BiasFn``) as attributes,
+    the rest left as they are: set here, as a type checker sees no such attributes on a Callable."""
+    for name, form in (("at", at), ("keys", keys), ("far", far), ("toeplitz", toeplitz)):
         if form is not None:
             setattr(tile, name, form)
     return tile
@@ -247,6 +253,8 @@ def attention(
     scale = logit_scale / math.sqrt(q.shape[-1])
     if q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and (at := getattr(bias, "at", None)) is not None:
         out = flex_causal(q, k, v, at, scale)
+    elif q_start == 0 and not torch.is_grad_enabled() and (table := getattr(bias, "toeplitz", None)) is not None:
+        out = toeplitz_causal(q, k, v, table(T), scale, block_size) + nan_rows(q, k)
     elif q_start == 0 and bias is not None and fusable(q, bias, block_size):
         out = fused_separable(q, k, v, bias, scale, block_size) + nan_rows(q, k)
     elif bias is None and q_start == 0:
@@ -354,6 +362,35 @@ def fused_separable(
             far_lse = far_lse + (tile[..., 0] - tile[..., :1, 0])  # r(i) - r(qs), from key near - 1's column
             out = merge_lse([(out, lse), (far, far_lse)])
         blocks.append(out[..., : v.shape[-1]])
+    return torch.cat(blocks, dim=-2)
+
+
+def toeplitz_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, scale: float, block_size: int
+) -> torch.Tensor:
+    """Causal attention with a bias of the distance only, b_h(i - j), with no bias tile written.
+
+    q, k: (B, H, T, Dk), v: (B, H, T, Dv), every query of consecutive positions (no cache); table: (H, n), n >= T,
+    b_h at the distances 0..n-1; scores ``scale * q.k + b_h(i - j)``. The signed table w (H, 2T - 1) holds
+    b_h(c - T + 1) at c >= T - 1 and -inf before (the causal mask). With the keys [0, qe) of a query block
+    [qs, qe) in reverse order (key j at column j' = qe - 1 - j), the block's mask is w[qs + i + j' - qe + T]: a
+    view of w with strides (1, 1) over (i, j') that the kernel reads in place, so a block costs its scores and
+    2T - 1 bias values, not a (block x T) tile (attention alone at 8K, one thread: 1.1x causal SDPA, against
+    3.7x for the tiles). No gradient (evaluation); the tile path is the reference (``naive_attention``).
+    Returns (B, H, T, Dv) in q's dtype."""
+    H, T = q.shape[1], q.shape[-2]
+    w = torch.full((H, 2 * T - 1), float("-inf"), dtype=q.dtype, device=q.device)
+    w[:, T - 1 :] = table[:, :T]
+    k_rev, v_rev, blocks = k.flip(-2), v.flip(-2), []
+    for qs in range(0, T, block_size):
+        qe = min(qs + block_size, T)
+        mask = w.as_strided((1, H, qe - qs, qe), (0, w.stride(0), 1, 1), storage_offset=qs - qe + T)
+        rows = q[..., qs:qe, :]
+        blocks.append(
+            F.scaled_dot_product_attention(
+                rows, k_rev[..., T - qe :, :], v_rev[..., T - qe :, :], attn_mask=mask, scale=scale
+            )
+        )
     return torch.cat(blocks, dim=-2)
 
 

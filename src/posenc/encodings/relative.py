@@ -46,19 +46,22 @@ def distance_tiles(values, pos: torch.Tensor, distance) -> BiasFn:
     values(n) gives v, (H, n) float32+ at the distances 0..n-1 (called once per bias, n spanning the positions
     pos (T,) int64); distance folds a signed distance tensor into [0, n) (T5 clamps at 0, Kerple takes |.|). The
     formula thus runs on n distances, not on every score: a tile (1, H, tq, tk) is one gather, or, for
-    consecutive positions (a Toeplitz tile), one copy of a strided view of v over the signed distances.
+    consecutive positions (a Toeplitz tile), one copy of a strided view of v over the signed distances; such a
+    bias also carries ``toeplitz`` (``posenc.attention.BiasFn``), v itself, which the core's evaluation path reads
+    without writing any tile (``posenc.attention.toeplitz_causal``).
     """
     n = int(pos.max() - pos.min()) + 1
     table = values(n)
     if not bool((pos.diff() == 1).all()):
         return lambda qs, qe, ks, ke: table[:, distance(pos[qs:qe, None] - pos[None, ks:ke])][None]
     signed = table[:, distance(torch.arange(n - 1, -n, -1, device=pos.device))]  # column c: distance n - 1 - c
+    at_distances = table[:, distance(torch.arange(n, device=pos.device))]  # the toeplitz form: b at 0..n-1
 
     def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
         windows = signed.unfold(-1, ke - ks, 1)  # windows[:, s, t]: distance n - 1 - s - t
         return windows[:, n - qe + ks : n - qs + ks].flip(-2)[None]  # row i: s = n - 1 - (qs + i) + ks
 
-    return tile
+    return with_forms(tile, toeplitz=lambda m: at_distances[:, :m])
 
 
 @register
