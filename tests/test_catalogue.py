@@ -14,6 +14,7 @@ from posenc.encodings.bias import alibi_slopes
 from posenc.encodings.cope import cope_attention_naive, cope_logits
 from posenc.encodings.dape import dape_attention_naive
 from posenc.encodings.fire import fire_bias_naive
+from posenc.encodings.mlp import PointMLP
 from posenc.encodings.relative import relative_bias_naive
 from posenc.errors import PosencError
 
@@ -80,6 +81,38 @@ def test_fire_tiles_equal_the_explicit_loop(monkeypatch):
     assert full.shape == (1, 3, T, T) and full.dtype == torch.float64
     torch.testing.assert_close(full[..., CAUSAL], fire_bias_naive(enc, POS)[..., CAUSAL])
     torch.testing.assert_close(tile(4, 9, 2, 7), full[..., 4:9, 2:7])  # any tile is a slice
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fire_tiles_without_grad_take_the_piecewise_form_and_equal_the_mlp(dtype, monkeypatch):
+    """Evaluation tiles (no grad) come from the MLP's knots and segment table (``PointMLP.piecewise``); they equal
+    the MLP's tiles (the path with grad) to rounding, on random weights and positions up to 400."""
+    monkeypatch.setattr(fire_module, "KEY_CHUNK", 4)
+    enc = _random(encodings.get("fire", DIMS)).to(dtype)
+    tile = enc.bias(_inputs())
+    called = []
+    monkeypatch.setattr(enc.mlp, "piecewise", lambda dt, f=enc.mlp.piecewise: called.append(dt) or f(dt))
+    with torch.no_grad():
+        fast = tile(0, T, 0, T)
+    assert called == [dtype] and fast.dtype == dtype
+    mlp = tile(0, T, 0, T).detach()  # grad enabled: the MLP
+    torch.testing.assert_close(fast, mlp, rtol=0, atol=1e-12 if dtype == torch.float64 else 2e-6)
+
+
+@pytest.mark.parametrize("act", ["relu", "leaky_relu"])
+def test_a_point_mlp_of_one_input_is_its_piecewise_form(act):
+    mlp = PointMLP(1, 16, 3, act)
+    with torch.no_grad():
+        mlp.b1.mul_(4)  # knots spread over [-4, 4] and beyond
+    x = torch.linspace(-30, 30, 5001, dtype=torch.float64)
+    knots, table = mlp.piecewise(torch.float64)
+    assert knots.shape == (16,) and table.shape == (17, 6) and bool((knots.diff() >= 0).all())
+    s = torch.bucketize(x, knots)
+    with torch.no_grad():
+        tol = 1e-12 if act == "relu" else 1e-8  # F.leaky_relu rounds its slope 0.01 to float32 (2e-8 relative)
+        torch.testing.assert_close(table[s, :3] * x[:, None] + table[s, 3:], mlp(x[:, None]), rtol=0, atol=tol)
+    with pytest.raises(ValueError, match="one input"):
+        PointMLP(2, 4, 1, "relu").piecewise(torch.float64)
 
 
 def test_fire_interpolates_long_distances_into_the_unit_interval():

@@ -14,11 +14,18 @@ length: the listing's ``init_L=512`` (FIRE trains at 2048) and the DAPE authors'
 (``noise_seq_length: 128`` in ``configs/125M/512/125M_fire.yml``, training length 512)
 are both that ratio. Positions, psi and the MLP are evaluated in float32 (float64 for a
 float64 module); tiles are computed in key chunks so no (T x T x width) tensor exists.
+Without grad (evaluation) a tile takes the MLP's piecewise-linear form instead
+(``PointMLP.piecewise``: a ReLU MLP of one input is linear between its knots), one
+lookup and one multiply-add per score and head in place of the hidden layer (a tile of
+512 x 4,096 scores: 0.41 s -> 0.06 s on one thread); the MLP path is its reference.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
@@ -82,7 +89,20 @@ class FIRE(Encoding):
             return self.mlp(x[..., None]).permute(2, 0, 1)[None]
 
         def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+            if not torch.is_grad_enabled():
+                return piecewise_tile(qs, qe, ks, ke)
             return torch.cat([chunk(qs, qe, a, min(a + KEY_CHUNK, ke)) for a in range(ks, ke, KEY_CHUNK)], dim=-1)
+
+        @functools.cache  # the MLP's knots and segment table, once per bias (the weights do not change in it)
+        def segments() -> tuple[torch.Tensor, torch.Tensor]:
+            return self.mlp.piecewise(self.coefficients()[0].dtype)
+
+        def piecewise_tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+            (c, L), (knots, table) = self.coefficients(), segments()
+            x = fire_input(pos[qs:qe, None].to(c.dtype), pos[None, ks:ke].to(c.dtype), c, L)
+            per = F.embedding(torch.bucketize(x, knots), table)  # (tq, tk, 2H): each score's slope and intercept
+            H = table.shape[1] // 2
+            return torch.addcmul(per[..., H:], per[..., :H], x[..., None]).permute(2, 0, 1)[None]
 
         return tile
 

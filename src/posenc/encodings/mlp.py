@@ -34,6 +34,21 @@ class PointMLP(nn.Module):
         shape = (n_out,) if bias else (n_out, fan_in)
         return nn.Parameter((torch.rand(shape) * 2 - 1) / math.sqrt(fan_in))
 
+    def piecewise(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """This MLP of one input as the piecewise-linear function it is: (knots (K,), table (K + 1, 2 n_out)), both
+        ``dtype``, computed in float64 from the current weights (no gradient). On the segment s of
+        ``torch.bucketize(x, knots)`` the MLP is ``table[s, :n_out] * x + table[s, n_out:]``: each hidden unit
+        switches at its knot -b1 / w1, so its slope (1, or the activation's negative slope) is fixed between knots.
+        Equal to ``forward`` up to rounding; ValueError unless n_in is 1."""
+        if self.w1.shape[1] != 1:
+            raise ValueError(f"a piecewise form needs one input, got {self.w1.shape[1]}")
+        w, b, w2, b2 = (p.detach().double() for p in (self.w1[:, 0], self.b1, self.w2, self.b2))
+        knots = (-b[w != 0] / w[w != 0]).sort().values
+        points = torch.cat([knots[:1] - 1, (knots[1:] + knots[:-1]) / 2, knots[-1:] + 1]) if len(knots) else b[:1] * 0
+        slope = torch.where(w * points[:, None] + b > 0, 1.0, 0.0 if self.act == "relu" else 0.01)  # (K + 1, width)
+        table = torch.cat([(slope * w) @ w2.T, (slope * b) @ w2.T + b2], dim=1)
+        return knots.to(dtype), table.to(dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w1, b1, w2, b2 = (p.to(x.dtype) for p in (self.w1, self.b1, self.w2, self.b2))
         with torch.autocast(x.device.type, enabled=False):
