@@ -168,9 +168,17 @@ def test_task_labels_and_the_committed_task_runs_settings():
 
 
 @pytest.mark.parametrize("kind", ["flipflop", "mqar"])
-def test_a_task_in_two_runs_is_taken_from_the_first(tmp_path, kind):
+def test_a_task_in_two_runs_gives_the_later_run_rows_of_its_own(tmp_path, kind):
+    """The first run's schemes hold the task's columns; a later run's get rows named by run (side by side)."""
     task = "flipflop" if kind == "flipflop" else "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-8"
     for name, h in (("a", {8: 1.0, 16: 0.2}), ("b", {8: 1.0, 16: 1.0, 32: 0.2})):
         (tmp_path / name).mkdir()
         append(tmp_path / name / "results.jsonl", _job(task, "path", 0, 1.0, h, criterion=False))
-    assert scoreboard([tmp_path / "a", tmp_path / "b"]).splitlines()[2] == "| path | 8 |"
+    append(tmp_path / "b" / "results.jsonl", _job("modsum:m=2", "rope", 0, 1.0, {8: 1.0}, step=250))
+    assert scoreboard([tmp_path / "a", tmp_path / "b"]).splitlines()[:5] == [
+        f"| scheme | {task_label(task)} horizon | parity horizon | parity steps to criterion |",
+        "|---|---|---|---|",
+        "| path | 8 | | |",
+        "| rope | | 8 | 250 |",
+        "| path (b) | 16 | | |",
+    ]

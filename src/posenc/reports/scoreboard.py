@@ -121,11 +121,17 @@ def criterion_cell(t: TaskTable, scheme: str) -> str:
 
 def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
     """The scoreboard (see the module docstring) of ``text`` (a ``posenc.reports.runs.Run`` or None) and
-    ``task_runs``; a task in two task runs is taken from the first. Returns markdown: the table, then the sources."""
+    ``task_runs``; a task in several task runs takes its columns from the first, and each later run's schemes on it
+    get rows of their own, named "scheme (run)" (runs of one task side by side: plain against randomized positions,
+    say). Returns markdown: the table, then the sources."""
     tables: dict[str, tuple[TaskRun, TaskTable]] = {}
+    later: list[tuple[TaskRun, str, TaskTable]] = []  # a task an earlier run holds: its rows are labelled by run
     for run in task_runs:
         for task in run.tasks():
-            tables.setdefault(task, (run, run.table(task)))
+            if task in tables:
+                later.append((run, task, run.table(task)))
+            else:
+                tables[task] = (run, run.table(task))
     names: dict = {}  # spec key -> the scheme's name as first seen: the text run, then each task's roles
     for r in text.records if text else []:
         names.setdefault(_key(r.scheme), r.scheme)
@@ -136,9 +142,10 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
     labels = [lb if labels.count(lb) == 1 else task for lb, task in zip(labels, tables)]
     steps = [
         task
-        for task, (_, t) in tables.items()
+        for task, (_, t) in [*tables.items(), *((task, (run, t)) for run, task, t in later)]
         if any(r.criterion or r.criterion_step is not None for r in t.records.values())
     ]
+    steps = list(dict.fromkeys(steps))
     head = ["scheme"] + (["ppl at 1x", *(f"ratio at {m}x" for m in TEXT_MULTIPLES)] if text else [])
     head += [f"{lb} horizon" for lb in labels] + [
         f"{labels[list(tables).index(task)]} steps to criterion" for task in steps
@@ -157,6 +164,13 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
         row += [horizon_cell(tables[task][1], s) if s else "" for task, s in cells.items()]
         row += [criterion_cell(tables[task][1], cells[task]) if cells[task] else "" for task in steps]
         rows.append(row)
+    blank = [""] * (1 + len(TEXT_MULTIPLES)) if text else []
+    for run, task, t in later:
+        for s in t.scores:
+            row = [f"{s} ({run.label})", *blank]
+            row += [horizon_cell(t, s) if other == task else "" for other in tables]
+            row += [criterion_cell(t, s) if other == task else "" for other in steps]
+            rows.append(row)
     sources = (
         [f"text: `{text.label}` (ppl at the training length {text.train_length}; ratio: ppl at the length over it)"]
         if text
