@@ -267,3 +267,23 @@ def test_a_comparison_on_randomized_positions_says_so(tmp_path, tiny_corpus):
     )
     both = (tmp_path / "both" / "report.md").read_text()
     assert "other settings: train.positions 'randomized:max=256' -> 'contiguous' |" in both
+
+
+def test_eval_of_a_randomized_run_says_how_it_scores_and_why_a_length_is_na(tmp_path, tiny_corpus, capsys):
+    _trained(tmp_path, tiny_corpus, positions="randomized:max=32")
+    assert main(["eval", str(tmp_path / "run"), "--multiples", "1", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "positions: randomized:max=32, scored on a seeded draw of each window's positions (as trained)" in out
+    assert out.rstrip().splitlines()[-1].split() == [
+        "64",
+        "n/a",
+        "randomized",
+        "positions",
+        "of",
+        "max",
+        "32",
+        "cannot",
+        "place",
+        "64",
+        "tokens",
+    ]

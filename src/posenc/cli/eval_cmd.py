@@ -142,6 +142,8 @@ def run(args) -> int:
     if args.stream is not None:
         return stream(args, model, data, base, corpus)
     print(f"scheme: {scheme}\n{text}")
+    if randomized_max(tcfg.positions) is not None:
+        print(f"positions: {tcfg.positions}, scored on a seeded draw of each window's positions (as trained)")
     ref = None
     print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
     for L in lengths:
@@ -150,7 +152,7 @@ def run(args) -> int:
         )
         append(Path(args.run_dir) / "eval.jsonl", rec)
         if rec.ppl is None:
-            print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}")
+            print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}  {rec.note.removeprefix('n/a: ')}")
             continue
         ref = ref or (rec.ppl if L == mcfg.train_length else None)
         ratio = f"{rec.ppl / ref:7.3f}" if ref else ""

@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE (a module name or a .py path) before the command, for the schemes it registers; "
-        "job processes import it too (as POSENC_IMPORT, comma-separated, does)",
+        help="import MODULE (a module name or a .py path) before the command, for the schemes or claim sets it "
+        "registers (experiments/accumulated/claims.py: the claims of arXiv 2606.24975); give it before the "
+        "command; job processes import it too (as POSENC_IMPORT, comma-separated, does)",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
