@@ -167,6 +167,23 @@ def test_mqar_marks_match_brute_force(fused):
         _check_mqar(task, tok, answer, distance)
 
 
+def test_mqar_random_queries_repeat_keys_and_mark_their_values():
+    """queries=random: P keys drawn with replacement (repeats occur; each answer is its key's value, checked by
+    brute force); the default asks every key once, with the draws of every committed run."""
+    task = get_task("mqar:pairs=3,keys=9,values=7,filler=3,gap=4-40,queries=random")
+    repeats = 0
+    for seed in range(20):
+        tok, answer, distance = task.row(np.random.default_rng(seed), 64)
+        _check_mqar(task, tok, answer, distance)
+        asked = tok[len(tok) - 6 :: 2]
+        repeats += len(set(asked.tolist())) < 3
+    assert repeats >= 10  # P(all three distinct) = 3!/27 = 2/9: repeats in about 78% of rows
+    plain = get_task("mqar:pairs=3,keys=9,values=7,filler=3,gap=4-40")
+    for seed in range(5):
+        asked = plain.row(np.random.default_rng(seed), 64)[0][-6::2]
+        assert len(set(asked.tolist())) == 3
+
+
 def test_mqar_by_hand_gap_and_near():
     task = get_task("mqar:pairs=2,keys=4,values=4,filler=2,gap=0-4")
     tok, answer, distance = task.row(np.random.default_rng(0), 2 * 2 + 3 + 2 * 2 - 1, gap=3)
@@ -198,6 +215,7 @@ def test_batches_are_functions_of_seed_step_row():
         ("flipflop:p_ignore=x", "p_ignore must be float"),
         ("mqar:pairs=20,keys=4", "at least as many keys"),
         ("mqar:gap=9-3", "LO > HI"),
+        ("mqar:queries=some", "queries must be 'all' or 'random'"),
         ("mqar:gap=a", "gap must be N or LO-HI"),
         ("mqar:", "empty parameter list"),
         ("mqar:pairs", "expected key=value"),

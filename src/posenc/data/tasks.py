@@ -14,7 +14,11 @@ token that determines it). Specs follow the scheme form, ``NAME[:key=value,...]`
   again in random order, each followed by its value (the answer; evidence: the value in the
   pair). Training gaps are drawn in ``gap=LO-HI``; the filler before the pairs pads every
   sequence to the training length. ``fused=true`` writes each pair as one token (key, value),
-  a one-hop lookup. Chance: 1/values.
+  a one-hop lookup. ``queries=all`` (default) asks every key once, in random order;
+  ``queries=random`` asks P keys drawn with replacement from the pairs, which removes the
+  elimination shortcut of ``all`` (answer each query with a value of the context not yet
+  given: exact on the last query, 1/k on the k-th from last, so (1 + 1/2 + ... + 1/P) / P
+  of the answers, 75% at P = 2, without binding any key to its value). Chance: 1/values.
 - ``modsum`` (state tracking: the word problem of the cyclic group Z_m, Merrill et al. 2024,
   arXiv 2404.08819; parity at m = 2): a stream of elements 0..m-1 in which a query token ``?``
   is followed by the running sum mod m of every element so far (the answer; evidence: the last
@@ -217,6 +221,7 @@ class MQAR(Task):
         "filler": (int, 16),
         "gap": (str, "0-64"),
         "fused": (bool, False),
+        "queries": (str, "all"),
     }
 
     @property
@@ -242,6 +247,8 @@ class MQAR(Task):
         for k in ("pairs", "keys", "values", "filler"):
             if v[k] < 1:
                 raise PosencError(f"task {self.spec!r}: {k} must be >= 1, got {v[k]}")
+        if v["queries"] not in ("all", "random"):
+            raise PosencError(f"task {self.spec!r}: queries must be 'all' or 'random', got {v['queries']!r}")
         if v["pairs"] > v["keys"]:
             raise PosencError(f"task {self.spec!r}: pairs {v['pairs']} needs at least as many keys, got {v['keys']}")
         self.gap_range()
@@ -278,7 +285,7 @@ class MQAR(Task):
         key_tok, val_tok, filler0 = keys, K + vals, K + V
         fused0 = K + V + v["filler"]
         pairs = fused0 + keys * V + vals if v["fused"] else np.stack([key_tok, val_tok], 1).reshape(-1)
-        order = rng.permutation(P)
+        order = rng.permutation(P) if v["queries"] == "all" else rng.integers(0, P, size=P)
         queries = np.stack([key_tok[order], val_tok[order]], 1).reshape(-1)
         filler = filler0 + rng.integers(0, v["filler"], size=pre + gap)
         tok = np.concatenate([filler[:pre], pairs, filler[pre:], queries])
