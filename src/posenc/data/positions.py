@@ -30,3 +30,12 @@ def randomized_positions(n_max: int, length: int, key: Sequence[int]) -> torch.T
         raise LengthNotSupported(f"randomized positions of max {n_max} cannot place {length} tokens")
     rng = np.random.default_rng(list(key))
     return torch.from_numpy(np.sort(rng.choice(n_max, size=length, replace=False)).astype(np.int64))
+
+
+def eval_positions(n_max: int | None, length: int, key: Sequence[int], device) -> torch.Tensor | None:
+    """An evaluation batch's positions on ``device``: the draw of ``randomized_positions`` keyed by (*key,
+    EVAL_STREAM) for a model trained on randomized positions of max ``n_max``; None (0..length-1) when ``n_max`` is
+    None. Its errors."""
+    if n_max is None:
+        return None
+    return randomized_positions(n_max, length, (*key, EVAL_STREAM)).to(device)

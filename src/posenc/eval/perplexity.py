@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from posenc import scoring
-from posenc.data.positions import EVAL_STREAM, randomized_positions
+from posenc.data.positions import eval_positions
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.model import LM
 from posenc.scoring import Window, bucket_edges, plan
@@ -124,9 +124,9 @@ def evaluate_length(
             chunk = wins[b : b + per_batch]
             batch = np.stack([docs[d][1][w.begin : w.begin + length + 1] for d, w in chunk]).astype(np.int64)
             t = torch.from_numpy(batch).to(next(model.parameters()).device)
-            pos = None if positions is None else randomized_positions(positions, length, (length, b, EVAL_STREAM))
+            pos = eval_positions(positions, length, (length, b), t.device)
             nll = (
-                model.token_nll(t[:, :-1], t[:, 1:], pos=None if pos is None else pos.to(t.device)).double().cpu()
+                model.token_nll(t[:, :-1], t[:, 1:], pos=pos).double().cpu()
             )  # (B, L): entry j predicts text token begin + 1 + j
             # a document's last window may overlap its predecessor: only its targets from w.lo on count
             first = torch.tensor([w.lo - w.begin - 1 for _, w in chunk])

@@ -13,7 +13,7 @@ import zlib
 
 import torch
 
-from posenc.data.positions import EVAL_STREAM, randomized_positions
+from posenc.data.positions import eval_positions
 from posenc.data.tasks import Task, Test
 from posenc.encodings.forget import ForgetGate
 
@@ -65,8 +65,8 @@ def score_test(
     step, tokens, found = 0, 0, 0
     while found < answers and tokens < max_tokens:
         b = task.batch(seed, step, range(rows_per_batch), test.length, **test.settings)
-        pos = None if positions is None else randomized_positions(positions, test.length, (seed, step, EVAL_STREAM))
-        logits = model(b.inputs.to(device), None if pos is None else pos.to(device)).float().cpu()
+        pos = eval_positions(positions, test.length, (seed, step), device)
+        logits = model(b.inputs.to(device), pos).float().cpu()
         for key, (n, c, nll) in score_batch(logits, b.targets, b.answer, b.distance).items():
             t = totals.setdefault(key, [0.0, 0.0, 0.0])
             t[0], t[1], t[2] = t[0] + n, t[1] + c, t[2] + nll
