@@ -315,3 +315,11 @@ def test_a_report_header_says_swept_for_a_setting_the_sweep_varies():
     assert setting(plain, "train.lr") == plain.train.lr == 2e-3 and "lr 0.002" in task_meta(plain)["budget"]
     point = task_meta(at_point(preset, (("train.lr", 1e-3), ("model.n_head", 2))))  # one grid point: its own values
     assert "2 heads" in point["model"] and "lr 0.001" in point["budget"]
+
+
+def test_a_task_report_header_gives_the_precision_the_jobs_train_at():
+    """The header's compute dtype is the preset's train.precision as this machine resolves it, never what auto
+    would pick here (a fp32 protocol re-rendered on a CPU with bf16 units said "bfloat16 autocast")."""
+    assert task_meta(load_preset("retrieval"))["stamp"]["dtype"] == "float32 weights, float32 compute"
+    bf16 = load_preset("retrieval", {"train.precision": "bf16"})
+    assert task_meta(bf16)["stamp"]["dtype"] == "float32 weights, bfloat16 autocast"

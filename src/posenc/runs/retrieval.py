@@ -109,5 +109,5 @@ def task_meta(preset: Preset) -> dict:
         "text_results": preset.text_results,
         "reference": preset.reference,
         "notes": preset.description or None,
-        "stamp": run_stamp(),
+        "stamp": run_stamp(machine_precision(t)),  # the precision the jobs train at, not auto's pick
     }

@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -80,16 +81,16 @@ def bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
     return [unit for unit in BF16_FLAGS if unit in flags]
 
 
-def run_stamp(precision: str | None = None) -> dict:
+def run_stamp(precision: Literal["bf16", "fp32"] = "fp32") -> dict:
     """{posenc, commit, torch, transformers, python, platform, device, bf16_units, dtype, threads, command}: plain
     JSON values. command: the command line as a shell would retype it (arguments with spaces or quotes quoted).
 
     dtype: the weights' (torch's default) dtype and the compute dtype: ``precision`` "bf16" (bfloat16 autocast,
     float32 master weights; phases and cumulative sums stay float32+) or "fp32", as a training run resolved it
-    (``posenc.train.loop.resolve_precision``); without it, the one ``train.precision: auto`` picks on this machine."""
+    (``posenc.train.loop.resolve_precision``). The default "fp32" is every other forward's (scoring, extend,
+    finetune: none of them autocasts)."""
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({cpu_name()})"
     units = bf16_units()
-    compute = precision or ("bf16" if units else "fp32")
     return {
         "posenc": _version("posenc"),
         "commit": git_commit(),
@@ -100,7 +101,7 @@ def run_stamp(precision: str | None = None) -> dict:
         "device": device,
         "bf16_units": units,
         "dtype": f"{str(torch.get_default_dtype()).removeprefix('torch.')} weights, "
-        + ("bfloat16 autocast" if compute == "bf16" else "float32 compute"),
+        + ("bfloat16 autocast" if precision == "bf16" else "float32 compute"),
         "threads": torch.get_num_threads(),
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
