@@ -142,7 +142,7 @@ def _distances(tok, m):
 def _check_mqar(task, tok, answer, distance):
     v = task.values
     K, V, P = v["keys"], v["values"], v["pairs"]
-    q0 = len(tok) - 2 * P
+    q0 = len(tok) - 2 * (v["asks"] or P)
     pairs = {}
     for i, t in enumerate(tok[:q0]):
         if v["fused"] and t >= K + V + v["filler"]:
@@ -184,6 +184,22 @@ def test_mqar_random_queries_repeat_keys_and_mark_their_values():
         assert len(set(asked.tolist())) == 3
 
 
+def test_mqar_asks_sets_the_queries_per_sequence():
+    """asks=Q with queries=random: Q answers per row after the gap, each its key's value (brute force); the span
+    and the vocabulary follow; asks=P is the default's row, draw for draw."""
+    task = get_task("mqar:pairs=3,keys=9,values=7,filler=3,gap=4-20,queries=random,asks=10")
+    assert task.span() == 2 * 3 + 2 * 10
+    for seed in range(10):
+        tok, answer, distance = task.row(np.random.default_rng(seed), 64)
+        assert answer.nonzero()[0].tolist() == list(range(65 - 20, 64, 2))  # the query keys of the last 20 tokens
+        _check_mqar(task, tok, answer, distance)
+    same = get_task("mqar:pairs=3,keys=9,values=7,filler=3,gap=4-20,queries=random,asks=3")
+    base = get_task("mqar:pairs=3,keys=9,values=7,filler=3,gap=4-20,queries=random")
+    for seed in range(3):
+        a, b = same.row(np.random.default_rng(seed), 64), base.row(np.random.default_rng(seed), 64)
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
 def test_mqar_by_hand_gap_and_near():
     task = get_task("mqar:pairs=2,keys=4,values=4,filler=2,gap=0-4")
     tok, answer, distance = task.row(np.random.default_rng(0), 2 * 2 + 3 + 2 * 2 - 1, gap=3)
@@ -216,6 +232,8 @@ def test_batches_are_functions_of_seed_step_row():
         ("mqar:pairs=20,keys=4", "at least as many keys"),
         ("mqar:gap=9-3", "LO > HI"),
         ("mqar:queries=some", "queries must be 'all' or 'random'"),
+        ("mqar:pairs=4,asks=8", "asks=8 needs queries=random"),
+        ("mqar:queries=random,asks=-1", "asks must be >= 0"),
         ("mqar:gap=a", "gap must be N or LO-HI"),
         ("mqar:", "empty parameter list"),
         ("mqar:pairs", "expected key=value"),

@@ -18,7 +18,9 @@ token that determines it). Specs follow the scheme form, ``NAME[:key=value,...]`
   ``queries=random`` asks P keys drawn with replacement from the pairs, which removes the
   elimination shortcut of ``all`` (answer each query with a value of the context not yet
   given: exact on the last query, 1/k on the k-th from last, so (1 + 1/2 + ... + 1/P) / P
-  of the answers, 75% at P = 2, without binding any key to its value). Chance: 1/values.
+  of the answers, 75% at P = 2, without binding any key to its value); with it, ``asks=Q``
+  asks Q keys (default P): more answers per sequence, each key asked about Q / P times.
+  Chance: 1/values.
 - ``modsum`` (state tracking: the word problem of the cyclic group Z_m, Merrill et al. 2024,
   arXiv 2404.08819; parity at m = 2): a stream of elements 0..m-1 in which a query token ``?``
   is followed by the running sum mod m of every element so far (the answer; evidence: the last
@@ -222,6 +224,7 @@ class MQAR(Task):
         "gap": (str, "0-64"),
         "fused": (bool, False),
         "queries": (str, "all"),
+        "asks": (int, 0),  # queries per sequence with queries=random; 0: pairs
     }
 
     @property
@@ -249,13 +252,21 @@ class MQAR(Task):
                 raise PosencError(f"task {self.spec!r}: {k} must be >= 1, got {v[k]}")
         if v["queries"] not in ("all", "random"):
             raise PosencError(f"task {self.spec!r}: queries must be 'all' or 'random', got {v['queries']!r}")
+        if v["asks"] < 0:
+            raise PosencError(f"task {self.spec!r}: asks must be >= 0, got {v['asks']}")
+        if v["queries"] == "all" and v["asks"] not in (0, v["pairs"]):
+            raise PosencError(f"task {self.spec!r}: asks={v['asks']} needs queries=random (all asks every key once)")
         if v["pairs"] > v["keys"]:
             raise PosencError(f"task {self.spec!r}: pairs {v['pairs']} needs at least as many keys, got {v['keys']}")
         self.gap_range()
 
+    def asks(self) -> int:
+        """Queries per sequence."""
+        return self.values["asks"] or self.values["pairs"]
+
     def span(self) -> int:
         """Tokens of the pairs plus the queries with their answers."""
-        return (1 if self.values["fused"] else 2) * self.values["pairs"] + 2 * self.values["pairs"]
+        return (1 if self.values["fused"] else 2) * self.values["pairs"] + 2 * self.asks()
 
     def check_length(self, train_length: int) -> None:
         """PosencError when the largest training gap does not fit the training length."""
@@ -270,7 +281,7 @@ class MQAR(Task):
         """Filler, pairs, ``gap`` filler tokens, queries; the filler before the pairs pads to ``length + 1``
         (``pre`` fixes it instead: near recall after ``pre`` filler tokens). Training gaps: uniform in ``gap``."""
         v = self.values
-        P, K, V = v["pairs"], v["keys"], v["values"]
+        P, K, V, Q = v["pairs"], v["keys"], v["values"], self.asks()
         n = length + 1
         if gap is None and pre is None:
             lo, hi = self.gap_range()
@@ -285,15 +296,15 @@ class MQAR(Task):
         key_tok, val_tok, filler0 = keys, K + vals, K + V
         fused0 = K + V + v["filler"]
         pairs = fused0 + keys * V + vals if v["fused"] else np.stack([key_tok, val_tok], 1).reshape(-1)
-        order = rng.permutation(P) if v["queries"] == "all" else rng.integers(0, P, size=P)
+        order = rng.permutation(P) if v["queries"] == "all" else rng.integers(0, P, size=Q)
         queries = np.stack([key_tok[order], val_tok[order]], 1).reshape(-1)
         filler = filler0 + rng.integers(0, v["filler"], size=pre + gap)
         tok = np.concatenate([filler[:pre], pairs, filler[pre:], queries])
         answer = np.zeros(n - 1, dtype=bool)
         distance = np.zeros(n - 1, dtype=np.int64)
-        q0 = n - 2 * P  # position of the first query key
+        q0 = n - 2 * Q  # position of the first query key
         value_pos = pre + (order if v["fused"] else 2 * order + 1)  # the evidence: the value (or fused pair)
-        targets = q0 + 2 * np.arange(P)  # target t predicts token t + 1, the answer after query key t
+        targets = q0 + 2 * np.arange(Q)  # target t predicts token t + 1, the answer after query key t
         answer[targets] = True
         distance[targets] = targets + 1 - value_pos
         return tok, answer, distance
