@@ -156,6 +156,7 @@ def _check_mqar(task, tok, answer, distance):
         if expect:
             value, where = pairs[tok[t]]
             assert tok[t + 1] == value and distance[t] == t + 1 - where
+            pairs[tok[t]] = (value, t + 1)  # a key asked again: its latest answer is the nearest evidence
 
 
 @pytest.mark.parametrize("fused", [False, True])

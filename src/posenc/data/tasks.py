@@ -19,7 +19,9 @@ token that determines it). Specs follow the scheme form, ``NAME[:key=value,...]`
   elimination shortcut of ``all`` (answer each query with a value of the context not yet
   given: exact on the last query, 1/k on the k-th from last, so (1 + 1/2 + ... + 1/P) / P
   of the answers, 75% at P = 2, without binding any key to its value); with it, ``asks=Q``
-  asks Q keys (default P): more answers per sequence, each key asked about Q / P times.
+  asks Q keys (default P): more answers per sequence, each key asked about Q / P times. A key
+  asked again has its earlier answer as evidence (the nearest copy of its value), so repeats
+  score at their short distance, not at the gap.
   Chance: 1/values.
 - ``modsum`` (state tracking: the word problem of the cyclic group Z_m, Merrill et al. 2024,
   arXiv 2404.08819; parity at m = 2): a stream of elements 0..m-1 in which a query token ``?``
@@ -303,10 +305,14 @@ class MQAR(Task):
         answer = np.zeros(n - 1, dtype=bool)
         distance = np.zeros(n - 1, dtype=np.int64)
         q0 = n - 2 * Q  # position of the first query key
-        value_pos = pre + (order if v["fused"] else 2 * order + 1)  # the evidence: the value (or fused pair)
         targets = q0 + 2 * np.arange(Q)  # target t predicts token t + 1, the answer after query key t
+        evidence = pre + (order if v["fused"] else 2 * order + 1)  # the value (or fused pair) in the pairs,
+        for m in range(1, Q):  # or the answer to the latest earlier query of the same key (queries=random)
+            earlier = np.flatnonzero(order[:m] == order[m])
+            if earlier.size:
+                evidence[m] = targets[earlier[-1]] + 1
         answer[targets] = True
-        distance[targets] = targets + 1 - value_pos
+        distance[targets] = targets + 1 - evidence
         return tok, answer, distance
 
     def tests(self, train_length, multiples):
