@@ -121,6 +121,11 @@ def bad_commands(run):
         ([*train, "--scheme", "rope:"], "scheme spec 'rope:': empty parameter list after ':'"),
         ([*train, "--scheme", ""], "scheme"),
         ([*train, "--scheme", "rope", "--batch-size", "-1"], "batch_size"),
+        (
+            [*train, "--scheme", "rope", "--set", "model.mlp_ratio=.inf"],
+            "model.mlp_ratio=inf (command line): Input sho",
+        ),
+        ([*train, "--scheme", "rope", "--set", "train.lr=1e400"], "train.lr=inf (command line): Input should be a fi"),
         ([*train, "--scheme", "rope", "--tokenizer", "bpe10"], "unknown tokenizer"),
         (["train", "--scheme", "rope", "--preset", "quick", "--out", ""], "--out is empty"),
         (["compare", "--preset", str(run.parent / "latin1.yaml"), "--out", str(run.parent)], "is not UTF-8 text"),

@@ -68,6 +68,10 @@ def test_rerun_skips_finished_work(quick_run, capsys):
     [
         (["compare", "--preset", "quick", "--schemes", "rope", "bogus"], "unknown scheme 'bogus'; valid: "),
         (["compare", "--preset", "nosuch"], "unknown preset 'nosuch'"),
+        (
+            ["compare", "--preset", "/nonexistent/mine.yaml"],
+            "preset file /nonexistent/mine.yaml does not exist (shipped",
+        ),
         (["compare", "--preset", "quick", "--corpus", "/nonexistent/corpus"], "not found"),
         (["compare", "--preset", "quick", "--steps", "0"], "train.steps"),
         (["compare", "--preset", "quick", "--tokenizer", "wordpiece"], "unknown tokenizer"),
@@ -368,6 +372,12 @@ def _truncate(path):
 
 
 NOT_JSON, NO_SECTIONS = (lambda p: p.write_text("{not json")), (lambda p: p.write_text("{}"))
+
+
+def _garbage(path):
+    path.write_text("garbage\n")  # pickle reads 'g' as GET and fails on 'arbage' with a ValueError
+
+
 EVAL, RESUME = "eval", "resume"
 
 
@@ -380,6 +390,7 @@ EVAL, RESUME = "eval", "resume"
         (RESUME, "config.json", NOT_JSON, "is damaged (not valid JSON"),
         (RESUME, "config.json", NO_SECTIONS, "is damaged: it needs 'model' and 'train' sections"),
         (RESUME, "state.pt", _truncate, "is damaged or unreadable"),
+        (RESUME, "state.pt", _garbage, "is damaged or unreadable"),
     ],
 )
 def test_damaged_run_dir_one_line_exit_2(rope_run, tmp_path, capsys, command, name, damage, message):

@@ -471,6 +471,23 @@ def test_load_draws_no_progress_bar_off_a_terminal(llama_dir, capsys):
 # ---------------------------------------------------------------- bad input
 
 
+def test_without_the_pretrained_extras_the_error_names_the_model(tmp_path, monkeypatch):
+    """Without transformers (``make demo``'s install) a missing path is named as missing, a hub-id-shaped one as no
+    local path, and neither message names another command."""
+    import sys
+
+    from posenc.hf import loading
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    with pytest.raises(PosencError, match="^model path .*missing does not exist$"):
+        loading.load(str(tmp_path / "missing"))
+    with pytest.raises(PosencError, match="^runs/nosuch is no local path; as a Hugging Face hub id it needs transf"):
+        loading.load("runs/nosuch")
+    (tmp_path / "m").mkdir()
+    with pytest.raises(PosencError, match=r"^a pretrained model \(.*m\) needs transformers, gguf and accelerate: pip"):
+        loading.load(str(tmp_path / "m"))
+
+
 def test_bad_models(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig
 

@@ -132,6 +132,7 @@ def test_scoreboard_bad_input_is_one_line(tmp_path, capsys):
     cases = [
         (["report", str(text), "--scoreboard"], "the scoreboard needs a task comparison"),
         (["report", str(tasks), "--readme", str(tmp_path / "README.md")], f"{tmp_path / 'README.md'} has no {BEGIN}"),
+        (["report", str(tasks), "--readme", str(tmp_path / "NO.md")], f"{tmp_path / 'NO.md'}: no such file to write"),
     ]
     for argv, message in cases:
         assert main(argv) == 2

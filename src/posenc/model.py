@@ -51,7 +51,8 @@ class ModelConfig:
     __pydantic_config__ = {
         "extra": "forbid",
         "use_attribute_docstrings": True,
-    }  # read by pydantic when it validates this: unknown keys refused
+        "allow_inf_nan": False,
+    }  # read by pydantic when it validates this: unknown keys and non-finite numbers refused
 
     vocab_size: int = 256
     """Vocabulary size (tokens, > 0); a run sets it from its data's tokenizer."""

@@ -30,7 +30,7 @@ class ClusterConfig(BaseModel):
     """Resources of each submitit job (``posenc.runs.jobs.run_submitit``): partition, GPUs, wall-clock limit (minutes),
     memory (GB)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     partition: str | None = None
     """Slurm partition; null: the scheduler's default."""
@@ -43,7 +43,7 @@ class ClusterConfig(BaseModel):
 
 
 class EvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     multiples: list[int] = [1, 2, 4, 8, 16, 32, 64]
     """Evaluation lengths, as multiples of ``model.train_length``."""
@@ -61,7 +61,7 @@ class EvalConfig(BaseModel):
 class TaskEvalConfig(BaseModel):
     """Scoring of synthetic tasks (``posenc.eval.tasks``): lengths, and the answers each cell aims for."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     multiples: list[Annotated[int, Field(gt=0)]] = [1, 4, 16, 32]
     """Sequence lengths scored, as multiples of ``model.train_length``; probes reach the largest."""
@@ -107,7 +107,7 @@ class SweepConfig(BaseModel):
     there. ``grid``: {key: [values]} for every scheme; ``schemes``: {scheme: {key: [values]}}, that scheme's
     own values (they replace the grid's for its keys and may add keys). Keys: ``SWEEP_KEYS``."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     grid: dict[str, list[Any]] = {}
     """{key: [values]} for every scheme; keys: train.lr, train.weight_decay, train.steps, train.warmup, model.n_head,
@@ -131,7 +131,7 @@ class SweepConfig(BaseModel):
 class Preset(BaseModel):
     """A comparison: model, training budget, evaluation and the schemes to run."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     name: str
     """The run directory under ``--out`` (letters, digits, . _ -); each preset states its own (never taken from its

@@ -55,7 +55,7 @@ BETA_ONE = 1e-9
 class FarMassConfig(BaseModel):
     """The cheap diagnose pass of ``compare``: far mass and entropy at a few lengths."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     multiples: list[int] = [2, 16]
     """Lengths diagnosed, as multiples of the training length."""

@@ -53,7 +53,7 @@ QUESTION = "What is the pass key? The pass key is "
 class PasskeyConfig(BaseModel):
     """Passkey settings of a preset (``eval.passkey``); ``trials: 0`` switches it off."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     lengths_multiples: list[Annotated[int, Field(ge=1)]] = [1, 4]
     """Prompt lengths, as multiples of the training length."""

@@ -112,9 +112,11 @@ def load(spec: str = DEFAULT_MODEL) -> Loaded:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
+        hub = spec != DEFAULT_MODEL and _resolve(spec) == (spec, None) and not Path(spec).expanduser().exists()
+        what = f"{spec} is no local path; as a Hugging Face hub id it" if hub else f"a pretrained model ({spec})"
         raise PosencError(
-            "posenc extend needs transformers, gguf and accelerate: pip install 'posenc[pretrained]'"
-        ) from exc
+            f"{what} needs transformers, gguf and accelerate: pip install 'posenc[pretrained]'"
+        ) from exc  # _resolve has named a missing model path as such
     where, gguf = _resolve(spec)
     kw = {"gguf_file": gguf} if gguf else {}
     try:

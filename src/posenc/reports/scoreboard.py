@@ -204,9 +204,11 @@ def task_claims_markdown(text, task_runs: list[TaskRun]) -> str:
 
 def write_readme_block(path: Path, block: str) -> None:
     """Replace what lies between BEGIN and END in the file ``path`` by ``block`` (atomic). Raises PosencError when
-    the file lacks either marker."""
+    the file is missing or lacks either marker."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if not path.is_file():
+        raise PosencError(f"{path}: no such file to write the scoreboard into")
+    text = path.read_text(encoding="utf-8")
     if BEGIN not in text or END not in text.partition(BEGIN)[2]:
         raise PosencError(f"{path} has no {BEGIN} ... {END} block to write the scoreboard into")
     before, _, rest = text.partition(BEGIN)

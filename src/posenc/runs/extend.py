@@ -101,7 +101,7 @@ class ScheduleSettings(BaseModel):
     ``original_max_position_embeddings`` (L0 for every schedule) sets the ``posenc.rope`` parameter
     ``SCHEDULE_KEYS`` names, of the run's schedules that take it (:func:`extension`); None: its default."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     factor: float = Field(2.0, ge=1)  # scale factor s
     original_max_position_embeddings: int | None = Field(None, ge=2)  # L0 in tokens; None: the model's native context

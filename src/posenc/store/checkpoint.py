@@ -113,10 +113,10 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
 
 def load_torch(path: Path, mmap: bool = False) -> Any:
     """``torch.load`` of a file ``save_torch`` wrote (``mmap``: tensors mapped from the file, read only when used);
-    PosencError naming it when damaged."""
+    PosencError naming it when damaged (pickle's opcodes fail in many ways on bytes it did not write)."""
     try:
         return torch.load(path, weights_only=False, mmap=mmap)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError, OverflowError, MemoryError) as exc:
         raise PosencError(
             f"{path} is damaged or unreadable ({first_line(exc).split('. ')[0]})"
         ) from None  # torch's are long

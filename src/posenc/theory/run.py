@@ -31,7 +31,7 @@ class Budget(BaseModel):
     """Sample sizes of the checks (presets ``configs/theory/{full,quick}.yaml``): full fits in about
     a minute on one core, quick in seconds."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     mix_samples: int = Field(gt=0)
     mix_matrix_samples: int = Field(gt=0)  # householder / haar: d x d products per sample

@@ -70,7 +70,7 @@ class LoopConfig(BaseModel):
     the checkpoint interval (steps) and torch CPU threads. The defaults are posenc's LMs'; other runs
     (``posenc.runs.finetune.FinetuneConfig``) restate only the defaults they change."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     batch_size: PositiveInt = 16
     """Sequences per optimiser step (global: split over torchrun processes)."""
@@ -128,7 +128,7 @@ class UntilConfig(BaseModel):
     "id_accuracy": ``posenc.eval.tasks.id_accuracy`` on ``answers`` answers of a fixed held-out set) is measured, and
     training stops at the first check where it is >= ``at_least`` (a fraction); ``train.steps`` stays the cap."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     metric: Literal["id_accuracy"] = "id_accuracy"
     """What is checked: ``id_accuracy``, the in-distribution answer accuracy."""
