@@ -40,7 +40,7 @@ from posenc.config.plan import load_preset  # noqa: E402
 from posenc.model import build_model  # noqa: E402
 from posenc.reports.render import markdown_table  # noqa: E402
 from posenc.store.checkpoint import atomic_write_bytes  # noqa: E402
-from posenc.store.stamp import bf16_units, cpu_name  # noqa: E402
+from posenc.store.stamp import bf16_units, cpu_name, git_commit  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 MODES = [("fp32", False), ("bf16", False), ("fp32", True), ("bf16", True)]
@@ -166,7 +166,8 @@ def markdown(res: dict, command: str) -> str:
     lines = [
         "# posenc at the machine's speed",
         "",
-        f"{meta['cpu']}; bf16 units: {', '.join(meta['bf16_units']) or 'none'}; torch {meta['torch']}; one thread; "
+        f"{meta['cpu']}; bf16 units: {', '.join(meta['bf16_units']) or 'none'}; torch {meta['torch']}; "
+        f"commit {meta.get('commit') or 'not recorded'}; one thread; "
         f"load average {meta['load_before']} before, {meta['load_after']} after. One interleaved run.",
         "",
         f"Command: `{command}`",
@@ -279,7 +280,13 @@ def main(argv=None) -> int:
     schemes = args.schemes or [*load_preset("default").schemes, "path"]
     if "rope" not in schemes:
         schemes = ["rope", *schemes]
-    meta = {"cpu": cpu_name(), "bf16_units": bf16_units(), "torch": torch.__version__, "load_before": loadavg()}
+    meta = {
+        "cpu": cpu_name(),
+        "bf16_units": bf16_units(),
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "load_before": loadavg(),
+    }
     sections = {}
     runs = {
         "peak": matmul_peak,
