@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from experiments.accumulated.claims import ACCUMULATED
+from posenc.encodings.registry import IMPORT_VAR
 from posenc.reports import claims
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -19,6 +20,18 @@ def _seed():
 def _no_claim_sets(monkeypatch):
     """Each test starts with no claim set registered (``posenc.reports.claims``), whatever modules were imported."""
     monkeypatch.setattr(claims, "_SETS", {})
+
+
+@pytest.fixture(autouse=True)
+def _import_var():
+    """POSENC_IMPORT as each test found it: ``import_schemes`` (a plugin's test) adds to it, and every later
+    subprocess (the benchmarks' tests, compare's jobs) would import that plugin too."""
+    before = os.environ.get(IMPORT_VAR)
+    yield
+    if before is None:
+        os.environ.pop(IMPORT_VAR, None)
+    else:
+        os.environ[IMPORT_VAR] = before
 
 
 @pytest.fixture
