@@ -1,6 +1,7 @@
 """Corpora: one edition per work, split by whole works, corrupted cache re-fetched, local files."""
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,6 +47,24 @@ def test_local_directory_corpus_and_byte_tokens(tmp_path, monkeypatch):
     tokens = data.load_tokens(str(d), "byte")
     assert tokens.vocab_size == 256
     assert bytes(np.asarray(tokens.val_docs[0][1]).astype(np.uint8)).decode() == corpus.val[0].text
+
+
+def test_a_cache_file_written_by_two_writers_at_once_is_whole(tmp_path, monkeypatch):
+    """Another writer of the same cache file runs start to finish between this one's write and its rename (as
+    two jobs of ``compare --parallel`` tokenising an empty cache can): both renames succeed and the file is whole;
+    with one shared temporary name the second rename found nothing (FileNotFoundError)."""
+    real, nested = data.os.replace, []
+
+    def interleaved(src, dst):
+        if not nested:
+            nested.append(dst)
+            data._write_memmap(Path(dst), [np.arange(5)], np.uint16)  # the other writer, whole, in between
+        real(src, dst)
+
+    monkeypatch.setattr(data.os, "replace", interleaved)
+    data._write_memmap(tmp_path / "train.npy", [np.arange(5)], np.uint16)
+    assert np.load(tmp_path / "train.npy").tolist() == [0, 1, 2, 3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.npy"]
 
 
 def test_bpe_tokenizer_round_trip(tmp_path, monkeypatch):

@@ -256,7 +256,7 @@ class BPETokenizer:
             vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
         )
         tok.train_from_iterator((d.text for d in corpus.train), trainer=trainer)
-        tmp = path.with_suffix(".tmp")
+        tmp = _tmp(path)
         tok.save(str(tmp))
         os.replace(tmp, path)
         return cls(tok)
@@ -299,9 +299,19 @@ class TokenData:
         return self.tokenizer.vocab_size
 
 
+def _tmp(path: Path) -> Path:
+    """A new, uniquely named empty file beside ``path`` to write and rename: writers filling one cache at once (the
+    jobs of ``compare --parallel``, the ranks of torchrun) each write their own, and the last rename wins (with one
+    shared name, the first rename left the others nothing to rename)."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    os.chmod(name, 0o644)  # mkstemp makes 0600; a cache file is readable like any other
+    return Path(name)
+
+
 def _write_memmap(path: Path, arrays: list[np.ndarray], dtype) -> None:
     total = sum(len(a) for a in arrays)
-    tmp = path.with_suffix(".tmp")
+    tmp = _tmp(path)
     mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(total,))
     i = 0
     for a in arrays:
@@ -337,7 +347,7 @@ def load_tokens(
         _write_memmap(d / "train.npy", train, dtype)
         _write_memmap(d / "val.npy", val, dtype)
         index = {"val": [[doc.name, len(a)] for doc, a in zip(corpus.val, val)]}
-        tmp = d / "index.tmp"
+        tmp = _tmp(d / "index.json")
         tmp.write_text(json.dumps(index))
         os.replace(tmp, d / "index.json")
     index = json.loads((d / "index.json").read_text())

@@ -183,10 +183,14 @@ def train_under_torchrun(run_root: Path, scheme: str, seed: int, nproc: int, log
     ] + (["--resume"] if (out / "config.json").exists() else [])
     # torchrun's own parser takes any "--log..." as an abbreviation of its --log-dir: the tracker goes by environment
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "POSENC_LOG": log})
-    if proc.returncode:
-        lines = [
-            line for line in proc.stderr.splitlines() if "posenc: error:" in line
-        ] or proc.stderr.strip().splitlines()[-1:]
+    if proc.returncode:  # posenc's own error, else a rank's last exception line (torchrun's summary ends in "===")
+        err = proc.stderr.splitlines()
+        lines = (
+            [line for line in err if "posenc: error:" in line]
+            or [line for line in err if line.startswith("[rank") and ("Error" in line or "Exception" in line)][-1:]
+            or [line for line in err if "exitcode" in line][:1]
+            or proc.stderr.strip().splitlines()[-1:]
+        )
         raise PosencError(
             f"torchrun training of {scheme} (seed {seed}) failed: "
             f"{lines[0] if lines else f'exit code {proc.returncode}'}"
