@@ -78,12 +78,17 @@ class ModelConfig:
     """Query/key block of the chunked attention (tokens, > 0): memory and speed only, never the result."""
     n_kv_head: int | None = None
     """Key/value heads (grouped-query attention; > 0, divides ``n_head``); null: ``n_head``."""
+    canon: int = 0
+    """Width (tokens, >= 0) of a Canon-A layer before every attention (:class:`Canon`): the normalised attention input
+    plus a causal depthwise convolution of it over this many positions; 0: none."""
 
     def __post_init__(self):
         for name, kind in _POSITIVE.items():
             value = getattr(self, name)
             if not (isinstance(value, kind) and value > 0 or name == "n_kv_head" and value is None):
                 raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'} > 0, got {value!r}")
+        if not (isinstance(self.canon, int) and self.canon >= 0):
+            raise ValueError(f"canon must be an integer >= 0 (a width in tokens; 0: none), got {self.canon!r}")
         for name, choices in (("mlp", get_args(Mlp)), ("norm", get_args(Norm))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
@@ -123,9 +128,10 @@ class ModelConfig:
 
 
 class Cache:
-    """Incremental decoding state of an ``LM`` (``LM.decode``): the token ids so far ``tokens`` (B, T) and one
-    LayerCache per layer. ``reference=True`` recomputes every scheme's hooks over the prefix at each step (the
-    reference the incremental states are tested against); ``capacity``: positions reserved at the first step
+    """Incremental decoding state of an ``LM`` (``LM.decode``): the token ids so far ``tokens`` (B, T), one
+    LayerCache per layer and, for a model with a Canon layer, its last inputs per layer (``canon``).
+    ``reference=True`` recomputes every scheme's hooks over the prefix at each step (the reference the incremental
+    states are tested against); ``capacity``: positions reserved at the first step
     (buffers double past it)."""
 
     def __init__(self, n_layer: int, reference: bool = False, capacity: int = 0):
@@ -138,6 +144,7 @@ class Cache:
         self._tokens = Buffer(-1, self._capacity)
         self.uncounted = 0  # positions fed but not kept in ``tokens`` (a bounded method: sinks)
         self.layers = [LayerCache(self._reference, self._capacity) for _ in range(self._n_layer)]
+        self.canon = [CanonState() for _ in range(self._n_layer)]  # used by models with a Canon layer
         self.length_keys: tuple | None = None  # the layers' Encoding.length_key the cached inputs were computed under
 
     @property
@@ -154,6 +161,8 @@ class Cache:
         or the cache is bounded (sinks: the evicted positions are gone)."""
         if self.uncounted:
             raise PosencError("a bounded cache (sinks) cannot be cropped: the evicted positions are gone")
+        for canon in self.canon:  # refuses before any layer changes
+            canon.crop(length)
         for layer in self.layers:
             layer.crop(length)
         self._tokens.crop(length)
@@ -162,11 +171,14 @@ class Cache:
         """Select batch rows, e.g. the surviving beams: index (B',) int64 into the current batch."""
         for layer in self.layers:
             layer.reorder(index)
+        for canon in self.canon:
+            canon.reorder(index)
         self._tokens.reorder(index)
 
     def nbytes(self) -> int:
         """Bytes the cache holds (allocated capacity of every buffer and scheme state)."""
-        return self._tokens.nbytes() + sum(layer.nbytes() for layer in self.layers)
+        held = sum(layer.nbytes() for layer in self.layers) + sum(canon.nbytes() for canon in self.canon)
+        return self._tokens.nbytes() + held
 
 
 def _norm(cfg: ModelConfig) -> nn.Module:
@@ -191,15 +203,81 @@ class MLP(nn.Module):
         return self.down(F.gelu(h))
 
 
+class Canon(nn.Module):
+    """Canon-A layer (Allen-Zhu 2025, "Physics of Language Models: Part 4.1", arXiv 2512.17351): h + conv(h), conv a
+    causal depthwise convolution over ``width`` positions (each feature mixes its own value at t - width + 1 .. t),
+    no bias, ``nn.Conv1d``'s default initialisation. The horizontal mixing an induction step needs (a token's
+    predecessor in its own residual), which a position-only attention must otherwise learn with a head of its own.
+
+    ``forward``: h (B, T, d) -> (B, T, d) in h's dtype; ``step``: the new positions given the ``width - 1`` inputs
+    before them (decoding). ``canon_naive`` is the reference.
+    """
+
+    def __init__(self, d_model: int, width: int):
+        super().__init__()
+        self.conv = nn.Conv1d(d_model, d_model, width, groups=d_model, bias=False)
+
+    @property
+    def width(self) -> int:
+        return self.conv.kernel_size[0]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.step(h, h.new_zeros(h.shape[0], self.width - 1, h.shape[2]))
+
+    def step(self, h: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+        """h (B, n, d) the new positions, ``before`` (B, width - 1, d) the inputs before them (zeros at the start)."""
+        u = torch.cat((before, h), dim=1).transpose(1, 2)
+        return h + F.conv1d(u, self.conv.weight, groups=u.shape[1]).transpose(1, 2)
+
+
+def canon_naive(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Reference of ``Canon``: out[b, t] = h[b, t] + sum_s weight[:, 0, width - 1 - s] * h[b, t - s] over s < width,
+    t - s >= 0, by a loop over the shifts. h (B, T, d), weight (d, 1, width) -> (B, T, d)."""
+    out, width = h.clone(), weight.shape[-1]
+    for s in range(min(width, h.shape[1])):
+        out[:, s:] += weight[:, 0, width - 1 - s] * h[:, : h.shape[1] - s]
+    return out
+
+
+class CanonState:
+    """The last ``width - 1`` Canon inputs of a layer while decoding (B, width - 1, d), zeros before the start."""
+
+    def __init__(self):
+        self.before: torch.Tensor | None = None
+        self.length = 0
+
+    def step(self, canon: Canon, h: torch.Tensor) -> torch.Tensor:
+        """Canon of the new positions h (B, n, d); keeps their inputs for the next step."""
+        if self.before is None:
+            self.before = h.new_zeros(h.shape[0], canon.width - 1, h.shape[2])
+        out = canon.step(h, self.before)
+        self.before = torch.cat((self.before, h), dim=1)[:, h.shape[1] :]
+        self.length += h.shape[1]
+        return out
+
+    def crop(self, length: int) -> None:
+        if length < self.length:
+            raise PosencError("a model with a Canon layer cannot crop its decoding cache: earlier inputs are not kept")
+
+    def reorder(self, index: torch.Tensor) -> None:
+        if self.before is not None:
+            self.before = self.before.index_select(0, index.to(self.before.device))
+
+    def nbytes(self) -> int:
+        return 0 if self.before is None else self.before.numel() * self.before.element_size()
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_index: int):
         super().__init__()
         self.norm1, self.norm2 = _norm(cfg), _norm(cfg)
         self.attn = Attention.from_config(cfg, layer_index)
         self.mlp = MLP(cfg)
+        self.canon = Canon(cfg.d_model, cfg.canon) if cfg.canon else None
 
     def prepare(self, x, pos, tokens) -> AttentionInputs:
-        return self.attn.prepare(self.norm1(x), pos, tokens)
+        h = self.norm1(x)
+        return self.attn.prepare(h if self.canon is None else self.canon(h), pos, tokens)
 
     def forward(self, x, pos, tokens, captured: AttentionInputs | None = None):
         """``captured``: this block's ``prepare(x, ...)`` if already computed."""
@@ -208,9 +286,10 @@ class Block(nn.Module):
         x = x + self.attn.output(captured)
         return x + self.mlp(self.norm2(x))
 
-    def decode(self, x, cache: LayerCache, pos, tokens):
+    def decode(self, x, cache: LayerCache, pos, tokens, canon: CanonState):
         """x: (B, n, d_model), pos: (n,), tokens: (B, n): the new positions only."""
-        x = x + self.attn.decode(self.norm1(x), cache, pos, tokens)
+        h = self.norm1(x)
+        x = x + self.attn.decode(h if self.canon is None else canon.step(self.canon, h), cache, pos, tokens)
         return x + self.mlp(self.norm2(x))
 
 
@@ -317,8 +396,8 @@ class LM(nn.Module):
         cache.length_keys = keys
         pos = torch.arange(cache.length, cache.length + tokens.shape[1], device=tokens.device)
         x, _ = self._embed(tokens, pos)
-        for block, layer in zip(self._blocks, cache.layers):
-            x = block.decode(x, layer, pos, tokens)
+        for block, layer, canon in zip(self._blocks, cache.layers, cache.canon):
+            x = block.decode(x, layer, pos, tokens, canon)
         if self._blocks[0].attn.method is not None and self._blocks[0].attn.method.bounded:
             cache.uncounted += tokens.shape[1]  # the ids are not kept either: memory stays flat
         else:
