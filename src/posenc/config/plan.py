@@ -86,6 +86,7 @@ SWEEP_KEYS = (
     "model.n_head",
     "model.n_layer",
     "model.d_model",
+    "model.canon",
 )
 Point = tuple[
     tuple[str, Any], ...
@@ -111,7 +112,7 @@ class SweepConfig(BaseModel):
 
     grid: dict[str, list[Any]] = {}
     """{key: [values]} for every scheme; keys: train.lr, train.weight_decay, train.steps, train.warmup, model.n_head,
-    model.n_layer, model.d_model."""
+    model.n_layer, model.d_model, model.canon."""
     schemes: dict[str, dict[str, list[Any]]] = {}
     """{scheme: {key: [values]}}: that scheme's own values, replacing the grid's for its keys (and adding keys)."""
 
