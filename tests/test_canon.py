@@ -1,11 +1,16 @@
 """The Canon-A layer (``model.canon``): the fast convolution equals its loop reference (values and gradients), a
 model with it decodes as its parallel forward, and a model without it is built as before."""
 
+import dataclasses
+import json
+
 import pytest
 import torch
 
+from posenc.config.plan import load_preset, model_line
 from posenc.errors import PosencError
-from posenc.model import Cache, Canon, build_model, canon_naive
+from posenc.model import Cache, Canon, ModelConfig, build_model, canon_naive, set_method
+from posenc.train.loop import TrainConfig, run_differences
 
 
 @pytest.mark.parametrize("width, T", [(1, 5), (3, 9), (4, 2)])
@@ -35,6 +40,21 @@ def model(spec, canon=3, dtype=torch.float64):
     return build_model(cfg).to(dtype).eval()
 
 
+def test_every_attention_reads_the_canon_of_its_normalised_input(monkeypatch):
+    torch.manual_seed(0)
+    m, x = model("rope"), torch.randint(0, 256, (2, 10))
+    seen = []
+    for block in m.blocks:
+        real = block.attn.prepare
+        monkeypatch.setattr(block.attn, "prepare", lambda h, *a, real=real, **k: seen.append(h) or real(h, *a, **k))
+    with torch.no_grad():
+        h0 = m.blocks[0].norm1(m.tok(x))
+        m(x)
+    assert len(seen) == 2
+    assert torch.allclose(seen[0], canon_naive(h0, m.blocks[0].canon.conv.weight), atol=1e-12)
+    assert not torch.allclose(seen[0], h0, atol=1e-3)  # the taps are not zero: the layer changes the input
+
+
 @pytest.mark.parametrize("spec", ["rope", "alibi", "nope", "path", "acc-rand-qkv", "learned"])
 def test_a_model_with_canon_decodes_as_its_parallel_forward(spec):
     torch.manual_seed(0)
@@ -57,10 +77,11 @@ def test_canon_changes_the_forward_and_generation_keeps_beams_apart():
         cache.reorder(torch.tensor([2, 0]))
         logits = m.decode(x[[2, 0], 8:], cache)
         assert torch.allclose(logits, m(x[[2, 0]])[:, 8:], atol=1e-10)
-        for block in m.blocks:
-            block.canon.conv.weight.zero_()
         plain = model("rope", canon=0)
         plain.load_state_dict({k: v for k, v in m.state_dict().items() if "canon" not in k})
+        assert (m(x) - plain(x)).abs().max() > 1e-3
+        for block in m.blocks:
+            block.canon.conv.weight.zero_()
         assert torch.allclose(m(x), plain(x), atol=1e-12)  # zero taps: the layer is the identity
 
 
@@ -89,3 +110,30 @@ def test_without_canon_the_model_has_no_canon_parameters_and_the_same_initial_we
 def test_a_bad_canon_width_is_refused_in_one_line(bad):
     with pytest.raises(PosencError, match="canon must be an integer >= 0"):
         build_model({"canon": bad})
+
+
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_a_canon_model_streams_through_the_sinks_cache_as_its_parallel_forward(chunk):
+    torch.manual_seed(0)
+    m, text = model("rope"), torch.randint(0, 256, (30,))
+    set_method(m, "sinks:n_sink=2,window=8")
+    with torch.no_grad():
+        streamed, peak = m.streaming_nll(text, chunk=chunk)
+        parallel = m.token_nll(text[None, :-1], text[None, 1:])[0]
+        _, peak_long = m.streaming_nll(torch.cat((text, text)), chunk=chunk)
+    assert torch.allclose(streamed, parallel, atol=1e-10)
+    assert peak_long == peak  # the Canon state stays width - 1 rows: the cache stays flat
+
+
+def test_a_run_recorded_before_canon_resumes_as_canon_0(tmp_path):
+    mcfg, tcfg = ModelConfig(), TrainConfig()
+    saved = {k: v for k, v in dataclasses.asdict(mcfg).items() if k != "canon"}
+    (tmp_path / "config.json").write_text(json.dumps({"model": saved, "train": tcfg.model_dump(mode="json")}))
+    assert run_differences(tmp_path, mcfg, tcfg) == {}
+    assert run_differences(tmp_path, dataclasses.replace(mcfg, canon=3), tcfg) == {"model": ["canon 0 -> 3"]}
+
+
+def test_the_report_header_names_the_canon_layer():
+    assert model_line(load_preset("retrieval")).endswith("train length 128, Canon-A width 3")
+    assert "Canon" not in model_line(load_preset("state-tracking"))
+    assert model_line(load_preset("retrieval", {"sweep.grid": {"model.canon": [0, 3]}})).endswith("Canon-A width swept")

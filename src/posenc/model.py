@@ -42,10 +42,11 @@ _POSITIVE = {
 class ModelConfig:
     """Model hyper-parameters; lengths are in tokens. ``n_kv_head``: grouped-query attention (None: ``n_head``).
 
-    Raises ValueError (naming the field) for a size that is not a positive number, an unknown ``mlp`` or
-    ``norm``, a spec that is not a str, params that are not a dict, or heads that do not divide evenly. As a
-    field of a pydantic model (a preset's ``model``) it is validated by pydantic, which coerces the types first
-    and turns the ValueError into a ValidationError; from a dict of settings: :func:`build_model`.
+    Raises ValueError (naming the field) for a size that is not a positive number, a ``canon`` width that is not an
+    integer >= 0, an unknown ``mlp`` or ``norm``, a spec that is not a str, params that are not a dict, or heads
+    that do not divide evenly. As a field of a pydantic model (a preset's ``model``) it is validated by pydantic,
+    which coerces the types first and turns the ValueError into a ValidationError; from a dict of settings:
+    :func:`build_model`.
     """
 
     __pydantic_config__ = {
@@ -158,7 +159,8 @@ class Cache:
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` positions; PosencError if longer than the cache or a scheme cannot go back (PaTH),
-        or the cache is bounded (sinks: the evicted positions are gone)."""
+        the model has a Canon layer (its earlier inputs are not kept), or the cache is bounded (sinks: the evicted
+        positions are gone)."""
         if self.uncounted:
             raise PosencError("a bounded cache (sinks) cannot be cropped: the evicted positions are gone")
         for canon in self.canon:  # refuses before any layer changes
@@ -206,8 +208,10 @@ class MLP(nn.Module):
 class Canon(nn.Module):
     """Canon-A layer (Allen-Zhu 2025, "Physics of Language Models: Part 4.1", arXiv 2512.17351): h + conv(h), conv a
     causal depthwise convolution over ``width`` positions (each feature mixes its own value at t - width + 1 .. t),
-    no bias, ``nn.Conv1d``'s default initialisation. The horizontal mixing an induction step needs (a token's
-    predecessor in its own residual), which a position-only attention must otherwise learn with a head of its own.
+    no bias, ``nn.Conv1d``'s default initialisation; its weight (d, 1, width) is a matrix to the optimiser, so it
+    takes weight decay, which pulls the layer towards the identity. The horizontal mixing an induction step needs (a
+    token's predecessor in its own residual), which a position-only attention must otherwise learn with a head of
+    its own.
 
     ``forward``: h (B, T, d) -> (B, T, d) in h's dtype; ``step``: the new positions given the ``width - 1`` inputs
     before them (decoding). ``canon_naive`` is the reference.
@@ -219,20 +223,22 @@ class Canon(nn.Module):
 
     @property
     def width(self) -> int:
+        """Positions each output mixes (tokens), its own included."""
         return self.conv.kernel_size[0]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.step(h, h.new_zeros(h.shape[0], self.width - 1, h.shape[2]))
 
     def step(self, h: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-        """h (B, n, d) the new positions, ``before`` (B, width - 1, d) the inputs before them (zeros at the start)."""
+        """h (B, n, d) the new positions, ``before`` (B, width - 1, d) the inputs before them (zeros at the start)
+        -> (B, n, d) in h's dtype."""
         u = torch.cat((before, h), dim=1).transpose(1, 2)
         return h + F.conv1d(u, self.conv.weight, groups=u.shape[1]).transpose(1, 2)
 
 
 def canon_naive(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Reference of ``Canon``: out[b, t] = h[b, t] + sum_s weight[:, 0, width - 1 - s] * h[b, t - s] over s < width,
-    t - s >= 0, by a loop over the shifts. h (B, T, d), weight (d, 1, width) -> (B, T, d)."""
+    t - s >= 0, by a loop over the shifts. h (B, T, d), weight (d, 1, width), one float dtype -> (B, T, d) in it."""
     out, width = h.clone(), weight.shape[-1]
     for s in range(min(width, h.shape[1])):
         out[:, s:] += weight[:, 0, width - 1 - s] * h[:, : h.shape[1] - s]
@@ -256,14 +262,17 @@ class CanonState:
         return out
 
     def crop(self, length: int) -> None:
+        """Nothing at the state's own length; PosencError below it (the inputs before the last ones are gone)."""
         if length < self.length:
             raise PosencError("a model with a Canon layer cannot crop its decoding cache: earlier inputs are not kept")
 
     def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search): index (B',) int64 into the current batch."""
         if self.before is not None:
             self.before = self.before.index_select(0, index.to(self.before.device))
 
     def nbytes(self) -> int:
+        """Bytes held: the kept inputs."""
         return 0 if self.before is None else self.before.numel() * self.before.element_size()
 
 
@@ -287,7 +296,8 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
     def decode(self, x, cache: LayerCache, pos, tokens, canon: CanonState):
-        """x: (B, n, d_model), pos: (n,), tokens: (B, n): the new positions only."""
+        """x: (B, n, d_model), pos: (n,), tokens: (B, n): the new positions only; ``canon``: this layer's Canon
+        state (unused without a Canon layer)."""
         h = self.norm1(x)
         x = x + self.attn.decode(h if self.canon is None else canon.step(self.canon, h), cache, pos, tokens)
         return x + self.mlp(self.norm2(x))

@@ -280,6 +280,17 @@ def setting(preset: Preset, key: str):
     return getattr(getattr(preset, section), field)
 
 
+def model_line(preset: Preset) -> str:
+    """The report header's model line: "2 layers, width 128, 4 heads, gelu, rmsnorm, train length 128", then
+    ", Canon-A width 3" for a Canon layer (``setting``: "swept" for what the sweep varies)."""
+    m, canon = preset.model, setting(preset, "model.canon")
+    return (
+        f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, "
+        f"{setting(preset, 'model.n_head')} heads, {m.mlp}, {m.norm}, train length {m.train_length}"
+        + (f", Canon-A width {canon}" if canon else "")
+    )
+
+
 def positions_note(preset: Preset) -> str:
     """ ", randomized positions (max N)" for a budget line when the preset trains on randomized positions, else ""."""
     n = randomized_max(preset.train.positions)

@@ -34,6 +34,7 @@ from posenc.config.plan import (
     at_point,
     grid_points,
     job_configs,
+    model_line,
     point_label,
     point_root,
     positions_note,
@@ -522,11 +523,7 @@ def _meta(preset: Preset, data) -> dict:
             f"held out: {', '.join(n for n, _ in data.val_docs)})"
         ),
         "tokenizer": f"{preset.train.tokenizer} (vocab {data.vocab_size})",
-        "model": (
-            f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, "
-            f"{setting(preset, 'model.n_head')} heads, "
-            f"{preset.model.mlp}, {preset.model.norm}, train length {preset.model.train_length}"
-        ),
+        "model": model_line(preset),
         "budget": (
             f"{setting(preset, 'train.steps')} steps x {preset.train.batch_size} x {preset.model.train_length} tokens, "
             f"lr {setting(preset, 'train.lr')}{positions_note(preset)}"

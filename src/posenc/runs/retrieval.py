@@ -13,7 +13,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from posenc.config.plan import Point, Preset, job_configs, point_root, positions_note, setting, task_specs
+from posenc.config.plan import Point, Preset, job_configs, model_line, point_root, positions_note, setting, task_specs
 from posenc.data.corpora import load_tokens
 from posenc.data.tasks import get_task
 from posenc.eval.tasks import evaluate_task, gate_leak
@@ -93,10 +93,7 @@ def task_meta(preset: Preset) -> dict:
         "name": preset.name,
         "train_length": m.train_length,
         "tasks": {spec: get_task(spec).describe() for spec in task_specs(preset)},
-        "model": (
-            f"{setting(preset, 'model.n_layer')} layers, width {setting(preset, 'model.d_model')}, "
-            f"{setting(preset, 'model.n_head')} heads, {m.mlp}, {m.norm}, train length {m.train_length}"
-        ),
+        "model": model_line(preset),
         "n_head": m.n_head,  # the head count of records without their own (retrieval_report.claim_alibi_slopes)
         "budget": (
             f"{setting(preset, 'train.steps')} steps x {t.batch_size} sequences of {m.train_length} tokens, "

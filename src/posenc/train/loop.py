@@ -564,6 +564,7 @@ class _TokenNLL(torch.nn.Module):
 
 RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads", "compile"}  # may change on resume
 MODEL_KNOBS = {"attn_block_size"}  # model fields of speed and memory only: a trained run may be evaluated under another
+MODEL_ADDED = {"canon": 0}  # model fields added after runs were recorded: the value that builds the model as before
 
 
 def run_differences(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> dict[str, list[str]]:
@@ -578,7 +579,7 @@ def run_differences(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> dict
         ("training", tcfg.model_dump(), RESUME_FREE),
     ):
         now = json.loads(json.dumps(settings, default=str))  # as config.json stores it
-        old = saved["model"] if section == "model" else old_train
+        old = {**MODEL_ADDED, **saved["model"]} if section == "model" else old_train
         diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if k not in free and old.get(k) != v]
         if diff:
             out[section] = diff
