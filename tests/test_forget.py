@@ -7,6 +7,8 @@ from posenc import encodings
 from posenc.attention import attention, naive_attention
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.forget import forget_bias, forget_bias_naive, log_forget_cumsum
+from posenc.errors import PosencError
+from posenc.model import build_model
 
 
 def test_tiles_equal_explicit_products_and_are_nonpositive():
@@ -67,3 +69,17 @@ def test_composite_model_weights_save_and_load(tmp_path):
     other = build_model(cfg)
     load_weights(tmp_path / "m.safetensors", other)
     assert torch.equal(other.blocks[0].attn.enc.parts[1].gate.weight, model.blocks[0].attn.enc.parts[1].gate.weight)
+
+
+def test_init_bias_sets_the_gate_bias_and_keeps_the_random_draws():
+    torch.manual_seed(0)
+    plain = build_model({"encoding": "rope+forget", "n_layer": 2, "d_model": 32, "n_head": 2})
+    torch.manual_seed(0)
+    opened = build_model({"encoding": "rope+forget:init_bias=4", "n_layer": 2, "d_model": 32, "n_head": 2})
+    a, b = plain.state_dict(), opened.state_dict()
+    gate_biases = [k for k in b if k.endswith("gate.bias")]
+    assert len(gate_biases) == 2 and all(torch.equal(b[k], torch.full((2,), 4.0)) for k in gate_biases)
+    assert all(torch.equal(a[k], b[k]) for k in a if k not in gate_biases)
+    assert "b starts at 4" in opened.blocks[0].attn.enc.describe()
+    with pytest.raises(PosencError, match="init_bias=inf: must be a finite number"):
+        build_model({"encoding": "forget:init_bias=inf"})
