@@ -83,3 +83,5 @@ def test_init_bias_sets_the_gate_bias_and_keeps_the_random_draws():
     assert "b starts at 4" in opened.blocks[0].attn.enc.describe()
     with pytest.raises(PosencError, match="init_bias=inf: must be a finite number"):
         build_model({"encoding": "forget:init_bias=inf"})
+    with pytest.raises(PosencError, match=r"init_bias must lie in \[-30, 30\]"):
+        build_model({"encoding": "rope+forget:init_bias=-31"})

@@ -29,6 +29,7 @@ from torch import nn
 from posenc.attention import with_forms
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
+from posenc.errors import PosencError
 
 
 def log_gates(logits: torch.Tensor) -> torch.Tensor:
@@ -66,6 +67,7 @@ def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn
 
 
 NEUTRAL_GATE_BIAS = 8.0  # a gate that (almost) never forgets: f = 1 needs b = +inf
+MAX_INIT_BIAS = 30.0  # |b| at the start: sigmoid(30) leaks 1e-13 nats per token, sigmoid(-30) 30 (a closed gate)
 
 
 @register
@@ -78,9 +80,11 @@ class ForgetGate(Encoding):
 
     Parameters:
         scaled: the bias times 1 / sqrt(head_dim), as flash-linear-attention's PaTH-FoX (``path+forget:scaled=true``)
-        init_bias: b at the start, every head (finite; f = sigmoid(b) where W x = 0: b = 4 leaks 0.018 nats per
-            token); None: ``nn.Linear``'s default, uniform within 1 / sqrt(d_model) of 0 (FoX's code starts it at 0),
-            so f ~ 0.5 and the gate starts 0.69 nats per token against every earlier key
+        init_bias: b at the start, every head, in [-30, 30] (f = sigmoid(b) where W x = 0: b = 4 leaks 0.018 nats
+            per token); None: ``nn.Linear``'s default, uniform within 1 / sqrt(d_model) of 0 (FoX's code starts it at
+            0), so f ~ 0.5 and the gate starts 0.69 nats per token against every earlier key
+
+    Raises PosencError for an ``init_bias`` outside [-30, 30].
     """
 
     name = "forget"
@@ -89,6 +93,11 @@ class ForgetGate(Encoding):
 
     def __init__(self, dims: Dims, scaled: bool = False, init_bias: float | None = None):
         super().__init__(dims)
+        if init_bias is not None and not abs(init_bias) <= MAX_INIT_BIAS:
+            raise PosencError(
+                f"forget: init_bias must lie in [-{MAX_INIT_BIAS:g}, {MAX_INIT_BIAS:g}] (f = sigmoid(b) at the start), "
+                f"got {init_bias}"
+            )
         self.gate = nn.Linear(dims.d_model, dims.n_head, bias=True)
         self.init_bias = init_bias
         if init_bias is not None:  # after nn.Linear's draw: the random-number order of every model stays the same
