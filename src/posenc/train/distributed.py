@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import inspect
 import os
 from datetime import timedelta
@@ -120,8 +121,12 @@ def setup() -> Shard:
 
 
 def teardown() -> None:
-    """Leave the process group (no-op on a single process)."""
+    """Leave the process group (no-op on a single process). Collects garbage first: DistributedDataParallel's reducer
+    sits in a reference cycle and holds gloo work objects; left to the interpreter's exit, their tensors need the GIL
+    while it is torn down and the rank aborts ("terminate called without an active exception", SIGABRT: one CI run's
+    torchrun test; pytorch/pytorch#179291 describes the mechanism)."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
