@@ -106,9 +106,9 @@ def test_without_canon_the_model_has_no_canon_parameters_and_the_same_initial_we
     assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
 
 
-@pytest.mark.parametrize("bad", [-1, 2.5, "3"])
+@pytest.mark.parametrize("bad", [-1, 2.5, "3", True, 129])
 def test_a_bad_canon_width_is_refused_in_one_line(bad):
-    with pytest.raises(PosencError, match="canon must be an integer >= 0"):
+    with pytest.raises(PosencError, match=r"canon must be an integer in \[0, train_length 128\]"):
         build_model({"canon": bad})
 
 

@@ -43,10 +43,10 @@ class ModelConfig:
     """Model hyper-parameters; lengths are in tokens. ``n_kv_head``: grouped-query attention (None: ``n_head``).
 
     Raises ValueError (naming the field) for a size that is not a positive number, a ``canon`` width that is not an
-    integer >= 0, an unknown ``mlp`` or ``norm``, a spec that is not a str, params that are not a dict, or heads
-    that do not divide evenly. As a field of a pydantic model (a preset's ``model``) it is validated by pydantic,
-    which coerces the types first and turns the ValueError into a ValidationError; from a dict of settings:
-    :func:`build_model`.
+    integer in [0, train_length], an unknown ``mlp`` or ``norm``, a spec that is not a str, params that are not a
+    dict, or heads that do not divide evenly. As a field of a pydantic model (a preset's ``model``) it is validated
+    by pydantic, which coerces the types first and turns the ValueError into a ValidationError; from a dict of
+    settings: :func:`build_model`.
     """
 
     __pydantic_config__ = {
@@ -80,16 +80,19 @@ class ModelConfig:
     n_kv_head: int | None = None
     """Key/value heads (grouped-query attention; > 0, divides ``n_head``); null: ``n_head``."""
     canon: int = 0
-    """Width (tokens, >= 0) of a Canon-A layer before every attention (:class:`Canon`): the normalised attention input
-    plus a causal depthwise convolution of it over this many positions; 0: none."""
+    """Width (tokens, 0 to ``train_length``) of a Canon-A layer before every attention (``posenc.model.Canon``): the
+    normalised attention input plus a causal depthwise convolution of it over this many positions; 0: none."""
 
     def __post_init__(self):
         for name, kind in _POSITIVE.items():
             value = getattr(self, name)
             if not (isinstance(value, kind) and value > 0 or name == "n_kv_head" and value is None):
                 raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'} > 0, got {value!r}")
-        if not (isinstance(self.canon, int) and self.canon >= 0):
-            raise ValueError(f"canon must be an integer >= 0 (a width in tokens; 0: none), got {self.canon!r}")
+        if isinstance(self.canon, bool) or not isinstance(self.canon, int) or not 0 <= self.canon <= self.train_length:
+            raise ValueError(
+                f"canon must be an integer in [0, train_length {self.train_length}] (a width in tokens; 0: none), "
+                f"got {self.canon!r}"
+            )
         for name, choices in (("mlp", get_args(Mlp)), ("norm", get_args(Norm))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")

@@ -185,7 +185,9 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
     return (
         markdown_table(head, rows)
         + "\n\nMean ± half-range over seeds; horizons in tokens (a seed whose first gap bucket already "
-        "falls short counts 0); empty: not run. Sources: " + "; ".join(sources) + ".\n"
+        "falls short of id by more than the tolerance counts 0, however flat its accuracy beyond); steps to "
+        "criterion empty: no seed reached it within the step cap, or not run; other cells empty: not run. "
+        "Sources: " + "; ".join(sources) + ".\n"
     )
 
 
