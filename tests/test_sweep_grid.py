@@ -6,10 +6,20 @@ import math
 import shutil
 
 import pytest
+import torch
 import yaml
 
 from posenc.cli.main import main
-from posenc.config.plan import at_point, grid_points, load_preset, point_label, point_root, setting
+from posenc.config.plan import (
+    at_point,
+    grid_points,
+    job_configs,
+    job_encoding,
+    load_preset,
+    point_label,
+    point_root,
+    setting,
+)
 from posenc.errors import PosencError
 from posenc.reports.tasks import Scores
 from posenc.runs.compare import compare
@@ -111,11 +121,41 @@ def test_grid_points_per_scheme_and_at_point(tmp_path):
         ({}, "scheme 'rope' has no grid in the sweep"),
         ({"grid": {"model.n_head": [3]}}, "n_head|head"),
         ({"grid": {"train.lr": [-1.0]}}, "grid point train.lr=-1.0: train.lr"),
+        ({"grid": {"model.encoding": ["rope"]}}, "model.encoding gives one scheme's variants: sweep it per scheme"),
+        ({"grid": {"train.lr": LR}, "schemes": {"rope": {"model.encoding": [4]}}}, r"give scheme specs \(strings\)"),
+        (
+            {"grid": {"train.lr": LR}, "schemes": {"rope": {"model.encoding": ["rope", "alibi"]}}},
+            r"sweep.schemes.rope.model.encoding gives 'alibi', not a variant of 'rope'",
+        ),
+        (
+            {"grid": {"train.lr": LR}, "schemes": {"rope": {"model.encoding": ["rope+forget"]}}},
+            "not a variant of 'rope'",
+        ),
+        ({"grid": {"train.lr": LR}, "schemes": {"rope": {"model.encoding": ["rope:theta=-1"]}}}, "theta"),
     ],
 )
 def test_a_bad_grid_is_refused_before_any_work(tmp_path, sweep, message):
     with pytest.raises(PosencError, match=message):
         _preset(tmp_path, sweep=sweep)
+
+
+def test_a_variant_axis_trains_the_variant_and_records_under_the_scheme(tmp_path):
+    variants = ["rope+forget", "rope+forget:init_bias=4"]
+    p = _preset(
+        tmp_path,
+        schemes=["rope+forget", "nope"],
+        sweep={"grid": {"train.lr": LR}, "schemes": {"rope+forget": {"model.encoding": variants}}},
+    )
+    points = grid_points(p, "rope+forget")
+    assert points == [(("train.lr", a), ("model.encoding", v)) for a in LR for v in variants]
+    assert point_label(points[1]) == "train.lr=0.003,model.encoding=rope+forget:init_bias=4"
+    mcfg, tcfg = job_configs(p, points[1], "rope+forget", 0, 10, "flipflop")
+    assert (mcfg.encoding, tcfg.lr, tcfg.corpus) == ("rope+forget:init_bias=4", 3e-3, "flipflop")
+    gate = mcfg.layer_schemes()[0].parts[1].gate  # the variant's gate starts at its bias
+    assert torch.equal(gate.bias, torch.full_like(gate.bias, 4.0))
+    assert job_configs(p, points[0], "rope+forget", 0, 10)[0].encoding == "rope+forget"
+    assert job_configs(p, grid_points(p, "nope")[0], "nope", 0, 10)[0].encoding == "nope"
+    assert job_encoding((("train.lr", 1e-3),), "alibi") == "alibi"
 
 
 # ---------------------------------------------------------------- end to end
@@ -323,3 +363,18 @@ def test_a_task_report_header_gives_the_precision_the_jobs_train_at():
     assert task_meta(load_preset("retrieval"))["stamp"]["dtype"] == "float32 weights, float32 compute"
     bf16 = load_preset("retrieval", {"train.precision": "bf16"})
     assert task_meta(bf16)["stamp"]["dtype"] == "float32 weights, bfloat16 autocast"
+
+
+@pytest.mark.slow
+def test_a_variant_sweep_end_to_end_records_the_chosen_variant_under_the_scheme(tmp_path):
+    variants = ["forget", "forget:init_bias=4"]
+    preset = _preset(tmp_path, schemes=["forget"], sweep={"schemes": {"forget": {"model.encoding": variants}}})
+    report, failures = compare(preset, tmp_path / "runs", isolate=False)
+    assert not failures
+    root = tmp_path / "runs" / "tiny"
+    for v in variants:
+        job = point_root(root, (("model.encoding", v),)) / "flipflop" / "forget" / "seed0"
+        assert read_json(job / "config.json")["model"]["encoding"] == v
+    assert {(r.scheme, r.seed) for r in load(root / "results.jsonl")} == {("forget", 0)}
+    text = report.read_text()
+    assert "| model.encoding=forget | model.encoding=forget:init_bias=4 |" in text

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from posenc import methods
+from posenc import encodings, methods
 from posenc.data.tasks import get_task, is_task
 from posenc.errors import PosencError
 from posenc.eval.diagnose import FarMassConfig
@@ -87,16 +87,22 @@ SWEEP_KEYS = (
     "model.n_layer",
     "model.d_model",
     "model.canon",
+    "model.encoding",
 )
+VARIANT_KEY = "model.encoding"  # per scheme only: the scheme's spec with other parameters (``forget:init_bias=4``)
 Point = tuple[
     tuple[str, Any], ...
 ]  # one grid point: ((key, value), ...) in the grid's key order; () is the preset itself
 
 
-def _check_axes(axes: dict[str, list]) -> dict[str, list]:
+def _check_axes(axes: dict[str, list], per_scheme: bool) -> dict[str, list]:
     for key, values in axes.items():
         if key not in SWEEP_KEYS:
             raise ValueError(f"{key!r} cannot be swept (valid: {', '.join(SWEEP_KEYS)})")
+        if key == VARIANT_KEY and not per_scheme:
+            raise ValueError(f"{key} gives one scheme's variants: sweep it per scheme (sweep.schemes), not in the grid")
+        if key == VARIANT_KEY and not all(isinstance(v, str) for v in values):
+            raise ValueError(f"{key}: give scheme specs (strings), got {values!r}")
         if not values or len({repr(v) for v in values}) < len(values):
             raise ValueError(f"{key}: give each value once, at least one")
     return axes
@@ -106,7 +112,9 @@ class SweepConfig(BaseModel):
     """A grid over training and model settings, each scheme trained at every point of its grid on the first
     seed, its setting chosen by the held-out in-distribution result (``posenc.runs.sweep``) and the other seeds run
     there. ``grid``: {key: [values]} for every scheme; ``schemes``: {scheme: {key: [values]}}, that scheme's
-    own values (they replace the grid's for its keys and may add keys). Keys: ``SWEEP_KEYS``."""
+    own values (they replace the grid's for its keys and may add keys). Keys: ``SWEEP_KEYS``; ``model.encoding``, per
+    scheme only, gives variants of that scheme (the same parts with other parameters, ``[forget, forget:init_bias=4]``):
+    its jobs train the variant and record under the scheme's name."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
@@ -114,18 +122,19 @@ class SweepConfig(BaseModel):
     """{key: [values]} for every scheme; keys: train.lr, train.weight_decay, train.steps, train.warmup, model.n_head,
     model.n_layer, model.d_model, model.canon."""
     schemes: dict[str, dict[str, list[Any]]] = {}
-    """{scheme: {key: [values]}}: that scheme's own values, replacing the grid's for its keys (and adding keys)."""
+    """{scheme: {key: [values]}}: that scheme's own values, replacing the grid's for its keys (and adding keys); also
+    model.encoding: variants of the scheme (its parts with other parameters)."""
 
     @field_validator("grid")
     @classmethod
     def _grid(cls, v: dict) -> dict:
-        return _check_axes(v)
+        return _check_axes(v, per_scheme=False)
 
     @field_validator("schemes")
     @classmethod
     def _per_scheme(cls, v: dict) -> dict:
         for axes in v.values():
-            _check_axes(axes)
+            _check_axes(axes, per_scheme=True)
         return v
 
 
@@ -258,7 +267,23 @@ def _check_sweep(preset: Preset) -> None:
         )
     for s in preset.schemes:
         for point in grid_points(preset, s):
-            dataclasses.replace(at_point(preset, point).model, encoding=s).check_encoding()
+            spec = job_encoding(point, s)
+            if _shape(spec) != _shape(s):
+                raise PosencError(
+                    f"preset {preset.name}: sweep.schemes.{s}.{VARIANT_KEY} gives {spec!r}, not a variant of {s!r} "
+                    f"(the same parts with other parameters)"
+                )
+            dataclasses.replace(at_point(preset, point).model, encoding=spec).check_encoding()
+
+
+def _shape(spec: str) -> list[list[type]]:
+    """The classes of each layer entry's parts: what a variant of a scheme keeps (PosencError if invalid)."""
+    return [[cls for cls, _ in encodings.parts(entry)] for entry in encodings.layer_pattern(spec)]
+
+
+def job_encoding(point: Point, scheme: str) -> str:
+    """The spec a job of ``scheme`` at grid ``point`` trains: the point's variant (``model.encoding``) or the scheme."""
+    return dict(point).get(VARIANT_KEY, scheme)
 
 
 def grid_points(preset: Preset, scheme: str) -> list[Point]:
@@ -323,7 +348,7 @@ def job_configs(preset: Preset, point: Point, scheme: str, seed: int, vocab_size
     """(ModelConfig, TrainConfig) of one job: the preset at grid ``point``, ``scheme``, ``seed`` and the data's
     vocabulary, on ``task`` when given (its corpus): what the job trains and what its run must record."""
     p = at_point(preset, point)
-    mcfg = dataclasses.replace(p.model, encoding=scheme, vocab_size=vocab_size)
+    mcfg = dataclasses.replace(p.model, encoding=job_encoding(point, scheme), vocab_size=vocab_size)
     return mcfg, p.train.model_copy(update={"seed": seed, **({"corpus": task} if task else {})})
 
 
