@@ -237,7 +237,7 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
         ),
         (
             lambda: posenc.Attention(64, 4, scheme="acc-token-qk"),
-            "accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 "
+            "scheme 'acc-token-qk': accumulated mode='token' draws a step per token id: it needs vocab_size >= 1 "
             "(Attention(..., vocab_size=V)), got 0",
         ),
         (

@@ -98,6 +98,14 @@ def _compare_args(*argv):
     return build_parser().parse_args(["compare", "--preset", "quick", *argv])
 
 
+def test_the_description_note_names_a_changed_grid():
+    grid = load_preset("retrieval", {"sweep.grid": {"train.lr": [1e-3]}})
+    assert grid.sweep.grid == {"train.lr": [1e-3]}
+    assert grid.description.endswith("[The preset as written; this run sets sweep.grid = {'train.lr': [0.001]}.]")
+    assert load_preset("retrieval", {"sweep": None}).description.endswith("this run sets no sweep.]")
+    assert "this run sets" not in load_preset("retrieval", {"sweep.grid": {"train.lr": [1e-3, 3e-3]}}).description
+
+
 def test_flags_and_set_are_one_mechanism_and_the_last_given_wins():
     by_flag = load_preset("quick", given_settings(_compare_args("--steps", "5", "--schemes", "rope"), FLAGS))
     by_set = load_preset(

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from torch import nn
@@ -255,8 +256,9 @@ class Attention(nn.Module):
     the training context (tokens) the scheme is told; vocab_size: only for
     per-token-id schemes (``acc-token-*``, which also need ``tokens``); layer_index:
     the entry of a per-layer pattern (``rope|nope``) and the random-step seed offset;
-    block_size: query rows per bias tile. Projections have no bias. Raises
-    PosencError for sizes that do not divide, an invalid spec or an additive scheme.
+    block_size: query rows per bias tile; params: the scheme's parameters, with a spec
+    (as its ``:k=v`` parts). Projections have no bias. Raises PosencError for sizes
+    that do not divide, an invalid spec, an additive scheme, or params with an Encoding.
     """
 
     def __init__(
@@ -270,6 +272,7 @@ class Attention(nn.Module):
         vocab_size: int = 0,
         layer_index: int = 0,
         block_size: int = 512,
+        params: dict[str, Any] | None = None,
     ):
         super().__init__()
         kv = n_kv_head or n_head
@@ -293,7 +296,10 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d_model, (n_head + 2 * kv) * self.head_dim, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         dims = Dims(n_head, self.head_dim, d_model, vocab_size, train_length, layer_index)
-        self.enc = encodings.get(scheme, dims) if isinstance(scheme, str) else scheme
+        if params and not isinstance(scheme, str):
+            raise PosencError("params apply to a scheme spec; an Encoding comes built with its own")
+        # built after the projections: the random-number order (hence the initial weights) of every posenc model
+        self.enc = encodings.get(scheme, dims, **(params or {})) if isinstance(scheme, str) else scheme
         _check_scheme(self.enc)
         self.method: Method | None = None  # an inference method (posenc.methods; set_method): attention under its map
 
@@ -301,20 +307,18 @@ class Attention(nn.Module):
     def from_config(cls, cfg, layer_index: int) -> Attention:
         """Layer ``layer_index`` of a ``posenc.model.ModelConfig`` (an additive scheme gives NoPE layers:
         its embedding lives at the model input)."""
-        layer = cls(
+        additive = encodings.is_additive(cfg.encoding)
+        return cls(
             cfg.d_model,
             cfg.n_head,
-            "nope",
+            "nope" if additive else cfg.encoding,
             cfg.n_kv_head,
             cfg.train_length,
             vocab_size=cfg.vocab_size,
             layer_index=layer_index,
             block_size=cfg.attn_block_size,
+            params=None if additive else cfg.encoding_params,
         )
-        enc = encodings.get(cfg.encoding, cfg.dims(layer_index), **cfg.encoding_params)  # after the projections: the
-        if not enc.additive:  # random-number order (hence the initial weights) of every posenc model so far
-            layer.enc = enc
-        return layer
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q: (B, H, T, D), k, v: (B, Hkv, T, D), from x (B, T, d_model)."""

@@ -205,7 +205,7 @@ def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None) -> P
     """
     path, data = read_preset(name_or_path, cls=Preset)
     written = (
-        validated(Preset, data, f"preset {path.name}").model_dump(mode="json", include=SETTINGS)
+        validated(Preset, data, f"preset {path.name}").model_dump(mode="json", include=STATED)
         if data.get("description")
         else None
     )
@@ -234,18 +234,21 @@ def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None) -> P
 
 
 SETTINGS = {"model", "train", "eval", "task_eval"}  # what a preset's description may state and a run override
+STATED = SETTINGS | {"sweep"}  # the grid too ("each learning rate of the grid"), though no run record holds it
 
 
 def _flag_overrides(preset: Preset, written: dict) -> None:
     """Append to ``preset.description`` the settings this run changes from the preset as written: the
-    description states them ("2 layers, width 128, 2 heads", "4,000 steps") and a report quotes it."""
-    now = preset.model_dump(mode="json", include=SETTINGS)
+    description states them ("2 layers, width 128, 2 heads", "4,000 steps", the grid) and a report quotes it."""
+    now = preset.model_dump(mode="json", include=STATED)
     changed = [
         f"{section}.{k} = {v!r}"
-        for section in sorted(SETTINGS)
-        for k, v in now[section].items()
-        if written[section].get(k) != v
+        for section in sorted(STATED)
+        for k, v in (now[section] or {}).items()
+        if (written[section] or {}).get(k) != v
     ]
+    if now["sweep"] is None and written["sweep"] is not None:
+        changed.append("no sweep")
     if changed:
         preset.description += f" [The preset as written; this run sets {', '.join(changed)}.]"
 

@@ -62,7 +62,10 @@ def _build(
     ignored = cls.applies_to({**constructor_defaults(cls), **params})  # a default is for the parts it applies to
     params = {**{k: v for k, v in (defaults or {}).items() if k in _accepted(cls) and k not in ignored}, **params}
     check_types(spec, cls, params)  # parameters given in Python too, not only in the spec
-    enc = cls(dims, **params)  # invalid values are PosencErrors of the scheme; anything else is a bug: its traceback
+    try:
+        enc = cls(dims, **params)  # invalid values are PosencErrors; anything else is a bug: its traceback
+    except PosencError as exc:  # name the whole spec: the part alone is ambiguous in a composition or a sweep
+        raise PosencError(f"scheme {spec!r}: {exc}") from None
     enc.spec = format_part(cls.name, {k: v for k, v in params.items() if k not in cls.internal})
     return enc
 
@@ -104,6 +107,12 @@ def _layer_of(pattern: list[str], spec: str, dims: Dims, params: dict, defaults:
     return get(pattern[dims.layer_index % len(pattern)], dims, defaults)
 
 
+def is_additive(spec: str) -> bool:
+    """Whether ``spec`` is an additive input embedding (``Encoding.additive``: it acts at the model input, not in
+    attention), from its classes without building it. PosencError for an invalid spec."""
+    return any(cls.additive for entry in layer_pattern(spec) for cls, _ in parts(entry))
+
+
 def describe(spec: str, dims: Dims | None = None, **params: Any) -> str:
     """One line for reports: the scheme and its parameters; a pattern as its entries joined by ' | '."""
     pattern = layer_pattern(spec)
@@ -113,6 +122,7 @@ def describe(spec: str, dims: Dims | None = None, **params: Any) -> str:
 
 
 __all__ = [
+    "is_additive",
     "Dims",
     "Encoding",
     "Inputs",
