@@ -91,11 +91,12 @@ def test_partial_models_train_and_leave_the_rest_alone():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("rope:rotary_fraction=0", "rotary_fraction must be in (0, 1], got 0"),
-        ("rope:rotary_fraction=1.5", "rotary_fraction must be in (0, 1], got 1.5"),
+        ("rope:rotary_fraction=0", "scheme 'rope:rotary_fraction=0': rotary_fraction must be in (0, 1], got 0"),
+        ("rope:rotary_fraction=1.5", "scheme 'rope:rotary_fraction=1.5': rotary_fraction must be in (0, 1], got 1.5"),
         (
             "acc-rand-qkv:rotary_fraction=0.1",
-            "rotary_fraction 0.1 rotates int(16 * 0.1) = 1 features of head dim 16; "
+            "scheme 'acc-rand-qkv:rotary_fraction=0.1': rotary_fraction 0.1 rotates int(16 * 0.1) = 1 features of "
+            "head dim 16; "
             "it must give an even rotary dim >= 2",
         ),
     ],
