@@ -3,6 +3,7 @@ held-out in-distribution result, the other seeds at the chosen setting, the sens
 refusing to report a run trained with other settings than its job's (a run copied in from another budget)."""
 
 import math
+import re
 import shutil
 
 import pytest
@@ -137,6 +138,37 @@ def test_grid_points_per_scheme_and_at_point(tmp_path):
 def test_a_bad_grid_is_refused_before_any_work(tmp_path, sweep, message):
     with pytest.raises(PosencError, match=message):
         _preset(tmp_path, sweep=sweep)
+
+
+@pytest.mark.parametrize(
+    "scheme, variant",
+    [
+        ("acc-rand-qk", "acc-rand-qkv"),  # one class, but the alias's rotate=qk dropped
+        ("hybrid", "acc-rand-qkv+forget:init_bias=4"),  # hybrid's rotation is the learned one
+        ("rope+forget", "forget+rope"),  # parts in another order
+        ("acc-rand-qkv:a=0.25", "acc-rand-qkv:a=0.5"),  # a parameter the scheme sets, changed: another scheme
+    ],
+)
+def test_a_variant_of_another_scheme_is_refused(tmp_path, scheme, variant):
+    with pytest.raises(PosencError, match=re.escape(f"gives {variant!r}, not a variant of {scheme!r}")):
+        _preset(tmp_path, schemes=[scheme], sweep={"schemes": {scheme: {"model.encoding": [scheme, variant]}}})
+
+
+def test_a_variant_adds_parameters_to_any_part(tmp_path):
+    p = _preset(
+        tmp_path,
+        schemes=["hybrid", "acc-rand-qkv"],
+        sweep={
+            "schemes": {
+                "hybrid": {"model.encoding": ["hybrid", "acc-learned-qkv+forget:init_bias=4"]},
+                "acc-rand-qkv": {"model.encoding": ["acc-rand-qkv:a=0.5"]},
+            }
+        },
+    )
+    assert [job_encoding(q, "hybrid") for q in grid_points(p, "hybrid")] == [
+        "hybrid",
+        "acc-learned-qkv+forget:init_bias=4",
+    ]
 
 
 def test_a_variant_axis_trains_the_variant_and_records_under_the_scheme(tmp_path):

@@ -89,7 +89,7 @@ SWEEP_KEYS = (
     "model.canon",
     "model.encoding",
 )
-VARIANT_KEY = "model.encoding"  # per scheme only: the scheme's spec with other parameters (``forget:init_bias=4``)
+VARIANT_KEY = "model.encoding"  # per scheme only: the scheme's spec with parameters added (``forget:init_bias=4``)
 Point = tuple[
     tuple[str, Any], ...
 ]  # one grid point: ((key, value), ...) in the grid's key order; () is the preset itself
@@ -113,7 +113,7 @@ class SweepConfig(BaseModel):
     seed, its setting chosen by the held-out in-distribution result (``posenc.runs.sweep``) and the other seeds run
     there. ``grid``: {key: [values]} for every scheme; ``schemes``: {scheme: {key: [values]}}, that scheme's
     own values (they replace the grid's for its keys and may add keys). Keys: ``SWEEP_KEYS``; ``model.encoding``, per
-    scheme only, gives variants of that scheme (the same parts with other parameters, ``[forget, forget:init_bias=4]``):
+    scheme only, gives variants of that scheme (its parts in order, parameters added: ``[forget, forget:init_bias=4]``):
     its jobs train the variant and record under the scheme's name."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
@@ -123,7 +123,7 @@ class SweepConfig(BaseModel):
     model.n_layer, model.d_model, model.canon."""
     schemes: dict[str, dict[str, list[Any]]] = {}
     """{scheme: {key: [values]}}: that scheme's own values, replacing the grid's for its keys (and adding keys); also
-    model.encoding: variants of the scheme (its parts with other parameters)."""
+    model.encoding: variants of the scheme (its parts in order, parameters added)."""
 
     @field_validator("grid")
     @classmethod
@@ -271,17 +271,23 @@ def _check_sweep(preset: Preset) -> None:
     for s in preset.schemes:
         for point in grid_points(preset, s):
             spec = job_encoding(point, s)
-            if _shape(spec) != _shape(s):
+            if not is_variant(spec, s):
                 raise PosencError(
                     f"preset {preset.name}: sweep.schemes.{s}.{VARIANT_KEY} gives {spec!r}, not a variant of {s!r} "
-                    f"(the same parts with other parameters)"
+                    f"(its parts in its order, with parameters added)"
                 )
             dataclasses.replace(at_point(preset, point).model, encoding=spec).check_encoding()
 
 
-def _shape(spec: str) -> list[list[type]]:
-    """The classes of each layer entry's parts: what a variant of a scheme keeps (PosencError if invalid)."""
-    return [[cls for cls, _ in encodings.parts(entry)] for entry in encodings.layer_pattern(spec)]
+def is_variant(spec: str, scheme: str) -> bool:
+    """Whether ``spec`` is ``scheme`` with parameters added: each layer entry's parts the same classes in the same
+    order, each part keeping every parameter the scheme's sets (an alias's too: acc-rand-qkv is no variant of
+    acc-rand-qk, whose rotate=qk it drops). PosencError for an invalid spec."""
+    mine, theirs = ([encodings.parts(entry) for entry in encodings.layer_pattern(x)] for x in (spec, scheme))
+    return len(mine) == len(theirs) and all(
+        len(a) == len(b) and all(ca is cb and pb.items() <= pa.items() for (ca, pa), (cb, pb) in zip(a, b))
+        for a, b in zip(mine, theirs)
+    )
 
 
 def job_encoding(point: Point, scheme: str) -> str:

@@ -34,6 +34,7 @@ from posenc.config.plan import (
     at_point,
     grid_points,
     job_configs,
+    job_encoding,
     model_line,
     point_label,
     point_root,
@@ -412,8 +413,9 @@ def compare(
             data.val_docs, _span(preset), preset.eval.max_tokens, span=_span(preset)
         )  # held-out text long enough
     grids = {s: grid_points(preset, s) for s in preset.schemes}
-    for s in preset.schemes:  # randomized training positions: every scheme takes them, before any job starts
-        check_positions(dataclasses.replace(preset.model, encoding=s), preset.train)
+    for s in preset.schemes:  # randomized training positions: every scheme (each variant) takes them, before any job
+        for spec in dict.fromkeys(job_encoding(p, s) for p in grids[s]):
+            check_positions(dataclasses.replace(preset.model, encoding=spec), preset.train)
     check_positions_reach(preset, tasks)
     points = list(dict.fromkeys(p for grid in grids.values() for p in grid))
     check_same_settings(run_root, preset)
