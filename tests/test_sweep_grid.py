@@ -154,6 +154,12 @@ def test_a_variant_of_another_scheme_is_refused(tmp_path, scheme, variant):
         _preset(tmp_path, schemes=[scheme], sweep={"schemes": {scheme: {"model.encoding": [scheme, variant]}}})
 
 
+def test_one_variant_spelt_twice_is_refused(tmp_path):
+    twice = {"schemes": {"forget": {"model.encoding": ["forget:init_bias=4", "forget:init_bias=4.0"]}}}
+    with pytest.raises(PosencError, match=r"sweep.schemes.forget.model.encoding spells one variant twice"):
+        _preset(tmp_path, schemes=["forget"], sweep=twice)
+
+
 def test_a_variant_adds_parameters_to_any_part(tmp_path):
     p = _preset(
         tmp_path,

@@ -269,6 +269,11 @@ def _check_sweep(preset: Preset) -> None:
             f"with a value (one is enough) for it"
         )
     for s in preset.schemes:
+        variants = preset.sweep.schemes.get(s, {}).get(VARIANT_KEY, [])
+        if len({encodings.canonical(v) for v in variants}) < len(variants):  # they would train twice, as one
+            raise PosencError(
+                f"preset {preset.name}: sweep.schemes.{s}.{VARIANT_KEY} spells one variant twice: {variants}"
+            )
         for point in grid_points(preset, s):
             spec = job_encoding(point, s)
             if not is_variant(spec, s):
