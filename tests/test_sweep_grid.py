@@ -205,7 +205,7 @@ def _id_acc(root, scheme, seed):
 
 
 @pytest.mark.slow
-def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path):
+def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path, capsys):
     preset = _preset(
         tmp_path,
         seeds=[0, 1],
@@ -268,7 +268,10 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path)
     assert rows[0] == "task,scheme,setting,result,steps_to_criterion,chosen" and len(rows) == 1 + 2 + 4
     assert sum(line.endswith(",1") for line in rows[1:]) == len(chosen) and (root / "sweep.png").exists()
     n = {p: len(read_jsonl(p / "results.jsonl")) for p in root.glob("sweep/*")}
+    capsys.readouterr()
     compare(preset, tmp_path / "runs", isolate=False)  # a rerun: nothing new, the same choice
+    n_jobs = 2 + 4 + len(chosen)  # every grid point on seed 0, then seed 1 at each chosen point
+    assert f"posenc: all {n_jobs} jobs already done" in capsys.readouterr().err
     assert {p: len(read_jsonl(p / "results.jsonl")) for p in root.glob("sweep/*")} == n
     assert report.read_text() == text
 

@@ -479,16 +479,17 @@ def compare(
         return len(pending)
 
     first, swept = preset.seeds[0], preset.sweep is not None
-    n_pending, chosen = 0, []
+    n_pending, chosen, grid_jobs = 0, [], []
     if swept:  # every grid point on the first seed, then each scheme's choice from its records
-        n_pending = run([Job(t, s, first, p) for t in units for s in preset.schemes for p in grids[s]])
+        grid_jobs = [Job(t, s, first, p) for t in units for s in preset.schemes for p in grids[s]]
+        n_pending = run(grid_jobs)
         chosen = choices(run_root, units, grids, first, preset.model.train_length, preset.task_eval.learned)
         final = [Job(c.task, c.scheme, seed, c.point) for c in chosen if c.point is not None for seed in preset.seeds]
     else:
         final = [Job(t, s, seed) for t in units for s in preset.schemes for seed in preset.seeds]
     n_pending += run(final)
     if not n_pending:
-        _all_done(run_root, len(final))
+        _all_done(run_root, len(set(grid_jobs) | set(final)))  # a chosen point's first seed is a grid job
     for p in points if not tasks else []:  # the RoPE schedule and method rows of the schemes reported at each point
         at = list(dict.fromkeys(j.scheme for j in final if j.point == p))
         args = (
