@@ -77,7 +77,8 @@ class TaskEvalConfig(BaseModel):
     """In-distribution accuracy below this (a fraction): the scheme did not learn the task."""
 
 
-# the settings a sweep may vary (``SweepConfig``): training budget and optimiser, and the model's shape
+VARIANT_KEY = "model.encoding"  # per scheme only: the scheme's spec with parameters added (``forget:init_bias=4``)
+# the settings a sweep may vary (``SweepConfig``): training budget and optimiser, the model's shape, a scheme's variants
 SWEEP_KEYS = (
     "train.lr",
     "train.weight_decay",
@@ -87,9 +88,8 @@ SWEEP_KEYS = (
     "model.n_layer",
     "model.d_model",
     "model.canon",
-    "model.encoding",
+    VARIANT_KEY,
 )
-VARIANT_KEY = "model.encoding"  # per scheme only: the scheme's spec with parameters added (``forget:init_bias=4``)
 Point = tuple[
     tuple[str, Any], ...
 ]  # one grid point: ((key, value), ...) in the grid's key order; () is the preset itself
