@@ -6,9 +6,12 @@ from pathlib import Path
 import pytest
 
 from posenc.cli.main import main
+from posenc.config.plan import load_preset, mixing_windows
 from posenc.reports.compare import with_ratios, write_csv
 from posenc.reports.runs import scoreboard
 from posenc.reports.scoreboard import BEGIN, END, load_task_run, readme_block, task_label
+from posenc.reports.tasks import TaskTable
+from posenc.reports.tasks import write_csv as write_task_csv
 from posenc.store.records import Ppl, Task, TaskCell, append
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,3 +186,44 @@ def test_a_task_in_two_runs_gives_the_later_run_rows_of_its_own(tmp_path, kind):
         "| rope | | 8 | 250 |",
         "| path (b) | 16 | | |",
     ]
+
+
+def test_a_scheme_trained_as_a_sweep_variant_says_so_in_the_scoreboard_and_the_csv(tmp_path):
+    """A row joins runs by scheme: where a task run trained a variant (forget:init_bias=4), its cells say so."""
+    far = {8: 1.0, 64: 1.0, 1024: 1.0, 2048: 0.5}
+    jobs = [
+        _job("flipflop", "forget", seed, 1.0, far).model_copy(update={"encoding": "forget:init_bias=4"})
+        for seed in (0, 1)
+    ]
+    jobs += [_job("flipflop", "alibi", 0, 1.0, far).model_copy(update={"encoding": "alibi"})]  # itself: nothing said
+    path = tmp_path / "tasks"
+    path.mkdir()
+    for r in jobs:
+        append(path / "results.jsonl", r)
+    rows = {line.split(" | ")[0].strip("| "): line for line in scoreboard([path]).splitlines()[2:4]}
+    assert rows["forget"].startswith("| forget | 1024 ± 0 (trained as forget:init_bias=4) |")
+    assert rows["alibi"].startswith("| alibi | 1024 |")
+    write_task_csv(path / "retrieval.csv", jobs)
+    (path / "results.jsonl").unlink()  # a committed run keeps the CSV: the variant survives it
+    assert [r.encoding for r in load_task_run(path, "tasks").records] == ["forget:init_bias=4"] * 2 + ["alibi"]
+    again = scoreboard([path]).splitlines()[2:4]  # the horizon cells (the CSV keeps no criterion text)
+    assert [r.split(" |")[:2] for r in again] == [r.split(" |")[:2] for r in rows.values()]
+
+
+def test_a_variant_gets_its_own_mixing_window():
+    preset = load_preset(
+        "retrieval",
+        {"schemes": ["acc-rand-qkv"], "sweep": {"schemes": {"acc-rand-qkv": {"model.encoding": ["acc-rand-qkv:a=2"]}}}},
+    )
+    windows = mixing_windows(preset)
+    assert windows["acc-rand-qkv:a=2"] < windows["acc-rand-qkv"]  # wider steps mix faster
+    far = {8: 1.0, 64: 1.0}
+    t = TaskTable(
+        [_job("flipflop", "acc-rand-qkv", 0, 1.0, far).model_copy(update={"encoding": "acc-rand-qkv:a=2"})],
+        "flipflop",
+        L0,
+        0.05,
+        0.9,
+    )
+    assert t.trained_windows(windows)["acc-rand-qkv"] == windows["acc-rand-qkv:a=2"]
+    assert t.trained_as("acc-rand-qkv") == " (trained as acc-rand-qkv:a=2)"

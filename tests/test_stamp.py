@@ -1,5 +1,6 @@
 """The run stamp: what decides a run's numbers (versions, commit, device, dtype, threads, command)."""
 
+import re
 import shlex
 import subprocess
 import sys
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from posenc.store.stamp import bf16_units, git_commit, run_stamp, stamp_line
+from posenc.store.stamp import bf16_units, git_commit, run_stamp, stamp_line, utc_now, wall_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,3 +59,33 @@ def test_bf16_units_are_read_from_the_cpu_flags(tmp_path, monkeypatch):
     info.write_text("flags\t\t: fpu avx2 avx512f avx512_vnni\n")  # AVX512 without BF16: bf16 would be emulated
     assert bf16_units(info) == []
     assert bf16_units(tmp_path / "absent") == []
+
+
+def test_wall_line_sums_the_finished_invocations_and_says_what_it_leaves_out():
+    calls = [
+        {"commit": "a"},  # before the fields
+        {"started": "2026-12-06T00:00:00Z", "finished": "2026-12-06T01:30:00Z"},
+        {"started": "2026-12-06T02:00:00Z"},  # interrupted
+        {"started": "2026-12-06T03:00:00Z", "finished": "2026-12-06T03:10:30Z"},
+    ]
+    assert wall_line(calls) == (
+        "100 min over 2 invocations (2026-12-06T00:00:00Z to 2026-12-06T03:10:30Z); 1 interrupted (not counted); "
+        "1 recorded before the invocation times (not counted)"
+    )
+    assert wall_line(calls[1:2]) == "90 min over 1 invocation (2026-12-06T00:00:00Z to 2026-12-06T01:30:00Z)"
+    assert wall_line([]) == "no invocation recorded"
+
+
+def test_finish_run_closes_this_invocation_only(tmp_path):
+    from posenc.config.plan import load_preset
+    from posenc.runs.jobs import finish_run, record_run
+    from posenc.store.checkpoint import read_jsonl
+
+    preset = load_preset("quick")
+    first = record_run(tmp_path, preset)
+    finish_run(tmp_path, first)
+    second = record_run(tmp_path, preset)  # a resumed run, killed before its end
+    calls = read_jsonl(tmp_path / "invocations.jsonl")
+    assert [set(c) - set(first) for c in calls] == [{"finished"}, set()] and calls[1] == second
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", calls[0]["finished"]) and utc_now() >= calls[0]["finished"]
+    assert wall_line(calls).endswith("; 1 interrupted (not counted)")

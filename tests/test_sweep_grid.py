@@ -133,6 +133,10 @@ def test_grid_points_per_scheme_and_at_point(tmp_path):
             "not a variant of 'rope'",
         ),
         ({"grid": {"train.lr": LR}, "schemes": {"rope": {"model.encoding": ["rope:theta=-1"]}}}, "theta"),
+        (  # a scheme the run leaves out (--schemes) still has its variants checked
+            {"grid": {"train.lr": LR}, "schemes": {"forget": {"model.encoding": ["forget", "alibi"]}}},
+            "gives 'alibi', not a variant of 'forget'",
+        ),
     ],
 )
 def test_a_bad_grid_is_refused_before_any_work(tmp_path, sweep, message):
@@ -199,6 +203,14 @@ def test_a_variant_axis_trains_the_variant_and_records_under_the_scheme(tmp_path
 # ---------------------------------------------------------------- end to end
 
 
+def _table_after(text: str, heading: str) -> list[str]:
+    """The lines of the first markdown table after ``heading``."""
+    lines = text.split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
 def _id_acc(root, scheme, seed):
     (r,) = [r for r in load(root / "results.jsonl") if isinstance(r, Task) and (r.scheme, r.seed) == (scheme, seed)]
     return Scores(r.cells).acc("id", 16)[0]
@@ -260,10 +272,14 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path,
     for s in preset.schemes:
         setting = point_label(expected[s]) if expected[s] else "none chosen: did not learn at any grid point"
         assert f"| flipflop | {s} | {setting} |" in text
-    assert (
-        "| scheme | train.lr=0.003 | train.lr=0.01 | train.lr=0.003,train.steps=2 | train.lr=0.003,train.steps=4 | "
-        "train.lr=0.01,train.steps=2 | train.lr=0.01,train.steps=4 |"
-    ) in text
+    # the columns are the shared grid, a row each scheme at one value of its own keys
+    table = _table_after(text, "### Sensitivity on flipflop")
+    assert table[0] == "| scheme | train.lr=0.003 | train.lr=0.01 |"
+    assert [row.split(" | ")[0] for row in table[2:]] == ["| rope", "| nope (train.steps=2)", "| nope (train.steps=4)"]
+    assert sum(row.count("**") for row in table) == 2 * len(chosen)  # each chosen point in bold
+    calls = read_jsonl(root / "invocations.jsonl")
+    assert len(calls) == 1 and calls[0]["started"] <= calls[0]["finished"]
+    assert re.search(r"- wall time: \d+ min over 1 invocation \(", text)
     rows = (root / "sweep.csv").read_text().splitlines()
     assert rows[0] == "task,scheme,setting,result,steps_to_criterion,chosen" and len(rows) == 1 + 2 + 4
     assert sum(line.endswith(",1") for line in rows[1:]) == len(chosen) and (root / "sweep.png").exists()
@@ -273,7 +289,12 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path,
     n_jobs = 2 + 4 + len(chosen)  # every grid point on seed 0, then seed 1 at each chosen point
     assert f"posenc: all {n_jobs} jobs already done" in capsys.readouterr().err
     assert {p: len(read_jsonl(p / "results.jsonl")) for p in root.glob("sweep/*")} == n
-    assert report.read_text() == text
+    again = report.read_text()
+    assert re.search(r"- wall time: \d+ min over 2 invocations \(", again)  # the rerun counts too
+    assert (
+        again.splitlines()[:5] == text.splitlines()[:5]
+        and again.split("wall time")[1].split("\n", 1)[1] == (text.split("wall time")[1].split("\n", 1)[1])
+    )  # the rest of the report unchanged
 
 
 @pytest.mark.slow
@@ -418,4 +439,8 @@ def test_a_variant_sweep_end_to_end_records_the_chosen_variant_under_the_scheme(
         assert read_json(job / "config.json")["model"]["encoding"] == v
     assert {(r.scheme, r.seed) for r in load(root / "results.jsonl")} == {("forget", 0)}
     text = report.read_text()
-    assert "| model.encoding=forget | model.encoding=forget:init_bias=4 |" in text
+    assert "| scheme | its own grid |" in text  # a variant is a row, never a column
+    assert re.search(r"\| forget \| \*?\*?\d", text) and re.search(r"\| forget:init_bias=4 \| \*?\*?\d", text)
+    chosen = next(r for r in load(root / "results.jsonl") if isinstance(r, Task))
+    shown = [line for line in (root / "sweep.csv").read_text().splitlines() if line.endswith(",1")]
+    assert [line.split(",")[2] for line in shown] == [f"model.encoding={chosen.encoding}"]  # the record says which

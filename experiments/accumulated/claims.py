@@ -308,6 +308,7 @@ def claim_r1(t: TaskTable, flat: dict[str, list[float]]) -> Claim | None:
     # the ratio as the text run's table shows it (mean ± half-range over seeds), not one seed's
     numbers = "; ".join(
         f"{s} (ratio {seed_cell(flat[s], '.3f')} at the longest length): horizon {horizon_cell(t.horizons(s))}"
+        + t.trained_as(s)
         for s in schemes
     )
     return Claim("R1", text, verdict, numbers)

@@ -38,6 +38,14 @@ def test_claim_r1_verdicts():
     assert undecided.verdict == UNDECIDED
     assert undecided.evidence == "alibi did not learn on seed 0 (id 60.0% < 90%: no loss curve in the records)"
     assert claim_r1(task_table("flipflop", {"rope": {0: near}}), flat) is None  # no flat scheme was run
+    variant = [
+        r.model_copy(update={"encoding": "forget:init_bias=4"}) if r.scheme == "forget" else r
+        for r in task_records("flipflop", {"alibi": {0: near}, "forget": {0: far}})
+    ]
+    said = claim_r1(TaskTable(variant, "flipflop", 128, 0.05, 0.9), flat)
+    assert said.verdict == HOLDS and said.evidence.endswith(
+        "forget (ratio 0.990 at the longest length): horizon 256 (trained as forget:init_bias=4)"
+    )  # the text run's forget is the plain scheme: the join says where the task run's differs
 
 
 def test_claim_r2_verdicts():

@@ -254,9 +254,9 @@ def _flag_overrides(preset: Preset, written: dict) -> None:
 
 
 def _check_sweep(preset: Preset) -> None:
-    """PosencError before any work for a per-scheme grid of no valid scheme (one the run leaves out, ``--schemes``,
-    is ignored), a scheme without a grid, or a grid point whose settings are invalid (validation) or that a scheme
-    cannot be built with (its head dim)."""
+    """PosencError before any work for a per-scheme grid of no valid scheme, a scheme without a grid, or a grid point
+    whose settings are invalid (validation) or that a scheme cannot be built with (its head dim, a variant that is
+    not one): a scheme's own grid is checked even when the run leaves the scheme out (``--schemes``)."""
     for s in sorted(set(preset.sweep.schemes) - set(preset.schemes)):
         try:
             dataclasses.replace(preset.model, encoding=s).check_encoding()
@@ -268,7 +268,7 @@ def _check_sweep(preset: Preset) -> None:
             f"preset {preset.name}: scheme {bare[0]!r} has no grid in the sweep: give sweep.grid, or sweep.schemes "
             f"with a value (one is enough) for it"
         )
-    for s in preset.schemes:
+    for s in dict.fromkeys([*preset.schemes, *preset.sweep.schemes]):  # a left-out scheme's variants too
         variants = preset.sweep.schemes.get(s, {}).get(VARIANT_KEY, [])
         if len({encodings.canonical(v) for v in variants}) < len(variants):  # they would train twice, as one
             raise PosencError(
@@ -307,6 +307,17 @@ def grid_points(preset: Preset, scheme: str) -> list[Point]:
         return [()]
     axes = {**preset.sweep.grid, **preset.sweep.schemes.get(scheme, {})}
     return [tuple(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+def mixing_windows(preset: Preset) -> dict[str, float | None]:
+    """{spec: its mixing window w_0.01 in tokens (``ModelConfig.mixing_window``; None: no random step law)} of every
+    scheme and every sweep variant a job of it trains (``job_encoding``), each with its grid point's model."""
+    out = {s: dataclasses.replace(preset.model, encoding=s).mixing_window() for s in preset.schemes}
+    for s in preset.schemes:
+        for point in grid_points(preset, s):
+            spec = job_encoding(point, s)
+            out.setdefault(spec, dataclasses.replace(at_point(preset, point).model, encoding=spec).mixing_window())
+    return out
 
 
 def setting(preset: Preset, key: str):

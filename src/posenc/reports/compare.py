@@ -127,9 +127,9 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
     L0 = meta.get("train_length")
     out = io.StringIO()
     out.write(f"# posenc compare: {meta.get('name', '')}\n\n")
-    for k in ("corpus", "tokenizer", "model", "budget", "seeds", "eval", "run", "notes"):
+    for k in ("corpus", "tokenizer", "model", "budget", "seeds", "eval", "run", "wall", "notes"):
         if meta.get(k) is not None:
-            out.write(f"- **{k}**: {meta[k]}\n")
+            out.write(f"- **{'wall time' if k == 'wall' else k}**: {meta[k]}\n")
     if meta.get("sweep"):  # posenc.runs.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
         out.write("\n" + "\n".join(meta["sweep"]))
     pk = passkey_grid(extras)

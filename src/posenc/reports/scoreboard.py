@@ -80,9 +80,8 @@ def load_task_run(path: Path, label: str) -> TaskRun:
             preset = None
         if preset is not None:
             ev, n_head, source = preset.task_eval, preset.model.n_head, "preset.json"
-            windows = {
-                s: dataclasses.replace(preset.model, encoding=s).mixing_window() for s in {r.scheme for r in records}
-            }
+            specs = {r.scheme for r in records} | {r.encoding for r in records if r.encoding}
+            windows = {s: dataclasses.replace(preset.model, encoding=s).mixing_window() for s in specs}
     return TaskRun(path, label, records, ev.horizon_tol, ev.learned, n_head, windows, source)
 
 
@@ -100,11 +99,12 @@ def _key(scheme: str):
 
 def horizon_cell(t: TaskTable, scheme: str) -> str:
     """A scheme's horizon over seeds (mean ± half-range; a seed whose first bucket already falls short counts 0), or
-    "did not learn" (with "k of n seeds learned" when some did)."""
+    "did not learn" (with "k of n seeds learned" when some did); then "(trained as <variant>)" when its jobs trained
+    a sweep variant of it (``TaskTable.trained_as``), so a row joining runs says where its setting differs."""
     if not t.learned(scheme):
         k, n = t.seeds_learned(scheme)
-        return "did not learn" + (f" ({k} of {n} seeds learned)" if k else "")
-    return seed_cell([0 if h is None else h for h in t.horizons(scheme)], ".0f")
+        return "did not learn" + (f" ({k} of {n} seeds learned)" if k else "") + t.trained_as(scheme)
+    return seed_cell([0 if h is None else h for h in t.horizons(scheme)], ".0f") + t.trained_as(scheme)
 
 
 def criterion_cell(t: TaskTable, scheme: str) -> str:
@@ -197,7 +197,10 @@ def task_claims_markdown(text, task_runs: list[TaskRun]) -> str:
     rows = []
     for run in task_runs:
         for task in run.tasks():
-            for c in task_claims(run.table(task), {"mixing_windows": run.mixing_windows}, text.records if text else []):
+            t = run.table(task)
+            for c in task_claims(
+                t, {"mixing_windows": t.trained_windows(run.mixing_windows)}, text.records if text else []
+            ):
                 rows.append([run.label, f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence])
     if not rows:
         return ""

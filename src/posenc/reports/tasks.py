@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from posenc import encodings
 from posenc.data.tasks import get_task
 from posenc.eval.tasks import standard_error
 from posenc.reports import claims
@@ -95,6 +96,23 @@ class TaskTable:
         self.criterion = {
             (name[r.scheme], r.seed): (r.criterion, r.criterion_step, r.trained_steps) for r in mine if r.criterion
         }
+        self.variants: dict[str, list[str]] = {}  # {scheme: the sweep variants its jobs trained, when not itself}
+        for r in mine:
+            if r.encoding and encodings.canonical(r.encoding) != encodings.canonical(r.scheme):
+                specs = self.variants.setdefault(name[r.scheme], [])
+                if r.encoding not in specs:
+                    specs.append(r.encoding)
+
+    def trained_as(self, scheme: str) -> str:
+        """ " (trained as forget:init_bias=4)" when the scheme's jobs trained a sweep variant of it
+        (``Task.encoding``), else "": a reader joining this run with another must know it is not the plain scheme."""
+        specs = self.variants.get(scheme)
+        return f" (trained as {' / '.join(specs)})" if specs else ""
+
+    def trained_windows(self, windows: dict[str, float | None]) -> dict[str, float | None]:
+        """``windows`` ({spec: mixing window}) with each scheme that trained a sweep variant given its variant's
+        window (where ``windows`` has it): the window of what was trained, not of the plain scheme."""
+        return {**windows, **{s: windows[v[0]] for s, v in self.variants.items() if v[0] in windows}}
 
     def id_acc(self, scheme: str) -> list[float]:
         return [s.acc("id", self.L0)[0] for s in self.scores.get(scheme, {}).values()]
@@ -418,6 +436,7 @@ def write_csv(path: Path, records: list[Task]) -> None:
         "train_length",
         "trained_steps",
         "criterion_step",
+        "encoding",
     ]
     write_csv_table(
         path,
@@ -437,6 +456,7 @@ def write_csv(path: Path, records: list[Task]) -> None:
                 r.train_length,
                 r.trained_steps,
                 r.criterion_step,
+                r.encoding,
             ]
             for r in records
             for c in r.cells
@@ -477,6 +497,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
         f"learned: id accuracy >= {100 * ev['learned']:.0f}%; "
         f"horizon: accuracy within {100 * ev['horizon_tol']:.0f} points of id",
         f"- run: {stamp_line(st)} (each invocation: `invocations.jsonl`; each job's threads: its record)",
+        *([f"- wall time: {meta['wall']}"] if meta.get("wall") else []),
         f"- noise: a comparison is over seeds ({len(meta['seeds'])}) "
         "plus two binomial standard errors of the test sets; "
         + (
@@ -496,7 +517,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
     tasks = {**meta["tasks"], **{r.task: get_task(r.task).describe() for r in records if r.task not in meta["tasks"]}}
     for task, desc in tasks.items():
         t = TaskTable(records, task, L0, ev["horizon_tol"], ev["learned"], meta.get("n_head"))
-        schemes = [s for s in t.scores]
+        schemes, w = [s for s in t.scores], t.trained_windows(windows)
         lines += [f"## {task}", "", f"{desc}", ""]
         if not schemes:
             lines += ["No results yet.", ""]
@@ -505,7 +526,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
         lines += [
             "### Accuracy (%) by evidence distance (controlled-gap test) and retrieval horizon",
             "",
-            distance_markdown(t, schemes, windows),
+            distance_markdown(t, schemes, w),
             "",
         ]
         if t.criterion:
@@ -527,9 +548,9 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
             if ref.get("note"):
                 lines += [ref["note"], ""]
         chance = get_task(task).chance
-        plot_distance(run_dir / f"distance-{slug(task)}.png", t, schemes, windows, chance)
+        plot_distance(run_dir / f"distance-{slug(task)}.png", t, schemes, w, chance)
         plot_length(run_dir / f"length-{slug(task)}.png", t, schemes, chance)
-        checked += claims.task_claims(t, meta, text_records)
+        checked += claims.task_claims(t, {**meta, "mixing_windows": w}, text_records)
     if checked:
         lines += [
             "## Claims",

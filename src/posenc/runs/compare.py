@@ -35,6 +35,7 @@ from posenc.config.plan import (
     grid_points,
     job_configs,
     job_encoding,
+    mixing_windows,
     model_line,
     point_label,
     point_root,
@@ -57,6 +58,7 @@ from posenc.runs.jobs import (
     check_same_settings,
     done_cells,
     executor,
+    finish_run,
     one_line,
     record_run,
     run_inline,
@@ -69,7 +71,7 @@ from posenc.runs.sweep import choices, merge_chosen, sweep_markdown, write_sensi
 from posenc.scoring import eval_lengths, window_starts
 from posenc.store.checkpoint import read_json
 from posenc.store.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, load
-from posenc.store.stamp import run_stamp, stamp_line
+from posenc.store.stamp import run_stamp, stamp_line, wall_line
 from posenc.train.loop import (
     check_positions,
     check_trained_as,
@@ -368,6 +370,7 @@ def compare(
     held-out in-distribution result (``posenc.runs.sweep``), and the other seeds run at the chosen point; the report
     (``out_root/name/``: the chosen runs' records in ``results.jsonl``, rewritten each time) names the choices and
     shows the sensitivity table and plot. Without one, every seed runs at the preset's settings in ``out_root/name``.
+    Each invocation's stamp in ``invocations.jsonl`` gets its start and end (UTC); the report's header sums them.
 
     ``isolate``: one spawned process per job, so that even a crash or an out-of-memory kill only fails that job;
     False runs the jobs in this process (faster start, easier to debug; a crash ends the sweep).
@@ -423,13 +426,11 @@ def compare(
         if p:
             check_same_settings(point_root(run_root, p), at_point(preset, p))
     ex = executor(launcher, run_root / "submitit", cluster, f"posenc-{preset.name}") if launcher != "pool" else None
-    record_run(run_root, preset)
+    opened = [(run_root, record_run(run_root, preset))]  # each directory's invocation line, closed at the end
     for p in points:
         if p:
-            record_run(
-                point_root(run_root, p),
-                at_point(preset, p).model_copy(update={"schemes": [s for s in preset.schemes if p in grids[s]]}),
-            )
+            at = at_point(preset, p).model_copy(update={"schemes": [s for s in preset.schemes if p in grids[s]]})
+            opened.append((point_root(run_root, p), record_run(point_root(run_root, p), at)))
         drop_torn_tail(point_root(run_root, p) / "results.jsonl")
     failures: dict[str, str] = {}
     units = [None] if not tasks else tasks
@@ -500,6 +501,8 @@ def compare(
         )
         failures.update(run_schedules(*args))
         failures.update(run_methods(*args))
+    calls = [finish_run(root, stamp) for root, stamp in opened]  # every directory's line closed
+    wall = wall_line(calls[0])  # the comparison's own invocations: its total wall time
     sweep_lines = []
     if swept:
         merge_chosen(run_root, chosen, preset.schemes)
@@ -507,8 +510,10 @@ def compare(
             chosen, first, write_sensitivity(run_root, chosen, first, preset.task_eval.learned)
         )
     if tasks:
-        return write_task_report(run_root, {**task_meta(preset), "sweep": sweep_lines}, failures), failures
-    return write_report(run_root, {**_meta(preset, data), "sweep": sweep_lines}, failures), failures
+        return write_task_report(
+            run_root, {**task_meta(preset), "sweep": sweep_lines, "wall": wall}, failures
+        ), failures
+    return write_report(run_root, {**_meta(preset, data), "sweep": sweep_lines, "wall": wall}, failures), failures
 
 
 def _all_done(run_root: Path, n_jobs: int) -> None:
@@ -538,7 +543,7 @@ def _meta(preset: Preset, data) -> dict:
             f"{-(-preset.eval.max_tokens // _span(preset))} held-out works"
         ),
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
-        "mixing_windows": {s: dataclasses.replace(mcfg, encoding=s).mixing_window() for s in preset.schemes},
+        "mixing_windows": mixing_windows(preset),
         "notes": preset.description or None,
         "run": stamp_line(run_stamp(machine_precision(preset.train))),
     }

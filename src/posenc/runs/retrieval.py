@@ -13,7 +13,17 @@ import dataclasses
 import time
 from pathlib import Path
 
-from posenc.config.plan import Point, Preset, job_configs, model_line, point_root, positions_note, setting, task_specs
+from posenc.config.plan import (
+    Point,
+    Preset,
+    job_configs,
+    mixing_windows,
+    model_line,
+    point_root,
+    positions_note,
+    setting,
+    task_specs,
+)
 from posenc.data.corpora import load_tokens
 from posenc.data.tasks import get_task
 from posenc.eval.tasks import evaluate_task, gate_leak
@@ -81,6 +91,7 @@ def run_task_job(
             n_head=mcfg.n_head,
             loss_curve=[(r["step"], r["loss"]) for r in read_jsonl(run_dir / "train.jsonl")],
             leak=gate_leak(model, data.task, mcfg.train_length),
+            encoding=mcfg.encoding,
         )
         append(root / "results.jsonl", record)
         tracker.log(task_metrics(record.cells, mcfg.train_length), summary["steps"])
@@ -102,7 +113,7 @@ def task_meta(preset: Preset) -> dict:
         + (f"; until {t.until.describe()} (steps is the cap)" if t.until else ""),
         "seeds": preset.seeds,
         "eval": preset.task_eval.model_dump(),
-        "mixing_windows": {s: dataclasses.replace(m, encoding=s).mixing_window() for s in preset.schemes},
+        "mixing_windows": mixing_windows(preset),
         "text_results": preset.text_results,
         "reference": preset.reference,
         "notes": preset.description or None,

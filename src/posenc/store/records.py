@@ -144,6 +144,9 @@ class Task(Record):
     # mean -log f per token (nats) of each head of each forget-gate layer over the controlled-gap probe's gap
     # (posenc.eval.tasks.gate_leak), (gated layers, heads); None: no forget gate, or records before the field
     leak: list[list[float]] | None = None
+    # the spec the job trained: its scheme, or a sweep variant of it (``posenc.config.plan.job_encoding``, e.g.
+    # forget:init_bias=4); None: records before the field, which trained the scheme
+    encoding: str | None = None
 
 
 class ScoredWindow(Record):
@@ -380,8 +383,8 @@ def _task_train_length(cells: list[TaskCell], where: str) -> int:
 def load_task_csv(path: Path) -> list[Task]:
     """The task records of a task comparison's ``retrieval.csv`` (``posenc.reports.tasks.write_csv``): one per
     (task, scheme, seed), its cells (nll = nll_mean x answers, rounded as the CSV is), train_length, trained_steps
-    and criterion_step from their columns (a CSV written before them: train_length from the id cells, the others
-    None); times NaN and threads 0 (the CSV keeps none). Raises PosencError naming the file for another table."""
+    criterion_step and encoding from their columns (a CSV written before them: train_length from the id cells, the
+    others None); times NaN and threads 0 (the CSV keeps none). Raises PosencError naming the file for another table."""
     groups: dict[tuple[str, str, int], list[dict]] = {}
     rows = csv.DictReader(io.StringIO(Path(path).read_text(encoding="utf-8")))
     try:
@@ -404,6 +407,7 @@ def load_task_csv(path: Path) -> list[Task]:
                 k: int(job[0][k]) if job[0].get(k) else None
                 for k in ("train_length", "trained_steps", "criterion_step")
             }
+            extra["encoding"] = job[0].get("encoding") or None
             L0 = extra.pop("train_length") or _task_train_length(cells, f"{path} ({task}, {scheme}, seed {seed})")
             out.append(
                 Task(

@@ -8,6 +8,7 @@ the report header carry ``run_stamp()``.
 
 from __future__ import annotations
 
+import datetime
 import importlib.metadata
 import platform
 import shlex
@@ -115,3 +116,34 @@ def stamp_line(stamp: dict) -> str:
         f"{stamp['device']}, {stamp.get('dtype', 'dtype n/a')}, {stamp['threads']} threads, "
         f"python {stamp['python']} on {stamp['platform']}; command: `{stamp['command']}`"
     )
+
+
+def utc_now() -> str:
+    """The time now, UTC, to the second, as invocations.jsonl records it: ``2026-12-06T03:20:00Z``."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _seconds(start: str, end: str) -> float:
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    return (datetime.datetime.strptime(end, fmt) - datetime.datetime.strptime(start, fmt)).total_seconds()
+
+
+def wall_line(invocations: list[dict]) -> str:
+    """A run's total wall time from its invocations' stamps (``started`` and ``finished``, UTC, each compare
+    invocation's line of invocations.jsonl): "97 min over 1 invocation (2026-12-06T00:00:00Z to ...)", with the
+    invocations that were interrupted (no ``finished``) or recorded before the fields said apart, never counted."""
+    timed = [s for s in invocations if s.get("started") and s.get("finished")]
+    cut = sum(1 for s in invocations if s.get("started") and not s.get("finished"))
+    old = sum(1 for s in invocations if not s.get("started"))
+    parts = []
+    if timed:
+        total = sum(_seconds(s["started"], s["finished"]) for s in timed)
+        parts.append(
+            f"{total / 60:.0f} min over {len(timed)} invocation{'s' * (len(timed) > 1)} "
+            f"({timed[0]['started']} to {timed[-1]['finished']})"
+        )
+    if cut:
+        parts.append(f"{cut} interrupted (not counted)")
+    if old:
+        parts.append(f"{old} recorded before the invocation times (not counted)")
+    return "; ".join(parts) or "no invocation recorded"
