@@ -2,6 +2,7 @@
 float64), causality, parameter errors, and tiny models that train."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -97,6 +98,58 @@ def test_fire_tiles_without_grad_take_the_piecewise_form_and_equal_the_mlp(dtype
     assert called == [dtype] and fast.dtype == dtype
     mlp = tile(0, T, 0, T).detach()  # grad enabled: the MLP
     torch.testing.assert_close(fast, mlp, rtol=0, atol=1e-12 if dtype == torch.float64 else 2e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fire_long_forwards_take_the_compiled_kernel_equal_to_the_eager_form(dtype, monkeypatch):
+    """From COMPILE_FROM positions an evaluation tile is ``piecewise_bias`` compiled (one kernel): the eager
+    function's values to rounding, and the explicit loop's."""
+    enc = _random(encodings.get("fire", DIMS)).to(dtype)
+    compiled = fire_module.compiled_piecewise_bias()
+    calls = []
+    monkeypatch.setattr(fire_module, "compiled_piecewise_bias", lambda: lambda *a: calls.append(1) or compiled(*a))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="FIRE tiles run eager")  # a fallback would not test the kernel
+        eager = enc.bias(_inputs())(0, T, 0, T)  # T < COMPILE_FROM: eager
+        assert not calls
+        monkeypatch.setattr(fire_module, "COMPILE_FROM", T)
+        fast = enc.bias(_inputs())(2, T, 1, T)  # a tile off the origin
+    assert calls == [1] and fast.dtype == dtype and fast.is_contiguous()
+    tol = 1e-12 if dtype == torch.float64 else 2e-6  # inductor's vectorised log1p may round otherwise than ATen's
+    torch.testing.assert_close(fast, eager[..., 2:, 1:], rtol=0, atol=tol)
+    torch.testing.assert_close(
+        fast[..., CAUSAL[2:, 1:]],
+        fire_bias_naive(enc, POS)[..., 2:, 1:][..., CAUSAL[2:, 1:]].to(dtype),
+        rtol=0,
+        atol=tol,
+    )
+
+
+def test_fire_tiles_fall_back_to_eager_where_torch_compile_fails(monkeypatch):
+    """A machine inductor cannot compile on (no C++ compiler) gets the eager function's tiles and one warning."""
+
+    def no_compiler(fn, **kwargs):
+        def call(*args):
+            raise torch._dynamo.exc.BackendCompilerFailed(fn, RuntimeError("no C++ compiler"), None)
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    fire_module.compiled_piecewise_bias.cache_clear()
+    try:
+        run = fire_module.compiled_piecewise_bias()
+        p = torch.tensor(POS, dtype=torch.float64)
+        enc = _random(encodings.get("fire", DIMS))
+        args = (p[:, None], p[None, :], *enc.coefficients(), *enc.mlp.piecewise(torch.float64))
+        with pytest.warns(UserWarning, match=r"FIRE tiles run eager: torch.compile failed \(.*no C\+\+ compiler"):
+            first = run(*args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            again = run(*args)  # the eager function from then on, said once
+        assert torch.equal(first, fire_module.piecewise_bias(*args)) and torch.equal(again, first)
+    finally:
+        fire_module.compiled_piecewise_bias.cache_clear()  # the next caller compiles for real
 
 
 @pytest.mark.parametrize("act", ["relu", "leaky_relu"])

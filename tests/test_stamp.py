@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from posenc.store.stamp import bf16_units, git_commit, run_stamp, stamp_line, utc_now, wall_line
@@ -64,19 +65,23 @@ def test_bf16_units_are_read_from_the_cpu_flags(tmp_path, monkeypatch):
 def test_wall_line_sums_the_finished_invocations_and_says_what_it_leaves_out():
     calls = [
         {"commit": "a"},  # before the fields
-        {"started": "2026-12-06T00:00:00Z", "finished": "2026-12-06T01:30:00Z"},
-        {"started": "2026-12-06T02:00:00Z"},  # interrupted
-        {"started": "2026-12-06T03:00:00Z", "finished": "2026-12-06T03:10:30Z"},
+        {"invocation": "1", "started": "2026-12-06T00:00:00Z"},
+        {"invocation": "1", "finished": "2026-12-06T01:30:00Z"},
+        {"invocation": "2", "started": "2026-12-06T02:00:00Z"},  # interrupted
+        {"invocation": "3", "started": "2026-12-06T03:00:00Z"},
+        {"invocation": "3", "finished": "2026-12-06T03:10:30Z"},
     ]
     assert wall_line(calls) == (
-        "100 min over 2 invocations (2026-12-06T00:00:00Z to 2026-12-06T03:10:30Z); 1 interrupted (not counted); "
-        "1 recorded before the invocation times (not counted)"
+        "at least 100 min over 2 invocations (2026-12-06T00:00:00Z to 2026-12-06T03:10:30Z); 1 interrupted (not "
+        "counted); 1 recorded before the invocation times (not counted)"
     )
-    assert wall_line(calls[1:2]) == "90 min over 1 invocation (2026-12-06T00:00:00Z to 2026-12-06T01:30:00Z)"
+    assert wall_line(calls[1:3]) == "90 min over 1 invocation (2026-12-06T00:00:00Z to 2026-12-06T01:30:00Z)"
     assert wall_line([]) == "no invocation recorded"
+    with pytest.raises(ValueError):
+        wall_line([{"invocation": "1", "started": "06/12/2026"}, {"invocation": "1", "finished": "07/12/2026"}])
 
 
-def test_finish_run_closes_this_invocation_only(tmp_path):
+def test_finish_run_appends_this_invocations_end_only(tmp_path):
     from posenc.config.plan import load_preset
     from posenc.runs.jobs import finish_run, record_run
     from posenc.store.checkpoint import read_jsonl
@@ -86,6 +91,7 @@ def test_finish_run_closes_this_invocation_only(tmp_path):
     finish_run(tmp_path, first)
     second = record_run(tmp_path, preset)  # a resumed run, killed before its end
     calls = read_jsonl(tmp_path / "invocations.jsonl")
-    assert [set(c) - set(first) for c in calls] == [{"finished"}, set()] and calls[1] == second
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", calls[0]["finished"]) and utc_now() >= calls[0]["finished"]
-    assert wall_line(calls).endswith("; 1 interrupted (not counted)")
+    assert calls[0] == first and calls[2] == second and first["invocation"] != second["invocation"]
+    assert set(calls[1]) == {"invocation", "finished"} and calls[1]["invocation"] == first["invocation"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", calls[1]["finished"]) and utc_now() >= calls[1]["finished"]
+    assert wall_line(calls).endswith("; 1 interrupted (not counted)") and wall_line(calls).startswith("at least ")

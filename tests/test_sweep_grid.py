@@ -17,6 +17,7 @@ from posenc.config.plan import (
     job_configs,
     job_encoding,
     load_preset,
+    mixing_windows,
     point_label,
     point_root,
     setting,
@@ -25,7 +26,7 @@ from posenc.errors import PosencError
 from posenc.reports.tasks import Scores
 from posenc.runs.compare import compare
 from posenc.runs.retrieval import task_meta
-from posenc.runs.sweep import Choice, choose
+from posenc.runs.sweep import Choice, choose, sweep_markdown
 from posenc.store.checkpoint import read_json, read_jsonl
 from posenc.store.records import Ppl, Task, load
 
@@ -200,6 +201,50 @@ def test_a_variant_axis_trains_the_variant_and_records_under_the_scheme(tmp_path
     assert job_encoding((("train.lr", 1e-3),), "alibi") == "alibi"
 
 
+def test_the_sensitivity_table_has_a_column_per_shared_setting_and_a_row_per_own_value():
+    def choice(scheme, own):
+        points = [(("train.lr", a), *o) for a in LR for o in own]
+        results = {point_label(p): 0.5 + 0.1 * k for k, p in enumerate(points)}
+        return Choice("flipflop", scheme, points, results, dict.fromkeys(results), 0.4)
+
+    chosen = [
+        choice("rope", [()]),
+        choice("path", [(("model.n_head", 4),), (("model.n_head", 2),)]),
+        choice(
+            "hybrid", [(("model.encoding", "hybrid"),), (("model.encoding", "acc-learned-qkv+forget:init_bias=4"),)]
+        ),
+        choice("forget", [(("model.encoding", "forget:init_bias=4"),)]),
+    ]
+    table = _table_after("\n".join(sweep_markdown(chosen, 0, None)), "### Sensitivity on flipflop")
+    assert table[0] == "| scheme | train.lr=0.003 | train.lr=0.01 |"
+    assert table[2:] == [
+        "| rope | 50.0 | **60.0** |",
+        "| path (model.n_head=4) | 50.0 | 70.0 |",
+        "| path (model.n_head=2) | 60.0 | **80.0** |",
+        "| hybrid | 50.0 | 70.0 |",
+        "| hybrid as acc-learned-qkv+forget:init_bias=4 | 60.0 | **80.0** |",
+        "| forget:init_bias=4 | 50.0 | **60.0** |",
+    ]
+
+
+def test_a_text_report_gives_each_scheme_the_mixing_window_of_the_variant_it_trained():
+    from types import SimpleNamespace
+
+    from posenc.runs.compare import _meta
+
+    preset = load_preset(
+        "default",
+        {
+            "schemes": ["rope", "acc-rand-qkv"],
+            "sweep": {"grid": {"train.lr": LR}, "schemes": {"acc-rand-qkv": {"model.encoding": ["acc-rand-qkv:a=2"]}}},
+        },
+    )
+    data = SimpleNamespace(vocab_size=256, train=[0] * 10, val_docs=[("hamlet", None)])
+    windows = _meta(preset, data, {"acc-rand-qkv": "acc-rand-qkv:a=2"})["mixing_windows"]
+    assert windows == {"rope": None, "acc-rand-qkv": mixing_windows(preset)["acc-rand-qkv:a=2"]}  # schemes only
+    assert _meta(preset, data)["mixing_windows"]["acc-rand-qkv"] == mixing_windows(preset)["acc-rand-qkv"]
+
+
 # ---------------------------------------------------------------- end to end
 
 
@@ -277,8 +322,10 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path,
     assert table[0] == "| scheme | train.lr=0.003 | train.lr=0.01 |"
     assert [row.split(" | ")[0] for row in table[2:]] == ["| rope", "| nope (train.steps=2)", "| nope (train.steps=4)"]
     assert sum(row.count("**") for row in table) == 2 * len(chosen)  # each chosen point in bold
-    calls = read_jsonl(root / "invocations.jsonl")
-    assert len(calls) == 1 and calls[0]["started"] <= calls[0]["finished"]
+    start, end = read_jsonl(root / "invocations.jsonl")  # the stamp, then its end
+    assert start["invocation"] == end["invocation"] and start["started"] <= end["finished"]
+    for point in root.glob("sweep/*"):  # each grid point's directory records the invocation too, closed
+        assert [set(c) >= {"invocation"} for c in read_jsonl(point / "invocations.jsonl")] == [True, True]
     assert re.search(r"- wall time: \d+ min over 1 invocation \(", text)
     rows = (root / "sweep.csv").read_text().splitlines()
     assert rows[0] == "task,scheme,setting,result,steps_to_criterion,chosen" and len(rows) == 1 + 2 + 4

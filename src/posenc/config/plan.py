@@ -311,7 +311,9 @@ def grid_points(preset: Preset, scheme: str) -> list[Point]:
 
 def mixing_windows(preset: Preset) -> dict[str, float | None]:
     """{spec: its mixing window w_0.01 in tokens (``ModelConfig.mixing_window``; None: no random step law)} of every
-    scheme and every sweep variant a job of it trains (``job_encoding``), each with its grid point's model."""
+    scheme (with the preset's model) and every sweep variant a job of it trains (``job_encoding``; with the model of
+    the first grid point that trains it: the window depends on the spec, not on the swept shape or budget). Raises
+    PosencError for a grid point whose settings are invalid (``at_point``)."""
     out = {s: dataclasses.replace(preset.model, encoding=s).mixing_window() for s in preset.schemes}
     for s in preset.schemes:
         for point in grid_points(preset, s):

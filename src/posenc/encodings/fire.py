@@ -18,14 +18,21 @@ Without grad (evaluation) a tile takes the MLP's piecewise-linear form instead
 (``PointMLP.piecewise``: a ReLU MLP of one input is linear between its knots), one
 lookup and one multiply-add per score and head in place of the hidden layer (a tile of
 512 x 4,096 scores: 0.41 s -> 0.06 s on one thread); the MLP path is its reference.
+From ``COMPILE_FROM`` positions on, that form runs as one kernel by ``torch.compile``
+(``piecewise_bias``; dynamic shapes, compiled once per process, about 5 s): eager PyTorch
+writes each of its steps (input, segment, slope, intercept) as a tile of its own, the kernel
+writes the bias once (a tile of 512 x 16,384 scores and 4 heads: 0.45 s -> 0.15 s on one
+thread; a 16K-token prefill of the default model: benchmarks/bias_prefill.py). The eager
+function is its reference (equal to rounding).
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
+from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
@@ -35,6 +42,9 @@ from posenc.errors import PosencError
 
 FIRE_EPS = 1e-6  # the reference's guard on the normaliser psi(max(L, i)), 0 at i = 0 with L -> 0
 KEY_CHUNK = 512  # keys per MLP call: the hidden layer is (queries x KEY_CHUNK x width)
+# positions from which an evaluation forward's tiles take the compiled kernel: below, its one-off compile (about 5 s)
+# costs more than it saves (a 4K prefill of the default model takes 1.8 s in all)
+COMPILE_FROM = 8192
 
 
 def fire_input(i: torch.Tensor, j: torch.Tensor, c: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
@@ -43,6 +53,37 @@ def fire_input(i: torch.Tensor, j: torch.Tensor, c: torch.Tensor, L: torch.Tenso
     i: (tq, 1), j: (1, tk) positions, c, L: scalars, all one float dtype -> (tq, tk).
     """
     return torch.log1p(c * (i - j).clamp(min=0)) / (torch.log1p(c * torch.maximum(i, L)) + FIRE_EPS)
+
+
+def piecewise_bias(
+    i: torch.Tensor, j: torch.Tensor, c: torch.Tensor, L: torch.Tensor, knots: torch.Tensor, table: torch.Tensor
+) -> torch.Tensor:
+    """The FIRE bias by the MLP's piecewise form (``PointMLP.piecewise``) at ``fire_input(i, j, c, L)``.
+
+    i: (tq, 1), j: (1, tk) positions, c, L: scalars, knots (K,), table (K + 1, 2H), all one float dtype ->
+    (1, H, tq, tk), contiguous. ``compiled_piecewise_bias`` is this function as one kernel."""
+    x = fire_input(i, j, c, L)
+    s = torch.bucketize(x, knots)
+    H = table.shape[1] // 2
+    return torch.stack([table[:, h][s] * x + table[:, H + h][s] for h in range(H)])[None]
+
+
+@functools.cache
+def compiled_piecewise_bias() -> Callable[..., torch.Tensor]:
+    """``piecewise_bias`` compiled (inductor, dynamic shapes: one compile serves every tile size); where this machine
+    cannot compile it (inductor needs a C++ compiler on CPU), the eager function from then on, with a warning."""
+    kernel: list[Callable[..., torch.Tensor]] = [torch.compile(piecewise_bias, dynamic=True)]
+
+    def run(*args: torch.Tensor) -> torch.Tensor:
+        try:
+            return kernel[0](*args)
+        except torch._dynamo.exc.BackendCompilerFailed as exc:
+            why = exc.inner_exception
+            warnings.warn(f"FIRE tiles run eager: torch.compile failed ({type(why).__name__}: {why})", stacklevel=2)
+            kernel[0] = piecewise_bias
+            return piecewise_bias(*args)
+
+    return run
 
 
 @register
@@ -82,6 +123,7 @@ class FIRE(Encoding):
 
     def bias(self, inp: Inputs) -> BiasFn:
         pos = inp.pos
+        piecewise = compiled_piecewise_bias() if len(pos) >= COMPILE_FROM else piecewise_bias
 
         def chunk(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
             c, L = self.coefficients()
@@ -99,10 +141,7 @@ class FIRE(Encoding):
 
         def piecewise_tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
             (c, L), (knots, table) = self.coefficients(), segments()
-            x = fire_input(pos[qs:qe, None].to(c.dtype), pos[None, ks:ke].to(c.dtype), c, L)
-            per = F.embedding(torch.bucketize(x, knots), table)  # (tq, tk, 2H): each score's slope and intercept
-            H = table.shape[1] // 2
-            return torch.addcmul(per[..., H:], per[..., :H], x[..., None]).permute(2, 0, 1)[None]
+            return piecewise(pos[qs:qe, None].to(c.dtype), pos[None, ks:ke].to(c.dtype), c, L, knots, table)
 
         return tile
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from posenc import encodings
-from posenc.config.plan import Preset, TaskEvalConfig
+from posenc.config.plan import Preset, TaskEvalConfig, mixing_windows
 from posenc.data.tasks import get_task
 from posenc.errors import PosencError
 from posenc.reports.claims import task_claims
@@ -80,8 +80,11 @@ def load_task_run(path: Path, label: str) -> TaskRun:
             preset = None
         if preset is not None:
             ev, n_head, source = preset.task_eval, preset.model.n_head, "preset.json"
-            specs = {r.scheme for r in records} | {r.encoding for r in records if r.encoding}
-            windows = {s: dataclasses.replace(preset.model, encoding=s).mixing_window() for s in specs}
+            windows = mixing_windows(preset)
+            windows |= {  # records of schemes the preset no longer lists
+                s: dataclasses.replace(preset.model, encoding=s).mixing_window()
+                for s in {r.scheme for r in records} - set(windows)
+            }
     return TaskRun(path, label, records, ev.horizon_tol, ev.learned, n_head, windows, source)
 
 

@@ -111,8 +111,8 @@ class TaskTable:
 
     def trained_windows(self, windows: dict[str, float | None]) -> dict[str, float | None]:
         """``windows`` ({spec: mixing window}) with each scheme that trained a sweep variant given its variant's
-        window (where ``windows`` has it): the window of what was trained, not of the plain scheme."""
-        return {**windows, **{s: windows[v[0]] for s, v in self.variants.items() if v[0] in windows}}
+        window (None where ``windows`` lacks it): the window of what was trained, never the plain scheme's."""
+        return {**windows, **{s: windows.get(v[0]) for s, v in self.variants.items()}}
 
     def id_acc(self, scheme: str) -> list[float]:
         return [s.acc("id", self.L0)[0] for s in self.scores.get(scheme, {}).values()]

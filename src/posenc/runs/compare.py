@@ -513,16 +513,21 @@ def compare(
         return write_task_report(
             run_root, {**task_meta(preset), "sweep": sweep_lines, "wall": wall}, failures
         ), failures
-    return write_report(run_root, {**_meta(preset, data), "sweep": sweep_lines, "wall": wall}, failures), failures
+    trained = {c.scheme: job_encoding(c.shown, c.scheme) for c in chosen if c.shown is not None}  # sweep variants
+    return write_report(
+        run_root, {**_meta(preset, data, trained), "sweep": sweep_lines, "wall": wall}, failures
+    ), failures
 
 
 def _all_done(run_root: Path, n_jobs: int) -> None:
     print(f"posenc: all {n_jobs} jobs already done in {run_root} (the report is rewritten)", file=sys.stderr)
 
 
-def _meta(preset: Preset, data) -> dict:
-    """The report's header: corpus, model, budget, evaluation, and each scheme's description and mixing window."""
+def _meta(preset: Preset, data, trained: dict[str, str] | None = None) -> dict:
+    """The report's header: corpus, model, budget, evaluation, and each scheme's description and mixing window (of
+    the spec it trained: ``trained`` maps a swept scheme to its chosen variant, ``posenc.config.plan.job_encoding``)."""
     mcfg = dataclasses.replace(preset.model, vocab_size=data.vocab_size)
+    windows, trained = mixing_windows(preset), trained or {}
     return {
         "name": preset.name,
         "train_length": preset.model.train_length,
@@ -543,7 +548,7 @@ def _meta(preset: Preset, data) -> dict:
             f"{-(-preset.eval.max_tokens // _span(preset))} held-out works"
         ),
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
-        "mixing_windows": mixing_windows(preset),
+        "mixing_windows": {s: windows[trained.get(s, s)] for s in preset.schemes},
         "notes": preset.description or None,
         "run": stamp_line(run_stamp(machine_precision(preset.train))),
     }

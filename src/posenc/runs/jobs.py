@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import traceback
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from posenc import encodings
 from posenc.config.plan import ClusterConfig, Preset, settings
 from posenc.errors import PosencError, sigterm_as_interrupt
 from posenc.store import records
-from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json, write_jsonl
+from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
 from posenc.store.stamp import run_stamp, utc_now
 from posenc.train.loop import legacy_precision, machine_precision
 
@@ -290,25 +291,22 @@ def done_cells(results: Path) -> set[tuple[str, int, int]]:
 
 def record_run(run_root: Path, preset: Preset) -> dict:
     """Write the resolved preset (``preset.json``) and append this invocation's stamp (versions, commit,
-    device, threads, command; ``posenc.store.stamp``) with its start time (``started``, UTC) to
-    ``invocations.jsonl``: a resumed run keeps every one. Returns the stamp (``finish_run`` closes it)."""
+    device, threads, command; ``posenc.store.stamp``) with an id (``invocation``) and its start time (``started``,
+    UTC) to ``invocations.jsonl``: a resumed run keeps every one. Returns the stamp (``finish_run`` closes it)."""
     make_run_dir(run_root)
     write_json(run_root / "preset.json", preset.model_dump())
-    stamp = {**run_stamp(machine_precision(preset.train)), "started": utc_now()}
+    stamp = {**run_stamp(machine_precision(preset.train)), "invocation": uuid.uuid4().hex, "started": utc_now()}
     append_jsonl(run_root / "invocations.jsonl", stamp)
     return stamp
 
 
 def finish_run(run_root: Path, stamp: dict) -> list[dict]:
-    """Add the end time (``finished``, UTC) to this invocation's line of ``run_root/invocations.jsonl`` (``stamp``, as
-    ``record_run`` returned it; the file rewritten atomically): an invocation without one was interrupted. Returns
-    every invocation's stamp (``posenc.store.stamp.wall_line`` sums them)."""
+    """Append this invocation's end to ``run_root/invocations.jsonl``: ``{"invocation": its id, "finished": UTC}``
+    (``stamp`` as ``record_run`` returned it; append-only, as every write there). An invocation without one was
+    interrupted. Returns every line of the file (``posenc.store.stamp.wall_line`` sums them)."""
     path = run_root / "invocations.jsonl"
-    calls = read_jsonl(path)
-    mine = max(i for i, s in enumerate(calls) if s == stamp)  # ValueError if it is not there: a bug
-    calls[mine] = {**stamp, "finished": utc_now()}
-    write_jsonl(path, calls)
-    return calls
+    append_jsonl(path, {"invocation": stamp["invocation"], "finished": utc_now()})
+    return read_jsonl(path)
 
 
 def check_same_settings(run_root: Path, preset: Preset) -> None:

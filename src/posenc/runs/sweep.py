@@ -120,7 +120,7 @@ def _layout(mine: list[Choice]) -> tuple[list[str], list[tuple[str, Choice, dict
     """A task's sensitivity as a table: (columns, rows). The columns are the settings every scheme's grid shares
     (the sweep's grid, ``train.lr=0.001``); a row is one scheme at one value of its own keys (``sweep.schemes``):
     named by the scheme, its variant (``model.encoding``) in its place ("hybrid as <variant>" when the variant's
-    spec does not begin with the scheme's name), other own keys after it in brackets
+    spec is not the scheme's name with parameters after a colon), other own keys after it in brackets
     ("path+forget:init_bias=4 (model.n_head=2)"); each row maps a column to its grid point."""
     shared = set.intersection(*({k for p in c.points for k, _ in p} for c in mine)) - {VARIANT_KEY}
     columns: list[str] = []
@@ -130,7 +130,8 @@ def _layout(mine: list[Choice]) -> tuple[list[str], list[tuple[str, Choice, dict
             col = point_label(tuple((k, v) for k, v in p if k in shared)) or "its own grid"
             own = dict((k, v) for k, v in p if k not in shared)
             name = own.pop(VARIANT_KEY, c.scheme)
-            name = name if name.startswith(c.scheme) else f"{c.scheme} as {name}"  # hybrid as acc-learned-qkv+...
+            named = name == c.scheme or name.startswith(f"{c.scheme}:")
+            name = name if named else f"{c.scheme} as {name}"  # hybrid as acc-learned-qkv+forget:init_bias=4
             label = name + (f" ({point_label(tuple(own.items()))})" if own else "")
             columns += [col] * (col not in columns)
             rows.setdefault((c.scheme, label), (c, {}))[1][col] = p

@@ -145,7 +145,7 @@ class Task(Record):
     # (posenc.eval.tasks.gate_leak), (gated layers, heads); None: no forget gate, or records before the field
     leak: list[list[float]] | None = None
     # the spec the job trained: its scheme, or a sweep variant of it (``posenc.config.plan.job_encoding``, e.g.
-    # forget:init_bias=4); None: records before the field, which trained the scheme
+    # forget:init_bias=4); None: unknown (records before the field)
     encoding: str | None = None
 
 

@@ -118,29 +118,33 @@ def stamp_line(stamp: dict) -> str:
     )
 
 
+UTC_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # invocations.jsonl's times: 2026-12-06T03:20:00Z
+
+
 def utc_now() -> str:
-    """The time now, UTC, to the second, as invocations.jsonl records it: ``2026-12-06T03:20:00Z``."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _seconds(start: str, end: str) -> float:
-    fmt = "%Y-%m-%dT%H:%M:%SZ"
-    return (datetime.datetime.strptime(end, fmt) - datetime.datetime.strptime(start, fmt)).total_seconds()
+    """The time now, UTC, to the second (``UTC_FORMAT``), as invocations.jsonl records it."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime(UTC_FORMAT)
 
 
 def wall_line(invocations: list[dict]) -> str:
-    """A run's total wall time from its invocations' stamps (``started`` and ``finished``, UTC, each compare
-    invocation's line of invocations.jsonl): "97 min over 1 invocation (2026-12-06T00:00:00Z to ...)", with the
-    invocations that were interrupted (no ``finished``) or recorded before the fields said apart, never counted."""
-    timed = [s for s in invocations if s.get("started") and s.get("finished")]
-    cut = sum(1 for s in invocations if s.get("started") and not s.get("finished"))
-    old = sum(1 for s in invocations if not s.get("started"))
+    """A run's total wall time from its invocations.jsonl lines: each invocation's stamp with ``invocation`` (its id)
+    and ``started``, and the line ``{"invocation", "finished"}`` it appends at its end (``posenc.runs.jobs``):
+    "97 min over 1 invocation (2026-12-06T00:00:00Z to ...)". Invocations without an end (interrupted) or recorded
+    before these fields are not counted and said apart ("at least" then: their time is unknown). Raises ValueError
+    for a time not in ``UTC_FORMAT``."""
+    ends = {s["invocation"]: s["finished"] for s in invocations if "finished" in s}
+    starts = [s for s in invocations if "started" in s]
+    timed = [(s["started"], ends[s["invocation"]]) for s in starts if s["invocation"] in ends]
+    cut, old = len(starts) - len(timed), sum(1 for s in invocations if "started" not in s and "finished" not in s)
     parts = []
     if timed:
-        total = sum(_seconds(s["started"], s["finished"]) for s in timed)
+        seconds = sum(
+            (datetime.datetime.strptime(b, UTC_FORMAT) - datetime.datetime.strptime(a, UTC_FORMAT)).total_seconds()
+            for a, b in timed
+        )
         parts.append(
-            f"{total / 60:.0f} min over {len(timed)} invocation{'s' * (len(timed) > 1)} "
-            f"({timed[0]['started']} to {timed[-1]['finished']})"
+            f"{'at least ' * bool(cut or old)}{seconds / 60:.0f} min over {len(timed)} "
+            f"invocation{'s' * (len(timed) > 1)} ({timed[0][0]} to {timed[-1][1]})"
         )
     if cut:
         parts.append(f"{cut} interrupted (not counted)")
