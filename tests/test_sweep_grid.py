@@ -257,8 +257,9 @@ def _table_after(text: str, heading: str) -> list[str]:
 
 
 def _id_acc(root, scheme, seed):
-    (r,) = [r for r in load(root / "results.jsonl") if isinstance(r, Task) and (r.scheme, r.seed) == (scheme, seed)]
-    return Scores(r.cells).acc("id", 16)[0]
+    runs = [r for r in load(root / "results.jsonl") if isinstance(r, Task) and (r.scheme, r.seed) == (scheme, seed)]
+    assert len({Scores(r.cells).acc("id", 16) for r in runs}) == 1  # a screening and its completion agree
+    return Scores(runs[0].cells).acc("id", 16)[0]
 
 
 @pytest.mark.slow
@@ -304,14 +305,23 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path,
         (s, k) for s in preset.schemes for k in ((0, 1) if s in chosen else (0,))
     )
     for r in merged:  # the top-level records are the chosen point's (a scheme that learned nowhere: seed 0 at its best)
-        assert (
-            r.cells
-            == next(
-                x
-                for x in load(point_root(root, shown[r.scheme]) / "results.jsonl")
-                if isinstance(x, Task) and (x.scheme, x.seed) == (r.scheme, r.seed)
-            ).cells
-        )
+        *screened, full = [
+            x
+            for x in load(point_root(root, shown[r.scheme]) / "results.jsonl")
+            if isinstance(x, Task) and (x.scheme, x.seed) == (r.scheme, r.seed)
+        ]
+        assert r.cells == full.cells and not r.screening and not full.screening
+        # seed 0 was screened at the training length, then completed: the screened cells kept, every length scored
+        assert [x.screening for x in screened] == ([True] if r.seed == 0 else [])
+        assert {c.length for c in full.cells if c.test == "id"} == {16, 32}
+        for x in screened:
+            assert {(c.test, c.length) for c in x.cells} < {(c.test, c.length) for c in full.cells}
+            assert all(c in full.cells for c in x.cells)
+    for scheme in preset.schemes:  # an unchosen point was screened only: no evaluation beyond the training length
+        for p in grid_points(preset, scheme):
+            if p != shown[scheme]:
+                (x,) = [x for x in load(point_root(root, p) / "results.jsonl") if x.scheme == scheme]
+                assert x.screening and {c.length for c in x.cells if c.test == "id"} == {16}
     text = report.read_text()
     assert "## Sweep: each scheme at its best setting" in text and "### Sensitivity on flipflop" in text
     for s in preset.schemes:
@@ -382,6 +392,8 @@ def test_a_text_sweep_chooses_by_validation_perplexity_at_the_training_length(ti
     ]  # the chosen point's rows, schedule rows too
     assert [r.ppl for r in merged if (r.scheme, r.eval_length) == ("rope", 16)] == [ppl[best]]
     assert f"| text | rope | {point_label(best)} | {ppl[best]:.3f} |" in report.read_text()
+    (other,) = [p for p in grid_points(preset, "rope") if p != best]  # screened: the training length only
+    assert [(r.scheme, r.eval_length) for r in load(point_root(root, other) / "results.jsonl")] == [("rope", 16)]
 
 
 # ---------------------------------------------------------------- a run of another budget is refused

@@ -600,3 +600,24 @@ def test_per_seed_values_are_in_seed_order_whatever_order_the_jobs_finished():
     t = task_table("flipflop", finished)
     assert list(t.scores["path"]) == [0, 1, 2]
     assert t.horizons("path") == [8, 16, None]
+
+
+@pytest.mark.parametrize("spec", ["flipflop", "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-16"])
+def test_a_screened_evaluation_completed_equals_one_full_evaluation(spec):
+    """A sweep screens a grid point at the training length, then completes the chosen one: the cells are those of one
+    evaluation of every test, in its order (each test is drawn from a seed of its own)."""
+    from posenc import build_model
+    from posenc.eval.tasks import evaluate_task
+
+    task = get_task(spec)
+    torch.manual_seed(0)
+    model = build_model({"vocab_size": task.vocab_size, "n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16})
+    args = (model, task, 16)
+    screened = evaluate_task(*args, [1], 40, 1024, 512)
+    assert {r["length"] for r in screened if r["test"] == "id"} == {16}
+    full = evaluate_task(*args, [1, 4], 40, 1024, 512)
+    assert evaluate_task(*args, [1, 4], 40, 1024, 512, done=screened) == full
+    assert len(full) > len(screened) and all(r in full for r in screened)
+    marked = [dict(r, nll=-1.0) for r in screened]  # kept, not scored again
+    kept = evaluate_task(*args, [1, 4], 40, 1024, 512, done=marked)
+    assert [r for r in kept if r["nll"] == -1.0] == marked and len(kept) == len(full)

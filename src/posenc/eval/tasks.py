@@ -85,14 +85,22 @@ def evaluate_task(
     max_tokens: int,
     batch_tokens: int,
     positions: int | None = None,
+    done: list[dict] = (),
 ) -> list[dict]:
     """One record per (test, length, bucket): ``n`` answers, ``correct``, ``nll`` (sum, nats). ``positions``: as
-    ``score_test``'s."""
+    ``score_test``'s. ``done``: records of an earlier evaluation of this model (fewer ``multiples``: a sweep's
+    screening): their tests are not scored again but kept, in test order, so the result equals one evaluation of
+    every test (each test's cells are drawn from a seed of its own, ``score_test``)."""
     was_training = model.training
     model.eval()
-    records = []
+    records, have = [], {}
+    for r in done:
+        have.setdefault((r["test"], r["length"]), []).append(r)
     try:
         for test in task.tests(train_length, multiples):
+            if (test.name, test.length) in have:
+                records += have[(test.name, test.length)]
+                continue
             cell = score_test(model, task, test, answers, max_tokens, batch_tokens, positions=positions)
             for b, (n, c, nll) in sorted(cell.items()):
                 records.append(

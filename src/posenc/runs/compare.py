@@ -227,9 +227,12 @@ def run_job(
     nproc: int = 1,
     log: str = "none",
     point: Point = (),
+    screening: bool = False,
 ) -> None:
     """One job: train (or resume) and evaluate one scheme and seed at grid ``point``
     (``posenc.config.plan.grid_points``; () without a sweep), appending result records to its point's ``results.jsonl``.
+    ``screening``: evaluate at the training length only (a sweep's grid point: what the chooser reads); a later full
+    job evaluates the other lengths and the extras (passkey, far mass), the recorded lengths skipped.
 
     ``nproc`` > 1 trains data-parallel under torchrun (``train_under_torchrun``); evaluation runs here.
     ``log``: a tracker kind (``posenc.train.tracking``) for the training steps and the job's evaluations
@@ -256,7 +259,8 @@ def run_job(
         elif not is_trained(run_dir):
             train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{scheme} s{seed}", tracker=tracker)
         model, _, _ = load_run(run_dir)
-        for L in eval_lengths(mcfg.train_length, preset.eval.multiples):
+        lengths = [mcfg.train_length] if screening else eval_lengths(mcfg.train_length, preset.eval.multiples)
+        for L in lengths:
             if (scheme, seed, L) in done:
                 continue
             append(
@@ -272,9 +276,10 @@ def run_job(
                     positions=randomized_max(tcfg.positions),
                 ),
             )
-        compare_extras(
-            model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length}
-        )
+        if not screening:
+            compare_extras(
+                model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length}
+            )
         mine = [r for r in load(results) if isinstance(r, (Ppl, PasskeyCell)) and (r.scheme, r.seed) == (scheme, seed)]
         evals = with_ratios([r for r in mine if isinstance(r, Ppl)]) + [r for r in mine if isinstance(r, PasskeyCell)]
         tracker.log(eval_metrics(evals, mcfg.train_length), read_json(run_dir / "train_summary.json")["steps"])
@@ -328,6 +333,11 @@ class Job:
     scheme: str
     seed: int
     point: Point = ()
+    screening: bool = False  # a sweep's grid point on the first seed: evaluated at the training length only
+
+    def key(self) -> tuple:
+        """The job whatever it evaluates: a chosen point's full job completes its screening, one job."""
+        return self.task, self.scheme, self.seed, self.point
 
     def where(self, run_root: Path) -> Path:
         """Its run directory."""
@@ -335,20 +345,25 @@ class Job:
 
     def name(self) -> str:
         at = f" at {point_label(self.point)}" if self.point else ""
-        return f"{self.task + ' ' if self.task else ''}{self.scheme} (seed {self.seed}){at}"
+        return f"{self.task + ' ' if self.task else ''}{self.scheme} (seed {self.seed}){at}" + (
+            " (screening)" if self.screening else ""
+        )
 
 
 def _finished(run_root: Path, preset: Preset, job: Job, done: dict) -> bool:
-    """Trained and every evaluation recorded: no job to start. ``done``: each grid point's recorded (scheme, seed,
-    length) cells on text, (task, scheme, seed) jobs on tasks, read once per stage."""
+    """Trained and every evaluation it makes recorded (a screening job's: those at the training length): no job to
+    start. ``done``: each grid point's recorded (scheme, seed, length) cells on text, {(task, scheme, seed): screening
+    only} on tasks, read once per stage."""
     root = point_root(run_root, job.point)
     if job.task:
-        return (job.task, job.scheme, job.seed) in done[root]
-    lengths = eval_lengths(preset.model.train_length, preset.eval.multiples)
+        screened = done[root].get((job.task, job.scheme, job.seed))
+        return screened is not None and (job.screening or not screened)
+    L0 = preset.model.train_length
+    lengths = [L0] if job.screening else eval_lengths(L0, preset.eval.multiples)
     return (
         is_trained(job.where(run_root))
         and all((job.scheme, job.seed, L) in done[root] for L in lengths)
-        and not extras_pending(preset.eval, preset.model.train_length, root / "results.jsonl", job.scheme, job.seed)
+        and (job.screening or not extras_pending(preset.eval, L0, root / "results.jsonl", job.scheme, job.seed))
     )
 
 
@@ -366,8 +381,10 @@ def compare(
     ({job: one-line error}). The one runner: it enumerates tasks x schemes x grid points x seeds.
 
     With a ``sweep``, every scheme first trains at each point of its grid on the first seed (under
-    ``out_root/name/sweep/<point>/``, each point a run directory of its own), its setting is chosen from that seed's
-    held-out in-distribution result (``posenc.runs.sweep``), and the other seeds run at the chosen point; the report
+    ``out_root/name/sweep/<point>/``, each point a run directory of its own) and is evaluated there at the training
+    length only (a screening job: what the chooser reads), its setting is chosen from that seed's held-out
+    in-distribution result (``posenc.runs.sweep``), the chosen point's first-seed job completes its evaluation (a
+    task none of whose points learned: its best point's) and the other seeds run at the chosen point; the report
     (``out_root/name/``: the chosen runs' records in ``results.jsonl``, rewritten each time) names the choices and
     shows the sensitivity table and plot. Without one, every seed runs at the preset's settings in ``out_root/name``.
     Each invocation's stamp in ``invocations.jsonl`` gets its start and end (UTC); the report's header sums them.
@@ -456,11 +473,21 @@ def compare(
         # inline, a text job gets this process's data (no reload); isolated, it loads its own
         jobs = [
             (
-                (run_task_job, (run_root, preset, j.task, j.scheme, j.seed, log, j.point))
+                (run_task_job, (run_root, preset, j.task, j.scheme, j.seed, log, j.point, j.screening))
                 if j.task
                 else (
                     run_job,
-                    (run_root, preset, j.scheme, j.seed, None if isolate else data, nproc_per_node, log, j.point),
+                    (
+                        run_root,
+                        preset,
+                        j.scheme,
+                        j.seed,
+                        None if isolate else data,
+                        nproc_per_node,
+                        log,
+                        j.point,
+                        j.screening,
+                    ),
                 )
             )
             + (j.where(run_root).with_suffix(".error.txt"), scheme_modules([j.scheme]))
@@ -481,16 +508,19 @@ def compare(
 
     first, swept = preset.seeds[0], preset.sweep is not None
     n_pending, chosen, grid_jobs = 0, [], []
-    if swept:  # every grid point on the first seed, then each scheme's choice from its records
-        grid_jobs = [Job(t, s, first, p) for t in units for s in preset.schemes for p in grids[s]]
+    if swept:  # every grid point screened on the first seed, then each scheme's choice from its records
+        grid_jobs = [Job(t, s, first, p, screening=True) for t in units for s in preset.schemes for p in grids[s]]
         n_pending = run(grid_jobs)
         chosen = choices(run_root, units, grids, first, preset.model.train_length, preset.task_eval.learned)
+        # the chosen point on every seed (its first completes the screening); a task none of whose points learned
+        # is reported at its best point on the first seed
         final = [Job(c.task, c.scheme, seed, c.point) for c in chosen if c.point is not None for seed in preset.seeds]
+        final += [Job(c.task, c.scheme, first, c.shown) for c in chosen if c.point is None and c.shown is not None]
     else:
         final = [Job(t, s, seed) for t in units for s in preset.schemes for seed in preset.seeds]
     n_pending += run(final)
     if not n_pending:
-        _all_done(run_root, len(set(grid_jobs) | set(final)))  # a chosen point's first seed is a grid job
+        _all_done(run_root, len({j.key() for j in grid_jobs + final}))  # a chosen point's first seed is a grid job
     for p in points if not tasks else []:  # the RoPE schedule and method rows of the schemes reported at each point
         at = list(dict.fromkeys(j.scheme for j in final if j.point == p))
         args = (

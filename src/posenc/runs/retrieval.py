@@ -34,19 +34,34 @@ from posenc.train.loop import is_trained, load_run, machine_precision, randomize
 from posenc.train.tracking import open_tracker, task_metrics
 
 
-def done_jobs(results: Path) -> set[tuple[str, str, int]]:
-    """(task, scheme, seed) of every task record in ``results``."""
-    return {(r.task, r.scheme, r.seed) for r in load(results) if isinstance(r, Task)}
+def done_jobs(results: Path) -> dict[tuple[str, str, int], bool]:
+    """{(task, scheme, seed): whether its record is a screening only (``Task.screening``)} of every task job recorded
+    in ``results`` (a job with a full record counts as full)."""
+    out: dict[tuple[str, str, int], bool] = {}
+    for r in load(results):
+        if isinstance(r, Task):
+            key = (r.task, r.scheme, r.seed)
+            out[key] = out.get(key, True) and r.screening
+    return out
 
 
 def run_task_job(
-    run_root: Path, preset: Preset, task: str, scheme: str, seed: int, log: str = "none", point: Point = ()
+    run_root: Path,
+    preset: Preset,
+    task: str,
+    scheme: str,
+    seed: int,
+    log: str = "none",
+    point: Point = (),
+    screening: bool = False,
 ) -> None:
     """Train (or resume) one scheme on one task at grid ``point`` (``posenc.config.plan.grid_points``; () without a
     sweep) and record its scores (one record, written once). ``log``: a tracker kind (``posenc.train.tracking``) for the
-    training steps and the accuracies per test and length."""
+    training steps and the accuracies per test and length. ``screening``: score the tests at the training length
+    only (a sweep's grid point, which the chooser reads at the training length; ``Task.screening``); a later full job
+    of the same run scores the other tests and records every one, the screened cells kept."""
     data = load_tokens(task, tasks=True)
-    root = point_root(run_root, point)
+    root, key = point_root(run_root, point), (task, scheme, seed)
     run_dir = root / task / scheme / f"seed{seed}"
     mcfg, tcfg = job_configs(preset, point, scheme, seed, data.vocab_size, task)
     config = {
@@ -64,16 +79,20 @@ def run_task_job(
             train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{task} {scheme} s{seed}", tracker=tracker)
         model = load_run(run_dir)[0]
         ev = preset.task_eval
-        t0 = time.time()
+        screened = [
+            r for r in load(root / "results.jsonl") if isinstance(r, Task) and (r.task, r.scheme, r.seed) == key
+        ]
+        t0 = time.time() - sum(r.eval_seconds for r in screened)  # the screening's time counts to the job's
         cells = evaluate_task(
             model,
             data.task,
             mcfg.train_length,
-            ev.multiples,
+            [1] if screening else ev.multiples,
             ev.answers,
             ev.max_tokens,
             ev.batch_tokens,
             positions=randomized_max(tcfg.positions),
+            done=[c.model_dump() for r in screened for c in r.cells],
         )
         summary = read_json(run_dir / "train_summary.json")
         record = Task(
@@ -92,6 +111,7 @@ def run_task_job(
             loss_curve=[(r["step"], r["loss"]) for r in read_jsonl(run_dir / "train.jsonl")],
             leak=gate_leak(model, data.task, mcfg.train_length),
             encoding=mcfg.encoding,
+            screening=screening,
         )
         append(root / "results.jsonl", record)
         tracker.log(task_metrics(record.cells, mcfg.train_length), summary["steps"])

@@ -16,7 +16,7 @@ from pathlib import Path
 from posenc.config.plan import VARIANT_KEY, Point, point_label, point_root
 from posenc.reports.render import figure, log_scale, markdown_table, save_figure, write_csv_table
 from posenc.reports.tasks import Scores
-from posenc.store.records import Ppl, Task, load, write
+from posenc.store.records import Ppl, Task, full_records, load, write
 
 
 def choose(
@@ -247,7 +247,7 @@ def merge_chosen(run_root: Path, chosen: list[Choice], schemes: list[str]) -> No
     out = []
     for point, wanted in keep.items():
         names = {s for _, s in wanted}
-        for r in load(point_root(run_root, point) / "results.jsonl"):
+        for r in full_records(load(point_root(run_root, point) / "results.jsonl")):
             if isinstance(r, Task):
                 ok = (r.task, r.scheme) in wanted
             else:  # text: a scheme's rows, or a schedule row "<scheme>+<schedule>" of a chosen scheme

@@ -147,6 +147,9 @@ class Task(Record):
     # the spec the job trained: its scheme, or a sweep variant of it (``posenc.config.plan.job_encoding``, e.g.
     # forget:init_bias=4); None: unknown (records before the field)
     encoding: str | None = None
+    # True: a sweep's screening of a grid point, the tests at the training length only (what the chooser reads); the
+    # job's full record, if the point is chosen, follows it (``posenc.runs.retrieval.run_task_job``)
+    screening: bool = False
 
 
 class ScoredWindow(Record):
@@ -327,6 +330,12 @@ def load(path: Path, kinds: dict[str, type[Record]] = RUN) -> list[Record]:
             continue
         out.append(_parse(raw, kinds, f"{path} line {i}"))
     return out
+
+
+def full_records(records: list[Record]) -> list[Record]:
+    """``records`` without the screening records (``Task.screening``) of jobs that also have a full one."""
+    full = {(r.task, r.scheme, r.seed) for r in records if isinstance(r, Task) and not r.screening}
+    return [r for r in records if not (isinstance(r, Task) and r.screening and (r.task, r.scheme, r.seed) in full)]
 
 
 def drop_torn_tail(path: Path) -> None:
