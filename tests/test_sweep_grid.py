@@ -77,7 +77,9 @@ def test_choose_counts_no_failed_point_nor_one_below_the_bar():
 def test_a_scheme_that_learned_nowhere_gets_no_setting_and_says_so():
     grid = [(("train.lr", 0.001),), (("train.lr", 0.01),)]
     c = Choice("flipflop", "alibi", grid, {"train.lr=0.001": 0.7, "train.lr=0.01": 0.8}, {}, 0.9)
-    assert c.point is None and c.setting() == "none chosen: did not learn at any grid point"
+    assert c.point is None and c.setting() == (
+        "none chosen: did not learn at any grid point (reported at its best, train.lr=0.01)"
+    )
     assert c.shown == (("train.lr", 0.01),)  # the reports show it where it came closest, as "did not learn"
     c = Choice("flipflop", "alibi", grid, {"train.lr=0.001": 0.95, "train.lr=0.01": 0.8}, {}, 0.9)
     assert c.point == c.shown == (("train.lr", 0.001),) and c.setting() == "train.lr=0.001"
@@ -310,7 +312,7 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path,
             for x in load(point_root(root, shown[r.scheme]) / "results.jsonl")
             if isinstance(x, Task) and (x.scheme, x.seed) == (r.scheme, r.seed)
         ]
-        assert r.cells == full.cells and not r.screening and not full.screening
+        assert r.cells == full.cells and not r.screening and not full.screening and full.threads == 1
         # seed 0 was screened at the training length, then completed: the screened cells kept, every length scored
         assert [x.screening for x in screened] == ([True] if r.seed == 0 else [])
         assert {c.length for c in full.cells if c.test == "id"} == {16, 32}
@@ -321,11 +323,16 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path,
         for p in grid_points(preset, scheme):
             if p != shown[scheme]:
                 (x,) = [x for x in load(point_root(root, p) / "results.jsonl") if x.scheme == scheme]
-                assert x.screening and {c.length for c in x.cells if c.test == "id"} == {16}
+                assert x.screening and {(c.test, c.length) for c in x.cells} == {("id", 16)}  # what the chooser reads
+                assert x.threads == 1  # the preset's, as every job's
     text = report.read_text()
     assert "## Sweep: each scheme at its best setting" in text and "### Sensitivity on flipflop" in text
     for s in preset.schemes:
-        setting = point_label(expected[s]) if expected[s] else "none chosen: did not learn at any grid point"
+        setting = (
+            point_label(expected[s])
+            if expected[s]
+            else f"none chosen: did not learn at any grid point (reported at its best, {point_label(shown[s])})"
+        )
         assert f"| flipflop | {s} | {setting} |" in text
     # the columns are the shared grid, a row each scheme at one value of its own keys
     table = _table_after(text, "### Sensitivity on flipflop")

@@ -613,8 +613,8 @@ def test_a_screened_evaluation_completed_equals_one_full_evaluation(spec):
     torch.manual_seed(0)
     model = build_model({"vocab_size": task.vocab_size, "n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16})
     args = (model, task, 16)
-    screened = evaluate_task(*args, [1], 40, 1024, 512)
-    assert {r["length"] for r in screened if r["test"] == "id"} == {16}
+    screened = evaluate_task(*args, [1], 40, 1024, 512, only=("id",))
+    assert {(r["test"], r["length"]) for r in screened} == {("id", 16)}
     full = evaluate_task(*args, [1, 4], 40, 1024, 512)
     assert evaluate_task(*args, [1, 4], 40, 1024, 512, done=screened) == full
     assert len(full) > len(screened) and all(r in full for r in screened)

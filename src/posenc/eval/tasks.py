@@ -86,11 +86,13 @@ def evaluate_task(
     batch_tokens: int,
     positions: int | None = None,
     done: list[dict] = (),
+    only: tuple[str, ...] | None = None,
 ) -> list[dict]:
     """One record per (test, length, bucket): ``n`` answers, ``correct``, ``nll`` (sum, nats). ``positions``: as
     ``score_test``'s. ``done``: records of an earlier evaluation of this model (fewer ``multiples``: a sweep's
     screening): their tests are not scored again but kept, in test order, so the result equals one evaluation of
-    every test (each test's cells are drawn from a seed of its own, ``score_test``)."""
+    every test (each test's cells are drawn from a seed of its own, ``score_test``). ``only``: the names of the tests
+    to score (None: every test; a sweep's screening scores ``("id",)`` at the training length)."""
     was_training = model.training
     model.eval()
     records, have = [], {}
@@ -98,6 +100,8 @@ def evaluate_task(
         have.setdefault((r["test"], r["length"]), []).append(r)
     try:
         for test in task.tests(train_length, multiples):
+            if only is not None and test.name not in only:
+                continue
             if (test.name, test.length) in have:
                 records += have[(test.name, test.length)]
                 continue

@@ -259,6 +259,8 @@ def run_job(
         elif not is_trained(run_dir):
             train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{scheme} s{seed}", tracker=tracker)
         model, _, _ = load_run(run_dir)
+        if tcfg.threads:  # as training set them: a job that only evaluates (a screening's completion) trained earlier
+            torch.set_num_threads(tcfg.threads)
         lengths = [mcfg.train_length] if screening else eval_lengths(mcfg.train_length, preset.eval.multiples)
         for L in lengths:
             if (scheme, seed, L) in done:
@@ -381,10 +383,11 @@ def compare(
     ({job: one-line error}). The one runner: it enumerates tasks x schemes x grid points x seeds.
 
     With a ``sweep``, every scheme first trains at each point of its grid on the first seed (under
-    ``out_root/name/sweep/<point>/``, each point a run directory of its own) and is evaluated there at the training
-    length only (a screening job: what the chooser reads), its setting is chosen from that seed's held-out
-    in-distribution result (``posenc.runs.sweep``), the chosen point's first-seed job completes its evaluation (a
-    task none of whose points learned: its best point's) and the other seeds run at the chosen point; the report
+    ``out_root/name/sweep/<point>/``, each point a run directory of its own) and is evaluated there on the
+    in-distribution test at the training length only (a screening job: what the chooser reads), its setting is
+    chosen from that seed's held-out in-distribution result (``posenc.runs.sweep``), the chosen point's first-seed
+    job completes its evaluation (a task none of whose points learned: its best point's) and the other seeds run at
+    the chosen point; the report
     (``out_root/name/``: the chosen runs' records in ``results.jsonl``, rewritten each time) names the choices and
     shows the sensitivity table and plot. Without one, every seed runs at the preset's settings in ``out_root/name``.
     Each invocation's stamp in ``invocations.jsonl`` gets its start and end (UTC); the report's header sums them.

@@ -13,6 +13,8 @@ import dataclasses
 import time
 from pathlib import Path
 
+import torch
+
 from posenc.config.plan import (
     Point,
     Preset,
@@ -57,9 +59,9 @@ def run_task_job(
 ) -> None:
     """Train (or resume) one scheme on one task at grid ``point`` (``posenc.config.plan.grid_points``; () without a
     sweep) and record its scores (one record, written once). ``log``: a tracker kind (``posenc.train.tracking``) for the
-    training steps and the accuracies per test and length. ``screening``: score the tests at the training length
-    only (a sweep's grid point, which the chooser reads at the training length; ``Task.screening``); a later full job
-    of the same run scores the other tests and records every one, the screened cells kept."""
+    training steps and the accuracies per test and length. ``screening``: score the in-distribution test at the
+    training length only (a sweep's grid point: all the chooser reads; ``Task.screening``); a later full job of the
+    same run scores the other tests and records every one, the screened cells kept."""
     data = load_tokens(task, tasks=True)
     root, key = point_root(run_root, point), (task, scheme, seed)
     run_dir = root / task / scheme / f"seed{seed}"
@@ -78,6 +80,8 @@ def run_task_job(
         if not is_trained(run_dir):
             train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{task} {scheme} s{seed}", tracker=tracker)
         model = load_run(run_dir)[0]
+        if tcfg.threads:  # as training set them: a job that only evaluates (a screening's completion) trained earlier
+            torch.set_num_threads(tcfg.threads)
         ev = preset.task_eval
         screened = [
             r for r in load(root / "results.jsonl") if isinstance(r, Task) and (r.task, r.scheme, r.seed) == key
@@ -93,6 +97,7 @@ def run_task_job(
             ev.batch_tokens,
             positions=randomized_max(tcfg.positions),
             done=[c.model_dump() for r in screened for c in r.cells],
+            only=("id",) if screening else None,
         )
         summary = read_json(run_dir / "train_summary.json")
         record = Task(

@@ -79,7 +79,8 @@ class Choice:
             return point_label(self.point)
         if self.task is None:
             return "none chosen: no grid point has a result"
-        return "none chosen: did not learn at any grid point"
+        at = f" (reported at its best, {point_label(self.shown)})" if self.shown else ""
+        return "none chosen: did not learn at any grid point" + at
 
 
 def choices(
