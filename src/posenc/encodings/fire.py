@@ -16,13 +16,12 @@ are both that ratio. Positions, psi and the MLP are evaluated in float32 (float6
 float64 module); tiles are computed in key chunks so no (T x T x width) tensor exists.
 Without grad (evaluation) a tile takes the MLP's piecewise-linear form instead
 (``PointMLP.piecewise``: a ReLU MLP of one input is linear between its knots), one
-lookup and one multiply-add per score and head in place of the hidden layer (a tile of
-512 x 4,096 scores: 0.29 s -> 0.07 s on one thread, CPU time); the MLP path is its reference.
+lookup and one multiply-add per score and head in place of the hidden layer; the MLP path is its
+reference.
 From ``COMPILE_FROM`` positions on, that form runs as one kernel by ``torch.compile``
 (``piecewise_bias``; dynamic shapes, compiled once per process, about 5 s): eager PyTorch
 writes each of its steps (input, segment, slope, intercept) as a tile of its own, the kernel
-writes the bias once (a tile of 512 x 16,384 scores and 4 heads: 0.45 s -> 0.15 s on one
-thread; a 16K-token prefill of the default model, 3.98x -> 2.41x RoPE's time:
+writes the bias once (a 16K-token prefill of the default model, 3.98x -> 2.41x RoPE's time:
 benchmarks/results/bias_prefill.md). The eager
 function is its reference (equal to rounding).
 """

@@ -132,11 +132,9 @@ def wall_line(invocations: list[dict]) -> str:
     "97 min over 1 invocation (2026-12-06T00:00:00Z to ...)". Invocations without an end (interrupted) or recorded
     before these fields are not counted and said apart ("at least" then: their time is unknown). Raises ValueError
     for a time not in ``UTC_FORMAT``."""
-    ends = {s["invocation"]: s["finished"] for s in invocations if "finished" in s and "started" not in s}
+    ends = {s["invocation"]: s["finished"] for s in invocations if "finished" in s}
     starts = [s for s in invocations if "started" in s]
-    # commit 02f0e95 wrote the end into the stamp's own line (results/retrieval's run)
-    timed = [(s["started"], s.get("finished") or ends.get(s.get("invocation"))) for s in starts]
-    timed = [(a, b) for a, b in timed if b]
+    timed = [(s["started"], ends[s["invocation"]]) for s in starts if s["invocation"] in ends]
     cut, old = len(starts) - len(timed), sum(1 for s in invocations if "started" not in s and "finished" not in s)
     parts = []
     if timed:
