@@ -117,7 +117,7 @@ def test_grid_points_per_scheme_and_at_point(tmp_path):
 @pytest.mark.parametrize(
     "sweep, message",
     [
-        ({"grid": {"train.seed": [0, 1]}}, "'train.seed' cannot be swept"),
+        ({"grid": {"train.seed": [0, 1]}}, "train.seed cannot be swept"),
         ({"grid": {"train.lr": [1e-3, 1e-3]}}, "each value once"),
         ({"grid": {"train.lr": []}}, "each value once, at least one"),
         ({"schemes": {"alibii": {"train.lr": [1e-3]}}}, "sweep.schemes names 'alibii', not a scheme"),
@@ -126,7 +126,15 @@ def test_grid_points_per_scheme_and_at_point(tmp_path):
         ({"grid": {"model.n_head": [3]}}, "n_head|head"),
         ({"grid": {"train.lr": [-1.0]}}, "grid point train.lr=-1.0: train.lr"),
         ({"grid": {"model.encoding": ["rope"]}}, "model.encoding gives one scheme's variants: sweep it per scheme"),
-        ({"grid": {"train.lr": LR}, "schemes": {"rope": {"model.encoding": [4]}}}, r"give scheme specs \(strings\)"),
+        (
+            {"grid": {"train.lr": LR}, "schemes": {"rope": {"model.encoding": [4]}}},
+            r"sweep.schemes.rope.model.encoding: give scheme specs \(strings\)",
+        ),
+        (  # a literal duplicate: the validator names the scheme as the canonical-spec check does
+            {"grid": {"train.lr": LR}, "schemes": {"forget": {"model.encoding": ["forget", "forget"]}}},
+            r"sweep.schemes.forget.model.encoding: give each value once, at least one, got \['forget', 'forget'\]",
+        ),
+        ({"schemes": {"rope": {"train.seed": [0]}}}, "sweep.schemes.rope.train.seed cannot be swept"),
         (
             {"grid": {"train.lr": LR}, "schemes": {"rope": {"model.encoding": ["rope", "alibi"]}}},
             r"sweep.schemes.rope.model.encoding gives 'alibi', not a variant of 'rope'",

@@ -95,16 +95,18 @@ Point = tuple[
 ]  # one grid point: ((key, value), ...) in the grid's key order; () is the preset itself
 
 
-def _check_axes(axes: dict[str, list], per_scheme: bool) -> dict[str, list]:
+def _check_axes(axes: dict[str, list], scheme: str | None) -> dict[str, list]:
+    """``scheme``: whose own values ``axes`` are (None: the grid for every scheme); it names them in the errors."""
+    where = "" if scheme is None else f"sweep.schemes.{scheme}."
     for key, values in axes.items():
         if key not in SWEEP_KEYS:
-            raise ValueError(f"{key!r} cannot be swept (valid: {', '.join(SWEEP_KEYS)})")
-        if key == VARIANT_KEY and not per_scheme:
+            raise ValueError(f"{where}{key} cannot be swept (valid: {', '.join(SWEEP_KEYS)})")
+        if key == VARIANT_KEY and scheme is None:
             raise ValueError(f"{key} gives one scheme's variants: sweep it per scheme (sweep.schemes), not in the grid")
         if key == VARIANT_KEY and not all(isinstance(v, str) for v in values):
-            raise ValueError(f"{key}: give scheme specs (strings), got {values!r}")
+            raise ValueError(f"{where}{key}: give scheme specs (strings), got {values!r}")
         if not values or len({repr(v) for v in values}) < len(values):
-            raise ValueError(f"{key}: give each value once, at least one")
+            raise ValueError(f"{where}{key}: give each value once, at least one, got {values!r}")
     return axes
 
 
@@ -128,13 +130,13 @@ class SweepConfig(BaseModel):
     @field_validator("grid")
     @classmethod
     def _grid(cls, v: dict) -> dict:
-        return _check_axes(v, per_scheme=False)
+        return _check_axes(v, scheme=None)
 
     @field_validator("schemes")
     @classmethod
     def _per_scheme(cls, v: dict) -> dict:
-        for axes in v.values():
-            _check_axes(axes, per_scheme=True)
+        for scheme, axes in v.items():
+            _check_axes(axes, scheme)
         return v
 
 
