@@ -33,6 +33,7 @@ from posenc.config.plan import load_preset
 from posenc.model import Cache, build_model
 from posenc.reports.render import markdown_table
 from posenc.store.checkpoint import atomic_write_bytes
+from posenc.store.stamp import cpu_name, git_commit
 
 OUT = Path(__file__).resolve().parent / "results"
 HF = "hf-llama"
@@ -162,6 +163,9 @@ def main(argv=None) -> int:
         "load_average_before": load_before,
         "load_average_after": load_after,
         "machine": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "commit": git_commit(),
         "torch": torch.__version__,
     }
     try:
@@ -199,10 +203,11 @@ def main(argv=None) -> int:
         "# Decoding speed at long contexts\n\n"
         "Default model (4 layers, width 256, 4 heads, vocabulary 256), batch 1, greedy; per context a prefill of "
         f"that many random tokens, then {args.new_tokens} timed one-token steps through the cache; "
-        f"{meta['threads']} thread(s), torch {meta['torch']}"
+        f"{meta['threads']} thread(s) on {meta['cpu']} ({meta['cores']} cores), commit {meta['commit']}, "
+        f"torch {meta['torch']}"
         f"{', transformers ' + meta['transformers'] if 'transformers' in meta else ''}; one interleaved run; "
-        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
-        "(2 cores shared with training runs: absolute figures are noisy, ratios less so). "
+        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after (above the thread count: other "
+        "work shared the cores, and absolute figures are noisy, ratios less so). "
         f"`{HF}`: transformers' LlamaForCausalLM of the same size (SwiGLU hidden 682, as many MLP weights) "
         "with its own DynamicCache. "
         "Slope: least squares of ms per token against the context. "
