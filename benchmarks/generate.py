@@ -206,9 +206,13 @@ def main(argv=None) -> int:
         f"{meta['threads']} thread(s) on {meta['cpu']} ({meta['cores']} cores), commit {meta['commit']}, "
         f"torch {meta['torch']}"
         f"{', transformers ' + meta['transformers'] if 'transformers' in meta else ''}; one interleaved run; "
-        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after (above the thread count: other "
-        "work shared the cores, and absolute figures are noisy, ratios less so). "
-        f"`{HF}`: transformers' LlamaForCausalLM of the same size (SwiGLU hidden 682, as many MLP weights) "
+        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+        + (  # a load beyond this run's own threads: something else ran on the cores
+            " (above the thread count: other work shared the cores, absolute figures are noisy, ratios less so). "
+            if max(load_before[0], load_after[0]) > meta["threads"] + 0.5
+            else " (no other work on the cores). "
+        )
+        + f"`{HF}`: transformers' LlamaForCausalLM of the same size (SwiGLU hidden 682, as many MLP weights) "
         "with its own DynamicCache. "
         "Slope: least squares of ms per token against the context. "
         "Errors: max |parallel - decoded| logits (2-layer model, 64 tokens).\n\n"
