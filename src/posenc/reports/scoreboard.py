@@ -189,7 +189,7 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
         markdown_table(head, rows)
         + "\n\nMean ± half-range over seeds; horizons in tokens (a seed whose first gap bucket already "
         "falls short of id by more than the tolerance counts 0, however flat its accuracy beyond); steps to "
-        "criterion: over the seeds that met it (\"k of n seeds\" when not all did), \"not reached (N steps)\" when "
+        'criterion: over the seeds that met it ("k of n seeds" when not all did), "not reached (N steps)" when '
         "none met it by the step cap N, "
         "empty when the records keep no criterion (a retrieval.csv alone) or not run; other cells empty: not run. "
         "Sources: " + "; ".join(sources) + ".\n"
