@@ -491,6 +491,10 @@ def test_a_report_header_says_swept_for_a_setting_the_sweep_varies():
     assert setting(plain, "train.lr") == plain.train.lr == 2e-3 and "lr 0.002" in task_meta(plain)["budget"]
     point = task_meta(at_point(preset, (("train.lr", 1e-3), ("model.n_head", 2))))  # one grid point: its own values
     assert "2 heads" in point["model"] and "lr 0.001" in point["budget"]
+    # --schemes leaving out path and path+forget, the only schemes with a head grid: the heads are not swept
+    some = load_preset("retrieval", {"schemes": ["rope", "alibi"]})
+    assert setting(some, "model.n_head") == some.model.n_head == 4 and "4 heads" in task_meta(some)["model"]
+    assert setting(some, "train.lr") == "swept"
 
 
 def test_a_task_report_header_gives_the_precision_the_jobs_train_at():

@@ -326,8 +326,11 @@ def mixing_windows(preset: Preset) -> dict[str, float | None]:
 
 def setting(preset: Preset, key: str):
     """The value of ``key`` (``train.lr``) a report's header states: the preset's, or "swept" when its sweep varies
-    it (each scheme's value is then its chosen grid point, which the sweep table names)."""
-    axes = {} if preset.sweep is None else {k for g in (preset.sweep.grid, *preset.sweep.schemes.values()) for k in g}
+    it for some scheme the run trains (each scheme's value is then its chosen grid point, which the sweep table names;
+    a left-out scheme's own grid varies nothing)."""
+    sweep = preset.sweep
+    own = [] if sweep is None else [sweep.schemes[s] for s in preset.schemes if s in sweep.schemes]
+    axes = set() if sweep is None else {k for g in (sweep.grid, *own) for k in g}
     if key in axes:
         return "swept"
     section, field = key.split(".")
