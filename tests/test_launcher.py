@@ -115,6 +115,8 @@ def test_ctrl_c_of_local_submitit_jobs_ends_with_posencs_lines_only(tiny_corpus,
     os.killpg(proc.pid, signal.SIGINT)
     err = proc.communicate(timeout=120)[1]  # to the end: what every process holding posenc's stderr wrote
     assert proc.returncode == 130 and "Traceback" not in err, err
+    last = json.loads((runs / "quick" / "invocations.jsonl").read_text().splitlines()[-1])
+    assert last["interrupted"] is True and "finished" in last  # the stop's time counts in the run's wall time
     assert err.splitlines() == [
         f"posenc: interrupted: finished jobs are kept in {runs / 'quick'}; "
         "each interrupted one resumes from its last checkpoint",

@@ -67,13 +67,23 @@ def test_wall_line_sums_the_finished_invocations_and_says_what_it_leaves_out():
         {"commit": "a"},  # before the fields
         {"invocation": "1", "started": "2026-12-06T00:00:00Z"},
         {"invocation": "1", "finished": "2026-12-06T01:30:00Z"},
-        {"invocation": "2", "started": "2026-12-06T02:00:00Z"},  # interrupted
+        {"invocation": "2", "started": "2026-12-06T02:00:00Z"},  # killed outright: no end
         {"invocation": "3", "started": "2026-12-06T03:00:00Z"},
         {"invocation": "3", "finished": "2026-12-06T03:10:30Z"},
     ]
     assert wall_line(calls) == (
-        "at least 100 min over 2 invocations (2026-12-06T00:00:00Z to 2026-12-06T03:10:30Z); 1 interrupted (not "
-        "counted); 1 recorded before the invocation times (not counted)"
+        "at least 100 min over 2 invocations (2026-12-06T00:00:00Z to 2026-12-06T03:10:30Z); 1 killed before its end "
+        "(not counted); 1 recorded before the invocation times (not counted)"
+    )
+    stopped = [  # Ctrl-C or SIGTERM: the end line says so, and the time to the stop counts
+        {"invocation": "4", "started": "2026-12-06T04:00:00Z"},
+        {"invocation": "4", "finished": "2026-12-06T04:05:00Z", "interrupted": True},
+        {"invocation": "5", "started": "2026-12-06T04:10:00Z"},
+        {"invocation": "5", "finished": "2026-12-06T04:30:00Z"},
+    ]
+    assert wall_line(stopped) == (
+        "25 min over 2 invocations (2026-12-06T04:00:00Z to 2026-12-06T04:30:00Z); 1 stopped by an interrupt "
+        "(counted to its stop)"
     )
     assert wall_line(calls[1:3]) == "90 min over 1 invocation (2026-12-06T00:00:00Z to 2026-12-06T01:30:00Z)"
     assert wall_line([]) == "no invocation recorded"
@@ -94,4 +104,11 @@ def test_finish_run_appends_this_invocations_end_only(tmp_path):
     assert calls[0] == first and calls[2] == second and first["invocation"] != second["invocation"]
     assert set(calls[1]) == {"invocation", "finished"} and calls[1]["invocation"] == first["invocation"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", calls[1]["finished"]) and utc_now() >= calls[1]["finished"]
-    assert wall_line(calls).endswith("; 1 interrupted (not counted)") and wall_line(calls).startswith("at least ")
+    assert wall_line(calls).endswith("; 1 killed before its end (not counted)")
+    assert wall_line(calls).startswith("at least ")
+    finish_run(tmp_path, second, interrupted=True)
+    calls = read_jsonl(tmp_path / "invocations.jsonl")
+    assert calls[-1]["interrupted"] is True and calls[-1]["invocation"] == second["invocation"]
+    assert "at least" not in wall_line(calls) and wall_line(calls).endswith(
+        "; 1 stopped by an interrupt (counted to its stop)"
+    )

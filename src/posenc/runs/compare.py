@@ -509,31 +509,38 @@ def compare(
                     failed(job, error)
         return len(pending)
 
-    first, swept = preset.seeds[0], preset.sweep is not None
-    n_pending, chosen, grid_jobs = 0, [], []
-    if swept:  # every grid point screened on the first seed, then each scheme's choice from its records
-        grid_jobs = [Job(t, s, first, p, screening=True) for t in units for s in preset.schemes for p in grids[s]]
-        n_pending = run(grid_jobs)
-        chosen = choices(run_root, units, grids, first, preset.model.train_length, preset.task_eval.learned)
-        # the chosen point on every seed (its first completes the screening); a task none of whose points learned
-        # is reported at its best point on the first seed
-        final = [Job(c.task, c.scheme, seed, c.point) for c in chosen if c.point is not None for seed in preset.seeds]
-        final += [Job(c.task, c.scheme, first, c.shown) for c in chosen if c.point is None and c.shown is not None]
-    else:
-        final = [Job(t, s, seed) for t in units for s in preset.schemes for seed in preset.seeds]
-    n_pending += run(final)
-    if not n_pending:
-        _all_done(run_root, len({j.key() for j in grid_jobs + final}))  # a chosen point's first seed is a grid job
-    for p in points if not tasks else []:  # the RoPE schedule and method rows of the schemes reported at each point
-        at = list(dict.fromkeys(j.scheme for j in final if j.point == p))
-        args = (
-            point_root(run_root, p),
-            at_point(preset, p).model_copy(update={"schemes": at}),
-            data,
-            point_root(run_root, p) / "results.jsonl",
-        )
-        failures.update(run_schedules(*args))
-        failures.update(run_methods(*args))
+    try:
+        first, swept = preset.seeds[0], preset.sweep is not None
+        n_pending, chosen, grid_jobs = 0, [], []
+        if swept:  # every grid point screened on the first seed, then each scheme's choice from its records
+            grid_jobs = [Job(t, s, first, p, screening=True) for t in units for s in preset.schemes for p in grids[s]]
+            n_pending = run(grid_jobs)
+            chosen = choices(run_root, units, grids, first, preset.model.train_length, preset.task_eval.learned)
+            # the chosen point on every seed (its first completes the screening); a task none of whose points learned
+            # is reported at its best point on the first seed
+            final = [
+                Job(c.task, c.scheme, seed, c.point) for c in chosen if c.point is not None for seed in preset.seeds
+            ]
+            final += [Job(c.task, c.scheme, first, c.shown) for c in chosen if c.point is None and c.shown is not None]
+        else:
+            final = [Job(t, s, seed) for t in units for s in preset.schemes for seed in preset.seeds]
+        n_pending += run(final)
+        if not n_pending:
+            _all_done(run_root, len({j.key() for j in grid_jobs + final}))  # a chosen point's first seed is a grid job
+        for p in points if not tasks else []:  # the RoPE schedule and method rows of the schemes reported at each point
+            at = list(dict.fromkeys(j.scheme for j in final if j.point == p))
+            args = (
+                point_root(run_root, p),
+                at_point(preset, p).model_copy(update={"schemes": at}),
+                data,
+                point_root(run_root, p) / "results.jsonl",
+            )
+            failures.update(run_schedules(*args))
+            failures.update(run_methods(*args))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the time up to the stop counts in the run's wall time
+        for root, stamp in opened:
+            finish_run(root, stamp, interrupted=True)
+        raise
     calls = [finish_run(root, stamp) for root, stamp in opened]  # every directory's line closed
     wall = wall_line(calls[0])  # the comparison's own invocations: its total wall time
     sweep_lines = []

@@ -300,12 +300,16 @@ def record_run(run_root: Path, preset: Preset) -> dict:
     return stamp
 
 
-def finish_run(run_root: Path, stamp: dict) -> list[dict]:
-    """Append this invocation's end to ``run_root/invocations.jsonl``: ``{"invocation": its id, "finished": UTC}``
-    (``stamp`` as ``record_run`` returned it; append-only, as every write there). An invocation without one was
-    interrupted. Returns every line of the file (``posenc.store.stamp.wall_line`` sums them)."""
+def finish_run(run_root: Path, stamp: dict, interrupted: bool = False) -> list[dict]:
+    """Append this invocation's end to ``run_root/invocations.jsonl``: ``{"invocation": its id, "finished": UTC}``,
+    with ``"interrupted": true`` when Ctrl-C or SIGTERM stopped it (``stamp`` as ``record_run`` returned it;
+    append-only, as every write there). An invocation without an end was killed outright. Returns every line of the
+    file (``posenc.store.stamp.wall_line`` sums them)."""
     path = run_root / "invocations.jsonl"
-    append_jsonl(path, {"invocation": stamp["invocation"], "finished": utc_now()})
+    append_jsonl(
+        path,
+        {"invocation": stamp["invocation"], "finished": utc_now(), **({"interrupted": True} if interrupted else {})},
+    )
     return read_jsonl(path)
 
 

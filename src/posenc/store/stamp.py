@@ -129,13 +129,15 @@ def utc_now() -> str:
 def wall_line(invocations: list[dict]) -> str:
     """A run's total wall time from its invocations.jsonl lines: each invocation's stamp with ``invocation`` (its id)
     and ``started``, and the line ``{"invocation", "finished"}`` it appends at its end (``posenc.runs.jobs``):
-    "97 min over 1 invocation (2026-12-06T00:00:00Z to ...)". Invocations without an end (interrupted) or recorded
-    before these fields are not counted and said apart ("at least" then: their time is unknown). Raises ValueError
-    for a time not in ``UTC_FORMAT``."""
+    "97 min over 1 invocation (2026-12-06T00:00:00Z to ...)". One stopped by Ctrl-C or SIGTERM ends with
+    ``"interrupted": true`` and counts to its stop (said apart); invocations without an end (killed outright) or
+    recorded before these fields are not counted and said apart ("at least" then: their time is unknown). Raises
+    ValueError for a time not in ``UTC_FORMAT``."""
     ends = {s["invocation"]: s["finished"] for s in invocations if "finished" in s}
     starts = [s for s in invocations if "started" in s]
     timed = [(s["started"], ends[s["invocation"]]) for s in starts if s["invocation"] in ends]
     cut, old = len(starts) - len(timed), sum(1 for s in invocations if "started" not in s and "finished" not in s)
+    stopped = sum(1 for s in invocations if s.get("interrupted"))
     parts = []
     if timed:
         seconds = sum(
@@ -146,8 +148,10 @@ def wall_line(invocations: list[dict]) -> str:
             f"{'at least ' * bool(cut or old)}{seconds / 60:.0f} min over {len(timed)} "
             f"invocation{'s' * (len(timed) > 1)} ({timed[0][0]} to {timed[-1][1]})"
         )
+    if stopped:
+        parts.append(f"{stopped} stopped by an interrupt (counted to its stop)")
     if cut:
-        parts.append(f"{cut} interrupted (not counted)")
+        parts.append(f"{cut} killed before its end (not counted)")
     if old:
         parts.append(f"{old} recorded before the invocation times (not counted)")
     return "; ".join(parts) or "no invocation recorded"
