@@ -80,6 +80,7 @@ from posenc.train.loop import (
     machine_precision,
     randomized_max,
     train,
+    use_threads,
 )
 from posenc.train.tracking import check_kind, eval_metrics, open_tracker
 
@@ -259,8 +260,7 @@ def run_job(
         elif not is_trained(run_dir):
             train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{scheme} s{seed}", tracker=tracker)
         model, _, _ = load_run(run_dir)
-        if tcfg.threads:  # as training set them: a job that only evaluates (a screening's completion) trained earlier
-            torch.set_num_threads(tcfg.threads)
+        use_threads(tcfg)  # as training set them: a job that only evaluates (a screening's completion) trained earlier
         lengths = [mcfg.train_length] if screening else eval_lengths(mcfg.train_length, preset.eval.multiples)
         for L in lengths:
             if (scheme, seed, L) in done:

@@ -13,8 +13,6 @@ import dataclasses
 import time
 from pathlib import Path
 
-import torch
-
 from posenc.config.plan import (
     Point,
     Preset,
@@ -32,7 +30,15 @@ from posenc.eval.tasks import evaluate_task, gate_leak
 from posenc.store.checkpoint import read_json, read_jsonl
 from posenc.store.records import Task, append, load
 from posenc.store.stamp import run_stamp
-from posenc.train.loop import is_trained, load_run, machine_precision, randomized_max, steps_to_criterion, train
+from posenc.train.loop import (
+    is_trained,
+    load_run,
+    machine_precision,
+    randomized_max,
+    steps_to_criterion,
+    train,
+    use_threads,
+)
 from posenc.train.tracking import open_tracker, task_metrics
 
 
@@ -80,8 +86,7 @@ def run_task_job(
         if not is_trained(run_dir):
             train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{task} {scheme} s{seed}", tracker=tracker)
         model = load_run(run_dir)[0]
-        if tcfg.threads:  # as training set them: a job that only evaluates (a screening's completion) trained earlier
-            torch.set_num_threads(tcfg.threads)
+        use_threads(tcfg)  # as training set them: a job that only evaluates (a screening's completion) trained earlier
         ev = preset.task_eval
         screened = [
             r for r in load(root / "results.jsonl") if isinstance(r, Task) and (r.task, r.scheme, r.seed) == key

@@ -624,6 +624,13 @@ def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: 
         )
 
 
+def use_threads(tcfg: TrainConfig) -> None:
+    """Set torch's intra-op threads to ``tcfg.threads`` (0: leave them as they are): training, and a job that only
+    evaluates a model trained earlier, run at the thread count the run records (it changes learned results)."""
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
+
+
 def train(
     run_dir: Path,
     mcfg: ModelConfig,
@@ -651,8 +658,7 @@ def train(
         update={"precision": resolve_precision(tcfg.precision, shard.device)}
     )  # config.json: what ran
     rows = shard.rows(tcfg.batch_size)
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
+    use_threads(tcfg)
     with shard.main_first():  # rank 0 builds the token cache, the others read it
         data = data or load_tokens(tcfg.corpus, tcfg.tokenizer, tasks=True)
     if mcfg.vocab_size != data.vocab_size:
