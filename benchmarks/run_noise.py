@@ -12,7 +12,7 @@ directories, or committed results with their ``results.csv``), made on two machi
 and evaluation length, into ``results/run_noise_machines.{json,md}``.
 
     .venv/bin/python benchmarks/run_noise.py [--schemes rope acc-learned-qkv] [--against runs/default]
-    .venv/bin/python benchmarks/run_noise.py --between results/demo results/demo-xeon
+    .venv/bin/python benchmarks/run_noise.py --between results/demo-epyc results/demo-xeon
 """
 
 from __future__ import annotations

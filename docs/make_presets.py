@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python docs/make_presets.py
 
-tests/test_config_dialect.py fails when the file is not what this writes.
+tests/config/test_config_dialect.py fails when the file is not what this writes.
 """
 
 from pathlib import Path

@@ -79,14 +79,15 @@ def test_suite_one_round_writes_ratio_tables(tmp_path):
 
 def test_run_noise_between_two_committed_runs(tmp_path):
     """``run_noise.py --between`` reads committed results (typed records from results.csv) and gives each scheme's
-    largest change over every length: the two machines of results/demo and results/demo-xeon."""
+    largest change over every length: the two machines of results/demo-epyc and results/demo-xeon (make demo at one
+    commit's initial weights)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("run_noise", ROOT / "benchmarks" / "run_noise.py")
     rn = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rn)
     rn.RESULTS = tmp_path
-    rn.between(ROOT / "results" / "demo", ROOT / "results" / "demo-xeon")
+    rn.between(ROOT / "results" / "demo-epyc", ROOT / "results" / "demo-xeon")
     worst = json.loads((tmp_path / "run_noise_machines.json").read_text())["largest_by_scheme"]
     assert worst["acc-learned-qkv"]["ratio"] == pytest.approx(0.0364, abs=5e-4)
     assert max(worst["alibi"].values()) < 1e-4 and max(worst["rope+forget"].values()) < 3e-3  # the others barely move

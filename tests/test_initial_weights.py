@@ -1,8 +1,9 @@
 """A model's initial weights at a seed are those the committed result sets trained from: a change to how layers or
 schemes are built (their random-number order) would silently change every result. The digests in
-tests/data/initial_weights.json were taken when the model stopped building a throwaway encoding to decide whether the
-scheme is an additive input embedding (its draws had shifted every later one for the schemes that draw at
-construction); results/demo, results/default, results/state-tracking and results/retrieval were re-run from them.
+tests/fixtures/initial_weights.json were taken when the model stopped building a throwaway encoding to decide
+whether the scheme is an additive input embedding (its draws had shifted every later one for the schemes that draw
+at construction); results/demo, results/default, results/state-tracking and results/retrieval were re-run from
+them.
 """
 
 import hashlib
@@ -14,7 +15,7 @@ import torch
 
 from posenc.model import LM, ModelConfig
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "initial_weights.json").read_text())
+GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "initial_weights.json").read_text())
 
 
 def digest(spec: str) -> str:

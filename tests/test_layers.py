@@ -247,3 +247,12 @@ def test_compare_reaches_the_report_through_the_traced_files():
     report = (SRC / "posenc" / "reports" / "compare.py").read_text()
     write = next(n for n in ast.parse(report).body if isinstance(n, ast.FunctionDef) and n.name == "write_report")
     assert '"report.md"' in ast.get_source_segment(report, write)
+
+
+def test_the_tests_are_laid_out_like_the_source():
+    """tests/ mirrors src/posenc/: the core's tests (and the project's: docs, lint, layers, wheel) at its top, every
+    other folder named after the source folder it tests, besides experiments/ (the studies) and fixtures/ (data)."""
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    source = {p.name for p in (SRC / "posenc").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders - {"experiments", "fixtures"} <= source, folders - source
+    assert {f.rstrip("/") for f in APP_FOLDERS} | {"encodings", "rope"} <= folders

@@ -59,9 +59,10 @@ from posenc.store.records import Ppl
 FLAT_TOL = 0.02
 MATCH_TOL = 0.02
 NEAR_16X = 1.10
-# Largest relative change of seed 0 of the default preset between runs of one code (results/run_noise.md):
-# 1 vs 2 threads on one machine: 0 for rope, acc-learned-qkv, hybrid, rope+forget (benchmarks/run_noise.py);
-# two machines, same threads: acc-learned-qkv ppl 7.45 vs 7.4707 at 1x, ratio 1.101 vs 1.0770 at 16x.
+# Largest relative change of seed 0 of the default preset between runs of one code (results/run_noise.md), measured
+# at the initial weights before aa760a4 (results/demo-epyc): 1 vs 2 threads on one machine: 0 for rope,
+# acc-learned-qkv, hybrid, rope+forget (benchmarks/run_noise.py); two machines, same threads: acc-learned-qkv ppl
+# 7.45 vs 7.4707 at 1x, ratio 1.101 vs 1.0770 at 16x.
 # At every length (results/run_noise_machines.md) acc-learned-qkv moves more at 32x-128x (ratio up to 3.6%), the
 # other schemes <= 0.23%; bands of each scheme's own change per length change no committed verdict (docs/results.md).
 PPL_NOISE = 0.003

@@ -38,7 +38,7 @@ flag                    hook                 what it gives
 
 A hook whose flag is False returns None. Flags may be set per instance in
 ``__init__`` (RoPE replaces attention only with the ReRoPE schedule). The test
-``tests/test_contract.py`` builds every registered scheme and checks that each
+``tests/encodings/test_contract.py`` builds every registered scheme and checks that each
 flag matches what its hook returns. ``spectral_gap`` and ``mixing_window`` report
 a rotary scheme's step law (``posenc diagnose``); ``zero_init`` names the layers
 the scheme starts at zero, which the model's weight initialisation leaves alone;

@@ -19,7 +19,7 @@ from posenc.rope import NAMES
 from posenc.runs.extend import ExtendConfig, extension, load_extend_config, open_store, preset_names
 from posenc.store.records import ScoredWindow, append
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # the presets of the command before they became YAML files
 SHIPPED = {
     "default": dict(

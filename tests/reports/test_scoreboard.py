@@ -14,7 +14,7 @@ from posenc.reports.tasks import TaskTable
 from posenc.reports.tasks import write_csv as write_task_csv
 from posenc.store.records import Ppl, Task, TaskCell, append
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
 L0 = 128
 

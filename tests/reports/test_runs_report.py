@@ -14,7 +14,7 @@ from posenc.encodings import canonical as spec_key
 from posenc.reports.runs import load_run, ratio_figure, write_runs_report
 from posenc.runs.compare import compare
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def tiny_run(corpus, out, name, schemes, steps):

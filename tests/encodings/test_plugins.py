@@ -29,7 +29,7 @@ class HalfALiBi(Encoding):
     """ALiBi at half slope (a plugin)."""
 
     name = "NAME"
-    family, source = "plugins", "tests/test_plugins.py"
+    family, source = "plugins", "tests/encodings/test_plugins.py"
     has_bias = True
 
     def __init__(self, dims):

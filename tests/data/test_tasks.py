@@ -26,7 +26,7 @@ from posenc.store.records import Task
 from posenc.train.loop import mean_loss
 from tests.task_records import gap_cells, task_job, task_records, task_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _check_flipflop(tok, answer, distance):

@@ -11,7 +11,7 @@ import torch
 
 from posenc.store.stamp import bf16_units, git_commit, run_stamp, stamp_line, utc_now, wall_line
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_stamp_records_the_settings_that_change_numbers():

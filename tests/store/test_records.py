@@ -33,7 +33,7 @@ from posenc.store.records import (
     write,
 )
 
-RESULTS = Path(__file__).parent.parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 RUN_RECORDS = [
     Ppl(

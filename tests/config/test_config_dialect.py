@@ -17,8 +17,8 @@ from posenc.runs.jobs import record_run
 from posenc.store.presets import _field_infos, preset_names, reference
 from posenc.train.loop import TrainConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-RESOLVED = Path(__file__).parent / "data" / "presets_resolved"
+ROOT = Path(__file__).resolve().parents[2]
+RESOLVED = ROOT / "tests" / "fixtures" / "presets_resolved"
 
 
 def _resolved():
