@@ -64,7 +64,8 @@ NEAR_16X = 1.10
 # acc-learned-qkv, hybrid, rope+forget (benchmarks/run_noise.py); two machines, same threads: acc-learned-qkv ppl
 # 7.45 vs 7.4707 at 1x, ratio 1.101 vs 1.0770 at 16x.
 # At every length (results/run_noise_machines.md) acc-learned-qkv moves more at 32x-128x (ratio up to 3.6%), the
-# other schemes <= 0.23%; bands of each scheme's own change per length change no committed verdict (docs/results.md).
+# other schemes <= 0.23%; bands of each scheme's own change per length changed no verdict committed then
+# (docs/results.md).
 PPL_NOISE = 0.003
 RATIO_NOISE = 0.022
 
