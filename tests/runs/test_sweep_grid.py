@@ -351,7 +351,7 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path,
     assert start["invocation"] == end["invocation"] and start["started"] <= end["finished"]
     for point in root.glob("sweep/*"):  # each grid point's directory records the invocation too, closed
         assert [set(c) >= {"invocation"} for c in read_jsonl(point / "invocations.jsonl")] == [True, True]
-    assert re.search(r"- wall time: \d+ min over 1 invocation \(", text)
+    assert re.search(r"- wall time: \d+ (min|s) over 1 invocation \(", text)
     rows = (root / "sweep.csv").read_text().splitlines()
     assert rows[0] == "task,scheme,setting,result,steps_to_criterion,chosen" and len(rows) == 1 + 2 + 4
     assert sum(line.endswith(",1") for line in rows[1:]) == len(chosen) and (root / "sweep.png").exists()
@@ -362,7 +362,7 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path,
     assert f"posenc: all {n_jobs} jobs already done" in capsys.readouterr().err
     assert {p: len(read_jsonl(p / "results.jsonl")) for p in root.glob("sweep/*")} == n
     again = report.read_text()
-    assert re.search(r"- wall time: \d+ min over 2 invocations \(", again)  # the rerun counts too
+    assert re.search(r"- wall time: \d+ (min|s) over 2 invocations \(", again)  # the rerun counts too
     assert (
         again.splitlines()[:5] == text.splitlines()[:5]
         and again.split("wall time")[1].split("\n", 1)[1] == (text.split("wall time")[1].split("\n", 1)[1])

@@ -87,6 +87,11 @@ def test_wall_line_sums_the_finished_invocations_and_says_what_it_leaves_out():
     )
     assert wall_line(calls[1:3]) == "90 min over 1 invocation (2026-12-06T00:00:00Z to 2026-12-06T01:30:00Z)"
     assert wall_line([]) == "no invocation recorded"
+    short = [
+        {"invocation": "6", "started": "2026-12-06T05:00:00Z"},
+        {"invocation": "6", "finished": "2026-12-06T05:00:42Z"},
+    ]
+    assert wall_line(short) == "42 s over 1 invocation (2026-12-06T05:00:00Z to 2026-12-06T05:00:42Z)"  # not "0 min"
     with pytest.raises(ValueError):
         wall_line([{"invocation": "1", "started": "06/12/2026"}, {"invocation": "1", "finished": "07/12/2026"}])
 

@@ -126,13 +126,18 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime(UTC_FORMAT)
 
 
+def _duration(seconds: float) -> str:
+    """Seconds as a person reads them: "97 min", or "42 s" under a minute (where minutes would round to 0)."""
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
 def wall_line(invocations: list[dict]) -> str:
     """A run's total wall time from its invocations.jsonl lines: each invocation's stamp with ``invocation`` (its id)
     and ``started``, and the line ``{"invocation", "finished"}`` it appends at its end (``posenc.runs.jobs``):
-    "97 min over 1 invocation (2026-12-06T00:00:00Z to ...)". One stopped by Ctrl-C or SIGTERM ends with
-    ``"interrupted": true`` and counts to its stop (said apart); invocations without an end (killed outright) or
-    recorded before these fields are not counted and said apart ("at least" then: their time is unknown). Raises
-    ValueError for a time not in ``UTC_FORMAT``."""
+    "97 min over 1 invocation (2026-12-06T00:00:00Z to ...)", in seconds under a minute. One stopped by Ctrl-C or
+    SIGTERM ends with ``"interrupted": true`` and counts to its stop (said apart); invocations without an end (killed
+    outright) or recorded before these fields are not counted and said apart ("at least" then: their time is
+    unknown). Raises ValueError for a time not in ``UTC_FORMAT``."""
     ends = {s["invocation"]: s["finished"] for s in invocations if "finished" in s}
     starts = [s for s in invocations if "started" in s]
     timed = [(s["started"], ends[s["invocation"]]) for s in starts if s["invocation"] in ends]
@@ -145,7 +150,7 @@ def wall_line(invocations: list[dict]) -> str:
             for a, b in timed
         )
         parts.append(
-            f"{'at least ' * bool(cut or old)}{seconds / 60:.0f} min over {len(timed)} "
+            f"{'at least ' * bool(cut or old)}{_duration(seconds)} over {len(timed)} "
             f"invocation{'s' * (len(timed) > 1)} ({timed[0][0]} to {timed[-1][1]})"
         )
     if stopped:
