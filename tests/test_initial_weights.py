@@ -2,8 +2,8 @@
 schemes are built (their random-number order) would silently change every result. The digests in
 tests/fixtures/initial_weights.json were taken when the model stopped building a throwaway encoding to decide
 whether the scheme is an additive input embedding (its draws had shifted every later one for the schemes that draw
-at construction); results/demo, results/default and results/retrieval were re-run from them (results/state-tracking
-keeps the weights before, at its commit adc380b).
+at construction); results/demo, results/default, results/retrieval and results/state-tracking were re-run from
+them.
 """
 
 import hashlib
