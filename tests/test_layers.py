@@ -237,10 +237,11 @@ def test_compare_reaches_the_report_through_the_traced_files():
         "posenc.runs.compare", "compare"
     )
     assert {
-        "posenc.train.loop.train",
+        "posenc.runs.jobs.trained_job",
         "posenc.eval.perplexity.evaluate_length",
         "posenc.store.records.append",
     } <= pw.calls("posenc.runs.compare", "run_job")
+    assert "posenc.train.loop.train" in pw.calls("posenc.runs.jobs", "trained_job")
     assert {"posenc.store.records.load"} <= pw.calls(
         "posenc.reports.compare", "write_report"
     )  # the report reads the store

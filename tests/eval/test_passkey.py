@@ -176,7 +176,7 @@ def test_a_preset_without_eval_passkey_scores_no_passkey(tmp_path):
     without.write_text(base + "eval: {far_mass: {windows: 0}}\n")
     ev = load_preset(str(without)).eval
     assert ev.passkey.trials == 0
-    assert not extras_pending(ev, 32, tmp_path / "none.jsonl", "rope", 0)  # nothing left to score
+    assert not extras_pending(ev, 32, [], "rope", 0)  # nothing left to score
     given = tmp_path / "given.yaml"
     given.write_text(base + "eval: {passkey: {depths: [0.5]}}\n")
     assert load_preset(str(given)).eval.passkey.trials == PasskeyConfig().trials > 0

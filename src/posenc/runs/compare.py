@@ -65,12 +65,13 @@ from posenc.runs.jobs import (
     run_pool,
     run_submitit,
     scheme_modules,
+    trained_job,
 )
 from posenc.runs.retrieval import done_jobs, run_task_job, task_meta
 from posenc.runs.sweep import choices, merge_chosen, sweep_markdown, write_sensitivity
 from posenc.scoring import eval_lengths, window_starts
 from posenc.store.checkpoint import read_json
-from posenc.store.records import FarMass, PasskeyCell, Ppl, append, drop_torn_tail, load
+from posenc.store.records import FarMass, PasskeyCell, Ppl, Record, append, drop_torn_tail, load
 from posenc.store.stamp import run_stamp, stamp_line, wall_line
 from posenc.train.loop import (
     check_positions,
@@ -79,18 +80,15 @@ from posenc.train.loop import (
     load_run,
     machine_precision,
     randomized_max,
-    train,
-    use_threads,
 )
-from posenc.train.tracking import check_kind, eval_metrics, open_tracker
+from posenc.train.tracking import check_kind, eval_metrics
 
 
-def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
-    """Evaluate every ``eval_schedules`` entry on each trained RoPE scheme; returns failures."""
-
+def run_schedules(run_root: Path, preset: Preset, data, results: Path, done: set) -> dict[str, str]:
+    """Evaluate every ``eval_schedules`` entry on each trained RoPE scheme; returns failures. ``done``: the recorded
+    (scheme, seed, length) cells (``posenc.runs.jobs.done_cells``), read once; this is the only writer of its rows."""
     failures = {}
     ropes = [s for s in preset.schemes if is_rope(s)]
-    done = done_cells(results)  # read once: this loop is the only writer of its rows
     for spec in preset.eval_schedules:
         name, params = schedule_spec(spec, preset)
         for scheme in ropes:
@@ -119,9 +117,9 @@ def run_schedules(run_root: Path, preset: Preset, data, results: Path) -> dict[s
     return failures
 
 
-def run_methods(run_root: Path, preset: Preset, data, results: Path) -> dict[str, str]:
+def run_methods(run_root: Path, preset: Preset, data, results: Path, done: set) -> dict[str, str]:
     """Evaluate every ``eval_methods`` entry on each trained scheme it applies to (``posenc.model.set_method``
-    refuses the others: no row for them); returns failures."""
+    refuses the others: no row for them); returns failures. ``done``: as ``run_schedules``'s."""
     failures = {}
     for spec in preset.eval_methods:
         for scheme in preset.schemes:
@@ -137,7 +135,7 @@ def run_methods(run_root: Path, preset: Preset, data, results: Path) -> dict[str
                 base = {"scheme": f"{scheme}+{method.describe()}", "seed": seed, "method": method.label()}
                 try:
                     for L in eval_lengths(preset.model.train_length, preset.eval.multiples):
-                        if (base["scheme"], seed, L) not in done_cells(results):
+                        if (base["scheme"], seed, L) not in done:
                             append(
                                 results,
                                 evaluate_length(
@@ -242,7 +240,11 @@ def run_job(
     data = data or load_tokens(preset.train.corpus, preset.train.tokenizer)
     root = point_root(run_root, point)
     results = root / "results.jsonl"
-    done = done_cells(results)
+    # this job's records, read once: no other job writes its (scheme, seed) rows, so it keeps them up to date itself
+    mine = [
+        r for r in load(results) if isinstance(r, (Ppl, PasskeyCell, FarMass)) and (r.scheme, r.seed) == (scheme, seed)
+    ]
+    done = done_cells(mine)
     run_dir = root / scheme / f"seed{seed}"
     mcfg, tcfg = job_configs(preset, point, scheme, seed, data.vocab_size)
     config = {
@@ -252,52 +254,45 @@ def run_job(
         "model": dataclasses.asdict(mcfg),
         "train": tcfg.model_dump(),
         "eval": preset.eval.model_dump(),
-        "stamp": run_stamp(machine_precision(tcfg)),
     }
-    with open_tracker(log, run_dir, f"{preset.name}/{scheme}/seed{seed}", preset.name, config) as tracker:
-        if not is_trained(run_dir) and nproc > 1:
-            train_under_torchrun(root, scheme, seed, nproc, log)
-        elif not is_trained(run_dir):
-            train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{scheme} s{seed}", tracker=tracker)
-        model, _, _ = load_run(run_dir)
-        use_threads(tcfg)  # as training set them: a job that only evaluates (a screening's completion) trained earlier
+    torchrun = (lambda: train_under_torchrun(root, scheme, seed, nproc, log)) if nproc > 1 else None
+    name, desc = f"{preset.name}/{scheme}/seed{seed}", f"{scheme} s{seed}"
+    with trained_job(run_dir, name, desc, mcfg, tcfg, config, log, data, torchrun) as (model, tracker):
         lengths = [mcfg.train_length] if screening else eval_lengths(mcfg.train_length, preset.eval.multiples)
         for L in lengths:
             if (scheme, seed, L) in done:
                 continue
-            append(
-                results,
-                evaluate_length(
-                    model,
-                    data.val_docs,
-                    L,
-                    {"scheme": scheme, "seed": seed},
-                    preset.eval.max_tokens,
-                    preset.eval.batch_tokens,
-                    span=_span(preset),
-                    positions=randomized_max(tcfg.positions),
-                ),
+            rec = evaluate_length(
+                model,
+                data.val_docs,
+                L,
+                {"scheme": scheme, "seed": seed},
+                preset.eval.max_tokens,
+                preset.eval.batch_tokens,
+                span=_span(preset),
+                positions=randomized_max(tcfg.positions),
             )
+            append(results, rec)
+            mine.append(rec)
         if not screening:
-            compare_extras(
-                model, preset.eval, data, results, {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length}
-            )
-        mine = [r for r in load(results) if isinstance(r, (Ppl, PasskeyCell)) and (r.scheme, r.seed) == (scheme, seed)]
+            base = {"scheme": scheme, "seed": seed, "train_length": mcfg.train_length}
+            mine += compare_extras(model, preset.eval, data, results, base, mine)
         evals = with_ratios([r for r in mine if isinstance(r, Ppl)]) + [r for r in mine if isinstance(r, PasskeyCell)]
         tracker.log(eval_metrics(evals, mcfg.train_length), read_json(run_dir / "train_summary.json")["steps"])
 
 
-def _recorded(results: Path, scheme: str, seed: int) -> set:
-    """(kind, length, depth) of the passkey and far-mass records of (scheme, seed) in ``results``."""
+def _recorded(recs: list[Record], scheme: str, seed: int) -> set:
+    """(kind, length, depth) of the passkey and far-mass records of (scheme, seed) among ``recs``."""
     return {
         (r.kind, r.length, getattr(r, "depth", None))
-        for r in load(results)
+        for r in recs
         if isinstance(r, (PasskeyCell, FarMass)) and (r.scheme, r.seed) == (scheme, seed)
     }
 
 
-def extras_pending(ev, train_length: int, results: Path, scheme: str, seed: int) -> bool:
-    """True when some passkey or far-mass record one compare job of (scheme, seed) writes is missing from ``results``.
+def extras_pending(ev, train_length: int, recs: list[Record], scheme: str, seed: int) -> bool:
+    """True when some passkey or far-mass record one compare job of (scheme, seed) writes is missing from ``recs``
+    (a results.jsonl's, read once).
 
     ev: the preset's EvalConfig (its ``passkey`` and ``far_mass`` settings).
     """
@@ -310,21 +305,24 @@ def extras_pending(ev, train_length: int, results: Path, scheme: str, seed: int)
         }
     if ev.far_mass.windows:
         keys |= {("far_mass", L, None) for L in eval_lengths(train_length, ev.far_mass.multiples)}
-    return not keys <= _recorded(results, scheme, seed)
+    return not keys <= _recorded(recs, scheme, seed)
 
 
-def compare_extras(model: LM, ev, data, results: Path, base: dict) -> None:
-    """Passkey cells and the cheap far-mass pass of one compare job, appended to ``results``.
+def compare_extras(model: LM, ev, data, results: Path, base: dict, recorded: list[Record]) -> list[Record]:
+    """Passkey cells and the cheap far-mass pass of one compare job, appended to ``results``; returns the new records.
 
-    base: {"scheme", "seed", "train_length"} copied into each record; records
-    already present are skipped (a rerun resumes).
+    base: {"scheme", "seed", "train_length"} copied into each record; those already among ``recorded`` (the job's
+    records, read once) are skipped (a rerun resumes).
     """
-    done = _recorded(results, base["scheme"], base["seed"])
+    done, new = _recorded(recorded, base["scheme"], base["seed"]), []
     for rec in passkey_records(model, data.tokenizer, ev.passkey, base, {(L, d) for k, L, d in done if k == "passkey"}):
         append(results, rec)
+        new.append(rec)
     todo = [m for m in ev.far_mass.multiples if ("far_mass", m * base["train_length"], None) not in done]
     for rec in far_mass_records(model, data.val_docs, ev.far_mass.model_copy(update={"multiples": todo}), base):
         append(results, rec)
+        new.append(rec)
+    return new
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,10 +350,10 @@ class Job:
         )
 
 
-def _finished(run_root: Path, preset: Preset, job: Job, done: dict) -> bool:
+def _finished(run_root: Path, preset: Preset, job: Job, done: dict, recs: dict) -> bool:
     """Trained and every evaluation it makes recorded (a screening job's: those at the training length): no job to
     start. ``done``: each grid point's recorded (scheme, seed, length) cells on text, {(task, scheme, seed): screening
-    only} on tasks, read once per stage."""
+    only} on tasks; ``recs``: each grid point's records; both read once per stage."""
     root = point_root(run_root, job.point)
     if job.task:
         screened = done[root].get((job.task, job.scheme, job.seed))
@@ -365,7 +363,7 @@ def _finished(run_root: Path, preset: Preset, job: Job, done: dict) -> bool:
     return (
         is_trained(job.where(run_root))
         and all((job.scheme, job.seed, L) in done[root] for L in lengths)
-        and (job.screening or not extras_pending(preset.eval, L0, root / "results.jsonl", job.scheme, job.seed))
+        and (job.screening or not extras_pending(preset.eval, L0, recs[root], job.scheme, job.seed))
     )
 
 
@@ -468,11 +466,9 @@ def compare(
                 *job_configs(preset, job.point, job.scheme, job.seed, vocab, job.task),
                 f"{preset.name}'s job {job.name()}",
             )
-        done = {
-            point_root(run_root, p): (done_jobs if tasks else done_cells)(point_root(run_root, p) / "results.jsonl")
-            for p in points
-        }
-        pending = [job for job in stage if not _finished(run_root, preset, job, done)]
+        recs = {point_root(run_root, p): load(point_root(run_root, p) / "results.jsonl") for p in points}
+        done = {root: (done_jobs if tasks else done_cells)(r) for root, r in recs.items()}
+        pending = [job for job in stage if not _finished(run_root, preset, job, done, recs)]
         # inline, a text job gets this process's data (no reload); isolated, it loads its own
         jobs = [
             (
@@ -529,12 +525,9 @@ def compare(
             _all_done(run_root, len({j.key() for j in grid_jobs + final}))  # a chosen point's first seed is a grid job
         for p in points if not tasks else []:  # the RoPE schedule and method rows of the schemes reported at each point
             at = list(dict.fromkeys(j.scheme for j in final if j.point == p))
-            args = (
-                point_root(run_root, p),
-                at_point(preset, p).model_copy(update={"schemes": at}),
-                data,
-                point_root(run_root, p) / "results.jsonl",
-            )
+            results = point_root(run_root, p) / "results.jsonl"
+            at_p = at_point(preset, p).model_copy(update={"schemes": at})
+            args = (point_root(run_root, p), at_p, data, results, done_cells(load(results)))  # rows apart: one read
             failures.update(run_schedules(*args))
             failures.update(run_methods(*args))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the time up to the stop counts in the run's wall time

@@ -35,13 +35,33 @@ from posenc.errors import PosencError, sigterm_as_interrupt
 from posenc.store import records
 from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
 from posenc.store.stamp import run_stamp, utc_now
-from posenc.train.loop import legacy_precision, machine_precision
+from posenc.train.loop import is_trained, legacy_precision, load_run, machine_precision, train, use_threads
+from posenc.train.tracking import open_tracker
 
 
 def one_line(exc: BaseException) -> str:
     """``TypeName: first line of the message``."""
     msg = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {msg[0] if msg else ''}"
+
+
+@contextlib.contextmanager
+def trained_job(run_dir: Path, name: str, desc: str, mcfg, tcfg, config: dict, log: str, data, train_fn=None):
+    """What every job of a comparison does before it evaluates: open its tracker (``posenc.train.tracking``, kind
+    ``log``, run ``name`` in the project ``config["name"]``) with ``config`` and the stamp, train (or resume)
+    ``run_dir`` at ``mcfg`` and ``tcfg`` on ``data`` unless trained (progress lines start with ``desc``;
+    ``train_fn()`` instead when given: torchrun), and load the model with the threads training set (a job that only
+    evaluates, a screening's completion, trained earlier). Yields (model, tracker)."""
+    config = {**config, "stamp": run_stamp(machine_precision(tcfg))}
+    with open_tracker(log, run_dir, name, config["name"], config) as tracker:
+        if not is_trained(run_dir):
+            if train_fn is not None:
+                train_fn()
+            else:
+                train(run_dir, mcfg, tcfg, resume=True, data=data, desc=desc, tracker=tracker)
+        model = load_run(run_dir)[0]
+        use_threads(tcfg)
+        yield model, tracker
 
 
 def scheme_modules(schemes: list[str]) -> list[str]:
@@ -284,9 +304,9 @@ def run_inline(fn: Callable, args: tuple, error_file: Path) -> str | None:
     return None
 
 
-def done_cells(results: Path) -> set[tuple[str, int, int]]:
-    """(scheme, seed, eval_length) of every perplexity record in ``results``."""
-    return {(r.scheme, r.seed, r.eval_length) for r in records.load(results) if isinstance(r, records.Ppl)}
+def done_cells(recs: list[records.Record]) -> set[tuple[str, int, int]]:
+    """(scheme, seed, eval_length) of every perplexity record among ``recs`` (a results.jsonl's, read once)."""
+    return {(r.scheme, r.seed, r.eval_length) for r in recs if isinstance(r, records.Ppl)}
 
 
 def record_run(run_root: Path, preset: Preset) -> dict:

@@ -27,26 +27,19 @@ from posenc.config.plan import (
 from posenc.data.corpora import load_tokens
 from posenc.data.tasks import get_task
 from posenc.eval.tasks import evaluate_task, gate_leak
+from posenc.runs.jobs import trained_job
 from posenc.store.checkpoint import read_json, read_jsonl
-from posenc.store.records import Task, append, load
+from posenc.store.records import Record, Task, append, load
 from posenc.store.stamp import run_stamp
-from posenc.train.loop import (
-    is_trained,
-    load_run,
-    machine_precision,
-    randomized_max,
-    steps_to_criterion,
-    train,
-    use_threads,
-)
-from posenc.train.tracking import open_tracker, task_metrics
+from posenc.train.loop import machine_precision, randomized_max, steps_to_criterion
+from posenc.train.tracking import task_metrics
 
 
-def done_jobs(results: Path) -> dict[tuple[str, str, int], bool]:
+def done_jobs(recs: list[Record]) -> dict[tuple[str, str, int], bool]:
     """{(task, scheme, seed): whether its record is a screening only (``Task.screening``)} of every task job recorded
-    in ``results`` (a job with a full record counts as full)."""
+    among ``recs`` (a results.jsonl's, read once; a job with a full record counts as full)."""
     out: dict[tuple[str, str, int], bool] = {}
-    for r in load(results):
+    for r in recs:
         if isinstance(r, Task):
             key = (r.task, r.scheme, r.seed)
             out[key] = out.get(key, True) and r.screening
@@ -80,13 +73,9 @@ def run_task_job(
         "model": dataclasses.asdict(mcfg),
         "train": tcfg.model_dump(),
         "task_eval": preset.task_eval.model_dump(),
-        "stamp": run_stamp(machine_precision(tcfg)),
     }
-    with open_tracker(log, run_dir, f"{preset.name}/{task}/{scheme}/seed{seed}", preset.name, config) as tracker:
-        if not is_trained(run_dir):
-            train(run_dir, mcfg, tcfg, resume=True, data=data, desc=f"{task} {scheme} s{seed}", tracker=tracker)
-        model = load_run(run_dir)[0]
-        use_threads(tcfg)  # as training set them: a job that only evaluates (a screening's completion) trained earlier
+    name, desc = f"{preset.name}/{task}/{scheme}/seed{seed}", f"{task} {scheme} s{seed}"
+    with trained_job(run_dir, name, desc, mcfg, tcfg, config, log, data) as (model, tracker):
         ev = preset.task_eval
         screened = [
             r for r in load(root / "results.jsonl") if isinstance(r, Task) and (r.task, r.scheme, r.seed) == key
