@@ -120,3 +120,23 @@ def test_identical_curves_stay_visible_and_say_so():
         ln.get_zorder() for ln in drawn
     )  # each repeat drawn over the first
     assert same_as([("a", [1, 2], [1.0, None]), ("b", [1, 2], [1.0, float("nan")])]) == {"b": "a"}  # a gap equals a gap
+
+
+def test_nearly_identical_curves_and_repeated_colours_stay_visible():
+    fig, ax = figure(figsize=(4, 3))
+    lines = [
+        {"label": "a", "x": [1, 2], "y": [1.0, 0.99], "color": "C0"},
+        {"label": "b", "x": [1, 2], "y": [1.0, 0.995], "color": "C1"},  # within 1% of a: it would hide under it
+        {"label": "c", "x": [1, 2], "y": [1.0, 0.9], "color": "C0"},  # a's colour again (more lines than colours)
+        {"label": "d", "x": [1, 2], "y": [1.0, 0.8], "color": "C0"},
+    ]
+    seen = [
+        (ln.get_label(), ln.get_linestyle(), ln.get_marker(), round(ln.get_markersize(), 3))
+        for ln in plot_lines(ax, lines)
+    ]
+    assert seen == [
+        ("a", "-", "o", 5),
+        ("b (within 1% of a)", "--", "s", 3.5),
+        ("c", "-", "s", 5),  # a's colour, style and marker: the first free marker shape
+        ("d", "-", "^", 5),
+    ]

@@ -105,9 +105,11 @@ def log_scale(ax, which: str, base: float = 10) -> None:
 REPEAT_STYLES = [("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "P")]
 
 
-def same_as(lines: Sequence[tuple[str, Sequence[float], Sequence[float]]], rtol: float = 1e-6) -> dict[str, str]:
+def same_as(
+    lines: Sequence[tuple[str, Sequence[float], Sequence[float]]], rtol: float = 1e-6, atol: float = 0.0
+) -> dict[str, str]:
     """{label: the label of the first earlier line it repeats} over ``lines`` of (label, x, y): equal x, and y equal
-    within ``rtol`` (relative) at every point (a gap, None or NaN, equals a gap). Lines that repeat none are not in
+    within ``atol + rtol * |y|`` at every point (a gap, None or NaN, equals a gap). Lines that repeat none are not in
     the result."""
     out: dict[str, str] = {}
     for i, (label, x, y) in enumerate(lines):
@@ -116,35 +118,51 @@ def same_as(lines: Sequence[tuple[str, Sequence[float], Sequence[float]]], rtol:
                 first not in out
                 and len(fx) == len(x)
                 and np.array_equal(fx, x)
-                and np.allclose(np.asarray(fy, float), np.asarray(y, float), rtol=rtol, atol=0, equal_nan=True)
+                and np.allclose(np.asarray(fy, float), np.asarray(y, float), rtol=rtol, atol=atol, equal_nan=True)
             ):
                 out[label] = first
                 break
     return out
 
 
-def plot_lines(ax, lines: Sequence[dict], ms: float = 5) -> list:
-    """Draw ``lines`` on ``ax`` so that identical ones stay visible; returns the Line2D objects. Each line is a dict
-    with "label", "x", "y" and any ``Axes.plot`` keywords (colour, ls, marker, ...; marker "o" and ls "-" when not
-    given). A line that repeats an earlier one (:func:`same_as`) is labelled "LABEL (same as FIRST)", drawn over it
-    with its marker size (``ms`` unless given) x 0.7^k (the k-th repeat) and, unless its own are given, the k-th line
-    style and marker shape of ``REPEAT_STYLES``."""
-    repeats = same_as([(ln["label"], list(ln["x"]), list(ln["y"])) for ln in lines])
+def plot_lines(ax, lines: Sequence[dict], ms: float = 5, close: float = 0.01) -> list:
+    """Draw ``lines`` on ``ax`` so that identical and nearly identical ones stay visible; returns the Line2D objects.
+    Each line is a dict with "label", "x", "y" and any ``Axes.plot`` keywords (colour, ls, marker, ...; marker "o" and
+    ls "-" when not given). A line that repeats an earlier one (:func:`same_as`) is labelled "LABEL (same as FIRST)",
+    one within ``close`` at every point (of its value, or of the span of all the lines' values: it would hide under
+    the first on a log or a linear axis) "LABEL (within 1% of FIRST)"; either is
+    drawn over the first with its marker size (``ms`` unless given) x 0.7^k (the k-th such line) and, unless its own
+    are given, the k-th line style and marker shape of ``REPEAT_STYLES``. A line whose colour, line style and marker
+    all equal an earlier line's (more lines than colours) takes the first marker shape of ``REPEAT_STYLES`` no line of
+    its colour and style has."""
+    from matplotlib.colors import to_hex
+
+    points = [(ln["label"], list(ln["x"]), list(ln["y"])) for ln in lines]
+    ys = np.array([v for _, _, y in points for v in y if v is not None], float)
+    span = float(np.ptp(ys[np.isfinite(ys)])) if np.isfinite(ys).any() else 0.0
+    repeats, near = same_as(points), same_as(points, rtol=close, atol=close * span)
     k: dict[str, int] = {}
-    drawn = []
+    drawn, styles = [], set()
     for z, ln in enumerate(lines):
         kw = {key: v for key, v in ln.items() if key not in ("label", "x", "y")}
         label, size = ln["label"], kw.pop("ms", ms)
-        first = repeats.get(label)
+        first = repeats.get(label) or near.get(label)
         if first is not None:
             k[first] = k.get(first, 0) + 1
             ls, marker = REPEAT_STYLES[(k[first] - 1) % len(REPEAT_STYLES)]
             kw.setdefault("ls", ls)
             kw.setdefault("marker", marker)
-            label, size = f"{label} (same as {first})", size * 0.7 ** k[first]
+            how = "same as" if label in repeats else f"within {close:.0%} of"
+            label, size = f"{label} ({how} {first})", size * 0.7 ** k[first]
         kw.setdefault("ls", "-")
         kw.setdefault("marker", "o")
-        drawn += ax.plot(ln["x"], ln["y"], label=label, ms=size, zorder=2 + z / len(lines), **kw)
+        (line,) = ax.plot(ln["x"], ln["y"], label=label, ms=size, zorder=2 + z / len(lines), **kw)
+        style = (to_hex(line.get_color()), line.get_linestyle(), line.get_marker())
+        if style in styles:  # indistinguishable from an earlier line: another marker shape
+            line.set_marker(next(m for _, m in REPEAT_STYLES if (*style[:2], m) not in styles))
+            style = (*style[:2], line.get_marker())
+        styles.add(style)
+        drawn.append(line)
     return drawn
 
 

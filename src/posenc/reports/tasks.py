@@ -369,7 +369,9 @@ def distance_figure(t: TaskTable, schemes: list[str], windows: dict, chance: flo
     log_scale(ax, "x", base=2)
     ax.set_xlabel("evidence distance (tokens)")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"{t.task}: controlled-gap test")
+    ax.set_title(
+        f"{t.task}: controlled-gap test", loc="left"
+    )  # a long task spec runs over the legend, not off the edge
     ax.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
