@@ -44,6 +44,7 @@ from torch.utils.benchmark import Timer
 
 from posenc import encodings
 from posenc.config.plan import load_preset
+from posenc.errors import one_line
 from posenc.model import Attention, build_model
 from posenc.reports.render import markdown_table
 from posenc.store.checkpoint import atomic_write_bytes
@@ -89,7 +90,7 @@ def _warm(make, *args):
         case.timeit(1)
         return case, None
     except Exception as exc:  # reported in the table; the other schemes go on
-        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return None, one_line(exc)
 
 
 def paired(timers: dict, rounds: int, number: int, section: str) -> dict:

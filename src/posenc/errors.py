@@ -19,6 +19,12 @@ def first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def one_line(exc: BaseException) -> str:
+    """``TypeName: first line of the message`` (a failed job's or a failed import's error, in one line)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[list[int]]:
     """SIGTERM (``timeout``, a scheduler's stop, ``kill``) raises KeyboardInterrupt as Ctrl-C does, so a command

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from posenc.cli.main import main  # noqa: E402
 from posenc.runs import extend  # noqa: E402
-from posenc.store.records import SCHEMA_VERSION, trial_key  # noqa: E402
+from posenc.store.records import SCHEMA_VERSION  # noqa: E402
 
 
 def _lines(out):
@@ -118,28 +118,6 @@ def test_finetune_rerun_counts_each_passkey_trial_once(llama_dir, capsys):
     assert f"posenc: {out} is already fine-tuned (step 2 of 2): training skipped" in capsys.readouterr().out
 
 
-def test_records_of_the_old_passkey_field_resume_and_count_once(tmp_path):
-    """Records of the earlier release: the passkey number had overwritten the resume key, and each rerun had
-    appended the trial again. Their key is rebuilt and the repeat counts once."""
-    old = {
-        "kind": "passkey",
-        "key": 12345,
-        "method": "none",
-        "factor": 2.0,
-        "length": 120,
-        "depth": 0.5,
-        "trial": 0,
-        "correct": True,
-        "prompt_tokens": 100,
-        "setting": "t",
-    }
-    path = tmp_path / "records.jsonl"
-    path.write_text((json.dumps(old) + "\n") * 2)
-    store = extend._Store(path, "t")
-    assert [(r.key, r.adaptation, r.passkey) for r in store.records] == [("passkey|none|120|0.5|0", "none", 12345)]
-    assert trial_key("none", 120, 0.5, 0) in store.done
-
-
 def test_a_literal_special_token_in_a_document_is_text(tmp_path):
     """'<s>' written in a document is tokenized as text, not as the BOS id (extend's documents, finetune's stream)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -159,9 +137,9 @@ def test_a_literal_special_token_in_a_document_is_text(tmp_path):
     assert tok.bos_token_id not in stream.tolist() and stream.tolist().count(tok.eos_token_id) == 1  # one document
 
 
-def test_extend_resumes_a_version_1_store_and_refuses_a_newer_one(llama_dir, capsys):
-    """Records written before the row label was renamed (version 1: ``method``) resume under ``adaptation``: their
-    keys match, nothing is scored again, the tables read the same; a record of a newer posenc is one line."""
+def test_extend_refuses_a_store_of_an_older_or_a_newer_schema_in_one_line(llama_dir, capsys):
+    """Records written before the row label was renamed (version 1: ``method``; nothing was released before, so no
+    shim reads them) and a record of a newer posenc are each refused with one line, the file left as it was."""
     out = llama_dir / "o"
     argv = [
         "extend",
@@ -183,10 +161,11 @@ def test_extend_resumes_a_version_1_store_and_refuses_a_newer_one(llama_dir, cap
     (new,) = [json.loads(x) for x in _lines(out)]
     old = {("method" if k == "adaptation" else k): v for k, v in new.items() if k != "schema_version"}
     (out / "records.jsonl").write_text(json.dumps(old) + "\n")
-    table = (out / "ppl.csv").read_text()
-    assert main(argv) == 0
-    assert _lines(out) == [json.dumps(old)] and (out / "ppl.csv").read_text() == table
-    assert table.startswith("adaptation,factor,length,") and table.splitlines()[1].startswith("none,")
+    capsys.readouterr()
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
+    assert last == f"posenc: error: {out / 'records.jsonl'} line 1: not a ppl record (adaptation: Field required)"
+    assert _lines(out) == [json.dumps(old)]
     (out / "records.jsonl").write_text(json.dumps({**new, "schema_version": SCHEMA_VERSION + 1}) + "\n")
     capsys.readouterr()
     assert main(argv) == 2

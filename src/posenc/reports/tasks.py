@@ -27,7 +27,7 @@ from posenc.data.tasks import get_task
 from posenc.eval.tasks import standard_error
 from posenc.reports import claims
 from posenc.reports.claims import FAILS, HOLDS, NOISE, role_names
-from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure, write_csv_table
+from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell, write_csv_table
 from posenc.store.checkpoint import atomic_write_bytes
 from posenc.store.records import Ppl, Task, TaskCell, load, load_ppl
 from posenc.store.stamp import stamp_line
@@ -171,10 +171,8 @@ def above(x: list[float], t: float, se: float) -> str:
 
 
 def pct_cell(values: list[float]) -> str:
-    if not values:
-        return ""
-    v = [100 * x for x in values]
-    return f"{v[0]:.1f}" if len(v) == 1 else f"{np.mean(v):.1f} ± {(max(v) - min(v)) / 2:.1f}"
+    """Accuracies (fractions) over seeds as a percent cell (``posenc.reports.render.seed_cell``); "" without any."""
+    return seed_cell([100 * x for x in values], ".1f") if values else ""
 
 
 def horizon_cell(values: list[int | None]) -> str:

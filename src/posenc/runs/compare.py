@@ -46,7 +46,7 @@ from posenc.config.plan import (
 )
 from posenc.data.corpora import load_tokens
 from posenc.data.tasks import get_task
-from posenc.errors import PosencError
+from posenc.errors import PosencError, one_line
 from posenc.eval.diagnose import far_mass_records
 from posenc.eval.passkey import passkey_records
 from posenc.eval.perplexity import evaluate_length
@@ -59,7 +59,6 @@ from posenc.runs.jobs import (
     done_cells,
     executor,
     finish_run,
-    one_line,
     record_run,
     run_inline,
     run_pool,

@@ -290,8 +290,8 @@ def _other_bos(record: ScoredWindow | PasskeyTrial, bos: str) -> bool:
 class _Store:
     """The records of one setting (``tag``, BOS policy ``bos``) in ``records.jsonl`` (``posenc.store.records``, kinds
     ``PRETRAINED``): appended one per window / trial and flushed at once, so an interrupted run resumes by skipping
-    finished keys (a key recorded twice by an earlier release counts once; records an earlier release measured
-    otherwise are ignored: :func:`_skipped_a_target`, :func:`_other_bos`)."""
+    finished keys (a key recorded twice counts once; records an earlier version measured otherwise are
+    ignored: :func:`_skipped_a_target`, :func:`_other_bos`)."""
 
     def __init__(self, path: Path, tag: str, bos: str = "none", bucket: int | None = None):
         drop_torn_tail(path)  # a record cut by a kill must not swallow the next one

@@ -31,18 +31,12 @@ from pydantic import ValidationError
 
 from posenc import encodings
 from posenc.config.plan import ClusterConfig, Preset, settings
-from posenc.errors import PosencError, sigterm_as_interrupt
+from posenc.errors import PosencError, one_line, sigterm_as_interrupt
 from posenc.store import records
 from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
 from posenc.store.stamp import run_stamp, utc_now
 from posenc.train.loop import is_trained, legacy_precision, load_run, machine_precision, train, use_threads
 from posenc.train.tracking import open_tracker
-
-
-def one_line(exc: BaseException) -> str:
-    """``TypeName: first line of the message``."""
-    msg = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {msg[0] if msg else ''}"
 
 
 @contextlib.contextmanager

@@ -13,7 +13,8 @@ Every measurement a command keeps is one record of a kind below, one JSON line i
 A file's kind field picks the type within its family (``RUN``, ``PRETRAINED`` or ``DIAGNOSE``; no kind: ``ppl``,
 as early ``eval.jsonl`` lines). Each record carries ``schema_version``; a line without one is version 1 (what posenc
 wrote before the field); version 2 renamed the row label of ``ScoredWindow`` and ``PasskeyTrial`` from ``method`` to
-``adaptation``, and ``load`` reads an older line's fields under their current names (``RENAMED``). ``append`` writes
+``adaptation`` (before a first release, an older line is not read under the new names: ``load`` refuses it with one
+line naming the field). ``append`` writes
 one record as one line, ``write`` replaces a file by its records; ``load`` reads a file back, skipping a line torn
 by a killed writer, and refuses a record of a newer version or of an unknown kind with one line.
 ``load_ppl`` reads a compare directory's perplexity records from its ``results.jsonl``, else from the
@@ -29,14 +30,12 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from posenc.errors import PosencError
 from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, write_jsonl
 
 SCHEMA_VERSION = 2  # raise it when a record's fields change name or meaning; load refuses a newer file
-# fields renamed since a version: {version: {old name: new name}}, applied to every line written before it
-RENAMED = {2: {"method": "adaptation"}}
 
 
 class Record(BaseModel):
@@ -203,19 +202,6 @@ class PasskeyTrial(Record):
     setting: str | None = None
     bos: Literal["none", "prepend"] = "none"  # the prompt's BOS policy; before passkey prompts took it, none had a BOS
 
-    @model_validator(mode="before")
-    @classmethod
-    def _resume_key(cls, data):
-        """Before the number had its own field it overwrote the resume key (so each rerun ran the trial again):
-        the key is rebuilt and the number kept as ``passkey``."""
-        if isinstance(data, dict) and isinstance(data.get("key"), int):
-            data = {
-                **data,
-                "passkey": data["key"],
-                "key": trial_key(data["adaptation"], data["length"], data["depth"], data["trial"]),
-            }
-        return data
-
 
 class LengthDiagnosis(BaseModel):
     """Attention of a posenc model at one evaluation length (``posenc.eval.diagnose.diagnose_model``): far mass (keys at
@@ -292,9 +278,8 @@ def write(path: Path, records: list[Record]) -> None:
 
 
 def _parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
-    """The typed record of one decoded line, an older version's fields under their current names (``RENAMED``).
-    Raises PosencError naming ``where`` for a newer schema version, an unknown kind or fields that do not fit the
-    kind."""
+    """The typed record of one decoded line. Raises PosencError naming ``where`` for a newer schema version, an
+    unknown kind or fields that do not fit the kind."""
     version = raw.get("schema_version", 1)
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise PosencError(
@@ -302,9 +287,6 @@ def _parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
             f"{SCHEMA_VERSION} (a newer posenc wrote it)"
         )
     raw = {**raw, "schema_version": version}  # a line without the field is version 1, not this posenc's
-    for since, names in RENAMED.items():
-        if version < since:
-            raw = {names.get(k, k): v for k, v in raw.items()}
     kind = raw.get("kind", "ppl")
     if kind not in kinds:
         raise PosencError(f"{where} holds a record of unknown kind {kind!r}; known: {', '.join(kinds)}")

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from posenc.errors import PosencError
+from posenc.errors import PosencError, first_line
 
 if TYPE_CHECKING:
     from posenc.store.records import PasskeyCell, Ppl, TaskCell
@@ -124,9 +124,8 @@ class WandbTracker(Tracker):
                     settings=wandb.Settings(silent=True),
                 )
             except Exception as exc:  # no API key, no network: wandb's own errors are long
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise PosencError(
-                    f"wandb could not start a run ({first}); WANDB_MODE=offline writes it under "
+                    f"wandb could not start a run ({first_line(exc)}); WANDB_MODE=offline writes it under "
                     f"{self.log_dir}/wandb without network (upload later with `wandb sync`)"
                 ) from None
         return self.run
