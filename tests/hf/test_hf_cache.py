@@ -25,7 +25,7 @@ FAST = {"rope", "alibi", "acc-rand-qkv", "forget", "acc-learned-qkv", "hybrid", 
 
 
 def llama(seed):
-    """The tiny Llama of tests/hf/test_hf.py: 2 layers, width 64, 4 heads over 2 key/value heads, 128 ids."""
+    """The tiny Llama of tests/hf/test_scheme.py: 2 layers, width 64, 4 heads over 2 key/value heads, 128 ids."""
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(
         hidden_size=64,

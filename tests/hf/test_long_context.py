@@ -15,7 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_generate_pretrained import L0, llama  # noqa: E402  (the tiny random Llama, native context L0 = 16)
+from test_generation import L0, llama  # noqa: E402  (the tiny random Llama, native context L0 = 16)
 
 from posenc import methods  # noqa: E402
 from posenc.cli.main import main  # noqa: E402
