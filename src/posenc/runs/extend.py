@@ -101,20 +101,32 @@ class ScheduleSettings(BaseModel):
     ``original_max_position_embeddings`` (L0 for every schedule) sets the ``posenc.rope`` parameter
     ``SCHEDULE_KEYS`` names, of the run's schedules that take it (:func:`extension`); None: its default."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
-    factor: float = Field(2.0, ge=1)  # scale factor s
-    original_max_position_embeddings: int | None = Field(None, ge=2)  # L0 in tokens; None: the model's native context
-    attention_factor: float | None = Field(None, gt=0)  # multiplies cos and sin (yarn, longrope); None: the schedule's
-    beta_fast: float | None = None  # YaRN: rotations per L0 above which frequencies are kept (default 32)
-    beta_slow: float | None = None  # YaRN: rotations per L0 below which they are divided by s (default 1)
-    truncate: bool | None = None  # YaRN: floor/ceil the ramp's ends (default true)
-    low_freq_factor: float | None = None  # Llama 3: wavelengths > L0 / low_freq_factor divided by s (default 1)
-    high_freq_factor: float | None = None  # Llama 3: wavelengths < L0 / high_freq_factor kept (default 4)
-    short_factor: list[float] | None = None  # LongRoPE: D/2 factors up to L0 (a model's searched list)
-    long_factor: list[float] | None = None  # LongRoPE: D/2 factors past L0
-    rerope_window: int | None = None  # ReRoPE window w; None: L0/4
-    leak: float | None = None  # leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)
+    factor: float = Field(2.0, ge=1)
+    """Scale factor s."""
+    original_max_position_embeddings: int | None = Field(None, ge=2)
+    """L0 in tokens; None: the model's native context."""
+    attention_factor: float | None = Field(None, gt=0)
+    """Multiplies cos and sin (yarn, longrope); None: the schedule's."""
+    beta_fast: float | None = None
+    """YaRN: rotations per L0 above which frequencies are kept (default 32)."""
+    beta_slow: float | None = None
+    """YaRN: rotations per L0 below which they are divided by s (default 1)."""
+    truncate: bool | None = None
+    """YaRN: floor/ceil the ramp's ends (default true)."""
+    low_freq_factor: float | None = None
+    """Llama 3: wavelengths > L0 / low_freq_factor divided by s (default 1)."""
+    high_freq_factor: float | None = None
+    """Llama 3: wavelengths < L0 / high_freq_factor kept (default 4)."""
+    short_factor: list[float] | None = None
+    """LongRoPE: D/2 factors up to L0 (a model's searched list)."""
+    long_factor: list[float] | None = None
+    """LongRoPE: D/2 factors past L0."""
+    rerope_window: int | None = None
+    """ReRoPE window w; None: L0/4."""
+    leak: float | None = None
+    """Leaky ReRoPE k > 1; None: (s L0 - w)/(L0 - w)."""
 
 
 class ScoringConfig(ScheduleSettings):
@@ -122,38 +134,54 @@ class ScoringConfig(ScheduleSettings):
     the fields ``posenc extend`` and ``posenc finetune`` (``posenc.runs.finetune.FinetuneConfig``) share; tokens of the
     model's tokenizer."""
 
-    name: str = Field(min_length=1)  # the run directory runs/<command>/<name> (the default output)
-    model: str = loading.DEFAULT_MODEL  # 'smollm2', a .gguf file, a model directory or a hub id
-    corpus: str = "shakespeare"  # corpus spec (posenc.data.corpora); its held-out documents are scored
-    docs: list[str] = Field(["first"], min_length=1)  # held-out document names, 'all' or 'first'
-    max_tokens: int = Field(32768, ge=2)  # the first max_tokens tokens of each document
-    bos: Literal["none", "prepend"] = "none"  # none: windows of raw text; prepend: BOS + length - 1 text tokens
-    passkey_lengths: list[Annotated[int, Field(ge=1)]] = []  # prompt lengths; empty: no passkey
+    name: str = Field(min_length=1)
+    """The run directory runs/<command>/<name> (the default output)."""
+    model: str = loading.DEFAULT_MODEL
+    """'smollm2', a .gguf file, a model directory or a hub id."""
+    corpus: str = "shakespeare"
+    """Corpus spec (posenc.data.corpora); its held-out documents are scored."""
+    docs: list[str] = Field(["first"], min_length=1)
+    """Held-out document names, 'all' or 'first'."""
+    max_tokens: int = Field(32768, ge=2)
+    """The first max_tokens tokens of each document."""
+    bos: Literal["none", "prepend"] = "none"
+    """``none``: windows of raw text; ``prepend``: BOS + length - 1 text tokens."""
+    passkey_lengths: list[Annotated[int, Field(ge=1)]] = []
+    """Prompt lengths; empty: no passkey."""
     passkey_depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.5]
-    trials: int = Field(1, ge=1)  # passkey trials per (length, depth) cell
+    """Passkey needle depths, fractions of the prompt (0: start, 1: end)."""
+    trials: int = Field(1, ge=1)
+    """Passkey trials per (length, depth) cell."""
 
 
 class ExtendConfig(ScoringConfig):
     """One ``posenc extend`` run; lengths, windows and strides in tokens of the model's tokenizer."""
 
-    stride: int | None = None  # sliding-window stride in text tokens; None: non-overlapping windows
-    # position-bucket width (tokens); None: the run directory's (open_store), else 1/32 of each length
-    # (perplexity.bucket_width)
+    stride: int | None = None
+    """Sliding-window stride in text tokens; None: non-overlapping windows."""
     bucket: int | None = Field(None, ge=1)
-    seed: int = 0  # seed of the passkey keys
-    schedules: list[str] = Field(list(NAMES), min_length=1)  # RoPE context-extension schedules (posenc.rope)
-    schemes: list[
-        str
-    ] = []  # posenc schemes put into the model's attention after the schedules (posenc.hf.scheme.apply_scheme)
-    # long-context methods (posenc.methods) on native RoPE, or SCHEDULE+METHOD on a fixed-frequency schedule
+    """Position-bucket width (tokens); None: the run directory's (open_store), else 1/32 of each length
+    (perplexity.bucket_width)."""
+    seed: int = 0
+    """Seed of the passkey keys."""
+    schedules: list[str] = Field(list(NAMES), min_length=1)
+    """RoPE context-extension schedules (posenc.rope)."""
+    schemes: list[str] = []
+    """Posenc schemes put into the model's attention after the schedules (posenc.hf.scheme.apply_scheme)."""
     methods: list[str] = []
-    # targets of the held-out text (joined) streamed through each sinks method's bounded cache; 0: none
+    """Long-context methods (posenc.methods) on native RoPE, or SCHEDULE+METHOD on a fixed-frequency schedule."""
     stream: int = Field(0, ge=0)
-    lengths: list[Annotated[int, Field(ge=2)]] = Field(min_length=1)  # model positions per window
-    long_schedules: list[str] | None = None  # only these at lengths > factor x L0; None: every schedule
-    max_windows: int = Field(0, ge=0)  # windows per (adaptation, length); 0: all
-    passkey_schedules: list[str] | None = None  # None: every schedule
-    threads: int | None = None  # torch CPU threads; None: torch's choice
+    """Targets of the held-out text (joined) streamed through each sinks method's bounded cache; 0: none."""
+    lengths: list[Annotated[int, Field(ge=2)]] = Field(min_length=1)
+    """Model positions per window."""
+    long_schedules: list[str] | None = None
+    """Only these at lengths > factor x L0; None: every schedule."""
+    max_windows: int = Field(0, ge=0)
+    """Windows per (adaptation, length); 0: all."""
+    passkey_schedules: list[str] | None = None
+    """The schedules of the passkey trials; None: every schedule."""
+    threads: int | None = None
+    """Torch CPU threads; None: torch's choice."""
 
 
 def preset_names() -> list[str]:

@@ -73,21 +73,37 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
 
     # the loop's defaults for a pretrained model: a short budget of small batches, a low rate, no decay
     batch_size: PositiveInt = 1
+    """Sequences per optimiser step (a pretrained model's default: small batches)."""
     steps: PositiveInt = 50
+    """Optimiser steps."""
     lr: PositiveFloat = 2e-4
+    """Peak learning rate (AdamW; low for a pretrained model)."""
     warmup: NonNegativeInt = 5
+    """Linear warmup steps."""
     weight_decay: NonNegativeFloat = 0.0
+    """AdamW weight decay (none for a pretrained model)."""
     ckpt_every: PositiveInt = 10
-    scheme: str | None = None  # a posenc scheme put into the model's attention (posenc.hf.scheme.apply_scheme)
-    schedule: str = "none"  # or a RoPE context-extension schedule (posenc.rope); not with a scheme
-    length: int = Field(1024, ge=2)  # tokens per training sequence
-    lora_rank: int = Field(8, ge=0)  # 0: full fine-tuning
+    """Steps between checkpoints."""
+    scheme: str | None = None
+    """A posenc scheme put into the model's attention (posenc.hf.scheme.apply_scheme)."""
+    schedule: str = "none"
+    """``none`` or a RoPE context-extension schedule (posenc.rope); not with a scheme."""
+    length: int = Field(1024, ge=2)
+    """Tokens per training sequence."""
+    lora_rank: int = Field(8, ge=0)
+    """0: full fine-tuning."""
     lora_alpha: float = Field(16.0, gt=0)
+    """LoRA scaling alpha (the update is scaled by alpha / rank)."""
     lora_targets: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    """The attention projections LoRA adapts."""
     eval_lengths: list[Annotated[int, Field(ge=2)]] = Field([1024], min_length=1)
-    eval_windows: int = Field(4, ge=0)  # windows per length; 0: all
-    pose_target: int | None = Field(None, ge=2)  # PoSE: position ids skip-wise over this length (pose_position_ids)
-    pose_chunks: int = Field(2, ge=1)  # PoSE's chunks per training sequence (the paper's default: 2)
+    """Lengths (tokens) scored before and after training."""
+    eval_windows: int = Field(4, ge=0)
+    """Windows per length; 0: all."""
+    pose_target: int | None = Field(None, ge=2)
+    """PoSE: position ids skip-wise over this length (pose_position_ids)."""
+    pose_chunks: int = Field(2, ge=1)
+    """PoSE's chunks per training sequence (the paper's default: 2)."""
 
 
 def preset_names() -> list[str]:
