@@ -235,7 +235,7 @@ def test_every_field_is_documented_in_docs_presets_md():
     doc = (ROOT / "docs" / "presets.md").read_text()
     assert doc.endswith(make.generated()), "docs/presets.md is stale: run docs/make_presets.py"
     assert "(undocumented)" not in reference(Preset)
-    for cls in (extend.ExtendConfig, finetune.FinetuneConfig):  # a flat preset's left-out key: its config's documented default
+    for cls in (extend.ExtendConfig, finetune.FinetuneConfig):  # a flat preset's left-out key: a documented default
         assert "(undocumented)" not in reference(cls) and reference(cls) in doc
     tables = doc.split(make.MARK)[1]
     for cls, section in (
