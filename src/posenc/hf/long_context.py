@@ -26,7 +26,7 @@ import torch
 from posenc import methods
 from posenc.attention import repeat_kv
 from posenc.errors import PosencError
-from posenc.hf.rerope import IdentityRotary, pass_setting
+from posenc.hf.rerope import IdentityRotary, install_attention, pass_setting
 
 ATTN_NAME = "posenc_method"
 SUPPORTED = ("self-extend", "lm-infinite", "dual-chunk", "sinks")
@@ -88,9 +88,6 @@ def install(model, method: methods.Method) -> list:
     schedule's). PosencError (one line), before the model changes, for a method not in SUPPORTED or a rotary embedding
     that is already swapped (ReRoPE, a posenc scheme). Undone as ReRoPE is (``Adaptation.restore``).
     """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
     check_supported(method)
     rotary = model.model.rotary_emb
     if isinstance(rotary, IdentityRotary):
@@ -98,13 +95,7 @@ def install(model, method: methods.Method) -> list:
             f"method {method.name} needs the model's rotary embedding; it is swapped (ReRoPE or a posenc scheme)"
         )
     setting = (method, rotary.inv_freq.float().clone(), float(rotary.attention_scaling))
-    AttentionInterface.register(ATTN_NAME, attention_forward)
-    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)  # else no mask reaches it: padding would pass unseen
-    model.model.rotary_emb = IdentityRotary(setting[1])
-    model.model.rotary_emb.attention_scaling = setting[
-        2
-    ]  # read back only (Adaptation.key); it still returns cos 1, sin 0
     hook = functools.partial(pass_setting, "posenc_method", setting)
-    handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
-    model.set_attn_implementation(ATTN_NAME)
+    handles = install_attention(model, ATTN_NAME, attention_forward, setting[1], hook)
+    model.model.rotary_emb.attention_scaling = setting[2]  # read back only (Adaptation.key); still cos 1, sin 0
     return handles

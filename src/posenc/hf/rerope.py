@@ -80,6 +80,24 @@ def pass_setting(name: str, setting: tuple, module, args, kwargs):
     return args, {**kwargs, name: setting}
 
 
+def install_attention(model, name: str, forward, inv_freq: torch.Tensor, hook, mask: bool = True) -> list:
+    """The one way posenc puts its own attention into a Llama-family model: register ``forward`` as transformers'
+    attention function ``name`` (with ``mask``, transformers' SDPA mask under the same name too: a custom attention
+    otherwise gets no mask and padding passes unseen), replace ``model.model.rotary_emb`` by
+    ``IdentityRotary(inv_freq)`` (the attention rotates by itself), add ``hook`` as a forward pre-hook (with kwargs)
+    on every layer's ``self_attn`` and switch the model to ``name``. Returns the hook handles."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, forward)
+    if mask:
+        AttentionMaskInterface.register(name, sdpa_mask)
+    model.model.rotary_emb = IdentityRotary(inv_freq)
+    handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
+    model.set_attn_implementation(name)
+    return handles
+
+
 def install(model, setting: tuple) -> list:
     """Switch a Llama-family model to (leaky) ReRoPE attention in place; returns the hook handles it registered.
 
@@ -87,13 +105,5 @@ def install(model, setting: tuple) -> list:
     or Su's k > 1). Undone by removing the hooks, rebuilding ``model.model.rotary_emb`` and setting the
     attention implementation back (``Adaptation.restore`` does).
     """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ATTN_NAME, attention_forward)
-    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)  # else a custom attention gets no mask: padding ignored
-    model.model.rotary_emb = IdentityRotary(setting[0])
     hook = functools.partial(pass_setting, "rerope", setting)
-    handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
-    model.set_attn_implementation(ATTN_NAME)
-    return handles
+    return install_attention(model, ATTN_NAME, attention_forward, setting[0], hook)

@@ -36,7 +36,7 @@ from posenc import encodings
 from posenc.encodings.base import Dims, Encoding
 from posenc.errors import PosencError
 from posenc.hf.loading import check_rope
-from posenc.hf.rerope import IdentityRotary
+from posenc.hf.rerope import IdentityRotary, install_attention
 from posenc.hf.schedules import head_dim, native_context
 from posenc.layer import attend, prepare
 
@@ -97,8 +97,6 @@ def apply_scheme(model, spec: str) -> Scheme:
     Llama-family decoder or already has a scheme, an invalid spec, an additive scheme, or one
     that needs token ids.
     """
-    from transformers import AttentionInterface  # optional dependency (posenc[pretrained])
-
     if isinstance(model.model.rotary_emb, IdentityRotary):
         raise PosencError(
             "the model's rotary embedding is already swapped (a posenc scheme or ReRoPE): "
@@ -106,26 +104,16 @@ def apply_scheme(model, spec: str) -> Scheme:
         )
     param = next(model.parameters())
     schemes = layer_schemes(model, spec)
-    hook = functools.partial(_decoding_state, spec)
-    hooks = [model.model.register_forward_pre_hook(_refuse_padding, with_kwargs=True)]
     for layer, enc in zip(model.model.layers, schemes):
-        # a submodule, not adaptation state: its parameters train, save and move with the model's
-        layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype).train(
-            model.training
-        )  # eval: fixed draws
-        hooks.append(layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True))
-    AttentionInterface.register(ATTN_NAME, attention_forward)
-    swapped = Scheme(
-        model,
-        spec,
-        any(enc.replaces_attention for enc in schemes),
-        model.model.rotary_emb,
-        model.config._attn_implementation,
-        hooks,
+        # a submodule, not adaptation state: its parameters train, save and move with the model's (eval: fixed draws)
+        layer.self_attn.posenc = enc.to(device=param.device, dtype=param.dtype).train(model.training)
+    rotary, implementation = model.model.rotary_emb, model.config._attn_implementation
+    hooks = [model.model.register_forward_pre_hook(_refuse_padding, with_kwargs=True)]
+    # no mask: a scheme refuses padding, and its attention builds its own causal mask
+    hooks += install_attention(
+        model, ATTN_NAME, attention_forward, rotary.inv_freq, functools.partial(_decoding_state, spec), mask=False
     )
-    model.model.rotary_emb = IdentityRotary(model.model.rotary_emb.inv_freq)
-    model.set_attn_implementation(ATTN_NAME)
-    return swapped
+    return Scheme(model, spec, any(enc.replaces_attention for enc in schemes), rotary, implementation, hooks)
 
 
 def layer_schemes(model, spec: str) -> list[Encoding]:
