@@ -102,3 +102,13 @@ def test_eval_says_which_text_it_scored_and_when_it_is_fewer_tokens_than_asked(t
     assert len(text) == 1 and "held-out document(s) of shakespeare" in text[0]
     assert "fewer than --max-tokens 100000000: no other held-out document has" in text[0]
     assert "posenc compare scores this text when its longest length is" in text[0]
+
+
+def test_stream_buckets_are_equal_spans_of_the_targets():
+    from posenc.eval.perplexity import stream_buckets
+
+    nll = np.log(np.array([2.0, 2.0, 8.0, 8.0, 4.0, 4.0, 4.0, 4.0]))
+    edges, ppl = stream_buckets(nll, parts=4)
+    assert edges == [0, 2, 4, 6, 8] and np.allclose(ppl, [2.0, 8.0, 4.0, 4.0], rtol=1e-12)
+    edges, ppl = stream_buckets(nll[:3])  # fewer targets than parts: no empty span
+    assert edges == [0, 1, 2, 3] and np.allclose(ppl, [2.0, 2.0, 8.0])

@@ -12,7 +12,7 @@ from posenc.cli.common import number_list
 from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
 from posenc.eval.passkey import PasskeyConfig, passkey_records
-from posenc.eval.perplexity import evaluate_length
+from posenc.eval.perplexity import evaluate_length, stream_buckets
 from posenc.model import set_method, with_rope_schedule
 from posenc.reports.render import plot_stream
 from posenc.rope import NAMES, check_window
@@ -177,8 +177,7 @@ def stream(args, model, data, base: dict, corpus: str) -> int:
     t0 = time.time()
     nll, peak = model.streaming_nll(text)
     n = nll.shape[0]
-    edges = sorted({round(n * b / 8) for b in range(9)})
-    buckets = [math.exp(float(nll[a:b].double().mean())) for a, b in zip(edges, edges[1:])]
+    edges, buckets = stream_buckets(nll.double().numpy())
     note = f"streamed through the bounded cache: peak {peak} bytes" + (
         f"; the held-out text has only {n} targets" if n < args.stream else ""
     )

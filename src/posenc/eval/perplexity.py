@@ -66,6 +66,14 @@ def bucket_width(length: int, bucket: int | None = None) -> int:
     return 1 << max(0, (length // POSITION_BUCKETS).bit_length() - 1)
 
 
+def stream_buckets(nll: np.ndarray, parts: int = 8) -> tuple[list[int], list[float]]:
+    """A streamed text's perplexity by position: (edges, perplexity) of ``parts`` equal spans of its per-target NLL
+    (``nll`` (T,) nats, float64), edges in targets from 0 to T. The one bucketing of ``posenc eval --stream`` and
+    ``posenc extend --stream``."""
+    edges = sorted({round(len(nll) * b / parts) for b in range(parts + 1)})
+    return edges, [math.exp(float(np.mean(nll[a:b], dtype=np.float64))) for a, b in zip(edges, edges[1:])]
+
+
 def score_window(model, tokens: np.ndarray, win: Window, bos_id: int | None, bucket: int) -> dict:
     """Forward one window; NLL sum and count of its scored targets, and per-bucket
     sums by position in the window (bucket = model input index of the target // ``bucket``)."""

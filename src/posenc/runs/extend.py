@@ -570,14 +570,14 @@ def _stream_point(adapted: Adaptation, label: str, doc_tokens: dict, out: Path, 
     t0 = time.time()
     nll, peak = streaming_nll(adapted.model, adapted.method, torch.as_tensor(joined, dtype=torch.int64))
     nll = nll.double().numpy()
-    edges = sorted({round(len(nll) * b / 8) for b in range(9)})
+    edges, buckets = perplexity.stream_buckets(nll)
     record = {
         "label": label,
         "targets_asked": targets,
         "targets": len(nll),
         "ppl": math.exp(float(nll.mean())),
         "bucket_edges": edges,
-        "bucket_ppl": [math.exp(float(nll[a:b].mean())) for a, b in zip(edges, edges[1:])],
+        "bucket_ppl": buckets,
         "peak_cache_bytes": peak,
         "seconds": time.time() - t0,
     }
