@@ -23,10 +23,11 @@ from posenc.config.plan import (
     setting,
 )
 from posenc.errors import PosencError
+from posenc.reports.sweep import sweep_markdown
 from posenc.reports.tasks import Scores
 from posenc.runs.compare import compare
 from posenc.runs.retrieval import task_meta
-from posenc.runs.sweep import Choice, choose, sweep_markdown
+from posenc.runs.sweep import Choice, choose
 from posenc.store.checkpoint import read_json, read_jsonl
 from posenc.store.records import Ppl, Task, load
 

@@ -242,3 +242,14 @@ def write_report(out: Path, records: list[PretrainedRecord], adaptations: list[s
         write_csv_table(out / name, fields, ([r.get(f) for f in fields] for r in rows))
     plots(out, ppl, pk, adaptations)
     return md
+
+
+def plot_loss(out: Path, log: list[dict], label: str) -> None:
+    """``out/loss.png``: a fine-tuning run's training loss (nats per token) against the step, from its log lines
+    (``{"step", "loss"}``)."""
+    fig, ax = figure(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in log], [r["loss"] for r in log], lw=1)
+    ax.set(xlabel="step", ylabel="training loss (nats/token)", title=label)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, out / "loss.png")

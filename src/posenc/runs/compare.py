@@ -52,6 +52,7 @@ from posenc.eval.passkey import passkey_records
 from posenc.eval.perplexity import evaluate_length
 from posenc.model import LM, is_rope, set_method, with_rope_schedule
 from posenc.reports.compare import with_ratios, write_report
+from posenc.reports.sweep import sweep_markdown, write_sensitivity
 from posenc.reports.tasks import write_task_report
 from posenc.runs.jobs import (
     LAUNCHERS,
@@ -67,7 +68,7 @@ from posenc.runs.jobs import (
     trained_job,
 )
 from posenc.runs.retrieval import done_jobs, run_task_job, task_meta
-from posenc.runs.sweep import choices, merge_chosen, sweep_markdown, write_sensitivity
+from posenc.runs.sweep import choices, merge_chosen
 from posenc.scoring import eval_lengths, window_starts
 from posenc.store.checkpoint import read_json
 from posenc.store.records import FarMass, PasskeyCell, Ppl, Record, append, drop_torn_tail, load

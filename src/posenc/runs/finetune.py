@@ -37,7 +37,6 @@ from posenc.errors import PosencError
 from posenc.hf import loading
 from posenc.hf.adaptation import Adaptation
 from posenc.reports import pretrained as report
-from posenc.reports.render import figure, save_figure
 from posenc.runs import extend
 from posenc.store.checkpoint import load_tensors, load_torch, make_run_dir, read_json, read_jsonl, write_json
 from posenc.store.presets import SHIPPED, load_flat, validated
@@ -415,7 +414,7 @@ def finetune(cfg: FinetuneConfig, out: Path | None = None, log: str = "none") ->
             extend.measure(adapted, tok, tuned, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)
         tracker.log(scores(store.records, tuned), cfg.steps)
     log = read_jsonl(out / "train.jsonl")
-    _loss_plot(out, log, tuned)
+    report.plot_loss(out, log, tuned)
     header = _header(cfg, label, l0, params, log)
     return out, report.write_report(out, store.records, [label, tuned], header)
 
@@ -436,15 +435,6 @@ def scores(records: list[ScoredWindow | PasskeyTrial], label: str) -> dict[str, 
         **{f"eval/ppl@{L}": math.exp(s / n) for L, (s, n) in nll.items() if n},
         **{f"eval/passkey@{L}": sum(v) / len(v) for L, v in keys.items()},
     }
-
-
-def _loss_plot(out: Path, log: list[dict], label: str) -> None:
-    fig, ax = figure(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in log], [r["loss"] for r in log], lw=1)
-    ax.set(xlabel="step", ylabel="training loss (nats/token)", title=label)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, out / "loss.png")
 
 
 def _header(cfg: FinetuneConfig, label: str, l0: int, params: dict, log: list[dict]) -> str:
