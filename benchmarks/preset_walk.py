@@ -40,7 +40,7 @@ def layout_order(readme: Path) -> list[str]:
 
 
 def unit(module: str, src: Path) -> str:
-    """The layout entry a module belongs to: ``posenc.rope.hf`` -> ``rope/``, ``posenc.runs.compare`` ->
+    """The layout entry a module belongs to: ``posenc.rope.schedules`` -> ``rope/``, ``posenc.runs.compare`` ->
     ``compare.py``."""
     top = module.removeprefix("posenc.").split(".")[0]
     return f"{top}/" if (src / "posenc" / top).is_dir() else f"{top}.py"

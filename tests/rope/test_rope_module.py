@@ -20,6 +20,7 @@ from posenc.errors import PosencError  # noqa: E402
 from posenc.hf import rerope as hf_rerope  # noqa: E402
 from posenc.hf import schedules  # noqa: E402
 from posenc.hf.adaptation import Adaptation  # noqa: E402
+from posenc.hf.rope_parameters import hf_rope_parameters  # noqa: E402
 from posenc.hf.schedules import Extension  # noqa: E402
 from posenc.rope import rerope  # noqa: E402
 
@@ -47,7 +48,7 @@ def hf_frequencies(rope_parameters: dict, seq_len=None) -> tuple[torch.Tensor, f
 @pytest.mark.parametrize("factor", [2.0, 8.0])
 def test_own_frequencies_equal_transformers_for_the_adapter_parameters(name, factor):
     params = schedules.extension_params(Extension(name, factor), L0)
-    hf_params = rope.hf_rope_parameters(name, params, THETA, D)
+    hf_params = hf_rope_parameters(name, params, THETA, D)
     dims = Dims(n_head=4, head_dim=D, d_model=4 * D, vocab_size=256, train_length=L0)
     enc = encodings.get("rope", dims, rope_theta=THETA, schedule=name, schedule_params=params)
     ref, ref_af = hf_frequencies(hf_params)

@@ -6,6 +6,7 @@ import torch
 from posenc import encodings, rope
 from posenc.encodings.base import Dims
 from posenc.errors import PosencError
+from posenc.hf.rope_parameters import hf_rope_parameters
 from posenc.rope.schedules import REQUIRED, TRAIN_LENGTH, HFRope, Schedule
 
 
@@ -34,7 +35,7 @@ def test_a_new_schedule_is_one_entry(monkeypatch):
         schedule_params={"factor": 2.0},
     )
     assert torch.equal(enc.inv_freq, rope.rope_inv_freq(8) / 4) and enc.logit_scale == 1.5**2
-    assert rope.hf_rope_parameters("half", enc.schedule_params, 10000.0, 8) == {
+    assert hf_rope_parameters("half", enc.schedule_params, 10000.0, 8) == {
         "rope_type": "linear",
         "rope_theta": 10000.0,
         "factor": 2.0,

@@ -141,7 +141,7 @@ def test_a_phi3_config_is_longrope_with_factor_from_its_lengths():
 
 
 def test_longrope_through_hf_rope_parameters():
-    from posenc.rope import hf_rope_parameters
+    from posenc.hf.rope_parameters import hf_rope_parameters
 
     params = schedule_params("longrope", L0, {"factor": 8.0, "short_factor": SHORT, "long_factor": LONG})
     rp = hf_rope_parameters("longrope", params, THETA, D)

@@ -10,7 +10,7 @@ and owns what it added: forward pre-hook handles, the ReRoPE setting, the scheme
 What stays on transformers objects, because transformers reads it there: ``config.rope_parameters``
 and the rotary embedding ``model.model.rotary_emb`` built from a copy of the config with them (the
 frequencies; the copy, ``rotary_emb.config``, also holds the attributes transformers reads a schedule
-parameter from, ``posenc.rope.hf_config_attributes``: dynamic NTK's L0 as ``max_position_embeddings``,
+parameter from, ``posenc.hf.rope_parameters.hf_config_attributes``: dynamic NTK's L0 as ``max_position_embeddings``,
 while the model's own stays its generation limit), the attention implementation, and a scheme's
 ``self_attn.posenc`` submodules (their parameters train, save and move with the model's).
 """
@@ -30,6 +30,7 @@ from posenc.encodings.base import keeping_precision
 from posenc.errors import PosencError
 from posenc.hf import long_context, rerope
 from posenc.hf import scheme as hf
+from posenc.hf.rope_parameters import hf_config_attributes, hf_rope_parameters
 from posenc.hf.schedules import Extension, extension_params, head_dim, native_context, original_length
 
 # the schedules whose frequencies transformers picks per forward from the largest position + 1:
@@ -110,10 +111,10 @@ class Adaptation:
         _check_factor(params, self.model.config.max_position_embeddings, original_length(ext, self.l0))
         self.restore()
         config = self.model.config
-        config.rope_parameters = rope.hf_rope_parameters(
+        config.rope_parameters = hf_rope_parameters(
             ext.schedule, params, float(self._rope["rope_theta"]), head_dim(config)
         )
-        rotary = self._rotary(rope.hf_config_attributes(ext.schedule, params))
+        rotary = self._rotary(hf_config_attributes(ext.schedule, params))
         if ext.schedule in SWITCHES:  # transformers switches their frequencies with the length, past L0
             hook = functools.partial(_length_switch, ext.schedule, params["original_max_position_embeddings"])
             self._hooks.append(self.model.model.register_forward_pre_hook(hook, with_kwargs=True))

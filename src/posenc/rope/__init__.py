@@ -5,14 +5,13 @@
   llama3, longrope, rerope, leaky-rerope) with its defaults, checks, frequency function,
   attention factor and transformers mapping; ``schedule_params`` validates against it.
 - :mod:`.rerope`: ReRoPE / leaky ReRoPE attention, blockwise, beside its naive reference.
-- :mod:`.hf`: a schedule as transformers' ``rope_parameters`` and config attributes (from its record).
 
 Users: ``posenc.encodings.rotary.RoPE`` (own models, ``posenc eval --rope-schedule``)
-and ``posenc.hf.schedules`` (``posenc extend``). Layering: this package
+and ``posenc.hf.schedules`` (``posenc extend``; ``posenc.hf.rope_parameters`` turns a schedule's record into
+transformers' ``rope_parameters``). Layering: this package
 depends only on ``posenc.errors`` and ``posenc.attention``.
 """
 
-from posenc.rope.hf import hf_config_attributes, hf_rope_parameters
 from posenc.rope.rerope import rerope_attention
 from posenc.rope.schedules import (
     NAMES,
@@ -36,8 +35,6 @@ __all__ = [
     "Schedule",
     "check_name",
     "check_window",
-    "hf_config_attributes",
-    "hf_rope_parameters",
     "rerope_attention",
     "rope_inv_freq",
     "schedule_label",

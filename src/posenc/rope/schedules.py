@@ -43,7 +43,7 @@ the reference code, so its frequencies equal transformers' (golden tests).
 ReRoPE and leaky ReRoPE keep plain frequencies and replace attention
 (``posenc.rope.rerope``). ``none`` is plain RoPE. One name per schedule is used by
 ``posenc eval --rope-schedule``, presets, ``posenc extend --schedules`` and every
-report; ``posenc.rope.hf`` turns a record's ``hf`` into transformers' ``rope_parameters``.
+report; ``posenc.hf.rope_parameters`` turns a record's ``hf`` into transformers' ``rope_parameters``.
 
 LongRoPE's switch: the schedule takes the long factors for a sequence of L > L0
 positions (``seq_len``; L = L0 keeps the short ones), as transformers'
@@ -157,7 +157,7 @@ class Schedule:
     - ``check(name, params)``: its range checks beyond the common ones of ``schedule_params``
       (PosencError; may normalise values in place);
     - ``attention_factor(params)``: multiplies cos and sin, so the logits scale by its square;
-    - ``hf``: its transformers ``rope_parameters`` (``posenc.rope.hf``);
+    - ``hf``: its transformers ``rope_parameters`` (``posenc.hf.rope_parameters``);
     - ``check_head_dim(params, head_dim)``: PosencError for parameters that do not fit the head dim;
     - ``replaces_attention``: ReRoPE's attention (``posenc.rope.rerope``) instead of rotated q, k;
     - ``shipped``: its parameters come with a model (searched lists): valid by name, never a default schedule.
