@@ -25,7 +25,7 @@ from posenc.theory import (
     window_vs_context,
 )
 from posenc.theory.mass import _geometric_form, alibi_bounds, far_mass_bound, forget_gate_bound, gate_mean
-from posenc.theory.run import Check, Row, run_check
+from posenc.theory.run import Check, Row, load_budget, run_check
 from posenc.theory.scores import tail_bound
 from posenc.theory.stats import bernstein_tol, compare
 from posenc.theory.steps import SO2Uniform, unit_vectors
@@ -347,7 +347,6 @@ def test_cli_quick_writes_summary_results_and_plots(tmp_path, capsys):
 
 
 def test_budgets_are_shipped_presets(tmp_path):
-    from posenc.theory.run import load_budget
 
     full, quick = load_budget("full"), load_budget("quick")
     assert (
@@ -364,3 +363,21 @@ def test_budgets_are_shipped_presets(tmp_path):
         load_budget(str(bad))
     with pytest.raises(PosencError, match="unknown theory budget 'nosuch'; valid: full, quick"):
         load_budget("nosuch")
+
+
+def test_theory_takes_a_budget_preset_and_set_from_the_command_line(tmp_path, capsys):
+    from posenc.cli.main import main
+
+    out = tmp_path / "t"
+    assert (
+        main(["theory", "--quick", "--set", "mix_samples=500", "--dists", "so2:1", "--dims", "8", "--out", str(out)])
+        == 0
+    )
+    budget = json.loads((out / "results.json").read_text())["config"]["budget"]
+    assert budget["mix_samples"] == 500 and budget["gap_samples"] == load_budget("quick").gap_samples
+    capsys.readouterr()
+    assert main(["theory", "--preset", "full", "--set", "mix_samples=0", "--out", str(out)]) == 2
+    assert (
+        capsys.readouterr().err
+        == "posenc: error: invalid mix_samples=0 (command line): Input should be greater than 0\n"
+    )

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from posenc.cli.common import add_set, given_settings
 from posenc.theory.run import DEFAULT_DIMS, DEFAULT_DISTS, checks_table, run_theory
 
 
@@ -13,7 +14,12 @@ def add_parser(sub):
         "closed forms and bounds against float64 simulation. Exit 0 if every check holds, 1 otherwise.",
     )
     p.add_argument("--out", type=Path, default=Path("runs/theory"), help="output folder (default runs/theory)")
-    p.add_argument("--quick", action="store_true", help="small sample sizes (seconds; for tests)")
+    p.add_argument("--quick", action="store_true", help="small sample sizes (seconds; for tests): --preset quick")
+    p.add_argument(
+        "--preset",
+        help="the sample sizes: a shipped budget (full, quick; configs/theory/) or a YAML path (default full)",
+    )
+    add_set(p, "mix_samples=5000 (the keys are the budget's: docs/presets.md)")
     p.add_argument("--seed", type=int, default=0, help="base random seed (default %(default)s)")
     p.add_argument(
         "--dims",
@@ -44,6 +50,8 @@ def run(args) -> int:
         eps=args.eps,
         seed=args.seed,
         quick=args.quick,
+        preset=args.preset,
+        overrides=given_settings(args, {}),
     )
     print(checks_table(report["table"]))
     held = sum(r["holds"] for r in report["table"])

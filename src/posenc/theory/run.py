@@ -19,7 +19,7 @@ from posenc.encodings.mixing import check_eps
 from posenc.errors import PosencError
 from posenc.reports.render import markdown_table
 from posenc.store.checkpoint import atomic_write_bytes
-from posenc.store.presets import SHIPPED, read_preset, validated
+from posenc.store.presets import SHIPPED, load_flat
 from posenc.theory import decay, mass, mixing, plots, scores
 from posenc.theory.steps import SO2Uniform, parse_dist
 
@@ -91,10 +91,10 @@ def run_check(check: Check, results: dict) -> list[dict]:
     return [{**row._asdict(), "holds": bool(row.holds)} for row in check.rows(value)]
 
 
-def load_budget(name: str) -> Budget:
-    """A shipped budget (``full``, ``quick``) or a YAML path; PosencError (one line) if invalid."""
-    path, data = read_preset(name, SHIPPED / "theory", "theory budget")
-    return validated(Budget, data, f"theory budget {path.name}")
+def load_budget(name: str, overrides: dict | None = None) -> Budget:
+    """A shipped budget (``full``, ``quick``) or a YAML path, ``overrides`` ({key: value}, ``posenc theory --set``)
+    replacing its keys; PosencError (one line) if invalid."""
+    return load_flat(Budget, name, SHIPPED / "theory", "theory budget", overrides)
 
 
 def run_theory(
@@ -105,20 +105,24 @@ def run_theory(
     eps: float = 0.01,
     seed: int = 0,
     quick: bool = False,
+    preset: str | None = None,
+    overrides: dict | None = None,
 ) -> dict:
     """Run every check, write ``out``/{summary.md, results.json, *.png}; return the report dict.
 
     ``dists`` are step distributions (:func:`posenc.theory.steps.parse_dist`) for
     the mixing and score-gap checks; ``mix_dim`` is d for the mixing, far-mass and
     value checks; ``dims`` are the dimensions of the score-gap check. The first
-    ``so2:<a>`` distribution (else so2:1) drives the context, far-mass and value checks.
+    ``so2:<a>`` distribution (else so2:1) drives the context, far-mass and value checks. The sample sizes: the
+    budget ``preset`` (a shipped name or a YAML path; default ``quick`` with ``quick``, else ``full``) with
+    ``overrides`` ({key: value}) replacing its keys (:func:`load_budget`).
     """
     check_eps(eps)
     if not dists or not dims:
         raise PosencError("need at least one distribution and one dimension")
     steps = [parse_dist(s, d) for s in dists for d in (mix_dim, *dims)]  # validate before any work
     so2 = next((s for s in steps if isinstance(s, SO2Uniform)), SO2Uniform(mix_dim, 1.0))
-    budget = load_budget("quick" if quick else "full")
+    budget = load_budget(preset or ("quick" if quick else "full"), overrides)
     checks = _checks(list(dict.fromkeys(dists)), tuple(dims), mix_dim, eps, seed, so2.a, budget)
     start = time.perf_counter()
     results, table = {"mixing": {}, "score_gap": {}, "skipped": {}}, []
