@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -54,7 +55,12 @@ from posenc.reports.compare import with_ratios
 from posenc.reports.render import seed_cell
 from posenc.reports.tasks import TaskTable, above, horizon_cell, horizon_value, not_learned, pct_cell
 from posenc.reports.tasks import at_most as at_most_se
+from posenc.store.presets import register_presets
 from posenc.store.records import Ppl
+
+# the study's presets (paper, baselines, learned, window, retrieval, state-tracking, flipflop-path) load by name
+# once this module is imported (posenc --import experiments/accumulated/claims.py)
+register_presets(Path(__file__).with_name("presets"))
 
 FLAT_TOL = 0.02
 MATCH_TOL = 0.02

@@ -455,9 +455,9 @@ def test_until_on_a_text_preset_is_refused_at_load():
 
 
 def test_the_window_preset_no_longer_invites_copying_the_default_run():
-    from posenc.store.presets import SHIPPED
+    from pathlib import Path
 
-    text = (SHIPPED / "window.yaml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "experiments" / "accumulated" / "presets" / "window.yaml").read_text()
     assert "can be copied in" not in text and "same model, seed and budget" not in text
 
 

@@ -26,9 +26,26 @@ from posenc.errors import PosencError
 SHIPPED = importlib.resources.files("posenc") / "configs"  # package data: works from a wheel too
 
 
+_REGISTERED: list[Path] = []  # compare-preset folders of studies (experiments/<name>/presets), by register_presets
+
+
+def register_presets(folder: Path) -> None:
+    """Let the presets in ``folder`` (an experiment's, outside the library) load by name beside the shipped ones,
+    as its module does when ``posenc --import`` loads it; a shipped name wins."""
+    if Path(folder) not in _REGISTERED:
+        _REGISTERED.append(Path(folder))
+
+
+def _folders(folder) -> list:
+    """Where a preset name is looked up: ``folder``, and for compare's shipped folder the registered ones after it."""
+    return [folder, *_REGISTERED] if folder is SHIPPED else [folder]
+
+
 def preset_names(folder=SHIPPED) -> list[str]:
-    """The presets shipped in ``folder`` (package data)."""
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    """The presets shipped in ``folder`` (package data), and for compare's the registered studies' too."""
+    return sorted(
+        {p.name.removesuffix(".yaml") for f in _folders(folder) for p in f.iterdir() if p.name.endswith(".yaml")}
+    )
 
 
 class Loader(yaml.SafeLoader):
@@ -54,14 +71,19 @@ def read_preset(
     Raises PosencError (one line, naming the ``kind``) for an unknown preset, invalid YAML, a file that is not a
     mapping of settings, a ``base`` that is not a name or path, and a cycle of bases.
     """
-    path, shipped = Path(name_or_path), folder / f"{name_or_path}.yaml"
+    path = Path(name_or_path)
+    shipped = next(
+        (f / f"{name_or_path}.yaml" for f in _folders(folder) if (f / f"{name_or_path}.yaml").is_file()),
+        folder / f"{name_or_path}.yaml",
+    )
     bare = not path.suffix and path.name == name_or_path  # "quick"; "./mypreset" and "my.yaml" are paths
     if bare and (shipped.is_file() or not path.is_file()):  # a shipped name wins over a stray local file
         path = shipped
     if not path.is_file():
         valid = ", ".join(preset_names(folder))
         if bare:
-            raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {valid}")
+            studies = " (a study's presets load once posenc --import loads its module)" if folder is SHIPPED else ""
+            raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {valid}{studies}")
         raise PosencError(f"{kind} file {name_or_path} does not exist (shipped {kind}s: {valid})")
     if str(path) in _chain:
         names = [Path(p).name for p in (*_chain[_chain.index(str(path)) :], str(path))]
