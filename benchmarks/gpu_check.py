@@ -52,6 +52,7 @@ from posenc.reports.render import markdown_table
 from posenc.store.checkpoint import atomic_write_bytes
 from posenc.train.loop import make_optimizer
 
+PAPER = Path(__file__).resolve().parents[1] / "experiments" / "accumulated" / "presets" / "paper.yaml"
 T0 = time.time()
 FLEX_COLUMNS = ("alibi flex", "alibi chunked", "forget flex", "forget chunked")
 
@@ -120,7 +121,7 @@ def throughput(
     scheme: str, device: torch.device, cfg: ModelConfig, batch: int, steps: int, compiled: bool = False
 ) -> float:
     """Training tokens/s of ``cfg`` with ``scheme`` on random tokens (bf16 autocast on CUDA), eager or compiled."""
-    preset = load_preset("paper")
+    preset = load_preset(str(PAPER))
     torch.manual_seed(0)
     model = build_model(dataclasses.replace(cfg, encoding=scheme)).to(device).train()
     opt = make_optimizer(model, preset.train)
@@ -319,7 +320,7 @@ def main(argv=None) -> int:
         except Exception as exc:  # reported; the other schemes go on
             res["agreement"][s] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         print(f"[{time.time() - T0:5.0f} s] agreement {s}: {res['agreement'][s]}", flush=True)
-    cfg = dataclasses.replace(load_preset("paper").model, vocab_size=32768)
+    cfg = dataclasses.replace(load_preset(str(PAPER)).model, vocab_size=32768)
     if args.tiny:
         cfg = dataclasses.replace(cfg, n_layer=2, d_model=96, n_head=2, train_length=64, vocab_size=512)
     batch, default = 2 if args.tiny else args.batch, load_preset("default").schemes
