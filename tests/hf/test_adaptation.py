@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+from tiny_llama import tiny_llama
 
 from posenc.errors import PosencError
 
@@ -27,19 +28,7 @@ SCHEMES = ("rope", "alibi", "xpos")  # identical to the model, a bias, a scheme 
 
 
 def llama(seed=0):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=L0,
-        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
-        attn_implementation="sdpa",
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return tiny_llama(seed, L0, 5000.0, attn_implementation="sdpa")
 
 
 def extension(name):

@@ -12,6 +12,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from tiny_llama import tiny_llama  # noqa: E402
+
 from posenc.cli.main import main  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
 from posenc.eval import perplexity as evaluate  # noqa: E402
@@ -26,18 +28,7 @@ L0 = 16  # the tiny model's native context: prompt + new tokens pass it
 
 def llama(seed=0):
     """A random 2-layer Llama (4 heads over 2 key/value heads, head dim 16, 128 ids, native context L0)."""
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=L0,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return tiny_llama(seed, L0, 100.0)
 
 
 def adapted(kind: str, spec: str) -> Adaptation:

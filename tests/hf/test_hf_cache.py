@@ -8,6 +8,7 @@ the keys; a forward of another sequence between two decoding steps changes nothi
 
 import pytest
 import torch
+from tiny_llama import tiny_llama
 
 from posenc.errors import PosencError
 
@@ -25,19 +26,8 @@ FAST = {"rope", "alibi", "acc-rand-qkv", "forget", "acc-learned-qkv", "hybrid", 
 
 
 def llama(seed):
-    """The tiny Llama of tests/hf/test_scheme.py: 2 layers, width 64, 4 heads over 2 key/value heads, 128 ids."""
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=64,
-        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
+    """The tiny Llama of tests/hf/test_scheme.py (tests/hf/tiny_llama.py)."""
+    return tiny_llama(seed, 64, 5000.0)
 
 
 def swapped(spec, seed=1):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tiny_llama import tiny_llama
 
 from posenc.errors import PosencError
 
@@ -13,18 +14,7 @@ THETA = 5000.0
 
 
 def llama(seed=0):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=64,
-        rope_parameters={"rope_type": "default", "rope_theta": THETA},
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return tiny_llama(seed, 64, THETA)
 
 
 def logits(model, ids):
