@@ -47,7 +47,7 @@ def _check_flipflop(tok, answer, distance):
 
 @pytest.mark.parametrize("p_ignore", [0.0, 0.5, 0.8, 0.98])
 def test_flipflop_marks_match_brute_force(p_ignore):
-    task = get_task(f"flipflop:p_ignore={p_ignore}")
+    task = get_task(f"flipflop:p_ignore={p_ignore},distances=geometric")
     for seed in range(5):
         tok, answer, distance = task.row(np.random.default_rng(seed), 301)
         assert tok[0] == W and len(tok) == 302 and set(tok[0::2]) <= {W, R, I} and set(tok[1::2]) <= {B0, B1}
@@ -55,7 +55,7 @@ def test_flipflop_marks_match_brute_force(p_ignore):
 
 
 def test_flipflop_density():
-    tok, answer, _ = get_task("flipflop").row(np.random.default_rng(0), 200_001)
+    tok, answer, _ = get_task("flipflop:distances=geometric").row(np.random.default_rng(0), 200_001)
     instr = tok[0::2]
     assert abs(np.mean(instr == I) - 0.8) < 0.01 and abs(np.mean(instr == R) - 0.1) < 0.01
     assert answer.sum() == (instr[:-1] == R).sum() + (instr[-1] == R and len(tok) % 2 == 0)
@@ -100,7 +100,7 @@ def _check_modsum(m, tok, answer, distance):
 
 @pytest.mark.parametrize("m, p_query", [(2, 0.1), (3, 0.5), (5, 0.02)])
 def test_modsum_marks_match_brute_force(m, p_query):
-    task = get_task(f"modsum:m={m},p_query={p_query}")
+    task = get_task(f"modsum:m={m},p_query={p_query},distances=geometric")
     for seed in range(5):
         tok, answer, distance = task.row(np.random.default_rng(seed), 300)
         assert len(tok) == 301 and tok.min() >= 0 and tok.max() <= 2 * m and tok[-1] != m
@@ -115,7 +115,7 @@ def test_modsum_by_hand():
     with pytest.raises(AssertionError):  # a wrong sum is caught
         _check_modsum(3, np.array([1, 3, 1 + 3 + 0]), np.array([False, True]), np.array([0, 3]))
     assert task.vocab_size == 7 and task.chance == pytest.approx(1 / 3)
-    density = get_task("modsum:p_query=0.25").row(np.random.default_rng(0), 100_000)[0]
+    density = get_task("modsum:p_query=0.25,distances=geometric").row(np.random.default_rng(0), 100_000)[0]
     assert abs(np.mean(density == 2) - 0.2) < 0.01  # queries per token: p / (1 + p), each query takes two tokens
 
 
@@ -235,7 +235,9 @@ def test_batches_are_functions_of_seed_step_row():
         ("mqar:queries=some", "queries must be 'all' or 'random'"),
         ("mqar:pairs=4,asks=8", "asks=8 needs queries=random"),
         ("mqar:queries=random,asks=-1", "asks must be >= 0"),
-        ("mqar:gap=a", "gap must be N or LO-HI"),
+        ("mqar:gap=a", "gap must be N, LO-HI or LO-fit"),
+        ("mqar:gaps=geometric", "gaps must be log-uniform or uniform"),
+        ("flipflop:distances=uniform", "distances must be log-uniform or geometric"),
         ("mqar:", "empty parameter list"),
         ("mqar:pairs", "expected key=value"),
         ("modsum:m=1", "m must be >= 2"),

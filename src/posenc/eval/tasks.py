@@ -1,9 +1,10 @@
 """Scoring a model on a synthetic task (``posenc.data.tasks``): accuracy and NLL at the answer positions.
 
-Each test cell (test, sequence length) is scored on sequences drawn from a fixed evaluation
-seed, so every scheme and seed sees the same sequences. Answers are counted per evidence-
-distance bucket (powers of two: bucket b holds distances in [b, 2b)). Cells stop drawing
-when they hold ``answers`` answers or have used ``max_tokens`` tokens, whichever is first.
+Each test cell (test, sequence length) is scored on sequences drawn from a seed of the run's training seed
+(:func:`cell_seed`): every scheme trained on seed k sees the same sequences, and two training seeds see different
+ones, so the spread over seeds includes the draw of the probes. Answers are counted per evidence-distance bucket
+(powers of two: bucket b holds distances in [b, 2b)). Cells stop drawing when they hold ``answers`` answers or have
+used ``max_tokens`` tokens, whichever is first.
 """
 
 from __future__ import annotations
@@ -16,10 +17,22 @@ import torch
 from posenc.data.positions import eval_positions
 from posenc.data.tasks import Task, Test
 from posenc.encodings.forget import ForgetGate
+from posenc.errors import PosencError
 
 EVAL_SEED = 1_000_003  # evaluation sequences never coincide with a training seed's batches
 CRITERION_SEED = 2_000_003  # train.until's held-out set: neither a training batch nor a test's sequences
 LEAK_MULTIPLE, LEAK_ROWS = 8, 8  # gate_leak: the probe's distance in training lengths, and how many probes
+SEED_STRIDE = 2**33  # cell_seed: the run's seed times this, above every base seed + crc32 (< 2**33)
+
+
+def cell_seed(base_seed: int, test: Test, seed: int = 0) -> int:
+    """The generator seed (int >= 0) of a test cell: ``base_seed`` (EVAL_SEED, CRITERION_SEED) + crc32 of the test's
+    name and length + ``seed`` x SEED_STRIDE, ``seed`` the run's training seed (>= 0; PosencError otherwise). Never
+    a training seed (those are the small run seeds themselves), nor another base's cell; seed 0 gives the seeds of
+    the releases before issue 57."""
+    if seed < 0:
+        raise PosencError(f"evaluation seed: the run's seed must be >= 0, got {seed}")
+    return base_seed + zlib.crc32(f"{test.name}:{test.length}".encode()) + seed * SEED_STRIDE
 
 
 def bucket(distance: torch.Tensor) -> torch.Tensor:
@@ -53,12 +66,13 @@ def score_test(
     batch_tokens: int,
     base_seed: int = EVAL_SEED,
     positions: int | None = None,
+    seed: int = 0,
 ) -> dict[int, list[float]]:
-    """{bucket: [answers, correct, nll sum]} of one test cell, drawn from a seed of ``base_seed``, its name and
-    length. ``positions``: N of a model trained on randomized positions, scored on them (``posenc.data.positions``:
-    one draw per batch, seeded by the cell's seed and the batch); None: 0..length-1. LengthNotSupported when the
-    length exceeds N."""
-    seed = base_seed + zlib.crc32(f"{test.name}:{test.length}".encode())
+    """{bucket: [answers, correct, nll sum]} of one test cell, drawn from :func:`cell_seed` of ``base_seed``, the
+    cell and ``seed`` (the run's training seed, >= 0). ``positions``: N of a model trained on randomized positions,
+    scored on them (``posenc.data.positions``: one draw per batch, seeded by the cell's seed and the batch); None:
+    0..length-1. LengthNotSupported when the length exceeds N."""
+    seed = cell_seed(base_seed, test, seed)
     totals: dict[int, list[float]] = {}
     rows_per_batch = max(1, batch_tokens // test.length)
     device = next(model.parameters()).device
@@ -87,12 +101,14 @@ def evaluate_task(
     positions: int | None = None,
     done: list[dict] = (),
     only: tuple[str, ...] | None = None,
+    seed: int = 0,
 ) -> list[dict]:
     """One record per (test, length, bucket): ``n`` answers, ``correct``, ``nll`` (sum, nats). ``positions``: as
     ``score_test``'s. ``done``: records of an earlier evaluation of this model (fewer ``multiples``: a sweep's
     screening): their tests are not scored again but kept, in test order, so the result equals one evaluation of
     every test (each test's cells are drawn from a seed of its own, ``score_test``). ``only``: the names of the tests
-    to score (None: every test; a sweep's screening scores ``("id",)`` at the training length)."""
+    to score (None: every test; a sweep's screening scores ``("id",)`` at the training length). ``seed``: the run's
+    training seed (>= 0), from which every cell's sequences are drawn (:func:`cell_seed`)."""
     was_training = model.training
     model.eval()
     records, have = [], {}
@@ -105,7 +121,7 @@ def evaluate_task(
             if (test.name, test.length) in have:
                 records += have[(test.name, test.length)]
                 continue
-            cell = score_test(model, task, test, answers, max_tokens, batch_tokens, positions=positions)
+            cell = score_test(model, task, test, answers, max_tokens, batch_tokens, positions=positions, seed=seed)
             for b, (n, c, nll) in sorted(cell.items()):
                 records.append(
                     {"test": test.name, "length": test.length, "bucket": b, "n": int(n), "correct": int(c), "nll": nll}
@@ -122,12 +138,15 @@ def id_accuracy(
     answers: int,
     batch_tokens: int = 16384,
     positions: int | None = None,
+    seed: int = 0,
 ) -> float:
     """Accuracy (fraction in [0, 1]) on ``answers`` answers of the in-distribution held-out set of ``train.until``:
-    sequences of ``train_length`` tokens at the training settings drawn from ``CRITERION_SEED``, the same for every
-    scheme, seed and step (never a training batch, nor the sequences the report's "id" test scores). The model is
-    put in eval mode and back; the global random state is left as it was (a check does not change training).
-    ``positions``: as ``score_test``'s (a model trained on randomized positions is checked on them)."""
+    sequences of ``train_length`` tokens at the training settings drawn from ``CRITERION_SEED`` (never a training
+    batch, nor the sequences the report's "id" test scores). The model is put in eval mode
+    and back; the global random state is left as it was (a check does not change training).
+    ``positions``: as ``score_test``'s (a model trained on randomized positions is checked on them). ``seed``: the
+    run's training seed (>= 0): the held-out set is drawn from :func:`cell_seed` of CRITERION_SEED and it, the same
+    for every scheme and step of that seed."""
     was_training = model.training
     model.eval()
     try:
@@ -141,6 +160,7 @@ def id_accuracy(
                 batch_tokens,
                 base_seed=CRITERION_SEED,
                 positions=positions,
+                seed=seed,
             )
     finally:
         model.train(was_training)
@@ -165,7 +185,7 @@ def gate_leak(model: torch.nn.Module, task: Task, train_length: int) -> list[lis
     if not any(isinstance(m, ForgetGate) for m in model.modules()):
         return None
     g = LEAK_MULTIPLE * train_length
-    test = next(t for t in task.tests(train_length, [LEAK_MULTIPLE]) if t.name == "gap" and t.settings["gap"] == g)
+    test = task.end_probe(train_length, g)
     tokens = task.batch(EVAL_SEED, 0, range(LEAK_ROWS), test.length, **test.settings).inputs
     was_training = model.training
     model.eval()

@@ -92,6 +92,7 @@ def run_task_job(
             positions=randomized_max(tcfg.positions),
             done=[c.model_dump() for r in screened for c in r.cells],
             only=("id",) if screening else None,
+            seed=seed,  # the probes are drawn from the run's seed (posenc.eval.tasks.cell_seed)
         )
         summary = read_json(run_dir / "train_summary.json")
         record = Task(

@@ -714,7 +714,9 @@ def train(
         criterion = Criterion(
             until.every,
             until.at_least,
-            lambda step: id_accuracy(model, data.task, mcfg.train_length, until.answers, positions=n_max),
+            lambda step: id_accuracy(
+                model, data.task, mcfg.train_length, until.answers, positions=n_max, seed=tcfg.seed
+            ),
         )
     done = fit(
         model,
