@@ -18,7 +18,7 @@ from experiments.accumulated.claims import (
     log_horizon,
 )
 from posenc.reports.claims import FAILS, HOLDS, NOISE, STATED, UNDECIDED
-from posenc.reports.tasks import TaskTable, read_text_results
+from posenc.reports.tasks import TaskTable, horizon_cell, read_text_results
 from tests import task_records as one_seed
 from tests.task_records import gap_cells
 
@@ -150,7 +150,10 @@ def test_claim_r6_state_tracking():
     far, near = gap_cells(0.99, {8: 0.99, 1024: 0.99}), gap_cells(0.99, {8: 0.99, 64: 0.99, 256: 0.5})
     unlearned = gap_cells(0.6, {8: 0.6})
     claim = claim_r6(task_table("modsum", {"path": {0: far, 1: far}, "rope": {0: near}, "nope": {0: unlearned}}))
-    assert claim.verdict == HOLDS and claim.numbers == "horizon: path 1024, rope 64; did not learn: nope"
+    assert (
+        claim.verdict == HOLDS
+        and claim.numbers == f"horizon: path {horizon_cell([1024])}, rope 64; did not learn: nope"
+    )
     assert claim_r6(task_table("modsum", {"path": {0: near}, "rope": {0: near}})).verdict == FAILS  # PaTH stops inside
     assert (
         claim_r6(task_table("modsum", {"path": {0: far}, "acc-learned-qkv": {0: far}})).verdict == FAILS
@@ -303,4 +306,7 @@ def test_asking_about_a_scheme_without_records_adds_none():
     path, rope = gap_cells(0.99, {8: 0.99, 1024: 0.99}), gap_cells(0.6, {8: 0.6})
     t = task_table("modsum", {"path": {0: path}, "rope": {0: rope}})
     assert not t.learned("acc-rand-qk") and t.seeds_learned("acc-rand-qk") == (0, 0)
-    assert list(t.scores) == ["path", "rope"] and claim_r6(t).numbers == "horizon: path 1024; did not learn: rope"
+    assert (
+        list(t.scores) == ["path", "rope"]
+        and claim_r6(t).numbers == f"horizon: path {horizon_cell([1024])}; did not learn: rope"
+    )
