@@ -257,7 +257,8 @@ class Attention(nn.Module):
     per-token-id schemes (``acc-token-*``, which also need ``tokens``); layer_index:
     the entry of a per-layer pattern (``rope|nope``) and the random-step seed offset;
     block_size: query rows per bias tile; params: the scheme's parameters, with a spec
-    (as its ``:k=v`` parts). Projections have no bias. Raises PosencError for sizes
+    (as its ``:k=v`` parts); seed: the run's seed, from which a scheme that draws at random
+    derives its draws (``Dims.seed``). Projections have no bias. Raises PosencError for sizes
     that do not divide, an invalid spec, an additive scheme, or params with an Encoding.
     """
 
@@ -273,6 +274,7 @@ class Attention(nn.Module):
         layer_index: int = 0,
         block_size: int = 512,
         params: dict[str, Any] | None = None,
+        seed: int = 0,
     ):
         super().__init__()
         kv = n_kv_head or n_head
@@ -295,7 +297,7 @@ class Attention(nn.Module):
         )
         self.qkv = nn.Linear(d_model, (n_head + 2 * kv) * self.head_dim, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
-        dims = Dims(n_head, self.head_dim, d_model, vocab_size, train_length, layer_index)
+        dims = Dims(n_head, self.head_dim, d_model, vocab_size, train_length, layer_index, seed)
         if params and not isinstance(scheme, str):
             raise PosencError("params apply to a scheme spec; an Encoding comes built with its own")
         # built after the projections: the random-number order (hence the initial weights) of every posenc model
@@ -318,6 +320,7 @@ class Attention(nn.Module):
             layer_index=layer_index,
             block_size=cfg.attn_block_size,
             params=None if additive else cfg.encoding_params,
+            seed=cfg.seed,
         )
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -82,6 +82,10 @@ class ModelConfig:
     canon: int = 0
     """Width (tokens, 0 to ``train_length``) of a Canon-A layer before every attention (``posenc.model.Canon``): the
     normalised attention input plus a causal depthwise convolution of it over this many positions; 0: none."""
+    seed: int = 0
+    """Seed of the scheme's own random draws (integer >= 0; the random accumulated rotations' steps): training sets
+    it to ``train.seed`` (``posenc.train.loop.train``), so every draw of a run comes from the run's seed; a spec's
+    explicit ``seed=`` overrides it."""
 
     def __post_init__(self):
         for name, kind in _POSITIVE.items():
@@ -93,6 +97,8 @@ class ModelConfig:
                 f"canon must be an integer in [0, train_length {self.train_length}] (a width in tokens; 0: none), "
                 f"got {self.canon!r}"
             )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
+            raise ValueError(f"seed must be an integer in [0, 2^31), got {self.seed!r}")
         for name, choices in (("mlp", get_args(Mlp)), ("norm", get_args(Norm))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
@@ -110,7 +116,9 @@ class ModelConfig:
 
     def dims(self, layer_index: int = 0) -> Dims:
         """The sizes layer ``layer_index``'s scheme is built for."""
-        return Dims(self.n_head, self.head_dim, self.d_model, self.vocab_size, self.train_length, layer_index)
+        return Dims(
+            self.n_head, self.head_dim, self.d_model, self.vocab_size, self.train_length, layer_index, self.seed
+        )
 
     def distinct_layers(self) -> range:
         """Indices of the layers whose schemes can differ (a '|' pattern repeats after its length)."""

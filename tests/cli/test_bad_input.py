@@ -233,7 +233,7 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
         (
             lambda: build_model({"n_layer": 1, "bogus": 1}),
             "invalid model config: bogus: not a setting (valid: vocab_size, n_layer, n_head, d_model, mlp, "
-            "mlp_ratio, norm, train_length, encoding, encoding_params, attn_block_size, n_kv_head, canon)",
+            "mlp_ratio, norm, train_length, encoding, encoding_params, attn_block_size, n_kv_head, canon, seed)",
         ),
         (
             lambda: posenc.Attention(64, 4, scheme="acc-token-qk"),

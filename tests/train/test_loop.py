@@ -311,3 +311,35 @@ def test_resume_refuses_another_precision_and_reads_a_run_from_before_the_field_
     del config["train"]["precision"]  # as a run written before train.precision
     write_json(run / "config.json", config)
     assert train(run, MCFG, TrainConfig(corpus=str(tiny_corpus), **{**LOOP, "steps": 4}), resume=True)["steps"] == 4
+
+
+def eval_phases(model) -> torch.Tensor:
+    """The first layer's evaluation phases at positions 0..15: (1, H, 16, D/2) float32."""
+    from posenc.encodings.base import Inputs
+
+    enc = model.blocks[0].attn.enc.eval()
+    return enc.phases(Inputs(torch.zeros(1, 16, model.cfg.d_model), torch.arange(16)))
+
+
+def test_the_training_seed_seeds_the_random_rotations_and_a_spec_seed_overrides_it(tiny_corpus, tmp_path):
+    """Two training seeds evaluate different random steps, the same seed the same ones (after a reload too), and
+    seed 0 draws what a model built without a seed draws (the committed seed-0 runs); ``seed=`` in the spec wins."""
+    phases = {}
+    for seed in (0, 1, 1):
+        run = tmp_path / f"s{seed}-{len(phases)}"
+        tcfg = TrainConfig(corpus=str(tiny_corpus), **{**LOOP, "steps": 1, "seed": seed})
+        train(run, MCFG, tcfg)
+        assert read_json(run / "config.json")["model"]["seed"] == seed
+        model, mcfg, _ = posenc.train.loop.load_run(run)
+        phases.setdefault(seed, []).append(eval_phases(model))
+    assert torch.equal(phases[1][0], phases[1][1])
+    assert not torch.allclose(phases[0][0], phases[1][0], atol=1e-3)
+    assert torch.equal(phases[0][0], eval_phases(build_model(dataclasses.replace(MCFG, vocab_size=256))))
+    pinned = dataclasses.replace(MCFG, encoding="acc-rand-qkv:seed=0", seed=1, vocab_size=256)
+    assert torch.equal(eval_phases(build_model(pinned)), phases[0][0])
+
+
+def test_a_model_seed_other_than_the_training_seeds_is_refused_in_one_line(tiny_corpus, tmp_path):
+    tcfg = TrainConfig(corpus=str(tiny_corpus), **{**LOOP, "steps": 1, "seed": 2})
+    with pytest.raises(PosencError, match=r"^model.seed is the training seed's \(train.seed 2\); got 3"):
+        train(tmp_path / "run", dataclasses.replace(MCFG, seed=3), tcfg)

@@ -81,7 +81,8 @@ class Accumulated(Encoding):
         learn_a: the half-width learned per head and block too (mode="learned", center="zero")
         rope_theta: the frequencies' base for center="rope", a finite number > 1
         pairing: the rotated feature pairs: "half" (Hugging Face rotate_half) or "adjacent" (RoFormer / Meta)
-        seed: the random steps' draw (mode "random" and "token"), in [0, 2^31)
+        seed: the random steps' draw (mode "random" and "token"), in [0, 2^31); None: the run's seed (``Dims.seed``,
+            a trained model's ``train.seed``), so each training seed draws its own steps
         rotary_fraction: f in (0, 1]: the first int(f D) features of each head rotate (fD/2 blocks; under Q/K/V
             the unrotated value features are plain attention values)
 
@@ -127,7 +128,7 @@ class Accumulated(Encoding):
         learn_a: bool = False,
         rope_theta: float = 10000.0,
         pairing: str = "half",
-        seed: int = 0,
+        seed: int | None = None,
         rotary_fraction: float = 1.0,
     ):
         super().__init__(dims)
@@ -153,6 +154,7 @@ class Accumulated(Encoding):
         a = 1.0 if a is None else a
         if not 0 < a <= math.pi:  # U[-pi, pi] is already uniform on the circle (beta = 0)
             raise PosencError(f"accumulated half-width a must be in (0, pi], got {a!r}")
+        seed = dims.seed if seed is None else seed  # the run's seed unless the spec names one
         if not 0 <= seed < 2**31:
             raise PosencError(f"accumulated seed must be in [0, 2^31), got {seed}")
         if mode == "token" and (dims.vocab_size or 0) < 1:  # else an empty table, and an index error at the first token

@@ -65,7 +65,10 @@ from posenc.rope.schedules import wrap_phases
 @dataclasses.dataclass(frozen=True)
 class Dims:
     """Sizes an encoding is built for: PosencError (one line) unless n_head, head_dim, d_model and
-    train_length are integers >= 1 and vocab_size, layer_index integers >= 0 (vocab_size 0: no token ids)."""
+    train_length are integers >= 1 and vocab_size, layer_index, seed integers >= 0 (vocab_size 0: no token ids).
+
+    ``seed`` is the run's seed (``posenc train`` gives its ``train.seed``): a scheme that draws at random derives its
+    draws from it and the layer index, so two training seeds draw different steps and one seed the same ones."""
 
     n_head: int
     head_dim: int
@@ -73,6 +76,7 @@ class Dims:
     vocab_size: int
     train_length: int
     layer_index: int = 0
+    seed: int = 0
 
     def __post_init__(self):
         for name, least in (
@@ -82,6 +86,7 @@ class Dims:
             ("vocab_size", 0),
             ("train_length", 1),
             ("layer_index", 0),
+            ("seed", 0),
         ):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):

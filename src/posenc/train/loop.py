@@ -564,7 +564,8 @@ class _TokenNLL(torch.nn.Module):
 
 RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads", "compile"}  # may change on resume
 MODEL_KNOBS = {"attn_block_size"}  # model fields of speed and memory only: a trained run may be evaluated under another
-MODEL_ADDED = {"canon": 0}  # model fields added after runs were recorded: the value that builds the model as before
+# model fields added after runs were recorded: the value that builds the model as before
+MODEL_ADDED = {"canon": 0, "seed": 0}
 
 
 def run_differences(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> dict[str, list[str]]:
@@ -574,8 +575,10 @@ def run_differences(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> dict
     saved = read_run_config(run_dir)
     old_train = {"precision": legacy_precision(), **saved["train"]}
     out = {}
+    # the model's seed is the training seed's (train); a run recorded before the field drew from seed 0
+    derived = {"seed"} if "seed" in saved["model"] else set()
     for section, settings, free in (
-        ("model", dataclasses.asdict(mcfg), set()),
+        ("model", dataclasses.asdict(mcfg), derived),
         ("training", tcfg.model_dump(), RESUME_FREE),
     ):
         now = json.loads(json.dumps(settings, default=str))  # as config.json stores it
@@ -661,8 +664,12 @@ def train(
     use_threads(tcfg)
     with shard.main_first():  # rank 0 builds the token cache, the others read it
         data = data or load_tokens(tcfg.corpus, tcfg.tokenizer, tasks=True)
-    if mcfg.vocab_size != data.vocab_size:
-        mcfg = dataclasses.replace(mcfg, vocab_size=data.vocab_size)
+    if mcfg.seed not in (0, tcfg.seed):
+        raise PosencError(
+            f"model.seed is the training seed's (train.seed {tcfg.seed}); got {mcfg.seed}: set train.seed"
+        )
+    # every random draw of the run comes from its seed: the weights, the batches, the scheme's own draws
+    mcfg = dataclasses.replace(mcfg, vocab_size=data.vocab_size, seed=tcfg.seed)
     check_data(data, mcfg, tcfg)
     if shard.is_main:  # after the corpus loads, so bad input leaves no empty run directory
         make_run_dir(run_dir)
