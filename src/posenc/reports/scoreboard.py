@@ -1,15 +1,16 @@
 """One scoreboard: the table a user reads to choose a scheme, generated from a comparison's records (issue 36).
 
-For each scheme: perplexity at the training length and the ratios at 16x and 128x of a text comparison
-(``posenc compare``, e.g. ``results/default``), then for each task of the task comparisons
-(``posenc compare --preset retrieval`` / ``state-tracking``) its retrieval horizon and, where the records have
-``criterion_step`` (``train.until``), its steps to criterion. Every number is its mean ± half-range over the
-seeds (``posenc.reports.render.seed_cell``); a scheme that did not learn a task on every seed shows "did not learn" (and
-on how many seeds it did) instead of a horizon (``posenc.reports.tasks``: in-distribution accuracy below the
-run's ``task_eval.learned``); a cell is empty where the scheme was not run. Schemes are matched across runs by spec
-(``posenc.encodings.canonical``) and take the task claims' role names. The README's scoreboard block is this
-table for the committed results (``posenc report results/retrieval results/state-tracking results/default
---readme README.md`` writes it; a test checks they agree).
+For each scheme: perplexity at the training length and the ratios at 16x and 128x of a text comparison (``posenc
+compare``, e.g. ``results/default``), then for each task of the task comparisons (``posenc compare --preset
+retrieval`` / ``state-tracking``) its retrieval horizon and, where the records have ``criterion_step``
+(``train.until``), its steps to criterion. Every number is its mean ± half-range over the seeds
+(``posenc.reports.render.seed_cell``), except a horizon: its median and range, censored at the longest probe
+(``posenc.reports.tasks.horizon_cell``, as report.md shows it); a scheme that did not learn a task on every seed
+shows "did not learn" (and on how many seeds it did) instead of a horizon (``posenc.reports.tasks``: in-distribution
+accuracy below the run's ``task_eval.learned``); a cell is empty where the scheme was not run. Schemes are matched
+across runs by spec (``posenc.encodings.canonical``) and take the task claims' role names. The README's scoreboard
+block is this table for the committed results (``posenc report results/retrieval results/state-tracking
+results/default --readme README.md`` writes it; a test checks they agree).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from posenc.errors import PosencError
 from posenc.reports.claims import task_claims
 from posenc.reports.render import markdown_table, seed_cell
 from posenc.reports.tasks import TaskTable
+from posenc.reports.tasks import horizon_cell as horizons_cell
 from posenc.store.checkpoint import atomic_write_bytes, read_json
 from posenc.store.records import Task, load_tasks
 
@@ -101,13 +103,14 @@ def _key(scheme: str):
 
 
 def horizon_cell(t: TaskTable, scheme: str) -> str:
-    """A scheme's horizon over seeds (mean ± half-range; a seed whose first bucket already falls short counts 0), or
-    "did not learn" (with "k of n seeds learned" when some did); then "(trained as <variant>)" when its jobs trained
-    a sweep variant of it (``TaskTable.trained_as``), so a row joining runs says where its setting differs."""
+    """A scheme's horizon over seeds as report.md shows it (``posenc.reports.tasks.horizon_cell``: the median and the
+    range, "≥ X" right-censored at the longest bucket probed, "none" below the first), or "did not learn" (with "k of
+    n seeds learned" when some did); then "(trained as <variant>)" when its jobs trained a sweep variant of it
+    (``TaskTable.trained_as``), so a row joining runs says where its setting differs."""
     if not t.learned(scheme):
         k, n = t.seeds_learned(scheme)
         return "did not learn" + (f" ({k} of {n} seeds learned)" if k else "") + t.trained_as(scheme)
-    return seed_cell([0 if h is None else h for h in t.horizons(scheme)], ".0f") + t.trained_as(scheme)
+    return horizons_cell(t.horizon_data(scheme)) + t.trained_as(scheme)
 
 
 def criterion_cell(t: TaskTable, scheme: str) -> str:
@@ -187,8 +190,10 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
     ]
     return (
         markdown_table(head, rows)
-        + "\n\nMean ± half-range over seeds; horizons in tokens (a seed whose first gap bucket already "
-        "falls short of id by more than the tolerance counts 0, however flat its accuracy beyond); steps to "
+        + "\n\nMean ± half-range over seeds, except horizons: in tokens, the median over seeds (the lower middle "
+        "one for an even count) and the range when the seeds differ; ≥ X: within the tolerance up to the longest "
+        "gap bucket probed (right-censored, never averaged); none: the first gap bucket already falls short of id by "
+        "more than the tolerance, however flat its accuracy beyond; steps to "
         'criterion: over the seeds that met it ("k of n seeds" when not all did), "not reached (N steps)" when '
         "none met it by the step cap N, "
         "empty when the records keep no criterion (a retrieval.csv alone) or not run; other cells empty: not run. "

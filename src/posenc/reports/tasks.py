@@ -6,7 +6,12 @@ accuracy (test ``id`` at the training length) is below ``learned`` (0.9) "did no
 task" and gets no horizon and no verdict. Its **retrieval horizon** is the largest evidence-
 distance bucket of the controlled-gap test up to which every bucket's accuracy stays within
 ``horizon_tol`` (5 points) of its in-distribution accuracy (None: already the smallest bucket
-falls short). Comparisons are over seeds, as in ``posenc.reports.claims``, with the test sets'
+falls short). A horizon at the longest bucket probed is right-censored (:class:`Horizon`, shown "≥ 4,096"), never
+averaged: over seeds a horizon shows its median and range (:func:`horizon_cell`), the same in report.md and the
+scoreboard. The alternative rules a robustness table reads work on the same data: the tolerance
+(:data:`TOLERANCES`), the buckets pooled over seeds by their plain mean or weighted by answers
+(:meth:`TaskTable.pooled_horizon`), and the half-way-to-chance horizon (:func:`half_chance_horizon`).
+Comparisons are over seeds, as in ``posenc.reports.claims``, with the test sets'
 sampling noise added: x <= y holds when max x <= min y, does not hold when min x exceeds max y
 by more than two binomial standard errors, and is within noise otherwise. A claim whose schemes were
 run but did not all learn is **undecided**: its evidence names each scheme that did not learn, on which seeds
@@ -16,6 +21,7 @@ run but did not all learn is **undecided**: its evidence names each scheme that 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -24,6 +30,7 @@ import numpy as np
 
 from posenc import encodings
 from posenc.data.tasks import get_task
+from posenc.errors import PosencError
 from posenc.eval.tasks import standard_error
 from posenc.reports import claims
 from posenc.reports.claims import FAILS, HOLDS, NOISE, role_names
@@ -70,6 +77,52 @@ def horizon(curve: dict[int, float], id_acc: float, tol: float) -> int | None:
             break
         best = b
     return best
+
+
+TOLERANCES = (0.02, 0.05, 0.10, 0.20)  # the tolerances (fractions) a robustness table tries beside the run's own
+
+
+@dataclasses.dataclass(frozen=True)
+class Horizon:
+    """One horizon as data. ``value``: the largest distance bucket (tokens, int) the rule accepts; None: not even the
+    smallest bucket probed (``first``). ``censored``: the rule accepts the largest bucket probed (``last``), so the
+    true horizon is ``>= value`` (right-censored): never average it as a number. ``seed``: the run's seed (None: a
+    horizon of buckets pooled over seeds)."""
+
+    value: int | None
+    censored: bool
+    first: int
+    last: int
+    seed: int | None = None
+
+    @property
+    def lower(self) -> int:
+        """A lower bound in tokens (int): ``value``, 0 without one."""
+        return 0 if self.value is None else self.value
+
+    def text(self) -> str:
+        """The one rendering of a horizon: "1,024", "≥ 4,096" (censored), "none" (no bucket)."""
+        return horizon_text(self)
+
+
+def horizon_of(curve: dict[int, float], id_acc: float, tol: float, seed: int | None = None) -> Horizon:
+    """:func:`horizon` of ``curve`` ({bucket: accuracy}, non-empty) as a :class:`Horizon`; PosencError without
+    buckets."""
+    if not curve:
+        raise PosencError("horizon: no gap buckets to judge")
+    h = horizon(curve, id_acc, tol)
+    return Horizon(h, h is not None and h == max(curve), min(curve), max(curve), seed)
+
+
+def half_chance_horizon(curve: dict[int, float], id_acc: float, chance: float, seed: int | None = None) -> Horizon:
+    """The half-way-to-chance horizon: the largest bucket of ``curve`` whose accuracy is above (id_acc + chance) / 2
+    (buckets beyond a dip count); None when none is. PosencError without buckets."""
+    if not curve:
+        raise PosencError("horizon: no gap buckets to judge")
+    bar = (id_acc + chance) / 2
+    above_bar = [b for b, a in curve.items() if a > bar]
+    h = max(above_bar) if above_bar else None
+    return Horizon(h, h is not None and h == max(curve), min(curve), max(curve), seed)
 
 
 class TaskTable:
@@ -132,17 +185,46 @@ class TaskTable:
         return {b: s.acc(test, bucket=b)[0] for b in s.buckets(test)}
 
     def horizons(self, scheme: str) -> list[int | None]:
+        """Per seed (seed order): the horizon in tokens at the run's tolerance, None below the first bucket; the
+        censoring is in :meth:`horizon_data`."""
+        return [h.value for h in self.horizon_data(scheme)]
+
+    def horizon_data(self, scheme: str, tol: float | None = None) -> list[Horizon]:
+        """Per seed (seed order): the :class:`Horizon` at tolerance ``tol`` (a fraction; None: the run's)."""
+        tol = self.tol if tol is None else tol
         return [
-            horizon(self.curve(scheme, seed), s.acc("id", self.L0)[0], self.tol)
+            horizon_of(self.curve(scheme, seed), s.acc("id", self.L0)[0], tol, seed)
             for seed, s in self.scores[scheme].items()
         ]
 
+    def half_chance_horizons(self, scheme: str) -> list[Horizon]:
+        """Per seed: :func:`half_chance_horizon` against the task's chance."""
+        return [
+            half_chance_horizon(self.curve(scheme, seed), s.acc("id", self.L0)[0], self.chance, seed)
+            for seed, s in self.scores[scheme].items()
+        ]
+
+    def pooled_horizon(self, scheme: str, weighting: str = "mean", tol: float | None = None) -> Horizon:
+        """One :class:`Horizon` (seed None) of the buckets pooled over seeds: each bucket's and id's accuracy the
+        plain mean over the seeds that have it (``weighting="mean"``) or their correct answers over their answers
+        (``"answers"``); tolerance ``tol`` (None: the run's). PosencError for another weighting."""
+        if weighting not in ("mean", "answers"):
+            raise PosencError(f"pooled horizon: weighting must be 'mean' or 'answers', got {weighting!r}")
+        runs = list(self.scores[scheme].values())
+
+        def pool(test: str, length: int | None = None, b: int | None = None) -> float:
+            cells = [(a, n) for a, n in (s.acc(test, length, b) for s in runs) if a is not None]
+            if weighting == "mean":
+                return float(np.mean([a for a, _ in cells]))
+            return sum(a * n for a, n in cells) / sum(n for _, n in cells)
+
+        buckets = sorted({b for s in runs for b in s.buckets("gap")})
+        curve = {b: pool("gap", None, b) for b in buckets}
+        return horizon_of(curve, pool("id", self.L0), self.tol if tol is None else tol)
+
     def censored(self, scheme: str) -> list[bool]:
         """Per seed: the horizon is the largest distance probed (the true one may lie beyond)."""
-        return [
-            h is not None and h == max(self.curve(scheme, seed))
-            for seed, h in zip(self.scores[scheme], self.horizons(scheme))
-        ]
+        return [h.censored for h in self.horizon_data(scheme)]
 
     def values(
         self, scheme: str, test: str, length: int | None = None, bucket: int | None = None
@@ -175,14 +257,46 @@ def pct_cell(values: list[float]) -> str:
     return seed_cell([100 * x for x in values], ".1f") if values else ""
 
 
-def horizon_cell(values: list[int | None]) -> str:
-    """Horizons over seeds: one value when they agree, else each seed's; "none": the smallest bucket already falls
-    short."""
-    shown = ["none" if h is None else str(h) for h in values]
-    return shown[0] if len(set(shown)) == 1 else " / ".join(shown)
+def horizon_text(h: Horizon | int | None) -> str:
+    """One horizon's text: "1,024" (thousands separators), "≥ 4,096" (a censored :class:`Horizon`), "none" (no
+    bucket within the rule)."""
+    value = h.value if isinstance(h, Horizon) else h
+    if value is None:
+        return "none"
+    return f"≥ {value:,}" if isinstance(h, Horizon) and h.censored else f"{value:,}"
 
 
-def horizon_value(h: int | None) -> int:
+def _order(h: Horizon | int | None) -> tuple[int, bool]:
+    return (horizon_value(h), isinstance(h, Horizon) and h.censored)
+
+
+def horizon_cell(values: list[Horizon] | list[int | None]) -> str:
+    """Horizons over seeds (:class:`Horizon`, or ints and None without censoring) as one cell: the text
+    (:func:`horizon_text`) when every seed shows the same, else the median (the lower middle seed for an even count)
+    and the range, "64 (range 32 to 128)", with "≥ X on k of n seeds" when some but not all are censored; "" for
+    none."""
+    if not values:
+        return ""
+    shown = [horizon_text(h) for h in values]
+    if len(set(shown)) == 1:
+        return shown[0]
+    ordered = sorted(values, key=_order)
+    cell = f"{horizon_text(ordered[(len(ordered) - 1) // 2])} (range {shown_lo(ordered)} to {horizon_text(ordered[-1])}"
+    k = sum(isinstance(h, Horizon) and h.censored for h in values)
+    if 0 < k < len(values):
+        cell += f"; {horizon_text(ordered[-1])} on {k} of {len(values)} seeds"
+    return cell + ")"
+
+
+def shown_lo(ordered: list[Horizon] | list[int | None]) -> str:
+    """The text of the lowest of horizons sorted by :func:`_order`."""
+    return horizon_text(ordered[0])
+
+
+def horizon_value(h: Horizon | int | None) -> int:
+    """A horizon as a number of tokens (int): its value, 0 for none; a censored one gives its lower bound."""
+    if isinstance(h, Horizon):
+        return h.lower
     return 0 if h is None else h
 
 
@@ -283,10 +397,17 @@ def distance_markdown(t: TaskTable, schemes: list[str], windows: dict) -> str:
         rows.append(
             [s, "" if w is None else f"{w:.0f}", pct_cell(t.id_acc(s))]
             + [pct_cell(t.values(s, "gap", bucket=b)[0]) for b in buckets]
-            + [horizon_cell(t.horizons(s)) if t.learned(s) else "no verdict (did not learn)" + _seeds_learned(t, s)]
+            + [horizon_cell(t.horizon_data(s)) if t.learned(s) else "no verdict (did not learn)" + _seeds_learned(t, s)]
         )
-    counts = ", ".join(f"{b}: {first.acc('gap', bucket=b)[1]}" for b in buckets)
-    return markdown_table(header, rows) + f"\n\nAnswers per distance bucket (one seed): {counts}."
+    counts = ", ".join(
+        f"{b:,}: {n:,} ({100 * standard_error(0.5, n):.1f})" for b in buckets for n in [first.acc("gap", bucket=b)[1]]
+    )
+    return (
+        markdown_table(header, rows)
+        + f"\n\nAnswers per distance bucket (one seed) and, in brackets, the bucket's standard error at p = 0.5 "
+        f"(points): {counts}. Horizon: the median over seeds and the range; ≥ X: within the tolerance up to the "
+        "longest bucket probed (right-censored); none: the first bucket already falls short."
+    )
 
 
 def criterion_markdown(t: TaskTable, schemes: list[str]) -> str:
