@@ -184,7 +184,7 @@ def test_list_json_is_every_scheme_with_its_parameters(capsys):
         "type": "float | None",
         "doc": 'the steps\' half-width in radians, in (0, pi], center="zero" only (None: 1)',
     } in schemes["accumulated"]["params"]
-    assert {t["name"]: t["params"] for t in listing["tasks"]}["mqar"]["gap"] == "0-64"
+    assert {t["name"]: t["params"] for t in listing["tasks"]}["mqar"]["gap"] == "0-fit"
     assert (
         "quick" in listing["presets"]
         and "quick" in listing["extend_presets"]

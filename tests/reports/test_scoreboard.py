@@ -92,8 +92,7 @@ def test_scoreboard_values_on_synthetic_runs(tmp_path):
     # rope matched by spec; horizons 64 / 1024 / 1024 -> median 1,024, range 64 to 1,024 (as report.md shows it);
     # criterion met on seeds 0, 1 (300, 500)
     assert (
-        rows["rope"]
-        == "| rope | 8.10 ± 0.10 | 1.600 ± 0.100 | 2.500 ± 0.500 | 1,024 (range 64 to 1,024) | "
+        rows["rope"] == "| rope | 8.10 ± 0.10 | 1.600 ± 0.100 | 2.500 ± 0.500 | 1,024 (range 64 to 1,024) | "
         "| 400 ± 100 (2 of 3 seeds) |"
     )
     assert (

@@ -9,6 +9,7 @@ from posenc.data.tasks import TASKS
 from posenc.errors import PosencError
 from posenc.runs.compare import compare
 from posenc.runs.jobs import LAUNCHERS
+from posenc.runs.trend import compare_trend
 from posenc.store.presets import validated
 from posenc.train.loop import PRECISIONS
 from posenc.train.tracking import KINDS
@@ -133,9 +134,7 @@ def run(args) -> int:
     preset = load_preset(args.preset, given_settings(args, FLAGS))
     cluster = cluster_config(args, preset)
     try:
-        report, failures = compare(
-            preset,
-            args.out,
+        options = dict(
             isolate=not args.no_isolate,
             parallel=args.parallel,
             nproc_per_node=args.nproc_per_node,
@@ -143,6 +142,10 @@ def run(args) -> int:
             launcher=args.launcher,
             cluster=cluster,
         )
+        if preset.trend:  # each rung a comparison, then the trend report
+            report, failures = compare_trend(preset, args.out, **options)
+        else:
+            report, failures = compare(preset, args.out, **options)
     except KeyboardInterrupt:  # cli prints it with the command that resumes
         raise KeyboardInterrupt(
             f"finished jobs are kept in {args.out / preset.name}; each interrupted one resumes from its last checkpoint"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from posenc.reports.runs import scoreboard, write_runs_report
 from posenc.reports.scoreboard import write_readme_block
+from posenc.reports.trend import write_trend_report
 
 
 def add_parser(sub):
@@ -36,6 +37,13 @@ def add_parser(sub):
         metavar="FILE",
         help="write the scoreboard between FILE's <!-- scoreboard:begin --> and <!-- scoreboard:end --> lines",
     )
+    p.add_argument(
+        "--trend",
+        metavar="KEY",
+        help="lay text runs made at different values of one setting side by side as a trend (train.steps: a budget "
+        "ladder): ratio at 16x and 128x against training tokens with 95%% intervals, each claim on each rung; "
+        "writes trend.md, trend.csv, trend.png",
+    )
     p.set_defaults(func=run)
 
 
@@ -53,6 +61,11 @@ def run(args) -> int:
             print(f"scoreboard: {args.readme}")
         else:
             print(block, end="")
+        return 0
+    if args.trend:
+        report = write_trend_report(args.run_dirs, args.out, args.trend)
+        print(report.read_text())
+        print(f"report: {report}")
         return 0
     report = write_runs_report(args.run_dirs, args.out)
     print(report.read_text())

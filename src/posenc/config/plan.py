@@ -140,6 +140,41 @@ class SweepConfig(BaseModel):
         return v
 
 
+class TrendConfig(BaseModel):
+    """One setting run at several values, each value (a rung) a whole comparison of its own under
+    ``run_root/<key>-<value>``, reported as a trend (``posenc.reports.trend``): nothing is chosen on it. A budget
+    ladder: ``{key: train.steps, values: [200, 800, 3200], seeds: {"3200": [0, 1]}}``."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+    key: str
+    """The setting (a dotted key a sweep may vary, ``SWEEP_KEYS``, the scheme variants excepted: train.steps,
+    model.d_model, model.n_layer, ...)."""
+    values: list[Any] = Field(min_length=2)
+    """Its values, each once, in the order they run (cheapest first serves an interrupted run best)."""
+    seeds: dict[str, list[Annotated[int, Field(ge=0)]]] = {}
+    """{value as written: [seeds]}: a rung's own seeds (fewer on the costliest rung); the others take the preset's
+    ``seeds``."""
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        if v not in SWEEP_KEYS or v == VARIANT_KEY:
+            raise ValueError(f"{v} cannot be a trend (valid: {', '.join(k for k in SWEEP_KEYS if k != VARIANT_KEY)})")
+        return v
+
+    @field_validator("values")
+    @classmethod
+    def _distinct(cls, v: list) -> list:
+        if len({repr(x) for x in v}) < len(v):
+            raise ValueError(f"give each value once, got {v!r}")
+        return v
+
+    def rung_name(self, value: Any) -> str:
+        """The rung's run directory: ``train.steps-800``."""
+        return f"{self.key}-{value}"
+
+
 class Preset(BaseModel):
     """A comparison: model, training budget, evaluation and the schemes to run."""
 
@@ -180,6 +215,9 @@ class Preset(BaseModel):
     defaults below."""
     sweep: SweepConfig | None = None
     """A grid over training and model settings, chosen per scheme on the first seed; null: no sweep."""
+    trend: TrendConfig | None = None
+    """One setting at several values, each a comparison of its own, reported as a trend (nothing chosen on it: a
+    budget ladder over ``train.steps``); null: none."""
 
     @field_validator("schemes", "seeds", "tasks")
     @classmethod
@@ -230,6 +268,7 @@ def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None) -> P
         raise PosencError(f"preset {preset.name}: give the tasks in 'tasks' or in train.corpus, not both")
     if preset.sweep is not None:
         _check_sweep(preset)
+    rungs(preset)  # every rung's settings valid before any work
     if preset.train.until is not None and not task_specs(preset):
         raise PosencError(f"preset {preset.name}: train.until needs synthetic tasks (tasks, or a task in train.corpus)")
     return preset
@@ -374,6 +413,27 @@ def at_point(preset: Preset, point: Point) -> Preset:
         section, field = key.split(".")
         data[section][field] = value
     return validated(Preset, {**data, "sweep": None}, f"preset {preset.name} at grid point {point_label(point)}")
+
+
+def rungs(preset: Preset) -> list[Preset]:
+    """The comparisons of a preset's ``trend``: one per value, named ``<key>-<value>`` (its run directory under the
+    preset's), the value set, the rung's own seeds where ``trend.seeds`` gives them, no trend of its own; [] without a
+    trend. PosencError naming the rung when its settings are invalid, or for ``trend.seeds`` of a value not on the
+    axis."""
+    if preset.trend is None:
+        return []
+    t = preset.trend
+    unknown = sorted(set(t.seeds) - {str(v) for v in t.values})
+    if unknown:
+        raise PosencError(f"preset {preset.name}: trend.seeds names {unknown[0]!r}, not a value of {t.key}")
+    section, field = t.key.split(".")
+    out = []
+    for value in t.values:
+        data = preset.model_dump()
+        data[section][field] = value
+        data.update(name=t.rung_name(value), trend=None, seeds=t.seeds.get(str(value), preset.seeds))
+        out.append(validated(Preset, data, f"preset {preset.name} at {t.key} = {value!r}"))
+    return out
 
 
 def job_configs(preset: Preset, point: Point, scheme: str, seed: int, vocab_size: int, task: str | None = None):

@@ -123,7 +123,7 @@ def differences(base: Run, run: Run) -> str:
     return "other settings: " + "; ".join(diff) if diff else "same settings"
 
 
-def _grid(run: Run, key: str) -> dict[str, dict[float, list[float]]]:
+def seed_grid(run: Run, key: str) -> dict[str, dict[float, list[float]]]:
     """spec key -> evaluation length / training length -> values over seeds."""
     grid: dict = defaultdict(lambda: defaultdict(list))
     for r in run.records:
@@ -157,7 +157,7 @@ def text_markdown(runs: list[Run]) -> str:
     """The text runs' sections: the runs and their settings, perplexity and ratios per scheme and run, the claims."""
     names = schemes(runs)
     multiples = sorted({r.eval_length / run.train_length for run in runs for r in run.records} - {1.0})
-    ppl, ratio = [_grid(run, "ppl") for run in runs], [_grid(run, "ratio") for run in runs]
+    ppl, ratio = [seed_grid(run, "ppl") for run in runs], [seed_grid(run, "ratio") for run in runs]
     out = io.StringIO()
     out.write("## Runs\n\n")
     rows = [
@@ -246,7 +246,7 @@ def ratio_figure(runs: list[Run]):
     fig, ax = figure(figsize=(8, 5))
     lines = []
     for i, run in enumerate(runs):
-        for key, row in _grid(run, "ratio").items():
+        for key, row in seed_grid(run, "ratio").items():
             pts = [
                 (m, np.mean([v for v in row[m] if v is not None]))
                 for m in sorted(row)

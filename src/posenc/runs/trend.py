@@ -1,0 +1,26 @@
+"""A preset's ``trend`` axis: each rung a whole comparison, then the trend report (``posenc.reports.trend``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posenc.config.plan import Preset, rungs
+from posenc.reports.trend import write_trend_report
+from posenc.runs.compare import compare
+
+
+def compare_trend(preset: Preset, out_root: Path = Path("runs"), **options) -> tuple[Path, dict[str, str]]:
+    """Run every rung of ``preset.trend`` (``posenc.config.plan.rungs``) as ``compare`` would, in the order of the
+    axis, under ``out_root/<name>/<key>-<value>``, then write the trend report (``trend.md``, ``trend.csv``,
+    ``trend.png``) in ``out_root/<name>``; returns trend.md's path and the failed jobs ({"<rung>: <job>": one-line
+    error}). ``options``: compare's (isolate, parallel, launcher, ...). A rerun skips finished jobs (compare's
+    resume); a rung none of whose jobs finished is left out of the report. Raises PosencError as compare does."""
+    root = Path(out_root) / preset.name
+    failures: dict[str, str] = {}
+    done = []
+    for rung in rungs(preset):
+        _, failed = compare(rung, root, **options)
+        failures.update({f"{rung.name}: {job}": why for job, why in failed.items()})
+        if (root / rung.name / "results.jsonl").exists():
+            done.append(root / rung.name)
+    return write_trend_report(done, root, preset.trend.key), failures
