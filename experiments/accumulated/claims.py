@@ -147,9 +147,9 @@ def less(
 
 # the roles the claims compare, by scheme name in the default preset; a run's scheme takes a role when their
 # canonical specs agree (``encodings.canonical``: rope:rope_theta=10000 is rope)
-ROPE, ALIBI, HYBRID, ROPE_FORGET = "rope", "alibi", "hybrid", "rope+forget"
+ROPE, ALIBI, HYBRID, ROPE_FORGET, FORGET = "rope", "alibi", "hybrid", "rope+forget", "forget"
 RANDOM_QK, RANDOM_QKV, LEARNED_QK, LEARNED_QKV = "acc-rand-qk", "acc-rand-qkv", "acc-learned-qk", "acc-learned-qkv"
-ROLES = [ROPE, ALIBI, HYBRID, ROPE_FORGET, RANDOM_QK, RANDOM_QKV, LEARNED_QK, LEARNED_QKV]
+ROLES = [ROPE, ALIBI, HYBRID, ROPE_FORGET, FORGET, RANDOM_QK, RANDOM_QKV, LEARNED_QK, LEARNED_QKV]
 
 
 class Table:
@@ -287,10 +287,27 @@ def _hybrid_vs_rope_forget(t: Table, rule: Rule) -> Claim | None:
         f"ppl at 1x: hybrid {seed_cell(t.ppl1(HYBRID), '.2f')} vs rope+forget {seed_cell(t.ppl1(ROPE_FORGET), '.2f')}; "
         f"ppl at {_x(t, L)}: {seed_cell(far[HYBRID], '.2f')} vs {seed_cell(far[ROPE_FORGET], '.2f')}"
     )
+    return decided("vi", "the hybrid matches or beats rope+forget at 1x and at the longest length (ppl <=)", parts, ev)
+
+
+def _rotation_adds(t: Table, rule: Rule) -> Claim | None:
+    """The control behind (vi)'s reading: with far mass controlled by the same gate, does the accumulated rotation
+    add anything? The hybrid (learned accumulated Q/K/V rotation + gate) against forget (NoPE + the gate alone)."""
+    L = t.longest
+    if not t.has(HYBRID, FORGET, L=L):
+        return None
+    parts = [
+        _ppl_less(t, HYBRID, FORGET, None, rule, "ln(forget / hybrid ppl) at 1x"),
+        _ppl_less(t, HYBRID, FORGET, L, rule, f"ln(forget / hybrid ppl) at {_x(t, L)}"),
+    ]
+    ev = (
+        f"ppl at 1x: hybrid {seed_cell(t.ppl1(HYBRID), '.2f')} vs forget {seed_cell(t.ppl1(FORGET), '.2f')}; "
+        f"ppl at {_x(t, L)}: {seed_cell(t.ppl[HYBRID][L], '.2f')} vs {seed_cell(t.ppl[FORGET][L], '.2f')}"
+    )
     return decided(
-        "vi",
-        "the hybrid matches or beats rope+forget at 1x and at the longest length (ppl <=; accumulated rotation adds "
-        "something once far mass is controlled)",
+        "vi-control",
+        "accumulated rotation adds something once far mass is controlled: the hybrid beats the gate alone (forget: "
+        "NoPE + gate) at 1x and at the longest length (ppl <)",
         parts,
         ev,
     )
@@ -305,6 +322,7 @@ CHECKS: list[Callable[[Table, Rule], Claim | None]] = [
     _rotation_degrades,
     _hybrid_flat,
     _hybrid_vs_rope_forget,
+    _rotation_adds,
 ]
 
 
