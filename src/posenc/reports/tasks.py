@@ -38,10 +38,11 @@ from posenc.reports.render import figure, log_scale, markdown_table, plot_lines,
 from posenc.store.checkpoint import atomic_write_bytes
 from posenc.store.records import Ppl, Task, TaskCell, load, load_ppl
 from posenc.store.stamp import stamp_line
+from posenc.train.curves import loss_trend
 
-# budget(): the training loss "still falls" when the mean of its last eighth of logged steps is more than LOSS_FALLING
-# (relative) below the same-sized window a quarter of the steps earlier; it is "at chance" from AT_CHANCE x -ln(chance)
-LOSS_FALLING, AT_CHANCE = 0.05, 0.95
+# budget(): the training loss "still falls" by posenc.train.curves.LOSS_FALLING (the rule train.until.extend_to trains
+# on by); it is "at chance" from AT_CHANCE x -ln(chance)
+AT_CHANCE = 0.95
 
 
 def slug(task: str) -> str:
@@ -311,24 +312,19 @@ def read_text_results(run_dir: Path) -> list[Ppl]:
 
 def budget(record: Task, chance: float) -> str:
     """What a job's learning curve (``Task.loss_curve``) says about the budget that would decide a claim it did not
-    learn for: the training loss still falling at the step cap (LOSS_FALLING): more steps; flat at chance (AT_CHANCE x
-    -ln ``chance``): more steps alone are unlikely to help, another learning rate or head count; flat below chance
-    (learned part of the task): another setting. "no loss curve in the records" when the record keeps fewer than 4
+    learn for: the training loss still falling at the step cap (``posenc.train.curves.loss_trend``, the rule
+    ``train.until.extend_to`` trains on by): more steps; flat at chance (AT_CHANCE x -ln ``chance``): more steps alone
+    are unlikely to help, another learning rate or head count; flat below chance (learned part of the task): another
+    setting. "no loss curve in the records" when the record keeps fewer than 4
     logged steps (records before ``Task.loss_curve``)."""
     curve = record.loss_curve or []
-    if len(curve) < 4:
+    trend = loss_trend(curve)
+    if trend is None:
         return "no loss curve in the records"
-    steps, loss = [s for s, _ in curve], [v for _, v in curve]
-    cap, k = record.trained_steps or steps[-1], max(1, len(curve) // 8)
-    late = float(np.mean(loss[-k:]))
-    i = max(j for j, s in enumerate(steps) if s <= steps[-1] - (steps[-1] - steps[0]) / 4)
-    before = float(np.mean(loss[max(0, i - k + 1) : i + 1]))
+    cap, late = record.trained_steps or curve[-1][0], trend.late
     chance_loss = -math.log(chance)
-    if late < before * (1 - LOSS_FALLING):
-        return (
-            f"loss still falling at the step cap {cap} "
-            f"({before:.3f} -> {late:.3f} over its last {steps[-1] - steps[i]} steps): more steps"
-        )
+    if trend.falling:
+        return f"{trend.falling_at(cap)}: more steps"
     if late >= AT_CHANCE * chance_loss:
         return (
             f"loss flat at chance at the step cap {cap} ({late:.3f}; ln {1 / chance:g} = {chance_loss:.3f}): "
