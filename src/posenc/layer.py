@@ -410,8 +410,29 @@ class Attention(nn.Module):
         x: (B, n, d_model) the normalised inputs of the new positions; positions: (n,)
         int64 (default the n after the cache's); tokens: (B, n) int64 or None, as before.
         The cache picks its mode at the first call (``LayerCache``). Raises PosencError
-        for another batch size, or token ids given at one step and not another.
+        for another batch size, token ids given at one step and not another, or a scheme
+        whose hooks follow the sequence length (``Encoding.length_key``: RoPE's dynamic NTK and
+        LongRoPE schedules): past their switch every cached input of a deeper layer would be stale,
+        and one layer cannot re-run the layers below it (``posenc.model.LM.decode`` does; or run
+        the parallel forward over the whole sequence).
         """
+        if self.enc.length_key(cache.length + x.shape[1]) is not None:
+            raise PosencError(
+                f"{self.enc.describe()} changes its frequencies with the sequence length: "
+                "a drop-in layer cannot decode it with a cache (the deeper layers' cached inputs would go stale); "
+                "run the forward over the whole sequence, or decode with posenc's LM"
+            )
+        return self._decode(x, cache, positions, tokens)
+
+    def _decode(
+        self,
+        x: torch.Tensor,
+        cache: LayerCache,
+        positions: torch.Tensor | None = None,
+        tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``decode`` for a caller that re-runs the prefix when a layer's ``length_key`` changes (``LM.decode``),
+        so a length-dependent scheme's cached inputs are never stale."""
         if cache.batch is not None and (cache.batch != x.shape[0] or (tokens is None) == cache.has_tokens):
             raise PosencError(
                 f"the cache holds batch size {cache.batch}{' and token ids' if cache.has_tokens else ''}; "

@@ -310,7 +310,7 @@ class Block(nn.Module):
         """x: (B, n, d_model), pos: (n,), tokens: (B, n): the new positions only; ``canon``: this layer's Canon
         state (unused without a Canon layer)."""
         h = self.norm1(x)
-        x = x + self.attn.decode(h if self.canon is None else canon.step(self.canon, h), cache, pos, tokens)
+        x = x + self.attn._decode(h if self.canon is None else canon.step(self.canon, h), cache, pos, tokens)
         return x + self.mlp(self.norm2(x))
 
 

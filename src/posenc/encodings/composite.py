@@ -69,6 +69,11 @@ class Composite(Encoding):
     def bias(self, inp: Inputs):
         return sum_biases(cast("list[BiasFn]", [p.bias(inp) for p in self._parts if p.has_bias]))  # has_bias: not None
 
+    def length_key(self, length: int):
+        """The parts' ``length_key`` at ``length`` (None when every part's is None)."""
+        keys = tuple(p.length_key(length) for p in self._parts)
+        return None if all(k is None for k in keys) else keys
+
     def decoder(self) -> CompositeState | None:
         """Each part's state (None, the reference, if any part has none)."""
         states = [s for p in self._parts if (s := p.decoder()) is not None]
