@@ -96,6 +96,19 @@ def test_generation_stops_after_the_end_of_sequence_token():
     )
 
 
+def test_no_eos_token_id_never_stops_at_the_models_own_eos():
+    """eos_token_id None (and []) mean never stop: not transformers' fill-in of the model's EOS (id 2 here, which
+    this model's greedy continuation of the prompt emits as its first new token)."""
+    model = tiny_llama(5, L0, 100.0)
+    a, ids = Adaptation(model), torch.tensor([5, 6, 7])
+    assert model.generation_config.eos_token_id == 2
+    ref = generation.greedy_reference(model, ids, 30)
+    assert ref.shape == (33,) and int(ref[3]) == 2
+    for eos in (None, []):
+        assert torch.equal(generation.generate(a, ids, 30, eos_token_id=eos), ref)
+    assert torch.equal(generation.generate(a, ids, 30, eos_token_id=2), ref[:4])
+
+
 def test_bad_settings_are_refused():
     a = adapted("schedule", "none")
     for kw, message in (
@@ -107,6 +120,9 @@ def test_bad_settings_are_refused():
             generation.generate(a, torch.tensor([1, 2]), **{"max_new_tokens": 3, **kw})
     with pytest.raises(PosencError, match="non-empty row"):
         generation.generate(a, torch.tensor([], dtype=torch.int64), 3)
+    for eos in (-1, "2", [2, 1.5], True):
+        with pytest.raises(PosencError, match="^eos_token_id must be None, a token id >= 0 or a list of them"):
+            generation.generate(a, torch.tensor([1, 2]), 3, eos_token_id=eos)
 
 
 def cli(capsys, *argv):

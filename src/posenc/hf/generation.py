@@ -46,15 +46,16 @@ def generate(
     transformers' ``generate`` on ``adapted.model``: greedy at temperature 0, else sampling at ``temperature``
     from the ``top_k`` most likely tokens (None: all; no nucleus cut, no penalty: the model's generation
     defaults are not used), reproducibly with ``seed`` (torch's global generator). Stops after the first
-    ``eos_token_id`` (an id or list; None: never). KV cache as :func:`exact_with_cache` says. Raises
-    PosencError for bad settings (``posenc.model.check_sampling``) or an empty prompt, and as the adaptation's
-    forward does.
+    ``eos_token_id`` (an id or list; None or []: never, not the model's own EOS). KV cache as
+    :func:`exact_with_cache` says. Raises PosencError for bad settings (``posenc.model.check_sampling``, an
+    ``eos_token_id`` that is not ids) or an empty prompt, and as the adaptation's forward does.
     """
     from transformers import GenerationConfig  # optional dependency (posenc[pretrained])
 
     from posenc.hf.sink_cache import sink_cache  # imports transformers
 
     check_sampling(max_new_tokens, temperature, top_k)
+    stop = _stop_ids(eos_token_id)
     if ids.dim() != 1 or ids.numel() == 0:
         raise PosencError(f"the prompt must be one non-empty row of token ids, got shape {tuple(ids.shape)}")
     if max_new_tokens == 0:
@@ -64,11 +65,10 @@ def generate(
         if temperature
         else {"do_sample": False}
     )
-    pad = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id,
-        pad_token_id=0 if pad is None else pad,
+        eos_token_id=stop,  # a list, never None: transformers replaces None by the model's own EOS
+        pad_token_id=stop[0] if stop else 0,
         use_cache=exact_with_cache(adapted, ids.numel() + max_new_tokens),
         **sampling,
     )
@@ -79,6 +79,15 @@ def generate(
     bounded = adapted.method is not None and adapted.method.bounded  # sinks: the evicted keys leave the cache
     cache = {"past_key_values": sink_cache(adapted.model, adapted.method)} if bounded else {}
     return adapted.model.generate(x, attention_mask=torch.ones_like(x), generation_config=config, **cache)[0].cpu()
+
+
+def _stop_ids(eos_token_id) -> list[int]:
+    """``eos_token_id`` (None, an id or a list of ids) as the list of ids that stop generation (empty: never);
+    PosencError (one line) for anything else."""
+    ids = [] if eos_token_id is None else eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise PosencError(f"eos_token_id must be None, a token id >= 0 or a list of them, got {eos_token_id!r}")
+    return list(ids)
 
 
 @torch.inference_mode()
