@@ -336,9 +336,11 @@ def test_a_task_sweep_chooses_on_seed_0_and_runs_the_other_seeds_there(tmp_path,
                 assert x.threads == 1  # the preset's, as every job's
     text = report.read_text()
     assert "## Sweep: each scheme at its best setting" in text and "### Sensitivity on flipflop" in text
-    for s in preset.schemes:
+    for s in preset.schemes:  # every axis here has two values: a chosen value is at an edge of it, and says so
+        axes = {"train.lr": LR, "train.steps": [2, 4]}
+        edge = {0: " (lowest of the grid)", 1: " (highest of the grid)"}
         setting = (
-            point_label(expected[s])
+            ", ".join(f"{k}={v}{edge[axes[k].index(v)]}" for k, v in expected[s])
             if expected[s]
             else f"none chosen: did not learn at any grid point (reported at its best, {point_label(shown[s])})"
         )
@@ -407,7 +409,8 @@ def test_a_text_sweep_chooses_by_validation_perplexity_at_the_training_length(ti
         r for r in load(point_root(root, best) / "results.jsonl")
     ]  # the chosen point's rows, schedule rows too
     assert [r.ppl for r in merged if (r.scheme, r.eval_length) == ("rope", 16)] == [ppl[best]]
-    assert f"| text | rope | {point_label(best)} | {ppl[best]:.3f} |" in report.read_text()
+    edge = {1e-4: "lowest", 1e-2: "highest"}[dict(best)["train.lr"]]  # a two-value axis: either edge, said
+    assert f"| text | rope | {point_label(best)} ({edge} of the grid) | {ppl[best]:.3f} |" in report.read_text()
     (other,) = [p for p in grid_points(preset, "rope") if p != best]  # screened: the training length only
     assert [(r.scheme, r.eval_length) for r in load(point_root(root, other) / "results.jsonl")] == [("rope", 16)]
 

@@ -1,6 +1,7 @@
 """The sweep's tables and plot: each scheme's chosen setting, the sensitivity table (its result at every grid point,
 the chosen one in bold), ``sweep.csv`` and ``sweep.png``; from the choices of ``posenc.runs.sweep`` (objects with
-``task``, ``scheme``, ``points``, ``results``, ``steps``, ``point`` and ``setting()``: ``posenc.runs.sweep.Choice``).
+``task``, ``scheme``, ``points``, ``results``, ``steps``, ``point``, ``setting()`` and ``edges()``:
+``posenc.runs.sweep.Choice``).
 """
 
 from __future__ import annotations
@@ -51,9 +52,19 @@ def _cell(task: str | None, c, point: Point | None) -> str:
     return f"**{text}**" if point == c.point else text
 
 
+def chosen_cell(c) -> str:
+    """A scheme's chosen setting in the chosen-setting table: ``setting()``, each setting at an edge of its numeric grid
+    axis saying so (``edges()``): "train.lr=0.001 (lowest of the grid), model.n_head=4"."""
+    if c.point is None:
+        return c.setting()
+    edges = c.edges()
+    return ", ".join(f"{k}={v}" + (f" ({edges[k]} of the grid)" if k in edges else "") for k, v in c.point)
+
+
 def sweep_markdown(chosen: list, seed: int, plot: str | None) -> list[str]:
-    """The report's sweep section: each scheme's chosen setting, then the sensitivity table (the result at every
-    grid point, laid out by ``_layout``; the chosen one in bold) and the plot."""
+    """The report's sweep section: each scheme's chosen setting (an edge of its grid marked: :func:`chosen_cell`), then
+    the sensitivity table (the result at every grid point, laid out by ``_layout``; the chosen one in bold) and the
+    plot."""
     lines = [
         "## Sweep: each scheme at its best setting",
         "",
@@ -62,14 +73,15 @@ def sweep_markdown(chosen: list, seed: int, plot: str | None) -> list[str]:
         "learned bar; text: validation perplexity at the training length), never an extrapolation test; ties go to "
         "fewer steps to criterion, then to the first point. The other seeds ran at the chosen setting; the tables "
         "below report each scheme there (the model and budget lines above are the preset's, before the grid's "
-        "settings).",
+        "settings). A chosen value at the lowest or highest value of a numeric axis of the scheme's grid says so: "
+        "the optimum may lie beyond the grid.",
         "",
     ]
     rows = [
         [
             c.task or "text",
             c.scheme,
-            c.setting(),
+            chosen_cell(c),
             _value(c.task, c.results.get(point_label(c.point)) if c.point else None),
         ]
         for c in chosen

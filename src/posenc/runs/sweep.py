@@ -73,6 +73,27 @@ class Choice:
         best = label if label is not None or task is None else choose(results, higher_is_better=True, tiebreak=steps)
         self.shown: Point | None = next((p for p in points if point_label(p) == best), None)
 
+    def edges(self) -> dict[str, str]:
+        """{key: "lowest" | "highest"} of each numeric axis of this scheme's grid (more than one value, every value a
+        number) on which the chosen point sits at an edge: the optimum may lie beyond the grid. {} when none was
+        chosen."""
+        if self.point is None:
+            return {}
+        axes: dict[str, set] = {}
+        for p in self.points:
+            for k, v in p:
+                axes.setdefault(k, set()).add(v)
+        out = {}
+        for k, v in self.point:
+            values = axes[k]
+            if len(values) < 2 or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in values):
+                continue
+            if v == min(values):
+                out[k] = "lowest"
+            elif v == max(values):
+                out[k] = "highest"
+        return out
+
     def setting(self) -> str:
         """The chosen setting in words, or why there is none."""
         if self.point is not None:
