@@ -78,7 +78,9 @@ def test_train_until_stops_early_and_records_steps_to_criterion(tmp_path):
         "at_least": best,
         "every": 3,
         "answers": 50,
+        "extend_to": None,
         "reached": first,
+        "extended": None,
     }
     assert read_json(tmp_path / "r" / "train_summary.json") == summary
     assert read_jsonl(tmp_path / "r" / "until.jsonl") == [c for c in checks if c["step"] <= first]

@@ -34,7 +34,16 @@ from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 from tqdm.auto import tqdm
 
 from posenc import encodings
@@ -60,6 +69,7 @@ from posenc.store.checkpoint import (
 from posenc.store.presets import validated
 from posenc.store.stamp import bf16_units, run_stamp
 from posenc.train import distributed
+from posenc.train.curves import LOSS_FALLING, loss_trend
 from posenc.train.tracking import NO_TRACKER, Tracker
 
 
@@ -126,7 +136,13 @@ def autocast(precision: Literal["bf16", "fp32"], device: torch.device) -> contex
 class UntilConfig(BaseModel):
     """Train to criterion (synthetic tasks only): every ``every`` steps the in-distribution accuracy (``metric``
     "id_accuracy": ``posenc.eval.tasks.id_accuracy`` on ``answers`` answers of a fixed held-out set) is measured, and
-    training stops at the first check where it is >= ``at_least`` (a fraction); ``train.steps`` stays the cap."""
+    training stops at the first check where it is >= ``at_least`` (a fraction); ``train.steps`` stays the cap.
+
+    ``extend_to`` (steps, > ``train.steps``; null: off): a run whose criterion is unmet at the cap and whose training
+    loss is still falling there (``posenc.train.curves.loss_trend`` on its logged losses up to the cap, the rule of
+    ``posenc.reports.tasks.budget``) trains on, checked as before, until it meets the criterion or reaches step
+    ``extend_to``. The extra steps run at the schedule's final learning rate (``min_lr_ratio * lr``, what
+    :func:`lr_at` gives past ``steps``), so the first ``steps`` steps are the unextended run's (:func:`train`)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
@@ -138,11 +154,20 @@ class UntilConfig(BaseModel):
     """Check interval (steps)."""
     answers: PositiveInt = 1000
     """Held-out answers per check (a 1-point standard error at 90% accuracy needs ~900)."""
+    extend_to: PositiveInt | None = None
+    """Unmet at the cap (``train.steps``) with the training loss still falling: train on up to this step, at the
+    schedule's final learning rate; null: stop at the cap."""
 
     def describe(self) -> str:
-        return (
-            f"{self.metric} >= {self.at_least:g}, checked every {self.every} steps on {self.answers} held-out answers"
-        )
+        """The criterion in words (a task record's ``criterion``, the report's budget line)."""
+        out = f"{self.metric} >= {self.at_least:g}, checked every {self.every} steps on {self.answers} held-out answers"
+        if self.extend_to is not None:
+            out += (
+                f"; unmet at the step cap with the training loss still falling (its last eighth of logged steps more "
+                f"than {LOSS_FALLING:.0%} below the window a quarter of the steps earlier): trained on up to step "
+                f"{self.extend_to} at the final learning rate"
+            )
+        return out
 
 
 @dataclasses.dataclass
@@ -181,9 +206,20 @@ class TrainConfig(LoopConfig):
     # randomized: Ruoss et al. 2023, a sorted random subset of 0..N-1 per step (posenc.data.positions)
     """``contiguous`` (0..T-1) or ``randomized:max=N`` (position-indexed schemes only; evaluation draws them too)."""
 
+    @model_validator(mode="after")
+    def _extension_past_the_cap(self) -> TrainConfig:
+        if self.until is not None and self.until.extend_to is not None and self.until.extend_to <= self.steps:
+            raise ValueError(f"until.extend_to ({self.until.extend_to}) must exceed steps ({self.steps}), the cap")
+        return self
+
+    def last_step(self) -> int:
+        """The most steps a run may train: ``until.extend_to`` when set, else ``steps``."""
+        return self.until.extend_to if self.until is not None and self.until.extend_to is not None else self.steps
+
 
 def lr_at(step: int, cfg: LoopConfig) -> float:
-    """Linear warmup to ``lr`` then cosine decay to ``min_lr_ratio * lr`` at ``steps``."""
+    """Linear warmup to ``lr`` then cosine decay to ``min_lr_ratio * lr`` at ``steps``, and that final rate after it
+    (the extra steps of ``train.until.extend_to``)."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
@@ -396,8 +432,10 @@ def fit(
     tracker: Tracker = NO_TRACKER,
     desc: str = "train",
     criterion: Criterion | None = None,
+    end: int | None = None,
 ) -> dict:
-    """The training loop: from ``step`` to ``cfg.steps``, AdamW ``ckpt.opt`` at :func:`lr_at`, gradients of
+    """The training loop: from ``step`` to ``end`` (default ``cfg.steps``), AdamW ``ckpt.opt`` at :func:`lr_at` (the
+    schedule of ``cfg.steps``: past it, its final rate ``min_lr_ratio * lr``), gradients of
     ``model``'s trainable parameters clipped to ``cfg.grad_clip`` (global norm), a checkpoint every
     ``cfg.ckpt_every`` steps and at the end. Returns {steps, seconds, tokens_per_s, final_loss}.
 
@@ -415,7 +453,11 @@ def fit(
     ``until.jsonl`` as {step, value}); the loop stops at the first check that meets it, and the result gets
     ``criterion_step`` (that step, or None when never met). The check of the step a resumed run starts at is
     redone (the same weights give the same value), so the checks are those of an uninterrupted run.
+    PosencError (one line) for an ``end`` below ``step``.
     """
+    end = cfg.steps if end is None else end
+    if end < step:
+        raise PosencError(f"fit: end step {end} is before the start step {step}")
     run_dir, log = ckpt.run_dir, ckpt.run_dir / "train.jsonl"
     params = [p for p in model.parameters() if p.requires_grad]
     if shard.is_main:
@@ -438,7 +480,7 @@ def fit(
     last_good = step or None
     # disable=None: no bar unless stderr is a terminal (a log file would get one line of carriage returns)
     bar = tqdm(
-        total=cfg.steps,
+        total=end,
         initial=step,
         desc=desc,
         unit="step",
@@ -447,7 +489,7 @@ def fit(
     )
     with ctrl_c_between_steps() as interrupted:
         try:
-            while step < cfg.steps:
+            while step < end:
                 if met(step):
                     reached = step
                     break
@@ -473,7 +515,7 @@ def fit(
                 tps = tokens_seen / max(1e-9, time.time() - t0)
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_all:.3f}", tok_s=f"{tps:,.0f}")
-                if shard.is_main and (step % log_every == 0 or step == cfg.steps):
+                if shard.is_main and (step % log_every == 0 or step == end):
                     rec = {
                         "step": step,
                         "loss": loss_all,
@@ -485,13 +527,13 @@ def fit(
                     append_jsonl(log, {k: rec[k] for k in log_fields})
                     tracker.log({f"train/{k}": rec[k] for k in ("loss", "lr", "grad_norm", "tokens_per_s")}, step)
                 if (
-                    step % cfg.ckpt_every == 0 or step == cfg.steps
+                    step % cfg.ckpt_every == 0 or step == end
                 ):  # the last step too: a run shorter than ckpt_every shows progress
                     if shard.is_main:
                         ckpt.save(step)
                         if bar.disable:
                             print(
-                                f"{desc}: step {step}/{cfg.steps}, loss {loss_all:.3f}, {tps:,.0f} tokens/s, "
+                                f"{desc}: step {step}/{end}, loss {loss_all:.3f}, {tps:,.0f} tokens/s, "
                                 f"checkpoint {run_dir}",
                                 file=sys.stderr,
                             )
@@ -501,10 +543,10 @@ def fit(
         except KeyboardInterrupt:
             if shard.is_main:
                 ckpt.save(step)
-            raise KeyboardInterrupt(f"{run_dir} checkpointed at step {step} of {cfg.steps}") from None
+            raise KeyboardInterrupt(f"{run_dir} checkpointed at step {step} of {end}") from None
         finally:
             bar.close()
-    if reached is None and step == cfg.steps and met(step):  # the check at the cap
+    if reached is None and step == end and met(step):  # the check at the cap
         reached = step
     if shard.is_main and saved != step:
         ckpt.save(step)
@@ -566,6 +608,7 @@ RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads", "co
 MODEL_KNOBS = {"attn_block_size"}  # model fields of speed and memory only: a trained run may be evaluated under another
 # model fields added after runs were recorded: the value that builds the model as before
 MODEL_ADDED = {"canon": 0, "seed": 0}
+UNTIL_ADDED = {"extend_to": None}  # train.until fields added after runs were recorded: the value that trains as before
 
 
 def run_differences(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> dict[str, list[str]]:
@@ -574,6 +617,8 @@ def run_differences(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> dict
     resume (``RESUME_FREE``) excepted; empty when none differs."""
     saved = read_run_config(run_dir)
     old_train = {"precision": legacy_precision(), **saved["train"]}
+    if isinstance(old_train.get("until"), dict):
+        old_train["until"] = {**UNTIL_ADDED, **old_train["until"]}
     out = {}
     # the model's seed is the training seed's (train); a run recorded before the field drew from seed 0
     derived = {"seed"} if "seed" in saved["model"] else set()
@@ -603,8 +648,9 @@ def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: 
     """Raise PosencError (one line naming each differing field) when the run in ``run_dir`` (if any: its config.json)
     was not trained with ``mcfg`` and ``tcfg`` (precision "auto" as this machine resolves it), the fields that may
     change on resume and the model's speed knobs (``MODEL_KNOBS``) excepted, or, finished, trained another number of
-    steps than ``tcfg.steps`` (fewer only by meeting ``train.until`` or under a ``time_budget``). ``what`` names who
-    expects these settings (a sweep's job)."""
+    steps than ``tcfg.steps`` (fewer only by meeting ``train.until`` or under a ``time_budget``, more only to the
+    extension its summary records: ``train.until.extend_to``). ``what`` names who expects these settings (a sweep's
+    job)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").exists():
         return
@@ -618,7 +664,7 @@ def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: 
         early = (tcfg.until is not None and (summary.get("until") or {}).get("reached") == steps) or (
             tcfg.time_budget and steps < tcfg.steps
         )
-        if steps != tcfg.steps and not early:
+        if steps != tcfg.steps and not early and steps != _extended_to(summary):
             diff.append(f"trained steps {steps!r} -> {tcfg.steps!r}")
     if diff:
         raise PosencError(
@@ -654,6 +700,11 @@ def train(
     rank 0 only). The progress bar shows on a terminal only; elsewhere (a log file) each checkpoint
     prints one line. Under torchrun (``WORLD_SIZE`` > 1) runs
     data-parallel; ``batch_size`` is the global batch and must divide evenly.
+
+    With ``train.until`` the summary's ``until`` holds its settings, ``reached`` (the step it met the criterion at,
+    or None) and ``extended``: {"from": the cap, "to": ``extend_to``, "why": the falling loss in words} when the run
+    trained on past its cap (:class:`UntilConfig`: at the schedule's final learning rate), else None. PosencError
+    (one line) for a checkpoint past the last step the settings allow.
     """
     run_dir = Path(run_dir)
     shard = distributed.setup()
@@ -680,8 +731,11 @@ def train(
     if resume and (run_dir / "state.pt").exists():
         _check_same_run(run_dir, mcfg, tcfg)
         step = ckpt.load()
-        if step > tcfg.steps:
-            raise PosencError(f"cannot resume {run_dir}: it has trained {step} steps, more than steps={tcfg.steps}")
+        if step > tcfg.last_step():
+            most = "steps" if tcfg.last_step() == tcfg.steps else "until.extend_to"
+            raise PosencError(
+                f"cannot resume {run_dir}: it has trained {step} steps, more than {most}={tcfg.last_step()}"
+            )
         if is_trained(run_dir) and _finished_at(read_json(run_dir / "train_summary.json"), step, tcfg):
             return read_json(run_dir / "train_summary.json")  # finished: keep its summary and log as they are
     elif resume and (run_dir / "model.safetensors").exists():  # starting over would overwrite these weights
@@ -725,22 +779,55 @@ def train(
                 model, data.task, mcfg.train_length, until.answers, positions=n_max, seed=tcfg.seed
             ),
         )
-    done = fit(
-        model,
-        tcfg,
-        loss_at,
-        ckpt,
-        step,
-        log_every=tcfg.log_every,
-        time_budget=tcfg.time_budget,
-        shard=shard,
-        tracker=tracker,
-        desc=desc or mcfg.encoding,
-        criterion=criterion,
-    )
+
+    def fit_to(start: int, end: int, time_budget: float | None) -> dict:
+        return fit(
+            model,
+            tcfg,
+            loss_at,
+            ckpt,
+            start,
+            log_every=tcfg.log_every,
+            time_budget=time_budget,
+            shard=shard,
+            tracker=tracker,
+            desc=desc or mcfg.encoding,
+            criterion=criterion,
+            end=end,
+        )
+
+    # up to the cap; a run resumed past it (within its extension) skips this phase
+    done = fit_to(step, tcfg.steps, tcfg.time_budget) if step <= tcfg.steps else None
+    extended = None
+    if tcfg.last_step() > tcfg.steps and (
+        done is None or (done["criterion_step"] is None and done["steps"] == tcfg.steps)
+    ):
+        # the extension continues the run rather than restarting it under a schedule of extend_to steps: the first
+        # ``steps`` steps (their checks, a stop at criterion, everything recorded under the cap) stay exactly the
+        # unextended run's and an extension costs only its own steps; its steps train at the schedule's final rate
+        # (lr_at past steps). The decision reads train.jsonl up to the cap only, which a resumed run keeps as an
+        # uninterrupted one wrote it, so a run resumed at or past the cap decides the same.
+        why = _still_falling(run_dir / "train.jsonl", tcfg.steps) if shard.is_main else None
+        if shard.any(why is not None):  # rank 0 reads the log; every rank follows its decision
+            extended = {"from": tcfg.steps, "to": tcfg.last_step(), "why": why}
+        elif done is None:
+            raise PosencError(
+                f"cannot resume {run_dir}: its checkpoint (step {step}) is past the cap {tcfg.steps}, but its loss "
+                "up to the cap was not still falling (train.until.extend_to); use another --out"
+            )
+    if extended is not None:
+        spent = done["seconds"] if done else 0.0
+        budget = None if not tcfg.time_budget else max(tcfg.time_budget - spent, 1e-9)
+        more = fit_to(max(step, tcfg.steps), tcfg.last_step(), budget)
+        if done is not None:  # one summary over both phases
+            seconds = done["seconds"] + more["seconds"]
+            tokens = done["tokens_per_s"] * done["seconds"] + more["tokens_per_s"] * more["seconds"]
+            final = more["final_loss"] if more["final_loss"] is not None else done["final_loss"]
+            more = {**more, "seconds": seconds, "tokens_per_s": tokens / max(1e-9, seconds), "final_loss": final}
+        done = more
     summary = {**done, "params": model.num_params()}
     if tcfg.until is not None:
-        summary["until"] = {**tcfg.until.model_dump(), "reached": summary.pop("criterion_step")}
+        summary["until"] = {**tcfg.until.model_dump(), "reached": summary.pop("criterion_step"), "extended": extended}
     if shard.is_main:
         write_json(run_dir / "train_summary.json", summary)
     shard.wait_all()
@@ -749,9 +836,24 @@ def train(
 
 def _finished_at(summary: dict, step: int, tcfg: TrainConfig) -> bool:
     """Whether a run whose summary is ``summary`` and whose checkpoint is at ``step`` is done under ``tcfg``: it
-    reached the cap, or it met its criterion at that step (it stays stopped, even under a larger cap)."""
+    reached the cap (the end of its extension when its summary records one: ``train.until.extend_to``), or it met its
+    criterion at that step (it stays stopped, even under a larger cap)."""
     reached = (summary.get("until") or {}).get("reached")
-    return summary.get("steps") == step and (step == tcfg.steps or (tcfg.until is not None and reached == step))
+    end = _extended_to(summary) or tcfg.steps
+    return summary.get("steps") == step and (step == end or (tcfg.until is not None and reached == step))
+
+
+def _extended_to(summary: dict) -> int | None:
+    """The step a run's summary says it trains on to past its cap (``train.until.extend_to``); None: not extended."""
+    return ((summary.get("until") or {}).get("extended") or {}).get("to")
+
+
+def _still_falling(log: Path, cap: int) -> str | None:
+    """Why a run unmet at its cap ``cap`` trains on: its training loss still falling there (the words of
+    ``posenc.train.curves.Trend.falling_at``, from the losses logged in ``log`` at steps <= ``cap``); None when it is
+    not (or too few steps were logged to tell)."""
+    trend = loss_trend([(r["step"], r["loss"]) for r in read_jsonl(log) if r["step"] <= cap])
+    return trend.falling_at(cap) if trend is not None and trend.falling else None
 
 
 def steps_to_criterion(summary: dict) -> int | None:
