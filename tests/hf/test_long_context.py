@@ -24,6 +24,7 @@ from posenc.eval import perplexity as ev  # noqa: E402
 from posenc.hf import generation, loading  # noqa: E402
 from posenc.hf.adaptation import Adaptation  # noqa: E402
 from posenc.hf.schedules import Extension  # noqa: E402
+from posenc.hf.sink_cache import sink_cache  # noqa: E402
 
 T = 40  # the input: longer than L0
 
@@ -191,6 +192,34 @@ def test_a_padded_batch_is_refused():
     with pytest.raises(PosencError, match="unpadded rows only"):
         a.model(ids, attention_mask=mask)
     a.model(ids, attention_mask=torch.ones_like(ids))  # an all-ones mask is honoured
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "self-extend:group=3,window=6",
+        "lm-infinite:n_global=2,window=10",
+        "dual-chunk:chunk=7,local=2",
+        "sinks:n_sink=2,window=5",
+    ],
+)
+def test_explicit_position_ids_are_honoured_in_order_and_refused_otherwise(spec):
+    """The method assigns positions itself: position_ids equal to the positions in order (after the cache's) give
+    the logits of none; gapped or shifted ones are one line, not ignored."""
+    a, ids = adapted(None, spec), torch.randint(0, 128, (1, 20))
+    with torch.no_grad():
+        plain = a.model(ids).logits
+        assert torch.equal(a.model(ids, position_ids=torch.arange(20)[None]).logits, plain)
+        for bad in (torch.arange(20)[None] * 2, torch.arange(1, 21)[None]):
+            with pytest.raises(PosencError, match=f"^{spec.split(':')[0]} on a pretrained model places the new") as exc:
+                a.model(ids, position_ids=bad)
+            assert "\n" not in str(exc.value)
+        cache = sink_cache(a.model, a.method) if a.method.bounded else transformers.DynamicCache()
+        first = a.model(ids[:, :12], cache=cache, use_cache=True).logits
+        step = a.model(ids[:, 12:13], cache=cache, use_cache=True, position_ids=torch.tensor([[12]])).logits
+        assert torch.allclose(torch.cat((first, step), 1), plain[:, :13], atol=1e-5)
+        with pytest.raises(PosencError, match="positions 13..13 in order"):
+            a.model(ids[:, 13:14], cache=cache, use_cache=True, position_ids=torch.tensor([[20]]))
 
 
 def test_a_sliding_window_model_is_refused():

@@ -37,7 +37,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling, dropou
     -> ((B, Tq, H, D), None).
 
     ``posenc_method`` = (method, inv_freq (D/2,) radians per token, attention_scaling), passed by :func:`install`'s
-    pre-hook. Keys are at positions 0..Tk-1, the queries the last Tq (``position_ids`` unused); grouped keys are
+    pre-hook. Keys are at positions 0..Tk-1, the queries the last Tq (``position_ids`` other than those are refused by
+    :func:`install`'s hook on the decoder); grouped keys are
     repeated (``posenc.attention.repeat_kv``); scores are q.k x ``scaling`` x attention_scaling**2 (transformers
     scales cos and sin of both q and k by it), computed at float32 or better. ``attention_mask``: None or
     transformers' boolean (B, 1, Tq, Tk) mask; PosencError (one line) unless it is the plain causal mask (a padded
@@ -73,6 +74,24 @@ def _is_causal(mask: torch.Tensor, tq: int, tk: int) -> bool:
     return bool((mask == (torch.arange(tk, device=mask.device)[None] <= i)).all())
 
 
+def _check_positions(method: methods.Method, module, args, kwargs) -> None:
+    """Forward pre-hook on the decoder: the method places the T new positions at past..past + T - 1 (past: the
+    positions its cache has seen), whatever ``position_ids`` say, so explicit ones that are not those are
+    refused (PosencError, one line) rather than ignored."""
+    given = kwargs.get("position_ids")
+    if given is None:
+        return
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.x names it cache
+    past = 0 if cache is None else int(cache.get_seq_length())
+    want = torch.arange(past, past + given.shape[-1], device=given.device)
+    if not bool((given == want).all()):
+        raise PosencError(
+            f"{method.name} on a pretrained model places the new tokens at positions "
+            f"{past}..{past + given.shape[-1] - 1} in order; explicit position_ids that differ "
+            "(gapped, shifted) are not supported: give none"
+        )
+
+
 def check_supported(method: methods.Method) -> None:
     """PosencError (one line) for a method the pretrained attention does not implement."""
     if method.name not in SUPPORTED:
@@ -86,7 +105,9 @@ def install(model, method: methods.Method) -> list:
 
     The frequencies and attention scaling are read from the model's current rotary embedding (native or a
     schedule's). PosencError (one line), before the model changes, for a method not in SUPPORTED or a rotary embedding
-    that is already swapped (ReRoPE, a posenc scheme). Undone as ReRoPE is (``Adaptation.restore``).
+    that is already swapped (ReRoPE, a posenc scheme); afterwards a forward with ``position_ids`` other than the
+    positions in order after the cache's raises PosencError (one line): the method assigns positions itself.
+    Undone as ReRoPE is (``Adaptation.restore``).
     """
     check_supported(method)
     rotary = model.model.rotary_emb
@@ -96,6 +117,7 @@ def install(model, method: methods.Method) -> list:
         )
     setting = (method, rotary.inv_freq.float().clone(), float(rotary.attention_scaling))
     hook = functools.partial(pass_setting, "posenc_method", setting)
-    handles = install_attention(model, ATTN_NAME, attention_forward, setting[1], hook)
+    handles = [model.model.register_forward_pre_hook(functools.partial(_check_positions, method), with_kwargs=True)]
+    handles += install_attention(model, ATTN_NAME, attention_forward, setting[1], hook)
     model.model.rotary_emb.attention_scaling = setting[2]  # read back only (Adaptation.key); still cos 1, sin 0
     return handles
