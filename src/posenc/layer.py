@@ -20,6 +20,8 @@ from torch import nn
 from posenc import encodings
 from posenc.attention import attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.composite import Composite
+from posenc.encodings.registry import check_capabilities
 from posenc.errors import PosencError
 from posenc.methods import Method, method_attention, scheme_args
 
@@ -56,8 +58,32 @@ class AttentionInputs(Prepared):
 
 def _prepare(enc: Encoding, inp: Inputs) -> Prepared:
     """``enc``'s hooks on ``inp`` (whole sequence so far): the one step :func:`prepare` and :meth:`Attention.prepare`
-    share."""
-    return Prepared(inp, enc.phases(inp), enc.bias(inp), enc.rotate_v, enc.pairing, enc.logit_scale, enc)
+    share. PosencError (``_check_flags``) for a hook that gives a value under its flag left False."""
+    phases, bias = enc.phases(inp), enc.bias(inp)
+    _check_flags(enc, phases, bias)
+    return Prepared(inp, phases, bias, enc.rotate_v, enc.pairing, enc.logit_scale, enc)
+
+
+def _check_flags(enc: Encoding, phases, bias) -> None:
+    """PosencError (one line) when ``phases`` or ``bias`` (``enc``'s hooks on some input) is a value while the flag
+    naming that hook (``rotary``, ``has_bias``) is False: cached decoding reads the flags and would drop it, so the
+    parallel forward would differ from decoding (a plugin that lists the flag in ``instance_flags`` and never sets
+    it)."""
+    for flag, value in (("rotary", phases), ("has_bias", bias)):
+        if value is not None and not getattr(enc, flag):
+            hook = "phases" if flag == "rotary" else "bias"
+            raise PosencError(
+                f"scheme {enc.describe()!r}: {hook}() gave a value while {flag} is False: set {flag} = True "
+                f"(on the class, or in the constructor if it is in instance_flags)"
+            )
+
+
+def _check_scheme_flags(enc: Encoding, inp: Inputs) -> None:
+    """``_check_flags`` on ``inp`` for the hooks ``enc``'s class implements under a flag left False (only those are
+    called: once per cache, at its first step)."""
+    unset = [hook for flag, hook in (("rotary", "phases"), ("has_bias", "bias")) if not getattr(enc, flag)]
+    if any(getattr(type(enc), hook) is not getattr(Encoding, hook) for hook in unset):
+        _check_flags(enc, None if enc.rotary else enc.phases(inp), None if enc.has_bias else enc.bias(inp))
 
 
 def prepare(
@@ -239,6 +265,13 @@ def _positions(positions: torch.Tensor | None, n: int, start: int, device) -> to
     return positions
 
 
+def _check_classes(enc: Encoding) -> None:
+    """``posenc.encodings.registry.check_capabilities`` on the class of ``enc`` (of each part of a composition):
+    PosencError (one line) for flags that disagree with the hooks the class implements."""
+    for part in enc.parts if isinstance(enc, Composite) else [enc]:
+        check_capabilities(type(part))
+
+
 def _check_scheme(enc: Encoding) -> None:
     if enc.additive:
         raise PosencError(
@@ -259,7 +292,10 @@ class Attention(nn.Module):
     block_size: query rows per bias tile; params: the scheme's parameters, with a spec
     (as its ``:k=v`` parts); seed: the run's seed, from which a scheme that draws at random
     derives its draws (``Dims.seed``). Projections have no bias. Raises PosencError for sizes
-    that do not divide, an invalid spec, an additive scheme, or params with an Encoding.
+    that do not divide, an invalid spec, an additive scheme, params with an Encoding, or an Encoding whose
+    class's flags disagree with the hooks it implements (``posenc.encodings.registry.check_capabilities``,
+    what ``register`` checks); at the first forward or cached step, for a hook that gives a value under its
+    flag left False (a flag in ``instance_flags`` the constructor never set).
     """
 
     def __init__(
@@ -302,6 +338,8 @@ class Attention(nn.Module):
             raise PosencError("params apply to a scheme spec; an Encoding comes built with its own")
         # built after the projections: the random-number order (hence the initial weights) of every posenc model
         self.enc = encodings.get(scheme, dims, **(params or {})) if isinstance(scheme, str) else scheme
+        if not isinstance(scheme, str):  # a built scheme, maybe of an unregistered class: the check register makes
+            _check_classes(scheme)
         _check_scheme(self.enc)
         self.method: Method | None = None  # an inference method (posenc.methods; set_method): attention under its map
 
@@ -439,6 +477,7 @@ class Attention(nn.Module):
                 f"got {x.shape[0]} rows{' and token ids' if tokens is not None else ''}"
             )
         if cache.batch is None:
+            _check_scheme_flags(self.enc, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
             cache.batch, cache.has_tokens = x.shape[0], tokens is not None
             cache.state = None if cache.reference else self.enc.decoder()
             cache.reference = cache.state is None

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import posenc
 from posenc import encodings
 from posenc.cli.main import main
 from posenc.encodings import Encoding, registry
@@ -193,6 +194,73 @@ def test_a_scheme_whose_flags_disagree_with_its_hooks_is_refused_when_it_registe
     ):
         registry.register(empty)
     assert "silent-flag" not in encodings.names() and "empty-flag" not in encodings.names()
+
+
+class _HalfBias(Encoding):
+    """Half ALiBi's bias, its has_bias listed in instance_flags and never set (or, unregistered, not declared)."""
+
+    instance_flags = ("has_bias",)
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.register_buffer("slopes", alibi_slopes(dims.n_head) / 2, persistent=False)
+
+    def bias(self, inp):
+        return distance_bias(self.slopes, inp.pos, torch.promote_types(inp.x.dtype, torch.float32))
+
+
+def _decode_then_forward(layer, x):
+    """The layer's cached prefill of x[:, :5] (the first use), then its parallel forward of x."""
+    errors = []
+    for call in (lambda: layer(x[:, :5], cache=posenc.LayerCache()), lambda: layer(x)):
+        with pytest.raises(PosencError) as exc:
+            call()
+        errors.append(str(exc.value))
+    return errors
+
+
+@pytest.mark.parametrize("flagged", [True, False], ids=["flag-never-set", "flag-set-in-constructor"])
+def test_a_flag_listed_in_instance_flags_is_read_alike_by_forward_and_decoding(flagged):
+    """A bias() under an instance flag never set was applied by the forward and dropped by decoding (0.029): now the
+    first forward or cached step refuses it in one line; set in the constructor, decoding equals the forward."""
+    cls = type("HalfBias", (_HalfBias,), {"name": "half-bias-flag"})
+    if not flagged:
+        cls.__init__ = lambda self, dims: (_HalfBias.__init__(self, dims), setattr(self, "has_bias", True))[0]
+    registry.register(cls)
+    try:
+        torch.manual_seed(0)
+        layer, x = posenc.Attention(32, 4, "half-bias-flag").double().eval(), torch.randn(2, 9, 32, dtype=torch.float64)
+        if flagged:
+            want = "scheme 'half-bias-flag': bias() gave a value while has_bias is False: set has_bias = True"
+            assert all(e.startswith(want) and "\n" not in e for e in _decode_then_forward(layer, x))
+            m = posenc.build_model({"encoding": "half-bias-flag", "n_layer": 1, "d_model": 32, "n_head": 4}).eval()
+            with pytest.raises(PosencError, match="bias\\(\\) gave a value while has_bias is False"):
+                m.generate(torch.tensor([1, 2, 3]), 2)
+            return
+        cache = posenc.LayerCache()
+        steps = [layer(x[:, :5], cache=cache)] + [layer(x[:, t : t + 1], cache=cache) for t in range(5, 9)]
+        assert (torch.cat(steps, dim=1) - layer(x)).abs().max().item() < 1e-10
+        plain = posenc.Attention(32, 4, "nope").double().eval()
+        plain.load_state_dict(layer.state_dict())
+        assert (plain(x) - layer(x)).abs().max().item() > 1e-3  # the bias is applied
+    finally:
+        registry.unregister("half-bias-flag")
+
+
+def test_an_unregistered_encoding_whose_flags_disagree_is_refused_by_the_layer():
+    """Passed built to posenc.Attention, a class that never went through register: the same check, at construction
+    (decoding was 0.041 off the forward)."""
+    cls = type("Unregistered", (_HalfBias,), {"name": "unregistered", "instance_flags": ()})
+    with pytest.raises(PosencError) as exc:
+        posenc.Attention(32, 4, cls(encodings.Dims(4, 8, 32, 0, 16)))
+    assert str(exc.value) == (
+        "scheme 'unregistered' implements bias() but declares has_bias = False: set has_bias = True "
+        "(or list it in instance_flags when the constructor sets it)"
+    )
+    listed = type("Listed", (_HalfBias,), {"name": "listed"})(encodings.Dims(4, 8, 32, 0, 16))
+    layer = posenc.Attention(32, 4, listed).double().eval()  # listed in instance_flags: checked at first use
+    errors = _decode_then_forward(layer, torch.randn(1, 9, 32, dtype=torch.float64))
+    assert all(e.startswith("scheme 'listed': bias() gave a value while has_bias is False") for e in errors)
 
 
 def test_a_schemes_description_names_its_parameters(forget_plugins):
