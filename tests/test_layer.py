@@ -10,7 +10,7 @@ import torch
 import posenc
 from posenc.attention import attention, repeat_kv
 from posenc.errors import PosencError
-from posenc.model import build_model
+from posenc.model import Cache, build_model
 
 LIBRARY = Path(__file__).resolve().parents[1] / "docs" / "library.md"  # "Use it in your own model"
 
@@ -179,6 +179,39 @@ def test_cache_refuses_another_batch_size():
     layer(torch.randn(2, 3, 32), cache=cache)
     with pytest.raises(PosencError, match="batch size 2"):
         layer(torch.randn(3, 1, 32), cache=cache)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        lambda: posenc.Attention(32, 4, "rope"),  # the same scheme: decoded 0.27 off the forward
+        lambda: posenc.Attention(32, 4, "alibi"),  # another scheme: a bare AssertionError
+        lambda: posenc.Attention(32, 2, "rope"),  # other head counts: a raw RuntimeError
+        lambda: posenc.Attention(32, 4, "rope", n_kv_head=1),
+    ],
+    ids=["same-scheme", "other-scheme", "other-heads", "other-kv-heads"],
+)
+def test_a_layer_cache_belongs_to_the_layer_that_filled_it(other):
+    torch.manual_seed(7)
+    first, x = posenc.Attention(32, 4, "rope").eval(), torch.randn(2, 6, 32)
+    cache = posenc.LayerCache()
+    first(x[:, :5], cache=cache)
+    with pytest.raises(PosencError) as exc:
+        other().eval()(x[:, 5:], cache=cache)
+    assert str(exc.value) == (
+        "this LayerCache holds another layer's keys and scheme state: give each layer its own LayerCache"
+    )
+    assert cache.length == 5  # untouched: its own layer goes on
+    with torch.no_grad():
+        assert torch.allclose(first(x[:, 5:], cache=cache), first(x)[:, 5:], atol=1e-5)
+
+
+def test_an_lm_cache_belongs_to_the_model_that_filled_it():
+    a, b = (build_model({"encoding": "rope", "n_layer": 2, "d_model": 32, "n_head": 4}).eval() for _ in range(2))
+    cache, ids = Cache(2), torch.randint(0, 256, (1, 6))
+    a.decode(ids[:, :5], cache)
+    with pytest.raises(PosencError, match="^this LayerCache holds another layer's keys"):
+        b.decode(ids[:, 5:], cache)
 
 
 def test_token_schemes_take_token_ids():

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import torch
@@ -195,11 +196,14 @@ class LayerCache:
     every position's input ``x``, token ids, unrotated ``k``, ``v`` (and
     ``q`` for schemes that replace attention), the hooks recomputed over the whole
     prefix at every step. All in preallocated buffers whose capacity doubles
-    (``capacity``: rows reserved at the first step).
+    (``capacity``: rows reserved at the first step). A cache belongs to the layer of its first step
+    (``owner``): another layer's ``decode`` with it raises PosencError, as its keys, scheme state and
+    head count are that layer's.
     """
 
     def __init__(self, reference: bool = False, capacity: int = 0):
         self.reference = reference
+        self.owner: weakref.ref | None = None  # the layer that filled it (its first ``decode``); no other may use it
         self.state: DecodeState | None = None
         self.batch: int | None = None
         self.has_tokens = False
@@ -447,12 +451,12 @@ class Attention(nn.Module):
 
         x: (B, n, d_model) the normalised inputs of the new positions; positions: (n,)
         int64 (default the n after the cache's); tokens: (B, n) int64 or None, as before.
-        The cache picks its mode at the first call (``LayerCache``). Raises PosencError
-        for another batch size, token ids given at one step and not another, or a scheme
-        whose hooks follow the sequence length (``Encoding.length_key``: RoPE's dynamic NTK and
-        LongRoPE schedules): past their switch every cached input of a deeper layer would be stale,
-        and one layer cannot re-run the layers below it (``posenc.model.LM.decode`` does; or run
-        the parallel forward over the whole sequence).
+        The cache picks its mode at the first call (``LayerCache``) and belongs to this layer from then
+        on. Raises PosencError for a cache another layer filled, another batch size, token ids given at
+        one step and not another, or a scheme whose hooks follow the sequence length
+        (``Encoding.length_key``: RoPE's dynamic NTK and LongRoPE schedules): past their switch every
+        cached input of a deeper layer would be stale, and one layer cannot re-run the layers below it
+        (``posenc.model.LM.decode`` does; or run the parallel forward over the whole sequence).
         """
         if self.enc.length_key(cache.length + x.shape[1]) is not None:
             raise PosencError(
@@ -471,12 +475,17 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``decode`` for a caller that re-runs the prefix when a layer's ``length_key`` changes (``LM.decode``),
         so a length-dependent scheme's cached inputs are never stale."""
+        if cache.owner is not None and cache.owner() is not self:
+            raise PosencError(
+                "this LayerCache holds another layer's keys and scheme state: give each layer its own LayerCache"
+            )
         if cache.batch is not None and (cache.batch != x.shape[0] or (tokens is None) == cache.has_tokens):
             raise PosencError(
                 f"the cache holds batch size {cache.batch}{' and token ids' if cache.has_tokens else ''}; "
                 f"got {x.shape[0]} rows{' and token ids' if tokens is not None else ''}"
             )
         if cache.batch is None:
+            cache.owner = weakref.ref(self)
             _check_scheme_flags(self.enc, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
             cache.batch, cache.has_tokens = x.shape[0], tokens is not None
             cache.state = None if cache.reference else self.enc.decoder()
