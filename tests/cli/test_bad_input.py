@@ -102,6 +102,10 @@ def bad_commands(run):
         ),
         (["generate", str(run), "--prompt", ""], "--prompt is empty"),
         (["generate", str(run), "--prompt", "To be", "--max-new-tokens", "-1"], "max_new_tokens must be"),
+        (
+            ["generate", str(run), "--prompt", "To be", "--max-new-tokens", "10000000000000"],
+            "max_new_tokens must be at most 1,048,576 (posenc.model.MAX_NEW_TOKENS), got 10,000,000,000,000",
+        ),
         (["generate", str(run), "--prompt", "To be", "--temperature", "nan"], "temperature must be"),
         (["generate", str(run), "--prompt", "To be", "--temperature", "-1"], "temperature must be"),
         (["generate", str(run), "--prompt", "To be", "--top-k", "0"], "top_k must be"),
@@ -279,6 +283,18 @@ def test_python_api_bad_arguments_are_one_line(make, message):
     with pytest.raises(PosencError) as err:
         make()
     assert str(err.value) == message
+
+
+def test_max_new_tokens_is_bounded_before_any_token_is_generated():
+    """10^13 new tokens ran until killed; the cap is refused in one line, and the cap itself is accepted."""
+    from posenc.model import MAX_NEW_TOKENS, check_sampling
+
+    assert MAX_NEW_TOKENS == 1_048_576
+    check_sampling(MAX_NEW_TOKENS, 1.0, None)
+    model = build_model({"encoding": "rope", "n_layer": 1, "n_head": 2, "d_model": 16})
+    for n in (MAX_NEW_TOKENS + 1, 10**13):
+        with pytest.raises(PosencError, match=f"^max_new_tokens must be at most 1,048,576 .*, got {n:,}$"):
+            model.generate(torch.tensor([1, 2]), n)
 
 
 def test_generate_takes_a_list_of_token_ids():

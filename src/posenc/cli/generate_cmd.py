@@ -18,7 +18,7 @@ from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
 from posenc.hf import generation, loading
 from posenc.hf.adaptation import Adaptation
-from posenc.model import set_method, with_rope_schedule
+from posenc.model import MAX_NEW_TOKENS, check_sampling, set_method, with_rope_schedule
 from posenc.rope import NAMES
 from posenc.runs import extend, finetune
 from posenc.store.checkpoint import read_json
@@ -46,7 +46,8 @@ def add_parser(sub):
         "--max-new-tokens",
         type=int,
         default=200,
-        help="tokens to generate (default %(default)s; a pretrained model stops earlier at its end-of-sequence token)",
+        help=f"tokens to generate, at most {MAX_NEW_TOKENS:,} (default %(default)s; a pretrained model stops earlier "
+        "at its end-of-sequence token)",
     )
     p.add_argument(
         "--temperature", type=float, default=0.8, help="sampling temperature; 0 is greedy (default %(default)s)"
@@ -81,6 +82,7 @@ def add_parser(sub):
 def run(args) -> int:
     if not args.prompt:
         raise PosencError("--prompt is empty: give the text to continue")
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k)  # before any model loads
     given = {k: v for k, v in vars(args).items() if k in SETTINGS and v is not None} | factor_lists(args)
     if given and args.schedule is None:  # else silently ignored
         raise PosencError(f"--{next(iter(given)).replace('_', '-')} is a schedule setting: it needs --schedule")
