@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -272,7 +272,8 @@ def _positions(positions: torch.Tensor | None, n: int, start: int, device) -> to
 def _check_classes(enc: Encoding) -> None:
     """``posenc.encodings.registry.check_capabilities`` on the class of ``enc`` (of each part of a composition):
     PosencError (one line) for flags that disagree with the hooks the class implements."""
-    for part in enc.parts if isinstance(enc, Composite) else [enc]:
+    parts = cast("list[Encoding]", list(enc.parts)) if isinstance(enc, Composite) else [enc]
+    for part in parts:
         check_capabilities(type(part))
 
 
