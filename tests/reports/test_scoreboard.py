@@ -107,6 +107,21 @@ def test_scoreboard_values_on_synthetic_runs(tmp_path):
     assert only_tasks[0] == "| scheme | flip-flop horizon | parity horizon | flip-flop steps to criterion |"
 
 
+def test_the_ratio_columns_are_the_lengths_the_text_run_evaluated(tmp_path):
+    """A text run evaluated to 8x gets an 8x column with its ratios (the columns were fixed at 16x and 128x: n/a)."""
+    recs = [
+        Ppl(scheme="rope", seed=seed, train_length=L0, eval_length=m * L0, ppl=8.0 * r)
+        for seed, rs in ((0, (1.0, 1.2, 1.5)), (1, (1.0, 1.4, 1.7)))
+        for m, r in zip((1, 4, 8), rs)
+    ]
+    (tmp_path / "text").mkdir()
+    write_csv(tmp_path / "text" / "results.csv", with_ratios(recs))
+    lines = scoreboard([_task_run(tmp_path / "tasks"), tmp_path / "text"]).splitlines()
+    assert lines[0].startswith("| scheme | ppl at 1x | ratio at 8x | flip-flop horizon |")
+    assert lines[2].startswith("| rope | 8.00 ± 0.00 | 1.600 ± 0.100 | ")
+    assert "n/a" not in "\n".join(lines)
+
+
 def test_report_with_task_runs_writes_the_scoreboard_and_the_task_claims(tmp_path, capsys, accumulated_claims):
     text, tasks = _text_run(tmp_path / "text"), _task_run(tmp_path / "tasks")
     assert main(["report", str(tasks), str(text), "--out", str(tmp_path / "o")]) == 0

@@ -1,7 +1,8 @@
 """One scoreboard: the table a user reads to choose a scheme, generated from a comparison's records (issue 36).
 
-For each scheme: perplexity at the training length and the ratios at 16x and 128x of a text comparison (``posenc
-compare``, e.g. ``results/default``), then for each task of the task comparisons (``posenc compare --preset
+For each scheme: perplexity at the training length and the ratios at the lengths the text claims read (16x and
+128x: :data:`CLAIMED`) of a text comparison (``posenc compare``, e.g. ``results/default``), those of them it evaluated,
+else its longest (:func:`shown_multiples`), then for each task of the task comparisons (``posenc compare --preset
 retrieval`` / ``state-tracking``) its retrieval horizon and, where the records have ``criterion_step``
 (``train.until``), its steps to criterion. Every number is its mean ± half-range over the seeds
 (``posenc.reports.render.seed_cell``), except a horizon: its median and range, censored at the longest probe
@@ -32,7 +33,15 @@ from posenc.store.checkpoint import atomic_write_bytes, read_json
 from posenc.store.records import Task, load_tasks
 
 BEGIN, END = "<!-- scoreboard:begin -->", "<!-- scoreboard:end -->"
-TEXT_MULTIPLES = (16, 128)  # the ratio columns
+CLAIMED = (16, 128)  # the lengths (x the training length) the text claims read: the ratio columns where evaluated
+
+
+def shown_multiples(multiples) -> list[int]:
+    """The ratio columns (ints, multiples of the training length) of runs that evaluated ``multiples`` (ints, 1x
+    included or not): those of :data:`CLAIMED` among them, else the longest ([] with none beyond 1x), so a run evaluated
+    to 8x shows its 8x ratio rather than empty 16x and 128x columns."""
+    seen = sorted(set(multiples) - {1})
+    return [m for m in CLAIMED if m in seen] or seen[-1:]
 
 
 @dataclasses.dataclass
@@ -152,7 +161,14 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
         if any(r.criterion or r.criterion_step is not None for r in t.records.values())
     ]
     steps = list(dict.fromkeys(steps))
-    head = ["scheme"] + (["ppl at 1x", *(f"ratio at {m}x" for m in TEXT_MULTIPLES)] if text else [])
+    shown = (
+        shown_multiples(
+            r.eval_length // text.train_length for r in text.records if r.eval_length % text.train_length == 0
+        )
+        if text
+        else []
+    )
+    head = ["scheme"] + (["ppl at 1x", *(f"ratio at {m}x" for m in shown)] if text else [])
     head += [f"{lb} horizon" for lb in labels] + [
         f"{labels[list(tables).index(task)]} steps to criterion" for task in steps
     ]
@@ -164,13 +180,13 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
             row += [seed_cell([r.ppl for r in mine if r.eval_length == text.train_length], ".2f") if mine else ""]
             row += [
                 seed_cell([r.ratio for r in mine if r.eval_length == m * text.train_length], ".3f") if mine else ""
-                for m in TEXT_MULTIPLES
+                for m in shown
             ]
         cells = {task: next((s for s in t.scores if _key(s) == key), None) for task, (_, t) in tables.items()}
         row += [horizon_cell(tables[task][1], s) if s else "" for task, s in cells.items()]
         row += [criterion_cell(tables[task][1], cells[task]) if cells[task] else "" for task in steps]
         rows.append(row)
-    blank = [""] * (1 + len(TEXT_MULTIPLES)) if text else []
+    blank = [""] * (1 + len(shown)) if text else []
     for run, task, t in later:
         for s in t.scores:
             row = [f"{s} ({run.label})", *blank]

@@ -23,16 +23,15 @@ from posenc.errors import PosencError
 from posenc.reports.claims import t_quantile, text_claims
 from posenc.reports.render import figure, log_scale, markdown_table, save_figure, write_csv_table
 from posenc.reports.runs import Run, load_runs, schemes, seed_grid
+from posenc.reports.scoreboard import shown_multiples
 from posenc.store.checkpoint import atomic_write_bytes, make_run_dir
-
-CLAIMED = (16, 128)  # the lengths (x the training length) the text claims read
 
 
 def multiples(runs: list[Run]) -> list[int]:
-    """The lengths (multiples of the training length) the trend shows: those of ``CLAIMED`` some run evaluated, else
-    the longest any run evaluated."""
-    seen = sorted({round(r.eval_length / run.train_length) for run in runs for r in run.records} - {1})
-    return [m for m in CLAIMED if m in seen] or seen[-1:]
+    """The lengths (multiples of the training length) the trend shows: the scoreboard's columns
+    (``posenc.reports.scoreboard.shown_multiples``: the claimed 16x and 128x some run evaluated, else the longest any
+    run evaluated)."""
+    return shown_multiples(round(r.eval_length / run.train_length) for run in runs for r in run.records)
 
 
 @dataclasses.dataclass(frozen=True)
