@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 import torch
@@ -22,17 +23,35 @@ SMALL = {"n_layer": 2, "d_model": 32, "n_head": 4, "train_length": 16}
 
 
 def test_the_site_builds_strictly(tmp_path):
-    """`mkdocs build --strict`: a broken link or anchor, a missing snippet or a dangling API reference fails it."""
+    """`mkdocs build --strict`: a broken link or anchor, a missing snippet or a dangling API reference fails it; the
+    built site works opened from file:// (pages as page.html, search inlined)."""
     site = tmp_path / "site"
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)]
     proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    plugins = (site / "plugins" / "index.html").read_text()
+    plugins = (site / "plugins.html").read_text()
     # the worked plugin's file is in the page (a formatter that rewrites the snippet marker leaves it out)
     assert "A scheme written outside posenc: ALiBi with its slopes scaled" in plugins
     assert "--8&lt;" not in plugins and "--8 &lt;" not in plugins
     assert (site / "results" / "default" / "ppl_ratio.png").is_file()  # the committed results are served
-    assert "distance_bias" in (site / "api" / "index.html").read_text()  # the API reference is generated
+    assert "distance_bias" in (site / "api.html").read_text()  # the API reference is generated
+    _assert_opens_from_file_urls(site)
+
+
+def _assert_opens_from_file_urls(site: Path) -> None:
+    """Every relative link of every page names a file of the site: opened from file://, a link to a folder shows
+    the folder's listing (no server turns `plots/` into `plots/index.html`); search reads an inlined index."""
+    pages = [p for p in sorted(site.rglob("*.html")) if p.name != "404.html"]  # a server's page: absolute links
+    assert len(pages) > 20
+    to_folders = []
+    for page in pages:
+        for link in re.findall(r'(?:href|src)="([^"#?]+)[^"]*"', page.read_text()):
+            if re.match(r"[a-z][a-z0-9+.-]*:|//", link):  # https:, mailto:, data: ... leave the site
+                continue
+            if not (page.parent / unquote(link)).is_file():  # a browser decodes %3D before it opens the file
+                to_folders.append(f"{page.relative_to(site)} -> {link}")
+    assert not to_folders, to_folders[:20]
+    assert (site / "search" / "search_index.js").is_file()
 
 
 @pytest.fixture
