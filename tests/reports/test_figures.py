@@ -8,8 +8,9 @@ from posenc.data.tasks import get_task
 from posenc.eval.perplexity import bucket_width
 from posenc.reports.compare import buckets_figure
 from posenc.reports.pretrained import position_figure, ppl_rows
-from posenc.reports.tasks import WINDOW_LABEL, TaskTable, distance_figure
+from posenc.reports.tasks import WINDOW_LABEL, TaskTable, accuracy_markdown, distance_figure, length_figure
 from posenc.store.records import Ppl, ScoredWindow, Task, TaskCell
+from tests.task_records import task_table
 
 
 def test_buckets_sit_on_their_ticks_at_the_bucket_midpoints():
@@ -85,6 +86,18 @@ def test_distance_plot_dotted_means_did_not_learn_and_dash_dot_the_mixing_window
     assert [line.get_linestyle() for line in ax.get_lines()].count("-.") == 1  # only the window is dash-dot
 
 
+def test_the_length_plot_has_a_panel_per_test_its_table_shows():
+    """The dense test was in the accuracy table but not in length-TASK.png."""
+    cells = {(test, L, 8): a for test, a in (("id", 1.0), ("sparse", 0.9), ("dense", 0.7)) for L in (128, 512)}
+    t = task_table("flipflop", {"rope": {0: cells}, "alibi": {0: cells}})
+    header = accuracy_markdown(t, ["rope", "alibi"]).splitlines()[0]
+    assert header == "| scheme | learned | id 1x | id 4x | sparse 1x | sparse 4x | dense 1x | dense 4x |"
+    fig = length_figure(t, ["rope", "alibi"], 0.5)
+    assert [ax.get_title() for ax in fig.axes] == ["flipflop: id", "flipflop: sparse", "flipflop: dense"]
+    dense = fig.axes[2].get_lines()[0]
+    assert (list(dense.get_xdata()), list(dense.get_ydata())) == ([128, 512], [70.0, 70.0])
+
+
 @pytest.mark.parametrize("length", [512, 8192])
 def test_extend_position_plot_has_a_point_per_bucket_at_any_length(length):
     """``extend --quick`` scores 512-token windows: 32 points of 16 tokens, not one bucket of 1,024."""
@@ -117,3 +130,88 @@ def test_extend_position_plot_has_a_point_per_bucket_at_any_length(length):
     assert line.get_label() == {512: "none @ 512", 8192: "none @ 8K"}[length]
     assert ax.get_xlabel() == f"position in window (tokens; buckets of {width} tokens, each point at its middle)"
     assert [round(v, 6) for v in line.get_ydata()] == [round(2.718281828 ** (1 / width), 6)] * n  # exp(nll / tokens)
+
+
+def test_sweep_titles_and_legends_lie_inside_the_figure_and_equal_rows_say_so():
+    """sweep.png centred a one-line title over the panel: a long task spec ran off the figure's left edge."""
+    from posenc.config.plan import point_label
+    from posenc.reports.sweep import sensitivity_figure
+    from posenc.runs.sweep import Choice
+
+    mqar = "mqar:pairs=4,keys=8,values=8,filler=16,gap=0-64"
+
+    def choice(task, scheme, acc):
+        points = [(("train.lr", lr),) for lr in (1e-3, 3e-3)]
+        results = {point_label(p): a for p, a in zip(points, acc)}
+        return Choice(task, scheme, points, results, dict.fromkeys(results), 0.9)
+
+    rows = [("nope", (0.9, 0.95)), ("rope", (0.9, 0.95)), ("hybrid as acc-learned-qkv+forget:init_bias=4", (1, 1))]
+    for tasks in ([mqar], ["flipflop", mqar]):
+        fig = sensitivity_figure([choice(task, s, acc) for task in tasks for s, acc in rows], 0, 0.9)
+        fig.canvas.draw()
+        renderer, box = fig.canvas.get_renderer(), fig.bbox
+        for ax in fig.axes:
+            for artist in (ax.title, ax.get_legend()):
+                extent = artist.get_window_extent(renderer)
+                assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and extent.y1 <= box.y1, (tasks, artist)
+        labels = [line.get_label() for line in fig.axes[-1].get_lines() if not line.get_label().startswith("_")]
+        assert labels[:2] == ["nope", "rope (same as nope)"]
+
+
+def _diagnosis():
+    """Two layers of two heads: layer 1's step angles equal layer 0's, head 0 of layer 0 attends uniformly."""
+    from posenc.store.records import Diagnosis, LayerGap, LengthDiagnosis
+
+    uniform = {2: 0.5, 4: 0.75, 8: 0.875}
+    lengths = [
+        LengthDiagnosis(
+            length=16 * m,
+            multiple=m,
+            windows=1,
+            far_mass=[[u, 0.1 * m], [0.2, 0.3]],
+            far_mass_bound=[[0.0, 0.0], [0.0, 0.0]],
+            uniform_far_mass=u,
+        )
+        for m, u in uniform.items()
+    ]
+    beta = [[0.9, 0.8, 0.7], [0.95, 0.85, 0.75]]
+    gaps = [
+        LayerGap(layer=i, steps=4, beta=beta, baseline=[0.5] * 3, w_eps=[[None] * 3] * 2, mean_step=beta)
+        for i in (0, 1)
+    ]
+    return Diagnosis(
+        scheme="acc-rand-qk",
+        describe="",
+        train_length=16,
+        w=16,
+        eps=0.01,
+        windows_per_length=1,
+        lengths=lengths,
+        spectral_gap=gaps,
+    )
+
+
+def test_diagnose_plots_keep_equal_curves_visible():
+    """spectral_gap.png drew layer 1 over an equal layer 0 and far_mass.png a head over the uniform line, unlabelled."""
+    from posenc.reports.diagnose import spectral_gap_figure, vs_length_figure
+
+    res = _diagnosis()
+    ax = spectral_gap_figure(res).axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines) == ["layer 0", "layer 1 (same as layer 0)", "step-law baseline"]
+    assert lines["layer 1 (same as layer 0)"].get_markersize() < lines["layer 0"].get_markersize()
+    assert lines["layer 1 (same as layer 0)"].get_marker() != lines["layer 0"].get_marker()
+    fig = vs_length_figure(res, "far_mass", "uniform_far_mass", "far attention mass", "far_mass_bound")
+    layer0, layer1 = fig.axes
+    labels = [t.get_text() for t in layer0.get_legend().get_texts()]
+    assert labels == ["head 0", "head 1", "uniform (same as head 0)"]
+    assert [t.get_text() for t in layer1.get_legend().get_texts()] == ["head 0", "head 1", "uniform"]
+    uniform = next(line for line in layer0.get_lines() if line.get_label() == "uniform (same as head 0)")
+    head0 = layer0.get_lines()[0]
+    assert list(uniform.get_ydata()) == [0.5, 0.75, 0.875] and uniform.get_zorder() > head0.get_zorder()
+    assert (uniform.get_linestyle(), uniform.get_marker(), head0.get_linestyle(), head0.get_marker()) == (
+        "--",
+        "",
+        "-",
+        "o",
+    )

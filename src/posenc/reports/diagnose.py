@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.reports.render import figure, log_scale, markdown_table, save_figure
+from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure
 from posenc.store.checkpoint import atomic_write_bytes
 from posenc.store.records import Diagnosis, write
 
@@ -101,48 +101,72 @@ def markdown(res: Diagnosis) -> str:
     return "\n".join(lines)
 
 
-def plot_vs_length(path: Path, res: Diagnosis, key: str, ref: str, ylabel: str, dotted: str | None = None) -> None:
-    """One subplot per layer, one line per head (``dotted``: a second quantity per head, dotted),
-    the uniform reference dashed; x = length / train length. key, ref, dotted: ``LengthDiagnosis`` fields."""
+def vs_length_figure(res: Diagnosis, key: str, ref: str, ylabel: str, dotted: str | None = None):
+    """The figure of ``far_mass.png`` / ``entropy.png``: one panel per layer, each with its legend: one line per head
+    (``dotted``: a second quantity per head, dotted in its colour), then the uniform reference dashed grey, drawn by
+    ``posenc.reports.render.plot_lines`` so a head on the uniform line or on another head stays visible and says so;
+    x = length / train length (log). key, ref, dotted: ``LengthDiagnosis`` fields."""
     rows = [r for r in res.lengths if getattr(r, key)]
     n_layer = len(getattr(rows[0], key)) if rows else 1
-    fig, axes = figure(1, n_layer, figsize=(3.2 * n_layer, 3.2), squeeze=False, sharey=True)
+    fig, axes = figure(1, n_layer, figsize=(3.2 * n_layer, 3.4), squeeze=False, sharey=True)
     xs = [r.multiple for r in rows]
     for layer, ax in enumerate(axes[0]):
-        for h in range(len(getattr(rows[0], key)[layer]) if rows else 0):
-            (line,) = ax.plot(xs, [getattr(r, key)[layer][h] for r in rows], marker=".", label=f"head {h}")
-            if dotted:
-                ax.plot(xs, [getattr(r, dotted)[layer][h] for r in rows], ls=":", color=line.get_color())
-        ax.plot(xs, [getattr(r, ref) for r in rows], color="gray", ls="--", label="uniform")
+        heads = range(len(getattr(rows[0], key)[layer]) if rows else 0)
+        lines = [
+            {"label": f"head {h}", "x": xs, "y": [getattr(r, key)[layer][h] for r in rows], "color": f"C{h % 10}"}
+            for h in heads
+        ]
+        # last, so a head on it keeps its markers under the grey dashes and the legend says "uniform (same as head h)"
+        uniform = [getattr(r, ref) for r in rows]
+        lines.append({"label": "uniform", "x": xs, "y": uniform, "color": "gray", "ls": "--", "marker": ""})
+        plot_lines(ax, lines, ms=3)
+        for h in heads if dotted else ():
+            ax.plot(xs, [getattr(r, dotted)[layer][h] for r in rows], ls=":", color=f"C{h % 10}")
         log_scale(ax, "x", base=2)
         ax.set_title(f"layer {layer}")
         ax.set_xlabel("eval length / train length")
         ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
     axes[0][0].set_ylabel(ylabel)
-    axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{res.scheme}: {ylabel}")
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig
 
 
-def plot_spectral_gap(path: Path, res: Diagnosis) -> None:
-    """beta per frequency block: mean over heads (band: min..max) per layer; the baseline dashed."""
+def plot_vs_length(path: Path, res: Diagnosis, key: str, ref: str, ylabel: str, dotted: str | None = None) -> None:
+    """``path``: :func:`vs_length_figure` as PNG."""
+    save_figure(vs_length_figure(res, key, ref, ylabel, dotted), path)
+
+
+def spectral_gap_figure(res: Diagnosis):
+    """The figure of ``spectral_gap.png``: beta per frequency block, the mean over heads per layer (band: min..max
+    over heads, in the layer's colour), then the step-law baseline dashed black; drawn by
+    ``posenc.reports.render.plot_lines``, so a layer equal to another (or to the baseline) stays visible and says
+    so."""
     fig, ax = figure(figsize=(6.5, 4))
-    for g in res.spectral_gap:
+    lines = []
+    for i, g in enumerate(res.spectral_gap or []):
         beta = np.asarray(g.beta)
         b = np.arange(beta.shape[1])
-        ax.plot(b, beta.mean(0), marker=".", label=f"layer {g.layer}")
-        ax.fill_between(b, beta.min(0), beta.max(0), alpha=0.2)
-    base = res.spectral_gap[0].baseline
+        lines.append({"label": f"layer {g.layer}", "x": b, "y": beta.mean(0), "color": f"C{i % 10}", "ms": 4})
+        ax.fill_between(b, beta.min(0), beta.max(0), alpha=0.2, color=f"C{i % 10}")
+    base = res.spectral_gap[0].baseline if res.spectral_gap else None
     if base is not None:
-        ax.plot(np.arange(len(base)), base, color="k", ls="--", label="step-law baseline")
+        baseline = {"label": "step-law baseline", "x": np.arange(len(base)), "y": base, "color": "k", "ls": "--"}
+        lines.append({**baseline, "marker": ""})
+    plot_lines(ax, lines)
     ax.set_xlabel("frequency block b")
     ax.set_ylabel("beta_b = |mean exp(i theta)|")
     ax.set_title(f"{res.scheme}: spectral gap of the step angles")
     ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig
+
+
+def plot_spectral_gap(path: Path, res: Diagnosis) -> None:
+    """``path``: :func:`spectral_gap_figure` as PNG."""
+    save_figure(spectral_gap_figure(res), path)
 
 
 def write_outputs(res: Diagnosis, out: Path) -> list[Path]:

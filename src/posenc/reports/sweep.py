@@ -6,10 +6,11 @@ the chosen one in bold), ``sweep.csv`` and ``sweep.png``; from the choices of ``
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from posenc.config.plan import VARIANT_KEY, Point, point_label
-from posenc.reports.render import figure, log_scale, markdown_table, save_figure, write_csv_table
+from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure, write_csv_table
 
 
 def _value(task: str | None, v: float | None) -> str:
@@ -105,9 +106,8 @@ def sweep_markdown(chosen: list, seed: int, plot: str | None) -> list[str]:
 
 
 def write_sensitivity(run_root: Path, chosen: list, seed: int, bar: float | None = None) -> str | None:
-    """``sweep.csv`` (task, scheme, setting, result, steps to criterion, chosen) and ``sweep.png`` (one panel per task:
-    the result against the shared settings, one line per row of ``_layout``, the chosen point ringed, a task's
-    learned ``bar`` dashed); returns the plot's file name (None without results)."""
+    """``sweep.csv`` (task, scheme, setting, result, steps to criterion, chosen) and ``sweep.png``
+    (:func:`sensitivity_figure`); returns the plot's file name (None without results)."""
     write_csv_table(
         Path(run_root) / "sweep.csv",
         ["task", "scheme", "setting", "result", "steps_to_criterion", "chosen"],
@@ -124,6 +124,27 @@ def write_sensitivity(run_root: Path, chosen: list, seed: int, bar: float | None
             for p in c.points
         ),
     )
+    fig = sensitivity_figure(chosen, seed, bar)
+    if fig is None:
+        return None
+    save_figure(fig, Path(run_root) / "sweep.png")
+    return "sweep.png"
+
+
+def _wrap(spec: str, width: int = 40) -> str:
+    """``spec`` in lines of at most ``width`` characters, broken after commas (a line without one stays whole): a
+    title centred over a panel that is wider than the panel runs off the figure's left edge."""
+    lines = [""]
+    for part in re.findall(r"[^,]+,?", spec):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(lines)
+
+
+def sensitivity_figure(chosen: list, seed: int, bar: float | None = None):
+    """The figure of ``sweep.png``: one panel per task, the result against the shared settings, one line per row of
+    ``_layout``, the chosen point ringed, a task's learned ``bar`` (a fraction) dashed; None without results."""
     tasks = list(dict.fromkeys(c.task for c in chosen))
     if not any(v is not None for c in chosen for v in c.results.values()):
         return None
@@ -131,12 +152,15 @@ def write_sensitivity(run_root: Path, chosen: list, seed: int, bar: float | None
     fig, axes = figure(1, len(tasks), figsize=(6.5 * len(tasks), 4.8), squeeze=False, layout="constrained")
     for ax, task in zip(axes[0], tasks):
         columns, table = _layout([c for c in chosen if c.task == task])
+        rows = []
         for i, (label, c, at) in enumerate(table):
             xs = [x for x, col in enumerate(columns) if col in at and c.results[point_label(at[col])] is not None]
             ys = [c.results[point_label(at[columns[x]])] * scale[task] for x in xs]
             # ten colours, then the next ten rows dashed, then dotted: no two rows look alike
-            (line,) = ax.plot(xs, ys, marker="o", label=label, color=f"C{i % 10}", ls=("-", "--", ":")[i // 10 % 3])
-            for x, y in zip(xs, ys):
+            rows.append({"label": label, "x": xs, "y": ys, "color": f"C{i % 10}", "ls": ("-", "--", ":")[i // 10 % 3]})
+        # rows at chance on every point coincide: plot_lines draws a repeat over its first, smaller, and says so
+        for line, (_, c, at), row in zip(plot_lines(ax, rows, ms=6), table, rows):
+            for x, y in zip(row["x"], row["y"]):
                 if at[columns[x]] == c.point:  # the chosen point, ringed
                     ax.plot([x], [y], marker="o", ms=12, mfc="none", color=line.get_color())
         if task and bar is not None:
@@ -146,8 +170,7 @@ def write_sensitivity(run_root: Path, chosen: list, seed: int, bar: float | None
         ax.set_ylabel(_metric(task))
         if task is None:
             log_scale(ax, "y")
-        ax.set_title(f"{task or 'text'}: seed {seed}, result per grid point (ringed: chosen)", fontsize=9)
+        ax.set_title(f"{_wrap(task or 'text')}\nseed {seed}, result per grid point (ringed: chosen)", fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    save_figure(fig, Path(run_root) / "sweep.png")
-    return "sweep.png"
+    return fig

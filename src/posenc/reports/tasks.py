@@ -374,9 +374,20 @@ def _status(t: TaskTable, s: str) -> str:
     return "yes" if t.learned(s) else "**did not learn**" + _seeds_learned(t, s)
 
 
+# the tests scored by sequence length, in the order of the accuracy table's columns and of length-TASK.png's panels:
+# one list for both, so the plot shows every test its table does
+LENGTH_TESTS = ("id", "sparse", "dense", "near")
+
+
+def length_tests(t: TaskTable, schemes: list[str]) -> list[str]:
+    """The tests of :data:`LENGTH_TESTS` the first scheme's first seed was scored on, in that order."""
+    first = next(iter(t.scores[schemes[0]].values()))
+    return [test for test in LENGTH_TESTS if first.lengths(test)]
+
+
 def accuracy_markdown(t: TaskTable, schemes: list[str]) -> str:
     first = next(iter(t.scores[schemes[0]].values()))
-    cols = [(test, L) for test in ("id", "sparse", "dense", "near") for L in first.lengths(test)]
+    cols = [(test, L) for test in length_tests(t, schemes) for L in first.lengths(test)]
     header = ["scheme", "learned"] + [f"{test} {L // t.L0 if L % t.L0 == 0 else L / t.L0:g}x" for test, L in cols]
     rows = [[s, _status(t, s)] + [pct_cell(t.values(s, test, L)[0]) for test, L in cols] for s in schemes]
     counts = [f"{test} {L}: {first.acc(test, L)[1]}" for test, L in cols]
@@ -499,9 +510,10 @@ def plot_distance(path: Path, t: TaskTable, schemes: list[str], windows: dict, c
 
 
 def length_figure(t: TaskTable, schemes: list[str], chance: float):
-    """The figure of ``length-TASK.png``: accuracy (mean over seeds) against sequence length, one panel per test (id,
-    sparse, near, those run); the training length dashed, chance grey; identical curves stay visible."""
-    tests = [test for test in ("id", "sparse", "near") if next(iter(t.scores[schemes[0]].values())).lengths(test)]
+    """The figure of ``length-TASK.png``: accuracy (mean over seeds) against sequence length, one panel per test the
+    accuracy table shows (:func:`length_tests`: id, sparse, dense, near, those run); the training length dashed,
+    chance grey; identical curves stay visible."""
+    tests = length_tests(t, schemes)
     fig, axes = figure(1, len(tests), figsize=(4.5 * len(tests), 4 + 0.18 * ((len(schemes) + 1) // 2)), squeeze=False)
     for ax, test in zip(axes[0], tests):
         lines = []
