@@ -447,6 +447,12 @@ def log_horizon(h: float) -> float:
     return math.log2(1 + horizon_value(h))
 
 
+def _bias_there(h: int | None, rate: float) -> str:
+    """ " (bias there X nats)": the bias (``rate`` nats per token) at a horizon of h tokens; "" for none (no bucket
+    within the rule: no distance to read a bias at, not 0 tokens)."""
+    return "" if h is None else f" (bias there {h * rate:.2g} nats)"
+
+
 def horizons(t: TaskTable, s: str, rule: Rule) -> tuple[list[float], list[bool], list[int | None]]:
     """``s``'s horizon per seed under ``rule``: (log2(1 + horizon), censored: the largest distance probed, so a lower
     bound, horizon in tokens). The stated horizon: the largest gap bucket up to which accuracy stays within the
@@ -785,7 +791,7 @@ def claim_alibi_slopes(t: TaskTable, rule: Rule | None = None) -> Claim | None:
         h, cut, raw = horizons(t, ALIBI, r)
         numbers = "; ".join(
             f"seed {seed}: {n} heads, flattest slope {m:.4g}/token, w {w:.0f}, band {_band(w)}, "
-            f"horizon {horizon_cell([hs])} (bias there {horizon_value(hs) * m:.2g} nats)"
+            f"horizon {horizon_cell([hs])}{_bias_there(hs, m)}"
             for seed, n, m, w, hs in zip(t.scores[ALIBI], heads, slopes, windows, raw)
         )
         return decided("R7", text, follows_window(h, windows, cut, "log2(1 + alibi horizon)", r), numbers)
@@ -830,8 +836,8 @@ def claim_forget_leak(t: TaskTable, rule: Rule | None = None) -> Claim | None:
             ws = [decay_window(x) for x in leaks[s]]
             parts += follows_window(h, ws, cut, f"log2(1 + {s} horizon)", r)
             numbers += [
-                f"{s} seed {seed}: leak {x:.4f} nats/token, w {w:.0f}, band {_band(w)}, horizon {horizon_cell([hs])} "
-                f"(bias there {horizon_value(hs) * x:.2g} nats)"
+                f"{s} seed {seed}: leak {x:.4f} nats/token, w {w:.0f}, band {_band(w)}, horizon {horizon_cell([hs])}"
+                f"{_bias_there(hs, x)}"
                 for seed, x, w, hs in zip(t.scores[s], leaks[s], ws, raw)
             ]
         return decided("R8", text, parts, "; ".join(numbers))

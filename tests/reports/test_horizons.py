@@ -1,6 +1,8 @@
 """Horizons as data (issue 57): right-censored at the longest probe, median and range over seeds, one rendering
 in report.md and the scoreboard, and the alternative rules of a robustness table."""
 
+import re
+
 import pytest
 
 from posenc.errors import PosencError
@@ -112,3 +114,21 @@ def test_answer_weighting_differs_from_the_plain_mean():
     t = TaskTable(recs, "flipflop", 128, 0.04, 0.9)
     assert t.pooled_horizon("s", "mean").value == 8  # (1.0 + 0.9) / 2 = 0.95 < 0.96
     assert t.pooled_horizon("s", "answers").value == 16  # 9,900 / 10,000 = 0.99
+
+
+def test_a_horizon_of_no_bucket_reads_none_everywhere_never_0(tmp_path, accumulated_claims):
+    """The scoreboard, its task claims and report.md print "none"; the claims printed "horizon none (bias there 0
+    nats)", a bias read at 0 tokens."""
+    from posenc.reports.runs import write_runs_report
+    from posenc.store.records import append
+    from tests.reports.test_scoreboard import _job, _text_run
+
+    (tmp_path / "tasks").mkdir()
+    for scheme in ("alibi", "forget"):
+        for seed in (0, 1):
+            job = _job("flipflop", scheme, seed, 0.99, {8: 0.5, 64: 0.5, 128: 0.5}, 300)
+            append(tmp_path / "tasks" / "results.jsonl", job.model_copy(update={"leak": [[0.01, 0.02]]}))
+    report = write_runs_report([tmp_path / "tasks", _text_run(tmp_path / "text")], tmp_path / "out").read_text()
+    assert "| forget | | | | none | 300 ± 0 |" in report
+    assert "forget seed 0: leak 0.0100 nats/token, w 100, band [25, 400], horizon none;" in report
+    assert not re.search(r"horizon 0\b|bias there 0 ", report)
