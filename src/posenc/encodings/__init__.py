@@ -24,6 +24,7 @@ from posenc.encodings import (  # noqa: F401 (registers the families)
     forget,
     householder,
     polar,
+    prope,
     relative,
     rotary,
     xpos,
