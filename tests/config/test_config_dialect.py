@@ -254,3 +254,60 @@ def test_every_field_is_documented_in_docs_presets_md():
         table = tables.split(f"### {section} ({cls.__name__})")[1].split("###")[0]
         for name, (_, _, _, description) in _field_infos(cls).items():
             assert description and f"| `{name}` |" in table, (cls.__name__, name)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train: {steps: true}", "train.steps: Input should be a valid integer"),
+        ("model: {n_layer: false}", "model.n_layer: Input should be a valid integer"),
+        ("eval: {passkey: {trials: true}}", "eval.passkey.trials: Input should be a valid integer"),
+        ("train: {lr: true}", "train.lr: Input should be a valid number"),
+        ("train: {steps: 1.0e3}", "train.steps: Input should be a valid integer"),
+        ("seeds: [true]", "seeds.0: Input should be a valid integer"),
+    ],
+)
+def test_a_bool_or_a_float_is_no_integer_in_any_config(tmp_path, text, message):
+    """Strict validation of every config model (one place, ``store.presets.validated``): ``steps: true`` once
+    trained 1 step; a whole float once passed as an integer. A number stays a number (``lr: 1`` is 1.0)."""
+    with pytest.raises(PosencError, match=rf"^invalid preset p.yaml: {message}$"):
+        load_preset(str(_write(tmp_path, "p.yaml", f"name: p\nbase: quick\n{text}\n")))
+    assert load_preset("quick", {"train.lr": 1}).train.lr == 1.0
+    with pytest.raises(PosencError, match=r"^invalid trials=True \(command line\): Input should be a valid integer$"):
+        extend.load_extend_config("quick", {"trials": True})
+
+
+def test_a_bool_for_an_integer_on_the_command_line_is_one_line_exit_2(tmp_path, capsys):
+    argv = ["train", "--preset", "quick", "--scheme", "rope", "--set", "train.steps=true", "--out", str(tmp_path / "r")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "posenc: error: invalid train.steps=True (command line): Input should be a valid integer\n"
+    )
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("key", ["eval.multiples", "task_eval.multiples"])
+def test_empty_evaluation_multiples_are_refused_at_the_config(key, capsys):
+    with pytest.raises(PosencError, match=rf"^invalid {key}=\[\] \(command line\): List should have at least 1 item"):
+        load_preset("quick", {key: []})
+    with pytest.raises(PosencError, match=rf"^invalid {key}.0=0 \(command line\)|^invalid preset"):
+        load_preset("quick", {key: [0]})
+    assert main(["compare", "--preset", "quick", "--set", f"{key}=[]"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"posenc: error: invalid {key}=[] (command line): List should have") and err.count("\n") == 1
+
+
+def test_a_yaml_syntax_error_gives_line_and_column(tmp_path):
+    path = _write(tmp_path, "p.yaml", "name: p\nbase: quick\ntrain: {steps: 3\nmodel: {}\n")
+    with pytest.raises(PosencError) as exc:
+        load_preset(str(path))
+    assert str(exc.value) == (
+        f"preset {path} is not valid YAML: line 4, column 6: expected ',' or '}}', but got ':' "
+        "(while parsing a flow mapping at line 3, column 8)"
+    )
+    with pytest.raises(PosencError) as exc:
+        extend.load_extend_config(str(_write(tmp_path, "e.yaml", "a: [1\nb: 2\n")))
+    assert str(exc.value).endswith(
+        "is not valid YAML: line 2, column 2: expected ',' or ']', but got ':' "
+        "(while parsing a flow sequence at line 1, column 4)"
+    )

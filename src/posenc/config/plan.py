@@ -45,8 +45,8 @@ class ClusterConfig(BaseModel):
 class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
-    multiples: list[int] = [1, 2, 4, 8, 16, 32, 64]
-    """Evaluation lengths, as multiples of ``model.train_length``."""
+    multiples: list[Annotated[int, Field(gt=0)]] = Field([1, 2, 4, 8, 16, 32, 64], min_length=1)
+    """Evaluation lengths, as multiples of ``model.train_length`` (at least one)."""
     max_tokens: int = Field(32768, gt=0)
     """Targets scored per length (tokens; fewer windows at long lengths)."""
     batch_tokens: int = Field(8192, gt=0)
@@ -63,8 +63,8 @@ class TaskEvalConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
-    multiples: list[Annotated[int, Field(gt=0)]] = [1, 4, 16, 32]
-    """Sequence lengths scored, as multiples of ``model.train_length``; probes reach the largest."""
+    multiples: list[Annotated[int, Field(gt=0)]] = Field([1, 4, 16, 32], min_length=1)
+    """Sequence lengths scored, as multiples of ``model.train_length`` (at least one); probes reach the largest."""
     answers: int = Field(2000, gt=0)
     """Answers scored per cell (a 1-point standard error near 90% needs ~900) ..."""
     max_tokens: int = Field(65536, gt=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import json
 import re
 import types
 import typing
@@ -57,6 +58,20 @@ Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"), list("-+0123456789.")
 )
 
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line with its place: ``line L, column C: <problem>`` (1-based, PyYAML's problem mark),
+    followed by what was being read and where it began when PyYAML says; the error's first line when it has no mark."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return str(exc).splitlines()[0]
+    line = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, begun = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and begun is not None:
+        line += f" ({context} at line {begun.line + 1}, column {begun.column + 1})"
+    return line
+
+
 OWN = ("name", "description")  # what each preset says of itself: never taken from its base
 
 
@@ -91,7 +106,7 @@ def read_preset(
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader) or {}
     except yaml.YAMLError as exc:
-        raise PosencError(f"{kind} {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise PosencError(f"{kind} {path} is not valid YAML: {yaml_problem(exc)}") from None
     except UnicodeDecodeError:
         raise PosencError(f"{kind} {path} is not UTF-8 text") from None
     if not isinstance(data, dict):
@@ -204,9 +219,11 @@ def validated(cls: type, data: dict, where: str, overrides: dict[str, Any] | Non
     """``cls`` (a pydantic model or a standard-library dataclass such as ``ModelConfig``) built from ``data``; the
     first validation error as one PosencError line naming ``where`` and the field (``config`` for a check of the
     whole object), or naming ``KEY=VALUE (command line)`` when the field is one of ``overrides`` (a flag or ``--set``
-    gave it)."""
+    gave it). Validation is strict (no bool as an integer or number, no float as an integer)."""
     try:
-        return TypeAdapter(cls).validate_python(data)
+        # strict, so a bool is no integer (``steps: true`` is not 1 step) nor a number; from JSON, where strict
+        # still reads what YAML has no type for (a list as a tuple, text as a path or a date's text)
+        return TypeAdapter(cls).validate_json(json.dumps(data, default=str), strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(map(str, err["loc"])) or "config"
