@@ -1,6 +1,7 @@
 """posenc.scoring: every target scored exactly once in every (length, window, stride, BOS)
 setting; own models and Hugging Face models share one NLL."""
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,7 +12,7 @@ from posenc import build_model
 from posenc.errors import PosencError
 from posenc.eval import perplexity as hf
 from posenc.eval.perplexity import evaluate_length
-from posenc.scoring import Window, check_once, text_windows, token_nll
+from posenc.scoring import Window, check_once, plan, text_windows, token_nll
 
 
 def _check_plan(n: int, span: int, stride, bos: bool) -> list[Window]:
@@ -82,6 +83,21 @@ def test_bad_stride_and_bad_plans_raise():
         check_once([Window(0, 10, 1, 10), Window(5, 10, 9, 15)], 1, 15)  # target 9 twice
     with pytest.raises(RuntimeError, match="exactly once"):
         check_once([Window(0, 10, 1, 10), Window(9, 10, 10, 19)], 1, 25)  # targets 19..24 never scored
+
+
+def test_a_held_out_text_too_small_for_one_window_says_the_corpus_is_too_small():
+    """Fewer held-out tokens in all than one window: the corpus is too small, with its sizes; enough in all but in
+    documents each too short: the longest document's size."""
+    tiny = [("a", np.zeros(30, np.uint16)), ("b", np.zeros(20, np.uint16))]
+    message = (
+        "corpus too small: its held-out text has 50 tokens in 2 document(s), and one window of evaluation length "
+        "256 needs 257 tokens in one document"
+    )
+    for span in (None, 256):
+        with pytest.raises(PosencError, match=re.escape(message)):
+            plan(tiny, 256, span=span)
+    with pytest.raises(PosencError, match=re.escape("evaluation length 40 exceeds the longest held-out document (29")):
+        plan(tiny, 40)
 
 
 def test_token_nll_chunks_equal_one_pass_and_check_shapes():

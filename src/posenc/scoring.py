@@ -161,8 +161,15 @@ def plan(
 
 def _check_long_enough(found: list, docs, length: int) -> None:
     if not found:
-        longest = max((len(a) for _, a in docs), default=0)
-        raise PosencError(f"evaluation length {length} exceeds the longest held-out document ({longest - 1} targets)")
+        sizes = [len(a) for _, a in docs]
+        if sum(sizes) <= length:  # no layout of the documents would hold one window: the corpus is what is short
+            raise PosencError(
+                f"corpus too small: its held-out text has {sum(sizes)} tokens in {len(sizes)} document(s), and "
+                f"one window of evaluation length {length} needs {length + 1} tokens in one document"
+            )
+        raise PosencError(
+            f"evaluation length {length} exceeds the longest held-out document ({max(sizes) - 1} targets)"
+        )
 
 
 def bucket_edges(length: int, train_length: int) -> list[int]:

@@ -183,7 +183,6 @@ def test_too_short_held_out_text_fails_before_training(tmp_path, capsys):
         ]
     )
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith(
-        "posenc: error: evaluation length 256 exceeds the longest held-out document"
-    )
+    assert code == 2 and err[-1].startswith("posenc: error: corpus too small: its held-out text has ")
+    assert err[-1].endswith(" one window of evaluation length 256 needs 257 tokens in one document")
     assert not (tmp_path / "o").exists()
