@@ -1,7 +1,10 @@
 """The subcommands of ``posenc`` (``posenc.cli.main`` lists them), and what their parsers share."""
 
+import json
 import math
 from typing import Any
+
+import yaml
 
 from posenc.errors import PosencError
 from posenc.store.presets import parse_set
@@ -51,3 +54,24 @@ def given_settings(args, flags: dict[str, str], derived: dict[str, Any] | None =
         out.pop(key, None)  # re-inserted last: the order they apply in is the command line's
         out[key] = value
     return out
+
+
+def add_dry_run(p, what: str) -> None:
+    """The ``--dry-run`` option of a command that runs jobs (``what``: what it would do, for the help)."""
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help=f"print the resolved settings (YAML) and the job count, then exit without {what}; bad settings "
+        "fail as they would in a run",
+    )
+
+
+def print_dry_run(command: str, settings: dict[str, Any], jobs: int, detail: str) -> int:
+    """``--dry-run``'s output on stdout, as one YAML document: a comment naming ``command``, the resolved
+    ``settings`` (JSON values: paths and tuples as JSON writes them), then ``jobs: N`` with ``detail`` (what the
+    jobs are) as its comment. Returns 0, the exit code."""
+    plain = json.loads(json.dumps(settings, default=str))
+    print(f"# {command} --dry-run: the resolved settings; nothing is trained, loaded or written")
+    print(yaml.safe_dump(plain, sort_keys=False, default_flow_style=False), end="")
+    print(f"jobs: {jobs}  # {detail}")
+    return 0

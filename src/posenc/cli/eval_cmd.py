@@ -1,5 +1,6 @@
 """`posenc eval RUN_DIR`: perplexity against evaluation length for one trained run."""
 
+import json
 import math
 import re
 import time
@@ -37,6 +38,11 @@ def add_parser(sub):
         "--passkey",
         choices=["rank", "generate"],
         help="also passkey retrieval at 1x and 4x: by log-probability rank, or by greedy generation of the key",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object instead of the tables: the same numbers, unrounded, and nothing else on stdout",
     )
     g = p.add_argument_group("RoPE context extension (RoPE runs only, no retraining)")
     g.add_argument("--rope-schedule", metavar="NAME", help=", ".join(NAMES))
@@ -141,30 +147,56 @@ def run(args) -> int:
     )  # bad --max-tokens, short text: before any output
     if args.stream is not None:
         return stream(args, model, data, base, corpus)
-    print(f"scheme: {scheme}\n{text}")
+    doc = {"run": str(args.run_dir), "scheme": scheme, "text": text, "train_length": mcfg.train_length}
+    say = _printer(args)
+    say(f"scheme: {scheme}\n{text}")
     if randomized_max(tcfg.positions) is not None:
-        print(f"positions: {tcfg.positions}, scored on a seeded draw of each window's positions (as trained)")
+        doc["positions"] = (
+            f"positions: {tcfg.positions}, scored on a seeded draw of each window's positions (as trained)"
+        )
+        say(doc["positions"])
     ref = None
-    print(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
+    say(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
+    doc["lengths"] = []
     for L in lengths:
         rec = evaluate_length(
             model, data.val_docs, L, base, args.max_tokens, span=max(lengths), positions=randomized_max(tcfg.positions)
         )
         append(Path(args.run_dir) / "eval.jsonl", rec)
+        row = {"length": L, "windows": rec.windows, "scored_tokens": rec.scored_tokens, "ppl": rec.ppl}
+        doc["lengths"].append(row)
         if rec.ppl is None:
-            print(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}  {rec.note.removeprefix('n/a: ')}")
+            row["note"] = rec.note.removeprefix("n/a: ")
+            say(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}  {row['note']}")
             continue
         ref = ref or (rec.ppl if L == mcfg.train_length else None)
-        ratio = f"{rec.ppl / ref:7.3f}" if ref else ""
-        print(f"{L:>8} {rec.windows:>8} {rec.scored_tokens:>8} {rec.ppl:>10.3f} {ratio}")
+        row["ratio"] = rec.ppl / ref if ref else None  # to the training length's perplexity
+        ratio = f"{row['ratio']:7.3f}" if ref else ""
+        say(f"{L:>8} {rec.windows:>8} {rec.scored_tokens:>8} {rec.ppl:>10.3f} {ratio}")
     if args.passkey:
-        print(f"passkey ({args.passkey}):\n{'length':>8} {'depth':>6} {'accuracy':>9}")
+        say(f"passkey ({args.passkey}):\n{'length':>8} {'depth':>6} {'accuracy':>9}")
         run = {**base, "train_length": mcfg.train_length}
+        doc["passkey"] = {"mode": args.passkey, "cells": []}
         for rec in passkey_records(model, data.tokenizer, PasskeyConfig(mode=args.passkey), run):
             append(Path(args.run_dir) / "eval.jsonl", rec)
+            doc["passkey"]["cells"].append(
+                {k: getattr(rec, k) for k in ("length", "depth", "correct", "trials", "accuracy", "note")}
+            )
             acc = rec.note if rec.accuracy is None else f"{rec.correct}/{rec.trials}"
-            print(f"{rec.length:>8} {rec.depth:>6g} {acc:>9}")
+            say(f"{rec.length:>8} {rec.depth:>6g} {acc:>9}")
+    if args.json:
+        print(json.dumps(doc, indent=1))
     return 0
+
+
+def _printer(args):
+    """print for the tables; with --json nothing (the JSON object, printed at the end, is stdout's only output)."""
+
+    def say(*lines: str) -> None:
+        if not args.json:
+            print(*lines)
+
+    return say
 
 
 def stream(args, model, data, base: dict, corpus: str) -> int:
@@ -200,8 +232,14 @@ def stream(args, model, data, base: dict, corpus: str) -> int:
         Path(args.run_dir) / f"stream_{re.sub(r'[^A-Za-z0-9=._-]', '_', base['method'])}.png",
         rec.scheme,
     )
+    text_line = f"text: the first {n} targets of the held-out documents of {corpus}, joined in order"
+    if args.json:
+        buckets_json = [{"from": a, "to": b, "ppl": p} for a, b, p in zip(edges, edges[1:], buckets)]
+        doc = {"run": str(args.run_dir), "scheme": rec.scheme, "text": text_line, "targets": n, "ppl": rec.ppl}
+        print(json.dumps({**doc, "peak_cache_bytes": peak, "plot": str(plot), "buckets": buckets_json}, indent=1))
+        return 0
     print(
-        f"scheme: {rec.scheme}\ntext: the first {n} targets of the held-out documents of {corpus}, joined in order\n"
+        f"scheme: {rec.scheme}\n{text_line}\n"
         f"ppl {rec.ppl:.3f}; peak cache {peak} bytes; per position: {plot}\n{'targets':>16} {'ppl':>10}"
     )
     for a, b, p in zip(edges, edges[1:], buckets):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posenc.cli.common import add_set, given_settings, number_list, shown
+from posenc.cli.common import add_dry_run, add_set, given_settings, number_list, print_dry_run, shown
 from posenc.hf.schedules import WINDOW_DIVISOR
 from posenc.rope import NAMES
 from posenc.runs.extend import ExtendConfig, extend, load_extend_config, preset_names
@@ -143,6 +143,7 @@ def add_parser(sub) -> None:
     p.add_argument("--name", help="run name (default: the preset's name)")
     p.add_argument("--out", type=Path, help="output directory (default runs/extend/<name>)")
     add_set(p, "bucket=512 or passkey_depths=[0.2,0.8] (the keys are the flags': --max-windows is max_windows)")
+    add_dry_run(p, "loading the model or scoring")
     p.set_defaults(func=run)
 
 
@@ -209,8 +210,27 @@ def config(args) -> ExtendConfig:
     return load_extend_config(preset, given_settings(args, flag_keys(args, ExtendConfig), factor_lists(args) | bare))
 
 
+def jobs(cfg: ExtendConfig) -> tuple[int, str]:
+    """``--dry-run``'s job count: the adaptations ``cfg`` scores (schedules, methods, schemes), and what each
+    scores, in words (lengths past factor x L0, which the model's config gives, only for ``long_schedules``)."""
+    n = len(cfg.schedules) + len(cfg.methods) + len(cfg.schemes)
+    windows = f"{cfg.max_windows} window(s)" if cfg.max_windows else "every window"
+    long = "" if cfg.long_schedules is None else f"; past factor x L0 only {shown(cfg.long_schedules)} and the methods"
+    cells = len(cfg.passkey_lengths) * len(cfg.passkey_depths) * cfg.trials
+    keyed = len(cfg.passkey_schedules or cfg.schedules) + len(cfg.methods) + len(cfg.schemes) if cells else 0
+    return n, (
+        f"adaptations ({len(cfg.schedules)} schedules, {len(cfg.methods)} methods, {len(cfg.schemes)} schemes), "
+        f"each scored on {windows} at lengths {shown(cfg.lengths)}{long}; {cells} passkey trial(s) for each of "
+        f"{keyed} adaptation(s)"
+    )
+
+
 def run(args) -> int:
-    out, markdown = extend(config(args), args.out)
+    cfg = config(args)
+    if args.dry_run:
+        out = args.out or Path("runs") / "extend" / cfg.name
+        return print_dry_run("posenc extend", {"out": out, **cfg.model_dump()}, *jobs(cfg))
+    out, markdown = extend(cfg, args.out)
     print(markdown)
     print(f"results in {out}/")
     return 0

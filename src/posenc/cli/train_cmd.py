@@ -5,13 +5,21 @@ import dataclasses
 import os
 from pathlib import Path
 
-from posenc.cli.common import add_set, given_settings
+from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run
 from posenc.config.plan import load_preset
 from posenc.errors import PosencError
 from posenc.store.checkpoint import read_json
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
-from posenc.train.loop import PRECISIONS, StopNow, is_trained, machine_precision, steps_to_criterion, train
+from posenc.train.loop import (
+    PRECISIONS,
+    StopNow,
+    check_positions,
+    is_trained,
+    resolve_precision,
+    steps_to_criterion,
+    train,
+)
 from posenc.train.tracking import KINDS, check_kind, open_tracker
 
 
@@ -35,6 +43,12 @@ def add_parser(sub):
         choices=PRECISIONS,
         help="compute dtype (train.precision): auto picks bf16 where the device has bf16 units",
     )
+    p.add_argument(
+        "--device",
+        help="where to train: cpu, cuda, cuda:N or mps (default: the GPU when there is one, else cpu); "
+        "recorded in the run's stamp (config.json)",
+    )
+    add_dry_run(p, "training")
     add_set(p, "train.lr=3e-3 or model.n_layer=2")
     p.add_argument(
         "--log",
@@ -70,12 +84,25 @@ def run(args) -> int:
     if args.resume and not (out / "config.json").exists():  # a mistyped --out would start a fresh run silently
         raise PosencError(f"--resume: {out} holds no run to resume (no config.json); drop --resume to start one there")
     check_kind(args.log)
+    device = distributed.check_device(args.device) if args.device else distributed.default_device()
+    check_positions(mcfg, preset.train)
+    precision = resolve_precision(preset.train.precision, device)
+    if args.dry_run:
+        settings = {"scheme": args.scheme, "out": out, "device": device, "precision": precision}
+        steps = preset.train.last_step()
+        what = "resumed from its checkpoint" if args.resume else "a new run"
+        return print_dry_run(
+            "posenc train",
+            {**settings, "model": dataclasses.asdict(mcfg), "train": preset.train.model_dump()},
+            1,
+            f"one training run, {what}, of at most {steps} steps",
+        )
     config = {
         "name": out.name,
         "scheme": args.scheme,
         "model": dataclasses.asdict(mcfg),
         "train": preset.train.model_dump(),
-        "stamp": run_stamp(machine_precision(preset.train)),
+        "stamp": run_stamp(precision, device),
     }
     before = read_json(out / "train_summary.json") if is_trained(out) else None  # finished: train keeps it as it is
     finished = before is not None and (
@@ -85,7 +112,7 @@ def run(args) -> int:
         with open_tracker(
             args.log if distributed.rank() == 0 else "none", out, f"{out.name}/{args.scheme}", "train", config
         ) as tracker:
-            summary = train(out, mcfg, preset.train, resume=args.resume, tracker=tracker)
+            summary = train(out, mcfg, preset.train, resume=args.resume, tracker=tracker, device=device)
     except StopNow:  # a second Ctrl-C: no new checkpoint
         raise KeyboardInterrupt(f"stopped at once; {out} keeps its last checkpoint", "--resume") from None
     except KeyboardInterrupt as exc:

@@ -21,11 +21,11 @@ import time
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from posenc import scoring
 from posenc.data.positions import eval_positions
 from posenc.encodings.absolute import LengthNotSupported
+from posenc.eval.progress import bar as progress_bar
 from posenc.model import LM
 from posenc.scoring import Window, bucket_edges, plan
 from posenc.store.records import Ppl
@@ -114,7 +114,8 @@ def evaluate_length(
     Returns the record: eval_length, windows, scored_tokens, nll (sum, nats), ppl, bucket_edges and bucket_ppl
     (per position bucket), seconds, the model's train_length and ``base``'s fields ({"scheme"} at least; compare
     adds "seed"). Learned tables too short for ``length`` give ``ppl: None`` and ``note: "n/a: ..."``.
-    ``progress``: a bar of windows on stderr when stderr is a terminal (never in a log file). ``positions``: N of a
+    ``progress``: a bar of windows with an ETA on stderr, as ``posenc.eval.progress`` shows bars (a terminal; a log
+    file under ``--verbose`` only). ``positions``: N of a
     model trained on randomized positions (``train.positions: randomized:max=N``), scored on them as the paper does
     (``posenc.data.positions``: one seeded draw per batch of windows); None: positions 0..length-1. A length above N
     gives ``ppl: None`` with its note.
@@ -126,7 +127,7 @@ def evaluate_length(
     b_nll, b_count = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1, dtype=np.int64)
     nll_sum, count = 0.0, 0
     per_batch = max(1, batch_tokens // length)
-    bar = tqdm(total=len(wins), desc=f"eval L={length}", unit="win", leave=False, disable=None if progress else True)
+    bar = progress_bar(total=len(wins), desc=f"eval L={length}", unit="win", leave=False, shown=progress)
     try:
         for b in range(0, len(wins), per_batch):
             chunk = wins[b : b + per_batch]

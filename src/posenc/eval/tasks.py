@@ -18,6 +18,7 @@ from posenc.data.positions import eval_positions
 from posenc.data.tasks import Task, Test
 from posenc.encodings.forget import ForgetGate
 from posenc.errors import PosencError
+from posenc.eval import progress
 
 EVAL_SEED = 1_000_003  # evaluation sequences never coincide with a training seed's batches
 CRITERION_SEED = 2_000_003  # train.until's held-out set: neither a training batch nor a test's sequences
@@ -108,14 +109,16 @@ def evaluate_task(
     screening): their tests are not scored again but kept, in test order, so the result equals one evaluation of
     every test (each test's cells are drawn from a seed of its own, ``score_test``). ``only``: the names of the tests
     to score (None: every test; a sweep's screening scores ``("id",)`` at the training length). ``seed``: the run's
-    training seed (>= 0), from which every cell's sequences are drawn (:func:`cell_seed`)."""
+    training seed (>= 0), from which every cell's sequences are drawn (:func:`cell_seed`). A bar of tests with an
+    ETA on stderr, as ``posenc.eval.progress`` shows bars."""
     was_training = model.training
     model.eval()
     records, have = [], {}
     for r in done:
         have.setdefault((r["test"], r["length"]), []).append(r)
+    tests = list(task.tests(train_length, multiples))
     try:
-        for test in task.tests(train_length, multiples):
+        for test in progress.bar(iterable=tests, desc=f"{task.name} tests", unit="test", leave=False):
             if only is not None and test.name not in only:
                 continue
             if (test.name, test.length) in have:

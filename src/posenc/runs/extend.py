@@ -30,12 +30,11 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from tqdm import tqdm
 
 from posenc import encodings, methods, rope
 from posenc.data.corpora import Document, load_corpus
 from posenc.errors import PosencError
-from posenc.eval import passkey, perplexity
+from posenc.eval import passkey, perplexity, progress
 from posenc.hf import loading, long_context, schedules
 from posenc.hf import scheme as hf
 from posenc.hf.adaptation import SWITCHES, Adaptation
@@ -356,7 +355,7 @@ def _ppl_points(
     """Score the windows of one (adaptation ``label``, length) point, reusing forwards with an equal key
     (``Adaptation.key``)."""
     sig, bucket = adapted.key(L), perplexity.bucket_width(L, store.bucket)
-    for doc, win in tqdm(windows, desc=f"{label} ppl@{L}", leave=False, disable=None):  # no bar off a terminal
+    for doc, win in progress.bar(iterable=windows, desc=f"{label} ppl@{L}", unit="window", leave=False):
         key = f"ppl|{label}|{L}|{doc}|{win.begin}"
         if key in store.done:
             continue
@@ -384,7 +383,7 @@ def _ppl_points(
                 **res,
             )
         )
-        tqdm.write(
+        progress.note(
             f"{label:>12} L={L:>6} {doc}@{win.begin}: ppl {math.exp(res['nll_sum'] / res['n_scored']):.2f} "
             f"({res['n_scored']} tokens, {time.time() - t0:.0f} s{', reused' if prev else ''})"
         )
@@ -423,7 +422,7 @@ def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: Ex
                         **res,
                     )
                 )
-                tqdm.write(
+                progress.note(
                     f"{label:>12} passkey L={L} depth={depth} trial={trial}: "
                     f"{'ok' if res['correct'] else 'wrong'} ({res['answer']!r}, {time.time() - t0:.0f} s)"
                 )
@@ -583,9 +582,7 @@ def _stream_point(adapted: Adaptation, label: str, doc_tokens: dict, out: Path, 
     }
     plot_stream(nll, path.with_suffix(".png"), f"{label} streamed")
     write_json(path, record)
-    print(
-        f"{label} streamed: ppl {record['ppl']:.3f} over {len(nll)} targets, peak cache {peak} bytes", file=sys.stderr
-    )
+    progress.note(f"{label} streamed: ppl {record['ppl']:.3f} over {len(nll)} targets, peak cache {peak} bytes")
 
 
 def _scheme_points(

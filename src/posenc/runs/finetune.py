@@ -30,10 +30,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
-from tqdm.auto import tqdm
 
 from posenc.data.corpora import load_corpus
 from posenc.errors import PosencError
+from posenc.eval import progress
 from posenc.hf import loading
 from posenc.hf.adaptation import Adaptation
 from posenc.reports import pretrained as report
@@ -302,7 +302,7 @@ def train_steps(
     ckpt = Checkpoint(out, lambda: state, make_optimizer(model, cfg), key="trained", weights=WEIGHTS)
     step = ckpt.load()
     if step:
-        tqdm.write(
+        progress.note(
             f"posenc: {out} is already fine-tuned (step {step} of {cfg.steps}): training skipped"
             if step >= cfg.steps
             else f"posenc: resuming {out} at step {step} of {cfg.steps}"

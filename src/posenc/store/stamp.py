@@ -82,15 +82,21 @@ def bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
     return [unit for unit in BF16_FLAGS if unit in flags]
 
 
-def run_stamp(precision: Literal["bf16", "fp32"] = "fp32") -> dict:
+def run_stamp(precision: Literal["bf16", "fp32"] = "fp32", device: torch.device | None = None) -> dict:
     """{posenc, commit, torch, transformers, python, platform, device, bf16_units, dtype, threads, command}: plain
     JSON values. command: the command line as a shell would retype it (arguments with spaces or quotes quoted).
 
     dtype: the weights' (torch's default) dtype and the compute dtype: ``precision`` "bf16" (bfloat16 autocast,
     float32 master weights; phases and cumulative sums stay float32+) or "fp32", as a training run resolved it
     (``posenc.train.loop.resolve_precision``). The default "fp32" is every other forward's (scoring, extend,
-    finetune: none of them autocasts)."""
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({cpu_name()})"
+    finetune: none of them autocasts). device: the one the run computes on (``posenc train --device``); None: the
+    default (the first GPU when there is one, else the CPU)."""
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu ({cpu_name()})" if device.type == "cpu" else str(device)
     units = bf16_units()
     return {
         "posenc": _version("posenc"),
@@ -99,7 +105,7 @@ def run_stamp(precision: Literal["bf16", "fp32"] = "fp32") -> dict:
         "transformers": _version("transformers"),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "device": device,
+        "device": name,
         "bf16_units": units,
         "dtype": f"{str(torch.get_default_dtype()).removeprefix('torch.')} weights, "
         + ("bfloat16 autocast" if precision == "bf16" else "float32 compute"),

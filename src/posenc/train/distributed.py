@@ -85,17 +85,26 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+DEVICE_TYPES = ("cpu", "cuda", "mps")  # what --device takes: cpu, cuda, cuda:N, mps
+
+
 def check_device(name: str) -> torch.device:
-    """``name`` as a torch device that exists here; PosencError (one line) for a bad name or an absent device."""
+    """``name`` (cpu, cuda, cuda:N, mps) as a torch device that exists here; PosencError (one line) for a bad name,
+    another device type or an absent device."""
     try:
         device = torch.device(name)
-    except RuntimeError:
-        raise PosencError(f"unknown device {name!r} (e.g. cpu, cuda, cuda:1)") from None
+    except (RuntimeError, ValueError):
+        raise PosencError(f"unknown device {name!r} (e.g. cpu, cuda, cuda:1, mps)") from None
+    if device.type not in DEVICE_TYPES:
+        raise PosencError(f"unsupported device {name!r}: give cpu, cuda, cuda:N or mps")
     if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
         raise PosencError(
             f"device {name!r} is not available here "
-            f"(torch {torch.__version__}, cuda available: {torch.cuda.is_available()})"
+            f"(torch {torch.__version__}, cuda available: {torch.cuda.is_available()}, "
+            f"{torch.cuda.device_count()} GPU(s))"
         )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise PosencError(f"device {name!r} is not available here (torch {torch.__version__}: no MPS)")
     return device
 
 
@@ -104,16 +113,18 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def setup() -> Shard:
-    """The process's shard; under torchrun (``WORLD_SIZE`` > 1) joins the process group.
+def setup(device: torch.device | None = None) -> Shard:
+    """The process's shard on ``device`` (None: :func:`default_device`); under torchrun (``WORLD_SIZE`` > 1) joins
+    the process group.
 
-    Backend: NCCL with one GPU per process (``LOCAL_RANK``) when CUDA is
-    available, gloo on CPU. Idempotent: a second call returns the same shard.
+    Backend: NCCL with one GPU per process (``LOCAL_RANK``; a single process keeps a given ``cuda:N``) when the
+    device is CUDA, gloo otherwise. Idempotent: a second call returns the same shard.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    device = default_device()
+    device = default_device() if device is None else device
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        index = device.index if world == 1 and device.index is not None else int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=30))

@@ -44,13 +44,13 @@ from pydantic import (
     PositiveInt,
     model_validator,
 )
-from tqdm.auto import tqdm
 
 from posenc import encodings
 from posenc.data.corpora import TokenData, load_tokens
 from posenc.data.positions import TRAIN_STREAM, randomized_positions
 from posenc.data.tasks import TaskData
 from posenc.errors import PosencError
+from posenc.eval import progress
 from posenc.eval.tasks import id_accuracy
 from posenc.model import LM, ModelConfig
 from posenc.store.checkpoint import (
@@ -173,11 +173,13 @@ class UntilConfig(BaseModel):
 @dataclasses.dataclass
 class Criterion:
     """What :func:`fit` checks every ``every`` steps (at steps ``every``, ``2 every``, ..., the cap included):
-    ``measure(step)`` gives the metric, the run stops once it is >= ``at_least``."""
+    ``measure(step)`` gives the metric (``name`` in the line that announces a stop), the run stops once it is
+    >= ``at_least``."""
 
     every: int
     at_least: float
     measure: Callable[[int], float]
+    name: str = "criterion"
 
 
 class TrainConfig(LoopConfig):
@@ -446,11 +448,13 @@ def fit(
     ``train.jsonl`` (records after ``step`` are dropped first) and gives them to ``tracker``. Only rank 0
     writes; every rank stops at the same step. A NaN/inf loss or gradient norm raises PosencError naming
     the step and the last good checkpoint, before the update. Ctrl-C lets the step in flight end, saves a
-    checkpoint and raises KeyboardInterrupt saying where (a second Ctrl-C: StopNow, at once). The progress
-    bar shows on a terminal only; elsewhere (a log file) each checkpoint prints one line to stderr.
+    checkpoint and raises KeyboardInterrupt saying where (a second Ctrl-C: StopNow, at once). Progress on stderr
+    (rank 0, ``posenc.eval.progress``'s rule): a bar with an ETA on a terminal; elsewhere (a log file) one line per
+    checkpoint; ``--verbose`` adds one line per logged step; ``--quiet`` prints none.
 
     ``criterion``: checked at every step that is a multiple of its ``every`` (each check appended to
-    ``until.jsonl`` as {step, value}); the loop stops at the first check that meets it, and the result gets
+    ``until.jsonl`` as {step, value}); the loop stops at the first check that meets it, saying so in one line
+    (the metric, its value and the step; not under ``--quiet``), and the result gets
     ``criterion_step`` (that step, or None when never met). The check of the step a resumed run starts at is
     redone (the same weights give the same value), so the checks are those of an uninterrupted run.
     PosencError (one line) for an ``end`` below ``step``.
@@ -472,21 +476,20 @@ def fit(
         value = criterion.measure(step)
         if shard.is_main:
             append_jsonl(run_dir / "until.jsonl", {"step": step, "value": value})
-        return value >= criterion.at_least
+        if value < criterion.at_least:
+            return False
+        if shard.is_main:
+            progress.note(
+                f"{desc}: stopped at step {step} of {end}: {criterion.name} {value:.4f} >= {criterion.at_least:g} "
+                "(train.until)"
+            )
+        return True
 
     model.train()
     tracker.start(step)
     t0, tokens_seen, loss_all, saved = time.time(), 0, None, None
     last_good = step or None
-    # disable=None: no bar unless stderr is a terminal (a log file would get one line of carriage returns)
-    bar = tqdm(
-        total=end,
-        initial=step,
-        desc=desc,
-        unit="step",
-        dynamic_ncols=True,
-        disable=None if shard.is_main else True,
-    )
+    bar = progress.bar(total=end, initial=step, desc=desc, unit="step", shown=shard.is_main)
     with ctrl_c_between_steps() as interrupted:
         try:
             while step < end:
@@ -513,8 +516,8 @@ def fit(
                 step += 1
                 tokens_seen += tokens * shard.world
                 tps = tokens_seen / max(1e-9, time.time() - t0)
+                bar.set_postfix(loss=f"{loss_all:.3f}", tok_s=f"{tps:,.0f}", refresh=False)  # update redraws
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss_all:.3f}", tok_s=f"{tps:,.0f}")
                 if shard.is_main and (step % log_every == 0 or step == end):
                     rec = {
                         "step": step,
@@ -525,17 +528,20 @@ def fit(
                         "seconds": round(time.time() - t_step, 3),
                     }
                     append_jsonl(log, {k: rec[k] for k in log_fields})
+                    progress.detail(
+                        f"{desc}: step {step}/{end}, loss {loss_all:.4f}, lr {rec['lr']:.3g}, grad norm {gnorm:.3g}, "
+                        f"{tps:,.0f} tokens/s"
+                    )
                     tracker.log({f"train/{k}": rec[k] for k in ("loss", "lr", "grad_norm", "tokens_per_s")}, step)
                 if (
                     step % cfg.ckpt_every == 0 or step == end
                 ):  # the last step too: a run shorter than ckpt_every shows progress
                     if shard.is_main:
                         ckpt.save(step)
-                        if bar.disable:
-                            print(
+                        if not progress.live():  # a live bar shows the step already
+                            progress.note(
                                 f"{desc}: step {step}/{end}, loss {loss_all:.3f}, {tps:,.0f} tokens/s, "
-                                f"checkpoint {run_dir}",
-                                file=sys.stderr,
+                                f"checkpoint {run_dir}"
                             )
                     last_good = saved = step
         except StopNow:
@@ -688,8 +694,10 @@ def train(
     data: TokenData | None = None,
     desc: str = "",
     tracker: Tracker = NO_TRACKER,
+    device: torch.device | None = None,
 ) -> dict:
-    """Train one model into ``run_dir`` with :func:`fit`; returns a summary dict.
+    """Train one model into ``run_dir`` with :func:`fit` on ``device`` (None: ``distributed.default_device``, the
+    GPU when there is one; ``config.json``'s stamp records it); returns a summary dict.
 
     With ``resume`` and a checkpoint present, continues from its step (weights,
     optimizer, schedule, random draws and batches as if never interrupted; log
@@ -697,8 +705,7 @@ def train(
     checkpoint and re-raises (a second Ctrl-C stops at once, keeping the last checkpoint).
     A NaN/inf loss or gradient norm raises PosencError naming the step and the last good
     checkpoint. ``tracker`` gets each logged step's loss, lr, tokens/s and gradient norm (give it on
-    rank 0 only). The progress bar shows on a terminal only; elsewhere (a log file) each checkpoint
-    prints one line. Under torchrun (``WORLD_SIZE`` > 1) runs
+    rank 0 only). Progress as :func:`fit` shows it. Under torchrun (``WORLD_SIZE`` > 1) runs
     data-parallel; ``batch_size`` is the global batch and must divide evenly.
 
     With ``train.until`` the summary's ``until`` holds its settings, ``reached`` (the step it met the criterion at,
@@ -707,7 +714,7 @@ def train(
     (one line) for a checkpoint past the last step the settings allow.
     """
     run_dir = Path(run_dir)
-    shard = distributed.setup()
+    shard = distributed.setup(device)
     tcfg = tcfg.model_copy(
         update={"precision": resolve_precision(tcfg.precision, shard.device)}
     )  # config.json: what ran
@@ -750,7 +757,7 @@ def train(
             {
                 "model": dataclasses.asdict(mcfg),
                 "train": tcfg.model_dump(),
-                "stamp": run_stamp(tcfg.precision),
+                "stamp": run_stamp(tcfg.precision, shard.device),
                 "plugins": encodings.plugin_sources(mcfg.encoding),
             },
         )
@@ -778,6 +785,7 @@ def train(
             lambda step: id_accuracy(
                 model, data.task, mcfg.train_length, until.answers, positions=n_max, seed=tcfg.seed
             ),
+            name=until.metric,
         )
 
     def fit_to(start: int, end: int, time_budget: float | None) -> dict:
