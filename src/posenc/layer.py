@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from posenc import encodings
-from posenc.attention import attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype
+from posenc.attention import attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype, with_forms
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
-from posenc.encodings.composite import Composite
+from posenc.encodings.composite import Composite, sum_biases
 from posenc.encodings.registry import check_capabilities
 from posenc.errors import PosencError
 from posenc.methods import Method, method_attention, scheme_args
@@ -59,10 +59,83 @@ class AttentionInputs(Prepared):
 
 def _prepare(enc: Encoding, inp: Inputs) -> Prepared:
     """``enc``'s hooks on ``inp`` (whole sequence so far): the one step :func:`prepare` and :meth:`Attention.prepare`
-    share. PosencError (``_check_flags``) for a hook that gives a value under its flag left False."""
+    share; a left-padded ``inp`` (``Inputs.first``) adds the padding mask to the bias (``padding_bias``).
+    PosencError (``_check_flags``) for a hook that gives a value under its flag left False."""
     phases, bias = enc.phases(inp), enc.bias(inp)
     _check_flags(enc, phases, bias)
-    return Prepared(inp, phases, bias, enc.rotate_v, enc.pairing, enc.logit_scale, enc)
+    return Prepared(inp, phases, with_padding(bias, inp.first), enc.rotate_v, enc.pairing, enc.logit_scale, enc)
+
+
+def padding_starts(attention_mask: Any, batch: int, length: int, device=None) -> torch.Tensor | None:
+    """Each row's first real position (B,) int64 from a left-padding ``attention_mask`` (B, T) as transformers
+    gives it (1 or True: a token, 0 or False: padding; every row 0s then 1s, at least one 1), on ``device``;
+    None for None or a mask without padding (the unpadded computation, unchanged). PosencError (one line) for
+    another shape, values other than 0 and 1, padding after a token (right or inner padding: left-pad the
+    prompts, ``posenc.model.pad_left``) or a row without tokens."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != (batch, length):
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+        raise PosencError(f"attention_mask must be a ({batch}, {length}) tensor of 0s and 1s, got {shape}")
+    if attention_mask.is_complex() or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise PosencError("attention_mask must hold only 0 (padding) and 1 (a token)")
+    mask = attention_mask.to(torch.int64)
+    if bool((mask.diff(dim=1) < 0).any()):
+        row = int((mask.diff(dim=1) < 0).any(dim=1).nonzero()[0])
+        raise PosencError(
+            f"attention_mask row {row} has padding after a token: padding must be on the left (left-pad the prompts, "
+            "posenc.model.pad_left)"
+        )
+    first = length - mask.sum(dim=1)
+    if bool((first == length).any()):
+        raise PosencError(f"attention_mask row {int((first == length).nonzero()[0])} has no tokens (all padding)")
+    return first.to(device or attention_mask.device) if bool(first.any()) else None
+
+
+def padding_bias(first: torch.Tensor) -> BiasFn:
+    """The padding mask of a left-padded batch as a score bias: -inf for a real query over a padding key (rows
+    and keys counted in the padded sequence, cache rows when decoding), 0 elsewhere, so a padding query (which
+    no real query reads) still sees itself and its row stays finite. first: (B,) int64 (``padding_starts``);
+    tiles (B, 1, tq, tk) float32, and the pointwise ``at`` (FlexAttention)."""
+
+    def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+        f = first[:, None, None, None]
+        q = torch.arange(qs, qe, device=first.device)[:, None]
+        k = torch.arange(ks, ke, device=first.device)
+        masked = (k < f) & (q >= f)
+        return torch.zeros(masked.shape, device=first.device).masked_fill_(masked, float("-inf"))
+
+    def at(b, h, qi, ki):
+        return torch.where((ki < first[b]) & (qi >= first[b]), float("-inf"), 0.0)
+
+    return with_forms(tile, at=at)
+
+
+def with_padding(bias: BiasFn | None, first: torch.Tensor | None) -> BiasFn | None:
+    """``bias`` plus the padding mask of a left-padded batch (``padding_bias``); ``bias`` itself without padding."""
+    if first is None:
+        return bias
+    return sum_biases([b for b in (bias, padding_bias(first)) if b is not None])
+
+
+def check_padding(enc: Encoding, method: Method | None, first: torch.Tensor | None, length: int) -> None:
+    """PosencError (one line) where a left-padded batch (``first``, ``length`` positions with the padding) cannot
+    give each row what it would get alone: under an inference method (its maps read the positions of the padded
+    sequence), or with a scheme whose hooks follow the sequence length (``Encoding.length_key``: dynamic NTK,
+    LongRoPE) when the shortest row's length would set them otherwise."""
+    if first is None:
+        return
+    if method is not None:
+        raise PosencError(
+            f"the inference method {method.label()} does not take a padding mask (its maps read the positions of "
+            "the sequence): run the rows one by one"
+        )
+    shortest = length - int(first.max())
+    if enc.length_key(length) != enc.length_key(shortest):
+        raise PosencError(
+            f"{enc.describe()} changes its frequencies with the sequence length, and the rows of this padded batch "
+            f"({shortest} to {length} tokens) would take different ones: run the rows one by one"
+        )
 
 
 def _check_flags(enc: Encoding, phases, bias) -> None:
@@ -96,6 +169,7 @@ def prepare(
     head_dim: int | None = None,
     tokens: torch.Tensor | None = None,
     train_length: int = 128,
+    attention_mask: torch.Tensor | None = None,
 ) -> Prepared:
     """Evaluate a scheme's hooks on a layer input, for :func:`attend`.
 
@@ -104,10 +178,14 @@ def prepare(
     (``posenc.encodings.get(spec, dims)``; required for schemes with learned
     parameters, which must live in your module to be trained); x: (B, T, d_model)
     the layer's (normalised) input, any float dtype; positions: (T,) int64,
-    default arange(T); tokens: (B, T) int64, only for per-token-id schemes.
+    default arange(T); tokens: (B, T) int64, only for per-token-id schemes;
+    attention_mask: (B, T) left padding as transformers gives it (1: token, 0: padding;
+    ``padding_starts``), the rows' positions counted from their first token (give no
+    ``positions`` with it): each row's outputs at its tokens equal the row alone's.
     Raises PosencError (one line) for bad shapes, n_head < 1, a d_model that n_head does
     not divide (without head_dim), an invalid spec, an additive scheme (it acts at the
-    input embedding) or a spec with learned parameters.
+    input embedding), a spec with learned parameters, or a mask ``padding_starts`` refuses
+    (or one with a length-dependent schedule that the rows' lengths set apart).
     """
     x = _check_x(x)
     if isinstance(scheme, str):
@@ -125,7 +203,9 @@ def prepare(
                 f"{spec!r} has learned parameters: build it once with posenc.encodings.get and keep it in your module"
             )
     _check_scheme(scheme)
-    return _prepare(scheme, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
+    first = _padding(attention_mask, positions, x)
+    check_padding(scheme, None, first, x.shape[1])
+    return _prepare(scheme, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens, first))
 
 
 def attend(
@@ -207,6 +287,7 @@ class LayerCache:
         self.state: DecodeState | None = None
         self.batch: int | None = None
         self.has_tokens = False
+        self.first: torch.Tensor | None = None  # (B,) a left-padded batch's first real rows (``padding_starts``)
         self._pos = Buffer(-1, capacity, batched=False)
         self._x, self._tokens = Buffer(-2, capacity), Buffer(-1, capacity)
         self._q, self._k, self._v = Buffer(-2, capacity), Buffer(-2, capacity), Buffer(-2, capacity)
@@ -244,11 +325,21 @@ class LayerCache:
         """Select batch rows (beam search): index (B',) int64 into the current batch."""
         for b in self._all():
             b.reorder(index)
+        if self.first is not None:
+            self.first = self.first.index_select(0, index.to(self.first.device))
         self.batch = int(index.shape[0])
 
     def nbytes(self) -> int:
         """Bytes held (allocated capacity, not only the used rows)."""
         return sum(b.nbytes() for b in self._all())
+
+
+def _padding(attention_mask, positions: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    """``padding_starts`` of a layer input x (B, T, d); PosencError for a mask given with positions (the mask sets
+    them)."""
+    if attention_mask is not None and positions is not None:
+        raise PosencError("give an attention_mask or positions, not both: the mask sets each row's positions")
+    return padding_starts(attention_mask, x.shape[0], x.shape[1], x.device)
 
 
 def _check_x(x: torch.Tensor, d_model: int | None = None) -> torch.Tensor:
@@ -383,15 +474,18 @@ class Attention(nn.Module):
         pos: torch.Tensor,
         tokens: torch.Tensor | None = None,
         qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        first: torch.Tensor | None = None,
     ) -> AttentionInputs:
         """The layer's q, k, v and the scheme's hooks evaluated on x, before attention.
 
         x: (B, T, d_model) the normalised layer input; pos: (T,) int64; tokens: (B, T) int64 or None;
         qkv: q (B, H, Tq, D) of the last Tq positions, k, v (B, Hkv, T, D), if already projected
-        (default: projected from x).
+        (default: projected from x); first: (B,) int64, a left-padded batch's first real rows in pos's frame
+        (``padding_starts``; None: no padding), PosencError where the layer cannot honour it (``check_padding``).
         """
+        check_padding(self.enc, self.method, first, len(pos))
         q, k, v = qkv if qkv is not None else self.project(x)
-        p = _prepare(self.enc, Inputs(x, pos, tokens))
+        p = _prepare(self.enc, Inputs(x, pos, tokens, first))
         return AttentionInputs(**vars(p), q=q, k=repeat_kv(k, self.n_head), v=repeat_kv(v, self.n_head))
 
     def set_method(self, method: Method | None) -> None:
@@ -427,6 +521,7 @@ class Attention(nn.Module):
         positions: torch.Tensor | None = None,
         cache: LayerCache | None = None,
         tokens: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (B, T, d_model) -> (B, T, d_model), x's dtype.
 
@@ -434,12 +529,19 @@ class Attention(nn.Module):
         the T positions after the cache's); cache: a LayerCache, updated in place,
         for incremental decoding (feed a prompt, then one token at a time; outputs
         equal the parallel forward's, in evaluation mode); tokens: (B, T) int64,
-        only for per-token-id schemes. Raises PosencError for bad shapes.
+        only for per-token-id schemes; attention_mask: (B, T) left padding as
+        transformers gives it (1: token, 0: padding; with a cache, at its first step
+        only), each row's positions counted from its first token (no ``positions``
+        with it): a row's outputs at its tokens equal the row alone's, or PosencError
+        (one line) where the layer cannot give them (an inference method, a
+        length-dependent schedule over rows of different lengths). Raises
+        PosencError for bad shapes or a mask ``padding_starts`` refuses.
         """
         _check_x(x, self.d_model)
         if cache is not None:
-            return self.decode(x, cache, positions, tokens)
-        return self.output(self.prepare(x, _positions(positions, x.shape[1], 0, x.device), tokens))
+            return self.decode(x, cache, positions, tokens, attention_mask)
+        first = _padding(attention_mask, positions, x)
+        return self.output(self.prepare(x, _positions(positions, x.shape[1], 0, x.device), tokens, first=first))
 
     def decode(
         self,
@@ -447,11 +549,13 @@ class Attention(nn.Module):
         cache: LayerCache,
         positions: torch.Tensor | None = None,
         tokens: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the n new positions over the cached prefix and themselves: (B, n, d_model).
 
         x: (B, n, d_model) the normalised inputs of the new positions; positions: (n,)
-        int64 (default the n after the cache's); tokens: (B, n) int64 or None, as before.
+        int64 (default the n after the cache's); tokens: (B, n) int64 or None, as before;
+        attention_mask: (B, n) left padding, at the first step only (``forward``).
         The cache picks its mode at the first call (``LayerCache``) and belongs to this layer from then
         on. Raises PosencError for a cache another layer filled, another batch size, token ids given at
         one step and not another, or a scheme whose hooks follow the sequence length
@@ -465,7 +569,7 @@ class Attention(nn.Module):
                 "a drop-in layer cannot decode it with a cache (the deeper layers' cached inputs would go stale); "
                 "run the forward over the whole sequence, or decode with posenc's LM"
             )
-        return self._decode(x, cache, positions, tokens)
+        return self._decode(x, cache, positions, tokens, _padding(attention_mask, positions, x))
 
     def _decode(
         self,
@@ -473,9 +577,12 @@ class Attention(nn.Module):
         cache: LayerCache,
         positions: torch.Tensor | None = None,
         tokens: torch.Tensor | None = None,
+        first: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``decode`` for a caller that re-runs the prefix when a layer's ``length_key`` changes (``LM.decode``),
-        so a length-dependent scheme's cached inputs are never stale."""
+        so a length-dependent scheme's cached inputs are never stale. first: (B,) int64, a left-padded batch's first
+        real rows (``padding_starts``), at the cache's first step only: PosencError at a later one (the padding of
+        a batch comes before its tokens) and where the layer cannot honour it (``check_padding``)."""
         if cache.owner is not None and cache.owner() is not self:
             raise PosencError(
                 "this LayerCache holds another layer's keys and scheme state: give each layer its own LayerCache"
@@ -485,10 +592,15 @@ class Attention(nn.Module):
                 f"the cache holds batch size {cache.batch}{' and token ids' if cache.has_tokens else ''}; "
                 f"got {x.shape[0]} rows{' and token ids' if tokens is not None else ''}"
             )
+        if first is not None and cache.batch is not None:
+            raise PosencError(
+                "padding (an attention_mask with 0s) goes with the first step only: it must come before every token"
+            )
+        check_padding(self.enc, self.method, first if cache.first is None else cache.first, cache.length + x.shape[1])
         if cache.batch is None:
             cache.owner = weakref.ref(self)
             _check_scheme_flags(self.enc, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
-            cache.batch, cache.has_tokens = x.shape[0], tokens is not None
+            cache.batch, cache.has_tokens, cache.first = x.shape[0], tokens is not None, first
             cache.state = None if cache.reference else self.enc.decoder()
             cache.reference = cache.state is None
         if self.method is not None:
@@ -497,11 +609,11 @@ class Attention(nn.Module):
         q, k, v = self.project(x)
         if cache.reference:
             return self._decode_reference(x, q, k, v, pos, tokens, cache)
-        inp, enc, state = Inputs(x, pos, tokens), self.enc, cache.state
+        inp, enc, state = Inputs(x, pos, tokens, cache.first), self.enc, cache.state
         assert state is not None  # an incremental cache has its scheme's state
         every = cache._pos.append(pos)
         phi = state.phases(inp) if enc.rotary and not enc.replaces_attention else None
-        bias = state.bias(inp, every) if enc.has_bias else None
+        bias = with_padding(state.bias(inp, every) if enc.has_bias else None, cache.first)
         if enc.replaces_attention:
             if state.per_head_keys:  # keys transformed per query head: the cache keeps all H (as attend() repeats them)
                 k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)
@@ -576,5 +688,7 @@ class Attention(nn.Module):
         ):
             if t is not None:
                 buf.append(t)
-        a = self.prepare(cache.x, cache.pos, cache.tokens, qkv=(cache.q if whole else q, cache.k, cache.v))
+        a = self.prepare(
+            cache.x, cache.pos, cache.tokens, qkv=(cache.q if whole else q, cache.k, cache.v), first=cache.first
+        )
         return self.output(a)[:, -x.shape[1] :]

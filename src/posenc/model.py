@@ -21,7 +21,7 @@ from posenc import encodings, methods, scoring
 from posenc.encodings.base import Buffer, Dims, Encoding
 from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
-from posenc.layer import Attention, AttentionInputs, LayerCache
+from posenc.layer import Attention, AttentionInputs, LayerCache, check_padding, padding_starts
 from posenc.rope import schedule_label, schedule_params
 
 Mlp = Literal["gelu", "swiglu"]
@@ -144,7 +144,8 @@ class Cache:
     LayerCache per layer and, for a model with a Canon layer, its last inputs per layer (``canon``).
     ``reference=True`` recomputes every scheme's hooks over the prefix at each step (the reference the incremental
     states are tested against); ``capacity``: positions reserved at the first step
-    (buffers double past it)."""
+    (buffers double past it). ``first``: (B,) int64, each row's first real position of a left-padded batch
+    (its first step's ``attention_mask``), None without padding."""
 
     def __init__(self, n_layer: int, reference: bool = False, capacity: int = 0):
         self._n_layer, self._reference, self._capacity = n_layer, reference, capacity
@@ -158,6 +159,7 @@ class Cache:
         self.layers = [LayerCache(self._reference, self._capacity) for _ in range(self._n_layer)]
         self.canon = [CanonState() for _ in range(self._n_layer)]  # used by models with a Canon layer
         self.length_keys: tuple | None = None  # the layers' Encoding.length_key the cached inputs were computed under
+        self.first: torch.Tensor | None = None  # set by the first step
 
     @property
     def tokens(self) -> torch.Tensor | None:
@@ -187,6 +189,8 @@ class Cache:
         for canon in self.canon:
             canon.reorder(index)
         self._tokens.reorder(index)
+        if self.first is not None:
+            self.first = self.first.index_select(0, index.to(self.first.device))
 
     def nbytes(self) -> int:
         """Bytes the cache holds (allocated capacity of every buffer and scheme state)."""
@@ -295,23 +299,33 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.canon = Canon(cfg.d_model, cfg.canon) if cfg.canon else None
 
-    def prepare(self, x, pos, tokens) -> AttentionInputs:
+    def prepare(self, x, pos, tokens, first: torch.Tensor | None = None) -> AttentionInputs:
+        """``first``: (B,) int64, a left-padded batch's first real rows (``posenc.layer.padding_starts``) or None."""
         h = self.norm1(x)
-        return self.attn.prepare(h if self.canon is None else self.canon(h), pos, tokens)
+        h = h if self.canon is None else self.canon(_zero_padding(h, pos, first))
+        return self.attn.prepare(h, pos, tokens, first=first)
 
-    def forward(self, x, pos, tokens, captured: AttentionInputs | None = None):
-        """``captured``: this block's ``prepare(x, ...)`` if already computed."""
+    def forward(self, x, pos, tokens, captured: AttentionInputs | None = None, first: torch.Tensor | None = None):
+        """``captured``: this block's ``prepare(x, ...)`` if already computed; ``first`` as ``prepare``."""
         if captured is None:
-            captured = self.prepare(x, pos, tokens)
+            captured = self.prepare(x, pos, tokens, first)
         x = x + self.attn.output(captured)
         return x + self.mlp(self.norm2(x))
 
-    def decode(self, x, cache: LayerCache, pos, tokens, canon: CanonState):
+    def decode(self, x, cache: LayerCache, pos, tokens, canon: CanonState, first: torch.Tensor | None = None):
         """x: (B, n, d_model), pos: (n,), tokens: (B, n): the new positions only; ``canon``: this layer's Canon
-        state (unused without a Canon layer)."""
+        state (unused without a Canon layer); ``first``: a left-padded batch's first real rows, at the first step
+        only (as ``Attention._decode``)."""
         h = self.norm1(x)
-        x = x + self.attn._decode(h if self.canon is None else canon.step(self.canon, h), cache, pos, tokens)
+        h = h if self.canon is None else canon.step(self.canon, _zero_padding(h, pos, first))
+        x = x + self.attn._decode(h, cache, pos, tokens, first)
         return x + self.mlp(self.norm2(x))
+
+
+def _zero_padding(h: torch.Tensor, pos: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
+    """h (B, T, d) with the rows before ``first`` (B,) (left padding; ``pos`` (T,) their rows) set to 0: a Canon
+    layer's input, whose convolution then reads zeros before a row's first token, as the row alone does."""
+    return h if first is None else h * (pos[None, :, None] >= first[:, None, None])
 
 
 class LM(nn.Module):
@@ -344,7 +358,11 @@ class LM(nn.Module):
             if isinstance(m, (nn.Linear, nn.Embedding)) and id(m) not in keep:
                 nn.init.normal_(m.weight, std=0.02)
 
-    def _embed(self, tokens: torch.Tensor, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _embed(
+        self, tokens: torch.Tensor, pos: torch.Tensor | None, first: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token (and additive position) embeddings (B, T, d_model) and the positions (T,); ``first`` (B,): a
+        left-padded batch's first real rows, whose additive embeddings take each row's own positions, pos - first."""
         if tokens.dim() != 2 or tokens.shape[1] == 0:
             raise PosencError(f"tokens must be (batch, T) with T >= 1, got shape {tuple(tokens.shape)}")
         if pos is not None and pos.shape != (tokens.shape[1],):
@@ -355,18 +373,35 @@ class LM(nn.Module):
         pos = torch.arange(tokens.shape[1], device=tokens.device) if pos is None else pos
         x = self.tok(tokens)
         if self.pos_embed is not None:
-            emb = self.pos_embed.embed(pos)
+            emb = self.pos_embed.embed(pos if first is None else (pos[None] - first[:, None]).clamp(min=0))
             assert emb is not None  # an additive scheme
             x = x + emb.to(x.dtype)
         return x, pos
 
-    def hidden(self, tokens: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens: (B, T) int64 -> final hidden states (B, T, d_model); PosencError for a bad shape or ids outside the
-        vocabulary."""
-        x, pos = self._embed(tokens, pos)
+    def hidden(
+        self, tokens: torch.Tensor, pos: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """tokens: (B, T) int64 -> final hidden states (B, T, d_model); ``pos``, ``attention_mask`` as ``forward``.
+        PosencError for a bad shape, ids outside the vocabulary, or a mask ``forward`` refuses."""
+        first = self._padding(tokens, pos, attention_mask)
+        x, pos = self._embed(tokens, pos, first)
         for block in self.blocks:
-            x = block(x, pos, tokens)
+            x = block(x, pos, tokens, first=first)
         return self.norm(x)
+
+    def _padding(self, tokens: torch.Tensor, pos: torch.Tensor | None, attention_mask) -> torch.Tensor | None:
+        """``padding_starts`` of ``attention_mask`` for tokens (B, T), checked against every layer
+        (``posenc.layer.check_padding``) before any runs; PosencError for a mask given with positions."""
+        if attention_mask is None:
+            return None
+        if pos is not None:
+            raise PosencError("give an attention_mask or positions, not both: the mask sets each row's positions")
+        if tokens.dim() != 2:
+            raise PosencError(f"tokens must be (batch, T) with T >= 1, got shape {tuple(tokens.shape)}")
+        first = padding_starts(attention_mask, tokens.shape[0], tokens.shape[1], tokens.device)
+        for block in self._blocks:
+            check_padding(block.attn.enc, block.attn.method, first, tokens.shape[1])
+        return first
 
     def prepare(self, tokens: torch.Tensor, pos: torch.Tensor | None = None) -> Iterator[AttentionInputs]:
         """Run the model on ``tokens`` (B, T) and yield each layer's AttentionInputs (its ``Attention.prepare``), first
@@ -381,11 +416,22 @@ class LM(nn.Module):
             yield captured
             x = block(x, pos, tokens, captured)
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, vocab) of tokens (B, T) int64 at positions ``pos`` (T,) int64 (None: 0..T-1)."""
-        return self.hidden(tokens, pos) @ self.tok.weight.T
+    def forward(
+        self, tokens: torch.Tensor, pos: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits (B, T, vocab) of tokens (B, T) int64 at positions ``pos`` (T,) int64 (None: 0..T-1).
 
-    def decode(self, tokens: torch.Tensor, cache: Cache) -> torch.Tensor:
+        attention_mask: (B, T) left padding as transformers gives it (1 or True: a token, 0: padding, each row 0s
+        then 1s; ``pad_left`` builds it), without ``pos``: each row's positions count from its first token
+        (cumsum(mask) - 1), no token attends to padding, and every scheme keeps the padding neutral, so a row's
+        logits at its tokens equal the row alone's (float32 rounding; at the padding they mean nothing).
+        PosencError (one line) for a mask ``posenc.layer.padding_starts`` refuses, under an inference method
+        (``set_method``), or with a length-dependent RoPE schedule (dynamic NTK, LongRoPE) whose frequencies the
+        rows' lengths would set apart.
+        """
+        return self.hidden(tokens, pos, attention_mask) @ self.tok.weight.T
+
+    def decode(self, tokens: torch.Tensor, cache: Cache, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Feed the next n tokens (B, n) int64 through ``cache`` (updated in place): their logits (B, n, vocab).
 
         A prompt may be fed at once or in chunks and then one token at a time; the
@@ -396,8 +442,11 @@ class LM(nn.Module):
         LongRoPE once, past L0) on a model of more than one layer, the step re-runs
         the whole prefix (the deeper layers' cached inputs were computed under the
         old ones): exact, at the cost of a parallel forward of the prefix.
+        attention_mask: (B, n) left padding of a batch of prompts (as ``forward``), at the first step only (the
+        cache keeps it: later steps' tokens are each row's next ones); each row's logits equal the row alone's.
         Raises PosencError for a bad shape, token ids outside the vocabulary, a
-        cache of another number of layers or batch size, or a length beyond a learned position table.
+        cache of another number of layers or batch size, a length beyond a learned position table, or a mask
+        ``forward`` refuses or given after the first step.
         """
         if tokens.dim() != 2 or tokens.shape[1] == 0:
             raise PosencError(f"tokens must be (batch, n) with n >= 1, got shape {tuple(tokens.shape)}")
@@ -409,16 +458,29 @@ class LM(nn.Module):
         if cache.tokens is not None and cache.tokens.shape[0] != tokens.shape[0]:
             raise PosencError(f"the cache holds batch size {cache.tokens.shape[0]}, got {tokens.shape[0]} new rows")
         n = tokens.shape[1]
+        first = cache.first
+        if attention_mask is not None:
+            if cache.length:
+                raise PosencError(
+                    "an attention_mask goes with the first step only (the padding comes before every token); "
+                    "the cache keeps it"
+                )
+            first = padding_starts(attention_mask, tokens.shape[0], n, tokens.device)
+        for block in self._blocks:  # before any layer changes
+            check_padding(block.attn.enc, block.attn.method, first, cache.length + n)
+        cache.first = first
         keys = self._length_keys(cache.length + n)
         if cache.length and keys != cache.length_keys:  # the deeper layers' cached inputs came from other frequencies
             assert cache.tokens is not None  # the ids of the cached positions
             tokens = torch.cat((cache.tokens, tokens), dim=1)
             cache.clear()
+            cache.first = first
         cache.length_keys = keys
         pos = torch.arange(cache.length, cache.length + tokens.shape[1], device=tokens.device)
-        x, _ = self._embed(tokens, pos)
+        x, _ = self._embed(tokens, pos, cache.first)
+        padding = None if cache.length else cache.first  # the layers take it at their first step
         for block, layer, canon in zip(self._blocks, cache.layers, cache.canon):
-            x = block.decode(x, layer, pos, tokens, canon)
+            x = block.decode(x, layer, pos, tokens, canon, padding)
         if self._blocks[0].attn.method is not None and self._blocks[0].attn.method.bounded:
             cache.uncounted += tokens.shape[1]  # the ids are not kept either: memory stays flat
         else:
@@ -445,13 +507,18 @@ class LM(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         seed: int | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The prompt (B, T) or (T,) int64 (a tensor or a list) followed by ``max_new_tokens`` sampled tokens:
         (B, T + n) or (T + n,).
 
         temperature 0 is greedy; top_k keeps the k most likely tokens; seed makes
         sampling reproducible. Runs in evaluation mode (fixed random draws) with
-        the KV cache (``decode``). Raises PosencError for an empty prompt or a bad argument.
+        the KV cache (``decode``). attention_mask: (B, T) left padding of prompts of
+        different lengths (``pad_left`` builds both), as ``forward``: each row's tokens
+        are those it would get alone (greedy; sampled rows draw from one generator in
+        batch order), its padding kept at the left of the result. Raises PosencError
+        for an empty prompt, a bad argument or a mask ``forward`` refuses.
         """
         check_sampling(max_new_tokens, temperature, top_k)
         if not isinstance(prompt_ids, torch.Tensor):  # a list of ids is as good as a tensor; checked below
@@ -472,12 +539,14 @@ class LM(nn.Module):
             raise PosencError(
                 f"prompt token ids must lie in [0, {self.cfg.vocab_size}), got [{int(ids.min())}, {int(ids.max())}]"
             )
-        self.check_length(ids.shape[1] + max_new_tokens)
+        mask = attention_mask[None] if flat and isinstance(attention_mask, torch.Tensor) else attention_mask
+        first = padding_starts(mask, ids.shape[0], ids.shape[1], ids.device)
+        self.check_length(ids.shape[1] - (0 if first is None else int(first.min())) + max_new_tokens)
         gen = None if seed is None else torch.Generator(ids.device).manual_seed(seed)
         was_training, cache, out = self.training, Cache(len(self.blocks)), [ids]
         self.eval()
         try:
-            logits = self.decode(ids, cache)[:, -1]
+            logits = self.decode(ids, cache, mask)[:, -1]
             for i in range(max_new_tokens):
                 out.append(sample(logits, temperature, top_k, gen))
                 if i + 1 < max_new_tokens:
@@ -493,7 +562,8 @@ class LM(nn.Module):
 
         text: (T,) int64, T >= 2; needs a bounded method (``set_method(model, "sinks:...")``): the cache holds
         n_sink + window keys per layer (plus one chunk while it is scored), so memory stays flat however long the
-        text. Returns ((T-1,) float32, entry t predicting text[t + 1]; the largest ``Cache.nbytes`` seen). Equals
+        text. Returns ((T-1,) float32, entry t predicting text[t + 1]; the peak bytes: the largest ``Cache.nbytes``
+        seen plus the largest distance table a step builds, ``posenc.methods.table_nbytes``, flat too). Equals
         ``token_nll`` of the parallel forward under the method (tested: the streaming definition). Raises
         PosencError without a bounded method, for chunk < 1 or a text of fewer than 2 tokens.
         """
@@ -507,13 +577,15 @@ class LM(nn.Module):
                 f"streaming needs chunk >= 1 and a text of >= 2 tokens, got chunk {chunk}, shape {tuple(text.shape)}"
             )
         was_training, cache, out, peak = self.training, Cache(len(self.blocks)), [], 0
+        x = self.tok.weight.new_zeros(1, 1, self.cfg.d_model)
+        table = max(methods.table_nbytes(block.attn.enc, method, x) for block in self._blocks)
         self.eval()
         try:
             for s in range(0, text.shape[0] - 1, chunk):
                 ids = text[None, s : min(s + chunk, text.shape[0] - 1)]
                 logits = self.decode(ids, cache)[0].float()
                 out.append(F.cross_entropy(logits, text[s + 1 : s + 1 + ids.shape[1]], reduction="none"))
-                peak = max(peak, cache.nbytes())
+                peak = max(peak, cache.nbytes() + table)
         finally:
             self.train(was_training)
         return torch.cat(out), peak
@@ -529,6 +601,25 @@ class LM(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def pad_left(prompts: Sequence[Sequence[int] | torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths (token id lists or (T_i,) int64 tensors) as one left-padded batch, as
+    transformers' tokenizers pad for generation: (ids (B, T) int64 with ``pad_id`` before each row's tokens,
+    attention_mask (B, T) int64, 1 at the tokens), T the longest prompt, for ``LM.forward``, ``decode`` and
+    ``generate``. PosencError (one line) for no prompts or an empty one."""
+    try:
+        rows = [torch.as_tensor(p, dtype=torch.int64).reshape(-1) for p in prompts]
+    except (TypeError, ValueError, RuntimeError):
+        raise PosencError("pad_left takes a list of prompts, each a list of token ids (ints) or a tensor") from None
+    if not rows or min(len(r) for r in rows) == 0:
+        raise PosencError("pad_left needs at least one prompt, each of at least one token")
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.int64)
+    mask = torch.zeros(len(rows), T, dtype=torch.int64)
+    for b, r in enumerate(rows):
+        ids[b, T - len(r) :], mask[b, T - len(r) :] = r, 1
+    return ids, mask
 
 
 def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:

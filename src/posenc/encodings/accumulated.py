@@ -205,17 +205,20 @@ class Accumulated(Encoding):
             key = torch.tensor(
                 [[self.eval_key]], device=inp.pos.device
             )  # counter_uniform's chain up to the row, computed once
-            return uniform_at(key, inp.pos, H, half)
+            return uniform_at(key, inp.row_positions(), H, half)
         rows = torch.arange(self.batch_row_offset, self.batch_row_offset + B)
-        u = counter_uniform(self.seed, self.draws, rows, inp.pos, H, half)
+        u = counter_uniform(self.seed, self.draws, rows, inp.row_positions(), H, half)
         self.draws += 1  # a tensor, saved with the weights: a resumed run draws what an uninterrupted one would
         return u
 
     def steps(self, inp: Inputs) -> torch.Tensor:
-        """Step angles c_b + a_b u of inp's positions: (B|1, H, T, D/2) float32 (float64 in a float64 model)."""
+        """Step angles c_b + a_b u of inp's positions: (B|1, H, T, D/2) float32 (float64 in a float64 model); 0 on
+        the padding of a left-padded batch (``Inputs.first``), so a row's phases are those of the row alone."""
         widths = self.widths()
         widths = widths[:, None, :] if widths.dim() == 2 else widths  # (H, 1, D/2) per head
-        return torch.addcmul(self.center_b, widths, self._u(inp))
+        steps = torch.addcmul(self.center_b, widths, self._u(inp))
+        real = inp.real()
+        return steps if real is None else steps * real[:, None, :, None]
 
     def phases(self, inp: Inputs) -> torch.Tensor:
         return accumulate(self.steps(inp), dtype=inp.x.dtype)

@@ -100,12 +100,29 @@ class Inputs:
     x: (B, T, d_model) the layer's (normalised) input; pos: (T,) int64 absolute
     positions; tokens: (B, T) int64 token ids, or None where the layer has none
     (a drop-in ``posenc.Attention``, a Hugging Face model): schemes that read them
-    (``uses_tokens``) then raise PosencError.
+    (``uses_tokens``) then raise PosencError. first: (B,) int64 for a left-padded
+    batch (``attention_mask``), each row's first real position in pos's frame (pos
+    then counts the padded rows from 0): positions before it are padding, and the
+    row's own positions are pos - first (``row_positions``); None: no padding. The
+    layer masks the padding keys; a hook whose value follows the positions along
+    the sequence keeps the padding neutral (zero steps, identity transforms, zero
+    convolution inputs), so a padded row equals the row alone.
     """
 
     x: torch.Tensor
     pos: torch.Tensor
     tokens: torch.Tensor | None = None
+    first: torch.Tensor | None = None
+
+    def row_positions(self) -> torch.Tensor:
+        """Each row's own positions, (1, T) int64 without padding (pos), else (B, T): pos - first, 0 on the padding."""
+        if self.first is None:
+            return self.pos[None]
+        return (self.pos[None] - self.first[:, None]).clamp(min=0)
+
+    def real(self) -> torch.Tensor | None:
+        """(B, T) bool, True at the real (not padding) positions; None without padding."""
+        return None if self.first is None else self.pos[None] >= self.first[:, None]
 
 
 class Buffer:
@@ -232,7 +249,7 @@ class PositionState(DecodeState):
         return phases
 
     def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn:
-        bias = self.enc.bias(Inputs(inp.x, pos))
+        bias = self.enc.bias(Inputs(inp.x, pos, first=inp.first))
         assert bias is not None  # called for a scheme with a bias only
         return bias
 

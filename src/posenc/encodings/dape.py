@@ -40,12 +40,15 @@ def dape_tile(
     float64 q).
 
     q: (B, H, Tq, D) the queries of rows [q_start, q_start + Tq) (decoding: the new rows only),
-    k: (B, H, T, D); bias: the tile function of B.
+    k: (B, H, T, D); bias: the tile function of B. A -inf in B masks the score (a padding key): the MLP reads 0
+    there (its outputs would be NaN) and the logit is -inf.
     """
     dt = torch.promote_types(q.dtype, torch.float32)
     a = (q[..., qs - q_start : qe - q_start, :] @ k[..., ks:ke, :].transpose(-1, -2)).to(dt) * scale
     b = bias(qs, qe, ks, ke).to(dt).expand_as(a)
-    return a + b + mlp(torch.cat((a, b), dim=1).movedim(1, -1)).movedim(-1, 1)
+    masked = b == float("-inf")
+    b = b.masked_fill(masked, 0.0)
+    return (a + b + mlp(torch.cat((a, b), dim=1).movedim(1, -1)).movedim(-1, 1)).masked_fill(masked, float("-inf"))
 
 
 @register

@@ -58,13 +58,14 @@ def row_key_int(seed: int, draw: int, row: int) -> int:
 
 
 def uniform_at(per_row: torch.Tensor, pos: torch.Tensor, n_head: int, n_blocks: int) -> torch.Tensor:
-    """The rest of the chain, position -> (head, block), from ``row_keys`` (B, 1) int64: (B, H, len(pos), n_blocks)
-    float32."""
-    per_pos = mix32(per_row + pos.to(per_row.device)[None, :] * GOLDEN)  # (B, T)
+    """The rest of the chain, position -> (head, block), from ``row_keys`` (B, 1) int64 and positions (T,) int64, or
+    (B|1, T) for positions per row (a left-padded batch): (B, H, T, n_blocks) float32."""
+    pos = pos.to(per_row.device)
+    per_pos = mix32(per_row + (pos[None, :] if pos.dim() == 1 else pos) * GOLDEN)  # (B, T)
     lane = torch.arange(n_head * n_blocks, device=per_row.device) * GOLDEN
     bits = mix32(per_pos[..., None] + lane)  # (B, T, H * n_blocks)
     u = (bits >> 8).to(torch.float32) * 2.0**-23 - 1.0
-    return u.view(per_row.shape[0], len(pos), n_head, n_blocks).transpose(1, 2)
+    return u.view(*per_pos.shape, n_head, n_blocks).transpose(1, 2)
 
 
 def counter_uniform(

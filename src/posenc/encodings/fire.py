@@ -50,7 +50,7 @@ COMPILE_FROM = 8192
 def fire_input(i: torch.Tensor, j: torch.Tensor, c: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
     """psi(i - j) / (psi(max(L, i)) + eps), psi(x) = log(1 + c x), distances below 0 (masked keys) taken as 0.
 
-    i: (tq, 1), j: (1, tk) positions, c, L: scalars, all one float dtype -> (tq, tk).
+    i: (..., tq, 1), j: (..., 1, tk) positions, c, L: scalars, all one float dtype -> (..., tq, tk).
     """
     return torch.log1p(c * (i - j).clamp(min=0)) / (torch.log1p(c * torch.maximum(i, L)) + FIRE_EPS)
 
@@ -122,13 +122,15 @@ class FIRE(Encoding):
         return self.c.to(dt).abs(), (self.L_multiplier.to(dt) * self.init_L).abs()
 
     def bias(self, inp: Inputs) -> BiasFn:
-        pos = inp.pos
-        piecewise = compiled_piecewise_bias() if len(pos) >= COMPILE_FROM else piecewise_bias
+        """Tiles (1, H, tq, tk); (B, H, tq, tk) for a left-padded batch, whose rows have positions of their own (the
+        bias reads the query's position, not only the distance)."""
+        pos = inp.row_positions()  # (1|B, T)
+        piecewise = compiled_piecewise_bias() if pos.shape[1] >= COMPILE_FROM else piecewise_bias
 
         def chunk(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
             c, L = self.coefficients()
-            x = fire_input(pos[qs:qe, None].to(c.dtype), pos[None, ks:ke].to(c.dtype), c, L)
-            return self.mlp(x[..., None]).permute(2, 0, 1)[None]
+            x = fire_input(pos[:, qs:qe, None].to(c.dtype), pos[:, None, ks:ke].to(c.dtype), c, L)
+            return self.mlp(x[..., None]).permute(0, 3, 1, 2)
 
         def tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
             if not torch.is_grad_enabled():
@@ -141,7 +143,8 @@ class FIRE(Encoding):
 
         def piecewise_tile(qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
             (c, L), (knots, table) = self.coefficients(), segments()
-            return piecewise(pos[qs:qe, None].to(c.dtype), pos[None, ks:ke].to(c.dtype), c, L, knots, table)
+            i, j = pos[:, qs:qe, None].to(c.dtype), pos[:, None, ks:ke].to(c.dtype)
+            return torch.cat([piecewise(i[b], j[b], c, L, knots, table) for b in range(pos.shape[0])])
 
         return tile
 

@@ -399,11 +399,18 @@ class PaTH(Encoding):
         self.beta_proj = nn.Linear(dims.d_model, dims.n_head, bias=True)
         self.block_size, self.use_kernel, self._warned = block_size, use_kernel, False
 
-    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def gates(self, x: torch.Tensor, real: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, d_model) -> w (B, H, T, D) unit-norm, beta (B, H, T) in (0, 2), float32 or better (float64 in a
-        float64 model)."""
-        u = self.w_conv(self.w_proj(x).transpose(1, 2))[..., : x.shape[1]]  # causal: left padding only kept
-        return self._gates(u, x)
+        float64 model). real: (B, T) bool, False on the padding of a left-padded batch (``Inputs.real``): there the
+        convolution's inputs are 0 and beta is 0 (H_t = I), so a row's gates are those of the row alone."""
+        u = self.w_conv(self.project(x, real))[..., : x.shape[1]]  # causal: left padding only kept
+        w, beta = self._gates(u, x)
+        return w, beta if real is None else beta * real[:, None, :]
+
+    def project(self, x: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+        """The convolution's input (B, H D, T): the low-rank projection of x, 0 where ``real`` (B, T) is False."""
+        proj = self.w_proj(x).transpose(1, 2)
+        return proj if real is None else proj * real[:, None, :]
 
     def _gates(self, u: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """w, beta from the convolved projection u (B, H D, T) and x (B, T, d_model)."""
@@ -416,7 +423,7 @@ class PaTH(Encoding):
         return PaTHState(self)
 
     def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
-        return self.attend_gated(q, k, v, *self.gates(inp.x), bias)
+        return self.attend_gated(q, k, v, *self.gates(inp.x, inp.real()), bias)
 
     def attend_gated(self, q, k, v, w, beta, bias: BiasFn | None = None):
         """``attend`` given the gates w (B, H, T, D), beta (B, H, T)."""
@@ -475,9 +482,9 @@ class PaTHState(DecodeState):
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         enc, x = self.enc, inp.x
-        proj = enc.w_proj(x).transpose(1, 2)
+        proj = enc.project(x, inp.real())
         if self.tail is None:
-            w, beta = enc.gates(x)
+            w, beta = enc.gates(x, inp.real())
             out = enc.attend_gated(q, k, v, w, beta, bias)
             wide = torch.promote_types(q.dtype, torch.float32)
             keys.append(path_keys(k.to(wide), w.to(wide), beta.to(wide), enc.block_size))
