@@ -23,6 +23,7 @@ from posenc.encodings import (  # noqa: F401 (registers the families)
     fire,
     forget,
     householder,
+    lengthscale,
     polar,
     prope,
     relative,
