@@ -6,6 +6,7 @@ its trained tensors (its recorded scores reproduce); bad input is one line, exit
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -73,6 +74,17 @@ def test_greedy_generation_equals_full_recomputation(kind, spec, cached):
     out = generation.generate(a, ids, 14)  # 23 positions > L0 = 16
     assert seen == ([9] + [1] * 13 if cached else list(range(9, 23)))
     assert out.shape == (23,) and torch.equal(out[:9], ids)
+    assert torch.equal(out, generation.greedy_reference(a.model, ids, 14))
+
+
+def test_generation_under_sinks_warns_nothing_and_equals_full_recomputation():
+    """The bounded cache reaches transformers under the keyword it takes (``cache``: ``past_key_values`` leaked a
+    FutureWarning on every ``posenc generate --method sinks``)."""
+    a, ids = Adaptation(llama()), torch.randint(0, 128, (9,))
+    a.set_method("sinks:n_sink=2,window=6")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = generation.generate(a, ids, 14)
     assert torch.equal(out, generation.greedy_reference(a.model, ids, 14))
 
 

@@ -77,8 +77,21 @@ def generate(
         torch.manual_seed(seed)
     x = ids[None].to(next(adapted.model.parameters()).device)
     bounded = adapted.method is not None and adapted.method.bounded  # sinks: the evicted keys leave the cache
-    cache = {"past_key_values": sink_cache(adapted.model, adapted.method)} if bounded else {}
+    cache = {_cache_keyword(): sink_cache(adapted.model, adapted.method)} if bounded else {}
     return adapted.model.generate(x, attention_mask=torch.ones_like(x), generation_config=config, **cache)[0].cpu()
+
+
+CACHE_KEYWORD_SINCE = "5.25"  # the first transformers tested to take generate(cache=...)
+
+
+def _cache_keyword() -> str:
+    """The keyword transformers' ``generate`` takes a cache by: ``cache`` from :data:`CACHE_KEYWORD_SINCE` on (there
+    ``past_key_values`` is deprecated: a FutureWarning on every ``posenc generate --method sinks``), else
+    ``past_key_values``."""
+    import transformers  # optional dependency (posenc[pretrained]), and packaging one of its own
+    from packaging.version import Version
+
+    return "cache" if Version(transformers.__version__) >= Version(CACHE_KEYWORD_SINCE) else "past_key_values"
 
 
 def _stop_ids(eos_token_id) -> list[int]:
