@@ -7,14 +7,20 @@ import matplotlib.pyplot as plt
 import pytest
 
 from posenc.reports.render import (
+    MISSING,
+    PCT,
+    PPL,
+    RATIO,
     figure,
     log_scale,
     log_ticks,
     markdown_table,
+    number,
     plain_number,
     plot_lines,
     same_as,
     save_figure,
+    seed_cell,
 )
 
 
@@ -140,3 +146,25 @@ def test_nearly_identical_curves_and_repeated_colours_stay_visible():
         ("c", "-", "s", 5),  # a's colour, style and marker: the first free marker shape
         ("d", "-", "^", 5),
     ]
+
+
+def test_each_kind_of_value_has_one_rendering_in_every_report():
+    """The sweep table printed a text perplexity with three digits (every other table two) and a missing result as
+    "—", extend's report as "-" (everywhere else "n/a"); the distance table's bucket columns read 1024 beside
+    horizons of 1,024."""
+    from posenc.reports.pretrained import markdown as extend_markdown
+    from posenc.reports.sweep import _value
+    from posenc.reports.tasks import distance_markdown
+    from tests.task_records import gap_cells, task_table
+
+    assert _value(None, 12.3456) == seed_cell([12.3456], PPL) == number(12.3456, PPL) == "12.35"
+    assert _value("flipflop", 0.98765) == seed_cell([98.765], PCT) == "98.8"
+    assert _value(None, None) == _value("flipflop", None) == seed_cell([]) == number(float("nan"), RATIO) == MISSING
+    ppl = [{"adaptation": "none", "length": 512, "ppl": 9.876, "scored_tokens": 511, "windows": 1}]
+    table = extend_markdown(ppl, [], ["none", "yarn"], "# extend")
+    assert "| none | 9.88 |" in table and "| yarn | n/a |" in table and "| yarn | - |" not in table
+    t = task_table("flipflop", {"path": {0: gap_cells(1.0, {8: 1.0, 1024: 1.0, 4096: 0.5})}})
+    assert (
+        distance_markdown(t, ["path"], {}).splitlines()[0]
+        == "| scheme | w_0.01 | id 1x | 8 | 1,024 | 4,096 | horizon |"
+    )

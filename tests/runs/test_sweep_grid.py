@@ -410,7 +410,7 @@ def test_a_text_sweep_chooses_by_validation_perplexity_at_the_training_length(ti
     ]  # the chosen point's rows, schedule rows too
     assert [r.ppl for r in merged if (r.scheme, r.eval_length) == ("rope", 16)] == [ppl[best]]
     edge = {1e-4: "lowest", 1e-2: "highest"}[dict(best)["train.lr"]]  # a two-value axis: either edge, said
-    assert f"| text | rope | {point_label(best)} ({edge} of the grid) | {ppl[best]:.3f} |" in report.read_text()
+    assert f"| text | rope | {point_label(best)} ({edge} of the grid) | {ppl[best]:.2f} |" in report.read_text()
     (other,) = [p for p in grid_points(preset, "rope") if p != best]  # screened: the training length only
     assert [(r.scheme, r.eval_length) for r in load(point_root(root, other) / "results.jsonl")] == [("rope", 16)]
 

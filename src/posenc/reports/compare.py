@@ -18,7 +18,18 @@ from pathlib import Path
 import numpy as np
 
 from posenc.reports.claims import text_claims_markdown
-from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell, write_csv_table
+from posenc.reports.render import (
+    PPL,
+    RATIO,
+    figure,
+    log_scale,
+    markdown_table,
+    number,
+    plot_lines,
+    save_figure,
+    seed_cell,
+    write_csv_table,
+)
 from posenc.store.checkpoint import atomic_write_bytes
 from posenc.store.records import FarMass, PasskeyCell, Ppl, load
 
@@ -134,7 +145,7 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
         out.write("\n" + "\n".join(meta["sweep"]))
     pk = passkey_grid(extras)
     pk_L = max((L for cells in pk.values() for L, _ in cells), default=None)
-    for title, key, fmt in (("Perplexity ratio to the training length", "ratio", ".3f"), ("Perplexity", "ppl", ".2f")):
+    for title, key, fmt in (("Perplexity ratio to the training length", "ratio", RATIO), ("Perplexity", "ppl", PPL)):
         grid = _grid(records, key)
         pk_col = key == "ratio" and pk_L is not None  # passkey accuracy at its longest length
         head = ["scheme", *(f"{L} ({L // L0}x)" if L0 else str(L) for L in lengths)] + [f"passkey @ {pk_L}"] * pk_col
@@ -146,7 +157,8 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
     out.write(text_claims_markdown(records, L0))
     out.write(
         "\nFlat perplexity does not say whether a scheme still uses what lies beyond its training length: "
-        "`posenc compare --preset retrieval` measures that on tasks with a known distance to the evidence "
+        "`posenc --import experiments/accumulated/claims.py compare --preset retrieval` (from the repository's root: "
+        "a study's preset) measures that on tasks with a known distance to the evidence "
         "(flip-flop, associative recall; `results/retrieval/`).\n"
     )
     out.write(window_markdown(records, meta.get("mixing_windows") or {}, L0))
@@ -223,9 +235,9 @@ def window_markdown(records: list[Ppl], windows: dict[str, float], L0: int) -> s
             f"{r['w']:g}",
             f"{r['w_ratio']:.3g}",
             "extrapolates" if r["w_ratio"] <= 1 else "degrades",
-            seed_cell(r["ppl1"], ".2f"),
-            seed_cell(r["r32"], ".3f"),
-            seed_cell(r["rmax"], ".3f"),
+            seed_cell(r["ppl1"], PPL),
+            seed_cell(r["r32"], RATIO),
+            seed_cell(r["rmax"], RATIO),
         ]
         for r in rows
     ]
@@ -343,7 +355,7 @@ def plot_passkey(path: Path, records: list, train_length: int) -> None:
             ax.text(
                 j,
                 i,
-                "n/a" if np.isnan(v) else f"{v:.2f}",
+                number(v, ".2f"),  # a fraction correct
                 ha="center",
                 va="center",
                 fontsize=7,

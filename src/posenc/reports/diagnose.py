@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure
+from posenc.reports.render import MISSING, figure, log_scale, markdown_table, number, plot_lines, save_figure
 from posenc.store.checkpoint import atomic_write_bytes
 from posenc.store.records import Diagnosis, write
 
 
 def _fmt(x, spec=".3f") -> str:
-    return "n/a" if x is None else format(x, spec)
+    return number(x, spec)
 
 
 def markdown(res: Diagnosis) -> str:
@@ -52,7 +52,7 @@ def markdown(res: Diagnosis) -> str:
         ("Attention entropy (nats; mean over queries)", "entropy", "uniform_entropy"),
     ):
         cells = [
-            [f"{layer}.{h}", *(_fmt(getattr(r, key)[layer][h]) if getattr(r, key) else "n/a" for r in rows)]
+            [f"{layer}.{h}", *(_fmt(getattr(r, key)[layer][h]) if getattr(r, key) else MISSING for r in rows)]
             for layer in range(n_layer)
             for h in range(n_head)
         ]
@@ -90,7 +90,7 @@ def markdown(res: Diagnosis) -> str:
                 [
                     g.layer,
                     rng(beta),
-                    rng(base) if base is not None else "n/a",
+                    rng(base) if base is not None else MISSING,
                     _fmt(np.abs(beta - base).max() if base is not None else None, ".4f"),
                     f"{np.median(w_eps):g}",
                     f"{int((w_eps <= res.train_length).sum())}/{w_eps.size}",

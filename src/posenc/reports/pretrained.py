@@ -10,7 +10,17 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure, write_csv_table
+from posenc.reports.render import (
+    MISSING,
+    PPL,
+    figure,
+    log_scale,
+    markdown_table,
+    number,
+    plot_lines,
+    save_figure,
+    write_csv_table,
+)
 from posenc.store.checkpoint import atomic_write_bytes
 from posenc.store.records import PasskeyTrial, PretrainedRecord, ScoredWindow
 
@@ -103,7 +113,8 @@ def markdown(ppl: list[dict], passkey: list[dict], adaptations: list[str], heade
         "## Perplexity (lower is better)",
         "",
         markdown_table(
-            head, [[m, *(f"{cell[m, L]['ppl']:.2f}" if (m, L) in cell else "-" for L in lengths)] for m in adaptations]
+            head,
+            [[m, *(number(cell[m, L]["ppl"] if (m, L) in cell else None, PPL) for L in lengths)] for m in adaptations],
         ),
         "",
         "Scored tokens per point (windows):",
@@ -114,7 +125,7 @@ def markdown(ppl: list[dict], passkey: list[dict], adaptations: list[str], heade
                 [
                     m,
                     *(
-                        f"{cell[m, L]['scored_tokens']} ({cell[m, L]['windows']})" if (m, L) in cell else "-"
+                        f"{cell[m, L]['scored_tokens']} ({cell[m, L]['windows']})" if (m, L) in cell else MISSING
                         for L in lengths
                     ),
                 ]
@@ -126,7 +137,7 @@ def markdown(ppl: list[dict], passkey: list[dict], adaptations: list[str], heade
         cols = sorted({(r["length"], r["depth"]) for r in passkey})
         pk = {(r["adaptation"], r["length"], r["depth"]): r for r in passkey}
         rows = [
-            [m, *(f"{pk[m, L, d]['correct']}/{pk[m, L, d]['trials']}" if (m, L, d) in pk else "-" for L, d in cols)]
+            [m, *(f"{pk[m, L, d]['correct']}/{pk[m, L, d]['trials']}" if (m, L, d) in pk else MISSING for L, d in cols)]
             for m in adaptations
         ]
         lines += [

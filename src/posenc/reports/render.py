@@ -30,11 +30,23 @@ def write_csv_table(path: Path, header: Sequence[str], rows: Iterable[Sequence[A
     atomic_write_bytes(Path(path), buf.getvalue().encode())
 
 
-def seed_cell(values: list[float], fmt: str = ".3f") -> str:
-    """A table cell over seeds: mean ± half-range ("n/a" without values, the value for one seed)."""
+# the one rendering of each kind of value in every table, cell and plot label of the reports: a value not measured,
+# a perplexity, a perplexity ratio, a percentage (points)
+MISSING = "n/a"
+PPL, RATIO, PCT = ".2f", ".3f", ".1f"
+
+
+def number(value: float | None, fmt: str) -> str:
+    """``value`` in the format ``fmt`` (:data:`PPL`, :data:`RATIO`, :data:`PCT`, ...); :data:`MISSING` for None or
+    NaN."""
+    return MISSING if value is None or value != value else format(value, fmt)
+
+
+def seed_cell(values: list[float], fmt: str = RATIO) -> str:
+    """A table cell over seeds: mean ± half-range (:data:`MISSING` without values, the value for one seed)."""
     values = [v for v in values if v is not None]
     if not values:
-        return "n/a"
+        return MISSING
     if len(values) == 1:
         return format(values[0], fmt)
     return f"{format(np.mean(values), fmt)} ± {format((max(values) - min(values)) / 2, fmt)}"

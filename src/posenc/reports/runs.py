@@ -33,7 +33,7 @@ from posenc.config.plan import FREE_SETTINGS, Preset, flatten, settings
 from posenc.errors import PosencError
 from posenc.reports.claims import claim_sets
 from posenc.reports.compare import with_ratios
-from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell
+from posenc.reports.render import PPL, RATIO, figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell
 from posenc.reports.scoreboard import TaskRun, is_task_run, load_task_run, scoreboard_markdown, task_claims_markdown
 from posenc.store.checkpoint import atomic_write_bytes, make_run_dir, read_json
 from posenc.store.records import Ppl, load_ppl
@@ -192,8 +192,8 @@ def text_markdown(runs: list[Run]) -> str:
                     [
                         name,
                         run.label,
-                        seed_cell(ppl[i][key].get(1.0, []), ".2f"),
-                        *(seed_cell(ratio[i][key].get(m, []), ".3f") for m in multiples),
+                        seed_cell(ppl[i][key].get(1.0, []), PPL),
+                        *(seed_cell(ratio[i][key].get(m, []), RATIO) for m in multiples),
                     ]
                 )
     out.write(
@@ -305,5 +305,8 @@ def scoreboard(paths: list[Path]) -> str:
     run. Raises PosencError as :func:`load_runs`, or when no task run is given."""
     runs, task_runs = load_runs(paths)
     if not task_runs:
-        raise PosencError("the scoreboard needs a task comparison (posenc compare --preset retrieval): none given")
+        raise PosencError(
+            "the scoreboard needs a task comparison "
+            "(`posenc --import experiments/accumulated/claims.py compare --preset retrieval`): none given"
+        )
     return scoreboard_markdown(runs[0] if runs else None, task_runs)

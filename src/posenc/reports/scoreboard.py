@@ -26,7 +26,7 @@ from posenc.config.plan import Preset, TaskEvalConfig, mixing_windows
 from posenc.data.tasks import get_task
 from posenc.errors import PosencError
 from posenc.reports.claims import task_claims
-from posenc.reports.render import markdown_table, seed_cell
+from posenc.reports.render import PPL, RATIO, markdown_table, seed_cell
 from posenc.reports.tasks import TaskTable
 from posenc.reports.tasks import horizon_cell as horizons_cell
 from posenc.store.checkpoint import atomic_write_bytes, read_json
@@ -177,9 +177,9 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
         row = [name]
         if text:
             mine = [r for r in text.records if _key(r.scheme) == key]
-            row += [seed_cell([r.ppl for r in mine if r.eval_length == text.train_length], ".2f") if mine else ""]
+            row += [seed_cell([r.ppl for r in mine if r.eval_length == text.train_length], PPL) if mine else ""]
             row += [
-                seed_cell([r.ratio for r in mine if r.eval_length == m * text.train_length], ".3f") if mine else ""
+                seed_cell([r.ratio for r in mine if r.eval_length == m * text.train_length], RATIO) if mine else ""
                 for m in shown
             ]
         cells = {task: next((s for s in t.scores if _key(s) == key), None) for task, (_, t) in tables.items()}

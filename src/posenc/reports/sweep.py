@@ -10,13 +10,22 @@ import re
 from pathlib import Path
 
 from posenc.config.plan import VARIANT_KEY, Point, point_label
-from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure, write_csv_table
+from posenc.reports.render import (
+    PCT,
+    PPL,
+    figure,
+    log_scale,
+    markdown_table,
+    number,
+    plot_lines,
+    save_figure,
+    write_csv_table,
+)
 
 
 def _value(task: str | None, v: float | None) -> str:
-    if v is None:
-        return "—"
-    return f"{100 * v:.1f}" if task else f"{v:.3f}"
+    """A result as every report renders its kind: a task's id accuracy in percent, text's perplexity."""
+    return number(None if v is None else 100 * v, PCT) if task else number(v, PPL)
 
 
 def _metric(task: str | None) -> str:

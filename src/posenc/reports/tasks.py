@@ -34,7 +34,17 @@ from posenc.errors import PosencError
 from posenc.eval.tasks import standard_error
 from posenc.reports import claims
 from posenc.reports.claims import FAILS, HOLDS, NOISE, role_names
-from posenc.reports.render import figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell, write_csv_table
+from posenc.reports.render import (
+    PCT,
+    figure,
+    log_scale,
+    markdown_table,
+    number,
+    plot_lines,
+    save_figure,
+    seed_cell,
+    write_csv_table,
+)
 from posenc.store.checkpoint import atomic_write_bytes
 from posenc.store.records import Ppl, Task, TaskCell, load, load_ppl
 from posenc.store.stamp import stamp_line
@@ -255,7 +265,7 @@ def above(x: list[float], t: float, se: float) -> str:
 
 def pct_cell(values: list[float]) -> str:
     """Accuracies (fractions) over seeds as a percent cell (``posenc.reports.render.seed_cell``); "" without any."""
-    return seed_cell([100 * x for x in values], ".1f") if values else ""
+    return seed_cell([100 * x for x in values], PCT) if values else ""
 
 
 def horizon_text(h: Horizon | int | None) -> str:
@@ -352,7 +362,7 @@ def not_learned(t: TaskTable, schemes: list[str]) -> str:
             f"{s} did not learn on "
             + "; ".join(
                 f"seed{'s' * (len(v) > 1)} {', '.join(str(seed) for seed, _ in v)} "
-                f"(id {' / '.join(f'{100 * a:.1f}' for _, a in v)}% "
+                f"(id {' / '.join(number(100 * a, PCT) for _, a in v)}% "
                 f"< {100 * t.bar:.0f}%: {why})"
                 for why, v in low.items()
             )
@@ -397,7 +407,7 @@ def accuracy_markdown(t: TaskTable, schemes: list[str]) -> str:
 def distance_markdown(t: TaskTable, schemes: list[str], windows: dict) -> str:
     first = next(iter(t.scores[schemes[0]].values()))
     buckets = first.buckets("gap")
-    header = ["scheme", "w_0.01", "id 1x"] + [str(b) for b in buckets] + ["horizon"]
+    header = ["scheme", "w_0.01", "id 1x"] + [f"{b:,}" for b in buckets] + ["horizon"]  # tokens, as horizons read
     rows = []
     for s in schemes:
         w = windows.get(s)

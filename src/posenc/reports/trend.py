@@ -21,7 +21,7 @@ import numpy as np
 
 from posenc.errors import PosencError
 from posenc.reports.claims import t_quantile, text_claims
-from posenc.reports.render import figure, log_scale, markdown_table, save_figure, write_csv_table
+from posenc.reports.render import RATIO, figure, log_scale, markdown_table, number, save_figure, write_csv_table
 from posenc.reports.runs import Run, load_runs, schemes, seed_grid
 from posenc.reports.scoreboard import shown_multiples
 from posenc.store.checkpoint import atomic_write_bytes, make_run_dir
@@ -47,8 +47,8 @@ class Point:
     def cell(self) -> str:
         """ "1.394 [1.231, 1.557]", or "1.394 (1 seed)"."""
         if self.lo is None:
-            return f"{self.mean:.3f} (1 seed)"
-        return f"{self.mean:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
+            return f"{number(self.mean, RATIO)} (1 seed)"
+        return f"{number(self.mean, RATIO)} [{number(self.lo, RATIO)}, {number(self.hi, RATIO)}]"
 
 
 def mean_interval(values: list[float]) -> Point:
