@@ -163,10 +163,14 @@ def test_resume_of_a_state_without_its_keys_is_one_line(run, tmp_path, capsys):
 def test_generate_prints_the_models_greedy_continuation(run, capsys):
     from posenc.train.loop import load_run
 
-    assert main(["generate", str(run), "--prompt", "To be", "--max-new-tokens", "8", "--temperature", "0"]) == 0
+    argv = ["generate", str(run), "--prompt", "To be", "--max-new-tokens", "8", "--temperature", "0"]
+    assert main([*argv, "--no-separator"]) == 0  # prompt and completion as one text
     model, _, _ = load_run(run)
     ids = model.generate(torch.tensor(list(b"To be")), 8, temperature=0)
-    assert capsys.readouterr().out == bytes(ids.tolist()).decode("utf-8", errors="replace") + "\n"
+    text = bytes(ids.tolist()).decode("utf-8", errors="replace")
+    assert capsys.readouterr().out == text + "\n"
+    assert main(argv) == 0  # by default a separator line between them
+    assert capsys.readouterr().out == f"To be\n----- completion: 8 tokens -----\n{text[len('To be') :]}\n"
 
 
 def test_a_run_with_a_bad_training_section_is_one_line(tmp_path):

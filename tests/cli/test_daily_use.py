@@ -234,8 +234,9 @@ def test_generate_without_a_prompt_on_a_terminal_says_how_to_give_one(greedy, ca
 def test_eval_json_is_the_table_in_json_and_nothing_else(runs, capsys):
     argv = ["eval", str(runs["quiet"][3]), "--multiples", "1", "2", "--max-tokens", "64"]
     code, table, _ = run_cli(capsys, *argv)
-    code, out, _ = run_cli(capsys, *argv, "--json")
+    code, out, err = run_cli(capsys, "--verbose", *argv, "--json")
     doc = json.loads(out)  # the whole of stdout
+    assert "eval L=64: 100%|" in err and "\r" not in err  # the bar of each length on stderr, as lines in a log
     assert code == 0 and doc["scheme"] == "rope" and [r["length"] for r in doc["lengths"]] == [32, 64]
     rows = [line.split() for line in table.splitlines() if line.split() and line.split()[0] in ("32", "64")]
     for row, rec in zip(rows, doc["lengths"]):
