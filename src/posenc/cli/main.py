@@ -36,6 +36,7 @@ COMMANDS = [
     "posenc.cli.report_cmd",
     "posenc.cli.extend_cmd",
     "posenc.cli.finetune_cmd",
+    "posenc.cli.harness_cmd",
     "posenc.cli.theory_cmd",
     "posenc.cli.diagnose_cmd",
 ]
