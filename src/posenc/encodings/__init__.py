@@ -28,6 +28,7 @@ from posenc.encodings import (  # noqa: F401 (registers the families)
     prope,
     relative,
     rotary,
+    sinks,
     xpos,
 )
 from posenc.encodings.base import Dims, Encoding, Inputs
