@@ -168,6 +168,8 @@ def test_extend_and_finetune_dry_runs_load_no_model(tmp_path, capsys, monkeypatc
         code == 0 and shown["jobs"] == 3 and shown["schedules"] == ["none", "yarn"] and shown["lengths"] == [256, 512]
     )
     assert "# adaptations (2 schedules, 0 methods, 1 schemes)" in out and not (tmp_path / "e").exists()
+    code, out, err = run_cli(capsys, "extend", *argv, "--docs", "nosuch")
+    assert code == 2 and out == "" and "unknown document(s) nosuch; held-out: " in err  # checked as a run does
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
     code, out, err = run_cli(capsys, "finetune", "--quick", "--out", str(tmp_path / "f"), "--steps", "3", "--dry-run")

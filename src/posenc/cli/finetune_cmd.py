@@ -12,10 +12,12 @@ from pathlib import Path
 from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run, shown
 from posenc.cli.extend_cmd import add_factor_lists, factor_lists, flag_keys
 from posenc.rope import NAMES
+from posenc.runs.extend import held_out
 from posenc.runs.finetune import (
     FinetuneConfig,
     check_dependencies,
     check_resumable,
+    eval_config,
     finetune,
     load_finetune_config,
     preset_names,
@@ -125,10 +127,11 @@ def config(args) -> FinetuneConfig:
 
 def dry_run(args, cfg: FinetuneConfig) -> int:
     """``--dry-run``: the settings and the one job, after the checks a run makes before the model loads (missing
-    packages, a run directory of other settings)."""
+    packages, a run directory of other settings, the document names)."""
     out = args.out or Path("runs") / "finetune" / cfg.name
     check_dependencies(cfg)
     check_resumable(out, cfg)
+    held_out(eval_config(cfg))
     windows = f"{cfg.eval_windows} window(s)" if cfg.eval_windows else "every window"
     trials = len(cfg.passkey_lengths) * len(cfg.passkey_depths) * cfg.trials
     detail = (
