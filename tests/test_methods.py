@@ -432,6 +432,37 @@ def test_streaming_nll_equals_the_parallel_streaming_definition_with_flat_memory
     assert peak_long == peak  # three times the text, the same cache
 
 
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "kerple", "rope"])
+def test_streaming_under_sinks_keeps_the_distance_table_bounded_and_counts_it(scheme, monkeypatch):
+    """Each step's distance table spans the kept n_sink + W = 8 distances, not the absolute position (it once
+    grew to T: O(T) memory; RoPE builds none); the values are the unbounded table's; the reported peak is the
+    cache's plus the table's bytes, the same for 3x the text."""
+    from posenc import methods
+
+    model = _model(scheme)
+    method = set_method(model, "sinks:n_sink=2,window=6")
+    text = torch.randint(0, 32, (200,), generator=torch.Generator().manual_seed(3))
+    sizes, build = [], methods.distance_table
+    monkeypatch.setattr(
+        methods, "distance_table", lambda bias_of, n, device=None: sizes.append(n) or build(bias_of, n, device)
+    )
+    nll, peak = model.streaming_nll(text, chunk=5)
+    assert max(sizes, default=0) == (0 if scheme == "rope" else 8)
+    _, peak_long = model.streaming_nll(torch.cat((text, text, text)), chunk=5)
+    assert peak_long == peak and max(sizes, default=0) == (0 if scheme == "rope" else 8)
+    x = torch.zeros(1, 1, 16, dtype=torch.float64)
+    table = max(methods.table_nbytes(b.attn.enc, method, x) for b in model.blocks)
+    assert table == (0 if scheme == "rope" else 2 * 8 * 8)  # 2 heads x 8 distances, float64
+    monkeypatch.setattr(methods, "table_nbytes", lambda *a: 0)
+    assert model.streaming_nll(text, chunk=5)[1] == peak - table
+
+    def unbounded(m, q, k):  # the reach before: each region's largest query less its smallest key position
+        return max(0, *(int(a.max() - b.min()) for a, b in zip(m.query_positions(q), m.key_positions(k))))
+
+    monkeypatch.setattr(methods.Method, "reach", unbounded)
+    torch.testing.assert_close(model.streaming_nll(text, chunk=5)[0], nll, rtol=0, atol=1e-12)
+
+
 def test_streaming_nll_needs_sinks():
     model = _model("rope")
     with pytest.raises(PosencError, match="needs a bounded cache"):

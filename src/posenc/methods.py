@@ -139,6 +139,16 @@ class Method:
         first = self.n_global if self.name == "lm-infinite" else self.n_sink
         return causal & ((j < first) | (i - j < self.window))
 
+    def reach(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> int:
+        """The largest distance d(i, j) >= 0 of a visible pair of queries at positions ``q_pos`` and keys at
+        ``k_pos`` (int64, any shapes), or a bound of it: the size a distance table needs. Each region's largest query
+        position less its smallest key position, the near region (i - j < W; all but dual-chunk) at most W - 1, so
+        under sinks it stays below n_sink + W however far the stream has run."""
+        bounds = [int(qp.max() - kp.min()) for qp, kp in zip(self.query_positions(q_pos), self.key_positions(k_pos))]
+        if self.name != "dual-chunk":
+            bounds[0] = min(bounds[0], self.window - 1)
+        return max(*bounds, 0)
+
     def distance(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """d(i, j) from the regions (int64), the blockwise path's; equals ``relative_positions`` where visible."""
         region = self.region(i, j)
@@ -274,9 +284,8 @@ def method_attention(
             raise ValueError("the fast path of method_attention takes no score bias and no gradients (fast_applies)")
         return fast_blocks(q_rot, k_rot, v, q_pos, k_pos, method, scale, block_size)
     table = None
-    if bias_of is not None:  # no distance exceeds the largest query position less the smallest key one of a region
-        reach = max(int(qp.max() - kp.min()) for qp, kp in zip(q_maps, k_maps))
-        table = distance_table(bias_of, max(reach, 0) + 1, q.device)
+    if bias_of is not None:  # over the distances visible pairs can have: bounded under sinks (Method.reach)
+        table = distance_table(bias_of, method.reach(q_pos, k_pos) + 1, q.device)
     out = []
     for a in range(0, q.shape[-2], block_size):
         b, i = a + block_size, q_pos[a : a + block_size, None]
@@ -442,6 +451,14 @@ def naive_method_attention(q, k, v, q_pos, k_pos, method, *, inv_freq=None, pair
     if bias_of is not None:
         scores = scores + distance_table(bias_of, int(d.max()) + 1, q.device)[..., d].to(scores.dtype)
     return scores.masked_fill(~visible, -math.inf).softmax(-1) @ v.to(scores.dtype)
+
+
+def table_nbytes(enc: Encoding, method: Method, x: torch.Tensor) -> int:
+    """Bytes of the largest distance table ``method_attention`` builds for a layer's scheme ``enc`` under a bounded
+    ``method`` (sinks) on the layer input x (B, T, d_model): the table over the cache's n_sink + W distances (0 for
+    a scheme without a distance bias, RoPE). A transient of each step, beside the cache's bytes in a peak."""
+    bias_of = scheme_args(enc, method, x).get("bias_of")
+    return 0 if bias_of is None else distance_table(bias_of, method.kept, x.device).nbytes
 
 
 def scheme_args(enc: Encoding, method: Method, x: torch.Tensor) -> dict:
