@@ -11,13 +11,13 @@ import torch
 
 from posenc.cli.main import main
 from posenc.config.plan import load_preset
-from posenc.data.positions import EVAL_STREAM, randomized_positions
+from posenc.data.positions import EVAL_STREAM, randomized_positions, scored_max
 from posenc.data.tasks import Test as TaskTest
 from posenc.data.tasks import get_task
 from posenc.errors import PosencError
 from posenc.eval.perplexity import evaluate_length
 from posenc.eval.tasks import EVAL_SEED, score_batch, score_test
-from posenc.model import LM, ModelConfig
+from posenc.model import LM, ModelConfig, set_method, with_rope_schedule
 from posenc.train.loop import (
     TrainConfig,
     batch_at,
@@ -287,3 +287,34 @@ def test_eval_of_a_randomized_run_says_how_it_scores_and_why_a_length_is_na(tmp_
         "64",
         "tokens",
     ]
+
+
+def test_methods_and_schedules_keep_the_positions_in_order_on_every_command(tmp_path, tiny_corpus):
+    """One rule (``scored_max``) for a run trained on randomized positions: plain, it is scored on the draw; under
+    an inference method or a RoPE schedule on 0..T-1, by ``posenc eval`` as by ``posenc compare``'s method and
+    schedule rows (the same perplexity, to the last digit)."""
+    common = ["--preset", "quick", "--schemes", "rope", "--corpus", str(tiny_corpus), "--steps", "2"]
+    sets = ["train.positions=randomized:max=256", "eval_methods=['sinks:n_sink=2,window=30']"]
+    sets.append("eval_schedules=[{schedule: pi, factor: 2}]")
+    assert main(["compare", *common, *(a for s in sets for a in ("--set", s)), "--out", str(tmp_path)]) == 0
+    run = tmp_path / "quick"
+    compared = {
+        (r["scheme"], r["eval_length"]): r["ppl"]
+        for r in map(json.loads, (run / "results.jsonl").read_text().splitlines())
+        if r.get("kind") == "ppl"
+    }
+    flags = ["--multiples", "1", "2", "4", "8", "--max-tokens", "1024"]
+    for extra in (["--method", "sinks:n_sink=2,window=30"], ["--rope-schedule", "pi", "--factor", "2"], []):
+        assert main(["eval", str(run / "rope" / "seed0"), *flags, *extra]) == 0
+    evaluated = {
+        (r["scheme"], r["eval_length"]): r["ppl"]
+        for r in map(json.loads, (run / "rope" / "seed0" / "eval.jsonl").read_text().splitlines())
+    }
+    labels = {s for s, _ in evaluated}
+    assert labels == {"rope", "rope+sinks(n_sink=2,window=30)", "rope+pi(s=2)"}, labels
+    for key, ppl in evaluated.items():
+        assert ppl == compared[key], key
+    model = load_run(run / "rope" / "seed0")[0]
+    assert scored_max(model, 256) == 256
+    assert scored_max(set_method(model, "sinks") and model, 256) is None
+    assert scored_max(with_rope_schedule(load_run(run / "rope" / "seed0")[0], "pi", {"factor": 2.0})[0], 256) is None

@@ -11,6 +11,7 @@ import torch
 
 from posenc.cli.common import number_list
 from posenc.data.corpora import load_tokens
+from posenc.data.positions import scored_max
 from posenc.errors import PosencError
 from posenc.eval.passkey import PasskeyConfig, passkey_records
 from posenc.eval.perplexity import evaluate_length, stream_buckets
@@ -150,18 +151,19 @@ def run(args) -> int:
     doc = {"run": str(args.run_dir), "scheme": scheme, "text": text, "train_length": mcfg.train_length}
     say = _printer(args)
     say(f"scheme: {scheme}\n{text}")
-    if randomized_max(tcfg.positions) is not None:
-        doc["positions"] = (
-            f"positions: {tcfg.positions}, scored on a seeded draw of each window's positions (as trained)"
+    drawn = randomized_max(tcfg.positions)
+    if drawn is not None:
+        doc["positions"] = f"positions: {tcfg.positions}, " + (
+            "scored on a seeded draw of each window's positions (as trained)"
+            if scored_max(model, drawn)
+            else "scored on 0..T-1 (a method or schedule keeps the positions in order)"
         )
         say(doc["positions"])
     ref = None
     say(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
     doc["lengths"] = []
     for L in lengths:
-        rec = evaluate_length(
-            model, data.val_docs, L, base, args.max_tokens, span=max(lengths), positions=randomized_max(tcfg.positions)
-        )
+        rec = evaluate_length(model, data.val_docs, L, base, args.max_tokens, span=max(lengths), positions=drawn)
         append(Path(args.run_dir) / "eval.jsonl", rec)
         row = {"length": L, "windows": rec.windows, "scored_tokens": rec.scored_tokens, "ppl": rec.ppl}
         doc["lengths"].append(row)

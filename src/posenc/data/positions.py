@@ -6,7 +6,8 @@ The paper's model draws them in training and at test alike: its reference code
 (google-deepmind/randomized_positional_encodings, ``noisy_fixed_positional_encodings``) samples the subset on every
 apply, and its length evaluation passes a fresh random key to each batch as training does. A model trained on them is
 therefore scored on them too (``posenc.eval``): one draw per batch, shared by the batch's sequences (a layer takes
-one position vector), seeded so a score is reproducible. At T = N the draw is every position, 0..N-1.
+one position vector), seeded so a score is reproducible. At T = N the draw is every position, 0..N-1. An inference
+method or a RoPE schedule applied at evaluation keeps 0..T-1 (``scored_max``, the one rule every command follows).
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ def randomized_positions(n_max: int, length: int, key: Sequence[int]) -> torch.T
         raise LengthNotSupported(f"randomized positions of max {n_max} cannot place {length} tokens")
     rng = np.random.default_rng(list(key))
     return torch.from_numpy(np.sort(rng.choice(n_max, size=length, replace=False)).astype(np.int64))
+
+
+def scored_max(model, n_max: int | None) -> int | None:
+    """N to score ``model`` (a ``posenc.model.LM``) on, trained on randomized positions of max ``n_max`` (None:
+    contiguous): ``n_max`` as trained, but None (0..T-1) once an inference method (``posenc.model.set_method``) or a
+    RoPE schedule (``posenc.model.with_rope_schedule``) is applied, whose maps are defined on the positions in order.
+    ``posenc.eval``'s perplexity and task scoring read it, so ``eval``, ``compare`` and every other command agree."""
+    adapted = any(block.attn.method is not None for block in model.blocks) or bool(
+        model.cfg.encoding_params.get("schedule")
+    )
+    return None if adapted else n_max
 
 
 def eval_positions(n_max: int | None, length: int, key: Sequence[int], device) -> torch.Tensor | None:

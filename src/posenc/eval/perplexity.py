@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from posenc import scoring
-from posenc.data.positions import eval_positions
+from posenc.data.positions import eval_positions, scored_max
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.eval.progress import bar as progress_bar
 from posenc.model import LM
@@ -117,10 +117,12 @@ def evaluate_length(
     ``progress``: a bar of windows with an ETA on stderr, as ``posenc.eval.progress`` shows bars (a terminal; a log
     file under ``--verbose`` only). ``positions``: N of a
     model trained on randomized positions (``train.positions: randomized:max=N``), scored on them as the paper does
-    (``posenc.data.positions``: one seeded draw per batch of windows); None: positions 0..length-1. A length above N
+    (``posenc.data.positions``: one seeded draw per batch of windows) unless an inference method or a RoPE schedule is
+    applied (``posenc.data.positions.scored_max``: then 0..length-1); None: positions 0..length-1. A length above N
     gives ``ppl: None`` with its note.
     """
     model.eval()
+    positions = scored_max(model, positions)
     t0, base = time.time(), dict(base, train_length=model.cfg.train_length, eval_length=length)
     wins = plan(docs, length, max_tokens, span)
     edges = bucket_edges(length, model.cfg.train_length)

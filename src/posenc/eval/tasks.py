@@ -14,7 +14,7 @@ import zlib
 
 import torch
 
-from posenc.data.positions import eval_positions
+from posenc.data.positions import eval_positions, scored_max
 from posenc.data.tasks import Task, Test
 from posenc.encodings.forget import ForgetGate
 from posenc.errors import PosencError
@@ -71,9 +71,9 @@ def score_test(
 ) -> dict[int, list[float]]:
     """{bucket: [answers, correct, nll sum]} of one test cell, drawn from :func:`cell_seed` of ``base_seed``, the
     cell and ``seed`` (the run's training seed, >= 0). ``positions``: N of a model trained on randomized positions,
-    scored on them (``posenc.data.positions``: one draw per batch, seeded by the cell's seed and the batch); None:
-    0..length-1. LengthNotSupported when the length exceeds N."""
-    seed = cell_seed(base_seed, test, seed)
+    scored on them (``posenc.data.positions``: one draw per batch, seeded by the cell's seed and the batch) unless a
+    method or schedule is applied (``scored_max``); None: 0..length-1. LengthNotSupported when the length exceeds N."""
+    seed, positions = cell_seed(base_seed, test, seed), scored_max(model, positions)
     totals: dict[int, list[float]] = {}
     rows_per_batch = max(1, batch_tokens // test.length)
     device = next(model.parameters()).device
