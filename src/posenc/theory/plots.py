@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from posenc.reports.render import figure, save_figure
+from posenc.reports.render import figure, log_scale, plot_lines, save_figure
 
 
 def write_all(out: Path, results: dict) -> list[Path]:
@@ -42,8 +42,9 @@ def _mixing(results: dict) -> Figure:
     for i, r in enumerate(results.values()):
         n = np.arange(len(r["norm_sim"]))
         color = f"C{i}"
-        ax.semilogy(n, np.maximum(r["norm_pred"], 1e-6), color=color, lw=1)
-        ax.semilogy(n, r["norm_sim"], ".", color=color, ms=3, label=f"{r['dist']} (beta={r['beta']:.3g})")
+        ax.plot(n, np.maximum(r["norm_pred"], 1e-6), color=color, lw=1)
+        ax.plot(n, r["norm_sim"], ".", color=color, ms=3, label=f"{r['dist']} (beta={r['beta']:.3g})")
+    log_scale(ax, "y")
     eps = next(iter(results.values()))["eps"]
     ax.axhline(eps, color="k", ls="--", lw=0.8, label=f"eps = {eps:g}")
     ax.axhline(
@@ -60,8 +61,15 @@ def _mixing(results: dict) -> Figure:
     if drift:
         n = np.arange(len(drift["norm_sim"]))
         betas = np.array(drift["blocks"]["beta"])
-        for b in range(0, len(betas), max(1, len(betas) // 4)):
-            bx.plot(n, betas[b] ** n, label=f"block {b}: beta={betas[b]:.4g}, w={drift['blocks']['window'][b]}")
+        blocks = range(0, len(betas), max(1, len(betas) // 4))
+        # slow blocks all sit at 1: plot_lines keeps each visible (sparse markers) and says which repeats which
+        label = "block {}: beta={:.4g}, w={}"
+        lines = [
+            {"label": label.format(b, betas[b], drift["blocks"]["window"][b]), "x": n, "y": betas[b] ** n}
+            | {"color": f"C{i}", "markevery": 0.1}
+            for i, b in enumerate(blocks)
+        ]
+        plot_lines(bx, lines, ms=4)
         bx.set(
             xlabel="route length n",
             ylabel="|E exp(i Phi_n,b)|",
@@ -76,9 +84,10 @@ def _mixing(results: dict) -> Figure:
 def _context(r: dict) -> Figure:
     fig, ax = _figure(6, 4.2)
     for c in r["contexts"]:
-        ax.semilogy(np.maximum(c["profile"], 1e-4), ".", ms=4, label=f"L = {c['length']}: w = {c['window_sim']}")
+        ax.plot(np.maximum(c["profile"], 1e-4), ".", ms=4, label=f"L = {c['length']}: w = {c['window_sim']}")
     n = np.arange(len(r["contexts"][0]["profile"]))
-    ax.semilogy(n, r["beta"] ** n, "k-", lw=1, label=f"beta^n, w_eps = {r['window']}")
+    ax.plot(n, r["beta"] ** n, "k-", lw=1, label=f"beta^n, w_eps = {r['window']}")
+    log_scale(ax, "y")
     ax.axhline(r["eps"], color="k", ls="--", lw=0.8)
     ax.axvline(r["window"], color="gray", ls=":", lw=0.8)
     ax.set(
@@ -98,8 +107,9 @@ def _score_gap(results: dict) -> Figure:
     for col, r in enumerate(results.values()):
         ax, hx = axes[0, col], axes[1, col]
         for i, p in enumerate(r["per_dim"]):
-            ax.semilogy(r["thresholds"], np.maximum(p["tail_sim"], 1e-5), "-", color=f"C{i}", label=f"d={p['d']}")
-            ax.semilogy(r["thresholds"], p["tail_bound"], "--", color=f"C{i}")
+            ax.plot(r["thresholds"], np.maximum(p["tail_sim"], 1e-5), "-", color=f"C{i}", label=f"d={p['d']}")
+            ax.plot(r["thresholds"], p["tail_bound"], "--", color=f"C{i}")
+        log_scale(ax, "y")
         ax.set(xlabel="t", ylim=(1e-4, 1.2))
         ax.set_title(f"{r['dist']}: far tail (solid), bound (dashed)", fontsize=9)
         ax.legend(fontsize=7)
@@ -120,11 +130,12 @@ def _far_mass(r: dict) -> Figure:
     M = np.array(r["Ms"])
     labels = {"none": "no bias", "alibi": f"ALiBi m={r['alibi_slope']:g}", "forget_gate": "forget gate"}
     for i, (key, label) in enumerate(labels.items()):
-        ax.semilogx(M, r["rho_mean"][key], "o-", color=f"C{i}", ms=3, label=f"{label}: mean rho_D")
+        ax.plot(M, r["rho_mean"][key], "o-", color=f"C{i}", ms=3, label=f"{label}: mean rho_D")
         ax.fill_between(M, r["rho_min"][key], r["rho_max"][key], color=f"C{i}", alpha=0.15)
-    ax.semilogx(M, r["lower_bound"], "k--", label="lower bound M/(M+K e^(2 lambda))")
-    ax.semilogx(M, r["alibi_upper"], "--", color="C1", label="ALiBi upper bound")
-    ax.semilogx(M, r["forget_gate_upper"], ":", color="C2", label="forget gate: bound on E rho_D")
+    ax.plot(M, r["lower_bound"], "k--", label="lower bound M/(M+K e^(2 lambda))")
+    ax.plot(M, r["alibi_upper"], "--", color="C1", label="ALiBi upper bound")
+    ax.plot(M, r["forget_gate_upper"], ":", color="C2", label="forget gate: bound on E rho_D")
+    log_scale(ax, "x")
     ax.set(
         xlabel="far tokens M",
         ylabel="far mass rho_D",
@@ -148,7 +159,9 @@ def _value(r: dict) -> Figure:
         "sum of squared weights": ("sum_sq_weights", "gray", ":"),
     }
     for label, (key, color, style) in series.items():
-        ax.loglog(M, [x[key] for x in rows], style, color=color, ms=3, label=label)
+        ax.plot(M, [x[key] for x in rows], style, color=color, ms=3, label=label)
+    log_scale(ax, "x")
+    log_scale(ax, "y")
     ax.set(
         xlabel="far tokens M",
         ylabel="covariance norm",
@@ -161,14 +174,19 @@ def _value(r: dict) -> Figure:
 def _decay(r: dict) -> Figure:
     fig, (ax, bx) = _figure(11, 4.2, 1, 2)
     dist, grid = np.array(r["dist"]), np.array(r["grid"])
-    for i, (name, s) in enumerate(r["schemes"].items()):
-        if name == "alibi":
-            continue
-        style = ":" if name == "pope-survey-sign" else "-"
-        ax.plot(dist[1:], s["curve"][1:], style, color=f"C{i}", lw=1, label=name)
+    curves = [(i, name, s) for i, (name, s) in enumerate(r["schemes"].items()) if name != "alibi"]
+    # through plot_lines: schemes with the same curve (sinusoidal and rope-10000) are drawn over each other, smaller,
+    # and say so; sparse markers (markevery) tell a repeat's dashes from its first's line
+    lines = [
+        {"label": name, "x": dist[1:], "y": s["curve"][1:], "color": f"C{i}", "lw": 1, "markevery": 0.1}
+        | ({"ls": ":"} if name == "pope-survey-sign" else {})
+        for i, name, s in curves
+    ]
+    plot_lines(ax, lines, ms=3)
+    for i, _, s in curves:
         if "mc_mean" in s:
             ax.plot(grid[1:], s["mc_mean"][1:], ".", color=f"C{i}", ms=4)
-    ax.set_xscale("log")
+    log_scale(ax, "x")
     ax.axhline(0, color="k", lw=0.5)
     ax.set(
         xlabel="distance i - j",
