@@ -162,3 +162,16 @@ def test_score_cell_reads_rulers_per_length_scores():
         "samples": {"niah_single_1": [{"4096": 1.0, "8192": -1.0}, {"4096": 0.0, "8192": -1.0}]},
     }
     assert harness.score_cell(result, "niah_single_1", 4096) == ("4096", [1.0, 0.0])
+
+
+def test_a_killed_evaluation_resumes_from_the_request_cache(llama_dir, tmp_path, monkeypatch):
+    from lm_eval.api.model import CachingLM
+
+    lm = harness.PosencLM(pretrained=str(llama_dir / "tiny"))
+    good, long = _req("loglikelihood", passkey.FILLER, " pass"), _req("loglikelihood", passkey.FILLER * 20, " pass")
+    (expected,) = lm.loglikelihood([good])
+    with pytest.raises(PosencError, match="past what native RoPE reaches"):  # stopped at its second request
+        CachingLM(lm, str(tmp_path / "cache.db")).loglikelihood([good, long])
+    scored = []
+    monkeypatch.setattr(lm, "_score", lambda context, continuation: scored.append(context) or (0.0, True))
+    assert CachingLM(lm, str(tmp_path / "cache.db")).loglikelihood([good]) == [expected] and scored == []
