@@ -113,6 +113,9 @@ def test_one_line_errors(llama_dir):
     tiny = str(llama_dir / "tiny")
     with pytest.raises(PosencError, match="batch_size 1, got 4"):
         harness.PosencLM(pretrained=tiny, batch_size=4)
+    if not torch.cuda.is_available():  # lm-eval's command asks for cuda:0 by default
+        with pytest.warns(UserWarning, match="no CUDA device here, running on the CPU"):
+            assert harness.PosencLM(pretrained=tiny, device="cuda:0").device == torch.device("cpu")
     with pytest.raises(PosencError, match="unknown key 'windw'"):
         harness.PosencLM(pretrained=tiny, windw=3)
     with pytest.raises(PosencError, match="factor is a schedule setting: it needs schedule=NAME"):

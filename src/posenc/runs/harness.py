@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from pathlib import Path
 
 import torch
@@ -235,15 +236,18 @@ class PosencLM(TemplateLM):
     """Any model posenc runs, as an lm-eval model (the module's docstring: model_args). Log-likelihoods are
     posenc's scoring of the same tokens (float32 log-softmax of the model's logits); generation is
     ``posenc generate``'s (``posenc.hf.generation.generate`` or ``LM.generate``, seed 0), cut at the first stop
-    sequence. Raises PosencError (one line) for bad model_args, batch_size other than 1, a device that is not
-    there, a request longer than the adaptation reaches (unless ``truncation``), unknown generation settings."""
+    sequence; a CUDA device where there is none runs on the CPU (a warning). Raises PosencError (one line) for bad
+    model_args, batch_size other than 1, a request longer than the adaptation reaches (unless ``truncation``),
+    unknown generation settings."""
 
     def __init__(self, batch_size=1, max_batch_size=None, device=None, **model_args):
         super().__init__()
         if str(batch_size) != "1":
             raise PosencError(f"posenc's lm-eval model runs one request at a time: batch_size 1, got {batch_size}")
         if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
-            raise PosencError(f"device {device}: no CUDA device here (give device=cpu)")
+            # lm-eval's command passes cuda:0 unless told otherwise; its hf model falls back to the CPU too
+            warnings.warn(f"device {device}: no CUDA device here, running on the CPU", stacklevel=2)
+            device = "cpu"
         self.args = parse_model_args(model_args)
         kind = model_kind(self.args.pretrained)
         self.backend = _Own(self.args) if kind == "train" else _Pretrained(self.args)
