@@ -29,6 +29,7 @@ from posenc.encodings import (  # noqa: F401 (registers the families)
     relative,
     rotary,
     sinks,
+    stickbreaking,
     xpos,
 )
 from posenc.encodings.base import Dims, Encoding, Inputs
