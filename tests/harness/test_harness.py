@@ -67,7 +67,7 @@ def test_hf_loglikelihoods_equal_posencs_scoring(llama_dir, method):
         lm.loglikelihood_rolling([_req("loglikelihood_rolling", context)])
 
 
-def test_own_run_loglikelihoods_equal_its_token_nll(tiny_corpus, tmp_path):
+def test_own_run_loglikelihoods_equal_its_token_nll_and_generation_posenc_generates(tiny_corpus, tmp_path, capsys):
     run = tmp_path / "run"
     sets = [f"--set={k}" for k in ("model.n_layer=1", "model.n_head=2", "model.d_model=16", "model.train_length=16")]
     argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(run)]
@@ -91,6 +91,11 @@ def test_own_run_loglikelihoods_equal_its_token_nll(tiny_corpus, tmp_path):
     with torch.no_grad():
         expected = -float(ref.token_nll(whole[None, :-1], whole[None, 1:]).sum())
     assert rolling == pytest.approx(expected, abs=1e-4)
+    capsys.readouterr()
+    flags = ["--schedule", "pi", "--factor", "4", "--temperature", "0", "--max-new-tokens", "8", "--completion-only"]
+    assert main(["generate", str(run), "--prompt", context, *flags]) == 0
+    (out,) = lm.generate_until([_req("generate_until", context, {"until": [], "max_gen_toks": 8})])
+    assert out == capsys.readouterr().out.removesuffix("\n") and out
 
 
 def test_generate_until_equals_posenc_generate_and_stops(llama_dir, capsys):
