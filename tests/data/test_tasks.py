@@ -572,15 +572,17 @@ def test_task_csv_round_trips_and_a_csv_before_its_job_columns_loads(tmp_path):
 
 def test_a_task_job_records_its_heads_loss_curve_and_gate_leak(tmp_path):
     from posenc.eval.tasks import gate_leak
-    from posenc.runs.retrieval import run_task_job
+    from posenc.runs.job import Plan
+    from posenc.store.records import RunStore
     from posenc.train.loop import load_run
 
     train = {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "loss": "answers", "ckpt_every": 2, "log_every": 1}
     preset = load_preset(str(_tiny_preset(tmp_path, tasks=["flipflop"], schemes=["forget", "rope"], train=train)))
+    plan = Plan(preset, tmp_path / "runs")
     for scheme in preset.schemes:
-        run_task_job(tmp_path / "runs", preset, "flipflop", scheme, 0)
-    recs = {r["scheme"]: Task(**r) for r in read_jsonl(tmp_path / "runs" / "results.jsonl")}
-    run = tmp_path / "runs" / "flipflop" / "forget" / "seed0"
+        plan.job("flipflop", scheme, 0).run(RunStore(plan.run_root / "results.jsonl"))
+    recs = {r["scheme"]: Task(**r) for r in read_jsonl(plan.run_root / "results.jsonl")}
+    run = plan.run_root / "flipflop" / "forget" / "seed0"
     assert recs["forget"].n_head == 2 and recs["forget"].loss_curve == [
         (r["step"], r["loss"]) for r in read_jsonl(run / "train.jsonl")
     ]

@@ -167,7 +167,7 @@ def test_generation_prompt_is_task_then_whole_sentences():
 
 def test_a_preset_without_eval_passkey_scores_no_passkey(tmp_path):
     """Leaving eval.passkey out means off; a block given takes PasskeyConfig's defaults for the keys it leaves out."""
-    from posenc.runs.compare import extras_pending
+    from posenc.runs.job import TextJob
 
     base = (
         "name: p\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\ntrain: {steps: 1}\nschemes: [rope]\n"
@@ -176,7 +176,9 @@ def test_a_preset_without_eval_passkey_scores_no_passkey(tmp_path):
     without.write_text(base + "eval: {far_mass: {windows: 0}}\n")
     ev = load_preset(str(without)).eval
     assert ev.passkey.trials == 0
-    assert not extras_pending(ev, 32, [], "rope", 0)  # nothing left to score
+    preset = load_preset(str(without))
+    job = TextJob(preset, tmp_path, "rope", 0, preset.model, preset.train)
+    assert job.extras() == set()  # nothing left to score
     given = tmp_path / "given.yaml"
     given.write_text(base + "eval: {passkey: {depths: [0.5]}}\n")
     assert load_preset(str(given)).eval.passkey.trials == PasskeyConfig().trials > 0

@@ -1,4 +1,5 @@
-"""The one runner's reads: each stage, job and report reads a run's records (``results.jsonl``) once."""
+"""The one runner: each results file read once per invocation (the run's store), jobs of every kind planned as
+records, the command's options (--dry-run, --device) and a run none of whose jobs finished."""
 
 import collections
 import sys
@@ -7,20 +8,21 @@ from pathlib import Path
 import pytest
 
 import posenc.store.records as records
+from posenc.cli.main import main
 from posenc.config.plan import grid_points, load_preset, point_root
 from posenc.runs.compare import compare
+from posenc.runs.job import MethodJob, Plan, ScheduleJob, TextJob
 
 
-@pytest.mark.slow
-def test_a_sweep_reads_each_results_file_once_per_stage_job_and_report(tiny_corpus, tmp_path, monkeypatch):
-    preset = load_preset(
+def _preset(corpus, **more):
+    return load_preset(
         "quick",
         {
             "name": "reads",
             "schemes": ["rope"],
             "seeds": [0, 1],
             "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16},
-            "train": {"corpus": str(tiny_corpus), "steps": 2, "batch_size": 2, "ckpt_every": 2, "threads": 1},
+            "train": {"corpus": str(corpus), "steps": 2, "batch_size": 2, "ckpt_every": 2, "threads": 1},
             "eval": {
                 "multiples": [1, 2],
                 "max_tokens": 64,
@@ -28,36 +30,72 @@ def test_a_sweep_reads_each_results_file_once_per_stage_job_and_report(tiny_corp
                 "far_mass": {"windows": 1, "multiples": [1]},
             },
             "eval_schedules": [{"schedule": "yarn", "factor": 2}],
-            "sweep": {"grid": {"train.lr": [1e-4, 1e-2]}},
+            **more,
         },
     )
-    reads: collections.Counter = collections.Counter()
-    load = records.load
+
+
+@pytest.mark.slow
+def test_a_sweep_reads_each_results_file_once(tiny_corpus, tmp_path, monkeypatch):
+    preset = _preset(tiny_corpus, sweep={"grid": {"train.lr": [1e-4, 1e-2]}})
+    loads: collections.Counter = collections.Counter()
+    read: collections.Counter = collections.Counter()
+    load, take = records.load, records.RunStore._take
 
     def counted(path, *args, **kwargs):
-        reads[Path(path).parent.name, sys._getframe(1).f_code.co_name] += 1
+        loads[Path(path).parent.name, sys._getframe(1).f_code.co_name] += 1
         return load(path, *args, **kwargs)
 
     for module in [m for name, m in sys.modules.items() if name.startswith("posenc.")]:
         if getattr(module, "load", None) is load:
             monkeypatch.setattr(module, "load", counted)
+    monkeypatch.setattr(records.RunStore, "_take", lambda s, data: read.update({s.path: len(data)}) or take(s, data))
     _, failures = compare(preset, tmp_path / "runs", isolate=False)
     root = tmp_path / "runs" / "reads"
-    # the chosen point: the one with both seeds' rows (read with the unpatched loader, so not counted)
-    seeds = {p: {r.seed for r in load(point_root(root, p) / "results.jsonl")} for p in grid_points(preset, "rope")}
-    (at,), (off,) = (
-        [point_root(root, p).name for p in seeds if (seeds[p] == {0, 1}) == want] for want in (True, False)
-    )
     assert not failures
-    assert reads == {
-        (at, "<dictcomp>"): 2,  # the two stages: which jobs are pending
-        (off, "<dictcomp>"): 2,
-        (at, "choices"): 1,
-        (off, "choices"): 1,
-        (at, "run_job"): 3,  # its screening job, then the full jobs of seeds 0 and 1
-        (off, "run_job"): 1,  # its screening job
-        (at, "compare"): 1,  # the schedule and method rows
-        (off, "compare"): 1,
-        (at, "merge_chosen"): 1,
-        ("reads", "write_report"): 1,
-    }
+    files = [point_root(root, p) / "results.jsonl" for p in grid_points(preset, "rope")]
+    assert read == {f: f.stat().st_size for f in files}  # every byte of each grid point's records read once
+    assert loads == {("reads", "write_report"): 1}  # the report reads the merged records; nothing else loads
+    rows = {(r.scheme, r.seed) for f in files for r in load(f) if r.kind == "ppl"}
+    assert {("rope+yarn(s=2)", 0), ("rope+yarn(s=2)", 1)} <= rows  # the schedule rows at the chosen point
+
+
+def test_the_plan_gives_every_kind_as_a_job_and_the_rows_after_the_training(tiny_corpus, tmp_path):
+    preset = _preset(tiny_corpus, schemes=["rope", "alibi"], eval_methods=["lm-infinite:n_global=2"])
+    plan = Plan(preset, tmp_path)
+    plan.check()
+    train, rows = list(plan.stages({}))
+    assert [(type(j), j.scheme, j.seed) for j in train] == [(TextJob, s, k) for s in ("rope", "alibi") for k in (0, 1)]
+    assert [(type(j), j.name()) for j in rows] == [
+        *((ScheduleJob, f"rope+yarn (seed {k})") for k in (0, 1)),
+        *((MethodJob, f"{s}+lm-infinite(n_global=2,window=16) (seed {k})") for s in ("rope", "alibi") for k in (0, 1)),
+    ]
+    assert (
+        rows[0].label() == "rope+yarn(s=2)"
+        and rows[0].error_file == tmp_path / "reads/rope/seed0+rope+yarn(s=2).error.txt"
+    )
+    store = records.RunStore(tmp_path / "reads" / "results.jsonl")
+    assert not train[0].done(store) and all(j.done(store) for j in rows)  # nothing trained: no rows to evaluate
+
+
+def test_dry_run_prints_each_stage_and_writes_nothing(tiny_corpus, tmp_path, capsys):
+    argv = ["compare", "--preset", "quick", "--corpus", str(tiny_corpus), "--schemes", "rope", "alibi"]
+    sets = ["--set", "sweep={grid: {train.lr: [0.001, 0.01]}}", "--set", "eval_schedules=[{schedule: pi, factor: 2}]"]
+    assert main([*argv, *sets, "--out", str(tmp_path / "runs"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  - rope (seed 0) at train.lr=0.001 (screening)\n" in out and "  - alibi (seed 0) at its chosen point\n" in out
+    )
+    assert "  - rope+pi (seed 0)\n" in out
+    assert out.endswith("jobs: 7  # per stage: screening 4, chosen 2, rows 1\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_unavailable_device_is_one_line(tiny_corpus, tmp_path, capsys):
+    argv = ["compare", "--preset", "quick", "--corpus", str(tiny_corpus), "--out", str(tmp_path / "runs")]
+    assert main([*argv, "--device", "cuda:7"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posenc: error: device 'cuda:7' is not available here") and err.count("\n") == 1
+    assert main([*argv, "--device", "cpu", "--parallel", "2"]) == 2
+    assert "--device pins the job processes" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

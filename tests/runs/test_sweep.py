@@ -186,3 +186,16 @@ def test_too_short_held_out_text_fails_before_training(tmp_path, capsys):
     assert code == 2 and err[-1].startswith("posenc: error: corpus too small: its held-out text has ")
     assert err[-1].endswith(" one window of evaluation length 256 needs 257 tokens in one document")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_run_none_of_whose_jobs_finished_exits_2_with_one_line_each(broken_schemes, corpus, tmp_path, capsys):
+    """As when no job can allocate its model (--set model.d_model=1000000000): no report to write, no traceback."""
+    preset = tmp_path / "p.yaml"
+    preset.write_text(json.dumps(tiny_preset(corpus, ["test-nan"]).model_dump(mode="json")))
+    assert main(["compare", "--preset", str(preset), "--out", str(tmp_path / "runs"), "--no-isolate"]) == 2
+    run = tmp_path / "runs" / "sweep"
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith(("posenc: test-nan", "posenc: error"))]
+    assert lines[0].startswith("posenc: test-nan (seed 0) failed: PosencError: loss is nan at step 0") and lines[
+        1:
+    ] == [f"posenc: error: no job finished (1 failed, each said above); the records are kept in {run}"]
+    assert (run / "test-nan" / "seed0.error.txt").exists() and not (run / "report.md").exists()

@@ -241,7 +241,7 @@ def test_the_sensitivity_table_has_a_column_per_shared_setting_and_a_row_per_own
 def test_a_text_report_gives_each_scheme_the_mixing_window_of_the_variant_it_trained():
     from types import SimpleNamespace
 
-    from posenc.runs.compare import _meta
+    from posenc.runs.job import text_meta
 
     preset = load_preset(
         "default",
@@ -251,9 +251,9 @@ def test_a_text_report_gives_each_scheme_the_mixing_window_of_the_variant_it_tra
         },
     )
     data = SimpleNamespace(vocab_size=256, train=[0] * 10, val_docs=[("hamlet", None)])
-    windows = _meta(preset, data, {"acc-rand-qkv": "acc-rand-qkv:a=2"})["mixing_windows"]
+    windows = text_meta(preset, data, {"acc-rand-qkv": "acc-rand-qkv:a=2"})["mixing_windows"]
     assert windows == {"rope": None, "acc-rand-qkv": mixing_windows(preset)["acc-rand-qkv:a=2"]}  # schemes only
-    assert _meta(preset, data)["mixing_windows"]["acc-rand-qkv"] == mixing_windows(preset)["acc-rand-qkv"]
+    assert text_meta(preset, data)["mixing_windows"]["acc-rand-qkv"] == mixing_windows(preset)["acc-rand-qkv"]
 
 
 # ---------------------------------------------------------------- end to end

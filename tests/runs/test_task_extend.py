@@ -5,9 +5,10 @@ criterion: the study preset with train.until=null trains every scheme the full c
 import yaml
 
 from posenc.config.plan import load_preset
-from posenc.runs.retrieval import run_task_job, task_meta
+from posenc.runs.job import Plan
+from posenc.runs.retrieval import task_meta
 from posenc.store.checkpoint import read_json
-from posenc.store.records import Task, load
+from posenc.store.records import RunStore, Task, load
 from posenc.train.curves import loss_trend
 
 
@@ -37,8 +38,9 @@ def _preset(tmp_path, lr):
 
 def test_an_extended_task_job_records_the_cap_it_reached_and_why(tmp_path):
     preset = _preset(tmp_path, 1e-2)
-    run_task_job(tmp_path / "run", preset, "flipflop", "rope", 0)
-    (record,) = [r for r in load(tmp_path / "run" / "results.jsonl") if isinstance(r, Task)]
+    job = Plan(preset, tmp_path / "run").job("flipflop", "rope", 0)
+    job.run(RunStore(job.root / "results.jsonl"))
+    (record,) = [r for r in load(job.root / "results.jsonl") if isinstance(r, Task)]
     assert record.trained_steps == 20 and record.criterion_step is None  # the cap it reached: extend_to
     assert record.criterion == (
         "id_accuracy >= 1, checked every 4 steps on 40 held-out answers; unmet at the step cap with the training "
@@ -46,15 +48,16 @@ def test_an_extended_task_job_records_the_cap_it_reached_and_why(tmp_path):
         "earlier): trained on up to step 20 at the final learning rate"
     )
     assert [s for s, _ in record.loss_curve] == list(range(1, 21))
-    summary = read_json(tmp_path / "run" / "flipflop" / "rope" / "seed0" / "train_summary.json")
+    summary = read_json(job.run_dir / "train_summary.json")
     why = loss_trend(record.loss_curve[:12]).falling_at(12)  # the record's own losses up to the cap
     assert summary["until"]["extended"] == {"from": 12, "to": 20, "why": why}
     assert "trained on up to step 20" in task_meta(preset)["budget"]
 
 
 def test_a_flat_task_job_stops_at_the_cap(tmp_path):
-    run_task_job(tmp_path / "run", _preset(tmp_path, 1e-6), "flipflop", "rope", 0)
-    (record,) = [r for r in load(tmp_path / "run" / "results.jsonl") if isinstance(r, Task)]
+    job = Plan(_preset(tmp_path, 1e-6), tmp_path / "run").job("flipflop", "rope", 0)
+    job.run(RunStore(job.root / "results.jsonl"))
+    (record,) = [r for r in load(job.root / "results.jsonl") if isinstance(r, Task)]
     assert record.trained_steps == 12 and not loss_trend(record.loss_curve).falling
 
 

@@ -21,6 +21,7 @@ from posenc.store.records import (
     PasskeyCell,
     PasskeyTrial,
     Ppl,
+    RunStore,
     ScoredWindow,
     Task,
     TaskCell,
@@ -284,12 +285,15 @@ def test_unknown_kinds_and_misfit_fields_are_one_line_errors(tmp_path):
         load(path)
 
 
-def test_a_torn_tail_is_dropped(tmp_path):
+def test_a_torn_tail_is_dropped(tmp_path, capsys):
     path = tmp_path / "results.jsonl"
     append(path, RUN_RECORDS[0])
     whole = path.read_bytes()
     path.write_bytes(whole + b'{"kind": "ppl", "sch')  # killed mid-write
     assert load(path) == [RUN_RECORDS[0]]
+    assert capsys.readouterr().err == (
+        f"posenc: warning: {path} line 2 is cut short (an interrupted append); ignored\n"
+    )
     drop_torn_tail(path)
     assert path.read_bytes() == whole
     append(path, RUN_RECORDS[2])
@@ -334,3 +338,52 @@ def test_the_extend_store_counts_each_trial_once_across_reruns(tmp_path):
     assert again.done == {r.key for r in PRETRAINED_RECORDS}
     w = PRETRAINED_RECORDS[0]
     assert again.by_sig == {(w.signature, w.doc, w.begin, w.length): w}
+
+
+def test_a_bad_line_before_the_last_is_refused_naming_file_and_line(tmp_path):
+    path = tmp_path / "results.jsonl"
+    write(path, RUN_RECORDS[:2])
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b'{"kind": "ppl", "sch\n' + lines[1])  # a torn record an append went on after
+    with pytest.raises(PosencError, match=rf"^{path} line 2 is not a JSON record; repair or remove that line$"):
+        load(path)
+    with pytest.raises(PosencError, match="line 2 is not a JSON record"):
+        RunStore(path)
+    path.write_bytes(lines[0] + b"not json\n")  # whole (it ends in a newline): not an interrupted append
+    with pytest.raises(PosencError, match="line 2 is not a JSON record"):
+        load(path)
+
+
+def test_report_refuses_a_bad_mid_file_line_and_warns_of_a_torn_last_one(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / "results.jsonl"
+    rows = [Ppl(scheme="rope", seed=0, train_length=16, eval_length=L, ppl=p) for L, p in ((16, 9.0), (32, 12.0))]
+    write(path, rows)
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"kind": "ppl", "sch')
+    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"posenc: warning: {path} line 3 is cut short (an interrupted append); ignored\n"
+    assert "1.33" in out  # 12 / 9 at 2x: both records read
+    first, second = whole.splitlines(keepends=True)
+    path.write_bytes(first + b'{"kind": "ppl", "sch\n' + second)
+    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"posenc: error: {path} line 2 is not a JSON record; repair or remove that line\n"
+
+
+def test_the_run_store_reads_each_byte_once_and_cuts_a_torn_tail(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "results.jsonl"
+    write(path, RUN_RECORDS[:1])
+    path.write_bytes(path.read_bytes() + b'{"kind": "pp')
+    read = []
+    take = RunStore._take
+    monkeypatch.setattr(RunStore, "_take", lambda self, data: read.append(len(data)) or take(self, data))
+    store = RunStore(path)
+    assert "line 2 is cut short (an interrupted append); removed" in capsys.readouterr().err
+    assert store.records == RUN_RECORDS[:1] and path.read_bytes().endswith(b"}\n")  # the next append starts clean
+    store.append(RUN_RECORDS[1])
+    append(path, RUN_RECORDS[2])  # a job in another process
+    assert store.refresh() == RUN_RECORDS[1:3] and store.records == RUN_RECORDS[:3]
+    assert store.refresh() == [] and sum(read) == path.stat().st_size  # each byte read once

@@ -3,11 +3,12 @@
 import sys
 from pathlib import Path
 
-from posenc.cli.common import add_set, given_settings
-from posenc.config.plan import ClusterConfig, Preset, load_preset
+from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run
+from posenc.config.plan import ClusterConfig, Preset, load_preset, rungs
 from posenc.data.tasks import TASKS
 from posenc.errors import PosencError
 from posenc.runs.compare import compare
+from posenc.runs.job import Plan
 from posenc.runs.jobs import LAUNCHERS
 from posenc.runs.trend import compare_trend
 from posenc.store.presets import validated
@@ -57,6 +58,12 @@ def add_parser(sub):
         help="processes (GPUs) per job: training under torchrun, data-parallel",
     )
     p.add_argument(
+        "--device",
+        help="run every job on this device: cpu, cuda or cuda:N (default: CUDA when present, else cpu); "
+        "one job at a time, each in its own process",
+    )
+    add_dry_run(p, "training or evaluating")
+    p.add_argument(
         "--log",
         choices=KINDS,
         default="none",
@@ -91,7 +98,8 @@ def add_parser(sub):
         "--mem-gb", type=float, metavar="GB", help="memory per job (default: the preset's, else the cluster's)"
     )
     p.epilog = (
-        "Exit status: 0 when every job finished, 1 when some failed (their errors are in the report), 2 for bad input."
+        "Exit status: 0 when every job finished, 1 when some failed (their errors are in the report), 2 for bad input "
+        "or when no job finished (each failure said in one line; the records kept)."
     )
     p.set_defaults(func=run)
 
@@ -130,9 +138,21 @@ def cluster_config(args, preset: Preset) -> ClusterConfig | None:
     )
 
 
+def dry_run(preset: Preset, out: Path) -> int:
+    """``--dry-run``: the resolved preset and each stage's jobs (``posenc.runs.job.Plan.outline``; a trend's rungs
+    each), printed; nothing loaded, trained or written."""
+    plans = {f"{r.name}/": Plan(r, out / preset.name) for r in rungs(preset)} or {"": Plan(preset, out)}
+    stages = {f"{rung}{stage}": jobs for rung, plan in plans.items() for stage, jobs in plan.outline().items()}
+    detail = ", ".join(f"{stage} {len(jobs)}" for stage, jobs in stages.items())
+    settings = {"out": out, **preset.model_dump(mode="json"), "stages": stages}
+    return print_dry_run("posenc compare", settings, sum(map(len, stages.values())), f"per stage: {detail}")
+
+
 def run(args) -> int:
     preset = load_preset(args.preset, given_settings(args, FLAGS))
     cluster = cluster_config(args, preset)
+    if args.dry_run:
+        return dry_run(preset, args.out)
     try:
         options = dict(
             isolate=not args.no_isolate,
@@ -141,6 +161,7 @@ def run(args) -> int:
             log=args.log,
             launcher=args.launcher,
             cluster=cluster,
+            device=args.device,
         )
         if preset.trend:  # each rung a comparison, then the trend report
             report, failures = compare_trend(preset, args.out, **options)

@@ -35,6 +35,7 @@ from posenc.errors import PosencError, one_line, sigterm_as_interrupt
 from posenc.store import records
 from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
 from posenc.store.stamp import run_stamp, utc_now
+from posenc.train.distributed import check_device
 from posenc.train.loop import is_trained, legacy_precision, load_run, machine_precision, train, use_threads
 from posenc.train.tracking import open_tracker
 
@@ -138,13 +139,17 @@ def run_pool(
     parallel: int,
     nproc: int = 1,
     on_failure: Callable[[int, str], None] | None = None,
+    on_done: Callable[[int], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[int, str]:
-    """Run isolated jobs (fn, args, error file, modules), ``parallel`` at a time, each pinned by ``slot_env``.
+    """Run isolated jobs (fn, args, error file, modules), ``parallel`` at a time, each pinned by ``slot_env`` (and
+    ``env``: ``device_env``'s).
 
     Returns {index of a failed job: its one-line error}; ``on_failure(index, error)`` is called as each
-    job fails (a long sweep reports it then, not hours later). Ctrl-C waits for the running jobs and re-raises.
+    job fails (a long sweep reports it then, not hours later), ``on_done(index)`` as each ends, failed or not.
+    Ctrl-C waits for the running jobs and re-raises.
     """
-    envs = [slot_env(slot, parallel, nproc) for slot in range(parallel)]  # too few GPUs: before any job starts
+    envs = [{**slot_env(slot, parallel, nproc), **(env or {})} for slot in range(parallel)]  # too few GPUs: now
     queue, running, failures = list(enumerate(jobs)), {}, {}
     try:
         while queue or running:
@@ -160,6 +165,8 @@ def run_pool(
                     failures[i] = error
                     if on_failure:
                         on_failure(i, error)
+                if on_done:
+                    on_done(i)
     except KeyboardInterrupt:
         for _, proc, _ in running.values():
             proc.join()
@@ -218,11 +225,12 @@ def run_submitit(
     ex,
     poll_s: float = 5,
     on_failure: Callable[[int, str], None] | None = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> dict[int, str]:
     """Submit each job (fn, args, error file, modules) through the submitit executor ``ex`` (``executor``) and
     wait for all of them (stderr says what was submitted and where each job's output goes); returns {index of a
-    failed job: its one-line error}, calling ``on_failure`` as
-    each fails (a job killed at its time limit fails too: a rerun resumes it from its last checkpoint).
+    failed job: its one-line error}, calling ``on_failure`` as each fails and ``on_done`` as each ends (a job
+    killed at its time limit fails too: a rerun resumes it from its last checkpoint).
     Ctrl-C cancels the jobs not finished (they keep their last checkpoints) and re-raises. What the processes
     started by the submission write to their inherited stderr (submitit's local job controllers: a KeyboardInterrupt
     traceback each at Ctrl-C) goes to ``controllers.err`` in the executor's folder, not to this terminal."""
@@ -249,10 +257,11 @@ def run_submitit(
     failures: dict[int, str] = {}
     try:
         for job in submitit.helpers.as_completed(submitted, poll_frequency=poll_s):
-            exc = job.exception()
+            exc, i = job.exception(), index[job.job_id]
+            if on_done:
+                on_done(i)
             if exc is None:
                 continue
-            i = index[job.job_id]
             error_file = jobs[i][2]
             failures[i] = error_file.read_text().splitlines()[0] if error_file.exists() else one_line(exc)
             if not error_file.exists():  # killed (time limit, memory, cancelled): the scheduler's word
@@ -296,11 +305,6 @@ def run_inline(fn: Callable, args: tuple, error_file: Path) -> str | None:
         error_file.write_text(f"{one_line(exc)}\n\n{traceback.format_exc()}")
         return one_line(exc)
     return None
-
-
-def done_cells(recs: list[records.Record]) -> set[tuple[str, int, int]]:
-    """(scheme, seed, eval_length) of every perplexity record among ``recs`` (a results.jsonl's, read once)."""
-    return {(r.scheme, r.seed, r.eval_length) for r in recs if isinstance(r, records.Ppl)}
 
 
 def record_run(run_root: Path, preset: Preset) -> dict:
@@ -348,3 +352,81 @@ def check_same_settings(run_root: Path, preset: Preset) -> None:
         raise PosencError(
             f"{run_root} holds results made with other settings ({'; '.join(diff)}); use another --name or --out"
         )
+
+
+def device_env(device: str | None) -> dict[str, str]:
+    """What pins a job process to ``device`` ("cpu": no GPU visible; "cuda" or "cuda:N": that GPU alone; None: the
+    default, CUDA when present): its CUDA_VISIBLE_DEVICES. PosencError (one line) for a device not available here."""
+    if device is None:
+        return {}
+    dev = check_device(device)
+    if dev.type == "cpu":
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    if dev.type != "cuda":
+        raise PosencError(f"--device {device!r}: compare's jobs run on cpu or cuda[:N]")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    return {"CUDA_VISIBLE_DEVICES": gpus[dev.index or 0]}
+
+
+class Launcher:
+    """Runs a stage's jobs (``posenc.runs.job``; a job and its grid point's store, ``job.run(store)``) in isolation:
+    ``pool`` (each in a fresh spawned process, ``parallel`` at a time pinned by ``slot_env``, on ``device``), or
+    submitit (``local``: its LocalExecutor; ``slurm``: one scheduler job each with ``cluster``'s resources, default
+    the preset's; job files under ``folder``), or, ``isolate`` False, in this process (no crash isolation: for
+    debugging). ``nproc``: processes (GPUs) per job. Raises PosencError (one line) before any work for settings that
+    do not go together, too few GPUs, an unavailable device or a missing submitit."""
+
+    def __init__(
+        self,
+        kind: str = "pool",
+        isolate: bool = True,
+        parallel: int = 1,
+        nproc: int = 1,
+        cluster: ClusterConfig | None = None,
+        device: str | None = None,
+        folder: Path = Path("submitit"),
+        name: str = "posenc",
+    ):
+        if parallel < 1 or nproc < 1 or (not isolate and (parallel > 1 or nproc > 1)):
+            raise PosencError(
+                f"--parallel and --nproc-per-node must be >= 1 and need job isolation, got {parallel}, {nproc}"
+            )
+        if kind not in LAUNCHERS:
+            raise PosencError(f"unknown --launcher {kind!r}; valid: {', '.join(LAUNCHERS)}")
+        if kind != "pool" and (not isolate or parallel > 1):
+            raise PosencError(
+                f"--launcher {kind} runs every job at once in its own process: no --no-isolate or --parallel"
+            )
+        if device is not None and (kind != "pool" or not isolate or parallel > 1 or nproc > 1):
+            raise PosencError(
+                "--device pins the job processes of the pool launcher one at a time: no --launcher, --no-isolate, "
+                "--parallel or --nproc-per-node with it"
+            )
+        self.kind, self.isolate, self.parallel, self.nproc = kind, isolate, parallel, nproc
+        self.env, self.ex = device_env(device), None
+        if kind != "pool":
+            cluster = cluster or ClusterConfig()
+            if cluster.gpus_per_job is None:
+                gpus = nproc if kind == "slurm" or torch.cuda.is_available() else 0
+                cluster = cluster.model_copy(update={"gpus_per_job": gpus})
+            if 0 < cluster.gpus_per_job < nproc:  # 0: CPU jobs (torchrun over gloo)
+                raise PosencError(f"--gpus-per-job {cluster.gpus_per_job} is fewer than --nproc-per-node {nproc}")
+            self.ex = executor(kind, folder, cluster, name)
+
+    def run(self, jobs: list, stores: dict[Path, records.RunStore], failed: Callable, done: Callable[[], None]) -> None:
+        """Run ``jobs``, each with its grid point's store; ``failed(job, one-line error)`` as each fails,
+        ``done()`` as each ends."""
+        tasks = [(job.run, (stores[job.root],), job.error_file, scheme_modules([job.scheme])) for job in jobs]
+        on_failure = lambda i, error: failed(jobs[i], error)  # noqa: E731
+        if self.ex is not None:
+            poll = 1 if self.kind == "local" else 30
+            run_submitit(tasks, self.ex, poll_s=poll, on_failure=on_failure, on_done=lambda i: done())
+        elif self.isolate:
+            run_pool(tasks, self.parallel, self.nproc, on_failure=on_failure, on_done=lambda i: done(), env=self.env)
+        else:
+            for job, (fn, args, error_file, _) in zip(jobs, tasks):
+                error = run_inline(fn, args, error_file)
+                if error:
+                    failed(job, error)
+                done()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from posenc.config.plan import Point, point_label, point_root
 from posenc.reports.tasks import Scores
-from posenc.store.records import Ppl, Task, full_records, load, write
+from posenc.store.records import Ppl, RunStore, Task, full_records, write
 
 
 def choose(
@@ -105,16 +105,24 @@ class Choice:
 
 
 def choices(
-    run_root: Path, tasks: list[str | None], points: dict[str, list[Point]], seed: int, train_length: int, bar: float
+    stores: dict[Path, RunStore],
+    run_root: Path,
+    tasks: list[str | None],
+    points: dict[str, list[Point]],
+    seed: int,
+    train_length: int,
+    bar: float,
 ) -> list[Choice]:
     """The choice of every (task, scheme) from the records of ``seed`` at each of its grid points (``points``: scheme
-    -> its grid); ``bar``: a task's learned threshold (``task_eval.learned``)."""
-    out, records = [], {}
+    -> its grid; ``stores``: each grid point's records by its directory); ``bar``: a task's learned threshold
+    (``task_eval.learned``)."""
+    out = []
     for task in tasks:
         for scheme, grid in points.items():
-            for p in grid:  # each grid point's records read once
-                records.setdefault(p, load(point_root(run_root, p) / "results.jsonl"))
-            found = {point_label(p): seed_results(records[p], task, scheme, seed, train_length) for p in grid}
+            found = {
+                point_label(p): seed_results(stores[point_root(run_root, p)].records, task, scheme, seed, train_length)
+                for p in grid
+            }
             out.append(
                 Choice(
                     task,
@@ -128,10 +136,11 @@ def choices(
     return out
 
 
-def merge_chosen(run_root: Path, chosen: list[Choice], schemes: list[str]) -> None:
+def merge_chosen(stores: dict[Path, RunStore], run_root: Path, chosen: list[Choice], schemes: list[str]) -> None:
     """``run_root/results.jsonl``: the records of each (task, scheme) at its chosen grid point (every seed) or, on a
     task none of its points learned, at its best point (seed 0 only: no other seed runs there), the rows of RoPE
-    context-extension schedules and eval_methods evaluated on a chosen scheme; rewritten whole each time."""
+    context-extension schedules and eval_methods evaluated on a chosen scheme; rewritten whole each time from
+    ``stores`` (each grid point's records by its directory, up to date)."""
     keep: dict[Point, set] = {}
     for c in chosen:
         if c.shown is not None:
@@ -139,7 +148,7 @@ def merge_chosen(run_root: Path, chosen: list[Choice], schemes: list[str]) -> No
     out = []
     for point, wanted in keep.items():
         names = {s for _, s in wanted}
-        for r in full_records(load(point_root(run_root, point) / "results.jsonl")):
+        for r in full_records(stores[point_root(run_root, point)].records):
             if isinstance(r, Task):
                 ok = (r.task, r.scheme) in wanted
             else:  # text: a scheme's rows, or a schedule row "<scheme>+<schedule>" of a chosen scheme

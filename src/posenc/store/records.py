@@ -15,8 +15,10 @@ as early ``eval.jsonl`` lines). Each record carries ``schema_version``; a line w
 wrote before the field); version 2 renamed the row label of ``ScoredWindow`` and ``PasskeyTrial`` from ``method`` to
 ``adaptation`` (before a first release, an older line is not read under the new names: ``load`` refuses it with one
 line naming the field). ``append`` writes
-one record as one line, ``write`` replaces a file by its records; ``load`` reads a file back, skipping a line torn
-by a killed writer, and refuses a record of a newer version or of an unknown kind with one line.
+one record as one line, ``write`` replaces a file by its records; ``load`` reads a file back, ignoring a last line
+cut short by an interrupted append (one-line warning), and refuses any other line that is not JSON, a record of a
+newer version or of an unknown kind with one line naming the file and line. :class:`RunStore` is a compare run's
+records file as one command reads and appends it: read once, then only what was appended.
 ``load_ppl`` reads a compare directory's perplexity records from its ``results.jsonl``, else from the
 ``results.csv`` committed results keep; ``load_tasks`` a task comparison's :class:`Task` records from its
 ``results.jsonl``, else from its ``retrieval.csv``.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -122,7 +125,7 @@ class TaskCell(BaseModel):
 
 
 class Task(Record):
-    """One synthetic-task job (``posenc.runs.retrieval``): its cells, training and evaluation seconds, torch threads."""
+    """One synthetic-task job (``posenc.runs.job.TaskJob``): its cells, training and evaluation seconds, threads."""
 
     kind: Literal["task"] = "task"
     task: str
@@ -147,7 +150,7 @@ class Task(Record):
     # forget:init_bias=4); None: unknown (records before the field)
     encoding: str | None = None
     # True: a sweep's screening of a grid point, the tests at the training length only (what the chooser reads); the
-    # job's full record, if the point is chosen, follows it (``posenc.runs.retrieval.run_task_job``)
+    # job's full record, if the point is chosen, follows it (``posenc.runs.job.TaskJob``)
     screening: bool = False
 
 
@@ -297,21 +300,100 @@ def _parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
         raise PosencError(f"{where}: not a {kind} record ({'.'.join(map(str, err['loc']))}: {err['msg']})") from None
 
 
-def load(path: Path, kinds: dict[str, type[Record]] = RUN) -> list[Record]:
-    """Typed records of a JSONL file, of the family ``kinds`` ([] when it does not exist); a line that is not
-    JSON (torn by a killed writer) is skipped. Raises PosencError (one line, naming the file and line) for a
-    record of a newer schema version, of an unknown kind, or whose fields do not fit its kind."""
-    path = Path(path)
-    if not path.exists():
-        return []
+def _lines(data: bytes, path: Path, first: int, kinds: dict[str, type[Record]]) -> tuple[list[Record], int]:
+    """The records of the whole lines of ``data`` (``path``'s bytes from its line ``first`` on) and how many bytes
+    they take: a last line without its newline is left out (an append cut short, or one still being written).
+    PosencError (one line naming the file and line) for a whole line that is not JSON or not a record."""
+    end = data.rfind(b"\n") + 1
     out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(data[:end].splitlines(), first):
+        if not line.strip():  # a blank line holds no record
+            continue
         try:
             raw = json.loads(line)
         except json.JSONDecodeError:
-            continue
+            raise PosencError(f"{path} line {i} is not a JSON record; repair or remove that line") from None
         out.append(_parse(raw, kinds, f"{path} line {i}"))
-    return out
+    return out, end
+
+
+def _torn(data: bytes, path: Path, line: int) -> bool:
+    """Whether ``data`` ends in a line cut short (no newline, not JSON): an interrupted append, said in a one-line
+    warning on stderr. A last line that is whole JSON without its newline is a record (a file written by hand)."""
+    tail = data[data.rfind(b"\n") + 1 :]
+    if not tail.strip():
+        return False
+    try:
+        json.loads(tail)
+    except json.JSONDecodeError:
+        if (path, len(data)) not in _WARNED:  # once per file as it is: a report reads a run's records more than once
+            _WARNED.add((path, len(data)))
+            print(f"posenc: warning: {path} line {line} is cut short (an interrupted append); ignored", file=sys.stderr)
+        return True
+    return False
+
+
+_WARNED: set[tuple[Path, int]] = set()  # (file, its size) whose torn last line this process warned of
+
+
+def load(path: Path, kinds: dict[str, type[Record]] = RUN) -> list[Record]:
+    """Typed records of a JSONL file, of the family ``kinds`` ([] when it does not exist). A last line cut short
+    (an interrupted append) is ignored with a one-line warning on stderr. Raises PosencError (one line, naming the
+    file and line) for any other line that is not JSON, a record of a newer schema version, of an unknown kind, or
+    whose fields do not fit its kind."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    last = data.count(b"\n") + 1  # the number of a line after the last newline
+    return _lines(data if _torn(data, path, last) else data + b"\n", path, 1, kinds)[0]
+
+
+class RunStore:
+    """The one reader and appender of a run's records file (``results.jsonl``) in a command: the file is read once.
+
+    Opening reads it, a last line cut short by an interrupted append cut off (one-line warning on stderr) so the next
+    append starts a clean line; ``append`` adds a record as one line; ``refresh`` reads only what was appended since
+    the last read (by this process or by jobs in others: a job process gets a pickled copy and appends to the same
+    file), so each byte is read once per invocation. ``records``: every record read so far, in file order. Raises
+    PosencError as :func:`load` does."""
+
+    def __init__(self, path: Path, kinds: dict[str, type[Record]] = RUN):
+        self.path, self.kinds = Path(path), kinds
+        self.records: list[Record] = []
+        self._end, self._line = 0, 1  # bytes read, and the number of the next line
+        if self.path.exists() and self.path.stat().st_size:
+            data = self.path.read_bytes()
+            if not data.endswith(b"\n"):
+                line = data.count(b"\n") + 1
+                print(
+                    f"posenc: warning: {self.path} line {line} is cut short (an interrupted append); removed",
+                    file=sys.stderr,
+                )
+                data = data[: data.rfind(b"\n") + 1]
+                atomic_write_bytes(self.path, data)
+            self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        new, end = _lines(data, self.path, self._line, self.kinds)
+        self.records += new
+        self._end += end
+        self._line += data[:end].count(b"\n")
+
+    def refresh(self) -> list[Record]:
+        """Read the lines appended since the last read; returns their records (also added to ``records``)."""
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._end)
+            data = f.read()
+        before = len(self.records)
+        self._take(data)
+        return self.records[before:]
+
+    def append(self, record: Record) -> None:
+        """Append ``record`` as one line (``append``); ``refresh`` reads it back into ``records``."""
+        append(self.path, record)
 
 
 def full_records(records: list[Record]) -> list[Record]:

@@ -1,0 +1,644 @@
+"""A job is the unit of work of a comparison: a frozen record that knows when it is done and how to do it.
+
+Each kind is one class: :class:`TextJob` (train one scheme and seed on text, evaluate perplexity at every length,
+the passkey cells and the far-mass pass), :class:`TaskJob` (train and score on a synthetic task), and the rows
+evaluated on a trained text run: :class:`ScheduleJob` (a RoPE context-extension schedule) and :class:`MethodJob`
+(an inference method). A job carries its grid point's directory (``root``: its ``results.jsonl`` and
+``<scheme>/seed<k>``), scheme, seed, grid point and model and training settings; ``done(store)`` asks the run's
+records (``posenc.store.records.RunStore``) whether its work is there, ``run(store)`` does what is missing,
+appending to them (a rerun resumes). :class:`Plan` turns a preset into its stages, lists of jobs;
+``posenc.runs.jobs`` runs a stage's pending jobs, each in its own process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+from posenc import encodings
+from posenc.config.plan import (
+    Point,
+    Preset,
+    absolute_corpus,
+    at_point,
+    grid_points,
+    job_configs,
+    job_encoding,
+    mixing_windows,
+    model_line,
+    point_label,
+    point_root,
+    positions_note,
+    schedule_spec,
+    setting,
+    task_specs,
+)
+from posenc.data.corpora import load_tokens
+from posenc.data.tasks import get_task
+from posenc.errors import PosencError
+from posenc.eval.diagnose import far_mass_records
+from posenc.eval.passkey import passkey_records
+from posenc.eval.perplexity import evaluate_length
+from posenc.eval.tasks import evaluate_task, gate_leak
+from posenc.methods import parse as parse_method
+from posenc.model import LM, ModelConfig, is_rope, set_method, with_rope_schedule
+from posenc.reports.compare import with_ratios, write_report
+from posenc.reports.sweep import sweep_markdown, write_sensitivity
+from posenc.reports.tasks import write_task_report
+from posenc.rope import schedule_label, schedule_params
+from posenc.runs.jobs import check_same_settings, trained_job
+from posenc.runs.retrieval import task_meta
+from posenc.runs.sweep import Choice, choices, merge_chosen
+from posenc.scoring import eval_lengths, window_starts
+from posenc.store.checkpoint import read_json, read_jsonl
+from posenc.store.records import FarMass, PasskeyCell, Ppl, Record, RunStore, Task
+from posenc.store.stamp import run_stamp, stamp_line
+from posenc.train.loop import (
+    TrainConfig,
+    check_positions,
+    check_trained_as,
+    is_trained,
+    load_run,
+    machine_precision,
+    randomized_max,
+    steps_to_criterion,
+)
+from posenc.train.tracking import eval_metrics, task_metrics
+
+
+def span(preset: Preset) -> int:
+    """Every length scores the same text: the first (longest length) targets of each held-out work used."""
+    return max(eval_lengths(preset.model.train_length, preset.eval.multiples))
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What every kind of job has. ``preset``: the comparison's (its grid point's settings are in ``model`` and
+    ``train``: ``posenc.config.plan.job_configs``); ``root``: its grid point's directory; ``log``: a tracker kind
+    (``posenc.train.tracking``)."""
+
+    kind: ClassVar[str]
+    preset: Preset
+    root: Path
+    scheme: str
+    seed: int
+    model: ModelConfig
+    train: TrainConfig
+    point: Point = ()
+    log: str = "none"
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory it trains, or evaluates."""
+        return self.root / self.scheme / f"seed{self.seed}"
+
+    @property
+    def error_file(self) -> Path:
+        """Where a failure's traceback goes."""
+        return self.run_dir.with_suffix(".error.txt")
+
+    def key(self) -> tuple:
+        """The job whatever it evaluates: a chosen point's full job completes its screening, one job."""
+        return self.kind, self.scheme, self.seed, self.point
+
+    def name(self) -> str:
+        """The job in words, as failures name it: ``rope (seed 0)``, ``... at train.lr=0.001 (screening)``."""
+        return f"{self.scheme} (seed {self.seed})" + (f" at {point_label(self.point)}" if self.point else "")
+
+    def check(self) -> None:
+        """PosencError before any work when the run it would report was trained with other settings."""
+
+    def extensions(self) -> list[Job]:
+        """The jobs that evaluate this one's trained model further (none)."""
+        return []
+
+    def done(self, store: RunStore) -> bool:
+        raise NotImplementedError
+
+    def run(self, store: RunStore) -> None:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trains(Job):
+    """A job that trains its run: checked against the run's recorded settings first."""
+
+    screening: bool = False  # a sweep's grid point on the first seed: evaluated at the training length only
+
+    def name(self) -> str:
+        return super().name() + (" (screening)" if self.screening else "")
+
+    def check(self) -> None:
+        check_trained_as(self.run_dir, self.model, self.train, f"{self.preset.name}'s job {self.name()}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextJob(_Trains):
+    """Train (or resume) one scheme and seed on text, then evaluate perplexity at every length of the preset, the
+    passkey cells and the far-mass pass (a screening job: perplexity at the training length only, what the sweep's
+    chooser reads; the chosen point's full job evaluates the rest). ``nproc`` > 1 trains data-parallel under
+    torchrun (:func:`train_under_torchrun`); evaluation runs in the job's process."""
+
+    kind: ClassVar[str] = "text"
+    nproc: int = 1
+
+    @staticmethod
+    def prepare(preset: Preset, nproc: int):
+        """(the preset with its corpus absolute, its tokens): bad input fails before anything is written; the
+        held-out text must be long enough for the longest evaluation."""
+        preset = absolute_corpus(preset)
+        data = load_tokens(preset.train.corpus, preset.train.tokenizer)
+        window_starts(data.val_docs, span(preset), preset.eval.max_tokens, span=span(preset))
+        return preset, data
+
+    @staticmethod
+    def longest(preset: Preset) -> int:
+        """The longest length a job evaluates."""
+        return span(preset)
+
+    @staticmethod
+    def report(plan: Plan, failures: dict[str, str], meta: dict) -> Path:
+        """``report.md`` and its tables and plots (``posenc.reports.compare.write_report``)."""
+        trained = {c.scheme: job_encoding(c.shown, c.scheme) for c in plan.chosen if c.shown is not None}
+        return write_report(plan.run_root, {**text_meta(plan.preset, plan.data, trained), **meta}, failures)
+
+    def lengths(self) -> list[int]:
+        L = self.model.train_length
+        return [L] if self.screening else eval_lengths(L, self.preset.eval.multiples)
+
+    def extras(self) -> set[tuple[str, int, float | None]]:
+        """(kind, length, depth) of the passkey and far-mass records the full job writes."""
+        ev, L = self.preset.eval, self.model.train_length
+        keys: set[tuple[str, int, float | None]] = set()
+        if ev.passkey.trials:
+            lengths = eval_lengths(L, ev.passkey.lengths_multiples)
+            keys |= {("passkey", n, d) for n in lengths for d in ev.passkey.depths}
+        if ev.far_mass.windows:
+            keys |= {("far_mass", n, None) for n in eval_lengths(L, ev.far_mass.multiples)}
+        return keys
+
+    def _mine(self, store: RunStore) -> list[Record]:
+        return [
+            r
+            for r in store.records
+            if isinstance(r, (Ppl, PasskeyCell, FarMass)) and (r.scheme, r.seed) == (self.scheme, self.seed)
+        ]
+
+    def done(self, store: RunStore) -> bool:
+        mine = self._mine(store)
+        cells = {r.eval_length for r in mine if isinstance(r, Ppl)}
+        extras = {(r.kind, r.length, getattr(r, "depth", None)) for r in mine if not isinstance(r, Ppl)}
+        return is_trained(self.run_dir) and set(self.lengths()) <= cells and (self.screening or self.extras() <= extras)
+
+    def run(self, store: RunStore) -> None:
+        preset, mcfg, tcfg = self.preset, self.model, self.train
+        data = load_tokens(preset.train.corpus, preset.train.tokenizer)
+        mine = self._mine(store)  # only this job writes its (scheme, seed) rows: it keeps them up to date itself
+        config = {
+            "name": preset.name,
+            "scheme": self.scheme,
+            "seed": self.seed,
+            "model": dataclasses.asdict(mcfg),
+            "train": tcfg.model_dump(),
+            "eval": preset.eval.model_dump(),
+        }
+        torchrun = (lambda: train_under_torchrun(self)) if self.nproc > 1 else None
+        name, desc = f"{preset.name}/{self.scheme}/seed{self.seed}", f"{self.scheme} s{self.seed}"
+        with trained_job(self.run_dir, name, desc, mcfg, tcfg, config, self.log, data, torchrun) as (model, tracker):
+            done = {r.eval_length for r in mine if isinstance(r, Ppl)}
+            for L in self.lengths():
+                if L in done:
+                    continue
+                rec = evaluate_length(
+                    model,
+                    data.val_docs,
+                    L,
+                    {"scheme": self.scheme, "seed": self.seed},
+                    preset.eval.max_tokens,
+                    preset.eval.batch_tokens,
+                    span=span(preset),
+                    positions=randomized_max(tcfg.positions),
+                )
+                store.append(rec)
+                mine.append(rec)
+            if not self.screening:
+                mine += self._extras(model, data, store, mine)
+            evals = [*with_ratios([r for r in mine if isinstance(r, Ppl)]), *(r for r in mine if r.kind == "passkey")]
+            tracker.log(eval_metrics(evals, mcfg.train_length), read_json(self.run_dir / "train_summary.json")["steps"])
+
+    def _extras(self, model: LM, data, store: RunStore, mine: list[Record]) -> list[Record]:
+        """The passkey cells and the far-mass pass not among ``mine``, appended; returns the new records."""
+        ev = self.preset.eval
+        base = {"scheme": self.scheme, "seed": self.seed, "train_length": self.model.train_length}
+        done = {(r.kind, r.length, getattr(r, "depth", None)) for r in mine if not isinstance(r, Ppl)}
+        todo = [m for m in ev.far_mass.multiples if ("far_mass", m * base["train_length"], None) not in done]
+        new = [
+            *passkey_records(model, data.tokenizer, ev.passkey, base, {(n, d) for k, n, d in done if k == "passkey"}),
+            *far_mass_records(model, data.val_docs, ev.far_mass.model_copy(update={"multiples": todo}), base),
+        ]
+        for rec in new:
+            store.append(rec)
+        return new
+
+    def extensions(self) -> list[Job]:
+        at, common = at_point(self.preset, self.point), {f.name: getattr(self, f.name) for f in dataclasses.fields(Job)}
+        schedules = [
+            ScheduleJob(**common, order=(0, i), schedule=name, params=params)
+            for i, (name, params) in enumerate(schedule_spec(spec, at) for spec in self.preset.eval_schedules)
+            if is_rope(self.scheme)
+        ]
+        return [*schedules, *(MethodJob(**common, order=(1, i), method=m) for i, m in enumerate(at.eval_methods))]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskJob(_Trains):
+    """Train (or resume) one scheme on one synthetic task and record its scores (one :class:`Task` record, written
+    once; a screening scores the in-distribution test at the training length only, ``Task.screening``, and the
+    later full job of the same run scores the other tests and records every one, the screened cells kept)."""
+
+    kind: ClassVar[str] = "task"
+    task: str = ""
+
+    @staticmethod
+    def prepare(preset: Preset, nproc: int):
+        """(the preset, None: each job loads its task); PosencError for more than one process per job."""
+        if nproc > 1:
+            raise PosencError("synthetic-task comparisons train each job in one process: no --nproc-per-node")
+        return preset, None
+
+    @staticmethod
+    def longest(preset: Preset) -> int:
+        """The longest length a job evaluates: every test's of every task."""
+        L = preset.model.train_length
+        return max(t.length for spec in task_specs(preset) for t in get_task(spec).tests(L, preset.task_eval.multiples))
+
+    @staticmethod
+    def report(plan: Plan, failures: dict[str, str], meta: dict) -> Path:
+        """The task report (``posenc.reports.tasks.write_task_report``)."""
+        return write_task_report(plan.run_root, {**task_meta(plan.preset), **meta}, failures)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / self.task / self.scheme / f"seed{self.seed}"
+
+    def key(self) -> tuple:
+        return (*super().key(), self.task)
+
+    def name(self) -> str:
+        return f"{self.task} {super().name()}"
+
+    def _records(self, store: RunStore) -> list[Task]:
+        key = (self.task, self.scheme, self.seed)
+        return [r for r in store.records if isinstance(r, Task) and (r.task, r.scheme, r.seed) == key]
+
+    def done(self, store: RunStore) -> bool:
+        recorded = self._records(store)
+        return bool(recorded) and (self.screening or any(not r.screening for r in recorded))
+
+    def run(self, store: RunStore) -> None:
+        preset, mcfg, tcfg = self.preset, self.model, self.train
+        data = load_tokens(self.task, tasks=True)
+        config = {
+            "name": preset.name,
+            "task": self.task,
+            "scheme": self.scheme,
+            "seed": self.seed,
+            "model": dataclasses.asdict(mcfg),
+            "train": tcfg.model_dump(),
+            "task_eval": preset.task_eval.model_dump(),
+        }
+        name = f"{preset.name}/{self.task}/{self.scheme}/seed{self.seed}"
+        desc = f"{self.task} {self.scheme} s{self.seed}"
+        with trained_job(self.run_dir, name, desc, mcfg, tcfg, config, self.log, data) as (model, tracker):
+            ev, screened = preset.task_eval, self._records(store)
+            t0 = time.time() - sum(r.eval_seconds for r in screened)  # the screening's time counts to the job's
+            cells = evaluate_task(
+                model,
+                data.task,
+                mcfg.train_length,
+                [1] if self.screening else ev.multiples,
+                ev.answers,
+                ev.max_tokens,
+                ev.batch_tokens,
+                positions=randomized_max(tcfg.positions),
+                done=[c.model_dump() for r in screened for c in r.cells],
+                only=("id",) if self.screening else None,
+                seed=self.seed,  # the probes are drawn from the run's seed (posenc.eval.tasks.cell_seed)
+            )
+            summary = read_json(self.run_dir / "train_summary.json")
+            record = Task(
+                task=self.task,
+                scheme=self.scheme,
+                seed=self.seed,
+                train_length=mcfg.train_length,
+                train_seconds=summary["seconds"],
+                eval_seconds=time.time() - t0,
+                threads=run_stamp()["threads"],
+                cells=cells,
+                trained_steps=summary["steps"],
+                criterion=tcfg.until.describe() if tcfg.until else None,
+                criterion_step=steps_to_criterion(summary),
+                n_head=mcfg.n_head,
+                loss_curve=[(r["step"], r["loss"]) for r in read_jsonl(self.run_dir / "train.jsonl")],
+                leak=gate_leak(model, data.task, mcfg.train_length),
+                encoding=mcfg.encoding,
+                screening=self.screening,
+            )
+            store.append(record)
+            tracker.log(task_metrics(record.cells, mcfg.train_length), summary["steps"])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Evaluates(Job):
+    """Perplexity rows of a trained text run under something applied to its model, at every length of the preset;
+    nothing to do while the run is not trained (its training job failed: reported there) or where it does not
+    apply. ``order``: its place among a run's rows (schedules first, each kind in the preset's order)."""
+
+    order: tuple[int, int] = (0, 0)
+
+    def label(self) -> str:
+        """The rows' scheme label."""
+        raise NotImplementedError
+
+    def applied(self) -> tuple[LM, dict] | None:
+        """The trained model with it applied and the rows' fields; None when it does not apply to the scheme."""
+        raise NotImplementedError
+
+    @property
+    def error_file(self) -> Path:
+        return self.root / self.scheme / f"seed{self.seed}+{self.label()}.error.txt"
+
+    def key(self) -> tuple:
+        return (*super().key(), self.label())
+
+    def name(self) -> str:
+        return f"{self.label()} (seed {self.seed})"
+
+    def _missing(self, store: RunStore) -> list[int]:
+        key = (self.label(), self.seed)
+        done = {r.eval_length for r in store.records if isinstance(r, Ppl) and (r.scheme, r.seed) == key}
+        return [L for L in eval_lengths(self.model.train_length, self.preset.eval.multiples) if L not in done]
+
+    def done(self, store: RunStore) -> bool:
+        return not is_trained(self.run_dir) or not self._missing(store)
+
+    def run(self, store: RunStore) -> None:
+        got = self.applied()
+        if got is None:
+            return
+        model, fields = got
+        ev, data = self.preset.eval, load_tokens(self.preset.train.corpus, self.preset.train.tokenizer)
+        for L in self._missing(store):
+            store.append(
+                evaluate_length(model, data.val_docs, L, fields, ev.max_tokens, ev.batch_tokens, span=span(self.preset))
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleJob(_Evaluates):
+    """A RoPE context-extension schedule (``eval_schedules``, its validated ``params``) on a trained RoPE run: rows
+    labelled as ``posenc.model.with_rope_schedule`` labels them (``rope+yarn(s=8)``)."""
+
+    kind: ClassVar[str] = "schedule"
+    schedule: str = ""
+    params: dict = dataclasses.field(default_factory=dict)
+
+    def label(self) -> str:
+        full = schedule_params(self.schedule, self.model.train_length, self.params)
+        return f"{self.model.encoding}+{schedule_label(self.schedule, full)}"
+
+    def name(self) -> str:
+        return f"{self.scheme}+{self.schedule} (seed {self.seed})"
+
+    def applied(self) -> tuple[LM, dict]:
+        model, label = with_rope_schedule(load_run(self.run_dir)[0], self.schedule, self.params)
+        return model, {"scheme": label, "seed": self.seed}
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodJob(_Evaluates):
+    """An inference method (``eval_methods``, ``posenc.methods``) on a trained run: rows ``<scheme>+<method>`` with
+    the method's full spec; none for a scheme it does not apply to (``posenc.model.set_method`` refuses it)."""
+
+    kind: ClassVar[str] = "method"
+    method: str = ""
+
+    def label(self) -> str:
+        return f"{self.scheme}+{parse_method(self.method, self.model.train_length).describe()}"
+
+    def done(self, store: RunStore) -> bool:
+        return super().done(store) or self.applied() is None
+
+    def applied(self) -> tuple[LM, dict] | None:
+        model = load_run(self.run_dir)[0]
+        try:
+            method = set_method(model, self.method)
+        except PosencError:  # not a scheme the method applies to
+            return None
+        return model, {"scheme": self.label(), "seed": self.seed, "method": method.label()}
+
+
+class Plan:
+    """The stages of a comparison, each a list of jobs (``stages``). ``preset``: the comparison's (its corpus
+    absolute: ``posenc.config.plan.absolute_corpus``); ``vocab``: the text corpus's vocabulary size (a task job
+    takes its task's); ``log`` and ``nproc`` as the jobs'.
+
+    Without a sweep: one job per (task,) scheme and seed, then the schedule and method rows of the trained text
+    runs. With one, every grid point of each scheme first on the first seed (screening jobs), then each scheme's
+    choice from their records (``posenc.runs.sweep.choices``; ``chosen`` after that stage) on every seed (the first
+    seed's completes its screening; a task none of whose points learned: its best point on the first seed), then
+    the rows."""
+
+    def __init__(self, preset: Preset, out_root: Path, log: str = "none", nproc: int = 1):
+        self.tasks = task_specs(preset)
+        self.kind: type[TextJob] | type[TaskJob] = TaskJob if self.tasks else TextJob  # the one choice of kind
+        self.preset, self.data = preset, None
+        self.run_root, self.log, self.nproc = Path(out_root) / preset.name, log, nproc
+        self.grids = {s: grid_points(preset, s) for s in preset.schemes}
+        self.points = list(dict.fromkeys(p for grid in self.grids.values() for p in grid))
+        self.chosen: list[Choice] = []
+        self.final: list[Job] = []
+
+    def check(self) -> None:
+        """PosencError (one line) before any work: randomized training positions that a scheme (each variant)
+        refuses or that cannot place the longest evaluation (the jobs score such a model on randomized positions
+        too, ``posenc.data.positions``), or a run directory holding results made with other settings
+        (``posenc.runs.jobs.check_same_settings``); the kind's own checks first (``prepare``: a text corpus is
+        loaded, by its absolute path)."""
+        self.preset, self.data = self.kind.prepare(self.preset, self.nproc)
+        p = self.preset
+        for s in p.schemes:
+            for spec in dict.fromkeys(job_encoding(g, s) for g in self.grids[s]):
+                check_positions(dataclasses.replace(p.model, encoding=spec), p.train)
+        n = randomized_max(p.train.positions)
+        if n is not None and self.kind.longest(p) > n:
+            raise PosencError(
+                f"train.positions {p.train.positions!r}: max must be >= the longest evaluation length "
+                f"{self.kind.longest(p)} (the model is scored on randomized positions too)"
+            )
+        check_same_settings(self.run_root, p)
+        for g in self.points:
+            if g:
+                check_same_settings(point_root(self.run_root, g), at_point(p, g))
+
+    def at(self, point: Point) -> Preset:
+        """The preset of a grid point's directory: its settings, the schemes that train there."""
+        return at_point(self.preset, point).model_copy(
+            update={"schemes": [s for s in self.preset.schemes if point in self.grids[s]]}
+        )
+
+    def roots(self) -> list[Path]:
+        """Each grid point's directory (``run_root`` alone without a sweep)."""
+        return [point_root(self.run_root, p) for p in self.points]
+
+    def job(self, task: str | None, scheme: str, seed: int, point: Point = (), screening: bool = False) -> Job:
+        """The training job of (task, scheme, seed) at ``point``."""
+        vocab = get_task(task).vocab_size if task else self.data.vocab_size
+        mcfg, tcfg = job_configs(self.preset, point, scheme, seed, vocab, task)
+        common = dict(
+            preset=self.preset,
+            root=point_root(self.run_root, point),
+            scheme=scheme,
+            seed=seed,
+            model=mcfg,
+            train=tcfg,
+            point=point,
+            log=self.log,
+            screening=screening,
+        )
+        return TaskJob(**common, task=task) if task else TextJob(**common, nproc=self.nproc)
+
+    def stages(self, stores: dict[Path, RunStore]) -> Iterator[list[Job]]:
+        """The stages in order; each after the one before has run (``stores``: each grid point's records, read up
+        to date by then)."""
+        p, units, first = self.preset, self.tasks or [None], self.preset.seeds[0]
+        if p.sweep is None:
+            final = [self.job(t, s, seed) for t in units for s in p.schemes for seed in p.seeds]
+        else:
+            yield [self.job(t, s, first, g, screening=True) for t in units for s in p.schemes for g in self.grids[s]]
+            L, bar = p.model.train_length, p.task_eval.learned
+            self.chosen = choices(stores, self.run_root, units, self.grids, first, L, bar)
+            final = [
+                self.job(c.task, c.scheme, k, c.point) for c in self.chosen if c.point is not None for k in p.seeds
+            ]
+            final += [  # a task none of whose points learned: its best point, on the first seed
+                self.job(c.task, c.scheme, first, c.shown)
+                for c in self.chosen
+                if c.point is None and c.shown is not None
+            ]
+        self.final = final
+        yield final
+        yield sorted((x for j in final for x in j.extensions()), key=lambda x: x.order)
+
+    def outline(self) -> dict[str, list[str]]:
+        """The jobs of each stage in words, without loading or running anything (``posenc compare --dry-run``); a
+        sweep's chosen points are known only after its screening."""
+        p, units, first = self.preset, self.tasks or [None], self.preset.seeds[0]
+
+        def named(t: str | None, s: str, k: int, at: str = "") -> str:
+            return f"{t + ' ' if t else ''}{s} (seed {k}){at}"
+
+        out = {}
+        if p.sweep is None:
+            out["jobs"] = [named(t, s, k) for t in units for s in p.schemes for k in p.seeds]
+        else:
+            out["screening"] = [
+                named(t, s, first, f" at {point_label(g)} (screening)")
+                for t in units
+                for s in p.schemes
+                for g in self.grids[s]
+            ]
+            out["chosen"] = [named(t, s, k, " at its chosen point") for t in units for s in p.schemes for k in p.seeds]
+        if not self.tasks:
+            rows = [f"{s}+{spec['schedule']}" for spec in p.eval_schedules for s in p.schemes if is_rope(s)]
+            rows += [f"{s}+{m}" for m in p.eval_methods for s in p.schemes]
+            if rows:  # a method row only where the method applies to the scheme
+                out["rows"] = [named(None, r, k) for r in rows for k in p.seeds]
+        return out
+
+    def sweep_lines(self, stores: dict[Path, RunStore]) -> list[str]:
+        """With a sweep: the chosen runs' records merged into ``run_root/results.jsonl`` (``merge_chosen``), the
+        sensitivity table and plot written; the report's sweep lines. [] without one."""
+        if self.preset.sweep is None:
+            return []
+        first, learned = self.preset.seeds[0], self.preset.task_eval.learned
+        merge_chosen(stores, self.run_root, self.chosen, self.preset.schemes)
+        return sweep_markdown(self.chosen, first, write_sensitivity(self.run_root, self.chosen, first, learned))
+
+
+def text_meta(preset: Preset, data, trained: dict[str, str] | None = None) -> dict:
+    """The text report's header: corpus, model, budget, evaluation, and each scheme's description and mixing window
+    (of the spec it trained: ``trained`` maps a swept scheme to its chosen variant,
+    ``posenc.config.plan.job_encoding``)."""
+    mcfg = dataclasses.replace(preset.model, vocab_size=data.vocab_size)
+    windows, trained = mixing_windows(preset), trained or {}
+    return {
+        "name": preset.name,
+        "train_length": preset.model.train_length,
+        "corpus": (
+            f"{preset.train.corpus} ({len(data.train):,} training tokens; "
+            f"held out: {', '.join(n for n, _ in data.val_docs)})"
+        ),
+        "tokenizer": f"{preset.train.tokenizer} (vocab {data.vocab_size})",
+        "model": model_line(preset),
+        "budget": (
+            f"{setting(preset, 'train.steps')} steps x {preset.train.batch_size} x {preset.model.train_length} tokens, "
+            f"lr {setting(preset, 'train.lr')}{positions_note(preset)}"
+        ),
+        "seeds": preset.seeds,
+        "eval": (
+            "non-overlapping windows; every length scores the same text: "
+            f"the first {span(preset)} targets of each of the first "
+            f"{-(-preset.eval.max_tokens // span(preset))} held-out works"
+        ),
+        "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
+        "mixing_windows": {s: windows[trained.get(s, s)] for s in preset.schemes},
+        "notes": preset.description or None,
+        "run": stamp_line(run_stamp(machine_precision(preset.train))),
+    }
+
+
+def train_under_torchrun(job: TextJob) -> None:
+    """Train (or resume) ``job`` data-parallel: ``posenc train`` under torchrun with ``job.nproc`` processes on this
+    machine, reading its grid point's ``preset.json`` (the resolved preset), so the run is the one the sweep would
+    train. PosencError with posenc's own error line, else a rank's last exception line."""
+    out = job.run_dir
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(job.nproc),
+        "-m",
+        "posenc.cli.main",
+        "train",
+        "--scheme",
+        job.scheme,
+        "--preset",
+        str(job.root / "preset.json"),
+        "--seed",
+        str(job.seed),
+        "--out",
+        str(out),
+    ] + (["--resume"] if (out / "config.json").exists() else [])
+    # torchrun's own parser takes any "--log..." as an abbreviation of its --log-dir: the tracker goes by environment
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "POSENC_LOG": job.log})
+    if proc.returncode:  # posenc's own error, else a rank's last exception line (torchrun's summary ends in "===")
+        err = proc.stderr.splitlines()
+        lines = (
+            [line for line in err if "posenc: error:" in line]
+            or [line for line in err if line.startswith("[rank") and ("Error" in line or "Exception" in line)][-1:]
+            or [line for line in err if "exitcode" in line][:1]
+            or proc.stderr.strip().splitlines()[-1:]
+        )
+        raise PosencError(
+            f"torchrun training of {job.scheme} (seed {job.seed}) failed: "
+            f"{lines[0] if lines else f'exit code {proc.returncode}'}"
+        )
