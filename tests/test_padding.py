@@ -7,10 +7,11 @@ import torch
 
 import posenc
 from posenc import encodings
-from posenc.attention import attention, naive_attention
+from posenc.attention import attention, flex_causal, naive_attention
 from posenc.errors import PosencError
 from posenc.layer import LayerCache, attend, padding_bias, padding_starts, prepare
 from posenc.model import Cache, build_model, pad_left, set_method
+from posenc.rope import SCHEDULES
 
 SPECS = sorted(set(encodings.names()) | {"acc-rand-qkv:a=0.3+alibi", "path+forget", "rope|nope"})
 LENGTHS = (9, 5, 2)  # prompts of different lengths; the longest row has no padding
@@ -56,6 +57,34 @@ def test_a_padded_row_equals_the_row_alone(spec):
             assert (decoded[b, T - n :] - alone).abs().max() < 1e-9, "decode"
             assert torch.equal(generated[b, T - n :], m.generate(row, 4, temperature=0)), "generate"
             assert torch.equal(generated[b, : T - n], ids[b, : T - n])  # the padding kept at the left
+
+
+SCHEDULE_PARAMS = {  # head dim 16: 8 frequency pairs; ReRoPE's window below the shortest row (alone: refused)
+    "none": {},
+    "rerope": {"window": 1},
+    "leaky-rerope": {"window": 1, "leak": 4.0},
+    "longrope": {
+        "factor": 4.0,
+        "short_factor": [1 + 0.1 * i for i in range(8)],
+        "long_factor": [1 + i for i in range(8)],
+    },
+}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_every_rope_schedule_honours_the_mask(schedule):
+    """Within L0 = 16 (9 prompt and 4 generated tokens), dynamic NTK and LongRoPE give every row the frequencies it
+    would take alone, so every schedule runs a padded batch (ReRoPE's attention takes the mask in its bias)."""
+    params = {"schedule": schedule, "schedule_params": SCHEDULE_PARAMS.get(schedule, {"factor": 4.0})}
+    m, rows = model("rope", encoding_params=params), prompts(2)
+    ids, mask = pad_left(rows, pad_id=PAD)
+    T = ids.shape[1]
+    with torch.no_grad():
+        padded, generated = m(ids, attention_mask=mask), m.generate(ids, 4, temperature=0, attention_mask=mask)
+        for b, row in enumerate(rows):
+            n = len(row)
+            assert (padded[b, T - n :] - m(row[None])[0]).abs().max() < 1e-9
+            assert torch.equal(generated[b, T - n :], m.generate(row, 4, temperature=0))
 
 
 def test_a_padded_row_equals_the_row_alone_in_float32_with_a_canon_layer():
@@ -124,6 +153,24 @@ def test_the_fast_attention_paths_agree_with_the_naive_reference_under_the_mask(
     assert torch.equal(pad.at(b, 0, qi, ki), tile[:, 0])
 
 
+@pytest.mark.slow
+def test_flex_attention_agrees_with_the_naive_reference_under_the_mask():
+    """The CUDA evaluation path of pointwise biases (compiled FlexAttention, here on CPU) with the padding's ``at``,
+    alone and summed with a scheme's (ALiBi's), against the full softmax."""
+    from posenc.encodings.bias import alibi_slopes, distance_bias
+    from posenc.encodings.composite import sum_biases
+
+    torch.manual_seed(0)
+    B, H, T, D = 3, 2, 128, 16
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    pad = padding_bias(torch.tensor([0, 40, 127]))
+    both = sum_biases([distance_bias(alibi_slopes(H), torch.arange(T)), pad])
+    with torch.no_grad():
+        for bias in (pad, both):
+            got = flex_causal(q, k, v, bias.at, D**-0.5)
+            torch.testing.assert_close(got, naive_attention(q, k, v, bias=bias), atol=2e-5, rtol=1e-4)
+
+
 def refuses(fn, match):
     with pytest.raises(PosencError, match=match) as info:
         fn()
@@ -161,6 +208,7 @@ def test_what_cannot_honour_a_mask_refuses_in_one_line():
     m = model("rope", encoding_params={"schedule": "dynamic", "schedule_params": {"factor": 2.0}})
     long_ids, long_mask = pad_left([torch.arange(20) % 50, torch.arange(3)])
     refuses(lambda: m(long_ids, attention_mask=long_mask), "frequencies with the sequence length")
+    refuses(lambda: m.generate(ids, 10, attention_mask=mask), "frequencies")  # past L0 at the 8th step: refused first
     with torch.no_grad():  # below L0 every row takes the same frequencies: honoured
         out = m(ids, attention_mask=mask)
         assert (out[2, -2:] - m(prompts()[2][None])[0]).abs().max() < 1e-9

@@ -542,6 +542,7 @@ class LM(nn.Module):
         mask = attention_mask[None] if flat and isinstance(attention_mask, torch.Tensor) else attention_mask
         first = padding_starts(mask, ids.shape[0], ids.shape[1], ids.device)
         self.check_length(ids.shape[1] - (0 if first is None else int(first.min())) + max_new_tokens)
+        self._check_padded_steps(first, ids.shape[1], max_new_tokens)
         gen = None if seed is None else torch.Generator(ids.device).manual_seed(seed)
         was_training, cache, out = self.training, Cache(len(self.blocks)), [ids]
         self.eval()
@@ -555,6 +556,19 @@ class LM(nn.Module):
             self.train(was_training)
         result = torch.cat(out, dim=1)
         return result[0] if flat else result
+
+    def _check_padded_steps(self, first: torch.Tensor | None, length: int, max_new_tokens: int) -> None:
+        """``posenc.layer.check_padding`` at every length a generation of ``max_new_tokens`` from ``length`` padded
+        positions decodes at, before the first step: a length-dependent schedule that would set the rows apart
+        only later (LongRoPE past L0) is refused before any token is generated."""
+        if first is None:
+            return
+        gap = int(first.max())  # the shortest row's padding
+        for block in self._blocks:
+            enc = block.attn.enc
+            for at in range(length, length + max_new_tokens):
+                if block.attn.method is not None or enc.length_key(at) != enc.length_key(at - gap):
+                    check_padding(enc, block.attn.method, first, at)  # raises, naming why
 
     @torch.no_grad()
     def streaming_nll(self, text: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, int]:

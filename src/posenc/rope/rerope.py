@@ -46,12 +46,15 @@ def _rot(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, pairi
 
 def _attend(q, k, v, keep, bias, scale, fused):
     """Softmax attention of q (B, H, bq, D) over k, v (B, H, n, D) with ``keep`` (bq, n) bool
-    (None: all keys) and an additive ``bias`` tile (or None).
+    (None: all keys) and an additive ``bias`` tile (or None; a -inf in it drops its key, as a padding key).
 
     Returns (out (B, H, bq, Dv), logsumexp (B, H, bq)); a row with no key has lse -inf
     (its out is finite and gets weight 0 in ``merge_lse``). ``fused``: torch's CPU flash
     kernel (returns the logsumexp; no gradient through it), else matmuls.
     """
+    if bias is not None:  # a part whose keys the bias masks all (the padding) is empty for that row, not uniform
+        seen = bias > -math.inf
+        keep = seen if keep is None else keep & seen
     if fused:
         mask = None if bias is None else bias.to(q.dtype)
         if keep is not None:
@@ -66,7 +69,7 @@ def _attend(q, k, v, keep, bias, scale, fused):
     if keep is None:
         return torch.softmax(s, -1) @ v, s.logsumexp(-1)
     has_key = keep.any(-1)
-    s = s.masked_fill(~(keep | ~has_key[:, None]), -math.inf)  # an empty row keeps finite scores: no NaN gradient
+    s = s.masked_fill(~(keep | ~has_key[..., None]), -math.inf)  # an empty row keeps finite scores: no NaN gradient
     lse = torch.where(has_key, s.logsumexp(-1), -math.inf)
     return torch.softmax(s, -1) @ v, lse
 
