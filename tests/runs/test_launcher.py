@@ -232,3 +232,22 @@ def test_bad_preset_cluster_settings_are_one_line(tmp_path, capsys):
         capsys.readouterr().err
         == "posenc: error: invalid preset sweep.yaml: cluster.nodes: Extra inputs are not permitted\n"
     )
+
+
+def _cleanup_fails_while_interrupted():
+    try:
+        raise KeyboardInterrupt
+    finally:
+        raise AttributeError("'NoneType' object has no attribute 'close'")  # cleanup broken by the interrupt
+
+
+def test_an_error_raised_while_a_ctrl_c_unwinds_stops_the_job_and_writes_no_error_file(tmp_path):
+    from posenc.runs.jobs import finish_isolated, interrupted, start_isolated
+
+    error_file = tmp_path / "seed0.error.txt"
+    proc = start_isolated(_cleanup_fails_while_interrupted, (), error_file, [])
+    with pytest.raises(KeyboardInterrupt):
+        finish_isolated(proc, error_file)
+    assert proc.exitcode == 130
+    assert not error_file.exists()
+    assert not interrupted(AttributeError("a plain failure"))

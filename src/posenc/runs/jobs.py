@@ -80,11 +80,25 @@ def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, env:
         # a stop sent to the whole group (timeout) saves the job's checkpoint, as Ctrl-C does
         with sigterm_as_interrupt():
             fn(*args)
-    except KeyboardInterrupt:
-        sys.exit(130)
     except BaseException as exc:
+        if interrupted(exc):
+            sys.exit(130)
         error_file.write_text(f"{one_line(exc)}\n\n{traceback.format_exc()}")
         sys.exit(1)
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is an interruption or was raised while one unwound: cleanup code (a ``finally``, an
+    ``__exit__``, a half-done import) that fails during a Ctrl-C leaves the KeyboardInterrupt only in the
+    ``__context__`` chain, and the job is stopped, not failed."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def start_isolated(fn: Callable, args: tuple, error_file: Path, modules: list[str], env: dict[str, str] | None = None):
