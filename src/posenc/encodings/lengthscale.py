@@ -47,14 +47,19 @@ class LengthScaled(Encoding):
         """c for the key counts n (Tq,) float64: (1, H|1, Tq, 1) in ``dtype`` (float32 or float64)."""
         raise NotImplementedError
 
-    def scaled_attention(self, q, k, v, bias: BiasFn | None) -> torch.Tensor:
-        """q: (B, H, Tq, D) the last Tq rows, k: (B, H, T, D), v: (B, H, T, Dv) -> (B, H, Tq, Dv) in v's dtype."""
-        T = k.shape[-2]
-        c = self.factors(key_counts(T - q.shape[-2], T, q.device), torch.promote_types(q.dtype, torch.float32))
+    def scaled_attention(self, q, k, v, bias: BiasFn | None, first: torch.Tensor | None = None) -> torch.Tensor:
+        """q: (B, H, Tq, D) the last Tq rows, k: (B, H, T, D), v: (B, H, T, Dv) -> (B, H, Tq, Dv) in v's dtype;
+        first: (B,) a left-padded batch's first real rows (``Inputs.first``): each row counts its own keys."""
+        T, dtype = k.shape[-2], torch.promote_types(q.dtype, torch.float32)
+        n = key_counts(T - q.shape[-2], T, q.device)
+        if first is None:
+            c = self.factors(n, dtype)
+        else:  # the padding keys are masked: a row's query sees n - first keys (a padding query: 1, unread)
+            c = torch.cat([self.factors((n - f).clamp(min=1), dtype) for f in first.tolist()])
         return attention((q * c).to(q.dtype), k, v, bias=bias, logit_scale=self.logit_scale)
 
     def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None) -> torch.Tensor:
-        return self.scaled_attention(q, k, v, bias)
+        return self.scaled_attention(q, k, v, bias, inp.first)
 
     def decoder(self) -> LengthScaledState:
         return LengthScaledState(self)
@@ -67,7 +72,7 @@ class LengthScaledState(DecodeState):
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         K, V = (repeat_kv(t, q.shape[1]) for t in (keys.append(k), values.append(v)))
-        return self.enc.scaled_attention(q, K, V, bias)
+        return self.enc.scaled_attention(q, K, V, bias, inp.first)
 
 
 def length_scaled_naive(q, k, v, factors: torch.Tensor, bias: BiasFn | None = None) -> torch.Tensor:
