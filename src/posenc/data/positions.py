@@ -38,6 +38,8 @@ def scored_max(model, n_max: int | None) -> int | None:
     contiguous): ``n_max`` as trained, but None (0..T-1) once an inference method (``posenc.model.set_method``) or a
     RoPE schedule (``posenc.model.with_rope_schedule``) is applied, whose maps are defined on the positions in order.
     ``posenc.eval``'s perplexity and task scoring read it, so ``eval``, ``compare`` and every other command agree."""
+    if n_max is None:  # contiguous positions: nothing to decide (and ``model`` may be any callable scorer)
+        return None
     adapted = any(block.attn.method is not None for block in model.blocks) or bool(
         model.cfg.encoding_params.get("schedule")
     )
