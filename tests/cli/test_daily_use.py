@@ -244,3 +244,61 @@ def test_eval_json_is_the_table_in_json_and_nothing_else(runs, capsys):
     for row, rec in zip(rows, doc["lengths"]):
         assert row[:4] == [str(rec["length"]), str(rec["windows"]), str(rec["scored_tokens"]), f"{rec['ppl']:.3f}"]
     assert doc["lengths"][0]["ratio"] == 1.0 and rows[1][4] == f"{doc['lengths'][1]['ratio']:.3f}"
+
+
+BATCH = ["To be, or not", "Ay", "HAMLET. Words, words, words"]  # different lengths: the shorter rows are padded
+
+
+def test_generate_batch_rows_equal_each_prompt_alone(greedy, tmp_path, capsys, monkeypatch):
+    """--batch from a file (a CRLF line end too) and from stdin: one block per row, in input order, each the
+    block the prompt gives alone (greedy); --json: one object per row."""
+    alone = [run_cli(capsys, *greedy, "--prompt", p) for p in BATCH]
+    assert all(code == 0 for code, _, _ in alone)
+    (tmp_path / "p.txt").write_bytes(("\r\n".join(BATCH) + "\n").encode())
+    code, out, err = run_cli(capsys, *greedy, "--batch", "--prompt-file", str(tmp_path / "p.txt"))
+    assert code == 0 and out == "".join(o for _, o, _ in alone), err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("\n".join(BATCH).encode())))
+    code, out, _ = run_cli(capsys, *greedy, "--batch", "--json")
+    docs = [json.loads(line) for line in out.splitlines()]
+    completions = [o.split("\n", 2)[2].removesuffix("\n") for _, o, _ in alone]
+    assert code == 0 and [d["prompt"] for d in docs] == BATCH and [d["completion"] for d in docs] == completions
+    assert [d["new_tokens"] for d in docs] == [6, 6, 6]
+
+
+def test_generate_json_of_one_prompt(greedy, capsys):
+    code, block, _ = run_cli(capsys, *greedy, "--prompt", "To be")
+    code, doc, _ = run_cli(capsys, *greedy, "--prompt", "To be", "--json")
+    completion = block.split("\n", 2)[2].removesuffix("\n")
+    assert code == 0 and json.loads(doc) == {"prompt": "To be", "completion": completion, "new_tokens": 6}
+
+
+@pytest.mark.parametrize(
+    "argv,text,message",
+    [
+        ([], "To be\n\nor", "line 2 of --prompt-file {p} is empty: --batch takes one prompt per line"),
+        (["--method", "sinks:n_sink=2,window=8"], "To be\nor", "sinks:n_sink=2,window=8 does not take a padding mask"),
+        (["--schedule", "dynamic"], "x" * 40 + "\nor", "dynamic"),  # the rows' lengths set other frequencies
+    ],
+)
+def test_a_bad_batch_is_one_line(greedy, tmp_path, capsys, argv, text, message):
+    path = tmp_path / "p.txt"
+    path.write_text(text)
+    code, out, err = run_cli(capsys, *greedy, "--batch", "--prompt-file", str(path), *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and message.format(p=path) in err, err
+
+
+@pytest.mark.parametrize("kind", ["pretrained model", "finetune run"])
+def test_generate_batch_refuses_a_hugging_face_model_before_loading_it(tmp_path, capsys, monkeypatch, kind):
+    if kind == "finetune run":
+        model = tmp_path / "ft"
+        model.mkdir()
+        (model / "finetune.json").write_text("{}")
+    else:
+        model = tmp_path / "absent.gguf"  # never opened: the refusal comes first
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"To be\nor")))
+    code, out, err = run_cli(capsys, "generate", str(model), "--batch")
+    expected = (
+        f"posenc: error: --batch is for posenc train runs, whose models take a left-padding mask; {model} is a "
+        f"{kind}, decoded by transformers one prompt at a time: give one prompt per command\n"
+    )
+    assert code == 2 and out == "" and err == expected

@@ -10,9 +10,14 @@ model directory or a hub id), with a RoPE schedule or a posenc scheme if given, 
 The prompt is ``--prompt TEXT``, ``--prompt-file PATH`` or stdin (``--prompt -``, or a piped stdin when neither is
 given); a file or stdin is read as UTF-8 with one trailing newline dropped. stdout gets the prompt, a separator line
 (:data:`SEPARATOR`, with the number of tokens generated) and the completion; ``--no-separator`` prints the two as one
-text, ``--completion-only`` the completion alone.
+text, ``--completion-only`` the completion alone, ``--json`` one JSON object.
+
+``--batch`` (posenc train runs): every line of the prompt text is a prompt; the rows are generated together as one
+left-padded batch (``posenc.model.pad_left``, ``LM.generate``'s ``attention_mask``) and printed one after another in
+input order, each as one prompt is (``--json``: one object per line, a row each).
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -23,7 +28,7 @@ from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
 from posenc.hf import generation, loading
 from posenc.hf.adaptation import Adaptation
-from posenc.model import MAX_NEW_TOKENS, check_sampling, set_method, with_rope_schedule
+from posenc.model import MAX_NEW_TOKENS, check_sampling, pad_left, set_method, with_rope_schedule
 from posenc.rope import NAMES
 from posenc.runs import extend, finetune
 from posenc.store.checkpoint import read_json
@@ -32,6 +37,10 @@ from posenc.train.loop import load_run
 
 SETTINGS = [*extend.ScheduleSettings.model_fields]  # the schedule flags: --factor, add_factor_lists
 SEPARATOR = "----- completion: {n} tokens -----"  # the line between the prompt and the completion
+# --batch's padding id: 0 is a token of every tokenizer posenc trains (the byte tokenizer's NUL, the BPE's first
+# initial-alphabet byte; neither has a pad or end-of-text token). The mask keeps padding out of every row, so the
+# id changes no generated token; it only has to lie in the vocabulary.
+PAD_ID = 0
 
 
 def add_parser(sub):
@@ -65,6 +74,18 @@ def add_parser(sub):
         help="print prompt and completion as one text (default: a separator line between them)",
     )
     shown.add_argument("--completion-only", action="store_true", help="print only the generated text")
+    shown.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per prompt, one a line: prompt, completion, new_tokens",
+    )
+    p.add_argument(
+        "--batch",
+        action="store_true",
+        help="a posenc train run only: each line of the prompt text (--prompt-file, stdin) is a prompt; all are "
+        "generated together as one left-padded batch and printed in input order (greedy rows equal each prompt "
+        "generated alone; sampled rows draw from one generator in row order)",
+    )
     p.add_argument(
         "--max-new-tokens",
         type=int,
@@ -111,8 +132,8 @@ def read_prompt(args) -> str:
         if not args.prompt:
             raise PosencError("--prompt is empty: give the text to continue")
         return args.prompt
+    where = source(args)
     if args.prompt_file is not None:
-        where = f"--prompt-file {args.prompt_file}"
         try:
             data = args.prompt_file.read_bytes()
         except FileNotFoundError:
@@ -122,7 +143,6 @@ def read_prompt(args) -> str:
         except OSError as exc:
             raise PosencError(f"{where} cannot be read: {exc.strerror or exc}") from None
     else:
-        where = "stdin"
         if args.prompt is None and (sys.stdin is None or sys.stdin.isatty()):
             raise PosencError("no prompt: give --prompt TEXT, --prompt-file PATH or pipe the text on stdin")
         try:
@@ -139,14 +159,34 @@ def read_prompt(args) -> str:
     return text
 
 
+def source(args) -> str:
+    """Where the prompt text comes from, as error messages name it: ``--prompt``, ``--prompt-file PATH`` or stdin."""
+    if args.prompt_file is not None:
+        return f"--prompt-file {args.prompt_file}"
+    return "stdin" if args.prompt in (None, "-") else "--prompt"
+
+
+def batch_prompts(args, text: str) -> list[str]:
+    """``--batch``'s prompts: each line of ``text`` (``read_prompt``'s; a carriage return before the newline
+    dropped). PosencError (one line) naming the source and the line for an empty line."""
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    for i, line in enumerate(lines, 1):
+        if not line:
+            raise PosencError(f"line {i} of {source(args)} is empty: --batch takes one prompt per line")
+    return lines
+
+
 def show(args, tok_decode, prompt_ids: list[int], out_ids: list[int]) -> None:
     """Print a generation (``out_ids``: the prompt's ids ``prompt_ids``, then the new ones) as the flags ask: the
-    prompt, the separator line and the completion (default), one text (``--no-separator``) or the completion alone
-    (``--completion-only``). The completion is the decoded whole past the decoded prompt (a tokenizer may join the
-    prompt's last token with the first new one), else the new ids decoded alone."""
+    prompt, the separator line and the completion (default), one text (``--no-separator``), the completion alone
+    (``--completion-only``) or one JSON object on one line (``--json``: prompt, completion, new_tokens). The
+    completion is the decoded whole past the decoded prompt (a tokenizer may join the prompt's last token with the
+    first new one), else the new ids decoded alone."""
     whole, prompt = tok_decode(out_ids), tok_decode(prompt_ids)
     completion = whole[len(prompt) :] if whole.startswith(prompt) else tok_decode(out_ids[len(prompt_ids) :])
-    if args.no_separator:
+    if args.json:
+        print(json.dumps({"prompt": prompt, "completion": completion, "new_tokens": len(out_ids) - len(prompt_ids)}))
+    elif args.no_separator:
         print(whole)
     elif args.completion_only:
         print(completion)
@@ -167,6 +207,12 @@ def run(args) -> int:
     kind = model_kind(args.model)
     if kind == "train":
         return own_run(args, given)
+    if args.batch and kind != "train":  # before the model loads
+        raise PosencError(
+            f"--batch is for posenc train runs, whose models take a left-padding mask; {args.model} is a "
+            f"{'finetune run' if kind == 'finetune' else 'pretrained model'}, decoded by transformers one prompt "
+            "at a time: give one prompt per command"
+        )
     if args.method is not None and (kind == "finetune" or args.scheme is not None):
         raise PosencError(
             f"--method applies to native RoPE or a --schedule of a pretrained model and to posenc train runs "
@@ -241,7 +287,22 @@ def own_run(args, given: dict) -> int:
         model, _ = with_rope_schedule(model, args.schedule, params)
     set_method(model, args.method)
     tok = load_tokens(tcfg.corpus, tcfg.tokenizer).tokenizer
-    ids = torch.as_tensor(tok.encode(args.prompt).astype("int64"), device=next(model.parameters()).device)
-    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-    show(args, tok.decode, ids.tolist(), out.tolist())
+    device = next(model.parameters()).device
+    if not args.batch:
+        ids = torch.as_tensor(tok.encode(args.prompt).astype("int64"), device=device)
+        out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+        show(args, tok.decode, ids.tolist(), out.tolist())
+        return 0
+    rows = [tok.encode(p).astype("int64").tolist() for p in batch_prompts(args, args.prompt)]
+    ids, mask = pad_left(rows, pad_id=PAD_ID)
+    out = model.generate(
+        ids.to(device),
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+        attention_mask=mask.to(device),  # a method or schedule that cannot honour it: PosencError, one line
+    )
+    for row, generated in zip(rows, out.tolist()):
+        show(args, tok.decode, row, generated[ids.shape[1] - len(row) :])  # the row without its padding
     return 0
