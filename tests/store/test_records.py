@@ -387,3 +387,23 @@ def test_the_run_store_reads_each_byte_once_and_cuts_a_torn_tail(tmp_path, capsy
     append(path, RUN_RECORDS[2])  # a job in another process
     assert store.refresh() == RUN_RECORDS[1:3] and store.records == RUN_RECORDS[:3]
     assert store.refresh() == [] and sum(read) == path.stat().st_size  # each byte read once
+
+
+def test_a_torn_csv_row_is_never_read_as_numbers(tmp_path, capsys):
+    """A results.csv whose last row was cut mid-number (ratio column gone) is ignored with a warning, as a torn JSONL
+    line; a row with a wrong field count or a number that does not parse before the last is refused naming the line."""
+    lines = (RESULTS / "default" / "results.csv").read_bytes().split(b"\r\n")[:3]
+    whole = load_csv(RESULTS / "default" / "results.csv")[:2]
+    path = tmp_path / "results.csv"
+    path.write_bytes(b"\r\n".join(lines[:2]) + b"\r\n" + lines[2][:60])  # killed mid-write: ppl cut, ratio gone
+    assert load_csv(path) == whole[:1]
+    assert capsys.readouterr().err == f"posenc: warning: {path} line 3 is cut short (an interrupted write); ignored\n"
+    path.write_bytes(b"\r\n".join([lines[0], lines[1][:60], lines[2], b""]))
+    with pytest.raises(
+        PosencError,
+        match=rf"^{path} line 2 is not a results row \(8 fields, the header has 10\); repair or remove that line$",
+    ):
+        load_csv(path)
+    path.write_bytes(b"\r\n".join([lines[0], lines[1].replace(b",128,", b",12x,", 1), lines[2], b""]))
+    with pytest.raises(PosencError, match=r"line 2 is not a results row \(invalid literal for int"):
+        load_csv(path)

@@ -20,7 +20,8 @@ cut short by an interrupted append (one-line warning), and refuses any other lin
 newer version or of an unknown kind with one line naming the file and line. :class:`RunStore` is a compare run's
 records file as one command reads and appends it: read once, then only what was appended.
 ``load_ppl`` reads a compare directory's perplexity records from its ``results.jsonl``, else from the
-``results.csv`` committed results keep; ``load_tasks`` a task comparison's :class:`Task` records from its
+``results.csv`` committed results keep (a torn last row warned of and ignored, any other bad row refused, as in the
+JSONL); ``load_tasks`` a task comparison's :class:`Task` records from its
 ``results.jsonl``, else from its ``retrieval.csv``.
 """
 
@@ -414,22 +415,42 @@ _INT, _FLOAT = ("seed", "train_length", "eval_length", "windows", "scored_tokens
 
 def load_csv(path: Path) -> list[Ppl]:
     """The perplexity records of a compare ``results.csv`` (``posenc.reports.compare.write_csv``): numbers parsed, empty
-    cells None, rows without lengths dropped. Raises PosencError naming the file for another table."""
+    cells None, rows without lengths dropped. A last row cut short (no line end, and a wrong field count or a number
+    that does not parse: an interrupted write) is ignored with a one-line warning on stderr, as :func:`load` does.
+    Raises PosencError naming the file for another table, and naming the file and line for any other row with a
+    wrong field count or a number that does not parse (never a number read from a torn row)."""
+    text = Path(path).read_text(encoding="utf-8")
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, [])
+    missing = [k for k in ("scheme", "train_length", "eval_length") if k not in header]
+    if missing:
+        raise PosencError(f"{path} is not a posenc results table (no {missing[0]} column)")
     out = []
-    rows = csv.DictReader(io.StringIO(Path(path).read_text(encoding="utf-8")))
-    try:
-        missing = [k for k in ("scheme", "train_length", "eval_length") if k not in (rows.fieldnames or [])]
-        if missing:
-            raise KeyError(missing[0])
-        for row in rows:
+    for cells in reader:
+        line = reader.line_num
+        if not cells:  # a blank line holds no row
+            continue
+        try:
+            if len(cells) != len(header):
+                raise ValueError(f"{len(cells)} fields, the header has {len(header)}")
+            row = dict(zip(header, cells))
             rec = {
-                k: None if row.get(k) in (None, "") else (int(float(row[k])) if k in _INT else float(row[k]))
+                k: None if row.get(k) in (None, "") else (int(row[k]) if k in _INT else float(row[k]))
                 for k in _INT + _FLOAT
             }
-            if rec["eval_length"] and rec["train_length"]:
-                out.append(Ppl(scheme=row["scheme"], note=row.get("note") or None, **rec))
-    except (KeyError, ValueError) as exc:
-        raise PosencError(f"{path} is not a posenc results table ({type(exc).__name__}: {exc})") from None
+        except ValueError as exc:
+            if text.endswith(("\n", "\r")) or line != text.count("\n") + 1:
+                raise PosencError(
+                    f"{path} line {line} is not a results row ({exc}); repair or remove that line"
+                ) from None
+            if (Path(path), len(text)) not in _WARNED:  # once per file as it is, as a torn JSONL line
+                _WARNED.add((Path(path), len(text)))
+                print(
+                    f"posenc: warning: {path} line {line} is cut short (an interrupted write); ignored", file=sys.stderr
+                )
+            continue
+        if rec["eval_length"] and rec["train_length"]:
+            out.append(Ppl(scheme=row["scheme"], note=row.get("note") or None, **rec))
     return out
 
 
