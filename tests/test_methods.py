@@ -355,6 +355,7 @@ def test_generate_with_a_rope_schedule_and_a_method(rope_run, capsys, monkeypatc
         "16",
         "--method",
         "self-extend:group=2",
+        "--no-separator",
     )
     assert calls == [("yarn", {"factor": 4.0, "beta_fast": 16.0}), ("yarn", "self-extend:group=2")]
     model, _, _ = load_run(rope_run)

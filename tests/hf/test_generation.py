@@ -138,7 +138,7 @@ def test_bad_settings_are_refused():
 
 
 def cli(capsys, *argv):
-    code = main(["generate", *map(str, argv)])
+    code = main(["generate", *map(str, argv), "--no-separator"])  # prompt and completion as one text
     out, err = capsys.readouterr()
     return code, out, err
 

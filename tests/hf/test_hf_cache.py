@@ -76,7 +76,14 @@ def test_beam_search_and_sampling_with_the_cache_equal_without_it(spec):
     "spec", [s for s in SCHEMES if s not in ("xpos", "path", "cope", "dape", "dape-kerple", "pope")]
 )
 def test_an_unrelated_forward_between_prefill_and_decode_changes_nothing(spec):
+    """A scheme that replaces attention needs every query: decoding through the cache is refused in one line."""
     model, ids, other = swapped(spec), torch.randint(0, 128, (1, 9)), torch.randint(0, 128, (1, 8))
+    if model.model.layers[0].self_attn.posenc.replaces_attention:
+        with torch.no_grad():
+            cache = model(ids[:, :8], use_cache=True).past_key_values
+            with pytest.raises(PosencError, match=r"replaces attention and needs every query: decode without"):
+                model(ids[:, 8:], cache=cache, use_cache=True)
+        return
     with torch.no_grad():
         full = model(ids).logits[:, -1]
         cache = model(ids[:, :8], use_cache=True).past_key_values

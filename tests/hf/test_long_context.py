@@ -261,6 +261,7 @@ def test_cli_generates_with_the_method(llama_dir, capsys):
             "2",
             "--method",
             spec,
+            "--no-separator",
         ]
     )
     out, err = capsys.readouterr()
