@@ -13,7 +13,17 @@ from posenc.layer import LayerCache, attend, padding_bias, padding_starts, prepa
 from posenc.model import Cache, build_model, pad_left, set_method
 from posenc.rope import SCHEDULES
 
-SPECS = sorted(set(encodings.names()) | {"acc-rand-qkv:a=0.3+alibi", "path+forget", "rope|nope"})
+SPECS = sorted(
+    set(encodings.names())
+    | {
+        "acc-rand-qkv:a=0.3+alibi",
+        "path+forget",
+        "rope|nope",
+        "rope+learned-sinks",
+        "rope+logn:base_length=4",
+        "p-rope+ssmax",
+    }
+)
 LENGTHS = (9, 5, 2)  # prompts of different lengths; the longest row has no padding
 PAD = 7  # a pad id the rows also use: only the mask tells padding from tokens
 

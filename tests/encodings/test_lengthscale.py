@@ -123,7 +123,6 @@ def test_ssmax_learns_its_per_head_scale():
         ("logn:base_length=2.5", DIMS, "base_length=2.5: expected int"),
         ("llama4-temp:floor_scale=0", DIMS, "floor_scale must be an integer >= 1, got 0"),
         ("llama4-temp:attn_scale=-1", DIMS, "attn_scale must be a number in [0, 10], got -1"),
-        ("ssmax+rope", DIMS, "'ssmax' replaces attention and cannot take another rotary part"),
     ],
 )
 def test_bad_settings_are_one_line_errors(spec, dims, message):

@@ -91,7 +91,6 @@ def test_the_sinks_learn_and_neutral_init_silences_them():
     [
         ("learned-sinks:init=31", "learned-sinks: init must be a number in [-30, 30], got 31"),
         ("learned-sinks:init=x", "init='x': expected float"),
-        ("learned-sinks+rope", "'learned-sinks' replaces attention and cannot take another rotary part"),
         ("learned-sinks:window=4", "has no parameter 'window'"),
     ],
 )

@@ -76,7 +76,6 @@ def test_the_default_attends_the_current_position():
     "spec,message",
     [
         ("stick-breaking:attend_current=1", "attend_current=1: expected bool"),
-        ("stick-breaking+rope", "'stick-breaking' replaces attention and cannot take another rotary part"),
         ("stick-breaking+learned-sinks", "at most one part may replace attention"),
     ],
 )

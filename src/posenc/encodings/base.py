@@ -20,6 +20,9 @@ flag                    hook                 what it gives
 ``replaces_attention``  ``attend(...)``      the whole attention, for schemes that
                                              do not factor; takes the other parts'
                                              bias in a composition
+``attends_rotated``     (``attend``)         an attending scheme whose logits are
+                                             q . k: a composition gives it q and k
+                                             (and v) rotated by its rotary part
 ``accumulates``         ``steps(inp)``       per-position step angles theta
                                              (B|1, H|1, T, P) whose float64 prefix
                                              sum is the phases (incremental
@@ -342,6 +345,7 @@ class Encoding(KeepsPrecision):
     rotary: bool = False  # phases() gives rotation angles
     has_bias: bool = False  # bias() gives a score bias
     replaces_attention: bool = False  # attend() gives the attention output
+    attends_rotated: bool = False  # attend() takes q, k (and v) rotated by a composition's rotary part (its logits q.k)
     has_logits: bool = False  # logits() gives an attending scheme's logits per query block
     uses_tokens: bool = False  # the hooks read Inputs.tokens (token ids), not only x and pos
     position_indexed: bool = False  # the hooks read Inputs.pos as positions (randomized training positions apply)

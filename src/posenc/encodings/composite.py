@@ -4,7 +4,9 @@
 rotate_v, pairing and logit scale come from the single rotary part, biases add;
 the composite's flags (``rotary``, ``has_bias``, ``replaces_attention``) are its parts';
 a part that replaces attention (``attend``: PaTH, xPos, PoPE, ReRoPE) gets the
-other parts' bias, e.g. ``path+forget``.
+other parts' bias, e.g. ``path+forget``; one whose logits are q . k (``attends_rotated``: learned sinks, the
+length-scaled schemes, stick-breaking) also takes a rotary part, which rotates q, k (and v, the output back
+with ``rotate_v``) before it attends and scales q by its ``logit_scale``, e.g. gpt-oss's ``rope+learned-sinks``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from posenc.attention import far_keys, with_forms
+from posenc.attention import cos_sin, far_keys, repeat_kv, rotate_rows, rotate_shared, rotation_dtype, with_forms
 from posenc.encodings.base import BiasFn, DecodeState, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 
@@ -48,9 +50,12 @@ class Composite(Encoding):
         self.has_logits = self.replaces_attention and self._attenders[0].has_logits
         if len(self._attenders) > 1:
             raise PosencError(f"{spec!r}: at most one part may replace attention")
-        if self._attenders and rotary and self._attenders[0] is not rotary[0]:
+        # an attending part that is not the rotary part attends q and k rotated by it (None: no such pair)
+        self._rotated = rotary[0] if self._attenders and rotary and self._attenders[0] is not rotary[0] else None
+        if self._rotated is not None and not self._attenders[0].attends_rotated:
             raise PosencError(
-                f"{spec!r}: {self._attenders[0].name!r} replaces attention and cannot take another rotary part"
+                f"{spec!r}: {self._attenders[0].name!r} replaces attention with its own use of positions in q and k "
+                f"(its logits are not q . k), so it cannot take the rotary part {rotary[0].name!r}"
             )
 
     @property
@@ -88,7 +93,24 @@ class Composite(Encoding):
         gave it (the layer's hooks have it; None computes it)."""
         if not self.replaces_attention:
             return None
-        return self._attenders[0].attend(q, k, v, inp, bias=self.bias(inp) if bias is None else bias)
+        bias = self.bias(inp) if bias is None else bias
+        if self._rotated is None:
+            return self._attenders[0].attend(q, k, v, inp, bias=bias)
+        phi, out_dtype = self._rotated.phases(inp), v.dtype
+        assert phi is not None  # the rotary part's phases
+        cos, sin = cos_sin(phi, rotation_dtype(q))
+        q, k = (rotate_shared(t.to(cos.dtype), phi, cos, sin, self.pairing) for t in (q, k))
+        if self.rotate_v:
+            v = rotate_shared(v.to(cos.dtype), phi, cos, sin, self.pairing)
+        out = self._attenders[0].attend(self._scaled(q), k, v, inp, bias=bias)
+        assert out is not None  # the attending part's attention
+        out = rotate_shared(out, phi, cos, sin, self.pairing, sign=-1) if self.rotate_v else out
+        return out.to(out_dtype)
+
+    def _scaled(self, q: torch.Tensor) -> torch.Tensor:
+        """q times the rotary part's ``logit_scale`` (YaRN's attention factor squared): the attending part's logits
+        are q . k, so this scales them as the core's attention does."""
+        return q if self.logit_scale == 1.0 else q * self.logit_scale
 
     def spectral_gap(self):
         return self._rotary[0].spectral_gap() if self.rotary else None
@@ -146,7 +168,21 @@ class CompositeState(DecodeState):
         return bias
 
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys, values) -> torch.Tensor:
-        return next(s for s in self.states if s.enc.replaces_attention).attend(q, k, v, inp, pos, bias, keys, values)
+        """The attending part's state; with a rotary part beside it (``Composite._rotated``), the new rows of q, k
+        (and v) rotated by the rotary state's phases first, so the attending state caches rotated keys."""
+        attender = next(s for s in self.states if s.enc.replaces_attention)
+        enc = cast("Composite", self.enc)
+        if enc._rotated is None:
+            return attender.attend(q, k, v, inp, pos, bias, keys, values)
+        phi = next(s for s in self.states if s.enc is enc._rotated).phases(inp)
+        cos, sin = cos_sin(phi, rotation_dtype(q))
+        if phi.shape[1] > 1 and k.shape[1] != q.shape[1]:  # per-head phases: keys differ per query head
+            k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
+        q, k = (rotate_rows(t.to(cos.dtype), cos, sin, enc.pairing) for t in (q, k))
+        if enc.rotate_v:
+            v = rotate_rows(v.to(cos.dtype), cos, sin, enc.pairing)
+        out = attender.attend(enc._scaled(q), k, v, inp, pos, bias, keys, values)
+        return rotate_rows(out, cos, sin, enc.pairing, sign=-1) if enc.rotate_v else out
 
     def crop(self, length: int) -> None:
         for s in self.states:

@@ -14,9 +14,10 @@ All three scale q_t by c_t before the core's attention (``posenc.attention.atten
 bias), as transformers does for Llama 4 and Qwen: a composed part's bias (``llama4-temp+alibi``) is added after
 the scaled content logit, unscaled. The factors are computed in float64 from the integer counts and cast to
 float32 (float64 for float64 q) before they multiply q; the product is cast back to q's dtype. Every
-scheme here replaces attention, so it composes with biases but not with a rotary part (alone they are NoPE,
-Llama 4's setting for its temperature tuning). Decoding scales the new query rows by their own counts over
-the cached keys (``LengthScaledState``), equal to the parallel forward. Reference: ``length_scaled_naive``.
+scheme here replaces attention and composes with biases and with a rotary part, whose rotated q and k it
+attends (``rope+logn``, Qwen's setup; alone they are NoPE, Llama 4's setting for its temperature tuning).
+Decoding scales the new query rows by their own counts over the cached keys (``LengthScaledState``), equal to
+the parallel forward. Reference: ``length_scaled_naive``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def key_counts(q_start: int, T: int, device) -> torch.Tensor:
 class LengthScaled(Encoding):
     """Base of the length-scaled schemes: ``factors`` gives c_t; ``attend`` scales q by it (not registered)."""
 
-    replaces_attention = True
+    replaces_attention = attends_rotated = True
     family = "length-scaled attention"
 
     def factors(self, n: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -90,12 +90,13 @@ class LearnedSinks(Encoding):
     Parameters:
         init: the sink logit s_h every head starts at, a number in [-30, 30] (0: "softmax plus one")
 
-    Replaces attention (``attend``), takes the other parts' bias; not combinable with a rotary part yet.
+    Replaces attention (``attend``), takes the other parts' bias and a rotary part's rotated q, k
+    (``rope+learned-sinks``, gpt-oss's setup).
     q, k: (B, H, T, D), v: (B, H, T, Dv) -> (B, H, T, Dv) in v's dtype. Raises PosencError for init out of range.
     """
 
     name = "learned-sinks"
-    replaces_attention = True
+    replaces_attention = attends_rotated = True
     family = "attention variants"
     source = "OpenAI gpt-oss 2025 (transformers models/gpt_oss, eager_attention_forward)"
 

@@ -78,12 +78,13 @@ class StickBreaking(Encoding):
         attend_current: whether a query also attends to its own position (fla's attend_current; false, the
             paper's and fla's default: keys before the query only, query 0 outputs 0)
 
-    Replaces attention (``attend``), takes the other parts' bias (added to z). q, k: (B, H, T, D), v: (B, H, T, Dv)
+    Replaces attention (``attend``), takes the other parts' bias (added to z) and a rotary part's rotated q, k.
+    q, k: (B, H, T, D), v: (B, H, T, Dv)
     -> (B, H, T, Dv) in v's dtype.
     """
 
     name = "stick-breaking"
-    replaces_attention = True
+    replaces_attention = attends_rotated = True
     family = "attention variants"
     source = "Tan et al. 2025, arXiv:2410.17980 (ICLR 2025, stick-breaking attention)"
 
