@@ -130,6 +130,9 @@ def run(args) -> int:
         raise PosencError(
             "--factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param need --rope-schedule"
         )
+    repeated = sorted({m for m in args.multiples if args.multiples.count(m) > 1})
+    if repeated:  # each length is scored once, and its record appended to eval.jsonl once
+        raise PosencError(f"--multiples repeats {', '.join(map(str, repeated))}: give each multiple once")
     model, mcfg, tcfg = load_run(args.run_dir)
     lengths = eval_lengths(mcfg.train_length, args.multiples)
     scheme = mcfg.encoding
@@ -159,19 +162,22 @@ def run(args) -> int:
             else "scored on 0..T-1 (a method or schedule keeps the positions in order)"
         )
         say(doc["positions"])
-    ref = None
-    say(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
-    doc["lengths"] = []
+    records = []
     for L in lengths:
         rec = evaluate_length(model, data.val_docs, L, base, args.max_tokens, span=max(lengths), positions=drawn)
         append(Path(args.run_dir) / "eval.jsonl", rec)
+        records.append(rec)
+    # after every length, so the ratio does not depend on where the training length comes in --multiples
+    ref = next((rec.ppl for L, rec in zip(lengths, records) if L == mcfg.train_length), None)
+    say(f"{'length':>8} {'windows':>8} {'tokens':>8} {'ppl':>10} {'ratio':>7}")
+    doc["lengths"] = []
+    for L, rec in zip(lengths, records):
         row = {"length": L, "windows": rec.windows, "scored_tokens": rec.scored_tokens, "ppl": rec.ppl}
         doc["lengths"].append(row)
         if rec.ppl is None:
             row["note"] = rec.note.removeprefix("n/a: ")
             say(f"{L:>8} {'':>8} {'':>8} {'n/a':>10}  {row['note']}")
             continue
-        ref = ref or (rec.ppl if L == mcfg.train_length else None)
         row["ratio"] = rec.ppl / ref if ref else None  # to the training length's perplexity
         ratio = f"{row['ratio']:7.3f}" if ref else ""
         say(f"{L:>8} {rec.windows:>8} {rec.scored_tokens:>8} {rec.ppl:>10.3f} {ratio}")

@@ -197,6 +197,8 @@ def show(args, tok_decode, prompt_ids: list[int], out_ids: list[int]) -> None:
 def run(args) -> int:
     args.prompt = read_prompt(args)
     check_sampling(args.max_new_tokens, args.temperature, args.top_k)  # before any model loads
+    if args.seed < 0:  # as train.seed: torch.manual_seed would take it, so a typo would sample on
+        raise PosencError(f"--seed must be >= 0, got {args.seed}")
     given = {k: v for k, v in vars(args).items() if k in SETTINGS and v is not None} | factor_lists(args)
     if given and args.schedule is None:  # else silently ignored
         raise PosencError(f"--{next(iter(given)).replace('_', '-')} is a schedule setting: it needs --schedule")

@@ -199,6 +199,18 @@ def _huggingface(spec: str) -> Corpus:
     return Corpus(spec, docs.get("train", []), docs[val_split])
 
 
+def check_corpus_spec(spec: str) -> None:
+    """PosencError (one line) for an ``hf:`` spec that names nothing to load (``hf:``, ``hf:text:``), checked before
+    anything loads (``datasets`` fails on them with an IndexError)."""
+    if not spec.startswith("hf:"):
+        return
+    parts = spec[3:].split(":", 1)
+    if not parts[0].strip():
+        raise PosencError(f"corpus {spec!r} names no dataset: give hf:NAME[:CONFIG], hf:text:PATH or hf:json:PATH")
+    if parts[0] in ("text", "json") and len(parts) == 2 and not parts[1].strip():
+        raise PosencError(f"corpus {spec!r} names no file: give hf:{parts[0]}:PATH")
+
+
 def load_corpus(spec: str = "shakespeare") -> Corpus:
     """Load a corpus by spec (see the module docstring).
 
@@ -212,6 +224,7 @@ def load_corpus(spec: str = "shakespeare") -> Corpus:
     elif spec == "pystdlib":
         corpus = _pystdlib()
     elif spec.startswith("hf:"):
+        check_corpus_spec(spec)
         corpus = _huggingface(spec)
     else:
         corpus = _local(spec)

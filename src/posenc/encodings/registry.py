@@ -105,6 +105,8 @@ def _import(target: str) -> str:
         _PLUGINS.add(target)
         return target
     name, path = Path(target).stem, Path(target).resolve()
+    if path.is_dir():
+        raise PosencError(f"cannot import {target!r}: is a directory")
     if not path.is_file():
         raise PosencError(f"cannot import {target!r}: no such file")
     if name in sys.modules:  # imported already (--import, then POSENC_IMPORT), or another module of that name
@@ -112,7 +114,8 @@ def _import(target: str) -> str:
             raise PosencError(f"cannot import {target!r}: a module named {name!r} is imported already")
     else:
         spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None  # a source file's (None for a path without .py)
+        if spec is None or spec.loader is None:  # no loader for the file's suffix (.txt, none)
+            raise PosencError(f"cannot import {target!r}: not a .py file or module name")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # before running it, as the import system does (dataclasses and pickle look it up)
         try:

@@ -1,0 +1,77 @@
+"""Defects a new-user pass found (issue 59): each bad input is one line and exit 2, and eval's ratios do not depend
+on the order of --multiples."""
+
+import json
+
+import pytest
+
+from posenc.cli.main import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_line_exit_2(capsys, argv, message):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("posenc: error: ") and message in err, err
+
+
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        ("empty.txt", b"", "not a .py file or module name"),
+        ("blob.bin", bytes(range(256)), "not a .py file or module name"),
+        ("latin1.txt", "caf\xe9".encode("latin-1"), "not a .py file or module name"),
+        ("schemes", None, "is a directory"),
+    ],
+)
+def test_import_of_a_file_that_is_no_module_is_one_line(tmp_path, capsys, name, content, message):
+    path = tmp_path / name
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    one_line_exit_2(capsys, ["--import", str(path), "list"], f"cannot import '{path}': {message}")
+
+
+@pytest.mark.parametrize(
+    "corpus,message",
+    [("hf:", "corpus 'hf:' names no dataset"), ("hf:text:", "corpus 'hf:text:' names no file")],
+)
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_an_hf_corpus_naming_nothing_is_refused_before_loading(tmp_path, capsys, corpus, message, dry_run):
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--corpus", corpus, "--out", str(tmp_path / "x")]
+    one_line_exit_2(capsys, [*argv, "--steps", "2", *dry_run], message)
+    assert not (tmp_path / "x").exists()
+
+
+def test_generate_refuses_a_negative_seed_as_train_does(tmp_path, capsys):
+    one_line_exit_2(
+        capsys, ["generate", str(tmp_path), "--prompt", "hi", "--seed", "-1"], "--seed must be >= 0, got -1"
+    )
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory):
+    """A 2-step RoPE run (train_length 32)."""
+    run = tmp_path_factory.mktemp("rope") / "run"
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(run)]) == 0
+    return run
+
+
+def test_eval_ratios_do_not_depend_on_the_order_of_multiples(rope_run, capsys):
+    code, out, _ = run_cli(capsys, "eval", str(rope_run), "--multiples", "2", "1", "--max-tokens", "256", "--json")
+    assert code == 0
+    rows = {row["length"]: row for row in json.loads(out)["lengths"]}
+    assert rows[32]["ratio"] == pytest.approx(1.0)
+    assert rows[64]["ratio"] == pytest.approx(rows[64]["ppl"] / rows[32]["ppl"])
+
+
+def test_eval_refuses_repeated_multiples(rope_run, capsys):
+    eval_log = rope_run / "eval.jsonl"
+    before = eval_log.read_bytes() if eval_log.exists() else None
+    one_line_exit_2(capsys, ["eval", str(rope_run), "--multiples", "1", "2", "1"], "--multiples repeats 1")
+    assert (eval_log.read_bytes() if eval_log.exists() else None) == before  # nothing scored, nothing appended
