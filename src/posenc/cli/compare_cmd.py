@@ -9,7 +9,7 @@ from posenc.data.tasks import TASKS
 from posenc.errors import PosencError
 from posenc.runs.compare import compare
 from posenc.runs.job import Plan
-from posenc.runs.jobs import LAUNCHERS
+from posenc.runs.jobs import LAUNCHERS, check_options
 from posenc.runs.trend import compare_trend
 from posenc.store.presets import validated
 from posenc.train.loop import PRECISIONS
@@ -151,6 +151,7 @@ def dry_run(preset: Preset, out: Path) -> int:
 def run(args) -> int:
     preset = load_preset(args.preset, given_settings(args, FLAGS))
     cluster = cluster_config(args, preset)
+    check_options(args.launcher, not args.no_isolate, args.parallel, args.nproc_per_node, args.device)
     if args.dry_run:
         return dry_run(preset, args.out)
     try:

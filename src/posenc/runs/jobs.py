@@ -383,6 +383,24 @@ def device_env(device: str | None) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": gpus[dev.index or 0]}
 
 
+def check_options(kind: str, isolate: bool, parallel: int, nproc: int, device: str | None) -> None:
+    """PosencError (one line) for launcher options that are out of range or do not go together (as
+    :class:`Launcher` takes them); ``posenc compare --dry-run`` checks them too, so it fails as the run would."""
+    if parallel < 1 or nproc < 1 or (not isolate and (parallel > 1 or nproc > 1)):
+        raise PosencError(
+            f"--parallel and --nproc-per-node must be >= 1 and need job isolation, got {parallel}, {nproc}"
+        )
+    if kind not in LAUNCHERS:
+        raise PosencError(f"unknown --launcher {kind!r}; valid: {', '.join(LAUNCHERS)}")
+    if kind != "pool" and (not isolate or parallel > 1):
+        raise PosencError(f"--launcher {kind} runs every job at once in its own process: no --no-isolate or --parallel")
+    if device is not None and (kind != "pool" or not isolate or parallel > 1 or nproc > 1):
+        raise PosencError(
+            "--device pins the job processes of the pool launcher one at a time: no --launcher, --no-isolate, "
+            "--parallel or --nproc-per-node with it"
+        )
+
+
 class Launcher:
     """Runs a stage's jobs (``posenc.runs.job``; a job and its grid point's store, ``job.run(store)``) in isolation:
     ``pool`` (each in a fresh spawned process, ``parallel`` at a time pinned by ``slot_env``, on ``device``), or
@@ -402,21 +420,7 @@ class Launcher:
         folder: Path = Path("submitit"),
         name: str = "posenc",
     ):
-        if parallel < 1 or nproc < 1 or (not isolate and (parallel > 1 or nproc > 1)):
-            raise PosencError(
-                f"--parallel and --nproc-per-node must be >= 1 and need job isolation, got {parallel}, {nproc}"
-            )
-        if kind not in LAUNCHERS:
-            raise PosencError(f"unknown --launcher {kind!r}; valid: {', '.join(LAUNCHERS)}")
-        if kind != "pool" and (not isolate or parallel > 1):
-            raise PosencError(
-                f"--launcher {kind} runs every job at once in its own process: no --no-isolate or --parallel"
-            )
-        if device is not None and (kind != "pool" or not isolate or parallel > 1 or nproc > 1):
-            raise PosencError(
-                "--device pins the job processes of the pool launcher one at a time: no --launcher, --no-isolate, "
-                "--parallel or --nproc-per-node with it"
-            )
+        check_options(kind, isolate, parallel, nproc, device)
         self.kind, self.isolate, self.parallel, self.nproc = kind, isolate, parallel, nproc
         self.env, self.ex = device_env(device), None
         if kind != "pool":
