@@ -9,7 +9,7 @@ from posenc import Attention, encodings
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.lengthscale import length_scaled_naive
 from posenc.errors import PosencError
-from posenc.layer import LayerCache
+from tests.decoding import assert_grouped_query_decoding_equals_the_parallel_forward
 
 DIMS = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=0, train_length=8)
 
@@ -98,14 +98,7 @@ def test_llama4_temperature_equals_transformers_llama4_nope_layer_attention():
 
 @pytest.mark.parametrize("spec", ["ssmax:init=0.5", "logn:base_length=4", "llama4-temp:floor_scale=3,attn_scale=0.5"])
 def test_grouped_query_decoding_equals_the_parallel_forward(spec):
-    torch.manual_seed(0)
-    layer = Attention(32, 4, spec, n_kv_head=2, train_length=8).double().eval()
-    x = torch.randn(2, 13, 32, dtype=torch.float64)
-    cache, out = LayerCache(), []
-    with torch.no_grad():
-        for s, e in ((0, 5), (5, 6), (6, 9), (9, 13)):
-            out.append(layer(x[:, s:e], cache=cache))
-        assert torch.allclose(torch.cat(out, 1), layer(x), atol=1e-12)
+    assert_grouped_query_decoding_equals_the_parallel_forward(spec)
 
 
 def test_ssmax_learns_its_per_head_scale():

@@ -10,7 +10,7 @@ from posenc import Attention, encodings
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.sinks import sink_attention_blocks, sink_attention_naive, sink_attention_sdpa
 from posenc.errors import PosencError
-from posenc.layer import LayerCache
+from tests.decoding import assert_grouped_query_decoding_equals_the_parallel_forward
 
 DIMS = Dims(n_head=4, head_dim=8, d_model=32, vocab_size=0, train_length=8)
 
@@ -64,14 +64,7 @@ def test_a_composed_bias_joins_the_logits():
 
 @pytest.mark.parametrize("spec", ["learned-sinks:init=1", "learned-sinks+forget"])
 def test_grouped_query_decoding_equals_the_parallel_forward(spec):
-    torch.manual_seed(0)
-    layer = Attention(32, 4, spec, n_kv_head=2, train_length=8).double().eval()
-    x = torch.randn(2, 13, 32, dtype=torch.float64)
-    cache, out = LayerCache(), []
-    with torch.no_grad():
-        for s, e in ((0, 5), (5, 6), (6, 9), (9, 13)):
-            out.append(layer(x[:, s:e], cache=cache))
-        assert torch.allclose(torch.cat(out, 1), layer(x), atol=1e-12)
+    assert_grouped_query_decoding_equals_the_parallel_forward(spec)
 
 
 def test_the_sinks_learn_and_neutral_init_silences_them():

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from posenc import Attention, encodings
+from posenc import encodings
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.stickbreaking import stick_breaking_attention, stick_breaking_naive
 from posenc.errors import PosencError
-from posenc.layer import LayerCache
+from tests.decoding import assert_grouped_query_decoding_equals_the_parallel_forward
 
 DIMS = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=0, train_length=8)
 
@@ -53,14 +53,7 @@ def test_a_composed_bias_joins_z_and_blocks_of_rows_agree():
 
 @pytest.mark.parametrize("spec", ["stick-breaking", "stick-breaking:attend_current=false+forget"])
 def test_grouped_query_decoding_equals_the_parallel_forward(spec):
-    torch.manual_seed(0)
-    layer = Attention(32, 4, spec, n_kv_head=2, train_length=8).double().eval()
-    x = torch.randn(2, 13, 32, dtype=torch.float64)
-    cache, out = LayerCache(), []
-    with torch.no_grad():
-        for s, e in ((0, 5), (5, 6), (6, 9), (9, 13)):
-            out.append(layer(x[:, s:e], cache=cache))
-        assert torch.allclose(torch.cat(out, 1), layer(x), atol=1e-12)
+    assert_grouped_query_decoding_equals_the_parallel_forward(spec)
 
 
 def test_the_default_attends_the_current_position():
