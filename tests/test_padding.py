@@ -81,33 +81,32 @@ SCHEDULE_PARAMS = {  # head dim 16: 8 frequency pairs; ReRoPE's window below the
 }
 
 
+def assert_rows_equal_alone(m, rows, tol):
+    """Each of ``rows`` left-padded in one batch: its logits within ``tol`` of the row alone, its 4 greedy tokens
+    equal."""
+    ids, mask = pad_left(rows, pad_id=PAD)
+    T = ids.shape[1]
+    with torch.no_grad():
+        padded, generated = m(ids, attention_mask=mask), m.generate(ids, 4, temperature=0, attention_mask=mask)
+        for b, row in enumerate(rows):
+            n = len(row)
+            assert (padded[b, T - n :] - m(row[None])[0]).abs().max() < tol
+            assert torch.equal(generated[b, T - n :], m.generate(row, 4, temperature=0))
+
+
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_every_rope_schedule_honours_the_mask(schedule):
     """Within L0 = 16 (9 prompt and 4 generated tokens), dynamic NTK and LongRoPE give every row the frequencies it
     would take alone, so every schedule runs a padded batch (ReRoPE's attention takes the mask in its bias)."""
     params = {"schedule": schedule, "schedule_params": SCHEDULE_PARAMS.get(schedule, {"factor": 4.0})}
     m, rows = model("rope", encoding_params=params), prompts(2)
-    ids, mask = pad_left(rows, pad_id=PAD)
-    T = ids.shape[1]
-    with torch.no_grad():
-        padded, generated = m(ids, attention_mask=mask), m.generate(ids, 4, temperature=0, attention_mask=mask)
-        for b, row in enumerate(rows):
-            n = len(row)
-            assert (padded[b, T - n :] - m(row[None])[0]).abs().max() < 1e-9
-            assert torch.equal(generated[b, T - n :], m.generate(row, 4, temperature=0))
+    assert_rows_equal_alone(m, rows, 1e-9)
 
 
 def test_a_padded_row_equals_the_row_alone_in_float32_with_a_canon_layer():
     """float32 tolerance; the Canon layer's convolution reads zeros before a row's first token, as alone."""
     m, rows = model("acc-rand-qkv", torch.float32, canon=3), prompts(1)
-    ids, mask = pad_left(rows, pad_id=PAD)
-    T = ids.shape[1]
-    with torch.no_grad():
-        padded, generated = m(ids, attention_mask=mask), m.generate(ids, 4, temperature=0, attention_mask=mask)
-        for b, row in enumerate(rows):
-            n = len(row)
-            assert (padded[b, T - n :] - m(row[None])[0]).abs().max() < 1e-5
-            assert torch.equal(generated[b, T - n :], m.generate(row, 4, temperature=0))
+    assert_rows_equal_alone(m, rows, 1e-5)
 
 
 def test_without_padding_the_numbers_are_unchanged():
