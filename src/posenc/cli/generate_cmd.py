@@ -31,7 +31,6 @@ from posenc.hf.adaptation import Adaptation
 from posenc.model import MAX_NEW_TOKENS, check_sampling, pad_left, set_method, with_rope_schedule
 from posenc.rope import NAMES
 from posenc.runs import extend, finetune
-from posenc.store.checkpoint import read_json
 from posenc.store.presets import validated
 from posenc.train.loop import load_run
 
@@ -206,7 +205,7 @@ def run(args) -> int:
         raise PosencError(
             f"give a scheme or a RoPE schedule, not both (--scheme {args.scheme}, --schedule {args.schedule})"
         )
-    kind = model_kind(args.model)
+    kind = finetune.model_kind(args.model)
     if kind == "train":
         return own_run(args, given)
     if args.batch and kind != "train":  # before the model loads
@@ -253,28 +252,6 @@ def run(args) -> int:
     )
     show(args, lambda i: tok.decode(i, skip_special_tokens=True), ids.tolist(), out.tolist())
     return 0
-
-
-def model_kind(spec: str) -> str:
-    """What MODEL names: ``train`` (a directory whose config.json has posenc's model and train sections), ``finetune``
-    (a directory with ``finetune.json``) or ``pretrained`` (anything else ``posenc.hf.loading`` takes: a model
-    directory with config.json or one .gguf file, a .gguf file, 'smollm2', a hub id; a missing path is its error).
-    PosencError for a directory that is none of these."""
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        return "pretrained"
-    if (path / finetune.SETTINGS).exists():
-        return "finetune"
-    config = path / "config.json"
-    if config.exists():
-        cfg = read_json(config)
-        return "train" if isinstance(cfg, dict) and "model_type" not in cfg and "train" in cfg else "pretrained"
-    if len(list(path.glob("*.gguf"))) == 1:
-        return "pretrained"
-    raise PosencError(
-        f"{spec} is neither a posenc train run (config.json, model.safetensors), a posenc finetune run "
-        f"({finetune.SETTINGS}) nor a model directory (config.json or one .gguf file)"
-    )
 
 
 def own_run(args, given: dict) -> int:

@@ -457,3 +457,25 @@ def _header(cfg: FinetuneConfig, label: str, l0: int, params: dict, log: list[di
         f"Scored on held-out text as `posenc extend` scores: {', '.join(d for d in cfg.docs)}, "
         f"{cfg.eval_windows or 'all'} window(s) per length, BOS policy {cfg.bos}."
     )
+
+
+def model_kind(spec: str) -> str:
+    """What MODEL names: ``train`` (a directory whose config.json has posenc's model and train sections), ``finetune``
+    (a directory with ``finetune.json``) or ``pretrained`` (anything else ``posenc.hf.loading`` takes: a model
+    directory with config.json or one .gguf file, a .gguf file, 'smollm2', a hub id; a missing path is its error).
+    PosencError for a directory that is none of these."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return "pretrained"
+    if (path / SETTINGS).exists():
+        return "finetune"
+    config = path / "config.json"
+    if config.exists():
+        cfg = read_json(config)
+        return "train" if isinstance(cfg, dict) and "model_type" not in cfg and "train" in cfg else "pretrained"
+    if len(list(path.glob("*.gguf"))) == 1:
+        return "pretrained"
+    raise PosencError(
+        f"{spec} is neither a posenc train run (config.json, model.safetensors), a posenc finetune run "
+        f"({SETTINGS}) nor a model directory (config.json or one .gguf file)"
+    )

@@ -101,19 +101,6 @@ def parse_model_args(kwargs: dict) -> ModelArgs:
     return ModelArgs(**args)
 
 
-def model_kind(spec: str) -> str:
-    """``train`` (a posenc train run: config.json with a train section), ``finetune`` (finetune.json) or
-    ``pretrained`` (anything else: ``posenc.hf.loading`` names a bad one)."""
-    path = Path(spec).expanduser()
-    if path.is_dir() and (path / finetune.SETTINGS).exists():
-        return "finetune"
-    config = path / "config.json"
-    if path.is_dir() and config.exists():
-        cfg = read_json(config)
-        return "train" if isinstance(cfg, dict) and "model_type" not in cfg and "train" in cfg else "pretrained"
-    return "pretrained"
-
-
 def method_reach(method, limit: int) -> int | None:
     """The longest sequence (tokens) whose largest attended distance under ``method`` stays below ``limit``
     positions (``posenc.methods.Method.reach``), or None when it never reaches ``limit`` (LM-Infinite, sinks,
@@ -138,7 +125,7 @@ class _Pretrained:
     ReRoPE, and under a method the length at which its largest distance reaches that."""
 
     def __init__(self, args: ModelArgs):
-        if model_kind(args.pretrained) == "finetune":
+        if finetune.model_kind(args.pretrained) == "finetune":
             if args.schedule or args.scheme or args.method:
                 raise PosencError(
                     f"{args.pretrained} is a finetune run: it is evaluated with the scheme or schedule it was trained "
@@ -249,7 +236,7 @@ class PosencLM(TemplateLM):
             warnings.warn(f"device {device}: no CUDA device here, running on the CPU", stacklevel=2)
             device = "cpu"
         self.args = parse_model_args(model_args)
-        kind = model_kind(self.args.pretrained)
+        kind = finetune.model_kind(self.args.pretrained)
         self.backend = _Own(self.args) if kind == "train" else _Pretrained(self.args)
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if kind != "train":
