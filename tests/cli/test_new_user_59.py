@@ -75,3 +75,26 @@ def test_eval_refuses_repeated_multiples(rope_run, capsys):
     before = eval_log.read_bytes() if eval_log.exists() else None
     one_line_exit_2(capsys, ["eval", str(rope_run), "--multiples", "1", "2", "1"], "--multiples repeats 1")
     assert (eval_log.read_bytes() if eval_log.exists() else None) == before  # nothing scored, nothing appended
+
+
+@pytest.mark.parametrize(
+    "argv,scheme,entries",
+    [
+        (["train", "--scheme", "rope|rope|rope"], "rope|rope|rope", 3),
+        (["compare", "--schemes", "rope", "irope"], "irope", 4),
+        (["train", "--scheme", "rope|nope", "--set", "model.n_layer=1"], "rope|nope", 2),
+    ],
+)
+def test_a_layer_pattern_longer_than_the_model_is_refused(tmp_path, capsys, argv, scheme, entries):
+    layers = 1 if "model.n_layer=1" in argv else 2  # the quick preset's 2 layers unless set
+    one_line_exit_2(
+        capsys,
+        [*argv, "--preset", "quick", "--out", str(tmp_path / "x"), "--dry-run"],
+        f"scheme {scheme!r} is a pattern of {entries} layer entries for a model of {layers} layers",
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_layer_pattern_shorter_than_the_model_repeats(tmp_path, capsys):
+    argv = ["train", "--scheme", "rope|nope", "--preset", "quick", "--set", "model.n_layer=3"]
+    assert main([*argv, "--out", str(tmp_path / "x"), "--dry-run"]) == 0  # layer i takes entry i mod 2

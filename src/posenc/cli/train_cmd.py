@@ -76,9 +76,8 @@ def _run_dir(text: str) -> Path:
 
 
 def run(args) -> int:
-    preset = load_preset(args.preset, given_settings(args, FLAGS))
+    preset = load_preset(args.preset, given_settings(args, FLAGS), schemes=[args.scheme])  # checks the scheme
     mcfg = dataclasses.replace(preset.model, encoding=args.scheme)
-    mcfg.check_encoding()  # unknown scheme: one line before any work
     out = args.out or Path("runs") / "train" / args.scheme
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")

@@ -235,13 +235,17 @@ class Preset(BaseModel):
         return v
 
 
-def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None) -> Preset:
+def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None, schemes: list[str] | None = None) -> Preset:
     """A preset by name (posenc/configs/NAME.yaml, package data) or path, its ``base`` resolved
     (``posenc.store.presets.read_preset``), with ``overrides`` set ({dotted key: value}, ``{"train.lr": 3e-3}``; a
     section given a mapping, ``{"train": {"steps": 5}}``, merges it: ``posenc.store.presets.apply``), as the command
-    line's flags and ``--set`` give them. The format: docs/presets.md.
+    line's flags and ``--set`` give them. The format: docs/presets.md. ``schemes``: the schemes the command trains
+    (``train --scheme``), each built with ``model.encoding_params`` (``check_scheme``); None: the preset's
+    ``schemes`` (``compare``, after ``--schemes``). A scheme the command does not train is not built with them: a
+    parameter of the trained scheme that another lacks is no error.
 
-    Raises PosencError for an unknown preset, invalid YAML, a cycle of bases, an unknown key or invalid values.
+    Raises PosencError for an unknown preset, invalid YAML, a cycle of bases, an unknown key or invalid values, or a
+    trained scheme that cannot be built (``check_scheme``).
     """
     path, data = read_preset(name_or_path, cls=Preset)
     written = (
@@ -255,8 +259,10 @@ def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None) -> P
     )
     if written is not None:
         _flag_overrides(preset, written)
-    for s in preset.schemes:  # fail fast, before any training
-        dataclasses.replace(preset.model, encoding=s).check_encoding()
+    trained = preset.schemes if schemes is None else schemes
+    for p in [preset, *rungs(preset)]:  # fail fast, before any training (every rung's settings valid; its model too)
+        for s in trained:
+            check_scheme(p.model, s)
     for spec in preset.eval_schedules:
         schedule_spec(spec, preset)
     for spec in preset.eval_methods:
@@ -267,11 +273,24 @@ def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None) -> P
     if preset.tasks and is_task(preset.train.corpus):
         raise PosencError(f"preset {preset.name}: give the tasks in 'tasks' or in train.corpus, not both")
     if preset.sweep is not None:
-        _check_sweep(preset)
-    rungs(preset)  # every rung's settings valid before any work
+        _check_sweep(preset, trained)
     if preset.train.until is not None and not task_specs(preset):
         raise PosencError(f"preset {preset.name}: train.until needs synthetic tasks (tasks, or a task in train.corpus)")
     return preset
+
+
+def check_scheme(model: ModelConfig, spec: str) -> None:
+    """PosencError (one line) before any work when scheme ``spec`` cannot be built with ``model`` (its size and
+    ``encoding_params``: ``ModelConfig.check_encoding``), or is a '|' pattern of more entries than ``model.n_layer``
+    (layer i takes entry i mod n, docs/schemes.md: the entries past the last layer would never be used)."""
+    model = dataclasses.replace(model, encoding=spec)
+    model.check_encoding()
+    entries = len(encodings.layer_pattern(spec))
+    if entries > model.n_layer:
+        raise PosencError(
+            f"scheme {spec!r} is a pattern of {entries} layer entries for a model of {model.n_layer} layers "
+            f"(model.n_layer): give at most {model.n_layer} entries, or more layers"
+        )
 
 
 SETTINGS = {"model", "train", "eval", "task_eval"}  # what a preset's description may state and a run override
@@ -294,13 +313,14 @@ def _flag_overrides(preset: Preset, written: dict) -> None:
         preset.description += f" [The preset as written; this run sets {', '.join(changed)}.]"
 
 
-def _check_sweep(preset: Preset) -> None:
+def _check_sweep(preset: Preset, trained: list[str]) -> None:
     """PosencError before any work for a per-scheme grid of no valid scheme, a scheme without a grid, or a grid point
     whose settings are invalid (validation) or that a scheme cannot be built with (its head dim, a variant that is
-    not one): a scheme's own grid is checked even when the run leaves the scheme out (``--schemes``)."""
+    not one): a scheme's own grid is checked even when the run leaves the scheme out (``--schemes``), without
+    ``model.encoding_params`` unless it is ``trained``."""
     for s in sorted(set(preset.sweep.schemes) - set(preset.schemes)):
-        try:
-            dataclasses.replace(preset.model, encoding=s).check_encoding()
+        try:  # the name only: model.encoding_params are the trained schemes' (load_preset)
+            dataclasses.replace(preset.model, encoding_params={}, encoding=s).check_encoding()
         except PosencError as exc:
             raise PosencError(f"preset {preset.name}: sweep.schemes names {s!r}, not a scheme ({exc})") from None
     bare = [s for s in preset.schemes if not {**preset.sweep.grid, **preset.sweep.schemes.get(s, {})}]
@@ -322,7 +342,8 @@ def _check_sweep(preset: Preset) -> None:
                     f"preset {preset.name}: sweep.schemes.{s}.{VARIANT_KEY} gives {spec!r}, not a variant of {s!r} "
                     f"(its parts in its order, with parameters added)"
                 )
-            dataclasses.replace(at_point(preset, point).model, encoding=spec).check_encoding()
+            model = at_point(preset, point).model
+            check_scheme(model if s in trained else dataclasses.replace(model, encoding_params={}), spec)
 
 
 def is_variant(spec: str, scheme: str) -> bool:
