@@ -1,14 +1,13 @@
 """The layer rule, on the source and at run time: the core (attention, encodings, layer, model, rope, scoring)
 imports torch and numpy only, so ``import posenc.attention``, ``posenc.encodings`` or ``posenc.model`` loads no
-pydantic, matplotlib, transformers or ``posenc.theory``; ``posenc.theory`` sits on the core and the shared helpers,
-never on the apps.
+pydantic, matplotlib or transformers.
 
 Layers, bottom up (docs/layout.md, "Layout"):
 - core: errors, attention, methods, scoring, layer, model, encodings/*, rope/*, and the package ``posenc`` itself
   (lazy: PEP 562).
-- apps: one folder per layer (store/, data/, hf/, eval/, train/, config/, reports/, theory/, runs/, cli/), each on
+- apps: one folder per layer (store/, data/, hf/, eval/, train/, config/, reports/, runs/, cli/), each on
   the folders below it in the "Layout" list of docs/layout.md (imports point down it; no cycles:
-  tests/test_imports.py); theory/ only on the core and on store/checkpoint, store/presets, reports/render.
+  tests/test_imports.py).
 
 The walk of compare's preset (``benchmarks/preset_walk.py``) stays within 30 functions and 5 climbs back up
 that list."""
@@ -32,12 +31,11 @@ CORE = (
     "posenc.encodings",
     "posenc.rope",
 )
-THEORY_HELPERS = ("posenc.store.checkpoint", "posenc.store.presets", "posenc.reports.render")
 CORE_EXTERNAL = {"torch", "numpy"}
 CORE_LAZY_EXTERNAL = {
     "fla"
 }  # flash-linear-attention's PaTH kernel: imported inside the CUDA path only (householder.py)
-APP_FOLDERS = ["store/", "data/", "hf/", "eval/", "train/", "config/", "reports/", "theory/", "runs/", "cli/"]
+APP_FOLDERS = ["store/", "data/", "hf/", "eval/", "train/", "config/", "reports/", "runs/", "cli/"]
 HEAVY = (
     "matplotlib",
     "transformers",
@@ -87,20 +85,17 @@ def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
 def _violations(mods: dict[str, Path]) -> list[str]:
     bad = []
     for name, path in sorted(mods.items()):
-        core, theory = _in(name, CORE), name.startswith("posenc.theory")
-        if not (core or theory):
+        if not _in(name, CORE):
             continue
-        allowed = CORE if core else (*CORE, *THEORY_HELPERS, "posenc.theory")
         for target, lazy in _imports(name, path):
             top = target.split(".")[0]
             if top == "posenc":
                 # "from posenc.x import name" also yields "posenc.x.name": judge the module part only
                 module = max((m for m in mods if target == m or target.startswith(m + ".")), key=len)
-                if not _in(module, allowed):
+                if not _in(module, CORE):
                     bad.append(f"{name} imports {module}")
             elif (
-                core
-                and top not in sys.stdlib_module_names
+                top not in sys.stdlib_module_names
                 and top not in CORE_EXTERNAL
                 and not (lazy and top in CORE_LAZY_EXTERNAL)
             ):
@@ -108,40 +103,37 @@ def _violations(mods: dict[str, Path]) -> list[str]:
     return sorted(set(bad))
 
 
-def test_core_and_theory_import_only_their_layers():
+def test_the_core_imports_only_its_layer():
     mods = _modules()
-    assert {"posenc.attention", "posenc.encodings.mixing", "posenc.rope.schedules", "posenc.theory.mixing"} <= set(mods)
+    assert {"posenc.attention", "posenc.encodings.mixing", "posenc.rope.schedules"} <= set(mods)
     assert _violations(mods) == []
 
 
 def test_the_layer_check_finds_an_upward_import(tmp_path):
     pkg = tmp_path / "posenc"
     (pkg / "encodings").mkdir(parents=True)
-    (pkg / "theory").mkdir()
+    (pkg / "config").mkdir()
     for f, text in {
         "__init__.py": "",
-        "config.py": "import pydantic\n",
+        "config/__init__.py": "",
+        "config/plan.py": "import pydantic\n",
         "encodings/__init__.py": "",
-        "encodings/x.py": "from posenc.theory.mixing import w\nimport matplotlib\n\ndef f():\n    import fla\n",
-        "theory/__init__.py": "",
-        "theory/mixing.py": "from posenc.config.plan import Preset\n",
+        "encodings/x.py": "from posenc.config.plan import Preset\nimport matplotlib\n\ndef f():\n    import fla\n",
     }.items():
         (pkg / f).write_text(text)
     mods = {
         m: pkg.parent / p
         for m, p in {
             "posenc": "posenc/__init__.py",
+            "posenc.config": "posenc/config/__init__.py",
             "posenc.config.plan": "posenc/config/plan.py",
             "posenc.encodings": "posenc/encodings/__init__.py",
             "posenc.encodings.x": "posenc/encodings/x.py",
-            "posenc.theory": "posenc/theory/__init__.py",
-            "posenc.theory.mixing": "posenc/theory/mixing.py",
         }.items()
     }
     assert _violations(mods) == [
         "posenc.encodings.x imports matplotlib",
-        "posenc.encodings.x imports posenc.theory.mixing",
-        "posenc.theory.mixing imports posenc.config.plan",
+        "posenc.encodings.x imports posenc.config.plan",
     ]
 
 

@@ -107,7 +107,9 @@ def test_wheel_metadata_names_every_extra_and_its_requirements(wheel):
 
 def test_wheel_holds_every_module_preset_and_py_typed(wheel):
     with zipfile.ZipFile(wheel) as z:
-        packed = {n for n in z.namelist() if n.startswith("posenc/")}
+        names = z.namelist()
+        packed = {n for n in names if n.startswith("posenc/")}
+        study = [n for n in names if n.startswith("experiments/") or "theory" in n]
         entry_points = next(z.read(n).decode() for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))
     shipped = {
         p.relative_to(REPO / "src").as_posix()
@@ -119,10 +121,10 @@ def test_wheel_holds_every_module_preset_and_py_typed(wheel):
         "posenc/configs/quick.yaml",
         "posenc/configs/extend/quick.yaml",
         "posenc/configs/finetune/quick.yaml",
-        "posenc/configs/theory/quick.yaml",
         "posenc/encodings/registry.py",
     } <= shipped
     assert packed == shipped
+    assert study == [], study  # a study's code (experiments/: its claims, its theory checks) is not the library's
     assert "posenc = posenc.cli.main:main" in entry_points
 
 

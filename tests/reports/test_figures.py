@@ -215,27 +215,3 @@ def test_diagnose_plots_keep_equal_curves_visible():
         "-",
         "o",
     )
-
-
-def test_theory_log_axes_carry_plain_labels():
-    """docs/plots.md: log axes carry plain labels (render.log_scale); posenc theory's plots wrote 10^k ones."""
-    from posenc.theory import decay, plots
-
-    fig = plots._decay(decay.long_range_decay(max_dist=64, samples=8, seed=5))
-    fig.canvas.draw()
-    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
-    assert {"1", "10"} <= set(labels) and not any("^" in t or "$" in t for t in labels)
-    assert [line.get_label() for line in fig.axes[0].get_lines()][:2] == ["sinusoidal", "rope-10000"]
-
-
-def test_theory_mixing_keeps_equal_blocks_visible():
-    """Slow blocks of so2-drift all sit at beta = 1: the last one drew over the others, unlabelled."""
-    from posenc.theory import plots
-
-    drift = {"dist": "so2-drift", "beta": 1.0, "eps": 0.01, "tolerance": 0.1, "norm_sim": [1.0] * 8}
-    drift |= {"norm_pred": [1.0] * 8, "blocks": {"beta": [0.5, 0.9, 1.0, 1.0], "window": [7, 44, 10**6, 10**8]}}
-    labels = [line.get_label() for line in plots._mixing({"so2-drift": drift}).axes[1].get_lines()]
-    assert labels[2:] == [
-        "block 2: beta=1, w=1000000",
-        "block 3: beta=1, w=100000000 (same as block 2: beta=1, w=1000000)",
-    ]

@@ -6,7 +6,8 @@ printed here as one line with exit code 2; Ctrl-C exits with code 130 (the shell
 (``timeout``) is handled as Ctrl-C and exits with 143 (128 + 15); output
 piped into a reader that stops early (``posenc list | head``) ends quietly with 141 (the shell's for SIGPIPE).
 ``--quiet`` / ``--verbose`` (before or after the subcommand) set the verbosity of progress on stderr
-(``posenc.eval.progress``); results go to stdout.
+(``posenc.eval.progress``); results go to stdout. A study outside the library runs a command of its own through
+:func:`main`'s ``commands`` (docs/plugins.md), with all of the above.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import shlex
 import signal
 import sys
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -37,7 +39,6 @@ COMMANDS = [
     "posenc.cli.extend_cmd",
     "posenc.cli.finetune_cmd",
     "posenc.cli.harness_cmd",
-    "posenc.cli.theory_cmd",
     "posenc.cli.diagnose_cmd",
 ]
 
@@ -47,7 +48,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"posenc: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Sequence[Callable] = ()) -> argparse.ArgumentParser:
+    """The ``posenc`` parser: the subcommands of COMMANDS, then each of ``commands`` (an ``add_parser(subparsers)``)."""
     parser = _Parser(prog="posenc", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--version",
@@ -61,13 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="MODULE",
         help="import MODULE (a module name or a .py path) before the command, for the schemes or claim sets it "
-        "registers (experiments/accumulated/claims.py: the claims of arXiv 2606.24975); give it before the "
+        "registers (a study's claim set: experiments/NAME/claims.py); give it before the "
         "command; job processes import it too (as POSENC_IMPORT, comma-separated, does)",
     )
     add_verbosity(parser, False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
         importlib.import_module(name).add_parser(sub)
+    for add_parser in commands:
+        add_parser(sub)
     for command in sub.choices.values():  # after the command too: `posenc train --quiet ...`
         add_verbosity(command, argparse.SUPPRESS)
     return parser
@@ -111,15 +115,18 @@ def interrupted_message(exc: KeyboardInterrupt, argv: list[str]) -> str:
     return f"posenc: interrupted: {where}\nposenc: resume with: {shlex.join(['posenc', *argv, *extra])}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, commands: Sequence[Callable] = ()) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); its exit code. ``commands``: subcommands beside
+    the library's, each an ``add_parser(subparsers)`` as a module of COMMANDS has (a study's own command, run by the
+    study's script: docs/plugins.md)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     with sigterm_as_interrupt() as received:
-        return _run(argv, received)
+        return _run(argv, received, commands)
 
 
-def _run(argv: list[str], received: list[int]) -> int:
+def _run(argv: list[str], received: list[int], commands: Sequence[Callable] = ()) -> int:
     try:  # build_parser imports the command modules (torch: seconds), so Ctrl-C there is an interrupt too
-        args = build_parser().parse_args(argv)
+        args = build_parser(commands).parse_args(argv)
         with progress.verbosity(verbosity(args)):
             progress.level()  # a bad $POSENC_PROGRESS: one line before any work
             for target in args.imports:

@@ -1,4 +1,4 @@
-"""The stylized model's scores are the schemes': posenc.theory.decay, steps and mass build on the
+"""The stylized model's scores are the schemes': experiments.accumulated.theory.decay, steps and mass build on the
 schemes' own formulas (sinusoidal table, xPos decay, PoPE frequencies, forget-gate prefix sums), and
 what they write in closed form (score of a query-key pair, the step laws) is tested against the scheme."""
 
@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from experiments.accumulated.theory import decay, parse_dist
+from experiments.accumulated.theory.mass import gate_log_decay
 from posenc import encodings
 from posenc.encodings.absolute import sinusoidal_table
 from posenc.encodings.base import Dims, Inputs
@@ -15,8 +17,6 @@ from posenc.encodings.forget import forget_bias, log_forget_cumsum
 from posenc.encodings.polar import pope_features, pope_freqs
 from posenc.encodings.xpos import SCALE_BASE, XPos, xpos_block, xpos_naive_scores, xpos_zeta
 from posenc.rope import rope_inv_freq
-from posenc.theory import decay, parse_dist
-from posenc.theory.mass import gate_log_decay
 
 
 def test_sinusoidal_table_golden_values():

@@ -1,34 +1,46 @@
-"""posenc.theory: closed forms and bounds against float64 Monte Carlo, bad input, the CLI."""
+"""experiments.accumulated.theory: closed forms and bounds against float64 Monte Carlo, bad input, the CLI."""
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from posenc.attention import rotate
-from posenc.cli.main import main
-from posenc.encodings.absolute import sinusoidal_table
-from posenc.encodings.polar import pope_freqs
-from posenc.encodings.xpos import xpos_zeta
-from posenc.errors import PosencError
-from posenc.theory import (
+from experiments.accumulated.theory import (
+    decay,
     far_mass,
     long_range_decay,
     mixing_check,
     parse_dist,
+    plots,
     score_gap,
     translation_invariance,
     value_incoherence,
     window_size,
     window_vs_context,
 )
-from posenc.theory.mass import _geometric_form, alibi_bounds, far_mass_bound, forget_gate_bound, gate_mean
-from posenc.theory.run import Check, Row, load_budget, run_check
-from posenc.theory.scores import tail_bound
-from posenc.theory.stats import bernstein_tol, compare
-from posenc.theory.steps import SO2Uniform, unit_vectors
+from experiments.accumulated.theory.cli import theory
+from experiments.accumulated.theory.mass import (
+    _geometric_form,
+    alibi_bounds,
+    far_mass_bound,
+    forget_gate_bound,
+    gate_mean,
+)
+from experiments.accumulated.theory.run import Check, Row, load_budget, run_check
+from experiments.accumulated.theory.scores import tail_bound
+from experiments.accumulated.theory.stats import bernstein_tol, compare
+from experiments.accumulated.theory.steps import SO2Uniform, unit_vectors
+from posenc.attention import rotate
+from posenc.cli.main import main
+from posenc.encodings.absolute import sinusoidal_table
+from posenc.encodings.polar import pope_freqs
+from posenc.encodings.xpos import xpos_zeta
+from posenc.errors import PosencError
 
 
 @pytest.fixture(autouse=True)
@@ -101,10 +113,10 @@ def test_so2_uniform_mixing_matches_sin_a_over_a():
 def test_mixing_window_names_only_a_schemes_window():
     """The Monte Carlo check is mixing_check (a dict of the check); mixing_window is the scheme's / model's w_eps
     (tokens)."""
-    import posenc.theory
+    import experiments.accumulated.theory as pkg
     from posenc.model import ModelConfig
 
-    assert not hasattr(posenc.theory, "mixing_window") and not hasattr(posenc.theory.mixing, "mixing_window")
+    assert not hasattr(pkg, "mixing_window") and not hasattr(pkg.mixing, "mixing_window")
     mcfg = ModelConfig(n_layer=1, n_head=2, d_model=32, train_length=16, encoding="acc-rand-qk")
     assert (
         mcfg.mixing_window(0.01) == mixing_check("so2:1", d=8, samples=10, n_max=2)["window"] == 27
@@ -317,12 +329,39 @@ def test_bad_eps_raises(eps):
         mixing_check("so2:1", d=8, eps=eps, samples=10, n_max=2)
 
 
+def test_theory_is_the_studys_command_not_the_librarys(capsys):
+    """The library's command line has no theory (issue 61: the study left the library); the study's script adds it
+    with posenc's option handling (``posenc.cli.main.main``'s ``commands``): --help names the script, an unknown
+    option is one line, exit 2."""
+    for run, argv in ((main, ["theory", "--quick"]), (theory, ["--quick", "--bogus"]), (theory, ["--help"])):
+        with pytest.raises(SystemExit) as exit_:
+            run(argv)
+        assert exit_.value.code == (0 if argv == ["--help"] else 2)
+    out, err = capsys.readouterr()
+    assert out.startswith("usage: python -m experiments.accumulated.theory [-h]")
+    assert err.splitlines()[0].startswith("posenc: error: argument command: invalid choice: 'theory'")
+    assert err.splitlines()[1:] == ["posenc: error: unrecognized arguments: --bogus"]
+
+
+@pytest.mark.slow
+def test_the_study_runs_its_command_as_a_module(tmp_path):
+    """``python -m experiments.accumulated.theory`` from the repository root: bad input is one line, exit 2."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.accumulated.theory", "--eps", "0", "--out", str(tmp_path / "x")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("posenc: error: ") and proc.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize(
     "extra",
     [["--eps", "0"], ["--eps", "1.2"], ["--dists", "so3"], ["--dists", "so2:0"], ["--dims", "7"], ["--mix-dim", "9"]],
 )
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, extra):
-    assert main(["theory", "--quick", "--out", str(tmp_path / "x"), *extra]) == 2
+    assert theory(["--quick", "--out", str(tmp_path / "x"), *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("posenc: error: ") and err.count("\n") == 1
     assert not (tmp_path / "x").exists()  # validated before any work
@@ -331,7 +370,7 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, extra):
 @pytest.mark.slow
 def test_cli_quick_writes_summary_results_and_plots(tmp_path, capsys):
     out = tmp_path / "theory"
-    assert main(["theory", "--quick", "--out", str(out), "--dims", "8", "16", "--seed", "3"]) == 0
+    assert theory(["--quick", "--out", str(out), "--dims", "8", "16", "--seed", "3"]) == 0
     printed = capsys.readouterr().out
     assert "| check | prediction (bound / closed form) | simulation | holds |" in printed
     summary = (out / "summary.md").read_text()
@@ -366,18 +405,37 @@ def test_budgets_are_shipped_presets(tmp_path):
 
 
 def test_theory_takes_a_budget_preset_and_set_from_the_command_line(tmp_path, capsys):
-    from posenc.cli.main import main
 
     out = tmp_path / "t"
-    assert (
-        main(["theory", "--quick", "--set", "mix_samples=500", "--dists", "so2:1", "--dims", "8", "--out", str(out)])
-        == 0
-    )
+    assert theory(["--quick", "--set", "mix_samples=500", "--dists", "so2:1", "--dims", "8", "--out", str(out)]) == 0
     budget = json.loads((out / "results.json").read_text())["config"]["budget"]
     assert budget["mix_samples"] == 500 and budget["gap_samples"] == load_budget("quick").gap_samples
     capsys.readouterr()
-    assert main(["theory", "--preset", "full", "--set", "mix_samples=0", "--out", str(out)]) == 2
+    assert theory(["--preset", "full", "--set", "mix_samples=0", "--out", str(out)]) == 2
     assert (
         capsys.readouterr().err
         == "posenc: error: invalid mix_samples=0 (command line): Input should be greater than 0\n"
     )
+
+
+# ---- the figures
+
+
+def test_theory_log_axes_carry_plain_labels():
+    """docs/plots.md: log axes carry plain labels (render.log_scale); the theory command's plots wrote 10^k ones."""
+    fig = plots._decay(decay.long_range_decay(max_dist=64, samples=8, seed=5))
+    fig.canvas.draw()
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert {"1", "10"} <= set(labels) and not any("^" in t or "$" in t for t in labels)
+    assert [line.get_label() for line in fig.axes[0].get_lines()][:2] == ["sinusoidal", "rope-10000"]
+
+
+def test_theory_mixing_keeps_equal_blocks_visible():
+    """Slow blocks of so2-drift all sit at beta = 1: the last one drew over the others, unlabelled."""
+    drift = {"dist": "so2-drift", "beta": 1.0, "eps": 0.01, "tolerance": 0.1, "norm_sim": [1.0] * 8}
+    drift |= {"norm_pred": [1.0] * 8, "blocks": {"beta": [0.5, 0.9, 1.0, 1.0], "window": [7, 44, 10**6, 10**8]}}
+    labels = [line.get_label() for line in plots._mixing({"so2-drift": drift}).axes[1].get_lines()]
+    assert labels[2:] == [
+        "block 2: beta=1, w=1000000",
+        "block 3: beta=1, w=100000000 (same as block 2: beta=1, w=1000000)",
+    ]

@@ -28,14 +28,14 @@ import math
 import numpy as np
 import torch
 
+from experiments.accumulated.theory.stats import compare, z_value
+from experiments.accumulated.theory.steps import DTYPE
 from posenc.attention import rotate
 from posenc.encodings.absolute import sinusoidal_table
 from posenc.encodings.bias import alibi_slopes, distance_penalty
 from posenc.encodings.polar import pope_features, pope_freqs
 from posenc.encodings.xpos import SCALE_BASE, xpos_score, xpos_zeta
 from posenc.rope import rope_inv_freq
-from posenc.theory.stats import compare, z_value
-from posenc.theory.steps import DTYPE
 
 ALIBI_SLOPE = float(alibi_slopes(8)[3])  # the scheme's slope of head 4 of 8 (Press et al.): m = 1/16
 TRANSLATION_INVARIANT = ("rope-10000", "rope-500000", "xpos", "pope", "alibi")  # scores depend on i - j only

@@ -40,10 +40,10 @@ import math
 import numpy as np
 import torch
 
+from experiments.accumulated.theory.stats import compare, z_value
+from experiments.accumulated.theory.steps import DTYPE, SO2Uniform, parse_dist, unit_vectors
 from posenc.encodings.forget import log_forget_cumsum
 from posenc.errors import PosencError
-from posenc.theory.stats import compare, z_value
-from posenc.theory.steps import DTYPE, SO2Uniform, parse_dist, unit_vectors
 
 _SCORE_ELEMS = 2**20  # angles held at once
 

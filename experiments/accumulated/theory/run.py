@@ -15,20 +15,21 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
+from experiments.accumulated.theory import decay, mass, mixing, plots, scores
+from experiments.accumulated.theory.steps import SO2Uniform, parse_dist
 from posenc.encodings.mixing import check_eps
 from posenc.errors import PosencError
 from posenc.reports.render import markdown_table
 from posenc.store.checkpoint import atomic_write_bytes
-from posenc.store.presets import SHIPPED, load_flat
-from posenc.theory import decay, mass, mixing, plots, scores
-from posenc.theory.steps import SO2Uniform, parse_dist
+from posenc.store.presets import load_flat
 
 DEFAULT_DISTS = ("so2:1", "so2:0.5", "so2:2", "so2-drift", "householder", "haar")
 DEFAULT_DIMS = (8, 16, 32, 64, 128)
+BUDGETS = Path(__file__).with_name("budgets")  # full.yaml, quick.yaml
 
 
 class Budget(BaseModel):
-    """Sample sizes of the checks (presets ``configs/theory/{full,quick}.yaml``): full fits in about
+    """Sample sizes of the checks (presets ``budgets/{full,quick}.yaml`` beside this file): full fits in about
     a minute on one core, quick in seconds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -58,10 +59,10 @@ class Row(NamedTuple):
 
 @dataclass(frozen=True)
 class Check:
-    """One Monte Carlo check of ``posenc theory``: what it samples and how it is reported.
+    """One Monte Carlo check of the theory command: what it samples and how it is reported.
 
     ``sample()`` simulates and compares with the closed form or bound within a
-    tolerance set by the sample size (:func:`posenc.theory.stats.compare`); it
+    tolerance set by the sample size (:func:`experiments.accumulated.theory.stats.compare`); it
     returns a JSON-ready dict with ``holds``, stored as results[key][name]
     (results[key] when ``name`` is None), or raises PosencError when the check
     does not apply (it is then skipped). ``rows(result)`` are its table rows.
@@ -92,9 +93,9 @@ def run_check(check: Check, results: dict) -> list[dict]:
 
 
 def load_budget(name: str, overrides: dict | None = None) -> Budget:
-    """A shipped budget (``full``, ``quick``) or a YAML path, ``overrides`` ({key: value}, ``posenc theory --set``)
-    replacing its keys; PosencError (one line) if invalid."""
-    return load_flat(Budget, name, SHIPPED / "theory", "theory budget", overrides)
+    """A budget of ``BUDGETS`` (``full``, ``quick``) or a YAML path, ``overrides`` ({key: value}, the command's
+    ``--set``) replacing its keys; PosencError (one line) if invalid."""
+    return load_flat(Budget, name, BUDGETS, "theory budget", overrides)
 
 
 def run_theory(
@@ -110,7 +111,7 @@ def run_theory(
 ) -> dict:
     """Run every check, write ``out``/{summary.md, results.json, *.png}; return the report dict.
 
-    ``dists`` are step distributions (:func:`posenc.theory.steps.parse_dist`) for
+    ``dists`` are step distributions (:func:`experiments.accumulated.theory.steps.parse_dist`) for
     the mixing and score-gap checks; ``mix_dim`` is d for the mixing, far-mass and
     value checks; ``dims`` are the dimensions of the score-gap check. The first
     ``so2:<a>`` distribution (else so2:1) drives the context, far-mass and value checks. The sample sizes: the

@@ -12,12 +12,12 @@ positional-encoding survey (seeds/003) for the long-range decay check.
 :func:`run_theory` runs all of them and writes plots, summary.md and results.json.
 """
 
-from posenc.theory.decay import long_range_decay, translation_invariance
-from posenc.theory.mass import far_mass, value_incoherence
-from posenc.theory.mixing import mixing_check, window_size, window_vs_context
-from posenc.theory.run import run_theory
-from posenc.theory.scores import score_gap
-from posenc.theory.steps import parse_dist
+from experiments.accumulated.theory.decay import long_range_decay, translation_invariance
+from experiments.accumulated.theory.mass import far_mass, value_incoherence
+from experiments.accumulated.theory.mixing import mixing_check, window_size, window_vs_context
+from experiments.accumulated.theory.run import run_theory
+from experiments.accumulated.theory.scores import score_gap
+from experiments.accumulated.theory.steps import parse_dist
 
 __all__ = [
     "far_mass",

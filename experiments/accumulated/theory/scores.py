@@ -22,10 +22,10 @@ import math
 import numpy as np
 import torch
 
+from experiments.accumulated.theory.stats import compare, proportion_tol, z_value
+from experiments.accumulated.theory.steps import DTYPE, Haar, Householder, SO2Steps, StepDist, parse_dist, unit_vectors
 from posenc.encodings.mixing import window_size
 from posenc.errors import PosencError
-from posenc.theory.stats import compare, proportion_tol, z_value
-from posenc.theory.steps import DTYPE, Haar, Householder, SO2Steps, StepDist, parse_dist, unit_vectors
 
 FAR_CAP = 4096  # longest far route simulated; windows beyond it have no reachable far regime
 THRESHOLDS = tuple(np.round(np.linspace(0.05, 0.95, 19), 2))

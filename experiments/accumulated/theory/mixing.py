@@ -5,7 +5,7 @@ Theorem 1: for i.i.d. steps with ||E[M]||_op <= beta < 1, ||E[P_n]||_op <= beta^
 so routes longer than w_eps = ceil(log eps / log beta) are decorrelated to eps
 (:func:`posenc.encodings.mixing.window_size`, the core's formula).
 w_eps depends on beta and eps only, not on the context length. For every
-distribution in :mod:`posenc.theory.steps`, E[M] is normal, so the bound is an
+distribution in :mod:`experiments.accumulated.theory.steps`, E[M] is normal, so the bound is an
 equality: ||E[P_n]||_op = ||E[M]^n||_op = beta^n.
 """
 
@@ -15,10 +15,10 @@ import math
 
 import torch
 
+from experiments.accumulated.theory.stats import bernstein_tol, compare
+from experiments.accumulated.theory.steps import DTYPE, SO2Steps, SO2Uniform, block_norms, parse_dist, phasor_mean
 from posenc.encodings.mixing import window_size
 from posenc.errors import PosencError
-from posenc.theory.stats import bernstein_tol, compare
-from posenc.theory.steps import DTYPE, SO2Steps, SO2Uniform, block_norms, parse_dist, phasor_mean
 
 _HORIZON_CAP = 256  # longest simulated route when the window is longer (drift blocks)
 _PROFILE_ELEMS = 2**20  # angles held at once when simulating whole contexts
@@ -39,7 +39,7 @@ def mixing_check(
 ) -> dict:
     """Monte Carlo ||E[P_n]||_op against beta^n, n = 0..n_max, and the window w_eps.
 
-    ``dist`` is a spec of :func:`posenc.theory.steps.parse_dist`; ``samples``
+    ``dist`` is a spec of :func:`experiments.accumulated.theory.steps.parse_dist`; ``samples``
     routes are drawn per n (float64). Tolerance: matrix Bernstein half-width
     (:func:`bernstein_tol`) at level ``delta`` shared over the n_max + 1 values.
     SO(2) distributions are also checked block by block (|E e^{i Phi_n,b}| vs

@@ -1,14 +1,26 @@
-"""`posenc theory`: Monte Carlo checks of the stylized model of accumulated transports."""
+"""The theory command: Monte Carlo checks of the stylized model of accumulated transports, a subcommand this study
+adds to posenc's command line (``posenc.cli.main.main``'s ``commands``), run by ``python -m
+experiments.accumulated.theory`` (``__main__.py``)."""
 
 from pathlib import Path
 
+from experiments.accumulated.theory.run import DEFAULT_DIMS, DEFAULT_DISTS, checks_table, run_theory
 from posenc.cli.common import add_set, given_settings
-from posenc.theory.run import DEFAULT_DIMS, DEFAULT_DISTS, checks_table, run_theory
+from posenc.cli.main import main
+
+PROG = "python -m experiments.accumulated.theory"
+
+
+def theory(argv: list[str]) -> int:
+    """Run the theory command with the options ``argv`` (as after ``PROG``); its exit code (posenc's: 2 for bad
+    input, printed in one line)."""
+    return main(["theory", *argv], commands=[add_parser])
 
 
 def add_parser(sub):
     p = sub.add_parser(
         "theory",
+        prog=PROG,
         help="Monte Carlo checks of the accumulated-transport theory (plots, summary.md, results.json)",
         description="Mixing window, score gap, far-mass bound, value incoherence and long-range decay: "
         "closed forms and bounds against float64 simulation. Exit 0 if every check holds, 1 otherwise.",
@@ -17,7 +29,7 @@ def add_parser(sub):
     p.add_argument("--quick", action="store_true", help="small sample sizes (seconds; for tests): --preset quick")
     p.add_argument(
         "--preset",
-        help="the sample sizes: a shipped budget (full, quick; configs/theory/) or a YAML path (default full)",
+        help="the sample sizes: a budget of budgets/ beside this command (full, quick) or a YAML path (default full)",
     )
     add_set(p, "mix_samples=5000 (the keys are the budget's: docs/presets.md)")
     p.add_argument("--seed", type=int, default=0, help="base random seed (default %(default)s)")
