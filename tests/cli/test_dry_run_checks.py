@@ -2,6 +2,8 @@
 before the dry run exits, so both paths share it; and a preset's encoding_params are checked against the schemes the
 command trains."""
 
+from pathlib import Path
+
 import pytest
 
 from posenc.cli.main import main
@@ -41,3 +43,68 @@ def test_encoding_params_are_checked_against_the_trained_schemes_only(tmp_path, 
 def test_encoding_params_a_trained_scheme_lacks_are_refused(tmp_path, capsys, argv):
     argv = [*argv, "--preset", "quick", "--out", str(tmp_path / "x"), "--set", THETA, "--dry-run"]
     one_line_exit_2(capsys, argv, "scheme 'nope' has no parameter 'rope_theta'; valid: none")
+
+
+def bad_data(tmp_path: Path, kind: str) -> tuple[list[str], str]:
+    """(flags, the run's one-line error) of one kind of bad data."""
+    path = tmp_path / kind
+    if kind == "missing":
+        return ["--corpus", str(path)], f"corpus '{path}' not found (not a known corpus, file or directory)"
+    if kind == "empty file":
+        path.write_text("")
+    elif kind == "blank file":
+        path.write_text(" \n\n\t\n")
+    elif kind == "empty directory":
+        path.mkdir()
+        (path / ".hidden").write_text("a hidden file is no document")
+    elif kind == "binary file":
+        path.write_bytes(bytes([0xFF, 0xFE, 0x00]) * 100)
+        return ["--corpus", str(path)], f"corpus '{path}' has no UTF-8 text (1 file(s) skipped as binary)"
+    elif kind == "hf:":
+        return ["--corpus", "hf:"], "corpus 'hf:' names no dataset: give hf:NAME[:CONFIG], hf:text:PATH or hf:json:PATH"
+    elif kind == "tokenizer":
+        return [
+            "--tokenizer",
+            "wordpiece",
+        ], "unknown tokenizer 'wordpiece' (use 'byte' or 'bpeN' with 256 < N <= 65535)"
+    return ["--corpus", str(path)], f"corpus '{path}' is empty (no file of it holds text)"
+
+
+KINDS = ["missing", "empty file", "blank file", "empty directory", "binary file", "hf:", "tokenizer"]
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
+@pytest.mark.parametrize("command", [["train", "--scheme", "rope"], ["compare", "--schemes", "rope", "--no-isolate"]])
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_dry_run_refuses_the_data_the_run_refuses(tmp_path, capsys, command, kind, dry_run):
+    flags, message = bad_data(tmp_path, kind)
+    out = tmp_path / "out"
+    one_line_exit_2(
+        capsys, [*command, "--preset", "quick", "--steps", "1", *flags, "--out", str(out), *dry_run], message
+    )
+    assert not out.exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
+@pytest.mark.parametrize("model", ["runs/nosuch", "nosuch", "./nosuch", "a/b/c"])
+def test_a_missing_model_path_is_refused_at_once_with_or_without_dry_run(tmp_path, capsys, model, dry_run):
+    pytest.importorskip("transformers")  # without it the run names the missing extra first
+    out = tmp_path / "out"
+    argv = ["extend", "--quick", "--model", model, "--schedules", "none", "--out", str(out), *dry_run]
+    one_line_exit_2(capsys, argv, f"model path {model} does not exist (a Hugging Face hub id is ORG/NAME)")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["generate", "runs/nosuch", "--prompt", "hi"], ["finetune", "--quick", "--model", "runs/nosuch", "--dry-run"]],
+    ids=["generate", "finetune"],
+)
+def test_other_commands_refuse_a_missing_model_path_at_once(tmp_path, capsys, argv):
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")  # finetune names the missing extra first
+    one_line_exit_2(
+        capsys,
+        [*argv, "--out", str(tmp_path / "out")] if argv[0] == "finetune" else argv,
+        "model path runs/nosuch does not exist (a Hugging Face hub id is ORG/NAME)",
+    )

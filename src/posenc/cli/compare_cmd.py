@@ -4,7 +4,8 @@ import sys
 from pathlib import Path
 
 from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run
-from posenc.config.plan import ClusterConfig, Preset, load_preset, rungs
+from posenc.config.plan import ClusterConfig, Preset, load_preset, rungs, task_specs
+from posenc.data.corpora import check_data
 from posenc.data.tasks import TASKS
 from posenc.errors import PosencError
 from posenc.runs.compare import compare
@@ -152,6 +153,8 @@ def run(args) -> int:
     preset = load_preset(args.preset, given_settings(args, FLAGS))
     cluster = cluster_config(args, preset)
     check_options(args.launcher, not args.no_isolate, args.parallel, args.nproc_per_node, args.device)
+    if not task_specs(preset):  # the text every job loads, refused once before any job as --dry-run refuses it
+        check_data(preset.train.corpus, preset.train.tokenizer)
     if args.dry_run:
         return dry_run(preset, args.out)
     try:

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from posenc.cli.common import add_dry_run, add_set, given_settings, number_list, print_dry_run, shown
+from posenc.hf.loading import check_model
 from posenc.hf.schedules import WINDOW_DIVISOR
 from posenc.rope import NAMES
 from posenc.runs.extend import ExtendConfig, extend, held_out, load_extend_config, preset_names
@@ -229,6 +230,7 @@ def run(args) -> int:
     cfg = config(args)
     if args.dry_run:
         held_out(cfg)  # the document names, as a run checks them before the model loads
+        check_model(cfg.model)  # a missing path, as loading it refuses it
         out = args.out or Path("runs") / "extend" / cfg.name
         return print_dry_run("posenc extend", {"out": out, **cfg.model_dump()}, *jobs(cfg))
     out, markdown = extend(cfg, args.out)

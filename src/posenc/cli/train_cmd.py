@@ -7,7 +7,7 @@ from pathlib import Path
 
 from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run
 from posenc.config.plan import load_preset
-from posenc.data.corpora import check_corpus_spec
+from posenc.data.corpora import check_data
 from posenc.errors import PosencError
 from posenc.store.checkpoint import read_json
 from posenc.store.stamp import run_stamp
@@ -86,7 +86,7 @@ def run(args) -> int:
     check_kind(args.log)
     device = distributed.check_device(args.device) if args.device else distributed.default_device()
     check_positions(mcfg, preset.train)
-    check_corpus_spec(preset.train.corpus)  # before --dry-run prints it as valid
+    check_data(preset.train.corpus, preset.train.tokenizer)  # what the run refuses, before --dry-run prints it valid
     precision = resolve_precision(preset.train.precision, device)
     if args.dry_run:
         settings = {"scheme": args.scheme, "out": out, "device": device, "precision": precision}

@@ -153,21 +153,45 @@ def _pystdlib() -> Corpus:
     return _split_every(docs, "pystdlib")
 
 
-def _local(spec: str) -> Corpus:
+def _local_files(spec: str) -> tuple[Path, list[Path]]:
+    """The local corpus ``spec`` (a file, or a directory's files but hidden ones) and its files; PosencError if the
+    path does not exist."""
     path = Path(spec).expanduser()
     if not path.exists():
         raise PosencError(f"corpus {spec!r} not found (not a known corpus, file or directory)")
-    files = (
-        [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-    )
-    docs, binary = [], 0
+    if path.is_file():
+        return path, [path]
+    return path, sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def _text(path: Path) -> str | None:
+    """The UTF-8 text of a corpus file; None for a binary file (one in a text directory is skipped)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _check_local(spec: str) -> None:
+    """PosencError (one line) unless the local corpus ``spec`` exists and some file of it holds UTF-8 text that is not
+    all whitespace (reading files until one does): what ``_local`` needs to split it."""
+    _, files = _local_files(spec)
+    texts = 0
     for p in files:
-        try:
-            docs.append(Document(str(p.relative_to(path)) if p != path else p.name, p.read_text(encoding="utf-8")))
-        except UnicodeDecodeError:
-            binary += 1  # binary file in a text directory
-    if not docs and binary:
-        raise PosencError(f"corpus {spec!r} has no UTF-8 text ({binary} file(s) skipped as binary)")
+        text = _text(p)
+        if text is not None and text.strip():
+            return
+        texts += text is not None
+    if files and not texts:
+        raise PosencError(f"corpus {spec!r} has no UTF-8 text ({len(files)} file(s) skipped as binary)")
+    raise PosencError(f"corpus {spec!r} is empty (no file of it holds text)")
+
+
+def _local(spec: str) -> Corpus:
+    """A local text file or directory (``check_corpus_spec`` has checked it holds text)."""
+    path, files = _local_files(spec)
+    texts = {p: _text(p) for p in files}
+    docs = [Document(str(p.relative_to(path)) if p != path else p.name, t) for p, t in texts.items() if t is not None]
     return _split_every(docs, path.name)
 
 
@@ -200,15 +224,29 @@ def _huggingface(spec: str) -> Corpus:
 
 
 def check_corpus_spec(spec: str) -> None:
-    """PosencError (one line) for an ``hf:`` spec that names nothing to load (``hf:``, ``hf:text:``), checked before
-    anything loads (``datasets`` fails on them with an IndexError)."""
+    """PosencError (one line) for a text corpus spec ``load_corpus`` would refuse, found before anything loads or is
+    fetched: an ``hf:`` spec that names nothing to load (``hf:``, ``hf:text:``; ``datasets`` fails on them with an
+    IndexError), a local path that does not exist, or one with no UTF-8 text or only empty files. A synthetic task,
+    the known corpora and a Hugging Face dataset (found only when it loads) pass."""
+    if is_task(spec) or spec in ("shakespeare", "pystdlib"):
+        return
     if not spec.startswith("hf:"):
+        _check_local(spec)
         return
     parts = spec[3:].split(":", 1)
     if not parts[0].strip():
         raise PosencError(f"corpus {spec!r} names no dataset: give hf:NAME[:CONFIG], hf:text:PATH or hf:json:PATH")
     if parts[0] in ("text", "json") and len(parts) == 2 and not parts[1].strip():
         raise PosencError(f"corpus {spec!r} names no file: give hf:{parts[0]}:PATH")
+
+
+def check_data(corpus: str, tokenizer: str) -> None:
+    """PosencError (one line) for what ``load_tokens(corpus, tokenizer, tasks=True)`` would refuse and can be known
+    before anything loads (``check_corpus_spec``, ``check_tokenizer``): a command checks it before ``--dry-run``
+    exits, so the dry run refuses what the run refuses. A synthetic task uses no tokenizer."""
+    check_corpus_spec(corpus)
+    if not is_task(corpus):
+        check_tokenizer(tokenizer)
 
 
 def load_corpus(spec: str = "shakespeare") -> Corpus:
@@ -219,12 +257,12 @@ def load_corpus(spec: str = "shakespeare") -> Corpus:
     """
     if is_task(spec):
         raise PosencError(f"corpus {spec!r} is a synthetic task (posenc.data.tasks); this command needs a text corpus")
+    check_corpus_spec(spec)
     if spec == "shakespeare":
         corpus = _shakespeare()
     elif spec == "pystdlib":
         corpus = _pystdlib()
     elif spec.startswith("hf:"):
-        check_corpus_spec(spec)
         corpus = _huggingface(spec)
     else:
         corpus = _local(spec)
@@ -282,15 +320,21 @@ class BPETokenizer:
         return self.tok.decode([int(i) for i in ids])
 
 
+def check_tokenizer(spec: str) -> None:
+    """PosencError (one line) unless ``spec`` is ``byte`` or ``bpeN`` with 256 < N <= 65535."""
+    if spec != "byte" and not (spec.startswith("bpe") and spec[3:].isdigit() and 256 < int(spec[3:]) <= 65535):
+        raise PosencError(f"unknown tokenizer {spec!r} (use 'byte' or 'bpeN' with 256 < N <= 65535)")
+
+
 def get_tokenizer(spec: str, corpus: Corpus):
-    """``byte`` or ``bpeN`` (byte-level BPE with N entries trained on ``corpus.train``)."""
+    """``byte`` or ``bpeN`` (byte-level BPE with N entries trained on ``corpus.train``); PosencError for another
+    spec (``check_tokenizer``)."""
+    check_tokenizer(spec)
     if spec == "byte":
         return ByteTokenizer()
-    if spec.startswith("bpe") and spec[3:].isdigit() and 256 < int(spec[3:]) <= 65535:
-        path = cache_dir() / "tokenizers" / f"{corpus.name.replace('/', '_')}-{corpus.fingerprint()}-{spec}.json"
-        path.parent.mkdir(exist_ok=True)
-        return BPETokenizer.train(corpus, int(spec[3:]), path)
-    raise PosencError(f"unknown tokenizer {spec!r} (use 'byte' or 'bpeN' with 256 < N <= 65535)")
+    path = cache_dir() / "tokenizers" / f"{corpus.name.replace('/', '_')}-{corpus.fingerprint()}-{spec}.json"
+    path.parent.mkdir(exist_ok=True)
+    return BPETokenizer.train(corpus, int(spec[3:]), path)
 
 
 # ---------------------------------------------------------------- token streams

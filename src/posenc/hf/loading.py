@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -56,26 +57,50 @@ def smollm2_gguf() -> Path:
     return dest
 
 
+def check_model(spec: str) -> None:
+    """PosencError (one line) for a model spec that ``load`` refuses before anything loads: a file that is no .gguf,
+    a path that does not exist and is no hub id (``is_hub_id``: at once, where transformers would spend ~40 s in hub
+    retries). ``smollm2``, a directory and a hub id pass (they fail, if they do, when they load)."""
+    path = Path(spec).expanduser()
+    if spec == DEFAULT_MODEL or path.is_dir():
+        return
+    if path.is_file() and path.suffix != ".gguf":
+        raise PosencError(f"model file {spec} is not a .gguf file (give a GGUF file, a model directory or a hub id)")
+    if not path.is_file() and not is_hub_id(spec):
+        raise PosencError(f"model path {spec} does not exist (a Hugging Face hub id is ORG/NAME)")
+
+
 def _resolve(spec: str) -> tuple[str, str | None]:
-    """(directory or hub id, gguf file name or None) for a model spec."""
+    """(directory or hub id, gguf file name or None) for a model spec; PosencError as ``check_model``."""
+    check_model(spec)
     if spec == DEFAULT_MODEL:
         path = smollm2_gguf()
         return str(path.parent), path.name
     path = Path(spec).expanduser()
     if path.is_file():
-        if path.suffix != ".gguf":
-            raise PosencError(
-                f"model file {spec} is not a .gguf file (give a GGUF file, a model directory or a hub id)"
-            )
         return str(path.parent), path.name
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if not (path / "config.json").exists() and len(ggufs) == 1:
             return str(path), ggufs[0].name
         return str(path), None
-    if spec.startswith((".", "/", "~")) or spec.endswith(".gguf") or spec.count("/") > 1:
-        raise PosencError(f"model path {spec} does not exist")
     return spec, None  # a hub id
+
+
+# one part of a Hugging Face repo id as huggingface_hub.utils.validate_repo_id takes it: letters, digits, '-', '_',
+# '.', not starting or ending with '-' or '.', no '--' or '..', at most 96 characters
+_HUB_PART = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9_](?:[\w.-]{0,94}[A-Za-z0-9_])?", re.ASCII)
+
+
+def is_hub_id(spec: str) -> bool:
+    """Whether ``spec``, a path that does not exist, may be a Hugging Face hub id ``ORG/NAME`` rather than a local
+    path. False for anything else: a path that starts with '.', '/' or '~' or holds a backslash or ends in .gguf,
+    one of one part or more than two (a legacy bare id such as ``gpt2`` names no RoPE model), or whose first part
+    is ``runs`` (posenc's output root) or a local directory (``out/nosuch`` beside an ``out/``)."""
+    parts = spec.split("/")
+    if len(parts) != 2 or spec.endswith(".gguf") or not all(_HUB_PART.fullmatch(part) for part in parts):
+        return False
+    return parts[0] != "runs" and not Path(parts[0]).is_dir()
 
 
 @contextlib.contextmanager
@@ -113,8 +138,7 @@ def load(spec: str = DEFAULT_MODEL) -> Loaded:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
-        if spec != DEFAULT_MODEL:
-            _resolve(spec)  # a missing model path is named as such
+        check_model(spec)  # a missing model path is named as such
         hub = spec != DEFAULT_MODEL and not Path(spec).expanduser().exists()
         what = f"{spec} is no local path; as a Hugging Face hub id it" if hub else f"a pretrained model ({spec})"
         raise PosencError(f"{what} needs transformers, gguf and accelerate: pip install 'posenc[pretrained]'") from exc
