@@ -98,3 +98,22 @@ def test_a_layer_pattern_longer_than_the_model_is_refused(tmp_path, capsys, argv
 def test_a_layer_pattern_shorter_than_the_model_repeats(tmp_path, capsys):
     argv = ["train", "--scheme", "rope|nope", "--preset", "quick", "--set", "model.n_layer=3"]
     assert main([*argv, "--out", str(tmp_path / "x"), "--dry-run"]) == 0  # layer i takes entry i mod 2
+
+
+@pytest.mark.parametrize(
+    "sizes,why", [([200, 300, 40], "the other 1 have fewer than 65 tokens"), ([200, 300], "all 2 are used")]
+)
+def test_eval_says_why_it_scores_fewer_targets_than_asked(sizes, why):
+    """Each document gives only the first span targets: with every held-out document used, "no other held-out document
+    has 65 tokens" was the wrong reason."""
+    import numpy as np
+
+    from posenc.cli.eval_cmd import scored_text
+
+    docs = [(f"d{i}", np.arange(n)) for i, n in enumerate(sizes)]
+    line = scored_text(docs, "corpus", 64, 10_000)
+    assert line.startswith("text: the first 64 targets of 2 held-out document(s) of corpus (d0, d1), 128 targets")
+    assert (
+        ", fewer than --max-tokens 10000: each held-out document gives its first 64 targets only (every length "
+        f"scores the same text), and {why} (posenc compare" in line
+    )

@@ -115,8 +115,13 @@ def scored_text(docs: list, corpus: str, span: int, max_tokens: int) -> str:
         f"text: the first {span} targets of {len(used)} held-out document(s) of {corpus} ({', '.join(used)}), "
         f"{scored} targets per length"
     )
-    if scored < max_tokens:
-        line += f", fewer than --max-tokens {max_tokens}: no other held-out document has {span + 1} tokens"
+    if scored < max_tokens:  # every document long enough is used, each for its first span targets only
+        rest = len(docs) - len(used)
+        why = f"the other {rest} have fewer than {span + 1} tokens" if rest else f"all {len(docs)} are used"
+        line += (
+            f", fewer than --max-tokens {max_tokens}: each held-out document gives its first {span} targets only "
+            f"(every length scores the same text), and {why}"
+        )
     elif scored > max_tokens:
         line += f", more than --max-tokens {max_tokens}: whole spans of the longest length"
     return (
