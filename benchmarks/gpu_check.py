@@ -50,7 +50,7 @@ from posenc.encodings.forget import forget_bias, log_forget_cumsum
 from posenc.model import Attention, ModelConfig, build_model
 from posenc.reports.render import markdown_table
 from posenc.store.checkpoint import atomic_write_bytes
-from posenc.train.loop import make_optimizer
+from posenc.train.optimizer import make_optimizer
 
 PAPER = Path(__file__).resolve().parents[1] / "experiments" / "accumulated" / "presets" / "paper.yaml"
 T0 = time.time()

@@ -28,7 +28,7 @@ import torch
 
 from posenc.config.plan import load_preset
 from posenc.model import build_model
-from posenc.train.loop import make_optimizer
+from posenc.train.optimizer import make_optimizer
 
 OUT = Path(__file__).resolve().parent / "results"
 SCHEMES = ("rope", "path", "path+forget")

@@ -48,7 +48,8 @@ from posenc.errors import one_line
 from posenc.model import Attention, build_model
 from posenc.reports.render import markdown_table
 from posenc.store.checkpoint import atomic_write_bytes
-from posenc.train.loop import autocast, make_optimizer
+from posenc.train.optimizer import make_optimizer
+from posenc.train.precision import autocast
 
 OUT = Path(__file__).resolve().parent / "results"
 ATTN_LENGTHS = (1024, 2048, 4096)
@@ -140,7 +141,7 @@ TRAIN_TOKENS = 16 * 128  # the default preset's batch (checked in train_case)
 
 def train_case(scheme: str, compiled: bool = False, precision: str = "fp32") -> Timer:
     """Timer of one training step of the default compare model (batch 16 x 128, AdamW), eager or under torch.compile,
-    in fp32 or under bf16 autocast (``posenc.train.loop.autocast``, as ``train.precision``)."""
+    in fp32 or under bf16 autocast (``posenc.train.precision.autocast``, as ``train.precision``)."""
     preset = load_preset("default")
     cfg = default_model(scheme)
     torch.manual_seed(0)

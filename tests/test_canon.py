@@ -10,7 +10,8 @@ import torch
 from posenc.config.plan import load_preset, model_line
 from posenc.errors import PosencError
 from posenc.model import Cache, Canon, ModelConfig, build_model, canon_naive, set_method
-from posenc.train.loop import TrainConfig, run_differences
+from posenc.train.rundir import run_differences
+from posenc.train.settings import TrainConfig
 
 
 @pytest.mark.parametrize("width, T", [(1, 5), (3, 9), (4, 2)])

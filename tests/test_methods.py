@@ -323,7 +323,7 @@ def test_generate_with_a_rope_schedule_and_a_method(rope_run, capsys, monkeypatc
     parameters to with_rope_schedule, then applies the method, and prints that model's continuation."""
     from posenc.cli import generate_cmd
     from posenc.model import with_rope_schedule
-    from posenc.train.loop import load_run
+    from posenc.train.rundir import load_run
 
     calls = []
 

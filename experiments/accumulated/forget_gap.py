@@ -19,7 +19,7 @@ import torch
 from posenc.data.tasks import get_task
 from posenc.encodings.forget import log_gates
 from posenc.eval.diagnose import block_logits, rotated_qk
-from posenc.train.loop import load_run
+from posenc.train.rundir import load_run
 
 torch.set_num_threads(1)
 model, mcfg, _ = load_run(sys.argv[1])

@@ -16,7 +16,7 @@ import torch
 
 from posenc.data.tasks import get_task
 from posenc.eval.tasks import EVAL_SEED
-from posenc.train.loop import load_run
+from posenc.train.rundir import load_run
 
 
 def main(run_dir: str, spec: str, length: int = 128) -> None:

@@ -161,7 +161,7 @@ def test_resume_of_a_state_without_its_keys_is_one_line(run, tmp_path, capsys):
 
 
 def test_generate_prints_the_models_greedy_continuation(run, capsys):
-    from posenc.train.loop import load_run
+    from posenc.train.rundir import load_run
 
     argv = ["generate", str(run), "--prompt", "To be", "--max-new-tokens", "8", "--temperature", "0"]
     assert main([*argv, "--no-separator"]) == 0  # prompt and completion as one text
@@ -174,7 +174,7 @@ def test_generate_prints_the_models_greedy_continuation(run, capsys):
 
 
 def test_a_run_with_a_bad_training_section_is_one_line(tmp_path):
-    from posenc.train.loop import load_run
+    from posenc.train.rundir import load_run
 
     (tmp_path / "config.json").write_text('{"model": {}, "train": {"steps": 0}}')
     (tmp_path / "model.safetensors").write_bytes(b"")

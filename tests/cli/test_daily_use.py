@@ -11,7 +11,10 @@ import yaml
 
 from posenc.cli.main import main
 from posenc.eval import progress
-from posenc.train.loop import Checkpoint, Criterion, LoopConfig, fit, make_optimizer
+from posenc.train.loop import Criterion, fit
+from posenc.train.optimizer import make_optimizer
+from posenc.train.resume import Checkpoint
+from posenc.train.settings import LoopConfig
 
 TRAIN = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2"]
 

@@ -15,7 +15,7 @@ from posenc.model import ModelConfig
 from posenc.runs import extend, finetune
 from posenc.runs.jobs import record_run
 from posenc.store.presets import _field_infos, preset_names, reference
-from posenc.train.loop import TrainConfig
+from posenc.train.settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOLVED = ROOT / "tests" / "fixtures" / "presets_resolved"

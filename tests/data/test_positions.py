@@ -18,15 +18,10 @@ from posenc.errors import PosencError
 from posenc.eval.perplexity import evaluate_length
 from posenc.eval.tasks import EVAL_SEED, score_batch, score_test
 from posenc.model import LM, ModelConfig, set_method, with_rope_schedule
-from posenc.train.loop import (
-    TrainConfig,
-    batch_at,
-    check_positions,
-    load_run,
-    randomized_max,
-    train,
-    training_positions,
-)
+from posenc.train.batches import batch_at, check_positions, randomized_max, training_positions
+from posenc.train.loop import train
+from posenc.train.rundir import load_run
+from posenc.train.settings import TrainConfig
 
 MCFG = ModelConfig(n_layer=1, n_head=2, d_model=16, train_length=16, encoding="rope")
 ALIBI = ModelConfig(**{**MCFG.__dict__, "encoding": "alibi"})  # its bias reads the distances even at initialisation

@@ -178,7 +178,7 @@ def test_spec_is_stored_in_the_run_config_and_reloads(tmp_path):
         main(["train", "--scheme", "acc-rand-qkv:a=0.5+alibi", "--preset", "quick", "--steps", "2", "--out", str(run)])
         == 0
     )
-    from posenc.train.loop import load_run
+    from posenc.train.rundir import load_run
 
     model = load_run(run)[0]
     assert model.cfg.encoding == "acc-rand-qkv:a=0.5+alibi" and model.blocks[0].attn.enc.rotary_part.a == 0.5

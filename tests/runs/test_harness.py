@@ -16,7 +16,7 @@ from posenc.eval import passkey, perplexity  # noqa: E402
 from posenc.hf import loading  # noqa: E402
 from posenc.hf.adaptation import Adaptation  # noqa: E402
 from posenc.runs import harness  # noqa: E402
-from posenc.train.loop import load_run  # noqa: E402
+from posenc.train.rundir import load_run  # noqa: E402
 
 METHOD = "self-extend:group=2,window=16"
 

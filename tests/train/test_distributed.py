@@ -17,7 +17,9 @@ from posenc.encodings.base import Dims, Inputs
 from posenc.errors import PosencError
 from posenc.model import build_model
 from posenc.train import distributed
-from posenc.train.loop import batch_at, make_optimizer, train
+from posenc.train.batches import batch_at
+from posenc.train.loop import train
+from posenc.train.optimizer import make_optimizer
 
 PRESET = """name: tiny
 model: {n_layer: 2, n_head: 2, d_model: 32, train_length: 16}

@@ -12,11 +12,17 @@ import torch
 import torch.nn.functional as F
 
 import posenc.train.loop
+import posenc.train.precision
 from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
 from posenc.model import ModelConfig, build_model
 from posenc.store.checkpoint import read_json, read_jsonl, write_json
-from posenc.train.loop import Checkpoint, LoopConfig, TrainConfig, batch_at, fit, resolve_precision, train
+from posenc.train.batches import batch_at
+from posenc.train.loop import fit, train
+from posenc.train.precision import resolve_precision
+from posenc.train.resume import Checkpoint
+from posenc.train.rundir import load_run
+from posenc.train.settings import LoopConfig, TrainConfig
 
 MCFG = ModelConfig(encoding="acc-rand-qkv", n_layer=1, n_head=2, d_model=16, train_length=16)  # random draws per step
 LOOP = dict(steps=8, batch_size=2, lr=3e-3, warmup=2, ckpt_every=3, threads=1, precision="fp32")
@@ -297,7 +303,7 @@ def test_auto_precision_is_bf16_only_where_the_device_has_bf16_units(monkeypatch
         (["amx_bf16", "avx512_bf16"], "bf16", "fp32"),
         (["cuda"], "fp32", "bf16"),
     ):
-        monkeypatch.setattr(posenc.train.loop, "bf16_units", lambda units=units: units)
+        monkeypatch.setattr(posenc.train.precision, "bf16_units", lambda units=units: units)
         assert (resolve_precision("auto", cpu), resolve_precision("auto", cuda)) == (on_cpu, on_cuda), units
         assert resolve_precision("fp32", cpu) == "fp32" and resolve_precision("bf16", cpu) == "bf16"
 
@@ -330,7 +336,7 @@ def test_the_training_seed_seeds_the_random_rotations_and_a_spec_seed_overrides_
         tcfg = TrainConfig(corpus=str(tiny_corpus), **{**LOOP, "steps": 1, "seed": seed})
         train(run, MCFG, tcfg)
         assert read_json(run / "config.json")["model"]["seed"] == seed
-        model, mcfg, _ = posenc.train.loop.load_run(run)
+        model, mcfg, _ = load_run(run)
         phases.setdefault(seed, []).append(eval_phases(model))
     assert torch.equal(phases[1][0], phases[1][1])
     assert not torch.allclose(phases[0][0], phases[1][0], atol=1e-3)

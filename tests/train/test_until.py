@@ -14,7 +14,11 @@ from posenc.reports.tasks import TaskTable, criterion_markdown
 from posenc.store.checkpoint import read_json, read_jsonl
 from posenc.store.records import Task, TaskCell
 from posenc.train import loop as train_mod
-from posenc.train.loop import Checkpoint, Criterion, TrainConfig, UntilConfig, fit, make_optimizer, train
+from posenc.train.loop import Criterion, fit, train
+from posenc.train.optimizer import make_optimizer
+from posenc.train.resume import Checkpoint
+from posenc.train.rundir import load_run
+from posenc.train.settings import TrainConfig, UntilConfig
 
 MCFG = ModelConfig(n_layer=1, n_head=2, d_model=16, train_length=16, encoding="rope", vocab_size=5)
 
@@ -84,7 +88,7 @@ def test_train_until_stops_early_and_records_steps_to_criterion(tmp_path):
     }
     assert read_json(tmp_path / "r" / "train_summary.json") == summary
     assert read_jsonl(tmp_path / "r" / "until.jsonl") == [c for c in checks if c["step"] <= first]
-    model = train_mod.load_run(tmp_path / "r")[0]  # the checkpoint holds the weights that met it
+    model = load_run(tmp_path / "r")[0]  # the checkpoint holds the weights that met it
     assert id_accuracy(model, get_task("flipflop"), 16, 50) == best
     # a resumed run that met its criterion stays stopped, even under a larger cap
     again = train(tmp_path / "r", MCFG, t.model_copy(update={"steps": 80}), resume=True)

@@ -13,7 +13,10 @@ from posenc.store.checkpoint import read_json, read_jsonl
 from posenc.store.presets import validated
 from posenc.train import loop as train_mod
 from posenc.train.curves import loss_trend
-from posenc.train.loop import TrainConfig, UntilConfig, check_trained_as, lr_at, train
+from posenc.train.loop import train
+from posenc.train.optimizer import lr_at
+from posenc.train.rundir import check_trained_as
+from posenc.train.settings import TrainConfig, UntilConfig
 
 MCFG = ModelConfig(n_layer=1, n_head=2, d_model=16, train_length=16, encoding="rope", vocab_size=5)
 NEVER = {"at_least": 1.0, "every": 4, "answers": 40}  # 100% of 40 answers: not met in 20 steps of this model

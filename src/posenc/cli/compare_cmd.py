@@ -13,7 +13,7 @@ from posenc.runs.job import Plan
 from posenc.runs.jobs import LAUNCHERS, check_options
 from posenc.runs.trend import compare_trend
 from posenc.store.presets import validated
-from posenc.train.loop import PRECISIONS
+from posenc.train.settings import PRECISIONS
 from posenc.train.tracking import KINDS
 
 

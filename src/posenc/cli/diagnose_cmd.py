@@ -6,7 +6,7 @@ from posenc.data.corpora import load_tokens
 from posenc.eval.diagnose import DEFAULT_MULTIPLES, diagnose_model
 from posenc.reports.diagnose import write_outputs
 from posenc.train.distributed import check_device
-from posenc.train.loop import load_run
+from posenc.train.rundir import load_run
 
 
 def add_parser(sub):

@@ -20,7 +20,8 @@ from posenc.reports.render import plot_stream
 from posenc.rope import NAMES, check_window
 from posenc.scoring import eval_lengths, plan
 from posenc.store.records import Ppl, append
-from posenc.train.loop import load_run, randomized_max
+from posenc.train.batches import randomized_max
+from posenc.train.rundir import load_run
 
 
 def add_parser(sub):

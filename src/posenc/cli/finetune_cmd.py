@@ -23,7 +23,7 @@ from posenc.runs.finetune import (
     load_finetune_config,
     preset_names,
 )
-from posenc.train.loop import StopNow
+from posenc.train.signals import StopNow
 from posenc.train.tracking import KINDS
 
 BUDGET_NOTE = """\

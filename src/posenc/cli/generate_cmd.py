@@ -32,7 +32,7 @@ from posenc.model import MAX_NEW_TOKENS, check_sampling, pad_left, set_method, w
 from posenc.rope import NAMES
 from posenc.runs import extend, finetune
 from posenc.store.presets import validated
-from posenc.train.loop import load_run
+from posenc.train.rundir import load_run
 
 SETTINGS = [*extend.ScheduleSettings.model_fields]  # the schedule flags: --factor, add_factor_lists
 SEPARATOR = "----- completion: {n} tokens -----"  # the line between the prompt and the completion

@@ -12,15 +12,12 @@ from posenc.errors import PosencError
 from posenc.store.checkpoint import read_json
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
-from posenc.train.loop import (
-    PRECISIONS,
-    StopNow,
-    check_positions,
-    is_trained,
-    resolve_precision,
-    steps_to_criterion,
-    train,
-)
+from posenc.train.batches import check_positions
+from posenc.train.loop import train
+from posenc.train.precision import resolve_precision
+from posenc.train.rundir import is_trained, steps_to_criterion
+from posenc.train.settings import PRECISIONS
+from posenc.train.signals import StopNow
 from posenc.train.tracking import KINDS, check_kind, open_tracker
 
 

@@ -23,7 +23,9 @@ from posenc.eval.passkey import PasskeyConfig
 from posenc.model import ModelConfig
 from posenc.rope import check_window, schedule_params
 from posenc.store.presets import apply, read_preset, validated
-from posenc.train.loop import TrainConfig, machine_precision, randomized_max
+from posenc.train.batches import randomized_max
+from posenc.train.precision import machine_precision
+from posenc.train.settings import TrainConfig
 
 
 class ClusterConfig(BaseModel):

@@ -214,7 +214,7 @@ class FlipFlop(Task):
         "p_ignore": (float, 0.8),
         "sparse": (float, 0.98),
         "dense": (float, 0.1),
-        "distances": (str, LOG_UNIFORM),  # or "geometric": i.i.d. pairs at p_ignore (before issue 57)
+        "distances": (str, LOG_UNIFORM),  # or "geometric": i.i.d. pairs at p_ignore
     }
     vocab_size = 5
     chance = 0.5
@@ -372,7 +372,7 @@ class MQAR(Task):
         "values": (int, 16),
         "filler": (int, 16),
         "gap": (str, "0-fit"),  # training gaps LO-HI in tokens; HI "fit": the largest the training length holds
-        "gaps": (str, LOG_UNIFORM),  # or "uniform": uniform in LO..HI (before issue 57)
+        "gaps": (str, LOG_UNIFORM),  # or "uniform": uniform in LO..HI
         "fused": (bool, False),
         "queries": (str, "all"),
         "asks": (int, 0),  # queries per sequence with queries=random; 0: pairs
@@ -525,7 +525,7 @@ class ModSum(Task):
         "p_query": (float, 0.1),
         "sparse": (float, 0.02),
         "dense": (float, 0.3),
-        "distances": (str, LOG_UNIFORM),  # or "geometric": i.i.d. queries at p_query (before issue 57)
+        "distances": (str, LOG_UNIFORM),  # or "geometric": i.i.d. queries at p_query
     }
 
     @property

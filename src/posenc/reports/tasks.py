@@ -11,9 +11,8 @@ averaged: over seeds a horizon shows its median and range (:func:`horizon_cell`)
 scoreboard. The alternative rules a robustness table reads work on the same data: the tolerance
 (:data:`TOLERANCES`), the buckets pooled over seeds by their plain mean or weighted by answers
 (:meth:`TaskTable.pooled_horizon`), and the half-way-to-chance horizon (:func:`half_chance_horizon`).
-Comparisons are over seeds, as in ``posenc.reports.claims``, with the test sets'
-sampling noise added: x <= y holds when max x <= min y, does not hold when min x exceeds max y
-by more than two binomial standard errors, and is within noise otherwise. A claim whose schemes were
+A claim set decides its comparisons over seeds with ``posenc.reports.claims.decide`` (the test sets' binomial
+standard errors among the noise: :meth:`TaskTable.values`). A claim whose schemes were
 run but did not all learn is **undecided**: its evidence names each scheme that did not learn, on which seeds
 (their id accuracy), and what that job's learning curve says about the budget that would decide it
 (:func:`budget`, :func:`not_learned`). Claims whose schemes were not run are omitted.
@@ -33,7 +32,7 @@ from posenc.data.tasks import get_task
 from posenc.errors import PosencError
 from posenc.eval.tasks import standard_error
 from posenc.reports import claims
-from posenc.reports.claims import FAILS, HOLDS, NOISE, role_names
+from posenc.reports.claims import role_names
 from posenc.reports.render import (
     PCT,
     figure,
@@ -244,23 +243,6 @@ class TaskTable:
         pairs = [s.acc(test, length, bucket) for s in self.scores[scheme].values()]
         pairs = [(a, n) for a, n in pairs if a is not None]
         return [a for a, _ in pairs], max((standard_error(a, n) for a, n in pairs), default=float("nan"))
-
-
-# ---------------------------------------------------------------- comparisons with sampling noise
-
-
-def at_most(x: list[float], y: list[float], se: float) -> str:
-    """x <= y over seeds: holds if max x <= min y, does not hold if min x > max y + 2 se, else within noise."""
-    if max(x) <= min(y):
-        return HOLDS
-    return FAILS if min(x) > max(y) + 2 * se else NOISE
-
-
-def above(x: list[float], t: float, se: float) -> str:
-    """x > t over seeds: holds if min x > t + 2 se, does not hold if max x <= t, else within noise."""
-    if min(x) > t + 2 * se:
-        return HOLDS
-    return FAILS if max(x) <= t else NOISE
 
 
 def pct_cell(values: list[float]) -> str:

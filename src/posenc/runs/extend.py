@@ -63,7 +63,8 @@ SETTING = (
     "leak",
     "seed",
 )
-# settings added later: in the setting only when given, so the runs of earlier releases keep their tag
+# in the setting (and its tag) only when given: records hashed without them (results/extend-quick,
+# results/smollm2-*) keep their tag
 LATER_SETTING = (
     "original_max_position_embeddings",
     "attention_factor",
@@ -437,8 +438,8 @@ def _write_config(path: Path, setting: dict, invocation: dict) -> None:
 
 def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -> _Store:
     """Record this call in ``config.json`` and open the records of its setting. Without ``cfg.bucket`` the bucket
-    width is the one ``config.json`` records (every run of a release before 1/32 of each length was the default
-    records 1024), so that a run directory resumes on its own records; in a new directory it stays None."""
+    width is the one ``config.json`` records, so that a run directory resumes on its own records (their setting
+    tag); in a new directory it stays None."""
     config = out / "config.json"
     bucket = cfg.bucket if cfg.bucket is not None or not config.exists() else read_json(config).get("bucket")
     later = {k: getattr(cfg, k) for k in LATER_SETTING if getattr(cfg, k) is not None}

@@ -43,7 +43,11 @@ from posenc.store.presets import SHIPPED, load_flat, validated
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PasskeyTrial, ScoredWindow
 from posenc.store.stamp import run_stamp
-from posenc.train.loop import Checkpoint, LoopConfig, batch_at, fit, make_optimizer
+from posenc.train.batches import batch_at
+from posenc.train.loop import fit
+from posenc.train.optimizer import make_optimizer
+from posenc.train.resume import Checkpoint
+from posenc.train.settings import LoopConfig
 from posenc.train.tracking import NO_TRACKER, Tracker, check_kind, open_tracker
 
 PRESETS = SHIPPED / "finetune"
@@ -293,7 +297,7 @@ def train_steps(
     """Train ``params`` of ``model`` up to ``cfg.steps`` with posenc's loop (``posenc.train.loop.fit``), resuming from
     ``out``.
 
-    Each step's batch is ``posenc.train.loop.batch_at`` of (seed, step); the loss is the mean next-token NLL
+    Each step's batch is ``posenc.train.batches.batch_at`` of (seed, step); the loss is the mean next-token NLL
     (nats), logged every step. The checkpoint (``state.pt``, ``trained.safetensors``) holds
     :func:`trained_state`. Raises PosencError on a non-finite loss or gradient norm, naming the step;
     Ctrl-C checkpoints and raises KeyboardInterrupt saying where."""

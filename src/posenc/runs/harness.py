@@ -43,7 +43,7 @@ from posenc.runs import extend, finetune
 from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, make_run_dir, read_json, write_json
 from posenc.store.presets import validated
 from posenc.store.stamp import run_stamp
-from posenc.train.loop import load_run
+from posenc.train.rundir import load_run
 
 NAME = "posenc"  # the model name in lm-eval's registry
 SETTINGS = set(extend.ScheduleSettings.model_fields)  # schedule keys (factor, beta_fast, ...)

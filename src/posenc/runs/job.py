@@ -59,16 +59,10 @@ from posenc.scoring import eval_lengths, window_starts
 from posenc.store.checkpoint import read_json, read_jsonl
 from posenc.store.records import FarMass, PasskeyCell, Ppl, Record, RunStore, Task
 from posenc.store.stamp import run_stamp, stamp_line
-from posenc.train.loop import (
-    TrainConfig,
-    check_positions,
-    check_trained_as,
-    is_trained,
-    load_run,
-    machine_precision,
-    randomized_max,
-    steps_to_criterion,
-)
+from posenc.train.batches import check_positions, randomized_max
+from posenc.train.precision import machine_precision
+from posenc.train.rundir import check_trained_as, is_trained, load_run, steps_to_criterion
+from posenc.train.settings import TrainConfig
 from posenc.train.tracking import eval_metrics, task_metrics
 
 

@@ -36,7 +36,9 @@ from posenc.store import records
 from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
 from posenc.store.stamp import run_stamp, utc_now
 from posenc.train.distributed import check_device
-from posenc.train.loop import is_trained, legacy_precision, load_run, machine_precision, train, use_threads
+from posenc.train.loop import train, use_threads
+from posenc.train.precision import machine_precision, unrecorded_precision
+from posenc.train.rundir import is_trained, load_run
 from posenc.train.tracking import open_tracker
 
 
@@ -356,7 +358,7 @@ def check_same_settings(run_root: Path, preset: Preset) -> None:
         return
     try:
         saved = read_json(path)
-        saved.setdefault("train", {}).setdefault("precision", legacy_precision())  # before the field
+        saved.setdefault("train", {}).setdefault("precision", unrecorded_precision())  # a preset.json without it
         old = settings(Preset(**saved))
     except (ValidationError, ValueError, TypeError) as exc:
         raise PosencError(f"{path} is unreadable ({one_line(exc)}); use another --name or --out") from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from posenc.config.plan import Preset, mixing_windows, model_line, positions_note, setting, task_specs
 from posenc.data.tasks import get_task
 from posenc.store.stamp import run_stamp
-from posenc.train.loop import machine_precision
+from posenc.train.precision import machine_precision
 
 
 def task_meta(preset: Preset) -> dict:

@@ -140,15 +140,13 @@ class Task(Record):
     trained_steps: int | None = None  # steps the model trained (below the cap when it met train.until)
     criterion: str | None = None  # train.until as words (UntilConfig.describe); None: trained to the cap
     criterion_step: int | None = None  # the step it met the criterion at; None: not met (or no criterion)
-    n_head: int | None = (
-        None  # the model's query heads (ALiBi's slopes follow from them); None: records before the field
-    )
+    n_head: int | None = None  # the model's query heads (ALiBi's slopes follow from them); None: not recorded
     loss_curve: list[tuple[int, float]] | None = None  # (step, training loss) of each logged step (train.jsonl)
     # mean -log f per token (nats) of each head of each forget-gate layer over the controlled-gap probe's gap
-    # (posenc.eval.tasks.gate_leak), (gated layers, heads); None: no forget gate, or records before the field
+    # (posenc.eval.tasks.gate_leak), (gated layers, heads); None: no forget gate, or not recorded
     leak: list[list[float]] | None = None
     # the spec the job trained: its scheme, or a sweep variant of it (``posenc.config.plan.job_encoding``, e.g.
-    # forget:init_bias=4); None: unknown (records before the field)
+    # forget:init_bias=4); None: unknown (not recorded)
     encoding: str | None = None
     # True: a sweep's screening of a grid point, the tests at the training length only (what the chooser reads); the
     # job's full record, if the point is chosen, follows it (``posenc.runs.job.TaskJob``)

@@ -88,7 +88,7 @@ def run_stamp(precision: Literal["bf16", "fp32"] = "fp32", device: torch.device 
 
     dtype: the weights' (torch's default) dtype and the compute dtype: ``precision`` "bf16" (bfloat16 autocast,
     float32 master weights; phases and cumulative sums stay float32+) or "fp32", as a training run resolved it
-    (``posenc.train.loop.resolve_precision``). The default "fp32" is every other forward's (scoring, extend,
+    (``posenc.train.precision.resolve_precision``). The default "fp32" is every other forward's (scoring, extend,
     finetune: none of them autocasts). device: the one the run computes on (``posenc train --device``); None: the
     default (the first GPU when there is one, else the CPU)."""
     if device is None:

@@ -1,0 +1,59 @@
+"""A run's resume point: :class:`Checkpoint` (``state.pt``: step, trained tensors and optimizer state in one atomically
+written file, and the same tensors as safetensors) and the log cut back to it (:func:`truncate_log`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from posenc.errors import PosencError
+from posenc.store.checkpoint import load_tensors, load_torch, read_jsonl, save_tensors, save_torch, write_jsonl
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """The resume point of a run in ``run_dir``: ``state.pt`` holds the step, the trained tensors (under
+    ``key``) and the optimizer state, so it alone resumes (a kill between the two writes cannot pair
+    tensors and optimizer state of different steps); ``weights`` holds the same tensors as safetensors,
+    for other tools. ``tensors()`` gives the live tensors by name (e.g. ``model.state_dict``)."""
+
+    run_dir: Path
+    tensors: Callable[[], dict[str, torch.Tensor]]
+    opt: torch.optim.Optimizer
+    key: str = "model"
+    weights: str = "model.safetensors"
+
+    def save(self, step: int) -> None:
+        tensors = self.tensors()
+        save_torch(self.run_dir / "state.pt", {"step": step, self.key: tensors, "optimizer": self.opt.state_dict()})
+        save_tensors(self.run_dir / self.weights, tensors)
+
+    def load(self) -> int:
+        """Load ``state.pt`` into the tensors and the optimizer; returns its step (0 without one). Raises
+        PosencError naming the file when it lacks the step or optimizer state, or holds other tensors."""
+        path = self.run_dir / "state.pt"
+        if not path.exists():
+            return 0
+        state = load_torch(path)
+        missing = [k for k in ("step", "optimizer") if not isinstance(state, dict) or k not in state]
+        if missing:
+            raise PosencError(f"{path} is damaged: no {', '.join(missing)}; use another --out")
+        # a state.pt without the tensors (an older layout) reads them from the weights file beside it
+        saved = state[self.key] if self.key in state else load_tensors(self.run_dir / self.weights)
+        live = self.tensors()
+        if set(saved) != set(live):
+            raise PosencError(f"{path} does not hold this run's trained tensors; use another --out")
+        with torch.no_grad():
+            for name, t in live.items():
+                t.copy_(saved[name])
+        self.opt.load_state_dict(state["optimizer"])
+        return int(state["step"])
+
+
+def truncate_log(path: Path, step: int) -> None:
+    """Drop log records after ``step``: a killed run logged steps its checkpoint does not hold."""
+    kept = [r for r in read_jsonl(path) if r["step"] <= step]
+    write_jsonl(path, kept)

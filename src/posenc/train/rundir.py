@@ -1,0 +1,150 @@
+"""A trained run's directory read back: its ``config.json`` (:func:`read_run_config`, with the scheme plugins it needs:
+:func:`check_plugins`), its model (:func:`load_run`), whether it is finished (:func:`is_trained`, :func:`finished_at`)
+and whether it was trained with given settings (:func:`run_differences`, :func:`check_same_run` on resume,
+:func:`check_trained_as` for a job that expects them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from posenc import encodings
+from posenc.errors import PosencError
+from posenc.model import LM, ModelConfig
+from posenc.store.checkpoint import load_weights, read_json
+from posenc.store.presets import validated
+from posenc.train import distributed
+from posenc.train.precision import machine_precision, unrecorded_precision
+from posenc.train.settings import TrainConfig
+
+
+def read_run_config(run_dir: Path) -> dict:
+    """A run's config.json; PosencError naming it when damaged or without its model/train sections."""
+    path = Path(run_dir) / "config.json"
+    cfg = read_json(path)
+    if not (isinstance(cfg, dict) and all(isinstance(cfg.get(k), dict) for k in ("model", "train"))):
+        raise PosencError(f"{path} is damaged: it needs 'model' and 'train' sections")
+    return cfg
+
+
+def check_plugins(run_dir: Path, cfg: dict) -> None:
+    """PosencError naming what to ``--import`` when the run's scheme came from a plugin this process has not loaded
+    (``config.json``'s ``plugins``, from ``encodings.plugin_sources``)."""
+    missing = [p for p in cfg.get("plugins", []) if p["module"] not in encodings.plugin_modules()]
+    if missing:
+        what = ", ".join(p["file"] or p["module"] for p in missing)
+        raise PosencError(
+            f"{run_dir} was trained with the scheme plugin {what}: "
+            f"load it with posenc --import {missing[0]['file'] or missing[0]['module']} "
+            f"(or POSENC_IMPORT)"
+        )
+
+
+def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
+    """Model (weights loaded, on the default device: CUDA if present), model and training config of a run."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").exists() or not (run_dir / "model.safetensors").exists():
+        raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
+    cfg = read_run_config(run_dir)
+    check_plugins(run_dir, cfg)
+    mcfg, tcfg = (
+        validated(ModelConfig, cfg["model"], "model config"),
+        validated(TrainConfig, cfg["train"], "training config"),
+    )
+    model = LM(mcfg)
+    load_weights(run_dir / "model.safetensors", model)
+    return model.to(distributed.default_device()), mcfg, tcfg
+
+
+RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads", "compile"}  # may change on resume
+MODEL_KNOBS = {"attn_block_size"}  # model fields of speed and memory only: a trained run may be evaluated under another
+# a config.json without one of these model fields built its model as this value does (compared so on resume)
+MODEL_ADDED = {"canon": 0, "seed": 0}
+UNTIL_ADDED = {"extend_to": None}  # likewise for train.until's fields
+
+
+def run_differences(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> dict[str, list[str]]:
+    """{"model" | "training": ["field recorded -> given", ...]}: where the run in ``run_dir`` (its config.json) was
+    trained with other settings than ``mcfg`` and ``tcfg`` (precision as resolved), the fields that may change on
+    resume (``RESUME_FREE``) excepted; empty when none differs."""
+    saved = read_run_config(run_dir)
+    old_train = {"precision": unrecorded_precision(), **saved["train"]}
+    if isinstance(old_train.get("until"), dict):
+        old_train["until"] = {**UNTIL_ADDED, **old_train["until"]}
+    out = {}
+    # the model's seed is the training seed's (train: compared there); without the field it is MODEL_ADDED's 0
+    derived = {"seed"} if "seed" in saved["model"] else set()
+    for section, settings, free in (
+        ("model", dataclasses.asdict(mcfg), derived),
+        ("training", tcfg.model_dump(), RESUME_FREE),
+    ):
+        now = json.loads(json.dumps(settings, default=str))  # as config.json stores it
+        old = {**MODEL_ADDED, **saved["model"]} if section == "model" else old_train
+        diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if k not in free and old.get(k) != v]
+        if diff:
+            out[section] = diff
+    return out
+
+
+def check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
+    """Raise PosencError when the run in ``run_dir`` was trained with another model or training config.
+
+    Resuming continues the same loss curve: only the step count, time budget, checkpoint
+    and log intervals and CPU threads may change.
+    """
+    for section, diff in run_differences(run_dir, mcfg, tcfg).items():
+        raise PosencError(f"cannot resume {run_dir}: its {section} differs ({'; '.join(diff)}); use another --out")
+
+
+def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: str) -> None:
+    """Raise PosencError (one line naming each differing field) when the run in ``run_dir`` (if any: its config.json)
+    was not trained with ``mcfg`` and ``tcfg`` (precision "auto" as this machine resolves it), the fields that may
+    change on resume and the model's speed knobs (``MODEL_KNOBS``) excepted, or, finished, trained another number of
+    steps than ``tcfg.steps`` (fewer only by meeting ``train.until`` or under a ``time_budget``, more only to the
+    extension its summary records: ``train.until.extend_to``). ``what`` names who expects these settings (a sweep's
+    job)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").exists():
+        return
+    tcfg = tcfg.model_copy(update={"precision": machine_precision(tcfg)})
+    recorded = read_run_config(run_dir)["model"]
+    mcfg = dataclasses.replace(mcfg, **{k: recorded[k] for k in MODEL_KNOBS if k in recorded})
+    diff = [f"{section} {d}" for section, ds in run_differences(run_dir, mcfg, tcfg).items() for d in ds]
+    if is_trained(run_dir):
+        summary = read_json(run_dir / "train_summary.json")
+        steps = summary.get("steps")
+        early = (tcfg.until is not None and (summary.get("until") or {}).get("reached") == steps) or (
+            tcfg.time_budget and steps < tcfg.steps
+        )
+        if steps != tcfg.steps and not early and steps != extended_to(summary):
+            diff.append(f"trained steps {steps!r} -> {tcfg.steps!r}")
+    if diff:
+        raise PosencError(
+            f"{run_dir} was not trained with the settings of {what} ({'; '.join(diff)}); "
+            "move it away or use another --out"
+        )
+
+
+def finished_at(summary: dict, step: int, tcfg: TrainConfig) -> bool:
+    """Whether a run whose summary is ``summary`` and whose checkpoint is at ``step`` is done under ``tcfg``: it
+    reached the cap (the end of its extension when its summary records one: ``train.until.extend_to``), or it met its
+    criterion at that step (it stays stopped, even under a larger cap)."""
+    reached = (summary.get("until") or {}).get("reached")
+    end = extended_to(summary) or tcfg.steps
+    return summary.get("steps") == step and (step == end or (tcfg.until is not None and reached == step))
+
+
+def extended_to(summary: dict) -> int | None:
+    """The step a run's summary says it trains on to past its cap (``train.until.extend_to``); None: not extended."""
+    return ((summary.get("until") or {}).get("extended") or {}).get("to")
+
+
+def steps_to_criterion(summary: dict) -> int | None:
+    """The step a run's summary (``train_summary.json``) says it met ``train.until`` at; None when not met."""
+    return (summary.get("until") or {}).get("reached")
+
+
+def is_trained(run_dir: Path) -> bool:
+    """True when ``run_dir`` holds a finished run (its summary is written last)."""
+    return (Path(run_dir) / "train_summary.json").exists()
