@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from posenc.encodings import canonical
 from posenc.encodings.bias import alibi_slopes
 from posenc.eval.tasks import standard_error
 from posenc.reports.claims import (
@@ -45,7 +46,6 @@ from posenc.reports.claims import (
     decided,
     register_claims,
     robustness_table,
-    role_names,
     with_robustness,
 )
 from posenc.reports.compare import with_ratios
@@ -150,6 +150,13 @@ def less(
 ROPE, ALIBI, HYBRID, ROPE_FORGET, FORGET = "rope", "alibi", "hybrid", "rope+forget", "forget"
 RANDOM_QK, RANDOM_QKV, LEARNED_QK, LEARNED_QKV = "acc-rand-qk", "acc-rand-qkv", "acc-learned-qk", "acc-learned-qkv"
 ROLES = [ROPE, ALIBI, HYBRID, ROPE_FORGET, FORGET, RANDOM_QK, RANDOM_QKV, LEARNED_QK, LEARNED_QKV]
+
+
+def role_names(schemes, roles: list[str]) -> dict[str, str]:
+    """scheme as a run spells it -> the role it plays (its own name when it plays none): a scheme plays a role when
+    their canonical specs agree (``posenc.encodings.canonical``: rope:rope_theta=10000 is rope)."""
+    keys = {canonical(r): r for r in roles}
+    return {s: keys.get(canonical(s), s) for s in set(schemes)}
 
 
 class Table:
@@ -845,7 +852,17 @@ def claim_forget_leak(t: TaskTable, rule: Rule | None = None) -> Claim | None:
     return _robust(check, rule)
 
 
-def check_task_claims(t: TaskTable, meta: dict, text_records: list[Ppl]) -> list[Claim]:
+def in_roles(t: TaskTable) -> TaskTable:
+    """The study's view of a task table: ``t`` (the library's, each scheme as its run named it) with each scheme under
+    the role it plays (:func:`role_names` over ROLES and TASK_ROLES), as the task claims look them up."""
+    names = role_names(t.scores, [*ROLES, *TASK_ROLES])
+    records = [r.model_copy(update={"scheme": names[r.scheme]}) for r in t.records.values()]
+    return TaskTable(records, t.task, t.L0, t.tol, t.bar)
+
+
+def check_task_claims(table: TaskTable, meta: dict, text_records: list[Ppl]) -> list[Claim]:
+    """R1-R8 on one task's table (the ``ClaimSet.tasks`` hook), its schemes looked up by role (:func:`in_roles`)."""
+    t = in_roles(table)
     windows = meta.get("mixing_windows") or {}
     out = [claim_r1(t, flat_schemes(text_records)), claim_r2(t, windows), claim_r3(t, windows), claim_r4(t)]
     kind = t.task.partition(":")[0]
@@ -861,7 +878,6 @@ ACCUMULATED = register_claims(
     ClaimSet(
         name="arXiv 2606.24975",
         title="The paper's claims",
-        roles=tuple(dict.fromkeys([*ROLES, *TASK_ROLES])),
         text=check_claims,
         text_markdown=claims_markdown,
         tasks=check_task_claims,

@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 from experiments.accumulated.claims import (
+    check_task_claims,
     claim_alibi_slopes,
     claim_forget_leak,
     claim_r1,
@@ -15,6 +16,7 @@ from experiments.accumulated.claims import (
     claim_r6,
     flat_schemes,
     follows_window,
+    in_roles,
     log_horizon,
 )
 from posenc.reports.claims import FAILS, HOLDS, NOISE, STATED, UNDECIDED
@@ -168,12 +170,19 @@ def test_claim_r6_state_tracking():
 
 
 def test_task_claims_find_their_schemes_by_canonical_spec():
+    """The library's table names each scheme as its run did, with this claim set registered (a claim set never
+    renames the library's rows; the table renamed forget:scaled=false to the role forget before issue 61); the
+    study's view (in_roles) finds its roles by spec, and check_task_claims reads that view."""
     flat = {"alibi": [0.99], "forget": [0.99]}
     far = gap_cells(0.99, {64: 0.99, 128: 0.99, 256: 0.98})
     near = gap_cells(0.99, {64: 0.99, 128: 0.6, 256: 0.6})  # horizon 64: a bucket under 128
     spelled = task_table("flipflop", {"alibi": {0: near}, "forget:scaled=false": {0: far}})
-    assert sorted(spelled.scores) == ["alibi", "forget"]
-    assert claim_r1(spelled, flat).verdict == HOLDS
+    assert sorted(spelled.scores) == ["alibi", "forget:scaled=false"]
+    study = in_roles(spelled)
+    assert sorted(study.scores) == ["alibi", "forget"] and study.records[("forget", 1)].scheme == "forget"
+    assert claim_r1(study, flat).verdict == HOLDS
+    verdicts = [(c.key, c.verdict) for c in check_task_claims(spelled, {}, [])]
+    assert verdicts and verdicts == [(c.key, c.verdict) for c in check_task_claims(study, {}, [])]
 
 
 def test_an_undecided_claim_names_each_seed_that_did_not_learn_and_its_budget():

@@ -440,8 +440,3 @@ def canonical(spec: str) -> str:
         return repr(entries)
     except PosencError:
         return spec
-
-
-def by_role(roles: list[str]) -> dict[str, str]:
-    """canonical key -> role name: how a report finds the schemes its claims compare however a run spelled them."""
-    return {canonical(r): r for r in roles}

@@ -317,25 +317,18 @@ def with_robustness(check: Callable[[Rule], Claim | None], alternatives) -> Clai
     return out
 
 
-def role_names(schemes, roles: list[str]) -> dict[str, str]:
-    """scheme as a run spells it -> the role it plays (its own name when it plays none): a scheme plays a role when
-    their canonical specs agree (``encodings.canonical``: rope:rope_theta=10000 is rope)."""
-    keys = encodings.by_role(roles)
-    return {s: keys.get(encodings.canonical(s), s) for s in set(schemes)}
-
-
 @dataclasses.dataclass(frozen=True)
 class ClaimSet:
     """A study's claims. ``text(records, train_length)``: the claims of a text comparison (``Ppl`` records with
     ``ratio``); ``text_markdown(records, train_length)``: its section of the comparison report ("" for none);
     ``tasks(table, meta, text_records)``: the claims of one task (a ``TaskTable``; ``meta``: the run's, with
-    ``mixing_windows``; ``text_records``: the text comparison it is read against, or []). ``roles``: the scheme names
-    its checks use (a run's scheme takes one when their canonical specs agree). ``title``: the heading of its section
-    in the side-by-side report."""
+    ``mixing_windows``; ``text_records``: the text comparison it is read against, or []). ``title``: the heading of
+    its section in the side-by-side report. A set adds claims and report sections; it never renames the library's
+    rows: the records and tables it receives name each scheme as its run did, and a set that looks a scheme up under
+    its own name matches the run's by spec itself (``encodings.canonical``)."""
 
     name: str
     title: str
-    roles: tuple[str, ...] = ()
     text: Callable[[list[Any], int], list[Claim]] | None = None
     text_markdown: Callable[[list[Any], int], str] | None = None
     tasks: Callable[[Any, dict, list[Any]], list[Claim]] | None = None
@@ -359,11 +352,6 @@ def claim_sets() -> list[ClaimSet]:
     """The registered claim sets, in registration order, after the plugins (``encodings.plugin_modules``) loaded."""
     encodings.plugin_modules()
     return list(_SETS.values())
-
-
-def roles() -> list[str]:
-    """Every role a registered claim set names, once each."""
-    return list(dict.fromkeys(r for cs in claim_sets() for r in cs.roles))
 
 
 def text_claims(records: list[Any], train_length: int) -> list[tuple[ClaimSet, Claim]]:

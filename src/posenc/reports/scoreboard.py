@@ -9,9 +9,9 @@ retrieval`` / ``state-tracking``) its retrieval horizon and, where the records h
 (``posenc.reports.tasks.horizon_cell``, as report.md shows it); a scheme that did not learn a task on every seed
 shows "did not learn" (and on how many seeds it did) instead of a horizon (``posenc.reports.tasks``: in-distribution
 accuracy below the run's ``task_eval.learned``); a cell is empty where the scheme was not run. Schemes are matched
-across runs by spec (``posenc.encodings.canonical``) and take the task claims' role names. The README's scoreboard
-block is this table for the committed results (``posenc report results/retrieval results/state-tracking
-results/default --readme README.md`` writes it; a test checks they agree).
+across runs by spec (``posenc.encodings.canonical``), each named as first seen (the text run, then each task
+run). The README's scoreboard block is this table for the committed results (``posenc report results/retrieval
+results/state-tracking results/default --readme README.md`` writes it; a test checks they agree).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
                 later.append((run, task, run.table(task)))
             else:
                 tables[task] = (run, run.table(task))
-    names: dict = {}  # spec key -> the scheme's name as first seen: the text run, then each task's roles
+    names: dict = {}  # spec key -> the scheme's name as first seen: the text run, then each task run
     for r in text.records if text else []:
         names.setdefault(_key(r.scheme), r.scheme)
     for _, t in tables.values():

@@ -32,7 +32,6 @@ from posenc.data.tasks import get_task
 from posenc.errors import PosencError
 from posenc.eval.tasks import standard_error
 from posenc.reports import claims
-from posenc.reports.claims import role_names
 from posenc.reports.render import (
     PCT,
     figure,
@@ -146,23 +145,21 @@ class TaskTable:
         self.chance = get_task(task).chance
         self.scores: dict[str, dict[int, Scores]] = {}  # only schemes with records: a lookup adds none
         self.records: dict[tuple[str, int], Task] = {}
+        # each scheme under the name its run gave it (a claim set never renames the library's rows)
         mine = [r for r in records if r.task == task]
-        name = role_names([r.scheme for r in mine], claims.roles())
         for r in mine:
-            self.scores.setdefault(name[r.scheme], {})[r.seed] = Scores(r.cells)
-            self.records[(name[r.scheme], r.seed)] = (
-                r if r.n_head is not None else r.model_copy(update={"n_head": n_head})
-            )
+            self.scores.setdefault(r.scheme, {})[r.seed] = Scores(r.cells)
+            self.records[(r.scheme, r.seed)] = r if r.n_head is not None else r.model_copy(update={"n_head": n_head})
         # each scheme's seeds in seed order: the records come in the order the jobs finished (--parallel)
         self.scores = {s: dict(sorted(by_seed.items())) for s, by_seed in self.scores.items()}
-        self.seconds = {(name[r.scheme], r.seed): (r.train_seconds, r.eval_seconds) for r in mine}
+        self.seconds = {(r.scheme, r.seed): (r.train_seconds, r.eval_seconds) for r in mine}
         self.criterion = {
-            (name[r.scheme], r.seed): (r.criterion, r.criterion_step, r.trained_steps) for r in mine if r.criterion
+            (r.scheme, r.seed): (r.criterion, r.criterion_step, r.trained_steps) for r in mine if r.criterion
         }
         self.variants: dict[str, list[str]] = {}  # {scheme: the sweep variants its jobs trained, when not itself}
         for r in mine:
             if r.encoding and encodings.canonical(r.encoding) != encodings.canonical(r.scheme):
-                specs = self.variants.setdefault(name[r.scheme], [])
+                specs = self.variants.setdefault(r.scheme, [])
                 if r.encoding not in specs:
                     specs.append(r.encoding)
 
