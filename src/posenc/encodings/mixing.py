@@ -2,7 +2,7 @@
 
 For i.i.d. steps with spectral gap ||E[M]||_op <= beta < 1, routes longer than
 w_eps = ceil(log eps / log beta) are decorrelated to eps. The schemes report it
-(``Encoding.mixing_window``); ``posenc.theory`` checks it by Monte Carlo.
+(``Encoding.mixing_window``).
 """
 
 from __future__ import annotations

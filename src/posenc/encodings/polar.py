@@ -46,7 +46,7 @@ def pope_features(
     """[mu cos phi, mu sin phi]: (B, H, T, D) -> (B, H, T, 2D) in x's dtype.
 
     mu = softplus(x); phi = pos * freqs (float64, mod 2 pi) + delta (H, D), if given. pos: (T,) position ids
-    (int or float; any shape broadcastable to x's leading dims works, as ``posenc.theory.decay`` uses it).
+    (int or float; any shape broadcastable to x's leading dims works).
     """
     phi = wrap_phases(pos.to(torch.float64)[..., None] * freqs.to(pos.device), x.dtype)  # (T, D)
     if delta is not None:

@@ -1,6 +1,6 @@
 """Attention diagnostics of a trained model: why a scheme extrapolates or fails.
 
-The quantities of the stylized model (arXiv 2606.24975, Sec. 3-4; ``posenc.theory``)
+The quantities of the stylized model (arXiv 2606.24975, Sec. 3-4)
 measured inside a trained posenc model, per layer and head, against evaluation length:
 
 - far attention mass: for query i, the softmax mass on keys at distance i - j >= w
