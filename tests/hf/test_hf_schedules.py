@@ -7,6 +7,7 @@ transformers' own rotary embedding (``ROPE_INIT_FUNCTIONS``, ``dynamic_rope_upda
 documents each type with that L0.
 """
 
+import math
 import warnings
 
 import pytest
@@ -173,6 +174,28 @@ def test_every_yarn_setting_and_the_original_length_can_be_given():
     assert not torch.allclose(got, default, rtol=1e-3) and default_af > 1.1  # the settings change something
 
 
+def test_deepseek_yarn_mscale_can_be_given():
+    """DeepSeek's YaRN (``mscale``, ``mscale_all_dim``; posenc refused both before): the model's frequencies and
+    attention factor are transformers' for exactly those rope_parameters, and the factor is their ratio of mscales."""
+    model = extended_model()
+    deepseek = {"mscale": 1.0, "mscale_all_dim": 0.5}
+    Adaptation(model).set_schedule(Extension("yarn", S, **deepseek))
+    assert model.config.rope_parameters == {
+        "rope_type": "yarn",
+        "rope_theta": THETA,
+        "factor": S,
+        "original_max_position_embeddings": L0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": True,
+        **deepseek,
+    }
+    got, got_af = frequencies(model.model.rotary_emb, 2 * L0)
+    ref, ref_af = frequencies(LlamaRotaryEmbedding(config(4 * L0, {**REFERENCE["yarn"][1], **deepseek})), 2 * L0)
+    assert torch.allclose(got, ref, rtol=1e-6, atol=0) and got_af == pytest.approx(ref_af, rel=1e-12)
+    assert got_af == pytest.approx((0.1 * math.log(S) + 1) / (0.05 * math.log(S) + 1), rel=1e-12)
+
+
 def test_llama3_bands_can_be_given():
     model = extended_model()
     Adaptation(model).set_schedule(Extension("llama3", S, low_freq_factor=2.0, high_freq_factor=8.0))
@@ -228,6 +251,8 @@ def test_the_factor_warning_is_given_once_and_only_where_the_lengths_disagree():
         (Extension("none", S, truncate=False), r"^rope schedule 'none' takes no parameters; got truncate$"),
         (Extension("yarn", S, beta_fast=1.0, beta_slow=2.0), r"^yarn needs beta_fast > beta_slow > 0"),
         (Extension("yarn", S, attention_factor=0.0), r"attention_factor must be > 0, got 0.0$"),
+        (Extension("yarn", S, mscale=1.0), r"^yarn: mscale and mscale_all_dim go together"),
+        (Extension("llama3", S, mscale=1.0, mscale_all_dim=1.0), r"^rope schedule 'llama3' takes .*; got mscale, msc"),
         (
             Extension("yarn", S, original_max_position_embeddings=1),
             r"^original_max_position_embeddings \(L0\) must be an integer >= 2",

@@ -66,6 +66,40 @@ def test_yarn_equals_transformers(factor, extra):
     assert inv[0] == omega[0] and inv[-1] == pytest.approx(omega[-1] / factor)  # high kept, low interpolated
 
 
+@pytest.mark.parametrize("mscale,mscale_all_dim", [(0.707, 0.707), (1.0, 0.5), (0.8, 1.2)])
+def test_deepseek_yarn_equals_transformers(mscale, mscale_all_dim):
+    """DeepSeek's YaRN (rope_parameters with mscale, mscale_all_dim, as DeepSeek-V2/V3 ship them) on transformers'
+    DeepseekV3 rotary embedding and attention: the rotary dim's frequencies, the attention factor
+    mscale(s, m) / mscale(s, a) and the softmax scale's mscale(s, a)^2 (``yarn_apply_mscale``) are posenc's."""
+    from transformers.modeling_rope_utils import yarn_apply_mscale
+    from transformers.models.deepseek_v3 import DeepseekV3Config
+
+    from posenc.rope.schedules import yarn_logit_scale
+
+    factor, rope_dim = 40.0, 16
+    params = {"factor": factor, "mscale": mscale, "mscale_all_dim": mscale_all_dim, "beta_fast": 32, "beta_slow": 1}
+    rope_parameters = {"rope_type": "yarn", "rope_theta": THETA, "original_max_position_embeddings": L0, **params}
+    cfg = DeepseekV3Config(
+        hidden_size=64,
+        num_attention_heads=2,
+        qk_rope_head_dim=rope_dim,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        max_position_embeddings=int(factor) * L0,
+        rope_parameters=rope_parameters,
+    )
+    ref, ref_af = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    p = schedule_params("yarn", L0, params)
+    inv, af = SCHEDULES["yarn"](rope_dim, THETA, p)
+    assert torch.allclose(inv, ref.double(), rtol=1e-6, atol=0)
+    assert af == pytest.approx(ref_af, rel=1e-12)
+    assert af == pytest.approx((0.1 * mscale * math.log(factor) + 1) / (0.1 * mscale_all_dim * math.log(factor) + 1))
+    assert (af == pytest.approx(1.0)) == (mscale == mscale_all_dim)  # DeepSeek-V2 and V3 set them equal
+    assert yarn_logit_scale(p) == pytest.approx(yarn_apply_mscale(rope_parameters, 1.0), rel=1e-12)
+    assert yarn_logit_scale(p) == pytest.approx((0.1 * mscale_all_dim * math.log(factor) + 1) ** 2)
+    assert yarn_logit_scale(schedule_params("yarn", L0, {"factor": factor})) == 1.0  # plain YaRN: no whole-score scale
+
+
 @pytest.mark.parametrize("seq_len", [100, 128, 300, 1024])
 def test_dynamic_ntk_equals_transformers_and_is_never_stale(seq_len):
     inv, _ = ours("dynamic", seq_len=seq_len, factor=4.0)
@@ -249,6 +283,15 @@ def test_schedule_applies_to_trained_rope_model():
         ("yarn", {"factor": 2, "attention_factor": float("inf")}, "attention_factor must be finite"),
         ("leaky-rerope", {"window": 4, "leak": float("inf")}, "leak must be finite"),
         ("yarn", {"factor": 4, "beta_fast": 1, "beta_slow": 1}, "beta_fast > beta_slow"),
+        ("yarn", {"factor": 4, "mscale": 1.0}, "^yarn: mscale and mscale_all_dim go together"),
+        ("yarn", {"factor": 4, "mscale": 0, "mscale_all_dim": 1}, r"^yarn: mscale must be > 0 \(leave it unset"),
+        ("yarn", {"factor": 4, "mscale": 1, "mscale_all_dim": -1}, "^yarn: mscale_all_dim must be > 0"),
+        (
+            "yarn",
+            {"factor": 4, "mscale": 1, "mscale_all_dim": 1, "attention_factor": 1.2},
+            "^yarn: give attention_factor or mscale and mscale_all_dim, not both",
+        ),
+        ("pi", {"factor": 2, "mscale": 1.0}, "takes factor; got mscale"),
         ("rerope", {"window": 0}, "window must be a positive integer"),
         ("rerope", {}, "needs window"),
         ("leaky-rerope", {"window": 4, "leak": 0.5}, "leak k must be > 1"),

@@ -74,6 +74,8 @@ COMMON = dict(
     high_freq_factor=None,
     short_factor=None,
     long_factor=None,
+    mscale=None,
+    mscale_all_dim=None,
 )
 
 

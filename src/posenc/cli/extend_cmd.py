@@ -179,6 +179,8 @@ def add_factor_lists(p) -> None:
         "--short-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors up to L0 (the model's list)"
     )
     g.add_argument("--long-factor", metavar="F1,F2,...", help="longrope: D/2 comma-separated factors past L0")
+    g.add_argument("--mscale", type=float, help="yarn as DeepSeek: attention factor mscale(s, m) / mscale(s, all dim)")
+    g.add_argument("--mscale-all-dim", type=float, help="yarn as DeepSeek: the attention factor's denominator's m")
     g.add_argument("--rerope-window", type=int, help=f"ReRoPE window w in tokens (default L0/{WINDOW_DIVISOR})")
     g.add_argument(
         "--leak",

@@ -31,7 +31,9 @@ class Extension:
     The schedule parameters of ``posenc.rope`` (defaults and meaning there; None: that default), each refused
     (PosencError) by a schedule that does not take it: ``attention_factor`` (> 0; yarn, longrope),
     ``beta_fast``, ``beta_slow`` (rotations per L0, beta_fast > beta_slow > 0; yarn), ``truncate`` (yarn),
-    ``low_freq_factor``, ``high_freq_factor`` (wavelength bands L0 / factor, high > low > 0; llama3).
+    ``low_freq_factor``, ``high_freq_factor`` (wavelength bands L0 / factor, high > low > 0; llama3),
+    ``mscale``, ``mscale_all_dim`` (DeepSeek's YaRN, both > 0 and together, not with ``attention_factor``: attention
+    factor (0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1), ``posenc.rope.schedules.yarn_factor``; yarn).
     """
 
     schedule: str
@@ -47,10 +49,21 @@ class Extension:
     truncate: bool | None = None
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
 
 # schedule parameters refused where not taken
-TUNED = ("attention_factor", "beta_fast", "beta_slow", "truncate", "low_freq_factor", "high_freq_factor")
+TUNED = (
+    "attention_factor",
+    "beta_fast",
+    "beta_slow",
+    "truncate",
+    "low_freq_factor",
+    "high_freq_factor",
+    "mscale",
+    "mscale_all_dim",
+)
 
 
 def native_context(config) -> int:

@@ -22,8 +22,10 @@ name               inverse frequencies                                          
                    current sequence length > L0, else omega                     HF ``dynamic``
 ``yarn``           ramp between omega_i/s and omega_i over the pair index,      Peng et al. 2023,
                    from r_i = L0/lambda_i = beta_fast (unchanged) down to       sec. 3.2-3.4 and the
-                   r_i = beta_slow (fully interpolated); attention factor       reference code
-                   0.1 ln s + 1 unless ``attention_factor`` is given
+                   r_i = beta_slow (fully interpolated); attention factor       reference code;
+                   0.1 ln s + 1 unless ``attention_factor`` is given, or        DeepSeek-V2 (mscale,
+                   with DeepSeek's ``mscale`` m and ``mscale_all_dim`` a:       HF ``yarn``)
+                   (0.1 m ln s + 1) / (0.1 a ln s + 1)
 ``llama3``         wavelength bands: > L0/low_freq_factor -> omega/s,           Meta Llama 3.1;
                    < L0/high_freq_factor -> omega, smooth in between            HF ``llama3``
 ``longrope``       omega_i / short_factor_i while the sequence length L <= L0,  Ding et al. 2024
@@ -96,9 +98,30 @@ def ntk_base(rope_theta: float, factor: float, head_dim: int) -> float:
     return rope_theta * factor ** (head_dim / (head_dim - 2))
 
 
-def yarn_attention_factor(s: float) -> float:
-    """YaRN's sqrt(1/t) = 0.1 ln s + 1 for s > 1, else 1 (Peng et al. 2023, eq. 22)."""
-    return 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
+def yarn_attention_factor(s: float, mscale: float = 1.0) -> float:
+    """YaRN's sqrt(1/t) = 0.1 mscale ln s + 1 for s > 1, else 1 (Peng et al. 2023, eq. 22, mscale 1; DeepSeek's
+    ``yarn_get_mscale`` takes other mscale: transformers' ``yarn_get_mscale``)."""
+    return 0.1 * mscale * math.log(s) + 1.0 if s > 1 else 1.0
+
+
+def yarn_factor(p: dict) -> float:
+    """The attention factor (multiplying cos and sin) of validated yarn parameters ``p``: ``attention_factor`` when
+    given; with DeepSeek's ``mscale`` m and ``mscale_all_dim`` a, mscale(s, m) / mscale(s, a)
+    (``yarn_attention_factor``; 1 for DeepSeek-V3's m = a = 1), as transformers' ``_compute_yarn_parameters``;
+    else mscale(s, 1) = 0.1 ln s + 1."""
+    if p["attention_factor"] is not None:
+        return p["attention_factor"]
+    if p["mscale"] is not None:
+        return yarn_attention_factor(p["factor"], p["mscale"]) / yarn_attention_factor(p["factor"], p["mscale_all_dim"])
+    return yarn_attention_factor(p["factor"])
+
+
+def yarn_logit_scale(p: dict) -> float:
+    """What an MLA model (DeepSeek-V2/V3) multiplies its whole softmax scale by under yarn parameters ``p``:
+    mscale(s, a)^2 with a = ``mscale_all_dim`` (transformers' ``yarn_apply_mscale``), on the position-free and the
+    rotary part of every score alike; 1 without it. (The rotary part also carries ``yarn_factor`` squared, through
+    cos and sin.)"""
+    return yarn_attention_factor(p["factor"], p["mscale_all_dim"]) ** 2 if p.get("mscale_all_dim") else 1.0
 
 
 def longrope_attention_factor(s: float, L0: int) -> float:
@@ -221,6 +244,13 @@ def _check_yarn(name, p):
         raise PosencError(
             f"yarn needs beta_fast > beta_slow > 0, got beta_fast={p['beta_fast']}, beta_slow={p['beta_slow']}"
         )
+    for key in ("mscale", "mscale_all_dim"):  # transformers reads 0 as unset: a given 0 would do nothing
+        if p[key] is not None and not p[key] > 0:
+            raise PosencError(f"yarn: {key} must be > 0 (leave it unset for none), got {p[key]}")
+    if (p["mscale"] is None) != (p["mscale_all_dim"] is None):  # transformers ignores one without the other
+        raise PosencError("yarn: mscale and mscale_all_dim go together (DeepSeek's attention factor is their ratio)")
+    if p["mscale"] is not None and p["attention_factor"] is not None:
+        raise PosencError("yarn: give attention_factor or mscale and mscale_all_dim, not both (the first wins)")
 
 
 def _llama3(head_dim, rope_theta, p, seq_len):
@@ -304,6 +334,8 @@ SCHEDULES: dict[str, Schedule] = {
                     "beta_slow",
                     "attention_factor",
                     "truncate",
+                    "mscale",
+                    "mscale_all_dim",
                 ),
             ),
             {
@@ -313,9 +345,11 @@ SCHEDULES: dict[str, Schedule] = {
                 "beta_slow": 1.0,
                 "attention_factor": None,
                 "truncate": True,
+                "mscale": None,
+                "mscale_all_dim": None,
             },
             _check_yarn,
-            _given_or(lambda p: yarn_attention_factor(p["factor"])),
+            yarn_factor,
         ),
         Schedule(
             "llama3",
@@ -378,7 +412,8 @@ def schedule_params(name: str, train_length: int, params: dict | None = None) ->
 
     Raises PosencError (one line) for an unknown or renamed schedule or parameter, a missing
     required one, a non-finite number, factor < 1, attention_factor <= 0, and the schedule's own
-    checks (``Schedule.check``): beta_fast <= beta_slow, window <= 0, leak <= 1,
+    checks (``Schedule.check``): beta_fast <= beta_slow, yarn's mscale or mscale_all_dim <= 0, one without the
+    other or with attention_factor, window <= 0, leak <= 1,
     high_freq_factor <= low_freq_factor, LongRoPE factor lists that are not non-empty lists of
     finite numbers > 0 (their length, D/2, is checked where the head dim is known: the schedule function).
     """

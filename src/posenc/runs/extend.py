@@ -75,6 +75,8 @@ LATER_SETTING = (
     "high_freq_factor",
     "short_factor",
     "long_factor",
+    "mscale",
+    "mscale_all_dim",
 )
 # each schedule setting and the posenc.rope schedule parameter (Extension field) it gives
 SCHEDULE_KEYS = {"rerope_window": "window", "leak": "leak", **{k: k for k in LATER_SETTING[1:]}}
@@ -123,6 +125,10 @@ class ScheduleSettings(BaseModel):
     """LongRoPE: D/2 factors up to L0 (a model's searched list)."""
     long_factor: list[float] | None = None
     """LongRoPE: D/2 factors past L0."""
+    mscale: float | None = Field(None, gt=0)
+    """YaRN as DeepSeek: attention factor (0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1), with mscale_all_dim."""
+    mscale_all_dim: float | None = Field(None, gt=0)
+    """YaRN as DeepSeek: the denominator's mscale (with mscale)."""
     rerope_window: int | None = None
     """ReRoPE window w; None: L0/4."""
     leak: float | None = None
