@@ -12,7 +12,10 @@
   feature, the near ones with their tile;
 - with a bias of the distance only over consecutive positions, in evaluation (T5,
   Kerple: a BiasFn with ``toeplitz``): ``toeplitz_causal``, each block's mask a
-  strided view of one table of 2T - 1 values, read in place by the kernel.
+  strided view of one table of 2T - 1 values, read in place by the kernel;
+- with a :class:`Window` (sliding-window or chunked layers: Gemma 3, Mistral, Llama 4):
+  ``windowed``, each query block over the keys its window can reach only, so at most
+  (block x (block + window)) scores exist however long the sequence.
 
 ``naive_attention`` beside it builds the full T x T matrix and is the reference
 the tests compare against. Rotations likewise: ``rotate_shared`` (the core's, one
@@ -21,6 +24,7 @@ cos/sin per layer and an analytic phase gradient) beside ``rotate`` (autograd).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -57,6 +61,44 @@ def with_forms(
         if form is not None:
             setattr(tile, name, form)
     return tile
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Window:
+    """The keys a query sees besides the causal mask, counted in tokens of the sequence (rows, never position ids).
+
+    size: tokens, an integer >= 1. Sliding (``chunked`` False): query i sees the keys j with i - size < j <= i
+    (transformers' ``sliding_window``: Gemma 3, Mistral). Chunked: query i sees the keys j <= i of its own chunk
+    of ``size`` tokens, floor(i / size) == floor(j / size) (Llama 4's ``attention_chunk_size``). Either way a query
+    sees at most ``size`` keys, none more than ``size - 1`` tokens back. offset: the sequence row of key row 0 (a
+    decoding cache that dropped the keys no later query sees); first: (B,) int64, each batch row's first real
+    row of a left-padded batch (``posenc.layer.padding_starts``), from which its chunks count, as transformers'
+    ``chunked_overlay`` counts them from the left padding (a padded row then equals the row alone). None: no padding.
+    """
+
+    size: int
+    chunked: bool = False
+    offset: int = 0
+    first: torch.Tensor | None = None
+
+    def start(self, qs: int) -> int:
+        """The first key row any query row >= ``qs`` can see (key rows, as ``qs``)."""
+        return max(0, qs - self.size + 1)
+
+    def keep(self, qs: int, qe: int, ks: int, ke: int, device) -> torch.Tensor:
+        """(B|1, 1, qe - qs, ke - ks) bool: True where query row i in [qs, qe) sees key row j in [ks, ke), causal
+        mask included; rows of the keys' frame (the sequence's rows minus ``offset``)."""
+        i = torch.arange(qs, qe, device=device)[:, None] + self.offset
+        j = torch.arange(ks, ke, device=device)[None] + self.offset
+        seen = j <= i
+        if not self.chunked:
+            return (seen & (i - j < self.size))[None, None]
+        f = (torch.zeros(1, dtype=torch.int64) if self.first is None else self.first).to(device)[:, None, None, None]
+        same = torch.div(i - f, self.size, rounding_mode="floor") == torch.div(j - f, self.size, rounding_mode="floor")
+        return seen & same
+
+    def describe(self) -> str:
+        return f"{'chunks' if self.chunked else 'a sliding window'} of {self.size} tokens"
 
 
 def rotate(x: torch.Tensor, phi: torch.Tensor, pairing: str = "half") -> torch.Tensor:
@@ -223,6 +265,7 @@ def attention(
     bias: BiasFn | None = None,
     logit_scale: float = 1.0,
     block_size: int = 512,
+    window: Window | None = None,
 ) -> torch.Tensor:
     """Causal attention with a scheme's phases and bias.
 
@@ -236,7 +279,9 @@ def attention(
     ``logit_scale * q.k / sqrt(Dk) + bias``. Returns (B, H, Tq, Dv) in v's dtype.
     Under autocast q, k, v are rotated in float32+ (``rotation_dtype``) and reach the
     kernel so; autocast then sets only the kernel's precision. A NaN in q, k or v makes
-    NaN every output row that reads it, on every path (``nan_rows``).
+    NaN every output row that reads it, on every path (``nan_rows``). ``window``: each query sees only the keys
+    of its sliding window or chunk (:class:`Window`; key row 0 is the sequence row ``window.offset``), blockwise
+    (``windowed``).
     """
     T = k.shape[-2]
     q_start = T - q.shape[-2]  # absolute row of the first query
@@ -251,7 +296,9 @@ def attention(
         if rotate_v:
             v = rotate_shared(v, phases, cos, sin, pairing)
     scale = logit_scale / math.sqrt(q.shape[-1])
-    if q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and (at := getattr(bias, "at", None)) is not None:
+    if window is not None:
+        out = windowed(q, k, v, bias, window, scale, block_size)
+    elif q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and (at := getattr(bias, "at", None)) is not None:
         out = flex_causal(q, k, v, at, scale)
     elif q_start == 0 and not torch.is_grad_enabled() and (table := getattr(bias, "toeplitz", None)) is not None:
         out = toeplitz_causal(q, k, v, table(T), scale, block_size) + nan_rows(q, k)
@@ -275,6 +322,34 @@ def attention(
     if phases is not None and rotate_v:
         out = rotate_shared(out.to(dtype), phases[..., rows, :], cos[..., rows, :], sin[..., rows, :], pairing, sign=-1)
     return out.to(out_dtype)
+
+
+def windowed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: BiasFn | None,
+    window: Window,
+    scale: float,
+    block_size: int,
+) -> torch.Tensor:
+    """Causal attention within ``window``: each block of ``block_size`` query rows over the keys it can see only,
+    [window.start(qs), qe), one SDPA call with the bias tile (if any) and the window's mask as -inf: at most
+    block_size x (block_size + window.size - 1) scores at a time, whatever T. q: (B, H, Tq, Dk), the last Tq of
+    the T key rows; k: (B, H, T, Dk), v: (B, H, T, Dv); scores ``scale * q.k + bias``. Returns (B, H, Tq, Dv)
+    in q's dtype. Reference: ``naive_attention`` with the window."""
+    T = k.shape[-2]
+    q_start, blocks = T - q.shape[-2], []
+    for qs in range(q_start, T, block_size):
+        qe = min(qs + block_size, T)
+        ks = window.start(qs)
+        tile = torch.zeros((), device=q.device, dtype=q.dtype) if bias is None else bias(qs, qe, ks, qe).to(q.dtype)
+        mask = torch.where(window.keep(qs, qe, ks, qe, q.device), tile, float("-inf"))
+        rows = q[..., qs - q_start : qe - q_start, :]
+        blocks.append(
+            F.scaled_dot_product_attention(rows, k[..., ks:qe, :], v[..., ks:qe, :], attn_mask=mask, scale=scale)
+        )
+    return torch.cat(blocks, dim=-2)
 
 
 def nan_rows(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -465,11 +540,24 @@ def flex_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: Callable,
     )
 
 
-def naive_attention(q, k, v, *, bias: BiasFn | None = None, logit_scale: float = 1.0) -> torch.Tensor:
-    """Reference: the full T x T causal softmax, no rotation. Shapes as ``attention``."""
+def naive_attention(
+    q, k, v, *, bias: BiasFn | None = None, logit_scale: float = 1.0, window: Window | None = None
+) -> torch.Tensor:
+    """Reference: the full T x T causal softmax, no rotation. Shapes as ``attention`` (every query: Tq = T).
+    ``window``: key j hidden from query i unless i - size < j (sliding) or, chunked, (i - f) // size ==
+    (j - f) // size, f the batch row's first real row (0 without padding), by the definitions over the whole
+    matrix (``window.offset`` is not read: the rows are the sequence's)."""
     T = q.shape[-2]
     scores = logit_scale * (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     scores = scores + causal_tile(bias, 0, T, T, q.device, q.dtype)
+    if window is not None:
+        i, j, w = torch.arange(T)[:, None], torch.arange(T)[None], window.size
+        if window.chunked:
+            f = torch.zeros(1, dtype=torch.int64) if window.first is None else window.first.cpu()
+            inside = torch.stack([(i - fb) // w == (j - fb) // w for fb in f.tolist()])[:, None]
+        else:
+            inside = i - j < w
+        scores = scores.masked_fill(~inside.to(scores.device), float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from posenc import encodings
-from posenc.attention import attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype, with_forms
+from posenc.attention import Window, attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype, with_forms
 from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite, sum_biases
 from posenc.encodings.registry import check_capabilities
@@ -244,7 +244,14 @@ def attend(
         bias=p.bias,
         logit_scale=p.logit_scale,
         block_size=block_size,
+        window=bound_window(p.encoding.window, 0, p.inp.first),
     )
+
+
+def bound_window(window: Window | None, offset: int, first: torch.Tensor | None) -> Window | None:
+    """A scheme's ``window`` (``Encoding.window``) for keys whose row 0 is the sequence row ``offset`` (a cache that
+    dropped that many rows) and a left-padded batch's first real rows ``first`` (B,) (None: no padding)."""
+    return None if window is None else dataclasses.replace(window, offset=offset, first=first)
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Prepared) -> None:
@@ -276,9 +283,12 @@ class LayerCache:
     every position's input ``x``, token ids, unrotated ``k``, ``v`` (and
     ``q`` for schemes that replace attention), the hooks recomputed over the whole
     prefix at every step. All in preallocated buffers whose capacity doubles
-    (``capacity``: rows reserved at the first step). A cache belongs to the layer of its first step
-    (``owner``): another layer's ``decode`` with it raises PosencError, as its keys, scheme state and
-    head count are that layer's.
+    (``capacity``: rows reserved at the first step). A layer with a sliding window or chunks of W tokens
+    (``Encoding.window``) keeps only the last W - 1 positions' keys, values and scheme rows after each
+    incremental step (``evicted``: the positions dropped; ``length`` still counts every position fed), so its
+    memory stays bounded however long the decoding; such a cache cannot be cropped. A cache belongs to the
+    layer of its first step (``owner``): another layer's ``decode`` with it raises PosencError, as its keys,
+    scheme state and head count are that layer's.
     """
 
     def __init__(self, reference: bool = False, capacity: int = 0):
@@ -291,10 +301,12 @@ class LayerCache:
         self._pos = Buffer(-1, capacity, batched=False)
         self._x, self._tokens = Buffer(-2, capacity), Buffer(-1, capacity)
         self._q, self._k, self._v = Buffer(-2, capacity), Buffer(-2, capacity), Buffer(-2, capacity)
+        self.evicted = 0  # positions whose rows a windowed layer dropped (the rows held start at this one)
 
     @property
     def length(self) -> int:
-        return self._pos.length
+        """Positions fed so far (the rows held and those a windowed layer dropped)."""
+        return self.evicted + self._pos.length
 
     x = property(lambda self: self._x.value)
     q = property(lambda self: self._q.value)
@@ -313,13 +325,33 @@ class LayerCache:
             self._v,
         ]  # the state may refuse first
 
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` positions (e.g. after rejected speculative tokens); PosencError where the
-        scheme's state cannot go back (PaTH's transformed keys)."""
+    def check_crop(self, length: int) -> None:
+        """PosencError (one line) unless ``crop(length)`` can keep the first ``length`` positions: a length beyond
+        the cache's, or below it in a windowed layer's cache (the keys a query at ``length`` would see are gone)."""
         if not 0 <= length <= self.length:
             raise PosencError(f"cannot crop a cache of {self.length} positions to {length}")
+        if self.evicted and length < self.length:
+            raise PosencError(
+                "a windowed layer's cache keeps only its window's last keys: it cannot be cropped (the earlier ones "
+                "are gone)"
+            )
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions (e.g. after rejected speculative tokens); PosencError where the
+        scheme's state cannot go back (PaTH's transformed keys) or the layer dropped keys (``check_crop``)."""
+        self.check_crop(length)
         for b in self._all():
             b.crop(length)
+
+    def evict(self, keep: int) -> None:
+        """Drop every held position's rows but the last ``keep`` (keys, values, positions, the scheme state's)."""
+        stop = self._pos.length - keep
+        if stop > 0:
+            for b in (self._pos, self._k, self._v):
+                b.drop(0, stop)
+            if self.state is not None:
+                self.state.drop(stop)
+            self.evicted += stop
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows (beam search): index (B',) int64 into the current batch."""
@@ -613,13 +645,16 @@ class Attention(nn.Module):
         assert state is not None  # an incremental cache has its scheme's state
         every = cache._pos.append(pos)
         phi = state.phases(inp) if enc.rotary and not enc.replaces_attention else None
-        bias = with_padding(state.bias(inp, every) if enc.has_bias else None, cache.first)
+        rows_first = None if cache.first is None else cache.first - cache.evicted  # the padding in held rows
+        bias = with_padding(state.bias(inp, every) if enc.has_bias else None, rows_first)
         if enc.replaces_attention:
             if state.per_head_keys:  # keys transformed per query head: the cache keeps all H (as attend() repeats them)
                 k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)
             out = state.attend(q, k, v, inp, every, bias, cache._k, cache._v)
         else:
             out = self._attend_cached(q, k, v, phi, bias, cache)
+            if enc.window is not None:  # no later query sees more than the window's last size - 1 keys
+                cache.evict(enc.window.size - 1)
         B, _, n, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(B, n, -1))
 
@@ -669,6 +704,7 @@ class Attention(nn.Module):
             bias=bias,
             logit_scale=enc.logit_scale,
             block_size=self.block,
+            window=bound_window(enc.window, cache.evicted, cache.first),
         )
         if phi is not None and enc.rotate_v:
             out = rotate_rows(out, cos, sin, enc.pairing, sign=-1)

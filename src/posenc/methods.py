@@ -466,7 +466,10 @@ def scheme_args(enc: Encoding, method: Method, x: torch.Tensor) -> dict:
     RoPE with fixed frequencies (plain or a pi/ntk/yarn/llama3 schedule): its inv_freq, pairing and scale;
     ALiBi, T5, Kerple (a bias of i - j only): their tile builder. PosencError (one line) for any other scheme:
     length-dependent or attention-replacing RoPE schedules (dynamic, longrope, rerope), FIRE (it also reads the
-    query position), accumulated or data-dependent phases, compositions, NoPE and additive embeddings."""
+    query position), accumulated or data-dependent phases, compositions, NoPE and additive embeddings, and a layer
+    with a sliding window or chunks (``Encoding.window``: the method's map would read keys the window hides)."""
+    if enc.window is not None:
+        raise PosencError(f"method {method.name} does not apply to a layer with {enc.window.describe()}")
     if isinstance(enc, RoPE) and enc.schedule not in ("dynamic", "longrope") and not enc.replaces_attention:
         return {
             "inv_freq": enc.inv_freq,

@@ -172,12 +172,14 @@ class Cache:
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` positions; PosencError if longer than the cache or a scheme cannot go back (PaTH),
-        the model has a Canon layer (its earlier inputs are not kept), or the cache is bounded (sinks: the evicted
-        positions are gone)."""
+        the model has a Canon layer (its earlier inputs are not kept), or the cache is bounded (sinks, or a windowed
+        layer that dropped keys: the evicted positions are gone)."""
         if self.uncounted:
             raise PosencError("a bounded cache (sinks) cannot be cropped: the evicted positions are gone")
         for canon in self.canon:  # refuses before any layer changes
             canon.crop(length)
+        for layer in self.layers:  # a windowed layer's dropped keys: refused before any layer changes
+            layer.check_crop(length)
         for layer in self.layers:
             layer.crop(length)
         self._tokens.crop(length)

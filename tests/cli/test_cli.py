@@ -128,7 +128,7 @@ def test_list(capsys):
     biases = next(g for g in groups if g.startswith("score biases:"))
     assert "  alibi " in biases and "arXiv:2108.12409" in biases and "  rope " not in biases
     assert "  irope " in next(g for g in groups if g.startswith("per-layer mixes:"))
-    assert "rope_theta=" not in out  # parameters only with --params
+    assert "rope_theta=10000.0" not in out  # parameters only with --params (a named pattern's entries show theirs)
 
 
 def test_list_params_shows_each_schemes_parameters_under_it(capsys):

@@ -60,8 +60,8 @@ def run(args) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(
-        "schemes (parameters with ':', parts with '+', layers with '|', e.g. acc-rand-qkv:a=0.3+alibi, "
-        "rope|rope|rope|nope):"
+        "schemes (parameters with ':', parts with '+', layers with '|', a layer's sliding window or chunks with "
+        "window=W or chunk=C on any part; e.g. acc-rand-qkv:a=0.3+alibi, rope|rope|rope|nope, rope:window=64|nope):"
     )
     family = None
     for s in out["schemes"]:

@@ -24,17 +24,20 @@ from posenc.encodings import (  # noqa: F401 (registers the families)
     forget,
     householder,
     lengthscale,
+    mla,
     polar,
     prope,
     relative,
     rotary,
     sinks,
     stickbreaking,
+    windows,
     xpos,
 )
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.composite import Composite
 from posenc.encodings.registry import (
+    LAYER_OPTIONS,
     Parameter,
     _accepted,
     alias,
@@ -62,6 +65,9 @@ from posenc.errors import PosencError
 def _build(
     cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str, defaults: dict[str, Any] | None = None
 ) -> Encoding:
+    options = {k: v for k, v in params.items() if k in LAYER_OPTIONS}  # the layer's span, not the constructor's
+    window = windows.window_of(spec, options)
+    params = {k: v for k, v in params.items() if k not in LAYER_OPTIONS}
     ignored = cls.applies_to({**constructor_defaults(cls), **params})  # a default is for the parts it applies to
     params = {**{k: v for k, v in (defaults or {}).items() if k in _accepted(cls) and k not in ignored}, **params}
     check_types(spec, cls, params)  # parameters given in Python too, not only in the spec
@@ -69,7 +75,8 @@ def _build(
         enc = cls(dims, **params)  # invalid values are PosencErrors; anything else is a bug: its traceback
     except PosencError as exc:  # name the whole spec: the part alone is ambiguous in a composition or a sweep
         raise PosencError(f"scheme {spec!r}: {exc}") from None
-    enc.spec = format_part(cls.name, {k: v for k, v in params.items() if k not in cls.internal})
+    enc.window = window
+    enc.spec = format_part(cls.name, {**{k: v for k, v in params.items() if k not in cls.internal}, **options})
     return enc
 
 
@@ -94,10 +101,17 @@ def get(spec: str, dims: Dims | None = None, defaults: dict[str, Any] | None = N
             raise PosencError(
                 f"{spec!r}: parameter {', '.join(map(repr, clash))} given both in the spec and separately"
             )
-        return _build(cls, merged, dims, spec, defaults)
-    if params:
-        raise PosencError(f"{spec!r} is a composition: give parameters per part (NAME:key=value)")
-    return Composite(dims, [_build(c, p, dims, spec, defaults) for c, p in resolved], spec)
+        enc = _build(cls, merged, dims, spec, defaults)
+    else:
+        if params:
+            raise PosencError(f"{spec!r} is a composition: give parameters per part (NAME:key=value)")
+        enc = Composite(dims, [_build(c, p, dims, spec, defaults) for c, p in resolved], spec)
+        spans = [part.window for part in enc.parts if isinstance(part, Encoding) and part.window is not None]
+        if len(spans) > 1:
+            raise PosencError(f"scheme {spec!r}: give window or chunk on one part only (they set the whole layer's)")
+        enc.window = spans[0] if spans else None
+    windows.check_window(enc, spec)
+    return enc
 
 
 def _layer_of(pattern: list[str], spec: str, dims: Dims, params: dict, defaults: dict[str, Any] | None) -> Encoding:
@@ -120,8 +134,13 @@ def describe(spec: str, dims: Dims | None = None, **params: Any) -> str:
     """One line for reports: the scheme and its parameters; a pattern as its entries joined by ' | '."""
     pattern = layer_pattern(spec)
     if len(pattern) == 1:
-        return get(spec, dims, **params).describe()
-    return "per layer, repeating: " + " | ".join(get(entry, dims).describe() for entry in pattern)
+        return _described(get(spec, dims, **params))
+    return "per layer, repeating: " + " | ".join(_described(get(entry, dims)) for entry in pattern)
+
+
+def _described(enc: Encoding) -> str:
+    """``enc.describe()``, with its layer's window or chunks when it has one (a scheme's own describe omits it)."""
+    return enc.describe() + ("" if enc.window is None else f" within {enc.window.describe()}")
 
 
 __all__ = [

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from posenc.attention import BiasFn  # noqa: F401 (the bias hook's type, re-exported)
+from posenc.attention import BiasFn, Window  # noqa: F401 (the bias hook's type, re-exported)
 from posenc.errors import PosencError
 from posenc.rope.schedules import wrap_phases
 
@@ -233,6 +233,12 @@ class DecodeState:
         for b in self.buffers():
             b.crop(length)
 
+    def drop(self, stop: int) -> None:
+        """Forget the first ``stop`` positions' rows (a windowed layer's cache, which no later query reads them
+        from); the running values stay (a crop below the dropped rows is refused by the layer's cache)."""
+        for b in self.buffers():
+            b.drop(0, stop)
+
     def reorder(self, index: torch.Tensor) -> None:
         for b in self.buffers():
             b.reorder(index)
@@ -350,6 +356,7 @@ class Encoding(KeepsPrecision):
     uses_tokens: bool = False  # the hooks read Inputs.tokens (token ids), not only x and pos
     position_indexed: bool = False  # the hooks read Inputs.pos as positions (randomized training positions apply)
     accumulates: bool = False  # phases() is the float64 prefix sum of steps()
+    window: Window | None = None  # the layer's sliding window or chunk (a spec's window= / chunk=); None: every key
     instance_flags: tuple[str, ...] = ()  # capability flags the constructor sets (their hooks give None while unset)
     spec: str = (
         ""  # the full spec it was built from, every parameter given (set by posenc.encodings.get; "" if built directly)

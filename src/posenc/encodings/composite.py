@@ -188,6 +188,10 @@ class CompositeState(DecodeState):
         for s in self.states:
             s.crop(length)
 
+    def drop(self, stop: int) -> None:
+        for s in self.states:
+            s.drop(stop)
+
     def reorder(self, index: torch.Tensor) -> None:
         for s in self.states:
             s.reorder(index)

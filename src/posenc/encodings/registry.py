@@ -3,7 +3,9 @@
 A scheme spec is one or more parts joined by ``+``, each ``NAME`` or
 ``NAME:key=value[,key=value]``: ``rope:rope_theta=500000``,
 ``acc-rand-qkv:a=0.3+alibi``. Specs joined by ``|`` are a per-layer pattern,
-repeated over the layers: ``rope|rope|rope|nope`` (alias ``irope``). ``NAME`` is a registered scheme or an alias (a
+repeated over the layers: ``rope|rope|rope|nope`` (alias ``irope``). Any part may also set its layer's
+``window`` or ``chunk`` (``LAYER_OPTIONS``, ``posenc.encodings.windows``):
+``rope:rope_theta=10000,window=1024``. ``NAME`` is a registered scheme or an alias (a
 scheme with preset parameters, e.g. ``acc-rand-qkv``, or a named composition,
 e.g. ``hybrid``). ``parts(spec)`` parses and validates a spec; building it is
 ``posenc.encodings.get``.
@@ -40,6 +42,9 @@ ENTRY_POINTS = "posenc.schemes"
 IMPORT_VAR = "POSENC_IMPORT"
 _PLUGINS: set[str] = set()  # modules loaded as plugins: a job process loads them itself (entry points, POSENC_IMPORT)
 _plugins_loaded = False
+# what any part of a spec may set besides its scheme's own parameters: its layer's attention span
+# (posenc.encodings.windows), not a constructor parameter
+LAYER_OPTIONS = ("window", "chunk")
 
 
 # each capability flag and the hook it declares (Encoding's docstring): a flag says the hook gives a value
@@ -364,8 +369,9 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     internal = sorted(set(own) & set(cls.internal))
     if internal:
         raise PosencError(f"scheme {base!r}: {', '.join(internal)} cannot be set in a spec")
-    unknown = sorted(set(params) - _accepted(cls))
-    ignored = cls.applies_to({**constructor_defaults(cls), **{k: v for k, v in params.items() if k not in unknown}})
+    unknown = sorted(set(params) - _accepted(cls) - set(LAYER_OPTIONS))
+    own_params = {k: v for k, v in params.items() if k not in unknown and k not in LAYER_OPTIONS}
+    ignored = cls.applies_to({**constructor_defaults(cls), **own_params})
     if unknown:
         valid = sorted(_settable(cls, aliased) - set(ignored))
         raise PosencError(
@@ -390,8 +396,9 @@ def constructor_defaults(cls: type[Encoding]) -> dict[str, Any]:
 def layer_pattern(spec: str) -> list[str]:
     """The per-layer specs of ``spec``: ``A|B|C`` gives layer i the spec at i mod 3 (iRoPE-style
     NoPE layers: ``rope|rope|rope|nope``); a named pattern (``irope``) is expanded; any other
-    spec is one entry, used by every layer. PosencError for an empty entry or parameters on a
-    named pattern."""
+    spec is one entry, used by every layer. A named pattern takes the ``LAYER_OPTIONS`` its entries set
+    (``gemma3:window=512``: every entry that sets a window gets 512). PosencError for an empty entry or other
+    parameters on a named pattern."""
     _load_plugins()
     items = spec.split("|")
     if any(not item for item in items):
@@ -402,9 +409,27 @@ def layer_pattern(spec: str) -> list[str]:
     target = _ALIASES.get(base, ("",))[0]
     if "|" not in target:
         return [spec]
-    if params:
-        raise PosencError(f"{base!r} is a per-layer pattern ({target}); give parameters to its entries")
-    return layer_pattern(target)
+    return (
+        [_with_options(entry, params, base, target) for entry in layer_pattern(target)]
+        if params
+        else layer_pattern(target)
+    )
+
+
+def _with_options(entry: str, options: dict[str, Any], base: str, target: str) -> str:
+    """``entry`` of the named pattern ``base`` (= ``target``) with each of ``options`` replacing the value its parts
+    set (``gemma3:window=512``); PosencError for a key that is not a layer option or that no entry of the
+    pattern sets."""
+    set_by_entries = {k for part in _split_spec(target.replace("|", "+")) for k in split_part(part)[1]}
+    bad = sorted(k for k in options if k not in LAYER_OPTIONS or k not in set_by_entries)
+    if bad:
+        takes = sorted(set(LAYER_OPTIONS) & set_by_entries)
+        raise PosencError(
+            f"{base!r} is a per-layer pattern ({target}); give parameters to its entries"
+            + (f" (it takes {', '.join(takes)}, for the entries that set it)" if takes else "")
+        )
+    parts = [split_part(part) for part in _split_spec(entry)]
+    return "+".join(format_part(name, {k: options.get(k, v) for k, v in p.items()}) for name, p in parts)
 
 
 def parts(spec: str) -> list[tuple[type[Encoding], dict[str, Any]]]:

@@ -42,6 +42,7 @@ from posenc.encodings.absolute import LengthNotSupported
 from posenc.encodings.base import Encoding
 from posenc.encodings.mixing import check_eps, window_size
 from posenc.errors import PosencError
+from posenc.layer import bound_window
 from posenc.model import LM, AttentionInputs
 from posenc.scoring import eval_lengths, window_starts
 from posenc.store.records import Diagnosis, FarMass, LayerGap, LengthDiagnosis
@@ -78,11 +79,13 @@ def block_logits(a: AttentionInputs, q: torch.Tensor, k: torch.Tensor, qs: int, 
     """Causal logits of queries [qs, qe) over keys [0, qe): (B, H, qe-qs, qe) float32, -inf above the diagonal.
 
     Logits are ``logit_scale * q.k / sqrt(D) + bias`` as in ``posenc.attention.attention``;
-    q, k from ``rotated_qk``.
+    q, k from ``rotated_qk``; -inf too outside a windowed layer's window (``Encoding.window``).
     """
     scale = a.logit_scale / math.sqrt(q.shape[-1])
     scores = scale * (q[..., qs:qe, :] @ k[..., :qe, :].transpose(-1, -2))
-    return scores + causal_tile(a.bias, qs, qe, qe, q.device, torch.float32)
+    scores = scores + causal_tile(a.bias, qs, qe, qe, q.device, torch.float32)
+    window = bound_window(a.encoding.window, 0, a.inp.first)
+    return scores if window is None else scores.masked_fill(~window.keep(qs, qe, 0, qe, q.device), float("-inf"))
 
 
 def _reduce(logits: torch.Tensor, qs: int, w: int) -> dict[str, torch.Tensor]:
