@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import posenc.store.stamp
 import posenc.train.loop
 import posenc.train.precision
 from posenc.data.corpora import load_tokens
@@ -303,7 +304,7 @@ def test_auto_precision_is_bf16_only_where_the_device_has_bf16_units(monkeypatch
         (["amx_bf16", "avx512_bf16"], "bf16", "fp32"),
         (["cuda"], "fp32", "bf16"),
     ):
-        monkeypatch.setattr(posenc.train.precision, "bf16_units", lambda units=units: units)
+        monkeypatch.setattr(posenc.store.stamp, "bf16_units", lambda units=units: units)  # one rule: bf16_native
         assert (resolve_precision("auto", cpu), resolve_precision("auto", cuda)) == (on_cpu, on_cuda), units
         assert resolve_precision("fp32", cpu) == "fp32" and resolve_precision("bf16", cpu) == "bf16"
 

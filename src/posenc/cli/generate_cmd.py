@@ -19,6 +19,7 @@ input order, each as one prompt is (``--json``: one object per line, a row each)
 
 import json
 import sys
+import typing
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ from posenc.model import MAX_NEW_TOKENS, check_sampling, pad_left, set_method, w
 from posenc.rope import NAMES
 from posenc.runs import extend, finetune
 from posenc.store.presets import validated
+from posenc.store.stamp import WeightsDtype
 from posenc.train.rundir import load_run
 
 SETTINGS = [*extend.ScheduleSettings.model_fields]  # the schedule flags: --factor, add_factor_lists
@@ -112,6 +114,13 @@ def add_parser(sub):
         "settings below; a posenc train run of RoPE or a pretrained model",
     )
     p.add_argument("--factor", type=float, help="the schedule's scale factor s (default 2)")
+    p.add_argument(
+        "--dtype",
+        choices=typing.get_args(WeightsDtype),
+        default="float32",
+        help="a pretrained model's weights' and compute's dtype; auto: bfloat16 where the CPU has bf16 units "
+        "(default %(default)s; positions and angles stay float32)",
+    )
     p.add_argument(
         "--scheme",
         metavar="SPEC",
@@ -206,6 +215,10 @@ def run(args) -> int:
             f"give a scheme or a RoPE schedule, not both (--scheme {args.scheme}, --schedule {args.schedule})"
         )
     kind = finetune.model_kind(args.model)
+    if args.dtype != "float32" and kind != "pretrained":
+        raise PosencError(
+            f"--dtype {args.dtype} is for pretrained models; {args.model} is a {kind} run, which generates in float32"
+        )
     if kind == "train":
         return own_run(args, given)
     if args.batch and kind != "train":  # before the model loads
@@ -228,7 +241,7 @@ def run(args) -> int:
         loaded, adapted, label = finetune.load_finetuned(Path(args.model))
         print(f"posenc: {args.model}: {loaded.spec} with {label}", file=sys.stderr)
     else:
-        loaded = loading.load(args.model)
+        loaded = loading.load(args.model, args.dtype)
         adapted = Adaptation(loaded.model)
         if args.scheme is not None:
             adapted.set_scheme(args.scheme)

@@ -187,8 +187,9 @@ class Adaptation:
 
     def key(self, length: int) -> str:
         """Hash (16 hex digits) of everything that decides a forward of ``length`` tokens: effective frequencies,
-        attention scaling, the ReRoPE window where it acts, the scheme and the weights' label. Equal keys give
-        equal outputs (e.g. dynamic NTK at L <= L0 equals ``none``; ReRoPE with w >= L too)."""
+        attention scaling, the ReRoPE window where it acts, the scheme, the weights' label and their dtype when
+        not float32. Equal keys give equal outputs (e.g. dynamic NTK at L <= L0 equals ``none``; ReRoPE with
+        w >= L too)."""
         self.reset_rotary()
         rot = self.model.model.rotary_emb
         rot(torch.zeros(1), torch.tensor([[length - 1]]))  # dynamic NTK updates here
@@ -202,6 +203,9 @@ class Adaptation:
             h.update(b"method:" + self.method.label().encode())
         if self.weights:
             h.update(b"weights:" + self.weights.encode())
+        dtype = self.model.get_input_embeddings().weight.dtype
+        if dtype != torch.float32:  # float32 keeps the keys of the records made before other dtypes
+            h.update(b"dtype:" + str(dtype).encode())
         self.reset_rotary()
         return h.hexdigest()[:16]
 

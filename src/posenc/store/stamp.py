@@ -82,15 +82,38 @@ def bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
     return [unit for unit in BF16_FLAGS if unit in flags]
 
 
-def run_stamp(precision: Literal["bf16", "fp32"] = "fp32", device: torch.device | None = None) -> dict:
+def bf16_native(device: torch.device) -> bool:
+    """Whether ``device`` has the bf16 matrix units :func:`bf16_units` finds (a CPU's on a CPU, a GPU's on CUDA):
+    where "auto" picks bfloat16 (training's autocast, pretrained models' weights)."""
+    units = bf16_units()
+    return bool(units) and (device.type == "cuda") == (units == ["cuda"])
+
+
+WeightsDtype = Literal["auto", "bfloat16", "float32"]
+
+
+def resolve_dtype(dtype: WeightsDtype, device: torch.device | None = None) -> torch.dtype:
+    """The dtype a pretrained model's weights and compute take: "auto" is bfloat16 where ``device`` (None: the CPU)
+    has bf16 matrix units (:func:`bf16_native`), else float32; the others as named. Positions, angles and the
+    softmax's log-probabilities stay float32 in every case."""
+    if dtype == "auto":
+        return torch.bfloat16 if bf16_native(device or torch.device("cpu")) else torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+
+
+def run_stamp(
+    precision: Literal["bf16", "fp32"] = "fp32", device: torch.device | None = None, weights: torch.dtype | None = None
+) -> dict:
     """{posenc, commit, torch, transformers, python, platform, device, bf16_units, dtype, threads, command}: plain
     JSON values. command: the command line as a shell would retype it (arguments with spaces or quotes quoted).
 
     dtype: the weights' (torch's default) dtype and the compute dtype: ``precision`` "bf16" (bfloat16 autocast,
     float32 master weights; phases and cumulative sums stay float32+) or "fp32", as a training run resolved it
     (``posenc.train.precision.resolve_precision``). The default "fp32" is every other forward's (scoring, extend,
-    finetune: none of them autocasts). device: the one the run computes on (``posenc train --device``); None: the
-    default (the first GPU when there is one, else the CPU)."""
+    finetune: none of them autocasts). ``weights``: a pretrained model's weights' dtype when it was cast
+    (:func:`resolve_dtype`: bfloat16 weights compute in bfloat16); None: torch's default dtype. device: the one the
+    run computes on (``posenc train --device``); None: the default (the first GPU when there is one, else the
+    CPU)."""
     if device is None:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
@@ -107,11 +130,19 @@ def run_stamp(precision: Literal["bf16", "fp32"] = "fp32", device: torch.device 
         "platform": platform.platform(),
         "device": name,
         "bf16_units": units,
-        "dtype": f"{str(torch.get_default_dtype()).removeprefix('torch.')} weights, "
-        + ("bfloat16 autocast" if precision == "bf16" else "float32 compute"),
+        "dtype": _dtype_line(precision, weights),
         "threads": torch.get_num_threads(),
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
+
+
+def _dtype_line(precision: Literal["bf16", "fp32"], weights: torch.dtype | None) -> str:
+    """The stamp's ``dtype``: "float32 weights, float32 compute", "float32 weights, bfloat16 autocast" or (a cast
+    pretrained model) "bfloat16 weights, bfloat16 compute"."""
+    name = str(weights or torch.get_default_dtype()).removeprefix("torch.")
+    if weights is not None and weights != torch.float32:
+        return f"{name} weights, {name} compute"
+    return f"{name} weights, " + ("bfloat16 autocast" if precision == "bf16" else "float32 compute")
 
 
 def stamp_line(stamp: dict) -> str:

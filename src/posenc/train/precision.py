@@ -1,7 +1,7 @@
 """The forward's compute dtype (``train.precision``): "bf16" runs it under bfloat16 autocast with float32 master weights
 and optimizer state (phases, their cos/sin, gates and cumulative sums stay float32+:
 ``posenc.attention.rotation_dtype``), "fp32" without autocast, and "auto" picks bf16 where the device has bf16 matrix
-units (``posenc.store.stamp.bf16_units``), else fp32."""
+units (``posenc.store.stamp.bf16_native``, the rule pretrained models' ``--dtype auto`` follows too), else fp32."""
 
 from __future__ import annotations
 
@@ -10,18 +10,17 @@ from typing import Literal
 
 import torch
 
-from posenc.store.stamp import bf16_units
+from posenc.store.stamp import bf16_native
 from posenc.train import distributed
 from posenc.train.settings import Precision, TrainConfig
 
 
 def resolve_precision(precision: Precision, device: torch.device) -> Literal["bf16", "fp32"]:
-    """The compute dtype a run uses: "auto" is "bf16" when ``bf16_units()`` finds bf16 matrix units on this
-    machine (CUDA, AMX, AVX512-BF16) and ``device`` is where they are, else "fp32"; the others as given."""
+    """The compute dtype a run uses: "auto" is "bf16" where ``device`` has bf16 matrix units
+    (``posenc.store.stamp.bf16_native``: CUDA, AMX, AVX512-BF16), else "fp32"; the others as given."""
     if precision != "auto":
         return precision
-    units = bf16_units()
-    return "bf16" if units and (device.type == "cuda") == (units == ["cuda"]) else "fp32"
+    return "bf16" if bf16_native(device) else "fp32"
 
 
 def machine_precision(tcfg: TrainConfig) -> Literal["bf16", "fp32"]:
