@@ -1,7 +1,7 @@
 """What each training step reads: its batch (:func:`batch_at`, :func:`training_batch`: a pure function of (seed, step),
 so a resumed run sees exactly the batches an uninterrupted run would), its positions (:func:`training_positions`
 under ``train.positions`` ``randomized:max=N``) and the loss over its targets (:func:`mean_loss`); and the checks that
-the data and positions can train the model (:func:`check_data`, :func:`check_positions`)."""
+the data and positions can train the model (:func:`check_trainable`, :func:`check_positions`)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def mean_loss(nll: torch.Tensor, answers: torch.Tensor | None) -> torch.Tensor:
 SMALL_CORPUS = 100_000  # tokens; nanoGPT's smallest corpus (Shakespeare, characters) has 1M
 
 
-def check_data(data: TokenData | TaskData, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
+def check_trainable(data: TokenData | TaskData, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
     """PosencError when the data cannot train this model: a text stream shorter than a window, answer-only
     loss on text (it has no answer positions), a task whose training sequences do not fit the length, randomized
     positions the scheme cannot take (``check_positions``)."""

@@ -35,7 +35,7 @@ from posenc.model import LM, ModelConfig
 from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
-from posenc.train.batches import check_data, check_positions, mean_loss, training_batch, training_positions
+from posenc.train.batches import check_positions, check_trainable, mean_loss, training_batch, training_positions
 from posenc.train.curves import loss_trend
 from posenc.train.optimizer import lr_at, make_optimizer
 from posenc.train.precision import autocast, resolve_precision
@@ -262,7 +262,7 @@ def train(
         )
     # every random draw of the run comes from its seed: the weights, the batches, the scheme's own draws
     mcfg = dataclasses.replace(mcfg, vocab_size=data.vocab_size, seed=tcfg.seed)
-    check_data(data, mcfg, tcfg)
+    check_trainable(data, mcfg, tcfg)
     if shard.is_main:  # after the corpus loads, so bad input leaves no empty run directory
         make_run_dir(run_dir)
     torch.manual_seed(tcfg.seed)
