@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import transformers
 from transformers import Gemma3TextConfig, Gemma3TextModel, Llama4TextConfig, Llama4TextModel
 from transformers.masking_utils import chunked_causal_mask_function, sliding_window_causal_mask_function
 
@@ -304,3 +305,24 @@ def test_the_drop_in_layer_cache_is_bounded_and_counts_every_position():
         for t in range(20):
             layer(x[:, t : t + 1], cache=cache)
     assert (cache.length, cache.evicted, cache._k.length, cache.pos.tolist()) == (20, 18, 2, [18, 19])
+
+
+def test_a_pretrained_llama_with_a_window_is_transformers_mistral_sliding_window():
+    """posenc's Hugging Face adaptation honours the window: a tiny Llama with ``rope:window=5`` gives the logits and
+    the cached greedy generation of transformers' Mistral (the same weights, sliding_window 5)."""
+    from posenc.hf import scheme as hf
+    from tests.hf.tiny_llama import tiny_llama
+
+    model = tiny_llama(0, 64, 5000.0)
+    keys = transformers.MistralConfig().to_dict()
+    cfg = transformers.MistralConfig(**{k: v for k, v in model.config.to_dict().items() if k in keys})
+    cfg.sliding_window, cfg.head_dim = 5, 16
+    mistral = transformers.MistralForCausalLM(cfg).eval()
+    mistral.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, full = mistral(ids).logits, model(ids).logits
+        hf.apply_scheme(model, "rope:window=5")
+        assert (model(ids).logits - want).abs().max() < 1e-5 < (full - want).abs().max()
+        greedy = {"max_new_tokens": 5, "do_sample": False}
+        assert torch.equal(model.generate(ids[:, :20], **greedy), mistral.generate(ids[:, :20], **greedy))
