@@ -121,3 +121,30 @@ def test_extend_to_must_pass_the_cap_and_old_runs_still_match(tmp_path):
     check_trained_as(tmp_path / "old", MCFG, t, "a test")
     with pytest.raises(PosencError, match="until"):  # but one trained without the extension is not one with it
         check_trained_as(tmp_path / "old", MCFG, tcfg(1e-6), "a test")
+
+
+def test_the_logged_window_is_the_mean_of_every_step_since_the_last_log(tmp_path):
+    """loss_window at a logged step = the mean of the per-step losses an every-step log records over its window."""
+    every = train(tmp_path / "every", MCFG, tcfg(1e-2, extend_to=None))
+    fourth = train(tmp_path / "fourth", MCFG, tcfg(1e-2, extend_to=None, log_every=4))
+    assert every["steps"] == fourth["steps"] == 12
+    per_step = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "every" / "train.jsonl")}
+    rows = read_jsonl(tmp_path / "fourth" / "train.jsonl")
+    assert [r["step"] for r in rows] == [4, 8, 12]
+    for r in rows:
+        want = sum(per_step[s] for s in range(r["step"] - 3, r["step"] + 1)) / 4
+        assert r["loss_window"] == pytest.approx(want, rel=1e-12) and r["loss"] == per_step[r["step"]]
+    assert all(r["loss_window"] == r["loss"] for r in read_jsonl(tmp_path / "every" / "train.jsonl"))
+
+
+def test_the_rule_reads_the_window_not_one_batch():
+    """One batch's loss at chance but for two batches that held a short row, both in the last eighth: read alone it
+    'falls'; the window means (flat) do not. Rows logged before loss_window keep their loss."""
+    from posenc.train.curves import loss_curve
+
+    rows = [
+        {"step": 20 * i, "loss": 0.3 if i in (30, 32) else 0.69, "loss_window": 0.6} for i in range(1, 33)
+    ]
+    assert loss_trend([(r["step"], r["loss"]) for r in rows]).falling
+    assert not loss_trend(loss_curve(rows)).falling
+    assert loss_curve([{"step": 1, "loss": 0.5}]) == [(1, 0.5)]

@@ -42,6 +42,15 @@ class Trend:
         return f"loss still falling at the step cap {cap} ({change})"
 
 
+def loss_curve(rows: Sequence[dict]) -> list[tuple[int, float]]:
+    """(step, training loss in nats) of each logged row of a ``train.jsonl``: its ``loss_window`` (the mean over
+    every step since the previous logged one) where the row has one, else its ``loss`` (that step's batch alone, the
+    rows of runs logged before ``loss_window``). One batch's loss is too noisy a curve on tasks whose rows hold very
+    different numbers of answers: on log-uniform parity the logged loss jumped between chance and 0.3 from one log
+    to the next, and :func:`loss_trend`'s windows differed by about one standard error."""
+    return [(r["step"], r.get("loss_window", r["loss"])) for r in rows]
+
+
 def loss_trend(curve: Sequence[tuple[int, float]]) -> Trend | None:
     """The :class:`Trend` of ``curve`` ((step, training loss in nats) of each logged step, steps increasing); None
     when it has fewer than 4 logged steps (too few to tell). PosencError (one line) when its steps do not increase

@@ -36,7 +36,7 @@ from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
 from posenc.train.batches import check_positions, check_trainable, mean_loss, training_batch, training_positions
-from posenc.train.curves import loss_trend
+from posenc.train.curves import loss_curve, loss_trend
 from posenc.train.optimizer import lr_at, make_optimizer
 from posenc.train.precision import autocast, resolve_precision
 from posenc.train.resume import Checkpoint, truncate_log
@@ -58,7 +58,7 @@ class Criterion:
     name: str = "criterion"
 
 
-LOG_FIELDS = ("step", "loss", "lr", "grad_norm", "tokens_per_s")  # a train.jsonl record
+LOG_FIELDS = ("step", "loss", "loss_window", "lr", "grad_norm", "tokens_per_s")  # a train.jsonl record
 
 
 def fit(
@@ -85,7 +85,8 @@ def fit(
     ``loss_at(step)``: the scalar loss of that step's batch on this rank (the mean over its rows) and the
     tokens it holds; batches must be a function of the step, so a resumed run sees the batches of an
     uninterrupted one. Every ``log_every`` steps (and the last) rank 0 appends ``log_fields`` of the step
-    (step, loss in nats (the mean over ranks), lr, grad_norm, tokens_per_s, seconds of the step) to
+    (step, loss in nats (the mean over ranks), loss_window (the mean of every step's loss since the previous
+    logged step, or since the resume), lr, grad_norm, tokens_per_s, seconds of the step) to
     ``train.jsonl`` (records after ``step`` are dropped first) and gives them to ``tracker``. Only rank 0
     writes; every rank stops at the same step. A NaN/inf loss or gradient norm raises PosencError naming
     the step and the last good checkpoint, before the update. Ctrl-C lets the step in flight end, saves a
@@ -129,6 +130,7 @@ def fit(
     model.train()
     tracker.start(step)
     t0, tokens_seen, loss_all, saved = time.time(), 0, None, None
+    window = []  # every step's loss since the last logged step (its mean: the record's loss_window)
     last_good = step or None
     bar = progress.bar(total=end, initial=step, desc=desc, unit="step", shown=shard.is_main)
     with ctrl_c_between_steps() as interrupted:
@@ -154,6 +156,7 @@ def fit(
                     good = f"{run_dir / ckpt.weights} (step {last_good})" if last_good is not None else "none yet"
                     raise PosencError(f"{what} at step {step}; last good checkpoint: {good}")
                 ckpt.opt.step()
+                window.append(loss_all)
                 step += 1
                 tokens_seen += tokens * shard.world
                 tps = tokens_seen / max(1e-9, time.time() - t0)
@@ -163,12 +166,14 @@ def fit(
                     rec = {
                         "step": step,
                         "loss": loss_all,
+                        "loss_window": math.fsum(window) / len(window),
                         "lr": lr_at(step - 1, cfg),
                         "grad_norm": gnorm,
                         "tokens_per_s": tps,
                         "seconds": round(time.time() - t_step, 3),
                     }
                     append_jsonl(log, {k: rec[k] for k in log_fields})
+                    window.clear()
                     progress.detail(
                         f"{desc}: step {step}/{end}, loss {loss_all:.4f}, lr {rec['lr']:.3g}, grad norm {gnorm:.3g}, "
                         f"{tps:,.0f} tokens/s"
@@ -380,5 +385,5 @@ def _still_falling(log: Path, cap: int) -> str | None:
     """Why a run unmet at its cap ``cap`` trains on: its training loss still falling there (the words of
     ``posenc.train.curves.Trend.falling_at``, from the losses logged in ``log`` at steps <= ``cap``); None when it is
     not (or too few steps were logged to tell)."""
-    trend = loss_trend([(r["step"], r["loss"]) for r in read_jsonl(log) if r["step"] <= cap])
+    trend = loss_trend(loss_curve([r for r in read_jsonl(log) if r["step"] <= cap]))
     return trend.falling_at(cap) if trend is not None and trend.falling else None

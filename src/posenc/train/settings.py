@@ -61,7 +61,8 @@ class UntilConfig(BaseModel):
     training stops at the first check where it is >= ``at_least`` (a fraction); ``train.steps`` stays the cap.
 
     ``extend_to`` (steps, > ``train.steps``; null: off): a run whose criterion is unmet at the cap and whose training
-    loss is still falling there (``posenc.train.curves.loss_trend`` on its logged losses up to the cap, the rule of
+    loss is still falling there (``posenc.train.curves.loss_trend`` on its logged window losses up to the cap,
+    ``posenc.train.curves.loss_curve``: each the mean over the steps since the previous log; the rule of
     ``posenc.reports.tasks.budget``) trains on, checked as before, until it meets the criterion or reaches step
     ``extend_to``. The extra steps run at the schedule's final learning rate (``min_lr_ratio * lr``, what
     ``posenc.train.optimizer.lr_at`` gives past ``steps``), so the first ``steps`` steps are the unextended run's
