@@ -84,7 +84,7 @@ def test_the_sinks_learn_and_neutral_init_silences_them():
     [
         ("learned-sinks:init=31", "learned-sinks: init must be a number in [-30, 30], got 31"),
         ("learned-sinks:init=x", "init='x': expected float"),
-        ("learned-sinks:window=4", "has no parameter 'window'"),
+        ("learned-sinks:window=4", "window applies to schemes that attend through posenc's core"),
     ],
 )
 def test_bad_settings_are_one_line_errors(spec, message):
