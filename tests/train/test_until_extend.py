@@ -142,9 +142,7 @@ def test_the_rule_reads_the_window_not_one_batch():
     'falls'; the window means (flat) do not. Rows logged before loss_window keep their loss."""
     from posenc.train.curves import loss_curve
 
-    rows = [
-        {"step": 20 * i, "loss": 0.3 if i in (30, 32) else 0.69, "loss_window": 0.6} for i in range(1, 33)
-    ]
+    rows = [{"step": 20 * i, "loss": 0.3 if i in (30, 32) else 0.69, "loss_window": 0.6} for i in range(1, 33)]
     assert loss_trend([(r["step"], r["loss"]) for r in rows]).falling
     assert not loss_trend(loss_curve(rows)).falling
     assert loss_curve([{"step": 1, "loss": 0.5}]) == [(1, 0.5)]
