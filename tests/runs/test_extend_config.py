@@ -65,6 +65,7 @@ COMMON = dict(
     stream=0,
     trials=1,
     threads=None,
+    dtype="float32",
     original_max_position_embeddings=None,
     attention_factor=None,
     beta_fast=None,
