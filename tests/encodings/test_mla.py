@@ -127,6 +127,13 @@ def test_bad_parameters_are_one_line(params, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("d_model, n_head, head_dim", [(60, 4, 15), (64, 64, 1)])
+def test_an_odd_or_tiny_head_dim_is_named_not_a_rope_dim_never_given(d_model, n_head, head_dim):
+    want = rf"^scheme .mla.: mla needs an even head dim >= 2 \(d_model / n_head\), got {head_dim}$"
+    with pytest.raises(PosencError, match=want):
+        Attention(d_model, n_head, "mla")
+
+
 def test_mla_is_listed_with_its_source():
     rows = {name: (doc, source) for rows in encodings.catalogue().values() for name, doc, source in rows}
     doc, source = rows["mla"]

@@ -97,7 +97,9 @@ class MLA(Encoding):
         r = default_rope_dim(D) if rope_dim is None else rope_dim
         if pairing not in ("half", "adjacent"):
             raise PosencError(f"mla: pairing must be 'half' or 'adjacent', got {pairing!r}")
-        if D % 2 or r % 2 or not 2 <= r <= D:
+        if D % 2 or D < 2:
+            raise PosencError(f"mla needs an even head dim >= 2 (d_model / n_head), got {D}")
+        if r % 2 or not 2 <= r <= D:
             raise PosencError(f"mla: rope_dim must be an even number in [2, head dim {D}] (an even head dim), got {r}")
         self.rope_dim, self.rope_theta, self.pairing = r, rope_theta, pairing
         self.rope_key = nn.Linear(dims.d_model, r, bias=False)
