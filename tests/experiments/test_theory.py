@@ -343,6 +343,17 @@ def test_theory_is_the_studys_command_not_the_librarys(capsys):
     assert err.splitlines()[1:] == ["posenc: error: unrecognized arguments: --bogus"]
 
 
+def test_an_out_that_is_a_file_is_refused_before_any_check_runs(tmp_path, capsys, monkeypatch):
+    """--out naming a file: one line, exit 2, no check run and the file untouched (it raised FileExistsError after
+    computing every check)."""
+    f = tmp_path / "config.json"
+    f.write_text("{}")
+    monkeypatch.setattr("experiments.accumulated.theory.run.run_check", lambda *a: pytest.fail("a check ran"))
+    assert theory(["--quick", "--out", str(f)]) == 2
+    assert capsys.readouterr().err == f"posenc: error: --out {f} is a file; give a folder (new or existing)\n"
+    assert f.read_text() == "{}"
+
+
 @pytest.mark.slow
 def test_the_study_runs_its_command_as_a_module(tmp_path):
     """``python -m experiments.accumulated.theory`` from the repository root: bad input is one line, exit 2."""

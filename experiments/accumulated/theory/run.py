@@ -121,6 +121,8 @@ def run_theory(
     check_eps(eps)
     if not dists or not dims:
         raise PosencError("need at least one distribution and one dimension")
+    if Path(out).exists() and not Path(out).is_dir():  # found before the checks run, not when writing their results
+        raise PosencError(f"--out {out} is a file; give a folder (new or existing)")
     steps = [parse_dist(s, d) for s in dists for d in (mix_dim, *dims)]  # validate before any work
     so2 = next((s for s in steps if isinstance(s, SO2Uniform)), SO2Uniform(mix_dim, 1.0))
     budget = load_budget(preset or ("quick" if quick else "full"), overrides)
