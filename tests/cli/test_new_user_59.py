@@ -117,3 +117,18 @@ def test_eval_says_why_it_scores_fewer_targets_than_asked(sizes, why):
         ", fewer than --max-tokens 10000: each held-out document gives its first 64 targets only (every length "
         f"scores the same text), and {why} (posenc compare" in line
     )
+
+
+@pytest.mark.parametrize(
+    "setting", ["model.encoding=bogus", "model.encoding=rope|rope|rope|rope|rope", 'model={"encoding": "alibi"}']
+)
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_compare_refuses_a_model_encoding_every_job_would_replace(tmp_path, capsys, setting, dry_run):
+    """compare sets model.encoding to each scheme it trains: a --set of it was accepted and silently ignored."""
+    assert main(["compare", "--preset", "quick", *dry_run, "--out", str(tmp_path), "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "posenc: error: compare trains each scheme of the preset with model.encoding set to it: give the schemes "
+        "with --schemes, not --set model.encoding\n"
+    )
+    assert list(tmp_path.iterdir()) == []

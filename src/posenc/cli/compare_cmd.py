@@ -150,7 +150,14 @@ def dry_run(preset: Preset, out: Path) -> int:
 
 
 def run(args) -> int:
-    preset = load_preset(args.preset, given_settings(args, FLAGS))
+    settings = given_settings(args, FLAGS)
+    model = settings.get("model")
+    if "model.encoding" in settings or (isinstance(model, dict) and "encoding" in model):  # every job replaces it
+        raise PosencError(
+            "compare trains each scheme of the preset with model.encoding set to it: give the schemes with "
+            "--schemes, not --set model.encoding"
+        )
+    preset = load_preset(args.preset, settings)
     cluster = cluster_config(args, preset)
     check_options(args.launcher, not args.no_isolate, args.parallel, args.nproc_per_node, args.device)
     if not task_specs(preset):  # the text every job loads, refused once before any job as --dry-run refuses it
