@@ -1,4 +1,4 @@
-"""The walk of a preset: where ``posenc.runs.compare.compare``'s ``preset`` goes, read statically from the source.
+"""The walk of a preset: where ``posenc.jobs.compare.compare``'s ``preset`` goes, read statically from the source.
 
     python benchmarks/preset_walk.py            (prints the stays per module, the climbs and the totals)
     python benchmarks/preset_walk.py --parts    (the preset's sections followed too: preset.eval, preset.model, ...)
@@ -40,7 +40,7 @@ def layout_order(readme: Path) -> list[str]:
 
 
 def unit(module: str, src: Path) -> str:
-    """The layout entry a module belongs to: ``posenc.rope.schedules`` -> ``rope/``, ``posenc.runs.compare`` ->
+    """The layout entry a module belongs to: ``posenc.rope.schedules`` -> ``rope/``, ``posenc.jobs.compare`` ->
     ``compare.py``."""
     top = module.removeprefix("posenc.").split(".")[0]
     return f"{top}/" if (src / "posenc" / top).is_dir() else f"{top}.py"
@@ -205,7 +205,7 @@ class _Walker:
 def walk(
     src: Path = ROOT / "src",
     readme: Path = ROOT / "docs" / "layout.md",
-    start: tuple[str, str, str] = ("posenc.runs.compare", "compare", "preset"),
+    start: tuple[str, str, str] = ("posenc.jobs.compare", "compare", "preset"),
     parts: bool = False,
 ) -> Walk:
     """The stays and climbs of ``start`` = (module, function, parameter) in the package under ``src``; ``parts``:

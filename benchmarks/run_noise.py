@@ -22,9 +22,9 @@ import json
 from pathlib import Path
 
 from posenc.config.plan import load_preset
-from posenc.reports.compare import with_ratios
+from posenc.jobs.compare import compare
 from posenc.reports.render import markdown_table
-from posenc.runs.compare import compare
+from posenc.reports.text import with_ratios
 from posenc.store import records
 from posenc.store.stamp import run_stamp
 

@@ -8,8 +8,8 @@ tests/config/test_config_dialect.py fails when the file is not what this writes.
 from pathlib import Path
 
 from posenc.config.plan import Preset
-from posenc.runs.extend import ExtendConfig
-from posenc.runs.finetune import FinetuneConfig
+from posenc.jobs.extend import ExtendConfig
+from posenc.jobs.finetune import FinetuneConfig
 from posenc.store.presets import reference
 
 DOC = Path(__file__).with_name("presets.md")

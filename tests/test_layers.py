@@ -5,7 +5,7 @@ pydantic, matplotlib or transformers.
 Layers, bottom up (docs/layout.md, "Layout"):
 - core: errors, attention, methods, scoring, layer, model, encodings/*, rope/*, and the package ``posenc`` itself
   (lazy: PEP 562).
-- apps: one folder per layer (store/, data/, hf/, eval/, train/, config/, reports/, runs/, cli/), each on
+- apps: one folder per layer (store/, data/, hf/, eval/, train/, config/, reports/, jobs/, cli/), each on
   the folders below it in the "Layout" list of docs/layout.md (imports point down it; no cycles:
   tests/test_imports.py).
 
@@ -35,7 +35,7 @@ CORE_EXTERNAL = {"torch", "numpy"}
 CORE_LAZY_EXTERNAL = {
     "fla"
 }  # flash-linear-attention's PaTH kernel: imported inside the CUDA path only (householder.py)
-APP_FOLDERS = ["store/", "data/", "hf/", "eval/", "train/", "config/", "reports/", "runs/", "cli/"]
+APP_FOLDERS = ["store/", "data/", "hf/", "eval/", "train/", "config/", "reports/", "jobs/", "cli/"]
 HEAVY = (
     "matplotlib",
     "transformers",
@@ -188,10 +188,10 @@ def test_the_layout_lists_every_module_bottom_up():
 
 def test_the_preset_walk_stays_within_its_bounds():
     w = _preset_walk().walk(SRC, LAYOUT)
-    assert "compare" in w.stays["posenc.runs.compare"]  # the walk follows the preset at all (into functions; the
-    # plan and its jobs, posenc.runs.job's classes, are checked on the source below)
+    assert "compare" in w.stays["posenc.jobs.compare"]  # the walk follows the preset at all (into functions; the
+    # plan and its jobs, posenc.jobs.job's classes, are checked on the source below)
     assert w.n_stays <= 30 and len(w.climbs) <= 5, (w.n_stays, w.climbs)
-    assert w.climbs == []  # the job runner and the jobs it runs share runs/
+    assert w.climbs == []  # the job runner and the jobs it runs share jobs/
 
 
 def test_the_preset_walk_counts_stays_and_climbs(tmp_path):
@@ -216,21 +216,21 @@ def test_the_preset_walk_counts_stays_and_climbs(tmp_path):
 
 
 def test_compare_reaches_the_report_through_the_traced_files():
-    """The trace of docs/layout.md, checked on the source: cli/main -> cli/compare_cmd -> config/plan -> runs/compare
-    -> runs/jobs -> train/loop, store/records -> reports/compare."""
+    """The trace of docs/layout.md, checked on the source: cli/main -> cli/compare_cmd -> config/plan -> jobs/compare
+    -> jobs/launcher -> train/loop, store/records -> reports/text."""
     pw = _preset_walk()
     cli = (SRC / "posenc" / "cli" / "main.py").read_text()
     assert '"posenc.cli.compare_cmd"' in cli and "args.func(args)" in cli
     assert "set_defaults(func=run)" in (SRC / "posenc" / "cli" / "compare_cmd.py").read_text()
-    assert {"posenc.config.plan.load_preset", "posenc.runs.compare.compare"} <= pw.calls(
+    assert {"posenc.config.plan.load_preset", "posenc.jobs.compare.compare"} <= pw.calls(
         "posenc.cli.compare_cmd", "run"
     )
-    compare = (SRC / "posenc" / "runs" / "compare.py").read_text()
+    compare = (SRC / "posenc" / "jobs" / "compare.py").read_text()
     assert all(f"{name}(" in compare for name in ("Plan", "Launcher", "RunStore", "plan.stages", "plan.kind.report"))
     methods = {
         (c.name, f.name): ast.unparse(f)
-        for name in ("job", "jobs")
-        for c in ast.parse((SRC / "posenc" / "runs" / f"{name}.py").read_text()).body
+        for name in ("job", "launcher")
+        for c in ast.parse((SRC / "posenc" / "jobs" / f"{name}.py").read_text()).body
         if isinstance(c, ast.ClassDef)
         for f in c.body
         if isinstance(f, ast.FunctionDef)
@@ -239,11 +239,11 @@ def test_compare_reaches_the_report_through_the_traced_files():
     assert "write_report(" in methods["TextJob", "report"] and "run_pool(" in methods["Launcher", "run"]
     records = (SRC / "posenc" / "store" / "records.py").read_text()
     assert "append(self.path, record)" in records  # the store's append: one line per record
-    assert "posenc.train.loop.train" in pw.calls("posenc.runs.jobs", "trained_job")
+    assert "posenc.train.loop.train" in pw.calls("posenc.jobs.launcher", "trained_job")
     assert {"posenc.store.records.load"} <= pw.calls(
-        "posenc.reports.compare", "write_report"
+        "posenc.reports.text", "write_report"
     )  # the report reads the store
-    report = (SRC / "posenc" / "reports" / "compare.py").read_text()
+    report = (SRC / "posenc" / "reports" / "text.py").read_text()
     write = next(n for n in ast.parse(report).body if isinstance(n, ast.FunctionDef) and n.name == "write_report")
     assert '"report.md"' in ast.get_source_segment(report, write)
 

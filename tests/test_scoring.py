@@ -136,7 +136,7 @@ def test_own_and_hf_paths_give_the_same_nll():
 
 
 def test_extend_ignores_records_of_the_old_bos_none_accounting():
-    from posenc.runs.extend import _skipped_a_target
+    from posenc.jobs.extend import _skipped_a_target
     from posenc.store.records import PasskeyTrial, ScoredWindow
 
     def window(**over):

@@ -118,9 +118,9 @@ def test_wheel_holds_every_module_preset_and_py_typed(wheel):
     }
     assert {
         "posenc/py.typed",
-        "posenc/configs/quick.yaml",
-        "posenc/configs/extend/quick.yaml",
-        "posenc/configs/finetune/quick.yaml",
+        "posenc/presets/quick.yaml",
+        "posenc/presets/extend/quick.yaml",
+        "posenc/presets/finetune/quick.yaml",
         "posenc/encodings/registry.py",
     } <= shipped
     assert packed == shipped
@@ -135,7 +135,7 @@ def test_installed_wheel_runs_compare_with_tracking_version_list_and_report(tmp_
             venv / "bin" / "python",
             "-c",
             "import posenc, importlib.resources as r; print(posenc.__file__); "
-            "print(r.files('posenc') / 'configs' / 'quick.yaml')",
+            "print(r.files('posenc') / 'presets' / 'quick.yaml')",
         ],
         capture_output=True,
         text=True,

@@ -48,9 +48,9 @@ from posenc.reports.claims import (
     robustness_table,
     with_robustness,
 )
-from posenc.reports.compare import with_ratios
 from posenc.reports.render import seed_cell
 from posenc.reports.tasks import TaskTable, horizon, horizon_cell, horizon_value, not_learned
+from posenc.reports.text import with_ratios
 from posenc.store.presets import register_presets
 from posenc.store.records import Ppl
 

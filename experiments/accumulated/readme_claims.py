@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from experiments.accumulated.claims import readme_claims
-from posenc.reports.compare import with_ratios
 from posenc.reports.tasks import read_text_results
+from posenc.reports.text import with_ratios
 from posenc.store.checkpoint import atomic_write_bytes
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"

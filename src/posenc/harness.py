@@ -1,7 +1,7 @@
 """posenc's model in lm-evaluation-harness: ``import posenc.harness`` registers it as ``posenc``
 (``lm_eval.simple_evaluate(model="posenc", model_args=...)``); ``python -m posenc.harness ARGS`` is lm-eval's own
 command (``lm-eval run --model posenc --model_args pretrained=... --tasks ...``) with it registered, since lm-eval
-0.4.13 finds no model of another package by itself. The model: ``posenc.runs.harness.PosencLM``. Needs the
+0.4.13 finds no model of another package by itself. The model: ``posenc.jobs.harness.PosencLM``. Needs the
 ``harness`` extra (``pip install 'posenc[harness]'``).
 """
 
@@ -12,7 +12,7 @@ import sys
 from posenc.errors import PosencError
 
 try:
-    from posenc.runs.harness import PosencLM
+    from posenc.jobs.harness import PosencLM
 except ImportError as exc:  # lm-eval missing: say which extra brings it
     raise ImportError(f"posenc.harness needs lm-eval: pip install 'posenc[harness]' ({exc})") from exc
 

@@ -11,9 +11,9 @@ from posenc.cli.compare_cmd import FLAGS
 from posenc.cli.main import build_parser, main
 from posenc.config.plan import ClusterConfig, EvalConfig, Preset, SweepConfig, TaskEvalConfig, load_preset
 from posenc.errors import PosencError
+from posenc.jobs import extend, finetune
+from posenc.jobs.launcher import record_run
 from posenc.model import ModelConfig
-from posenc.runs import extend, finetune
-from posenc.runs.jobs import record_run
 from posenc.store.presets import _field_infos, preset_names, reference
 from posenc.train.settings import TrainConfig
 

@@ -361,7 +361,7 @@ def _tiny_preset(tmp_path, **over):
 
 
 def test_compare_tasks_end_to_end_resumes_and_refuses_other_settings(tmp_path):
-    from posenc.runs.compare import compare
+    from posenc.jobs.compare import compare
 
     preset = load_preset(str(_tiny_preset(tmp_path)))
     report, failures = compare(preset, tmp_path / "runs", isolate=False)
@@ -421,7 +421,7 @@ def test_task_comparison_through_submitit_local_jobs_tracks_to_tensorboard(tmp_p
     """--launcher local and --log tensorboard on a task preset: real submitit jobs, event files read back."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from posenc.runs.compare import compare
+    from posenc.jobs.compare import compare
 
     preset = load_preset(str(_tiny_preset(tmp_path, schemes=["rope"], tasks=["flipflop"])))
     report, failures = compare(preset, tmp_path / "runs", launcher="local", log="tensorboard")
@@ -439,7 +439,7 @@ def test_task_comparison_through_submitit_local_jobs_tracks_to_tensorboard(tmp_p
 
 
 def test_task_comparisons_refuse_several_processes_per_job(tmp_path):
-    from posenc.runs.compare import compare
+    from posenc.jobs.compare import compare
 
     with pytest.raises(PosencError, match="no --nproc-per-node"):
         compare(load_preset(str(_tiny_preset(tmp_path))), tmp_path / "runs", nproc_per_node=2)
@@ -470,8 +470,8 @@ def test_a_task_where_a_text_corpus_is_needed_is_one_line(spec):
 def test_a_task_report_covers_every_task_the_run_holds(tmp_path):
     """--tasks flipflop, then --tasks mqar into the same run: report.md keeps flipflop's section (it had mqar's
     only)."""
+    from posenc.jobs.retrieval import task_meta
     from posenc.reports.tasks import write_task_report
-    from posenc.runs.retrieval import task_meta
     from posenc.store.records import append
 
     mqar = "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-8"
@@ -566,7 +566,7 @@ def test_task_csv_round_trips_and_a_csv_before_its_job_columns_loads(tmp_path):
 
 def test_a_task_job_records_its_heads_loss_curve_and_gate_leak(tmp_path):
     from posenc.eval.tasks import gate_leak
-    from posenc.runs.job import Plan
+    from posenc.jobs.job import Plan
     from posenc.store.records import RunStore
     from posenc.train.rundir import load_run
 

@@ -15,8 +15,8 @@ from posenc.cli.main import main
 from posenc.encodings import Encoding, registry
 from posenc.encodings.bias import alibi_slopes, distance_bias
 from posenc.errors import PosencError
-from posenc.reports.compare import markdown
-from posenc.runs.jobs import scheme_modules
+from posenc.jobs.launcher import scheme_modules
+from posenc.reports.text import markdown
 from posenc.store.checkpoint import read_json
 
 PLUGIN = '''"""A scheme written outside posenc: ALiBi at half slope."""

@@ -12,7 +12,7 @@ from posenc.config.plan import load_preset
 from posenc.data.corpora import ByteTokenizer
 from posenc.errors import PosencError
 from posenc.eval.passkey import NEEDLE, QUESTION, PasskeyConfig, draw_keys, make_sample, passkey_records
-from posenc.runs.compare import compare
+from posenc.jobs.compare import compare
 
 TOK = ByteTokenizer()
 BASE = {"scheme": "rope", "seed": 0, "train_length": 32}  # the run fields each record carries
@@ -167,7 +167,7 @@ def test_generation_prompt_is_task_then_whole_sentences():
 
 def test_a_preset_without_eval_passkey_scores_no_passkey(tmp_path):
     """Leaving eval.passkey out means off; a block given takes PasskeyConfig's defaults for the keys it leaves out."""
-    from posenc.runs.job import TextJob
+    from posenc.jobs.job import TextJob
 
     base = (
         "name: p\nmodel: {n_layer: 1, n_head: 2, d_model: 32, train_length: 32}\ntrain: {steps: 1}\nschemes: [rope]\n"
@@ -187,7 +187,7 @@ def test_a_preset_without_eval_passkey_scores_no_passkey(tmp_path):
 
 def test_a_description_is_flagged_with_the_settings_a_run_overrides(tmp_path):
     """retrieval's description says 4,000 steps and 2 heads; a run with --steps 30 says it sets train.steps = 30."""
-    from posenc.runs.retrieval import task_meta
+    from posenc.jobs.retrieval import task_meta
 
     preset = load_preset("retrieval", {"train": {"steps": 30}})
     assert preset.description.endswith("[The preset as written; this run sets train.steps = 30.]")

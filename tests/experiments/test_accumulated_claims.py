@@ -9,7 +9,7 @@ import pytest
 from experiments.accumulated import claims
 from experiments.accumulated.claims import check_claims, claims_markdown
 from posenc.reports.claims import FAILS, HOLDS, NOISE, Rule, t_quantile
-from posenc.reports.compare import markdown, window_markdown, window_rows, with_ratios
+from posenc.reports.text import markdown, window_markdown, window_rows, with_ratios
 from posenc.store.records import Ppl
 
 L0 = 128

@@ -5,8 +5,8 @@ from pathlib import Path
 
 from experiments.accumulated import readme_claims
 from experiments.accumulated.claims import check_claims
-from posenc.reports.compare import with_ratios
 from posenc.reports.tasks import read_text_results
+from posenc.reports.text import with_ratios
 
 ROOT = Path(__file__).resolve().parents[2]
 

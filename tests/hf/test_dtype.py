@@ -133,7 +133,7 @@ def test_dtype_is_for_pretrained_models_only(tmp_path, capsys):
 
 def test_the_harness_takes_a_dtype_and_refuses_another():
     pytest.importorskip("lm_eval")
-    from posenc.runs.harness import parse_model_args
+    from posenc.jobs.harness import parse_model_args
 
     assert parse_model_args({"pretrained": "smollm2", "dtype": "bfloat16"}).dtype == "bfloat16"
     assert parse_model_args({"pretrained": "smollm2"}).dtype == "float32"

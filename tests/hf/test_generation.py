@@ -21,8 +21,8 @@ from posenc.eval import perplexity as evaluate  # noqa: E402
 from posenc.hf import generation, loading  # noqa: E402
 from posenc.hf.adaptation import Adaptation  # noqa: E402
 from posenc.hf.schedules import Extension  # noqa: E402
-from posenc.runs import extend  # noqa: E402
-from posenc.runs import finetune as ft  # noqa: E402
+from posenc.jobs import extend  # noqa: E402
+from posenc.jobs import finetune as ft  # noqa: E402
 
 L0 = 16  # the tiny model's native context: prompt + new tokens pass it
 

@@ -291,7 +291,7 @@ def test_cli_bad_method_is_one_line(llama_dir, capsys, flags, message):
 def test_extend_scores_each_method_as_direct_scoring_does(llama_dir, tmp_path, capsys):
     """posenc extend --method: a row per method whose NLL at each length is the window's score under
     Adaptation.set_method (on its schedule), and the schedules' rows unchanged by it."""
-    from posenc.runs import extend
+    from posenc.jobs import extend
 
     specs = ["self-extend:group=2,window=4", "ntk+dual-chunk:chunk=8,local=2", "sinks:n_sink=2,window=6"]
     argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt")]
@@ -391,7 +391,7 @@ def test_streaming_nll_equals_the_full_forward_under_sinks(chunk):
 def test_extend_streams_the_held_out_text_through_the_sinks_cache(llama_dir, tmp_path, capsys):
     """posenc extend --stream N with a sinks method: the JSON's perplexity is the full forward's under the sinks
     mask over the first N targets of the held-out text joined; a rerun keeps it; --stream without sinks is refused."""
-    from posenc.runs import extend
+    from posenc.jobs import extend
 
     argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt")]
     argv += ["--out", str(tmp_path / "o"), "--schedules", "none", "--lengths", "16", "--max-windows", "1"]

@@ -6,9 +6,9 @@ import pytest
 
 from posenc.data.tasks import get_task
 from posenc.eval.perplexity import bucket_width
-from posenc.reports.compare import buckets_figure
 from posenc.reports.pretrained import position_figure, ppl_rows
 from posenc.reports.tasks import WINDOW_LABEL, TaskTable, accuracy_markdown, distance_figure, length_figure
+from posenc.reports.text import buckets_figure
 from posenc.store.records import Ppl, ScoredWindow, Task, TaskCell
 from tests.task_records import task_table
 
@@ -135,8 +135,8 @@ def test_extend_position_plot_has_a_point_per_bucket_at_any_length(length):
 def test_sweep_titles_and_legends_lie_inside_the_figure_and_equal_rows_say_so():
     """sweep.png centred a one-line title over the panel: a long task spec ran off the figure's left edge."""
     from posenc.config.plan import point_label
+    from posenc.jobs.sweep import Choice
     from posenc.reports.sweep import sensitivity_figure
-    from posenc.runs.sweep import Choice
 
     mqar = "mqar:pairs=4,keys=8,values=8,filler=16,gap=0-64"
 

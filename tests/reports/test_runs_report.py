@@ -11,8 +11,8 @@ import pytest
 from posenc.cli.main import main
 from posenc.config.plan import load_preset
 from posenc.encodings import canonical as spec_key
+from posenc.jobs.compare import compare
 from posenc.reports.runs import load_run, ratio_figure, write_runs_report
-from posenc.runs.compare import compare
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 

@@ -7,11 +7,11 @@ import pytest
 
 from posenc.cli.main import main
 from posenc.config.plan import load_preset, mixing_windows
-from posenc.reports.compare import with_ratios, write_csv
 from posenc.reports.runs import scoreboard
 from posenc.reports.scoreboard import BEGIN, END, load_task_run, readme_block, task_label
 from posenc.reports.tasks import TaskTable
 from posenc.reports.tasks import write_csv as write_task_csv
+from posenc.reports.text import with_ratios, write_csv
 from posenc.store.records import Ppl, Task, TaskCell, append
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from posenc.cli.main import main
-from posenc.reports.compare import markdown
+from posenc.reports.text import markdown
 from posenc.store.records import Ppl
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,8 +2,8 @@
 one value) says so in the report's chosen-setting table; inside the grid, or on a one-value or non-numeric axis, not."""
 
 from posenc.config.plan import point_label
+from posenc.jobs.sweep import Choice
 from posenc.reports.sweep import chosen_cell, sweep_markdown
-from posenc.runs.sweep import Choice
 
 LRS = [3e-4, 1e-3, 3e-3]
 

@@ -76,8 +76,8 @@ def test_a_preset_trend_runs_each_rung_as_a_comparison_and_reports_it(tiny_corpu
     """Two rungs of train.steps (the second with its own seeds): each rung is the comparison `--set train.steps=N`
     makes (the same perplexities), the trend report lists both."""
     from posenc.config.plan import load_preset
-    from posenc.runs.compare import compare
-    from posenc.runs.trend import compare_trend
+    from posenc.jobs.compare import compare
+    from posenc.jobs.trend import compare_trend
 
     settings = {
         "name": "t",

@@ -8,7 +8,7 @@ import pytest
 
 from posenc.cli.main import main
 from posenc.errors import PosencError
-from posenc.reports.compare import write_csv
+from posenc.reports.text import write_csv
 from posenc.store.records import (
     DIAGNOSE,
     PRETRAINED,
@@ -326,7 +326,7 @@ def test_load_ppl_prefers_the_jsonl_and_keeps_only_perplexity(tmp_path):
 def test_the_extend_store_counts_each_trial_once_across_reruns(tmp_path):
     """A rerun reopens the store: finished keys are skipped, a key recorded twice counts once, another
     setting's records are kept in the file but not shown."""
-    extend = pytest.importorskip("posenc.runs.extend")
+    extend = pytest.importorskip("posenc.jobs.extend")
     path = tmp_path / "records.jsonl"
     store = extend._Store(path, "t")
     for r in PRETRAINED_RECORDS:

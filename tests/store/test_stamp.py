@@ -98,7 +98,7 @@ def test_wall_line_sums_the_finished_invocations_and_says_what_it_leaves_out():
 
 def test_finish_run_appends_this_invocations_end_only(tmp_path):
     from posenc.config.plan import load_preset
-    from posenc.runs.jobs import finish_run, record_run
+    from posenc.jobs.launcher import finish_run, record_run
     from posenc.store.checkpoint import read_jsonl
 
     preset = load_preset("quick")

@@ -166,7 +166,7 @@ def _finetune_setup(llama_dir, **overrides):
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
     from posenc.hf import loading
-    from posenc.runs import finetune as ft
+    from posenc.jobs import finetune as ft
 
     cfg = ft.load_finetune_config(
         "quick",
@@ -224,8 +224,8 @@ def test_a_crashed_finetune_resumes_to_the_uninterrupted_losses(llama_dir, monke
 
 
 def test_configs_share_the_loop_and_scoring_fields():
-    from posenc.runs.extend import ExtendConfig, ScoringConfig
-    from posenc.runs.finetune import FinetuneConfig, eval_config, load_finetune_config
+    from posenc.jobs.extend import ExtendConfig, ScoringConfig
+    from posenc.jobs.finetune import FinetuneConfig, eval_config, load_finetune_config
 
     loop, scoring = set(LoopConfig.model_fields), set(ScoringConfig.model_fields)
     assert loop <= set(TrainConfig.model_fields) and loop | scoring <= set(FinetuneConfig.model_fields)
@@ -264,7 +264,7 @@ IN_WORDS = {
 }
 
 
-@pytest.mark.parametrize("command, module", [("finetune", "posenc.runs.finetune"), ("extend", "posenc.runs.extend")])
+@pytest.mark.parametrize("command, module", [("finetune", "posenc.jobs.finetune"), ("extend", "posenc.jobs.extend")])
 def test_help_shows_the_default_presets_values(command, module, monkeypatch):
     import importlib
 

@@ -9,7 +9,7 @@ from posenc.cli import main as cli
 from posenc.cli.main import main
 from posenc.config.plan import load_preset
 from posenc.errors import PosencError
-from posenc.runs.compare import compare
+from posenc.jobs.compare import compare
 from posenc.train import tracking
 
 PRESET = """name: tiny

@@ -8,10 +8,10 @@ from posenc.config.plan import ClusterConfig, Preset, load_preset, rungs, task_s
 from posenc.data.corpora import check_data
 from posenc.data.tasks import TASKS
 from posenc.errors import PosencError
-from posenc.runs.compare import compare
-from posenc.runs.job import Plan
-from posenc.runs.jobs import LAUNCHERS, check_options
-from posenc.runs.trend import compare_trend
+from posenc.jobs.compare import compare
+from posenc.jobs.job import Plan
+from posenc.jobs.launcher import LAUNCHERS, check_options
+from posenc.jobs.trend import compare_trend
 from posenc.store.presets import validated
 from posenc.train.settings import PRECISIONS
 from posenc.train.tracking import KINDS
@@ -140,7 +140,7 @@ def cluster_config(args, preset: Preset) -> ClusterConfig | None:
 
 
 def dry_run(preset: Preset, out: Path) -> int:
-    """``--dry-run``: the resolved preset and each stage's jobs (``posenc.runs.job.Plan.outline``; a trend's rungs
+    """``--dry-run``: the resolved preset and each stage's jobs (``posenc.jobs.job.Plan.outline``; a trend's rungs
     each), printed; nothing loaded, trained or written."""
     plans = {f"{r.name}/": Plan(r, out / preset.name) for r in rungs(preset)} or {"": Plan(preset, out)}
     stages = {f"{rung}{stage}": jobs for rung, plan in plans.items() for stage, jobs in plan.outline().items()}

@@ -2,7 +2,7 @@
 
 Perplexity vs length and passkey retrieval for each RoPE schedule (none, PI, NTK-aware,
 dynamic NTK, YaRN, Llama-3, ReRoPE, leaky ReRoPE) on held-out text: the job is
-``posenc.runs.extend``; presets are ``posenc/configs/extend/*.yaml``.
+``posenc.jobs.extend``; presets are ``posenc/presets/extend/*.yaml``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from posenc.cli.common import add_dry_run, add_set, given_settings, number_list, print_dry_run, shown
 from posenc.hf.loading import check_model
 from posenc.hf.schedules import WINDOW_DIVISOR
+from posenc.jobs.extend import ExtendConfig, extend, held_out, load_extend_config, preset_names
 from posenc.rope import NAMES
-from posenc.runs.extend import ExtendConfig, extend, held_out, load_extend_config, preset_names
 from posenc.store.stamp import WeightsDtype
 
 
@@ -157,7 +157,7 @@ def add_parser(sub) -> None:
 
 
 def add_factor_lists(p) -> None:
-    """The schedule settings beside --factor (``posenc.runs.extend.ScheduleSettings``, its keys in a preset): each sets
+    """The schedule settings beside --factor (``posenc.jobs.extend.ScheduleSettings``, its keys in a preset): each sets
     the parameter of the run's schedules that take it."""
     g = p.add_argument_group("schedule settings (each for the schedules that take it; default: the schedule's)")
     g.add_argument(

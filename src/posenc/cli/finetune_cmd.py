@@ -1,7 +1,7 @@
 """``posenc finetune``: fine-tune a pretrained RoPE model after a scheme swap or a RoPE schedule, scored before \
 and after.
 
-The job is ``posenc.runs.finetune``; presets are ``posenc/configs/finetune/*.yaml``.
+The job is ``posenc.jobs.finetune``; presets are ``posenc/presets/finetune/*.yaml``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from pathlib import Path
 from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run, shown
 from posenc.cli.extend_cmd import add_factor_lists, factor_lists, flag_keys
 from posenc.hf.loading import check_model
-from posenc.rope import NAMES
-from posenc.runs.extend import held_out
-from posenc.runs.finetune import (
+from posenc.jobs.extend import held_out
+from posenc.jobs.finetune import (
     FinetuneConfig,
     check_dependencies,
     check_resumable,
@@ -23,6 +22,7 @@ from posenc.runs.finetune import (
     load_finetune_config,
     preset_names,
 )
+from posenc.rope import NAMES
 from posenc.train.signals import StopNow
 from posenc.train.tracking import KINDS
 

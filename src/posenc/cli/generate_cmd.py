@@ -3,7 +3,7 @@
 MODEL is one of: a run of ``posenc train`` (``config.json`` with its model and train sections, and
 ``model.safetensors``), decoded by ``LM.generate`` with posenc's KV cache; a run of ``posenc finetune``
 (``finetune.json``), loaded with its recorded scheme or schedule and its trained LoRA adapters or weights
-(``posenc.runs.finetune.load_finetuned``); or a pretrained Hugging Face model (``smollm2``, a ``.gguf`` file, a
+(``posenc.jobs.finetune.load_finetuned``); or a pretrained Hugging Face model (``smollm2``, a ``.gguf`` file, a
 model directory or a hub id), with a RoPE schedule or a posenc scheme if given, decoded by transformers'
 ``generate`` (``posenc.hf.generation``).
 
@@ -29,9 +29,9 @@ from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
 from posenc.hf import generation, loading
 from posenc.hf.adaptation import Adaptation
+from posenc.jobs import extend, finetune
 from posenc.model import MAX_NEW_TOKENS, check_sampling, pad_left, set_method, with_rope_schedule
 from posenc.rope import NAMES
-from posenc.runs import extend, finetune
 from posenc.store.presets import validated
 from posenc.store.stamp import WeightsDtype
 from posenc.train.rundir import load_run

@@ -1,7 +1,7 @@
 """``posenc harness``: lm-evaluation-harness tasks (RULER's needle tasks, ...) over several adaptations and lengths
-of a pretrained model, one table and plot (the job is ``posenc.runs.harness.grid``).
+of a pretrained model, one table and plot (the job is ``posenc.jobs.harness.grid``).
 
-Each adaptation is posenc's model in lm-eval (``posenc.runs.harness.PosencLM``); each cell (adaptation, task,
+Each adaptation is posenc's model in lm-eval (``posenc.jobs.harness.PosencLM``); each cell (adaptation, task,
 length) is one ``lm_eval.simple_evaluate`` call whose score comes with its 95% Wilson interval and sample count.
 Resumable: a finished cell is kept in OUT/cells, a killed one resumes from lm-eval's request cache (OUT/cache).
 lm-eval's own command with the posenc model: ``python -m posenc.harness run --model posenc --model_args ...``
@@ -56,7 +56,7 @@ def run(args) -> int:
     try:
         from lm_eval.tasks import TaskManager
 
-        from posenc.runs import harness
+        from posenc.jobs import harness
     except ImportError as exc:
         raise PosencError(f"posenc harness needs lm-eval: pip install 'posenc[harness]' ({exc})") from None
     check_model(args.model)  # before the output directory is made

@@ -5,8 +5,8 @@ import json
 
 from posenc import encodings
 from posenc.data.tasks import TASKS
-from posenc.runs.extend import preset_names as extend_presets
-from posenc.runs.finetune import preset_names as finetune_presets
+from posenc.jobs.extend import preset_names as extend_presets
+from posenc.jobs.finetune import preset_names as finetune_presets
 from posenc.store.presets import preset_names
 
 

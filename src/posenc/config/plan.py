@@ -1,6 +1,6 @@
 """Configs as data: the comparison preset (model, training, evaluation, schemes) and its loading.
 
-Presets are YAML files shipped as package data (``posenc/configs/NAME.yaml``,
+Presets are YAML files shipped as package data (``posenc/presets/NAME.yaml``,
 read with ``importlib.resources``, so an installed wheel has them); a path to a
 YAML file works too. Every section is a pydantic model: unknown keys and bad
 values are one-line errors before any work.
@@ -29,8 +29,8 @@ from posenc.train.settings import TrainConfig
 
 
 class ClusterConfig(BaseModel):
-    """Resources of each submitit job (``posenc.runs.jobs.run_submitit``): partition, GPUs, wall-clock limit (minutes),
-    memory (GB)."""
+    """Resources of each submitit job (``posenc.jobs.launcher.run_submitit``): partition, GPUs, wall-clock limit
+    (minutes), memory (GB)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
@@ -114,7 +114,7 @@ def _check_axes(axes: dict[str, list], scheme: str | None) -> dict[str, list]:
 
 class SweepConfig(BaseModel):
     """A grid over training and model settings, each scheme trained at every point of its grid on the first
-    seed, its setting chosen by the held-out in-distribution result (``posenc.runs.sweep``) and the other seeds run
+    seed, its setting chosen by the held-out in-distribution result (``posenc.jobs.sweep``) and the other seeds run
     there. ``grid``: {key: [values]} for every scheme; ``schemes``: {scheme: {key: [values]}}, that scheme's
     own values (they replace the grid's for its keys and may add keys). Keys: ``SWEEP_KEYS``; ``model.encoding``, per
     scheme only, gives variants of that scheme (its parts in order, parameters added: ``[forget, forget:init_bias=4]``):
@@ -238,7 +238,7 @@ class Preset(BaseModel):
 
 
 def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None, schemes: list[str] | None = None) -> Preset:
-    """A preset by name (posenc/configs/NAME.yaml, package data) or path, its ``base`` resolved
+    """A preset by name (posenc/presets/NAME.yaml, package data) or path, its ``base`` resolved
     (``posenc.store.presets.read_preset``), with ``overrides`` set ({dotted key: value}, ``{"train.lr": 3e-3}``; a
     section given a mapping, ``{"train": {"steps": 5}}``, merges it: ``posenc.store.presets.apply``), as the command
     line's flags and ``--set`` give them. The format: docs/presets.md. ``schemes``: the schemes the command trains

@@ -32,9 +32,9 @@ from posenc import encodings
 from posenc.config.plan import FREE_SETTINGS, Preset, flatten, settings
 from posenc.errors import PosencError
 from posenc.reports.claims import claim_sets
-from posenc.reports.compare import with_ratios
 from posenc.reports.render import PPL, RATIO, figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell
 from posenc.reports.scoreboard import TaskRun, is_task_run, load_task_run, scoreboard_markdown, task_claims_markdown
+from posenc.reports.text import with_ratios
 from posenc.store.checkpoint import atomic_write_bytes, make_run_dir, read_json
 from posenc.store.records import Ppl, load_ppl
 

@@ -1,7 +1,7 @@
 """The sweep's tables and plot: each scheme's chosen setting, the sensitivity table (its result at every grid point,
-the chosen one in bold), ``sweep.csv`` and ``sweep.png``; from the choices of ``posenc.runs.sweep`` (objects with
+the chosen one in bold), ``sweep.csv`` and ``sweep.png``; from the choices of ``posenc.jobs.sweep`` (objects with
 ``task``, ``scheme``, ``points``, ``results``, ``steps``, ``point``, ``setting()`` and ``edges()``:
-``posenc.runs.sweep.Choice``).
+``posenc.jobs.sweep.Choice``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The report of a task comparison (``posenc.runs.retrieval``): tables, plots, horizons, and the claims of the
+"""The report of a task comparison (``posenc.jobs.retrieval``): tables, plots, horizons, and the claims of the
 registered claim sets (``posenc.reports.claims``).
 
 Accuracy is the share of answers whose argmax is the target. A scheme whose in-distribution
@@ -629,7 +629,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
         lines += [meta["notes"], ""]
     lines += (
         meta.get("sweep") or []
-    )  # posenc.runs.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
+    )  # posenc.jobs.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
     checked = []
     # every task the run holds: a task added by an earlier invocation (--tasks X, then --tasks Y) keeps its section
     tasks = {**meta["tasks"], **{r.task: get_task(r.task).describe() for r in records if r.task not in meta["tasks"]}}

@@ -1,4 +1,4 @@
-"""Presets as data: YAML files shipped as package data (``posenc/configs/``, read with
+"""Presets as data: YAML files shipped as package data (``posenc/presets/``, read with
 ``importlib.resources`` so an installed wheel has them) or given by path, validated by a pydantic
 model into a one-line error. compare (``posenc.config.plan``), extend, finetune and theory read theirs here.
 
@@ -24,7 +24,7 @@ from pydantic_core import PydanticUndefined
 
 from posenc.errors import PosencError
 
-SHIPPED = importlib.resources.files("posenc") / "configs"  # package data: works from a wheel too
+SHIPPED = importlib.resources.files("posenc") / "presets"  # package data: works from a wheel too
 
 
 _REGISTERED: list[Path] = []  # compare-preset folders of studies (experiments/<name>/presets), by register_presets

@@ -54,7 +54,7 @@ class Record(BaseModel):
 class Ppl(Record):
     """Perplexity of one model at one evaluation length (``posenc.eval.perplexity.evaluate_length`` measures it).
     ``ratio`` is derived (ppl over the same scheme and seed's ppl at the training length,
-    ``posenc.reports.compare.with_ratios``): in results.csv, never in the JSONL."""
+    ``posenc.reports.text.with_ratios``): in results.csv, never in the JSONL."""
 
     kind: Literal["ppl"] = "ppl"
     scheme: str
@@ -126,7 +126,7 @@ class TaskCell(BaseModel):
 
 
 class Task(Record):
-    """One synthetic-task job (``posenc.runs.job.TaskJob``): its cells, training and evaluation seconds, threads."""
+    """One synthetic-task job (``posenc.jobs.job.TaskJob``): its cells, training and evaluation seconds, threads."""
 
     kind: Literal["task"] = "task"
     task: str
@@ -149,7 +149,7 @@ class Task(Record):
     # forget:init_bias=4); None: unknown (not recorded)
     encoding: str | None = None
     # True: a sweep's screening of a grid point, the tests at the training length only (what the chooser reads); the
-    # job's full record, if the point is chosen, follows it (``posenc.runs.job.TaskJob``)
+    # job's full record, if the point is chosen, follows it (``posenc.jobs.job.TaskJob``)
     screening: bool = False
 
 
@@ -412,7 +412,7 @@ _INT, _FLOAT = ("seed", "train_length", "eval_length", "windows", "scored_tokens
 
 
 def load_csv(path: Path) -> list[Ppl]:
-    """The perplexity records of a compare ``results.csv`` (``posenc.reports.compare.write_csv``): numbers parsed, empty
+    """The perplexity records of a compare ``results.csv`` (``posenc.reports.text.write_csv``): numbers parsed, empty
     cells None, rows without lengths dropped. A last row cut short (no line end, and a wrong field count or a number
     that does not parse: an interrupted write) is ignored with a one-line warning on stderr, as :func:`load` does.
     Raises PosencError naming the file for another table, and naming the file and line for any other row with a

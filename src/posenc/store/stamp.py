@@ -170,7 +170,7 @@ def _duration(seconds: float) -> str:
 
 def wall_line(invocations: list[dict]) -> str:
     """A run's total wall time from its invocations.jsonl lines: each invocation's stamp with ``invocation`` (its id)
-    and ``started``, and the line ``{"invocation", "finished"}`` it appends at its end (``posenc.runs.jobs``):
+    and ``started``, and the line ``{"invocation", "finished"}`` it appends at its end (``posenc.jobs.launcher``):
     "97 min over 1 invocation (2026-12-06T00:00:00Z to ...)", in seconds under a minute. One stopped by Ctrl-C or
     SIGTERM ends with ``"interrupted": true`` and counts to its stop (said apart); invocations without an end (killed
     outright) or recorded before these fields are not counted and said apart ("at least" then: their time is

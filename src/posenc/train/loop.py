@@ -1,5 +1,5 @@
 """The training loop (:func:`fit`: AdamW, warmup + cosine, gradient clipping, atomic checkpoints, resume)
-and the training of posenc's LMs on it (:func:`train`); ``posenc.runs.finetune`` trains pretrained models on it.
+and the training of posenc's LMs on it (:func:`train`); ``posenc.jobs.finetune`` trains pretrained models on it.
 
 A run directory holds ``config.json`` (model + training config, and the stamp of the invocation
 that last wrote it: ``posenc.store.stamp``),

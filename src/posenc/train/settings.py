@@ -29,7 +29,7 @@ class LoopConfig(BaseModel):
     the budget in steps, AdamW's peak ``lr`` (linear warmup over ``warmup`` steps, then cosine decay to
     ``min_lr_ratio * lr``), weight decay on matrices, the gradient norm clip, the seed of the batches,
     the checkpoint interval (steps) and torch CPU threads. The defaults are posenc's LMs'; other runs
-    (``posenc.runs.finetune.FinetuneConfig``) restate only the defaults they change."""
+    (``posenc.jobs.finetune.FinetuneConfig``) restate only the defaults they change."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 

@@ -1,4 +1,4 @@
-"""posenc as an lm-evaluation-harness model (posenc.runs.harness, posenc.harness): the registry finds it, its
+"""posenc as an lm-evaluation-harness model (posenc.jobs.harness, posenc.harness): the registry finds it, its
 log-likelihoods are posenc's scoring of the same tokens, its generations posenc generate's, its errors one line."""
 
 import json
@@ -15,7 +15,7 @@ from posenc.errors import PosencError  # noqa: E402
 from posenc.eval import passkey, perplexity  # noqa: E402
 from posenc.hf import loading  # noqa: E402
 from posenc.hf.adaptation import Adaptation  # noqa: E402
-from posenc.runs import harness  # noqa: E402
+from posenc.jobs import harness  # noqa: E402
 from posenc.train.rundir import load_run  # noqa: E402
 
 METHOD = "self-extend:group=2,window=16"

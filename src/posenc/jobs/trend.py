@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from posenc.config.plan import Preset, rungs
+from posenc.jobs.compare import compare
 from posenc.reports.trend import write_trend_report
-from posenc.runs.compare import compare
 
 
 def compare_trend(preset: Preset, out_root: Path = Path("runs"), **options) -> tuple[Path, dict[str, str]]:

@@ -404,7 +404,7 @@ def check_options(kind: str, isolate: bool, parallel: int, nproc: int, device: s
 
 
 class Launcher:
-    """Runs a stage's jobs (``posenc.runs.job``; a job and its grid point's store, ``job.run(store)``) in isolation:
+    """Runs a stage's jobs (``posenc.jobs.job``; a job and its grid point's store, ``job.run(store)``) in isolation:
     ``pool`` (each in a fresh spawned process, ``parallel`` at a time pinned by ``slot_env``, on ``device``), or
     submitit (``local``: its LocalExecutor; ``slurm``: one scheduler job each with ``cluster``'s resources, default
     the preset's; job files under ``folder``), or, ``isolate`` False, in this process (no crash isolation: for

@@ -16,8 +16,8 @@ from posenc.cli.compare_cmd import cluster_config
 from posenc.cli.main import build_parser, main
 from posenc.config.plan import ClusterConfig, load_preset
 from posenc.errors import PosencError
-from posenc.runs.compare import compare
-from posenc.runs.jobs import executor
+from posenc.jobs.compare import compare
+from posenc.jobs.launcher import executor
 
 submitit = pytest.importorskip("submitit")
 
@@ -242,7 +242,7 @@ def _cleanup_fails_while_interrupted():
 
 
 def test_an_error_raised_while_a_ctrl_c_unwinds_stops_the_job_and_writes_no_error_file(tmp_path):
-    from posenc.runs.jobs import finish_isolated, interrupted, start_isolated
+    from posenc.jobs.launcher import finish_isolated, interrupted, start_isolated
 
     error_file = tmp_path / "seed0.error.txt"
     proc = start_isolated(_cleanup_fails_while_interrupted, (), error_file, [])

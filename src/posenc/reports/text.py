@@ -141,7 +141,7 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
     for k in ("corpus", "tokenizer", "model", "budget", "seeds", "eval", "run", "wall", "notes"):
         if meta.get(k) is not None:
             out.write(f"- **{'wall time' if k == 'wall' else k}**: {meta[k]}\n")
-    if meta.get("sweep"):  # posenc.runs.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
+    if meta.get("sweep"):  # posenc.jobs.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
         out.write("\n" + "\n".join(meta["sweep"]))
     pk = passkey_grid(extras)
     pk_L = max((L for cells in pk.values() for L, _ in cells), default=None)

@@ -23,11 +23,11 @@ from posenc.config.plan import (
     setting,
 )
 from posenc.errors import PosencError
+from posenc.jobs.compare import compare
+from posenc.jobs.retrieval import task_meta
+from posenc.jobs.sweep import Choice, choose
 from posenc.reports.sweep import sweep_markdown
 from posenc.reports.tasks import Scores
-from posenc.runs.compare import compare
-from posenc.runs.retrieval import task_meta
-from posenc.runs.sweep import Choice, choose
 from posenc.store.checkpoint import read_json, read_jsonl
 from posenc.store.records import Ppl, Task, load
 
@@ -241,7 +241,7 @@ def test_the_sensitivity_table_has_a_column_per_shared_setting_and_a_row_per_own
 def test_a_text_report_gives_each_scheme_the_mixing_window_of_the_variant_it_trained():
     from types import SimpleNamespace
 
-    from posenc.runs.job import text_meta
+    from posenc.jobs.job import text_meta
 
     preset = load_preset(
         "default",

@@ -10,8 +10,8 @@ import pytest
 import posenc.store.records as records
 from posenc.cli.main import main
 from posenc.config.plan import grid_points, load_preset, point_root
-from posenc.runs.compare import compare
-from posenc.runs.job import MethodJob, Plan, ScheduleJob, TextJob
+from posenc.jobs.compare import compare
+from posenc.jobs.job import MethodJob, Plan, ScheduleJob, TextJob
 
 
 def _preset(corpus, **more):

@@ -15,8 +15,8 @@ from posenc.cli.main import build_parser, main
 from posenc.errors import PosencError
 from posenc.eval.perplexity import bucket_width
 from posenc.hf.schedules import Extension
+from posenc.jobs.extend import ExtendConfig, extension, load_extend_config, open_store, preset_names
 from posenc.rope import NAMES
-from posenc.runs.extend import ExtendConfig, extension, load_extend_config, open_store, preset_names
 from posenc.store.records import ScoredWindow, append
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,8 +96,8 @@ def test_package_data_ships_every_preset():
     tomllib = pytest.importorskip("tomllib")
     globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["posenc"]
     src = REPO / "src" / "posenc"
-    shipped = [p.relative_to(src).as_posix() for p in (src / "configs").rglob("*.yaml")]
-    assert "configs/extend/quick.yaml" in shipped
+    shipped = [p.relative_to(src).as_posix() for p in (src / "presets").rglob("*.yaml")]
+    assert "presets/extend/quick.yaml" in shipped
     assert all(any(fnmatch.fnmatch(p, g) and p.count("/") == g.count("/") for g in globs) for p in shipped)
 
 
@@ -434,8 +434,8 @@ def test_every_schedule_parameter_is_an_extension_field_a_preset_key_and_a_flag(
     import dataclasses
 
     from posenc import rope
-    from posenc.runs.extend import SCHEDULE_KEYS
-    from posenc.runs.finetune import FinetuneConfig
+    from posenc.jobs.extend import SCHEDULE_KEYS
+    from posenc.jobs.finetune import FinetuneConfig
 
     params = {k for s in rope.SCHEDULES.values() for k in s.defaults}
     assert params <= {f.name for f in dataclasses.fields(Extension)}

@@ -18,7 +18,7 @@ from safetensors.torch import load_file  # noqa: E402
 from posenc.cli.main import main  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
 from posenc.hf import loading  # noqa: E402
-from posenc.runs import finetune as ft  # noqa: E402
+from posenc.jobs import finetune as ft  # noqa: E402
 from posenc.store import checkpoint  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 A task comparison trains one model per (task, scheme, seed) into ``runs/<name>/<task>/<scheme>/seed<k>`` (under
 ``sweep/<grid point>/`` in a sweep) on the task's generator (``posenc.data.tasks``), scores it with
 ``posenc.eval.tasks`` and appends one record per job to the ``results.jsonl`` beside it (``kind: "task"``: the cells
-of every test, length and evidence-distance bucket): ``posenc.runs.job.TaskJob``. ``task_meta`` is its report's
+of every test, length and evidence-distance bucket): ``posenc.jobs.job.TaskJob``. ``task_meta`` is its report's
 header (``posenc.reports.tasks``).
 """
 

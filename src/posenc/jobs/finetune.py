@@ -36,8 +36,8 @@ from posenc.errors import PosencError
 from posenc.eval import progress
 from posenc.hf import loading
 from posenc.hf.adaptation import Adaptation
+from posenc.jobs import extend
 from posenc.reports import pretrained as report
-from posenc.runs import extend
 from posenc.store.checkpoint import load_tensors, load_torch, make_run_dir, read_json, read_jsonl, write_json
 from posenc.store.presets import SHIPPED, load_flat, validated
 from posenc.store.presets import preset_names as shipped
@@ -110,7 +110,7 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
 
 
 def preset_names() -> list[str]:
-    """Names of the shipped finetune presets (``posenc/configs/finetune/*.yaml``)."""
+    """Names of the shipped finetune presets (``posenc/presets/finetune/*.yaml``)."""
     return shipped(PRESETS)
 
 

@@ -9,7 +9,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from posenc.cli.main import main  # noqa: E402
-from posenc.runs import extend  # noqa: E402
+from posenc.jobs import extend  # noqa: E402
 from posenc.store.records import SCHEMA_VERSION  # noqa: E402
 
 
@@ -125,7 +125,7 @@ def test_a_literal_special_token_in_a_document_is_text(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from posenc.runs import finetune
+    from posenc.jobs import finetune
 
     t = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2, "<": 3, "s": 4, ">": 5}, unk_token="[UNK]"))
     t.pre_tokenizer = pre_tokenizers.Whitespace()

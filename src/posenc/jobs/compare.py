@@ -1,11 +1,11 @@
 """The main job: train one model per scheme under one budget, evaluate, report; the one runner of comparisons.
 
-``compare(preset)`` checks the preset and the run directories, runs each stage's pending jobs (``posenc.runs.job``:
+``compare(preset)`` checks the preset and the run directories, runs each stage's pending jobs (``posenc.jobs.job``:
 the plan of a preset, each job a frozen record that knows when it is done) and writes the report of their kind.
 A job trains each scheme (and seed; on each task of a task preset) into ``runs/<name>/<scheme>/seed<k>``, evaluates
 it and appends its records to ``runs/<name>/results.jsonl`` through the run's store (``posenc.store.records.RunStore``:
-each file read once per invocation); a preset's ``sweep`` adds grid points (``posenc.runs.sweep``). Rerunning skips
-finished jobs and resumes interrupted ones. Each job runs in its own process (``posenc.runs.jobs.Launcher``), so a
+each file read once per invocation); a preset's ``sweep`` adds grid points (``posenc.jobs.sweep``). Rerunning skips
+finished jobs and resumes interrupted ones. Each job runs in its own process (``posenc.jobs.launcher.Launcher``), so a
 job that raises, produces NaN, segfaults or is killed for memory is reported as failed with a one-line error (full
 traceback in its ``.error.txt``) and the other jobs' results are kept.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 from posenc.config.plan import ClusterConfig, Preset, point_root
 from posenc.errors import PosencError
 from posenc.eval.progress import bar
-from posenc.runs.job import Job, Plan
-from posenc.runs.jobs import Launcher, finish_run, record_run
+from posenc.jobs.job import Job, Plan
+from posenc.jobs.launcher import Launcher, finish_run, record_run
 from posenc.store.records import RunStore
 from posenc.store.stamp import wall_line
 from posenc.train.tracking import check_kind
@@ -39,7 +39,7 @@ def compare(
     """Run the whole comparison, on text or on synthetic tasks; returns the report path and the failed jobs
     ({job: one-line error}).
 
-    The stages are ``posenc.runs.job.Plan``'s: with a ``sweep``, every scheme's grid points screened on the first
+    The stages are ``posenc.jobs.job.Plan``'s: with a ``sweep``, every scheme's grid points screened on the first
     seed (each point a run directory of its own under ``out_root/name/sweep/``), then each scheme at its chosen
     point on every seed, then the schedule and method rows; the report (``out_root/name/``: with a sweep, the chosen
     runs' records merged into ``results.jsonl``, rewritten each time) names the choices and shows the sensitivity
@@ -47,7 +47,7 @@ def compare(
     header sums them. A bar on stderr counts each stage's jobs done with an ETA (``posenc.eval.progress``).
 
     ``isolate``, ``parallel``, ``nproc_per_node`` (processes per job, torchrun; text only), ``launcher``, ``cluster``
-    (default the preset's) and ``device``: how the jobs run (``posenc.runs.jobs.Launcher``); ``log``: a tracker kind
+    (default the preset's) and ``device``: how the jobs run (``posenc.jobs.launcher.Launcher``); ``log``: a tracker kind
     for every job (``posenc.train.tracking``). Raises PosencError before any work for bad input (``Plan.check``, the
     launcher's settings, a missing tracker), when a run a job would report was trained with other settings than the
     job's (``train.check_trained_as``: a run copied in from another budget), and, after the jobs, when none of the

@@ -7,7 +7,7 @@ evaluated on a trained text run: :class:`ScheduleJob` (a RoPE context-extension 
 ``<scheme>/seed<k>``), scheme, seed, grid point and model and training settings; ``done(store)`` asks the run's
 records (``posenc.store.records.RunStore``) whether its work is there, ``run(store)`` does what is missing,
 appending to them (a rerun resumes). :class:`Plan` turns a preset into its stages, lists of jobs;
-``posenc.runs.jobs`` runs a stage's pending jobs, each in its own process.
+``posenc.jobs.launcher`` runs a stage's pending jobs, each in its own process.
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ from posenc.eval.diagnose import far_mass_records
 from posenc.eval.passkey import passkey_records
 from posenc.eval.perplexity import evaluate_length
 from posenc.eval.tasks import evaluate_task, gate_leak
+from posenc.jobs.launcher import check_same_settings, trained_job
+from posenc.jobs.retrieval import task_meta
+from posenc.jobs.sweep import Choice, choices, merge_chosen
 from posenc.methods import parse as parse_method
 from posenc.model import LM, ModelConfig, is_rope, set_method, with_rope_schedule
-from posenc.reports.compare import with_ratios, write_report
 from posenc.reports.sweep import sweep_markdown, write_sensitivity
 from posenc.reports.tasks import write_task_report
+from posenc.reports.text import with_ratios, write_report
 from posenc.rope import schedule_label, schedule_params
-from posenc.runs.jobs import check_same_settings, trained_job
-from posenc.runs.retrieval import task_meta
-from posenc.runs.sweep import Choice, choices, merge_chosen
 from posenc.scoring import eval_lengths, window_starts
 from posenc.store.checkpoint import read_json, read_jsonl
 from posenc.store.records import FarMass, PasskeyCell, Ppl, Record, RunStore, Task
@@ -159,7 +159,7 @@ class TextJob(_Trains):
 
     @staticmethod
     def report(plan: Plan, failures: dict[str, str], meta: dict) -> Path:
-        """``report.md`` and its tables and plots (``posenc.reports.compare.write_report``)."""
+        """``report.md`` and its tables and plots (``posenc.reports.text.write_report``)."""
         trained = {c.scheme: job_encoding(c.shown, c.scheme) for c in plan.chosen if c.shown is not None}
         return write_report(plan.run_root, {**text_meta(plan.preset, plan.data, trained), **meta}, failures)
 
@@ -446,7 +446,7 @@ class Plan:
 
     Without a sweep: one job per (task,) scheme and seed, then the schedule and method rows of the trained text
     runs. With one, every grid point of each scheme first on the first seed (screening jobs), then each scheme's
-    choice from their records (``posenc.runs.sweep.choices``; ``chosen`` after that stage) on every seed (the first
+    choice from their records (``posenc.jobs.sweep.choices``; ``chosen`` after that stage) on every seed (the first
     seed's completes its screening; a task none of whose points learned: its best point on the first seed), then
     the rows."""
 
@@ -464,7 +464,7 @@ class Plan:
         """PosencError (one line) before any work: randomized training positions that a scheme (each variant)
         refuses or that cannot place the longest evaluation (the jobs score such a model on randomized positions
         too, ``posenc.data.positions``), or a run directory holding results made with other settings
-        (``posenc.runs.jobs.check_same_settings``); the kind's own checks first (``prepare``: a text corpus is
+        (``posenc.jobs.launcher.check_same_settings``); the kind's own checks first (``prepare``: a text corpus is
         loaded, by its absolute path)."""
         self.preset, self.data = self.kind.prepare(self.preset, self.nproc)
         p = self.preset

@@ -15,7 +15,7 @@ from posenc import encodings
 from posenc.cli.main import main
 from posenc.config.plan import load_preset
 from posenc.errors import PosencError
-from posenc.runs.compare import compare
+from posenc.jobs.compare import compare
 from posenc.store.records import drop_torn_tail
 
 PLUGIN = '''

@@ -10,7 +10,7 @@ are summarised in ``results.md``, CSV files and plots (``posenc.reports.pretrain
 under ``runs/extend/<name>/``.
 
 The configuration is :class:`ExtendConfig`; presets are YAML files shipped as package
-data (``posenc/configs/extend/NAME.yaml``, read with ``importlib.resources``, so an
+data (``posenc/presets/extend/NAME.yaml``, read with ``importlib.resources``, so an
 installed wheel has them) or a path. Their keys are the command's flags; unknown keys
 and bad values are one-line errors before any work.
 """
@@ -137,7 +137,7 @@ class ScheduleSettings(BaseModel):
 
 class ScoringConfig(ScheduleSettings):
     """How a pretrained model is scored on held-out text (perplexity, passkey retrieval), and its schedule settings:
-    the fields ``posenc extend`` and ``posenc finetune`` (``posenc.runs.finetune.FinetuneConfig``) share; tokens of the
+    the fields ``posenc extend`` and ``posenc finetune`` (``posenc.jobs.finetune.FinetuneConfig``) share; tokens of the
     model's tokenizer."""
 
     name: str = Field(min_length=1)
@@ -194,7 +194,7 @@ class ExtendConfig(ScoringConfig):
 
 
 def preset_names() -> list[str]:
-    """Names of the shipped extend presets (``posenc/configs/extend/*.yaml``)."""
+    """Names of the shipped extend presets (``posenc/presets/extend/*.yaml``)."""
     return shipped(PRESETS)
 
 

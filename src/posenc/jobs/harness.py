@@ -5,7 +5,7 @@ other packages by itself).
 ``--model_args`` (lm-eval's ``key=value,...``): ``pretrained`` a posenc train run directory (its scheme and
 tokenizer: byte or BPE), a posenc finetune run directory (its recorded scheme or schedule and trained weights), or a
 Hugging Face RoPE model as ``posenc.hf.loading.load`` takes it (``smollm2``, a ``.gguf`` file, a model directory, a
-hub id); ``schedule`` a RoPE schedule with the settings of ``posenc.runs.extend.ScheduleSettings`` as further keys
+hub id); ``schedule`` a RoPE schedule with the settings of ``posenc.jobs.extend.ScheduleSettings`` as further keys
 (``schedule=yarn,factor=4``); ``method`` a long-context method (``posenc.methods.parse``); ``scheme`` a posenc scheme
 (pretrained models). The keys after ``method=`` or ``scheme=`` that are none of the above are that spec's own
 (lm-eval splits ``method=self-extend:group=8,window=1024`` at its comma: ``window=1024`` joins the method again).
@@ -36,11 +36,11 @@ from posenc.errors import PosencError
 from posenc.hf import generation, loading
 from posenc.hf.adaptation import Adaptation
 from posenc.hf.schedules import original_length
+from posenc.jobs import extend, finetune
 from posenc.methods import PARAMETERS
 from posenc.model import set_method, with_rope_schedule
 from posenc.reports.render import figure, markdown_table, save_figure, write_csv_table
 from posenc.rope import NAMES, check_name
-from posenc.runs import extend, finetune
 from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, make_run_dir, read_json, write_json
 from posenc.store.presets import validated
 from posenc.store.stamp import WeightsDtype, run_stamp

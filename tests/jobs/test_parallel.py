@@ -9,8 +9,8 @@ import pytest
 
 from posenc.config.plan import load_preset
 from posenc.errors import PosencError
-from posenc.runs.compare import compare
-from posenc.runs.jobs import run_pool, slot_env
+from posenc.jobs.compare import compare
+from posenc.jobs.launcher import run_pool, slot_env
 
 
 def ppl(run_root):

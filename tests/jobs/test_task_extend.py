@@ -5,8 +5,8 @@ criterion: the study preset with train.until=null trains every scheme the full c
 import yaml
 
 from posenc.config.plan import load_preset
-from posenc.runs.job import Plan
-from posenc.runs.retrieval import task_meta
+from posenc.jobs.job import Plan
+from posenc.jobs.retrieval import task_meta
 from posenc.store.checkpoint import read_json
 from posenc.store.records import RunStore, Task, load
 from posenc.train.curves import loss_trend
