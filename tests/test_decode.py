@@ -20,7 +20,16 @@ T = 20
 
 
 def model(spec, dtype=torch.float64, **params):
-    cfg = {"encoding": spec, "n_layer": 2, "n_head": 2, "d_model": 32, "train_length": T, "encoding_params": params}
+    """A model of ``spec``: 2 layers, or a pattern's entries (gemma3: 6)."""
+    n_layer = max(2, len(encodings.layer_pattern(spec)))
+    cfg = {
+        "encoding": spec,
+        "n_layer": n_layer,
+        "n_head": 2,
+        "d_model": 32,
+        "train_length": T,
+        "encoding_params": params,
+    }
     return build_model(cfg).to(dtype).eval()
 
 

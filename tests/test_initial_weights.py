@@ -13,15 +13,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from posenc import encodings
 from posenc.model import LM, ModelConfig
 
 GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "initial_weights.json").read_text())
 
 
 def digest(spec: str) -> str:
-    """sha256 (16 hex digits) of a small LM's state dict (names and float64 values) built at seed 0 with ``spec``."""
+    """sha256 (16 hex digits) of a small LM's state dict (names and float64 values) built at seed 0 with ``spec``: 2
+    layers, or a pattern's entries (irope: 4; its digest was taken on 2 layers, which truncated the pattern, until a
+    pattern longer than the model was refused; no committed result trained irope on a model of posenc's own)."""
     torch.manual_seed(0)
-    m = LM(ModelConfig(encoding=spec, n_layer=2, d_model=64, n_head=4, vocab_size=50, train_length=32))
+    n_layer = max(2, len(encodings.layer_pattern(spec)))
+    m = LM(ModelConfig(encoding=spec, n_layer=n_layer, d_model=64, n_head=4, vocab_size=50, train_length=32))
     h = hashlib.sha256()
     for k, v in m.state_dict().items():
         h.update(k.encode())

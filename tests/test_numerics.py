@@ -73,7 +73,8 @@ def test_nonsensical_parameters_and_inputs_are_one_line_errors():
 @pytest.mark.parametrize("scheme", encodings.names())
 def test_every_scheme_under_cpu_bf16_autocast_has_a_finite_loss_and_float32_angles(scheme):
     torch.manual_seed(0)
-    model = build_model({"encoding": scheme, "n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 32})
+    n_layer = len(encodings.layer_pattern(scheme))  # every entry of a pattern (gemma3: 6)
+    model = build_model({"encoding": scheme, "n_layer": n_layer, "n_head": 2, "d_model": 32, "train_length": 32})
     x = torch.randint(0, 256, (2, 32))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model.token_nll(x, x).mean()

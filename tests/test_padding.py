@@ -29,10 +29,12 @@ PAD = 7  # a pad id the rows also use: only the mask tells padding from tokens
 
 
 def model(spec, dtype=torch.float64, **cfg):
-    """A 2-layer model of ``spec`` with weights moved off their init (std 0.1 noise on every parameter), so that
-    learned steps (W = 0 at init), gates and tables all act and a leak of the padding shows far above rounding."""
+    """A model of ``spec`` (2 layers, or a pattern's entries) with weights moved off their init (std 0.1 noise on
+    every parameter), so that learned steps (W = 0 at init), gates and tables all act and a leak of the padding shows
+    far above rounding."""
+    n_layer = max(2, len(encodings.layer_pattern(spec)))  # every entry of a pattern (gemma3: 6)
     m = build_model(
-        {"encoding": spec, "n_layer": 2, "n_head": 2, "d_model": 32, "train_length": 16, "vocab_size": 50, **cfg}
+        {"encoding": spec, "n_layer": n_layer, "n_head": 2, "d_model": 32, "train_length": 16, "vocab_size": 50, **cfg}
     )
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():

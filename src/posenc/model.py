@@ -121,15 +121,18 @@ class ModelConfig:
         )
 
     def distinct_layers(self) -> range:
-        """Indices of the layers whose schemes can differ (a '|' pattern repeats after its length)."""
-        return range(min(self.n_layer, len(encodings.layer_pattern(self.encoding))))
+        """Indices of the layers whose schemes can differ (a '|' pattern repeats after its length); PosencError
+        (one line) for a pattern longer than ``n_layer`` (``posenc.encodings.check_layer_count``)."""
+        encodings.check_layer_count(self.encoding, self.n_layer)
+        return range(len(encodings.layer_pattern(self.encoding)))
 
     def layer_schemes(self) -> list[Encoding]:
         """The scheme of each distinct layer, built (PosencError, one line, if the encoding is invalid)."""
         return [encodings.get(self.encoding, self.dims(i), **self.encoding_params) for i in self.distinct_layers()]
 
     def check_encoding(self) -> None:
-        """Build the scheme of each distinct layer once: PosencError (one line) before any work if it is invalid."""
+        """Build the scheme of each distinct layer once: PosencError (one line) before any work if it is invalid or
+        a '|' pattern longer than ``n_layer``."""
         self.layer_schemes()
 
     def mixing_window(self, eps: float = 0.01) -> float | None:
@@ -337,6 +340,7 @@ class LM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        encodings.check_layer_count(cfg.encoding, cfg.n_layer)  # no draw: the initial weights stay the same
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         additive = encodings.is_additive(cfg.encoding)
         self.pos_embed = encodings.get(cfg.encoding, cfg.dims(), **cfg.encoding_params) if additive else None
@@ -725,11 +729,22 @@ def with_rope_schedule(model, name: str, params: dict | None = None):
     """A copy of a trained RoPE ``LM`` whose RoPE layers use schedule ``name``.
 
     Returns (model, label) with label like ``rope+yarn(s=8)``. Raises PosencError
-    if the model's scheme is not RoPE or the parameters are invalid.
+    if the model's scheme is not one plain RoPE spec (``is_rope``: a '|' pattern, even of RoPE entries, takes no
+    schedule) or the parameters are invalid.
     """
     cfg = model.cfg
     if not is_rope(cfg.encoding):
-        raise PosencError(f"rope schedules apply to RoPE models; this run uses {cfg.encoding!r}")
+        entries = len(encodings.layer_pattern(cfg.encoding))
+        why = (
+            f"is a per-layer pattern of {entries} entries: a schedule is set on the model's one scheme spec, not per "
+            "layer entry"
+            if entries > 1
+            else "is not plain RoPE"
+        )
+        raise PosencError(
+            f"rope schedules apply to models whose every layer is one plain RoPE spec; this run's {cfg.encoding!r} "
+            + why
+        )
     full = schedule_params(name, cfg.train_length, params)
     new_cfg = dataclasses.replace(
         cfg, encoding_params={**cfg.encoding_params, "schedule": name, "schedule_params": full}

@@ -95,7 +95,11 @@ def bad_commands(run):
     return [
         (["generate", str(run.parent / "missing"), "--prompt", "To be"], "does not exist"),
         (["generate", str(run), "--prompt", "To be", "--scheme", "alibi"], "--scheme applies to pretrained models"),
-        (["generate", str(run), "--prompt", "To be", "--schedule", "yarn"], "rope schedules apply to RoPE models"),
+        (
+            ["generate", str(run), "--prompt", "To be", "--schedule", "yarn"],
+            "rope schedules apply to models whose every layer is one plain RoPE spec; this run's 'learned' is not "
+            "plain RoPE",
+        ),
         (
             ["generate", str(run), "--prompt", "To be", "--leak", "2"],
             "--leak is a schedule setting: it needs --schedule",

@@ -132,3 +132,51 @@ def test_compare_refuses_a_model_encoding_every_job_would_replace(tmp_path, caps
         "with --schemes, not --set model.encoding\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "scheme,message",
+    [
+        # a named pattern inside '|' was expanded into its 6 layers, so 'entry i mod 2' read as 7 entries
+        ("gemma3|nope", "scheme spec 'gemma3|nope': the entry 'gemma3' is a per-layer pattern (rope:rope_theta=10000"),
+        # named a composition
+        ("gemma3+alibi", "'gemma3' is a per-layer pattern (rope:rope_theta=10000,window=1024|"),
+        # quoted the expanded entry 'rope:rope_theta=10000,window=0'
+        ("gemma3:window=0", "scheme 'gemma3:window=0': window=0: must be an integer >= 1 (tokens)"),
+        ("irope-shipped:chunk=-1", "scheme 'irope-shipped:chunk=-1': chunk=-1: must be an integer >= 1 (tokens)"),
+        # said mla replaces attention 'with its own softmax over every key'
+        ("mla:window=4", "scheme 'mla:window=4': window is not supported on 'mla', which replaces attention (its own"),
+    ],
+)
+def test_named_patterns_and_windows_are_refused_naming_what_was_written(tmp_path, capsys, scheme, message):
+    argv = ["train", "--scheme", scheme, "--preset", "quick", "--set", "model.n_layer=8", "--dry-run"]
+    one_line_exit_2(capsys, [*argv, "--out", str(tmp_path / "x")], message)
+    assert not (tmp_path / "x").exists()
+
+
+def test_posenc_list_gives_the_named_patterns_their_sources(capsys):
+    code, out, _ = run_cli(capsys, "list", "--json")
+    sources = {s["name"]: s["source"] for s in json.loads(out)["schemes"]}
+    assert code == 0 and "arXiv:2503.19786" in sources["gemma3"] and "arXiv:2501.18795" in sources["rnope-swa"]
+    assert "models/llama4" in sources["irope-shipped"] and "Llama 4" in sources["irope"]
+    assert sources["acc-rand-qkv"] == sources["accumulated"] != ""  # an alias of one scheme has its scheme's
+
+
+@pytest.fixture(scope="module")
+def rope_pattern_run(tmp_path_factory):
+    """A 2-step run of the pattern rope|rope (train_length 32): RoPE in every layer, as a pattern."""
+    run = tmp_path_factory.mktemp("rope-rope") / "run"
+    assert main(["train", "--scheme", "rope|rope", "--preset", "quick", "--steps", "2", "--out", str(run)]) == 0
+    return run
+
+
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_a_schedule_on_a_pattern_of_rope_layers_names_the_reason(rope_pattern_run, capsys, command):
+    """It said 'rope schedules apply to RoPE models' of a model whose every layer is RoPE."""
+    flags = ["--prompt", "To be", "--schedule", "yarn"] if command == "generate" else ["--rope-schedule", "yarn"]
+    one_line_exit_2(
+        capsys,
+        [command, str(rope_pattern_run), *flags],
+        "this run's 'rope|rope' is a per-layer pattern of 2 entries: a schedule is set on the model's one scheme spec, "
+        "not per layer entry",
+    )

@@ -17,7 +17,7 @@ from posenc.encodings.composite import Composite
 from posenc.encodings.forget import ForgetGate
 from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
-from posenc.model import ModelConfig, is_rope
+from posenc.model import LM, ModelConfig, is_rope
 from posenc.rope import rope_inv_freq
 
 DIMS = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
@@ -287,12 +287,48 @@ def test_layer_pattern_repeats_over_layers():
         ("irope:rope_theta=5", "is a per-layer pattern"),
         ("rope|sinusoidal", "cannot be in a '|' pattern"),
         ("rope|acc-rand-qkv:a=9", "a must be in (0, pi]"),
+        ("gemma3|nope", "the entry 'gemma3' is a per-layer pattern (rope:rope_theta=10000,window=1024|"),
+        ("irope:window=4|rope", "the entry 'irope:window=4' is a per-layer pattern (rope|rope|rope|nope)"),
+        ("gemma3+alibi", "'gemma3' is a per-layer pattern (rope:rope_theta=10000,window=1024|"),
+        ("rope|irope+alibi", "'irope' is a per-layer pattern (rope|rope|rope|nope), not one layer's scheme"),
+        ("rope|rope|nope", "scheme 'rope|rope|nope' is a pattern of 3 layer entries for a model of 2 layers"),
     ],
 )
 def test_bad_layer_patterns_are_one_line(spec, message):
     cfg = ModelConfig(vocab_size=32, n_layer=2, n_head=2, d_model=16, train_length=16, encoding=spec)
     with pytest.raises(PosencError, match=re.escape(message)):
         cfg.check_encoding()
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda cfg: build_model(cfg),
+        lambda cfg: LM(ModelConfig(**cfg)),
+        lambda cfg: ModelConfig(**cfg).check_encoding(),
+        lambda cfg: ModelConfig(**cfg).mixing_window(),
+    ],
+    ids=["build_model", "LM", "check_encoding", "mixing_window"],
+)
+def test_a_pattern_longer_than_the_model_is_refused_by_every_entry_point(build):
+    """gemma3 on 2 layers built its first two (local) entries and no global layer, without a word."""
+    cfg = {"vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 16, "train_length": 16, "encoding": "gemma3"}
+    with pytest.raises(PosencError) as err:
+        build(cfg)
+    assert str(err.value) == (
+        "scheme 'gemma3' is a pattern of 6 layer entries for a model of 2 layers: the entries past layer 2 would never "
+        "be used; give at most 2 entries, or more layers"
+    )
+
+
+def test_a_shorter_pattern_repeats_also_where_it_does_not_divide_the_layers():
+    """Layer i takes entry i mod n (docs/schemes.md): gemma3 on 8 layers is 5 local, 1 global, 2 local (Gemma 3 1B:
+    26 layers of the 6-layer pattern)."""
+    cfg = {"vocab_size": 32, "n_layer": 8, "n_head": 2, "d_model": 16, "train_length": 16, "encoding": "gemma3"}
+    model = build_model(cfg)
+    windows = [None if b.attn.enc.window is None else b.attn.enc.window.size for b in model.blocks]
+    assert windows == [1024] * 5 + [None] + [1024] * 2
+    assert [b.attn.enc.rope_theta for b in model.blocks] == [1e4] * 5 + [1e6] + [1e4] * 2
 
 
 def test_every_scheme_documents_each_parameter_a_spec_may_set():

@@ -5,6 +5,7 @@ grouped-query attention, padded batches, and the one-line refusals."""
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -190,11 +191,18 @@ def test_the_named_patterns():
     assert encodings.canonical("rope:window=8") == encodings.canonical("rope:rope_theta=10000,window=8")
 
 
-def test_posenc_list_shows_the_patterns(capsys):
+def test_posenc_list_shows_the_patterns_with_their_sources(capsys):
+    """Each named pattern with its source, as a scheme's (an alias carried none)."""
     assert main(["list"]) == 0
     mixes = next(g for g in capsys.readouterr().out.split("\n\n") if g.startswith("per-layer mixes:"))
-    for name in ("gemma3", "rnope-swa", "irope-shipped", "irope"):
-        assert f"  {name} " in mixes
+    for name, source in (
+        ("gemma3", "[Gemma Team 2025, arXiv:2503.19786, sec. 2 (Gemma 3)]"),
+        ("rnope-swa", "[Yang et al. 2025 (Cohere), arXiv:2501.18795 (RNoPE-SWA)]"),
+        ("irope-shipped", "[Meta Llama 4 (transformers models/llama4)]"),
+        ("irope", "[Meta Llama 4 (iRoPE)]"),
+    ):
+        line = next(line for line in mixes.splitlines() if line.startswith(f"  {name} "))
+        assert line.endswith(source), line
 
 
 SPECS = ["rope:window=3", "rope:chunk=4+alibi", "alibi:window=2", "acc-rand-qkv:window=4", "forget:chunk=3"]
@@ -207,15 +215,17 @@ def test_grouped_query_decoding_equals_the_parallel_forward(spec):
 
 @pytest.mark.parametrize("spec", ["gemma3:window=3", "irope-shipped:chunk=4", "rnope-swa:window=5"])
 def test_a_model_decodes_its_forward_with_a_bounded_cache(spec):
-    """A 4-layer model (2 key/value heads) fed 3 prompt tokens then one at a time up to 40: the logits equal the
-    forward's; a windowed layer holds at most W - 1 keys after every step (its bytes flat), a global one all."""
+    """A model of one pattern's layers (2 key/value heads: gemma3's 6, the others' 4) fed 3 prompt tokens then one at a
+    time up to 40: the logits equal the forward's; a windowed layer holds at most W - 1 keys after every step (its
+    bytes flat), a global one all."""
     torch.manual_seed(0)
+    n_layer = len(encodings.layer_pattern(spec))
     m = build_model(
-        {"encoding": spec, "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 32, "vocab_size": 50}
+        {"encoding": spec, "n_layer": n_layer, "n_head": 4, "n_kv_head": 2, "d_model": 32, "vocab_size": 50}
     ).double()
     m.eval()
     ids = torch.randint(0, 50, (2, 40))
-    cache, steps, sizes = Cache(4), [], []
+    cache, steps, sizes = Cache(n_layer), [], []
     with torch.no_grad():
         steps.append(m.decode(ids[:, :3], cache))
         for t in range(3, 40):
@@ -238,16 +248,18 @@ def test_a_model_decodes_its_forward_with_a_bounded_cache(spec):
 @pytest.mark.parametrize("spec", ["gemma3:window=3", "irope-shipped:chunk=4", "rope:chunk=3+alibi"])
 def test_a_padded_row_equals_the_row_alone(spec):
     """Rows of 9, 5 and 2 tokens left-padded in one batch: logits, a padded prefill then 3 decoding steps, and greedy
-    generation equal each row alone (chunks count from each row's first token)."""
+    generation equal each row alone (chunks count from each row's first token); a model of one pattern's layers."""
     torch.manual_seed(0)
-    m = build_model({"encoding": spec, "n_layer": 4, "n_head": 2, "d_model": 32, "vocab_size": 50}).double().eval()
+    n_layer = max(4, len(encodings.layer_pattern(spec)))
+    cfg = {"encoding": spec, "n_layer": n_layer, "n_head": 2, "d_model": 32, "vocab_size": 50}
+    m = build_model(cfg).double().eval()
     gen = torch.Generator().manual_seed(1)
     rows = [torch.randint(0, 50, (n,), generator=gen) for n in (9, 5, 2)]
     ids, mask = pad_left(rows, pad_id=7)
     T, new = ids.shape[1], torch.randint(0, 50, (3, 3), generator=gen)
     with torch.no_grad():
         padded = m(ids, attention_mask=mask)
-        cache = Cache(4)
+        cache = Cache(n_layer)
         steps = [m.decode(ids, cache, attention_mask=mask)] + [m.decode(new[:, i : i + 1], cache) for i in range(3)]
         decoded = torch.cat(steps, dim=1)
         generated = m.generate(ids, 4, temperature=0, attention_mask=mask)
@@ -267,11 +279,13 @@ def test_a_padded_row_equals_the_row_alone(spec):
         ("rope:chunk=1.5", "chunk=1.5: must be an integer >= 1"),
         ("rope:chunk=abc", "chunk='abc': must be an integer >= 1"),
         ("nope:window=true", "window=True: must be an integer >= 1"),
-        ("gemma3:window=0", "window=0: must be an integer >= 1"),
+        ("gemma3:window=0", "scheme 'gemma3:window=0': window=0: must be an integer >= 1"),  # named as written
+        ("irope-shipped:chunk=-1", "scheme 'irope-shipped:chunk=-1': chunk=-1: must be an integer >= 1"),
         ("rope:window=4,chunk=8", "not both"),
         ("rope:window=4+alibi:window=2", "one part only"),
-        ("learned-sinks:window=4", "replaces attention"),
-        ("rope+logn:chunk=4", "replaces attention"),
+        ("learned-sinks:window=4", "window is not supported on 'learned-sinks', which replaces attention"),
+        ("rope+logn:chunk=4", "chunk is not supported on 'logn', which replaces attention"),
+        ("mla:window=4", "window is not supported on 'mla', which replaces attention (its own attend(), which takes"),
         ("sinusoidal:window=4", "additive input embedding"),
         ("gemma3:rope_theta=5", "it takes window"),
         ("irope:window=4", "is a per-layer pattern"),
@@ -279,7 +293,7 @@ def test_a_padded_row_equals_the_row_alone(spec):
     ],
 )
 def test_bad_windows_are_one_line(spec, match):
-    with pytest.raises(PosencError, match=match) as err:
+    with pytest.raises(PosencError, match=re.escape(match)) as err:
         encodings.get(spec, Dims(2, 8, 16, 0, 16))
     assert "\n" not in str(err.value)
 

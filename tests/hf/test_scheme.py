@@ -1,5 +1,7 @@
 """posenc.hf.scheme.apply_scheme: any scheme inside a tiny Hugging Face Llama (GQA: 4 heads, 2 key/value heads)."""
 
+import re
+
 import pytest
 import torch
 from tiny_llama import tiny_llama
@@ -82,12 +84,16 @@ def test_forget_gate_starts_neutral():
         ("sinusoidal", "additive input embedding"),
         ("acc-token-qkv", "reads token ids"),
         ("nosuch", "unknown scheme"),
+        ("gemma3", "scheme 'gemma3' is a pattern of 6 layer entries for a model of 2 layers"),  # was truncated
+        ("rope|rope|nope", "scheme 'rope|rope|nope' is a pattern of 3 layer entries for a model of 2 layers"),
     ],
 )
 def test_refused_schemes_are_one_line_errors(spec, message):
-    with pytest.raises(PosencError, match=message) as exc:
-        hf.apply_scheme(llama(), spec)
+    model = llama()
+    with pytest.raises(PosencError, match=re.escape(message)) as exc:
+        hf.apply_scheme(model, spec)
     assert "\n" not in str(exc.value)
+    assert not any(hasattr(layer.self_attn, "posenc") for layer in model.model.layers)  # refused before any change
 
 
 def test_schemes_that_replace_attention_run_full_forwards_and_refuse_cached_decoding():

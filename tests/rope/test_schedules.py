@@ -306,10 +306,27 @@ def test_bad_schedule_input(name, params, msg):
         check_window({"window": 64}, 64)
 
 
-def test_schedule_rejects_non_rope_model():
-    model = build_model({"n_layer": 1, "n_head": 2, "d_model": 32, "train_length": 16, "encoding": "alibi"})
-    with pytest.raises(PosencError, match="apply to RoPE models"):
-        with_rope_schedule(model, "yarn", {"factor": 2})
+@pytest.mark.parametrize(
+    "spec,why",
+    [
+        ("alibi", "'alibi' is not plain RoPE"),
+        ("rope+forget", "'rope+forget' is not plain RoPE"),
+        # a pattern of RoPE layers only: "apply to RoPE models" named no reason
+        (
+            "rope|rope",
+            "'rope|rope' is a per-layer pattern of 2 entries: a schedule is set on the model's one scheme "
+            "spec, not per layer entry",
+        ),
+        ("gemma3", "'gemma3' is a per-layer pattern of 6 entries: a schedule is set on the model's one scheme spec"),
+    ],
+)
+def test_schedule_rejects_a_model_that_is_not_one_plain_rope_spec(spec, why):
+    cfg = {"n_layer": 6, "n_head": 2, "d_model": 32, "train_length": 16, "encoding": spec}
+    with pytest.raises(PosencError) as err:
+        with_rope_schedule(build_model(cfg), "yarn", {"factor": 2})
+    assert str(err.value).startswith(
+        f"rope schedules apply to models whose every layer is one plain RoPE spec; this run's {why}"
+    )
 
 
 def test_preset_eval_schedules_are_validated_before_training():

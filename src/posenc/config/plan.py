@@ -282,17 +282,9 @@ def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None, sche
 
 
 def check_scheme(model: ModelConfig, spec: str) -> None:
-    """PosencError (one line) before any work when scheme ``spec`` cannot be built with ``model`` (its size and
-    ``encoding_params``: ``ModelConfig.check_encoding``), or is a '|' pattern of more entries than ``model.n_layer``
-    (layer i takes entry i mod n, docs/schemes.md: the entries past the last layer would never be used)."""
-    model = dataclasses.replace(model, encoding=spec)
-    model.check_encoding()
-    entries = len(encodings.layer_pattern(spec))
-    if entries > model.n_layer:
-        raise PosencError(
-            f"scheme {spec!r} is a pattern of {entries} layer entries for a model of {model.n_layer} layers "
-            f"(model.n_layer): give at most {model.n_layer} entries, or more layers"
-        )
+    """PosencError (one line) before any work when scheme ``spec`` cannot be built with ``model`` (its size, depth
+    and ``encoding_params``: ``ModelConfig.check_encoding``)."""
+    dataclasses.replace(model, encoding=spec).check_encoding()
 
 
 SETTINGS = {"model", "train", "eval", "task_eval"}  # what a preset's description may state and a run override

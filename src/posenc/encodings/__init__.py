@@ -44,6 +44,7 @@ from posenc.encodings.registry import (
     alias_of,
     canonical,
     catalogue,
+    check_layer_count,
     check_types,
     constructor_defaults,
     format_part,
@@ -63,18 +64,25 @@ from posenc.errors import PosencError
 
 
 def _build(
-    cls: type[Encoding], params: dict[str, Any], dims: Dims, spec: str, defaults: dict[str, Any] | None = None
+    cls: type[Encoding],
+    params: dict[str, Any],
+    dims: Dims,
+    spec: str,
+    defaults: dict[str, Any] | None = None,
+    label: str | None = None,
 ) -> Encoding:
+    """One part of ``spec``; its errors name ``label`` (default ``spec``): what the user wrote."""
+    label = label or spec
     options = {k: v for k, v in params.items() if k in LAYER_OPTIONS}  # the layer's span, not the constructor's
-    window = windows.window_of(spec, options)
+    window = windows.window_of(label, options)
     params = {k: v for k, v in params.items() if k not in LAYER_OPTIONS}
     ignored = cls.applies_to({**constructor_defaults(cls), **params})  # a default is for the parts it applies to
     params = {**{k: v for k, v in (defaults or {}).items() if k in _accepted(cls) and k not in ignored}, **params}
-    check_types(spec, cls, params)  # parameters given in Python too, not only in the spec
+    check_types(label, cls, params)  # parameters given in Python too, not only in the spec
     try:
         enc = cls(dims, **params)  # invalid values are PosencErrors; anything else is a bug: its traceback
     except PosencError as exc:  # name the whole spec: the part alone is ambiguous in a composition or a sweep
-        raise PosencError(f"scheme {spec!r}: {exc}") from None
+        raise PosencError(f"scheme {label!r}: {exc}") from None
     enc.window = window
     enc.spec = format_part(cls.name, {**{k: v for k, v in params.items() if k not in cls.internal}, **options})
     return enc
@@ -87,12 +95,18 @@ def get(spec: str, dims: Dims | None = None, defaults: dict[str, Any] | None = N
     ``params`` apply to a single-part spec (for a composition or a pattern give
     them in the spec, per part); ``defaults`` go to every part that takes them and
     does not set them (a pretrained model's ``rope_theta``). Raises PosencError for an unknown name, an
-    unknown parameter, an invalid value, or an additive embedding in a pattern.
+    unknown parameter, an invalid value, or an additive embedding in a pattern; an error in an entry of a named
+    pattern names the pattern as given (``gemma3:window=0``), not its expansion.
     """
     dims = dims or Dims(n_head=4, head_dim=32, d_model=128, vocab_size=256, train_length=128)
     pattern = layer_pattern(spec)
     if len(pattern) > 1:
         return _layer_of(pattern, spec, dims, params, defaults)
+    return _get(spec, dims, defaults, params, spec)
+
+
+def _get(spec: str, dims: Dims, defaults: dict[str, Any] | None, params: dict[str, Any], label: str) -> Encoding:
+    """``get`` of one layer's spec (no pattern), its errors naming ``label``."""
     resolved = parts(spec)
     if len(resolved) == 1:
         cls, merged = resolve(spec, params)  # Python parameters are checked as the spec's are
@@ -101,16 +115,16 @@ def get(spec: str, dims: Dims | None = None, defaults: dict[str, Any] | None = N
             raise PosencError(
                 f"{spec!r}: parameter {', '.join(map(repr, clash))} given both in the spec and separately"
             )
-        enc = _build(cls, merged, dims, spec, defaults)
+        enc = _build(cls, merged, dims, spec, defaults, label)
     else:
         if params:
             raise PosencError(f"{spec!r} is a composition: give parameters per part (NAME:key=value)")
-        enc = Composite(dims, [_build(c, p, dims, spec, defaults) for c, p in resolved], spec)
+        enc = Composite(dims, [_build(c, p, dims, spec, defaults, label) for c, p in resolved], spec)
         spans = [part.window for part in enc.parts if isinstance(part, Encoding) and part.window is not None]
         if len(spans) > 1:
-            raise PosencError(f"scheme {spec!r}: give window or chunk on one part only (they set the whole layer's)")
+            raise PosencError(f"scheme {label!r}: give window or chunk on one part only (they set the whole layer's)")
         enc.window = spans[0] if spans else None
-    windows.check_window(enc, spec)
+    windows.check_window(enc, label)
     return enc
 
 
@@ -121,7 +135,9 @@ def _layer_of(pattern: list[str], spec: str, dims: Dims, params: dict, defaults:
         raise PosencError(
             f"{spec!r}: additive embeddings act at the input, not per layer; they cannot be in a '|' pattern"
         )
-    return get(pattern[dims.layer_index % len(pattern)], dims, defaults)
+    entry = pattern[dims.layer_index % len(pattern)]
+    # a written pattern's entry is what the user wrote; a named pattern's (gemma3) is its expansion: name the pattern
+    return _get(entry, dims, defaults, {}, entry if "|" in spec else spec)
 
 
 def is_additive(spec: str) -> bool:
@@ -153,6 +169,7 @@ __all__ = [
     "alias_of",
     "canonical",
     "catalogue",
+    "check_layer_count",
     "describe",
     "get",
     "import_schemes",

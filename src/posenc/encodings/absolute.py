@@ -20,7 +20,12 @@ class NoPE(Encoding):
     family, source = "none and absolute", "Kazemnejad et al. 2023, arXiv:2305.19466"
 
 
-alias("irope", "rope|rope|rope|nope", "iRoPE-style layer mix: every fourth layer NoPE (Llama 4), the others RoPE")
+alias(
+    "irope",
+    "rope|rope|rope|nope",
+    "iRoPE-style layer mix: every fourth layer NoPE (Llama 4), the others RoPE",
+    source="Meta Llama 4 (iRoPE)",
+)
 
 
 @register

@@ -37,7 +37,7 @@ from posenc.encodings.base import Encoding
 from posenc.errors import PosencError, one_line
 
 _REGISTRY: dict[str, type[Encoding]] = {}
-_ALIASES: dict[str, tuple[str, dict[str, Any], str]] = {}
+_ALIASES: dict[str, tuple[str, dict[str, Any], str, str]] = {}  # name: (spec, preset parameters, doc, source)
 ENTRY_POINTS = "posenc.schemes"
 IMPORT_VAR = "POSENC_IMPORT"
 _PLUGINS: set[str] = set()  # modules loaded as plugins: a job process loads them itself (entry points, POSENC_IMPORT)
@@ -77,10 +77,12 @@ def register(cls: type[Encoding]) -> type[Encoding]:
     return cls
 
 
-def alias(name: str, spec: str, doc: str, **params: Any) -> None:
-    """Register ``name`` as ``spec`` (a scheme, or a composition ``A+B``) with preset parameters."""
+def alias(name: str, spec: str, doc: str, source: str = "", **params: Any) -> None:
+    """Register ``name`` as ``spec`` (a scheme, a composition ``A+B`` or a per-layer pattern ``A|B``) with preset
+    parameters. ``source``: where it comes from (the paper or model, as ``Encoding.source``); "" for an alias of one
+    scheme, which has its scheme's."""
     _check_free(name)
-    _ALIASES[name] = (spec, params, doc)
+    _ALIASES[name] = (spec, params, doc, source)
 
 
 def unregister(name: str) -> None:
@@ -190,16 +192,17 @@ def names() -> list[str]:
 def catalogue() -> dict[str, list[tuple[str, str, str]]]:
     """Every scheme and alias by family: {family: [(name, first docstring line or alias doc, source)]}.
 
-    An alias is in its target's family (its source is the target's); named compositions and per-layer
-    patterns form their own.
+    An alias is in its target's family and has its own source (``alias``), else its target's; named compositions
+    and per-layer patterns form their own families.
     """
     _load_plugins()
     out: dict[str, list[tuple[str, str, str]]] = {}
     for name, cls in _REGISTRY.items():
         out.setdefault(cls.family, []).append((name, (cls.__doc__ or "").strip().splitlines()[0], cls.source))
-    for name, (target, params, doc) in _ALIASES.items():
+    for name, (target, params, doc, source) in _ALIASES.items():
         family = "per-layer mixes" if "|" in target else "compositions" if "+" in target else _REGISTRY[target].family
-        out.setdefault(family, []).append((name, f"{doc} (= {target}{' ' + str(params) if params else ''})", ""))
+        source = source or (_REGISTRY[target].source if target in _REGISTRY else "")
+        out.setdefault(family, []).append((name, f"{doc} (= {target}{' ' + str(params) if params else ''})", source))
     return {f: sorted(rows) for f, rows in sorted(out.items())}
 
 
@@ -352,9 +355,14 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     params = {**own, **(params or {})}
     name, aliased = base, set()
     while name in _ALIASES:
-        target, preset, _ = _ALIASES[name]
+        target, preset, _, _ = _ALIASES[name]
         aliased |= set(preset)
-        if "+" in target or "|" in target:
+        if "|" in target:  # gemma3+alibi: a part names a whole model's layers
+            raise PosencError(
+                f"{base!r} is a per-layer pattern ({target}), not one layer's scheme: it cannot be a part of a "
+                "composition (write the pattern's entries with the part added to each)"
+            )
+        if "+" in target:
             raise PosencError(f"{base!r} is a composition ({target}); give parameters to its parts")
         fixed = sorted(set(own) & set(preset))
         if fixed:  # acc-rand-qkv:mode=token would train another scheme under this name
@@ -397,23 +405,42 @@ def layer_pattern(spec: str) -> list[str]:
     """The per-layer specs of ``spec``: ``A|B|C`` gives layer i the spec at i mod 3 (iRoPE-style
     NoPE layers: ``rope|rope|rope|nope``); a named pattern (``irope``) is expanded; any other
     spec is one entry, used by every layer. A named pattern takes the ``LAYER_OPTIONS`` its entries set
-    (``gemma3:window=512``: every entry that sets a window gets 512). PosencError for an empty entry or other
-    parameters on a named pattern."""
+    (``gemma3:window=512``: every entry that sets a window gets 512). PosencError for an empty entry, an entry
+    that is itself a named pattern (``gemma3|nope``: an entry is one layer's spec, and "layer i takes entry i mod n"
+    would count the named pattern's layers as one) or other parameters on a named pattern."""
     _load_plugins()
     items = spec.split("|")
     if any(not item for item in items):
         raise PosencError(f"scheme spec {spec!r}: empty layer entry in a '|' pattern")
     if len(items) > 1:
-        return [s for item in items for s in layer_pattern(item)]
+        for item in items:
+            target = _ALIASES.get(split_part(item)[0], ("",))[0]
+            if "|" in target:
+                raise PosencError(
+                    f"scheme spec {spec!r}: the entry {item!r} is a per-layer pattern ({target}), not one layer's "
+                    "spec: write its entries into the pattern"
+                )
+        return items
     base, params = split_part(spec)
     target = _ALIASES.get(base, ("",))[0]
     if "|" not in target:
         return [spec]
-    return (
-        [_with_options(entry, params, base, target) for entry in layer_pattern(target)]
-        if params
-        else layer_pattern(target)
-    )
+    entries = layer_pattern(target)
+    return [_with_options(entry, params, base, target) for entry in entries] if params else entries
+
+
+def check_layer_count(spec: str, n_layer: int) -> None:
+    """PosencError (one line) when ``spec`` is a per-layer pattern (``layer_pattern``) of more entries than a model of
+    ``n_layer`` layers has: layer i takes entry i mod n, so the entries past the last layer would never be used
+    (``gemma3`` on 2 layers would have no global layer). A shorter pattern repeats, also where n does not divide
+    ``n_layer`` (Gemma 3 1B: 26 layers of a 6-layer pattern). Every model checks it: ``posenc.model.LM``,
+    ``ModelConfig.check_encoding``, ``posenc.hf.scheme.apply_scheme``."""
+    entries = len(layer_pattern(spec))
+    if entries > n_layer:
+        raise PosencError(
+            f"scheme {spec!r} is a pattern of {entries} layer entries for a model of {n_layer} layers: the entries "
+            f"past layer {n_layer} would never be used; give at most {n_layer} entries, or more layers"
+        )
 
 
 def _with_options(entry: str, options: dict[str, Any], base: str, target: str) -> str:

@@ -41,8 +41,9 @@ def window_of(spec: str, options: dict[str, Any]) -> Window | None:
 
 
 def check_window(enc: Encoding, spec: str) -> None:
-    """PosencError (one line) where ``enc``'s window cannot apply: the scheme replaces attention (its own softmax
-    over every key, which the core's window would not reach) or is an additive input embedding."""
+    """PosencError (one line) where ``enc``'s window cannot apply: the scheme replaces attention (its ``attend``
+    runs in place of the core's path, which applies the window, and takes none: ``mla`` too, whose attend calls the
+    core's attention without one) or is an additive input embedding."""
     if enc.window is None:
         return
     key = "chunk" if enc.window.chunked else "window"
@@ -50,10 +51,13 @@ def check_window(enc: Encoding, spec: str) -> None:
         raise PosencError(
             f"scheme {spec!r}: {key} applies to an attention layer; {enc.name!r} is an additive input embedding"
         )
-    if enc.replaces_attention:
+    if enc.replaces_attention:  # its attend() runs in place of the core's path, where the window is applied
+        name = next(
+            p.name for p in getattr(enc, "parts", [enc]) if p.replaces_attention
+        )  # a composite's attending part
         raise PosencError(
-            f"scheme {spec!r}: {key} applies to schemes that attend through posenc's core; this one replaces "
-            "attention with its own softmax over every key"
+            f"scheme {spec!r}: {key} is not supported on {name!r}, which replaces attention (its own "
+            f"attend(), which takes no {key}); a {key} applies to schemes that attend through posenc's core"
         )
 
 
@@ -68,6 +72,7 @@ alias(
     "|".join(_repeat("rope:rope_theta=10000,window=1024", 5) + ["rope:rope_theta=1000000"]),
     "Gemma 3's local/global layers: 5 sliding-window RoPE layers (base 10K) per global RoPE layer (base 1M); "
     "gemma3:window=W sets the window",
+    source="Gemma Team 2025, arXiv:2503.19786, sec. 2 (Gemma 3)",
 )
 # RNoPE-SWA (Yang et al. 2025, arXiv:2501.18795; Cohere Command A): RoPE layers with a sliding window, every fourth
 # layer global NoPE
@@ -76,6 +81,7 @@ alias(
     "|".join(_repeat("rope:window=4096", 3) + ["nope"]),
     "RNoPE-SWA (Cohere): 3 sliding-window RoPE layers (4,096) per global NoPE layer; "
     "rnope-swa:window=W sets the window",
+    source="Yang et al. 2025 (Cohere), arXiv:2501.18795 (RNoPE-SWA)",
 )
 # Llama 4 as shipped (transformers models/llama4): layers i with (i + 1) % 4 == 0 are NoPE with attention-temperature
 # tuning over every key; the others RoPE (base 500K, Meta's interleaved pairs) in chunks of attention_chunk_size 8,192
@@ -84,6 +90,7 @@ alias(
     "|".join(_repeat("rope:rope_theta=500000,pairing=adjacent,chunk=8192", 3) + ["llama4-temp"]),
     "Llama 4's iRoPE as shipped: 3 chunked RoPE layers (chunks of 8,192, base 500K) per global NoPE layer with "
     "attention-temperature tuning; irope-shipped:chunk=C sets the chunk",
+    source="Meta Llama 4 (transformers models/llama4)",
 )
 
 __all__ = ["LAYER_OPTIONS", "check_window", "window_of"]

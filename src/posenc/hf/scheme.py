@@ -94,8 +94,8 @@ def apply_scheme(model, spec: str) -> Scheme:
     decoding them with the model's KV cache raises PosencError (full forwards work; such a
     scheme has ``full_forward`` True, and ``posenc extend`` generates passkeys without the cache).
     Returns the :class:`Scheme`. Raises PosencError for a model that is not a plain full-RoPE
-    Llama-family decoder or already has a scheme, an invalid spec, an additive scheme, or one
-    that needs token ids.
+    Llama-family decoder or already has a scheme, an invalid spec, a '|' pattern of more entries than the model has
+    layers (``posenc.encodings.check_layer_count``), an additive scheme, or one that needs token ids.
     """
     if isinstance(model.model.rotary_emb, IdentityRotary):
         raise PosencError(
@@ -120,6 +120,7 @@ def layer_schemes(model, spec: str) -> list[Encoding]:
     """Scheme ``spec`` built for each layer of ``model`` (sizes, native context, ``rope_theta``), learned parts
     neutral; the model is not changed. Raises PosencError as :func:`apply_scheme`."""
     check_rope(model, type(model).__name__)
+    encodings.check_layer_count(spec, len(model.model.layers))
     config = model.config
     theta = float(config.rope_parameters["rope_theta"])
     out = []
