@@ -23,7 +23,7 @@ from experiments.accumulated.theory import (
     window_size,
     window_vs_context,
 )
-from experiments.accumulated.theory.cli import theory
+from experiments.accumulated.theory.cli import PROG, theory
 from experiments.accumulated.theory.mass import (
     _geometric_form,
     alibi_bounds,
@@ -340,7 +340,7 @@ def test_theory_is_the_studys_command_not_the_librarys(capsys):
     out, err = capsys.readouterr()
     assert out.startswith("usage: python -m experiments.accumulated.theory [-h]")
     assert err.splitlines()[0].startswith("posenc: error: argument command: invalid choice: 'theory'")
-    assert err.splitlines()[1:] == ["posenc: error: unrecognized arguments: --bogus"]
+    assert err.splitlines()[1:] == [f"{PROG}: error: unrecognized arguments: --bogus"]  # its own name, not posenc's
 
 
 def test_an_out_that_is_a_file_is_refused_before_any_check_runs(tmp_path, capsys, monkeypatch):
@@ -350,7 +350,7 @@ def test_an_out_that_is_a_file_is_refused_before_any_check_runs(tmp_path, capsys
     f.write_text("{}")
     monkeypatch.setattr("experiments.accumulated.theory.run.run_check", lambda *a: pytest.fail("a check ran"))
     assert theory(["--quick", "--out", str(f)]) == 2
-    assert capsys.readouterr().err == f"posenc: error: --out {f} is a file; give a folder (new or existing)\n"
+    assert capsys.readouterr().err == f"{PROG}: error: --out {f} is a file; give a folder (new or existing)\n"
     assert f.read_text() == "{}"
 
 
@@ -364,7 +364,8 @@ def test_the_study_runs_its_command_as_a_module(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 2 and proc.stderr.startswith("posenc: error: ") and proc.stderr.count("\n") == 1
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("python -m experiments.accumulated.theory: error: ") and "eps" in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -374,7 +375,7 @@ def test_the_study_runs_its_command_as_a_module(tmp_path):
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, extra):
     assert theory(["--quick", "--out", str(tmp_path / "x"), *extra]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("posenc: error: ") and err.count("\n") == 1
+    assert err.startswith(f"{PROG}: error: ") and err.count("\n") == 1  # the study's program, not posenc
     assert not (tmp_path / "x").exists()  # validated before any work
 
 
@@ -425,7 +426,7 @@ def test_theory_takes_a_budget_preset_and_set_from_the_command_line(tmp_path, ca
     assert theory(["--preset", "full", "--set", "mix_samples=0", "--out", str(out)]) == 2
     assert (
         capsys.readouterr().err
-        == "posenc: error: invalid mix_samples=0 (command line): Input should be greater than 0\n"
+        == f"{PROG}: error: invalid mix_samples=0 (command line): Input should be greater than 0\n"
     )
 
 

@@ -13,8 +13,8 @@ PROG = "python -m experiments.accumulated.theory"
 
 def theory(argv: list[str]) -> int:
     """Run the theory command with the options ``argv`` (as after ``PROG``); its exit code (posenc's: 2 for bad
-    input, printed in one line)."""
-    return main(["theory", *argv], commands=[add_parser])
+    input, printed in one line under ``PROG``)."""
+    return main(["theory", *argv], commands=[add_parser], prog=PROG)
 
 
 def add_parser(sub):

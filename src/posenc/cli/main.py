@@ -44,13 +44,17 @@ COMMANDS = [
 
 
 class _Parser(argparse.ArgumentParser):
+    program = "posenc"  # the name errors are printed under (``build_parser`` sets a study's script's)
+
     def error(self, message):  # argparse's own errors: one line, exit 2
-        self.exit(2, f"posenc: error: {message}\n")
+        self.exit(2, f"{self.program}: error: {message}\n")
 
 
-def build_parser(commands: Sequence[Callable] = ()) -> argparse.ArgumentParser:
-    """The ``posenc`` parser: the subcommands of COMMANDS, then each of ``commands`` (an ``add_parser(subparsers)``)."""
-    parser = _Parser(prog="posenc", description=__doc__.splitlines()[0])
+def build_parser(commands: Sequence[Callable] = (), prog: str = "posenc") -> argparse.ArgumentParser:
+    """The ``posenc`` parser: the subcommands of COMMANDS, then each of ``commands`` (an ``add_parser(subparsers)``);
+    ``prog``: the program its errors name (``main``'s)."""
+    parser = _Parser(prog=prog, description=__doc__.splitlines()[0])
+    parser.program = prog
     parser.add_argument(
         "--version",
         action="version",
@@ -74,6 +78,7 @@ def build_parser(commands: Sequence[Callable] = ()) -> argparse.ArgumentParser:
         add_parser(sub)
     for command in sub.choices.values():  # after the command too: `posenc train --quiet ...`
         add_verbosity(command, argparse.SUPPRESS)
+        command.program = prog
     return parser
 
 
@@ -105,38 +110,39 @@ def verbosity(args) -> str | None:
     return "quiet" if args.quiet else "verbose" if args.verbose else None
 
 
-def interrupted_message(exc: KeyboardInterrupt, argv: list[str]) -> str:
-    """What Ctrl-C prints. A command that checkpointed raises ``KeyboardInterrupt(where, *flags)``: where its
-    work is kept, and the flags a rerun needs beyond ``argv`` (e.g. ``--resume``); the message then names
-    the command that resumes it."""
+def interrupted_message(exc: KeyboardInterrupt, argv: list[str], prog: str = "posenc") -> str:
+    """What Ctrl-C prints, under the program name ``prog``. A command that checkpointed raises
+    ``KeyboardInterrupt(where, *flags)``: where its work is kept, and the flags a rerun needs beyond ``argv`` (e.g.
+    ``--resume``); the message then names the command that resumes it (``posenc``'s commands checkpoint)."""
     if not exc.args or not exc.args[0]:
-        return "posenc: interrupted"
+        return f"{prog}: interrupted"
     where, extra = str(exc.args[0]), [str(a) for a in exc.args[1:] if str(a) not in argv]
-    return f"posenc: interrupted: {where}\nposenc: resume with: {shlex.join(['posenc', *argv, *extra])}"
+    return f"{prog}: interrupted: {where}\n{prog}: resume with: {shlex.join(['posenc', *argv, *extra])}"
 
 
-def main(argv: list[str] | None = None, commands: Sequence[Callable] = ()) -> int:
+def main(argv: list[str] | None = None, commands: Sequence[Callable] = (), prog: str = "posenc") -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); its exit code. ``commands``: subcommands beside
     the library's, each an ``add_parser(subparsers)`` as a module of COMMANDS has (a study's own command, run by the
-    study's script: docs/plugins.md)."""
+    study's script: docs/plugins.md); ``prog``: the program that errors and interrupts are printed under
+    (``PROG: error: ...``; a study's script gives its own name)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     with sigterm_as_interrupt() as received:
-        return _run(argv, received, commands)
+        return _run(argv, received, commands, prog)
 
 
-def _run(argv: list[str], received: list[int], commands: Sequence[Callable] = ()) -> int:
+def _run(argv: list[str], received: list[int], commands: Sequence[Callable] = (), prog: str = "posenc") -> int:
     try:  # build_parser imports the command modules (torch: seconds), so Ctrl-C there is an interrupt too
-        args = build_parser(commands).parse_args(argv)
+        args = build_parser(commands, prog).parse_args(argv)
         with progress.verbosity(verbosity(args)):
             progress.level()  # a bad $POSENC_PROGRESS: one line before any work
             for target in args.imports:
                 encodings.import_schemes(target)
             return int(args.func(args) or 0)
     except PosencError as exc:
-        print(f"posenc: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        print(interrupted_message(exc, argv), file=sys.stderr)
+        print(interrupted_message(exc, argv, prog), file=sys.stderr)
         return 128 + (received[0] if received else signal.SIGINT)
     except BrokenPipeError:  # the reader closed stdout: point it at devnull so the exit flush cannot fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
