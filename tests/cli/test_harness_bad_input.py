@@ -1,4 +1,9 @@
-"""Bad input to ``posenc harness`` (issue 59's sweep): each is one line and exit code 2, and no result is written."""
+"""Bad input to ``posenc harness`` and to lm-eval's command with posenc's model (``python -m posenc.harness``), issue
+59's sweep: each is one line and exit code 2, and nothing is written."""
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +27,11 @@ def one_line_exit_2(capsys, code: int, message: str) -> None:
         (["--adaptations", "warp:factor=2"], "warp"),
         (["--adaptations", "yarn:factr=2"], "factr"),
         (["--adaptations", "scheme:nosuch"], "nosuch"),
+        # a bad adaptation after a good one: every adaptation is checked before anything is written (out/cells was)
+        (["--adaptations", "none", "yarn:factr=2"], "model_args: unknown key 'factr'"),
+        (["--adaptations", "none", "scheme:nosuch"], "unknown scheme 'nosuch'"),
+        # what needs the model's weights: refused when the first model is adapted, before out is made
+        (["--adaptations", "scheme:gemma3"], "scheme 'gemma3' is a pattern of 6 layer entries for a model of 2 layers"),
         (["--model", "runs/nosuch"], "model path runs/nosuch does not exist (a Hugging Face hub id is ORG/NAME)"),
     ],
 )
@@ -29,4 +39,31 @@ def test_posenc_harness_bad_input(llama_dir, tmp_path, capsys, flags, message):
     out = tmp_path / "out"
     argv = ["harness", "--model", str(llama_dir / "tiny"), "--tasks", "niah_single_1", "--lengths", "64"]
     one_line_exit_2(capsys, main([*argv, *flags, "--out", str(out)]), message)
-    assert not (out / "table.md").exists() and not any((out / "cells").glob("*"))  # no result written
+    assert not out.exists()  # nothing written: no cells folder, no invocations.jsonl
+
+
+@pytest.mark.parametrize(
+    "model_args,message",
+    [
+        ("windw=3", "model_args: unknown key 'windw'"),
+        ("factor=2", "model_args: factor is a schedule setting: it needs schedule=NAME"),
+        ("pretrained={tiny},dtype=float8", "model_args: dtype must be one of"),
+        ("pretrained={tiny},scheme=nosuch", "unknown scheme 'nosuch'"),
+        ("pretrained={tiny},scheme=rope,schedule=yarn", "model_args: a scheme replaces RoPE"),
+    ],
+)
+def test_lm_evals_command_with_posenc_refuses_bad_model_args_in_one_line(llama_dir, model_args, message):
+    """``python -m posenc.harness`` (lm-eval's command with posenc's model registered) as a subprocess: exit code 2,
+    posenc's error as one line (the last, after lm-eval's own log lines), no traceback; each refused before the
+    model loads or any task runs."""
+    root = Path(__file__).resolve().parents[2]
+    argv = ["run", "--model", "posenc", "--model_args", model_args.format(tiny=llama_dir / "tiny")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "posenc.harness", *argv, "--tasks", "niah_single_1", "--device", "cpu"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert [line for line in lines if line.startswith("posenc: error: ")] == lines[-1:] and message in lines[-1]

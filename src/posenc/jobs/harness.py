@@ -30,6 +30,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from posenc import encodings
 from posenc.data.corpora import load_tokens
 from posenc.encodings.registry import split_part
 from posenc.errors import PosencError
@@ -106,6 +107,37 @@ def parse_model_args(kwargs: dict) -> ModelArgs:
     return ModelArgs(**args)
 
 
+def check_model_args(args: ModelArgs) -> str:
+    """The kind of ``args.pretrained`` (``posenc.jobs.finetune.model_kind``: train, finetune, pretrained), after the
+    checks of ``args`` that need no weights, so that ``posenc harness`` makes them for every adaptation before it
+    writes anything: PosencError (one line) for a dtype other than float32 on a posenc run, a schedule, scheme or
+    method on a finetune run (it is evaluated as trained), a scheme on a train run or with a schedule or method,
+    invalid or unused schedule settings (``posenc.jobs.extend.ScheduleSettings``), an unknown method, a scheme spec
+    that does not parse (unknown names or parameters)."""
+    kind = finetune.model_kind(args.pretrained)
+    if args.dtype != "float32" and kind != "pretrained":
+        raise PosencError(f"model_args: dtype={args.dtype} is for pretrained models; a {kind} run is float32")
+    if kind == "finetune" and (args.schedule or args.scheme or args.method):
+        raise PosencError(
+            f"{args.pretrained} is a finetune run: it is evaluated with the scheme or schedule it was trained "
+            "with (no schedule, scheme or method)"
+        )
+    if kind == "train" and args.scheme is not None:
+        raise PosencError(f"{args.pretrained} is a posenc train run: it is evaluated with its own scheme")
+    if args.scheme is not None and (args.schedule or args.method):
+        raise PosencError("model_args: a scheme replaces RoPE: give no schedule or method with it")
+    if args.schedule is not None and kind == "pretrained":
+        check_name(args.schedule)
+        extend.check_settings(validated(extend.ScheduleSettings, args.settings, "schedule settings"), [args.schedule])
+    method = None if args.method is None else split_part(args.method, "method")[0]
+    if method is not None and method not in PARAMETERS:  # its values are checked against the model's L0 (parse)
+        raise PosencError(f"unknown method {method!r} (methods: {', '.join(PARAMETERS)})")
+    if args.scheme is not None:
+        for entry in encodings.layer_pattern(args.scheme):
+            encodings.parts(entry)
+    return kind
+
+
 def method_reach(method, limit: int) -> int | None:
     """The longest sequence (tokens) whose largest attended distance under ``method`` stays below ``limit``
     positions (``posenc.methods.Method.reach``), or None when it never reaches ``limit`` (LM-Infinite, sinks,
@@ -131,22 +163,14 @@ class _Pretrained:
 
     def __init__(self, args: ModelArgs):
         if finetune.model_kind(args.pretrained) == "finetune":
-            if args.schedule or args.scheme or args.method:
-                raise PosencError(
-                    f"{args.pretrained} is a finetune run: it is evaluated with the scheme or schedule it was trained "
-                    "with (no schedule, scheme or method)"
-                )
             loaded, self.adapted, self.label = finetune.load_finetuned(Path(args.pretrained))
         else:
-            if args.scheme is not None and (args.schedule or args.method):
-                raise PosencError("model_args: a scheme replaces RoPE: give no schedule or method with it")
             loaded = loading.load(args.pretrained, args.dtype)
             self.adapted = Adaptation(loaded.model)
             if args.scheme is not None:
                 self.adapted.set_scheme(args.scheme)
             elif args.schedule is not None:
                 settings = validated(extend.ScheduleSettings, args.settings, "schedule settings")
-                extend.check_settings(settings, [args.schedule])
                 self.adapted.set_schedule(extend.extension(settings, args.schedule))
             if args.method is not None:
                 self.adapted.set_method(args.method)
@@ -194,8 +218,6 @@ class _Own:
     but a learned position table's (``LM.check_length``)."""
 
     def __init__(self, args: ModelArgs):
-        if args.scheme is not None:
-            raise PosencError(f"{args.pretrained} is a posenc train run: it is evaluated with its own scheme")
         self.model, _, tcfg = load_run(Path(args.pretrained))
         if args.schedule is not None:
             params = {extend.SCHEDULE_KEYS.get(k, k): v for k, v in args.settings.items()}  # posenc.rope's names
@@ -241,9 +263,7 @@ class PosencLM(TemplateLM):
             warnings.warn(f"device {device}: no CUDA device here, running on the CPU", stacklevel=2)
             device = "cpu"
         self.args = parse_model_args(model_args)
-        kind = finetune.model_kind(self.args.pretrained)
-        if self.args.dtype != "float32" and kind != "pretrained":
-            raise PosencError(f"model_args: dtype={self.args.dtype} is for pretrained models; a {kind} run is float32")
+        kind = check_model_args(self.args)
         self.backend = _Own(self.args) if kind == "train" else _Pretrained(self.args)
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if kind != "train":
@@ -464,12 +484,24 @@ def grid(
     them), ``out/cache/`` (lm-eval's request cache: a killed cell resumes at its first sample not scored),
     ``out/invocations.jsonl`` (each call's stamp: versions, commit, device, threads, precision, command),
     ``out/table.md``, ``table.csv`` and ``plot.png``; returns the table. ``tokenizer``: what RULER's tasks size their
-    prompts with (None: the model's own, saved to ``out/tokenizer``). PosencError (one line) for a bad adaptation,
-    before any model loads, and as :class:`PosencLM`."""
-    args = {a: adaptation_args(a) for a in adaptations}  # every spec checked before the first load
+    prompts with (None: the model's own, saved to ``out/tokenizer``). PosencError (one line) for a bad adaptation
+    before anything is written: every adaptation's model_args checked (``check_model_args``) before any model loads,
+    and ``out`` made once the first model to evaluate is adapted (an error that needs the weights, such as a scheme
+    the model cannot take, then also comes first); else as :class:`PosencLM`."""
+    args = {a: adaptation_args(a) for a in adaptations}
+    for a in adaptations:
+        check_model_args(parse_model_args({"pretrained": model, **args[a]}))
     out = Path(out)
-    make_run_dir(out / "cells")
-    append_jsonl(out / "invocations.jsonl", {"model": model, "tasks": tasks, "lengths": lengths, **run_stamp()})
+    started = False  # out made and this call's stamp appended
+
+    def start() -> None:
+        nonlocal started
+        if not started:
+            make_run_dir(out / "cells")
+            stamp = {"model": model, "tasks": tasks, "lengths": lengths, **run_stamp()}
+            append_jsonl(out / "invocations.jsonl", stamp)
+            started = True
+
     cells = {}
     for adaptation in adaptations:
         lm = None
@@ -479,11 +511,13 @@ def grid(
                 if not path.exists():
                     if lm is None:
                         lm = PosencLM(pretrained=model, **args[adaptation])
+                        start()
                         tokenizer = tokenizer or _saved_tokenizer(lm, out / "tokenizer")
                     cache = out / "cache" / path.stem
                     record = {"adaptation": adaptation, "task": task, "length": length, "limit": limit}
                     write_json(path, record | run_cell(lm, task, length, limit, cache, tokenizer))
                 cells[adaptation, task, length] = read_json(path)
+    start()  # every cell was kept: the call is stamped all the same
     return write_table(cells, tasks, lengths, adaptations, out)
 
 
