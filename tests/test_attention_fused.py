@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc import encodings
-from posenc.attention import attention, causal_tile, fusable, fused_separable, naive_attention, toeplitz_causal
+from posenc.attention import Bias, attention, causal_tile, fusable, fused_separable, naive_attention, toeplitz_causal
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.bias import alibi_slopes, distance_bias
 from posenc.encodings.composite import sum_biases
@@ -35,9 +35,30 @@ def biases(T: int, dtype=torch.float64, B: int = 2) -> dict:
     }
 
 
+def test_a_sum_of_biases_carries_the_forms_every_part_allows():
+    """Pointwise ``at`` and separable ``keys`` where every part has them; ``far`` where each part has ``keys`` or
+    ``far`` and some lack ``keys``; ``toeplitz`` only alone (T5), as a sum is not dispatched to the Toeplitz path.
+    The sum's tiles are the parts' tiles summed."""
+    b = biases(20)
+    forms = {
+        name: [form for form in ("at", "keys", "far", "toeplitz") if getattr(bias, form) is not None]
+        for name, bias in b.items()
+    }
+    assert forms == {
+        "alibi": ["at", "keys"],
+        "forget": ["at", "keys"],
+        "alibi+forget": ["at", "keys"],
+        "t5": ["far", "toeplitz"],
+        "t5+forget": ["far"],
+        "alibi+t5+forget": ["far"],
+    }
+    parts = b["alibi"].tile(3, 9, 2, 8) + b["t5"].tile(3, 9, 2, 8) + b["forget"].tile(3, 9, 2, 8)
+    assert torch.allclose(b["alibi+t5+forget"].tile(3, 9, 2, 8), parts, atol=1e-12, rtol=0)
+
+
 def untiled(bias):
     """The same tiles without the separable form: the tile path's bias."""
-    return lambda *a: bias(*a)
+    return Bias(bias.tile)
 
 
 @pytest.mark.parametrize("name", ["alibi", "forget", "alibi+forget", "t5", "t5+forget", "alibi+t5+forget"])
@@ -51,7 +72,7 @@ def test_fused_values_equal_full_matrix_over_many_blocks(name, block):
         fast = attention(q, k, v, bias=bias, block_size=block)
         ref = naive_attention(q, k, v, bias=bias)
         fused = fused_separable(q, k, v, bias, 1 / math.sqrt(8), block)
-        if hasattr(bias, "toeplitz"):  # T5 alone is a bias of the distance only: the toeplitz path is taken
+        if bias.toeplitz is not None:  # T5 alone is a bias of the distance only: the toeplitz path is taken
             assert torch.equal(fast, toeplitz_causal(q, k, v, bias.toeplitz(T), 1 / math.sqrt(8), block))
         else:
             assert torch.equal(fast, fused)  # the path attention took
@@ -114,7 +135,7 @@ def test_fused_gate_gradients_equal_explicit_products():
     q, k, v = (torch.randn(1, 2, T, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     fast = attention(q, k, v, bias=forget_bias(log_forget_cumsum(logits), torch.float64))
     ref_bias = forget_bias_naive(logits)
-    ref = naive_attention(q, k, v, bias=lambda *a: ref_bias.clone())
+    ref = naive_attention(q, k, v, bias=Bias(lambda *a: ref_bias.clone()))
     assert torch.allclose(fast, ref, atol=1e-12)
     for a, b in zip(
         torch.autograd.grad(fast.sum(), (q, k, v, logits)), torch.autograd.grad(ref.sum(), (q, k, v, logits))

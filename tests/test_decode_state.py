@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from test_decode import SPECS, T, model
 
+from posenc.attention import Bias
 from posenc.encodings.base import Buffer, Encoding, Inputs
 from posenc.encodings.householder import path_keys
 from posenc.errors import PosencError
@@ -69,13 +70,13 @@ def _record_hooks(m) -> list:
                 rows(inp)
             out = fn(*args, **kwargs)
             if name == "bias" and out is not None:
-                tile = out
+                bias = out
 
                 def tiles(qs, qe, ks, ke):
                     seen.append(("tile", qs, qe))
-                    return tile(qs, qe, ks, ke)
+                    return bias.tile(qs, qe, ks, ke)
 
-                return tiles
+                return Bias(tiles)  # the tiles only: every row the core asks for is counted
             return out
 
         setattr(enc, name, hooked)
@@ -151,6 +152,18 @@ def test_path_refuses_to_crop_but_keeps_its_cache():
     with pytest.raises(PosencError, match="path cannot crop"):
         cache.crop(3)
     assert all(layer.length == 6 for layer in cache.layers)
+
+
+def test_a_crop_that_one_layer_refuses_changes_no_layer():
+    """A crop refused by the second layer's scheme (PaTH) leaves the first (RoPE) as it was: every part is asked
+    (``check_crop``) before any crops (the first layer was cropped to 3 positions, the second kept 6)."""
+    m, cache = model("rope|path"), Cache(2)
+    with torch.no_grad():
+        m.decode(torch.zeros(1, 6, dtype=torch.long), cache)
+    held = cache.nbytes()
+    with pytest.raises(PosencError, match="path cannot crop"):
+        cache.crop(3)
+    assert [layer.length for layer in cache.layers] == [6, 6] and cache.length == 6 and cache.nbytes() == held
 
 
 def test_buffers_grow_by_doubling_without_copying_the_prefix_per_step():

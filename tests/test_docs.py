@@ -78,7 +78,7 @@ def test_the_worked_plugin_registers_and_reimplements_alibi(plugin):
     assert torch.allclose(_logits("scaled-alibi", tokens), alibi, atol=1e-12)
     assert not torch.allclose(_logits("scaled-alibi:scale=0.5", tokens), alibi, atol=1e-3)
     enc = encodings.get("scaled-alibi:scale=0.5")
-    tile = enc.bias(encodings.Inputs(torch.zeros(1, 5, 128), torch.arange(5)))(0, 5, 0, 5)
+    tile = enc.bias(encodings.Inputs(torch.zeros(1, 5, 128), torch.arange(5))).tile(0, 5, 0, 5)
     m = encodings.bias.alibi_slopes(4)[None, :, None, None] / 2
     assert torch.allclose(tile.double(), -m * (torch.arange(5)[:, None] - torch.arange(5)[None, :]), atol=1e-6)
     with pytest.raises(PosencError, match="scale must be > 0"):

@@ -159,7 +159,7 @@ def test_the_fast_attention_paths_agree_with_the_naive_reference_under_the_mask(
     for b in range(B):  # a real query's output is the row alone's
         alone = naive_attention(q[b : b + 1, :, first[b] :], k[b : b + 1, :, first[b] :], v[b : b + 1, :, first[b] :])
         assert (ref[b, :, first[b] :] - alone[0]).abs().max() < 1e-12
-    tile = pad(0, T, 0, T)
+    tile = pad.tile(0, T, 0, T)
     b, qi, ki = torch.meshgrid(torch.arange(B), torch.arange(T), torch.arange(T), indexing="ij")
     assert torch.equal(pad.at(b, 0, qi, ki), tile[:, 0])
 

@@ -6,7 +6,7 @@
 import torch
 
 from posenc.encodings import Dims, Encoding, Inputs, register
-from posenc.encodings.base import BiasFn, PositionState
+from posenc.encodings.base import Bias, PositionState
 from posenc.encodings.bias import alibi_slopes, distance_bias
 from posenc.errors import PosencError
 
@@ -30,7 +30,7 @@ class ScaledALiBi(Encoding):
         # (H,) float64; a buffer of an Encoding keeps float64 under model.half() / .to(torch.bfloat16)
         self.register_buffer("slopes", scale * alibi_slopes(dims.n_head), persistent=False)
 
-    def bias(self, inp: Inputs) -> BiasFn:
+    def bias(self, inp: Inputs) -> Bias:
         # inp.x: (B, T, d_model) the layer's input, only its dtype used here; inp.pos: (T,) int64 positions
         return distance_bias(self.slopes, inp.pos, torch.promote_types(inp.x.dtype, torch.float32))
 

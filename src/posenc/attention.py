@@ -7,11 +7,11 @@
 - with a bias: a chunked path over query blocks, each block one SDPA call with
   its (block x keys) bias tile as the mask, so at most (block x T) scores exist;
 - with a separable bias on CPU (ALiBi, the forget gate, their sums; T5 on the keys
-  beyond its max_distance: a BiasFn with ``keys`` or ``far``): ``fused_separable``,
+  beyond its max_distance: a :class:`Bias` with ``keys`` or ``far``): ``fused_separable``,
   the far keys of a block through the flash kernel with the bias on one extra
   feature, the near ones with their tile;
 - with a bias of the distance only over consecutive positions, in evaluation (T5,
-  Kerple: a BiasFn with ``toeplitz``): ``toeplitz_causal``, each block's mask a
+  Kerple: a :class:`Bias` with ``toeplitz``): ``toeplitz_causal``, each block's mask a
   strided view of one table of 2T - 1 values, read in place by the kernel;
 - with a :class:`Window` (sliding-window or chunked layers: Gemma 3, Mistral, Llama 4):
   ``windowed``, each query block over the keys its window can reach only, so at most
@@ -35,32 +35,34 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from posenc.errors import PosencError
 
-# bias(q_start, q_end, k_start, k_end) -> (B|1, H, q_end-q_start, k_end-k_start) float32, a new tensor
-# (the core masks it in place); a pointwise bias may also carry ``at(b, h, q_idx, kv_idx)``, the same
-# value for one score (FlexAttention's score_mod on CUDA, ``flex_causal``). A separable bias, f(i, j) =
-# r(i) + c(j) for every i >= j, carries ``keys(qs, ke)``: the row of query qs over keys [0, ke), f(qs, j),
-# (B|1, H, ke) float32+; one separable on the keys far from each query block only (T5 beyond its
-# max_distance) carries ``far(qs, qe)`` -> (near, row): keys [0, near), near <= qs, on which f(i, j) = r(i) +
-# c(j) for the queries [qs, qe), and their row f(qs, j). The CPU path ``fused_separable`` reads them. A bias
-# of the distance only, f(i, j) = b(i - j) over consecutive positions, carries ``toeplitz(n)``: b at the
-# distances 0..n-1, (H, n) float32+ (``toeplitz_causal`` reads it).
 BiasFn = Callable[[int, int, int, int], torch.Tensor]
 
 
-def with_forms(
-    tile: BiasFn,
-    *,
-    at: Callable[..., torch.Tensor] | None = None,
-    keys: Callable[[int, int], torch.Tensor] | None = None,
-    far: Callable[[int, int], tuple[int, torch.Tensor]] | None = None,
-    toeplitz: Callable[[int], torch.Tensor] | None = None,
-) -> BiasFn:
-    """``tile`` carrying the forms given (``at``, ``keys``, ``far``, ``toeplitz``; see ``BiasFn``) as attributes,
-    the rest left as they are: set here, as a type checker sees no such attributes on a Callable."""
-    for name, form in (("at", at), ("keys", keys), ("far", far), ("toeplitz", toeplitz)):
-        if form is not None:
-            setattr(tile, name, form)
-    return tile
+@dataclasses.dataclass(frozen=True, eq=False)
+class Bias:
+    """An additive score bias f(i, j) of query row i and key row j (rows of the keys' sequence), in the forms the
+    core's paths read. ``tile`` is the bias; each other form (None: absent) gives a path that computes the same
+    attention faster, and the tests compare it with the tiles.
+
+    - ``tile(qs, qe, ks, ke)``: (B|1, H, qe - qs, ke - ks) float32+, f over the query rows [qs, qe) and key rows
+      [ks, ke); a new tensor each call (the core masks it in place). Every path with a bias reads it: the chunked
+      path, ``windowed``, the near keys of ``fused_separable``, ``naive_attention``.
+    - ``at(b, h, q_idx, kv_idx)``: f of one score (0-dim int tensors in, a 0-dim float32+ tensor out), a
+      pointwise bias's form for FlexAttention's ``score_mod``: ``flex_causal`` (CUDA, evaluation).
+    - ``keys(qs, ke)``: (B|1, H, ke) float32+, the row f(qs, j) over the keys [0, ke) of a separable bias, f(i, j)
+      = r(i) + c(j) at every i >= j (ALiBi, the forget gate): ``fused_separable`` (CPU).
+    - ``far(qs, qe)``: (near, row): the keys [0, near), near <= qs, on which f(i, j) = r(i) + c(j) for the
+      queries [qs, qe), and their row f(qs, j), (B|1, H, near) float32+; a bias separable on the keys far from a
+      query block only (T5 beyond its max_distance): ``fused_separable`` (CPU).
+    - ``toeplitz(n)``: (H, n) float32+, b at the distances 0..n-1 of a bias of the distance only over consecutive
+      positions, f(i, j) = b(i - j) (T5, Kerple): ``toeplitz_causal`` (evaluation).
+    """
+
+    tile: BiasFn
+    at: Callable[..., torch.Tensor] | None = None
+    keys: Callable[[int, int], torch.Tensor] | None = None
+    far: Callable[[int, int], tuple[int, torch.Tensor]] | None = None
+    toeplitz: Callable[[int], torch.Tensor] | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -230,13 +232,17 @@ def half_to_adjacent(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((x1, x2), dim=-1).flatten(-2)
 
 
-def causal_tile(bias: BiasFn | None, qs: int, qe: int, ke: int, device, dtype) -> torch.Tensor:
+def causal_tile(bias: Bias | None, qs: int, qe: int, ke: int, device, dtype) -> torch.Tensor:
     """Additive mask for queries [qs, qe) over keys [0, ke): bias tile + causal -inf.
 
     Keys before ``qs`` are visible to every query of the block, so only the diagonal
-    square gets -inf (in place: a BiasFn returns a new tile that the caller owns).
+    square gets -inf (in place: a bias returns a new tile that the caller owns).
     """
-    tile = torch.zeros(1, 1, qe - qs, ke, device=device, dtype=dtype) if bias is None else bias(qs, qe, 0, ke).to(dtype)
+    tile = (
+        torch.zeros(1, 1, qe - qs, ke, device=device, dtype=dtype)
+        if bias is None
+        else bias.tile(qs, qe, 0, ke).to(dtype)
+    )
     diag = torch.ones(qe - qs, ke - qs, device=device, dtype=torch.bool).triu(1)
     tile[..., qs:ke].masked_fill_(diag, float("-inf"))
     return tile
@@ -262,7 +268,7 @@ def attention(
     phases: torch.Tensor | None = None,
     rotate_v: bool = False,
     pairing: str = "half",
-    bias: BiasFn | None = None,
+    bias: Bias | None = None,
     logit_scale: float = 1.0,
     block_size: int = 512,
     window: Window | None = None,
@@ -298,10 +304,10 @@ def attention(
     scale = logit_scale / math.sqrt(q.shape[-1])
     if window is not None:
         out = windowed(q, k, v, bias, window, scale, block_size)
-    elif q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and (at := getattr(bias, "at", None)) is not None:
-        out = flex_causal(q, k, v, at, scale)
-    elif q_start == 0 and not torch.is_grad_enabled() and (table := getattr(bias, "toeplitz", None)) is not None:
-        out = toeplitz_causal(q, k, v, table(T), scale, block_size) + nan_rows(q, k)
+    elif q.is_cuda and q_start == 0 and not torch.is_grad_enabled() and bias is not None and bias.at is not None:
+        out = flex_causal(q, k, v, bias.at, scale)
+    elif q_start == 0 and not torch.is_grad_enabled() and bias is not None and bias.toeplitz is not None:
+        out = toeplitz_causal(q, k, v, bias.toeplitz(T), scale, block_size) + nan_rows(q, k)
     elif q_start == 0 and bias is not None and fusable(q, bias, block_size):
         out = fused_separable(q, k, v, bias, scale, block_size) + nan_rows(q, k)
     elif bias is None and q_start == 0:
@@ -328,7 +334,7 @@ def windowed(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    bias: BiasFn | None,
+    bias: Bias | None,
     window: Window,
     scale: float,
     block_size: int,
@@ -343,7 +349,9 @@ def windowed(
     for qs in range(q_start, T, block_size):
         qe = min(qs + block_size, T)
         ks = window.start(qs)
-        tile = torch.zeros((), device=q.device, dtype=q.dtype) if bias is None else bias(qs, qe, ks, qe).to(q.dtype)
+        tile = (
+            torch.zeros((), device=q.device, dtype=q.dtype) if bias is None else bias.tile(qs, qe, ks, qe).to(q.dtype)
+        )
         mask = torch.where(window.keep(qs, qe, ks, qe, q.device), tile, float("-inf"))
         rows = q[..., qs - q_start : qe - q_start, :]
         blocks.append(
@@ -371,7 +379,7 @@ def nan_rows(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         )
 
 
-def fusable(q: torch.Tensor, bias: BiasFn | None, block_size: int) -> bool:
+def fusable(q: torch.Tensor, bias: Bias | None, block_size: int) -> bool:
     """Whether ``fused_separable`` computes this forward (of all T queries), with its gradients where grad is
     enabled: a separable bias on CPU, float32 or float64 outside autocast (the key term rides on a feature of q
     and k, which must not be bf16), and no grad (``keys`` or ``far``), or T <= block_size and ``keys`` (one SDPA
@@ -384,25 +392,25 @@ def fusable(q: torch.Tensor, bias: BiasFn | None, block_size: int) -> bool:
     ):
         return False
     if torch.is_grad_enabled():
-        return hasattr(bias, "keys") and q.shape[-2] <= block_size
-    return hasattr(bias, "keys") or hasattr(bias, "far")
+        return bias.keys is not None and q.shape[-2] <= block_size
+    return bias.keys is not None or bias.far is not None
 
 
-def far_keys(bias: BiasFn, qs: int, qe: int) -> tuple[int, torch.Tensor]:
+def far_keys(bias: Bias, qs: int, qe: int) -> tuple[int, torch.Tensor]:
     """A separable bias's far keys for the queries [qs, qe): (near, row f(qs, j) over j in [0, near)); every key
-    before qs for a bias with ``keys`` (see ``BiasFn``)."""
-    if hasattr(bias, "far"):
+    before qs for a bias with ``keys`` (see :class:`Bias`)."""
+    if bias.far is not None:
         return bias.far(qs, qe)
-    assert hasattr(bias, "keys")  # a separable bias has one of the two (``fusable``)
+    assert bias.keys is not None  # a separable bias has one of the two (``fusable``)
     return qs, bias.keys(qs, qs)
 
 
 def fused_separable(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: BiasFn, scale: float, block_size: int
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Bias, scale: float, block_size: int
 ) -> torch.Tensor:
     """Causal attention with a separable score bias: no (block x T) bias tile, the far keys' bias on one feature.
 
-    q, k: (B, H, T, Dk), v: (B, H, T, Dv), every query (no cache), float32 or float64; bias: a BiasFn with
+    q, k: (B, H, T, Dk), v: (B, H, T, Dv), every query (no cache), float32 or float64; bias: a Bias with
     ``keys`` or ``far``; scores ``scale * q.k + f(i, j)``. For a query block [qs, qe) and its far keys j < near
     (``far_keys``), f(i, j) = r(i) + c(j): their scores are ``scale * q.k + f(qs, j)`` plus the query's
     r(i) - r(qs), the queries' extra feature 1 / scale and the keys' f(qs, j) (the row of the block's first
@@ -417,7 +425,7 @@ def fused_separable(
     """
     B, H, T, D = q.shape
     width = max(D + 1, v.shape[-1])  # the CPU flash kernel needs one head size for q, k and v
-    if T <= block_size and hasattr(bias, "keys"):
+    if T <= block_size and bias.keys is not None:
         qx, kx, vx = (_pad(t, width, c) for t, c in ((q, 1 / scale), (k, bias.keys(0, T)), (v, 0.0)))
         return F.scaled_dot_product_attention(qx, kx, vx, is_causal=True, scale=scale)[..., : v.shape[-1]]
     qx, kx, vx = (_pad(t, width, c) for t, c in ((q, 1 / scale), (k, 0.0), (v, 0.0)))
@@ -426,7 +434,7 @@ def fused_separable(
         qe = min(qs + block_size, T)
         near, row = far_keys(bias, qs, qe)
         ks = max(near - 1, 0)
-        tile = bias(qs, qe, ks, qe).to(q.dtype)
+        tile = bias.tile(qs, qe, ks, qe).to(q.dtype)
         tile.masked_fill_(torch.arange(ks, qe) > torch.arange(qs, qe)[:, None], float("-inf"))
         kx[..., near:qe, D] = 0.0  # the near keys' bias is the tile's (an earlier block may have written a far row)
         rows, mask = qx[..., qs:qe, :], tile[..., near - ks :].expand(B, H, -1, -1)
@@ -526,7 +534,7 @@ def _compiled_flex():
 def flex_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: Callable, scale: float) -> torch.Tensor:
     """Causal FlexAttention (compiled) with scores ``scale * q.k + at(b, h, q_idx, kv_idx)``: (B, H, T, Dv).
 
-    The CUDA evaluation path of pointwise score biases (a BiasFn's ``at``: ALiBi, the
+    The CUDA evaluation path of pointwise score biases (a Bias's ``at``: ALiBi, the
     forget gate and their sums): a block mask skips the masked half, no bias tile is
     stored. Training keeps the chunked path (its bias gradients, e.g. the forget gate's,
     are the tested ones; FlexAttention has no backward on CPU to test against). On CPU
@@ -541,7 +549,7 @@ def flex_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: Callable,
 
 
 def naive_attention(
-    q, k, v, *, bias: BiasFn | None = None, logit_scale: float = 1.0, window: Window | None = None
+    q, k, v, *, bias: Bias | None = None, logit_scale: float = 1.0, window: Window | None = None
 ) -> torch.Tensor:
     """Reference: the full T x T causal softmax, no rotation. Shapes as ``attention`` (every query: Tq = T).
     ``window``: key j hidden from query i unless i - size < j (sliding) or, chunked, (i - f) // size ==

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from posenc import encodings
-from posenc.attention import Window, attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype, with_forms
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.attention import Bias, Window, attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype
+from posenc.encodings.base import Buffer, CachePart, DecodeState, Dims, Encoding, Inputs, batch_rows
 from posenc.encodings.composite import Composite, sum_biases
 from posenc.encodings.registry import check_capabilities
 from posenc.errors import PosencError
@@ -32,7 +32,7 @@ class Prepared:
     """A scheme's hooks evaluated on one layer input, as the attention core takes them.
 
     inp: the hook inputs (x (B, T, d_model), pos (T,) int64, tokens (B, T) or None);
-    phases: (B|1, H|1, T, P) float32 radians or None; bias: tile callable or None;
+    phases: (B|1, H|1, T, P) float32 radians or None; bias: a ``posenc.attention.Bias`` or None;
     rotate_v, pairing, logit_scale: as ``posenc.attention.attention`` takes them;
     encoding: the scheme (its ``attend`` for schemes that replace attention; its
     ``dims``: the query heads and head dim :func:`attend` takes).
@@ -40,7 +40,7 @@ class Prepared:
 
     inp: Inputs
     phases: torch.Tensor | None
-    bias: BiasFn | None
+    bias: Bias | None
     rotate_v: bool
     pairing: str
     logit_scale: float
@@ -92,7 +92,7 @@ def padding_starts(attention_mask: Any, batch: int, length: int, device=None) ->
     return first.to(device or attention_mask.device) if bool(first.any()) else None
 
 
-def padding_bias(first: torch.Tensor) -> BiasFn:
+def padding_bias(first: torch.Tensor) -> Bias:
     """The padding mask of a left-padded batch as a score bias: -inf for a real query over a padding key (rows
     and keys counted in the padded sequence, cache rows when decoding), 0 elsewhere, so a padding query (which
     no real query reads) still sees itself and its row stays finite. first: (B,) int64 (``padding_starts``);
@@ -108,10 +108,10 @@ def padding_bias(first: torch.Tensor) -> BiasFn:
     def at(b, h, qi, ki):
         return torch.where((ki < first[b]) & (qi >= first[b]), float("-inf"), 0.0)
 
-    return with_forms(tile, at=at)
+    return Bias(tile, at=at)
 
 
-def with_padding(bias: BiasFn | None, first: torch.Tensor | None) -> BiasFn | None:
+def with_padding(bias: Bias | None, first: torch.Tensor | None) -> Bias | None:
     """``bias`` plus the padding mask of a left-padded batch (``padding_bias``); ``bias`` itself without padding."""
     if first is None:
         return bias
@@ -142,7 +142,12 @@ def _check_flags(enc: Encoding, phases, bias) -> None:
     """PosencError (one line) when ``phases`` or ``bias`` (``enc``'s hooks on some input) is a value while the flag
     naming that hook (``rotary``, ``has_bias``) is False: cached decoding reads the flags and would drop it, so the
     parallel forward would differ from decoding (a plugin that lists the flag in ``instance_flags`` and never sets
-    it)."""
+    it); or when ``bias`` is not a ``posenc.attention.Bias`` (a plugin's bare tile function)."""
+    if bias is not None and not isinstance(bias, Bias):
+        raise PosencError(
+            f"scheme {enc.describe()!r}: bias() gave a {type(bias).__name__}, not a posenc.attention.Bias "
+            "(wrap a tile function: Bias(tile))"
+        )
     for flag, value in (("rotary", phases), ("has_bias", bias)):
         if value is not None and not getattr(enc, flag):
             hook = "phases" if flag == "rotary" else "bias"
@@ -268,7 +273,7 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Prepared)
         raise PosencError(f"q has {q.shape[1]} heads; the scheme was prepared for {dims.n_head}")
 
 
-class LayerCache:
+class LayerCache(CachePart):
     """One layer's decoding state, filled by ``Attention.decode``.
 
     Incremental (the default, for a scheme with a ``DecodeState``): keys and values
@@ -288,7 +293,8 @@ class LayerCache:
     incremental step (``evicted``: the positions dropped; ``length`` still counts every position fed), so its
     memory stays bounded however long the decoding; such a cache cannot be cropped. A cache belongs to the
     layer of its first step (``owner``): another layer's ``decode`` with it raises PosencError, as its keys,
-    scheme state and head count are that layer's.
+    scheme state and head count are that layer's. ``crop``, ``reorder``, ``nbytes``: :class:`CachePart`'s, over
+    the scheme's state and the buffers.
     """
 
     def __init__(self, reference: bool = False, capacity: int = 0):
@@ -315,19 +321,15 @@ class LayerCache:
     pos = property(lambda self: self._pos.value)
     tokens = property(lambda self: self._tokens.value)
 
-    def _all(self) -> list:
-        return ([self.state] if self.state is not None else []) + [
-            self._pos,
-            self._x,
-            self._tokens,
-            self._q,
-            self._k,
-            self._v,
-        ]  # the state may refuse first
+    def parts(self) -> list[CachePart]:
+        held: list[CachePart] = [self._pos, self._x, self._tokens, self._q, self._k, self._v]
+        return held if self.state is None else [self.state, *held]
 
     def check_crop(self, length: int) -> None:
-        """PosencError (one line) unless ``crop(length)`` can keep the first ``length`` positions: a length beyond
-        the cache's, or below it in a windowed layer's cache (the keys a query at ``length`` would see are gone)."""
+        """PosencError (one line) unless ``crop(length)`` can keep the first ``length`` positions (e.g. after
+        rejected speculative tokens): a length beyond the cache's, below it in a windowed layer's cache (the keys a
+        query at ``length`` would see are gone), or where the scheme's state cannot go back (PaTH's transformed
+        keys)."""
         if not 0 <= length <= self.length:
             raise PosencError(f"cannot crop a cache of {self.length} positions to {length}")
         if self.evicted and length < self.length:
@@ -335,35 +337,55 @@ class LayerCache:
                 "a windowed layer's cache keeps only its window's last keys: it cannot be cropped (the earlier ones "
                 "are gone)"
             )
+        super().check_crop(length)
 
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` positions (e.g. after rejected speculative tokens); PosencError where the
-        scheme's state cannot go back (PaTH's transformed keys) or the layer dropped keys (``check_crop``)."""
-        self.check_crop(length)
-        for b in self._all():
-            b.crop(length)
+    def add_positions(self, pos: torch.Tensor) -> torch.Tensor:
+        """Hold the new positions pos (n,) int64; returns every held position (T,)."""
+        return self._pos.append(pos)
+
+    def add_keys(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hold the new rows' keys and values (B, Hkv|H, n, D) as the attention reads them; returns every held key
+        and value (B, Hkv|H, T, D)."""
+        return self._k.append(k), self._v.append(v)
+
+    def key_buffers(self) -> tuple[Buffer, Buffer]:
+        """The key and value Buffers, for a scheme's state that fills them in its own form (``DecodeState.attend``)."""
+        return self._k, self._v
+
+    def add_inputs(self, x, q, k, v, pos, tokens) -> None:
+        """The reference's step: hold the new positions' inputs x (B, n, d_model), q (B, H, n, D) or None (kept only
+        for a scheme that replaces attention), unrotated k, v (B, Hkv, n, D), positions (n,) and token ids (B, n)
+        or None."""
+        for buf, t in (
+            (self._x, x),
+            (self._q, q),
+            (self._k, k),
+            (self._v, v),
+            (self._pos, pos),
+            (self._tokens, tokens),
+        ):
+            if t is not None:
+                buf.append(t)
+
+    def drop(self, start: int, stop: int) -> None:
+        """Forget the held rows [start, stop) of positions, keys and values (a bounded method's eviction: sinks)."""
+        for buf in (self._pos, self._k, self._v):
+            buf.drop(start, stop)
 
     def evict(self, keep: int) -> None:
         """Drop every held position's rows but the last ``keep`` (keys, values, positions, the scheme state's)."""
         stop = self._pos.length - keep
         if stop > 0:
-            for b in (self._pos, self._k, self._v):
-                b.drop(0, stop)
+            self.drop(0, stop)
             if self.state is not None:
                 self.state.drop(stop)
             self.evicted += stop
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): index (B',) int64 into the current batch."""
-        for b in self._all():
-            b.reorder(index)
+        super().reorder(index)
         if self.first is not None:
-            self.first = self.first.index_select(0, index.to(self.first.device))
+            self.first = batch_rows(self.first, index)
         self.batch = int(index.shape[0])
-
-    def nbytes(self) -> int:
-        """Bytes held (allocated capacity, not only the used rows)."""
-        return sum(b.nbytes() for b in self._all())
 
 
 def _padding(attention_mask, positions: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
@@ -643,14 +665,16 @@ class Attention(nn.Module):
             return self._decode_reference(x, q, k, v, pos, tokens, cache)
         inp, enc, state = Inputs(x, pos, tokens, cache.first), self.enc, cache.state
         assert state is not None  # an incremental cache has its scheme's state
-        every = cache._pos.append(pos)
+        every = cache.add_positions(pos)
         phi = state.phases(inp) if enc.rotary and not enc.replaces_attention else None
         rows_first = None if cache.first is None else cache.first - cache.evicted  # the padding in held rows
-        bias = with_padding(state.bias(inp, every) if enc.has_bias else None, rows_first)
+        bias = state.bias(inp, every) if enc.has_bias else None
+        _check_flags(enc, None, bias)
+        bias = with_padding(bias, rows_first)
         if enc.replaces_attention:
             if state.per_head_keys:  # keys transformed per query head: the cache keeps all H (as attend() repeats them)
                 k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)
-            out = state.attend(q, k, v, inp, every, bias, cache._k, cache._v)
+            out = state.attend(q, k, v, inp, every, bias, *cache.key_buffers())
         else:
             out = self._attend_cached(q, k, v, phi, bias, cache)
             if enc.window is not None:  # no later query sees more than the window's last size - 1 keys
@@ -667,7 +691,7 @@ class Attention(nn.Module):
         last = cache.pos
         pos = _positions(positions, x.shape[1], 0 if last is None else int(last[-1]) + 1, x.device)
         q, k, v = self.project(x)
-        every, keys, values = cache._pos.append(pos), cache._k.append(k), cache._v.append(v)
+        every, (keys, values) = cache.add_positions(pos), cache.add_keys(k, v)
         out = method_attention(
             q,
             repeat_kv(keys, self.n_head),
@@ -679,9 +703,7 @@ class Attention(nn.Module):
             **scheme_args(self.enc, m, x),
         )
         if m.bounded and cache.length > m.kept:
-            stop = cache.length - m.window
-            for buf in (cache._pos, cache._k, cache._v):
-                buf.drop(m.n_sink, stop)
+            cache.drop(m.n_sink, cache.length - m.window)
         B, _, n, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(B, n, -1))
 
@@ -696,7 +718,7 @@ class Attention(nn.Module):
                 k, v = repeat_kv(k, self.n_head), repeat_kv(v, self.n_head)
             q, k = (rotate_rows(t.to(dtype), cos, sin, enc.pairing) for t in (q, k))
             v = rotate_rows(v.to(dtype), cos, sin, enc.pairing) if enc.rotate_v else v.to(dtype)
-        keys, values = cache._k.append(k), cache._v.append(v)
+        keys, values = cache.add_keys(k, v)
         out = attention(
             q,
             repeat_kv(keys, self.n_head),
@@ -714,16 +736,7 @@ class Attention(nn.Module):
         """The reference: the hooks over the whole prefix and the whole attention (schemes that replace it), last rows
         kept."""
         whole = self.enc.replaces_attention  # no query-suffix form: the whole attention, last rows kept
-        for buf, t in (
-            (cache._x, x),
-            (cache._q, q if whole else None),
-            (cache._k, k),
-            (cache._v, v),
-            (cache._pos, pos),
-            (cache._tokens, tokens),
-        ):
-            if t is not None:
-                buf.append(t)
+        cache.add_inputs(x, q if whole else None, k, v, pos, tokens)
         a = self.prepare(
             cache.x, cache.pos, cache.tokens, qkv=(cache.q if whole else q, cache.k, cache.v), first=cache.first
         )

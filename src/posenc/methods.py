@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 import torch
 
-from posenc.attention import _pad, merge_lse, nan_rows
+from posenc.attention import Bias, _pad, merge_lse, nan_rows
 from posenc.encodings.base import Encoding, Inputs
 from posenc.encodings.bias import ALiBi
 from posenc.encodings.registry import format_part, split_part
@@ -226,14 +226,14 @@ def relative_positions(method: Method, i: torch.Tensor, j: torch.Tensor) -> tupl
     return torch.where(visible, query_slot - slot, 0), visible
 
 
-def distance_table(bias_of: Callable[[torch.Tensor], Callable], n: int, device=None) -> torch.Tensor:
+def distance_table(bias_of: Callable[[torch.Tensor], Bias], n: int, device=None) -> torch.Tensor:
     """A distance-only score bias at distances 0..n-1: (1, H, n), from the scheme's own tile function.
 
-    bias_of(pos) is the scheme's BiasFn for positions ``pos`` (T,); with pos = arange(n) the last query's row
+    bias_of(pos) is the scheme's Bias for positions ``pos`` (T,); with pos = arange(n) the last query's row
     holds distances n-1..0. For schemes whose bias depends on i - j only (ALiBi, T5, Kerple); differentiable
     in their parameters.
     """
-    return bias_of(torch.arange(n, device=device))(n - 1, n, 0, n)[:, :, 0].flip(-1)
+    return bias_of(torch.arange(n, device=device)).tile(n - 1, n, 0, n)[:, :, 0].flip(-1)
 
 
 def method_attention(
@@ -258,7 +258,7 @@ def method_attention(
     keys, which for sinks are the kept ones only). RoPE (``inv_freq`` (P,) radians per token, P <= D/2,
     ``pairing``): in region r the score <R(qpos_r(i)) q, R(kpos_r(j)) k> (``Method.query_positions``,
     ``key_positions``). A distance-only
-    bias (``bias_of``: the scheme's BiasFn builder, see ``distance_table``): its value at d(i, j). scale:
+    bias (``bias_of``: the scheme's Bias builder, see ``distance_table``): its value at d(i, j). scale:
     multiplies q.k (default 1/sqrt(D)). At most H x block x Tk scores exist at once (one tile per region for
     RoPE), never Tq x Tk; under a Lambda mask only the keys the block may see (``block_keys``). Returns (B, H, Tq, Dv)
     in v's dtype; differentiable (autograd). Reference: ``naive_method_attention`` (tested: values and gradients).

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import encodings, methods, scoring
-from posenc.encodings.base import Buffer, Dims, Encoding
+from posenc.encodings.base import Buffer, CachePart, Dims, Encoding, batch_rows, tensor_nbytes
 from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
 from posenc.layer import Attention, AttentionInputs, LayerCache, check_padding, padding_starts
@@ -142,13 +142,14 @@ class ModelConfig:
         return max((w for w in windows if w is not None), default=None)
 
 
-class Cache:
+class Cache(CachePart):
     """Incremental decoding state of an ``LM`` (``LM.decode``): the token ids so far ``tokens`` (B, T), one
     LayerCache per layer and, for a model with a Canon layer, its last inputs per layer (``canon``).
     ``reference=True`` recomputes every scheme's hooks over the prefix at each step (the reference the incremental
     states are tested against); ``capacity``: positions reserved at the first step
     (buffers double past it). ``first``: (B,) int64, each row's first real position of a left-padded batch
-    (its first step's ``attention_mask``), None without padding."""
+    (its first step's ``attention_mask``), None without padding. ``crop``, ``reorder``, ``nbytes``:
+    :class:`posenc.encodings.base.CachePart`'s, over the Canon states, the layers and the token ids."""
 
     def __init__(self, n_layer: int, reference: bool = False, capacity: int = 0):
         self._n_layer, self._reference, self._capacity = n_layer, reference, capacity
@@ -173,34 +174,30 @@ class Cache:
         """Positions fed so far (with a bounded method, more than the layers keep)."""
         return self._tokens.length + self.uncounted
 
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` positions; PosencError if longer than the cache or a scheme cannot go back (PaTH),
-        the model has a Canon layer (its earlier inputs are not kept), or the cache is bounded (sinks, or a windowed
-        layer that dropped keys: the evicted positions are gone)."""
+    def add_tokens(self, tokens: torch.Tensor, kept: bool = True) -> None:
+        """Count the new positions' ids (B, n) int64, holding them unless ``kept`` is False (a bounded method:
+        sinks, whose memory stays flat)."""
+        if kept:
+            self._tokens.append(tokens)
+        else:
+            self.uncounted += tokens.shape[1]
+
+    def parts(self) -> list[CachePart]:
+        return [*self.canon, *self.layers, self._tokens]
+
+    def check_crop(self, length: int) -> None:
+        """PosencError (one line) unless ``crop(length)`` can keep the first ``length`` positions: not if longer than
+        the cache or a scheme cannot go back (PaTH), the model has a Canon layer (its earlier inputs are not kept),
+        or the cache is bounded (sinks, or a windowed layer that dropped keys: the evicted positions are gone)."""
         if self.uncounted:
             raise PosencError("a bounded cache (sinks) cannot be cropped: the evicted positions are gone")
-        for canon in self.canon:  # refuses before any layer changes
-            canon.crop(length)
-        for layer in self.layers:  # a windowed layer's dropped keys: refused before any layer changes
-            layer.check_crop(length)
-        for layer in self.layers:
-            layer.crop(length)
-        self._tokens.crop(length)
+        super().check_crop(length)
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows, e.g. the surviving beams: index (B',) int64 into the current batch."""
-        for layer in self.layers:
-            layer.reorder(index)
-        for canon in self.canon:
-            canon.reorder(index)
-        self._tokens.reorder(index)
+        super().reorder(index)
         if self.first is not None:
-            self.first = self.first.index_select(0, index.to(self.first.device))
-
-    def nbytes(self) -> int:
-        """Bytes the cache holds (allocated capacity of every buffer and scheme state)."""
-        held = sum(layer.nbytes() for layer in self.layers) + sum(canon.nbytes() for canon in self.canon)
-        return self._tokens.nbytes() + held
+            self.first = batch_rows(self.first, index)
 
 
 def _norm(cfg: ModelConfig) -> nn.Module:
@@ -265,7 +262,7 @@ def canon_naive(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class CanonState:
+class CanonState(CachePart):
     """The last ``width - 1`` Canon inputs of a layer while decoding (B, width - 1, d), zeros before the start."""
 
     def __init__(self):
@@ -281,19 +278,18 @@ class CanonState:
         self.length += h.shape[1]
         return out
 
-    def crop(self, length: int) -> None:
+    def check_crop(self, length: int) -> None:
         """Nothing at the state's own length; PosencError below it (the inputs before the last ones are gone)."""
         if length < self.length:
             raise PosencError("a model with a Canon layer cannot crop its decoding cache: earlier inputs are not kept")
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): index (B',) int64 into the current batch."""
         if self.before is not None:
-            self.before = self.before.index_select(0, index.to(self.before.device))
+            self.before = batch_rows(self.before, index)
 
     def nbytes(self) -> int:
         """Bytes held: the kept inputs."""
-        return 0 if self.before is None else self.before.numel() * self.before.element_size()
+        return tensor_nbytes(self.before)
 
 
 class Block(nn.Module):
@@ -355,6 +351,11 @@ class LM(nn.Module):
     def _blocks(self) -> Sequence[Block]:
         """``blocks`` as the Blocks they are (a type checker sees an nn.ModuleList of nn.Module)."""
         return cast("Sequence[Block]", self.blocks)
+
+    @property
+    def method(self) -> methods.Method | None:
+        """The inference method every layer attends under (``set_method``), or None."""
+        return self._blocks[0].attn.method
 
     def _init_weights(self) -> None:
         """N(0, 0.02^2) for every Linear and Embedding weight except the layers a scheme starts at zero
@@ -487,10 +488,7 @@ class LM(nn.Module):
         padding = None if cache.length else cache.first  # the layers take it at their first step
         for block, layer, canon in zip(self._blocks, cache.layers, cache.canon):
             x = block.decode(x, layer, pos, tokens, canon, padding)
-        if self._blocks[0].attn.method is not None and self._blocks[0].attn.method.bounded:
-            cache.uncounted += tokens.shape[1]  # the ids are not kept either: memory stays flat
-        else:
-            cache._tokens.append(tokens)
+        cache.add_tokens(tokens, kept=self.method is None or not self.method.bounded)
         return self.norm(x[:, -n:]) @ self.tok.weight.T
 
     def _length_keys(self, length: int) -> tuple:
@@ -587,7 +585,7 @@ class LM(nn.Module):
         ``token_nll`` of the parallel forward under the method (tested: the streaming definition). Raises
         PosencError without a bounded method, for chunk < 1 or a text of fewer than 2 tokens.
         """
-        method = self._blocks[0].attn.method
+        method = self.method
         if method is None or not method.bounded:
             raise PosencError(
                 "a streaming perplexity needs a bounded cache: apply a sinks method first (--method sinks:...)"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc import build_model, encodings
-from posenc.attention import attention, naive_attention
+from posenc.attention import Bias, attention, naive_attention
 from posenc.encodings import fire as fire_module
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.bias import alibi_slopes
@@ -56,7 +56,7 @@ def _alibi_naive(pos=POS, n_head=3):
 
 
 def _tiles(full):
-    return lambda qs, qe, ks, ke: full[..., qs:qe, ks:ke]
+    return Bias(lambda qs, qe, ks, ke: full[..., qs:qe, ks:ke])
 
 
 def _assert_same(fast, ref, inputs, tol=1e-7):
@@ -77,11 +77,11 @@ CAUSAL = torch.ones(T, T, dtype=torch.bool).tril()
 def test_fire_tiles_equal_the_explicit_loop(monkeypatch):
     monkeypatch.setattr(fire_module, "KEY_CHUNK", 4)  # several MLP chunks per tile
     enc = _random(encodings.get("fire", DIMS))
-    tile = enc.bias(_inputs())
-    full = tile(0, T, 0, T)
+    bias = enc.bias(_inputs())
+    full = bias.tile(0, T, 0, T)
     assert full.shape == (1, 3, T, T) and full.dtype == torch.float64
     torch.testing.assert_close(full[..., CAUSAL], fire_bias_naive(enc, POS)[..., CAUSAL])
-    torch.testing.assert_close(tile(4, 9, 2, 7), full[..., 4:9, 2:7])  # any tile is a slice
+    torch.testing.assert_close(bias.tile(4, 9, 2, 7), full[..., 4:9, 2:7])  # any tile is a slice
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -90,13 +90,13 @@ def test_fire_tiles_without_grad_take_the_piecewise_form_and_equal_the_mlp(dtype
     the MLP's tiles (the path with grad) to rounding, on random weights and positions up to 400."""
     monkeypatch.setattr(fire_module, "KEY_CHUNK", 4)
     enc = _random(encodings.get("fire", DIMS)).to(dtype)
-    tile = enc.bias(_inputs())
+    bias = enc.bias(_inputs())
     called = []
     monkeypatch.setattr(enc.mlp, "piecewise", lambda dt, f=enc.mlp.piecewise: called.append(dt) or f(dt))
     with torch.no_grad():
-        fast = tile(0, T, 0, T)
+        fast = bias.tile(0, T, 0, T)
     assert called == [dtype] and fast.dtype == dtype
-    mlp = tile(0, T, 0, T).detach()  # grad enabled: the MLP
+    mlp = bias.tile(0, T, 0, T).detach()  # grad enabled: the MLP
     torch.testing.assert_close(fast, mlp, rtol=0, atol=1e-12 if dtype == torch.float64 else 2e-6)
 
 
@@ -111,10 +111,10 @@ def test_fire_long_forwards_take_the_compiled_kernel_equal_to_the_eager_form(dty
     monkeypatch.setattr(fire_module, "compiled_piecewise_bias", lambda: lambda *a: calls.append(1) or compiled(*a))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("error", message="FIRE tiles run eager")  # a fallback would not test the kernel
-        eager = enc.bias(_inputs())(0, T, 0, T)  # T < COMPILE_FROM: eager
+        eager = enc.bias(_inputs()).tile(0, T, 0, T)  # T < COMPILE_FROM: eager
         assert not calls
         monkeypatch.setattr(fire_module, "COMPILE_FROM", T)
-        fast = enc.bias(_inputs())(2, T, 1, T)  # a tile off the origin
+        fast = enc.bias(_inputs()).tile(2, T, 1, T)  # a tile off the origin
     assert calls == [1] and fast.dtype == dtype and fast.is_contiguous()
     tol = 1e-12 if dtype == torch.float64 else 2e-6  # inductor's vectorised log1p may round otherwise than ATen's
     torch.testing.assert_close(fast, eager[..., 2:, 1:], rtol=0, atol=tol)
@@ -170,7 +170,7 @@ def test_a_point_mlp_of_one_input_is_its_piecewise_form(act):
 
 def test_fire_interpolates_long_distances_into_the_unit_interval():
     enc = encodings.get("fire", DIMS)  # L = 16 / 4 = 4 at init
-    full = enc.bias(_inputs())(0, T, 0, T)
+    full = enc.bias(_inputs()).tile(0, T, 0, T)
     assert full.dtype == torch.float32
     x_one = enc.mlp(torch.ones(1, 1))[0]  # f(1): psi(i - 0) / psi(max(L, i)) = 1 once i >= L
     for i in (5, 10, 12):  # positions 8, 130, 400
@@ -328,7 +328,7 @@ def test_bf16_models_keep_float32_positions(spec):
     if spec == "fire":  # bf16 parameters, autocast on: psi and the MLP still run in float32
         assert enc.c.dtype == torch.bfloat16
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert enc.bias(Inputs(None, torch.arange(20), None))(0, 20, 0, 20).dtype == torch.float32
+            assert enc.bias(Inputs(None, torch.arange(20), None)).tile(0, 20, 0, 20).dtype == torch.float32
     with torch.no_grad():
         nll = model.token_nll(*torch.randint(0, 256, (2, 2, 11)))
     assert nll.dtype == torch.float32 and torch.isfinite(nll).all()

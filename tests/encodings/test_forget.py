@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from posenc import encodings
-from posenc.attention import attention, naive_attention
+from posenc.attention import Bias, attention, naive_attention
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.forget import forget_bias, forget_bias_naive, log_forget_cumsum
 from posenc.errors import PosencError
@@ -13,7 +13,7 @@ from posenc.model import build_model
 
 def test_tiles_equal_explicit_products_and_are_nonpositive():
     logits = torch.randn(2, 3, 17, dtype=torch.float64)
-    tile = forget_bias(log_forget_cumsum(logits))(0, 17, 0, 17).double()
+    tile = forget_bias(log_forget_cumsum(logits)).tile(0, 17, 0, 17).double()
     ref = forget_bias_naive(logits)
     causal = torch.ones(17, 17, dtype=torch.bool).tril()
     assert torch.allclose(tile[..., causal], ref[..., causal], atol=1e-6)
@@ -41,7 +41,7 @@ def test_chunked_path_equals_full_matrix_with_gradients(spec):
     assert not torch.allclose(fast, attention(q, k, v, phases=phases, rotate_v=enc.rotate_v), atol=1e-3)
     if spec == "forget":
         ref_bias = forget_bias_naive(gate(x).transpose(1, 2))
-        ref = naive_attention(q, k, v, bias=lambda *a: ref_bias)
+        ref = naive_attention(q, k, v, bias=Bias(lambda *a: ref_bias))
         g_ref = torch.autograd.grad(ref.sum(), leaves)
         assert torch.allclose(fast, ref, atol=1e-6)
         for a, b in zip(g_fast, g_ref):
@@ -52,7 +52,7 @@ def test_long_sequence_prefix_sums_stay_exact():
     T = 1_000_000
     logits = torch.full((1, 1, T), 6.0)  # f close to 1: small steps on a large running sum
     step = float(torch.nn.functional.logsigmoid(torch.tensor(6.0, dtype=torch.float64)))
-    tile = forget_bias(log_forget_cumsum(logits))(T - 1, T, T - 4, T)[0, 0, 0]  # near keys at the end
+    tile = forget_bias(log_forget_cumsum(logits)).tile(T - 1, T, T - 4, T)[0, 0, 0]  # near keys at the end
     assert torch.isfinite(tile).all() and float(tile.max()) <= 0
     assert tile.double().tolist() == pytest.approx([3 * step, 2 * step, step, 0.0], rel=1e-5, abs=1e-12)
     lam32 = torch.cumsum(torch.nn.functional.logsigmoid(logits), -1)[0, 0]  # what float32 sums would give

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from posenc import Attention, encodings
+from posenc.attention import Bias
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.mla import MLA, default_rope_dim, mla_naive, mla_phases
 from posenc.errors import PosencError
@@ -31,8 +32,7 @@ def test_mla_equals_its_definition_with_a_bias(pairing):
     inp = Inputs(torch.randn(B, T, 24, dtype=torch.float64), torch.arange(T) + 5)
     slope = torch.tensor([0.5, 0.25, 0.125], dtype=torch.float64)[None, :, None, None]
 
-    def bias(qs, qe, ks, ke):
-        return -slope * (torch.arange(qs, qe)[:, None] - torch.arange(ks, ke)).abs().double()
+    bias = Bias(lambda qs, qe, ks, ke: -slope * (torch.arange(qs, qe)[:, None] - torch.arange(ks, ke)).abs().double())
 
     out = enc.attend(q, k, v, inp, bias)
     ref = mla_naive(q, k, v, enc.rope_key(inp.x), mla_phases(inp.pos, enc.inv_freq, q.dtype), pairing, bias, 1.3)

@@ -13,6 +13,7 @@ import posenc
 from posenc import encodings
 from posenc.cli.main import main
 from posenc.encodings import Encoding, registry
+from posenc.encodings.base import PositionState
 from posenc.encodings.bias import alibi_slopes, distance_bias
 from posenc.errors import PosencError
 from posenc.jobs.launcher import scheme_modules
@@ -261,6 +262,18 @@ def test_an_unregistered_encoding_whose_flags_disagree_is_refused_by_the_layer()
     layer = posenc.Attention(32, 4, listed).double().eval()  # listed in instance_flags: checked at first use
     errors = _decode_then_forward(layer, torch.randn(1, 9, 32, dtype=torch.float64))
     assert all(e.startswith("scheme 'listed': bias() gave a value while has_bias is False") for e in errors)
+
+
+def test_a_bias_hook_giving_a_bare_tile_function_is_refused_in_one_line():
+    """bias() gives a ``posenc.attention.Bias`` (the tile function and its faster forms, which the core dispatches
+    on); a bare tile function is refused in one line by the forward and by cached decoding, not an AttributeError
+    inside the core."""
+    cls = type("BareTile", (_HalfBias,), {"name": "bare-tile", "has_bias": True, "instance_flags": ()})
+    cls.bias = lambda self, inp: _HalfBias.bias(self, inp).tile
+    cls.decoder = lambda self: PositionState(self)
+    layer, x = posenc.Attention(32, 4, cls(encodings.Dims(4, 8, 32, 0, 16))), torch.randn(1, 9, 32)
+    want = "scheme 'bare-tile': bias() gave a function, not a posenc.attention.Bias (wrap a tile function: Bias(tile))"
+    assert _decode_then_forward(layer, x) == [want, want]
 
 
 def test_a_schemes_description_names_its_parameters(forget_plugins):

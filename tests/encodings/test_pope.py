@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from posenc import encodings
+from posenc.attention import Bias
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.polar import pope_freqs, pope_naive
 
@@ -26,7 +27,7 @@ def test_pope_equals_complex_reference(block):
     T = 23
     inp = Inputs(torch.zeros(1, T, 16), torch.arange(T), torch.zeros(1, T, dtype=torch.long))
     q, k, v = (torch.randn(2, 2, T, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    bias = (lambda qs, qe, ks, ke: torch.zeros(1, 2, qe - qs, ke - ks)) if block == 5 else None
+    bias = Bias(lambda qs, qe, ks, ke: torch.zeros(1, 2, qe - qs, ke - ks)) if block == 5 else None
     fast = enc.attend(q, k, v, inp, bias=bias)
     leaves = (q, k, v, enc.delta)
     g_fast = torch.autograd.grad((fast**2).sum(), leaves)

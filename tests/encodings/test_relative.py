@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from posenc import build_model, encodings
-from posenc.attention import attention, naive_attention
+from posenc.attention import Bias, attention, naive_attention
 from posenc.encodings.base import Dims, Inputs
 from posenc.encodings.relative import relative_bias_naive, t5_bucket
 from posenc.errors import PosencError
@@ -36,13 +36,13 @@ def _enc(spec):
 def test_tiles_equal_the_explicit_formula(spec, positions):
     enc = _enc(spec)
     pos = torch.tensor(positions)
-    tile = enc.bias(Inputs(torch.zeros(1, len(pos), 24), pos, torch.zeros(1, len(pos), dtype=torch.int64)))
-    full = tile(0, len(pos), 0, len(pos)).double()
+    bias = enc.bias(Inputs(torch.zeros(1, len(pos), 24), pos, torch.zeros(1, len(pos), dtype=torch.int64)))
+    full = bias.tile(0, len(pos), 0, len(pos)).double()
     ref = relative_bias_naive(enc, positions)
     causal = torch.tril(torch.ones(len(pos), len(pos), dtype=torch.bool))
     torch.testing.assert_close(full[..., causal], ref[..., causal], rtol=1e-5, atol=1e-5)
     for qs, qe, ks, ke in ((4, 9, 2, 7), (9, 10, 0, 10), (0, 3, 5, 12)):  # any tile is a slice, above the diagonal too
-        assert torch.equal(tile(qs, qe, ks, ke).double(), full[..., qs:qe, ks:ke])
+        assert torch.equal(bias.tile(qs, qe, ks, ke).double(), full[..., qs:qe, ks:ke])
 
 
 @pytest.mark.parametrize("spec", ["t5:num_buckets=8,max_distance=20", "kerple", "kerple-power"])
@@ -55,7 +55,7 @@ def test_chunked_attention_equals_full_matrix_with_gradients(spec, block):
     q, k, v = (torch.randn(2, 3, T, 8, dtype=torch.float64, generator=g).requires_grad_(True) for _ in range(3))
     fast = attention(q, k, v, bias=enc.bias(inp), block_size=block)
     ref_bias = relative_bias_naive(enc, POS)
-    ref = naive_attention(q, k, v, bias=lambda qs, qe, ks, ke: ref_bias[..., qs:qe, ks:ke])
+    ref = naive_attention(q, k, v, bias=Bias(lambda qs, qe, ks, ke: ref_bias[..., qs:qe, ks:ke]))
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
     params = list(enc.parameters())
     g_fast = torch.autograd.grad(fast.square().sum(), [q, k, v, *params])

@@ -15,7 +15,7 @@ from transformers.masking_utils import chunked_causal_mask_function, sliding_win
 
 import posenc.attention as core
 from posenc import Attention, LayerCache, encodings
-from posenc.attention import Window, attention, naive_attention
+from posenc.attention import Bias, Window, attention, naive_attention
 from posenc.cli.main import main
 from posenc.encodings.base import Dims
 from posenc.errors import PosencError
@@ -62,7 +62,7 @@ def test_the_blockwise_core_equals_the_naive_definition(window):
     def bias(qs, qe, ks, ke):
         return -slope * (torch.arange(qs, qe)[:, None] - torch.arange(ks, ke)[None]).abs().double()[None, None]
 
-    for block, b in ((8, None), (5, bias), (64, bias)):
+    for block, b in ((8, None), (5, Bias(bias)), (64, Bias(bias))):
         fast = attention(q, k, v, bias=b, window=window, block_size=block)
         ref = naive_attention(q, k, v, bias=b, window=window)
         assert (fast - ref).abs().max() < 1e-12

@@ -78,15 +78,15 @@ def test_pope_score_is_the_scheme():
 def test_alibi_score_is_the_distance_bias():
     q, k, i, j = _qk(8, seed=3)
     slope = torch.tensor([decay.ALIBI_SLOPE], dtype=torch.float64)
-    tile = distance_bias(slope, torch.cat([j, i]).long(), torch.float64)  # keys j at 0..31, queries i at 32..63
+    bias = distance_bias(slope, torch.cat([j, i]).long(), torch.float64)  # keys j at 0..31, queries i at 32..63
     n = torch.arange(32)
-    assert torch.equal(decay.SCHEMES["alibi"](q, k, i, j) - (q * k).sum(-1), tile(32, 64, 0, 32)[0, 0, n, n])
+    assert torch.equal(decay.SCHEMES["alibi"](q, k, i, j) - (q * k).sum(-1), bias.tile(32, 64, 0, 32)[0, 0, n, n])
     assert decay.ALIBI_SLOPE == float(alibi_slopes(8)[3]) == 1 / 16  # head 4 of 8 in Press et al.
     # the registered scheme's own bias (8 heads): head 3's tile over positions j then i
     alibi = encodings.get("alibi", Dims(n_head=8, head_dim=8, d_model=64, vocab_size=8, train_length=16))
     pos = torch.cat([j, i]).long()
     own = alibi.bias(Inputs(torch.zeros(1, 64, 64, dtype=torch.float64), pos, torch.zeros(1, 64, dtype=torch.long)))
-    assert torch.equal(decay.SCHEMES["alibi"](q, k, i, j) - (q * k).sum(-1), own(32, 64, 0, 32)[0, 3, n, n])
+    assert torch.equal(decay.SCHEMES["alibi"](q, k, i, j) - (q * k).sum(-1), own.tile(32, 64, 0, 32)[0, 3, n, n])
 
 
 def test_step_laws_are_the_accumulated_scheme():
@@ -101,7 +101,7 @@ def test_step_laws_are_the_accumulated_scheme():
 
 def test_forget_gate_decay_is_fox_bias():
     z = torch.randn(40, generator=torch.Generator().manual_seed(4)) + 1.0  # float32 logits, tokens 0..39
-    tile = forget_bias(log_forget_cumsum(z[None, None]), torch.float64)
-    query_row = tile(39, 40, 0, 40)[0, 0, 0].flip(0)  # bias of keys 39, 38, ..., 0 (routes n = 0..39)
+    bias = forget_bias(log_forget_cumsum(z[None, None]), torch.float64)
+    query_row = bias.tile(39, 40, 0, 40)[0, 0, 0].flip(0)  # bias of keys 39, 38, ..., 0 (routes n = 0..39)
     ours = gate_log_decay(z.double().flip(0)[None, :-1])[0]  # the route's tokens from the query back
     assert ours[0] == 0 and torch.allclose(ours, query_row, rtol=0, atol=1e-6)  # FoX: logsigmoid in float32

@@ -13,7 +13,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
 from posenc import encodings, rope  # noqa: E402
-from posenc.attention import rotate  # noqa: E402
+from posenc.attention import Bias, rotate  # noqa: E402
 from posenc.cli.main import main  # noqa: E402
 from posenc.encodings.base import Dims, Inputs  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
@@ -115,7 +115,7 @@ def test_blockwise_equals_naive_values_and_gradients(pairing, window, leak, bloc
         return table[:, :, qs:qe, ks:ke]
 
     inv = rope.rope_inv_freq(Dh)
-    kw = dict(pairing=pairing, bias=bias, scale=0.7)
+    kw = dict(pairing=pairing, bias=Bias(bias), scale=0.7)
     fast = rerope.rerope_attention(q, k, v, inv, window, leak, block_size=block, **kw)
     assert max(r for r, _ in tiles) <= block and sum(r * c for r, c in tiles) <= tq * (Tk + block)  # no Tq x Tk matrix
     ref = rerope.naive(q, k, v, inv, window, leak, **kw)
@@ -134,7 +134,7 @@ def test_fused_kernel_equals_matmul_path(leak):
     v = v[..., :16]  # the flash kernel needs Dv == D
     inv = rope.rope_inv_freq(16)
     table = torch.randn(1, 4, 45, 45, generator=torch.Generator().manual_seed(2))
-    for bias in (None, lambda qs, qe, ks, ke: table[:, :, qs:qe, ks:ke]):
+    for bias in (None, Bias(lambda qs, qe, ks, ke: table[:, :, qs:qe, ks:ke])):
         with torch.no_grad():
             fused = rerope.rerope_attention(q, k, v, inv, 9, leak, bias=bias, block_size=10, fused=True)
             plain = rerope.rerope_attention(q, k, v, inv, 9, leak, bias=bias, block_size=10, fused=False)

@@ -54,13 +54,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from posenc.attention import BiasFn, Window  # noqa: F401 (the bias hook's type, re-exported)
+from posenc.attention import Bias, BiasFn, Window  # noqa: F401 (the bias hook's types, re-exported)
 from posenc.errors import PosencError
 from posenc.rope.schedules import wrap_phases
 
@@ -128,7 +128,46 @@ class Inputs:
         return None if self.first is None else self.pos[None] >= self.first[:, None]
 
 
-class Buffer:
+def batch_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """t's rows ``index`` (B',) int64 along axis 0, the batch (beam search's reorder), on t's device."""
+    return t.index_select(0, index.to(t.device))
+
+
+def tensor_nbytes(t: torch.Tensor | None) -> int:
+    """Bytes of t's elements (numel x element size); 0 for None."""
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+class CachePart:
+    """A decoding cache or a part of one (:class:`Buffer`, :class:`DecodeState`, ``posenc.layer.LayerCache``,
+    ``posenc.model.CanonState``, ``posenc.model.Cache``): ``crop(length)`` keeps the first ``length`` positions,
+    ``reorder(index)`` selects batch rows (beam search; index (B',) int64 into the current batch), ``nbytes()``
+    counts the bytes held (allocated capacity, not only the used rows). Each acts on every part ``parts()`` gives,
+    in order; ``crop`` first asks every part ``check_crop`` (PosencError, one line, where one cannot go back), so a
+    refused crop changes nothing. A class holding tensors of its own extends them (``batch_rows``,
+    ``tensor_nbytes``)."""
+
+    def parts(self) -> Sequence[CachePart]:
+        return ()
+
+    def check_crop(self, length: int) -> None:
+        for part in self.parts():
+            part.check_crop(length)
+
+    def crop(self, length: int) -> None:
+        self.check_crop(length)
+        for part in self.parts():
+            part.crop(length)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        for part in self.parts():
+            part.reorder(index)
+
+    def nbytes(self) -> int:
+        return sum(part.nbytes() for part in self.parts())
+
+
+class Buffer(CachePart):
     """A tensor growing along axis ``dim`` inside preallocated storage whose capacity doubles.
 
     ``append(t)`` copies only t's rows (the prefix moves only when the capacity
@@ -178,13 +217,13 @@ class Buffer:
 
     def reorder(self, index: torch.Tensor) -> None:
         if self.data is not None and self.batched and self.data.shape[0] > 1:
-            self.data = self.data.index_select(0, index.to(self.data.device))
+            self.data = batch_rows(self.data, index)
 
     def nbytes(self) -> int:
-        return 0 if self.data is None else self.data.numel() * self.data.element_size()
+        return tensor_nbytes(self.data)
 
 
-class DecodeState:
+class DecodeState(CachePart):
     """A scheme's incremental decoding state in one layer (``Encoding.decoder``): its hooks for the new positions only.
 
     Per decoding step the layer calls, in this order and once each, the methods its
@@ -195,7 +234,7 @@ class DecodeState:
     - ``phases(inp)`` (``rotary``): the new positions' phases (B|1, H|1, n, P)
       float32+ in the absolute frame (the layer caches keys, and values with
       ``rotate_v``, rotated by them once);
-    - ``bias(inp, pos)`` (``has_bias``): a BiasFn over the whole cached sequence,
+    - ``bias(inp, pos)`` (``has_bias``): a Bias over the whole cached sequence,
       indexed by cache row, that the core asks only for the new query rows
       [T - n, T): O(n T) per step;
     - ``attend(q, k, v, inp, pos, bias, keys, values)`` (``replaces_attention``):
@@ -206,9 +245,9 @@ class DecodeState:
     This base class is a scheme without hooks (NoPE). ``per_head_keys``: the cached
     keys differ per query head (per-head phases, PaTH's transforms), so under
     grouped-query attention the layer gives ``attend`` (and caches) keys and values
-    repeated to the H query heads. ``crop`` and ``reorder`` act on every Buffer
-    attribute; a state with other running values extends them (PosencError where
-    the state cannot go back).
+    repeated to the H query heads. Its parts (:class:`CachePart`) are its Buffer
+    attributes; a state with other running values extends ``crop``, ``reorder`` and
+    ``nbytes`` (and ``check_crop``, PosencError where the state cannot go back).
     """
 
     per_head_keys = False
@@ -220,31 +259,23 @@ class DecodeState:
 
         def phases(self, inp: Inputs) -> torch.Tensor: ...
 
-        def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn: ...
+        def bias(self, inp: Inputs, pos: torch.Tensor) -> Bias: ...
 
         def attend(
-            self, q, k, v, inp: Inputs, pos: torch.Tensor, bias: BiasFn | None, keys: Buffer, values: Buffer
+            self, q, k, v, inp: Inputs, pos: torch.Tensor, bias: Bias | None, keys: Buffer, values: Buffer
         ) -> torch.Tensor: ...
 
     def buffers(self) -> list[Buffer]:
         return [b for b in vars(self).values() if isinstance(b, Buffer)]
 
-    def crop(self, length: int) -> None:
-        for b in self.buffers():
-            b.crop(length)
+    def parts(self) -> Sequence[CachePart]:
+        return self.buffers()
 
     def drop(self, stop: int) -> None:
         """Forget the first ``stop`` positions' rows (a windowed layer's cache, which no later query reads them
         from); the running values stay (a crop below the dropped rows is refused by the layer's cache)."""
         for b in self.buffers():
             b.drop(0, stop)
-
-    def reorder(self, index: torch.Tensor) -> None:
-        for b in self.buffers():
-            b.reorder(index)
-
-    def nbytes(self) -> int:
-        return sum(b.nbytes() for b in self.buffers())
 
 
 class PositionState(DecodeState):
@@ -257,7 +288,7 @@ class PositionState(DecodeState):
         assert phases is not None  # called for a rotary scheme only
         return phases
 
-    def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn:
+    def bias(self, inp: Inputs, pos: torch.Tensor) -> Bias:
         bias = self.enc.bias(Inputs(inp.x, pos, first=inp.first))
         assert bias is not None  # called for a scheme with a bias only
         return bias
@@ -304,10 +335,10 @@ class RunningPhaseState(DecodeState):
     def reorder(self, index: torch.Tensor) -> None:
         super().reorder(index)
         if self.last is not None and self.last.shape[0] > 1:  # a broadcast batch of 1 is kept
-            self.last = self.last.index_select(0, index.to(self.last.device))
+            self.last = batch_rows(self.last, index)
 
     def nbytes(self) -> int:
-        return super().nbytes() + (0 if self.last is None else self.last.numel() * self.last.element_size())
+        return super().nbytes() + tensor_nbytes(self.last)
 
 
 class KeepsPrecision(nn.Module):
@@ -411,18 +442,18 @@ class Encoding(KeepsPrecision):
     def steps(self, inp: Inputs) -> torch.Tensor | None:
         return None
 
-    def bias(self, inp: Inputs) -> BiasFn | None:
+    def bias(self, inp: Inputs) -> Bias | None:
         return None
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None) -> torch.Tensor | None:
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None) -> torch.Tensor | None:
         """q, k: (B, H, T, Dk), v: (B, H, T, Dv) -> (B, H, T, Dv); ``bias``: the other parts' score bias."""
         return None
 
-    def logits(self, q, k, inp: Inputs, bias: BiasFn | None, qs: int, qe: int) -> torch.Tensor | None:
+    def logits(self, q, k, inp: Inputs, bias: Bias | None, qs: int, qe: int) -> torch.Tensor | None:
         """Causal logits of queries [qs, qe) over keys [0, qe): (B, H, qe-qs, qe) float32+, -inf above the diagonal."""
         return None
 
-    def attend_by_logits(self, q, k, v, inp: Inputs, bias: BiasFn | None, block_size: int) -> torch.Tensor:
+    def attend_by_logits(self, q, k, v, inp: Inputs, bias: Bias | None, block_size: int) -> torch.Tensor:
         """``attend`` of a scheme with ``logits``: softmax per query block of ``block_size``, then values; (B, H, T, Dv)
         in v's dtype."""
         T, out = q.shape[-2], []

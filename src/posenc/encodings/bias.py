@@ -10,8 +10,7 @@ import math
 
 import torch
 
-from posenc.attention import with_forms
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
+from posenc.encodings.base import Bias, Dims, Encoding, Inputs, PositionState
 from posenc.encodings.registry import register
 
 
@@ -40,9 +39,9 @@ def distance_penalty(slope, i: torch.Tensor | float, j: torch.Tensor) -> torch.T
     return -slope * (i - j)
 
 
-def distance_bias(slopes: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn:
+def distance_bias(slopes: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype = torch.float32) -> Bias:
     """Tile function for -m_h (i - j); pos: (T,) absolute positions. Tiles (1, H, tq, tk) in ``dtype`` (>= float32);
-    its separable form ``keys(qs, ke)`` = -m_h (pos_qs - pos_j), (1, H, ke) (``posenc.attention.BiasFn``).
+    its separable form ``keys(qs, ke)`` = -m_h (pos_qs - pos_j), (1, H, ke) (``posenc.attention.Bias``).
 
     i - j is formed from positions relative to the tile's first query, exact
     integers in float32 below 2^24, so a tile costs two passes and its
@@ -58,7 +57,7 @@ def distance_bias(slopes: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype = 
         return distance_penalty(m[..., 0], 0.0, (pos[:ke] - pos[qs]).to(dtype))
 
     rel, m_h = (pos - pos[0]).to(dtype), slopes.to(dtype)
-    return with_forms(tile, at=lambda b, h, qi, ki: distance_penalty(m_h[h], rel[qi], rel[ki]), keys=keys)
+    return Bias(tile, at=lambda b, h, qi, ki: distance_penalty(m_h[h], rel[qi], rel[ki]), keys=keys)
 
 
 @register
@@ -78,7 +77,7 @@ class ALiBi(Encoding):
         super().__init__(dims)
         self.register_buffer("slopes", alibi_slopes(dims.n_head), persistent=False)
 
-    def bias(self, inp: Inputs) -> BiasFn:
+    def bias(self, inp: Inputs) -> Bias:
         return distance_bias(self.slopes, inp.pos, torch.promote_types(inp.x.dtype, torch.float32))
 
     def decoder(self) -> PositionState:

@@ -17,8 +17,8 @@ from typing import cast
 import torch
 from torch import nn
 
-from posenc.attention import cos_sin, far_keys, repeat_kv, rotate_rows, rotate_shared, rotation_dtype, with_forms
-from posenc.encodings.base import BiasFn, DecodeState, Dims, Encoding, Inputs
+from posenc.attention import Bias, cos_sin, far_keys, repeat_kv, rotate_rows, rotate_shared, rotation_dtype
+from posenc.encodings.base import DecodeState, Dims, Encoding, Inputs
 from posenc.errors import PosencError
 
 
@@ -72,7 +72,7 @@ class Composite(Encoding):
         return self._rotary[0].phases(inp) if self.rotary else None
 
     def bias(self, inp: Inputs):
-        return sum_biases(cast("list[BiasFn]", [p.bias(inp) for p in self._parts if p.has_bias]))  # has_bias: not None
+        return sum_biases(cast("list[Bias]", [p.bias(inp) for p in self._parts if p.has_bias]))  # has_bias: not None
 
     def length_key(self, length: int):
         """The parts' ``length_key`` at ``length`` (None when every part's is None)."""
@@ -122,32 +122,38 @@ class Composite(Encoding):
         return " + ".join(p.describe() for p in self._parts)
 
 
-def sum_biases(fns: list[BiasFn]) -> BiasFn | None:
-    """The sum of tile functions (None for none, the one itself for one); pointwise ``at`` and separable ``keys``
-    when every part has one, else ``far`` on the keys far from every part's queries (``posenc.attention.BiasFn``)."""
-    if not fns:
+def sum_biases(biases: list[Bias]) -> Bias | None:
+    """The sum of biases (None for none, the one itself for one): its tiles; pointwise ``at`` and separable
+    ``keys`` when every part has one, else ``far`` on the keys far from every part's queries
+    (``posenc.attention.Bias``)."""
+    if not biases:
         return None
-    if len(fns) == 1:
-        return fns[0]
+    if len(biases) == 1:
+        return biases[0]
 
     def tile(qs, qe, ks, ke):
-        return sum(f(qs, qe, ks, ke) for f in fns)
+        return sum(b.tile(qs, qe, ks, ke) for b in biases)
 
-    ats = [a for f in fns if (a := getattr(f, "at", None)) is not None]
-    keys = [c for f in fns if (c := getattr(f, "keys", None)) is not None]
-    if len(ats) == len(fns):  # pointwise parts sum pointwise (FlexAttention on CUDA)
-        with_forms(tile, at=lambda b, h, qi, ki: sum(a(b, h, qi, ki) for a in ats))
-    if len(keys) == len(fns):  # separable parts sum separably (the fused CPU path)
-        with_forms(tile, keys=lambda qs, ke: sum(c(qs, ke) for c in keys))
-    elif all(hasattr(f, "keys") or hasattr(f, "far") for f in fns):  # separable on the keys all parts are far from
+    def at(b, h, qi, ki):  # pointwise parts sum pointwise (FlexAttention on CUDA)
+        return sum(a(b, h, qi, ki) for a in ats)
 
-        def far(qs: int, qe: int):
-            parts = [far_keys(f, qs, qe) for f in fns]
-            near = min(n for n, _ in parts)
-            return near, sum(row[..., :near] for _, row in parts)
+    def keys(qs: int, ke: int):  # separable parts sum separably (the fused CPU path)
+        return sum(c(qs, ke) for c in rows)
 
-        with_forms(tile, far=far)
-    return tile
+    def far(qs: int, qe: int):  # separable on the keys all parts are far from
+        parts = [far_keys(b, qs, qe) for b in biases]
+        near = min(n for n, _ in parts)
+        return near, sum(row[..., :near] for _, row in parts)
+
+    ats = [b.at for b in biases if b.at is not None]
+    rows = [b.keys for b in biases if b.keys is not None]
+    separable = all(b.keys is not None or b.far is not None for b in biases)
+    return Bias(
+        tile,
+        at=at if len(ats) == len(biases) else None,
+        keys=keys if len(rows) == len(biases) else None,
+        far=far if separable and len(rows) < len(biases) else None,
+    )
 
 
 class CompositeState(DecodeState):
@@ -162,7 +168,7 @@ class CompositeState(DecodeState):
     def phases(self, inp: Inputs) -> torch.Tensor:
         return next(s for s in self.states if s.enc.rotary).phases(inp)
 
-    def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn:
+    def bias(self, inp: Inputs, pos: torch.Tensor) -> Bias:
         bias = sum_biases([s.bias(inp, pos) for s in self.states if s.enc.has_bias])
         assert bias is not None  # called for a composite with a bias part only
         return bias
@@ -184,17 +190,9 @@ class CompositeState(DecodeState):
         out = attender.attend(enc._scaled(q), k, v, inp, pos, bias, keys, values)
         return rotate_rows(out, cos, sin, enc.pairing, sign=-1) if enc.rotate_v else out
 
-    def crop(self, length: int) -> None:
-        for s in self.states:
-            s.crop(length)
+    def parts(self) -> list[DecodeState]:
+        return self.states
 
     def drop(self, stop: int) -> None:
         for s in self.states:
             s.drop(stop)
-
-    def reorder(self, index: torch.Tensor) -> None:
-        for s in self.states:
-            s.reorder(index)
-
-    def nbytes(self) -> int:
-        return sum(s.nbytes() for s in self.states)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from posenc.attention import causal_tile, repeat_kv
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import Bias, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
 
@@ -80,11 +80,11 @@ class CoPE(Encoding):
         self.npos_max, self.block_size = npos_max, block_size
         self.pos_emb = nn.Parameter(torch.zeros(dims.head_dim, npos_max))
 
-    def logits(self, q, k, inp: Inputs, bias: BiasFn | None, qs: int, qe: int):
+    def logits(self, q, k, inp: Inputs, bias: Bias | None, qs: int, qe: int):
         logits = cope_logits(q, k, self.pos_emb, qs, qe, self.logit_scale / math.sqrt(q.shape[-1]))
         return logits + causal_tile(bias, qs, qe, qe, q.device, logits.dtype)
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None):
         return self.attend_by_logits(q, k, v, inp, bias, self.block_size)
 
     def decoder(self) -> CoPEState:
@@ -114,7 +114,7 @@ class CoPEState(DecodeState):
 
 
 def cope_attention_naive(
-    q, k, v, emb: torch.Tensor, bias: BiasFn | None = None, logit_scale: float = 1.0
+    q, k, v, emb: torch.Tensor, bias: Bias | None = None, logit_scale: float = 1.0
 ) -> torch.Tensor:
     """Reference: the full (T, T) CoPE attention in float64. p by a matrix product with the
     lower-triangular ones, e(p) by hat weights max(0, 1 - |p - n|) over all n (no floor/ceil)."""

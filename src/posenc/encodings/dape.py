@@ -23,7 +23,7 @@ import math
 import torch
 
 from posenc.attention import causal_tile, repeat_kv
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import Bias, BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.bias import ALiBi
 from posenc.encodings.mlp import PointMLP
 from posenc.encodings.registry import alias, register
@@ -80,16 +80,16 @@ class DAPE(Encoding):
         self.base = BASES[base](dims)
         self.mlp = PointMLP(2 * dims.n_head, mlp_width, dims.n_head, "leaky_relu")
 
-    def logits(self, q, k, inp: Inputs, bias: BiasFn | None, qs: int, qe: int):
+    def logits(self, q, k, inp: Inputs, bias: Bias | None, qs: int, qe: int):
         base = self.base.bias(inp)
-        total = base if bias is None else (lambda *t: base(*t) + bias(*t))
+        total = base.tile if bias is None else (lambda *t: base.tile(*t) + bias.tile(*t))
         C, scale = self.block_size, self.logit_scale / math.sqrt(q.shape[-1])
         logits = torch.cat(
             [dape_tile(q, k, total, self.mlp, scale, qs, qe, ks, min(ks + C, qe)) for ks in range(0, qe, C)], dim=-1
         )
         return logits + causal_tile(None, qs, qe, qe, q.device, logits.dtype)
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None):
         return self.attend_by_logits(q, k, v, inp, bias, self.block_size)
 
     def decoder(self) -> DAPEState:
@@ -112,7 +112,7 @@ class DAPEState(DecodeState):
         enc = self.enc
         K, V = (repeat_kv(t, q.shape[1]) for t in (keys.append(k), values.append(v)))
         base = enc.base.bias(Inputs(inp.x, pos))
-        total = base if bias is None else (lambda *t: base(*t) + bias(*t))
+        total = base.tile if bias is None else (lambda *t: base.tile(*t) + bias.tile(*t))
         T, C, scale, out = K.shape[-2], enc.block_size, enc.logit_scale / math.sqrt(q.shape[-1]), []
         T0 = T - q.shape[-2]
         for qs in range(T0, T, C):

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
+from posenc.encodings.base import Bias, Dims, Encoding, Inputs, PositionState
 from posenc.encodings.mlp import PointMLP
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
@@ -121,7 +121,7 @@ class FIRE(Encoding):
         dt = torch.promote_types(self.c.dtype, torch.float32)
         return self.c.to(dt).abs(), (self.L_multiplier.to(dt) * self.init_L).abs()
 
-    def bias(self, inp: Inputs) -> BiasFn:
+    def bias(self, inp: Inputs) -> Bias:
         """Tiles (1, H, tq, tk); (B, H, tq, tk) for a left-padded batch, whose rows have positions of their own (the
         bias reads the query's position, not only the distance)."""
         pos = inp.row_positions()  # (1|B, T)
@@ -146,7 +146,7 @@ class FIRE(Encoding):
             i, j = pos[:, qs:qe, None].to(c.dtype), pos[:, None, ks:ke].to(c.dtype)
             return torch.cat([piecewise(i[b], j[b], c, L, knots, table) for b in range(pos.shape[0])])
 
-        return tile
+        return Bias(tile)
 
     def decoder(self) -> PositionState:
         return PositionState(self)  # the MLP on the new query rows' (T,) inputs only: O(T width) per step

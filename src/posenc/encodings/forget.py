@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc.attention import with_forms
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import Bias, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
 
@@ -43,7 +42,7 @@ def log_forget_cumsum(logits: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(log_gates(logits), dim=-1)
 
 
-def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn:
+def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> Bias:
     """Tile function for Lambda_i - Lambda_j (clamped <= 0); lam: (B, H, T) float64. Tiles (B, H, tq, tk) in ``dtype``.
 
     Both sides are taken relative to Lambda at the tile's first query in float64
@@ -51,7 +50,7 @@ def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn
     the tile is one pass: near the diagonal the offsets are small (exact to the
     rounding of a block's worth of log-gates); far keys, where the offset is
     large, carry a bias whose softmax weight is ~0. Its separable form ``keys(qs, ke)`` = Lambda_qs - Lambda_j,
-    (B, H, ke) in ``dtype`` (``posenc.attention.BiasFn``), is offset likewise (not clamped: the softmax drops
+    (B, H, ke) in ``dtype`` (``posenc.attention.Bias``), is offset likewise (not clamped: the softmax drops
     Lambda_i, and a key's weight is the same whatever the rounding of the query's term).
     """
 
@@ -63,7 +62,7 @@ def forget_bias(lam: torch.Tensor, dtype: torch.dtype = torch.float32) -> BiasFn
     def keys(qs: int, ke: int) -> torch.Tensor:  # separable: Lambda_i - Lambda_j; the row of query qs, in float64
         return (lam[..., qs : qs + 1] - lam[..., :ke]).to(dtype)
 
-    return with_forms(tile, at=lambda b, h, qi, ki: (lam[b, h, qi] - lam[b, h, ki]).clamp(max=0.0).to(dtype), keys=keys)
+    return Bias(tile, at=lambda b, h, qi, ki: (lam[b, h, qi] - lam[b, h, ki]).clamp(max=0.0).to(dtype), keys=keys)
 
 
 NEUTRAL_GATE_BIAS = 8.0  # a gate that (almost) never forgets: f = 1 needs b = +inf
@@ -115,7 +114,7 @@ class ForgetGate(Encoding):
         nn.init.zeros_(self.gate.weight)
         nn.init.constant_(self.gate.bias, NEUTRAL_GATE_BIAS)
 
-    def bias(self, inp: Inputs) -> BiasFn:
+    def bias(self, inp: Inputs) -> Bias:
         return forget_bias(self.log_lambda(inp), torch.promote_types(inp.x.dtype, torch.float32))
 
     def decoder(self) -> ForgetState:
@@ -140,7 +139,7 @@ class ForgetState(DecodeState):
         super().__init__(enc)
         self.lam = Buffer(-1)
 
-    def bias(self, inp: Inputs, pos: torch.Tensor) -> BiasFn:
+    def bias(self, inp: Inputs, pos: torch.Tensor) -> Bias:
         enc = self.enc
         lam = torch.cumsum(log_gates(enc.gate(inp.x).transpose(1, 2)), dim=-1)
         if self.lam.length:

@@ -44,7 +44,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import (
+    Bias,
+    Buffer,
+    CachePart,
+    DecodeState,
+    Dims,
+    Encoding,
+    Inputs,
+    batch_rows,
+    tensor_nbytes,
+)
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
 
@@ -90,13 +100,13 @@ def _transform(U, w) -> torch.Tensor:
     return torch.eye(w.shape[-1], dtype=w.dtype, device=w.device) - U.transpose(-1, -2) @ w
 
 
-def _bias_rows(bias: BiasFn, T: int, C: int, b: int) -> torch.Tensor:
+def _bias_rows(bias: Bias, T: int, C: int, b: int) -> torch.Tensor:
     """Bias of query block b against keys 0 .. (b + 1) C: (B|1, H, rows, cols), the rows and columns before T."""
     qs, qe = b * C, min((b + 1) * C, T)
-    return bias(qs, qe, 0, qe)
+    return bias.tile(qs, qe, 0, qe)
 
 
-def _rows(S, Qh, Kh, Mt, v, bias: BiasFn | None, T: int) -> torch.Tensor:
+def _rows(S, Qh, Kh, Mt, v, bias: Bias | None, T: int) -> torch.Tensor:
     """Query block b's scores: Q^_b K~^T against the keys of blocks < b carried to b's start
     (K~ <- [K~ M_b^T ; K^_b] after block b), then its intra-block scores S_b; one softmax per
     (C, (b + 1) C) tile. S (scaled, -inf above the diagonal), Q^ (scaled), K^ as ``_ut_blocks``
@@ -121,7 +131,7 @@ def _rows(S, Qh, Kh, Mt, v, bias: BiasFn | None, T: int) -> torch.Tensor:
     return torch.cat(out, dim=-2)
 
 
-def _rows_inference(S, Qh, Kh, Mt, v, bias: BiasFn | None, T: int) -> torch.Tensor:
+def _rows_inference(S, Qh, Kh, Mt, v, bias: Bias | None, T: int) -> torch.Tensor:
     """``_rows`` (same arguments and result) without autograd, in buffers allocated once: on CPU a fresh
     multi-MB tensor per block costs page faults, ~40% of the score matmul that fills it."""
     B, H, n, C, _ = S.shape
@@ -159,7 +169,7 @@ def chunk_size(T: int, block_size: int) -> int:
 
 
 def path_attention(
-    q, k, v, w, beta, *, bias: BiasFn | None = None, logit_scale: float = 1.0, block_size: int = 128
+    q, k, v, w, beta, *, bias: Bias | None = None, logit_scale: float = 1.0, block_size: int = 128
 ) -> torch.Tensor:
     """Chunked PaTH attention (module docstring, 2.), the form of flash-linear-attention's ``parallel_path_attn``.
 
@@ -215,7 +225,7 @@ def path_keys(k, w, beta, block_size: int = 64) -> torch.Tensor:
         return out.view(B, H, n * C, D)[:, :, :T]
 
 
-def path_step(q, k, v, w, beta, keys: Buffer, values: Buffer, bias: BiasFn | None, scale: float) -> torch.Tensor:
+def path_step(q, k, v, w, beta, keys: Buffer, values: Buffer, bias: Bias | None, scale: float) -> torch.Tensor:
     """n new tokens, one at a time, over the cached keys (``path_keys``' form, in ``keys``' dtype), updated in place.
 
     q, k, w: (B, H, n, D), v: (B, H, n, Dv), beta: (B, H, n); each token t first applies
@@ -235,12 +245,12 @@ def path_step(q, k, v, w, beta, keys: Buffer, values: Buffer, bias: BiasFn | Non
         K = keys.append(k[:, :, t : t + 1].to(wide))
         s = (K @ q[:, :, t, :, None].to(wide))[..., 0] * scale
         if bias is not None:
-            s = s + bias(T0 + t, T0 + t + 1, 0, T0 + t + 1)[..., 0, :].to(s.dtype)
+            s = s + bias.tile(T0 + t, T0 + t + 1, 0, T0 + t + 1)[..., 0, :].to(s.dtype)
         out.append(torch.softmax(s, dim=-1)[:, :, None, :] @ V[:, :, : T0 + t + 1])
     return torch.cat(out, dim=2).to(v.dtype)
 
 
-class PendingFactors:
+class PendingFactors(CachePart):
     """The Householder factors of the tokens since the last flush, in UT form, for ``path_step_pending``.
 
     With F the flush point (``flushed``, a cache row), rows j < F of the key cache hold
@@ -296,16 +306,12 @@ class PendingFactors:
         old = K[..., : self.flushed, :]
         return torch.cat((old - (old @ u.transpose(-1, -2)) @ w, K[..., self.flushed :, :]), dim=-2)
 
-    def reorder(self, index: torch.Tensor) -> None:
-        self.w.reorder(index)
-        self.u.reorder(index)
-
-    def nbytes(self) -> int:
-        return self.w.nbytes() + self.u.nbytes()
+    def parts(self) -> list[Buffer]:
+        return [self.w, self.u]
 
 
 def path_step_pending(
-    q, k, v, w, beta, keys: Buffer, values: Buffer, pending: PendingFactors, bias: BiasFn | None, scale: float
+    q, k, v, w, beta, keys: Buffer, values: Buffer, pending: PendingFactors, bias: Bias | None, scale: float
 ) -> torch.Tensor:
     """``path_step`` (the reference, same arguments and result) without a pass over the key cache per token.
 
@@ -334,7 +340,7 @@ def path_step_pending(
             * scale
         )
         if bias is not None:
-            s = s + bias(T0 + t, T0 + t + 1, 0, T0 + t + 1)[..., 0, :].to(s.dtype)
+            s = s + bias.tile(T0 + t, T0 + t + 1, 0, T0 + t + 1)[..., 0, :].to(s.dtype)
         out.append(torch.softmax(s, dim=-1)[:, :, None, :] @ V[:, :, : T0 + t + 1])
         if pending.count >= pending.every:
             pending.flush(keys)
@@ -422,10 +428,10 @@ class PaTH(Encoding):
     def decoder(self) -> PaTHState:
         return PaTHState(self)
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None):
         return self.attend_gated(q, k, v, *self.gates(inp.x, inp.real()), bias)
 
-    def attend_gated(self, q, k, v, w, beta, bias: BiasFn | None = None):
+    def attend_gated(self, q, k, v, w, beta, bias: Bias | None = None):
         """``attend`` given the gates w (B, H, T, D), beta (B, H, T)."""
         kernel = _fla_kernel() if (self.use_kernel and q.is_cuda and bias is None) else None
         if kernel is not None and q.shape[-1] not in FLA_HEAD_DIMS:
@@ -502,18 +508,17 @@ class PaTHState(DecodeState):
         self.length += x.shape[1]
         return out
 
-    def crop(self, length: int) -> None:
+    def check_crop(self, length: int) -> None:
         if length < self.length:
             raise PosencError("path cannot crop its decoding cache: the cached keys carry every later Householder step")
 
+    def parts(self) -> list[PendingFactors]:
+        return [] if self.pending is None else [self.pending]
+
     def reorder(self, index: torch.Tensor) -> None:
+        super().reorder(index)
         if self.tail is not None:
-            assert self.pending is not None  # set with the tail
-            self.tail = self.tail.index_select(0, index.to(self.tail.device))
-            self.pending.reorder(index)
+            self.tail = batch_rows(self.tail, index)
 
     def nbytes(self) -> int:
-        if self.tail is None:
-            return 0
-        assert self.pending is not None  # set with the tail
-        return self.tail.numel() * self.tail.element_size() + self.pending.nbytes()
+        return super().nbytes() + tensor_nbytes(self.tail)

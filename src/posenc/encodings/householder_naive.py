@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from posenc.encodings.base import BiasFn
+from posenc.encodings.base import Bias
 
 
 def path_scores_naive(q, k, w, beta) -> torch.Tensor:
@@ -37,16 +37,16 @@ def path_scores_naive(q, k, w, beta) -> torch.Tensor:
     return scores
 
 
-def path_attention_naive(q, k, v, w, beta, *, bias: BiasFn | None = None, logit_scale: float = 1.0) -> torch.Tensor:
+def path_attention_naive(q, k, v, w, beta, *, bias: Bias | None = None, logit_scale: float = 1.0) -> torch.Tensor:
     """Full T x T causal softmax over ``path_scores_naive`` (+ bias). Returns (B, H, T, Dv)."""
     T = q.shape[-2]
     s = path_scores_naive(q, k, w, beta) * (logit_scale / math.sqrt(q.shape[-1]))
     if bias is not None:
-        s = s + bias(0, T, 0, T).to(s.dtype)
+        s = s + bias.tile(0, T, 0, T).to(s.dtype)
     return torch.softmax(s, dim=-1) @ v
 
 
-def path_decode(q, k, v, w, beta, *, bias: BiasFn | None = None, logit_scale: float = 1.0) -> torch.Tensor:
+def path_decode(q, k, v, w, beta, *, bias: Bias | None = None, logit_scale: float = 1.0) -> torch.Tensor:
     """Token-by-token decoding: appending token t updates every cached key in place of products,
     k_j <- k_j - beta_t (w_t . k_j) w_t, then appends k_t and attends. Returns (B, H, T, Dv)."""
     T = q.shape[-2]
@@ -59,6 +59,6 @@ def path_decode(q, k, v, w, beta, *, bias: BiasFn | None = None, logit_scale: fl
         cache = torch.cat((cache, k[:, :, t : t + 1]), dim=2)
         s = (cache @ q[:, :, t, :, None])[..., 0] * scale  # (B, H, t+1)
         if bias is not None:
-            s = s + bias(t, t + 1, 0, t + 1)[..., 0, :].to(s.dtype)
+            s = s + bias.tile(t, t + 1, 0, t + 1)[..., 0, :].to(s.dtype)
         out.append(torch.softmax(s, dim=-1)[:, :, None, :] @ v[:, :, : t + 1])
     return torch.cat(out, dim=2)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from posenc.attention import attention, causal_tile, repeat_kv
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import Bias, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
 
@@ -48,7 +48,7 @@ class LengthScaled(Encoding):
         """c for the key counts n (Tq,) float64: (1, H|1, Tq, 1) in ``dtype`` (float32 or float64)."""
         raise NotImplementedError
 
-    def scaled_attention(self, q, k, v, bias: BiasFn | None, first: torch.Tensor | None = None) -> torch.Tensor:
+    def scaled_attention(self, q, k, v, bias: Bias | None, first: torch.Tensor | None = None) -> torch.Tensor:
         """q: (B, H, Tq, D) the last Tq rows, k: (B, H, T, D), v: (B, H, T, Dv) -> (B, H, Tq, Dv) in v's dtype;
         first: (B,) a left-padded batch's first real rows (``Inputs.first``): each row counts its own keys."""
         T, dtype = k.shape[-2], torch.promote_types(q.dtype, torch.float32)
@@ -59,7 +59,7 @@ class LengthScaled(Encoding):
             c = torch.cat([self.factors((n - f).clamp(min=1), dtype) for f in first.tolist()])
         return attention((q * c).to(q.dtype), k, v, bias=bias, logit_scale=self.logit_scale)
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None) -> torch.Tensor:
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None) -> torch.Tensor:
         return self.scaled_attention(q, k, v, bias, inp.first)
 
     def decoder(self) -> LengthScaledState:
@@ -76,7 +76,7 @@ class LengthScaledState(DecodeState):
         return self.enc.scaled_attention(q, K, V, bias, inp.first)
 
 
-def length_scaled_naive(q, k, v, factors: torch.Tensor, bias: BiasFn | None = None) -> torch.Tensor:
+def length_scaled_naive(q, k, v, factors: torch.Tensor, bias: Bias | None = None) -> torch.Tensor:
     """Reference: the full (T, T) causal softmax of c_t q_t . k_j / sqrt(D) + bias in float64; factors: (1|H, T) or
     broadcastable to (B, H, T). Returns (B, H, T, Dv) float64."""
     q, k, v = q.double(), k.double(), v.double()

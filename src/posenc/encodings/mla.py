@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from posenc import rope
-from posenc.attention import BiasFn, attention, causal_tile, repeat_kv, rotate
+from posenc.attention import Bias, attention, causal_tile, repeat_kv, rotate
 from posenc.encodings.base import Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
@@ -50,7 +50,7 @@ def mla_phases(pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) ->
 
 
 def mla_naive(
-    q, k, v, k_rope, phases, pairing: str = "half", bias: BiasFn | None = None, logit_scale: float = 1.0
+    q, k, v, k_rope, phases, pairing: str = "half", bias: Bias | None = None, logit_scale: float = 1.0
 ) -> torch.Tensor:
     """Reference: DeepSeek-V2's score as two dot products summed in float64, causal softmax over the full (T, T).
 
@@ -122,7 +122,7 @@ class MLA(Encoding):
         q_rot = rotate(q[..., q.shape[-1] - r :], phases, self.pairing)
         return torch.cat((q[..., : q.shape[-1] - r].to(q_rot.dtype), q_rot), dim=-1)
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None) -> torch.Tensor:
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None) -> torch.Tensor:
         return attention(self.queries(q, inp), self.keys(k, inp), v, bias=bias, logit_scale=self.logit_scale)
 
     def decoder(self) -> MLAState:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc.attention import attention
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import Bias, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
 from posenc.rope import wrap_phases
@@ -85,7 +85,7 @@ class PoPE(Encoding):
         """delta clamped to [-2 pi, 0]: (H, D) float32."""
         return self.delta.clamp(-TWO_PI, 0.0)
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None):
         q2 = pope_features(q, inp.pos, self.freqs)
         k2 = pope_features(k, inp.pos, self.freqs, self.phase_bias())
         D = v.shape[-1]

@@ -16,13 +16,13 @@ callable (``posenc.attention``), so evaluation never holds a T x T tensor:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 from torch import nn
 
-from posenc.attention import with_forms
-from posenc.encodings.base import BiasFn, Dims, Encoding, Inputs, PositionState
+from posenc.encodings.base import Bias, Dims, Encoding, Inputs, PositionState
 from posenc.encodings.registry import alias, register
 from posenc.errors import PosencError
 
@@ -40,20 +40,20 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int =
     return torch.where(n < exact, n, large.clamp(max=num_buckets - 1))
 
 
-def distance_tiles(values, pos: torch.Tensor, distance) -> BiasFn:
-    """Tile function of a bias that depends on the distance only: b_h(i, j) = v[h, distance(pos_i - pos_j)].
+def distance_tiles(values, pos: torch.Tensor, distance) -> Bias:
+    """The bias of the distance only, b_h(i, j) = v[h, distance(pos_i - pos_j)].
 
     values(n) gives v, (H, n) float32+ at the distances 0..n-1 (called once per bias, n spanning the positions
     pos (T,) int64); distance folds a signed distance tensor into [0, n) (T5 clamps at 0, Kerple takes |.|). The
     formula thus runs on n distances, not on every score: a tile (1, H, tq, tk) is one gather, or, for
     consecutive positions (a Toeplitz tile), one copy of a strided view of v over the signed distances; such a
-    bias also carries ``toeplitz`` (``posenc.attention.BiasFn``), v itself, which the core's evaluation path reads
+    bias also carries ``toeplitz`` (``posenc.attention.Bias``), v itself, which the core's evaluation path reads
     without writing any tile (``posenc.attention.toeplitz_causal``).
     """
     n = int(pos.max() - pos.min()) + 1
     table = values(n)
     if not bool((pos.diff() == 1).all()):
-        return lambda qs, qe, ks, ke: table[:, distance(pos[qs:qe, None] - pos[None, ks:ke])][None]
+        return Bias(lambda qs, qe, ks, ke: table[:, distance(pos[qs:qe, None] - pos[None, ks:ke])][None])
     signed = table[:, distance(torch.arange(n - 1, -n, -1, device=pos.device))]  # column c: distance n - 1 - c
     at_distances = table[:, distance(torch.arange(n, device=pos.device))]  # the toeplitz form: b at 0..n-1
 
@@ -61,7 +61,7 @@ def distance_tiles(values, pos: torch.Tensor, distance) -> BiasFn:
         windows = signed.unfold(-1, ke - ks, 1)  # windows[:, s, t]: distance n - 1 - s - t
         return windows[:, n - qe + ks : n - qs + ks].flip(-2)[None]  # row i: s = n - 1 - (qs + i) + ks
 
-    return with_forms(tile, toeplitz=lambda m: at_distances[:, :m])
+    return Bias(tile, toeplitz=lambda m: at_distances[:, :m])
 
 
 @register
@@ -72,7 +72,7 @@ class T5Bias(Encoding):
         num_buckets: distance buckets (half exact, half log-spaced), in [2, 4096]
         max_distance: the distance from which all share the last bucket, > num_buckets / 2
 
-    Tiles (1, H, tq, tk) float32 (float64 for a float64 module); ``far`` (``posenc.attention.BiasFn``): the
+    Tiles (1, H, tq, tk) float32 (float64 for a float64 module); ``far`` (``posenc.attention.Bias``): the
     keys at least max_distance before every query of a block, whose bias is the last bucket's.
     """
 
@@ -91,7 +91,7 @@ class T5Bias(Encoding):
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Parameter(torch.zeros(num_buckets, dims.n_head))
 
-    def bias(self, inp: Inputs) -> BiasFn:
+    def bias(self, inp: Inputs) -> Bias:
         pos, table = inp.pos, self.table.to(torch.promote_types(self.table.dtype, torch.float32))
 
         def values(n: int) -> torch.Tensor:
@@ -102,7 +102,7 @@ class T5Bias(Encoding):
             return near, table[-1][None, :, None].expand(1, -1, near)
 
         # far: the keys at distance >= max_distance from every query of a block, one constant per head
-        return with_forms(distance_tiles(values, pos, lambda d: d.clamp(min=0)), far=far)
+        return dataclasses.replace(distance_tiles(values, pos, lambda d: d.clamp(min=0)), far=far)
 
     def decoder(self) -> PositionState:
         return PositionState(self)  # buckets of the new query rows' distances only
@@ -139,7 +139,7 @@ class Kerple(Encoding):
         r2_max, dt = 2.0 if self.variant == "power" else None, torch.promote_types(self.r1.dtype, torch.float32)
         return self.r1.to(dt).clamp(min=KERPLE_EPS), self.r2.to(dt).clamp(min=KERPLE_EPS, max=r2_max)
 
-    def bias(self, inp: Inputs) -> BiasFn:
+    def bias(self, inp: Inputs) -> Bias:
         def values(n: int) -> torch.Tensor:
             r1, r2 = (c[:, None] for c in self.coefficients())
             dist = torch.arange(n, device=inp.pos.device).to(r1.dtype)

@@ -101,7 +101,7 @@ class RoPE(Encoding):
     def attend(self, q, k, v, inp: Inputs, bias=None):
         """ReRoPE's attention for the ``rerope`` schedules (None: the core's rotary path).
 
-        q, k: (B, H, T, D), v: (B, H, T, Dv); ``bias``: the other parts' BiasFn of a
+        q, k: (B, H, T, D), v: (B, H, T, Dv); ``bias``: the other parts' Bias of a
         composed scheme. Raises PosencError if the window is not below T (plain RoPE then).
         """
         if not self.replaces_attention:

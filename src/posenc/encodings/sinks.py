@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc.attention import causal_tile, repeat_kv
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import Bias, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
 
@@ -35,12 +35,12 @@ MAX_INIT = 30.0  # |s_h| at the start: exp(-30) = 1e-13 of a unit logit's weight
 
 
 def sink_attention_blocks(
-    q, k, v, sinks: torch.Tensor, scale: float, bias: BiasFn | None = None, q_start: int = 0
+    q, k, v, sinks: torch.Tensor, scale: float, bias: Bias | None = None, q_start: int = 0
 ) -> torch.Tensor:
     """Attention with a sink logit per head, per block of query rows.
 
     q: (B, H, Tq, D) the rows [q_start, q_start + Tq) of T; k: (B, H, T, D); v: (B, H, T, Dv); sinks: (H,);
-    bias: a BiasFn over the T rows, or None. Logits in float32 (float64 for float64 q). Returns (B, H, Tq, Dv)
+    bias: a Bias over the T rows, or None. Logits in float32 (float64 for float64 q). Returns (B, H, Tq, Dv)
     in v's dtype."""
     dt, T, out = torch.promote_types(q.dtype, torch.float32), k.shape[-2], []
     for qs in range(q_start, T, BLOCK):
@@ -73,7 +73,7 @@ def sink_attention_sdpa(q, k, v, sinks: torch.Tensor, scale: float) -> torch.Ten
     return out[..., 1:, : v.shape[-1]]
 
 
-def sink_attention_naive(q, k, v, sinks: torch.Tensor, bias: BiasFn | None = None, logit_scale: float = 1.0):
+def sink_attention_naive(q, k, v, sinks: torch.Tensor, bias: Bias | None = None, logit_scale: float = 1.0):
     """Reference: gpt-oss's definition on the full (T, T) logits in float64, the sink as an extra column of
     exp(s_h) in the denominator. Returns (B, H, T, Dv) float64."""
     q, k, v = q.double(), k.double(), v.double()
@@ -107,7 +107,7 @@ class LearnedSinks(Encoding):
         self.init = init
         self.sinks = nn.Parameter(torch.full((dims.n_head,), float(init)))
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None) -> torch.Tensor:
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None) -> torch.Tensor:
         scale = self.logit_scale / math.sqrt(q.shape[-1])
         if bias is None and q.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(q.device.type):
             return sink_attention_sdpa(q, k, v, self.sinks, scale).to(v.dtype)

@@ -25,25 +25,25 @@ import torch
 import torch.nn.functional as F
 
 from posenc.attention import causal_tile, repeat_kv
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import Bias, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 
 BLOCK = 512  # query rows per logits block (memory, not results)
 
 
 def stick_breaking_attention(
-    q, k, v, scale: float, attend_current: bool = False, bias: BiasFn | None = None, q_start: int = 0
+    q, k, v, scale: float, attend_current: bool = False, bias: Bias | None = None, q_start: int = 0
 ) -> torch.Tensor:
     """Stick-breaking attention of the query rows [q_start, q_start + Tq) over keys [0, T), per block of rows.
 
-    q: (B, H, Tq, D), k: (B, H, T, D), v: (B, H, T, Dv); bias: a BiasFn over the T rows, or None.
+    q: (B, H, Tq, D), k: (B, H, T, D), v: (B, H, T, Dv); bias: a Bias over the T rows, or None.
     Returns (B, H, Tq, Dv) in v's dtype."""
     dt, T, out = torch.promote_types(q.dtype, torch.float32), k.shape[-2], []
     for qs in range(q_start, T, BLOCK):
         qe = min(qs + BLOCK, T)
         z = (q[..., qs - q_start : qe - q_start, :] @ k[..., :qe, :].transpose(-1, -2)).to(dt) * scale
         if bias is not None:
-            z = z + bias(qs, qe, 0, qe).to(dt)
+            z = z + bias.tile(qs, qe, 0, qe).to(dt)
         rows, cols = torch.arange(qs, qe, device=q.device)[:, None], torch.arange(qe, device=q.device)
         visible = cols <= rows if attend_current else cols < rows
         log_rest = F.logsigmoid(-z).masked_fill(~visible, 0.0)  # hidden keys leave the stick as it is
@@ -53,7 +53,7 @@ def stick_breaking_attention(
     return torch.cat(out, dim=-2)
 
 
-def stick_breaking_naive(q, k, v, attend_current: bool = False, bias: BiasFn | None = None) -> torch.Tensor:
+def stick_breaking_naive(q, k, v, attend_current: bool = False, bias: Bias | None = None) -> torch.Tensor:
     """Reference: A_ij = beta_ij prod_{l visible, j < l} (1 - beta_il) term by term in float64 (loops over i, j; tiny
     T only). Returns (B, H, T, Dv) float64."""
     q, k, v = q.double(), k.double(), v.double()
@@ -92,7 +92,7 @@ class StickBreaking(Encoding):
         super().__init__(dims)
         self.attend_current = attend_current
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None) -> torch.Tensor:
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None) -> torch.Tensor:
         scale = self.logit_scale / math.sqrt(q.shape[-1])
         return stick_breaking_attention(q, k, v, scale, self.attend_current, bias)
 

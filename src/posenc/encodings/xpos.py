@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc.attention import causal_tile, repeat_kv, rotate
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import Bias, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.phase import check_rotary_dims
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
@@ -122,7 +122,7 @@ class XPos(Encoding):
         self.register_buffer("inv_freq", rope_inv_freq(dims.head_dim, rope_theta), persistent=False)
         self.register_buffer("zeta", xpos_zeta(dims.head_dim), persistent=False)
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None):
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None):
         if bool((inp.pos[1:] < inp.pos[:-1]).any()):
             raise PosencError(
                 "xpos needs non-decreasing position ids: its decay zeta^((n-m)/B) is for keys at or before their query"

@@ -17,6 +17,7 @@ import functools
 import torch
 
 from posenc import rope
+from posenc.attention import Bias
 from posenc.encodings.base import KeepsPrecision
 from posenc.errors import PosencError
 
@@ -60,7 +61,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling, dropou
 
 
 def _mask_bias(mask: torch.Tensor, first: int, dtype: torch.dtype):
-    """``posenc.attention.BiasFn`` of a boolean mask (B, 1, Tq, Tk) whose row 0 is query position ``first``:
+    """``posenc.attention.Bias`` of a boolean mask (B, 1, Tq, Tk) whose row 0 is query position ``first``:
     tiles (B, 1, q1 - q0, k1 - k0) of 0 where the query attends and the dtype's lowest finite value elsewhere
     (finite: a pad query with no key to attend stays finite, and every real query's weight on a pad is 0)."""
     if mask.dtype != torch.bool:
@@ -71,7 +72,7 @@ def _mask_bias(mask: torch.Tensor, first: int, dtype: torch.dtype):
         keep = mask[:, :, q0 - first : q1 - first, k0:k1]
         return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, low)
 
-    return tile
+    return Bias(tile)
 
 
 def pass_setting(name: str, setting: tuple, module, args, kwargs):

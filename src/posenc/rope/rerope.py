@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from posenc.attention import BiasFn, merge_lse, repeat_kv, rotate
+from posenc.attention import Bias, merge_lse, repeat_kv, rotate
 from posenc.rope.schedules import wrap_phases
 
 
@@ -84,7 +84,7 @@ def rerope_attention(
     *,
     q_pos: torch.Tensor | None = None,
     pairing: str = "half",
-    bias: BiasFn | None = None,
+    bias: Bias | None = None,
     scale: float | None = None,
     block_size: int = 512,
     fused: bool | None = None,
@@ -101,7 +101,7 @@ def rerope_attention(
         q_pos: (Tq,) consecutive integer query positions; default ``Tk - Tq + arange(Tq)``
             (decoding with a cache of unrotated keys).
         pairing: "half" (Hugging Face ``rotate_half``) or "adjacent" (``posenc.attention.rotate``).
-        bias: ``posenc.attention.BiasFn``, an additive score bias by (query position, key
+        bias: ``posenc.attention.Bias``, an additive score bias by (query position, key
             position) tiles, e.g. the other parts of a composed scheme.
         scale: multiplies q.k; default 1/sqrt(D).
         block_size: queries per block: at most H x block x Tk scores (or mask entries) exist.
@@ -143,7 +143,7 @@ def rerope_attention(
             if j1 > j0:
                 j = k_pos[None, j0:j1]
                 keep = None if rule is None else (j <= p - window) if rule == "far" else (j > p - window) & (j <= p)
-                tile = None if bias is None else bias(lo, hi + 1, j0, j1)
+                tile = None if bias is None else bias.tile(lo, hi + 1, j0, j1)
                 parts.append(_attend(q_, kk[:, :, j0:j1], v[:, :, j0:j1], keep, tile, scale, fused))
         out.append(merge_lse(parts))
     return torch.cat(out, dim=-2).to(v.dtype)
@@ -160,5 +160,5 @@ def naive(q, k, v, inv_freq, window, leak=None, *, q_pos=None, pairing="half", b
     q_rot = _rot(q[:, :, :, None, :], rel, inv_freq, pairing)  # (B, H, Tq, Tk, D)
     scores = (q_rot * k[:, :, None]).sum(-1) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     if bias is not None:
-        scores = scores + bias(int(i[0]), int(i[-1]) + 1, 0, Tk)
+        scores = scores + bias.tile(int(i[0]), int(i[-1]) + 1, 0, Tk)
     return scores.masked_fill(j > i, -math.inf).softmax(-1) @ v
