@@ -35,7 +35,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from posenc.errors import PosencError
 
-BiasFn = Callable[[int, int, int, int], torch.Tensor]
+BiasFn = Callable[[int, int, int, int], torch.Tensor]  # a tile function, (qs, qe, ks, ke) -> tile (``Bias.tile``)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -47,8 +47,9 @@ class Bias:
     - ``tile(qs, qe, ks, ke)``: (B|1, H, qe - qs, ke - ks) float32+, f over the query rows [qs, qe) and key rows
       [ks, ke); a new tensor each call (the core masks it in place). Every path with a bias reads it: the chunked
       path, ``windowed``, the near keys of ``fused_separable``, ``naive_attention``.
-    - ``at(b, h, q_idx, kv_idx)``: f of one score (0-dim int tensors in, a 0-dim float32+ tensor out), a
-      pointwise bias's form for FlexAttention's ``score_mod``: ``flex_causal`` (CUDA, evaluation).
+    - ``at(b, h, q_idx, kv_idx)``: f at the given batch rows, heads, query and key rows (int64 index tensors that
+      broadcast, 0-dim under FlexAttention; float32+ out), a pointwise bias's form for FlexAttention's
+      ``score_mod``: ``flex_causal`` (CUDA, evaluation).
     - ``keys(qs, ke)``: (B|1, H, ke) float32+, the row f(qs, j) over the keys [0, ke) of a separable bias, f(i, j)
       = r(i) + c(j) at every i >= j (ALiBi, the forget gate): ``fused_separable`` (CPU).
     - ``far(qs, qe)``: (near, row): the keys [0, near), near <= qs, on which f(i, j) = r(i) + c(j) for the
