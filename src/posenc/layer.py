@@ -356,14 +356,7 @@ class LayerCache(CachePart):
         """The reference's step: hold the new positions' inputs x (B, n, d_model), q (B, H, n, D) or None (kept only
         for a scheme that replaces attention), unrotated k, v (B, Hkv, n, D), positions (n,) and token ids (B, n)
         or None."""
-        for buf, t in (
-            (self._x, x),
-            (self._q, q),
-            (self._k, k),
-            (self._v, v),
-            (self._pos, pos),
-            (self._tokens, tokens),
-        ):
+        for buf, t in zip((self._x, self._q, self._k, self._v, self._pos, self._tokens), (x, q, k, v, pos, tokens)):
             if t is not None:
                 buf.append(t)
 
