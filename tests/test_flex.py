@@ -5,18 +5,14 @@ import torch
 
 from posenc.attention import attention, flex_causal
 from posenc.encodings.bias import alibi_slopes, distance_bias
+from posenc.encodings.composite import sum_biases
 from posenc.encodings.forget import forget_bias, log_forget_cumsum
 
 
 def biases(logits, T):
     pos = torch.arange(T)
     alibi, forget = distance_bias(alibi_slopes(2), pos), forget_bias(log_forget_cumsum(logits))
-
-    def both(qs, qe, ks, ke):
-        return alibi(qs, qe, ks, ke) + forget(qs, qe, ks, ke)
-
-    both.at = lambda b, h, qi, ki: alibi.at(b, h, qi, ki) + forget.at(b, h, qi, ki)
-    return {"alibi": alibi, "forget": forget, "alibi+forget": both}
+    return {"alibi": alibi, "forget": forget, "alibi+forget": sum_biases([alibi, forget])}
 
 
 @pytest.mark.slow
