@@ -29,8 +29,7 @@ SEED_STRIDE = 2**33  # cell_seed: the run's seed times this, above every base se
 def cell_seed(base_seed: int, test: Test, seed: int = 0) -> int:
     """The generator seed (int >= 0) of a test cell: ``base_seed`` (EVAL_SEED, CRITERION_SEED) + crc32 of the test's
     name and length + ``seed`` x SEED_STRIDE, ``seed`` the run's training seed (>= 0; PosencError otherwise). Never
-    a training seed (those are the small run seeds themselves), nor another base's cell; seed 0 gives the seeds of
-    the releases before issue 57."""
+    a training seed (those are the small run seeds themselves), nor another base's cell; seed 0 adds nothing."""
     if seed < 0:
         raise PosencError(f"evaluation seed: the run's seed must be >= 0, got {seed}")
     return base_seed + zlib.crc32(f"{test.name}:{test.length}".encode()) + seed * SEED_STRIDE

@@ -63,9 +63,9 @@ SETTING = (
     "leak",
     "seed",
 )
-# in the setting (and its tag) only when given: records hashed without them (results/extend-quick,
-# results/smollm2-*) keep their tag
-LATER_SETTING = (
+# in the setting (and its tag) only when given, so a setting that leaves them unset hashes as one that never had
+# them: the records of results/extend-quick and results/smollm2-* keep their tag
+OPTIONAL_SETTING = (
     "original_max_position_embeddings",
     "attention_factor",
     "beta_fast",
@@ -79,7 +79,7 @@ LATER_SETTING = (
     "mscale_all_dim",
 )
 # each schedule setting and the posenc.rope schedule parameter (Extension field) it gives
-SCHEDULE_KEYS = {"rerope_window": "window", "leak": "leak", **{k: k for k in LATER_SETTING[1:]}}
+SCHEDULE_KEYS = {"rerope_window": "window", "leak": "leak", **{k: k for k in OPTIONAL_SETTING[1:]}}
 # what one call ran, listed in config.json
 INVOCATION = (
     "lengths",
@@ -451,11 +451,11 @@ def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -
     tag); in a new directory it stays None."""
     config = out / "config.json"
     bucket = cfg.bucket if cfg.bucket is not None or not config.exists() else read_json(config).get("bucket")
-    later = {k: getattr(cfg, k) for k in LATER_SETTING if getattr(cfg, k) is not None}
+    given = {k: getattr(cfg, k) for k in OPTIONAL_SETTING if getattr(cfg, k) is not None}
     weights = resolve_dtype(cfg.dtype)
-    if weights != torch.float32:  # float32, every run's dtype before the option, keeps their tags
-        later["dtype"] = str(weights).removeprefix("torch.")
-    setting = {**{k: getattr(cfg, k) for k in SETTING}, **later, "bucket": bucket, "docs": [d for d, _ in docs]}
+    if weights != torch.float32:  # the default dtype, like an unset optional setting, stays out of the tag
+        given["dtype"] = str(weights).removeprefix("torch.")
+    setting = {**{k: getattr(cfg, k) for k in SETTING}, **given, "bucket": bucket, "docs": [d for d, _ in docs]}
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
     invocation = {**{k: getattr(cfg, k) for k in INVOCATION}, "stamp": run_stamp(weights=weights)}
     _write_config(config, {**setting, "native_context": l0, "source": source}, invocation)
