@@ -126,7 +126,6 @@ def test_the_plugin_page_gives_each_hook_its_exact_signature():
         "decoder",
         "length_key",
         "spectral_gap",
-        "mixing_window",
     )
     for hook in hooks:
         signature = str(inspect.signature(getattr(encodings.Encoding, hook))).replace("'", "")

@@ -2,7 +2,8 @@
 R1-R8 (``../shared/DESIGN.md``), as a posenc claim set (``posenc.reports.claims.ClaimSet``).
 
 Load it into any posenc command with ``posenc --import experiments/accumulated/claims.py ...``: that command's
-compare reports, ``posenc report`` and the scoreboard then check these claims (``make demo`` does).
+compare reports, ``posenc report`` and the scoreboard then check these claims (``make demo`` does), and its reports
+show the paper's mixing window (``experiments.accumulated.window``).
 
 One stated test per claim (issue 57; the statistics are ``posenc.reports.claims``: ``decide``, ``with_robustness``).
 Each claim is one or more comparisons; each comparison is an effect oriented so that positive is the claimed side (a
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.accumulated import window
 from posenc.encodings import canonical
 from posenc.encodings.bias import alibi_slopes
 from posenc.eval.tasks import standard_error
@@ -863,7 +865,7 @@ def in_roles(t: TaskTable) -> TaskTable:
 def check_task_claims(table: TaskTable, meta: dict, text_records: list[Ppl]) -> list[Claim]:
     """R1-R8 on one task's table (the ``ClaimSet.tasks`` hook), its schemes looked up by role (:func:`in_roles`)."""
     t = in_roles(table)
-    windows = meta.get("mixing_windows") or {}
+    windows = (meta.get("quantities") or {}).get(window.LABEL) or {}
     out = [claim_r1(t, flat_schemes(text_records)), claim_r2(t, windows), claim_r3(t, windows), claim_r4(t)]
     kind = t.task.partition(":")[0]
     if kind == "flipflop":
@@ -881,5 +883,8 @@ ACCUMULATED = register_claims(
         text=check_claims,
         text_markdown=claims_markdown,
         tasks=check_task_claims,
+        quantities=(window.WINDOW,),
+        text_section=window.window_section,
+        text_figures=window.window_figures,
     )
 )

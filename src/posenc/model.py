@@ -135,12 +135,6 @@ class ModelConfig:
         a '|' pattern longer than ``n_layer``."""
         self.layer_schemes()
 
-    def mixing_window(self, eps: float = 0.01) -> float | None:
-        """The slowest mixing window w_eps (tokens) over the layers (``Encoding.mixing_window``); None when no
-        layer's scheme has a random step law."""
-        windows = [enc.mixing_window(eps) for enc in self.layer_schemes()]
-        return max((w for w in windows if w is not None), default=None)
-
 
 class Cache(CachePart):
     """Incremental decoding state of an ``LM`` (``LM.decode``): the token ids so far ``tokens`` (B, T), one

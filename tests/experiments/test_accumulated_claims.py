@@ -9,7 +9,7 @@ import pytest
 from experiments.accumulated import claims
 from experiments.accumulated.claims import check_claims, claims_markdown
 from posenc.reports.claims import FAILS, HOLDS, NOISE, Rule, t_quantile
-from posenc.reports.text import markdown, window_markdown, window_rows, with_ratios
+from posenc.reports.text import markdown, with_ratios
 from posenc.store.records import Ppl
 
 L0 = 128
@@ -184,20 +184,6 @@ def test_report_carries_the_claims_section():
     rows = {"rope": row([6.4], [1.8], [3.3]), "alibi": row([6.7], [0.99], [0.98])}
     md = markdown(table(rows), {}, {"name": "t", "train_length": L0})
     assert "## The paper's claims" in md and "| (iv) rotation-only models degrade" in md and "**holds**" in md
-
-
-def test_window_section_sorts_by_window_and_predicts_from_the_training_length():
-    rows = {f"acc-rand-qkv:a={a}": row([7.0], [1.0 + a / 10], [1.1]) for a in (2, 1, 0.1)}
-    windows = {"acc-rand-qkv:a=2": 6, "acc-rand-qkv:a=1": 27, "acc-rand-qkv:a=0.1": 2763, "rope": None}
-    got = window_rows(table(rows), windows, L0)
-    assert [r["scheme"] for r in got] == ["acc-rand-qkv:a=2", "acc-rand-qkv:a=1", "acc-rand-qkv:a=0.1"]
-    assert got[2]["w_ratio"] == pytest.approx(2763 / 128) and got[0]["rmax"] == [pytest.approx(1.1)]
-    md = window_markdown(table(rows), windows, L0)
-    assert (
-        "| acc-rand-qkv:a=1 | 27 | 0.211 | extrapolates |" in md
-        and "| acc-rand-qkv:a=0.1 | 2763 | 21.6 | degrades |" in md
-    )
-    assert window_rows(table(rows), {"acc-rand-qkv:a=2": 6, "acc-rand-qkv:a=1": 27}, L0) == []  # fewer than 3 windows
 
 
 def test_claims_find_their_schemes_by_canonical_spec():

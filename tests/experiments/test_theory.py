@@ -111,15 +111,16 @@ def test_so2_uniform_mixing_matches_sin_a_over_a():
 
 
 def test_mixing_window_names_only_a_schemes_window():
-    """The Monte Carlo check is mixing_check (a dict of the check); mixing_window is the scheme's / model's w_eps
-    (tokens)."""
+    """The Monte Carlo check is mixing_check (a dict of the check); mixing_window is the model's w_eps (tokens, the
+    study's report quantity: experiments/accumulated/window.py)."""
     import experiments.accumulated.theory as pkg
+    from experiments.accumulated.window import mixing_window
     from posenc.model import ModelConfig
 
     assert not hasattr(pkg, "mixing_window") and not hasattr(pkg.mixing, "mixing_window")
     mcfg = ModelConfig(n_layer=1, n_head=2, d_model=32, train_length=16, encoding="acc-rand-qk")
     assert (
-        mcfg.mixing_window(0.01) == mixing_check("so2:1", d=8, samples=10, n_max=2)["window"] == 27
+        mixing_window(mcfg, 0.01) == mixing_check("so2:1", d=8, samples=10, n_max=2)["window"] == 27
     )  # a = 1: |sin 1| both
 
 

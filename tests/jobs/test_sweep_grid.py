@@ -17,7 +17,6 @@ from posenc.config.plan import (
     job_configs,
     job_encoding,
     load_preset,
-    mixing_windows,
     point_label,
     point_root,
     setting,
@@ -238,11 +237,14 @@ def test_the_sensitivity_table_has_a_column_per_shared_setting_and_a_row_per_own
     ]
 
 
-def test_a_text_report_gives_each_scheme_the_mixing_window_of_the_variant_it_trained():
+def test_a_text_report_gives_each_scheme_the_quantities_of_the_variant_it_trained():
+    """A registered quantity (``posenc.reports.claims.Quantity``) of a swept scheme is its chosen variant's."""
     from types import SimpleNamespace
 
     from posenc.jobs.job import text_meta
+    from posenc.reports.claims import ClaimSet, Quantity, register_claims
 
+    register_claims(ClaimSet("q", "Q", quantities=(Quantity("chars", "spec length", lambda m: len(m.encoding)),)))
     preset = load_preset(
         "default",
         {
@@ -251,9 +253,9 @@ def test_a_text_report_gives_each_scheme_the_mixing_window_of_the_variant_it_tra
         },
     )
     data = SimpleNamespace(vocab_size=256, train=[0] * 10, val_docs=[("hamlet", None)])
-    windows = text_meta(preset, data, {"acc-rand-qkv": "acc-rand-qkv:a=2"})["mixing_windows"]
-    assert windows == {"rope": None, "acc-rand-qkv": mixing_windows(preset)["acc-rand-qkv:a=2"]}  # schemes only
-    assert text_meta(preset, data)["mixing_windows"]["acc-rand-qkv"] == mixing_windows(preset)["acc-rand-qkv"]
+    values = text_meta(preset, data, {"acc-rand-qkv": "acc-rand-qkv:a=2"})["quantities"]
+    assert values == {"chars": {"rope": 4, "acc-rand-qkv": len("acc-rand-qkv:a=2")}}  # schemes only
+    assert text_meta(preset, data)["quantities"]["chars"]["acc-rand-qkv"] == len("acc-rand-qkv")
 
 
 # ---------------------------------------------------------------- end to end

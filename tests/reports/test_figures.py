@@ -6,8 +6,9 @@ import pytest
 
 from posenc.data.tasks import get_task
 from posenc.eval.perplexity import bucket_width
+from posenc.reports.claims import Quantity
 from posenc.reports.pretrained import position_figure, ppl_rows
-from posenc.reports.tasks import WINDOW_LABEL, TaskTable, accuracy_markdown, distance_figure, length_figure
+from posenc.reports.tasks import TaskTable, accuracy_markdown, distance_figure, length_figure, quantity_label
 from posenc.reports.text import buckets_figure
 from posenc.store.records import Ppl, ScoredWindow, Task, TaskCell
 from tests.task_records import task_table
@@ -60,9 +61,11 @@ def test_distance_plot_dotted_means_did_not_learn_and_dash_dot_the_mixing_window
         0.05,
         0.9,
     )
-    ax = distance_figure(t, ["rope", "nope", "alibi"], {"rope": 40.0, "nope": None}, get_task("flipflop").chance).axes[
-        0
-    ]
+    window = Quantity("w_0.01", "mixing window w_0.01", lambda m: None)
+    values = {window: {"rope": 40.0, "nope": None}}
+    ax = distance_figure(t, ["rope", "nope", "alibi"], values, get_task("flipflop").chance).axes[0]
+    label = quantity_label(window)
+    assert label == "mixing window w_0.01 (dash-dot, in the scheme's colour)"
     curves = {line.get_label(): line for line in ax.get_lines() if len(line.get_xdata()) == 3}
     assert {k: (v.get_linestyle(), list(v.get_xdata())) for k, v in curves.items()} == {
         "rope": ("-", [8, 64, 512]),
@@ -74,14 +77,14 @@ def test_distance_plot_dotted_means_did_not_learn_and_dash_dot_the_mixing_window
     legend = {
         text.get_text(): handle for text, handle in zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles)
     }
-    assert legend[WINDOW_LABEL].get_linestyle() == "-."
+    assert legend[label].get_linestyle() == "-."
     assert list(legend) == [
         "rope",
         "nope (did not learn: dotted)",
         "alibi (same as rope)",
         "training length 128",
         "chance",
-        WINDOW_LABEL,
+        label,
     ]
     assert [line.get_linestyle() for line in ax.get_lines()].count("-.") == 1  # only the window is dash-dot
 

@@ -164,7 +164,4 @@ def test_each_kind_of_value_has_one_rendering_in_every_report():
     table = extend_markdown(ppl, [], ["none", "yarn"], "# extend")
     assert "| none | 9.88 |" in table and "| yarn | n/a |" in table and "| yarn | - |" not in table
     t = task_table("flipflop", {"path": {0: gap_cells(1.0, {8: 1.0, 1024: 1.0, 4096: 0.5})}})
-    assert (
-        distance_markdown(t, ["path"], {}).splitlines()[0]
-        == "| scheme | w_0.01 | id 1x | 8 | 1,024 | 4,096 | horizon |"
-    )
+    assert distance_markdown(t, ["path"], {}).splitlines()[0] == "| scheme | id 1x | 8 | 1,024 | 4,096 | horizon |"

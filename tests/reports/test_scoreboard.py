@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from posenc.cli.main import main
-from posenc.config.plan import load_preset, mixing_windows
+from posenc.config.plan import load_preset
+from posenc.reports.claims import ClaimSet, Quantity, register_claims, scheme_quantities
 from posenc.reports.runs import scoreboard
 from posenc.reports.scoreboard import BEGIN, END, load_task_run, readme_block, task_label
 from posenc.reports.tasks import TaskTable
@@ -173,7 +174,7 @@ def test_scoreboard_bad_input_is_one_line(tmp_path, capsys):
     )
 
 
-def test_task_labels_and_the_committed_task_runs_settings():
+def test_task_labels_and_the_committed_task_runs_settings(accumulated_claims):
     assert [
         task_label(t)
         for t in ("flipflop", "flipflop:p_ignore=0.9", "mqar:pairs=4", "modsum:m=2", "modsum", "modsum:m=3")
@@ -185,7 +186,8 @@ def test_task_labels_and_the_committed_task_runs_settings():
         0.9,
         0.05,
     )
-    assert retrieval.mixing_windows["acc-rand-qkv:a=0.5"] == 110 and retrieval.mixing_windows["rope"] is None
+    windows = retrieval.quantities["w_0.01"]  # the study's quantity (experiments/accumulated/window.py)
+    assert windows["acc-rand-qkv:a=0.5"] == 110 and windows["rope"] is None
     assert (tracking.source, tracking.n_head, tracking.tasks()) == ("preset.json", 4, ["modsum:m=2"])
 
 
@@ -228,13 +230,14 @@ def test_a_scheme_trained_as_a_sweep_variant_says_so_in_the_scoreboard_and_the_c
     assert [r.split(" |")[:2] for r in again] == [r.split(" |")[:2] for r in rows.values()]
 
 
-def test_a_variant_gets_its_own_mixing_window():
+def test_a_variant_gets_its_own_quantity():
+    register_claims(ClaimSet("q", "Q", quantities=(Quantity("chars", "spec length", lambda m: len(m.encoding)),)))
     preset = load_preset(
         "retrieval",
         {"schemes": ["acc-rand-qkv"], "sweep": {"schemes": {"acc-rand-qkv": {"model.encoding": ["acc-rand-qkv:a=2"]}}}},
     )
-    windows = mixing_windows(preset)
-    assert windows["acc-rand-qkv:a=2"] < windows["acc-rand-qkv"]  # wider steps mix faster
+    windows = scheme_quantities(preset, {"rope"})["chars"]
+    assert windows == {"acc-rand-qkv": 12, "acc-rand-qkv:a=2": 16, "rope": 4}  # the variant, and a record's scheme
     far = {8: 1.0, 64: 1.0}
     t = TaskTable(
         [_job("flipflop", "acc-rand-qkv", 0, 1.0, far).model_copy(update={"encoding": "acc-rand-qkv:a=2"})],
@@ -243,5 +246,5 @@ def test_a_variant_gets_its_own_mixing_window():
         0.05,
         0.9,
     )
-    assert t.trained_windows(windows)["acc-rand-qkv"] == windows["acc-rand-qkv:a=2"]
+    assert t.trained_values(windows)["acc-rand-qkv"] == windows["acc-rand-qkv:a=2"]
     assert t.trained_as("acc-rand-qkv") == " (trained as acc-rand-qkv:a=2)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -365,16 +366,16 @@ def grid_points(preset: Preset, scheme: str) -> list[Point]:
     return [tuple(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
-def mixing_windows(preset: Preset) -> dict[str, float | None]:
-    """{spec: its mixing window w_0.01 in tokens (``ModelConfig.mixing_window``; None: no random step law)} of every
-    scheme (with the preset's model) and every sweep variant a job of it trains (``job_encoding``; with the model of
-    the first grid point that trains it: the window depends on the spec, not on the swept shape or budget). Raises
-    PosencError for a grid point whose settings are invalid (``at_point``)."""
-    out = {s: dataclasses.replace(preset.model, encoding=s).mixing_window() for s in preset.schemes}
+def scheme_values(preset: Preset, of: Callable[[ModelConfig], Any]) -> dict[str, Any]:
+    """{spec: ``of`` its model} of every scheme (with the preset's model) and every sweep variant a job of it trains
+    (``job_encoding``; with the model of the first grid point that trains it). Raises PosencError for a grid point
+    whose settings are invalid (``at_point``)."""
+    out = {s: of(dataclasses.replace(preset.model, encoding=s)) for s in preset.schemes}
     for s in preset.schemes:
         for point in grid_points(preset, s):
-            spec = job_encoding(point, s)
-            out.setdefault(spec, dataclasses.replace(at_point(preset, point).model, encoding=spec).mixing_window())
+            spec, model = job_encoding(point, s), at_point(preset, point).model
+            if spec not in out:
+                out[spec] = of(dataclasses.replace(model, encoding=spec))
     return out
 
 

@@ -237,12 +237,9 @@ class Accumulated(Encoding):
     def zero_init(self) -> tuple[nn.Module, ...]:
         return (self.step,) if self.mode == "learned" and self.init == "zero" else ()
 
-    def mixing_window(self, eps: float = 0.01) -> float | None:
-        """The slowest block's w_eps = ceil(log eps / log beta_b) in tokens (inf when a block never mixes);
-        None for learned steps (their law is known after training: ``posenc diagnose`` reads it back)."""
-        return None if self.mode == "learned" else self._window(eps)
-
     def _window(self, eps: float) -> float:
+        """The slowest block's w_eps = ceil(log eps / log beta_b) in tokens (inf when a block never mixes), for
+        :meth:`describe`."""
         return max(window_size(float(b), eps) for b in self.spectral_gap())
 
     def describe(self) -> str:

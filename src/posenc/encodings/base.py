@@ -42,8 +42,8 @@ flag                    hook                 what it gives
 A hook whose flag is False returns None. Flags may be set per instance in
 ``__init__`` (RoPE replaces attention only with the ReRoPE schedule). The test
 ``tests/encodings/test_contract.py`` builds every registered scheme and checks that each
-flag matches what its hook returns. ``spectral_gap`` and ``mixing_window`` report
-a rotary scheme's step law (``posenc diagnose``); ``zero_init`` names the layers
+flag matches what its hook returns. ``spectral_gap`` reports a rotary scheme's
+step law (``posenc diagnose``); ``zero_init`` names the layers
 the scheme starts at zero, which the model's weight initialisation leaves alone;
 ``neutral_init`` sets learned parts to start neutral on a pretrained model;
 ``uses_tokens`` marks schemes that read token ids.
@@ -492,11 +492,6 @@ class Encoding(KeepsPrecision):
     def neutral_init(self) -> None:
         """Set the learned parts (if any) so the scheme starts as close as it can to adding nothing learned:
         used when a scheme is attached to a pretrained model (``posenc.hf.scheme.apply_scheme``). Default: nothing."""
-
-    def mixing_window(self, eps: float = 0.01) -> float | None:
-        """Tokens after which the scheme's random step law decorrelates routes to ``eps`` (arXiv 2606.24975,
-        Theorem 1), known before training; None when the scheme has no step law (or a learned one)."""
-        return None
 
     def describe(self) -> str:
         """One line for reports: the scheme and its parameters (here the full spec, every parameter given:

@@ -115,9 +115,6 @@ class Composite(Encoding):
     def spectral_gap(self):
         return self._rotary[0].spectral_gap() if self.rotary else None
 
-    def mixing_window(self, eps: float = 0.01):
-        return self._rotary[0].mixing_window(eps) if self.rotary else None
-
     def describe(self) -> str:
         return " + ".join(p.describe() for p in self._parts)
 

@@ -1,8 +1,8 @@
 """The mixing window of accumulated transports (arXiv 2606.24975, Sec. 3, Theorem 1).
 
 For i.i.d. steps with spectral gap ||E[M]||_op <= beta < 1, routes longer than
-w_eps = ceil(log eps / log beta) are decorrelated to eps. The schemes report it
-(``Encoding.mixing_window``).
+w_eps = ceil(log eps / log beta) are decorrelated to eps. The accumulated scheme's description and
+``posenc diagnose`` report it; a study may add it to the reports (``experiments/accumulated/window.py``).
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ from posenc.config.plan import (
     grid_points,
     job_configs,
     job_encoding,
-    mixing_windows,
     model_line,
     point_label,
     point_root,
@@ -51,6 +50,7 @@ from posenc.jobs.retrieval import task_meta
 from posenc.jobs.sweep import Choice, choices, merge_chosen
 from posenc.methods import parse as parse_method
 from posenc.model import LM, ModelConfig, is_rope, set_method, with_rope_schedule
+from posenc.reports import claims
 from posenc.reports.sweep import sweep_markdown, write_sensitivity
 from posenc.reports.tasks import write_task_report
 from posenc.reports.text import with_ratios, write_report
@@ -568,11 +568,11 @@ class Plan:
 
 
 def text_meta(preset: Preset, data, trained: dict[str, str] | None = None) -> dict:
-    """The text report's header: corpus, model, budget, evaluation, and each scheme's description and mixing window
-    (of the spec it trained: ``trained`` maps a swept scheme to its chosen variant,
-    ``posenc.config.plan.job_encoding``)."""
+    """The text report's header: corpus, model, budget, evaluation, each scheme's description and the registered sets'
+    quantities (``posenc.reports.claims.Quantity``; of the spec each scheme trained: ``trained`` maps a swept scheme
+    to its chosen variant, ``posenc.config.plan.job_encoding``)."""
     mcfg = dataclasses.replace(preset.model, vocab_size=data.vocab_size)
-    windows, trained = mixing_windows(preset), trained or {}
+    values, trained = claims.scheme_quantities(preset), trained or {}
     return {
         "name": preset.name,
         "train_length": preset.model.train_length,
@@ -593,7 +593,7 @@ def text_meta(preset: Preset, data, trained: dict[str, str] | None = None) -> di
             f"{-(-preset.eval.max_tokens // span(preset))} held-out works"
         ),
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
-        "mixing_windows": {s: windows[trained.get(s, s)] for s in preset.schemes},
+        "quantities": {q: {s: v[trained.get(s, s)] for s in preset.schemes} for q, v in values.items()},
         "notes": preset.description or None,
         "run": stamp_line(run_stamp(machine_precision(preset.train))),
     }

@@ -9,14 +9,16 @@ header (``posenc.reports.tasks``).
 
 from __future__ import annotations
 
-from posenc.config.plan import Preset, mixing_windows, model_line, positions_note, setting, task_specs
+from posenc.config.plan import Preset, model_line, positions_note, setting, task_specs
 from posenc.data.tasks import get_task
+from posenc.reports import claims
 from posenc.store.stamp import run_stamp
 from posenc.train.precision import machine_precision
 
 
 def task_meta(preset: Preset) -> dict:
-    """The report's header: tasks, model, budget, evaluation, each scheme's mixing window, the stamp."""
+    """The report's header: tasks, model, budget, evaluation, the registered sets' quantities of each scheme
+    (``posenc.reports.claims.Quantity``), the stamp."""
     m, t = preset.model, preset.train
     return {
         "name": preset.name,
@@ -31,7 +33,7 @@ def task_meta(preset: Preset) -> dict:
         + (f"; until {t.until.describe()} (steps is the cap)" if t.until else ""),
         "seeds": preset.seeds,
         "eval": preset.task_eval.model_dump(),
-        "mixing_windows": mixing_windows(preset),
+        "quantities": claims.scheme_quantities(preset),
         "text_results": preset.text_results,
         "reference": preset.reference,
         "notes": preset.description or None,

@@ -14,6 +14,11 @@ x the seeds' standard error and z_0.975 x the noise the seeds do not show; it ho
 above +margin, does not hold when it lies entirely below -margin, and is within noise otherwise (one seed: no
 interval). A claim is recomputed under alternative rules (``Rule``, ``ALTERNATIVES``, ``with_robustness``) and is
 robust when none flips its verdict.
+
+A set may also add to the reports what its claims read (it never renames the library's rows): per-scheme quantities
+(``Quantity``: a column of each task's distance table and a line on its distance plot, in ``meta["quantities"]``
+for its checks), and sections and figures of the text comparison's report (``ClaimSet.text_section``,
+``ClaimSet.text_figures``).
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from posenc import encodings
+from posenc.config.plan import Preset, scheme_values
 from posenc.reports.render import markdown_table
 
 HOLDS, FAILS, NOISE, UNDECIDED = "holds", "does not hold", "within noise", "undecided"
@@ -93,7 +100,7 @@ def t_quantile(p: float, df: float) -> float:
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """How comparisons are decided. ``interval``: "t" (the stated rule: a t-interval over seeds, :func:`decide`) or
-    "band" (the rule before issue 57: each side's seed range widened by its noise, no margin); ``noise``, ``margin``:
+    "band" (each side's seed range widened by its noise, no margin); ``noise``, ``margin``:
     multipliers of the measured noise and of the stated margin; ``options``: a study's own knobs, as (key, value)
     pairs (e.g. ("tol", 0.1): a task's horizon tolerance). ``name`` says it in the robustness table."""
 
@@ -318,20 +325,40 @@ def with_robustness(check: Callable[[Rule], Claim | None], alternatives) -> Clai
 
 
 @dataclasses.dataclass(frozen=True)
+class Quantity:
+    """A per-scheme distance a study adds to the task reports: ``of(model)`` its value in tokens for a
+    ``posenc.model.ModelConfig`` (None where the scheme has none), ``label`` its column heading in each task's distance
+    table (rounded to a token; empty where None), ``legend`` what its vertical line on the distance plot (in the
+    scheme's colour, line style ``ls``) stands for."""
+
+    label: str
+    legend: str
+    of: Callable[[Any], float | None]
+    ls: str = "-."
+
+
+@dataclasses.dataclass(frozen=True)
 class ClaimSet:
     """A study's claims. ``text(records, train_length)``: the claims of a text comparison (``Ppl`` records with
     ``ratio``); ``text_markdown(records, train_length)``: its section of the comparison report ("" for none);
     ``tasks(table, meta, text_records)``: the claims of one task (a ``TaskTable``; ``meta``: the run's, with
-    ``mixing_windows``; ``text_records``: the text comparison it is read against, or []). ``title``: the heading of
-    its section in the side-by-side report. A set adds claims and report sections; it never renames the library's
-    rows: the records and tables it receives name each scheme as its run did, and a set that looks a scheme up under
-    its own name matches the run's by spec itself (``encodings.canonical``)."""
+    ``quantities``: {label: {scheme: value}} of the set's ``quantities``, each scheme's of the spec it trained;
+    ``text_records``: the text comparison it is read against, or []). ``title``: the heading of its section in the
+    side-by-side report. ``text_section(records, meta, train_length)``: a section of the text report after its
+    tables and claims ("" for none; ``meta``: the report's, with ``quantities``); ``text_figures(records, meta,
+    train_length)``: {file name: writer(path)} of the figures the text report lists and writes beside it. A set adds
+    claims, columns and report sections; it never renames the library's rows: the records and tables it receives
+    name each scheme as its run did, and a set that looks a scheme up under its own name matches the run's by spec
+    itself (``encodings.canonical``)."""
 
     name: str
     title: str
     text: Callable[[list[Any], int], list[Claim]] | None = None
     text_markdown: Callable[[list[Any], int], str] | None = None
     tasks: Callable[[Any, dict, list[Any]], list[Claim]] | None = None
+    quantities: tuple[Quantity, ...] = ()
+    text_section: Callable[[list[Any], dict, int], str] | None = None
+    text_figures: Callable[[list[Any], dict, int], dict[str, Callable[[Path], None]]] | None = None
 
 
 _SETS: dict[str, ClaimSet] = {}
@@ -362,6 +389,33 @@ def text_claims(records: list[Any], train_length: int) -> list[tuple[ClaimSet, C
 def text_claims_markdown(records: list[Any], train_length: int) -> str:
     """The comparison report's claims sections: each registered set's ``text_markdown``."""
     return "".join(cs.text_markdown(records, train_length) for cs in claim_sets() if cs.text_markdown)
+
+
+def quantities() -> list[Quantity]:
+    """Every registered set's quantities, in registration order."""
+    return [q for cs in claim_sets() for q in cs.quantities]
+
+
+def scheme_quantities(preset: Preset, schemes: set[str] = frozenset()) -> dict[str, dict[str, float | None]]:
+    """{label: {spec: value}} of every registered quantity over the preset's schemes, the sweep variants its jobs
+    train (``posenc.config.plan.scheme_values``) and ``schemes`` (records of schemes the preset no longer lists).
+    Raises PosencError for a grid point whose settings are invalid."""
+    out = {}
+    for q in quantities():
+        values = scheme_values(preset, q.of)
+        out[q.label] = values | {s: q.of(dataclasses.replace(preset.model, encoding=s)) for s in schemes - set(values)}
+    return out
+
+
+def text_sections_markdown(records: list[Any], meta: dict, train_length: int) -> str:
+    """Each registered set's ``text_section`` of a text comparison's report."""
+    return "".join(cs.text_section(records, meta, train_length) for cs in claim_sets() if cs.text_section)
+
+
+def text_figures(records: list[Any], meta: dict, train_length: int) -> dict[str, Callable[[Path], None]]:
+    """{file name: writer(path)} of every registered set's figures of a text comparison."""
+    sets = [cs for cs in claim_sets() if cs.text_figures]
+    return {k: f for cs in sets for k, f in cs.text_figures(records, meta, train_length).items()}
 
 
 def task_claims(table: Any, meta: dict, text_records: list[Any]) -> list[Claim]:

@@ -22,10 +22,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from posenc import encodings
-from posenc.config.plan import Preset, TaskEvalConfig, mixing_windows
+from posenc.config.plan import Preset, TaskEvalConfig
 from posenc.data.tasks import get_task
 from posenc.errors import PosencError
-from posenc.reports.claims import task_claims
+from posenc.reports.claims import scheme_quantities, task_claims
 from posenc.reports.render import PPL, RATIO, markdown_table, seed_cell
 from posenc.reports.tasks import TaskTable
 from posenc.reports.tasks import horizon_cell as horizons_cell
@@ -47,7 +47,8 @@ def shown_multiples(multiples) -> list[int]:
 @dataclasses.dataclass
 class TaskRun:
     """One task comparison as the scoreboard sees it: its records and the settings that judge them (``preset.json``'s
-    ``task_eval``, head count and mixing windows; without one, ``TaskEvalConfig``'s defaults and neither)."""
+    ``task_eval``, head count and the registered sets' quantities, ``posenc.reports.claims.scheme_quantities``; without
+    one, ``TaskEvalConfig``'s defaults and neither)."""
 
     path: Path
     label: str
@@ -55,7 +56,7 @@ class TaskRun:
     horizon_tol: float
     learned: float
     n_head: int | None
-    mixing_windows: dict[str, float | None]
+    quantities: dict[str, dict[str, float | None]]  # {label: {spec: value}}
     source: str  # "preset.json" or "defaults"
 
     def tasks(self) -> list[str]:
@@ -83,7 +84,7 @@ def load_task_run(path: Path, label: str) -> TaskRun:
     records = load_tasks(path)
     if not records:
         raise PosencError(f"{path} has no task records (results.jsonl or retrieval.csv): not a task comparison")
-    ev, n_head, windows, source = TaskEvalConfig(), None, {}, "defaults"
+    ev, n_head, values, source = TaskEvalConfig(), None, {}, "defaults"
     if (path / "preset.json").exists():
         try:
             preset = Preset(**read_json(path / "preset.json"))
@@ -91,12 +92,9 @@ def load_task_run(path: Path, label: str) -> TaskRun:
             preset = None
         if preset is not None:
             ev, n_head, source = preset.task_eval, preset.model.n_head, "preset.json"
-            windows = mixing_windows(preset)
-            windows |= {  # records of schemes the preset no longer lists
-                s: dataclasses.replace(preset.model, encoding=s).mixing_window()
-                for s in {r.scheme for r in records} - set(windows)
-            }
-    return TaskRun(path, label, records, ev.horizon_tol, ev.learned, n_head, windows, source)
+            # with the records of schemes the preset no longer lists
+            values = scheme_quantities(preset, {r.scheme for r in records})
+    return TaskRun(path, label, records, ev.horizon_tol, ev.learned, n_head, values, source)
 
 
 def task_label(task: str) -> str:
@@ -224,9 +222,8 @@ def task_claims_markdown(text, task_runs: list[TaskRun]) -> str:
     for run in task_runs:
         for task in run.tasks():
             t = run.table(task)
-            for c in task_claims(
-                t, {"mixing_windows": t.trained_windows(run.mixing_windows)}, text.records if text else []
-            ):
+            meta = {"quantities": {q: t.trained_values(v) for q, v in run.quantities.items()}}
+            for c in task_claims(t, meta, text.records if text else []):
                 rows.append([run.label, f"({c.key}) {c.text}", f"**{c.verdict}**", c.evidence])
     if not rows:
         return ""

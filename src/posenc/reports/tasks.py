@@ -32,6 +32,7 @@ from posenc.data.tasks import get_task
 from posenc.errors import PosencError
 from posenc.eval.tasks import standard_error
 from posenc.reports import claims
+from posenc.reports.claims import Quantity
 from posenc.reports.render import (
     PCT,
     figure,
@@ -169,10 +170,10 @@ class TaskTable:
         specs = self.variants.get(scheme)
         return f" (trained as {' / '.join(specs)})" if specs else ""
 
-    def trained_windows(self, windows: dict[str, float | None]) -> dict[str, float | None]:
-        """``windows`` ({spec: mixing window}) with each scheme that trained a sweep variant given its variant's
-        window (None where ``windows`` lacks it): the window of what was trained, never the plain scheme's."""
-        return {**windows, **{s: windows.get(v[0]) for s, v in self.variants.items()}}
+    def trained_values(self, values: dict[str, float | None]) -> dict[str, float | None]:
+        """``values`` ({spec: a quantity's value}) with each scheme that trained a sweep variant given its variant's
+        value (None where ``values`` lacks it): the value of what was trained, never the plain scheme's."""
+        return {**values, **{s: values.get(v[0]) for s, v in self.variants.items()}}
 
     def id_acc(self, scheme: str) -> list[float]:
         return [s.acc("id", self.L0)[0] for s in self.scores.get(scheme, {}).values()]
@@ -383,15 +384,17 @@ def accuracy_markdown(t: TaskTable, schemes: list[str]) -> str:
     return markdown_table(header, rows) + f"\n\nAnswers per cell (one seed): {', '.join(counts)}."
 
 
-def distance_markdown(t: TaskTable, schemes: list[str], windows: dict) -> str:
+def distance_markdown(t: TaskTable, schemes: list[str], quantities: dict[str, dict[str, float | None]]) -> str:
+    """The distance table: each scheme's id accuracy, its controlled-gap accuracy per evidence-distance bucket and its
+    horizon; a column per quantity ({label: {scheme: tokens}}, ``posenc.reports.claims.Quantity``) after the scheme."""
     first = next(iter(t.scores[schemes[0]].values()))
     buckets = first.buckets("gap")
-    header = ["scheme", "w_0.01", "id 1x"] + [f"{b:,}" for b in buckets] + ["horizon"]  # tokens, as horizons read
+    header = ["scheme", *quantities, "id 1x"] + [f"{b:,}" for b in buckets] + ["horizon"]  # tokens, as horizons read
     rows = []
     for s in schemes:
-        w = windows.get(s)
+        values = [v.get(s) for v in quantities.values()]
         rows.append(
-            [s, "" if w is None else f"{w:.0f}", pct_cell(t.id_acc(s))]
+            [s, *("" if v is None else f"{v:.0f}" for v in values), pct_cell(t.id_acc(s))]
             + [pct_cell(t.values(s, "gap", bucket=b)[0]) for b in buckets]
             + [horizon_cell(t.horizon_data(s)) if t.learned(s) else "no verdict (did not learn)" + _seeds_learned(t, s)]
         )
@@ -441,18 +444,23 @@ def reference_markdown(t: TaskTable, ref: dict) -> str:
     return markdown_table(header, rows)
 
 
-NOT_LEARNED_LS, WINDOW_LS = (
-    ":",
-    "-.",
-)  # distance plot: the curve of a scheme that did not learn; a scheme's mixing window
-WINDOW_LABEL = "mixing window w_0.01 (dash-dot, in the scheme's colour)"
+NOT_LEARNED_LS = ":"  # distance plot: the curve of a scheme that did not learn
+LINE_STYLES = {"-.": "dash-dot", "--": "dashed", ":": "dotted", "-": "solid"}  # the legend's words for a line style
 
 
-def distance_figure(t: TaskTable, schemes: list[str], windows: dict, chance: float):
+def quantity_label(q: Quantity) -> str:
+    """The distance plot's legend entry for the lines of quantity ``q``."""
+    return f"{q.legend} ({LINE_STYLES.get(q.ls, q.ls)}, in the scheme's colour)"
+
+
+def distance_figure(
+    t: TaskTable, schemes: list[str], quantities: dict[Quantity, dict[str, float | None]], chance: float
+):
     """The figure of ``distance-TASK.png``: each scheme's controlled-gap accuracy (mean over seeds) against evidence
-    distance (log axis); a scheme that did not learn is dotted, its mixing window w_0.01 (where known) a dash-dot
-    vertical line in its colour (one legend entry for them all), the training length dashed black, chance grey.
-    Identical curves stay visible (``posenc.reports.render.plot_lines``)."""
+    distance (log axis); a scheme that did not learn is dotted, each quantity's value ({Quantity: {scheme: tokens}},
+    where known) a vertical line in the scheme's colour and the quantity's line style (one legend entry per quantity),
+    the training length dashed black, chance grey. Identical curves stay visible
+    (``posenc.reports.render.plot_lines``)."""
     from matplotlib.lines import Line2D
 
     fig, ax = figure(figsize=(9.5, 4.5))
@@ -472,15 +480,17 @@ def distance_figure(t: TaskTable, schemes: list[str], windows: dict, chance: flo
             }
         )
     plot_lines(ax, lines)
-    for s in schemes:
-        if windows.get(s):
-            ax.axvline(windows[s], color=colors[s], ls=WINDOW_LS, lw=1)
+    for q, values in quantities.items():
+        for s in schemes:
+            if values.get(s):
+                ax.axvline(values[s], color=colors[s], ls=q.ls, lw=1)
     ax.axvline(t.L0, color="black", ls="--", lw=1, label=f"training length {t.L0}")
     ax.axhline(100 * chance, color="grey", lw=1, label="chance")
     handles, labels = ax.get_legend_handles_labels()
-    if any(windows.get(s) for s in schemes):  # one entry for every window line: grey, as each has its scheme's colour
-        handles.append(Line2D([], [], color="grey", ls=WINDOW_LS, lw=1))
-        labels.append(WINDOW_LABEL)
+    for q, values in quantities.items():  # one entry per quantity: grey, as each line has its scheme's colour
+        if any(values.get(s) for s in schemes):
+            handles.append(Line2D([], [], color="grey", ls=q.ls, lw=1))
+            labels.append(quantity_label(q))
     log_scale(ax, "x", base=2)
     ax.set_xlabel("evidence distance (tokens)")
     ax.set_ylabel("accuracy (%)")
@@ -493,9 +503,11 @@ def distance_figure(t: TaskTable, schemes: list[str], windows: dict, chance: flo
     return fig
 
 
-def plot_distance(path: Path, t: TaskTable, schemes: list[str], windows: dict, chance: float) -> None:
+def plot_distance(
+    path: Path, t: TaskTable, schemes: list[str], quantities: dict[Quantity, dict[str, float | None]], chance: float
+) -> None:
     """``path``: :func:`distance_figure` as PNG."""
-    save_figure(distance_figure(t, schemes, windows, chance), path)
+    save_figure(distance_figure(t, schemes, quantities, chance), path)
 
 
 def length_figure(t: TaskTable, schemes: list[str], chance: float):
@@ -600,7 +612,8 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
     run_dir = Path(run_dir)
     records = [r for r in load(run_dir / "results.jsonl") if isinstance(r, Task)]
     write_csv(run_dir / "retrieval.csv", records)
-    ev, L0, windows = meta["eval"], meta["train_length"], meta.get("mixing_windows") or {}
+    ev, L0, values = meta["eval"], meta["train_length"], meta.get("quantities") or {}
+    registered = {q.label: q for q in claims.quantities() if q.label in values}
     text = meta.get("text_results")
     text_records = read_text_results(Path(text)) if text else []
     st = meta["stamp"]
@@ -635,7 +648,8 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
     tasks = {**meta["tasks"], **{r.task: get_task(r.task).describe() for r in records if r.task not in meta["tasks"]}}
     for task, desc in tasks.items():
         t = TaskTable(records, task, L0, ev["horizon_tol"], ev["learned"], meta.get("n_head"))
-        schemes, w = [s for s in t.scores], t.trained_windows(windows)
+        schemes = list(t.scores)
+        trained = {label: t.trained_values(values[label]) for label in registered}
         lines += [f"## {task}", "", f"{desc}", ""]
         if not schemes:
             lines += ["No results yet.", ""]
@@ -644,7 +658,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
         lines += [
             "### Accuracy (%) by evidence distance (controlled-gap test) and retrieval horizon",
             "",
-            distance_markdown(t, schemes, w),
+            distance_markdown(t, schemes, trained),
             "",
         ]
         if t.criterion:
@@ -666,9 +680,10 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
             if ref.get("note"):
                 lines += [ref["note"], ""]
         chance = get_task(task).chance
-        plot_distance(run_dir / f"distance-{slug(task)}.png", t, schemes, w, chance)
+        lines_at = {q: trained[label] for label, q in registered.items()}
+        plot_distance(run_dir / f"distance-{slug(task)}.png", t, schemes, lines_at, chance)
         plot_length(run_dir / f"length-{slug(task)}.png", t, schemes, chance)
-        checked += claims.task_claims(t, {**meta, "mixing_windows": w}, text_records)
+        checked += claims.task_claims(t, {**meta, "quantities": trained}, text_records)
     if checked:
         lines += [
             "## Claims",

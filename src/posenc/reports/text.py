@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.reports.claims import text_claims_markdown
+from posenc.reports.claims import text_claims_markdown, text_figures, text_sections_markdown
 from posenc.reports.render import (
     PPL,
     RATIO,
@@ -161,7 +161,7 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
         "a study's preset) measures that on tasks with a known distance to the evidence "
         "(flip-flop, associative recall; `results/retrieval/`).\n"
     )
-    out.write(window_markdown(records, meta.get("mixing_windows") or {}, L0))
+    out.write(text_sections_markdown(records, meta, L0))
     out.write(passkey_markdown(extras, L0))
     out.write(far_mass_markdown(extras, L0))
     if meta.get("descriptions"):
@@ -175,7 +175,7 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
     far = any(isinstance(r, FarMass) and r.far_mass_mean is not None for r in extras)
     pngs = (
         ["ppl_ratio.png", "buckets.png"]
-        + ["window.png"] * bool(window_rows(records, meta.get("mixing_windows") or {}, L0))
+        + list(text_figures(records, meta, L0))
         + ["passkey.png"] * bool(pk)
         + ["far_mass.png"] * far
     )
@@ -185,86 +185,6 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
         + ".\n"
     )
     return out.getvalue()
-
-
-def window_rows(records: list[Ppl], windows: dict[str, float], L0: int) -> list[dict]:
-    """Schemes with a known mixing window (random step laws), by window: w_0.01, ppl at 1x, ratios at 32x and the
-    longest length.
-
-    Empty unless at least three schemes have distinct windows (a sweep, e.g. the ``window`` preset).
-    """
-    known = {s: w for s, w in windows.items() if w is not None}
-    if len(set(known.values())) < 3:
-        return []
-    ppl, ratio = _grid(records, "ppl"), _grid(records, "ratio")
-    longest = max(r.eval_length for r in records)
-    rows = []
-    for s, w in sorted(known.items(), key=lambda kv: kv[1]):
-        rows.append(
-            {
-                "scheme": s,
-                "w": w,
-                "w_ratio": w / L0,
-                "ppl1": ppl[s].get(L0, []),
-                "r32": ratio[s].get(32 * L0, []),
-                "rmax": ratio[s].get(longest, []),
-                "longest": longest,
-            }
-        )
-    return rows
-
-
-def window_markdown(records: list[Ppl], windows: dict[str, float], L0: int) -> str:
-    """The mixing-window section: extrapolation against w_0.01 / training length, beside the theory's prediction."""
-    rows = window_rows(records, windows, L0)
-    if not rows:
-        return ""
-    Lx = f"{rows[0]['longest'] // L0}x"
-    out = (
-        "\n## Mixing window vs extrapolation\n\n"
-        "w_0.01 = ceil(log 0.01 / log beta) of the step law (beta = |sin a / a| for U[-a, a] steps), the distance "
-        "beyond which routes are decorrelated to 1% (arXiv 2606.24975, Theorem 1; `posenc theory`, check 1). The "
-        "theory predicts that extrapolation holds while the window fits inside the training length (w_0.01 / L <= 1): "
-        "every route longer than the window looks alike, and training saw such routes. `window.png` plots these "
-        "rows.\n\n"
-    )
-    head = ["scheme", "w_0.01 (tokens)", "w_0.01 / L", "predicted", "ppl at 1x", "ratio at 32x", f"ratio at {Lx}"]
-    cells = [
-        [
-            r["scheme"],
-            f"{r['w']:g}",
-            f"{r['w_ratio']:.3g}",
-            "extrapolates" if r["w_ratio"] <= 1 else "degrades",
-            seed_cell(r["ppl1"], PPL),
-            seed_cell(r["r32"], RATIO),
-            seed_cell(r["rmax"], RATIO),
-        ]
-        for r in rows
-    ]
-    return out + markdown_table(head, cells) + "\n"
-
-
-def plot_window(path: Path, rows: list[dict], train_length: int) -> None:
-    """Ratio at 32x and the longest length, and the 1x perplexity, against w_0.01 / training length (log x)."""
-    fig, (ax, bx) = figure(1, 2, figsize=(11, 4.2))
-    x = [r["w_ratio"] for r in rows]
-    for key, label in (("r32", "ratio at 32x"), ("rmax", f"ratio at {rows[0]['longest'] // train_length}x")):
-        pts = [(xi, np.mean(r[key])) for xi, r in zip(x, rows) if r[key]]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    pts = [(xi, np.mean(r["ppl1"])) for xi, r in zip(x, rows) if r["ppl1"]]
-    bx.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color="C2")
-    for a in (ax, bx):
-        a.axvline(1.0, color="gray", ls="--", lw=1, label="theory: extrapolates left of w_0.01 = L")
-        log_scale(a, "x")
-        a.set_xlabel("mixing window w_0.01 / training length")
-        a.grid(True, which="both", alpha=0.3)
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_ylabel("perplexity / perplexity at training length")
-    ax.legend(fontsize=8)
-    bx.set_ylabel("perplexity at the training length")
-    fig.suptitle("Accumulated random rotations: step half-width a sets the mixing window")
-    fig.tight_layout()
-    save_figure(fig, path)
 
 
 def write_csv(path: Path, records: list[Ppl]) -> None:
@@ -402,7 +322,8 @@ def plot_far_mass(path: Path, records: list, train_length: int) -> None:
 
 
 def write_report(run_dir: Path, meta: dict, failures: dict[str, str] | None = None) -> Path:
-    """Write report.md, results.csv, ppl_ratio.png, buckets.png; returns report.md's path."""
+    """Write report.md, results.csv, ppl_ratio.png, buckets.png and the registered claim sets' figures
+    (``posenc.reports.claims.ClaimSet.text_figures``); returns report.md's path."""
     run_dir = Path(run_dir)
     all_records = load(run_dir / "results.jsonl")
     records = with_ratios([r for r in all_records if isinstance(r, Ppl)])
@@ -411,9 +332,8 @@ def write_report(run_dir: Path, meta: dict, failures: dict[str, str] | None = No
     if records:
         plot_ratio(run_dir / "ppl_ratio.png", records, meta["train_length"])
         plot_buckets(run_dir / "buckets.png", records, meta["train_length"])
-    rows = window_rows(records, meta.get("mixing_windows") or {}, meta["train_length"]) if records else []
-    if rows:
-        plot_window(run_dir / "window.png", rows, meta["train_length"])
+    for name, write in (text_figures(records, meta, meta["train_length"]) if records else {}).items():
+        write(run_dir / name)
     if passkey_grid(extras):
         plot_passkey(run_dir / "passkey.png", extras, meta["train_length"])
     if any(isinstance(r, FarMass) and r.far_mass_mean is not None for r in extras):
