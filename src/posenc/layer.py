@@ -670,8 +670,8 @@ class Attention(nn.Module):
             out = state.attend(q, k, v, inp, every, bias, *cache.key_buffers())
         else:
             out = self._attend_cached(q, k, v, phi, bias, cache)
-            if enc.window is not None:  # no later query sees more than the window's last size - 1 keys
-                cache.evict(enc.window.size - 1)
+        if enc.window is not None:  # no later query sees more than the window's last size - 1 keys
+            cache.evict(enc.window.size - 1)
         B, _, n, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(B, n, -1))
 

@@ -332,7 +332,7 @@ def test_every_scheme_documents_each_parameter_a_spec_may_set():
 
 def test_parameters_give_defaults_and_meaning_an_alias_drops_those_it_fixes():
     rope = {p.name: p for p in encodings.parameters("rope")}
-    assert list(rope) == ["rope_theta", "pairing", "rotary_fraction"]  # schedule, schedule_params: not in a spec
+    assert list(rope) == ["rope_theta", "pairing", "rotary_fraction", "factor"]  # schedule(_params): not in a spec
     assert rope["rope_theta"] == encodings.Parameter(
         "rope_theta", 10000.0, "float", "the frequencies' base, a finite number > 1"
     )

@@ -184,7 +184,9 @@ def test_llama4_as_shipped_equals_transformers_llama4_attention_layer_by_layer()
 
 
 def test_the_named_patterns():
-    assert encodings.layer_pattern("gemma3") == ["rope:rope_theta=10000,window=1024"] * 5 + ["rope:rope_theta=1000000"]
+    assert encodings.layer_pattern("gemma3") == ["rope:rope_theta=10000,window=1024"] * 5 + [
+        "rope:rope_theta=1000000,factor=1"
+    ]
     assert encodings.layer_pattern("rnope-swa:window=16") == ["rope:window=16"] * 3 + ["nope"]
     assert encodings.layer_pattern("irope") == ["rope", "rope", "rope", "nope"]  # unchanged: committed results use it
     assert encodings.canonical("rope:window=8") != encodings.canonical("rope")
@@ -287,7 +289,7 @@ def test_a_padded_row_equals_the_row_alone(spec):
         ("rope+logn:chunk=4", "chunk is not supported on 'logn', which replaces attention"),
         ("mla:window=4", "window is not supported on 'mla', which replaces attention (its own attend(), which takes"),
         ("sinusoidal:window=4", "additive input embedding"),
-        ("gemma3:rope_theta=5", "it takes window"),
+        ("gemma3:rope_theta=5", "it takes factor, window"),
         ("irope:window=4", "is a per-layer pattern"),
         ("irope-shipped:window=4", "it takes chunk"),
     ],
@@ -340,3 +342,52 @@ def test_a_pretrained_llama_with_a_window_is_transformers_mistral_sliding_window
         assert (model(ids).logits - want).abs().max() < 1e-5 < (full - want).abs().max()
         greedy = {"max_new_tokens": 5, "do_sample": False}
         assert torch.equal(model.generate(ids[:, :20], **greedy), mistral.generate(ids[:, :20], **greedy))
+
+
+def test_gemma3_scales_the_global_layers_rope_only_as_transformers_gemma3():
+    """Gemma 3 4B-27B (``rope_scaling`` linear, factor 8, with ``rope_local_base_freq`` 10K): transformers applies the
+    scaling to the full-attention layers only; each layer equals ``gemma3:window=4,factor=8`` (the global entry's
+    positions / 8, the local ones unscaled), and the unscaled pattern misses the global layer."""
+    cfg = Gemma3TextConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=4,
+        query_pre_attn_scalar=8,
+        max_position_embeddings=64,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        rope_local_base_freq=10000.0,
+    )
+    cfg._attn_implementation = "eager"
+    assert cfg.rope_parameters["full_attention"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}
+    assert cfg.rope_parameters["sliding_attention"] == {"rope_type": "default", "rope_theta": 10000.0}
+    torch.manual_seed(0)
+    model = Gemma3TextModel(cfg).double().eval()
+    seen = capture(model, 13)
+    for i, layer in enumerate(model.layers):
+        att, (x, want) = layer.self_attn, seen[i]
+        norms = (att.q_norm, att.k_norm)
+        assert (posenc_layer(att, x, "gemma3:window=4,factor=8", i, att.scaling, norms) - want).abs().max() < 1e-7, i
+        unscaled = (posenc_layer(att, x, "gemma3:window=4", i, att.scaling, norms) - want).abs().max()
+        assert unscaled > 1e-4 if i == 5 else unscaled < 1e-7, i
+    assert encodings.layer_pattern("gemma3:factor=8")[4:] == ["rope:rope_theta=10000,window=1024"] + [
+        "rope:rope_theta=1000000,factor=8"
+    ]
+
+
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("rope:factor=0.5", r"rope: factor must be a number >= 1 \(positions / factor\), got 0.5$"),
+        ("gemma3:factor=0", r"factor must be a number >= 1"),
+        ("rnope-swa:factor=8", r"it takes window, for the entries that set it\)$"),
+    ],
+)
+def test_bad_rope_factors_are_one_line(spec, match):
+    with pytest.raises(PosencError, match=match) as err:
+        encodings.get(spec, Dims(2, 8, 16, 0, 16, 5))
+    assert "\n" not in str(err.value)

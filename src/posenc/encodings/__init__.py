@@ -21,7 +21,9 @@ from posenc.encodings import (  # noqa: F401 (registers the families)
     cope,
     dape,
     fire,
+    fope,
     forget,
+    hope,
     householder,
     lengthscale,
     mla,
@@ -29,6 +31,7 @@ from posenc.encodings import (  # noqa: F401 (registers the families)
     prope,
     relative,
     rotary,
+    selective,
     sinks,
     stickbreaking,
     windows,
@@ -124,6 +127,9 @@ def _get(spec: str, dims: Dims, defaults: dict[str, Any] | None, params: dict[st
         if len(spans) > 1:
             raise PosencError(f"scheme {label!r}: give window or chunk on one part only (they set the whole layer's)")
         enc.window = spans[0] if spans else None
+        for part in enc.parts:  # an attending part that applies the window itself reads the layer's
+            if isinstance(part, Encoding) and part.attends_window:
+                part.window = enc.window
     windows.check_window(enc, label)
     return enc
 

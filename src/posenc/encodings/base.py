@@ -388,6 +388,7 @@ class Encoding(KeepsPrecision):
     position_indexed: bool = False  # the hooks read Inputs.pos as positions (randomized training positions apply)
     accumulates: bool = False  # phases() is the float64 prefix sum of steps()
     window: Window | None = None  # the layer's sliding window or chunk (a spec's window= / chunk=); None: every key
+    attends_window: bool = False  # attend() applies ``window`` itself, so a scheme replacing attention takes one
     instance_flags: tuple[str, ...] = ()  # capability flags the constructor sets (their hooks give None while unset)
     spec: str = (
         ""  # the full spec it was built from, every parameter given (set by posenc.encodings.get; "" if built directly)

@@ -47,6 +47,7 @@ class Composite(Encoding):
             self.rotate_v, self.pairing, self.logit_scale = rotary[0].rotate_v, rotary[0].pairing, rotary[0].logit_scale
         self._attenders = [p for p in parts if p.replaces_attention]
         self.replaces_attention = bool(self._attenders)
+        self.attends_window = self.replaces_attention and self._attenders[0].attends_window
         self.has_logits = self.replaces_attention and self._attenders[0].has_logits
         if len(self._attenders) > 1:
             raise PosencError(f"{spec!r}: at most one part may replace attention")

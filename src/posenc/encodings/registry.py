@@ -38,6 +38,7 @@ from posenc.errors import PosencError, one_line
 
 _REGISTRY: dict[str, type[Encoding]] = {}
 _ALIASES: dict[str, tuple[str, dict[str, Any], str, str]] = {}  # name: (spec, preset parameters, doc, source)
+_TAKES: dict[str, tuple[str, ...]] = {}  # a named pattern's settable parameters besides LAYER_OPTIONS (``alias``)
 ENTRY_POINTS = "posenc.schemes"
 IMPORT_VAR = "POSENC_IMPORT"
 _PLUGINS: set[str] = set()  # modules loaded as plugins: a job process loads them itself (entry points, POSENC_IMPORT)
@@ -77,12 +78,14 @@ def register(cls: type[Encoding]) -> type[Encoding]:
     return cls
 
 
-def alias(name: str, spec: str, doc: str, source: str = "", **params: Any) -> None:
+def alias(name: str, spec: str, doc: str, source: str = "", takes: tuple[str, ...] = (), **params: Any) -> None:
     """Register ``name`` as ``spec`` (a scheme, a composition ``A+B`` or a per-layer pattern ``A|B``) with preset
     parameters. ``source``: where it comes from (the paper or model, as ``Encoding.source``); "" for an alias of one
-    scheme, which has its scheme's."""
+    scheme, which has its scheme's. ``takes``: the parameters besides ``LAYER_OPTIONS`` that a pattern's spec may
+    set, on the entries that set them (``gemma3:factor=8``)."""
     _check_free(name)
     _ALIASES[name] = (spec, params, doc, source)
+    _TAKES[name] = takes
 
 
 def unregister(name: str) -> None:
@@ -91,6 +94,7 @@ def unregister(name: str) -> None:
         del _REGISTRY[name]
     else:
         del _ALIASES[name]
+        _TAKES.pop(name, None)
 
 
 def _check_free(name: str) -> None:
@@ -404,10 +408,12 @@ def constructor_defaults(cls: type[Encoding]) -> dict[str, Any]:
 def layer_pattern(spec: str) -> list[str]:
     """The per-layer specs of ``spec``: ``A|B|C`` gives layer i the spec at i mod 3 (iRoPE-style
     NoPE layers: ``rope|rope|rope|nope``); a named pattern (``irope``) is expanded; any other
-    spec is one entry, used by every layer. A named pattern takes the ``LAYER_OPTIONS`` its entries set
-    (``gemma3:window=512``: every entry that sets a window gets 512). PosencError for an empty entry, an entry
-    that is itself a named pattern (``gemma3|nope``: an entry is one layer's spec, and "layer i takes entry i mod n"
-    would count the named pattern's layers as one) or other parameters on a named pattern."""
+    spec is one entry, used by every layer. A named pattern takes the ``LAYER_OPTIONS`` its entries set, and the
+    parameters it was registered to take (``alias``'s ``takes``), on the entries that set them
+    (``gemma3:window=512``: every entry that sets a window gets 512; ``gemma3:factor=8``: the global entry's linear
+    RoPE scaling). PosencError for an empty entry, an entry that is itself a named pattern (``gemma3|nope``: an
+    entry is one layer's spec, and "layer i takes entry i mod n" would count the named pattern's layers as one) or
+    other parameters on a named pattern."""
     _load_plugins()
     items = spec.split("|")
     if any(not item for item in items):
@@ -448,9 +454,10 @@ def _with_options(entry: str, options: dict[str, Any], base: str, target: str) -
     set (``gemma3:window=512``); PosencError for a key that is not a layer option or that no entry of the
     pattern sets."""
     set_by_entries = {k for part in _split_spec(target.replace("|", "+")) for k in split_part(part)[1]}
-    bad = sorted(k for k in options if k not in LAYER_OPTIONS or k not in set_by_entries)
+    settable = set(LAYER_OPTIONS) | set(_TAKES.get(base, ()))
+    bad = sorted(k for k in options if k not in settable or k not in set_by_entries)
     if bad:
-        takes = sorted(set(LAYER_OPTIONS) & set_by_entries)
+        takes = sorted(settable & set_by_entries)
         raise PosencError(
             f"{base!r} is a per-layer pattern ({target}); give parameters to its entries"
             + (f" (it takes {', '.join(takes)}, for the entries that set it)" if takes else "")

@@ -30,6 +30,8 @@ class RoPE(Encoding):
         pairing: the rotated feature pairs: "half" (Hugging Face rotate_half) or "adjacent" (RoFormer / Meta)
         rotary_fraction: f in (0, 1]: the first int(f D) features of each head rotate (Hugging Face
             partial_rotary_factor; not with the ReRoPE schedules)
+        factor: s >= 1, linear scaling, positions / s (transformers' "linear" rope type; Gemma 3's global layers:
+            8); per layer in a spec, not with a schedule (give the schedule its own factor)
 
     The two pairings are a
     fixed permutation of q/k features apart (``posenc.attention.half_to_adjacent``).
@@ -58,8 +60,17 @@ class RoPE(Encoding):
         schedule: str | None = None,
         schedule_params: dict | None = None,
         rotary_fraction: float = 1.0,
+        factor: float = 1.0,
     ):
         super().__init__(dims)
+        if not (math.isfinite(factor) and factor >= 1):
+            raise PosencError(f"rope: factor must be a number >= 1 (positions / factor), got {factor!r}")
+        if factor != 1 and schedule is not None:
+            raise PosencError(
+                f"rope: factor={factor:g} scales this layer's positions and the schedule {schedule!r} sets its own "
+                "frequencies: give the schedule the factor instead"
+            )
+        self.factor = factor
         check_rotary_dims(dims, pairing)
         self.rope_theta, self.pairing, self.schedule, self.rotary_fraction = (
             rope_theta,
@@ -71,7 +82,7 @@ class RoPE(Encoding):
         self.replaces_attention = schedule in rope.RELATIVE
         if self.replaces_attention and self.rot_dim < dims.head_dim:
             raise PosencError(f"rope schedule {schedule!r} rotates every feature; rotary_fraction must be 1")
-        inv_freq = rope.rope_inv_freq(self.rot_dim, rope_theta)
+        inv_freq = rope.rope_inv_freq(self.rot_dim, rope_theta) / factor  # positions / s: the "linear" rope type
         if schedule is None and schedule_params:
             raise PosencError(f"rope schedule_params {schedule_params!r} need a schedule")
         if schedule is not None:
@@ -140,6 +151,8 @@ class RoPE(Encoding):
             extra = f", {rope.schedule_label(self.schedule, self.schedule_params)}"
         if self.rot_dim < self.dims.head_dim:
             extra += f", rotary_fraction={self.rotary_fraction:g}"
+        if self.factor != 1:
+            extra += f", positions / {self.factor:g}"
         return f"rope(theta={self.rope_theta:g}, {self.pairing}{extra})"
 
 

@@ -11,7 +11,8 @@ Both count tokens of the sequence (each row's own from its first token in a left
 ids, and apply to the layer's whole attention (``posenc.attention.Window``): ``rope:rope_theta=10000,window=1024``,
 ``alibi:window=64``, ``rope:chunk=8192+forget``. A decoding cache keeps the last W - 1 (C - 1) keys of such a layer
 (``posenc.layer.LayerCache``). A scheme that replaces attention with its own softmax (``learned-sinks``, the
-length-scaled schemes, PaTH, ReRoPE, ...) and an additive input embedding refuse them in one line.
+length-scaled schemes, PaTH, ReRoPE, ...) and an additive input embedding refuse them in one line, unless its
+``attend`` applies the window itself (``Encoding.attends_window``: ``fope``, ``selective``).
 
 The named per-layer patterns (``gemma3``, ``rnope-swa``, ``irope-shipped``) take ``window=`` / ``chunk=`` for the
 entries that set one: ``gemma3:window=64`` (``posenc.encodings.registry.layer_pattern``).
@@ -51,7 +52,7 @@ def check_window(enc: Encoding, spec: str) -> None:
         raise PosencError(
             f"scheme {spec!r}: {key} applies to an attention layer; {enc.name!r} is an additive input embedding"
         )
-    if enc.replaces_attention:  # its attend() runs in place of the core's path, where the window is applied
+    if enc.replaces_attention and not enc.attends_window:  # its attend() runs in place of the core's path
         name = next(
             p.name for p in getattr(enc, "parts", [enc]) if p.replaces_attention
         )  # a composite's attending part
@@ -66,13 +67,15 @@ def _repeat(entry: str, n: int) -> list[str]:
 
 
 # Gemma 3 (Gemma Team 2025, arXiv:2503.19786, sec. 2): 5 local layers (sliding window 1,024, RoPE base 10K) per
-# global layer (RoPE base 1M); transformers' Gemma3TextConfig: layer_types, sliding_window, rope_local_base_freq
+# global layer (RoPE base 1M); transformers' Gemma3TextConfig: layer_types, sliding_window, rope_local_base_freq.
+# The 4B-27B models scale the global layers' RoPE only (rope_scaling linear, factor 8; the 1B none): gemma3:factor=8
 alias(
     "gemma3",
-    "|".join(_repeat("rope:rope_theta=10000,window=1024", 5) + ["rope:rope_theta=1000000"]),
+    "|".join(_repeat("rope:rope_theta=10000,window=1024", 5) + ["rope:rope_theta=1000000,factor=1"]),
     "Gemma 3's local/global layers: 5 sliding-window RoPE layers (base 10K) per global RoPE layer (base 1M); "
-    "gemma3:window=W sets the window",
+    "gemma3:window=W sets the window, gemma3:factor=8 the global layers' linear RoPE scaling (Gemma 3 4B-27B)",
     source="Gemma Team 2025, arXiv:2503.19786, sec. 2 (Gemma 3)",
+    takes=("factor",),
 )
 # RNoPE-SWA (Yang et al. 2025, arXiv:2501.18795; Cohere Command A): RoPE layers with a sliding window, every fourth
 # layer global NoPE
