@@ -23,6 +23,9 @@ flag                    hook                 what it gives
 ``attends_rotated``     (``attend``)         an attending scheme whose logits are
                                              q . k: a composition gives it q and k
                                              (and v) rotated by its rotary part
+``attends_window``      (``attend``)         an attending scheme that applies the
+                                             layer's ``window`` itself (others
+                                             refuse a window)
 ``accumulates``         ``steps(inp)``       per-position step angles theta
                                              (B|1, H|1, T, P) whose float64 prefix
                                              sum is the phases (incremental
