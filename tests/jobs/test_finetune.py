@@ -186,7 +186,7 @@ def test_a_directory_of_other_runs_is_refused_and_untouched(llama_dir, capsys):
 
 
 def test_shipped_presets_and_flags():
-    assert ft.preset_names() == ["default", "quick"]
+    assert ft.preset_names() == ["default", "drope", "quick"]
     cfg = ft.load_finetune_config("default")
     assert (cfg.model, cfg.scheme, cfg.length, cfg.steps, cfg.lora_rank, cfg.eval_lengths) == (
         "smollm2",
@@ -212,6 +212,30 @@ def test_shipped_presets_and_flags():
     ):  # a flag replaces the preset's adaptation
         cfg = finetune_cmd.config(build_parser().parse_args(["finetune", *flags]))
         assert (cfg.scheme, cfg.schedule) == want
+
+
+def test_the_drope_recipe_drops_rope_on_every_layer_and_recalibrates_every_weight(llama_dir):
+    """``--preset drope`` (DroPE, arXiv 2512.12167) on the tiny Llama at its sizes: NoPE in every layer, every weight
+    trained (no LoRA), scored before and after; the recalibration lowers the held-out NLL of the dropped model."""
+    cfg = ft.load_finetune_config("drope")
+    assert (cfg.scheme, cfg.lora_rank, cfg.length, cfg.steps, cfg.eval_lengths) == (
+        "nope",
+        0,
+        8192,
+        100,
+        [8192, 16384, 32768],
+    )
+    out = llama_dir / "drope"
+    assert main([*argv(llama_dir, "--steps", "8", "--out", str(out)), "--preset", "drope"]) == 0
+    assert json.loads((out / "finetune.json").read_text())["scheme"] == "nope"
+    ppl = {}
+    for r in records(out):
+        ppl.setdefault(r["adaptation"], []).append(r["nll_sum"] / r["n_scored"])
+    assert set(ppl) == {"scheme:nope", "scheme:nope, fine-tuned 8 steps"}
+    assert sum(ppl["scheme:nope, fine-tuned 8 steps"]) < 0.99 * sum(ppl["scheme:nope"])
+    trained = load_file(out / "trained.safetensors")
+    assert not any(".lora_" in k for k in trained)
+    assert {f"model.layers.{i}.self_attn.q_proj.weight" for i in range(2)} <= set(trained)
 
 
 def test_a_rope_schedule_fine_tunes(llama_dir):
