@@ -63,7 +63,8 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def layer_agreement(scheme: str, device: torch.device, T: int) -> dict:
     """float32 device vs CPU for one attention layer: output, input grad, weight grads."""
-    cfg = ModelConfig(n_layer=1, n_head=4, d_model=128, train_length=256, encoding=scheme)
+    depth = len(encodings.layer_pattern(scheme))  # a pattern needs its layers; layer 0 is checked
+    cfg = ModelConfig(n_layer=depth, n_head=4, d_model=128, train_length=256, encoding=scheme)
     torch.manual_seed(0)
     cpu = Attention.from_config(cfg, 0).eval()
     dev = Attention.from_config(cfg, 0).eval()
@@ -90,7 +91,8 @@ def layer_agreement(scheme: str, device: torch.device, T: int) -> dict:
 
 def model_agreement(scheme: str, device: torch.device, T: int) -> dict:
     """Mean NLL of a small model: CPU float32 vs device float32 vs device bf16 autocast."""
-    cfg = ModelConfig(n_layer=2, n_head=4, d_model=128, train_length=256, encoding=scheme)
+    depth = max(2, len(encodings.layer_pattern(scheme)))  # every entry of a pattern
+    cfg = ModelConfig(n_layer=depth, n_head=4, d_model=128, train_length=256, encoding=scheme)
     torch.manual_seed(0)
     cpu = build_model(cfg).eval()
     dev = build_model(cfg).eval()

@@ -46,7 +46,7 @@ def test_posenc_harness_bad_input(llama_dir, tmp_path, capsys, flags, message):
     "model_args,message",
     [
         ("windw=3", "model_args: unknown key 'windw'"),
-        ("factor=2", "model_args: factor is a schedule setting: it needs schedule=NAME"),
+        ("pretrained={tiny},factor=2", "model_args: factor is a schedule setting: it needs schedule=NAME"),
         ("pretrained={tiny},dtype=float8", "model_args: dtype must be one of"),
         ("pretrained={tiny},scheme=nosuch", "unknown scheme 'nosuch'"),
         ("pretrained={tiny},scheme=rope,schedule=yarn", "model_args: a scheme replaces RoPE"),

@@ -292,9 +292,9 @@ def test_bad_layer_patterns_are_one_line(spec, message):
         lambda cfg: build_model(cfg),
         lambda cfg: LM(ModelConfig(**cfg)),
         lambda cfg: ModelConfig(**cfg).check_encoding(),
-        lambda cfg: ModelConfig(**cfg).mixing_window(),
+        lambda cfg: ModelConfig(**cfg).distinct_layers(),
     ],
-    ids=["build_model", "LM", "check_encoding", "mixing_window"],
+    ids=["build_model", "LM", "check_encoding", "distinct_layers"],
 )
 def test_a_pattern_longer_than_the_model_is_refused_by_every_entry_point(build):
     """gemma3 on 2 layers built its first two (local) entries and no global layer, without a word."""
