@@ -178,6 +178,7 @@ def test_installed_wheel_runs_compare_with_tracking_version_list_and_report(tmp_
         ("rope_theta", 10000.0),
         ("pairing", "half"),
         ("rotary_fraction", 1.0),
+        ("factor", 1.0),
     ]
     assert all(p["doc"] for p in rope["params"])
     out = posenc(

@@ -136,13 +136,14 @@ def test_list_params_shows_each_schemes_parameters_under_it(capsys):
     assert code == 0
     rotary = next(g for g in out.split("\n\n") if g.startswith("rotary:")).splitlines()
     rope = rotary.index(next(line for line in rotary if line.startswith("  rope ")))
-    assert [line.split()[0] for line in rotary[rope + 1 : rope + 4]] == [
+    assert [line.split()[0] for line in rotary[rope + 1 : rope + 5]] == [
         "rope_theta=10000.0",
         "pairing=half",
         "rotary_fraction=1.0",
+        "factor=1.0",
     ]
     assert "the frequencies' base, a finite number > 1" in rotary[rope + 1]
-    assert rotary[rope + 4].startswith("  rope-adjacent ") and rotary[rope + 5].startswith(
+    assert rotary[rope + 5].startswith("  rope-adjacent ") and rotary[rope + 6].startswith(
         "  xpos "
     )  # an alias: its scheme's lines
     assert "      init_L=None " in out and "(None: train_length / 4)" in out
@@ -150,7 +151,10 @@ def test_list_params_shows_each_schemes_parameters_under_it(capsys):
 
 @pytest.mark.parametrize(
     "scheme, shown",
-    [("rope", "pairing, rope_theta, rotary_fraction"), ("rope-adjacent", "rope_theta, rotary_fraction")],
+    [
+        ("rope", "factor, pairing, rope_theta, rotary_fraction"),
+        ("rope-adjacent", "factor, rope_theta, rotary_fraction"),
+    ],
 )  # the alias fixes pairing
 def test_an_unknown_parameter_lists_what_list_params_shows(capsys, scheme, shown):
     code, _, err = run_cli(capsys, "train", "--scheme", f"{scheme}:bogus=1", "--preset", "quick")
@@ -170,6 +174,7 @@ def test_list_json_is_every_scheme_with_its_parameters(capsys):
         ("rope_theta", 10000.0, "float"),
         ("pairing", "half", "str"),
         ("rotary_fraction", 1.0, "float"),
+        ("factor", 1.0, "float"),
     ]
     assert (
         schemes["rope"]["family"] == "rotary"

@@ -8,7 +8,7 @@ import torch
 
 from posenc import Attention, encodings
 from posenc.attention import naive_attention, rotate
-from posenc.encodings.base import Dims, Inputs
+from posenc.encodings.base import Bias, Dims, Inputs
 from posenc.encodings.fope import fope_frequencies, fope_naive
 from posenc.errors import PosencError
 from tests.decoding import assert_grouped_query_decoding_equals_the_parallel_forward
@@ -68,8 +68,10 @@ def test_the_fast_path_equals_the_complex_definition_with_a_bias_and_its_gradien
     inp = Inputs(torch.zeros(B, T, 48, dtype=torch.float64), torch.arange(T) + 3)
     slope = torch.tensor([0.5, 0.25, 0.125], dtype=torch.float64)[None, :, None, None]
 
-    def bias(qs, qe, ks, ke):
+    def tile(qs, qe, ks, ke):
         return -slope * (torch.arange(qs, qe)[:, None] - torch.arange(ks, ke)).abs().double()
+
+    bias = Bias(tile)
 
     c, s = enc.series(inp.pos, torch.float64)
     fast, ref = enc.attend(q, k, v, inp, bias), fope_naive(q, k, v, c, s, bias)

@@ -9,7 +9,7 @@ import torch
 from posenc import Attention, LayerCache, encodings
 from posenc.attention import Window, naive_attention
 from posenc.encodings import selective
-from posenc.encodings.base import Dims, Inputs
+from posenc.encodings.base import Bias, Dims, Inputs
 from posenc.encodings.selective import selective_attention_naive
 from posenc.errors import PosencError
 from tests.decoding import assert_grouped_query_decoding_equals_the_parallel_forward
@@ -48,8 +48,10 @@ def test_the_blockwise_path_equals_the_papers_listing_with_a_bias_and_its_gradie
     q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
     slope = torch.tensor([0.3, 0.2, 0.1], dtype=torch.float64)[None, :, None, None]
 
-    def bias(qs, qe, ks, ke):
+    def tile(qs, qe, ks, ke):
         return -slope * (torch.arange(qs, qe)[:, None] - torch.arange(ks, ke)).abs().double()
+
+    bias = Bias(tile)
 
     enc = encodings.get(f"selective:keep_first={str(keep_first).lower()}", Dims(H, D, 24, 0, 8))
     enc.window = window

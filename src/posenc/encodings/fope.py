@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from posenc.attention import attention, naive_attention, repeat_kv
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import Bias, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
 from posenc.rope import rope_inv_freq
@@ -83,7 +83,7 @@ def fope_transform(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.T
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
-def fope_naive(q, k, v, c: torch.Tensor, s: torch.Tensor, bias: BiasFn | None = None) -> torch.Tensor:
+def fope_naive(q, k, v, c: torch.Tensor, s: torch.Tensor, bias: Bias | None = None) -> torch.Tensor:
     """Reference: the pairs as complex numbers multiplied by c + i s, then the full (T, T) causal softmax of
     Re(q' . conj(k')) / sqrt(D) + bias in float64. q, k, v: (B, H, T, D); c, s: (1|B, H, T, D/2). Returns (B, H, T, Dv)
     float64."""
@@ -151,7 +151,7 @@ class FoPE(Encoding):
         c, s = self.series(inp.row_positions(), torch.promote_types(q.dtype, torch.float32))
         return fope_transform(q, c[..., -q.shape[-2] :, :], s[..., -q.shape[-2] :, :]), fope_transform(k, c, s)
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None) -> torch.Tensor:
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None) -> torch.Tensor:
         qt, kt = self.transformed(q, k, inp)
         window = None if self.window is None else dataclasses.replace(self.window, first=inp.first)
         return attention(qt.to(q.dtype), kt.to(k.dtype), v, bias=bias, logit_scale=self.logit_scale, window=window)

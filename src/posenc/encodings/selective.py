@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc.attention import Window, causal_tile, repeat_kv
-from posenc.encodings.base import BiasFn, Buffer, DecodeState, Dims, Encoding, Inputs
+from posenc.encodings.base import Bias, Buffer, DecodeState, Dims, Encoding, Inputs
 from posenc.encodings.registry import register
 from posenc.errors import PosencError
 
@@ -49,13 +49,13 @@ def _visible(window: Window | None, qs: int, qe: int, ks: int, ke: int, device) 
 
 
 def selective_rows(
-    q, k, v, carry: torch.Tensor, scale: float, bias: BiasFn | None, window: Window | None, exempt: torch.Tensor | None
+    q, k, v, carry: torch.Tensor, scale: float, bias: Bias | None, window: Window | None, exempt: torch.Tensor | None
 ) -> torch.Tensor:
     """Selective attention of the last Tq of T rows, per block of ``BLOCK`` query rows.
 
     q: (B, H, Tq, D), k: (B, H, T, D), v: (B, H, T, Dv) (rows of the keys' frame: ``window.offset`` places them in
     the sequence); carry: (B, T) float32+, sum_{k < T - Tq, k > j} S_kj of each key column j, updated in place to
-    the sum over every row; bias: a BiasFn over the T rows or None; exempt: (B,) int64 key row never selected (the
+    the sum over every row; bias: a Bias over the T rows or None; exempt: (B,) int64 key row never selected (the
     first token), or None. Returns (B, H, Tq, Dv) in v's dtype."""
     T, dt, out = k.shape[-2], carry.dtype, []
     q_start = T - q.shape[-2]
@@ -67,7 +67,7 @@ def selective_rows(
         tile = (
             torch.zeros(1, 1, qe - qs, qe - ks, device=q.device, dtype=dt)
             if bias is None
-            else bias(qs, qe, ks, qe).to(dt)
+            else bias.tile(qs, qe, ks, qe).to(dt)
         )
         visible = _visible(window, qs, qe, ks, qe, q.device)
         z0 = (rows[:, 0] @ keys[:, 0].transpose(-1, -2)).to(dt) * scale + tile[:, 0]  # (B, tq, tk) head 0
@@ -86,7 +86,7 @@ def selective_rows(
 
 
 def selective_attention_naive(
-    q, k, v, bias: BiasFn | None = None, window: Window | None = None, keep_first: bool = True, first=None
+    q, k, v, bias: Bias | None = None, window: Window | None = None, keep_first: bool = True, first=None
 ) -> torch.Tensor:
     """Reference: the paper's listing on the full (T, T) logits in float64. q, k, v: (B, H, T, D), every head's keys
     (head 0 selects); first: (B,) int64 first real rows of a left-padded batch, or None. Returns (B, H, T, Dv)
@@ -140,7 +140,7 @@ class Selective(Encoding):
         first = torch.zeros(B, dtype=torch.int64, device=inp.x.device) if inp.first is None else inp.first
         return first.to(inp.x.device) - offset
 
-    def attend(self, q, k, v, inp: Inputs, bias: BiasFn | None = None) -> torch.Tensor:
+    def attend(self, q, k, v, inp: Inputs, bias: Bias | None = None) -> torch.Tensor:
         dt, (B, _, T, _) = torch.promote_types(q.dtype, torch.float32), q.shape
         carry = torch.zeros(B, T, dtype=dt, device=q.device)
         window = None if self.window is None else dataclasses.replace(self.window, first=inp.first)
