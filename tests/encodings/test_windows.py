@@ -118,10 +118,8 @@ def posenc_layer(att, x: torch.Tensor, spec: str, layer: int, scale: float, norm
     return att.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
-def test_gemma3_equals_transformers_gemma3_attention_layer_by_layer():
-    """A 6-layer Gemma 3 (sliding_window 4, 2 key/value heads): each layer's attention equals posenc's
-    ``gemma3:window=4`` entry of that layer (5 local layers at base 10K, then a global one at 1M) with the layer's
-    q/k norms and query_pre_attn_scalar; 13 tokens, so the window matters."""
+def tiny_gemma3(**extra) -> Gemma3TextConfig:
+    """A 6-layer eager Gemma 3 (sliding_window 4, 2 key/value heads, head dim 8) with ``extra`` settings."""
     cfg = Gemma3TextConfig(
         vocab_size=50,
         hidden_size=32,
@@ -133,8 +131,17 @@ def test_gemma3_equals_transformers_gemma3_attention_layer_by_layer():
         sliding_window=4,
         query_pre_attn_scalar=8,
         max_position_embeddings=64,
+        **extra,
     )
     cfg._attn_implementation = "eager"
+    return cfg
+
+
+def test_gemma3_equals_transformers_gemma3_attention_layer_by_layer():
+    """A 6-layer Gemma 3 (sliding_window 4, 2 key/value heads): each layer's attention equals posenc's
+    ``gemma3:window=4`` entry of that layer (5 local layers at base 10K, then a global one at 1M) with the layer's
+    q/k norms and query_pre_attn_scalar; 13 tokens, so the window matters."""
+    cfg = tiny_gemma3()
     torch.manual_seed(0)
     model = Gemma3TextModel(cfg).double().eval()
     seen = capture(model, 13)
@@ -348,21 +355,7 @@ def test_gemma3_scales_the_global_layers_rope_only_as_transformers_gemma3():
     """Gemma 3 4B-27B (``rope_scaling`` linear, factor 8, with ``rope_local_base_freq`` 10K): transformers applies the
     scaling to the full-attention layers only; each layer equals ``gemma3:window=4,factor=8`` (the global entry's
     positions / 8, the local ones unscaled), and the unscaled pattern misses the global layer."""
-    cfg = Gemma3TextConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        sliding_window=4,
-        query_pre_attn_scalar=8,
-        max_position_embeddings=64,
-        rope_scaling={"rope_type": "linear", "factor": 8.0},
-        rope_local_base_freq=10000.0,
-    )
-    cfg._attn_implementation = "eager"
+    cfg = tiny_gemma3(rope_scaling={"rope_type": "linear", "factor": 8.0}, rope_local_base_freq=10000.0)
     assert cfg.rope_parameters["full_attention"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}
     assert cfg.rope_parameters["sliding_attention"] == {"rope_type": "default", "rope_theta": 10000.0}
     torch.manual_seed(0)
