@@ -297,3 +297,34 @@ def test_a_schemes_description_names_its_parameters(forget_plugins):
         [], {}, {"descriptions": {"slope-alibi-test:learn=true": encodings.describe("slope-alibi-test:learn=true")}}
     )
     assert "slope-alibi-test:learn=true`: slope-alibi-test:learn=true" in text.split("## Schemes")[1]
+
+
+def test_a_file_inside_a_package_imports_its_siblings_from_any_folder(tmp_path):
+    """`make demo`'s `--import experiments/accumulated/claims.py` from the console script: the script's folder, not
+    the checkout, is on sys.path, so the study's `from experiments.accumulated import window` needs the package
+    root that the file's __init__.py files name."""
+    study = tmp_path / "root" / "study"
+    (study / "sub").mkdir(parents=True)
+    for init in (study / "__init__.py", study / "sub" / "__init__.py"):
+        init.write_text("")
+    _module(study, "helper", "pkg-scheme", decorate=False)
+    (study / "sub" / "plugin.py").write_text("from study import helper\nfrom posenc.encodings import register\n"
+                                             "register(helper.HalfALiBi)\n")
+    (tmp_path / "elsewhere").mkdir()
+    src = str(Path(posenc.__file__).parents[1])
+    out = _posenc(["--import", str(study / "sub" / "plugin.py"), "list"], tmp_path / "elsewhere", PYTHONPATH=src)
+    assert out.returncode == 0, out.stderr
+    assert "pkg-scheme" in out.stdout
+    claims = Path(__file__).parents[2] / "experiments" / "accumulated" / "claims.py"
+    out = _posenc(["--import", str(claims), "compare", "--preset", "retrieval", "--dry-run"], tmp_path, PYTHONPATH=src)
+    assert out.returncode == 0, out.stderr
+    assert "jobs" in out.stdout
+
+
+def test_a_package_file_shadowed_by_another_module_of_its_name_is_one_line(tmp_path, forget_plugins):
+    pkg = tmp_path / "posenc"  # a folder named like an imported package: its file is not the imported module's
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "errors.py").write_text("raise RuntimeError('never run')\n")
+    with pytest.raises(PosencError, match=r"cannot import .*errors.py': a module named 'posenc.errors' is imported"):
+        encodings.import_schemes(str(pkg / "errors.py"))

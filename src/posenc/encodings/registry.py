@@ -107,33 +107,64 @@ def _is_file(target: str) -> bool:
 
 
 def _import(target: str) -> str:
-    """Import a module name or a ``.py`` path (as the module named by its stem); its name. PosencError if it fails."""
+    """Import a module name or a ``.py`` path; its module name. A file inside a package (its folders hold
+    ``__init__.py``) is imported under its dotted name with the package's parent on ``sys.path``, so that it can
+    import its package's other modules (``experiments/accumulated/claims.py`` as ``experiments.accumulated.claims``);
+    a loose file as the module named by its stem. PosencError if it fails."""
     if not _is_file(target):
-        try:
-            importlib.import_module(target)
-        except Exception as exc:
-            raise PosencError(f"cannot import {target!r}: {one_line(exc)}") from exc
-        _PLUGINS.add(target)
-        return target
-    name, path = Path(target).stem, Path(target).resolve()
+        return _import_module(target, target)
+    path = Path(target).resolve()
     if path.is_dir():
         raise PosencError(f"cannot import {target!r}: is a directory")
     if not path.is_file():
         raise PosencError(f"cannot import {target!r}: no such file")
+    if path.suffix != ".py":
+        raise PosencError(f"cannot import {target!r}: not a .py file or module name")
+    root, name = _package_root(path)
     if name in sys.modules:  # imported already (--import, then POSENC_IMPORT), or another module of that name
-        if Path(getattr(sys.modules[name], "__file__", None) or "").resolve() != path:
-            raise PosencError(f"cannot import {target!r}: a module named {name!r} is imported already")
+        _check_file(sys.modules[name], path, target)
+    elif "." in name:
+        if str(root) not in sys.path:
+            sys.path.append(str(root))  # last: the folder must not shadow installed modules
+        _import_module(name, target)
+        _check_file(sys.modules[name], path, target)
     else:
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:  # no loader for the file's suffix (.txt, none)
-            raise PosencError(f"cannot import {target!r}: not a .py file or module name")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # before running it, as the import system does (dataclasses and pickle look it up)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[name]
-            raise PosencError(f"cannot import {target!r}: {one_line(exc)}") from exc
+        _exec_file(name, path, target)
+    _PLUGINS.add(name)
+    return name
+
+
+def _check_file(module, path: Path, target: str) -> None:
+    if Path(getattr(module, "__file__", None) or "").resolve() != path:
+        raise PosencError(f"cannot import {target!r}: a module named {module.__name__!r} is imported already")
+
+
+def _exec_file(name: str, path: Path, target: str) -> None:
+    """Run the loose file ``path`` as the module ``name`` (nothing added to sys.path)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it, as the import system does (dataclasses and pickle look it up)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise PosencError(f"cannot import {target!r}: {one_line(exc)}") from exc
+
+
+def _package_root(path: Path) -> tuple[Path, str]:
+    """(folder to put on sys.path, dotted module name) of the ``.py`` file ``path``."""
+    parts, folder = [path.stem], path.parent
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return folder, ".".join(parts)
+
+
+def _import_module(name: str, target: str) -> str:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        raise PosencError(f"cannot import {target!r}: {one_line(exc)}") from exc
     _PLUGINS.add(name)
     return name
 
