@@ -30,6 +30,7 @@ import os
 import re
 import sys
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -37,8 +38,22 @@ from posenc.encodings.base import Encoding
 from posenc.errors import PosencError, one_line
 
 _REGISTRY: dict[str, type[Encoding]] = {}
-_ALIASES: dict[str, tuple[str, dict[str, Any], str, str]] = {}  # name: (spec, preset parameters, doc, source)
-_TAKES: dict[str, tuple[str, ...]] = {}  # a named pattern's settable parameters besides LAYER_OPTIONS (``alias``)
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A name for a spec (``alias``): ``spec`` (a scheme, a composition or a per-layer pattern) with preset ``params``;
+    ``doc`` and ``source`` as ``posenc list`` shows them; ``takes``: the parameters besides ``LAYER_OPTIONS`` that a
+    named pattern's spec may set on the entries that set them."""
+
+    spec: str
+    params: dict[str, Any]
+    doc: str
+    source: str = ""
+    takes: tuple[str, ...] = ()
+
+
+_ALIASES: dict[str, Alias] = {}
 ENTRY_POINTS = "posenc.schemes"
 IMPORT_VAR = "POSENC_IMPORT"
 _PLUGINS: set[str] = set()  # modules loaded as plugins: a job process loads them itself (entry points, POSENC_IMPORT)
@@ -84,8 +99,12 @@ def alias(name: str, spec: str, doc: str, source: str = "", takes: tuple[str, ..
     scheme, which has its scheme's. ``takes``: the parameters besides ``LAYER_OPTIONS`` that a pattern's spec may
     set, on the entries that set them (``gemma3:factor=8``)."""
     _check_free(name)
-    _ALIASES[name] = (spec, params, doc, source)
-    _TAKES[name] = takes
+    _ALIASES[name] = Alias(spec, params, doc, source, takes)
+
+
+def _alias_target(name: str) -> str:
+    """The spec the alias ``name`` stands for; "" for a registered scheme or an unknown name."""
+    return _ALIASES[name].spec if name in _ALIASES else ""
 
 
 def unregister(name: str) -> None:
@@ -94,7 +113,6 @@ def unregister(name: str) -> None:
         del _REGISTRY[name]
     else:
         del _ALIASES[name]
-        _TAKES.pop(name, None)
 
 
 def _check_free(name: str) -> None:
@@ -234,17 +252,19 @@ def catalogue() -> dict[str, list[tuple[str, str, str]]]:
     out: dict[str, list[tuple[str, str, str]]] = {}
     for name, cls in _REGISTRY.items():
         out.setdefault(cls.family, []).append((name, (cls.__doc__ or "").strip().splitlines()[0], cls.source))
-    for name, (target, params, doc, source) in _ALIASES.items():
+    for name, a in _ALIASES.items():
+        target = a.spec
         family = "per-layer mixes" if "|" in target else "compositions" if "+" in target else _REGISTRY[target].family
-        source = source or (_REGISTRY[target].source if target in _REGISTRY else "")
-        out.setdefault(family, []).append((name, f"{doc} (= {target}{' ' + str(params) if params else ''})", source))
+        source = a.source or (_REGISTRY[target].source if target in _REGISTRY else "")
+        shown = f"{a.doc} (= {target}{' ' + str(a.params) if a.params else ''})"
+        out.setdefault(family, []).append((name, shown, source))
     return {f: sorted(rows) for f, rows in sorted(out.items())}
 
 
 def alias_of(name: str) -> tuple[str, dict[str, Any]] | None:
     """(spec, preset parameters) that the alias ``name`` stands for; None for a registered scheme or an unknown name."""
     _load_plugins()
-    return (_ALIASES[name][0], dict(_ALIASES[name][1])) if name in _ALIASES else None
+    return (_ALIASES[name].spec, dict(_ALIASES[name].params)) if name in _ALIASES else None
 
 
 def _value(text: str) -> Any:
@@ -390,7 +410,7 @@ def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[type[Encod
     params = {**own, **(params or {})}
     name, aliased = base, set()
     while name in _ALIASES:
-        target, preset, _, _ = _ALIASES[name]
+        target, preset = _ALIASES[name].spec, _ALIASES[name].params
         aliased |= set(preset)
         if "|" in target:  # gemma3+alibi: a part names a whole model's layers
             raise PosencError(
@@ -451,7 +471,7 @@ def layer_pattern(spec: str) -> list[str]:
         raise PosencError(f"scheme spec {spec!r}: empty layer entry in a '|' pattern")
     if len(items) > 1:
         for item in items:
-            target = _ALIASES.get(split_part(item)[0], ("",))[0]
+            target = _alias_target(split_part(item)[0])
             if "|" in target:
                 raise PosencError(
                     f"scheme spec {spec!r}: the entry {item!r} is a per-layer pattern ({target}), not one layer's "
@@ -459,7 +479,7 @@ def layer_pattern(spec: str) -> list[str]:
                 )
         return items
     base, params = split_part(spec)
-    target = _ALIASES.get(base, ("",))[0]
+    target = _alias_target(base)
     if "|" not in target:
         return [spec]
     entries = layer_pattern(target)
@@ -485,7 +505,7 @@ def _with_options(entry: str, options: dict[str, Any], base: str, target: str) -
     set (``gemma3:window=512``); PosencError for a key that is not a layer option or that no entry of the
     pattern sets."""
     set_by_entries = {k for part in _split_spec(target.replace("|", "+")) for k in split_part(part)[1]}
-    settable = set(LAYER_OPTIONS) | set(_TAKES.get(base, ()))
+    settable = set(LAYER_OPTIONS) | set(_ALIASES[base].takes)
     bad = sorted(k for k in options if k not in settable or k not in set_by_entries)
     if bad:
         takes = sorted(settable & set_by_entries)
@@ -503,7 +523,7 @@ def parts(spec: str) -> list[tuple[type[Encoding], dict[str, Any]]]:
     out = []
     for part in _split_spec(spec):
         base, params = split_part(part)
-        target = _ALIASES.get(base, ("",))[0]
+        target = _alias_target(base)
         if "+" in target and not params:
             out += parts(target)
         else:
