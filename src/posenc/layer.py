@@ -339,6 +339,13 @@ class LayerCache(CachePart):
             )
         super().check_crop(length)
 
+    def begin(self, owner, batch: int, has_tokens: bool, first: torch.Tensor | None, state: DecodeState | None):
+        """The first step's settings: the layer ``owner`` (no other may use the cache), the batch size, whether token
+        ids come with each step, a left-padded batch's first real rows (B,) int64 or None, and the scheme's decoding
+        state (None: the reference cache, which recomputes the hooks over the prefix)."""
+        self.owner, self.batch, self.has_tokens, self.first = weakref.ref(owner), batch, has_tokens, first
+        self.state, self.reference = state, state is None
+
     def add_positions(self, pos: torch.Tensor) -> torch.Tensor:
         """Hold the new positions pos (n,) int64; returns every held position (T,)."""
         return self._pos.append(pos)
@@ -645,11 +652,8 @@ class Attention(nn.Module):
             )
         check_padding(self.enc, self.method, first if cache.first is None else cache.first, cache.length + x.shape[1])
         if cache.batch is None:
-            cache.owner = weakref.ref(self)
             _check_scheme_flags(self.enc, Inputs(x, _positions(positions, x.shape[1], 0, x.device), tokens))
-            cache.batch, cache.has_tokens, cache.first = x.shape[0], tokens is not None, first
-            cache.state = None if cache.reference else self.enc.decoder()
-            cache.reference = cache.state is None
+            cache.begin(self, x.shape[0], tokens is not None, first, None if cache.reference else self.enc.decoder())
         if self.method is not None:
             return self._decode_method(x, cache, positions)
         pos = _positions(positions, x.shape[1], cache.length, x.device)
