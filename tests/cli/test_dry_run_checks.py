@@ -108,3 +108,27 @@ def test_other_commands_refuse_a_missing_model_path_at_once(tmp_path, capsys, ar
         [*argv, "--out", str(tmp_path / "out")] if argv[0] == "finetune" else argv,
         "model path runs/nosuch does not exist (a Hugging Face hub id is ORG/NAME)",
     )
+
+
+@pytest.mark.parametrize("command", ["extend", "finetune"])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("rope:factor=0", "scheme 'rope:factor=0': rope: factor must be a number >= 1 (positions / factor), got 0"),
+        ("fope:gain=-1", "scheme 'fope:gain=-1': fope: gain must be a number in [0, 10], got -1"),
+        ("acc-token-qk", "'acc-token-qk' reads token ids, which a Hugging Face attention layer does not receive"),
+    ],
+)
+def test_a_pretrained_dry_run_checks_scheme_values_before_the_model_loads(tmp_path, capsys, command, spec, message):
+    """The dry run of extend and finetune builds each scheme on a stand-in layer: a value the model would refuse
+    once loaded (minutes later) is refused at once, as train's dry run does."""
+    one_line_exit_2(
+        capsys, [command, "--preset", "quick", "--scheme", spec, "--out", str(tmp_path / "x"), "--dry-run"], message
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_pretrained_dry_run_accepts_a_valid_pattern_with_its_parameters(tmp_path, capsys):
+    argv = ["extend", "--preset", "quick", "--scheme", "gemma3:factor=8", "--out", str(tmp_path / "x"), "--dry-run"]
+    assert main(argv) == 0
+    assert "1 schemes" in capsys.readouterr().out

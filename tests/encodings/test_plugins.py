@@ -308,8 +308,9 @@ def test_a_file_inside_a_package_imports_its_siblings_from_any_folder(tmp_path):
     for init in (study / "__init__.py", study / "sub" / "__init__.py"):
         init.write_text("")
     _module(study, "helper", "pkg-scheme", decorate=False)
-    (study / "sub" / "plugin.py").write_text("from study import helper\nfrom posenc.encodings import register\n"
-                                             "register(helper.HalfALiBi)\n")
+    (study / "sub" / "plugin.py").write_text(
+        "from study import helper\nfrom posenc.encodings import register\nregister(helper.HalfALiBi)\n"
+    )
     (tmp_path / "elsewhere").mkdir()
     src = str(Path(posenc.__file__).parents[1])
     out = _posenc(["--import", str(study / "sub" / "plugin.py"), "list"], tmp_path / "elsewhere", PYTHONPATH=src)

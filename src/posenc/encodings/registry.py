@@ -160,6 +160,7 @@ def _check_file(module, path: Path, target: str) -> None:
 def _exec_file(name: str, path: Path, target: str) -> None:
     """Run the loose file ``path`` as the module ``name`` (nothing added to sys.path)."""
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py file always has one
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before running it, as the import system does (dataclasses and pickle look it up)
     try:

@@ -142,6 +142,18 @@ def layer_schemes(model, spec: str) -> list[Encoding]:
     return out
 
 
+# a SmolLM2-135M layer: the shape a spec is checked on before the model loads (sizes are checked again on the model)
+STAND_IN = Dims(n_head=9, head_dim=64, d_model=576, vocab_size=49152, train_length=8192)
+
+
+def check_spec(spec: str) -> None:
+    """What :func:`layer_schemes` refuses that needs no model: names, parameters and their values, an additive or
+    token-id scheme, each distinct layer entry built on a stand-in layer (``STAND_IN``). PosencError (one line);
+    the layer count and the sizes are checked once the model is loaded."""
+    for i in range(len(encodings.layer_pattern(spec))):
+        _check_scheme(encodings.get(spec, dataclasses.replace(STAND_IN, layer_index=i)), spec)
+
+
 def _check_scheme(enc: Encoding, spec: str) -> None:
     if enc.additive:
         raise PosencError(f"{spec!r} is an additive input embedding; apply_scheme replaces attention only")

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from posenc import encodings, methods, rope
+from posenc import methods, rope
 from posenc.data.corpora import Document, load_corpus
 from posenc.errors import PosencError
 from posenc.eval import passkey, perplexity, progress
@@ -215,9 +215,8 @@ def check_config(cfg: ExtendConfig) -> None:
     for m in [*cfg.schedules, *(cfg.long_schedules or []), *(cfg.passkey_schedules or [])]:
         check_name(m)
     check_settings(cfg, cfg.schedules)
-    for spec in cfg.schemes:  # names and parameters; sizes once the model is loaded
-        for entry in encodings.layer_pattern(spec):
-            encodings.parts(entry)
+    for spec in cfg.schemes:  # names, parameters and values; sizes once the model is loaded
+        hf.check_spec(spec)
     for spec in cfg.methods:  # the schedule underneath and the method's name and parameters (its defaults need L0)
         schedule, method = split_method(spec)
         check_name(schedule)
