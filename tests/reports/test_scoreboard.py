@@ -248,3 +248,28 @@ def test_a_variant_gets_its_own_quantity():
     )
     assert t.trained_values(windows)["acc-rand-qkv"] == windows["acc-rand-qkv:a=2"]
     assert t.trained_as("acc-rand-qkv") == " (trained as acc-rand-qkv:a=2)"
+
+
+def test_a_second_text_run_adds_its_schemes_and_labels_its_shared_references(tmp_path):
+    """Catalogue IV's comparison beside the default one: its new schemes get rows of their own with its text cells,
+    its run of a scheme the first text run holds (the reference, rope) a row named by the run; different training
+    lengths are refused in one line."""
+    text, tasks = _text_run(tmp_path / "text"), _task_run(tmp_path / "tasks")
+    recs = [
+        Ppl(scheme=s, seed=seed, train_length=L0, eval_length=m * L0, ppl=p * r)
+        for s, p in (("rope", 7.0), ("stick-breaking", 9.0))
+        for seed in (0, 1)
+        for m, r in ((1, 1.0), (16, 1.1 + 0.1 * seed), (128, 1.2))
+    ]
+    (tmp_path / "iv").mkdir()
+    write_csv(tmp_path / "iv" / "results.csv", with_ratios(recs))
+    lines = scoreboard([tasks, text, tmp_path / "iv"]).splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines[2:] if line.startswith("| ")}
+    assert rows["rope"].startswith("| rope | 8.10 ± 0.10 | 1.600 ± 0.100 | 2.500 ± 0.500 | 1,024")
+    assert rows["stick-breaking"] == "| stick-breaking | 9.00 ± 0.00 | 1.150 ± 0.050 | 1.200 ± 0.000 | | | |"
+    assert rows["rope (iv)"] == "| rope (iv) | 7.00 ± 0.00 | 1.150 ± 0.050 | 1.200 ± 0.000 | | | |"
+    assert "text: `text`" in lines[-1] and "text: `iv`" in lines[-1]
+    other = [Ppl(scheme="rope", seed=0, train_length=64, eval_length=m * 64, ppl=5.0) for m in (1, 16)]
+    (tmp_path / "short").mkdir()
+    write_csv(tmp_path / "short" / "results.csv", with_ratios(other))
+    assert main(["report", str(tasks), str(text), str(tmp_path / "short"), "--scoreboard"]) == 2

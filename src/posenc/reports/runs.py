@@ -146,7 +146,7 @@ def markdown(runs: list[Run], task_runs: list[TaskRun] = ()) -> str:
     out = io.StringIO()
     out.write(f"# posenc report: {', '.join(run.label for run in [*task_runs, *runs])}\n\n")
     if task_runs:
-        out.write("## Scoreboard\n\n" + scoreboard_markdown(runs[0] if runs else None, list(task_runs)) + "\n")
+        out.write("## Scoreboard\n\n" + scoreboard_markdown(list(runs), list(task_runs)) + "\n")
     if runs:
         out.write(text_markdown(runs))
     out.write(task_claims_markdown(runs[0] if runs else None, list(task_runs)))
@@ -301,7 +301,7 @@ def write_runs_report(paths: list[Path], out: Path) -> Path:
 
 
 def scoreboard(paths: list[Path]) -> str:
-    """The scoreboard of the runs at ``paths`` (``posenc.reports.scoreboard``): the first text run beside every task
+    """The scoreboard of the runs at ``paths`` (``posenc.reports.scoreboard``): the text runs beside every task
     run. Raises PosencError as :func:`load_runs`, or when no task run is given."""
     runs, task_runs = load_runs(paths)
     if not task_runs:
@@ -309,4 +309,4 @@ def scoreboard(paths: list[Path]) -> str:
             "the scoreboard needs a task comparison "
             "(`posenc --import experiments/accumulated/claims.py compare --preset retrieval`): none given"
         )
-    return scoreboard_markdown(runs[0] if runs else None, task_runs)
+    return scoreboard_markdown(runs, task_runs)

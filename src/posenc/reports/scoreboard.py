@@ -1,7 +1,8 @@
 """One scoreboard: the table a user reads to choose a scheme, generated from a comparison's records (issue 36).
 
 For each scheme: perplexity at the training length and the ratios at the lengths the text claims read (16x and
-128x: :data:`CLAIMED`) of a text comparison (``posenc compare``, e.g. ``results/default``), those of them it evaluated,
+128x: :data:`CLAIMED`) of the text comparisons (``posenc compare``, e.g. ``results/default``; a later one adds its
+schemes beside the first's), those of them the first evaluated,
 else its longest (:func:`shown_multiples`), then for each task of the task comparisons (``posenc compare --preset
 retrieval`` / ``state-tracking``) its retrieval horizon and, where the records have ``criterion_step``
 (``train.until``), its steps to criterion. Every number is its mean ± half-range over the seeds
@@ -132,11 +133,20 @@ def criterion_cell(t: TaskTable, scheme: str) -> str:
     return seed_cell(reached, ".0f") + (f" ({len(reached)} of {len(runs)} seeds)" if len(reached) < len(runs) else "")
 
 
-def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
-    """The scoreboard (see the module docstring) of ``text`` (a ``posenc.reports.runs.Run`` or None) and
-    ``task_runs``; a task in several task runs takes its columns from the first, and each later run's schemes on it
-    get rows of their own, named "scheme (run)" (runs of one task side by side: plain against randomized positions,
-    say). Returns markdown: the table, then the sources."""
+def scoreboard_markdown(texts: list, task_runs: list[TaskRun]) -> str:
+    """The scoreboard (see the module docstring) of the text runs ``texts`` (``posenc.reports.runs.Run``s, [] for
+    none) and ``task_runs``. The text columns are the first text run's; a later text run adds its schemes that no
+    earlier one holds as rows of their own, and its runs of a scheme an earlier one holds as a row named "scheme
+    (run)" (a comparison of other schemes beside the default one, with shared references). A task in several task
+    runs takes its columns from the first, and each later run's schemes on it get rows of their own, named
+    "scheme (run)" (runs of one task side by side: plain against randomized positions, say). PosencError for text
+    runs of different training lengths. Returns markdown: the table, then the sources."""
+    text = texts[0] if texts else None
+    if any(t.train_length != text.train_length for t in texts):
+        raise PosencError(
+            f"text runs of training lengths {sorted({t.train_length for t in texts})}: one scoreboard compares "
+            "ratios at one training length"
+        )
     tables: dict[str, tuple[TaskRun, TaskTable]] = {}
     later: list[tuple[TaskRun, str, TaskTable]] = []  # a task an earlier run holds: its rows are labelled by run
     for run in task_runs:
@@ -145,12 +155,17 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
                 later.append((run, task, run.table(task)))
             else:
                 tables[task] = (run, run.table(task))
-    names: dict = {}  # spec key -> the scheme's name as first seen: the text run, then each task run
-    for r in text.records if text else []:
-        names.setdefault(_key(r.scheme), r.scheme)
+    names: dict = {}  # spec key -> (the scheme's name as first seen: the text runs, then each task run; its text run)
+    relabelled: list[tuple[str, object]] = []  # (row name, text run) of a scheme an earlier text run holds
+    for run in texts:
+        for scheme in dict.fromkeys(r.scheme for r in run.records):
+            if _key(scheme) not in names:
+                names[_key(scheme)] = (scheme, run)
+            elif names[_key(scheme)][1] is not run:
+                relabelled.append((scheme, run))
     for _, t in tables.values():
         for s in t.scores:
-            names.setdefault(_key(s), s)
+            names.setdefault(_key(s), (s, text))
     labels = [task_label(task) for task in tables]
     labels = [lb if labels.count(lb) == 1 else task for lb, task in zip(labels, tables)]
     steps = [
@@ -166,24 +181,31 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
         if text
         else []
     )
+
+    def text_cells(run, key) -> list[str]:
+        mine = [r for r in run.records if _key(r.scheme) == key] if run else []
+        if not text:
+            return []
+        if not mine:
+            return [""] * (1 + len(shown))
+        cells = [seed_cell([r.ppl for r in mine if r.eval_length == text.train_length], PPL)]
+        return cells + [
+            seed_cell([r.ratio for r in mine if r.eval_length == m * text.train_length], RATIO) for m in shown
+        ]
+
     head = ["scheme"] + (["ppl at 1x", *(f"ratio at {m}x" for m in shown)] if text else [])
     head += [f"{lb} horizon" for lb in labels] + [
         f"{labels[list(tables).index(task)]} steps to criterion" for task in steps
     ]
     rows = []
-    for key, name in names.items():
-        row = [name]
-        if text:
-            mine = [r for r in text.records if _key(r.scheme) == key]
-            row += [seed_cell([r.ppl for r in mine if r.eval_length == text.train_length], PPL) if mine else ""]
-            row += [
-                seed_cell([r.ratio for r in mine if r.eval_length == m * text.train_length], RATIO) if mine else ""
-                for m in shown
-            ]
+    for key, (name, run) in names.items():
+        row = [name, *text_cells(run, key)]
         cells = {task: next((s for s in t.scores if _key(s) == key), None) for task, (_, t) in tables.items()}
         row += [horizon_cell(tables[task][1], s) if s else "" for task, s in cells.items()]
         row += [criterion_cell(tables[task][1], cells[task]) if cells[task] else "" for task in steps]
         rows.append(row)
+    empty_tasks = [""] * (len(tables) + len(steps))
+    rows += [[f"{scheme} ({run.label})", *text_cells(run, _key(scheme)), *empty_tasks] for scheme, run in relabelled]
     blank = [""] * (1 + len(shown)) if text else []
     for run, task, t in later:
         for s in t.scores:
@@ -191,11 +213,10 @@ def scoreboard_markdown(text, task_runs: list[TaskRun]) -> str:
             row += [horizon_cell(t, s) if other == task else "" for other in tables]
             row += [criterion_cell(t, s) if other == task else "" for other in steps]
             rows.append(row)
-    sources = (
-        [f"text: `{text.label}` (ppl at the training length {text.train_length}; ratio: ppl at the length over it)"]
-        if text
-        else []
-    )
+    sources = [
+        f"text: `{t.label}` (ppl at the training length {t.train_length}; ratio: ppl at the length over it)"
+        for t in texts
+    ]
     sources += [
         f"{', '.join(task_label(task) for task in run.tasks())}: `{run.label}` "
         f"(learned: id accuracy >= {100 * run.learned:.0f}%; "
