@@ -125,4 +125,6 @@ def markdown(records, train_length: int) -> str:
     )
 
 
-register_claims(ClaimSet(name="catalogue IV", title="Catalogue IV on text", text=check, text_markdown=markdown))
+CLAIMS = register_claims(
+    ClaimSet(name="catalogue IV", title="Catalogue IV on text", text=check, text_markdown=markdown)
+)

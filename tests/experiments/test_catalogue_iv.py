@@ -16,7 +16,7 @@ L0 = 128
 def catalogue():
     from experiments.catalogue_iv import claims
 
-    claims.register_claims(claims.ClaimSet(name="catalogue IV", title="t", text=claims.check))
+    claims.register_claims(claims.CLAIMS)  # imported once per process: registered again after an earlier test's removal
     yield claims
     unregister_claims("catalogue IV")
 
@@ -70,3 +70,18 @@ def test_a_run_without_the_designs_gets_no_section(catalogue):
     records = _records({"rope": [(2.0, 3.0)], "alibi": [(1.0, 1.0)]})
     assert catalogue.check(records, L0) == [] and catalogue.markdown(records, L0) == ""
     assert any(cs.name == "catalogue IV" for cs in claim_sets())
+
+
+def test_the_committed_verdicts_are_what_the_code_prints_from_the_records(tmp_path, monkeypatch, catalogue):
+    """Rewrite with `posenc --import experiments/catalogue_iv/claims.py report results/catalogue-iv-text --out
+    results/catalogue-iv-text/verdicts`."""
+    from pathlib import Path
+
+    from posenc.reports.runs import write_runs_report
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # the report names the run by the path it was given
+    write_runs_report([Path("results/catalogue-iv-text")], tmp_path)
+    committed = root / "results" / "catalogue-iv-text" / "verdicts" / "report.md"
+    assert (tmp_path / "report.md").read_text() == committed.read_text()
+    assert "(flat rope+selective) **holds**" in committed.read_text()

@@ -165,3 +165,16 @@ def test_each_kind_of_value_has_one_rendering_in_every_report():
     assert "| none | 9.88 |" in table and "| yarn | n/a |" in table and "| yarn | - |" not in table
     t = task_table("flipflop", {"path": {0: gap_cells(1.0, {8: 1.0, 1024: 1.0, 4096: 0.5})}})
     assert distance_markdown(t, ["path"], {}).splitlines()[0] == "| scheme | id 1x | 8 | 1,024 | 4,096 | horizon |"
+
+
+def test_a_long_spec_label_is_collapsed_and_wrapped_a_short_one_kept():
+    """The catalogue-IV run's Llama 4 pattern (160 characters) pushed the ratio plot's axes off the figure."""
+    from posenc.reports.render import short_label
+
+    entry = "rope:rope_theta=500000,pairing=adjacent,chunk=64"
+    assert short_label(f"{entry}|{entry}|{entry}|llama4-temp:floor_scale=64") == (
+        "3 x rope:rope_theta=500000,pairing=adjacent,\nchunk=64 | llama4-temp:floor_scale=64"
+    )
+    assert short_label("rope|rope|rope|nope") == "rope|rope|rope|nope"  # short: as written
+    assert all(len(line) <= 44 for line in short_label("a" * 10 + "," + "b" * 40 + ",c").splitlines())
+    assert short_label("x" * 60) == "x" * 60  # one piece longer than the width stays whole

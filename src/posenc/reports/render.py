@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,47 @@ def same_as(
     return out
 
 
+LABEL_WIDTH = 44  # characters per legend line: a longer label wraps
+
+
+def short_label(label: str, width: int = LABEL_WIDTH) -> str:
+    """A legend's label of a scheme spec: one of at most ``width`` characters as it is; a longer one with the repeated
+    entries of a '|' pattern collapsed ("3 x A | B") and wrapped after a ',', '|' or space into lines of at most
+    ``width`` characters (a longer piece stays whole), so that a long spec neither hides the plot nor pushes the axes
+    off the figure."""
+    if len(label) <= width:
+        return label
+    entries = label.split("|")
+    groups: list[list] = []
+    for e in entries:
+        if groups and groups[-1][0] == e:
+            groups[-1][1] += 1
+        else:
+            groups.append([e, 1])
+    text = " | ".join(f"{n} x {e}" if n > 1 else e for e, n in groups) if len(entries) > 1 else label
+    lines, line = [], ""
+    for piece in re.findall(r"[^,| ]*[,| ]?", text):
+        if line and len(line) + len(piece.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = ""
+        line += piece
+    return "\n".join([*lines, line.rstrip()]) if line.strip() else "\n".join(lines)
+
+
+MAX_INSIDE = 8  # legend entries a plot holds inside its axes
+
+
+def legend(ax, entries: int, **kw) -> None:
+    """The axes' legend (``Axes.legend`` keywords ``kw``): inside the axes for at most ``MAX_INSIDE`` entries, else
+    beside them on the right with the figure widened by half, where a dozen entries would cover the curves."""
+    if entries <= MAX_INSIDE:
+        ax.legend(**kw)
+        return
+    w, h = ax.figure.get_size_inches()
+    ax.figure.set_size_inches(w * 1.5, h)
+    ax.legend(**{**kw, "ncol": 1}, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
+
+
 def plot_lines(ax, lines: Sequence[dict], ms: float = 5, close: float = 0.01) -> list:
     """Draw ``lines`` on ``ax`` so that identical and nearly identical ones stay visible; returns the Line2D objects.
     Each line is a dict with "label", "x", "y" and any ``Axes.plot`` keywords (colour, ls, marker, ...; marker "o" and
@@ -146,7 +188,7 @@ def plot_lines(ax, lines: Sequence[dict], ms: float = 5, close: float = 0.01) ->
     drawn over the first with its marker size (``ms`` unless given) x 0.7^k (the k-th such line) and, unless its own
     are given, the k-th line style and marker shape of ``REPEAT_STYLES``. A line whose colour, line style and marker
     all equal an earlier line's (more lines than colours) takes the first marker shape of ``REPEAT_STYLES`` no line of
-    its colour and style has."""
+    its colour and style has. Labels are shown by :func:`short_label`."""
     from matplotlib.colors import to_hex
 
     points = [(ln["label"], list(ln["x"]), list(ln["y"])) for ln in lines]
@@ -157,15 +199,15 @@ def plot_lines(ax, lines: Sequence[dict], ms: float = 5, close: float = 0.01) ->
     drawn, styles = [], set()
     for z, ln in enumerate(lines):
         kw = {key: v for key, v in ln.items() if key not in ("label", "x", "y")}
-        label, size = ln["label"], kw.pop("ms", ms)
-        first = repeats.get(label) or near.get(label)
+        name, size = ln["label"], kw.pop("ms", ms)
+        label, first = short_label(name), repeats.get(name) or near.get(name)
         if first is not None:
             k[first] = k.get(first, 0) + 1
             ls, marker = REPEAT_STYLES[(k[first] - 1) % len(REPEAT_STYLES)]
             kw.setdefault("ls", ls)
             kw.setdefault("marker", marker)
-            how = "same as" if label in repeats else f"within {close:.0%} of"
-            label, size = f"{label} ({how} {first})", size * 0.7 ** k[first]
+            how = "same as" if name in repeats else f"within {close:.0%} of"
+            label, size = f"{label} ({how} {short_label(first)})", size * 0.7 ** k[first]
         kw.setdefault("ls", "-")
         kw.setdefault("marker", "o")
         (line,) = ax.plot(ln["x"], ln["y"], label=label, ms=size, zorder=2 + z / len(lines), **kw)

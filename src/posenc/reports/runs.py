@@ -32,7 +32,17 @@ from posenc import encodings
 from posenc.config.plan import FREE_SETTINGS, Preset, flatten, settings
 from posenc.errors import PosencError
 from posenc.reports.claims import claim_sets
-from posenc.reports.render import PPL, RATIO, figure, log_scale, markdown_table, plot_lines, save_figure, seed_cell
+from posenc.reports.render import (
+    PPL,
+    RATIO,
+    figure,
+    legend,
+    log_scale,
+    markdown_table,
+    plot_lines,
+    save_figure,
+    seed_cell,
+)
 from posenc.reports.scoreboard import TaskRun, is_task_run, load_task_run, scoreboard_markdown, task_claims_markdown
 from posenc.reports.text import with_ratios
 from posenc.store.checkpoint import atomic_write_bytes, make_run_dir, read_json
@@ -272,7 +282,7 @@ def ratio_figure(runs: list[Run]):
     ax.set_xlabel("evaluation length / training length")
     ax.set_ylabel("perplexity / perplexity at training length")
     ax.set_title("Length extrapolation: " + " vs ".join(run.label for run in runs))
-    ax.legend(fontsize=7, ncol=2, handlelength=3)
+    legend(ax, len(lines), fontsize=7, ncol=2, handlelength=3)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -22,6 +22,7 @@ from posenc.reports.render import (
     PPL,
     RATIO,
     figure,
+    legend,
     log_scale,
     markdown_table,
     number,
@@ -212,7 +213,7 @@ def ratio_figure(records: list[Ppl], train_length: int):
     ax.set_xlabel("evaluation length / training length")
     ax.set_ylabel("perplexity / perplexity at training length")
     ax.set_title(f"Length extrapolation (train length {train_length})")
-    ax.legend(fontsize=8)
+    legend(ax, len(lines), fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
