@@ -12,7 +12,8 @@ shows "did not learn" (and on how many seeds it did) instead of a horizon (``pos
 accuracy below the run's ``task_eval.learned``); a cell is empty where the scheme was not run. Schemes are matched
 across runs by spec (``posenc.encodings.canonical``), each named as first seen (the text run, then each task
 run). The README's scoreboard block is this table for the committed results (``posenc report results/retrieval
-results/state-tracking results/default results/catalogue-iv-text --readme README.md`` writes it; a test checks they agree).
+results/state-tracking results/default results/catalogue-iv-text --readme README.md`` writes it; a test checks they
+agree).
 """
 
 from __future__ import annotations
