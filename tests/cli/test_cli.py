@@ -482,3 +482,15 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     )
     os.close(write)
     assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def test_diagnose_refuses_an_out_it_cannot_create_before_the_work(rope_run, tmp_path, capsys):
+    """A file where --out points gave a FileExistsError traceback after the whole diagnosis."""
+    (tmp_path / "afile").write_text("kept")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        _one_line_exit_2(
+            capsys,
+            ["diagnose", str(rope_run), "--multiples", "1", "--out", str(out)],
+            f"cannot create run directory {out}: a file is in the way",
+        )
+    assert (tmp_path / "afile").read_text() == "kept"

@@ -132,3 +132,44 @@ def test_a_pretrained_dry_run_accepts_a_valid_pattern_with_its_parameters(tmp_pa
     argv = ["extend", "--preset", "quick", "--scheme", "gemma3:factor=8", "--out", str(tmp_path / "x"), "--dry-run"]
     assert main(argv) == 0
     assert "1 schemes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        (
+            "eval.multiples=[1,1,2]",
+            "invalid eval.multiples=[1, 1, 2] (command line): Value error, each entry once: 1 repeated",
+        ),
+        (
+            "task_eval.multiples=[1,4,4]",
+            "invalid task_eval.multiples=[1, 4, 4] (command line): Value error, each entry once: 4 repeated",
+        ),
+    ],
+)
+def test_a_repeated_length_is_refused(tmp_path, capsys, setting, message):
+    """A length given twice was scored twice: two identical records, and the report showed a spread of 0 over one
+    seed."""
+    one_line_exit_2(
+        capsys, ["compare", "--preset", "quick", "--set", setting, "--out", str(tmp_path), "--dry-run"], message
+    )
+
+
+def test_two_spellings_of_one_scheme_are_refused(tmp_path, capsys):
+    """rope and rope:rope_theta=10000 are one spec: both trained, then reported as one scheme of two 'seeds'."""
+    one_line_exit_2(
+        capsys,
+        [
+            "compare",
+            "--preset",
+            "quick",
+            "--schemes",
+            "rope",
+            "rope:rope_theta=10000",
+            "--out",
+            str(tmp_path),
+            "--dry-run",
+        ],
+        "invalid schemes=['rope', 'rope:rope_theta=10000'] (command line): Value error, each entry once: rope, "
+        "rope:rope_theta=10000 repeated (one spec)",
+    )

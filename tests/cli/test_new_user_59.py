@@ -128,8 +128,19 @@ def test_compare_refuses_a_model_encoding_every_job_would_replace(tmp_path, caps
     assert main(["compare", "--preset", "quick", *dry_run, "--out", str(tmp_path), "--set", setting]) == 2
     err = capsys.readouterr().err
     assert err == (
-        "posenc: error: compare trains each scheme of the preset with model.encoding set to it: give the schemes "
-        "with --schemes, not --set model.encoding\n"
+        "posenc: error: compare takes the scheme from --schemes (or the preset's schemes): give it there, not as "
+        "--set model.encoding\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_train_refuses_a_model_encoding_its_scheme_flag_would_replace(tmp_path, capsys, dry_run):
+    """train set model.encoding to --scheme after the --set: `--set model.encoding=alibi` trained RoPE, exit 0."""
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(tmp_path / "x")]
+    assert main([*argv, *dry_run, "--set", "model.encoding=alibi"]) == 2
+    assert capsys.readouterr().err == (
+        "posenc: error: train takes the scheme from --scheme: give it there, not as --set model.encoding\n"
     )
     assert list(tmp_path.iterdir()) == []
 

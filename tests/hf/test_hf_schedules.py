@@ -265,3 +265,11 @@ def test_a_setting_the_schedule_does_not_take_or_out_of_range_is_refused(ext, me
     with pytest.raises(PosencError, match=message):
         adapted.set_schedule(ext)
     assert model.config.rope_parameters["rope_type"] == "default"  # refused before the model changes
+
+
+def test_a_rerope_window_of_zero_is_refused_not_the_default():
+    """`--rerope-window 0` on a pretrained model became the default window (``ext.window or L0 // 4``), exit 0."""
+    assert extension_params(Extension("rerope", factor=2.0, window=None), 8192) == {"window": 2048}
+    for w in (0, -3):
+        with pytest.raises(PosencError, match=f"window must be a positive integer, got {w}"):
+            extension_params(Extension("rerope", factor=2.0, window=w), 8192)

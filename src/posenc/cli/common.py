@@ -75,3 +75,11 @@ def print_dry_run(command: str, settings: dict[str, Any], jobs: int, detail: str
     print(yaml.safe_dump(plain, sort_keys=False, default_flow_style=False), end="")
     print(f"jobs: {jobs}  # {detail}")
     return 0
+
+
+def refuse_encoding_setting(settings: dict[str, Any], command: str, flag: str) -> None:
+    """PosencError when ``settings`` (``given_settings``) set model.encoding: ``command`` takes its scheme(s) from
+    ``flag`` and would replace the setting without a word."""
+    model = settings.get("model")
+    if "model.encoding" in settings or (isinstance(model, dict) and "encoding" in model):
+        raise PosencError(f"{command} takes the scheme from {flag}: give it there, not as --set model.encoding")

@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run
+from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run, refuse_encoding_setting
 from posenc.config.plan import ClusterConfig, Preset, load_preset, rungs, task_specs
 from posenc.data.corpora import check_data
 from posenc.data.tasks import TASKS
@@ -151,12 +151,7 @@ def dry_run(preset: Preset, out: Path) -> int:
 
 def run(args) -> int:
     settings = given_settings(args, FLAGS)
-    model = settings.get("model")
-    if "model.encoding" in settings or (isinstance(model, dict) and "encoding" in model):  # every job replaces it
-        raise PosencError(
-            "compare trains each scheme of the preset with model.encoding set to it: give the schemes with "
-            "--schemes, not --set model.encoding"
-        )
+    refuse_encoding_setting(settings, "compare", "--schemes (or the preset's schemes)")
     preset = load_preset(args.preset, settings)
     cluster = cluster_config(args, preset)
     check_options(args.launcher, not args.no_isolate, args.parallel, args.nproc_per_node, args.device)

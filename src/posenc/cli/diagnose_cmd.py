@@ -5,6 +5,7 @@ from pathlib import Path
 from posenc.data.corpora import load_tokens
 from posenc.eval.diagnose import DEFAULT_MULTIPLES, diagnose_model
 from posenc.reports.diagnose import write_outputs
+from posenc.store.checkpoint import make_run_dir
 from posenc.train.distributed import check_device
 from posenc.train.rundir import load_run
 
@@ -37,8 +38,10 @@ def run(args) -> int:
     device = check_device(args.device)
     model, _, tcfg = load_run(args.run_dir)
     data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
+    out = args.out or Path(args.run_dir) / "diagnose"
+    make_run_dir(out)  # before the work: a file in the way is one line, not a traceback after it
     res = diagnose_model(model.to(device), data.val_docs, args.multiples, args.window, args.windows, args.eps)
-    paths = write_outputs(res, args.out or Path(args.run_dir) / "diagnose")
+    paths = write_outputs(res, out)
     print(paths[0].read_text())
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

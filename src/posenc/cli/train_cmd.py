@@ -5,7 +5,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run
+from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run, refuse_encoding_setting
 from posenc.config.plan import load_preset
 from posenc.data.corpora import check_data
 from posenc.errors import PosencError
@@ -73,7 +73,9 @@ def _run_dir(text: str) -> Path:
 
 
 def run(args) -> int:
-    preset = load_preset(args.preset, given_settings(args, FLAGS), schemes=[args.scheme])  # checks the scheme
+    settings = given_settings(args, FLAGS)
+    refuse_encoding_setting(settings, "train", "--scheme")
+    preset = load_preset(args.preset, settings, schemes=[args.scheme])  # checks the scheme
     mcfg = dataclasses.replace(preset.model, encoding=args.scheme)
     out = args.out or Path("runs") / "train" / args.scheme
     if not args.resume and (out / "model.safetensors").exists():

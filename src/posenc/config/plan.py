@@ -45,6 +45,16 @@ class ClusterConfig(BaseModel):
     """Memory per job (GB); null: the scheduler's default."""
 
 
+def distinct(v: list, key=str) -> list:
+    """``v`` unchanged; ValueError naming the entries that repeat (by ``key``): a repeat would run once and be
+    reported as if it were two (a length scored twice shows a spread of 0 over one seed)."""
+    keys = [key(x) for x in v]
+    repeated = sorted({str(x) for x, k in zip(v, keys) if keys.count(k) > 1})
+    if repeated:
+        raise ValueError(f"each entry once: {', '.join(repeated)} repeated" + ("" if key is str else " (one spec)"))
+    return v
+
+
 class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
@@ -60,6 +70,11 @@ class EvalConfig(BaseModel):
     far_mass: FarMassConfig = FarMassConfig()
     """The cheap diagnose pass (far attention mass and entropy, ``posenc.eval.diagnose``)."""
 
+    @field_validator("multiples")
+    @classmethod
+    def _distinct(cls, v: list) -> list:
+        return distinct(v)
+
 
 class TaskEvalConfig(BaseModel):
     """Scoring of synthetic tasks (``posenc.eval.tasks``): lengths, and the answers each cell aims for."""
@@ -68,6 +83,12 @@ class TaskEvalConfig(BaseModel):
 
     multiples: list[Annotated[int, Field(gt=0)]] = Field([1, 4, 16, 32], min_length=1)
     """Sequence lengths scored, as multiples of ``model.train_length`` (at least one); probes reach the largest."""
+
+    @field_validator("multiples")
+    @classmethod
+    def _distinct(cls, v: list) -> list:
+        return distinct(v)
+
     answers: int = Field(2000, gt=0)
     """Answers scored per cell (a 1-point standard error near 90% needs ~900) ..."""
     max_tokens: int = Field(65536, gt=0)
@@ -222,13 +243,15 @@ class Preset(BaseModel):
     """One setting at several values, each a comparison of its own, reported as a trend (nothing chosen on it: a
     budget ladder over ``train.steps``); null: none."""
 
-    @field_validator("schemes", "seeds", "tasks")
+    @field_validator("seeds", "tasks")
     @classmethod
-    def _distinct(cls, v: list) -> list:  # a repeat would run once and be reported as if it were two
-        repeated = sorted({str(x) for x in v if v.count(x) > 1})
-        if repeated:
-            raise ValueError(f"each entry once: {', '.join(repeated)} repeated")
-        return v
+    def _distinct(cls, v: list) -> list:
+        return distinct(v)
+
+    @field_validator("schemes")
+    @classmethod
+    def _distinct_specs(cls, v: list) -> list:  # rope and rope:rope_theta=10000 are one scheme: reported as one
+        return distinct(v, encodings.canonical)
 
     @field_validator("name")
     @classmethod

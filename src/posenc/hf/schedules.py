@@ -107,7 +107,7 @@ def extension_params(ext: Extension, l0: int) -> dict:
         )
     if name not in rope.RELATIVE:
         return rope.schedule_params(name, l0, {"factor": float(ext.factor), **given})
-    w = ext.window or l0 // WINDOW_DIVISOR
+    w = ext.window if ext.window is not None else l0 // WINDOW_DIVISOR  # 0 is refused below, not the default
     given["window"] = w
     if name == "leaky-rerope":
         if ext.leak is None and not (w < l0 and ext.factor > 1):  # else the default k would be <= 1

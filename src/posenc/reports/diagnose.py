@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from posenc.reports.render import MISSING, figure, log_scale, markdown_table, number, plot_lines, save_figure
-from posenc.store.checkpoint import atomic_write_bytes
+from posenc.store.checkpoint import atomic_write_bytes, make_run_dir
 from posenc.store.records import Diagnosis, write
 
 
@@ -174,7 +174,7 @@ def write_outputs(res: Diagnosis, out: Path) -> list[Path]:
     ``out``;
     returns the paths written."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_run_dir(out)
     paths = [out / "diagnose.md", out / "diagnose.jsonl"]
     atomic_write_bytes(paths[0], markdown(res).encode())
     write(paths[1], [res])
