@@ -173,3 +173,28 @@ def test_two_spellings_of_one_scheme_are_refused(tmp_path, capsys):
         "invalid schemes=['rope', 'rope:rope_theta=10000'] (command line): Value error, each entry once: rope, "
         "rope:rope_theta=10000 repeated (one spec)",
     )
+
+
+@pytest.mark.parametrize("command", ["extend", "finetune"])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--name", "../x"],
+            "invalid name=../x (command line): Value error, must be a plain directory name (letters, "
+            "digits, . _ -), got '../x'",
+        ),
+        (["--seed", "-1"], "invalid seed=-1 (command line): Input should be greater than or equal to 0"),
+    ],
+)
+def test_pretrained_commands_validate_name_and_seed_as_compare_does(tmp_path, capsys, command, flags, message):
+    """extend accepted --name ../x (writing runs/extend/../x) and --seed -1; finetune the name."""
+    one_line_exit_2(capsys, [command, "--quick", *flags, "--dry-run"], message)
+
+
+def test_extend_dry_run_counts_the_passkey_adaptations_a_run_scores(capsys):
+    """Passkey trials run for the schedules of the run that passkey_schedules keeps, each method and each scheme: the
+    count took passkey_schedules' length (5 for one schedule and three schemes where the run scores 4)."""
+    argv = ["extend", "--quick", "--schedules", "none", "--scheme", "rope", "alibi", "acc-rand-qkv:a=1", "--dry-run"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("1 passkey trial(s) for each of 4 adaptation(s)")

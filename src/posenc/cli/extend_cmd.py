@@ -228,7 +228,8 @@ def jobs(cfg: ExtendConfig) -> tuple[int, str]:
     windows = f"{cfg.max_windows} window(s)" if cfg.max_windows else "every window"
     long = "" if cfg.long_schedules is None else f"; past factor x L0 only {shown(cfg.long_schedules)} and the methods"
     cells = len(cfg.passkey_lengths) * len(cfg.passkey_depths) * cfg.trials
-    keyed = len(cfg.passkey_schedules or cfg.schedules) + len(cfg.methods) + len(cfg.schemes) if cells else 0
+    keyed_schedules = [s for s in cfg.schedules if s in (cfg.passkey_schedules or cfg.schedules)]  # as a run does
+    keyed = len(keyed_schedules) + len(cfg.methods) + len(cfg.schemes) if cells else 0
     return n, (
         f"adaptations ({len(cfg.schedules)} schedules, {len(cfg.methods)} methods, {len(cfg.schemes)} schemes), "
         f"each scored on {windows} at lengths {shown(cfg.lengths)}{long}; {cells} passkey trial(s) for each of "

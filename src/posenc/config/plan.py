@@ -45,6 +45,14 @@ class ClusterConfig(BaseModel):
     """Memory per job (GB); null: the scheduler's default."""
 
 
+def plain_name(v: str) -> str:
+    """``v`` unchanged; ValueError unless it is a plain directory name (letters, digits, . _ -; not . or ..): a run
+    directory under its parent, never outside it."""
+    if not v or v in (".", "..") or not all(c.isalnum() or c in "._-" for c in v):
+        raise ValueError(f"must be a plain directory name (letters, digits, . _ -), got {v!r}")
+    return v
+
+
 def distinct(v: list, key=str) -> list:
     """``v`` unchanged; ValueError naming the entries that repeat (by ``key``): a repeat would run once and be
     reported as if it were two (a length scored twice shows a spread of 0 over one seed)."""
@@ -253,12 +261,7 @@ class Preset(BaseModel):
     def _distinct_specs(cls, v: list) -> list:  # rope and rope:rope_theta=10000 are one scheme: reported as one
         return distinct(v, encodings.canonical)
 
-    @field_validator("name")
-    @classmethod
-    def _plain_name(cls, v: str) -> str:  # the run directory under --out, never outside it
-        if not v or v in (".", "..") or not all(c.isalnum() or c in "._-" for c in v):
-            raise ValueError(f"must be a plain directory name (letters, digits, . _ -), got {v!r}")
-        return v
+    _plain_name = field_validator("name")(plain_name)
 
 
 def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None, schemes: list[str] | None = None) -> Preset:

@@ -29,9 +29,10 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from posenc import methods, rope
+from posenc.config.plan import plain_name
 from posenc.data.corpora import Document, load_corpus
 from posenc.errors import PosencError
 from posenc.eval import passkey, perplexity, progress
@@ -141,7 +142,10 @@ class ScoringConfig(ScheduleSettings):
     model's tokenizer."""
 
     name: str = Field(min_length=1)
-    """The run directory runs/<command>/<name> (the default output)."""
+    """The run directory runs/<command>/<name> (the default output): a plain directory name (letters, digits,
+    . _ -), never outside runs/<command>."""
+
+    _plain_name = field_validator("name")(plain_name)
     model: str = loading.DEFAULT_MODEL
     """'smollm2', a .gguf file, a model directory or a hub id."""
     corpus: str = "shakespeare"
@@ -168,7 +172,7 @@ class ExtendConfig(ScoringConfig):
     bucket: int | None = Field(None, ge=1)
     """Position-bucket width (tokens); None: the run directory's (open_store), else 1/32 of each length
     (perplexity.bucket_width)."""
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     """Seed of the passkey keys."""
     schedules: list[str] = Field(list(NAMES), min_length=1)
     """RoPE context-extension schedules (posenc.rope)."""
@@ -186,7 +190,7 @@ class ExtendConfig(ScoringConfig):
     """Windows per (adaptation, length); 0: all."""
     passkey_schedules: list[str] | None = None
     """The schedules of the passkey trials; None: every schedule."""
-    threads: int | None = None
+    threads: int | None = Field(None, ge=1)
     """Torch CPU threads; None: torch's choice."""
     dtype: WeightsDtype = "float32"
     """The weights' and compute's dtype (``posenc.store.stamp.resolve_dtype``; "auto": bfloat16 where the CPU has
