@@ -198,3 +198,16 @@ def test_extend_dry_run_counts_the_passkey_adaptations_a_run_scores(capsys):
     argv = ["extend", "--quick", "--schedules", "none", "--scheme", "rope", "alibi", "acc-rand-qkv:a=1", "--dry-run"]
     assert main(argv) == 0
     assert capsys.readouterr().out.splitlines()[-1].endswith("1 passkey trial(s) for each of 4 adaptation(s)")
+
+
+def test_report_refuses_to_write_over_a_run_it_reads(tmp_path, capsys):
+    """`posenc report RUN --out RUN` replaced the compare run's own report.md and ppl_ratio.png without a word."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.md").write_text("the compare run's report")
+    one_line_exit_2(
+        capsys,
+        ["report", str(run), "--out", str(run)],
+        f"--out {run} is one of the runs read: its report would be replaced; give another folder",
+    )
+    assert (run / "report.md").read_text() == "the compare run's report"

@@ -4,6 +4,7 @@ among them, the scoreboard (``--scoreboard`` prints it alone, ``--readme FILE`` 
 import argparse
 from pathlib import Path
 
+from posenc.errors import PosencError
 from posenc.reports.runs import scoreboard, write_runs_report
 from posenc.reports.scoreboard import write_readme_block
 from posenc.reports.trend import write_trend_report
@@ -62,6 +63,11 @@ def run(args) -> int:
         else:
             print(block, end="")
         return 0
+    given = [Path(d).resolve() for d in args.run_dirs]
+    if Path(args.out).resolve() in given:  # its report.md (and plots) are the compare run's own
+        raise PosencError(
+            f"--out {args.out} is one of the runs read: its report would be replaced; give another folder"
+        )
     if args.trend:
         report = write_trend_report(args.run_dirs, args.out, args.trend)
         print(report.read_text())
