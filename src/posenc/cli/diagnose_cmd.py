@@ -5,7 +5,7 @@ from pathlib import Path
 from posenc.data.corpora import load_tokens
 from posenc.eval.diagnose import DEFAULT_MULTIPLES, diagnose_model
 from posenc.reports.diagnose import write_outputs
-from posenc.store.checkpoint import make_run_dir
+from posenc.store.checkpoint import check_run_dir
 from posenc.train.distributed import check_device
 from posenc.train.rundir import load_run
 
@@ -39,7 +39,7 @@ def run(args) -> int:
     model, _, tcfg = load_run(args.run_dir)
     data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
     out = args.out or Path(args.run_dir) / "diagnose"
-    make_run_dir(out)  # before the work: a file in the way is one line, not a traceback after it
+    check_run_dir(out)  # before the work: a file in the way is one line, not a traceback after it
     res = diagnose_model(model.to(device), data.val_docs, args.multiples, args.window, args.windows, args.eps)
     paths = write_outputs(res, out)
     print(paths[0].read_text())

@@ -54,6 +54,17 @@ def make_run_dir(path: Path) -> None:
         raise PosencError(f"cannot create run directory {path}: {why}") from None
 
 
+def check_run_dir(path: Path) -> None:
+    """PosencError (as :func:`make_run_dir`'s) when ``path`` could not be made a directory because a file is in the
+    way (at it or at an ancestor); nothing is created, so a command can check its output before the work and still
+    leave nothing behind when it refuses its input."""
+    for p in [Path(path), *Path(path).parents]:
+        if p.exists():
+            if not p.is_dir():
+                raise PosencError(f"cannot create run directory {path}: a file is in the way")
+            return
+
+
 def write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, default=str) + "\n").encode())
 
