@@ -160,6 +160,26 @@ def test_train_dry_run_prints_the_settings_and_writes_nothing(tmp_path, capsys):
     assert code == 2 and "unknown scheme 'bogus'" in err  # bad settings fail as in a run
 
 
+def test_a_resume_dry_run_refuses_what_the_resume_refuses(tmp_path, capsys):
+    """The dry run of --resume printed settings that the run then refused: another scheme, fewer steps than
+    trained, another learning rate."""
+    out = str(tmp_path / "r")
+    assert run_cli(capsys, *TRAIN, "--out", out)[0] == 0
+    refused = {
+        ("--scheme", "alibi"): "its model differs (encoding 'rope' -> 'alibi'); use another --out",
+        ("--steps", "1"): "it has trained 2 steps, more than steps=1",
+        ("--set", "train.lr=1e-2"): "its training differs (lr 0.003 -> 0.01); use another --out",
+    }
+    for flags, why in refused.items():
+        for dry in ([], ["--dry-run"]):
+            code, _, err = run_cli(capsys, *TRAIN, *flags, "--out", out, "--resume", *dry)
+            assert (code, err) == (2, f"posenc: error: cannot resume {out}: {why}\n")
+    code, shown, _ = run_cli(capsys, *TRAIN, "--steps", "4", "--out", out, "--resume", "--dry-run")
+    assert code == 0 and shown.endswith(
+        "jobs: 1  # one training run, resumed from its checkpoint, of at most 4 steps\n"
+    )
+
+
 def test_extend_and_finetune_dry_runs_load_no_model(tmp_path, capsys, monkeypatch):
     from posenc.hf import loading
 

@@ -211,3 +211,36 @@ def test_report_refuses_to_write_over_a_run_it_reads(tmp_path, capsys):
         f"--out {run} is one of the runs read: its report would be replaced; give another folder",
     )
     assert (run / "report.md").read_text() == "the compare run's report"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--schedules", "leaky-rerope", "--leak", "0.5"], "leaky-rerope: leak k must be > 1, got 0.5"),
+        (
+            ["--schedules", "yarn", "--beta-fast", "-1"],
+            "yarn needs beta_fast > beta_slow > 0, got beta_fast=-1.0, beta_slow=1.0",
+        ),
+        (
+            ["--schedules", "rerope", "--rerope-window", "0"],
+            "rope schedule 'rerope': window must be a positive integer, got 0",
+        ),
+    ],
+)
+def test_extend_dry_run_refuses_a_schedule_setting_out_of_range(tmp_path, capsys, flags, message):
+    """Each setting's range needs no model: the dry run passed --leak 0.5, which the run refused once loaded."""
+    one_line_exit_2(capsys, ["extend", "--quick", *flags, "--out", str(tmp_path / "x"), "--dry-run"], message)
+    assert not (tmp_path / "x").exists()
+
+
+def test_finetune_refuses_a_factor_without_a_schedule(tmp_path, capsys):
+    """--factor 4 on a scheme swap scaled nothing and was accepted silently."""
+    argv = ["finetune", "--quick", "--factor", "4", "--out", str(tmp_path / "x")]
+    for dry in (["--dry-run"], []):
+        one_line_exit_2(
+            capsys,
+            [*argv, *dry],
+            "factor 4 is a RoPE schedule's scale factor: give --schedule with it (a scheme takes its own parameters, "
+            "e.g. --scheme rope:factor=4)",
+        )
+    assert not (tmp_path / "x").exists()

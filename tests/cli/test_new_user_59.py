@@ -191,3 +191,53 @@ def test_a_schedule_on_a_pattern_of_rope_layers_names_the_reason(rope_pattern_ru
         "this run's 'rope|rope' is a per-layer pattern of 2 entries: a schedule is set on the model's one scheme spec, "
         "not per layer entry",
     )
+
+
+@pytest.fixture(scope="module")
+def task_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("task") / "run"
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "quick",
+                "--scheme",
+                "rope",
+                "--corpus",
+                "flipflop",
+                "--steps",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    return out
+
+
+@pytest.mark.parametrize(
+    "command, more",
+    [("eval", []), ("diagnose", []), ("generate", ["--prompt", "hi"]), ("eval", ["--corpus", "shakespeare"])],
+)
+def test_a_task_trained_run_is_refused_naming_the_task_not_the_corpus(task_run, capsys, command, more):
+    """The message said "corpus 'flipflop' is a synthetic task; this command needs a text corpus", blaming a
+    --corpus the user never gave; with --corpus, a text of another vocabulary than the model's."""
+    one_line_exit_2(
+        capsys,
+        [command, str(task_run), *more],
+        f"{task_run} was trained on the synthetic task 'flipflop' (a vocabulary of task tokens); posenc {command} "
+        "reads text runs: a task run is scored by posenc compare with a task preset",
+    )
+
+
+def test_a_preset_path_that_is_a_directory_says_so(tmp_path, capsys):
+    """A folder named like a preset file was reported as not existing."""
+    folder = tmp_path / "mine.yaml"
+    folder.mkdir()
+    one_line_exit_2(
+        capsys,
+        ["compare", "--preset", str(folder), "--dry-run"],
+        f"preset file {folder} is a directory, not a YAML file (shipped presets: ",
+    )

@@ -169,3 +169,25 @@ def test_probe_sequences_derive_from_the_runs_seed():
         runs.setdefault(seed, []).append(torch.cat(spy.seen))
     assert torch.equal(runs[0][0], a[:4]) and torch.equal(runs[1][0], runs[1][1])
     assert not torch.equal(runs[0][0], runs[1][0])
+
+
+def test_a_cell_draws_whole_batches_until_either_cap_is_reached():
+    """The stated rule (header and docs): whole batches until >= answers answers or >= max_tokens tokens, so the
+    last batch may pass a cap by less than one batch; the records count what was scored. One answer per probe row."""
+    task, test = get_task("flipflop"), TaskTest("gap", 128 + 64, {"bucket": 32})
+
+    class Zero(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))  # the scorer reads the device from a parameter
+
+        def forward(self, x, pos=None):
+            return torch.zeros(*x.shape, 5) + self.w
+
+    def scored(answers, max_tokens):
+        cell = score_test(Zero(), task, test, answers, max_tokens, batch_tokens=4 * test.length)
+        return int(sum(n for n, _, _ in cell.values()))
+
+    assert scored(10, 10**6) == 12  # three batches of 4 rows: 8 < 10 <= 12
+    assert scored(8, 10**6) == 8  # a cap met exactly draws no further batch
+    assert scored(10**6, 5 * test.length) == 8  # 4 rows used 4 L < 5 L tokens: one more batch, 8 L >= 5 L

@@ -269,6 +269,8 @@ def test_layer_pattern_repeats_over_layers():
     "spec, message",
     [
         ("rope||nope", "empty layer entry"),
+        ("", "scheme spec is empty: give a scheme name (posenc list shows them)"),
+        (" ", "scheme spec is empty"),
         ("rope|nop", "unknown scheme 'nop'"),
         ("irope:rope_theta=5", "is a per-layer pattern"),
         ("rope|sinusoidal", "cannot be in a '|' pattern"),

@@ -98,4 +98,27 @@ def test_an_unavailable_device_is_one_line(tiny_corpus, tmp_path, capsys):
     assert err.startswith("posenc: error: device 'cuda:7' is not available here") and err.count("\n") == 1
     assert main([*argv, "--device", "cpu", "--parallel", "2"]) == 2
     assert "--device pins the job processes" in capsys.readouterr().err
+    assert main([*argv, "--device", "foo", "--dry-run"]) == 2  # the dry run refuses what the run refuses
+    assert capsys.readouterr().err == "posenc: error: unknown device 'foo' (e.g. cpu, cuda, cuda:1, mps)\n"
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_dry_run_into_a_run_of_other_settings_is_refused_as_the_run_is(tiny_corpus, tmp_path, capsys):
+    from posenc.jobs.launcher import record_run
+
+    argv = ["compare", "--preset", "quick", "--corpus", str(tiny_corpus), "--schemes", "rope", "--out", str(tmp_path)]
+    root = tmp_path / "quick"
+    record_run(
+        root, Plan(load_preset("quick", {"schemes": ["rope"], "train": {"corpus": str(tiny_corpus)}}), tmp_path).preset
+    )
+    (root / "results.jsonl").touch()
+    assert main([*argv, "--dry-run"]) == 0
+    assert capsys.readouterr().out.endswith(
+        f"jobs: 1  # per stage: jobs 1; {root} holds results: a run skips the jobs finished there\n"
+    )
+    for dry in (["--dry-run"], []):
+        assert main([*argv, "--steps", "31", *dry]) == 2
+        assert capsys.readouterr().err == (
+            f"posenc: error: {root} holds results made with other settings (train.steps 30 -> 31); use another "
+            "--name or --out\n"
+        )

@@ -143,8 +143,13 @@ def dry_run(preset: Preset, out: Path) -> int:
     """``--dry-run``: the resolved preset and each stage's jobs (``posenc.jobs.job.Plan.outline``; a trend's rungs
     each), printed; nothing loaded, trained or written."""
     plans = {f"{r.name}/": Plan(r, out / preset.name) for r in rungs(preset)} or {"": Plan(preset, out)}
+    for plan in plans.values():  # a directory of other settings, refused as the run refuses it
+        plan.check_settings()
     stages = {f"{rung}{stage}": jobs for rung, plan in plans.items() for stage, jobs in plan.outline().items()}
     detail = ", ".join(f"{stage} {len(jobs)}" for stage, jobs in stages.items())
+    started = [p.run_root for p in plans.values() if (p.run_root / "results.jsonl").exists()]
+    if started:  # which of them are done is known once the plan's stages run
+        detail += f"; {', '.join(map(str, started))} holds results: a run skips the jobs finished there"
     settings = {"out": out, **preset.model_dump(mode="json"), "stages": stages}
     return print_dry_run("posenc compare", settings, sum(map(len, stages.values())), f"per stage: {detail}")
 

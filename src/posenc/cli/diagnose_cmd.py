@@ -7,7 +7,7 @@ from posenc.eval.diagnose import DEFAULT_MULTIPLES, diagnose_model
 from posenc.reports.diagnose import write_outputs
 from posenc.store.checkpoint import check_run_dir
 from posenc.train.distributed import check_device
-from posenc.train.rundir import load_run
+from posenc.train.rundir import load_text_run
 
 
 def add_parser(sub):
@@ -36,7 +36,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     device = check_device(args.device)
-    model, _, tcfg = load_run(args.run_dir)
+    model, _, tcfg = load_text_run(args.run_dir, "diagnose")
     data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
     out = args.out or Path(args.run_dir) / "diagnose"
     check_run_dir(out)  # before the work: a file in the way is one line, not a traceback after it

@@ -21,7 +21,7 @@ from posenc.rope import NAMES, check_window
 from posenc.scoring import eval_lengths, plan
 from posenc.store.records import Ppl, append
 from posenc.train.batches import randomized_max
-from posenc.train.rundir import load_run
+from posenc.train.rundir import load_text_run
 
 
 def add_parser(sub):
@@ -139,7 +139,7 @@ def run(args) -> int:
     repeated = sorted({m for m in args.multiples if args.multiples.count(m) > 1})
     if repeated:  # each length is scored once, and its record appended to eval.jsonl once
         raise PosencError(f"--multiples repeats {', '.join(map(str, repeated))}: give each multiple once")
-    model, mcfg, tcfg = load_run(args.run_dir)
+    model, mcfg, tcfg = load_text_run(args.run_dir, "eval")
     lengths = eval_lengths(mcfg.train_length, args.multiples)
     scheme = mcfg.encoding
     if args.rope_schedule:

@@ -34,7 +34,7 @@ from posenc.model import MAX_NEW_TOKENS, check_sampling, pad_left, set_method, w
 from posenc.rope import NAMES
 from posenc.store.presets import validated
 from posenc.store.stamp import WeightsDtype
-from posenc.train.rundir import load_run
+from posenc.train.rundir import load_text_run
 
 SETTINGS = [*extend.ScheduleSettings.model_fields]  # the schedule flags: --factor, add_factor_lists
 SEPARATOR = "----- completion: {n} tokens -----"  # the line between the prompt and the completion
@@ -273,7 +273,7 @@ def own_run(args, given: dict) -> int:
         raise PosencError(
             f"--scheme applies to pretrained models; {args.model} generates with the scheme it was trained with"
         )
-    model, _, tcfg = load_run(Path(args.model))
+    model, _, tcfg = load_text_run(Path(args.model), "generate")
     if args.schedule is not None:
         params = {extend.SCHEDULE_KEYS.get(k, k): v for k, v in given.items()}  # posenc.rope's names
         model, _ = with_rope_schedule(model, args.schedule, params)

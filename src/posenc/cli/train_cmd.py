@@ -15,7 +15,8 @@ from posenc.train import distributed
 from posenc.train.batches import check_positions
 from posenc.train.loop import train
 from posenc.train.precision import resolve_precision
-from posenc.train.rundir import is_trained, steps_to_criterion
+from posenc.train.resume import checkpoint_step
+from posenc.train.rundir import check_resume, is_trained, read_run_config, steps_to_criterion
 from posenc.train.settings import PRECISIONS
 from posenc.train.signals import StopNow
 from posenc.train.tracking import KINDS, check_kind, open_tracker
@@ -88,6 +89,16 @@ def run(args) -> int:
     check_data(preset.train.corpus, preset.train.tokenizer)  # what the run refuses, before --dry-run prints it valid
     precision = resolve_precision(preset.train.precision, device)
     if args.dry_run:
+        if (
+            args.resume and (out / "state.pt").exists()
+        ):  # what train refuses on resume; the vocabulary is the recorded run's (corpus compared)
+            vocab = read_run_config(out)["model"].get("vocab_size", mcfg.vocab_size)
+            check_resume(
+                out,
+                dataclasses.replace(mcfg, vocab_size=vocab, seed=preset.train.seed),
+                preset.train.model_copy(update={"precision": precision}),
+                checkpoint_step(out),
+            )
         settings = {"scheme": args.scheme, "out": out, "device": device, "precision": precision}
         steps = preset.train.last_step()
         what = "resumed from its checkpoint" if args.resume else "a new run"

@@ -98,9 +98,10 @@ class TaskEvalConfig(BaseModel):
         return distinct(v)
 
     answers: int = Field(2000, gt=0)
-    """Answers scored per cell (a 1-point standard error near 90% needs ~900) ..."""
+    """Answers a cell holds at least (a 1-point standard error near 90% needs ~900; whole batches, so the last may
+    pass it) ..."""
     max_tokens: int = Field(65536, gt=0)
-    """... or this many tokens per cell, whichever comes first."""
+    """... or tokens a cell has used at least, whichever comes first (likewise whole batches)."""
     batch_tokens: int = Field(16384, gt=0)
     """Tokens per scoring forward batch: memory and speed only."""
     horizon_tol: float = Field(0.05, gt=0, lt=1)

@@ -468,6 +468,8 @@ def layer_pattern(spec: str) -> list[str]:
     other parameters on a named pattern."""
     _load_plugins()
     items = spec.split("|")
+    if not spec.strip():
+        raise PosencError("scheme spec is empty: give a scheme name (posenc list shows them)")
     if any(not item for item in items):
         raise PosencError(f"scheme spec {spec!r}: empty layer entry in a '|' pattern")
     if len(items) > 1:

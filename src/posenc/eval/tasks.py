@@ -3,8 +3,9 @@
 Each test cell (test, sequence length) is scored on sequences drawn from a seed of the run's training seed
 (:func:`cell_seed`): every scheme trained on seed k sees the same sequences, and two training seeds see different
 ones, so the spread over seeds includes the draw of the probes. Answers are counted per evidence-distance bucket
-(powers of two: bucket b holds distances in [b, 2b)). Cells stop drawing when they hold ``answers`` answers or have
-used ``max_tokens`` tokens, whichever is first.
+(powers of two: bucket b holds distances in [b, 2b)). A cell draws whole batches (``batch_tokens`` tokens, at least
+one row) until it holds at least ``answers`` answers or has used at least ``max_tokens`` tokens, whichever is first:
+the last batch may pass either cap, and each record's ``n`` is the count actually scored.
 """
 
 from __future__ import annotations

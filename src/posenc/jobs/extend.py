@@ -219,6 +219,8 @@ def check_config(cfg: ExtendConfig) -> None:
     for m in [*cfg.schedules, *(cfg.long_schedules or []), *(cfg.passkey_schedules or [])]:
         check_name(m)
     check_settings(cfg, cfg.schedules)
+    for name in cfg.schedules:  # each setting's range; window and leak against L0 again once the model gives it
+        schedules.extension_params(extension(cfg, name), cfg.original_max_position_embeddings or 1 << 20)
     for spec in cfg.schemes:  # names, parameters and values; sizes once the model is loaded
         hf.check_spec(spec)
     for spec in cfg.methods:  # the schedule underneath and the method's name and parameters (its defaults need L0)

@@ -126,10 +126,16 @@ def load_finetune_config(name_or_path: str, overrides: dict[str, Any] | None = N
 
 
 def check_config(cfg: FinetuneConfig) -> None:
-    """What field bounds cannot say: a scheme or a schedule (not both), and extend's checks of the scoring."""
+    """What field bounds cannot say: a scheme or a schedule (not both), a factor without a schedule, PoSE's settings,
+    and extend's checks of the scoring."""
     if cfg.scheme and cfg.schedule != "none":
         raise PosencError(
             f"give a scheme or a RoPE schedule, not both (scheme {cfg.scheme!r}, schedule {cfg.schedule!r})"
+        )
+    if cfg.schedule == "none" and "factor" in cfg.model_fields_set:  # it would scale nothing
+        raise PosencError(
+            f"factor {cfg.factor:g} is a RoPE schedule's scale factor: give --schedule with it (a scheme takes its "
+            "own parameters, e.g. --scheme rope:factor=4)"
         )
     if cfg.pose_target is not None:
         if cfg.pose_target < cfg.length:

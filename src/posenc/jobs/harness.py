@@ -45,7 +45,7 @@ from posenc.rope import NAMES, check_name
 from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, make_run_dir, read_json, write_json
 from posenc.store.presets import validated
 from posenc.store.stamp import WeightsDtype, run_stamp
-from posenc.train.rundir import load_run
+from posenc.train.rundir import load_text_run
 
 NAME = "posenc"  # the model name in lm-eval's registry
 SETTINGS = set(extend.ScheduleSettings.model_fields)  # schedule keys (factor, beta_fast, ...)
@@ -218,7 +218,7 @@ class _Own:
     but a learned position table's (``LM.check_length``)."""
 
     def __init__(self, args: ModelArgs):
-        self.model, _, tcfg = load_run(Path(args.pretrained))
+        self.model, _, tcfg = load_text_run(Path(args.pretrained), "harness")
         if args.schedule is not None:
             params = {extend.SCHEDULE_KEYS.get(k, k): v for k, v in args.settings.items()}  # posenc.rope's names
             self.model, _ = with_rope_schedule(self.model, args.schedule, params)

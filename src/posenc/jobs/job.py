@@ -145,9 +145,8 @@ class TextJob(_Trains):
 
     @staticmethod
     def prepare(preset: Preset, nproc: int):
-        """(the preset with its corpus absolute, its tokens): bad input fails before anything is written; the
+        """(the preset, its tokens): bad input fails before anything is written; the
         held-out text must be long enough for the longest evaluation."""
-        preset = absolute_corpus(preset)
         data = load_tokens(preset.train.corpus, preset.train.tokenizer)
         window_starts(data.val_docs, span(preset), preset.eval.max_tokens, span=span(preset))
         return preset, data
@@ -453,7 +452,7 @@ class Plan:
     def __init__(self, preset: Preset, out_root: Path, log: str = "none", nproc: int = 1):
         self.tasks = task_specs(preset)
         self.kind: type[TextJob] | type[TaskJob] = TaskJob if self.tasks else TextJob  # the one choice of kind
-        self.preset, self.data = preset, None
+        self.preset, self.data = absolute_corpus(preset), None
         self.run_root, self.log, self.nproc = Path(out_root) / preset.name, log, nproc
         self.grids = {s: grid_points(preset, s) for s in preset.schemes}
         self.points = list(dict.fromkeys(p for grid in self.grids.values() for p in grid))
@@ -461,12 +460,16 @@ class Plan:
         self.final: list[Job] = []
 
     def check(self) -> None:
-        """PosencError (one line) before any work: randomized training positions that a scheme (each variant)
-        refuses or that cannot place the longest evaluation (the jobs score such a model on randomized positions
-        too, ``posenc.data.positions``), or a run directory holding results made with other settings
-        (``posenc.jobs.launcher.check_same_settings``); the kind's own checks first (``prepare``: a text corpus is
-        loaded, by its absolute path)."""
+        """PosencError (one line) before any work: the kind's own checks (``prepare``: a text corpus is loaded),
+        then :meth:`check_settings`."""
         self.preset, self.data = self.kind.prepare(self.preset, self.nproc)
+        self.check_settings()
+
+    def check_settings(self) -> None:
+        """PosencError (one line) for what needs nothing loaded (``posenc compare --dry-run`` checks it too):
+        randomized training positions that a scheme (each variant) refuses or that cannot place the longest
+        evaluation (the jobs score such a model on randomized positions too, ``posenc.data.positions``), or a run
+        directory holding results made with other settings (``posenc.jobs.launcher.check_same_settings``)."""
         p = self.preset
         for s in p.schemes:
             for spec in dict.fromkeys(job_encoding(g, s) for g in self.grids[s]):

@@ -401,6 +401,7 @@ def check_options(kind: str, isolate: bool, parallel: int, nproc: int, device: s
             "--device pins the job processes of the pool launcher one at a time: no --launcher, --no-isolate, "
             "--parallel or --nproc-per-node with it"
         )
+    device_env(device)  # an unknown or absent device, refused here so --dry-run fails as the run would
 
 
 class Launcher:

@@ -623,7 +623,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
         f"- model: {meta['model']}",
         f"- budget: {meta['budget']}",
         f"- seeds: {meta['seeds']}",
-        f"- evaluation: answers per cell {ev['answers']} (or {ev['max_tokens']} tokens), "
+        f"- evaluation: whole batches per cell until >= {ev['answers']} answers (or >= {ev['max_tokens']} tokens), "
         f"lengths {ev['multiples']} x {L0}; "
         f"learned: id accuracy >= {100 * ev['learned']:.0f}%; "
         f"horizon: accuracy within {100 * ev['horizon_tol']:.0f} points of id",

@@ -99,7 +99,8 @@ def read_preset(
         if bare:
             studies = " (a study's presets load once posenc --import loads its module)" if folder is SHIPPED else ""
             raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {valid}{studies}")
-        raise PosencError(f"{kind} file {name_or_path} does not exist (shipped {kind}s: {valid})")
+        what = "is a directory, not a YAML file" if path.is_dir() else "does not exist"
+        raise PosencError(f"{kind} file {name_or_path} {what} (shipped {kind}s: {valid})")
     if str(path) in _chain:
         names = [Path(p).name for p in (*_chain[_chain.index(str(path)) :], str(path))]
         raise PosencError(f"{kind} {names[0]}: its bases form a cycle ({' -> '.join(names)})")

@@ -39,8 +39,8 @@ from posenc.train.batches import check_positions, check_trainable, mean_loss, tr
 from posenc.train.curves import loss_curve, loss_trend
 from posenc.train.optimizer import lr_at, make_optimizer
 from posenc.train.precision import autocast, resolve_precision
-from posenc.train.resume import Checkpoint, truncate_log
-from posenc.train.rundir import check_same_run, finished_at, is_trained
+from posenc.train.resume import Checkpoint, checkpoint_step, truncate_log
+from posenc.train.rundir import check_resume, finished_at, is_trained
 from posenc.train.settings import LoopConfig, TrainConfig
 from posenc.train.signals import StopNow, ctrl_c_between_steps
 from posenc.train.tracking import NO_TRACKER, Tracker
@@ -275,13 +275,8 @@ def train(
     ckpt = Checkpoint(run_dir, model.state_dict, make_optimizer(model, tcfg))
     step = 0
     if resume and (run_dir / "state.pt").exists():
-        check_same_run(run_dir, mcfg, tcfg)
+        check_resume(run_dir, mcfg, tcfg, checkpoint_step(run_dir))  # before the load: other tensors would not fit
         step = ckpt.load()
-        if step > tcfg.last_step():
-            most = "steps" if tcfg.last_step() == tcfg.steps else "until.extend_to"
-            raise PosencError(
-                f"cannot resume {run_dir}: it has trained {step} steps, more than {most}={tcfg.last_step()}"
-            )
         if is_trained(run_dir) and finished_at(read_json(run_dir / "train_summary.json"), step, tcfg):
             return read_json(run_dir / "train_summary.json")  # finished: keep its summary and log as they are
     elif resume and (run_dir / "model.safetensors").exists():  # starting over would overwrite these weights

@@ -1,5 +1,6 @@
 """A run's resume point: :class:`Checkpoint` (``state.pt``: step, trained tensors and optimizer state in one atomically
-written file, and the same tensors as safetensors) and the log cut back to it (:func:`truncate_log`)."""
+written file, and the same tensors as safetensors), its step (:func:`checkpoint_step`) and the log cut back to it
+(:func:`truncate_log`)."""
 
 from __future__ import annotations
 
@@ -37,10 +38,7 @@ class Checkpoint:
         path = self.run_dir / "state.pt"
         if not path.exists():
             return 0
-        state = load_torch(path)
-        missing = [k for k in ("step", "optimizer") if not isinstance(state, dict) or k not in state]
-        if missing:
-            raise PosencError(f"{path} is damaged: no {', '.join(missing)}; use another --out")
+        state = _resume_point(path)
         # a state.pt without the tensors (an older layout) reads them from the weights file beside it
         saved = state[self.key] if self.key in state else load_tensors(self.run_dir / self.weights)
         live = self.tensors()
@@ -51,6 +49,23 @@ class Checkpoint:
                 t.copy_(saved[name])
         self.opt.load_state_dict(state["optimizer"])
         return int(state["step"])
+
+
+def _resume_point(path: Path, mmap: bool = False) -> dict:
+    """``state.pt`` at ``path`` (``mmap``: its tensors mapped, not read); PosencError naming it when it lacks the
+    step or the optimizer state."""
+    state = load_torch(path, mmap=mmap)
+    missing = [k for k in ("step", "optimizer") if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise PosencError(f"{path} is damaged: no {', '.join(missing)}; use another --out")
+    return state
+
+
+def checkpoint_step(run_dir: Path) -> int:
+    """The step of the run's ``state.pt`` (0 without one), read without loading its tensors; PosencError as
+    :meth:`Checkpoint.load`'s for a damaged file."""
+    path = Path(run_dir) / "state.pt"
+    return int(_resume_point(path, mmap=True)["step"]) if path.exists() else 0
 
 
 def truncate_log(path: Path, step: int) -> None:

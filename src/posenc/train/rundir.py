@@ -1,7 +1,8 @@
 """A trained run's directory read back: its ``config.json`` (:func:`read_run_config`, with the scheme plugins it needs:
-:func:`check_plugins`), its model (:func:`load_run`), whether it is finished (:func:`is_trained`, :func:`finished_at`)
-and whether it was trained with given settings (:func:`run_differences`, :func:`check_same_run` on resume,
-:func:`check_trained_as` for a job that expects them)."""
+:func:`check_plugins`), its model (:func:`load_run`; :func:`load_text_run` for a command that reads text), whether it
+is finished (:func:`is_trained`, :func:`finished_at`) and whether it was trained with given settings
+(:func:`run_differences`; :func:`check_same_run` and :func:`check_resume` on resume, :func:`check_trained_as` for a
+job that expects them)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 from pathlib import Path
 
 from posenc import encodings
+from posenc.data.tasks import is_task
 from posenc.errors import PosencError
 from posenc.model import LM, ModelConfig
 from posenc.store.checkpoint import load_weights, read_json
@@ -57,6 +59,19 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
     return model.to(distributed.default_device()), mcfg, tcfg
 
 
+def load_text_run(run_dir: Path, command: str) -> tuple[LM, ModelConfig, TrainConfig]:
+    """:func:`load_run` of a run trained on text, for ``command`` (its name, for the message), which reads text with
+    the run's tokenizer. PosencError (one line) for a run trained on a synthetic task: its vocabulary is the task's
+    tokens, and a task preset of ``posenc compare`` scores it."""
+    model, mcfg, tcfg = load_run(run_dir)
+    if is_task(tcfg.corpus):
+        raise PosencError(
+            f"{run_dir} was trained on the synthetic task {tcfg.corpus!r} (a vocabulary of task tokens); posenc "
+            f"{command} reads text runs: a task run is scored by posenc compare with a task preset"
+        )
+    return model, mcfg, tcfg
+
+
 RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads", "compile"}  # may change on resume
 MODEL_KNOBS = {"attn_block_size"}  # model fields of speed and memory only: a trained run may be evaluated under another
 # a config.json without one of these model fields built its model as this value does (compared so on resume)
@@ -95,6 +110,15 @@ def check_same_run(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
     """
     for section, diff in run_differences(run_dir, mcfg, tcfg).items():
         raise PosencError(f"cannot resume {run_dir}: its {section} differs ({'; '.join(diff)}); use another --out")
+
+
+def check_resume(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, step: int) -> None:
+    """PosencError (one line) when the run in ``run_dir``, checkpointed at ``step``, cannot be resumed with ``mcfg``
+    and ``tcfg``: other settings (:func:`check_same_run`) or more steps trained than the settings allow."""
+    check_same_run(run_dir, mcfg, tcfg)
+    if step > tcfg.last_step():
+        most = "steps" if tcfg.last_step() == tcfg.steps else "until.extend_to"
+        raise PosencError(f"cannot resume {run_dir}: it has trained {step} steps, more than {most}={tcfg.last_step()}")
 
 
 def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: str) -> None:
