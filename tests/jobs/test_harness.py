@@ -183,3 +183,20 @@ def test_a_killed_evaluation_resumes_from_the_request_cache(llama_dir, tmp_path,
     scored = []
     monkeypatch.setattr(lm, "_score", lambda context, continuation: scored.append(context) or (0.0, True))
     assert CachingLM(lm, str(tmp_path / "cache.db")).loglikelihood([good]) == [expected] and scored == []
+
+
+def test_the_committed_ruler_cells_give_the_committed_table(tmp_path):
+    """results/ruler-smollm2: the table is what write_table prints from the committed cells, each cell's interval
+    the Wilson interval of its score and n."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "results" / "ruler-smollm2"
+    cells = {}
+    for path in sorted((root / "cells").glob("*.json")):
+        c = json.loads(path.read_text())
+        assert (c["low"], c["high"]) == pytest.approx(harness.wilson(c["score"] * c["n"], c["n"]))
+        cells[c["adaptation"], c["task"], c["length"]] = c
+    lengths = sorted({n for _, _, n in cells})
+    text = harness.write_table(cells, ["niah_single_1"], lengths, ["none"], tmp_path)
+    assert text == (root / "table.md").read_text() and "| none | 1.00 [0.84, 1.00] (n=20) |" in text
+    assert (tmp_path / "table.csv").read_text() == (root / "table.csv").read_text()
