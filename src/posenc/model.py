@@ -516,7 +516,7 @@ class LM(nn.Module):
         different lengths (``pad_left`` builds both), as ``forward``: each row's tokens
         are those it would get alone (greedy; sampled rows draw from one generator in
         batch order), its padding kept at the left of the result. Raises PosencError
-        for an empty prompt, a bad argument or a mask ``forward`` refuses.
+        for an empty prompt, a bad argument (a seed outside [0, 2^64)) or a mask ``forward`` refuses.
         """
         check_sampling(max_new_tokens, temperature, top_k)
         if not isinstance(prompt_ids, torch.Tensor):  # a list of ids is as good as a tensor; checked below
@@ -541,6 +541,8 @@ class LM(nn.Module):
         first = padding_starts(mask, ids.shape[0], ids.shape[1], ids.device)
         self.check_length(ids.shape[1] - (0 if first is None else int(first.min())) + max_new_tokens)
         self._check_padded_steps(first, ids.shape[1], max_new_tokens)
+        if seed is not None and not 0 <= seed < 2**64:
+            raise PosencError(f"seed must be in [0, 2^64) (a torch generator's), got {seed}")
         gen = None if seed is None else torch.Generator(ids.device).manual_seed(seed)
         was_training, cache, out = self.training, Cache(len(self.blocks)), [ids]
         self.eval()

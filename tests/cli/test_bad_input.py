@@ -135,7 +135,7 @@ def bad_commands(run):
         ),
         ([*train, "--scheme", "rope", "--set", "train.lr=1e400"], "train.lr=inf (command line): Input should be a fi"),
         ([*train, "--scheme", "rope", "--tokenizer", "bpe10"], "unknown tokenizer"),
-        (["train", "--scheme", "rope", "--preset", "quick", "--out", ""], "--out is empty"),
+        (["train", "--scheme", "rope", "--preset", "quick", "--out", ""], "argument --out: is empty"),
         (["compare", "--preset", str(run.parent / "latin1.yaml"), "--out", str(run.parent)], "is not UTF-8 text"),
     ]
 

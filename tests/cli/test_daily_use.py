@@ -310,6 +310,16 @@ def test_a_bad_batch_is_one_line(greedy, tmp_path, capsys, argv, text, message):
     assert code == 2 and out == "" and err.count("\n") == 1 and message.format(p=path) in err, err
 
 
+def test_an_empty_batch_line_from_stdin_names_stdin(tmp_path, capsys, monkeypatch):
+    """The message named --prompt, which was never given: the read text had replaced it."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a\n\nb\n")))
+    code, out, err = run_cli(capsys, "generate", str(tmp_path / "absent"), "--batch")  # refused before any load
+    assert (code, out) == (
+        2,
+        "",
+    ) and err == "posenc: error: line 2 of stdin is empty: --batch takes one prompt per line\n"
+
+
 @pytest.mark.parametrize("kind", ["pretrained model", "finetune run"])
 def test_generate_batch_refuses_a_hugging_face_model_before_loading_it(tmp_path, capsys, monkeypatch, kind):
     if kind == "finetune run":

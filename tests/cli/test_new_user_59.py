@@ -48,10 +48,70 @@ def test_an_hf_corpus_naming_nothing_is_refused_before_loading(tmp_path, capsys,
     assert not (tmp_path / "x").exists()
 
 
-def test_generate_refuses_a_negative_seed_as_train_does(tmp_path, capsys):
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_generate_refuses_a_seed_its_generator_cannot_take(tmp_path, capsys, seed):
+    """-1 was taken by torch.manual_seed; 2^64 raised a traceback from torch.Generator.manual_seed."""
     one_line_exit_2(
-        capsys, ["generate", str(tmp_path), "--prompt", "hi", "--seed", "-1"], "--seed must be >= 0, got -1"
+        capsys,
+        ["generate", str(tmp_path), "--prompt", "hi", "--seed", seed],
+        f"--seed must be in [0, 2^64), got {seed}",
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--scheme", "rope", "--preset", "quick", "--seed", str(2**31), "--dry-run"],
+        ["compare", "--preset", "quick", "--seeds", str(2**31), "--dry-run"],
+        ["extend", "--quick", "--seed", str(10**20), "--dry-run"],
+        ["finetune", "--quick", "--seed", str(10**20), "--dry-run"],
+    ],
+)
+def test_a_seed_past_2_31_is_refused_by_the_dry_run(capsys, argv):
+    """The dry run accepted it; the model then raised a traceback (its draws are int32 counters)."""
+    one_line_exit_2(capsys, argv, "Input should be less than 2147483648")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--scheme", "rope", "--preset", "quick", "--dry-run", "--out"],
+        ["extend", "--quick", "--dry-run", "--out"],
+        ["finetune", "--quick", "--dry-run", "--out"],
+        ["harness", "--tasks", "niah_single_1", "--lengths", "512", "--limit", "1", "--out"],
+    ],
+)
+def test_an_out_with_a_file_in_the_way_is_refused_before_the_work(tmp_path, capsys, argv):
+    """extend scored for minutes, then crashed making the directory; the dry runs accepted it."""
+    blocker = tmp_path / "file"
+    blocker.write_text("kept")
+    if argv[0] == "harness":
+        pytest.importorskip("lm_eval")
+    one_line_exit_2(
+        capsys, [*argv, str(blocker / "run")], f"cannot create run directory {blocker / 'run'}: a file is in the way"
+    )
+    assert blocker.read_text() == "kept"
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["train", "--scheme", "rope", "--out", ""], "--out"),
+        (["diagnose", "runs/x", "--out", ""], "--out"),
+        (["extend", "--quick", "--dry-run", "--out", " "], "--out"),
+        (["harness", "--tasks", "x", "--lengths", "8", "--out", ""], "--out"),
+        (["eval", "runs/x", "--corpus", ""], "--corpus"),
+        (["train", "--scheme", "rope", "--device", "", "--dry-run"], "--device"),
+        (["extend", "--quick", "--model", "", "--dry-run"], "--model"),
+        (["finetune", "--quick", "--corpus", "", "--dry-run"], "--corpus"),
+    ],
+)
+def test_an_empty_path_corpus_model_or_device_is_refused(capsys, argv, flag):
+    """An empty --out wrote into the current directory (Path("") is "."); an empty --corpus, --model or --device
+    fell back to the default silently (or loaded the current directory as a model)."""
+    with pytest.raises(SystemExit) as stop:  # argparse's own error: one line, exit 2
+        main(argv)
+    assert stop.value.code == 2 and capsys.readouterr().err == f"posenc: error: argument {flag}: is empty\n"
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +301,40 @@ def test_a_preset_path_that_is_a_directory_says_so(tmp_path, capsys):
         ["compare", "--preset", str(folder), "--dry-run"],
         f"preset file {folder} is a directory, not a YAML file (shipped presets: ",
     )
+
+
+def test_train_and_compare_do_not_share_a_folder(tmp_path, capsys):
+    """Each wrote its files into the other's run folder without a word."""
+    compare_root = tmp_path / "quick"
+    compare_root.mkdir()
+    (compare_root / "preset.json").write_text("{}")
+    one_line_exit_2(
+        capsys,
+        ["train", "--scheme", "rope", "--preset", "quick", "--out", str(compare_root), "--dry-run"],
+        f"{compare_root} holds a posenc compare run (preset.json): give train another --out",
+    )
+    train_root = tmp_path / "t1"
+    train_root.mkdir()
+    (train_root / "config.json").write_text("{}")
+    one_line_exit_2(
+        capsys,
+        ["compare", "--preset", "quick", "--out", str(tmp_path), "--name", "t1", "--dry-run"],
+        f"{train_root} holds a posenc train run (config.json): give compare another --name or --out",
+    )
+
+
+def test_a_finetune_interrupted_before_its_folder_exists_claims_no_checkpoint(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the model loaded said "the run keeps its last checkpoint" and offered to resume a folder that
+    was never made; once the folder exists, it names it."""
+    import posenc.cli.finetune_cmd as cmd
+
+    def stopped(cfg, out, log):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cmd, "finetune", stopped)
+    out = tmp_path / "ft"
+    assert main(["finetune", "--quick", "--out", str(out)]) == 130
+    assert capsys.readouterr().err == "posenc: interrupted\n"
+    out.mkdir()
+    assert main(["finetune", "--quick", "--out", str(out)]) == 130
+    assert capsys.readouterr().err.startswith(f"posenc: interrupted: {out} keeps its last checkpoint and records\n")

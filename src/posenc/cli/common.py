@@ -1,7 +1,10 @@
 """The subcommands of ``posenc`` (``posenc.cli.main`` lists them), and what their parsers share."""
 
+import argparse
 import json
 import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -83,3 +86,20 @@ def refuse_encoding_setting(settings: dict[str, Any], command: str, flag: str) -
     model = settings.get("model")
     if "model.encoding" in settings or (isinstance(model, dict) and "encoding" in model):
         raise PosencError(f"{command} takes the scheme from {flag}: give it there, not as --set model.encoding")
+
+
+def nonblank(convert: Callable[[str], Any] = str) -> Callable[[str], Any]:
+    """An argparse ``type`` for a flag whose value must not be blank (``Path("")`` is the current directory, and an
+    empty corpus, model or device name fell back to a default): the value converted, or argparse's one-line error
+    (exit 2)."""
+
+    def parse(text: str) -> Any:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("is empty")
+        return convert(text)
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse names the type in its other errors
+    return parse
+
+
+OUT = nonblank(Path)  # every command's --out

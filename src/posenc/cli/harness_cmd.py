@@ -10,8 +10,7 @@ lm-eval's own command with the posenc model: ``python -m posenc.harness run --mo
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from posenc.cli.common import OUT, nonblank
 from posenc.errors import PosencError
 from posenc.hf.loading import check_model
 
@@ -24,6 +23,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--model",
+        type=nonblank(),
         default="smollm2",
         help="'smollm2' (default: SmolLM2-135M-Instruct GGUF), a .gguf file, a model directory, a hub id, or a posenc "
         "finetune or train run directory",
@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--tokenizer", help="what RULER sizes its prompts with (default: the model's, saved to OUT/tokenizer)"
     )
-    p.add_argument("--out", type=Path, required=True, help="output directory (rerun the command to resume)")
+    p.add_argument("--out", type=OUT, required=True, help="output directory (rerun the command to resume)")
     p.set_defaults(func=run)
 
 

@@ -1,9 +1,9 @@
 """`posenc report RUN_DIR...`: compare runs side by side (tables, overlaid ratio plot, claims); with task comparisons
 among them, the scoreboard (``--scoreboard`` prints it alone, ``--readme FILE`` writes it into FILE's block)."""
 
-import argparse
 from pathlib import Path
 
+from posenc.cli.common import OUT
 from posenc.errors import PosencError
 from posenc.reports.runs import scoreboard, write_runs_report
 from posenc.reports.scoreboard import write_readme_block
@@ -26,9 +26,7 @@ def add_parser(sub):
         metavar="RUN_DIR",
         help="posenc compare run directories, text or task (runs/NAME, results/default, results/retrieval, ...)",
     )
-    p.add_argument(
-        "--out", type=_out_dir, default=Path("runs") / "report", help="output directory (default runs/report/)"
-    )
+    p.add_argument("--out", type=OUT, default=Path("runs") / "report", help="output directory (default runs/report/)")
     p.add_argument(
         "--scoreboard", action="store_true", help="print the scoreboard alone (needs a task run) and write nothing"
     )
@@ -46,12 +44,6 @@ def add_parser(sub):
         "writes trend.md, trend.csv, trend.png",
     )
     p.set_defaults(func=run)
-
-
-def _out_dir(text: str) -> Path:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("--out is empty: give a directory")
-    return Path(text)
 
 
 def run(args) -> int:

@@ -1,15 +1,22 @@
 """`posenc train`: train one model with one scheme (one process, or data-parallel under torchrun)."""
 
-import argparse
 import dataclasses
 import os
 from pathlib import Path
 
-from posenc.cli.common import add_dry_run, add_set, given_settings, print_dry_run, refuse_encoding_setting
+from posenc.cli.common import (
+    OUT,
+    add_dry_run,
+    add_set,
+    given_settings,
+    nonblank,
+    print_dry_run,
+    refuse_encoding_setting,
+)
 from posenc.config.plan import load_preset
 from posenc.data.corpora import check_data
 from posenc.errors import PosencError
-from posenc.store.checkpoint import read_json
+from posenc.store.checkpoint import check_run_dir, read_json
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
 from posenc.train.batches import check_positions
@@ -28,8 +35,8 @@ def add_parser(sub):
     p.add_argument(
         "--preset", default="default", help="preset for model and budget (a preset name (posenc list) or a path)"
     )
-    p.add_argument("--out", type=_run_dir, help="run directory (default runs/train/<scheme>)")
-    p.add_argument("--corpus", help="corpus: shakespeare, pystdlib, hf:NAME, or a path")
+    p.add_argument("--out", type=OUT, help="run directory (default runs/train/<scheme>)")
+    p.add_argument("--corpus", type=nonblank(), help="corpus: shakespeare, pystdlib, hf:NAME, or a path")
     p.add_argument("--tokenizer", help="byte or bpeN")
     p.add_argument("--steps", type=int, help="training steps")
     p.add_argument("--batch-size", type=int, help="global batch size (split evenly over torchrun processes)")
@@ -44,6 +51,7 @@ def add_parser(sub):
     )
     p.add_argument(
         "--device",
+        type=nonblank(),
         help="where to train: cpu, cuda, cuda:N or mps (default: the GPU when there is one, else cpu); "
         "recorded in the run's stamp (config.json)",
     )
@@ -67,18 +75,15 @@ FLAGS = {
 }
 
 
-def _run_dir(text: str) -> Path:
-    if not text.strip():  # Path("") is the current directory: a run would be written into it
-        raise argparse.ArgumentTypeError("--out is empty: give a run directory")
-    return Path(text)
-
-
 def run(args) -> int:
     settings = given_settings(args, FLAGS)
     refuse_encoding_setting(settings, "train", "--scheme")
     preset = load_preset(args.preset, settings, schemes=[args.scheme])  # checks the scheme
     mcfg = dataclasses.replace(preset.model, encoding=args.scheme)
     out = args.out or Path("runs") / "train" / args.scheme
+    check_run_dir(out)  # a file in the way: refused before the work, by the dry run too
+    if (out / "preset.json").exists():  # the two would share one folder, each reading the other's files
+        raise PosencError(f"{out} holds a posenc compare run (preset.json): give train another --out")
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
     if args.resume and not (out / "config.json").exists():  # a mistyped --out would start a fresh run silently

@@ -23,7 +23,7 @@ from posenc.eval.diagnose import FarMassConfig
 from posenc.eval.passkey import PasskeyConfig
 from posenc.model import ModelConfig
 from posenc.rope import check_window, schedule_params
-from posenc.store.presets import apply, read_preset, validated
+from posenc.store.presets import Seed, apply, read_preset, validated
 from posenc.train.batches import randomized_max
 from posenc.train.precision import machine_precision
 from posenc.train.settings import TrainConfig
@@ -226,7 +226,7 @@ class Preset(BaseModel):
     """Perplexity against length, passkey and far mass on text."""
     schemes: list[str] = Field(min_length=1)
     """The positional schemes to compare (``posenc list``), each once."""
-    seeds: list[Annotated[int, Field(ge=0)]] = Field([0], min_length=1)
+    seeds: list[Seed] = Field([0], min_length=1)
     """Training seeds, each once; the report shows mean ± half-range."""
     eval_schedules: list[dict[str, Any]] = []
     """RoPE context-extension rows evaluated after the plain rows on every trained RoPE scheme, e.g.

@@ -43,8 +43,8 @@ from posenc.reports import pretrained as report
 from posenc.reports.render import plot_stream
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
-from posenc.store.checkpoint import read_json, write_json
-from posenc.store.presets import SHIPPED, load_flat
+from posenc.store.checkpoint import check_run_dir, make_run_dir, read_json, write_json
+from posenc.store.presets import SHIPPED, Seed, load_flat
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, drop_torn_tail, load, trial_key
 from posenc.store.stamp import WeightsDtype, resolve_dtype, run_stamp, stamp_line
@@ -172,8 +172,8 @@ class ExtendConfig(ScoringConfig):
     bucket: int | None = Field(None, ge=1)
     """Position-bucket width (tokens); None: the run directory's (open_store), else 1/32 of each length
     (perplexity.bucket_width)."""
-    seed: int = Field(0, ge=0)
-    """Seed of the passkey keys."""
+    seed: Seed = 0
+    """Seed of the passkey keys, in [0, 2^31)."""
     schedules: list[str] = Field(list(NAMES), min_length=1)
     """RoPE context-extension schedules (posenc.rope)."""
     schemes: list[str] = []
@@ -521,16 +521,17 @@ def extend(cfg: ExtendConfig, out: Path | None = None) -> tuple[Path, str]:
     report's markdown (also in ``out/results.md``). Raises PosencError before ``out`` is
     touched for an unknown document, a model posenc cannot load or extend, a ReRoPE window
     or leak invalid for the model's native context L0, a length longer than the held-out
-    text, a length beyond factor x L0 that no schedule would score (``long_schedules``), or
-    ``bos: prepend`` without a BOS token.
+    text, a length beyond factor x L0 that no schedule would score (``long_schedules``), ``bos: prepend`` without a
+    BOS token, or an ``out`` that cannot be made a directory (a file in the way: ``check_run_dir``).
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    out = Path(out or Path("runs") / "extend" / cfg.name)
+    check_run_dir(out)  # before the model loads and the work; nothing is created yet
     documents = held_out(cfg)  # a bad document name fails before the model loads
     loaded = loading.load(cfg.model, cfg.dtype)
     l0, docs, plan, bos_id = eval_inputs(cfg, loaded, documents)
-    out = Path(out or Path("runs") / "extend" / cfg.name)  # all input checked: only now touch the output directory
-    out.mkdir(parents=True, exist_ok=True)
+    make_run_dir(out)  # all input checked: only now touch the output directory
     store = open_store(out, cfg, docs, l0, loaded.source)
     adapted = Adaptation(loaded.model)
     for name in cfg.schedules:

@@ -38,7 +38,15 @@ from posenc.hf import loading
 from posenc.hf.adaptation import Adaptation
 from posenc.jobs import extend
 from posenc.reports import pretrained as report
-from posenc.store.checkpoint import load_tensors, load_torch, make_run_dir, read_json, read_jsonl, write_json
+from posenc.store.checkpoint import (
+    check_run_dir,
+    load_tensors,
+    load_torch,
+    make_run_dir,
+    read_json,
+    read_jsonl,
+    write_json,
+)
 from posenc.store.presets import SHIPPED, load_flat, validated
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PasskeyTrial, ScoredWindow
@@ -249,7 +257,9 @@ def _settings(cfg: FinetuneConfig) -> dict:
 def check_resumable(out: Path, cfg: FinetuneConfig) -> None:
     """Raise PosencError when ``out`` holds a run trained with other settings than ``cfg``'s (only
     ``RESUME_FREE`` keys may change), or is a directory with files but no ``finetune.json`` (other runs,
-    as ``--out runs`` would be: ``--out`` is the run directory itself, as extend's and train's are)."""
+    as ``--out runs`` would be: ``--out`` is the run directory itself, as extend's and train's are), or cannot be
+    made a directory (a file in the way: ``check_run_dir``)."""
+    check_run_dir(out)
     if not (out / SETTINGS).exists():
         if out.is_dir() and any(out.iterdir()):
             raise PosencError(

@@ -42,7 +42,7 @@ from posenc.methods import PARAMETERS
 from posenc.model import set_method, with_rope_schedule
 from posenc.reports.render import figure, markdown_table, save_figure, write_csv_table
 from posenc.rope import NAMES, check_name
-from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, make_run_dir, read_json, write_json
+from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, check_run_dir, make_run_dir, read_json, write_json
 from posenc.store.presets import validated
 from posenc.store.stamp import WeightsDtype, run_stamp
 from posenc.train.rundir import load_text_run
@@ -485,13 +485,14 @@ def grid(
     ``out/invocations.jsonl`` (each call's stamp: versions, commit, device, threads, precision, command),
     ``out/table.md``, ``table.csv`` and ``plot.png``; returns the table. ``tokenizer``: what RULER's tasks size their
     prompts with (None: the model's own, saved to ``out/tokenizer``). PosencError (one line) for a bad adaptation
-    before anything is written: every adaptation's model_args checked (``check_model_args``) before any model loads,
-    and ``out`` made once the first model to evaluate is adapted (an error that needs the weights, such as a scheme
-    the model cannot take, then also comes first); else as :class:`PosencLM`."""
+    before anything is written: every adaptation's model_args and ``out`` (``check_run_dir``) checked before any
+    model loads, and ``out`` made once the first model to evaluate is adapted (an error that needs the weights, such
+    as a scheme the model cannot take, then also comes first); else as :class:`PosencLM`."""
     args = {a: adaptation_args(a) for a in adaptations}
     for a in adaptations:
         check_model_args(parse_model_args({"pretrained": model, **args[a]}))
     out = Path(out)
+    check_run_dir(out)  # a file in the way: refused before any model loads
     started = False  # out made and this call's stamp appended
 
     def start() -> None:

@@ -469,8 +469,13 @@ class Plan:
         """PosencError (one line) for what needs nothing loaded (``posenc compare --dry-run`` checks it too):
         randomized training positions that a scheme (each variant) refuses or that cannot place the longest
         evaluation (the jobs score such a model on randomized positions too, ``posenc.data.positions``), or a run
-        directory holding results made with other settings (``posenc.jobs.launcher.check_same_settings``)."""
+        directory holding results made with other settings (``posenc.jobs.launcher.check_same_settings``) or a
+        ``posenc train`` run (its ``config.json``: the two would share one folder)."""
         p = self.preset
+        if (self.run_root / "config.json").exists():
+            raise PosencError(
+                f"{self.run_root} holds a posenc train run (config.json): give compare another --name or --out"
+            )
         for s in p.schemes:
             for spec in dict.fromkeys(job_encoding(g, s) for g in self.grids[s]):
                 check_positions(dataclasses.replace(p.model, encoding=spec), p.train)

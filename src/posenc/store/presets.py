@@ -16,14 +16,16 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import yaml
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticUndefined
 
 from posenc.errors import PosencError
 
+# a run's seed: numpy's generators take no negative one, and the model's draws are int32 counters (ModelConfig.seed)
+Seed = Annotated[int, Field(ge=0, lt=2**31)]
 SHIPPED = importlib.resources.files("posenc") / "presets"  # package data: works from a wheel too
 
 

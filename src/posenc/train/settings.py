@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from posenc.store.presets import Seed
 from posenc.train.curves import LOSS_FALLING
 
 Precision = Literal["auto", "bf16", "fp32"]  # the forward's compute dtype: posenc.train.precision
@@ -47,8 +48,8 @@ class LoopConfig(BaseModel):
     """AdamW weight decay, on matrices only."""
     grad_clip: PositiveFloat = 1.0
     """Gradient norm clip (global L2 norm)."""
-    seed: NonNegativeInt = 0
-    """Seed of the initialisation and the batches (numpy's generators take no negative seed)."""
+    seed: Seed = 0
+    """Seed of the initialisation and the batches, in [0, 2^31) (``posenc.store.presets.Seed``)."""
     ckpt_every: PositiveInt = 100
     """Checkpoint interval (steps): a killed run resumes from the last one."""
     threads: PositiveInt | None = None
