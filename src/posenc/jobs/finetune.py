@@ -126,24 +126,24 @@ def load_finetune_config(name_or_path: str, overrides: dict[str, Any] | None = N
     """A finetune preset by name (package data) or YAML path, ``overrides`` (given flags) replacing its keys.
 
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or bad
-    value, an unknown schedule or invalid scheme, or a scheme together with a schedule.
+    value, an unknown schedule or invalid scheme, a scheme together with a schedule, or a factor without one.
     """
     cfg = load_flat(FinetuneConfig, name_or_path, PRESETS, "finetune preset", overrides)
+    if cfg.schedule == "none" and "factor" in cfg.model_fields_set:  # given, it would scale nothing
+        raise PosencError(
+            f"factor {cfg.factor:g} is a RoPE schedule's scale factor: give --schedule with it (a scheme takes its "
+            "own parameters, e.g. --scheme rope:factor=4)"
+        )
     check_config(cfg)
     return cfg
 
 
 def check_config(cfg: FinetuneConfig) -> None:
-    """What field bounds cannot say: a scheme or a schedule (not both), a factor without a schedule, PoSE's settings,
-    and extend's checks of the scoring."""
+    """What field bounds cannot say: a scheme or a schedule (not both), PoSE's settings, and extend's checks of the
+    scoring."""
     if cfg.scheme and cfg.schedule != "none":
         raise PosencError(
             f"give a scheme or a RoPE schedule, not both (scheme {cfg.scheme!r}, schedule {cfg.schedule!r})"
-        )
-    if cfg.schedule == "none" and "factor" in cfg.model_fields_set:  # it would scale nothing
-        raise PosencError(
-            f"factor {cfg.factor:g} is a RoPE schedule's scale factor: give --schedule with it (a scheme takes its "
-            "own parameters, e.g. --scheme rope:factor=4)"
         )
     if cfg.pose_target is not None:
         if cfg.pose_target < cfg.length:
