@@ -79,6 +79,7 @@ def test_a_seed_past_2_31_is_refused_by_the_dry_run(capsys, argv):
         ["extend", "--quick", "--dry-run", "--out"],
         ["finetune", "--quick", "--dry-run", "--out"],
         ["harness", "--tasks", "niah_single_1", "--lengths", "512", "--limit", "1", "--out"],
+        ["compare", "--preset", "quick", "--dry-run", "--name", "run", "--out"],
     ],
 )
 def test_an_out_with_a_file_in_the_way_is_refused_before_the_work(tmp_path, capsys, argv):
@@ -87,9 +88,8 @@ def test_an_out_with_a_file_in_the_way_is_refused_before_the_work(tmp_path, caps
     blocker.write_text("kept")
     if argv[0] == "harness":
         pytest.importorskip("lm_eval")
-    one_line_exit_2(
-        capsys, [*argv, str(blocker / "run")], f"cannot create run directory {blocker / 'run'}: a file is in the way"
-    )
+    out = str(blocker) if argv[0] == "compare" else str(blocker / "run")  # compare writes into out/name
+    one_line_exit_2(capsys, [*argv, out], f"cannot create run directory {blocker / 'run'}: a file is in the way")
     assert blocker.read_text() == "kept"
 
 
@@ -100,6 +100,7 @@ def test_an_out_with_a_file_in_the_way_is_refused_before_the_work(tmp_path, caps
         (["diagnose", "runs/x", "--out", ""], "--out"),
         (["extend", "--quick", "--dry-run", "--out", " "], "--out"),
         (["harness", "--tasks", "x", "--lengths", "8", "--out", ""], "--out"),
+        (["harness", "--tasks", "x", "--lengths", "8", "--out", "x", "--tokenizer", ""], "--tokenizer"),
         (["eval", "runs/x", "--corpus", ""], "--corpus"),
         (["train", "--scheme", "rope", "--device", "", "--dry-run"], "--device"),
         (["extend", "--quick", "--model", "", "--dry-run"], "--model"),

@@ -20,6 +20,7 @@ from posenc.jobs.compare import compare
 from posenc.jobs.job import Plan
 from posenc.jobs.launcher import LAUNCHERS, check_options
 from posenc.jobs.trend import compare_trend
+from posenc.store.checkpoint import check_run_dir
 from posenc.store.presets import validated
 from posenc.train.settings import PRECISIONS
 from posenc.train.tracking import KINDS
@@ -173,6 +174,7 @@ def run(args) -> int:
     check_options(args.launcher, not args.no_isolate, args.parallel, args.nproc_per_node, args.device)
     if not task_specs(preset):  # the text every job loads, refused once before any job as --dry-run refuses it
         check_data(preset.train.corpus, preset.train.tokenizer)
+    check_run_dir(args.out / preset.name)  # a file in the way, refused before any job (and by the dry run)
     if args.dry_run:
         return dry_run(preset, args.out)
     try:

@@ -42,7 +42,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--limit", type=int, help="samples per task and length (default: all the task has)")
     p.add_argument(
-        "--tokenizer", help="what RULER sizes its prompts with (default: the model's, saved to OUT/tokenizer)"
+        "--tokenizer",
+        type=nonblank(),
+        help="what RULER sizes its prompts with (default: the model's, saved to OUT/tokenizer)",
     )
     p.add_argument("--out", type=OUT, required=True, help="output directory (rerun the command to resume)")
     p.set_defaults(func=run)
