@@ -136,6 +136,12 @@ def bad_commands(run):
         ([*train, "--scheme", "rope", "--set", "train.lr=1e400"], "train.lr=inf (command line): Input should be a fi"),
         ([*train, "--scheme", "rope", "--tokenizer", "bpe10"], "unknown tokenizer"),
         (["train", "--scheme", "rope", "--preset", "quick", "--out", ""], "argument --out: is empty"),
+        (["eval", ""], "argument run_dir: is empty"),
+        (["diagnose", " "], "argument run_dir: is empty"),
+        (["report", str(run.parent), ""], "argument RUN_DIR: is empty"),
+        (["report", str(run.parent), "--readme", ""], "argument --readme: is empty"),
+        (["generate", "", "--prompt", "To be"], "argument MODEL: is empty"),
+        (["generate", str(run), "--prompt-file", ""], "argument --prompt-file: is empty"),
         (["compare", "--preset", str(run.parent / "latin1.yaml"), "--out", str(run.parent)], "is not UTF-8 text"),
     ]
 

@@ -18,7 +18,7 @@ def add_parser(sub):
         description="Per layer and head: attention mass on keys at distance >= w and attention entropy against "
         "evaluation length; for schemes with phases, the spectral gap of the step angles and the mixing window.",
     )
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=nonblank(Path))
     p.add_argument("--out", type=OUT, help="output folder (default RUN_DIR/diagnose)")
     p.add_argument(
         "--multiples",

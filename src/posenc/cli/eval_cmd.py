@@ -26,7 +26,7 @@ from posenc.train.rundir import load_text_run
 
 def add_parser(sub):
     p = sub.add_parser("eval", help="evaluate a trained run: perplexity vs evaluation length")
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=nonblank(Path))
     p.add_argument(
         "--multiples",
         type=int,

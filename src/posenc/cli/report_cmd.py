@@ -3,7 +3,7 @@ among them, the scoreboard (``--scoreboard`` prints it alone, ``--readme FILE`` 
 
 from pathlib import Path
 
-from posenc.cli.common import OUT
+from posenc.cli.common import OUT, nonblank
 from posenc.errors import PosencError
 from posenc.reports.runs import scoreboard, write_runs_report
 from posenc.reports.scoreboard import write_readme_block
@@ -21,7 +21,7 @@ def add_parser(sub):
     )
     p.add_argument(
         "run_dirs",
-        type=Path,
+        type=nonblank(Path),
         nargs="+",
         metavar="RUN_DIR",
         help="posenc compare run directories, text or task (runs/NAME, results/default, results/retrieval, ...)",
@@ -32,7 +32,7 @@ def add_parser(sub):
     )
     p.add_argument(
         "--readme",
-        type=Path,
+        type=nonblank(Path),
         metavar="FILE",
         help="write the scoreboard between FILE's <!-- scoreboard:begin --> and <!-- scoreboard:end --> lines",
     )
