@@ -105,7 +105,7 @@ def _violations(mods: dict[str, Path]) -> list[str]:
 
 def test_the_core_imports_only_its_layer():
     mods = _modules()
-    assert {"posenc.attention", "posenc.encodings.mixing", "posenc.rope.schedules"} <= set(mods)
+    assert {"posenc.attention", "posenc.encodings.accumulated", "posenc.rope.schedules"} <= set(mods)
     assert _violations(mods) == []
 
 

@@ -886,5 +886,6 @@ ACCUMULATED = register_claims(
         quantities=(window.WINDOW,),
         text_section=window.window_section,
         text_figures=window.window_figures,
+        gap_columns=window.GAP_COLUMNS,
     )
 )

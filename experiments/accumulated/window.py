@@ -1,14 +1,16 @@
 """The paper's mixing window (arXiv 2606.24975, Sec. 3, Theorem 1) in posenc's reports: the study's quantity.
 
-w_eps = ceil(log eps / log beta) of a random step law with spectral gap beta (``posenc.encodings.mixing.window_size``
-over the scheme's ``spectral_gap``): routes longer than it are decorrelated to eps. The study registers it with its
-claims (``experiments.accumulated.claims``): the ``w_0.01`` column and dash-dot line of each task report's distance
-table and plot (:data:`WINDOW`), read by claims R2 and R3, and the text report's "Mixing window vs extrapolation"
-section with ``window.png`` (:func:`window_section`, :func:`window_figures`).
+For i.i.d. steps with spectral gap ||E[M]||_op <= beta < 1, routes longer than w_eps = ceil(log eps / log beta)
+(:func:`window_size`) are decorrelated to eps. The study registers it with its claims
+(``experiments.accumulated.claims``): the ``w_0.01`` column and dash-dot line of each task report's distance table and
+plot (:data:`WINDOW`, over the scheme's ``spectral_gap``), read by claims R2 and R3; the text report's "Mixing window
+vs extrapolation" section with ``window.png`` (:func:`window_section`, :func:`window_figures`); and the w_eps columns
+of ``posenc diagnose``'s spectral-gap table, from the measured gaps of a trained model (:data:`GAP_COLUMNS`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -16,13 +18,38 @@ from pathlib import Path
 import numpy as np
 
 from posenc.encodings.accumulated import Accumulated
-from posenc.encodings.mixing import window_size
+from posenc.errors import PosencError
 from posenc.model import ModelConfig
-from posenc.reports.claims import Quantity
-from posenc.reports.render import PPL, RATIO, figure, log_scale, markdown_table, save_figure, seed_cell
-from posenc.store.records import Ppl
+from posenc.reports.claims import GapColumns, Quantity
+from posenc.reports.render import PPL, RATIO, figure, log_scale, markdown_table, number, save_figure, seed_cell
+from posenc.store.records import Diagnosis, LayerGap, Ppl
 
 LABEL = "w_0.01"
+EPS = 0.01  # the tolerance of every window the study reports (its label says so)
+
+
+def check_eps(eps: float) -> None:
+    """Mixing tolerance must lie in (0, 1); PosencError otherwise."""
+    if not 0.0 < eps < 1.0:
+        raise PosencError(f"eps must be in (0, 1), got {eps}")
+
+
+def window_size(beta: float, eps: float) -> float:
+    """w_eps = ceil(log eps / log beta), the first n with beta^n <= eps (arXiv 2606.24975, Sec. 3, Theorem 1).
+
+    beta = 0 gives 1 (one step mixes, e.g. Haar); beta >= 1 gives ``math.inf``
+    (no window: deterministic steps such as RoPE never decorrelate). PosencError
+    for beta < 0 or eps outside (0, 1).
+    """
+    check_eps(eps)
+    if beta < 0:
+        raise PosencError(f"spectral gap beta must be >= 0, got {beta}")
+    if beta == 0:
+        return 1
+    if beta >= 1:
+        return math.inf
+    # shave a few ulps so that beta^n == eps exactly gives n, not n + 1
+    return max(1, math.ceil(math.log(eps) / math.log(beta) * (1 - 1e-12)))
 
 
 def mixing_window(model: ModelConfig, eps: float = 0.01) -> float | None:
@@ -138,3 +165,31 @@ def window_figures(records: list[Ppl], meta: dict, L0: int) -> dict[str, Callabl
     """``window.png`` (:func:`plot_window`) when the section has rows (``ClaimSet.text_figures``), else nothing."""
     rows = window_rows(records, (meta.get("quantities") or {}).get(LABEL) or {}, L0)
     return {"window.png": lambda path: plot_window(path, rows, L0)} if rows else {}
+
+
+def layer_windows(gap: LayerGap, eps: float = EPS) -> np.ndarray:
+    """w_eps (tokens) of each head and frequency block of a diagnosed layer, flattened (H * D/2,) float64; inf
+    where beta = 1 (the block never mixes)."""
+    return np.array([window_size(float(b), eps) for row in gap.beta for b in row], dtype=float)
+
+
+def _slow_drift(gap: LayerGap, res: Diagnosis) -> str:
+    """Median abs(mean step) (rad/token) over the blocks that do not mix within the training length."""
+    slow = np.abs(np.asarray(gap.mean_step)).ravel()[layer_windows(gap) > res.train_length]
+    return number(np.median(slow) if slow.size else None, ".2e")
+
+
+GAP_COLUMNS = GapColumns(
+    clause=f"w_eps = ceil(log eps / log beta), eps = {EPS:g}",
+    paragraph="Blocks that do not mix within the training length keep a near-constant step; their mean step "
+    "arg mean exp(i theta) says whether they still rotate (RoPE-like, unseen phases at longer lengths) "
+    "or stand still (NoPE-like).",
+    columns=(
+        ("w_eps median", lambda g, res: f"{np.median(layer_windows(g)):g}"),
+        (
+            "blocks with w_eps <= train length",
+            lambda g, res: f"{int((layer_windows(g) <= res.train_length).sum())}/{layer_windows(g).size}",
+        ),
+        ("others: median abs(mean step) (rad/token)", _slow_drift),
+    ),
+)

@@ -11,8 +11,9 @@ from experiments.accumulated.window import LABEL, mixing_window, window_markdown
 from posenc.config.plan import load_preset
 from posenc.model import ModelConfig
 from posenc.reports import claims
+from posenc.reports.diagnose import markdown as diagnose_markdown
 from posenc.reports.text import markdown, with_ratios
-from posenc.store.records import Ppl
+from posenc.store.records import Diagnosis, LayerGap, Ppl
 
 L0 = 128
 
@@ -91,3 +92,28 @@ def test_the_study_adds_the_window_to_the_reports_and_the_library_alone_does_not
     md = markdown(table(rows), {}, meta)
     assert "Mixing window" not in md and "window.png" not in md
     assert claims.scheme_quantities(preset) == {}
+
+
+def _diagnosis() -> Diagnosis:
+    """One layer, one head, three blocks: beta 1 (never mixes), 0.5 (w_0.01 = 7) and sin 1 (27); L0 = 16."""
+    gap = LayerGap(
+        layer=0,
+        steps=99,
+        beta=[[1.0, 0.5, math.sin(1.0)]],
+        baseline=[math.sin(1.0)] * 3,
+        mean_step=[[0.25, 0.0, -0.75]],
+    )
+    return Diagnosis(scheme="s", describe="d", train_length=16, w=16, windows_per_length=1, spectral_gap=[gap])
+
+
+def test_the_study_adds_its_window_columns_to_diagnose_and_the_library_alone_does_not(accumulated_claims):
+    """w_eps per block from the measured beta: median 27, one block of three mixes within L0 = 16, and the blocks
+    that do not (beta 1, sin 1) have mean steps 0.25 and -0.75 (median abs 0.5)."""
+    md = diagnose_markdown(_diagnosis())
+    assert "(|sin a_b / a_b|; RoPE 1); w_eps = ceil(log eps / log beta), eps = 0.01." in md
+    assert "| w_eps median | blocks with w_eps <= train length | others: median abs(mean step) (rad/token) |" in md
+    assert "| 0 | 0.5000 / 0.8415 / 1.0000 | 0.8415 / 0.8415 / 0.8415 | 0.3415 | 27 | 1/3 | 5.00e-01 |" in md
+    claims.unregister_claims(accumulated_claims.name)
+    md = diagnose_markdown(_diagnosis())
+    assert "w_eps" not in md and "(|sin a_b / a_b|; RoPE 1).\n" in md
+    assert "| 0 | 0.5000 / 0.8415 / 1.0000 | 0.8415 / 0.8415 / 0.8415 | 0.3415 |\n" in md

@@ -178,16 +178,12 @@ def _diagnosis():
         for m, u in uniform.items()
     ]
     beta = [[0.9, 0.8, 0.7], [0.95, 0.85, 0.75]]
-    gaps = [
-        LayerGap(layer=i, steps=4, beta=beta, baseline=[0.5] * 3, w_eps=[[None] * 3] * 2, mean_step=beta)
-        for i in (0, 1)
-    ]
+    gaps = [LayerGap(layer=i, steps=4, beta=beta, baseline=[0.5] * 3, mean_step=beta) for i in (0, 1)]
     return Diagnosis(
         scheme="acc-rand-qk",
         describe="",
         train_length=16,
         w=16,
-        eps=0.01,
         windows_per_length=1,
         lengths=lengths,
         spectral_gap=gaps,

@@ -132,7 +132,6 @@ DIAGNOSE_RECORDS = [
         describe="accumulated(...)",
         train_length=16,
         w=16,
-        eps=0.01,
         windows_per_length=1,
         lengths=[
             LengthDiagnosis(
@@ -152,18 +151,13 @@ DIAGNOSE_RECORDS = [
             ),
             LengthDiagnosis(length=64, multiple=4.0, windows=0, note="n/a: too long"),
         ],
-        spectral_gap=[
-            LayerGap(
-                layer=0, steps=45, beta=[[1.0, 0.5]], baseline=[0.84, 0.84], w_eps=[[None, 7]], mean_step=[[0.0, 0.1]]
-            )
-        ],
+        spectral_gap=[LayerGap(layer=0, steps=45, beta=[[1.0, 0.5]], baseline=[0.84, 0.84], mean_step=[[0.0, 0.1]])],
     ),
     Diagnosis(
         scheme="path",
         describe="path",
         train_length=16,
         w=16,
-        eps=0.01,
         windows_per_length=2,
         note="not supported: no softmax",
     ),

@@ -3,7 +3,7 @@
 Paper "Why do accumulated transformations extrapolate?" (arXiv 2606.24975), Sec. 3,
 Theorem 1: for i.i.d. steps with ||E[M]||_op <= beta < 1, ||E[P_n]||_op <= beta^n,
 so routes longer than w_eps = ceil(log eps / log beta) are decorrelated to eps
-(:func:`posenc.encodings.mixing.window_size`, the core's formula).
+(:func:`experiments.accumulated.window.window_size`, the study's formula).
 w_eps depends on beta and eps only, not on the context length. For every
 distribution in :mod:`experiments.accumulated.theory.steps`, E[M] is normal, so the bound is an
 equality: ||E[P_n]||_op = ||E[M]^n||_op = beta^n.
@@ -17,7 +17,7 @@ import torch
 
 from experiments.accumulated.theory.stats import bernstein_tol, compare
 from experiments.accumulated.theory.steps import DTYPE, SO2Steps, SO2Uniform, block_norms, parse_dist, phasor_mean
-from posenc.encodings.mixing import window_size
+from experiments.accumulated.window import window_size
 from posenc.errors import PosencError
 
 _HORIZON_CAP = 256  # longest simulated route when the window is longer (drift blocks)

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from experiments.accumulated.theory import decay, mass, mixing, plots, scores
 from experiments.accumulated.theory.steps import SO2Uniform, parse_dist
-from posenc.encodings.mixing import check_eps
+from experiments.accumulated.window import check_eps
 from posenc.errors import PosencError
 from posenc.reports.render import markdown_table
 from posenc.store.checkpoint import atomic_write_bytes

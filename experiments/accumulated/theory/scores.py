@@ -24,7 +24,7 @@ import torch
 
 from experiments.accumulated.theory.stats import compare, proportion_tol, z_value
 from experiments.accumulated.theory.steps import DTYPE, Haar, Householder, SO2Steps, StepDist, parse_dist, unit_vectors
-from posenc.encodings.mixing import window_size
+from experiments.accumulated.window import window_size
 from posenc.errors import PosencError
 
 FAR_CAP = 4096  # longest far route simulated; windows beyond it have no reachable far regime

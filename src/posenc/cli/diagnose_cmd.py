@@ -16,7 +16,8 @@ def add_parser(sub):
         "diagnose",
         help="attention diagnostics of a trained run: far mass, entropy, spectral gap (tables and plots)",
         description="Per layer and head: attention mass on keys at distance >= w and attention entropy against "
-        "evaluation length; for schemes with phases, the spectral gap of the step angles and the mixing window.",
+        "evaluation length; for schemes with phases, the spectral gap of the step angles "
+        "(a study loaded with posenc --import may add columns).",
     )
     p.add_argument("run_dir", type=nonblank(Path))
     p.add_argument("--out", type=OUT, help="output folder (default RUN_DIR/diagnose)")
@@ -29,7 +30,6 @@ def add_parser(sub):
     )
     p.add_argument("--window", type=int, help="far keys are at distance >= this (default: the training length)")
     p.add_argument("--windows", type=int, default=2, help="held-out windows per length (default %(default)s)")
-    p.add_argument("--eps", type=float, default=0.01, help="mixing tolerance of w_eps (default %(default)s)")
     p.add_argument("--corpus", type=nonblank(), help="diagnose on another corpus's held-out documents")
     p.add_argument("--device", type=nonblank(), default="cpu", help="torch device (default cpu)")
     p.set_defaults(func=run)
@@ -41,7 +41,7 @@ def run(args) -> int:
     data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
     out = args.out or Path(args.run_dir) / "diagnose"
     check_run_dir(out)  # before the work: a file in the way is one line, not a traceback after it
-    res = diagnose_model(model.to(device), data.val_docs, args.multiples, args.window, args.windows, args.eps)
+    res = diagnose_model(model.to(device), data.val_docs, args.multiples, args.window, args.windows)
     paths = write_outputs(res, out)
     print(paths[0].read_text())
     print("wrote " + ", ".join(str(p) for p in paths))

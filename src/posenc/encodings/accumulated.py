@@ -15,7 +15,7 @@ Step angles are theta = c_b + a_b * u with u in [-1, 1]:
   inside a training length of 128 or more: routes longer than the window are
   decorrelated during training already, so longer contexts add only more of
   what training saw (the paper's mechanism). Smaller a widens the window
-  (a = 0.1: 2,760 tokens); ``posenc compare --preset window`` sweeps it.
+  (a = 0.1: 2,760 tokens); the study's ``window`` preset (``experiments/accumulated``) sweeps it.
 - ``center="rope"`` (drift, an ablation; ``acc-drift-*``): c_b = a_b = omega_b =
   rope_theta^(-2b/D), so theta ~ U[0, 2 omega_b] has RoPE's frequency as its
   mean; low-frequency blocks have beta ~ 1 and never mix at these lengths.
@@ -46,7 +46,6 @@ from torch import nn
 
 from posenc.encodings.base import Dims, Encoding, Inputs
 from posenc.encodings.draw import counter_uniform, row_key_int, uniform_at
-from posenc.encodings.mixing import window_size
 from posenc.encodings.phase import check_rotary_dims, rotary_dim
 from posenc.encodings.registry import alias, register
 from posenc.errors import PosencError
@@ -237,11 +236,6 @@ class Accumulated(Encoding):
     def zero_init(self) -> tuple[nn.Module, ...]:
         return (self.step,) if self.mode == "learned" and self.init == "zero" else ()
 
-    def _window(self, eps: float) -> float:
-        """The slowest block's w_eps = ceil(log eps / log beta_b) in tokens (inf when a block never mixes), for
-        :meth:`describe`."""
-        return max(window_size(float(b), eps) for b in self.spectral_gap())
-
     def describe(self) -> str:
         dist = "U[0, 2 omega_b]" if self.center == "rope" else f"U[-{self.a:g}, {self.a:g}]"
         src = {
@@ -257,15 +251,9 @@ class Accumulated(Encoding):
         )
         if self.mode == "learned":
             bound = "a" if self.log_a is not None else f"{self.a:g}"
-            return (
-                head
-                + f"in [-{bound}, {bound}], {src}; step law and mixing window known after training (posenc diagnose)"
-            )
+            return head + f"in [-{bound}, {bound}], {src}; step law known after training (posenc diagnose)"
         beta = self.spectral_gap()
-        return (
-            head + f"{dist}, {src}; beta range [{beta.min():.3f}, {beta.max():.3f}], "
-            f"mixing window w_0.01 = {self._window(0.01):g} tokens"
-        )
+        return head + f"{dist}, {src}; spectral gap beta range [{beta.min():.3f}, {beta.max():.3f}]"
 
 
 def _check_choice(key: str, value: str, valid: tuple[str, ...]) -> None:

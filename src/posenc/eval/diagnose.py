@@ -13,9 +13,8 @@ measured inside a trained posenc model, per layer and head, against evaluation l
 - spectral gap of the step angles (accumulated rotations; any scheme with phases):
   per head and frequency block b, beta_b = |mean_t exp(i theta_tb)| over held-out
   tokens, with theta_t = Phi_t - Phi_{t-1} read back from the phases (exact mod
-  2 pi), and the mixing window w_eps = ceil(log eps / log beta) (Theorem 1). The
-  baseline is the scheme's uniform step law, beta_b = |sin a_b / a_b|; RoPE has
-  constant steps, beta = 1 and no window.
+  2 pi), and the mean step arg mean exp(i theta). The baseline is the scheme's
+  uniform step law, beta_b = |sin a_b / a_b|; RoPE has constant steps, beta = 1.
 
 Memory is bounded as in evaluation: per layer, the captured q, k (rotated by the
 scheme's phases) and bias tiles are reduced one query block at a time, so at most
@@ -40,7 +39,6 @@ from tqdm.auto import tqdm
 from posenc.attention import causal_tile, rotate
 from posenc.encodings.absolute import LengthNotSupported
 from posenc.encodings.base import Encoding
-from posenc.encodings.mixing import check_eps, window_size
 from posenc.errors import PosencError
 from posenc.layer import bound_window
 from posenc.model import LM, AttentionInputs
@@ -178,7 +176,6 @@ def diagnose_model(
     multiples=DEFAULT_MULTIPLES,
     w: int | None = None,
     n_windows: int = 2,
-    eps: float = 0.01,
     block_elems: int = BLOCK_ELEMS,
     progress: bool = True,
 ) -> Diagnosis:
@@ -188,12 +185,11 @@ def diagnose_model(
     training length, ``n_windows`` windows each (``posenc.scoring.window_starts``).
     Returns the record: ``lengths`` (a ``LengthDiagnosis`` per length: per-layer, per-head
     far mass and entropy, their means and the uniform reference), ``spectral_gap``
-    (a ``LayerGap`` per layer with phases: beta (H, D/2), baseline (D/2,), w_eps) or None,
+    (a ``LayerGap`` per layer with phases: beta (H, D/2), baseline (D/2,), mean step (H, D/2)) or None,
     and ``note`` when the scheme is not supported; ``progress``: a bar of windows on stderr when stderr is a
     terminal (never in a log file). Raises PosencError for
-    impossible lengths or eps, or a ``w`` no evaluation length reaches.
+    impossible lengths, or a ``w`` no evaluation length reaches.
     """
-    check_eps(eps)
     model.eval()
     cfg = model.cfg
     lengths = eval_lengths(cfg.train_length, multiples)
@@ -207,7 +203,6 @@ def diagnose_model(
         describe=(model.pos_embed or model.blocks[0].attn.enc).describe(),
         train_length=cfg.train_length,
         w=w,
-        eps=eps,
         windows_per_length=n_windows,
     )
     if unreadable(model):
@@ -229,7 +224,7 @@ def diagnose_model(
     out.lengths = [_length_record(model, docs, L, wins, w, block_elems, phasors, steps, bar) for L, wins in plan]
     bar.close()
     if any(steps):
-        out.spectral_gap = _spectral_gaps(model, phasors, steps, eps)
+        out.spectral_gap = _spectral_gaps(model, phasors, steps)
     return out
 
 
@@ -273,15 +268,14 @@ def _length_record(
     )
 
 
-def _spectral_gaps(model: LM, phasors: list, steps: list, eps: float) -> list[LayerGap]:
-    """Per layer with phases: beta (H, D/2) = |mean exp(i theta)| (1 within ``BETA_ONE``), the step-law baseline,
-    w_eps and the mean step arg mean exp(i theta) (rad/token)."""
+def _spectral_gaps(model: LM, phasors: list, steps: list) -> list[LayerGap]:
+    """Per layer with phases: beta (H, D/2) = |mean exp(i theta)| (1 within ``BETA_ONE``), the step-law baseline
+    and the mean step arg mean exp(i theta) (rad/token)."""
     out = []
     for layer in (i for i in range(len(steps)) if steps[i]):  # rotary layers (a '|' pattern may mix in others)
         base = baseline_gap(model.blocks[layer].attn.enc)
         beta = phasors[layer].abs() / max(1, steps[layer])
         beta = torch.where(1 - beta < BETA_ONE, torch.ones_like(beta), beta)
-        w_eps = [[_finite(window_size(float(b), eps)) for b in row] for row in beta.tolist()]
         drift = torch.angle(phasors[layer])  # arg mean exp(i theta): the steps' mean rotation per token
         out.append(
             LayerGap(
@@ -289,15 +283,10 @@ def _spectral_gaps(model: LM, phasors: list, steps: list, eps: float) -> list[La
                 steps=steps[layer],
                 beta=beta.tolist(),
                 baseline=base,
-                w_eps=w_eps,
                 mean_step=drift.tolist(),
             )
         )
     return out
-
-
-def _finite(x: float) -> int | None:
-    return None if math.isinf(x) else int(x)
 
 
 def far_mass_records(model: LM, docs, settings: FarMassConfig, base: dict) -> list[FarMass]:

@@ -338,6 +338,17 @@ class Quantity:
 
 
 @dataclasses.dataclass(frozen=True)
+class GapColumns:
+    """What a study adds to the spectral-gap table of ``posenc diagnose`` (``posenc.reports.diagnose``):
+    ``clause``, appended to the section's first sentence after "; "; ``paragraph``, a paragraph after it;
+    ``columns``, (heading, cell(layer_gap, diagnosis) -> text) after the library's columns, one cell per layer."""
+
+    clause: str
+    paragraph: str
+    columns: tuple[tuple[str, Callable[[Any, Any], str]], ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class ClaimSet:
     """A study's claims. ``text(records, train_length)``: the claims of a text comparison (``Ppl`` records with
     ``ratio``); ``text_markdown(records, train_length)``: its section of the comparison report ("" for none);
@@ -346,7 +357,8 @@ class ClaimSet:
     ``text_records``: the text comparison it is read against, or []). ``title``: the heading of its section in the
     side-by-side report. ``text_section(records, meta, train_length)``: a section of the text report after its
     tables and claims ("" for none; ``meta``: the report's, with ``quantities``); ``text_figures(records, meta,
-    train_length)``: {file name: writer(path)} of the figures the text report lists and writes beside it. A set adds
+    train_length)``: {file name: writer(path)} of the figures the text report lists and writes beside it.
+    ``gap_columns``: its additions to ``posenc diagnose``'s spectral-gap table (:class:`GapColumns`). A set adds
     claims, columns and report sections; it never renames the library's rows: the records and tables it receives
     name each scheme as its run did, and a set that looks a scheme up under its own name matches the run's by spec
     itself (``encodings.canonical``)."""
@@ -359,6 +371,7 @@ class ClaimSet:
     quantities: tuple[Quantity, ...] = ()
     text_section: Callable[[list[Any], dict, int], str] | None = None
     text_figures: Callable[[list[Any], dict, int], dict[str, Callable[[Path], None]]] | None = None
+    gap_columns: GapColumns | None = None
 
 
 _SETS: dict[str, ClaimSet] = {}

@@ -3,7 +3,8 @@ of a ``diagnose_model`` result.
 
 The measurement is ``posenc.eval.diagnose``; this module only formats its record (``posenc.store.records.Diagnosis``):
 far mass (with the Sec. 4 lower bound) and entropy per layer.head and length against uniform attention, and
-the spectral gaps of the step angles per layer.
+the spectral gaps of the step angles per layer, with the columns registered claim sets add
+(``posenc.reports.claims.GapColumns``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from posenc.reports.claims import claim_sets
 from posenc.reports.render import MISSING, figure, log_scale, markdown_table, number, plot_lines, save_figure
 from posenc.store.checkpoint import atomic_write_bytes, make_run_dir
 from posenc.store.records import Diagnosis, write
@@ -59,46 +61,30 @@ def markdown(res: Diagnosis) -> str:
         cells += [["uniform", *(_fmt(getattr(r, ref)) for r in rows)]] if ref else []
         lines += [f"## {title}", "", markdown_table(head, cells), ""]
     if res.spectral_gap:
-        lines += [
-            "## Spectral gap of the step angles",
-            "",
-            f"beta_b = |mean exp(i theta)| per head and frequency block over held-out tokens; baseline: the "
-            f"scheme's step law (|sin a_b / a_b|; RoPE 1); w_eps = ceil(log eps / log beta), eps = {res.eps:g}.",
-            "",
-            "Blocks that do not mix within the training length keep a near-constant step; their mean step "
-            "arg mean exp(i theta) says whether they still rotate (RoPE-like, unseen phases at longer lengths) "
-            "or stand still (NoPE-like).",
-            "",
-        ]
-        head = [
-            "layer",
-            "beta min / median / max",
-            "baseline min / median / max",
-            "max abs(beta - baseline)",
-            "w_eps median",
-            "blocks with w_eps <= train length",
-            "others: median abs(mean step) (rad/token)",
-        ]
-        cells = []
-        for g in res.spectral_gap:
-            beta = np.asarray(g.beta)
-            base = np.asarray(g.baseline) if g.baseline is not None else None
-            w_eps = np.array([np.inf if x is None else x for row in g.w_eps for x in row], dtype=float)
-            rng = lambda x: f"{x.min():.4f} / {np.median(x):.4f} / {x.max():.4f}"  # noqa: E731
-            slow = np.abs(np.asarray(g.mean_step)).ravel()[w_eps > res.train_length]
-            cells.append(
-                [
-                    g.layer,
-                    rng(beta),
-                    rng(base) if base is not None else MISSING,
-                    _fmt(np.abs(beta - base).max() if base is not None else None, ".4f"),
-                    f"{np.median(w_eps):g}",
-                    f"{int((w_eps <= res.train_length).sum())}/{w_eps.size}",
-                    _fmt(np.median(slow) if slow.size else None, ".2e"),
-                ]
-            )
-        lines += [markdown_table(head, cells), ""]
+        lines += _spectral_gap_section(res)
     return "\n".join(lines)
+
+
+def _spectral_gap_section(res: Diagnosis) -> list[str]:
+    """The spectral-gap table, per layer, with each registered claim set's ``gap_columns`` after the library's."""
+    extras = [cs.gap_columns for cs in claim_sets() if cs.gap_columns]
+    first = (
+        "beta_b = |mean exp(i theta)| per head and frequency block over held-out tokens; baseline: the "
+        "scheme's step law (|sin a_b / a_b|; RoPE 1)"
+    )
+    lines = ["## Spectral gap of the step angles", "", "; ".join([first, *(e.clause for e in extras)]) + ".", ""]
+    lines += [line for e in extras for line in (e.paragraph, "")]
+    head = ["layer", "beta min / median / max", "baseline min / median / max", "max abs(beta - baseline)"]
+    head += [h for e in extras for h, _ in e.columns]
+    cells = []
+    for g in res.spectral_gap or []:
+        beta = np.asarray(g.beta)
+        base = np.asarray(g.baseline) if g.baseline is not None else None
+        rng = lambda x: f"{x.min():.4f} / {np.median(x):.4f} / {x.max():.4f}"  # noqa: E731
+        row = [g.layer, rng(beta), rng(base) if base is not None else MISSING]
+        row.append(_fmt(np.abs(beta - base).max() if base is not None else None, ".4f"))
+        cells.append(row + [cell(g, res) for e in extras for _, cell in e.columns])
+    return lines + [markdown_table(head, cells), ""]
 
 
 def vs_length_figure(res: Diagnosis, key: str, ref: str, ylabel: str, dotted: str | None = None):

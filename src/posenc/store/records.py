@@ -228,8 +228,8 @@ class LengthDiagnosis(BaseModel):
 
 class LayerGap(BaseModel):
     """Spectral gap of one layer's step angles (``posenc.eval.diagnose``): beta = |mean exp(i theta)| (H, D/2) over
-    ``steps`` steps, the scheme's step-law baseline (D/2,) (None without one), the mixing windows w_eps (H, D/2)
-    in tokens (None: beta = 1, no window) and the mean step arg mean exp(i theta) (H, D/2) in rad/token."""
+    ``steps`` steps, the scheme's step-law baseline (D/2,) (None without one) and the mean step
+    arg mean exp(i theta) (H, D/2) in rad/token."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -237,21 +237,19 @@ class LayerGap(BaseModel):
     steps: int
     beta: list[list[float]]
     baseline: list[float] | None = None
-    w_eps: list[list[int | None]]
     mean_step: list[list[float]]
 
 
 class Diagnosis(Record):
-    """One ``posenc diagnose`` of a trained model: its settings (far keys at distance >= ``w`` tokens, mixing
-    tolerance ``eps``), a :class:`LengthDiagnosis` per length, a :class:`LayerGap` per layer with phases (None when
-    no layer has any) and ``note`` when the scheme is not supported (no lengths then)."""
+    """One ``posenc diagnose`` of a trained model: its settings (far keys at distance >= ``w`` tokens), a
+    :class:`LengthDiagnosis` per length, a :class:`LayerGap` per layer with phases (None when no layer has any) and
+    ``note`` when the scheme is not supported (no lengths then)."""
 
     kind: Literal["diagnosis"] = "diagnosis"
     scheme: str
     describe: str
     train_length: int
     w: int
-    eps: float
     windows_per_length: int
     lengths: list[LengthDiagnosis] = []
     spectral_gap: list[LayerGap] | None = None
