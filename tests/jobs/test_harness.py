@@ -162,6 +162,33 @@ def test_the_grid_writes_one_table_and_resumes(llama_dir, tmp_path, monkeypatch,
     assert len((out / "invocations.jsonl").read_text().splitlines()) == 2
     assert main([*argv[:-4], "--adaptations", "warp:factor=2", "--out", str(out)]) == 2
     assert "unknown" in capsys.readouterr().err
+    assert "samples n; weights and compute in float32." in table
+    assert {json.loads(c.read_text())["dtype"] for c in (out / "cells").glob("*.json")} == {"float32"}
+
+
+def test_a_grid_keeps_one_dtype_per_folder(llama_dir, tmp_path, monkeypatch, capsys):
+    """Each cell records the dtype its model ran in; a folder of float32 cells refuses a bfloat16 grid before any
+    model loads (its cells would be mixed in one table), and a bfloat16 grid elsewhere passes bfloat16 to the
+    model and says so in its table."""
+    seen = []
+
+    def cell(lm, task, length, limit, cache, tokenizer):
+        seen.append(lm.args.dtype)
+        return {"metric": str(length), "score": 1.0, "n": 2, "low": 0.34, "high": 1.0, "seconds": 1.0}
+
+    monkeypatch.setattr(harness, "run_cell", cell)
+    argv = ["harness", "--model", str(llama_dir / "tiny"), "--tasks", "niah_single_1", "--lengths", "64"]
+    assert main([*argv, "--out", str(tmp_path / "f32")]) == 0 and seen == ["float32"]
+    monkeypatch.setattr(harness.PosencLM, "__init__", lambda *a, **k: pytest.fail("a model loaded"))
+    assert main([*argv, "--lengths", "128", "--dtype", "bfloat16", "--out", str(tmp_path / "f32")]) == 2
+    assert capsys.readouterr().err == (
+        f"posenc: error: {tmp_path / 'f32'} holds float32 cells (none__niah_single_1__64.json); "
+        "a bfloat16 grid needs another --out\n"
+    )
+    monkeypatch.undo()
+    monkeypatch.setattr(harness, "run_cell", cell)
+    assert main([*argv, "--dtype", "bfloat16", "--out", str(tmp_path / "bf16")]) == 0 and seen[-1] == "bfloat16"
+    assert "weights and compute in bfloat16." in (tmp_path / "bf16" / "table.md").read_text()
 
 
 def test_score_cell_reads_rulers_per_length_scores():

@@ -44,7 +44,7 @@ from posenc.reports.render import figure, markdown_table, save_figure, write_csv
 from posenc.rope import NAMES, check_name
 from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, check_run_dir, make_run_dir, read_json, write_json
 from posenc.store.presets import validated
-from posenc.store.stamp import WeightsDtype, run_stamp
+from posenc.store.stamp import WeightsDtype, resolve_dtype, run_stamp
 from posenc.train.rundir import load_text_run
 
 NAME = "posenc"  # the model name in lm-eval's registry
@@ -478,21 +478,28 @@ def grid(
     out: Path,
     limit: int | None = None,
     tokenizer: str | None = None,
+    dtype: str = "float32",
 ) -> str:
     """``posenc harness``: every task at every length for every adaptation of pretrained ``model``, through
     :class:`PosencLM` and lm-eval; writes ``out/cells/*.json`` (one record per finished cell, atomic: a rerun skips
     them), ``out/cache/`` (lm-eval's request cache: a killed cell resumes at its first sample not scored),
     ``out/invocations.jsonl`` (each call's stamp: versions, commit, device, threads, precision, command),
     ``out/table.md``, ``table.csv`` and ``plot.png``; returns the table. ``tokenizer``: what RULER's tasks size their
-    prompts with (None: the model's own, saved to ``out/tokenizer``). PosencError (one line) for a bad adaptation
-    before anything is written: every adaptation's model_args and ``out`` (``check_run_dir``) checked before any
-    model loads, and ``out`` made once the first model to evaluate is adapted (an error that needs the weights, such
-    as a scheme the model cannot take, then also comes first); else as :class:`PosencLM`."""
-    args = {a: adaptation_args(a) for a in adaptations}
+    prompts with (None: the model's own, saved to ``out/tokenizer``); ``dtype``: the weights' and compute's
+    (``posenc.store.stamp.WeightsDtype``; "auto" resolved here), recorded in each cell, and an ``out`` holding cells
+    of another dtype is refused. PosencError (one line) for a bad adaptation before anything is written: every
+    adaptation's model_args and ``out`` (``check_run_dir``) checked before any model loads, and ``out`` made once
+    the first model to evaluate is adapted (an error that needs the weights, such as a scheme the model cannot take,
+    then also comes first); else as :class:`PosencLM`."""
+    dtype = str(resolve_dtype(dtype)).removeprefix("torch.") if dtype == "auto" else dtype
+    args = {a: adaptation_args(a) | {"dtype": dtype} for a in adaptations}
     for a in adaptations:
         check_model_args(parse_model_args({"pretrained": model, **args[a]}))
     out = Path(out)
     check_run_dir(out)  # a file in the way: refused before any model loads
+    for kept in sorted((out / "cells").glob("*.json")):
+        if (other := read_json(kept).get("dtype", "float32")) != dtype:  # cells before the field were float32
+            raise PosencError(f"{out} holds {other} cells ({kept.name}); a {dtype} grid needs another --out")
     started = False  # out made and this call's stamp appended
 
     def start() -> None:
@@ -515,7 +522,7 @@ def grid(
                         start()
                         tokenizer = tokenizer or _saved_tokenizer(lm, out / "tokenizer")
                     cache = out / "cache" / path.stem
-                    record = {"adaptation": adaptation, "task": task, "length": length, "limit": limit}
+                    record = {"adaptation": adaptation, "task": task, "length": length, "limit": limit, "dtype": dtype}
                     write_json(path, record | run_cell(lm, task, length, limit, cache, tokenizer))
                 cells[adaptation, task, length] = read_json(path)
     start()  # every cell was kept: the call is stamped all the same
@@ -545,9 +552,11 @@ def write_table(cells: dict, tasks: list[str], lengths: list[int], adaptations: 
             row.append(f"{c['score']:.2f} [{c['low']:.2f}, {c['high']:.2f}] (n={c['n']})")
             csv.append([a, t, n, c["metric"], c["score"], c["low"], c["high"], c["n"]])
         rows.append(row)
+    dtypes = sorted({c.get("dtype", "float32") for c in cells.values()})  # cells before the field were float32
     text = (
         "Score per task and length (lm-eval's metric, per-sample mean), its 95% Wilson interval and the number of "
-        "samples n.\n\n" + markdown_table(["adaptation", *(f"{t} @ {n}" for t, n in columns)], rows)
+        f"samples n; weights and compute in {', '.join(dtypes)}.\n\n"
+        + markdown_table(["adaptation", *(f"{t} @ {n}" for t, n in columns)], rows)
     )
     atomic_write_bytes(out / "table.md", text.encode())
     write_csv_table(out / "table.csv", ["adaptation", "task", "length", "metric", "score", "low", "high", "n"], csv)
