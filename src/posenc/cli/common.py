@@ -3,6 +3,7 @@
 import argparse
 import json
 import math
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import yaml
 
 from posenc.errors import PosencError
 from posenc.store.presets import parse_set
+from posenc.store.stamp import WeightsDtype
 
 
 def shown(value) -> str:
@@ -103,3 +105,15 @@ def nonblank(convert: Callable[[str], Any] = str) -> Callable[[str], Any]:
 
 
 OUT = nonblank(Path)  # every command's --out
+
+
+def add_dtype(p, default: str | None = "float32", note: str = "") -> None:
+    """``--dtype``: a pretrained model's weights' and compute's dtype (``posenc.store.stamp.WeightsDtype``);
+    ``default`` None leaves it to the preset (whose default is float32); ``note`` is appended to the help."""
+    p.add_argument(
+        "--dtype",
+        choices=typing.get_args(WeightsDtype),
+        default=default,
+        help="a pretrained model's weights' and compute's dtype; auto: bfloat16 where the CPU has bf16 units "
+        f"(default {default or 'float32'}; positions and angles stay float32){note}",
+    )

@@ -8,16 +8,24 @@ dynamic NTK, YaRN, Llama-3, ReRoPE, leaky ReRoPE) on held-out text: the job is
 from __future__ import annotations
 
 import argparse
-import typing
 from pathlib import Path
 
-from posenc.cli.common import OUT, add_dry_run, add_set, given_settings, nonblank, number_list, print_dry_run, shown
+from posenc.cli.common import (
+    OUT,
+    add_dry_run,
+    add_dtype,
+    add_set,
+    given_settings,
+    nonblank,
+    number_list,
+    print_dry_run,
+    shown,
+)
 from posenc.hf.loading import check_model
 from posenc.hf.schedules import WINDOW_DIVISOR
 from posenc.jobs.extend import ExtendConfig, extend, held_out, load_extend_config, preset_names
 from posenc.rope import NAMES
 from posenc.store.checkpoint import check_run_dir
-from posenc.store.stamp import WeightsDtype
 
 
 def _tokens(n: int) -> str:
@@ -147,12 +155,7 @@ def add_parser(sub) -> None:
     add_factor_lists(p)
     p.add_argument("--seed", type=int, help=f"seed for passkey keys (default {d.seed})")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    p.add_argument(
-        "--dtype",
-        choices=typing.get_args(WeightsDtype),
-        help="the weights' and compute's dtype; auto: bfloat16 where the CPU has bf16 units (default float32; "
-        "positions and angles stay float32)",
-    )
+    add_dtype(p, default=None)
     p.add_argument("--name", help="run name (default: the preset's name)")
     p.add_argument("--out", type=OUT, help="output directory (default runs/extend/<name>)")
     add_set(p, "bucket=512 or passkey_depths=[0.2,0.8] (the keys are the flags': --max-windows is max_windows)")

@@ -19,12 +19,11 @@ input order, each as one prompt is (``--json``: one object per line, a row each)
 
 import json
 import sys
-import typing
 from pathlib import Path
 
 import torch
 
-from posenc.cli.common import nonblank
+from posenc.cli.common import add_dtype, nonblank
 from posenc.cli.extend_cmd import add_factor_lists, factor_lists
 from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
@@ -34,7 +33,6 @@ from posenc.jobs import extend, finetune
 from posenc.model import MAX_NEW_TOKENS, check_sampling, pad_left, set_method, with_rope_schedule
 from posenc.rope import NAMES
 from posenc.store.presets import validated
-from posenc.store.stamp import WeightsDtype
 from posenc.train.rundir import load_text_run
 
 SETTINGS = [*extend.ScheduleSettings.model_fields]  # the schedule flags: --factor, add_factor_lists
@@ -116,13 +114,7 @@ def add_parser(sub):
         "settings below; a posenc train run of RoPE or a pretrained model",
     )
     p.add_argument("--factor", type=float, help="the schedule's scale factor s (default 2)")
-    p.add_argument(
-        "--dtype",
-        choices=typing.get_args(WeightsDtype),
-        default="float32",
-        help="a pretrained model's weights' and compute's dtype; auto: bfloat16 where the CPU has bf16 units "
-        "(default %(default)s; positions and angles stay float32)",
-    )
+    add_dtype(p)
     p.add_argument(
         "--scheme",
         metavar="SPEC",

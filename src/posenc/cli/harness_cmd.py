@@ -10,12 +10,9 @@ lm-eval's own command with the posenc model: ``python -m posenc.harness run --mo
 
 from __future__ import annotations
 
-import typing
-
-from posenc.cli.common import OUT, nonblank
+from posenc.cli.common import OUT, add_dtype, nonblank
 from posenc.errors import PosencError
 from posenc.hf.loading import check_model
-from posenc.store.stamp import WeightsDtype
 
 
 def add_parser(sub) -> None:
@@ -49,13 +46,7 @@ def add_parser(sub) -> None:
         type=nonblank(),
         help="what RULER sizes its prompts with (default: the model's, saved to OUT/tokenizer)",
     )
-    p.add_argument(
-        "--dtype",
-        choices=typing.get_args(WeightsDtype),
-        default="float32",
-        help="the weights' and compute's dtype; auto: bfloat16 where the CPU has bf16 units (default %(default)s; "
-        "positions and angles stay float32); a folder holds one dtype's cells",
-    )
+    add_dtype(p, note="; a folder holds one dtype's cells")
     p.add_argument("--out", type=OUT, required=True, help="output directory (rerun the command to resume)")
     p.set_defaults(func=run)
 
