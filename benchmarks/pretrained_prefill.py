@@ -74,7 +74,7 @@ def posenc_case(model, ids: torch.Tensor, new: int) -> dict:
     cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
     t0 = time.perf_counter()
     for _ in range(new):
-        out = model(token, past_key_values=cache, use_cache=True)
+        out = model(token, cache=cache, use_cache=True)
         cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
     return {"prefill_s": prefill, "decode_s_per_token": (time.perf_counter() - t0) / max(1, new)}
 

@@ -263,7 +263,7 @@ def method_attention(
     RoPE), never Tq x Tk; under a Lambda mask only the keys the block may see (``block_keys``). Returns (B, H, Tq, Dv)
     in v's dtype; differentiable (autograd). Reference: ``naive_method_attention`` (tested: values and gradients).
 
-    Evaluation (``fast_applies``: no grad, CPU, float32/float64 outside autocast, no bias) takes the fast path
+    Evaluation (``fast_applies``: no grad, CPU, float32/float64/bfloat16 outside autocast, no bias) takes the fast path
     (``fast_blocks``): a block's keys that every query of it sees in one region go through the CPU flash kernel
     unmasked, the rest (the diagonal, the band where a key changes region or leaves the window) through explicit
     scores, the parts merged by their log-sum-exps; the same values as the explicit path (tested). The
@@ -307,13 +307,13 @@ def method_attention(
 
 def fast_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of: Callable | None) -> bool:
     """Whether ``method_attention`` takes the fast path: no grad (the kernel's log-sum-exp has no backward), CPU
-    (it is the CPU flash kernel), q, k, v of one dtype, float32 or float64, outside autocast (the dtypes in which
-    the kernel and the explicit path agree to rounding), and no score bias."""
+    (it is the CPU flash kernel), q, k, v of one dtype, float32, float64 or bfloat16 (a bfloat16 model's
+    evaluation at the kernel's bf16 speed, as its native SDPA attention), outside autocast, and no score bias."""
     return (
         not torch.is_grad_enabled()
         and bias_of is None
         and q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
+        and q.dtype in (torch.float32, torch.float64, torch.bfloat16)
         and k.dtype == v.dtype == q.dtype
         and not torch.is_autocast_enabled("cpu")
     )
@@ -343,13 +343,14 @@ def fast_blocks(
     scale: float,
     block_size: int,
 ) -> torch.Tensor:
-    """The fast path, no grad, CPU float32/float64: q_rot[r] (B, H, Tq, D) and k_rot[r] (B, H, Tk, D) q and k
-    rotated at region r's positions (one entry each without RoPE), v (B, H, Tk, Dv), one dtype.
+    """The fast path, no grad, CPU float32/float64/bfloat16: q_rot[r] (B, H, Tq, D) and k_rot[r] (B, H, Tk, D) q
+    and k rotated at region r's positions (one entry each without RoPE), v (B, H, Tk, Dv), one dtype.
 
     Per query block (``fast_query_blocks``) the runs of uniform keys (``uniform_regions``, ``key_runs``) go through
     the CPU flash kernel unmasked (q and k of their region), the block's other keys through explicit scores
-    (``_explicit_part``), and the parts merge by their log-sum-exps (``merge_lse``). Returns (B, H, Tq, Dv) in
-    v's dtype. At most H x block x (keys of a block) scores exist at once.
+    (``_explicit_part``, float32 or better: a bfloat16 softmax would lose what the kernel keeps), and the parts
+    merge by their log-sum-exps (``merge_lse``, float32 or better). Returns (B, H, Tq, Dv) in v's dtype. At most
+    H x block x (keys of a block) scores exist at once.
     """
     Dv, width = v.shape[-1], max(q_rot[0].shape[-1], v.shape[-1])  # the kernel takes one head size for q, k and v
     qw, kw, vw = [_pad(t, width, 0.0) for t in q_rot], [_pad(t, width, 0.0) for t in k_rot], _pad(v, width, 0.0)
@@ -368,7 +369,8 @@ def fast_blocks(
         rest = keys[label < 0]
         if len(rest):
             parts.append(_explicit_part(q_rot, k_rot, v, a, b, i, rest, k_pos[None, rest], method, scale))
-        out.append(merge_lse(parts))
+        wide = torch.promote_types(v.dtype, torch.float32)
+        out.append(merge_lse([(o.to(wide), lse) for o, lse in parts]))
     return torch.cat(out, dim=-2).to(v.dtype)
 
 
@@ -420,20 +422,22 @@ def _explicit_part(q_rot, k_rot, v, a: int, b: int, i, keys, j, method: Method, 
     """Attention of the queries a:b (positions i (n, 1)) over the keys ``keys`` (m,) of positions j (1, m) by
     explicit scores, the explicit path's: (out (B, H, n, Dv), lse (B, H, n)); a row that sees none of these keys
     has out 0 and lse -inf (weight 0 in the merge). A region r > 0 takes its product only over the columns where
-    a visible pair has it (the diagonal has region 0 alone); softmax and log-sum-exp in place, one tile."""
+    a visible pair has it (the diagonal has region 0 alone); softmax and log-sum-exp in place, one tile, in float32
+    or better (bfloat16 inputs are widened: only these keys' rows)."""
+    wide = torch.promote_types(v.dtype, torch.float32)
     region, seen = method.region(i, j).clamp_(max=len(q_rot) - 1), method.visible(i, j)
-    s = q_rot[0][..., a:b, :] @ k_rot[0][..., keys, :].transpose(-1, -2)
+    s = q_rot[0][..., a:b, :].to(wide) @ k_rot[0][..., keys, :].to(wide).transpose(-1, -2)
     for r in range(1, len(q_rot)):
         cols = torch.nonzero(((region == r) & seen).any(0)).flatten()
         if len(cols):
             c0, c1 = int(cols[0]), int(cols[-1]) + 1
-            tile = q_rot[r][..., a:b, :] @ k_rot[r][..., keys[c0:c1], :].transpose(-1, -2)
+            tile = q_rot[r][..., a:b, :].to(wide) @ k_rot[r][..., keys[c0:c1], :].to(wide).transpose(-1, -2)
             s[..., c0:c1] = torch.where(region[:, c0:c1] == r, tile, s[..., c0:c1])
     s.mul_(scale).masked_fill_(~seen, -math.inf)
     top = s.amax(-1, keepdim=True)
     top = torch.where(top == -math.inf, 0.0, top)  # a row without keys: weights exp(-inf) = 0, not NaN
     total = s.sub_(top).exp_().sum(-1, keepdim=True)
-    out = (s @ v[..., keys, :]) / torch.where(total == 0, 1.0, total)
+    out = (s @ v[..., keys, :].to(wide)) / torch.where(total == 0, 1.0, total)
     return out, (top + total.log()).squeeze(-1)
 
 

@@ -40,7 +40,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling, dropou
     pre-hook. Keys are at positions 0..Tk-1, the queries the last Tq (``position_ids`` other than those are refused by
     :func:`install`'s hook on the decoder); grouped keys are
     repeated (``posenc.attention.repeat_kv``); scores are q.k x ``scaling`` x attention_scaling**2 (transformers
-    scales cos and sin of both q and k by it), computed at float32 or better. ``attention_mask``: None or
+    scales cos and sin of both q and k by it), computed at float32 or better, except a bfloat16 model's evaluation
+    (``posenc.methods.fast_applies``), whose kernel runs in bfloat16 as its native SDPA attention does (the angles
+    float32 in every case; explicit scores and the merge float32). ``attention_mask``: None or
     transformers' boolean (B, 1, Tq, Tk) mask; PosencError (one line) unless it is the plain causal mask (a padded
     batch: the methods' positions count from each row's first token, which a left-padded row does not start at),
     and for a layer with a sliding window (``sliding_window`` set: Mistral, Qwen2 with use_sliding_window).
@@ -57,8 +59,10 @@ def attention_forward(module, query, key, value, attention_mask, scaling, dropou
             f"{method.name} on a pretrained model takes unpadded rows only: run rows of different lengths "
             "one at a time (the attention mask hides some keys)"
         )
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    k, v = (repeat_kv(t, query.shape[1]).to(dtype) for t in (key, value))
+    k, v = (repeat_kv(t, query.shape[1]) for t in (key, value))
+    fast = methods.fast_applies(query, k, v, None)
+    dtype = query.dtype if fast else torch.promote_types(query.dtype, torch.float32)
+    k, v = k.to(dtype), v.to(dtype)
     pos = torch.arange(tk, device=query.device)
     out = methods.method_attention(
         query.to(dtype), k, v, pos[tk - tq :], pos, method, inv_freq=inv_freq, pairing="half", scale=scaling * mscale**2
