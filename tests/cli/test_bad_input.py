@@ -140,6 +140,17 @@ def bad_commands(run):
         (["diagnose", " "], "argument run_dir: is empty"),
         (["report", str(run.parent), ""], "argument RUN_DIR: is empty"),
         (["report", str(run.parent), "--readme", ""], "argument --readme: is empty"),
+        (
+            ["report", str(run.parent), "--scoreboard", "--readme", "R.md"],
+            "--readme: not allowed with argument --score",
+        ),
+        (
+            [*train, "--scheme", "rope", "--set", "train.lr="],
+            "--set train.lr= has no value (null is written train.lr=null)",
+        ),
+        (["extend", "--quick", "--dry-run", "--model", str(run.parent / "empty")], "holds neither config.json nor one"),
+        (["finetune", "--quick", "--dry-run", "--model", str(run)], "is a posenc train run, not a pretrained model"),
+        (["extend", "--quick", "--model", str(run)], "is a posenc train run, not a pretrained model"),
         (["generate", "", "--prompt", "To be"], "argument MODEL: is empty"),
         (["generate", str(run), "--prompt-file", ""], "argument --prompt-file: is empty"),
         (["compare", "--preset", str(run.parent / "latin1.yaml"), "--out", str(run.parent)], "is not UTF-8 text"),
@@ -148,6 +159,7 @@ def bad_commands(run):
 
 def test_bad_commands_are_one_line_and_touch_nothing(run, capsys):
     (run.parent / "latin1.yaml").write_bytes(b"\xff\xfe\x00bad")
+    (run.parent / "empty").mkdir(exist_ok=True)
     before = digest(run)
     for argv, message in bad_commands(run):
         try:

@@ -33,9 +33,15 @@ def one_line_exit_2(capsys, code: int, message: str) -> None:
         # what needs the model's weights: refused when the first model is adapted, before out is made
         (["--adaptations", "scheme:gemma3"], "scheme 'gemma3' is a pattern of 6 layer entries for a model of 2 layers"),
         (["--model", "runs/nosuch"], "model path runs/nosuch does not exist (a Hugging Face hub id is ORG/NAME)"),
+        (["--model", "{empty}"], "holds neither config.json nor one .gguf file (0 found)"),
+        (["--tokenizer", "{empty}"], "--tokenizer {empty} is no Hugging Face tokenizer ("),
+        (["--tokenizer", "runs/nosuch"], "--tokenizer runs/nosuch does not exist"),
     ],
 )
 def test_posenc_harness_bad_input(llama_dir, tmp_path, capsys, flags, message):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    flags, message = [f.format(empty=empty) for f in flags], message.format(empty=empty)
     out = tmp_path / "out"
     argv = ["harness", "--model", str(llama_dir / "tiny"), "--tasks", "niah_single_1", "--lengths", "64"]
     one_line_exit_2(capsys, main([*argv, *flags, "--out", str(out)]), message)
@@ -67,3 +73,15 @@ def test_lm_evals_command_with_posenc_refuses_bad_model_args_in_one_line(llama_d
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert [line for line in lines if line.startswith("posenc: error: ")] == lines[-1:] and message in lines[-1]
+
+
+def test_ruler_on_a_train_run_needs_a_tokenizer_in_one_line(tmp_path, capsys):
+    """A posenc train run (byte tokenizer) has no Hugging Face tokenizer for RULER to size its prompts with: lm-eval
+    raised an AssertionError traceback after the model loaded and left the output folder behind."""
+    run = tmp_path / "run"
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(run)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    code = main(["harness", "--model", str(run), "--tasks", "niah_single_1", "--lengths", "64", "--out", str(out)])
+    one_line_exit_2(capsys, code, "--tasks niah_single_1: RULER sizes its prompts with a Hugging Face tokenizer")
+    assert not out.exists()

@@ -339,3 +339,92 @@ def test_a_finetune_interrupted_before_its_folder_exists_claims_no_checkpoint(tm
     out.mkdir()
     assert main(["finetune", "--quick", "--out", str(out)]) == 130
     assert capsys.readouterr().err.startswith(f"posenc: interrupted: {out} keeps its last checkpoint and records\n")
+
+
+def test_a_train_interrupted_before_its_first_write_offers_no_resume(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while a huge model was being built said "keeps its last checkpoint" and offered a --resume that was
+    then refused (no config.json); once the run has written its config, --resume is offered."""
+    import posenc.cli.train_cmd as cmd
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cmd, "train", stopped)
+    out = tmp_path / "t"
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(out)]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err == (
+        f"posenc: interrupted: {out} holds no checkpoint yet (the same command starts it again)\n"
+        f"posenc: resume with: posenc {' '.join(argv)}\n"
+    )
+    out.mkdir(exist_ok=True)
+    (out / "config.json").write_text("{}")
+    assert main(argv) == 130
+    assert capsys.readouterr().err.endswith(f"posenc {' '.join(argv)} --resume\n")
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("", "POSENC_CACHE is empty: unset it (~/.cache/posenc) or name a directory"),
+        ("{file}", "POSENC_CACHE={file} cannot be the cache directory: File exists"),
+        ("{file}/sub", "POSENC_CACHE={file}/sub cannot be the cache directory: Not a directory"),
+    ],
+)
+def test_a_cache_that_cannot_be_a_directory_is_one_line(tmp_path, capsys, monkeypatch, value, message):
+    """A file as POSENC_CACHE gave a FileExistsError traceback; an empty one wrote the cache into the current
+    directory."""
+    file = tmp_path / "afile.txt"
+    file.write_text("x")
+    monkeypatch.setenv("POSENC_CACHE", value.format(file=file))
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(tmp_path / "r")]
+    one_line_exit_2(capsys, argv, message.format(file=file))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile.txt"]  # nothing written, no run folder
+
+
+def test_generate_takes_the_same_default_factor_for_a_train_run_as_for_a_pretrained_model(tmp_path, capsys):
+    """--factor's help says "default 2": a pretrained model took it, a train run said "yarn needs factor"."""
+    run = tmp_path / "r"
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(run)]) == 0
+    capsys.readouterr()
+    argv = ["generate", str(run), "--prompt", "To be", "--max-new-tokens", "6", "--temperature", "0", "--json"]
+    assert main([*argv, "--schedule", "yarn"]) == 0  # was: rope schedule 'yarn' needs factor
+    default = capsys.readouterr().out
+    assert main([*argv, "--schedule", "yarn", "--factor", "2"]) == 0 and capsys.readouterr().out == default
+
+
+def test_weights_that_do_not_match_the_config_name_the_mismatch(tmp_path, capsys):
+    """A config.json edited after training said only "Error(s) in loading state_dict for LM:"."""
+    import json
+
+    run = tmp_path / "r"
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(run)]) == 0
+    capsys.readouterr()
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["n_layer"] += 1
+    (run / "config.json").write_text(json.dumps(config))
+    one_line_exit_2(
+        capsys,
+        ["eval", str(run)],
+        f"{run / 'model.safetensors'} does not match the run's model config: Missing key(s) in state_dict: ",
+    )
+
+
+def test_a_key_given_twice_in_a_preset_is_refused_with_its_lines(tmp_path, capsys):
+    """PyYAML kept the last of two `model:` sections silently."""
+    preset = tmp_path / "d.yaml"
+    preset.write_text("name: d\nmodel: {n_layer: 1}\ntrain: {steps: 1}\nmodel: {n_layer: 2}\nschemes: [rope]\n")
+    one_line_exit_2(
+        capsys,
+        ["compare", "--preset", str(preset), "--dry-run"],
+        f"preset {preset} is not valid YAML: line 4, column 1: key 'model' given twice (first at line 2)",
+    )
+
+
+def test_import_of_a_file_by_its_bare_name_is_read_as_that_file(tmp_path, capsys, monkeypatch):
+    """`--import afile.txt` from its folder said "No module named 'afile'": a bare name that is a file is a file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile.txt").write_text("x")
+    one_line_exit_2(capsys, ["--import", "afile.txt", "list"], "cannot import 'afile.txt': not a .py file or module")

@@ -95,7 +95,7 @@ def test_a_cycle_of_bases_and_a_bad_base_are_one_line_errors(tmp_path):
         load_preset(str(_write(tmp_path, "self.yaml", "name: s\nbase: self.yaml\n")))
     with pytest.raises(PosencError, match="base must be a preset's name or path, got 3"):
         load_preset(str(_write(tmp_path, "n.yaml", "name: n\nbase: 3\n")))
-    with pytest.raises(PosencError, match="unknown preset 'nosuch'"):
+    with pytest.raises(PosencError, match=r"unknown preset 'nosuch'.* \(base of .*u\.yaml\)$"):
         load_preset(str(_write(tmp_path, "u.yaml", "name: u\nbase: nosuch\n")))
 
 

@@ -107,8 +107,10 @@ def test_bad_run_directories_are_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "results.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "file").write_text("x")
     cases = {
-        str(tmp_path / "missing"): f"{tmp_path / 'missing'} is not a directory",
+        str(tmp_path / "missing"): f"{tmp_path / 'missing'} does not exist",
+        str(tmp_path / "file"): f"{tmp_path / 'file'} is not a directory",
         str(tmp_path / "empty"): f"{tmp_path / 'empty'} has no results.jsonl or results.csv",
         str(tmp_path / "bad"): f"{tmp_path / 'bad' / 'results.csv'} is not a posenc results table",
     }
@@ -117,7 +119,8 @@ def test_bad_run_directories_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith(f"posenc: error: {message}") and len(err.splitlines()) == 1
     assert main(["report", str(RESULTS / "default"), str(RESULTS / "default"), "--out", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err == "posenc: error: a run directory is given twice\n"
+    twice = (RESULTS / "default").resolve()
+    assert capsys.readouterr().err == f"posenc: error: run directory {twice} is given twice\n"
     assert not (tmp_path / "o").exists()
     with pytest.raises(SystemExit):
         main(["report", "--out", str(tmp_path / "o")])

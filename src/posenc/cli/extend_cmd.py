@@ -21,7 +21,7 @@ from posenc.cli.common import (
     print_dry_run,
     shown,
 )
-from posenc.hf.loading import check_model
+from posenc.hf.loading import check_pretrained
 from posenc.hf.schedules import WINDOW_DIVISOR
 from posenc.jobs.extend import ExtendConfig, extend, held_out, load_extend_config, preset_names
 from posenc.rope import NAMES
@@ -248,7 +248,7 @@ def run(args) -> int:
     cfg = config(args)
     if args.dry_run:
         held_out(cfg)  # the document names, as a run checks them before the model loads
-        check_model(cfg.model)  # a missing path, as loading it refuses it
+        check_pretrained(cfg.model)  # a missing path or a posenc run, as loading it refuses it
         out = args.out or Path("runs") / "extend" / cfg.name
         check_run_dir(out)  # a file in the way, as the run refuses it
         return print_dry_run("posenc extend", {"out": out, **cfg.model_dump()}, *jobs(cfg))

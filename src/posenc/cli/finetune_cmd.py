@@ -11,7 +11,7 @@ from pathlib import Path
 
 from posenc.cli.common import OUT, add_dry_run, add_set, given_settings, nonblank, print_dry_run, shown
 from posenc.cli.extend_cmd import add_factor_lists, factor_lists, flag_keys
-from posenc.hf.loading import check_model
+from posenc.hf.loading import check_pretrained
 from posenc.jobs.extend import held_out
 from posenc.jobs.finetune import (
     FinetuneConfig,
@@ -137,7 +137,7 @@ def dry_run(args, cfg: FinetuneConfig) -> int:
     check_dependencies(cfg)
     check_resumable(out, cfg)
     held_out(eval_config(cfg))
-    check_model(cfg.model)  # a missing path, as loading it refuses it
+    check_pretrained(cfg.model)  # a missing path or a posenc run, as loading it refuses it
     windows = f"{cfg.eval_windows} window(s)" if cfg.eval_windows else "every window"
     trials = len(cfg.passkey_lengths) * len(cfg.passkey_depths) * cfg.trials
     detail = (

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from posenc import rope
 from posenc.cli.common import add_dtype, nonblank
 from posenc.cli.extend_cmd import add_factor_lists, factor_lists
 from posenc.data.corpora import load_tokens
@@ -272,6 +273,8 @@ def own_run(args, given: dict) -> int:
     model, _, tcfg = load_text_run(Path(args.model), "generate")
     if args.schedule is not None:
         params = {extend.SCHEDULE_KEYS.get(k, k): v for k, v in given.items()}  # posenc.rope's names
+        if "factor" in rope.SCHEDULES[rope.check_name(args.schedule)].defaults:  # --factor's default, as pretrained
+            params.setdefault("factor", extend.ScheduleSettings().factor)
         model, _ = with_rope_schedule(model, args.schedule, params)
     set_method(model, args.method)
     tok = load_tokens(tcfg.corpus, tcfg.tokenizer).tokenizer

@@ -57,13 +57,11 @@ def run(args) -> int:
     if min(args.lengths) < 1:
         raise PosencError(f"--lengths must be >= 1 token, got {min(args.lengths)}")
     try:
-        from lm_eval.tasks import TaskManager
-
         from posenc.jobs import harness
     except ImportError as exc:
         raise PosencError(f"posenc harness needs lm-eval: pip install 'posenc[harness]' ({exc})") from None
     check_model(args.model)  # before the output directory is made
-    unknown = [t for t in args.tasks if t not in TaskManager().all_tasks]  # lm-eval raises a KeyError deep inside
+    unknown = [t for t in args.tasks if t not in harness.task_index()]  # lm-eval raises a KeyError deep inside
     if unknown:
         raise PosencError(f"--tasks: {', '.join(unknown)} is not an lm-eval task, group or tag (lm-eval ls tasks)")
     table = harness.grid(

@@ -27,10 +27,11 @@ def add_parser(sub):
         help="posenc compare run directories, text or task (runs/NAME, results/default, results/retrieval, ...)",
     )
     p.add_argument("--out", type=OUT, default=Path("runs") / "report", help="output directory (default runs/report/)")
-    p.add_argument(
+    board = p.add_mutually_exclusive_group()  # one prints and writes nothing, the other writes the file
+    board.add_argument(
         "--scoreboard", action="store_true", help="print the scoreboard alone (needs a task run) and write nothing"
     )
-    p.add_argument(
+    board.add_argument(
         "--readme",
         type=nonblank(Path),
         metavar="FILE",

@@ -129,9 +129,11 @@ def run(args) -> int:
             args.log if distributed.rank() == 0 else "none", out, f"{out.name}/{args.scheme}", "train", config
         ) as tracker:
             summary = train(out, mcfg, preset.train, resume=args.resume, tracker=tracker, device=device)
-    except StopNow:  # a second Ctrl-C: no new checkpoint
-        raise KeyboardInterrupt(f"stopped at once; {out} keeps its last checkpoint", "--resume") from None
-    except KeyboardInterrupt as exc:
+    except (StopNow, KeyboardInterrupt) as exc:
+        if not (out / "config.json").exists():  # stopped before the run's first write: --resume would be refused
+            raise KeyboardInterrupt(f"{out} holds no checkpoint yet (the same command starts it again)") from None
+        if isinstance(exc, StopNow):  # a second Ctrl-C: no new checkpoint
+            raise KeyboardInterrupt(f"stopped at once; {out} keeps its last checkpoint", "--resume") from None
         raise KeyboardInterrupt(str(exc) or f"{out} keeps its last checkpoint", "--resume") from None
     finally:
         distributed.teardown()

@@ -65,9 +65,16 @@ class Corpus:
 
 
 def cache_dir() -> Path:
-    """The posenc cache: ``$POSENC_CACHE`` if set, else ``~/.cache/posenc``."""
-    path = Path(os.environ.get("POSENC_CACHE", Path.home() / ".cache" / "posenc"))
-    path.mkdir(parents=True, exist_ok=True)
+    """The posenc cache, created if missing: ``$POSENC_CACHE`` if set, else ``~/.cache/posenc``. PosencError (one
+    line) for a blank ``POSENC_CACHE`` (it would be the current directory) or a path that cannot be a directory."""
+    given = os.environ.get("POSENC_CACHE")
+    if given is not None and not given.strip():
+        raise PosencError("POSENC_CACHE is empty: unset it (~/.cache/posenc) or name a directory")
+    path = Path(given) if given is not None else Path.home() / ".cache" / "posenc"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, a read-only or impossible path
+        raise PosencError(f"POSENC_CACHE={path} cannot be the cache directory: {exc.strerror or exc}") from None
     return path
 
 

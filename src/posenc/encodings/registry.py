@@ -121,7 +121,8 @@ def _check_free(name: str) -> None:
 
 
 def _is_file(target: str) -> bool:
-    return target.endswith(".py") or os.sep in target
+    """Whether ``--import`` names a file (a path, or an existing file such as ``notes.txt``), not a module name."""
+    return target.endswith(".py") or os.sep in target or Path(target).is_file()
 
 
 def _import(target: str) -> str:

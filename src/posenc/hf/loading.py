@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import re
 import sys
@@ -66,14 +67,42 @@ def smollm2_gguf() -> Path:
 def check_model(spec: str) -> None:
     """PosencError (one line) for a model spec that ``load`` refuses before anything loads: a file that is no .gguf,
     a path that does not exist and is no hub id (``is_hub_id``: at once, where transformers would spend ~40 s in hub
-    retries). ``smollm2``, a directory and a hub id pass (they fail, if they do, when they load)."""
+    retries), a directory with neither config.json nor one .gguf file. ``smollm2``, a model directory and a hub id
+    pass (they fail, if they do, when they load)."""
     path = Path(spec).expanduser()
-    if spec == DEFAULT_MODEL or path.is_dir():
+    if path.is_dir():
+        ggufs = len(list(path.glob("*.gguf")))
+        if not (path / "config.json").exists() and ggufs != 1:
+            raise PosencError(
+                f"model directory {spec} holds neither config.json nor one .gguf file ({ggufs} found): give a "
+                "Hugging Face model directory, a .gguf file or a hub id"
+            )
+        return
+    if spec == DEFAULT_MODEL:
         return
     if path.is_file() and path.suffix != ".gguf":
         raise PosencError(f"model file {spec} is not a .gguf file (give a GGUF file, a model directory or a hub id)")
     if not path.is_file() and not is_hub_id(spec):
         raise PosencError(f"model path {spec} does not exist (a Hugging Face hub id is ORG/NAME)")
+
+
+def check_pretrained(spec: str) -> None:
+    """``check_model``, and PosencError (one line) for a posenc run directory (its config.json has posenc's
+    ``train`` section, no ``model_type``; or a ``finetune.json``): what ``load`` takes is a pretrained model."""
+    check_model(spec)
+    path = Path(spec).expanduser()
+    config = path / "config.json"
+    if (path / "finetune.json").exists():
+        raise PosencError(f"{spec} is a posenc finetune run, not a pretrained model (posenc generate reads it)")
+    if config.is_file():
+        try:
+            cfg = json.loads(config.read_text())
+        except (ValueError, UnicodeDecodeError):
+            return  # transformers names what is wrong with it when it loads
+        if isinstance(cfg, dict) and "model_type" not in cfg and "train" in cfg:
+            raise PosencError(
+                f"{spec} is a posenc train run, not a pretrained model (posenc eval and generate read it)"
+            )
 
 
 def _resolve(spec: str) -> tuple[str, str | None]:
@@ -151,6 +180,7 @@ def load(spec: str = DEFAULT_MODEL, dtype: WeightsDtype = "float32") -> Loaded:
         hub = spec != DEFAULT_MODEL and not Path(spec).expanduser().exists()
         what = f"{spec} is no local path; as a Hugging Face hub id it" if hub else f"a pretrained model ({spec})"
         raise PosencError(f"{what} needs transformers, gguf and accelerate: pip install 'posenc[pretrained]'") from exc
+    check_pretrained(spec)
     where, gguf = _resolve(spec)
     kw = {"gguf_file": gguf} if gguf else {}
     try:

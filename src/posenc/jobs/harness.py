@@ -19,6 +19,7 @@ recomputing it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 import warnings
@@ -33,7 +34,7 @@ from tqdm import tqdm
 from posenc import encodings
 from posenc.data.corpora import load_tokens
 from posenc.encodings.registry import split_part
-from posenc.errors import PosencError
+from posenc.errors import PosencError, first_line
 from posenc.hf import generation, loading
 from posenc.hf.adaptation import Adaptation
 from posenc.hf.schedules import original_length
@@ -493,8 +494,14 @@ def grid(
     then also comes first); else as :class:`PosencLM`."""
     dtype = str(resolve_dtype(dtype)).removeprefix("torch.") if dtype == "auto" else dtype
     args = {a: adaptation_args(a) | {"dtype": dtype} for a in adaptations}
-    for a in adaptations:
-        check_model_args(parse_model_args({"pretrained": model, **args[a]}))
+    kinds = {check_model_args(parse_model_args({"pretrained": model, **args[a]})) for a in adaptations}
+    if tokenizer is not None:
+        check_tokenizer(tokenizer)
+    elif "train" in kinds and (ruler := ruler_tasks(tasks)):
+        raise PosencError(
+            f"--tasks {', '.join(ruler)}: RULER sizes its prompts with a Hugging Face tokenizer, which a posenc train "
+            "run has not: give --tokenizer DIR (a saved Hugging Face tokenizer)"
+        )
     out = Path(out)
     check_run_dir(out)  # a file in the way: refused before any model loads
     for kept in sorted((out / "cells").glob("*.json")):
@@ -527,6 +534,35 @@ def grid(
                 cells[adaptation, task, length] = read_json(path)
     start()  # every cell was kept: the call is stamped all the same
     return write_table(cells, tasks, lengths, adaptations, out)
+
+
+@functools.cache
+def task_index() -> dict:
+    """lm-eval's index of its tasks, groups and tags: {name: entry} (built once per process, seconds)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager().task_index
+
+
+def ruler_tasks(tasks: list[str]) -> list[str]:
+    """Those of ``tasks`` that are RULER's (defined under lm-eval's ``tasks/ruler``: the tasks and the group), which
+    generate their prompts with a Hugging Face tokenizer."""
+    index = task_index()
+    return [t for t in tasks if t in index and "ruler" in Path(str(index[t].yaml_path)).parts]
+
+
+def check_tokenizer(tokenizer: str) -> None:
+    """PosencError (one line) when ``tokenizer`` (``--tokenizer``: a directory or a hub id) is no Hugging Face
+    tokenizer transformers can load: a missing path, a directory without one."""
+    from transformers import AutoTokenizer
+
+    if not Path(tokenizer).expanduser().exists() and not loading.is_hub_id(tokenizer):
+        raise PosencError(f"--tokenizer {tokenizer} does not exist (a directory or a Hugging Face hub id ORG/NAME)")
+    try:
+        AutoTokenizer.from_pretrained(tokenizer)
+    except (OSError, ValueError) as exc:
+        why = first_line(exc).rstrip(": ")
+        raise PosencError(f"--tokenizer {tokenizer} is no Hugging Face tokenizer ({why})") from None
 
 
 def _saved_tokenizer(lm: PosencLM, where: Path) -> str | None:

@@ -95,7 +95,8 @@ def load_run(path: Path, label: str | None = None) -> Run:
     directory without results.jsonl or results.csv, or without perplexity records."""
     path = Path(path)
     if not path.is_dir():
-        raise PosencError(f"{path} is not a directory (give posenc compare run directories)")
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise PosencError(f"{path} {what} (give posenc compare run directories)")
     records = load_ppl(path)
     if records is None:
         raise PosencError(f"{path} has no results.jsonl or results.csv: not a posenc compare run")
@@ -116,7 +117,8 @@ def _labels(paths: list[Path]) -> list[str]:
         labels = ["/".join(p.parts[-depth:]) for p in paths]
         if len(set(labels)) == len(labels):
             return labels
-    raise PosencError("a run directory is given twice")
+    twice = next(str(p) for p in paths if paths.count(p) > 1)
+    raise PosencError(f"run directory {twice} is given twice")
 
 
 def differences(base: Run, run: Run) -> str:

@@ -128,8 +128,11 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
     state = load_tensors(path)
     try:
         model.load_state_dict(state)
-    except RuntimeError as exc:  # the multi-line key/shape report: its first line is enough
-        raise PosencError(f"{path} does not match the run's model config: {str(exc).splitlines()[0]}") from None
+    except RuntimeError as exc:  # a multi-line report under a heading: its first finding names the mismatch
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        found = next((line for line in lines[1:]), lines[0] if lines else "")
+        more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+        raise PosencError(f"{path} does not match the run's model config: {found}{more}") from None
 
 
 def load_torch(path: Path, mmap: bool = False) -> Any:

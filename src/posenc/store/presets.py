@@ -53,7 +53,22 @@ def preset_names(folder=SHIPPED) -> list[str]:
 
 class Loader(yaml.SafeLoader):
     """YAML as presets read it: PyYAML's safe loader, with ``3e-3`` a float as YAML 1.2 has it (PyYAML's 1.1
-    reads a float only with a dot, ``3.0e-3``)."""
+    reads a float only with a dot, ``3.0e-3``), and a key given twice in one mapping an error (YAML 1.2 forbids it;
+    PyYAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"key {key!r} given twice (first at line {seen[key].line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
 
 
 Loader.add_implicit_resolver(
@@ -120,7 +135,12 @@ def read_preset(
     if not isinstance(base, str) or not base.strip():
         raise PosencError(f"{kind} {path.name}: base must be a preset's name or path, got {base!r}")
     relative = base if Path(base).name == base and not Path(base).suffix else str(Path(path).parent / base)
-    _, inherited = read_preset(relative, folder, kind, cls, (*_chain, str(path)))
+    try:
+        _, inherited = read_preset(relative, folder, kind, cls, (*_chain, str(path)))
+    except PosencError as exc:  # name the file whose base it is: the user may not know the chain
+        if "its bases form a cycle" in str(exc) or " (base of " in str(exc):  # named already
+            raise
+        raise PosencError(f"{exc} (base of {path})") from None
     return path, merge(cls, {k: v for k, v in inherited.items() if k not in OWN}, data)
 
 
@@ -144,6 +164,8 @@ def parse_set(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise PosencError(f"--set expects KEY=VALUE (train.lr=3e-3), got {text!r}")
+    if not raw.strip():  # YAML reads nothing as null: say so rather than "invalid KEY=None"
+        raise PosencError(f"--set {key.strip()}= has no value (null is written {key.strip()}=null)")
     try:
         return key.strip(), yaml.load(raw, Loader)
     except yaml.YAMLError as exc:
