@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, cast, get_args
 
@@ -331,6 +332,7 @@ class LM(nn.Module):
         super().__init__()
         self.cfg = cfg
         encodings.check_layer_count(cfg.encoding, cfg.n_layer)  # no draw: the initial weights stay the same
+        check_fits(cfg)
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         additive = encodings.is_additive(cfg.encoding)
         self.pos_embed = encodings.get(cfg.encoding, cfg.dims(), **cfg.encoding_params) if additive else None
@@ -658,6 +660,27 @@ def sample(
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+
+
+def physical_memory() -> float:
+    """Bytes of this machine's physical memory (``math.inf`` where the platform does not say)."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf
+
+
+def check_fits(cfg: ModelConfig) -> None:
+    """PosencError (one line) for a model whose float32 weights cannot fit this machine's memory, judged by a lower
+    bound (the token embedding and each layer's query and output projections: vocab x d + 2 n_layer d^2), before
+    any is allocated: a huge ``n_layer`` would otherwise build modules for hours."""
+    need = 4.0 * (cfg.vocab_size * cfg.d_model + 2 * cfg.n_layer * cfg.d_model**2)
+    have = physical_memory()
+    if need > have:
+        raise PosencError(
+            f"model of n_layer={cfg.n_layer}, d_model={cfg.d_model} needs at least {need / 2**30:,.0f} GiB for its "
+            f"float32 weights; this machine has {have / 2**30:,.0f} GiB"
+        )
 
 
 def build_model(config: ModelConfig | dict) -> LM:

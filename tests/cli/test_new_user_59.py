@@ -428,3 +428,19 @@ def test_import_of_a_file_by_its_bare_name_is_read_as_that_file(tmp_path, capsys
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile.txt").write_text("x")
     one_line_exit_2(capsys, ["--import", "afile.txt", "list"], "cannot import 'afile.txt': not a .py file or module")
+
+
+def test_a_model_too_large_for_the_machine_is_refused_before_it_is_built(tmp_path, capsys, monkeypatch):
+    """n_layer=1e8 built modules until killed, then offered to resume a folder with nothing in it."""
+    import posenc.model
+
+    monkeypatch.setattr(posenc.model, "physical_memory", lambda: 2.0**30)  # 1 GiB: the bound is the machine's
+    out = tmp_path / "big"
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(out)]
+    one_line_exit_2(
+        capsys,
+        [*argv, "--set", "model.n_layer=100000"],
+        "model of n_layer=100000, d_model=64 needs at least 3 GiB for its float32 weights; this machine has 1 GiB",
+    )
+    assert not out.exists()
+    assert main([*argv, "--set", "model.n_layer=2"]) == 0  # what fits trains

@@ -31,7 +31,7 @@ from posenc.data.corpora import TokenData, load_tokens
 from posenc.errors import PosencError
 from posenc.eval import progress
 from posenc.eval.tasks import id_accuracy
-from posenc.model import LM, ModelConfig
+from posenc.model import LM, ModelConfig, check_fits
 from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
@@ -268,6 +268,7 @@ def train(
     # every random draw of the run comes from its seed: the weights, the batches, the scheme's own draws
     mcfg = dataclasses.replace(mcfg, vocab_size=data.vocab_size, seed=tcfg.seed)
     check_trainable(data, mcfg, tcfg)
+    check_fits(mcfg)  # before the folder: a model too large for the machine leaves nothing behind
     if shard.is_main:  # after the corpus loads, so bad input leaves no empty run directory
         make_run_dir(run_dir)
     torch.manual_seed(tcfg.seed)
