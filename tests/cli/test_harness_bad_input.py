@@ -34,7 +34,7 @@ def one_line_exit_2(capsys, code: int, message: str) -> None:
         (["--adaptations", "scheme:gemma3"], "scheme 'gemma3' is a pattern of 6 layer entries for a model of 2 layers"),
         (["--model", "runs/nosuch"], "model path runs/nosuch does not exist (a Hugging Face hub id is ORG/NAME)"),
         (["--model", "{empty}"], "holds neither config.json nor one .gguf file (0 found)"),
-        (["--tokenizer", "{empty}"], "--tokenizer {empty} is no Hugging Face tokenizer ("),
+        (["--tokenizer", "{empty}"], "--tokenizer {empty} holds no Hugging Face tokenizer transformers can load"),
         (["--tokenizer", "runs/nosuch"], "--tokenizer runs/nosuch does not exist"),
     ],
 )
@@ -85,3 +85,14 @@ def test_ruler_on_a_train_run_needs_a_tokenizer_in_one_line(tmp_path, capsys):
     code = main(["harness", "--model", str(run), "--tasks", "niah_single_1", "--lengths", "64", "--out", str(out)])
     one_line_exit_2(capsys, code, "--tasks niah_single_1: RULER sizes its prompts with a Hugging Face tokenizer")
     assert not out.exists()
+
+
+def test_a_length_ruler_builds_no_sample_of_is_one_line(llama_dir, tmp_path, capsys):
+    """lm-eval raised a ValueError traceback ("Could not generate any sample ... Raise max_seq_lengths")."""
+    argv = ["harness", "--model", str(llama_dir / "tiny"), "--tasks", "niah_single_1", "--lengths", "64"]
+    code = main([*argv, "--limit", "1", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err  # lm-eval's sample bars and nltk's offline notice come first, then posenc's line
+    assert code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        "posenc: error: niah_single_1 builds no sample of 64 tokens (its prompt does not fit): raise --lengths"
+    )

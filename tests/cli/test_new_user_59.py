@@ -368,8 +368,8 @@ def test_a_train_interrupted_before_its_first_write_offers_no_resume(tmp_path, c
     "value,message",
     [
         ("", "POSENC_CACHE is empty: unset it (~/.cache/posenc) or name a directory"),
-        ("{file}", "POSENC_CACHE={file} cannot be the cache directory: File exists"),
-        ("{file}/sub", "POSENC_CACHE={file}/sub cannot be the cache directory: Not a directory"),
+        ("{file}", "POSENC_CACHE={file} cannot be the cache directory: a file is in the way"),
+        ("{file}/sub", "POSENC_CACHE={file}/sub cannot be the cache directory: a file is in the way"),
     ],
 )
 def test_a_cache_that_cannot_be_a_directory_is_one_line(tmp_path, capsys, monkeypatch, value, message):
@@ -444,3 +444,20 @@ def test_a_model_too_large_for_the_machine_is_refused_before_it_is_built(tmp_pat
     )
     assert not out.exists()
     assert main([*argv, "--set", "model.n_layer=2"]) == 0  # what fits trains
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_run_file_that_is_a_directory_is_one_line(tmp_path, capsys, name):
+    """eval, diagnose, generate (IsADirectoryError) and train --resume (its atomic write) printed tracebacks."""
+    run = tmp_path / "r"
+    assert main(["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(run)]) == 0
+    capsys.readouterr()
+    (run / name).unlink()
+    (run / name).mkdir()
+    kind = "a JSON file" if name.endswith(".json") else "a safetensors file"
+    for argv in (["eval", str(run)], ["diagnose", str(run)], ["generate", str(run), "--prompt", "x"]):
+        one_line_exit_2(capsys, argv, f"{run / name} is damaged (a directory, not {kind})")
+    if name == "model.safetensors":  # training reaches its first save, which must not replace a directory
+        argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(run), "--resume"]
+        one_line_exit_2(capsys, argv, f"{run / name} is a directory where a file belongs: move it away")
+        assert not [p for p in run.iterdir() if ".tmp" in p.name]  # its temporary file removed

@@ -102,7 +102,10 @@ def schedule_args(args) -> dict:
         key, sep, val = item.partition("=")
         if not sep:
             raise PosencError(f"--rope-param expects KEY=VALUE, got {item!r}")
-        params[key.replace("-", "_")] = _value(val)
+        key = key.replace("-", "_")
+        if params.get(key) is not None:  # a flag and a --rope-param, or one --rope-param twice: one would be dropped
+            raise PosencError(f"--rope-param {item}: {key} is given twice (a flag or another --rope-param sets it)")
+        params[key] = _value(val)
     return params
 
 

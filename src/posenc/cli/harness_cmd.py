@@ -56,6 +56,9 @@ def run(args) -> int:
         raise PosencError(f"--limit must be >= 1 sample, got {args.limit}")
     if min(args.lengths) < 1:
         raise PosencError(f"--lengths must be >= 1 token, got {min(args.lengths)}")
+    for flag, given in (("--lengths", args.lengths), ("--tasks", args.tasks), ("--adaptations", args.adaptations)):
+        if twice := sorted({str(x) for x in given if given.count(x) > 1}):  # a column or row of the table twice
+            raise PosencError(f"{flag}: each entry once, {', '.join(twice)} repeated")
     try:
         from posenc.jobs import harness
     except ImportError as exc:

@@ -74,7 +74,8 @@ def cache_dir() -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file in the way, a read-only or impossible path
-        raise PosencError(f"POSENC_CACHE={path} cannot be the cache directory: {exc.strerror or exc}") from None
+        why = "a file is in the way" if isinstance(exc, FileExistsError | NotADirectoryError) else exc.strerror or exc
+        raise PosencError(f"POSENC_CACHE={path} cannot be the cache directory: {why}") from None
     return path
 
 

@@ -32,7 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from posenc import methods, rope
-from posenc.config.plan import plain_name
+from posenc.config.plan import distinct, plain_name
 from posenc.data.corpora import Document, load_corpus
 from posenc.errors import PosencError
 from posenc.eval import passkey, perplexity, progress
@@ -163,6 +163,8 @@ class ScoringConfig(ScheduleSettings):
     trials: int = Field(1, ge=1)
     """Passkey trials per (length, depth) cell."""
 
+    _distinct_scoring = field_validator("docs", "passkey_lengths", "passkey_depths")(distinct)
+
 
 class ExtendConfig(ScoringConfig):
     """One ``posenc extend`` run; lengths, windows and strides in tokens of the model's tokenizer."""
@@ -195,6 +197,10 @@ class ExtendConfig(ScoringConfig):
     dtype: WeightsDtype = "float32"
     """The weights' and compute's dtype (``posenc.store.stamp.resolve_dtype``; "auto": bfloat16 where the CPU has
     bf16 units); positions, angles and log-probabilities stay float32."""
+
+    _distinct_lists = field_validator(
+        "schedules", "schemes", "methods", "lengths", "long_schedules", "passkey_schedules"
+    )(lambda v: v if v is None else distinct(v))
 
 
 def preset_names() -> list[str]:

@@ -29,8 +29,9 @@ from typing import Annotated, Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
+from posenc.config.plan import distinct
 from posenc.data.corpora import load_corpus
 from posenc.errors import PosencError
 from posenc.eval import progress
@@ -111,6 +112,8 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
     """Lengths (tokens) scored before and after training."""
     eval_windows: int = Field(4, ge=0)
     """Windows per length; 0: all."""
+
+    _distinct_finetune = field_validator("lora_targets", "eval_lengths")(distinct)
     pose_target: int | None = Field(None, ge=2)
     """PoSE: position ids skip-wise over this length (pose_position_ids)."""
     pose_chunks: int = Field(2, ge=1)
@@ -134,6 +137,9 @@ def load_finetune_config(name_or_path: str, overrides: dict[str, Any] | None = N
             f"factor {cfg.factor:g} is a RoPE schedule's scale factor: give --schedule with it (a scheme takes its "
             "own parameters, e.g. --scheme rope:factor=4)"
         )
+    given_lora = sorted({"lora_alpha", "lora_targets"} & cfg.model_fields_set)
+    if cfg.lora_rank == 0 and given_lora:  # rank 0 trains every weight: the LoRA settings would do nothing
+        raise PosencError(f"{', '.join(given_lora)} set LoRA; lora_rank 0 trains every weight instead: drop one")
     check_config(cfg)
     return cfg
 

@@ -448,15 +448,22 @@ def run_cell(lm, task: str, length: int, limit: int | None, cache: Path, tokeniz
 
     start = time.monotonic()
     metadata = {"max_seq_lengths": [length], **({"tokenizer": tokenizer} if tokenizer else {})}
-    result = simple_evaluate(
-        model=lm,
-        tasks=[task],
-        limit=limit,
-        use_cache=str(cache),
-        log_samples=True,
-        bootstrap_iters=0,
-        metadata=metadata,
-    )
+    try:
+        result = simple_evaluate(
+            model=lm,
+            tasks=[task],
+            limit=limit,
+            use_cache=str(cache),
+            log_samples=True,
+            bootstrap_iters=0,
+            metadata=metadata,
+        )
+    except ValueError as exc:  # RULER's generators refuse a length their haystack and question do not fit
+        if "Could not generate any sample" not in str(exc):
+            raise
+        raise PosencError(
+            f"{task} builds no sample of {length} tokens (its prompt does not fit): raise --lengths"
+        ) from None
     metric, scores = score_cell(result, task, length)
     if not scores:
         raise PosencError(f"{task} at {length} tokens gave no sample (is the length one the task generates?)")
@@ -561,8 +568,12 @@ def check_tokenizer(tokenizer: str) -> None:
     try:
         AutoTokenizer.from_pretrained(tokenizer)
     except (OSError, ValueError) as exc:
-        why = first_line(exc).rstrip(": ")
-        raise PosencError(f"--tokenizer {tokenizer} is no Hugging Face tokenizer ({why})") from None
+        if Path(tokenizer).expanduser().is_dir():  # transformers' own words end mid-sentence ("from one of:")
+            raise PosencError(
+                f"--tokenizer {tokenizer} holds no Hugging Face tokenizer transformers can load (tokenizer.json, "
+                "tokenizer_config.json with its vocabulary): give the directory a model's tokenizer was saved to"
+            ) from None
+        raise PosencError(f"--tokenizer {tokenizer} is no Hugging Face tokenizer ({first_line(exc)})") from None
 
 
 def _saved_tokenizer(lm: PosencLM, where: Path) -> str | None:

@@ -36,13 +36,18 @@ def temp_beside(path: Path) -> Path:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a uniquely named temporary file (``temp_beside``)."""
+    """Write ``data`` to ``path`` via a uniquely named temporary file (``temp_beside``). PosencError (one line) when
+    ``path`` is a directory (the temporary file is removed)."""
     tmp = temp_beside(path)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except IsADirectoryError:
+        os.unlink(tmp)
+        raise PosencError(f"{path} is a directory where a file belongs: move it away") from None
 
 
 def make_run_dir(path: Path) -> None:
@@ -70,10 +75,13 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
+    """The JSON value of ``path``; PosencError (one line) when it is not JSON or is a directory."""
     try:
         return json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PosencError(f"{path} is damaged (not valid JSON: {exc})") from None
+    except IsADirectoryError:
+        raise PosencError(f"{path} is damaged (a directory, not a JSON file)") from None
 
 
 def _jsonl_line(record: dict) -> bytes:
@@ -113,7 +121,9 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """The named tensors of a safetensors file; PosencError naming it when damaged."""
+    """The named tensors of a safetensors file; PosencError naming it when damaged or a directory."""
+    if Path(path).is_dir():
+        raise PosencError(f"{path} is damaged (a directory, not a safetensors file)")
     try:
         return load_file(str(path))
     except SafetensorError as exc:  # truncated or overwritten

@@ -146,7 +146,8 @@ class WandbTracker(Tracker):
 def check_kind(kind: str) -> None:
     """PosencError (one line) for an unknown kind or a tracker whose package is not installed."""
     if kind not in KINDS:
-        raise PosencError(f"unknown --log {kind!r}; valid: {', '.join(KINDS)}")
+        given = "--log" if os.environ.get("POSENC_LOG") != kind else "POSENC_LOG (the default of --log)"
+        raise PosencError(f"unknown {given} {kind!r}; valid: {', '.join(KINDS)}")
     if kind != "none":
         try:
             importlib.import_module(_PACKAGES[kind])
