@@ -461,3 +461,15 @@ def test_a_run_file_that_is_a_directory_is_one_line(tmp_path, capsys, name):
         argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(run), "--resume"]
         one_line_exit_2(capsys, argv, f"{run / name} is a directory where a file belongs: move it away")
         assert not [p for p in run.iterdir() if ".tmp" in p.name]  # its temporary file removed
+
+
+def test_eval_of_a_missing_folder_or_a_compare_run_says_what_it_is(tmp_path, capsys):
+    """Both said "has no checkpoint"."""
+    one_line_exit_2(capsys, ["eval", str(tmp_path / "nope")], f"run directory {tmp_path / 'nope'} does not exist")
+    (tmp_path / "cmp").mkdir()
+    (tmp_path / "cmp" / "preset.json").write_text("{}")
+    one_line_exit_2(
+        capsys,
+        ["diagnose", str(tmp_path / "cmp")],
+        f"{tmp_path / 'cmp'} is a posenc compare run: give one of its models (a SCHEME/seedN folder in it)",
+    )

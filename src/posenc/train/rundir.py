@@ -46,6 +46,10 @@ def check_plugins(run_dir: Path, cfg: dict) -> None:
 def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
     """Model (weights loaded, on the default device: CUDA if present), model and training config of a run."""
     run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise PosencError(f"run directory {run_dir} does not exist")
+    if (run_dir / "preset.json").exists():  # a compare run: its models are one folder per scheme and seed
+        raise PosencError(f"{run_dir} is a posenc compare run: give one of its models (a SCHEME/seedN folder in it)")
     if not (run_dir / "config.json").exists() or not (run_dir / "model.safetensors").exists():
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
     cfg = read_run_config(run_dir)
