@@ -612,17 +612,22 @@ def claim_r3(t: TaskTable, windows: dict[str, float | None], rule: Rule | None =
 NEAR = 16  # flip-flop near recall: answers whose evidence is fewer than NEAR tokens back
 
 
-def near_values(t: TaskTable, s: str, length: int) -> tuple[list[float], float]:
+def near_values(t: TaskTable, s: str, length: int) -> tuple[list[float | None], float]:
     """Near-recall accuracy per seed at sequence ``length`` (and its standard error): the ``near`` test
     (mqar: the pairs right before the queries, after ``length`` tokens of filler), else the ``id`` test's
-    answers with evidence < NEAR tokens back (flip-flop: near reads anywhere in a long sequence)."""
+    answers with evidence < NEAR tokens back (flip-flop: near reads anywhere in a long sequence); None for a seed
+    whose ``id`` test has no such answer at that length (its evidence distances drawn all longer)."""
     first = next(iter(t.scores[s].values()))
     if first.lengths("near"):
         return t.values(s, "near", length)
-    accs, se = [], 0.0
+    accs: list[float | None] = []
+    se = 0.0
     for scores in t.scores[s].values():
         cells = [scores.acc("id", length, b) for b in scores.buckets("id") if b < NEAR]
         n = sum(c[1] for c in cells if c[0] is not None)
+        if not n:
+            accs.append(None)
+            continue
         acc = sum(c[0] * c[1] for c in cells if c[0] is not None) / n
         accs.append(acc)
         se = max(se, standard_error(acc, n))
@@ -649,10 +654,15 @@ def claim_r4(t: TaskTable, rule: Rule | None = None) -> Claim | None:
     if not rot or not ctrl:  # the side with no learned scheme is what would decide it
         return _undecided("R4", text, t, (rot_run if not rot else []) + (ctrl_run if not ctrl else []))
 
-    def drop(s):
+    def drop(s):  # per seed with near reads at both lengths
         a, se_a = near_values(t, s, near)
         b, se_b = near_values(t, s, far)
-        return [x - y for x, y in zip(a, b)], math.hypot(se_a, se_b)
+        return [x - y for x, y in zip(a, b) if x is not None and y is not None], math.hypot(se_a, se_b)
+
+    unread = [s for s in rot + ctrl if not drop(s)[0]]  # no seed has reads that near at both lengths
+    if unread:
+        why = f"no seed has reads < {NEAR} tokens back at both {near} and {far} tokens: {', '.join(unread)}"
+        return Claim("R4", text, UNDECIDED, why)
 
     def check(r: Rule) -> Claim:
         tol = r.get("tol", t.tol)

@@ -141,6 +141,23 @@ def test_claim_r4_on_flipflop_reads_near_buckets_of_the_id_test():
     assert claim_r4(t).verdict == FAILS
 
 
+def test_claim_r4_without_near_reads_at_the_far_length_is_undecided():
+    """A flip-flop id test whose far length holds no read < NEAR tokens back (evidence drawn over 1..L) divided by
+    zero; a seed without them is left out, a scheme with none on any seed leaves the claim undecided."""
+
+    def cells(near_far):
+        out = {("id", 128, 2): 0.99, ("id", 128, 8): 0.99, ("id", 4096, 64): 0.5}
+        return out | ({("id", 4096, 8): 0.6} if near_far else {})
+
+    t = task_table("flipflop", {"rope": {0: cells(False)}, "forget": {0: cells(True)}})
+    c = claim_r4(t)
+    assert c.verdict == UNDECIDED and c.evidence == (
+        "no seed has reads < 16 tokens back at both 128 and 4096 tokens: rope"
+    )
+    t = task_table("flipflop", {"rope": {0: cells(True), 1: cells(False)}, "forget": {0: cells(True)}})
+    assert "rope 39.0" in claim_r4(t).evidence  # seed 1 has no near read at 4096: seed 0 alone
+
+
 def test_flat_schemes_of_the_committed_default_run():
     records = read_text_results(ROOT / "results" / "default")
     flat = flat_schemes(records)
