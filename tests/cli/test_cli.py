@@ -76,7 +76,7 @@ def test_rerun_skips_finished_work(quick_run, capsys):
         (["compare", "--preset", "quick", "--steps", "0"], "train.steps"),
         (["compare", "--preset", "quick", "--tokenizer", "wordpiece"], "unknown tokenizer"),
         (["compare", "--preset", "quick", "--seeds", "0", "-1"], "seeds.1: Input should be greater than or equal to 0"),
-        (["eval", "/nonexistent/run"], "has no checkpoint"),
+        (["eval", "/nonexistent/run"], "run directory /nonexistent/run does not exist"),
     ],
 )
 @pytest.mark.slow

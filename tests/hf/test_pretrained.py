@@ -484,6 +484,7 @@ def test_without_the_pretrained_extras_the_error_names_the_model(tmp_path, monke
     with pytest.raises(PosencError, match="^someorg/nosuch is no local path; as a Hugging Face hub id it needs trans"):
         loading.load("someorg/nosuch")
     (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "llama"}')  # a model directory, not an empty one
     with pytest.raises(PosencError, match=r"^a pretrained model \(.*m\) needs transformers, gguf and accelerate: pip"):
         loading.load(str(tmp_path / "m"))
 
