@@ -428,11 +428,11 @@ def test_train_out_cannot_be_created(tmp_path, capsys):
     )
     for out in outs:
         argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--out", str(out)]
-        _one_line_exit_2(capsys, argv, f"cannot create run directory {out}: ")
+        _one_line_exit_2(capsys, argv, f"cannot create output directory {out}: ")
     _one_line_exit_2(
         capsys,
         ["compare", "--preset", "quick", "--out", str(tmp_path / "file")],
-        f"cannot create run directory {tmp_path / 'file' / 'quick'}: ",
+        f"cannot create output directory {tmp_path / 'file' / 'quick'}: ",
     )
     assert (tmp_path / "file").read_text() == "not a directory\n"
 
@@ -491,6 +491,6 @@ def test_diagnose_refuses_an_out_it_cannot_create_before_the_work(rope_run, tmp_
         _one_line_exit_2(
             capsys,
             ["diagnose", str(rope_run), "--multiples", "1", "--out", str(out)],
-            f"cannot create run directory {out}: a file is in the way",
+            f"cannot create output directory {out}: a file is in the way",
         )
     assert (tmp_path / "afile").read_text() == "kept"

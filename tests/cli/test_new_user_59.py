@@ -89,7 +89,7 @@ def test_an_out_with_a_file_in_the_way_is_refused_before_the_work(tmp_path, caps
     if argv[0] == "harness":
         pytest.importorskip("lm_eval")
     out = str(blocker) if argv[0] == "compare" else str(blocker / "run")  # compare writes into out/name
-    one_line_exit_2(capsys, [*argv, out], f"cannot create run directory {blocker / 'run'}: a file is in the way")
+    one_line_exit_2(capsys, [*argv, out], f"cannot create output directory {blocker / 'run'}: a file is in the way")
     assert blocker.read_text() == "kept"
 
 
@@ -473,3 +473,12 @@ def test_eval_of_a_missing_folder_or_a_compare_run_says_what_it_is(tmp_path, cap
         ["diagnose", str(tmp_path / "cmp")],
         f"{tmp_path / 'cmp'} is a posenc compare run: give one of its models (a SCHEME/seedN folder in it)",
     )
+
+
+def test_an_output_at_a_broken_link_says_so(tmp_path, capsys):
+    """`train --out` at a dangling symlink said "a file is in the way"."""
+    link = tmp_path / "gone"
+    link.symlink_to(tmp_path / "nowhere")
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(link)]
+    one_line_exit_2(capsys, argv, f"cannot create output directory {link}: {link} is a broken symbolic link")
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()

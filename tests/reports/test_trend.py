@@ -56,8 +56,12 @@ def test_rungs_are_ordered_by_the_setting_with_their_tokens_and_each_schemes_poi
 def test_a_trend_needs_one_run_per_value_and_the_setting_recorded():
     with pytest.raises(PosencError, match="two runs have the same train.steps"):
         ordered([run(200, {"rope": [1.0]}, "a"), run(200, {"rope": [1.0]}, "b")], "train.steps")
-    with pytest.raises(PosencError, match=r"^s200 does not record model.d_model"):
+    with pytest.raises(PosencError, match=r"^s200's preset.json has no setting model.d_model \(a dotted key"):
         ordered([run(200, {"rope": [1.0]})], "model.d_model")
+    bare = run(200, {"rope": [1.0]})
+    bare = Run(bare.path, bare.label, bare.records, 128, {}, "none", {})
+    with pytest.raises(PosencError, match=r"^s200 does not record train.steps \(no preset.json with it\)"):
+        ordered([bare], "train.steps")
 
 
 def test_each_claim_is_checked_on_each_rung(accumulated_claims):

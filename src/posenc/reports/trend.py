@@ -68,6 +68,8 @@ def rung_value(run: Run, key: str) -> Any:
     """The run's value of the setting ``key`` (dotted, as in a preset: ``train.steps``). PosencError (one line) when
     the run does not record it (a run without preset.json)."""
     if key not in run.settings:
+        if run.source == "preset.json":  # its preset.json is there: the key is what is wrong
+            raise PosencError(f"{run.label}'s preset.json has no setting {key} (a dotted key such as train.steps)")
         raise PosencError(f"{run.label} does not record {key} (no preset.json with it): it cannot be a rung of {key}")
     return run.settings[key]
 

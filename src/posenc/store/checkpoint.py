@@ -51,12 +51,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def make_run_dir(path: Path) -> None:
-    """``mkdir -p path``; PosencError naming it when impossible (a file there, an unwritable place)."""
+    """``mkdir -p path``; PosencError naming it when impossible (a file or a broken link there, an unwritable place)."""
+    check_run_dir(path)
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         why = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc
-        raise PosencError(f"cannot create run directory {path}: {why}") from None
+        raise PosencError(f"cannot create output directory {path}: {why}") from None
 
 
 def check_run_dir(path: Path) -> None:
@@ -64,9 +65,11 @@ def check_run_dir(path: Path) -> None:
     way (at it or at an ancestor); nothing is created, so a command can check its output before the work and still
     leave nothing behind when it refuses its input."""
     for p in [Path(path), *Path(path).parents]:
+        if p.is_symlink() and not p.exists():  # exists() follows the link: a dangling one reads as nothing there
+            raise PosencError(f"cannot create output directory {path}: {p} is a broken symbolic link")
         if p.exists():
             if not p.is_dir():
-                raise PosencError(f"cannot create run directory {path}: a file is in the way")
+                raise PosencError(f"cannot create output directory {path}: a file is in the way")
             return
 
 
