@@ -211,7 +211,8 @@ def test_a_run_with_a_bad_training_section_is_one_line(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(PosencError) as err:
         load_run(tmp_path)
-    assert str(err.value) == "invalid training config: steps: Input should be greater than 0"
+    path = tmp_path / "config.json"
+    assert str(err.value) == f"invalid train section of {path}: steps: Input should be greater than 0"
 
 
 def test_model_api_rejects_bad_shapes():

@@ -16,7 +16,7 @@ from posenc.cli.main import main
 from posenc.config.plan import load_preset
 from posenc.errors import PosencError
 from posenc.jobs.compare import compare
-from posenc.store.records import drop_torn_tail
+from posenc.store.checkpoint import drop_torn_tail
 
 PLUGIN = '''
 import os, signal

@@ -9,6 +9,7 @@ import pytest
 from posenc.cli.main import main
 from posenc.errors import PosencError
 from posenc.reports.text import write_csv
+from posenc.store.checkpoint import drop_torn_tail
 from posenc.store.records import (
     DIAGNOSE,
     PRETRAINED,
@@ -26,7 +27,6 @@ from posenc.store.records import (
     Task,
     TaskCell,
     append,
-    drop_torn_tail,
     load,
     load_csv,
     load_ppl,

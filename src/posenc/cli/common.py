@@ -82,12 +82,17 @@ def print_dry_run(command: str, settings: dict[str, Any], jobs: int, detail: str
     return 0
 
 
-def refuse_encoding_setting(settings: dict[str, Any], command: str, flag: str) -> None:
-    """PosencError when ``settings`` (``given_settings``) set model.encoding: ``command`` takes its scheme(s) from
-    ``flag`` and would replace the setting without a word."""
+def refuse_derived_settings(settings: dict[str, Any], command: str, flag: str) -> None:
+    """PosencError when ``settings`` (``given_settings``) set a model key that ``command`` derives and would replace
+    without a word: model.encoding (from ``flag``) and model.vocab_size (from the tokenizer or the task)."""
     model = settings.get("model")
-    if "model.encoding" in settings or (isinstance(model, dict) and "encoding" in model):
-        raise PosencError(f"{command} takes the scheme from {flag}: give it there, not as --set model.encoding")
+    derived = {
+        "encoding": f"{command} takes the scheme from {flag}: give it there, not as",
+        "vocab_size": "the vocabulary comes from the tokenizer (train.tokenizer) or the task: set that, not",
+    }
+    for key, why in derived.items():
+        if f"model.{key}" in settings or (isinstance(model, dict) and key in model):
+            raise PosencError(f"{why} --set model.{key}")
 
 
 def nonblank(convert: Callable[[str], Any] = str) -> Callable[[str], Any]:

@@ -10,7 +10,7 @@ from posenc.cli.common import (
     given_settings,
     nonblank,
     print_dry_run,
-    refuse_encoding_setting,
+    refuse_derived_settings,
 )
 from posenc.config.plan import ClusterConfig, Preset, load_preset, rungs, task_specs
 from posenc.data.corpora import check_data
@@ -168,7 +168,7 @@ def dry_run(preset: Preset, out: Path) -> int:
 
 def run(args) -> int:
     settings = given_settings(args, FLAGS)
-    refuse_encoding_setting(settings, "compare", "--schemes (or the preset's schemes)")
+    refuse_derived_settings(settings, "compare", "--schemes (or the preset's schemes)")
     preset = load_preset(args.preset, settings)
     cluster = cluster_config(args, preset)
     check_options(args.launcher, not args.no_isolate, args.parallel, args.nproc_per_node, args.device)

@@ -173,7 +173,8 @@ def run(args) -> int:
         say(doc["positions"])
     records = []
     for L in lengths:
-        rec = evaluate_length(model, data.val_docs, L, base, args.max_tokens, span=max(lengths), positions=drawn)
+        run = {**base, "corpus": corpus}  # the record names the text it scored (--corpus: not the training one)
+        rec = evaluate_length(model, data.val_docs, L, run, args.max_tokens, span=max(lengths), positions=drawn)
         append(Path(args.run_dir) / "eval.jsonl", rec)
         records.append(rec)
     # after every length, so the ratio does not depend on where the training length comes in --multiples
@@ -231,7 +232,7 @@ def stream(args, model, data, base: dict, corpus: str) -> int:
         f"; the held-out text has only {n} targets" if n < args.stream else ""
     )
     rec = Ppl(
-        **{**base, "scheme": base["scheme"] + " streamed"},
+        **{**base, "scheme": base["scheme"] + " streamed", "corpus": corpus},
         train_length=model.cfg.train_length,
         eval_length=n,
         windows=1,

@@ -134,6 +134,10 @@ def read_prompt(args) -> str:
     if args.prompt is not None and args.prompt != "-":
         if not args.prompt:
             raise PosencError("--prompt is empty: give the text to continue")
+        try:  # bytes of the command line that are not UTF-8 arrive as lone surrogates (PEP 383)
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise PosencError("--prompt is not UTF-8 text: give the text in UTF-8") from None
         return args.prompt
     where = source(args)
     if args.prompt_file is not None:

@@ -8,6 +8,7 @@ from posenc.errors import PosencError
 from posenc.reports.runs import scoreboard, write_runs_report
 from posenc.reports.scoreboard import write_readme_block
 from posenc.reports.trend import write_trend_report
+from posenc.store.checkpoint import refuse_run_dir
 
 
 def add_parser(sub):
@@ -61,6 +62,7 @@ def run(args) -> int:
         raise PosencError(
             f"--out {args.out} is one of the runs read: its report would be replaced; give another folder"
         )
+    refuse_run_dir(args.out, "report")
     if args.trend:
         report = write_trend_report(args.run_dirs, args.out, args.trend)
         print(report.read_text())

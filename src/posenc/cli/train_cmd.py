@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 from posenc.cli.common import (
@@ -11,7 +12,7 @@ from posenc.cli.common import (
     given_settings,
     nonblank,
     print_dry_run,
-    refuse_encoding_setting,
+    refuse_derived_settings,
 )
 from posenc.config.plan import load_preset
 from posenc.data.corpora import check_data
@@ -77,7 +78,7 @@ FLAGS = {
 
 def run(args) -> int:
     settings = given_settings(args, FLAGS)
-    refuse_encoding_setting(settings, "train", "--scheme")
+    refuse_derived_settings(settings, "train", "--scheme")
     preset = load_preset(args.preset, settings, schemes=[args.scheme])  # checks the scheme
     mcfg = dataclasses.replace(preset.model, encoding=args.scheme)
     out = args.out or Path("runs") / "train" / args.scheme
@@ -124,11 +125,16 @@ def run(args) -> int:
     finished = before is not None and (
         before["steps"] == preset.train.steps or steps_to_criterion(before) == before["steps"]
     )
+    fresh = not out.exists()
     try:
         with open_tracker(
             args.log if distributed.rank() == 0 else "none", out, f"{out.name}/{args.scheme}", "train", config
         ) as tracker:
             summary = train(out, mcfg, preset.train, resume=args.resume, tracker=tracker, device=device)
+    except PosencError:
+        if fresh and not (out / "state.pt").exists():  # refused before its first checkpoint (e.g. by the tracker)
+            shutil.rmtree(out, ignore_errors=True)  # the folder this call made: nothing of a run is left half-made
+        raise
     except (StopNow, KeyboardInterrupt) as exc:
         if not (out / "config.json").exists():  # stopped before the run's first write: --resume would be refused
             raise KeyboardInterrupt(f"{out} holds no checkpoint yet (the same command starts it again)") from None

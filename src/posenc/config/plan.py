@@ -278,6 +278,8 @@ def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None, sche
     trained scheme that cannot be built (``check_scheme``).
     """
     path, data = read_preset(name_or_path, cls=Preset)
+    if schemes is not None:  # a command that names its scheme (train) needs no list of them in the preset
+        data.setdefault("schemes", schemes)
     written = (
         validated(Preset, data, f"preset {path.name}").model_dump(mode="json", include=STATED)
         if data.get("description")

@@ -166,9 +166,14 @@ def _exec_file(name: str, path: Path, target: str) -> None:
     sys.modules[name] = module  # before running it, as the import system does (dataclasses and pickle look it up)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         del sys.modules[name]
-        raise PosencError(f"cannot import {target!r}: {one_line(exc)}") from exc
+        raise PosencError(f"cannot import {target!r}: {_why(exc)}") from exc
+
+
+def _why(exc: BaseException) -> str:
+    """Why an import failed, in one line: a module that exits on import (``sys.exit``) is a failed import too."""
+    return f"it called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else one_line(exc)
 
 
 def _package_root(path: Path) -> tuple[Path, str]:
@@ -183,8 +188,8 @@ def _package_root(path: Path) -> tuple[Path, str]:
 def _import_module(name: str, target: str) -> str:
     try:
         importlib.import_module(name)
-    except Exception as exc:
-        raise PosencError(f"cannot import {target!r}: {one_line(exc)}") from exc
+    except (Exception, SystemExit) as exc:
+        raise PosencError(f"cannot import {target!r}: {_why(exc)}") from exc
     _PLUGINS.add(name)
     return name
 

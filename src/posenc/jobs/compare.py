@@ -17,7 +17,7 @@ from pathlib import Path
 
 from posenc.config.plan import ClusterConfig, Preset, point_root
 from posenc.errors import PosencError
-from posenc.eval.progress import bar
+from posenc.eval.progress import bar, note
 from posenc.jobs.job import Job, Plan
 from posenc.jobs.launcher import Launcher, finish_run, record_run
 from posenc.store.records import RunStore
@@ -90,7 +90,7 @@ def compare(
             for store in stores.values():
                 store.refresh()
         if not pending:
-            print(f"posenc: all {len(seen)} jobs already done in {run_root} (the report is rewritten)", file=sys.stderr)
+            note(f"posenc: all {len(seen)} jobs already done in {run_root} (the report is rewritten)")
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the time up to the stop counts in the run's wall time
         for root, stamp in opened:
             finish_run(root, stamp, interrupted=True)

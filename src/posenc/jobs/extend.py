@@ -46,7 +46,7 @@ from posenc.scoring import Window
 from posenc.store.checkpoint import check_run_dir, make_run_dir, read_json, write_json
 from posenc.store.presets import SHIPPED, Seed, load_flat
 from posenc.store.presets import preset_names as shipped
-from posenc.store.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, drop_torn_tail, load, trial_key
+from posenc.store.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, load, trial_key
 from posenc.store.stamp import WeightsDtype, resolve_dtype, run_stamp, stamp_line
 
 PRESETS = SHIPPED / "extend"
@@ -342,7 +342,6 @@ class _Store:
     ignored: :func:`_skipped_a_target`, :func:`_other_bos`)."""
 
     def __init__(self, path: Path, tag: str, bos: str = "none", bucket: int | None = None):
-        drop_torn_tail(path)  # a record cut by a kill must not swallow the next one
         self.path, self.tag, self.bucket = path, tag, bucket  # bucket: the setting's width (perplexity.bucket_width)
         self.records, self.done = [], set()
         for r in load(path, PRETRAINED):

@@ -45,7 +45,6 @@ from posenc.store.checkpoint import (
     load_torch,
     make_run_dir,
     read_json,
-    read_jsonl,
     write_json,
 )
 from posenc.store.presets import SHIPPED, load_flat, validated
@@ -55,7 +54,7 @@ from posenc.store.stamp import run_stamp
 from posenc.train.batches import batch_at
 from posenc.train.loop import fit
 from posenc.train.optimizer import make_optimizer
-from posenc.train.resume import Checkpoint
+from posenc.train.resume import Checkpoint, read_log
 from posenc.train.settings import LoopConfig
 from posenc.train.tracking import NO_TRACKER, Tracker, check_kind, open_tracker
 
@@ -439,7 +438,7 @@ def finetune(cfg: FinetuneConfig, out: Path | None = None, log: str = "none") ->
         with torch.no_grad():
             extend.measure(adapted, tok, tuned, cfg.eval_lengths, plan, dict(docs), store, ecfg, bos_id)
         tracker.log(scores(store.records, tuned), cfg.steps)
-    log = read_jsonl(out / "train.jsonl")
+    log = read_log(out / "train.jsonl")
     report.plot_loss(out, log, tuned)
     header = _header(cfg, label, l0, params, log)
     return out, report.write_report(out, store.records, [label, tuned], header)

@@ -43,7 +43,15 @@ from posenc.methods import PARAMETERS
 from posenc.model import set_method, with_rope_schedule
 from posenc.reports.render import figure, markdown_table, save_figure, write_csv_table
 from posenc.rope import NAMES, check_name
-from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, check_run_dir, make_run_dir, read_json, write_json
+from posenc.store.checkpoint import (
+    append_jsonl,
+    atomic_write_bytes,
+    check_run_dir,
+    make_run_dir,
+    read_json,
+    refuse_run_dir,
+    write_json,
+)
 from posenc.store.presets import validated
 from posenc.store.stamp import WeightsDtype, resolve_dtype, run_stamp
 from posenc.train.rundir import load_text_run
@@ -511,6 +519,7 @@ def grid(
         )
     out = Path(out)
     check_run_dir(out)  # a file in the way: refused before any model loads
+    refuse_run_dir(out, "harness")
     for kept in sorted((out / "cells").glob("*.json")):
         if (other := read_json(kept).get("dtype", "float32")) != dtype:  # cells before the field were float32
             raise PosencError(f"{out} holds {other} cells ({kept.name}); a {dtype} grid needs another --out")

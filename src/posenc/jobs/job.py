@@ -56,12 +56,13 @@ from posenc.reports.tasks import write_task_report
 from posenc.reports.text import with_ratios, write_report
 from posenc.rope import schedule_label, schedule_params
 from posenc.scoring import eval_lengths, window_starts
-from posenc.store.checkpoint import read_json, read_jsonl
+from posenc.store.checkpoint import read_json
 from posenc.store.records import FarMass, PasskeyCell, Ppl, Record, RunStore, Task
 from posenc.store.stamp import run_stamp, stamp_line
 from posenc.train.batches import check_positions, randomized_max
 from posenc.train.curves import loss_curve
 from posenc.train.precision import machine_precision
+from posenc.train.resume import read_log
 from posenc.train.rundir import check_trained_as, is_trained, load_run, steps_to_criterion
 from posenc.train.settings import TrainConfig
 from posenc.train.tracking import eval_metrics, task_metrics
@@ -339,7 +340,7 @@ class TaskJob(_Trains):
                 criterion=tcfg.until.describe() if tcfg.until else None,
                 criterion_step=steps_to_criterion(summary),
                 n_head=mcfg.n_head,
-                loss_curve=loss_curve(read_jsonl(self.run_dir / "train.jsonl")),
+                loss_curve=loss_curve(read_log(self.run_dir / "train.jsonl")),
                 leak=gate_leak(model, data.task, mcfg.train_length),
                 encoding=mcfg.encoding,
                 screening=self.screening,

@@ -326,8 +326,10 @@ def run_inline(fn: Callable, args: tuple, error_file: Path) -> str | None:
 def record_run(run_root: Path, preset: Preset) -> dict:
     """Write the resolved preset (``preset.json``) and append this invocation's stamp (versions, commit,
     device, threads, command; ``posenc.store.stamp``) with an id (``invocation``) and its start time (``started``,
-    UTC) to ``invocations.jsonl``: a resumed run keeps every one. Returns the stamp (``finish_run`` closes it)."""
+    UTC) to ``invocations.jsonl``: a resumed run keeps every one. Returns the stamp (``finish_run`` closes it).
+    PosencError (one line) when ``invocations.jsonl`` is damaged (``read_jsonl``)."""
     make_run_dir(run_root)
+    read_jsonl(run_root / "invocations.jsonl")  # a damaged file refused now, not at finish_run after the work
     write_json(run_root / "preset.json", preset.model_dump())
     stamp = {**run_stamp(machine_precision(preset.train)), "invocation": uuid.uuid4().hex, "started": utc_now()}
     append_jsonl(run_root / "invocations.jsonl", stamp)

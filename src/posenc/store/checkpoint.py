@@ -73,18 +73,36 @@ def check_run_dir(path: Path) -> None:
             return
 
 
+def refuse_run_dir(path: Path, command: str) -> None:
+    """PosencError when the output directory ``path`` holds a run of another command (a compare run's preset.json; a
+    train, extend or finetune run's config.json): ``command``'s files would replace or mix with that run's."""
+    for marker, what in (("preset.json", "compare run"), ("config.json", "train, extend or finetune run")):
+        if (Path(path) / marker).is_file():
+            raise PosencError(f"{path} holds a posenc {what} ({marker}): give {command} another --out")
+
+
 def write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, default=str) + "\n").encode())
 
 
-def read_json(path: Path) -> Any:
-    """The JSON value of ``path``; PosencError (one line) when it is not JSON or is a directory."""
+def read_json(path: Path) -> dict:
+    """The JSON object of ``path`` (every JSON file posenc writes holds one). PosencError (one line naming the file)
+    when it is not JSON, not UTF-8, a directory, or a JSON value other than an object."""
     try:
-        return json.loads(Path(path).read_text())
+        value = json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PosencError(f"{path} is damaged (not valid JSON: {exc})") from None
     except IsADirectoryError:
         raise PosencError(f"{path} is damaged (a directory, not a JSON file)") from None
+    if not isinstance(value, dict):
+        raise PosencError(f"{path} is damaged (a JSON {_json_kind(value)}, not an object)")
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a decoded value's type, for messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
 
 
 def _jsonl_line(record: dict) -> bytes:
@@ -92,11 +110,39 @@ def _jsonl_line(record: dict) -> bytes:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    """Append one record as a single write of one line (never a partial record on resume)."""
+    """Append one record as a single write of one line (never a partial record on resume). A last line left
+    unfinished by a killed writer is cut first, so the record starts a line of its own. PosencError (one line) when
+    ``path`` is a directory."""
+    path = Path(path)
+    if path.is_dir():
+        raise PosencError(f"{path} is a directory where a file belongs: move it away")
+    drop_torn_tail(path)
     with open(path, "ab") as f:
         f.write(_jsonl_line(record))
         f.flush()
         os.fsync(f.fileno())
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut a last line left unfinished by a killed writer (no newline, not JSON); a whole JSON line without its
+    newline (written by hand) gets the newline instead."""
+    if not path.is_file() or not path.stat().st_size:
+        return
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+    data = path.read_bytes()
+    cut = data.rfind(b"\n") + 1
+    atomic_write_bytes(path, data + b"\n" if is_json(data[cut:]) else data[:cut])
+
+
+def is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return True
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:
@@ -105,17 +151,35 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSONL file; a torn last line (killed mid-write) is ignored."""
+    """The records (JSON objects, one a line) of a JSONL file; [] when it does not exist. A last line without its
+    newline that is not JSON (a writer killed mid-append) is ignored; blank lines hold nothing. PosencError (one
+    line naming the file and line) for a directory, bytes that are not UTF-8, or any other line that is not a JSON
+    object."""
     path = Path(path)
     if not path.exists():
         return []
+    if path.is_dir():
+        raise PosencError(f"{path} is damaged (a directory, not a JSONL file)")
+    data = path.read_bytes()
+    lines = data.split(b"\n")
     out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+    for i, line in enumerate(lines, 1):
+        if not line.strip() or (i == len(lines) and not is_json(line)):
             continue
+        out.append(decode_record(line, f"{path} line {i}"))
     return out
+
+
+def decode_record(line: bytes, where: str) -> dict:
+    """The record (a JSON object) of one JSONL line; PosencError naming ``where`` (its file and line) when the line
+    is not JSON or holds another JSON value."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise PosencError(f"{where} is not a JSON record; repair or remove that line") from None
+    if not isinstance(record, dict):
+        raise PosencError(f"{where} is a JSON {_json_kind(record)}, not a record (an object); repair or remove it")
+    return record
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:

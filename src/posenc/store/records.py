@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Literal
@@ -37,7 +36,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from posenc.errors import PosencError
-from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, write_jsonl
+from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, decode_record, is_json, write_jsonl
 
 SCHEMA_VERSION = 2  # raise it when a record's fields change name or meaning; load refuses a newer file
 
@@ -62,6 +61,7 @@ class Ppl(Record):
     train_length: int
     eval_length: int
     method: str | None = None  # an inference method's full spec (posenc.methods), e.g. self-extend:group=4,window=64
+    corpus: str | None = None  # posenc eval: the corpus scored (compare: the preset's, in preset.json)
     windows: int | None = None
     scored_tokens: int | None = None
     nll: float | None = None  # summed over the scored tokens, nats
@@ -263,8 +263,10 @@ DIAGNOSE: dict[str, type[Record]] = {"diagnosis": Diagnosis}
 
 
 def _row(record: Record) -> dict:
-    """The JSON line of ``record`` (a Ppl's derived ratio left out)."""
-    return record.model_dump(mode="json", exclude={"ratio"} if isinstance(record, Ppl) else None)
+    """The JSON line of ``record`` (a Ppl's derived ratio left out, and its corpus when unset)."""
+    if not isinstance(record, Ppl):
+        return record.model_dump(mode="json")
+    return record.model_dump(mode="json", exclude={"ratio"} if record.corpus else {"ratio", "corpus"})
 
 
 def append(path: Path, record: Record) -> None:
@@ -306,11 +308,7 @@ def _lines(data: bytes, path: Path, first: int, kinds: dict[str, type[Record]]) 
     for i, line in enumerate(data[:end].splitlines(), first):
         if not line.strip():  # a blank line holds no record
             continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError:
-            raise PosencError(f"{path} line {i} is not a JSON record; repair or remove that line") from None
-        out.append(_parse(raw, kinds, f"{path} line {i}"))
+        out.append(_parse(decode_record(line, f"{path} line {i}"), kinds, f"{path} line {i}"))
     return out, end
 
 
@@ -318,16 +316,12 @@ def _torn(data: bytes, path: Path, line: int) -> bool:
     """Whether ``data`` ends in a line cut short (no newline, not JSON): an interrupted append, said in a one-line
     warning on stderr. A last line that is whole JSON without its newline is a record (a file written by hand)."""
     tail = data[data.rfind(b"\n") + 1 :]
-    if not tail.strip():
+    if not tail.strip() or is_json(tail):
         return False
-    try:
-        json.loads(tail)
-    except json.JSONDecodeError:
-        if (path, len(data)) not in _WARNED:  # once per file as it is: a report reads a run's records more than once
-            _WARNED.add((path, len(data)))
-            print(f"posenc: warning: {path} line {line} is cut short (an interrupted append); ignored", file=sys.stderr)
-        return True
-    return False
+    if (path, len(data)) not in _WARNED:  # once per file as it is: a report reads a run's records more than once
+        _WARNED.add((path, len(data)))
+        print(f"posenc: warning: {path} line {line} is cut short (an interrupted append); ignored", file=sys.stderr)
+    return True
 
 
 _WARNED: set[tuple[Path, int]] = set()  # (file, its size) whose torn last line this process warned of
@@ -397,13 +391,6 @@ def full_records(records: list[Record]) -> list[Record]:
     """``records`` without the screening records (``Task.screening``) of jobs that also have a full one."""
     full = {(r.task, r.scheme, r.seed) for r in records if isinstance(r, Task) and not r.screening}
     return [r for r in records if not (isinstance(r, Task) and r.screening and (r.task, r.scheme, r.seed) in full)]
-
-
-def drop_torn_tail(path: Path) -> None:
-    """Cut a last line left unfinished by a killed writer, so the next append starts a clean line."""
-    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-        text = path.read_bytes()
-        atomic_write_bytes(path, text[: text.rfind(b"\n") + 1])
 
 
 _INT, _FLOAT = ("seed", "train_length", "eval_length", "windows", "scored_tokens"), ("nll", "ppl", "ratio")

@@ -32,14 +32,14 @@ from posenc.errors import PosencError
 from posenc.eval import progress
 from posenc.eval.tasks import id_accuracy
 from posenc.model import LM, ModelConfig, check_fits
-from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
+from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, write_json
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
 from posenc.train.batches import check_positions, check_trainable, mean_loss, training_batch, training_positions
 from posenc.train.curves import loss_curve, loss_trend
 from posenc.train.optimizer import lr_at, make_optimizer
 from posenc.train.precision import autocast, resolve_precision
-from posenc.train.resume import Checkpoint, checkpoint_step, truncate_log
+from posenc.train.resume import Checkpoint, checkpoint_step, read_log, truncate_log
 from posenc.train.rundir import check_resume, finished_at, is_trained
 from posenc.train.settings import LoopConfig, TrainConfig
 from posenc.train.signals import StopNow, ctrl_c_between_steps
@@ -109,7 +109,7 @@ def fit(
     if shard.is_main:
         truncate_log(log, step)
         if criterion is not None:
-            truncate_log(run_dir / "until.jsonl", step - 1)  # the check at ``step`` is redone below
+            truncate_log(run_dir / "until.jsonl", step - 1, "value")  # the check at ``step`` is redone below
     reached = None
 
     def met(step: int) -> bool:  # a check is due at multiples of ``every``
@@ -381,5 +381,5 @@ def _still_falling(log: Path, cap: int) -> str | None:
     """Why a run unmet at its cap ``cap`` trains on: its training loss still falling there (the words of
     ``posenc.train.curves.Trend.falling_at``, from the losses logged in ``log`` at steps <= ``cap``); None when it is
     not (or too few steps were logged to tell)."""
-    trend = loss_trend(loss_curve([r for r in read_jsonl(log) if r["step"] <= cap]))
+    trend = loss_trend(loss_curve([r for r in read_log(log) if r["step"] <= cap]))
     return trend.falling_at(cap) if trend is not None and trend.falling else None

@@ -1,6 +1,6 @@
 """A run's resume point: :class:`Checkpoint` (``state.pt``: step, trained tensors and optimizer state in one atomically
 written file, and the same tensors as safetensors), its step (:func:`checkpoint_step`) and the log cut back to it
-(:func:`truncate_log`)."""
+(:func:`truncate_log`), read through :func:`read_log`."""
 
 from __future__ import annotations
 
@@ -68,7 +68,19 @@ def checkpoint_step(run_dir: Path) -> int:
     return int(_resume_point(path, mmap=True)["step"]) if path.exists() else 0
 
 
-def truncate_log(path: Path, step: int) -> None:
-    """Drop log records after ``step``: a killed run logged steps its checkpoint does not hold."""
-    kept = [r for r in read_jsonl(path) if r["step"] <= step]
-    write_jsonl(path, kept)
+def read_log(path: Path, value: str = "loss") -> list[dict]:
+    """The rows of a per-step log ([] when missing), each with an integer ``step`` and a numeric ``value``:
+    ``train.jsonl`` of ``posenc train`` and ``posenc finetune`` (its ``loss``, nats), ``until.jsonl`` (the
+    criterion's ``value``). PosencError (one line naming the file and record) for a row without them, or as
+    ``read_jsonl``'s for a line that is no record."""
+    rows = read_jsonl(path)
+    for i, row in enumerate(rows, 1):
+        if type(row.get("step")) is not int or type(row.get(value)) not in (int, float):
+            raise PosencError(f"{path} record {i} is not a log row (integer step, numeric {value}): repair it")
+    return rows
+
+
+def truncate_log(path: Path, step: int, value: str = "loss") -> None:
+    """Drop log records after ``step``: a killed run logged steps its checkpoint does not hold. PosencError as
+    :func:`read_log`'s (rows with an integer step and a numeric ``value``)."""
+    write_jsonl(path, [r for r in read_log(path, value) if r["step"] <= step])

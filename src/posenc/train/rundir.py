@@ -22,12 +22,24 @@ from posenc.train.settings import TrainConfig
 
 
 def read_run_config(run_dir: Path) -> dict:
-    """A run's config.json; PosencError naming it when damaged or without its model/train sections."""
+    """A run's config.json; PosencError naming it when damaged, without its model/train sections, or with a
+    ``plugins`` entry that is not {"module": name, "file": path or null}."""
     path = Path(run_dir) / "config.json"
     cfg = read_json(path)
-    if not (isinstance(cfg, dict) and all(isinstance(cfg.get(k), dict) for k in ("model", "train"))):
+    if not all(isinstance(cfg.get(k), dict) for k in ("model", "train")):
         raise PosencError(f"{path} is damaged: it needs 'model' and 'train' sections")
+    plugins = cfg.get("plugins", [])
+    if not (isinstance(plugins, list) and all(_is_plugin(p) for p in plugins)):
+        raise PosencError(f"{path} is damaged: 'plugins' must be a list of {{module, file}} entries")
     return cfg
+
+
+def _is_plugin(entry: object) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("module"), str)
+        and isinstance(entry.get("file"), (str, type(None)))
+    )
 
 
 def check_plugins(run_dir: Path, cfg: dict) -> None:
@@ -54,11 +66,15 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
     cfg = read_run_config(run_dir)
     check_plugins(run_dir, cfg)
+    path = run_dir / "config.json"
     mcfg, tcfg = (
-        validated(ModelConfig, cfg["model"], "model config"),
-        validated(TrainConfig, cfg["train"], "training config"),
+        validated(ModelConfig, cfg["model"], f"model section of {path}"),
+        validated(TrainConfig, cfg["train"], f"train section of {path}"),
     )
-    model = LM(mcfg)
+    try:
+        model = LM(mcfg)
+    except PosencError as exc:  # a scheme or setting this posenc cannot build: the file that asked for it
+        raise PosencError(f"{path}: {exc}") from None
     load_weights(run_dir / "model.safetensors", model)
     return model.to(distributed.default_device()), mcfg, tcfg
 
