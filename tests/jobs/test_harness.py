@@ -199,6 +199,25 @@ def test_score_cell_reads_rulers_per_length_scores():
     assert harness.score_cell(result, "niah_single_1", 4096) == ("4096", [1.0, 0.0])
 
 
+def test_what_lm_eval_prints_goes_to_stderr_not_the_tables_stdout(tmp_path, monkeypatch, capsys):
+    """RULER's task module printed "Downloaded punkt_tab on rank 0" on stdout, where posenc harness prints its
+    table."""
+    import lm_eval
+
+    def evaluate(**kwargs):
+        print("Downloaded punkt_tab on rank 0")
+        return {
+            "results": {"niah_single_1": {"64,none": 0.5}},
+            "samples": {"niah_single_1": [{"64": 1.0}, {"64": 0.0}]},
+        }
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", evaluate)
+    cell = harness.run_cell(None, "niah_single_1", 64, 2, tmp_path / "cache", None)
+    assert (cell["metric"], cell["score"], cell["n"]) == ("64", 0.5, 2)
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == "Downloaded punkt_tab on rank 0\n"
+
+
 def test_a_killed_evaluation_resumes_from_the_request_cache(llama_dir, tmp_path, monkeypatch):
     from lm_eval.api.model import CachingLM
 

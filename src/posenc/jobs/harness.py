@@ -18,9 +18,11 @@ recomputing it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
+import sys
 import typing
 import warnings
 from pathlib import Path
@@ -456,16 +458,17 @@ def run_cell(lm, task: str, length: int, limit: int | None, cache: Path, tokeniz
 
     start = time.monotonic()
     metadata = {"max_seq_lengths": [length], **({"tokenizer": tokenizer} if tokenizer else {})}
-    try:
-        result = simple_evaluate(
-            model=lm,
-            tasks=[task],
-            limit=limit,
-            use_cache=str(cache),
-            log_samples=True,
-            bootstrap_iters=0,
-            metadata=metadata,
-        )
+    try:  # lm-eval's tasks print notices (nltk's downloads) on stdout, where posenc harness prints its table
+        with contextlib.redirect_stdout(sys.stderr):
+            result = simple_evaluate(
+                model=lm,
+                tasks=[task],
+                limit=limit,
+                use_cache=str(cache),
+                log_samples=True,
+                bootstrap_iters=0,
+                metadata=metadata,
+            )
     except ValueError as exc:  # RULER's generators refuse a length their haystack and question do not fit
         if "Could not generate any sample" not in str(exc):
             raise
