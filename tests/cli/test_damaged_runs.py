@@ -11,6 +11,7 @@ from posenc.store.checkpoint import read_jsonl
 from posenc.train import tracking
 
 QUICK = ["--preset", "quick", "--steps", "2"]
+COMPARE = ["compare", "--preset", "quick", "--set", "schemes=[rope]", "--set", "train.steps=2"]
 
 
 def one_line_exit_2(capsys, argv, message):
@@ -24,18 +25,7 @@ def trained(tmp_path_factory):
     """A 2-step RoPE run and a one-scheme quick compare run, copied per test."""
     root = tmp_path_factory.mktemp("damaged")
     assert main(["train", "--scheme", "rope", *QUICK, "--out", str(root / "tr"), "-q"]) == 0
-    argv = [
-        "compare",
-        "--preset",
-        "quick",
-        "--set",
-        "schemes=[rope]",
-        "--set",
-        "train.steps=2",
-        "--out",
-        str(root / "cmp"),
-    ]
-    assert main([*argv, "-q"]) == 0
+    assert main([*COMPARE, "--out", str(root / "cmp"), "-q"]) == 0
     return root
 
 
@@ -94,18 +84,7 @@ def test_a_damaged_compare_run_is_refused_by_report_and_a_rerun(runs, capsys, na
         path.write_text("".join(path.read_text().splitlines(keepends=True)[:2]) + content + "\n")
     else:
         path.write_text(content)
-    rerun = [
-        "compare",
-        "--preset",
-        "quick",
-        "--set",
-        "schemes=[rope]",
-        "--set",
-        "train.steps=2",
-        "--out",
-        str(runs / "cmp"),
-    ]
-    one_line_exit_2(capsys, rerun, f"{path} {message}")
+    one_line_exit_2(capsys, [*COMPARE, "--out", str(runs / "cmp")], f"{path} {message}")
     if name != "invocations.jsonl":  # report reads no invocations
         one_line_exit_2(
             capsys, ["report", str(runs / "cmp" / "quick"), "--out", str(runs / "rep")], f"{path} {message}"
