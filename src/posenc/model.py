@@ -655,7 +655,10 @@ def sample(
     """One token per row from logits (B, vocab): (B, 1) int64. temperature 0 is argmax."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    # float64 and shifted to a maximum of 0 first: any temperature > 0 then gives finite or -inf logits, never
+    # inf - inf (1e-39 underflows float32)
+    logits = logits.double()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -672,9 +675,9 @@ def physical_memory() -> float:
 
 def check_fits(cfg: ModelConfig) -> None:
     """PosencError (one line) for a model whose float32 weights cannot fit this machine's memory, judged by a lower
-    bound (the token embedding and each layer's query and output projections: vocab x d + 2 n_layer d^2), before
-    any is allocated: a huge ``n_layer`` would otherwise build modules for hours."""
-    need = 4.0 * (cfg.vocab_size * cfg.d_model + 2 * cfg.n_layer * cfg.d_model**2)
+    bound (the token embedding, each layer's query and output projections and its MLP: vocab x d + n_layer (2 + 2
+    mlp_ratio) d^2), before any is allocated: a huge ``n_layer`` would otherwise build modules for hours."""
+    need = 4.0 * (cfg.vocab_size * cfg.d_model + (2 + 2 * cfg.mlp_ratio) * cfg.n_layer * cfg.d_model**2)
     have = physical_memory()
     if need > have:
         raise PosencError(

@@ -2,11 +2,15 @@
 and exit 2 naming the file, with nothing lost; before, each printed a traceback, or was taken without a word."""
 
 import json
+import math
 import shutil
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from posenc.cli.main import main
+from posenc.model import sample
 from posenc.store.checkpoint import read_jsonl
 from posenc.train import tracking
 
@@ -51,8 +55,9 @@ def test_train_resume_refuses_a_damaged_log(runs, capsys, line, message):
     log.write_text(before)
     message = message.replace("3", str(before.count("\n")))
     argv = ["train", "--scheme", "rope", *QUICK, "--steps", "3", "--out", str(runs / "tr"), "--resume"]
+    config = (runs / "tr" / "config.json").read_text()
     one_line_exit_2(capsys, argv, f"{log} {message}")
-    assert log.read_text() == before  # nothing rewritten
+    assert log.read_text() == before and (runs / "tr" / "config.json").read_text() == config  # nothing rewritten
 
 
 @pytest.mark.slow
@@ -192,3 +197,94 @@ def test_train_takes_a_preset_without_a_schemes_list(tmp_path, capsys):
     argv = ["train", "--scheme", "rope", "--preset", str(preset), "--steps", "1", "--out", str(tmp_path / "r")]
     assert main([*argv, "-q"]) == 0
     assert json.loads((tmp_path / "r" / "config.json").read_text())["model"]["n_layer"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        ({"step": "x"}, "its step 'x' is not a non-negative integer"),
+        ({"step": -3}, "its step -3 is not a non-negative integer"),  # emptied train.jsonl, rewrote config.json
+        ({"step": 1.5}, "its step 1.5 is not a non-negative integer"),  # was taken as step 1
+        ({"model": None}, "its tensors are not a {name: tensor} mapping"),
+        ({"optimizer": {}}, "its optimizer state is not an optimizer's"),
+    ],
+)
+def test_a_damaged_state_pt_is_refused_before_anything_is_rewritten(runs, capsys, edit, message):
+    run = runs / "tr"
+    (run / "train_summary.json").unlink()  # unfinished: resume loads state.pt
+    torch.save({**torch.load(run / "state.pt", weights_only=False), **edit}, run / "state.pt")
+    kept = {name: (run / name).read_bytes() for name in ("config.json", "train.jsonl")}
+    argv = ["train", "--scheme", "rope", *QUICK, "--steps", "3", "--out", str(run), "--resume"]
+    one_line_exit_2(capsys, argv, f"{run / 'state.pt'} is damaged: {message}; use another --out")
+    assert {name: (run / name).read_bytes() for name in kept} == kept
+
+
+@pytest.mark.slow
+def test_non_finite_weights_are_refused_not_scored(runs, capsys):
+    """NaN weights gave "ppl nan" with exit 0."""
+    path = runs / "tr" / "model.safetensors"
+    save_file({k: v * math.nan for k, v in load_file(path).items()}, path)
+    for argv in (["eval", str(runs / "tr")], ["generate", str(runs / "tr"), "--prompt", "x"]):
+        one_line_exit_2(capsys, argv, f"{path} holds non-finite weights (NaN or inf, first in ")
+
+
+def test_a_tiny_temperature_samples_the_argmax():
+    """temperature 1e-39 turned the logits into inf - inf: "probability tensor contains either inf, nan"."""
+    logits = torch.tensor([[1.0, 3.0, 2.0], [5.0, -1.0, 0.0]])
+    for t in (1e-39, 5e-324):
+        assert sample(logits, t, None, torch.Generator().manual_seed(0)).tolist() == [[1], [0]]
+
+
+@pytest.mark.slow
+def test_a_file_posenc_may_not_read_is_one_line(runs, capsys, monkeypatch):
+    """Unreadable run files gave PermissionError tracebacks (root reads anything: the refusal is simulated)."""
+    from posenc.train import rundir
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(rundir, "read_json", refuse)
+    code = main(["eval", str(runs / "tr")])
+    assert code == 2 and capsys.readouterr().err == f"posenc: error: permission denied: {runs / 'tr' / 'config.json'}\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("folder", "results.jsonl is damaged (a directory, not a JSONL file)"),
+        ("negative", "results.jsonl line 1: not a ppl record (ppl: Input should be greater than 0)"),
+        ("nan", "results.jsonl line 1: not a ppl record (ppl: Input should be a finite number)"),
+        ("csv folder", "results.csv is damaged (a directory, not a CSV file)"),
+        ("csv bytes", "results.csv is damaged (not UTF-8 text"),
+    ],
+)
+def test_damaged_results_are_refused_by_report(runs, capsys, damage, message):
+    """A folder gave IsADirectoryError, bytes a UnicodeDecodeError; a negative or NaN perplexity was reported."""
+    cmp = runs / "cmp" / "quick"
+    lines = (cmp / "results.jsonl").read_text().splitlines()
+    if damage == "folder":
+        (cmp / "results.jsonl").unlink()
+        (cmp / "results.jsonl").mkdir()
+    elif damage in ("negative", "nan"):
+        first = {**json.loads(lines[0]), "ppl": -5.0 if damage == "negative" else math.nan}
+        (cmp / "results.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    else:
+        (cmp / "results.jsonl").unlink()
+        (cmp / "results.csv").unlink()
+        if damage == "csv folder":
+            (cmp / "results.csv").mkdir()
+        else:
+            (cmp / "results.csv").write_bytes(b"scheme,train_length,eval_length\n\xff,32,32\n")
+    one_line_exit_2(capsys, ["report", str(cmp), "--out", str(runs / "rep")], f"{cmp / message.split()[0]}")
+    one_line_exit_2(capsys, ["report", str(cmp), "--out", str(runs / "rep")], message)
+
+
+@pytest.mark.slow
+def test_an_append_to_a_broken_link_is_one_line(runs, capsys):
+    """eval appended to a dangling eval.jsonl link: FileNotFoundError (a compare rerun created the link's target)."""
+    (runs / "tr" / "eval.jsonl").symlink_to(runs / "gone" / "x.jsonl")
+    message = f"{runs / 'tr' / 'eval.jsonl'} is a broken symbolic link: remove it or point it at a file"
+    one_line_exit_2(capsys, ["eval", str(runs / "tr"), "--multiples", "1"], message)
+    assert not (runs / "gone").exists()

@@ -214,8 +214,10 @@ def test_train_refuses_a_model_encoding_its_scheme_flag_would_replace(tmp_path, 
         # named a composition
         ("gemma3+alibi", "'gemma3' is a per-layer pattern (rope:rope_theta=10000,window=1024|"),
         # quoted the expanded entry 'rope:rope_theta=10000,window=0'
-        ("gemma3:window=0", "scheme 'gemma3:window=0': window=0: must be an integer >= 1 (tokens)"),
-        ("irope-shipped:chunk=-1", "scheme 'irope-shipped:chunk=-1': chunk=-1: must be an integer >= 1 (tokens)"),
+        ("gemma3:window=0", "scheme 'gemma3:window=0': window=0: must be an integer from 1 to 2^63 - 1 (tokens)"),
+        ("irope-shipped:chunk=-1", "scheme 'irope-shipped:chunk=-1': chunk=-1: must be an integer from 1 to 2^63 - 1"),
+        # an OverflowError traceback at the first attention, past the dry run
+        ("rope:window=99999999999999999999", "window=99999999999999999999: must be an integer from 1 to 2^63 - 1"),
         # said mla replaces attention 'with its own softmax over every key'
         ("mla:window=4", "scheme 'mla:window=4': window is not supported on 'mla', which replaces attention (its own"),
     ],
@@ -440,7 +442,7 @@ def test_a_model_too_large_for_the_machine_is_refused_before_it_is_built(tmp_pat
     one_line_exit_2(
         capsys,
         [*argv, "--set", "model.n_layer=100000"],
-        "model of n_layer=100000, d_model=64 needs at least 3 GiB for its float32 weights; this machine has 1 GiB",
+        "model of n_layer=100000, d_model=64 needs at least 15 GiB for its float32 weights; this machine has 1 GiB",
     )
     assert not out.exists()
     assert main([*argv, "--set", "model.n_layer=2"]) == 0  # what fits trains

@@ -283,13 +283,16 @@ def test_a_padded_row_equals_the_row_alone(spec):
 @pytest.mark.parametrize(
     "spec,match",
     [
-        ("rope:window=0", "window=0: must be an integer >= 1"),
-        ("rope:window=-2", "window=-2: must be an integer >= 1"),
-        ("rope:chunk=1.5", "chunk=1.5: must be an integer >= 1"),
-        ("rope:chunk=abc", "chunk='abc': must be an integer >= 1"),
-        ("nope:window=true", "window=True: must be an integer >= 1"),
-        ("gemma3:window=0", "scheme 'gemma3:window=0': window=0: must be an integer >= 1"),  # named as written
-        ("irope-shipped:chunk=-1", "scheme 'irope-shipped:chunk=-1': chunk=-1: must be an integer >= 1"),
+        ("rope:window=0", "window=0: must be an integer from 1 to 2^63 - 1"),
+        ("rope:window=-2", "window=-2: must be an integer from 1 to 2^63 - 1"),
+        ("rope:chunk=1.5", "chunk=1.5: must be an integer from 1 to 2^63 - 1"),
+        ("rope:chunk=abc", "chunk='abc': must be an integer from 1 to 2^63 - 1"),
+        ("nope:window=true", "window=True: must be an integer from 1 to 2^63 - 1"),
+        (
+            "gemma3:window=0",
+            "scheme 'gemma3:window=0': window=0: must be an integer from 1 to 2^63 - 1",
+        ),  # named as written
+        ("irope-shipped:chunk=-1", "scheme 'irope-shipped:chunk=-1': chunk=-1: must be an integer from 1 to 2^63 - 1"),
         ("rope:window=4,chunk=8", "not both"),
         ("rope:window=4+alibi:window=2", "one part only"),
         ("learned-sinks:window=4", "window is not supported on 'learned-sinks', which replaces attention"),
@@ -310,7 +313,7 @@ def test_bad_windows_are_one_line(spec, match):
 def test_the_command_line_refuses_a_bad_window_in_one_line(capsys):
     assert main(["train", "--scheme", "rope:window=0", "--preset", "quick"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "posenc: error: scheme 'rope:window=0': window=0: must be an integer >= 1 (tokens)"
+        "posenc: error: scheme 'rope:window=0': window=0: must be an integer from 1 to 2^63 - 1 (tokens)"
     )
 
 

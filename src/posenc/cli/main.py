@@ -141,6 +141,9 @@ def _run(argv: list[str], received: list[int], commands: Sequence[Callable] = ()
     except PosencError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except PermissionError as exc:  # the machine's refusal, never posenc's bug: one line naming the path
+        print(f"{prog}: error: permission denied: {exc.filename or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:
         print(interrupted_message(exc, argv, prog), file=sys.stderr)
         return 128 + (received[0] if received else signal.SIGINT)

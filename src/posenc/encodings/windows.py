@@ -30,14 +30,14 @@ from posenc.errors import PosencError
 
 def window_of(spec: str, options: dict[str, Any]) -> Window | None:
     """The Window that ``options`` (the ``LAYER_OPTIONS`` a part of ``spec`` sets) give, None for none;
-    PosencError (one line) naming the spec for both, or a value that is not an integer >= 1."""
+    PosencError (one line) naming the spec for both, or a value that is not an integer from 1 to 2^63 - 1."""
     if not options:
         return None
     if len(options) > 1:
         raise PosencError(f"scheme {spec!r}: give window or chunk, not both (a layer has one attention span)")
     ((key, value),) = options.items()
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PosencError(f"scheme {spec!r}: {key}={value!r}: must be an integer >= 1 (tokens)")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:  # compared in int64
+        raise PosencError(f"scheme {spec!r}: {key}={value!r}: must be an integer from 1 to 2^63 - 1 (tokens)")
     return Window(value, chunked=key == "chunk")
 
 

@@ -6,6 +6,7 @@ place with ``os.replace``, so an interrupted run never leaves a torn file.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -116,6 +117,8 @@ def append_jsonl(path: Path, record: dict) -> None:
     path = Path(path)
     if path.is_dir():
         raise PosencError(f"{path} is a directory where a file belongs: move it away")
+    if path.is_symlink() and not path.exists():  # open() would fail on the missing target
+        raise PosencError(f"{path} is a broken symbolic link: remove it or point it at a file")
     drop_torn_tail(path)
     with open(path, "ab") as f:
         f.write(_jsonl_line(record))
@@ -155,19 +158,20 @@ def read_jsonl(path: Path) -> list[dict]:
     newline that is not JSON (a writer killed mid-append) is ignored; blank lines hold nothing. PosencError (one
     line naming the file and line) for a directory, bytes that are not UTF-8, or any other line that is not a JSON
     object."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    if path.is_dir():
-        raise PosencError(f"{path} is damaged (a directory, not a JSONL file)")
-    data = path.read_bytes()
-    lines = data.split(b"\n")
+    lines = jsonl_bytes(Path(path)).split(b"\n")
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip() or (i == len(lines) and not is_json(line)):
             continue
         out.append(decode_record(line, f"{path} line {i}"))
     return out
+
+
+def jsonl_bytes(path: Path) -> bytes:
+    """The bytes of the JSONL file ``path`` (b"" when it does not exist); PosencError (one line) for a directory."""
+    if path.is_dir():
+        raise PosencError(f"{path} is damaged (a directory, not a JSONL file)")
+    return path.read_bytes() if path.exists() else b""
 
 
 def decode_record(line: bytes, where: str) -> dict:
@@ -188,9 +192,12 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """The named tensors of a safetensors file; PosencError naming it when damaged or a directory."""
+    """The named tensors of a safetensors file; PosencError naming it when damaged or a directory, PermissionError
+    when it cannot be read (safetensors says "no such file")."""
     if Path(path).is_dir():
         raise PosencError(f"{path} is damaged (a directory, not a safetensors file)")
+    if Path(path).exists() and not os.access(path, os.R_OK):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
     try:
         return load_file(str(path))
     except SafetensorError as exc:  # truncated or overwritten
@@ -202,7 +209,14 @@ def save_weights(path: Path, model: torch.nn.Module) -> None:
 
 
 def load_weights(path: Path, model: torch.nn.Module) -> None:
+    """``path``'s tensors into ``model``; PosencError (one line) when they do not match its state dict or hold a
+    value that is not finite (a diverged or damaged run: every number it would give is NaN)."""
     state = load_tensors(path)
+    bad = next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if bad is not None:
+        raise PosencError(
+            f"{path} holds non-finite weights (NaN or inf, first in {bad}): the run diverged or is damaged"
+        )
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:  # a multi-line report under a heading: its first finding names the mismatch

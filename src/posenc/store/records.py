@@ -31,14 +31,19 @@ import csv
 import io
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from posenc.errors import PosencError
-from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, decode_record, is_json, write_jsonl
+from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, decode_record, is_json, jsonl_bytes, write_jsonl
 
 SCHEMA_VERSION = 2  # raise it when a record's fields change name or meaning; load refuses a newer file
+
+
+# what a measured number can be: finite (a NaN or inf in a record is damage, not a measurement)
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Record(BaseModel):
@@ -64,8 +69,8 @@ class Ppl(Record):
     corpus: str | None = None  # posenc eval: the corpus scored (compare: the preset's, in preset.json)
     windows: int | None = None
     scored_tokens: int | None = None
-    nll: float | None = None  # summed over the scored tokens, nats
-    ppl: float | None = None  # None: not measurable (``note``)
+    nll: NonNegative | None = None  # summed over the scored tokens, nats
+    ppl: Positive | None = None  # None: not measurable (``note``)
     bucket_edges: list[int] | None = None  # position-bucket edges in the window (tokens)
     bucket_ppl: list[float] | None = None
     note: str | None = None
@@ -333,9 +338,9 @@ def load(path: Path, kinds: dict[str, type[Record]] = RUN) -> list[Record]:
     file and line) for any other line that is not JSON, a record of a newer schema version, of an unknown kind, or
     whose fields do not fit its kind."""
     path = Path(path)
-    if not path.exists():
+    data = jsonl_bytes(path)
+    if not data:
         return []
-    data = path.read_bytes()
     last = data.count(b"\n") + 1  # the number of a line after the last newline
     return _lines(data if _torn(data, path, last) else data + b"\n", path, 1, kinds)[0]
 
@@ -353,8 +358,8 @@ class RunStore:
         self.path, self.kinds = Path(path), kinds
         self.records: list[Record] = []
         self._end, self._line = 0, 1  # bytes read, and the number of the next line
-        if self.path.exists() and self.path.stat().st_size:
-            data = self.path.read_bytes()
+        data = jsonl_bytes(self.path)
+        if data:
             if not data.endswith(b"\n"):
                 line = data.count(b"\n") + 1
                 print(
@@ -402,7 +407,12 @@ def load_csv(path: Path) -> list[Ppl]:
     that does not parse: an interrupted write) is ignored with a one-line warning on stderr, as :func:`load` does.
     Raises PosencError naming the file for another table, and naming the file and line for any other row with a
     wrong field count or a number that does not parse (never a number read from a torn row)."""
-    text = Path(path).read_text(encoding="utf-8")
+    if Path(path).is_dir():
+        raise PosencError(f"{path} is damaged (a directory, not a CSV file)")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PosencError(f"{path} is damaged (not UTF-8 text: {exc})") from None
     reader = csv.reader(io.StringIO(text))
     header = next(reader, [])
     missing = [k for k in ("scheme", "train_length", "eval_length") if k not in header]
@@ -433,7 +443,11 @@ def load_csv(path: Path) -> list[Ppl]:
                 )
             continue
         if rec["eval_length"] and rec["train_length"]:
-            out.append(Ppl(scheme=row["scheme"], note=row.get("note") or None, **rec))
+            try:
+                out.append(Ppl(scheme=row["scheme"], note=row.get("note") or None, **rec))
+            except ValidationError as exc:  # a number out of its range (a negative or NaN perplexity)
+                err = exc.errors()[0]
+                raise PosencError(f"{path} line {line}: not a results row ({err['loc'][0]}: {err['msg']})") from None
     return out
 
 

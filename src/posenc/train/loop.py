@@ -277,6 +277,8 @@ def train(
     step = 0
     if resume and (run_dir / "state.pt").exists():
         check_resume(run_dir, mcfg, tcfg, checkpoint_step(run_dir))  # before the load: other tensors would not fit
+        read_log(run_dir / "train.jsonl")  # a damaged log refused before config.json is rewritten
+        read_log(run_dir / "until.jsonl", "value")
         step = ckpt.load()
         if is_trained(run_dir) and finished_at(read_json(run_dir / "train_summary.json"), step, tcfg):
             return read_json(run_dir / "train_summary.json")  # finished: keep its summary and log as they are

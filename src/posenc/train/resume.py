@@ -42,7 +42,7 @@ class Checkpoint:
         # a state.pt without the tensors (an older layout) reads them from the weights file beside it
         saved = state[self.key] if self.key in state else load_tensors(self.run_dir / self.weights)
         live = self.tensors()
-        if set(saved) != set(live):
+        if set(saved) != set(live) or any(saved[k].shape != t.shape for k, t in live.items()):
             raise PosencError(f"{path} does not hold this run's trained tensors; use another --out")
         with torch.no_grad():
             for name, t in live.items():
@@ -53,11 +53,20 @@ class Checkpoint:
 
 def _resume_point(path: Path, mmap: bool = False) -> dict:
     """``state.pt`` at ``path`` (``mmap``: its tensors mapped, not read); PosencError naming it when it lacks the
-    step or the optimizer state."""
+    step (a non-negative integer) or the optimizer state (a torch optimizer's state dict), or holds tensors other
+    than a {name: tensor} mapping."""
     state = load_torch(path, mmap=mmap)
     missing = [k for k in ("step", "optimizer") if not isinstance(state, dict) or k not in state]
     if missing:
         raise PosencError(f"{path} is damaged: no {', '.join(missing)}; use another --out")
+    step, opt = state["step"], state["optimizer"]
+    tensors = [v for k, v in state.items() if k not in ("step", "optimizer")]
+    if type(step) is not int or step < 0:
+        raise PosencError(f"{path} is damaged: its step {step!r} is not a non-negative integer; use another --out")
+    if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)):
+        raise PosencError(f"{path} is damaged: its optimizer state is not an optimizer's; use another --out")
+    if not all(isinstance(t, dict) and all(isinstance(x, torch.Tensor) for x in t.values()) for t in tensors):
+        raise PosencError(f"{path} is damaged: its tensors are not a {{name: tensor}} mapping; use another --out")
     return state
 
 
@@ -65,7 +74,7 @@ def checkpoint_step(run_dir: Path) -> int:
     """The step of the run's ``state.pt`` (0 without one), read without loading its tensors; PosencError as
     :meth:`Checkpoint.load`'s for a damaged file."""
     path = Path(run_dir) / "state.pt"
-    return int(_resume_point(path, mmap=True)["step"]) if path.exists() else 0
+    return _resume_point(path, mmap=True)["step"] if path.exists() else 0
 
 
 def read_log(path: Path, value: str = "loss") -> list[dict]:
