@@ -288,3 +288,13 @@ def test_an_append_to_a_broken_link_is_one_line(runs, capsys):
     message = f"{runs / 'tr' / 'eval.jsonl'} is a broken symbolic link: remove it or point it at a file"
     one_line_exit_2(capsys, ["eval", str(runs / "tr"), "--multiples", "1"], message)
     assert not (runs / "gone").exists()
+
+
+@pytest.mark.parametrize("given,ok", [(["--steps", "3", "--set", "train.steps=2"], False), (["--steps", "2"], True)])
+def test_a_flag_and_a_set_of_its_key_must_agree(tmp_path, capsys, given, ok):
+    """`--set train.steps=2 --steps 3` trained 2 steps without a word."""
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--out", str(tmp_path / "o"), "--dry-run"]
+    if ok:
+        assert main([*argv, *given, "--set", "train.steps=2"]) == 0 and "steps: 2\n" in capsys.readouterr().out
+    else:
+        one_line_exit_2(capsys, [*argv, *given], "--steps 3 and --set train.steps=2 disagree: give one")

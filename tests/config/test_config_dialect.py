@@ -117,10 +117,10 @@ def test_flags_and_set_are_one_mechanism_and_the_last_given_wins():
         "quick", given_settings(_compare_args("--set", "train.steps=5", "--set", "schemes=[rope]"), FLAGS)
     )
     assert by_flag == by_set and by_set.train.steps == 5 and "this run sets train.steps = 5" in by_set.description
-    assert (
-        load_preset("quick", given_settings(_compare_args("--steps", "5", "--set", "train.steps=6"), FLAGS)).train.steps
-        == 6
-    )
+    twice = _compare_args("--set", "train.steps=5", "--set", "train.steps=6")
+    assert load_preset("quick", given_settings(twice, FLAGS)).train.steps == 6
+    with pytest.raises(PosencError, match="--steps 5 and --set train.steps=6 disagree: give one"):
+        given_settings(_compare_args("--steps", "5", "--set", "train.steps=6"), FLAGS)  # the flag lost silently
 
 
 def test_set_reaches_any_key_with_yaml_values():

@@ -45,7 +45,8 @@ def add_set(p, example: str) -> None:
         default=[],
         metavar="KEY=VALUE",
         help=f"set any key of the preset (docs/presets.md), the value read as YAML, e.g. {example}; repeatable, "
-        "after the flags (the last given wins); a finished run's settings cannot be changed",
+        "the last given wins (a flag's key given another value by --set is refused); a finished run's settings cannot "
+        "be changed",
     )
 
 
@@ -53,9 +54,14 @@ def given_settings(args, flags: dict[str, str], derived: dict[str, Any] | None =
     """The settings a command line gives, as preset overrides {dotted key: value} (``posenc.store.presets.apply``):
     each flag given (``flags``: {argparse dest: the preset key it sets}) as ``--set key=value`` would, then the
     ``derived`` settings (those a flag implies, or gives in another form), then each ``--set`` (so the last given wins).
-    PosencError for a malformed ``--set``."""
+    PosencError for a malformed ``--set``, or one that gives a flag's key another value than the flag."""
     out = {key: getattr(args, dest) for dest, key in flags.items() if getattr(args, dest) is not None}
-    for key, value in [*(derived or {}).items(), *map(parse_set, args.sets)]:
+    sets = list(map(parse_set, args.sets))
+    for key, value in sets:  # a flag and a --set of its key that disagree: the flag lost without a word
+        dest = next((d for d, k in flags.items() if k == key and key in out), None)
+        if dest is not None and out[key] != value:
+            raise PosencError(f"--{dest.replace('_', '-')} {out[key]} and --set {key}={value} disagree: give one")
+    for key, value in [*(derived or {}).items(), *sets]:
         out.pop(key, None)  # re-inserted last: the order they apply in is the command line's
         out[key] = value
     return out
