@@ -17,7 +17,7 @@ from posenc.eval.passkey import PasskeyConfig, passkey_records
 from posenc.eval.perplexity import evaluate_length, stream_buckets
 from posenc.model import set_method, with_rope_schedule
 from posenc.reports.render import plot_stream
-from posenc.rope import NAMES, check_window
+from posenc.rope import SCHEDULES, check_window
 from posenc.scoring import eval_lengths, plan
 from posenc.store.records import Ppl, append
 from posenc.train.batches import randomized_max
@@ -47,7 +47,7 @@ def add_parser(sub):
         help="print one JSON object instead of the tables: the same numbers, unrounded, and nothing else on stdout",
     )
     g = p.add_argument_group("RoPE context extension (RoPE runs only, no retraining)")
-    g.add_argument("--rope-schedule", metavar="NAME", help=", ".join(NAMES))
+    g.add_argument("--rope-schedule", metavar="NAME", help=", ".join(SCHEDULES))
     g.add_argument("--factor", type=float, help="scale factor s (pi, ntk, dynamic, yarn, llama3)")
     g.add_argument("--rerope-window", type=int, help="ReRoPE window w (tokens)")
     g.add_argument("--leak", type=float, help="leaky ReRoPE k > 1: positions beyond w become w + (i-j-w)/k")

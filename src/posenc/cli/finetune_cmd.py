@@ -142,7 +142,7 @@ def dry_run(args, cfg: FinetuneConfig) -> int:
     trials = len(cfg.passkey_lengths) * len(cfg.passkey_depths) * cfg.trials
     detail = (
         f"one fine-tuning run of {cfg.steps} steps of {cfg.batch_size} x {cfg.length} tokens, scored before and "
-        f"after on {windows} at lengths {shown(cfg.eval_lengths)} and {trials} passkey trial(s)"
+        f"after on {windows} at lengths {shown(cfg.eval_lengths)}; {trials} passkey trial(s)"
     )
     return print_dry_run("posenc finetune", {"out": out, **cfg.model_dump()}, 1, detail)
 

@@ -32,7 +32,7 @@ from posenc.hf import generation, loading
 from posenc.hf.adaptation import Adaptation
 from posenc.jobs import extend, finetune
 from posenc.model import MAX_NEW_TOKENS, check_sampling, pad_left, set_method, with_rope_schedule
-from posenc.rope import NAMES
+from posenc.rope import SCHEDULES
 from posenc.store.presets import validated
 from posenc.train.rundir import load_text_run
 
@@ -111,7 +111,7 @@ def add_parser(sub):
     p.add_argument(
         "--schedule",
         metavar="NAME",
-        help=f"a RoPE context-extension schedule ({', '.join(NAMES)}) with the "
+        help=f"a RoPE context-extension schedule ({', '.join(SCHEDULES)}) with the "
         "settings below; a posenc train run of RoPE or a pretrained model",
     )
     p.add_argument("--factor", type=float, help="the schedule's scale factor s (default 2)")
