@@ -69,12 +69,14 @@ def test_read_jsonl_of_a_folder_or_nothing(tmp_path):
         read_jsonl(tmp_path)
 
 
-def test_an_append_after_a_torn_line_starts_its_own_line(tmp_path):
+def test_a_torn_line_is_cut_before_a_writer_appends(tmp_path):
     path = tmp_path / "f.jsonl"
     path.write_bytes(b'{"a": 1}\n{"b": ')
+    drop_torn_tail(path)
     append_jsonl(path, {"c": 3})
     assert path.read_bytes() == b'{"a": 1}\n{"c": 3}\n'
     path.write_bytes(b'{"a": 1}')  # a whole record without its newline gets one
+    drop_torn_tail(path)
     append_jsonl(path, {"c": 3})
     assert read_jsonl(path) == [{"a": 1}, {"c": 3}]
     drop_torn_tail(path)

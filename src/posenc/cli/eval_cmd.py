@@ -19,6 +19,7 @@ from posenc.model import set_method, with_rope_schedule
 from posenc.reports.render import plot_stream
 from posenc.rope import SCHEDULES, check_window
 from posenc.scoring import eval_lengths, plan
+from posenc.store.checkpoint import drop_torn_tail
 from posenc.store.records import Ppl, append
 from posenc.train.batches import randomized_max
 from posenc.train.rundir import load_text_run
@@ -143,6 +144,7 @@ def run(args) -> int:
     if repeated:  # each length is scored once, and its record appended to eval.jsonl once
         raise PosencError(f"--multiples repeats {', '.join(map(str, repeated))}: give each multiple once")
     model, mcfg, tcfg = load_text_run(args.run_dir, "eval")
+    drop_torn_tail(Path(args.run_dir) / "eval.jsonl")  # a record a kill cut short must not swallow the next one
     lengths = eval_lengths(mcfg.train_length, args.multiples)
     scheme = mcfg.encoding
     if args.rope_schedule:

@@ -43,7 +43,7 @@ from posenc.reports import pretrained as report
 from posenc.reports.render import plot_stream
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
-from posenc.store.checkpoint import check_run_dir, make_run_dir, read_json, write_json
+from posenc.store.checkpoint import check_run_dir, drop_torn_tail, make_run_dir, read_json, write_json
 from posenc.store.presets import SHIPPED, Seed, load_flat
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, load, trial_key
@@ -342,6 +342,7 @@ class _Store:
     ignored: :func:`_skipped_a_target`, :func:`_other_bos`)."""
 
     def __init__(self, path: Path, tag: str, bos: str = "none", bucket: int | None = None):
+        drop_torn_tail(path)  # a record cut by a kill must not swallow the next one
         self.path, self.tag, self.bucket = path, tag, bucket  # bucket: the setting's width (perplexity.bucket_width)
         self.records, self.done = [], set()
         for r in load(path, PRETRAINED):

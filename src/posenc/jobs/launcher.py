@@ -33,7 +33,7 @@ from posenc import encodings
 from posenc.config.plan import ClusterConfig, Preset, settings
 from posenc.errors import PosencError, one_line, sigterm_as_interrupt
 from posenc.store import records
-from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, read_jsonl, write_json
+from posenc.store.checkpoint import append_jsonl, drop_torn_tail, make_run_dir, read_json, read_jsonl, write_json
 from posenc.store.stamp import run_stamp, utc_now
 from posenc.train.distributed import check_device
 from posenc.train.loop import train, use_threads
@@ -329,6 +329,7 @@ def record_run(run_root: Path, preset: Preset) -> dict:
     UTC) to ``invocations.jsonl``: a resumed run keeps every one. Returns the stamp (``finish_run`` closes it).
     PosencError (one line) when ``invocations.jsonl`` is damaged (``read_jsonl``)."""
     make_run_dir(run_root)
+    drop_torn_tail(run_root / "invocations.jsonl")  # a line a kill cut short must not swallow this stamp
     read_jsonl(run_root / "invocations.jsonl")  # a damaged file refused now, not at finish_run after the work
     write_json(run_root / "preset.json", preset.model_dump())
     stamp = {**run_stamp(machine_precision(preset.train)), "invocation": uuid.uuid4().hex, "started": utc_now()}

@@ -111,15 +111,15 @@ def _jsonl_line(record: dict) -> bytes:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    """Append one record as a single write of one line (never a partial record on resume). A last line left
-    unfinished by a killed writer is cut first, so the record starts a line of its own. PosencError (one line) when
-    ``path`` is a directory."""
+    """Append one record as a single write of one line (never a partial record on resume); several processes may
+    append to one file (compare's jobs), so nothing here rewrites it: a writer that starts on a file a killed writer
+    may have left unfinished calls :func:`drop_torn_tail` first. PosencError (one line) when ``path`` is a directory
+    or a broken symbolic link."""
     path = Path(path)
     if path.is_dir():
         raise PosencError(f"{path} is a directory where a file belongs: move it away")
     if path.is_symlink() and not path.exists():  # open() would fail on the missing target
         raise PosencError(f"{path} is a broken symbolic link: remove it or point it at a file")
-    drop_torn_tail(path)
     with open(path, "ab") as f:
         f.write(_jsonl_line(record))
         f.flush()
