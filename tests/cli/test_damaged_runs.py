@@ -298,3 +298,14 @@ def test_a_flag_and_a_set_of_its_key_must_agree(tmp_path, capsys, given, ok):
         assert main([*argv, *given, "--set", "train.steps=2"]) == 0 and "steps: 2\n" in capsys.readouterr().out
     else:
         one_line_exit_2(capsys, [*argv, *given], "--steps 3 and --set train.steps=2 disagree: give one")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_run_file_at_a_broken_link_says_so(runs, capsys, name):
+    """It said the run "has no checkpoint"."""
+    (runs / "tr" / name).unlink()
+    (runs / "tr" / name).symlink_to(runs / "gone")
+    message = f"{runs / 'tr' / name} is a broken symbolic link: point it at the run's file"
+    for argv in (["eval", str(runs / "tr")], ["diagnose", str(runs / "tr")]):
+        one_line_exit_2(capsys, argv, message)

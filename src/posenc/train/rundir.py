@@ -62,6 +62,9 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
         raise PosencError(f"run directory {run_dir} does not exist")
     if (run_dir / "preset.json").exists():  # a compare run: its models are one folder per scheme and seed
         raise PosencError(f"{run_dir} is a posenc compare run: give one of its models (a SCHEME/seedN folder in it)")
+    for name in ("config.json", "model.safetensors"):
+        if (run_dir / name).is_symlink() and not (run_dir / name).exists():  # exists() follows the link
+            raise PosencError(f"{run_dir / name} is a broken symbolic link: point it at the run's file")
     if not (run_dir / "config.json").exists() or not (run_dir / "model.safetensors").exists():
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
     cfg = read_run_config(run_dir)
