@@ -309,3 +309,24 @@ def test_a_run_file_at_a_broken_link_says_so(runs, capsys, name):
     message = f"{runs / 'tr' / name} is a broken symbolic link: point it at the run's file"
     for argv in (["eval", str(runs / "tr")], ["diagnose", str(runs / "tr")]):
         one_line_exit_2(capsys, argv, message)
+
+
+@pytest.mark.parametrize("command", [["eval"], ["generate", "--prompt", "a", "--max-new-tokens", "1"]])
+def test_a_config_edited_after_training_is_refused(runs, capsys, command):
+    path = runs / "tr" / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["model"]["encoding"] = "alibi"  # the weights learned RoPE: evaluating them under ALiBi scores another model
+    path.write_text(json.dumps(cfg))
+    one_line_exit_2(capsys, [*command, str(runs / "tr")], "model.encoding 'alibi' (trained 'rope')")
+    cfg["model"]["encoding"], cfg["model"]["attn_block_size"] = "rope", 64  # a speed knob may change
+    path.write_text(json.dumps(cfg))
+    assert main(["eval", str(runs / "tr"), "--multiples", "1", "--max-tokens", "64", "-q"]) == 0
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "a", "{}"], ["finetune", "--dry-run", "--model", "{}"]])
+def test_a_config_at_a_broken_link_says_so_on_every_command(runs, capsys, command):
+    config = runs / "tr" / "config.json"
+    config.unlink()
+    config.symlink_to(runs / "gone.json")
+    argv = [a.replace("{}", str(runs / "tr")) for a in command]
+    one_line_exit_2(capsys, argv, f"{config} is a broken symbolic link")

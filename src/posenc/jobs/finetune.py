@@ -45,6 +45,7 @@ from posenc.store.checkpoint import (
     load_torch,
     make_run_dir,
     read_json,
+    refuse_broken_link,
     write_json,
 )
 from posenc.store.presets import SHIPPED, load_flat, validated
@@ -495,6 +496,7 @@ def model_kind(spec: str) -> str:
     if (path / SETTINGS).exists():
         return "finetune"
     config = path / "config.json"
+    refuse_broken_link(config, "point it at the model's file")
     if config.exists():
         cfg = read_json(config)
         return "train" if isinstance(cfg, dict) and "model_type" not in cfg and "train" in cfg else "pretrained"

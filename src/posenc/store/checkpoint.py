@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
 from posenc.errors import PosencError, first_line
@@ -110,6 +110,13 @@ def _jsonl_line(record: dict) -> bytes:
     return (json.dumps(record, default=str) + "\n").encode()
 
 
+def refuse_broken_link(path: Path, fix: str = "remove it or point it at a file") -> None:
+    """PosencError saying ``path`` is a symbolic link to nothing (``fix``: what to do), where a missing file would
+    be taken for another state (no checkpoint, no config) or fail later with a less clear message."""
+    if path.is_symlink() and not path.exists():  # exists() follows the link
+        raise PosencError(f"{path} is a broken symbolic link: {fix}")
+
+
 def append_jsonl(path: Path, record: dict) -> None:
     """Append one record as a single write of one line (never a partial record on resume); several processes may
     append to one file (compare's jobs), so nothing here rewrites it: a writer that starts on a file a killed writer
@@ -118,8 +125,7 @@ def append_jsonl(path: Path, record: dict) -> None:
     path = Path(path)
     if path.is_dir():
         raise PosencError(f"{path} is a directory where a file belongs: move it away")
-    if path.is_symlink() and not path.exists():  # open() would fail on the missing target
-        raise PosencError(f"{path} is a broken symbolic link: remove it or point it at a file")
+    refuse_broken_link(path)  # open() would fail on the missing target
     with open(path, "ab") as f:
         f.write(_jsonl_line(record))
         f.flush()
@@ -186,22 +192,36 @@ def decode_record(line: bytes, where: str) -> dict:
     return record
 
 
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Write named tensors as one safetensors file, atomically."""
-    atomic_write_bytes(path, save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}))
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Write named tensors as one safetensors file, atomically, with ``metadata`` (text by key) in its header."""
+    atomic_write_bytes(path, save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata))
+
+
+def tensors_metadata(path: Path) -> dict[str, str]:
+    """The metadata in a safetensors file's header ({} when it has none); errors as :func:`load_tensors`'s."""
+    _check_tensors_file(path)
+    try:
+        with safe_open(str(path), "pt") as f:
+            return f.metadata() or {}
+    except SafetensorError as exc:
+        raise PosencError(f"{path} is damaged or unreadable ({exc})") from None
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """The named tensors of a safetensors file; PosencError naming it when damaged or a directory, PermissionError
     when it cannot be read (safetensors says "no such file")."""
-    if Path(path).is_dir():
-        raise PosencError(f"{path} is damaged (a directory, not a safetensors file)")
-    if Path(path).exists() and not os.access(path, os.R_OK):
-        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+    _check_tensors_file(path)
     try:
         return load_file(str(path))
     except SafetensorError as exc:  # truncated or overwritten
         raise PosencError(f"{path} is damaged or unreadable ({exc})") from None
+
+
+def _check_tensors_file(path: Path) -> None:
+    if Path(path).is_dir():
+        raise PosencError(f"{path} is damaged (a directory, not a safetensors file)")
+    if Path(path).exists() and not os.access(path, os.R_OK):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
 
 def save_weights(path: Path, model: torch.nn.Module) -> None:

@@ -52,9 +52,11 @@ def preset_names(folder=SHIPPED) -> list[str]:
 
 
 class Loader(yaml.SafeLoader):
-    """YAML as presets read it: PyYAML's safe loader, with ``3e-3`` a float as YAML 1.2 has it (PyYAML's 1.1
-    reads a float only with a dot, ``3.0e-3``), and a key given twice in one mapping an error (YAML 1.2 forbids it;
-    PyYAML would keep the last silently)."""
+    """YAML as presets read it: PyYAML's safe loader with the scalars of YAML 1.2's core schema, and a key given
+    twice in one mapping an error (YAML 1.2 forbids it; PyYAML would keep the last silently). PyYAML reads YAML
+    1.1, where ``on`` / ``no`` are booleans, ``010`` is 8, ``1:30`` is 90 and ``3e-3`` a string: each a setting
+    silently other than typed. Here only ``true`` / ``false`` are booleans, an integer is decimal unless it says
+    ``0o`` / ``0x``, and ``3e-3`` is a float."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -70,10 +72,31 @@ class Loader(yaml.SafeLoader):
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node):
+        text = self.construct_scalar(node)
+        return int(text, 0) if text.lstrip("+-")[:2] in ("0o", "0x") else int(text, 10)
 
+
+# YAML 1.2 core schema (yaml.org/spec/1.2.2, 10.3.2) in place of PyYAML's 1.1 resolvers for booleans and numbers
+_CORE = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in rules if tag not in _CORE]
+    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"), list("-+0123456789.")
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:

@@ -19,6 +19,7 @@ over ranks, and only rank 0 writes. ``train.precision`` sets the forward's compu
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable
@@ -273,7 +274,9 @@ def train(
         make_run_dir(run_dir)
     torch.manual_seed(tcfg.seed)
     model = LM(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
-    ckpt = Checkpoint(run_dir, model.state_dict, make_optimizer(model, tcfg))
+    # the weights name the model they belong to: load_run refuses a config.json edited since (check_weights_config)
+    trained_as = {"model": json.dumps(dataclasses.asdict(mcfg))}
+    ckpt = Checkpoint(run_dir, model.state_dict, make_optimizer(model, tcfg), metadata=trained_as)
     step = 0
     if resume and (run_dir / "state.pt").exists():
         check_resume(run_dir, mcfg, tcfg, checkpoint_step(run_dir))  # before the load: other tensors would not fit

@@ -19,18 +19,20 @@ class Checkpoint:
     """The resume point of a run in ``run_dir``: ``state.pt`` holds the step, the trained tensors (under
     ``key``) and the optimizer state, so it alone resumes (a kill between the two writes cannot pair
     tensors and optimizer state of different steps); ``weights`` holds the same tensors as safetensors,
-    for other tools. ``tensors()`` gives the live tensors by name (e.g. ``model.state_dict``)."""
+    for other tools, with ``metadata`` in its header. ``tensors()`` gives the live tensors by name (e.g.
+    ``model.state_dict``)."""
 
     run_dir: Path
     tensors: Callable[[], dict[str, torch.Tensor]]
     opt: torch.optim.Optimizer
     key: str = "model"
     weights: str = "model.safetensors"
+    metadata: dict[str, str] | None = None
 
     def save(self, step: int) -> None:
         tensors = self.tensors()
         save_torch(self.run_dir / "state.pt", {"step": step, self.key: tensors, "optimizer": self.opt.state_dict()})
-        save_tensors(self.run_dir / self.weights, tensors)
+        save_tensors(self.run_dir / self.weights, tensors, self.metadata)
 
     def load(self) -> int:
         """Load ``state.pt`` into the tensors and the optimizer; returns its step (0 without one). Raises

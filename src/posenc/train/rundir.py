@@ -14,7 +14,7 @@ from posenc import encodings
 from posenc.data.tasks import is_task
 from posenc.errors import PosencError
 from posenc.model import LM, ModelConfig
-from posenc.store.checkpoint import load_weights, read_json
+from posenc.store.checkpoint import load_weights, read_json, refuse_broken_link, tensors_metadata
 from posenc.store.presets import validated
 from posenc.train import distributed
 from posenc.train.precision import machine_precision, unrecorded_precision
@@ -63,8 +63,7 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
     if (run_dir / "preset.json").exists():  # a compare run: its models are one folder per scheme and seed
         raise PosencError(f"{run_dir} is a posenc compare run: give one of its models (a SCHEME/seedN folder in it)")
     for name in ("config.json", "model.safetensors"):
-        if (run_dir / name).is_symlink() and not (run_dir / name).exists():  # exists() follows the link
-            raise PosencError(f"{run_dir / name} is a broken symbolic link: point it at the run's file")
+        refuse_broken_link(run_dir / name, "point it at the run's file")
     if not (run_dir / "config.json").exists() or not (run_dir / "model.safetensors").exists():
         raise PosencError(f"{run_dir} has no checkpoint (config.json + model.safetensors)")
     cfg = read_run_config(run_dir)
@@ -78,8 +77,28 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
         model = LM(mcfg)
     except PosencError as exc:  # a scheme or setting this posenc cannot build: the file that asked for it
         raise PosencError(f"{path}: {exc}") from None
+    check_weights_config(run_dir, cfg["model"])
     load_weights(run_dir / "model.safetensors", model)
     return model.to(distributed.default_device()), mcfg, tcfg
+
+
+def check_weights_config(run_dir: Path, model: dict) -> None:
+    """PosencError when ``model`` (config.json's model section) differs from the model config ``model.safetensors``
+    was saved with (its header's ``model``: a config.json edited after training, say another encoding, would
+    evaluate the weights under a scheme they never learned); speed knobs (``MODEL_KNOBS``) may differ. Weights
+    saved without it (older runs) are not checked."""
+    trained = tensors_metadata(run_dir / "model.safetensors").get("model")
+    if trained is None:
+        return
+    trained, now = json.loads(trained), {**MODEL_ADDED, **model}
+    diff = [
+        f"{k} {now.get(k)!r} (trained {v!r})" for k, v in trained.items() if k not in MODEL_KNOBS and now.get(k) != v
+    ]
+    if diff:
+        raise PosencError(
+            f"{run_dir / 'config.json'} differs from the model its weights were trained as: "
+            f"model.{', model.'.join(diff)}; restore it (evaluation settings go on the command line)"
+        )
 
 
 def load_text_run(run_dir: Path, command: str) -> tuple[LM, ModelConfig, TrainConfig]:
