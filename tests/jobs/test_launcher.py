@@ -251,3 +251,28 @@ def test_an_error_raised_while_a_ctrl_c_unwinds_stops_the_job_and_writes_no_erro
     assert proc.exitcode == 130
     assert not error_file.exists()
     assert not interrupted(AttributeError("a plain failure"))
+
+
+def _write_marker(path):
+    path.write_text("ran")
+
+
+def test_a_ctrl_c_while_a_job_starts_stops_it_at_its_entry_without_a_traceback(tmp_path, capfd):
+    """A Ctrl-C while the spawned process bootstrapped printed KeyboardInterrupt tracebacks of Python's spawn code."""
+    import multiprocessing
+    import os
+    import signal
+
+    from posenc.jobs.launcher import finish_isolated, start_isolated
+
+    stop, error_file, marker = multiprocessing.get_context("spawn").Event(), tmp_path / "e.txt", tmp_path / "ran"
+    proc = start_isolated(_write_marker, (marker,), error_file, [], stop=stop)
+    os.kill(proc.pid, signal.SIGINT)  # at once: the child is still starting Python
+    stop.set()  # as run_pool does when the same Ctrl-C reaches it
+    with pytest.raises(KeyboardInterrupt):
+        finish_isolated(proc, error_file)
+    assert proc.exitcode == 130 and not marker.exists() and not error_file.exists()
+    assert "Traceback" not in capfd.readouterr().err
+    calm = multiprocessing.get_context("spawn").Event()  # kept alive while the child unpickles it
+    proc = start_isolated(_write_marker, (marker,), error_file, [], stop=calm)
+    assert finish_isolated(proc, error_file) is None and marker.read_text() == "ran"  # not stopped: it runs

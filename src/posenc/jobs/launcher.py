@@ -21,6 +21,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import traceback
 import uuid
 from collections.abc import Callable
@@ -70,10 +71,16 @@ def scheme_modules(schemes: list[str]) -> list[str]:
     return sorted(mods - {"__main__"} - encodings.plugin_modules())  # spawn re-runs __main__ itself
 
 
-def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, env: dict[str, str]) -> None:
+def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, env: dict[str, str], stop=None) -> None:
     """Entry point of a job process; an error goes to ``error_file``. ``env`` pins its devices and threads
-    (set before the job touches CUDA, which reads ``CUDA_VISIBLE_DEVICES`` when it first initialises)."""
+    (set before the job touches CUDA, which reads ``CUDA_VISIBLE_DEVICES`` when it first initialises). The process
+    started with Ctrl-C ignored (``start_isolated``); it takes Ctrl-C from here, after first asking ``stop`` (an
+    Event its parent sets when interrupted) whether one came while it started."""
     try:
+        if stop is not None:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if stop.is_set():
+                raise KeyboardInterrupt
         os.environ.update(env)
         if "OMP_NUM_THREADS" in env:
             torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
@@ -103,12 +110,29 @@ def interrupted(exc: BaseException) -> bool:
     return False
 
 
-def start_isolated(fn: Callable, args: tuple, error_file: Path, modules: list[str], env: dict[str, str] | None = None):
-    """Start ``fn(*args)`` in a fresh spawned process (``finish_isolated`` collects it)."""
+def start_isolated(
+    fn: Callable, args: tuple, error_file: Path, modules: list[str], env: dict[str, str] | None = None, stop=None
+):
+    """Start ``fn(*args)`` in a fresh spawned process (``finish_isolated`` collects it). With ``stop`` (a spawn
+    context's Event, set by the caller when interrupted) the process starts with Ctrl-C ignored, so a Ctrl-C
+    while it bootstraps (unpickling, importing torch) prints no traceback of Python's spawn code; its entry asks
+    ``stop`` and takes Ctrl-C from there. Without ``stop``, or where Ctrl-C is ignored here (a background job), the
+    process starts with this one's handling."""
     error_file.parent.mkdir(parents=True, exist_ok=True)
     error_file.unlink(missing_ok=True)
-    proc = multiprocessing.get_context("spawn").Process(target=_entry, args=(fn, args, modules, error_file, env or {}))
-    proc.start()
+    ours = (
+        threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    )
+    stop = stop if ours else None
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_entry, args=(fn, args, modules, error_file, env or {}, stop)
+    )
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if stop is not None else None  # inherited by exec
+    try:
+        proc.start()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     return proc
 
 
@@ -167,12 +191,13 @@ def run_pool(
     """
     envs = [{**slot_env(slot, parallel, nproc), **(env or {})} for slot in range(parallel)]  # too few GPUs: now
     queue, running, failures = list(enumerate(jobs)), {}, {}
+    stop = multiprocessing.get_context("spawn").Event()
     try:
         while queue or running:
             while queue and len(running) < parallel:
                 slot = min(set(range(parallel)) - {s for s, _, _ in running.values()})
                 i, (fn, args, error_file, modules) = queue.pop(0)
-                running[i] = (slot, start_isolated(fn, args, error_file, modules, envs[slot]), error_file)
+                running[i] = (slot, start_isolated(fn, args, error_file, modules, envs[slot], stop), error_file)
             multiprocessing.connection.wait([proc.sentinel for _, proc, _ in running.values()])
             for i in [i for i, (_, proc, _) in running.items() if not proc.is_alive()]:
                 _, proc, error_file = running.pop(i)
@@ -184,6 +209,7 @@ def run_pool(
                 if on_done:
                     on_done(i)
     except KeyboardInterrupt:
+        stop.set()  # a job still starting missed the Ctrl-C: it stops at its entry
         for _, proc, _ in running.values():
             proc.join()
         raise
