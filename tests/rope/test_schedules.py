@@ -209,7 +209,7 @@ def test_longrope_through_hf_rope_parameters():
             {"factor": 4.0, "short_factor": SHORT, "long_factor": [float("nan")] * (D // 2)},
             "long_factor must be a non-empty list",
         ),
-        ({"factor": 0.5, "short_factor": SHORT, "long_factor": LONG}, "factor must be >= 1"),
+        ({"factor": 0.5, "short_factor": SHORT, "long_factor": LONG}, "factor must be from 1 to 1e\\+06"),
     ],
 )
 def test_bad_longrope_input(params, msg):
@@ -277,8 +277,13 @@ def test_schedule_applies_to_trained_rope_model():
 @pytest.mark.parametrize(
     "name,params,msg",
     [
-        ("yarn", {"factor": 0.5}, "factor must be >= 1"),
+        ("yarn", {"factor": 0.5}, "factor must be from 1 to 1e\\+06"),
         ("yarn", {"factor": float("inf")}, "factor must be finite, got inf"),
+        ("ntk", {"factor": 1e308}, "factor must be from 1 to 1e\\+06, got 1e\\+308"),  # an OverflowError
+        ("yarn", {"factor": 4, "beta_fast": 1e308}, "beta_fast must be at most 1e\\+06 in size"),  # math domain error
+        ("yarn", {"factor": 4, "original_max_position_embeddings": 0}, r"\(L0\) must be an integer from 2 to 2\^40"),
+        ("dynamic", {"factor": 4, "original_max_position_embeddings": -1}, r"\(L0\) must be an integer from 2"),
+        ("llama3", {"factor": 4, "original_max_position_embeddings": 64.0}, r"\(L0\) must be an integer from 2"),
         ("yarn", {"factor": 2, "attention_factor": 0.0}, "attention_factor must be > 0, got 0.0"),
         ("yarn", {"factor": 2, "attention_factor": float("inf")}, "attention_factor must be finite"),
         ("leaky-rerope", {"window": 4, "leak": float("inf")}, "leak must be finite"),
@@ -336,7 +341,7 @@ def test_preset_eval_schedules_are_validated_before_training():
         "quick", {"eval_schedules": [{"schedule": "yarn", "factor": 4}, {"schedule": "rerope", "window": 8}]}
     )
     assert len(preset.eval_schedules) == 2
-    with pytest.raises(PosencError, match="factor must be >= 1"):
+    with pytest.raises(PosencError, match="factor must be from 1 to 1e\\+06"):
         load_preset("quick", {"eval_schedules": [{"schedule": "yarn", "factor": 0.5}]})
     with pytest.raises(PosencError, match="window 32 must be < the evaluation length 32"):
         load_preset("quick", {"eval_schedules": [{"schedule": "rerope", "window": 32}]})

@@ -83,10 +83,11 @@ def add_parser(sub):
 
 
 def _value(text: str):
+    """A --rope-param value: true/false, an integer (``original_max_position_embeddings=4096``) or a float."""
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     try:
-        return float(text)
+        return int(text) if text.strip().lstrip("+-").isdigit() else float(text)
     except ValueError:
         raise PosencError(f"--rope-param value {text!r} is not a number or true/false") from None
 

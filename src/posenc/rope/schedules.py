@@ -400,6 +400,10 @@ NAMES = tuple(
 RELATIVE = tuple(n for n, s in SCHEDULES.items() if s.replaces_attention)  # schedules that replace attention
 
 
+MAX_FACTOR = 1e6  # an extension far past any context a model runs (8K -> 8G tokens); larger overflows float math
+MAX_POSITION = 1 << 40
+
+
 def check_name(name: str) -> str:
     """``name`` if it is a schedule; PosencError naming the valid names."""
     if name not in SCHEDULES:
@@ -411,7 +415,9 @@ def schedule_params(name: str, train_length: int, params: dict | None = None) ->
     """Validated parameters of schedule ``name`` with defaults filled in.
 
     Raises PosencError (one line) for an unknown or renamed schedule or parameter, a missing
-    required one, a non-finite number, factor < 1, attention_factor <= 0, and the schedule's own
+    required one, a non-finite number, factor outside [1, MAX_FACTOR], original_max_position_embeddings not an
+    integer in [2, 2^40], a beta, frequency factor or mscale larger than MAX_FACTOR, attention_factor <= 0, and the
+    schedule's own
     checks (``Schedule.check``): beta_fast <= beta_slow, yarn's mscale or mscale_all_dim <= 0, one without the
     other or with attention_factor, window <= 0, leak <= 1,
     high_freq_factor <= low_freq_factor, LongRoPE factor lists that are not non-empty lists of
@@ -433,8 +439,17 @@ def schedule_params(name: str, train_length: int, params: dict | None = None) ->
     for k, v in out.items():  # inf/nan pass the range checks below as NaN logits
         if isinstance(v, float) and not math.isfinite(v):
             raise PosencError(f"rope schedule {name!r}: {k} must be finite, got {v}")
-    if "factor" in out and not out["factor"] >= 1:
-        raise PosencError(f"rope schedule {name!r}: factor must be >= 1, got {out['factor']}")
+    if "factor" in out and not 1 <= out["factor"] <= MAX_FACTOR:
+        raise PosencError(f"rope schedule {name!r}: factor must be from 1 to {MAX_FACTOR:g}, got {out['factor']}")
+    l0 = out.get("original_max_position_embeddings")
+    if l0 is not None and (isinstance(l0, bool) or not isinstance(l0, int) or not 2 <= l0 <= MAX_POSITION):
+        raise PosencError(
+            f"rope schedule {name!r}: original_max_position_embeddings (L0) must be an integer from 2 to 2^40 "
+            f"tokens, got {l0!r}"
+        )
+    for k in ("beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "mscale", "mscale_all_dim"):
+        if out.get(k) is not None and not abs(out[k]) <= MAX_FACTOR:  # past it the angles' math overflows
+            raise PosencError(f"rope schedule {name!r}: {k} must be at most {MAX_FACTOR:g} in size, got {out[k]}")
     if out.get("attention_factor") is not None and not out["attention_factor"] > 0:
         raise PosencError(f"rope schedule {name!r}: attention_factor must be > 0, got {out['attention_factor']}")
     schedule.check(name, out)
