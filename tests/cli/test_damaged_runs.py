@@ -1,8 +1,10 @@
 """Damaged run files and outputs that belong to another run (issue 59, the last bad-input sweep): each is one line
 and exit 2 naming the file, with nothing lost; before, each printed a traceback, or was taken without a word."""
 
+import errno
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -330,3 +332,31 @@ def test_a_config_at_a_broken_link_says_so_on_every_command(runs, capsys, comman
     config.symlink_to(runs / "gone.json")
     argv = [a.replace("{}", str(runs / "tr")) for a in command]
     one_line_exit_2(capsys, argv, f"{config} is a broken symbolic link")
+
+
+@pytest.mark.parametrize(
+    "code, shown", [(errno.EROFS, "read-only file system"), (errno.ENOSPC, "no space left on device")]
+)
+def test_a_file_system_that_refuses_writes_is_one_line(runs, capsys, monkeypatch, code, shown):
+    """A read-only or full file system gave an OSError traceback (eval after printing its table, train --resume,
+    diagnose, a compare rerun); the refusal is simulated (mounting read-only needs root)."""
+    from posenc.cli import eval_cmd
+
+    def refuse(path, record):
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(eval_cmd, "append", refuse)
+    assert main(["eval", str(runs / "tr"), "--multiples", "1", "--max-tokens", "64", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"posenc: error: {shown}: {runs / 'tr' / 'eval.jsonl'}\n"
+
+
+def test_another_os_error_keeps_its_traceback(runs, monkeypatch):
+    from posenc.cli import eval_cmd
+
+    def fail(path, record):
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(eval_cmd, "append", fail)
+    with pytest.raises(OSError, match="Input/output error"):
+        main(["eval", str(runs / "tr"), "--multiples", "1", "--max-tokens", "64", "-q"])

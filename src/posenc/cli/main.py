@@ -13,6 +13,7 @@ piped into a reader that stops early (``posenc list | head``) ends quietly with 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import shlex
@@ -120,6 +121,10 @@ def interrupted_message(exc: KeyboardInterrupt, argv: list[str], prog: str = "po
     return f"{prog}: interrupted: {where}\n{prog}: resume with: {shlex.join(['posenc', *argv, *extra])}"
 
 
+# the file system's refusals to write (read-only, full, over quota): the machine's, not posenc's bug, like EACCES
+MACHINE_REFUSALS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+
+
 def main(argv: list[str] | None = None, commands: Sequence[Callable] = (), prog: str = "posenc") -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); its exit code. ``commands``: subcommands beside
     the library's, each an ``add_parser(subparsers)`` as a module of COMMANDS has (a study's own command, run by the
@@ -143,6 +148,11 @@ def _run(argv: list[str], received: list[int], commands: Sequence[Callable] = ()
         return 2
     except PermissionError as exc:  # the machine's refusal, never posenc's bug: one line naming the path
         print(f"{prog}: error: permission denied: {exc.filename or exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in MACHINE_REFUSALS:  # any other OSError may be a bug: its traceback
+            raise
+        print(f"{prog}: error: {os.strerror(exc.errno).lower()}: {exc.filename or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         print(interrupted_message(exc, argv, prog), file=sys.stderr)
