@@ -771,4 +771,4 @@ def with_rope_schedule(model, name: str, params: dict | None = None):
     )
     out = LM(new_cfg)
     out.load_state_dict(model.state_dict())
-    return out, f"{cfg.encoding}+{schedule_label(name, full)}"
+    return out, f"{cfg.encoding}+{schedule_label(name, full, cfg.train_length)}"

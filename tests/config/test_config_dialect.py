@@ -12,6 +12,7 @@ from posenc.cli.main import build_parser, main
 from posenc.config.plan import ClusterConfig, EvalConfig, Preset, SweepConfig, TaskEvalConfig, load_preset
 from posenc.errors import PosencError
 from posenc.jobs import extend, finetune
+from posenc.jobs.job import ScheduleJob
 from posenc.jobs.launcher import record_run
 from posenc.model import ModelConfig
 from posenc.store.presets import _field_infos, parse_set, preset_names, reference
@@ -337,3 +338,36 @@ def test_a_yaml_syntax_error_gives_line_and_column(tmp_path):
         "is not valid YAML: line 2, column 2: expected ',' or ']', but got ':' "
         "(while parsing a flow sequence at line 1, column 4)"
     )
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        (
+            "eval.far_mass.multiples",
+            [0],
+            r"eval\.far_mass\.multiples\.0: Input should be greater than 0",
+        ),  # failed after training
+        ("eval.far_mass.multiples", [2, 2], "each entry once: 2 repeated"),  # a spread of 0 over one length
+        ("eval.passkey.lengths_multiples", [2, 2], "each entry once: 2 repeated"),
+    ],
+)
+def test_diagnosed_and_passkey_lengths_are_positive_and_given_once(key, value, message):
+    with pytest.raises(PosencError, match=message):
+        load_preset("quick", {key: value})
+
+
+def test_schedule_rows_are_labelled_by_every_setting_and_given_once():
+    """Two yarn rows of one factor were one row, `rope+yarn(s=4)`, their difference shown as a spread over seeds."""
+    rows = [{"schedule": "yarn", "factor": 4, "beta_slow": 0.25}, {"schedule": "yarn", "factor": 4}]
+    rows += [{"schedule": "yarn", "factor": 4, "original_max_position_embeddings": 64}]
+    p = load_preset("quick", {"eval_schedules": rows})
+    job = {"preset": p, "root": Path("x"), "scheme": "rope", "seed": 0, "model": p.model, "train": p.train}
+    labels = [ScheduleJob(**job, schedule=s.pop("schedule"), params=s).label() for s in rows]
+    assert labels == ["rope+yarn(s=4,beta_slow=0.25)", "rope+yarn(s=4)", "rope+yarn(s=4,L0=64)"]
+    same = [
+        {"schedule": "yarn", "factor": 4},
+        {"schedule": "yarn", "factor": 4, "beta_slow": 1.0},
+    ]  # beta_slow's default
+    with pytest.raises(PosencError, match=r"eval_schedules has two rows yarn\(s=4\): give each setting once"):
+        load_preset("quick", {"eval_schedules": same})

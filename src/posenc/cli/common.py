@@ -36,6 +36,13 @@ def number_list(flag: str, text: str) -> list[float]:
     return out
 
 
+def once(flag: str, values: list) -> None:
+    """PosencError naming ``flag`` and the values it repeats (a length given twice is scored, and shown, twice)."""
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise PosencError(f"{flag} repeats {', '.join(map(str, repeated))}: give each once")
+
+
 def add_set(p, example: str) -> None:
     """The ``--set KEY=VALUE`` option of a command that takes ``--preset``."""
     p.add_argument(

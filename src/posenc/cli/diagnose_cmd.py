@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from posenc.cli.common import OUT, nonblank
+from posenc.cli.common import OUT, nonblank, once
 from posenc.data.corpora import load_tokens
 from posenc.eval.diagnose import DEFAULT_MULTIPLES, diagnose_model
 from posenc.reports.diagnose import write_outputs
@@ -37,6 +37,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     device = check_device(args.device)
+    once("--multiples", args.multiples)
     model, _, tcfg = load_text_run(args.run_dir, "diagnose")
     data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
     out = args.out or Path(args.run_dir) / "diagnose"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from posenc.cli.common import nonblank, number_list
+from posenc.cli.common import nonblank, number_list, once
 from posenc.data.corpora import load_tokens
 from posenc.data.positions import scored_max
 from posenc.errors import PosencError
@@ -141,9 +141,7 @@ def run(args) -> int:
         raise PosencError(
             "--factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param need --rope-schedule"
         )
-    repeated = sorted({m for m in args.multiples if args.multiples.count(m) > 1})
-    if repeated:  # each length is scored once, and its record appended to eval.jsonl once
-        raise PosencError(f"--multiples repeats {', '.join(map(str, repeated))}: give each multiple once")
+    once("--multiples", args.multiples)  # each length is scored once, and its record appended to eval.jsonl once
     model, mcfg, tcfg = load_text_run(args.run_dir, "eval")
     drop_torn_tail(Path(args.run_dir) / "eval.jsonl")  # a record a kill cut short must not swallow the next one
     lengths = eval_lengths(mcfg.train_length, args.multiples)

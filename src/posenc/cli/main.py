@@ -149,17 +149,17 @@ def _run(argv: list[str], received: list[int], commands: Sequence[Callable] = ()
     except PermissionError as exc:  # the machine's refusal, never posenc's bug: one line naming the path
         print(f"{prog}: error: permission denied: {exc.filename or exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
-        if exc.errno not in MACHINE_REFUSALS:  # any other OSError may be a bug: its traceback
-            raise
-        print(f"{prog}: error: {os.strerror(exc.errno).lower()}: {exc.filename or exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt as exc:
         print(interrupted_message(exc, argv, prog), file=sys.stderr)
         return 128 + (received[0] if received else signal.SIGINT)
     except BrokenPipeError:  # the reader closed stdout: point it at devnull so the exit flush cannot fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as exc:
+        if exc.errno not in MACHINE_REFUSALS:  # any other OSError may be a bug: its traceback
+            raise
+        print(f"{prog}: error: {os.strerror(exc.errno).lower()}: {exc.filename or exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

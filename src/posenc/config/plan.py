@@ -22,8 +22,8 @@ from posenc.errors import PosencError
 from posenc.eval.diagnose import FarMassConfig
 from posenc.eval.passkey import PasskeyConfig
 from posenc.model import ModelConfig
-from posenc.rope import check_window, schedule_params
-from posenc.store.presets import Seed, apply, read_preset, validated
+from posenc.rope import check_window, schedule_label, schedule_params
+from posenc.store.presets import Seed, apply, distinct, read_preset, validated
 from posenc.train.batches import randomized_max
 from posenc.train.precision import machine_precision
 from posenc.train.settings import TrainConfig
@@ -50,16 +50,6 @@ def plain_name(v: str) -> str:
     directory under its parent, never outside it."""
     if not v or v in (".", "..") or not all(c.isalnum() or c in "._-" for c in v):
         raise ValueError(f"must be a plain directory name (letters, digits, . _ -), got {v!r}")
-    return v
-
-
-def distinct(v: list, key=str) -> list:
-    """``v`` unchanged; ValueError naming the entries that repeat (by ``key``): a repeat would run once and be
-    reported as if it were two (a length scored twice shows a spread of 0 over one seed)."""
-    keys = [key(x) for x in v]
-    repeated = sorted({str(x) for x, k in zip(v, keys) if keys.count(k) > 1})
-    if repeated:
-        raise ValueError(f"each entry once: {', '.join(repeated)} repeated" + ("" if key is str else " (one spec)"))
     return v
 
 
@@ -295,8 +285,9 @@ def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None, sche
     for p in [preset, *rungs(preset)]:  # fail fast, before any training (every rung's settings valid; its model too)
         for s in trained:
             check_scheme(p.model, s)
-    for spec in preset.eval_schedules:
-        schedule_spec(spec, preset)
+    labels = [schedule_label(*schedule_spec(spec, preset), preset.model.train_length) for spec in preset.eval_schedules]
+    for label in {x for x in labels if labels.count(x) > 1}:  # one row would hold both, as a spread over seeds
+        raise PosencError(f"preset {preset.name}: eval_schedules has two rows {label}: give each setting once")
     for spec in preset.eval_methods:
         methods.parse(spec, preset.model.train_length)
     randomized_max(preset.train.positions)  # the spec (each scheme is checked where it trains: check_positions)

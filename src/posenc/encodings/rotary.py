@@ -148,7 +148,7 @@ class RoPE(Encoding):
     def describe(self) -> str:
         extra = ""
         if self.schedule is not None:
-            extra = f", {rope.schedule_label(self.schedule, self.schedule_params)}"
+            extra = f", {rope.schedule_label(self.schedule, self.schedule_params, self.dims.train_length)}"
         if self.rot_dim < self.dims.head_dim:
             extra += f", rotary_fraction={self.rotary_fraction:g}"
         if self.factor != 1:

@@ -30,10 +30,11 @@ tables, the records file and the plots.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tqdm.auto import tqdm
 
 from posenc.attention import causal_tile, rotate
@@ -43,6 +44,7 @@ from posenc.errors import PosencError
 from posenc.layer import bound_window
 from posenc.model import LM, AttentionInputs
 from posenc.scoring import eval_lengths, window_starts
+from posenc.store.presets import distinct
 from posenc.store.records import Diagnosis, FarMass, LayerGap, LengthDiagnosis
 
 BLOCK_ELEMS = 2**23  # probabilities held at once per query block (32 MiB in float32)
@@ -56,8 +58,9 @@ class FarMassConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
-    multiples: list[int] = [2, 16]
-    """Lengths diagnosed, as multiples of the training length."""
+    multiples: list[Annotated[int, Field(gt=0)]] = [2, 16]
+    """Lengths diagnosed, as multiples of the training length (each once)."""
+    _distinct = field_validator("multiples")(distinct)
     windows: int = Field(1, ge=0)
     """Held-out windows per length; 0 switches the pass off."""
 

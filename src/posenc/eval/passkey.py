@@ -34,11 +34,12 @@ from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from posenc.errors import PosencError
 from posenc.model import LM
 from posenc.scoring import eval_lengths
+from posenc.store.presets import distinct
 from posenc.store.records import PasskeyCell
 
 TASK = (
@@ -57,6 +58,7 @@ class PasskeyConfig(BaseModel):
 
     lengths_multiples: list[Annotated[int, Field(ge=1)]] = [1, 4]
     """Prompt lengths, as multiples of the training length."""
+    _distinct = field_validator("lengths_multiples")(distinct)
     depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.1, 0.5, 0.9]
     """Where the key sits in the prompt, as fractions of its length in [0, 1]."""
     trials: int = Field(4, ge=0)

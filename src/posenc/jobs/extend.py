@@ -32,7 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from posenc import methods, rope
-from posenc.config.plan import distinct, plain_name
+from posenc.config.plan import plain_name
 from posenc.data.corpora import Document, load_corpus
 from posenc.errors import PosencError
 from posenc.eval import passkey, perplexity, progress
@@ -44,7 +44,7 @@ from posenc.reports.render import plot_stream
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
 from posenc.store.checkpoint import check_run_dir, drop_torn_tail, make_run_dir, read_json, write_json
-from posenc.store.presets import SHIPPED, Seed, load_flat
+from posenc.store.presets import SHIPPED, Seed, distinct, load_flat
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, load, trial_key
 from posenc.store.stamp import WeightsDtype, resolve_dtype, run_stamp, stamp_line

@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
-from posenc.config.plan import distinct
 from posenc.data.corpora import load_corpus
 from posenc.errors import PosencError
 from posenc.eval import progress
@@ -48,7 +47,7 @@ from posenc.store.checkpoint import (
     refuse_broken_link,
     write_json,
 )
-from posenc.store.presets import SHIPPED, load_flat, validated
+from posenc.store.presets import SHIPPED, distinct, load_flat, validated
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PasskeyTrial, ScoredWindow
 from posenc.store.stamp import run_stamp

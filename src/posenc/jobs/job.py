@@ -406,7 +406,7 @@ class ScheduleJob(_Evaluates):
 
     def label(self) -> str:
         full = schedule_params(self.schedule, self.model.train_length, self.params)
-        return f"{self.model.encoding}+{schedule_label(self.schedule, full)}"
+        return f"{self.model.encoding}+{schedule_label(self.schedule, full, self.model.train_length)}"
 
     def name(self) -> str:
         return f"{self.scheme}+{self.schedule} (seed {self.seed})"

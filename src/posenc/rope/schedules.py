@@ -463,10 +463,23 @@ def check_window(params: dict, eval_length: int) -> None:
         raise PosencError(f"rerope window {w} must be < the evaluation length {eval_length}")
 
 
-def schedule_label(name: str, params: dict) -> str:
-    """Short row name, e.g. ``yarn(s=8)``, ``rerope(w=64)``, ``leaky-rerope(w=64,k=16)``, ``none``."""
+def schedule_label(name: str, params: dict, train_length: int | None = None) -> str:
+    """Short row name, e.g. ``yarn(s=8)``, ``rerope(w=64)``, ``leaky-rerope(w=64,k=16)``, ``none``; a setting
+    other than the schedule's default is added as ``key=value`` (``yarn(s=4,beta_slow=0.25)``; L0 against
+    ``train_length``, when given), so two rows of one schedule and factor are told apart. LongRoPE's factor
+    lists are left out (a row per list: :func:`posenc.config.plan` refuses two rows of one label)."""
     if not params:
         return name
     if "window" in params:
-        return f"{name}(w={params['window']:g}" + (f",k={params['leak']:g})" if "leak" in params else ")")
-    return f"{name}(s={params['factor']:g})"
+        main = f"w={params['window']:g}" + (f",k={params['leak']:g}" if "leak" in params else "")
+    else:
+        main = f"s={params['factor']:g}"
+    defaults, extra = SCHEDULES[name].defaults if name in SCHEDULES else {}, []
+    for k, v in params.items():
+        default = defaults.get(k, v)
+        if default is TRAIN_LENGTH:
+            default = v if train_length is None else train_length
+        if k not in ("factor", "window", "leak") and not isinstance(v, list) and v != default:
+            shown = v if isinstance(v, bool) else f"{v:g}"
+            extra.append(f"{'L0' if k == 'original_max_position_embeddings' else k}={shown}")
+    return f"{name}({','.join([main, *extra])})"

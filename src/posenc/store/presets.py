@@ -39,6 +39,16 @@ def register_presets(folder: Path) -> None:
         _REGISTERED.append(Path(folder))
 
 
+def distinct(v: list, key=str) -> list:
+    """``v`` unchanged; ValueError naming the entries that repeat (by ``key``): a repeat would run once and be
+    reported as if it were two (a length scored twice shows a spread of 0 over one seed)."""
+    keys = [key(x) for x in v]
+    repeated = sorted({str(x) for x, k in zip(v, keys) if keys.count(k) > 1})
+    if repeated:
+        raise ValueError(f"each entry once: {', '.join(repeated)} repeated" + ("" if key is str else " (one spec)"))
+    return v
+
+
 def _folders(folder) -> list:
     """Where a preset name is looked up: ``folder``, and for compare's shipped folder the registered ones after it."""
     return [folder, *_REGISTERED] if folder is SHIPPED else [folder]
