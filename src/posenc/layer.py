@@ -583,7 +583,7 @@ class Attention(nn.Module):
         the T positions after the cache's); cache: a LayerCache, updated in place,
         for incremental decoding (feed a prompt, then one token at a time; outputs
         equal the parallel forward's, in evaluation mode); tokens: (B, T) int64,
-        only for per-token-id schemes; attention_mask: (B, T) left padding as
+        only for per-token-id schemes (ids in [0, vocab_size), else PosencError); attention_mask: (B, T) left padding as
         transformers gives it (1: token, 0: padding; with a cache, at its first step
         only), each row's positions counted from its first token (no ``positions``
         with it): a row's outputs at its tokens equal the row alone's, or PosencError

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import encodings, methods, scoring
-from posenc.encodings.base import Buffer, CachePart, Dims, Encoding, batch_rows, tensor_nbytes
+from posenc.encodings.base import Buffer, CachePart, Dims, Encoding, batch_rows, check_ids, tensor_nbytes
 from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
 from posenc.layer import Attention, AttentionInputs, LayerCache, check_padding, padding_starts
@@ -636,17 +636,6 @@ def pad_left(prompts: Sequence[Sequence[int] | torch.Tensor], pad_id: int = 0) -
     for b, r in enumerate(rows):
         ids[b, T - len(r) :], mask[b, T - len(r) :] = r, 1
     return ids, mask
-
-
-def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:
-    """PosencError unless every id lies in [0, vocab_size) (the embedding and the loss would raise a raw
-    IndexError, or assert on the device). One host sync; skipped while torch.compile traces, as a graph cannot
-    raise on a value (the eager forward checks)."""
-    if torch.compiler.is_compiling() or ids.numel() == 0:
-        return
-    lo, hi = torch.stack(torch.aminmax(ids)).tolist()
-    if lo < 0 or hi >= vocab_size:
-        raise PosencError(f"{what} must lie in [0, {vocab_size}), got [{lo}, {hi}]")
 
 
 def sample(

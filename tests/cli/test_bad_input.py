@@ -313,6 +313,15 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
             ),
             "target ids must lie in [0, 256), got [-2, 1]",
         ),
+        *[
+            (  # an IndexError past the table, and a negative id wrapped around it (issue 59)
+                lambda ids=ids: posenc.Attention(32, 2, scheme="acc-token-qk", vocab_size=10)(
+                    torch.randn(1, 3, 32), tokens=torch.tensor([ids])
+                ),
+                f"token ids must lie in [0, 10), got [{min(ids)}, {max(ids)}]",
+            )
+            for ids in ([1, 2, 30], [1, 2, -1])
+        ],
     ],
 )
 def test_python_api_bad_arguments_are_one_line(make, message):

@@ -131,6 +131,17 @@ class Inputs:
         return None if self.first is None else self.pos[None] >= self.first[:, None]
 
 
+def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:
+    """PosencError unless every id lies in [0, vocab_size) (the embedding and the loss would raise a raw
+    IndexError, or assert on the device). One host sync; skipped while torch.compile traces, as a graph cannot
+    raise on a value (the eager forward checks)."""
+    if torch.compiler.is_compiling() or ids.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(ids)).tolist()
+    if lo < 0 or hi >= vocab_size:
+        raise PosencError(f"{what} must lie in [0, {vocab_size}), got [{lo}, {hi}]")
+
+
 def batch_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """t's rows ``index`` (B',) int64 along axis 0, the batch (beam search's reorder), on t's device."""
     return t.index_select(0, index.to(t.device))
