@@ -322,6 +322,14 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
             )
             for ids in ([1, 2, 30], [1, 2, -1])
         ],
+        (lambda: encodings.get(None), "a scheme spec is a string (see `posenc list`), got NoneType None"),
+        (lambda: encodings.get(5), "a scheme spec is a string (see `posenc list`), got int 5"),
+        (lambda: encodings.is_additive(["rope"]), "a scheme spec is a string (see `posenc list`), got list ['rope']"),
+        (lambda: encodings.parts(None), "a scheme spec is a string (see `posenc list`), got NoneType None"),
+        (
+            lambda: encodings.get("rope", "abc"),
+            "dims must be a posenc.encodings.Dims (the layer's sizes), got str",
+        ),
     ],
 )
 def test_python_api_bad_arguments_are_one_line(make, message):

@@ -99,9 +99,12 @@ def get(spec: str, dims: Dims | None = None, defaults: dict[str, Any] | None = N
     them in the spec, per part); ``defaults`` go to every part that takes them and
     does not set them (a pretrained model's ``rope_theta``). Raises PosencError for an unknown name, an
     unknown parameter, an invalid value, or an additive embedding in a pattern; an error in an entry of a named
-    pattern names the pattern as given (``gemma3:window=0``), not its expansion.
+    pattern names the pattern as given (``gemma3:window=0``), not its expansion; also for a spec that is not a str
+    or ``dims`` that are not a :class:`Dims`.
     """
-    dims = dims or Dims(n_head=4, head_dim=32, d_model=128, vocab_size=256, train_length=128)
+    dims = Dims(n_head=4, head_dim=32, d_model=128, vocab_size=256, train_length=128) if dims is None else dims
+    if not isinstance(dims, Dims):
+        raise PosencError(f"dims must be a posenc.encodings.Dims (the layer's sizes), got {type(dims).__name__}")
     pattern = layer_pattern(spec)
     if len(pattern) > 1:
         return _layer_of(pattern, spec, dims, params, defaults)
