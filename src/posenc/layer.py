@@ -404,9 +404,12 @@ def _check_x(x: torch.Tensor, d_model: int | None = None) -> torch.Tensor:
 
 
 def _positions(positions: torch.Tensor | None, n: int, start: int, device) -> torch.Tensor:
-    """positions (n,) int64 as given, default arange(start, start + n); PosencError for another shape or dtype."""
+    """positions (n,) int64 as given, default arange(start, start + n); PosencError for another shape or dtype, or
+    positions that are not a tensor (a list)."""
     if positions is None:
         return torch.arange(start, start + n, device=device)
+    if not isinstance(positions, torch.Tensor):
+        raise PosencError(f"positions must be a ({n},) int64 tensor for T = {n}, got {type(positions).__name__}")
     if positions.shape != (n,) or positions.dtype != torch.int64:
         raise PosencError(
             f"positions must be ({n},) int64 for T = {n}, got shape {tuple(positions.shape)} {positions.dtype}"
@@ -589,7 +592,8 @@ class Attention(nn.Module):
         with it): a row's outputs at its tokens equal the row alone's, or PosencError
         (one line) where the layer cannot give them (an inference method, a
         length-dependent schedule over rows of different lengths). Raises
-        PosencError for bad shapes or a mask ``padding_starts`` refuses.
+        PosencError for bad shapes, positions that are not a tensor, a cache that is not a LayerCache, or a mask
+        ``padding_starts`` refuses.
         """
         _check_x(x, self.d_model)
         if cache is not None:
@@ -615,8 +619,11 @@ class Attention(nn.Module):
         one step and not another, or a scheme whose hooks follow the sequence length
         (``Encoding.length_key``: RoPE's dynamic NTK and LongRoPE schedules): past their switch every
         cached input of a deeper layer would be stale, and one layer cannot re-run the layers below it
-        (``posenc.model.LM.decode`` does; or run the parallel forward over the whole sequence).
+        (``posenc.model.LM.decode`` does; or run the parallel forward over the whole sequence), and for a cache
+        that is not a :class:`LayerCache` (``posenc.model.Cache`` is a whole model's).
         """
+        if not isinstance(cache, LayerCache):
+            raise PosencError(f"cache must be a posenc.LayerCache (one per layer), got {type(cache).__name__}")
         if self.enc.length_key(cache.length + x.shape[1]) is not None:
             raise PosencError(
                 f"{self.enc.describe()} changes its frequencies with the sequence length: "

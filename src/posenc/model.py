@@ -701,8 +701,8 @@ MAX_NEW_TOKENS = 1 << 20  # the most tokens one generate call produces (1,048,57
 
 def check_sampling(max_new_tokens, temperature, top_k) -> None:
     """PosencError (one line) unless ``max_new_tokens`` is an integer in [0, ``MAX_NEW_TOKENS``], ``temperature``
-    finite and >= 0 (0: greedy) and ``top_k`` None or an integer >= 1: the generation settings of ``LM.generate``,
-    of pretrained models' (``posenc.hf.generation``) and of ``posenc generate``."""
+    finite and >= 0 (0: greedy) and ``top_k`` None or an integer >= 1 (not a bool): the generation settings of
+    ``LM.generate``, of pretrained models' (``posenc.hf.generation``) and of ``posenc generate``."""
     if not (isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 0):
         raise PosencError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if max_new_tokens > MAX_NEW_TOKENS:
@@ -711,7 +711,7 @@ def check_sampling(max_new_tokens, temperature, top_k) -> None:
         )
     if not (math.isfinite(temperature) and temperature >= 0):
         raise PosencError(f"temperature must be finite and >= 0, got {temperature!r}")
-    if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
+    if top_k is not None and not (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1):
         raise PosencError(f"top_k must be an integer >= 1, got {top_k!r}")
 
 

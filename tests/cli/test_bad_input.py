@@ -330,6 +330,24 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
             lambda: encodings.get("rope", "abc"),
             "dims must be a posenc.encodings.Dims (the layer's sizes), got str",
         ),
+        (
+            lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate(
+                torch.tensor([1, 2]), 2, top_k=True
+            ),
+            "top_k must be an integer >= 1, got True",
+        ),
+        (
+            lambda: posenc.Attention(32, 2, "rope")(torch.randn(1, 3, 32), positions=[0, 1, 2]),
+            "positions must be a (3,) int64 tensor for T = 3, got list",
+        ),
+        (
+            lambda: posenc.Attention(32, 2, "rope")(torch.randn(1, 3, 32), cache={}),
+            "cache must be a posenc.LayerCache (one per layer), got dict",
+        ),
+        (
+            lambda: posenc.Attention(32, 2, "rope").decode(torch.randn(1, 3, 32), Cache(1)),
+            "cache must be a posenc.LayerCache (one per layer), got Cache",
+        ),
     ],
 )
 def test_python_api_bad_arguments_are_one_line(make, message):
