@@ -20,7 +20,7 @@ from torch import nn
 
 from posenc import encodings
 from posenc.attention import Bias, Window, attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype
-from posenc.encodings.base import Buffer, CachePart, DecodeState, Dims, Encoding, Inputs, batch_rows
+from posenc.encodings.base import Buffer, CachePart, DecodeState, Dims, Encoding, Inputs, batch_rows, check_rows
 from posenc.encodings.composite import Composite, sum_biases
 from posenc.encodings.registry import check_capabilities
 from posenc.errors import PosencError
@@ -287,14 +287,14 @@ class LayerCache(CachePart):
     them. Reference (``reference=True``, and every scheme without a DecodeState):
     every position's input ``x``, token ids, unrotated ``k``, ``v`` (and
     ``q`` for schemes that replace attention), the hooks recomputed over the whole
-    prefix at every step. All in preallocated buffers whose capacity doubles
-    (``capacity``: rows reserved at the first step). A layer with a sliding window or chunks of W tokens
-    (``Encoding.window``) keeps only the last W - 1 positions' keys, values and scheme rows after each
-    incremental step (``evicted``: the positions dropped; ``length`` still counts every position fed), so its
-    memory stays bounded however long the decoding; such a cache cannot be cropped. A cache belongs to the
-    layer of its first step (``owner``): another layer's ``decode`` with it raises PosencError, as its keys,
-    scheme state and head count are that layer's. ``crop``, ``reorder``, ``nbytes``: :class:`CachePart`'s, over
-    the scheme's state and the buffers.
+    prefix at every step. All in preallocated buffers whose capacity doubles (``capacity``: rows reserved at the
+    first step, an integer >= 0, else PosencError). A layer with a sliding window or chunks of W tokens
+    (``Encoding.window``) keeps only the last W - 1 positions' keys, values and scheme rows after each incremental
+    step (``evicted``: the positions dropped; ``length`` still counts every position fed), so its memory stays
+    bounded however long the decoding; such a cache cannot be cropped. A cache belongs to the layer of its first
+    step (``owner``): another layer's ``decode`` with it raises PosencError, as its keys, scheme state and head
+    count are that layer's. ``crop``, ``reorder``, ``nbytes``: :class:`CachePart`'s, over the scheme's state and the
+    buffers.
     """
 
     def __init__(self, reference: bool = False, capacity: int = 0):
@@ -382,6 +382,9 @@ class LayerCache(CachePart):
             self.evicted += stop
 
     def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows: index (B',) int64 into the cached batch; PosencError (one line) for another index or a
+        row outside the batch (``check_rows``), before any part changes."""
+        check_rows(index, self.batch)
         super().reorder(index)
         if self.first is not None:
             self.first = batch_rows(self.first, index)
@@ -444,11 +447,12 @@ class Attention(nn.Module):
     the entry of a per-layer pattern (``rope|nope``) and the random-step seed offset;
     block_size: query rows per bias tile; params: the scheme's parameters, with a spec
     (as its ``:k=v`` parts); seed: the run's seed, from which a scheme that draws at random
-    derives its draws (``Dims.seed``). Projections have no bias. Raises PosencError for sizes
-    that do not divide, an invalid spec, an additive scheme, params with an Encoding, or an Encoding whose
-    class's flags disagree with the hooks it implements (``posenc.encodings.registry.check_capabilities``,
-    what ``register`` checks); at the first forward or cached step, for a hook that gives a value under its
-    flag left False (a flag in ``instance_flags`` the constructor never set).
+    derives its draws (``Dims.seed``). Projections have no bias. Raises PosencError for sizes below 1
+    (``n_kv_head=0`` too) or that do not divide, an invalid spec, an additive scheme, params with an Encoding, or an
+    Encoding whose class's flags disagree with the hooks it implements
+    (``posenc.encodings.registry.check_capabilities``, what ``register`` checks); at the first forward or cached
+    step, for a hook that gives a value under its flag left False (a flag in ``instance_flags`` the constructor
+    never set).
     """
 
     def __init__(
@@ -466,7 +470,7 @@ class Attention(nn.Module):
         seed: int = 0,
     ):
         super().__init__()
-        kv = n_kv_head or n_head
+        kv = n_head if n_kv_head is None else n_kv_head  # 0 is refused below, not taken for None
         if min(d_model, n_head, kv) < 1:  # before the modulo below divides by them
             raise PosencError(f"d_model, n_head and n_kv_head must be >= 1, got {d_model}, {n_head}, {kv}")
         if not isinstance(scheme, (str, Encoding)):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import encodings, methods, scoring
-from posenc.encodings.base import Buffer, CachePart, Dims, Encoding, batch_rows, check_ids, tensor_nbytes
+from posenc.encodings.base import Buffer, CachePart, Dims, Encoding, batch_rows, check_ids, check_rows, tensor_nbytes
 from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
 from posenc.layer import Attention, AttentionInputs, LayerCache, check_padding, padding_starts
@@ -144,9 +144,12 @@ class Cache(CachePart):
     states are tested against); ``capacity``: positions reserved at the first step
     (buffers double past it). ``first``: (B,) int64, each row's first real position of a left-padded batch
     (its first step's ``attention_mask``), None without padding. ``crop``, ``reorder``, ``nbytes``:
-    :class:`posenc.encodings.base.CachePart`'s, over the Canon states, the layers and the token ids."""
+    :class:`posenc.encodings.base.CachePart`'s, over the Canon states, the layers and the token ids. PosencError
+    (one line) for ``n_layer`` not an integer >= 1 or ``capacity`` not one >= 0."""
 
     def __init__(self, n_layer: int, reference: bool = False, capacity: int = 0):
+        if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
+            raise PosencError(f"a Cache's n_layer must be an integer >= 1 (the model's layers), got {n_layer!r}")
         self._n_layer, self._reference, self._capacity = n_layer, reference, capacity
         self.clear()
 
@@ -189,7 +192,9 @@ class Cache(CachePart):
         super().check_crop(length)
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows, e.g. the surviving beams: index (B',) int64 into the current batch."""
+        """Select batch rows, e.g. the surviving beams: index (B',) int64 into the current batch; PosencError (one
+        line) for another index or a row outside the batch (``check_rows``), before any part changes."""
+        check_rows(index, self.layers[0].batch)  # every layer holds the batch of the first step
         super().reorder(index)
         if self.first is not None:
             self.first = batch_rows(self.first, index)
