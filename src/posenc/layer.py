@@ -20,7 +20,17 @@ from torch import nn
 
 from posenc import encodings
 from posenc.attention import Bias, Window, attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype
-from posenc.encodings.base import Buffer, CachePart, DecodeState, Dims, Encoding, Inputs, batch_rows, check_rows
+from posenc.encodings.base import (
+    Buffer,
+    CachePart,
+    DecodeState,
+    Dims,
+    Encoding,
+    Inputs,
+    batch_rows,
+    check_crop_length,
+    check_rows,
+)
 from posenc.encodings.composite import Composite, sum_biases
 from posenc.encodings.registry import check_capabilities
 from posenc.errors import PosencError
@@ -330,8 +340,7 @@ class LayerCache(CachePart):
         rejected speculative tokens): a length beyond the cache's, below it in a windowed layer's cache (the keys a
         query at ``length`` would see are gone), or where the scheme's state cannot go back (PaTH's transformed
         keys)."""
-        if not 0 <= length <= self.length:
-            raise PosencError(f"cannot crop a cache of {self.length} positions to {length}")
+        check_crop_length(length, self.length)
         if self.evicted and length < self.length:
             raise PosencError(
                 "a windowed layer's cache keeps only its window's last keys: it cannot be cropped (the earlier ones "

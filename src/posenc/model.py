@@ -19,7 +19,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import encodings, methods, scoring
-from posenc.encodings.base import Buffer, CachePart, Dims, Encoding, batch_rows, check_ids, check_rows, tensor_nbytes
+from posenc.encodings.base import (
+    Buffer,
+    CachePart,
+    Dims,
+    Encoding,
+    batch_rows,
+    check_crop_length,
+    check_ids,
+    check_rows,
+    tensor_nbytes,
+)
 from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
 from posenc.layer import Attention, AttentionInputs, LayerCache, check_padding, padding_starts
@@ -184,9 +194,11 @@ class Cache(CachePart):
         return [*self.canon, *self.layers, self._tokens]
 
     def check_crop(self, length: int) -> None:
-        """PosencError (one line) unless ``crop(length)`` can keep the first ``length`` positions: not if longer than
-        the cache or a scheme cannot go back (PaTH), the model has a Canon layer (its earlier inputs are not kept),
-        or the cache is bounded (sinks, or a windowed layer that dropped keys: the evicted positions are gone)."""
+        """PosencError (one line) unless ``crop(length)`` can keep the first ``length`` positions: not if it is not an
+        integer in [0, the cached length] (``check_crop_length``, checked first), a scheme cannot go back (PaTH), the
+        model has a Canon layer (its earlier inputs are not kept), or the cache is bounded (sinks, or a windowed
+        layer that dropped keys: the evicted positions are gone)."""
+        check_crop_length(length, self.length)
         if self.uncounted:
             raise PosencError("a bounded cache (sinks) cannot be cropped: the evicted positions are gone")
         super().check_crop(length)

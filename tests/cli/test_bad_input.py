@@ -373,6 +373,13 @@ def decoded_cache(**config) -> Cache:
             for rows in ([5], [0, -1])
         ],
         (lambda: decoded_cache().reorder([0]), "a reorder index must be a (rows,) int64 tensor, got list"),
+        *[  # -1 said "a model with a Canon layer cannot crop" of a model without one (issue 59)
+            (
+                lambda n=n: decoded_cache().crop(n),
+                f"cannot crop a cache of 2 positions to {n}: the length kept must be an integer in [0, 2]",
+            )
+            for n in (-1, 3)
+        ],
         (
             lambda: encodings.get("gemma3:factor=0"),
             "scheme 'gemma3:factor=0': rope: factor must be a number >= 1 (positions / factor), got 0",

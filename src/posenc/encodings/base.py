@@ -147,6 +147,15 @@ def batch_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return t.index_select(0, index.to(t.device))
 
 
+def check_crop_length(length, held: int) -> None:
+    """PosencError (one line) unless ``length`` is an integer in [0, ``held``]: the positions a crop of a cache of
+    ``held`` positions keeps, checked before what the parts can undo."""
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= held:
+        raise PosencError(
+            f"cannot crop a cache of {held} positions to {length!r}: the length kept must be an integer in [0, {held}]"
+        )
+
+
 def check_rows(index, batch: int | None) -> None:
     """PosencError (one line) unless ``index`` is a (B',) integer tensor of rows of a batch of ``batch`` (None: no
     batch yet, any row): what a cache's ``reorder`` checks before any part changes (a row past the batch would be
