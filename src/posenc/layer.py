@@ -20,7 +20,17 @@ from torch import nn
 
 from posenc import encodings
 from posenc.attention import Bias, Window, attention, cos_sin, repeat_kv, rotate_rows, rotation_dtype
-from posenc.encodings.base import Buffer, CachePart, DecodeState, Dims, Encoding, Inputs, batch_rows
+from posenc.encodings.base import (
+    Buffer,
+    CachePart,
+    DecodeState,
+    Dims,
+    Encoding,
+    Inputs,
+    batch_rows,
+    check_crop_length,
+    check_rows,
+)
 from posenc.encodings.composite import Composite, sum_biases
 from posenc.encodings.registry import check_capabilities
 from posenc.errors import PosencError
@@ -287,14 +297,14 @@ class LayerCache(CachePart):
     them. Reference (``reference=True``, and every scheme without a DecodeState):
     every position's input ``x``, token ids, unrotated ``k``, ``v`` (and
     ``q`` for schemes that replace attention), the hooks recomputed over the whole
-    prefix at every step. All in preallocated buffers whose capacity doubles
-    (``capacity``: rows reserved at the first step). A layer with a sliding window or chunks of W tokens
-    (``Encoding.window``) keeps only the last W - 1 positions' keys, values and scheme rows after each
-    incremental step (``evicted``: the positions dropped; ``length`` still counts every position fed), so its
-    memory stays bounded however long the decoding; such a cache cannot be cropped. A cache belongs to the
-    layer of its first step (``owner``): another layer's ``decode`` with it raises PosencError, as its keys,
-    scheme state and head count are that layer's. ``crop``, ``reorder``, ``nbytes``: :class:`CachePart`'s, over
-    the scheme's state and the buffers.
+    prefix at every step. All in preallocated buffers whose capacity doubles (``capacity``: rows reserved at the
+    first step, an integer >= 0, else PosencError). A layer with a sliding window or chunks of W tokens
+    (``Encoding.window``) keeps only the last W - 1 positions' keys, values and scheme rows after each incremental
+    step (``evicted``: the positions dropped; ``length`` still counts every position fed), so its memory stays
+    bounded however long the decoding; such a cache cannot be cropped. A cache belongs to the layer of its first
+    step (``owner``): another layer's ``decode`` with it raises PosencError, as its keys, scheme state and head
+    count are that layer's. ``crop``, ``reorder``, ``nbytes``: :class:`CachePart`'s, over the scheme's state and the
+    buffers.
     """
 
     def __init__(self, reference: bool = False, capacity: int = 0):
@@ -330,8 +340,7 @@ class LayerCache(CachePart):
         rejected speculative tokens): a length beyond the cache's, below it in a windowed layer's cache (the keys a
         query at ``length`` would see are gone), or where the scheme's state cannot go back (PaTH's transformed
         keys)."""
-        if not 0 <= length <= self.length:
-            raise PosencError(f"cannot crop a cache of {self.length} positions to {length}")
+        check_crop_length(length, self.length)
         if self.evicted and length < self.length:
             raise PosencError(
                 "a windowed layer's cache keeps only its window's last keys: it cannot be cropped (the earlier ones "
@@ -382,6 +391,9 @@ class LayerCache(CachePart):
             self.evicted += stop
 
     def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows: index (B',) int64 into the cached batch; PosencError (one line) for another index or a
+        row outside the batch (``check_rows``), before any part changes."""
+        check_rows(index, self.batch)
         super().reorder(index)
         if self.first is not None:
             self.first = batch_rows(self.first, index)
@@ -404,9 +416,12 @@ def _check_x(x: torch.Tensor, d_model: int | None = None) -> torch.Tensor:
 
 
 def _positions(positions: torch.Tensor | None, n: int, start: int, device) -> torch.Tensor:
-    """positions (n,) int64 as given, default arange(start, start + n); PosencError for another shape or dtype."""
+    """positions (n,) int64 as given, default arange(start, start + n); PosencError for another shape or dtype, or
+    positions that are not a tensor (a list)."""
     if positions is None:
         return torch.arange(start, start + n, device=device)
+    if not isinstance(positions, torch.Tensor):
+        raise PosencError(f"positions must be a ({n},) int64 tensor for T = {n}, got {type(positions).__name__}")
     if positions.shape != (n,) or positions.dtype != torch.int64:
         raise PosencError(
             f"positions must be ({n},) int64 for T = {n}, got shape {tuple(positions.shape)} {positions.dtype}"
@@ -441,11 +456,12 @@ class Attention(nn.Module):
     the entry of a per-layer pattern (``rope|nope``) and the random-step seed offset;
     block_size: query rows per bias tile; params: the scheme's parameters, with a spec
     (as its ``:k=v`` parts); seed: the run's seed, from which a scheme that draws at random
-    derives its draws (``Dims.seed``). Projections have no bias. Raises PosencError for sizes
-    that do not divide, an invalid spec, an additive scheme, params with an Encoding, or an Encoding whose
-    class's flags disagree with the hooks it implements (``posenc.encodings.registry.check_capabilities``,
-    what ``register`` checks); at the first forward or cached step, for a hook that gives a value under its
-    flag left False (a flag in ``instance_flags`` the constructor never set).
+    derives its draws (``Dims.seed``). Projections have no bias. Raises PosencError for sizes below 1
+    (``n_kv_head=0`` too) or that do not divide, an invalid spec, an additive scheme, params with an Encoding, or an
+    Encoding whose class's flags disagree with the hooks it implements
+    (``posenc.encodings.registry.check_capabilities``, what ``register`` checks); at the first forward or cached
+    step, for a hook that gives a value under its flag left False (a flag in ``instance_flags`` the constructor
+    never set).
     """
 
     def __init__(
@@ -463,7 +479,7 @@ class Attention(nn.Module):
         seed: int = 0,
     ):
         super().__init__()
-        kv = n_kv_head or n_head
+        kv = n_head if n_kv_head is None else n_kv_head  # 0 is refused below, not taken for None
         if min(d_model, n_head, kv) < 1:  # before the modulo below divides by them
             raise PosencError(f"d_model, n_head and n_kv_head must be >= 1, got {d_model}, {n_head}, {kv}")
         if not isinstance(scheme, (str, Encoding)):
@@ -583,13 +599,14 @@ class Attention(nn.Module):
         the T positions after the cache's); cache: a LayerCache, updated in place,
         for incremental decoding (feed a prompt, then one token at a time; outputs
         equal the parallel forward's, in evaluation mode); tokens: (B, T) int64,
-        only for per-token-id schemes; attention_mask: (B, T) left padding as
+        only for per-token-id schemes (ids in [0, vocab_size), else PosencError); attention_mask: (B, T) left padding as
         transformers gives it (1: token, 0: padding; with a cache, at its first step
         only), each row's positions counted from its first token (no ``positions``
         with it): a row's outputs at its tokens equal the row alone's, or PosencError
         (one line) where the layer cannot give them (an inference method, a
         length-dependent schedule over rows of different lengths). Raises
-        PosencError for bad shapes or a mask ``padding_starts`` refuses.
+        PosencError for bad shapes, positions that are not a tensor, a cache that is not a LayerCache, or a mask
+        ``padding_starts`` refuses.
         """
         _check_x(x, self.d_model)
         if cache is not None:
@@ -615,8 +632,11 @@ class Attention(nn.Module):
         one step and not another, or a scheme whose hooks follow the sequence length
         (``Encoding.length_key``: RoPE's dynamic NTK and LongRoPE schedules): past their switch every
         cached input of a deeper layer would be stale, and one layer cannot re-run the layers below it
-        (``posenc.model.LM.decode`` does; or run the parallel forward over the whole sequence).
+        (``posenc.model.LM.decode`` does; or run the parallel forward over the whole sequence), and for a cache
+        that is not a :class:`LayerCache` (``posenc.model.Cache`` is a whole model's).
         """
+        if not isinstance(cache, LayerCache):
+            raise PosencError(f"cache must be a posenc.LayerCache (one per layer), got {type(cache).__name__}")
         if self.enc.length_key(cache.length + x.shape[1]) is not None:
             raise PosencError(
                 f"{self.enc.describe()} changes its frequencies with the sequence length: "

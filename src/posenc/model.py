@@ -19,7 +19,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import encodings, methods, scoring
-from posenc.encodings.base import Buffer, CachePart, Dims, Encoding, batch_rows, tensor_nbytes
+from posenc.encodings.base import (
+    Buffer,
+    CachePart,
+    Dims,
+    Encoding,
+    batch_rows,
+    check_crop_length,
+    check_ids,
+    check_rows,
+    tensor_nbytes,
+)
 from posenc.encodings.rotary import RoPE
 from posenc.errors import PosencError
 from posenc.layer import Attention, AttentionInputs, LayerCache, check_padding, padding_starts
@@ -144,9 +154,12 @@ class Cache(CachePart):
     states are tested against); ``capacity``: positions reserved at the first step
     (buffers double past it). ``first``: (B,) int64, each row's first real position of a left-padded batch
     (its first step's ``attention_mask``), None without padding. ``crop``, ``reorder``, ``nbytes``:
-    :class:`posenc.encodings.base.CachePart`'s, over the Canon states, the layers and the token ids."""
+    :class:`posenc.encodings.base.CachePart`'s, over the Canon states, the layers and the token ids. PosencError
+    (one line) for ``n_layer`` not an integer >= 1 or ``capacity`` not one >= 0."""
 
     def __init__(self, n_layer: int, reference: bool = False, capacity: int = 0):
+        if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
+            raise PosencError(f"a Cache's n_layer must be an integer >= 1 (the model's layers), got {n_layer!r}")
         self._n_layer, self._reference, self._capacity = n_layer, reference, capacity
         self.clear()
 
@@ -181,15 +194,19 @@ class Cache(CachePart):
         return [*self.canon, *self.layers, self._tokens]
 
     def check_crop(self, length: int) -> None:
-        """PosencError (one line) unless ``crop(length)`` can keep the first ``length`` positions: not if longer than
-        the cache or a scheme cannot go back (PaTH), the model has a Canon layer (its earlier inputs are not kept),
-        or the cache is bounded (sinks, or a windowed layer that dropped keys: the evicted positions are gone)."""
+        """PosencError (one line) unless ``crop(length)`` can keep the first ``length`` positions: not if it is not an
+        integer in [0, the cached length] (``check_crop_length``, checked first), a scheme cannot go back (PaTH), the
+        model has a Canon layer (its earlier inputs are not kept), or the cache is bounded (sinks, or a windowed
+        layer that dropped keys: the evicted positions are gone)."""
+        check_crop_length(length, self.length)
         if self.uncounted:
             raise PosencError("a bounded cache (sinks) cannot be cropped: the evicted positions are gone")
         super().check_crop(length)
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows, e.g. the surviving beams: index (B',) int64 into the current batch."""
+        """Select batch rows, e.g. the surviving beams: index (B',) int64 into the current batch; PosencError (one
+        line) for another index or a row outside the batch (``check_rows``), before any part changes."""
+        check_rows(index, self.layers[0].batch)  # every layer holds the batch of the first step
         super().reorder(index)
         if self.first is not None:
             self.first = batch_rows(self.first, index)
@@ -638,17 +655,6 @@ def pad_left(prompts: Sequence[Sequence[int] | torch.Tensor], pad_id: int = 0) -
     return ids, mask
 
 
-def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:
-    """PosencError unless every id lies in [0, vocab_size) (the embedding and the loss would raise a raw
-    IndexError, or assert on the device). One host sync; skipped while torch.compile traces, as a graph cannot
-    raise on a value (the eager forward checks)."""
-    if torch.compiler.is_compiling() or ids.numel() == 0:
-        return
-    lo, hi = torch.stack(torch.aminmax(ids)).tolist()
-    if lo < 0 or hi >= vocab_size:
-        raise PosencError(f"{what} must lie in [0, {vocab_size}), got [{lo}, {hi}]")
-
-
 def sample(
     logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
 ) -> torch.Tensor:
@@ -712,8 +718,8 @@ MAX_NEW_TOKENS = 1 << 20  # the most tokens one generate call produces (1,048,57
 
 def check_sampling(max_new_tokens, temperature, top_k) -> None:
     """PosencError (one line) unless ``max_new_tokens`` is an integer in [0, ``MAX_NEW_TOKENS``], ``temperature``
-    finite and >= 0 (0: greedy) and ``top_k`` None or an integer >= 1: the generation settings of ``LM.generate``,
-    of pretrained models' (``posenc.hf.generation``) and of ``posenc generate``."""
+    finite and >= 0 (0: greedy) and ``top_k`` None or an integer >= 1 (not a bool): the generation settings of
+    ``LM.generate``, of pretrained models' (``posenc.hf.generation``) and of ``posenc generate``."""
     if not (isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 0):
         raise PosencError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if max_new_tokens > MAX_NEW_TOKENS:
@@ -722,7 +728,7 @@ def check_sampling(max_new_tokens, temperature, top_k) -> None:
         )
     if not (math.isfinite(temperature) and temperature >= 0):
         raise PosencError(f"temperature must be finite and >= 0, got {temperature!r}")
-    if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
+    if top_k is not None and not (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1):
         raise PosencError(f"top_k must be an integer >= 1, got {top_k!r}")
 
 

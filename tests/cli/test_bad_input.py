@@ -252,6 +252,14 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
     )
 
 
+def decoded_cache(**config) -> Cache:
+    """The Cache of a one-layer model after a step of a batch of 1 (two tokens)."""
+    model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16, **config})
+    cache = Cache(1)
+    model.decode(torch.tensor([[1, 2]]), cache)
+    return cache
+
+
 @pytest.mark.parametrize(
     "make,message",
     [
@@ -291,7 +299,7 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
                 ),
                 f"the cache has {n} layers, the model 4: use Cache(4)",
             )
-            for n in (0, 2, 8)
+            for n in (2, 8)
         ],
         (lambda: posenc.prepare("rope", torch.randn(1, 6, 16), n_head=0), "n_head must be an integer >= 1, got 0"),
         (lambda: posenc.prepare("alibi", torch.randn(1, 6, 16), n_head=-1), "n_head must be an integer >= 1, got -1"),
@@ -312,6 +320,73 @@ def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, cap
                 torch.tensor([[1, 3]]), torch.tensor([[1, -2]])
             ),
             "target ids must lie in [0, 256), got [-2, 1]",
+        ),
+        *[
+            (  # an IndexError past the table, and a negative id wrapped around it (issue 59)
+                lambda ids=ids: posenc.Attention(32, 2, scheme="acc-token-qk", vocab_size=10)(
+                    torch.randn(1, 3, 32), tokens=torch.tensor([ids])
+                ),
+                f"token ids must lie in [0, 10), got [{min(ids)}, {max(ids)}]",
+            )
+            for ids in ([1, 2, 30], [1, 2, -1])
+        ],
+        (lambda: encodings.get(None), "a scheme spec is a string (see `posenc list`), got NoneType None"),
+        (lambda: encodings.get(5), "a scheme spec is a string (see `posenc list`), got int 5"),
+        (lambda: encodings.is_additive(["rope"]), "a scheme spec is a string (see `posenc list`), got list ['rope']"),
+        (lambda: encodings.parts(None), "a scheme spec is a string (see `posenc list`), got NoneType None"),
+        (
+            lambda: encodings.get("rope", "abc"),
+            "dims must be a posenc.encodings.Dims (the layer's sizes), got str",
+        ),
+        (
+            lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate(
+                torch.tensor([1, 2]), 2, top_k=True
+            ),
+            "top_k must be an integer >= 1, got True",
+        ),
+        (
+            lambda: posenc.Attention(32, 2, "rope")(torch.randn(1, 3, 32), positions=[0, 1, 2]),
+            "positions must be a (3,) int64 tensor for T = 3, got list",
+        ),
+        (
+            lambda: posenc.Attention(32, 2, "rope")(torch.randn(1, 3, 32), cache={}),
+            "cache must be a posenc.LayerCache (one per layer), got dict",
+        ),
+        (
+            lambda: posenc.Attention(32, 2, "rope").decode(torch.randn(1, 3, 32), Cache(1)),
+            "cache must be a posenc.LayerCache (one per layer), got Cache",
+        ),
+        # accepted before (issue 59): n_kv_head 0 taken for None, caches of no layers or a negative capacity, a
+        # reorder row outside a batch of 1 (kept unseen), a pattern's entry another layer takes
+        (lambda: posenc.Attention(32, 4, n_kv_head=0), "d_model, n_head and n_kv_head must be >= 1, got 32, 4, 0"),
+        *[
+            (lambda n=n: Cache(n), f"a Cache's n_layer must be an integer >= 1 (the model's layers), got {n}")
+            for n in (-1, 0)
+        ],
+        (lambda: Cache(1, capacity=-1), "capacity must be an integer >= 0 (positions to reserve), got -1"),
+        (lambda: posenc.LayerCache(capacity=-1), "capacity must be an integer >= 0 (positions to reserve), got -1"),
+        *[
+            (
+                lambda rows=rows: decoded_cache().reorder(torch.tensor(rows)),
+                f"reorder index rows must lie in [0, 1) (the cached batch), got [{min(rows)}, {max(rows)}]",
+            )
+            for rows in ([5], [0, -1])
+        ],
+        (lambda: decoded_cache().reorder([0]), "a reorder index must be a (rows,) int64 tensor, got list"),
+        *[  # -1 said "a model with a Canon layer cannot crop" of a model without one (issue 59)
+            (
+                lambda n=n: decoded_cache().crop(n),
+                f"cannot crop a cache of 2 positions to {n}: the length kept must be an integer in [0, 2]",
+            )
+            for n in (-1, 3)
+        ],
+        (
+            lambda: encodings.get("gemma3:factor=0"),
+            "scheme 'gemma3:factor=0': rope: factor must be a number >= 1 (positions / factor), got 0",
+        ),
+        (
+            lambda: encodings.get("rope|rope:rope_theta=-1"),
+            "scheme 'rope:rope_theta=-1': rope_theta must be a finite number > 1, got -1",
         ),
     ],
 )

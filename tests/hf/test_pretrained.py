@@ -505,6 +505,16 @@ def test_bad_models(tmp_path):
     gpt2.save_pretrained(tmp_path / "gpt2")
     with pytest.raises(PosencError, match="not a RoPE model"):
         loading.check_rope(gpt2, "gpt2")
+    from posenc.hf.scheme import apply_scheme
+
+    for adapt in (lambda: apply_scheme(gpt2, "alibi"), lambda: Adaptation(gpt2)):  # an AttributeError (issue 59)
+        with pytest.raises(PosencError) as err:
+            adapt()
+        assert str(err.value) == (
+            "'GPT2LMHeadModel' (gpt2) is not a RoPE model: no rotary embedding to extend; posenc supports "
+            "transformers' Llama-family causal LMs with full RoPE (Llama, Mistral, Qwen2/3, ...: "
+            "model.model.layers[i].self_attn and model.model.rotary_emb)"
+        )
     gguf = pytest.importorskip("gguf")
     writer = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "rwkv6")
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))

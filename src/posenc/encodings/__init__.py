@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from posenc.encodings import (  # noqa: F401 (registers the families)
     absolute,
     accumulated,
@@ -98,10 +100,14 @@ def get(spec: str, dims: Dims | None = None, defaults: dict[str, Any] | None = N
     ``params`` apply to a single-part spec (for a composition or a pattern give
     them in the spec, per part); ``defaults`` go to every part that takes them and
     does not set them (a pretrained model's ``rope_theta``). Raises PosencError for an unknown name, an
-    unknown parameter, an invalid value, or an additive embedding in a pattern; an error in an entry of a named
-    pattern names the pattern as given (``gemma3:window=0``), not its expansion.
+    unknown parameter, an invalid value, or an additive embedding in a pattern; a pattern's every entry is checked,
+    not only the one this layer takes; an error in an entry of a named
+    pattern names the pattern as given (``gemma3:window=0``), not its expansion; also for a spec that is not a str
+    or ``dims`` that are not a :class:`Dims`.
     """
-    dims = dims or Dims(n_head=4, head_dim=32, d_model=128, vocab_size=256, train_length=128)
+    dims = Dims(n_head=4, head_dim=32, d_model=128, vocab_size=256, train_length=128) if dims is None else dims
+    if not isinstance(dims, Dims):
+        raise PosencError(f"dims must be a posenc.encodings.Dims (the layer's sizes), got {type(dims).__name__}")
     pattern = layer_pattern(spec)
     if len(pattern) > 1:
         return _layer_of(pattern, spec, dims, params, defaults)
@@ -141,9 +147,18 @@ def _layer_of(pattern: list[str], spec: str, dims: Dims, params: dict, defaults:
         raise PosencError(
             f"{spec!r}: additive embeddings act at the input, not per layer; they cannot be in a '|' pattern"
         )
-    entry = pattern[dims.layer_index % len(pattern)]
-    # a written pattern's entry is what the user wrote; a named pattern's (gemma3) is its expansion: name the pattern
-    return _get(entry, dims, defaults, {}, entry if "|" in spec else spec)
+    chosen = pattern[dims.layer_index % len(pattern)]
+    built = None
+    for entry in dict.fromkeys(pattern):  # every entry is checked, whichever layer this is (gemma3:factor=0)
+        # a written pattern's entry is what the user wrote; a named pattern's (gemma3) is its expansion: name it
+        label = entry if "|" in spec else spec
+        if entry == chosen:
+            built = _get(entry, dims, defaults, {}, label)
+        else:  # built to check it only: the random state (the model's initial weights) as if it had not been
+            with torch.random.fork_rng(devices=[]):
+                _get(entry, dims, defaults, {}, label)
+    assert built is not None  # the chosen entry is one of the pattern's
+    return built
 
 
 def is_additive(spec: str) -> bool:

@@ -44,7 +44,7 @@ import math
 import torch
 from torch import nn
 
-from posenc.encodings.base import Dims, Encoding, Inputs
+from posenc.encodings.base import Dims, Encoding, Inputs, check_ids
 from posenc.encodings.draw import counter_uniform, row_key_int, uniform_at
 from posenc.encodings.phase import check_rotary_dims, rotary_dim
 from posenc.encodings.registry import alias, register
@@ -191,7 +191,8 @@ class Accumulated(Encoding):
         return self.width_b if self.log_a is None else self.width_b * self.log_a.float().exp()
 
     def _u(self, inp: Inputs) -> torch.Tensor:
-        """Unit steps u in [-1, 1]: (B|1, H, T, D/2) float32."""
+        """Unit steps u in [-1, 1]: (B|1, H, T, D/2) float32. Mode 'token': PosencError (one line) without token ids
+        or for an id outside [0, vocab_size)."""
         B, T = inp.x.shape[:2]
         H, half = self.dims.n_head, self.n_blocks
         if self.mode == "learned":
@@ -199,6 +200,7 @@ class Accumulated(Encoding):
         if self.mode == "token":
             if inp.tokens is None:
                 raise PosencError("per-token-id steps (mode='token') need the token ids; this layer has none")
+            check_ids(inp.tokens, self.dims.vocab_size, "token ids")  # a negative id would wrap around the table
             return self.token_u[inp.tokens].transpose(1, 2)
         if not self.training:  # evaluation: one fixed draw per position, the same for every row and window
             key = torch.tensor(

@@ -131,9 +131,42 @@ class Inputs:
         return None if self.first is None else self.pos[None] >= self.first[:, None]
 
 
+def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:
+    """PosencError unless every id lies in [0, vocab_size) (the embedding and the loss would raise a raw
+    IndexError, or assert on the device). One host sync; skipped while torch.compile traces, as a graph cannot
+    raise on a value (the eager forward checks)."""
+    if torch.compiler.is_compiling() or ids.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(ids)).tolist()
+    if lo < 0 or hi >= vocab_size:
+        raise PosencError(f"{what} must lie in [0, {vocab_size}), got [{lo}, {hi}]")
+
+
 def batch_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """t's rows ``index`` (B',) int64 along axis 0, the batch (beam search's reorder), on t's device."""
     return t.index_select(0, index.to(t.device))
+
+
+def check_crop_length(length, held: int) -> None:
+    """PosencError (one line) unless ``length`` is an integer in [0, ``held``]: the positions a crop of a cache of
+    ``held`` positions keeps, checked before what the parts can undo."""
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= held:
+        raise PosencError(
+            f"cannot crop a cache of {held} positions to {length!r}: the length kept must be an integer in [0, {held}]"
+        )
+
+
+def check_rows(index, batch: int | None) -> None:
+    """PosencError (one line) unless ``index`` is a (B',) integer tensor of rows of a batch of ``batch`` (None: no
+    batch yet, any row): what a cache's ``reorder`` checks before any part changes (a row past the batch would be
+    an IndexError, or kept unseen where a part broadcasts a batch of 1). One host sync."""
+    if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.dtype not in (torch.int64, torch.int32):
+        what = f"shape {tuple(index.shape)} {index.dtype}" if isinstance(index, torch.Tensor) else type(index).__name__
+        raise PosencError(f"a reorder index must be a (rows,) int64 tensor, got {what}")
+    if batch is not None and index.numel():
+        lo, hi = torch.stack(torch.aminmax(index)).tolist()
+        if lo < 0 or hi >= batch:
+            raise PosencError(f"reorder index rows must lie in [0, {batch}) (the cached batch), got [{lo}, {hi}]")
 
 
 def tensor_nbytes(t: torch.Tensor | None) -> int:
@@ -176,11 +209,13 @@ class Buffer(CachePart):
     ``append(t)`` copies only t's rows (the prefix moves only when the capacity
     doubles: O(1) amortised per row, never a ``torch.cat`` of the whole prefix per
     step) and returns the view of all rows so far; ``capacity``: rows to reserve
-    at the first append. ``batched``: axis 0 is the batch (``reorder`` selects its
-    rows; a broadcast batch of 1 is kept).
+    at the first append (PosencError, one line, unless an integer >= 0). ``batched``: axis 0 is the batch
+    (``reorder`` selects its rows; a broadcast batch of 1 is kept).
     """
 
     def __init__(self, dim: int, capacity: int = 0, batched: bool = True):
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise PosencError(f"capacity must be an integer >= 0 (positions to reserve), got {capacity!r}")
         self.dim, self.capacity, self.batched = dim, capacity, batched
         self.data: torch.Tensor | None = None
         self.length = 0

@@ -308,9 +308,17 @@ def split_part(part: str, kind: str = "scheme") -> tuple[str, dict[str, Any]]:
     return name, params
 
 
+def check_spec(spec: Any) -> None:
+    """PosencError (one line) unless ``spec`` is a str: what every reading of a scheme spec checks first."""
+    if not isinstance(spec, str):
+        raise PosencError(f"a scheme spec is a string (see `posenc list`), got {type(spec).__name__} {spec!r}")
+
+
 def _split_spec(spec: str) -> list[str]:
     """The parts of ``A+B``: a ``+`` starts a part only before a letter (``a=1e+3`` stays whole);
-    PosencError for an empty part (``rope+``, ``+rope``, ``rope++alibi``)."""
+    PosencError for a spec that is not a str (``check_spec``) or an empty part (``rope+``, ``+rope``,
+    ``rope++alibi``)."""
+    check_spec(spec)
     split = re.split(r"\+(?=[A-Za-z]|\+|$)", spec)
     for i, part in enumerate(split):
         if not part and len(split) > 1:
@@ -471,7 +479,8 @@ def layer_pattern(spec: str) -> list[str]:
     (``gemma3:window=512``: every entry that sets a window gets 512; ``gemma3:factor=8``: the global entry's linear
     RoPE scaling). PosencError for an empty entry, an entry that is itself a named pattern (``gemma3|nope``: an
     entry is one layer's spec, and "layer i takes entry i mod n" would count the named pattern's layers as one) or
-    other parameters on a named pattern."""
+    other parameters on a named pattern, or a spec that is not a str (``check_spec``)."""
+    check_spec(spec)
     _load_plugins()
     items = spec.split("|")
     if not spec.strip():

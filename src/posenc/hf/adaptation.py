@@ -30,6 +30,7 @@ from posenc.encodings.base import keeping_precision
 from posenc.errors import PosencError
 from posenc.hf import long_context, rerope
 from posenc.hf import scheme as hf
+from posenc.hf.loading import check_rope
 from posenc.hf.rope_parameters import hf_config_attributes, hf_rope_parameters
 from posenc.hf.schedules import Extension, extension_params, head_dim, native_context, original_length
 
@@ -49,11 +50,13 @@ class Adaptation:
     else None; ``method``: the long-context method (``posenc.methods.Method``) on top of the schedule, else None;
     ``weights``: what changed the weights since loading (set it after training: it enters
     :meth:`key`), else None; ``l0``: the native context. Creating it changes nothing in the model; PosencError
-    for a model whose rotary embedding is already swapped (``posenc.hf.scheme.apply_scheme`` ran on it): its native
-    RoPE is not there to record.
+    for a model posenc cannot extend (``posenc.hf.loading.check_rope``: not a Llama-family full-RoPE model) or whose
+    rotary embedding is already swapped (``posenc.hf.scheme.apply_scheme`` ran on it): its native RoPE is not there
+    to record.
     """
 
     def __init__(self, model):
+        check_rope(model, type(model).__name__)
         if isinstance(model.model.rotary_emb, rerope.IdentityRotary):
             raise PosencError(
                 "the model's rotary embedding is already swapped (a posenc scheme or ReRoPE): "

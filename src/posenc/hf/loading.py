@@ -199,16 +199,26 @@ def load(spec: str = DEFAULT_MODEL, dtype: WeightsDtype = "float32") -> Loaded:
     return Loaded(model, tokenizer, spec, os.path.join(where, gguf) if gguf else where, weights)
 
 
+SUPPORTED = (
+    "posenc supports transformers' Llama-family causal LMs with full RoPE (Llama, Mistral, Qwen2/3, ...: "
+    "model.model.layers[i].self_attn and model.model.rotary_emb)"
+)
+
+
 def check_rope(model, spec: str) -> None:
-    """Raise PosencError unless ``model`` is a Llama-family RoPE model posenc can extend."""
+    """Raise PosencError (one line, naming the architectures posenc supports: ``SUPPORTED``) unless ``model`` is a
+    Llama-family RoPE model posenc can extend. Every entry point that changes a pretrained model checks it first
+    (``load``, ``posenc.hf.scheme.apply_scheme``, ``posenc.hf.adaptation.Adaptation``)."""
     inner = getattr(model, "model", None)
-    rope = getattr(model.config, "rope_parameters", None) or {}
+    config = getattr(model, "config", None)
+    rope = getattr(config, "rope_parameters", None) or {}
+    kind = getattr(config, "model_type", type(model).__name__)
     if getattr(inner, "rotary_emb", None) is None or "rope_theta" not in rope:
-        raise PosencError(f"{spec!r} ({model.config.model_type}) is not a RoPE model: no rotary embedding to extend")
+        raise PosencError(f"{spec!r} ({kind}) is not a RoPE model: no rotary embedding to extend; {SUPPORTED}")
     if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
         raise PosencError(
             f"{spec!r} already uses {rope.get('rope_type')} RoPE (partial "
             f"{rope.get('partial_rotary_factor', 1.0)}); posenc extends plain full RoPE models"
         )
-    if not hasattr(inner, "layers") or not hasattr(inner.layers[0], "self_attn"):
-        raise PosencError(f"{spec!r} ({model.config.model_type}) is not a Llama-family decoder")
+    if not hasattr(inner, "layers") or not len(inner.layers) or not hasattr(inner.layers[0], "self_attn"):
+        raise PosencError(f"{spec!r} ({kind}) is not a Llama-family decoder; {SUPPORTED}")

@@ -95,8 +95,10 @@ def apply_scheme(model, spec: str) -> Scheme:
     scheme has ``full_forward`` True, and ``posenc extend`` generates passkeys without the cache).
     Returns the :class:`Scheme`. Raises PosencError for a model that is not a plain full-RoPE
     Llama-family decoder or already has a scheme, an invalid spec, a '|' pattern of more entries than the model has
-    layers (``posenc.encodings.check_layer_count``), an additive scheme, or one that needs token ids.
+    layers (``posenc.encodings.check_layer_count``), an additive scheme, or one that needs token ids; the model's
+    check comes first (``posenc.hf.loading.check_rope``: another architecture is named with those posenc supports).
     """
+    check_rope(model, type(model).__name__)
     if isinstance(model.model.rotary_emb, IdentityRotary):
         raise PosencError(
             "the model's rotary embedding is already swapped (a posenc scheme or ReRoPE): "
