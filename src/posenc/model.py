@@ -118,6 +118,8 @@ class ModelConfig:
                 raise ValueError(f"{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
+        if int(self.mlp_ratio * self.d_model) < 1:  # a 0-wide MLP would train a model without one
+            raise ValueError(f"mlp_ratio {self.mlp_ratio:g} x d_model {self.d_model} leaves the MLP no hidden unit")
         if self.n_kv_head is not None and self.n_head % self.n_kv_head:
             raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
 

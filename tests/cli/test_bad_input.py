@@ -134,12 +134,21 @@ def bad_commands(run):
             "model.mlp_ratio=inf (command line): Input sho",
         ),
         ([*train, "--scheme", "rope", "--set", "train.lr=1e400"], "train.lr=inf (command line): Input should be a fi"),
+        (
+            [*train, "--scheme", "rope", "--set", "model.mlp_ratio=0.001"],  # trained a 0-wide MLP with exit 0
+            "mlp_ratio 0.001 x d_model 64 leaves the MLP no hidden unit",
+        ),
         ([*train, "--scheme", "rope", "--tokenizer", "bpe10"], "unknown tokenizer"),
         (["train", "--scheme", "rope", "--preset", "quick", "--out", ""], "argument --out: is empty"),
         (["eval", ""], "argument run_dir: is empty"),
         (["diagnose", " "], "argument run_dir: is empty"),
         (["report", str(run.parent), ""], "argument RUN_DIR: is empty"),
         (["report", str(run.parent), "--readme", ""], "argument --readme: is empty"),
+        (["report", str(run.parent), "--trend", " "], "argument --trend: is empty"),  # fell back to the report
+        (
+            ["finetune", "--quick", "--pose-chunks", "3", "--dry-run"],  # accepted, and PoSE stayed off
+            "pose_chunks sets PoSE's chunks; PoSE is on only with pose_target",
+        ),
         (
             ["report", str(run.parent), "--scoreboard", "--readme", "R.md"],
             "--readme: not allowed with argument --score",

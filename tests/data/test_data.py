@@ -71,9 +71,12 @@ def test_bpe_tokenizer_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("POSENC_CACHE", str(tmp_path))
     d = tmp_path / "one.txt"
     d.write_text("to be or not to be, that is the question. " * 200)
-    tokens = data.load_tokens(str(d), "bpe300")
-    assert tokens.vocab_size <= 300 and len(tokens.train) < len("to be or not to be, that is the question. ") * 180
+    tokens = data.load_tokens(str(d), "bpe280")
+    assert tokens.vocab_size == 280 and len(tokens.train) < len("to be or not to be, that is the question. ") * 180
     assert tokens.tokenizer.decode(tokens.val_docs[0][1]) == data.load_corpus(str(d)).val[0].text
+    # this text has 280 entries' worth of merges: bpe300 gave a 280-entry vocabulary recorded as bpe300
+    with pytest.raises(PosencError, match="^corpus one.txt is too small for bpe300: its BPE stops at 280 entries"):
+        data.load_tokens(str(d), "bpe300")
 
 
 def test_hf_corpus_offline_local_file(tmp_path, monkeypatch):

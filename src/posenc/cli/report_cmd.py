@@ -40,6 +40,7 @@ def add_parser(sub):
     )
     p.add_argument(
         "--trend",
+        type=nonblank(),
         metavar="KEY",
         help="lay text runs made at different values of one setting side by side as a trend (train.steps: a budget "
         "ladder): ratio at 16x and 128x against training tokens with 95%% intervals, each claim on each rung; "

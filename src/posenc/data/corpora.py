@@ -336,13 +336,20 @@ def check_tokenizer(spec: str) -> None:
 
 def get_tokenizer(spec: str, corpus: Corpus):
     """``byte`` or ``bpeN`` (byte-level BPE with N entries trained on ``corpus.train``); PosencError for another
-    spec (``check_tokenizer``)."""
+    spec (``check_tokenizer``) and for a corpus whose BPE stops short of N entries (too little text to merge)."""
     check_tokenizer(spec)
     if spec == "byte":
         return ByteTokenizer()
     path = cache_dir() / "tokenizers" / f"{corpus.name.replace('/', '_')}-{corpus.fingerprint()}-{spec}.json"
     path.parent.mkdir(exist_ok=True)
-    return BPETokenizer.train(corpus, int(spec[3:]), path)
+    tok = BPETokenizer.train(corpus, int(spec[3:]), path)
+    if tok.vocab_size < int(spec[3:]):  # the trainer stops when no pair is left to merge: another vocabulary
+        fits = f"bpe{tok.vocab_size} or byte" if tok.vocab_size > 256 else "byte"
+        raise PosencError(
+            f"corpus {corpus.name} is too small for {spec}: its BPE stops at {tok.vocab_size} entries "
+            f"(use --tokenizer {fits}, or a larger corpus)"
+        )
+    return tok
 
 
 # ---------------------------------------------------------------- token streams

@@ -113,12 +113,12 @@ class RoPE(Encoding):
         """ReRoPE's attention for the ``rerope`` schedules (None: the core's rotary path).
 
         q, k: (B, H, T, D), v: (B, H, T, Dv); ``bias``: the other parts' Bias of a
-        composed scheme. Raises PosencError if the window is not below T (plain RoPE then).
+        composed scheme. T <= window is plain RoPE, as the method is (evaluations refuse such a length:
+        ``posenc.rope.check_window``; a generation's first steps are such).
         """
         if not self.replaces_attention:
             return None
         p = self.schedule_params
-        rope.check_window(p, q.shape[-2])
         return rope.rerope_attention(
             q,
             k,
@@ -165,7 +165,6 @@ class ReRoPEState(DecodeState):
     def attend(self, q, k, v, inp: Inputs, pos: torch.Tensor, bias, keys: Buffer, values: Buffer) -> torch.Tensor:
         enc, p = self.enc, self.enc.schedule_params
         K, V = keys.append(k), values.append(v)
-        rope.check_window(p, K.shape[-2])
         return rope.rerope_attention(
             q,
             K,

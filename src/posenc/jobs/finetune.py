@@ -128,7 +128,8 @@ def load_finetune_config(name_or_path: str, overrides: dict[str, Any] | None = N
     """A finetune preset by name (package data) or YAML path, ``overrides`` (given flags) replacing its keys.
 
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or bad
-    value, an unknown schedule or invalid scheme, a scheme together with a schedule, or a factor without one.
+    value, an unknown schedule or invalid scheme, a scheme together with a schedule, a factor without one, LoRA
+    settings with lora_rank 0, or pose_chunks without pose_target.
     """
     cfg = load_flat(FinetuneConfig, name_or_path, PRESETS, "finetune preset", overrides)
     if cfg.schedule == "none" and "factor" in cfg.model_fields_set:  # given, it would scale nothing
@@ -139,6 +140,8 @@ def load_finetune_config(name_or_path: str, overrides: dict[str, Any] | None = N
     given_lora = sorted({"lora_alpha", "lora_targets"} & cfg.model_fields_set)
     if cfg.lora_rank == 0 and given_lora:  # rank 0 trains every weight: the LoRA settings would do nothing
         raise PosencError(f"{', '.join(given_lora)} set LoRA; lora_rank 0 trains every weight instead: drop one")
+    if cfg.pose_target is None and "pose_chunks" in cfg.model_fields_set:  # PoSE is off: it would split nothing
+        raise PosencError("pose_chunks sets PoSE's chunks; PoSE is on only with pose_target: give it, or drop one")
     check_config(cfg)
     return cfg
 
