@@ -1,5 +1,5 @@
 """The evaluation fast path of posenc.methods.method_attention (the CPU flash kernel on each query block's runs of
-uniform keys, explicit scores on the rest, merged by log-sum-exp) against the explicit path and the T x T
+uniform keys, the kernel with a mask on the rest, merged by log-sum-exp) against the explicit path and the T x T
 reference: prefill and decoding shapes, RoPE in both pairings, no RoPE, value widths, NaN; and the claim that
 lets the kernel run unmasked (a uniform key has one region and is visible for every query of the block)."""
 
@@ -246,9 +246,9 @@ def test_bias_schemes_keep_the_explicit_path_in_evaluation(scheme):
 @pytest.mark.parametrize("n", range(len(METHODS)), ids=lambda n: METHODS[n].label())
 def test_bf16_fast_path_is_as_accurate_as_the_explicit_path_in_bf16(n):
     """bfloat16 q, k, v (a bf16 model's evaluation): q and k rotate in bfloat16 (float32 angles), as a bf16 model's
-    native attention does, the kernel runs in bfloat16 and the explicit scores and the merge in float32. Against
-    the explicit path in float32 on the same (bf16-valued) inputs, its error is no larger than the explicit path's
-    run in bfloat16 (mean; max within 10%), and bfloat16-sized (> 0: the kernel did run in bf16)."""
+    native attention does, the kernel runs in bfloat16 on uniform keys, the masked rest and the merge in float32.
+    Against the explicit path in float32 on the same (bf16-valued) inputs, its error is no larger than the explicit
+    path's run in bfloat16 (mean; max within 10%), and bfloat16-sized (> 0: the kernel did run in bf16)."""
     method, T, D = METHODS[n], 150, 16
     q, k, v = (t.bfloat16() for t in _qkv(T, T, D, torch.float32, seed=30 + n))
     pos, kw = torch.arange(T), _rope("half", D)

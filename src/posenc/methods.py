@@ -30,8 +30,8 @@ tables); the blockwise path (``method_attention``) uses each method's split into
 and far; dual-chunk's intra, successive and inter), in each of which ``d`` is a difference of per-row and
 per-column positions (``Method.query_positions``, ``key_positions``), so RoPE needs one rotation of q and k per
 region, never one per pair (tested equal). In evaluation on CPU (``fast_applies``) the keys that every query of
-a block sees in one region go through the CPU flash kernel, only the others through explicit scores
-(``fast_blocks``).
+a block sees in one region go through the CPU flash kernel unmasked, the others through it with a mask, once per
+region (``fast_blocks``).
 """
 
 from __future__ import annotations
@@ -263,11 +263,12 @@ def method_attention(
     RoPE), never Tq x Tk; under a Lambda mask only the keys the block may see (``block_keys``). Returns (B, H, Tq, Dv)
     in v's dtype; differentiable (autograd). Reference: ``naive_method_attention`` (tested: values and gradients).
 
-    Evaluation (``fast_applies``: no grad, CPU, float32/float64/bfloat16 outside autocast, no bias) takes the fast path
-    (``fast_blocks``): a block's keys that every query of it sees in one region go through the CPU flash kernel
-    unmasked, the rest (the diagonal, the band where a key changes region or leaves the window) through explicit
-    scores, the parts merged by their log-sum-exps; the same values as the explicit path (tested). The
-    distance-bias schemes (ALiBi, T5, Kerple) keep the explicit path: their bias varies along a run of such keys.
+    Evaluation (``fast_applies``: no grad, CPU, float32/float64/bfloat16 outside autocast, no bias) takes the fast
+    path (``fast_blocks``): a block's keys that every query of it sees in one region go through the CPU flash kernel
+    unmasked, the rest (the diagonal, the band where a key changes region or leaves the window) through it with a
+    mask per region, in float32 or better, the parts merged by their log-sum-exps; the same values as the explicit
+    path (tested). The distance-bias schemes (ALiBi, T5, Kerple) keep the explicit path: their bias varies along a
+    run of such keys.
     ``fast``: None takes the path ``fast_applies`` picks; False the explicit one, the reference path (any device,
     dtype and grad mode); True the fast one where ``fast_applies`` holds (ValueError with a bias or gradients).
     The tests and ``benchmarks/method_prefill.py`` set it to compare the two.
@@ -347,28 +348,31 @@ def fast_blocks(
     and k rotated at region r's positions (one entry each without RoPE), v (B, H, Tk, Dv), one dtype.
 
     Per query block (``fast_query_blocks``) the runs of uniform keys (``uniform_regions``, ``key_runs``) go through
-    the CPU flash kernel unmasked (q and k of their region), the block's other keys through explicit scores
-    (``_explicit_part``, float32 or better: a bfloat16 softmax would lose what the kernel keeps), and the parts
-    merge by their log-sum-exps (``merge_lse``, float32 or better). Returns (B, H, Tq, Dv) in v's dtype. At most
-    H x block x (keys of a block) scores exist at once.
+    the CPU flash kernel unmasked (q and k of their region), the block's other keys through it with a mask per
+    region (``_masked_part``, float32 or better: a bfloat16 part's output would be rounded before the merge), and
+    the parts merge by their log-sum-exps (``merge_lse``, float32 or better). Returns (B, H, Tq, Dv) in v's dtype.
+    At most H x block x (keys of a block) scores exist at once.
     """
     Dv, width = v.shape[-1], max(q_rot[0].shape[-1], v.shape[-1])  # the kernel takes one head size for q, k and v
     qw, kw, vw = [_pad(t, width, 0.0) for t in q_rot], [_pad(t, width, 0.0) for t in k_rot], _pad(v, width, 0.0)
     flash, out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, []
+    far = _far_part(qw, kw, vw, q_pos, k_pos, method, scale, Dv)
     for a, b in fast_query_blocks(method, q_pos, block_size):
         i = q_pos[a:b, None]
         lo, hi = int(i.min()), int(i.max())
-        keys = block_keys(method, k_pos, lo, hi)
+        keys = block_keys(method, k_pos, lo if far is None else lo - method.window + 1, hi)
         label = uniform_regions(method, k_pos[keys], lo, hi)
-        parts = []
+        parts = [] if far is None else [(far[0][..., a:b, :], far[1][..., a:b])]
         for r, ks, ke in key_runs(label, keys):
+            if far is not None and r == 1:
+                continue
             rows, run = qw[min(r, len(qw) - 1)][..., a:b, :], kw[min(r, len(kw) - 1)][..., ks:ke, :]
             o, lse = flash(rows, run, vw[..., ks:ke, :], scale=scale)
             # the kernel writes 0 (lse 0) for a row whose scores are all NaN: nan_rows gives the NaN back
             parts.append((o[..., :Dv], lse + nan_rows(rows, run)[..., 0]))
         rest = keys[label < 0]
         if len(rest):
-            parts.append(_explicit_part(q_rot, k_rot, v, a, b, i, rest, k_pos[None, rest], method, scale))
+            parts += _masked_part(qw, kw, vw, a, b, i, rest, k_pos[None, rest], method, scale, Dv, far is not None)
         wide = torch.promote_types(v.dtype, torch.float32)
         out.append(merge_lse([(o.to(wide), lse) for o, lse in parts]))
     return torch.cat(out, dim=-2).to(v.dtype)
@@ -377,7 +381,7 @@ def fast_blocks(
 def fast_query_blocks(method: Method, q_pos: torch.Tensor, block_size: int) -> list[tuple[int, int]]:
     """The fast path's query blocks, row ranges [a, b) of at most ``block_size`` rows; dual-chunk's also end where
     q_pos (ascending) enters a new chunk: there every key changes region at once, and a block across it would
-    send a whole chunk of keys to the explicit scores."""
+    send a whole chunk of keys to the masked part."""
     cuts = set(range(0, len(q_pos), block_size))
     if method.name == "dual-chunk":
         chunk = q_pos // method.chunk
@@ -418,27 +422,83 @@ def key_runs(label: torch.Tensor, keys: torch.Tensor) -> list[tuple[int, int, in
     return [run for run in runs if run[0] >= 0]
 
 
-def _explicit_part(q_rot, k_rot, v, a: int, b: int, i, keys, j, method: Method, scale: float):
-    """Attention of the queries a:b (positions i (n, 1)) over the keys ``keys`` (m,) of positions j (1, m) by
-    explicit scores, the explicit path's: (out (B, H, n, Dv), lse (B, H, n)); a row that sees none of these keys
-    has out 0 and lse -inf (weight 0 in the merge). A region r > 0 takes its product only over the columns where
-    a visible pair has it (the diagonal has region 0 alone); softmax and log-sum-exp in place, one tile, in float32
-    or better (bfloat16 inputs are widened: only these keys' rows)."""
-    wide = torch.promote_types(v.dtype, torch.float32)
-    region, seen = method.region(i, j).clamp_(max=len(q_rot) - 1), method.visible(i, j)
-    s = q_rot[0][..., a:b, :].to(wide) @ k_rot[0][..., keys, :].to(wide).transpose(-1, -2)
-    for r in range(1, len(q_rot)):
-        cols = torch.nonzero(((region == r) & seen).any(0)).flatten()
-        if len(cols):
-            c0, c1 = int(cols[0]), int(cols[-1]) + 1
-            tile = q_rot[r][..., a:b, :].to(wide) @ k_rot[r][..., keys[c0:c1], :].to(wide).transpose(-1, -2)
-            s[..., c0:c1] = torch.where(region[:, c0:c1] == r, tile, s[..., c0:c1])
-    s.mul_(scale).masked_fill_(~seen, -math.inf)
-    top = s.amax(-1, keepdim=True)
-    top = torch.where(top == -math.inf, 0.0, top)  # a row without keys: weights exp(-inf) = 0, not NaN
-    total = s.sub_(top).exp_().sum(-1, keepdim=True)
-    out = (s @ v[..., keys, :].to(wide)) / torch.where(total == 0, 1.0, total)
-    return out, (top + total.log()).squeeze(-1)
+def _far_part(qw, kw, vw, q_pos, k_pos, method: Method, scale: float, Dv: int):
+    """Self-Extend's grouped region (i - j >= W) for every query at once in a prefill (q_pos = k_pos = 0..T-1, T > W,
+    with RoPE): row i sees the keys 0..i-W, the kernel's causal pattern on the rows W.. against the keys ..T-W-1,
+    so one call at the kernel's own tiling, not one per query block. (out (B, H, T, Dv), lse (B, H, T)), rows
+    below W without keys (out 0, lse -inf); None where it does not apply (the blocks then take the region)."""
+    T, W = len(q_pos), method.window
+    if method.name != "self-extend" or len(qw) < 2 or T <= W or len(k_pos) != T:
+        return None
+    if not (torch.equal(q_pos, k_pos) and int(q_pos[0]) == 0 and int(q_pos[-1]) == T - 1):
+        return None
+    rows, run = qw[1][..., W:, :], kw[1][..., : T - W, :]
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        rows, run, vw[..., : T - W, :], is_causal=True, scale=scale
+    )
+    lse = lse + nan_rows(rows, run)[..., 0]  # as the blocks' unmasked runs: an all-NaN row's 0 made NaN
+    o = torch.nn.functional.pad(o[..., :Dv], (0, 0, W, 0))
+    return o, torch.nn.functional.pad(lse, (W, 0), value=-math.inf)
+
+
+def _masked_part(qw, kw, vw, a: int, b: int, i, keys, j, method: Method, scale: float, Dv: int, far: bool = False):
+    """Attention of the queries a:b (positions i (n, 1)) over the keys ``keys`` (m,) of positions j (1, m), the
+    ones a block's queries do not all see in one region, through the CPU flash kernel: per region r and square
+    tile of n keys, its pairs of region r that are visible (qw[r], kw[r] q and k rotated at region r's positions,
+    padded to one width; vw v padded likewise). A tile whose pairs form a triangle (the diagonal in prefill; the
+    band where a key changes region or leaves the window) runs with the kernel's causal flag (``_kernel``), any
+    other with a mask; in float32 or better (bfloat16 inputs widened, so a part's output is not rounded to
+    bfloat16 before the merge). Returns parts [(out (B, H, n, Dv), lse (B, H, n))]; a row that sees none of a
+    part's keys has out 0 and lse -inf (weight 0 in the merge; the kernel writes lse 0); a row with a NaN or inf
+    in its query or in a key it sees has lse NaN (the kernel writes 0 for an all-NaN row)."""
+    wide = torch.promote_types(vw.dtype, torch.float32)  # bfloat16 parts widened: only these keys' rows
+    region, seen = method.region(i, j).clamp_(max=len(qw) - 1), method.visible(i, j)
+    n, parts = b - a, []
+    for r in range(len(qw)):
+        if far and r == 1:  # Self-Extend's grouped pairs: all in ``_far_part``
+            continue
+        rows = qw[r][..., a:b, :].to(wide)
+        for c0 in range(0, len(keys), n):
+            allowed = (region[:, c0 : c0 + n] == r) & seen[:, c0 : c0 + n]
+            if not bool(allowed.any()):
+                continue
+            ks = keys[c0 : c0 + n]
+            run, values = kw[r][..., ks, :].to(wide), vw[..., ks, :].to(wide)
+            bad = None
+            if not (bool(rows.isfinite().all()) and bool(run.isfinite().all())):  # rare: checked whole first
+                broken = ~run.isfinite().all(-1)  # (B, H, m): a NaN score under the mask would still reach its row
+                bad = ~rows.isfinite().all(-1) | (allowed & broken[..., None, :]).any(-1)
+                run = run.nan_to_num(0.0, 0.0, 0.0)
+            o, lse = _kernel(rows, run, values, allowed, scale)
+            lse = torch.where(allowed.any(-1), lse, -math.inf)
+            parts.append((o[..., :Dv], lse if bad is None else lse.masked_fill(bad, math.nan)))
+    return parts
+
+
+def _kernel(q, k, v, allowed, scale: float):
+    """The CPU flash kernel over the pairs ``allowed`` (n, m) of q (B, H, n, D) and k, v (B, H, m, D): with its
+    causal flag where they are the lower triangle (key c for rows c.., n = m), on the reversed rows and keys
+    where they are the strict upper one (key c for rows ..c-1: reversed, row n-1-r sees the keys n-1-c < n-1-r,
+    the causal pattern one row down), else with an additive mask. (out (B, H, n, D), lse (B, H, n)); a row
+    without keys has out 0 and lse 0 (the caller sets -inf)."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    n, m = allowed.shape
+    if n == m and bool(torch.equal(allowed, _triangle(n, allowed.device, upper=False))):
+        return flash(q, k, v, is_causal=True, scale=scale)
+    if n == m and n > 1 and bool(torch.equal(allowed, _triangle(n, allowed.device, upper=True))):
+        o, lse = flash(
+            q.flip(-2)[..., 1:, :], k.flip(-2)[..., :-1, :], v.flip(-2)[..., :-1, :], is_causal=True, scale=scale
+        )
+        pad = (0, 0, 0, 1)  # the last row sees no key of the tile
+        return torch.nn.functional.pad(o.flip(-2), pad), torch.nn.functional.pad(lse.flip(-1), (0, 1))
+    mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, -math.inf)
+    return flash(q, k, v, attn_mask=mask, scale=scale)
+
+
+def _triangle(n: int, device, upper: bool) -> torch.Tensor:
+    """(n, n) bool: the lower triangle with its diagonal, or (``upper``) the upper one without it."""
+    ones = torch.ones(n, n, dtype=torch.bool, device=device)
+    return ones.triu(1) if upper else ones.tril()
 
 
 def naive_method_attention(q, k, v, q_pos, k_pos, method, *, inv_freq=None, pairing="half", bias_of=None, scale=None):

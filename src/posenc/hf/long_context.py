@@ -42,7 +42,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling, dropou
     repeated (``posenc.attention.repeat_kv``); scores are q.k x ``scaling`` x attention_scaling**2 (transformers
     scales cos and sin of both q and k by it), computed at float32 or better, except a bfloat16 model's evaluation
     (``posenc.methods.fast_applies``), whose kernel runs in bfloat16 as its native SDPA attention does (the angles
-    float32 in every case; explicit scores and the merge float32). ``attention_mask``: None or
+    float32 in every case; the masked band and the merge float32). ``attention_mask``: None or
     transformers' boolean (B, 1, Tq, Tk) mask; PosencError (one line) unless it is the plain causal mask (a padded
     batch: the methods' positions count from each row's first token, which a left-padded row does not start at),
     and for a layer with a sliding window (``sliding_window`` set: Mistral, Qwen2 with use_sliding_window).
