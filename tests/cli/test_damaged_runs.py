@@ -360,3 +360,8 @@ def test_another_os_error_keeps_its_traceback(runs, monkeypatch):
     monkeypatch.setattr(eval_cmd, "append", fail)
     with pytest.raises(OSError, match="Input/output error"):
         main(["eval", str(runs / "tr"), "--multiples", "1", "--max-tokens", "64", "-q"])
+
+
+def test_generate_on_a_compare_run_says_so(runs, capsys):
+    """It said "neither a posenc train run ... nor a model directory"; eval named the compare run."""
+    one_line_exit_2(capsys, ["generate", str(runs / "cmp" / "quick"), "--prompt", "a"], "is a posenc compare run: give one")

@@ -371,3 +371,15 @@ def test_schedule_rows_are_labelled_by_every_setting_and_given_once():
     ]  # beta_slow's default
     with pytest.raises(PosencError, match=r"eval_schedules has two rows yarn\(s=4\): give each setting once"):
         load_preset("quick", {"eval_schedules": same})
+
+
+def test_an_empty_preset_and_a_quoted_number_are_named_as_such(tmp_path, capsys):
+    """An empty file said "name: Field required"; --set train.steps='"10"' said "train.steps=10 ... integer"."""
+    (tmp_path / "e.yaml").write_text("# nothing yet\n")
+    assert main(["compare", "--preset", str(tmp_path / "e.yaml"), "--dry-run"]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"posenc: error: preset {tmp_path / 'e.yaml'} is empty: it needs its settings (docs/presets.md)\n"
+    )
+    assert main(["train", "--preset", "quick", "--scheme", "rope", "--set", 'train.steps="10"', "--dry-run"]) == 2
+    assert capsys.readouterr().err.startswith("posenc: error: invalid train.steps='10' (command line): Input should")

@@ -497,6 +497,8 @@ def model_kind(spec: str) -> str:
         return "pretrained"
     if (path / SETTINGS).exists():
         return "finetune"
+    if (path / "preset.json").exists():  # as load_run says it
+        raise PosencError(f"{spec} is a posenc compare run: give one of its models (a SCHEME/seedN folder in it)")
     config = path / "config.json"
     refuse_broken_link(config, "point it at the model's file")
     if config.exists():

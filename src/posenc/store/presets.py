@@ -155,11 +155,13 @@ def read_preset(
         names = [Path(p).name for p in (*_chain[_chain.index(str(path)) :], str(path))]
         raise PosencError(f"{kind} {names[0]}: its bases form a cycle ({' -> '.join(names)})")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader)
     except yaml.YAMLError as exc:
         raise PosencError(f"{kind} {path} is not valid YAML: {yaml_problem(exc)}") from None
     except UnicodeDecodeError:
         raise PosencError(f"{kind} {path} is not UTF-8 text") from None
+    if data is None:  # validation would name the first required key as if one were missing
+        raise PosencError(f"{kind} {path} is empty: it needs its settings (docs/presets.md)")
     if not isinstance(data, dict):
         raise PosencError(f"{kind} {path} is not a YAML mapping of settings")
     if "base" not in data:
@@ -286,7 +288,9 @@ def validated(cls: type, data: dict, where: str, overrides: dict[str, Any] | Non
         err = exc.errors()[0]
         field = ".".join(map(str, err["loc"])) or "config"
         if field in (overrides or {}):
-            raise PosencError(f"invalid {field}={overrides[field]} (command line): {err['msg']}") from None
+            given = overrides[field]  # quoted where YAML would read the text as another type ('10', 'true')
+            shown = repr(given) if isinstance(given, str) and yaml.load(given, Loader) != given else given
+            raise PosencError(f"invalid {field}={shown} (command line): {err['msg']}") from None
         raise PosencError(f"invalid {where}: {field}: {err['msg']}") from None
 
 
