@@ -364,4 +364,20 @@ def test_another_os_error_keeps_its_traceback(runs, monkeypatch):
 
 def test_generate_on_a_compare_run_says_so(runs, capsys):
     """It said "neither a posenc train run ... nor a model directory"; eval named the compare run."""
-    one_line_exit_2(capsys, ["generate", str(runs / "cmp" / "quick"), "--prompt", "a"], "is a posenc compare run: give one")
+    one_line_exit_2(
+        capsys, ["generate", str(runs / "cmp" / "quick"), "--prompt", "a"], "is a posenc compare run: give one"
+    )
+
+
+def test_a_config_that_is_a_fifo_is_one_line_not_a_hang(runs, capsys):
+    config = runs / "tr" / "config.json"
+    config.unlink()
+    os.mkfifo(config)  # reading it blocked until killed
+    one_line_exit_2(capsys, ["eval", str(runs / "tr")], f"{config} is damaged (not a regular file")
+
+
+def test_eval_stream_refuses_the_flags_it_ignores(runs, capsys):
+    """--stream scored its own stream and dropped --multiples and --max-tokens with exit 0."""
+    for flag in (["--multiples", "1", "4"], ["--max-tokens", "256"]):
+        argv = ["eval", str(runs / "tr"), "--method", "sinks:n_sink=4,window=60", "--stream", "100", *flag]
+        one_line_exit_2(capsys, argv, "--stream scores one stream of its own length: --multiples and --max-tokens")

@@ -24,6 +24,8 @@ from posenc.store.records import Ppl, append
 from posenc.train.batches import randomized_max
 from posenc.train.rundir import load_text_run
 
+MULTIPLES, MAX_TOKENS = (1, 2, 4, 8, 16, 32, 64), 32768
+
 
 def add_parser(sub):
     p = sub.add_parser("eval", help="evaluate a trained run: perplexity vs evaluation length")
@@ -32,10 +34,9 @@ def add_parser(sub):
         "--multiples",
         type=int,
         nargs="+",
-        default=[1, 2, 4, 8, 16, 32, 64],
-        help="lengths as multiples of the training length",
+        help=f"lengths as multiples of the training length (default {' '.join(map(str, MULTIPLES))})",
     )
-    p.add_argument("--max-tokens", type=int, default=32768, help="scored tokens per length")
+    p.add_argument("--max-tokens", type=int, help=f"scored tokens per length (default {MAX_TOKENS})")
     p.add_argument("--corpus", type=nonblank(), help="evaluate on another corpus's held-out documents")
     p.add_argument(
         "--passkey",
@@ -141,6 +142,10 @@ def run(args) -> int:
         raise PosencError(
             "--factor/--rerope-window/--leak/--short-factor/--long-factor/--rope-param need --rope-schedule"
         )
+    if args.stream is not None and (args.multiples or args.max_tokens) is not None:  # the stream ignores them
+        raise PosencError("--stream scores one stream of its own length: --multiples and --max-tokens do not apply")
+    args.multiples = args.multiples or list(MULTIPLES)
+    args.max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
     once("--multiples", args.multiples)  # each length is scored once, and its record appended to eval.jsonl once
     model, mcfg, tcfg = load_text_run(args.run_dir, "eval")
     drop_torn_tail(Path(args.run_dir) / "eval.jsonl")  # a record a kill cut short must not swallow the next one

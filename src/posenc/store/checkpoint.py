@@ -88,7 +88,10 @@ def write_json(path: Path, obj: Any) -> None:
 
 def read_json(path: Path) -> dict:
     """The JSON object of ``path`` (every JSON file posenc writes holds one). PosencError (one line naming the file)
-    when it is not JSON, not UTF-8, a directory, or a JSON value other than an object."""
+    when it is not JSON, not UTF-8, a directory, another kind of file (a FIFO would block the read), or a JSON
+    value other than an object."""
+    if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():
+        raise PosencError(f"{path} is damaged (not a regular file: a FIFO, socket or device)")
     try:
         value = json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
