@@ -145,6 +145,10 @@ def bad_commands(run):
         (["report", str(run.parent), ""], "argument RUN_DIR: is empty"),
         (["report", str(run.parent), "--readme", ""], "argument --readme: is empty"),
         (["report", str(run.parent), "--trend", " "], "argument --trend: is empty"),  # fell back to the report
+        (  # the dry run said it would train; the run refused
+            ["train", "--scheme", "rope", "--preset", "quick", "--set", "model.seed=5", "--dry-run"],
+            "model.seed is the training seed's (train.seed 0); got 5: set train.seed",
+        ),
         (
             ["finetune", "--quick", "--pose-chunks", "3", "--dry-run"],  # accepted, and PoSE stayed off
             "pose_chunks sets PoSE's chunks; PoSE is on only with pose_target",

@@ -21,7 +21,7 @@ from posenc.store.checkpoint import check_run_dir, read_json
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
 from posenc.train.batches import check_positions
-from posenc.train.loop import train
+from posenc.train.loop import check_model_seed, train
 from posenc.train.precision import resolve_precision
 from posenc.train.resume import checkpoint_step
 from posenc.train.rundir import check_resume, is_trained, read_run_config, steps_to_criterion
@@ -92,6 +92,7 @@ def run(args) -> int:
     check_kind(args.log)
     device = distributed.check_device(args.device) if args.device else distributed.default_device()
     check_positions(mcfg, preset.train)
+    check_model_seed(mcfg, preset.train)
     check_data(preset.train.corpus, preset.train.tokenizer)  # what the run refuses, before --dry-run prints it valid
     precision = resolve_precision(preset.train.precision, device)
     if args.dry_run:

@@ -226,6 +226,15 @@ def use_threads(tcfg: TrainConfig) -> None:
         torch.set_num_threads(tcfg.threads)
 
 
+def check_model_seed(mcfg: ModelConfig, tcfg: TrainConfig) -> None:
+    """PosencError unless ``mcfg.seed`` is 0 (unset) or the training seed: training sets it from ``train.seed``, so
+    another value would be silently replaced (``train`` and its dry run check it)."""
+    if mcfg.seed not in (0, tcfg.seed):
+        raise PosencError(
+            f"model.seed is the training seed's (train.seed {tcfg.seed}); got {mcfg.seed}: set train.seed"
+        )
+
+
 def train(
     run_dir: Path,
     mcfg: ModelConfig,
@@ -262,10 +271,7 @@ def train(
     use_threads(tcfg)
     with shard.main_first():  # rank 0 builds the token cache, the others read it
         data = data or load_tokens(tcfg.corpus, tcfg.tokenizer, tasks=True)
-    if mcfg.seed not in (0, tcfg.seed):
-        raise PosencError(
-            f"model.seed is the training seed's (train.seed {tcfg.seed}); got {mcfg.seed}: set train.seed"
-        )
+    check_model_seed(mcfg, tcfg)
     # every random draw of the run comes from its seed: the weights, the batches, the scheme's own draws
     mcfg = dataclasses.replace(mcfg, vocab_size=data.vocab_size, seed=tcfg.seed)
     check_trainable(data, mcfg, tcfg)
