@@ -381,3 +381,13 @@ def test_eval_stream_refuses_the_flags_it_ignores(runs, capsys):
     for flag in (["--multiples", "1", "4"], ["--max-tokens", "256"]):
         argv = ["eval", str(runs / "tr"), "--method", "sinks:n_sink=4,window=60", "--stream", "100", *flag]
         one_line_exit_2(capsys, argv, "--stream scores one stream of its own length: --multiples and --max-tokens")
+
+
+def test_a_perplexity_record_given_twice_is_refused_not_taken_for_a_seed(runs, capsys):
+    """A copied line with another ppl was reported as a second seed (rope 367.81 ± 132.19 where one seed gave 235.62)."""
+    cmp = runs / "cmp" / "quick"
+    lines = (cmp / "results.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    (cmp / "results.jsonl").write_text("\n".join([*lines, json.dumps({**first, "ppl": 500.0})]) + "\n")
+    message = f"{cmp / 'results.jsonl'} holds two perplexity records of rope seed 0 at length {first['eval_length']}"
+    one_line_exit_2(capsys, ["report", str(cmp), "--out", str(runs / "rep")], message)

@@ -453,13 +453,28 @@ def load_csv(path: Path) -> list[Ppl]:
 
 def load_ppl(run_dir: Path) -> list[Ppl] | None:
     """The perplexity records of a compare run directory: its ``results.jsonl``, else its ``results.csv``
-    (committed results keep only the CSV); None when it has neither."""
+    (committed results keep only the CSV); None when it has neither. PosencError for a results.jsonl holding one
+    cell twice (a job appends each length once and skips it on a rerun: a second record is an edit, which the report
+    would take for another seed)."""
     run_dir = Path(run_dir)
     if (run_dir / "results.jsonl").exists():
-        return [r for r in load(run_dir / "results.jsonl") if isinstance(r, Ppl)]
+        return _once([r for r in load(run_dir / "results.jsonl") if isinstance(r, Ppl)], run_dir / "results.jsonl")
     if (run_dir / "results.csv").exists():
         return load_csv(run_dir / "results.csv")
     return None
+
+
+def _once(records: list[Ppl], path: Path) -> list[Ppl]:
+    seen: set = set()
+    for r in records:
+        key = (r.scheme, r.seed, r.method, r.corpus, r.eval_length)
+        if key in seen:
+            raise PosencError(
+                f"{path} holds two perplexity records of {r.scheme} seed {r.seed} at length {r.eval_length}"
+                f"{' (' + r.method + ')' if r.method else ''}: remove one"
+            )
+        seen.add(key)
+    return records
 
 
 def _task_train_length(cells: list[TaskCell], where: str) -> int:
