@@ -384,7 +384,7 @@ def test_eval_stream_refuses_the_flags_it_ignores(runs, capsys):
 
 
 def test_a_perplexity_record_given_twice_is_refused_not_taken_for_a_seed(runs, capsys):
-    """A copied line with another ppl was reported as a second seed (rope 367.81 ± 132.19 where one seed gave 235.62)."""
+    """A copied line with another ppl was reported as a second seed (367.81 ± 132.19 where one seed gave 235.62)."""
     cmp = runs / "cmp" / "quick"
     lines = (cmp / "results.jsonl").read_text().splitlines()
     first = json.loads(lines[0])
