@@ -101,8 +101,16 @@ class ModelConfig:
     def __post_init__(self):
         for name, kind in _POSITIVE.items():
             value = getattr(self, name)
-            if not (isinstance(value, kind) and value > 0 or name == "n_kv_head" and value is None):
-                raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'} > 0, got {value!r}")
+            if not (
+                isinstance(value, kind)
+                and not isinstance(value, bool)
+                and 0 < value < math.inf
+                or name == "n_kv_head"
+                and value is None
+            ):  # a bool is an int to Python (True layers built one), inf a float (an OverflowError at the MLP)
+                raise ValueError(
+                    f"{name} must be {'an integer' if kind is int else 'a finite number'} > 0, got {value!r}"
+                )
         if isinstance(self.canon, bool) or not isinstance(self.canon, int) or not 0 <= self.canon <= self.train_length:
             raise ValueError(
                 f"canon must be an integer in [0, train_length {self.train_length}] (a width in tokens; 0: none), "

@@ -290,6 +290,15 @@ def decoded_cache(**config) -> Cache:
             "invalid model config: d_model 10 is not divisible by n_head 4",
         ),
         (lambda: build_model({"n_layer": 0}), "invalid model config: n_layer must be an integer > 0, got 0"),
+        (lambda: build_model({"n_layer": True}), "invalid model config: n_layer must be an integer > 0, got True"),
+        (
+            lambda: build_model({"mlp_ratio": math.inf}),  # an OverflowError at the MLP
+            "invalid model config: mlp_ratio must be a finite number > 0, got inf",
+        ),
+        (
+            lambda: build_model({"n_layer": 1, "d_model": 16, "n_head": 2})(torch.zeros(1, 4)),  # RuntimeError
+            "token ids must be an integer tensor, got torch.float32",
+        ),
         (lambda: build_model({"mlp": "relu"}), "invalid model config: mlp must be one of gelu, swiglu, got 'relu'"),
         (
             lambda: build_model({"n_layer": 1, "bogus": 1}),

@@ -134,7 +134,11 @@ class Inputs:
 def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:
     """PosencError unless every id lies in [0, vocab_size) (the embedding and the loss would raise a raw
     IndexError, or assert on the device). One host sync; skipped while torch.compile traces, as a graph cannot
-    raise on a value (the eager forward checks)."""
+    raise on a value (the eager forward checks); also for ids that are not an integer tensor (the embedding's
+    RuntimeError)."""
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        what_type = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise PosencError(f"{what} must be an integer tensor, got {what_type}")
     if torch.compiler.is_compiling() or ids.numel() == 0:
         return
     lo, hi = torch.stack(torch.aminmax(ids)).tolist()
