@@ -133,7 +133,7 @@ def test_set_reaches_any_key_with_yaml_values():
         "--set",
         "cluster.partition=gpu",
         "--set",
-        "sweep.grid.train.lr=[1e-3,3e-3]",
+        "sweep.grid.train.warmup=[10,20]",
         "--set",
         "model.encoding_params.a=0.5",
         "--set",
@@ -147,7 +147,7 @@ def test_set_reaches_any_key_with_yaml_values():
     assert (
         p.eval.passkey.trials == 1 and p.eval.passkey.depths == quick.eval.passkey.depths
     )  # a section's mapping merges
-    assert p.cluster == ClusterConfig(partition="gpu") and p.sweep.grid == {"train.lr": [1e-3, 3e-3]}
+    assert p.cluster == ClusterConfig(partition="gpu") and p.sweep.grid == {"train.warmup": [10, 20]}
     assert p.model.encoding_params == {"a": 0.5} and p.seeds == [0, 1]
     assert load_preset("quick", given_settings(_compare_args("--set", "sweep=null"), FLAGS)).sweep is None
 
@@ -383,3 +383,13 @@ def test_an_empty_preset_and_a_quoted_number_are_named_as_such(tmp_path, capsys)
     )
     assert main(["train", "--preset", "quick", "--scheme", "rope", "--set", 'train.steps="10"', "--dry-run"]) == 2
     assert capsys.readouterr().err.startswith("posenc: error: invalid train.steps='10' (command line): Input should")
+
+
+def test_a_setting_given_and_swept_is_refused(capsys):
+    """--steps 2 beside a grid over train.steps was dropped with exit 0: the jobs trained 5 and 3 steps."""
+    argv = ["compare", "--preset", "quick", "--steps", "2", "--set", "sweep={grid: {train.steps: [5, 3]}}", "--dry-run"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "posenc: error: preset quick: train.steps is given and swept (the sweep's grid sets it at each point): drop "
+        "one (a one-value grid fixes it)\n"
+    )

@@ -154,7 +154,8 @@ def test_rerun_with_other_settings_is_refused(corpus, tmp_path, monkeypatch):
 def test_run_name_must_be_a_plain_directory_name(name, capsys):
     assert main(["compare", "--preset", "quick", "--name", name]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"posenc: error: invalid name={name} (command line):") and len(err.splitlines()) == 1
+    shown = name or "''"  # an empty value is shown quoted
+    assert err.startswith(f"posenc: error: invalid name={shown} (command line):") and len(err.splitlines()) == 1
 
 
 def test_compare_exit_status_is_1_when_a_job_failed(broken_schemes, corpus, tmp_path, capsys, monkeypatch):

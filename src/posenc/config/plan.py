@@ -297,6 +297,13 @@ def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None, sche
         raise PosencError(f"preset {preset.name}: give the tasks in 'tasks' or in train.corpus, not both")
     if preset.sweep is not None:
         _check_sweep(preset, trained)
+        swept = {*preset.sweep.grid, *(k for grid in preset.sweep.schemes.values() for k in grid)}
+        given = sorted(set(overrides or {}) & swept)
+        if given:  # every grid point sets it: the given value would be dropped
+            raise PosencError(
+                f"preset {preset.name}: {given[0]} is given and swept (the sweep's grid sets it at each point): "
+                "drop one (a one-value grid fixes it)"
+            )
     if preset.train.until is not None and not task_specs(preset):
         raise PosencError(f"preset {preset.name}: train.until needs synthetic tasks (tasks, or a task in train.corpus)")
     return preset
