@@ -391,3 +391,12 @@ def test_a_perplexity_record_given_twice_is_refused_not_taken_for_a_seed(runs, c
     (cmp / "results.jsonl").write_text("\n".join([*lines, json.dumps({**first, "ppl": 500.0})]) + "\n")
     message = f"{cmp / 'results.jsonl'} holds two perplexity records of rope seed 0 at length {first['eval_length']}"
     one_line_exit_2(capsys, ["report", str(cmp), "--out", str(runs / "rep")], message)
+
+
+def test_a_record_at_a_length_compare_never_scores_is_refused(runs, capsys):
+    """eval_length edited to 31 gave a "0.96875x" column, every other cell n/a, exit 0."""
+    cmp = runs / "cmp" / "quick"
+    lines = (cmp / "results.jsonl").read_text().splitlines()
+    first = {**json.loads(lines[0]), "eval_length": 31}
+    (cmp / "results.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    one_line_exit_2(capsys, ["report", str(cmp), "--out", str(runs / "rep")], "at length 31, not a multiple of its")

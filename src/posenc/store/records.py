@@ -467,6 +467,11 @@ def load_ppl(run_dir: Path) -> list[Ppl] | None:
 def _once(records: list[Ppl], path: Path) -> list[Ppl]:
     seen: set = set()
     for r in records:
+        if r.eval_length % r.train_length:  # compare scores multiples of the training length only
+            raise PosencError(
+                f"{path} has a perplexity record of {r.scheme} seed {r.seed} at length {r.eval_length}, not a multiple "
+                f"of its training length {r.train_length}: the record is damaged"
+            )
         key = (r.scheme, r.seed, r.method, r.corpus, r.eval_length)
         if key in seen:
             raise PosencError(
