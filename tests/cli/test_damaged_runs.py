@@ -400,3 +400,18 @@ def test_a_record_at_a_length_compare_never_scores_is_refused(runs, capsys):
     first = {**json.loads(lines[0]), "eval_length": 31}
     (cmp / "results.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
     one_line_exit_2(capsys, ["report", str(cmp), "--out", str(runs / "rep")], "at length 31, not a multiple of its")
+
+
+def test_a_bpe_run_whose_corpus_changed_is_refused(tmp_path, capsys, monkeypatch):
+    """The BPE is built from the corpus it reads: after an edit eval scored other token ids (ppl 127.5 -> 180.2)."""
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corp.txt"
+    corpus.write_text("to be or not to be, that is the question. " * 200)
+    run = tmp_path / "r"
+    argv = ["train", "--scheme", "rope", *QUICK, "--tokenizer", "bpe280", "--corpus", str(corpus), "--out", str(run)]
+    assert main([*argv, "-q"]) == 0
+    score = ["eval", str(run), "--multiples", "1", "--max-tokens", "64", "-q"]
+    assert main(score) == 0
+    capsys.readouterr()
+    corpus.write_text("whether 'tis nobler in the mind to suffer the slings and arrows. " * 200)
+    one_line_exit_2(capsys, score, f"{run} was trained with another bpe280 tokenizer than its corpus {corpus} as it is")

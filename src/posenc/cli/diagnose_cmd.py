@@ -3,12 +3,11 @@
 from pathlib import Path
 
 from posenc.cli.common import OUT, nonblank, once
-from posenc.data.corpora import load_tokens
 from posenc.eval.diagnose import DEFAULT_MULTIPLES, diagnose_model
 from posenc.reports.diagnose import write_outputs
 from posenc.store.checkpoint import check_run_dir
 from posenc.train.distributed import check_device
-from posenc.train.rundir import load_text_run
+from posenc.train.rundir import load_text_run, run_tokens
 
 
 def add_parser(sub):
@@ -39,7 +38,7 @@ def run(args) -> int:
     device = check_device(args.device)
     once("--multiples", args.multiples)
     model, _, tcfg = load_text_run(args.run_dir, "diagnose")
-    data = load_tokens(args.corpus or tcfg.corpus, tcfg.tokenizer)
+    data = run_tokens(args.run_dir, tcfg, args.corpus)
     out = args.out or Path(args.run_dir) / "diagnose"
     check_run_dir(out)  # before the work: a file in the way is one line, not a traceback after it
     res = diagnose_model(model.to(device), data.val_docs, args.multiples, args.window, args.windows)

@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from posenc.cli.common import nonblank, number_list, once
-from posenc.data.corpora import load_tokens
 from posenc.data.positions import scored_max
 from posenc.errors import PosencError
 from posenc.eval.passkey import PasskeyConfig, passkey_records
@@ -22,7 +21,7 @@ from posenc.scoring import eval_lengths, plan
 from posenc.store.checkpoint import drop_torn_tail
 from posenc.store.records import Ppl, append
 from posenc.train.batches import randomized_max
-from posenc.train.rundir import load_text_run
+from posenc.train.rundir import load_text_run, run_tokens
 
 MULTIPLES, MAX_TOKENS = (1, 2, 4, 8, 16, 32, 64), 32768
 
@@ -160,7 +159,7 @@ def run(args) -> int:
         scheme = base["scheme"] = f"{scheme}+{method.describe()}"
         base["method"] = method.label()
     corpus = args.corpus or tcfg.corpus
-    data = load_tokens(corpus, tcfg.tokenizer)
+    data = run_tokens(args.run_dir, tcfg, corpus)
     text = scored_text(
         data.val_docs, corpus, max(lengths), args.max_tokens
     )  # bad --max-tokens, short text: before any output

@@ -26,7 +26,6 @@ import torch
 from posenc import rope
 from posenc.cli.common import add_dtype, nonblank
 from posenc.cli.extend_cmd import add_factor_lists, factor_lists
-from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
 from posenc.hf import generation, loading
 from posenc.hf.adaptation import Adaptation
@@ -34,7 +33,7 @@ from posenc.jobs import extend, finetune
 from posenc.model import MAX_NEW_TOKENS, check_sampling, pad_left, set_method, with_rope_schedule
 from posenc.rope import SCHEDULES
 from posenc.store.presets import validated
-from posenc.train.rundir import load_text_run
+from posenc.train.rundir import load_text_run, run_tokens
 
 SETTINGS = [*extend.ScheduleSettings.model_fields]  # the schedule flags: --factor, add_factor_lists
 SEPARATOR = "----- completion: {n} tokens -----"  # the line between the prompt and the completion
@@ -281,7 +280,7 @@ def own_run(args, given: dict) -> int:
             params.setdefault("factor", extend.ScheduleSettings().factor)
         model, _ = with_rope_schedule(model, args.schedule, params)
     set_method(model, args.method)
-    tok = load_tokens(tcfg.corpus, tcfg.tokenizer).tokenizer
+    tok = run_tokens(Path(args.model), tcfg).tokenizer
     device = next(model.parameters()).device
     if not args.batch:
         ids = torch.as_tensor(tok.encode(args.prompt).astype("int64"), device=device)

@@ -285,7 +285,7 @@ def load_corpus(spec: str = "shakespeare") -> Corpus:
 class ByteTokenizer:
     """UTF-8 bytes as tokens: vocabulary 256, no dependency."""
 
-    name = "byte"
+    name = fingerprint = "byte"
     vocab_size = 256
 
     def encode(self, text: str) -> np.ndarray:
@@ -302,6 +302,8 @@ class BPETokenizer:
         self.tok = tokenizer
         self.vocab_size = tokenizer.get_vocab_size()
         self.name = f"bpe{self.vocab_size}"
+        # which merges: a BPE of one size trained on another text maps strings to other ids (a run records it)
+        self.fingerprint = f"{self.name}-{hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:16]}"
 
     @classmethod
     def train(cls, corpus: Corpus, vocab_size: int, path: Path) -> BPETokenizer:

@@ -34,7 +34,6 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from posenc import encodings
-from posenc.data.corpora import load_tokens
 from posenc.encodings.registry import split_part
 from posenc.errors import PosencError, first_line
 from posenc.hf import generation, loading
@@ -56,7 +55,7 @@ from posenc.store.checkpoint import (
 )
 from posenc.store.presets import validated
 from posenc.store.stamp import WeightsDtype, resolve_dtype, run_stamp
-from posenc.train.rundir import load_text_run
+from posenc.train.rundir import load_text_run, run_tokens
 
 NAME = "posenc"  # the model name in lm-eval's registry
 SETTINGS = set(extend.ScheduleSettings.model_fields)  # schedule keys (factor, beta_fast, ...)
@@ -235,7 +234,7 @@ class _Own:
             self.model, _ = with_rope_schedule(self.model, args.schedule, params)
         self.method = set_method(self.model, args.method)
         self.model.eval()
-        self.tok = load_tokens(tcfg.corpus, tcfg.tokenizer).tokenizer
+        self.tok = run_tokens(Path(args.pretrained), tcfg).tokenizer
         self.label = ", ".join(x for x in (args.schedule, self.method and self.method.label()) if x)
         self.max_length = None
 

@@ -305,6 +305,7 @@ def train(
                 "train": tcfg.model_dump(),
                 "stamp": run_stamp(tcfg.precision, shard.device),
                 "plugins": encodings.plugin_sources(mcfg.encoding),
+                "tokenizer": getattr(getattr(data, "tokenizer", None), "fingerprint", None),  # run_tokens checks it
             },
         )
     distributed.set_batch_rows(model, rows)

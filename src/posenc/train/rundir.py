@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from posenc import encodings
+from posenc.data.corpora import load_tokens
 from posenc.data.tasks import is_task
 from posenc.errors import PosencError
 from posenc.model import LM, ModelConfig
@@ -112,6 +113,22 @@ def load_text_run(run_dir: Path, command: str) -> tuple[LM, ModelConfig, TrainCo
             f"{command} reads text runs: a task run is scored by posenc compare with a task preset"
         )
     return model, mcfg, tcfg
+
+
+def run_tokens(run_dir: Path, tcfg: TrainConfig, corpus: str | None = None):
+    """The token data of ``corpus`` (default: the run's training corpus) under the run's tokenizer
+    (``posenc.data.corpora.load_tokens``). PosencError when the run recorded its tokenizer (config.json's
+    ``tokenizer``: byte, or a BPE's size and merges) and this one differs: a BPE is built from the corpus it reads,
+    so a corpus edited since training, or another corpus, would give token ids the model never learned."""
+    data = load_tokens(corpus or tcfg.corpus, tcfg.tokenizer)
+    recorded = read_run_config(run_dir).get("tokenizer")
+    if recorded is not None and recorded != data.tokenizer.fingerprint:
+        source = f"corpus {corpus}" if corpus and corpus != tcfg.corpus else f"its corpus {tcfg.corpus} as it is now"
+        raise PosencError(
+            f"{run_dir} was trained with another {tcfg.tokenizer} tokenizer than {source} builds (other merges: other "
+            "token ids); score it on its training corpus as it was, or train a run on this one"
+        )
+    return data
 
 
 RESUME_FREE = {"steps", "time_budget", "ckpt_every", "log_every", "threads", "compile"}  # may change on resume
