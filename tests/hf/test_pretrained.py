@@ -678,3 +678,17 @@ def test_every_rotary_and_bias_scheme_in_smollm2():
     assert all(math.isfinite(v) for v in got.values()), got
     assert got["rope"] == pytest.approx(base, rel=1e-6)  # float32 rounding of the angles
     assert got["nope"] > base + 1  # and a swap that removes RoPE is seen
+
+
+def test_a_model_directory_without_a_tokenizer_names_what_is_missing(llama_dir):
+    """transformers' message ends its first line at "from one of:": posenc printed that line, the list cut off."""
+    from posenc.hf import loading
+
+    for f in (llama_dir / "tiny").iterdir():  # the weights and their config only
+        if f.name not in ("config.json", "generation_config.json", "model.safetensors"):
+            f.unlink()
+    with pytest.raises(PosencError) as err:
+        loading.load(str(llama_dir / "tiny"))
+    message = str(err.value)
+    assert "from one of: (1) a `tokenizers` library serialization file, (2) a slow tokenizer" in message
+    assert "\n" not in message

@@ -189,7 +189,9 @@ def load(spec: str = DEFAULT_MODEL, dtype: WeightsDtype = "float32") -> Loaded:
             model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, attn_implementation="sdpa", **kw)
             tokenizer = AutoTokenizer.from_pretrained(where, **kw)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise PosencError(f"cannot load {spec!r} as a causal LM: {first_line(exc)[:300]}") from exc
+        why = first_line(exc)  # a first line ending in ':' introduces its list (a tokenizer's files): all of it, joined
+        why = " ".join(str(exc).split()) if why.rstrip().endswith(":") else why
+        raise PosencError(f"cannot load {spec!r} as a causal LM: {why[:300]}") from exc
     check_rope(model, spec)
     model.eval()
     weights = resolve_dtype(dtype)
