@@ -306,6 +306,9 @@ def method_attention(
     return torch.cat(out, dim=-2).to(v.dtype)
 
 
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # (out, lse): the fast path's one kernel
+
+
 def fast_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of: Callable | None) -> bool:
     """Whether ``method_attention`` takes the fast path: no grad (the kernel's log-sum-exp has no backward), CPU
     (it is the CPU flash kernel), q, k, v of one dtype, float32, float64 or bfloat16 (a bfloat16 model's
@@ -355,7 +358,7 @@ def fast_blocks(
     """
     Dv, width = v.shape[-1], max(q_rot[0].shape[-1], v.shape[-1])  # the kernel takes one head size for q, k and v
     qw, kw, vw = [_pad(t, width, 0.0) for t in q_rot], [_pad(t, width, 0.0) for t in k_rot], _pad(v, width, 0.0)
-    flash, out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, []
+    out = []
     far = _far_part(qw, kw, vw, q_pos, k_pos, method, scale, Dv)
     for a, b in fast_query_blocks(method, q_pos, block_size):
         i = q_pos[a:b, None]
@@ -367,7 +370,7 @@ def fast_blocks(
             if far is not None and r == 1:
                 continue
             rows, run = qw[min(r, len(qw) - 1)][..., a:b, :], kw[min(r, len(kw) - 1)][..., ks:ke, :]
-            o, lse = flash(rows, run, vw[..., ks:ke, :], scale=scale)
+            o, lse = _FLASH(rows, run, vw[..., ks:ke, :], scale=scale)
             # the kernel writes 0 (lse 0) for a row whose scores are all NaN: nan_rows gives the NaN back
             parts.append((o[..., :Dv], lse + nan_rows(rows, run)[..., 0]))
         rest = keys[label < 0]
@@ -433,9 +436,7 @@ def _far_part(qw, kw, vw, q_pos, k_pos, method: Method, scale: float, Dv: int):
     if not (torch.equal(q_pos, k_pos) and int(q_pos[0]) == 0 and int(q_pos[-1]) == T - 1):
         return None
     rows, run = qw[1][..., W:, :], kw[1][..., : T - W, :]
-    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        rows, run, vw[..., : T - W, :], is_causal=True, scale=scale
-    )
+    o, lse = _FLASH(rows, run, vw[..., : T - W, :], is_causal=True, scale=scale)
     lse = lse + nan_rows(rows, run)[..., 0]  # as the blocks' unmasked runs: an all-NaN row's 0 made NaN
     o = torch.nn.functional.pad(o[..., :Dv], (0, 0, W, 0))
     return o, torch.nn.functional.pad(lse, (W, 0), value=-math.inf)
@@ -458,6 +459,7 @@ def _masked_part(qw, kw, vw, a: int, b: int, i, keys, j, method: Method, scale: 
         if far and r == 1:  # Self-Extend's grouped pairs: all in ``_far_part``
             continue
         rows = qw[r][..., a:b, :].to(wide)
+        rows_finite = bool(rows.isfinite().all())  # once per region, not per tile
         for c0 in range(0, len(keys), n):
             allowed = (region[:, c0 : c0 + n] == r) & seen[:, c0 : c0 + n]
             if not bool(allowed.any()):
@@ -465,7 +467,7 @@ def _masked_part(qw, kw, vw, a: int, b: int, i, keys, j, method: Method, scale: 
             ks = keys[c0 : c0 + n]
             run, values = kw[r][..., ks, :].to(wide), vw[..., ks, :].to(wide)
             bad = None
-            if not (bool(rows.isfinite().all()) and bool(run.isfinite().all())):  # rare: checked whole first
+            if not (rows_finite and bool(run.isfinite().all())):  # rare: checked whole first
                 broken = ~run.isfinite().all(-1)  # (B, H, m): a NaN score under the mask would still reach its row
                 bad = ~rows.isfinite().all(-1) | (allowed & broken[..., None, :]).any(-1)
                 run = run.nan_to_num(0.0, 0.0, 0.0)
@@ -481,8 +483,7 @@ def _kernel(q, k, v, allowed, scale: float):
     where they are the strict upper one (key c for rows ..c-1: reversed, row n-1-r sees the keys n-1-c < n-1-r,
     the causal pattern one row down), else with an additive mask. (out (B, H, n, D), lse (B, H, n)); a row
     without keys has out 0 and lse 0 (the caller sets -inf)."""
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    n, m = allowed.shape
+    flash, (n, m) = _FLASH, allowed.shape
     if n == m and bool(torch.equal(allowed, _triangle(n, allowed.device, upper=False))):
         return flash(q, k, v, is_causal=True, scale=scale)
     if n == m and n > 1 and bool(torch.equal(allowed, _triangle(n, allowed.device, upper=True))):
