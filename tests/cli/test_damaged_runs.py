@@ -415,3 +415,13 @@ def test_a_bpe_run_whose_corpus_changed_is_refused(tmp_path, capsys, monkeypatch
     capsys.readouterr()
     corpus.write_text("whether 'tis nobler in the mind to suffer the slings and arrows. " * 200)
     one_line_exit_2(capsys, score, f"{run} was trained with another bpe280 tokenizer than its corpus {corpus} as it is")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["eval", "diagnose"])
+def test_an_unfinished_run_is_scored_from_its_checkpoint_and_says_so(runs, capsys, command):
+    """A run stopped before its summary (killed after its last checkpoint) is read from that checkpoint: said."""
+    (runs / "tr" / "train_summary.json").unlink()
+    assert main([command, str(runs / "tr"), "--multiples", "1"]) == 0
+    said = f"posenc {command}: {runs / 'tr'} is unfinished: its weights are the checkpoint of step 2 of 2"
+    assert said in capsys.readouterr().err

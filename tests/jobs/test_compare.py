@@ -12,6 +12,7 @@ from posenc.cli.main import main
 from posenc.config.plan import grid_points, load_preset, point_root
 from posenc.jobs.compare import compare
 from posenc.jobs.job import MethodJob, Plan, ScheduleJob, TextJob
+from posenc.store.checkpoint import read_json
 
 
 def _preset(corpus, **more):
@@ -122,3 +123,15 @@ def test_a_dry_run_into_a_run_of_other_settings_is_refused_as_the_run_is(tiny_co
             f"posenc: error: {root} holds results made with other settings (train.steps 30 -> 31); use another "
             "--name or --out\n"
         )
+
+
+def test_a_rerun_of_fewer_schemes_keeps_the_earlier_rows_in_preset_json(tmp_path):
+    """preset.json describes every result the directory holds: a rerun naming some schemes or seeds adds its new
+    ones after the recorded ones (before, it rewrote the lists to the rerun's)."""
+    from posenc.jobs.launcher import record_run
+
+    root = tmp_path / "quick"
+    record_run(root, load_preset("quick", {"schemes": ["rope", "alibi"], "seeds": [0, 1]}))
+    record_run(root, load_preset("quick", {"schemes": ["nope", "rope"], "seeds": [2]}))
+    saved = read_json(root / "preset.json")
+    assert (saved["schemes"], saved["seeds"]) == (["rope", "alibi", "nope"], [0, 1, 2])

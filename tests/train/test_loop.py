@@ -20,6 +20,7 @@ from posenc.model import ModelConfig, build_model
 from posenc.store.checkpoint import read_json, read_jsonl, write_json
 from posenc.train.batches import batch_at
 from posenc.train.loop import fit, train
+from posenc.train.optimizer import lr_at
 from posenc.train.precision import resolve_precision
 from posenc.train.resume import Checkpoint
 from posenc.train.rundir import load_run
@@ -157,6 +158,22 @@ def test_progress_is_printed_at_each_checkpoint_and_the_last_step(tmp_path, caps
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("job: step")]
     assert [int(line.split()[2].split("/")[0]) for line in lines] == shown
     assert all(f"/{steps}, loss " in line and line.endswith(f"checkpoint {tmp_path}") for line in lines)
+
+
+@pytest.mark.parametrize("warmup,said", [(4, True), (3, False)])
+def test_a_warmup_longer_than_the_run_is_said_in_one_line(tmp_path, capsys, warmup, said):
+    """warmup > steps: the rate never reaches its peak (warmup == steps reaches it at the last step)."""
+    model = torch.nn.Linear(3, 1)
+    ckpt = Checkpoint(
+        tmp_path, model.state_dict, torch.optim.AdamW(model.parameters()), key="trained", weights="w.safetensors"
+    )
+    x = torch.randn(4, 3)
+    cfg = LoopConfig(steps=3, warmup=warmup, lr=1e-2, ckpt_every=100)
+    fit(model, cfg, lambda step: (model(x).square().mean(), x.numel()), ckpt, desc="job")
+    err = capsys.readouterr().err
+    expected = "job: warmup 4 > steps 3: the learning rate rises for the whole run and never reaches lr 0.01"
+    assert (expected in err.splitlines()) == said
+    assert max(lr_at(s, cfg) for s in range(3)) == pytest.approx(1e-2 * min(1.0, 3 / warmup))
 
 
 # fine-tuning a pretrained model: the tiny saved Llama of conftest's llama_dir

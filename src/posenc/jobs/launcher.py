@@ -353,14 +353,34 @@ def record_run(run_root: Path, preset: Preset) -> dict:
     """Write the resolved preset (``preset.json``) and append this invocation's stamp (versions, commit,
     device, threads, command; ``posenc.store.stamp``) with an id (``invocation``) and its start time (``started``,
     UTC) to ``invocations.jsonl``: a resumed run keeps every one. Returns the stamp (``finish_run`` closes it).
-    PosencError (one line) when ``invocations.jsonl`` is damaged (``read_jsonl``)."""
+    ``preset.json`` keeps the rows earlier invocations added (``with_earlier_rows``): a rerun of some schemes still
+    describes every result the directory holds. PosencError (one line) when ``invocations.jsonl`` is damaged
+    (``read_jsonl``)."""
     make_run_dir(run_root)
     drop_torn_tail(run_root / "invocations.jsonl")  # a line a kill cut short must not swallow this stamp
     read_jsonl(run_root / "invocations.jsonl")  # a damaged file refused now, not at finish_run after the work
-    write_json(run_root / "preset.json", preset.model_dump())
+    write_json(run_root / "preset.json", with_earlier_rows(preset, run_root / "preset.json").model_dump())
     stamp = {**run_stamp(machine_precision(preset.train)), "invocation": uuid.uuid4().hex, "started": utc_now()}
     append_jsonl(run_root / "invocations.jsonl", stamp)
     return stamp
+
+
+ROWS = ("schemes", "seeds", "tasks", "eval_schedules", "eval_methods")  # what a rerun may add (check_same_settings)
+
+
+def with_earlier_rows(preset: Preset, saved: Path) -> Preset:
+    """``preset`` whose schemes, seeds, tasks and extension rows are those of the run's ``saved`` preset.json, in
+    their recorded order, then its own new ones (``preset`` unchanged when there is none): the records of an earlier
+    invocation stay described when a rerun names fewer. ``check_same_settings`` has read the file."""
+    if not saved.exists():
+        return preset
+    earlier = read_json(saved)
+    return preset.model_copy(
+        update={
+            key: [*earlier.get(key, []), *(v for v in getattr(preset, key) if v not in earlier.get(key, []))]
+            for key in ROWS
+        }
+    )
 
 
 def finish_run(run_root: Path, stamp: dict, interrupted: bool = False) -> list[dict]:

@@ -100,7 +100,8 @@ def fit(
     (the metric, its value and the step; not under ``--quiet``), and the result gets
     ``criterion_step`` (that step, or None when never met). The check of the step a resumed run starts at is
     redone (the same weights give the same value), so the checks are those of an uninterrupted run.
-    PosencError (one line) for an ``end`` below ``step``.
+    PosencError (one line) for an ``end`` below ``step``. A fresh run whose ``warmup`` exceeds ``cfg.steps`` says in
+    one line that its rate never reaches ``lr``.
     """
     end = cfg.steps if end is None else end
     if end < step:
@@ -111,6 +112,11 @@ def fit(
         truncate_log(log, step)
         if criterion is not None:
             truncate_log(run_dir / "until.jsonl", step - 1, "value")  # the check at ``step`` is redone below
+    if shard.is_main and step == 0 and cfg.warmup > cfg.steps:  # said, not refused: a short test run keeps its preset
+        progress.note(
+            f"{desc}: warmup {cfg.warmup} > steps {cfg.steps}: the learning rate rises for the whole run and never "
+            f"reaches lr {cfg.lr:g}"
+        )
     reached = None
 
     def met(step: int) -> bool:  # a check is due at multiples of ``every``

@@ -14,11 +14,13 @@ from posenc import encodings
 from posenc.data.corpora import load_tokens
 from posenc.data.tasks import is_task
 from posenc.errors import PosencError
+from posenc.eval import progress
 from posenc.model import LM, ModelConfig
 from posenc.store.checkpoint import load_weights, read_json, refuse_broken_link, tensors_metadata
 from posenc.store.presets import validated
 from posenc.train import distributed
 from posenc.train.precision import machine_precision, unrecorded_precision
+from posenc.train.resume import checkpoint_step
 from posenc.train.settings import TrainConfig
 
 
@@ -105,12 +107,18 @@ def check_weights_config(run_dir: Path, model: dict) -> None:
 def load_text_run(run_dir: Path, command: str) -> tuple[LM, ModelConfig, TrainConfig]:
     """:func:`load_run` of a run trained on text, for ``command`` (its name, for the message), which reads text with
     the run's tokenizer. PosencError (one line) for a run trained on a synthetic task: its vocabulary is the task's
-    tokens, and a task preset of ``posenc compare`` scores it."""
+    tokens, and a task preset of ``posenc compare`` scores it. An unfinished run (no ``train_summary.json``: stopped
+    before its last step) is read from its last checkpoint, said in one line on stderr with that step."""
     model, mcfg, tcfg = load_run(run_dir)
     if is_task(tcfg.corpus):
         raise PosencError(
             f"{run_dir} was trained on the synthetic task {tcfg.corpus!r} (a vocabulary of task tokens); posenc "
             f"{command} reads text runs: a task run is scored by posenc compare with a task preset"
+        )
+    if not is_trained(run_dir):
+        progress.note(
+            f"posenc {command}: {run_dir} is unfinished: its weights are the checkpoint of step "
+            f"{checkpoint_step(run_dir)} of {tcfg.steps} (posenc train --resume resumes it)"
         )
     return model, mcfg, tcfg
 
