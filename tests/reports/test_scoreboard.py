@@ -275,3 +275,19 @@ def test_a_second_text_run_adds_its_schemes_and_labels_its_shared_references(tmp
     (tmp_path / "short").mkdir()
     write_csv(tmp_path / "short" / "results.csv", with_ratios(other))
     assert main(["report", str(tasks), str(text), str(tmp_path / "short"), "--scoreboard"]) == 2
+
+
+def test_a_later_run_of_two_known_tasks_gives_one_row_per_scheme(tmp_path):
+    """A later run holding several tasks the first run holds: each of its schemes is one row, its tasks side by
+    side (before, one row per task, each with the others' cells empty)."""
+    mqar = "mqar:pairs=2,keys=4,values=4,filler=2,gap=0-8"
+    for name, h in (("a", {8: 1.0, 16: 0.2}), ("b", {8: 1.0, 16: 1.0, 32: 0.2})):
+        (tmp_path / name).mkdir()
+        for task in ("flipflop", mqar):
+            append(tmp_path / name / "results.jsonl", _job(task, "path", 0, 1.0, h, criterion=False))
+    assert scoreboard([tmp_path / "a", tmp_path / "b"]).splitlines()[:4] == [
+        "| scheme | flip-flop horizon | gap-MQAR horizon |",
+        "|---|---|---|",
+        "| path | 8 | 8 |",
+        "| path (b) | 16 | 16 |",
+    ]

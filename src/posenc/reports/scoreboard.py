@@ -208,11 +208,13 @@ def scoreboard_markdown(texts: list, task_runs: list[TaskRun]) -> str:
     empty_tasks = [""] * (len(tables) + len(steps))
     rows += [[f"{scheme} ({run.label})", *text_cells(run, _key(scheme)), *empty_tasks] for scheme, run in relabelled]
     blank = [""] * (1 + len(shown)) if text else []
-    for run, task, t in later:
-        for s in t.scores:
+    for run in task_runs:  # one row per scheme of a later run, its tasks side by side
+        mine = {task: t for r, task, t in later if r is run}
+        for s in dict.fromkeys(s for t in mine.values() for s in t.scores):
+            held = {task for task, t in mine.items() if s in t.scores}
             row = [f"{s} ({run.label})", *blank]
-            row += [horizon_cell(t, s) if other == task else "" for other in tables]
-            row += [criterion_cell(t, s) if other == task else "" for other in steps]
+            row += [horizon_cell(mine[task], s) if task in held else "" for task in tables]
+            row += [criterion_cell(mine[task], s) if task in held else "" for task in steps]
             rows.append(row)
     sources = [
         f"text: `{t.label}` (ppl at the training length {t.train_length}; ratio: ppl at the length over it)"
