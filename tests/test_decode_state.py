@@ -144,6 +144,28 @@ def test_crop_and_reorder_continue_as_a_fresh_cache(spec):
     assert cache.length == 15 and cache.nbytes() > 0
 
 
+@pytest.mark.parametrize("spec", ["rope", "acc-rand-qkv:a=0.3+alibi", "rope+forget", "path", "learned", "fire"])
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("prompts, beams", [(1, [0, 0, 0]), (2, [0, 0, 0]), (2, [1, 0, 1])])
+def test_a_reorder_to_more_rows_decodes_each_row_as_alone(spec, reference, prompts, beams):
+    """Beam search's first step: a prefill's rows copied to more beams (issue 59: from a batch of 1 the cache kept
+    one row, and the next step was refused); each beam then decodes as its prompt alone would, across the buffers'
+    growth (a batch of 1 broadcast over the rows, the random steps', grows to the beams too)."""
+    torch.manual_seed(8)
+    m, x, z = model(spec), torch.randint(0, 256, (prompts, 6)), torch.randint(0, 256, (len(beams), 5))
+    with torch.no_grad():
+        cache = Cache(len(m.blocks), reference=reference)
+        m.decode(x, cache)
+        cache.reorder(torch.tensor(beams))
+        got = torch.cat([m.decode(z[:, i : i + 1], cache) for i in range(5)], dim=1)
+        for b, row in enumerate(beams):
+            alone = Cache(len(m.blocks), reference=reference)
+            m.decode(x[row : row + 1], alone)
+            want = torch.cat([m.decode(z[b : b + 1, i : i + 1], alone) for i in range(5)], dim=1)
+            assert (got[b] - want[0]).abs().max().item() < 1e-10, b
+    assert cache.tokens.shape == (len(beams), 11)
+
+
 def test_path_refuses_to_crop_but_keeps_its_cache():
     m, cache = model("path"), Cache(2)
     with torch.no_grad():

@@ -29,6 +29,7 @@ from posenc.encodings.base import (
     Inputs,
     batch_rows,
     check_crop_length,
+    check_pos,
     check_rows,
 )
 from posenc.encodings.composite import Composite, sum_biases
@@ -416,16 +417,11 @@ def _check_x(x: torch.Tensor, d_model: int | None = None) -> torch.Tensor:
 
 
 def _positions(positions: torch.Tensor | None, n: int, start: int, device) -> torch.Tensor:
-    """positions (n,) int64 as given, default arange(start, start + n); PosencError for another shape or dtype, or
-    positions that are not a tensor (a list)."""
+    """positions (n,) int64 as given, default arange(start, start + n); PosencError for another shape or dtype,
+    positions that are not a tensor (a list) or a negative one (``check_pos``)."""
     if positions is None:
         return torch.arange(start, start + n, device=device)
-    if not isinstance(positions, torch.Tensor):
-        raise PosencError(f"positions must be a ({n},) int64 tensor for T = {n}, got {type(positions).__name__}")
-    if positions.shape != (n,) or positions.dtype != torch.int64:
-        raise PosencError(
-            f"positions must be ({n},) int64 for T = {n}, got shape {tuple(positions.shape)} {positions.dtype}"
-        )
+    check_pos(positions, n)
     return positions
 
 

@@ -27,6 +27,7 @@ from posenc.encodings.base import (
     batch_rows,
     check_crop_length,
     check_ids,
+    check_pos,
     check_rows,
     tensor_nbytes,
 )
@@ -53,11 +54,11 @@ _POSITIVE = {
 class ModelConfig:
     """Model hyper-parameters; lengths are in tokens. ``n_kv_head``: grouped-query attention (None: ``n_head``).
 
-    Raises ValueError (naming the field) for a size that is not a positive number, a ``canon`` width that is not an
-    integer in [0, train_length], an unknown ``mlp`` or ``norm``, a spec that is not a str, params that are not a
-    dict, or heads that do not divide evenly. As a field of a pydantic model (a preset's ``model``) it is validated
-    by pydantic, which coerces the types first and turns the ValueError into a ValidationError; from a dict of
-    settings: :func:`build_model`.
+    Raises ValueError (naming the field) for a size that is not a positive number (an integer size: or not below
+    2^31), a ``canon`` width that is not an integer in [0, train_length], an unknown ``mlp`` or ``norm``, a spec that
+    is not a str, params that are not a dict, or heads that do not divide evenly. As a field of a pydantic model (a
+    preset's ``model``) it is validated by pydantic, which coerces the types first and turns the ValueError into a
+    ValidationError; from a dict of settings: :func:`build_model`.
     """
 
     __pydantic_config__ = {
@@ -111,6 +112,8 @@ class ModelConfig:
                 raise ValueError(
                     f"{name} must be {'an integer' if kind is int else 'a finite number'} > 0, got {value!r}"
                 )
+            if kind is int and value is not None and value >= 2**31:  # before the heads: a size, not "not divisible"
+                raise ValueError(f"{name} must be an integer below 2^31 (a size), got {value!r}")
         if isinstance(self.canon, bool) or not isinstance(self.canon, int) or not 0 <= self.canon <= self.train_length:
             raise ValueError(
                 f"canon must be an integer in [0, train_length {self.train_length}] (a width in tokens; 0: none), "
@@ -214,8 +217,9 @@ class Cache(CachePart):
         super().check_crop(length)
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows, e.g. the surviving beams: index (B',) int64 into the current batch; PosencError (one
-        line) for another index or a row outside the batch (``check_rows``), before any part changes."""
+        """Select batch rows, e.g. the surviving beams: index (B',) int64 into the current batch (a batch of 1 to
+        [0] * B', beam search's first step: B' copies of the row); PosencError (one line) for another index or a row
+        outside the batch (``check_rows``), before any part changes."""
         check_rows(index, self.layers[0].batch)  # every layer holds the batch of the first step
         super().reorder(index)
         if self.first is not None:
@@ -395,10 +399,8 @@ class LM(nn.Module):
         left-padded batch's first real rows, whose additive embeddings take each row's own positions, pos - first."""
         if tokens.dim() != 2 or tokens.shape[1] == 0:
             raise PosencError(f"tokens must be (batch, T) with T >= 1, got shape {tuple(tokens.shape)}")
-        if pos is not None and pos.shape != (tokens.shape[1],):
-            raise PosencError(
-                f"positions must be ({tokens.shape[1]},) for T = {tokens.shape[1]}, got shape {tuple(pos.shape)}"
-            )
+        if pos is not None:
+            check_pos(pos, tokens.shape[1])
         check_ids(tokens, self.cfg.vocab_size, "token ids")
         pos = torch.arange(tokens.shape[1], device=tokens.device) if pos is None else pos
         x = self.tok(tokens)
@@ -449,13 +451,14 @@ class LM(nn.Module):
     def forward(
         self, tokens: torch.Tensor, pos: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Logits (B, T, vocab) of tokens (B, T) int64 at positions ``pos`` (T,) int64 (None: 0..T-1).
+        """Logits (B, T, vocab) of tokens (B, T) int64 at positions ``pos`` (T,) int64 >= 0 (None: 0..T-1).
 
         attention_mask: (B, T) left padding as transformers gives it (1 or True: a token, 0: padding, each row 0s
         then 1s; ``pad_left`` builds it), without ``pos``: each row's positions count from its first token
         (cumsum(mask) - 1), no token attends to padding, and every scheme keeps the padding neutral, so a row's
         logits at its tokens equal the row alone's (float32 rounding; at the padding they mean nothing).
-        PosencError (one line) for a mask ``posenc.layer.padding_starts`` refuses, under an inference method
+        PosencError (one line) for positions ``check_pos`` refuses (not (T,) int64, or negative), a mask
+        ``posenc.layer.padding_starts`` refuses, under an inference method
         (``set_method``), or with a length-dependent RoPE schedule (dynamic NTK, LongRoPE) whose frequencies the
         rows' lengths would set apart.
         """
@@ -650,7 +653,10 @@ def pad_left(prompts: Sequence[Sequence[int] | torch.Tensor], pad_id: int = 0) -
     """Prompts of different lengths (token id lists or (T_i,) int64 tensors) as one left-padded batch, as
     transformers' tokenizers pad for generation: (ids (B, T) int64 with ``pad_id`` before each row's tokens,
     attention_mask (B, T) int64, 1 at the tokens), T the longest prompt, for ``LM.forward``, ``decode`` and
-    ``generate``. PosencError (one line) for no prompts or an empty one."""
+    ``generate``. PosencError (one line) for no prompts, an empty one or a ``pad_id`` that is not an integer >= 0
+    (a token id)."""
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
+        raise PosencError(f"pad_id must be an integer >= 0 (a token id), got {pad_id!r}")
     try:
         rows = [torch.as_tensor(p, dtype=torch.int64).reshape(-1) for p in prompts]
     except (TypeError, ValueError, RuntimeError):
@@ -727,15 +733,18 @@ MAX_NEW_TOKENS = 1 << 20  # the most tokens one generate call produces (1,048,57
 
 
 def check_sampling(max_new_tokens, temperature, top_k) -> None:
-    """PosencError (one line) unless ``max_new_tokens`` is an integer in [0, ``MAX_NEW_TOKENS``], ``temperature``
-    finite and >= 0 (0: greedy) and ``top_k`` None or an integer >= 1 (not a bool): the generation settings of
-    ``LM.generate``, of pretrained models' (``posenc.hf.generation``) and of ``posenc generate``."""
+    """PosencError (one line) unless ``max_new_tokens`` is an integer in [0, ``MAX_NEW_TOKENS``], ``temperature`` a
+    number (an int or float, not a bool), finite and >= 0 (0: greedy) and ``top_k`` None or an integer >= 1 (not a
+    bool): the generation settings of ``LM.generate``, of pretrained models' (``posenc.hf.generation``) and of
+    ``posenc generate``."""
     if not (isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 0):
         raise PosencError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if max_new_tokens > MAX_NEW_TOKENS:
         raise PosencError(
             f"max_new_tokens must be at most {MAX_NEW_TOKENS:,} (posenc.model.MAX_NEW_TOKENS), got {max_new_tokens:,}"
         )
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise PosencError(f"temperature must be a number (0: greedy), got {type(temperature).__name__} {temperature!r}")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise PosencError(f"temperature must be finite and >= 0, got {temperature!r}")
     if top_k is not None and not (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1):

@@ -14,7 +14,7 @@ from posenc.attention import attention
 from posenc.cli.main import main
 from posenc.encodings.base import Dims
 from posenc.errors import PosencError
-from posenc.model import Cache
+from posenc.model import Cache, pad_left
 
 DIMS = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
 
@@ -410,6 +410,23 @@ def decoded_cache(**config) -> Cache:
             lambda: encodings.get("rope|rope:rope_theta=-1"),
             "scheme 'rope:rope_theta=-1': rope_theta must be a finite number > 1, got -1",
         ),
+        # accepted before (issue 59): a negative pad id, a temperature that is no number (a raw TypeError from
+        # math.isfinite) or a bool, a size past 2^31 (said "not divisible" by the heads, or taken)
+        (lambda: pad_left([[1, 2], [3]], pad_id=-1), "pad_id must be an integer >= 0 (a token id), got -1"),
+        *[
+            (
+                lambda t=t: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate([1, 2], 2, temperature=t),
+                f"temperature must be a number (0: greedy), got {type(t).__name__} {t!r}",
+            )
+            for t in ("hot", None, True)
+        ],
+        *[
+            (
+                lambda d=d: build_model({"d_model": d, "n_head": 3}),
+                f"invalid model config: d_model must be an integer below 2^31 (a size), got {d}",
+            )
+            for d in (10**23, 2**31)
+        ],
     ],
 )
 def test_python_api_bad_arguments_are_one_line(make, message):
@@ -485,3 +502,37 @@ def test_xpos_refuses_decreasing_positions():
     assert torch.isfinite(model.hidden(tokens, torch.arange(10) * 3)).all()  # gaps are fine
     with pytest.raises(PosencError, match="xpos needs non-decreasing position ids"):
         model.hidden(tokens, torch.arange(10).flip(0))
+
+
+@pytest.mark.parametrize("scheme", ["learned", "sinusoidal", "fire", "rope", "alibi"])
+@pytest.mark.parametrize(
+    "pos, message",
+    [
+        (torch.tensor([-3, -2, -1]), "positions must be >= 0 (absolute positions count from 0), got -3"),
+        (torch.tensor([0.5, 1.5, 2.5]), "positions must be (3,) int64 for T = 3, got shape (3,) torch.float32"),
+    ],
+)
+def test_negative_or_float_positions_are_refused_for_every_scheme(scheme, pos, message):
+    """Issue 59: learned raised a raw IndexError (negative) or RuntimeError (float) from its table; sinusoidal, FIRE
+    and the others gave a value of no position. One check (``check_pos``) wherever positions enter."""
+    model = build_model({"encoding": scheme, "n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16})
+    with pytest.raises(PosencError) as err:
+        model(torch.zeros(1, 3, dtype=torch.int64), pos)
+    assert str(err.value) == message
+    if not encodings.is_additive(scheme):
+        with pytest.raises(PosencError) as err:
+            posenc.Attention(16, 2, scheme)(torch.randn(1, 3, 16), pos)
+        assert str(err.value) == message
+
+
+def test_a_learned_table_refuses_positions_it_has_no_row_for():
+    """Issue 59: its lookup raised torch's IndexError (negative) or RuntimeError (float)."""
+    from posenc.encodings.absolute import LengthNotSupported
+
+    enc = encodings.get("learned", DIMS)
+    with pytest.raises(PosencError, match=r"^positions must be >= 0 \(absolute positions count from 0\), got -1$"):
+        enc.embed(torch.tensor([-1, 0]))
+    with pytest.raises(PosencError, match=r"^positions must be int64, got shape \(2,\) torch.float32$"):
+        enc.embed(torch.tensor([0.0, 1.0]))
+    with pytest.raises(LengthNotSupported, match=r"^learned positions cover 16 tokens, got 17$"):
+        enc.embed(torch.tensor([0, 16]))

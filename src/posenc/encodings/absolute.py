@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from posenc.encodings.base import Dims, Encoding
+from posenc.encodings.base import Dims, Encoding, check_pos
 from posenc.encodings.registry import alias, register
 from posenc.errors import PosencError
 
@@ -94,6 +94,9 @@ class Learned(Encoding):
         nn.init.normal_(self.table.weight, std=0.02)
 
     def embed(self, pos: torch.Tensor) -> torch.Tensor:
+        """pos: (...) int64 positions in [0, ``max_length``) -> (..., d_model) in the table's dtype. PosencError (one
+        line) for positions not int64 or negative (``check_pos``); LengthNotSupported for one past the table."""
+        check_pos(pos)
         if int(pos.max()) >= self.max_length:
             raise LengthNotSupported(f"learned positions cover {self.max_length} tokens, got {int(pos.max()) + 1}")
         return self.table(pos)

@@ -146,6 +146,21 @@ def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:
         raise PosencError(f"{what} must lie in [0, {vocab_size}), got [{lo}, {hi}]")
 
 
+def check_pos(pos, n: int | None = None) -> None:
+    """PosencError (one line) unless ``pos`` is an int64 tensor of positions >= 0, of shape (n,) where ``n`` is given
+    (``Inputs.pos`` for T = n): the contract of every scheme's hooks, checked where positions enter (``LM``,
+    ``posenc.Attention``, a learned table's lookup). A float position would fail a learned table's lookup with a raw
+    RuntimeError, a negative one index it from its end or give sinusoidal, FIRE and the others a value of no
+    position. One host sync; skipped while torch.compile traces (as ``check_ids``)."""
+    size, tail = ("", "") if n is None else (f"({n},) ", f" for T = {n}")
+    if not isinstance(pos, torch.Tensor):
+        raise PosencError(f"positions must be a {size}int64 tensor{tail}, got {type(pos).__name__}")
+    if pos.dtype != torch.int64 or (n is not None and pos.shape != (n,)):
+        raise PosencError(f"positions must be {size}int64{tail}, got shape {tuple(pos.shape)} {pos.dtype}")
+    if not torch.compiler.is_compiling() and pos.numel() and int(pos.min()) < 0:
+        raise PosencError(f"positions must be >= 0 (absolute positions count from 0), got {int(pos.min())}")
+
+
 def batch_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """t's rows ``index`` (B',) int64 along axis 0, the batch (beam search's reorder), on t's device."""
     return t.index_select(0, index.to(t.device))
@@ -214,7 +229,8 @@ class Buffer(CachePart):
     doubles: O(1) amortised per row, never a ``torch.cat`` of the whole prefix per
     step) and returns the view of all rows so far; ``capacity``: rows to reserve
     at the first append (PosencError, one line, unless an integer >= 0). ``batched``: axis 0 is the batch
-    (``reorder`` selects its rows; a broadcast batch of 1 is kept).
+    (``reorder`` selects its rows; a batch of 1 is kept, as one broadcast over a larger batch, unless the index is
+    all 0: the row copied to each, beam search's first step from a batch of 1).
     """
 
     def __init__(self, dim: int, capacity: int = 0, batched: bool = True):
@@ -234,6 +250,8 @@ class Buffer(CachePart):
             size = 0 if data is None else data.shape[self.dim]
             shape = list(t.shape)
             shape[self.dim] = max(self.length + n, 2 * size, self.capacity)
+            if self.batched and data is not None:  # the rows held (t may be a batch of 1 broadcast over them)
+                shape[0] = data.shape[0]
             grown = t.new_empty(shape)
             if self.length:
                 assert data is not None  # rows were appended before
@@ -258,7 +276,7 @@ class Buffer(CachePart):
         self.length -= stop - start
 
     def reorder(self, index: torch.Tensor) -> None:
-        if self.data is not None and self.batched and self.data.shape[0] > 1:
+        if self.data is not None and self.batched and (self.data.shape[0] > 1 or not index.any()):
             self.data = batch_rows(self.data, index)
 
     def nbytes(self) -> int:
