@@ -500,7 +500,8 @@ def test_budget_reads_the_learning_curve():
     at_chance = [(s, 0.69) for s in steps]
     assert budget(task_job(at_chance), 0.5) == (
         "loss flat at chance at the step cap 600 (0.690; ln 2 = 0.693): "
-        "more steps alone unlikely, another learning rate or head count"
+        "a plateau, not extended (the rule extends a falling loss): more steps untested, or another learning rate or "
+        "head count"
     )
     stuck = [(s, 0.30) for s in steps]
     assert (

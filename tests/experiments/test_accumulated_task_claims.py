@@ -213,7 +213,8 @@ def test_an_undecided_claim_names_each_seed_that_did_not_learn_and_its_budget():
     assert c.evidence == (
         "path did not learn on seed 1 (id 60.0% < 90%: loss still falling at the step cap 600 "
         "(0.580 -> 0.420 over its last 160 steps): more steps); seed 2 (id 50.0% < 90%: loss flat at chance at the "
-        "step cap 600 (0.690; ln 2 = 0.693): more steps alone unlikely, another learning rate or head count)"
+        "step cap 600 (0.690; ln 2 = 0.693): a plateau, not extended (the rule extends a falling loss): more steps "
+        "untested, or another learning rate or head count)"
     )
 
 

@@ -303,8 +303,9 @@ def read_text_results(run_dir: Path) -> list[Ppl]:
 def budget(record: Task, chance: float) -> str:
     """What a job's learning curve (``Task.loss_curve``) says about the budget that would decide a claim it did not
     learn for: the training loss still falling at the step cap (``posenc.train.curves.loss_trend``, the rule
-    ``train.until.extend_to`` trains on by): more steps; flat at chance (AT_CHANCE x -ln ``chance``): more steps alone
-    are unlikely to help, another learning rate or head count; flat below chance (learned part of the task): another
+    ``train.until.extend_to`` trains on by): more steps; flat at chance (AT_CHANCE x -ln ``chance``): a plateau the
+    rule does not extend, so whether more steps help is untested (a plateau at chance can break late), or another
+    learning rate or head count; flat below chance (learned part of the task): another
     setting. "no loss curve in the records" when the record keeps fewer than 4
     logged steps (records before ``Task.loss_curve``)."""
     curve = record.loss_curve or []
@@ -318,7 +319,8 @@ def budget(record: Task, chance: float) -> str:
     if late >= AT_CHANCE * chance_loss:
         return (
             f"loss flat at chance at the step cap {cap} ({late:.3f}; ln {1 / chance:g} = {chance_loss:.3f}): "
-            "more steps alone unlikely, another learning rate or head count"
+            "a plateau, not extended (the rule extends a falling loss): more steps untested, or another learning "
+            "rate or head count"
         )
     return (
         f"loss flat at {late:.3f} at the step cap {cap} (chance {chance_loss:.3f}): "
