@@ -231,6 +231,20 @@ def test_non_finite_weights_are_refused_not_scored(runs, capsys):
         one_line_exit_2(capsys, argv, f"{path} holds non-finite weights (NaN or inf, first in ")
 
 
+@pytest.mark.slow
+def test_weights_cast_to_integers_are_refused_not_scored(runs, capsys):
+    """Weights cast to int64 loaded (load_state_dict casts back) and gave a perplexity of truncated weights."""
+    path = runs / "tr" / "model.safetensors"
+    save_file({k: v.to(torch.int64) for k, v in load_file(path).items()}, path)
+    assert main(["eval", str(runs / "tr")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"posenc: error: {path} holds ") and err.count("\n") == 1
+    assert err.endswith(
+        " as torch.int64 where the model has torch.float32: weights cast to another kind of number; "
+        "use the run's own file\n"
+    )
+
+
 def test_a_tiny_temperature_samples_the_argmax():
     """temperature 1e-39 turned the logits into inf - inf: "probability tensor contains either inf, nan"."""
     logits = torch.tensor([[1.0, 3.0, 2.0], [5.0, -1.0, 0.0]])

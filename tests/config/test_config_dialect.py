@@ -56,6 +56,7 @@ def test_the_shipped_presets_share_blocks_through_base():
         "quick": "default",
         "window": "default",
         "state-tracking": "retrieval",
+        "retrieval-matched": "retrieval",
     }
 
 

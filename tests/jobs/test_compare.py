@@ -135,3 +135,23 @@ def test_a_rerun_of_fewer_schemes_keeps_the_earlier_rows_in_preset_json(tmp_path
     record_run(root, load_preset("quick", {"schemes": ["nope", "rope"], "seeds": [2]}))
     saved = read_json(root / "preset.json")
     assert (saved["schemes"], saved["seeds"]) == (["rope", "alibi", "nope"], [0, 1, 2])
+    record_run(root, load_preset("quick", {"eval": {"multiples": [8]}}))  # quick's longest length kept: same text
+    assert read_json(root / "preset.json")["eval"]["multiples"] == [1, 2, 4, 8]
+
+
+def test_a_rerun_whose_lengths_score_other_text_is_refused(tiny_corpus, tmp_path, capsys):
+    """Every length scores the first (longest length) targets of each work: a rerun adding a longer length, or
+    dropping the longest, would report its records beside kept ones scored on other text (before: accepted, a ratio
+    of 1.004 where the same text gives 0.990)."""
+    from posenc.jobs.launcher import record_run
+
+    root = tmp_path / "quick"
+    record_run(root, load_preset("quick", {"train": {"corpus": str(tiny_corpus)}, "eval": {"multiples": [1, 2]}}))
+    argv = ["compare", "--preset", "quick", "--corpus", str(tiny_corpus), "--out", str(tmp_path), "--dry-run"]
+    for multiples, change in (("[1,2,4]", "64 -> 128"), ("[1]", "64 -> 32")):
+        assert main([*argv, "--set", f"eval.multiples={multiples}"]) == 2
+        assert capsys.readouterr().err == (
+            f"posenc: error: {root} holds results made with other settings (eval.span {change}); use another "
+            "--name or --out\n"
+        )
+    assert main([*argv, "--set", "eval.multiples=[2]"]) == 0  # the same text: the lengths are free

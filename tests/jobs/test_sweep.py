@@ -139,7 +139,6 @@ def test_rerun_with_other_settings_is_refused(corpus, tmp_path, monkeypatch):
         compare(changed, tmp_path / "runs", isolate=False)
     assert {p: p.read_bytes() for p in before} == before
     grown = tiny_preset(corpus, ["rope", "alibi"]).model_copy(deep=True)  # more cells, memory knobs: allowed
-    grown.eval.multiples = [1, 2, 4]
     grown.eval.far_mass.multiples = [2, 4]
     grown.eval.passkey.depths = [0.5, 0.9]
     grown.train.threads, grown.model.attn_block_size = 2, 8

@@ -157,7 +157,10 @@ def test_scoreboard_bad_input_is_one_line(tmp_path, capsys):
         (["report", str(text), "--scoreboard"], "the scoreboard needs a task comparison"),
         (["report", str(tasks), "--readme", str(tmp_path / "README.md")], f"{tmp_path / 'README.md'} has no {BEGIN}"),
         (["report", str(tasks), "--readme", str(tmp_path / "NO.md")], f"{tmp_path / 'NO.md'}: no such file to write"),
+        (["report", str(tasks), "--readme", str(tmp_path)], f"{tmp_path}: a directory, not a file, to write"),
+        (["report", str(tasks), "--readme", str(tmp_path / "bin.md")], f"{tmp_path / 'bin.md'} is not UTF-8 text"),
     ]
+    (tmp_path / "bin.md").write_bytes(b"\xff\xfe" + BEGIN.encode())  # before: a UnicodeDecodeError traceback
     for argv, message in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err

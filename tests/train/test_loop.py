@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import signal
 
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 import posenc.store.stamp
 import posenc.train.loop
 import posenc.train.precision
+import posenc.train.resume
 from posenc.data.corpora import load_tokens
 from posenc.errors import PosencError
 from posenc.model import ModelConfig, build_model
@@ -174,6 +178,37 @@ def test_a_warmup_longer_than_the_run_is_said_in_one_line(tmp_path, capsys, warm
     expected = "job: warmup 4 > steps 3: the learning rate rises for the whole run and never reaches lr 0.01"
     assert (expected in err.splitlines()) == said
     assert max(lr_at(s, cfg) for s in range(3)) == pytest.approx(1e-2 * min(1.0, 3 / warmup))
+
+
+def test_a_ctrl_c_during_a_checkpoint_is_held_until_both_files_are_written(tmp_path, monkeypatch):
+    """A second Ctrl-C between state.pt and the weights left them at different steps (a new-user pass: state.pt
+    at step 71, the weights at 60); it now lands after both."""
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stopped
+
+    model = torch.nn.Linear(3, 1)
+    ckpt = Checkpoint(
+        tmp_path, model.state_dict, torch.optim.AdamW(model.parameters()), key="trained", weights="w.safetensors"
+    )
+    save_torch = posenc.train.resume.save_torch
+
+    def save_then_ctrl_c(path, obj):
+        save_torch(path, obj)
+        os.kill(os.getpid(), signal.SIGINT)  # between the two files
+
+    monkeypatch.setattr(posenc.train.resume, "save_torch", save_then_ctrl_c)
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        with pytest.raises(Stopped):
+            ckpt.save(7)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert torch.load(tmp_path / "state.pt", weights_only=False)["step"] == 7
+    assert torch.equal(load_file(tmp_path / "w.safetensors")["weight"], model.weight.detach())
 
 
 # fine-tuning a pretrained model: the tiny saved Llama of conftest's llama_dir

@@ -23,6 +23,7 @@ from posenc.eval.diagnose import FarMassConfig
 from posenc.eval.passkey import PasskeyConfig
 from posenc.model import ModelConfig
 from posenc.rope import check_window, schedule_label, schedule_params
+from posenc.scoring import eval_lengths
 from posenc.store.presets import Seed, apply, distinct, read_preset, validated
 from posenc.train.batches import randomized_max
 from posenc.train.precision import machine_precision
@@ -542,8 +543,19 @@ def flatten(d: dict, prefix: str) -> dict[str, Any]:
     return out
 
 
+def eval_span(preset: Preset) -> int:
+    """The text a text comparison scores at every length: the first ``eval_span`` targets (its longest evaluation
+    length) of each held-out work it uses (``posenc.scoring.plan``), so ratios between lengths compare the same
+    tokens."""
+    return max(eval_lengths(preset.model.train_length, preset.eval.multiples))
+
+
 def settings(preset: Preset) -> dict[str, Any]:
-    """The settings every result of a run directory shares (model, training, evaluation), flattened."""
+    """The settings every result of a run directory shares (model, training, evaluation), flattened. The lengths
+    (``eval.multiples``) are free, but not the text they score: ``eval.span`` (:func:`eval_span`), so a rerun that
+    adds a longer length, or drops the longest, is told that its records would score other text than the kept
+    ones."""
     flat = flatten(preset.model_dump(mode="json", include={"model", "train", "eval", "task_eval"}), "")
     flat["train.precision"] = machine_precision(preset.train)  # "auto" compares as what it picks here
+    flat["eval.span"] = eval_span(preset)
     return {k: v for k, v in flat.items() if k not in FREE_SETTINGS}

@@ -27,6 +27,7 @@ from posenc.config.plan import (
     Preset,
     absolute_corpus,
     at_point,
+    eval_span,
     grid_points,
     job_configs,
     job_encoding,
@@ -66,11 +67,6 @@ from posenc.train.resume import read_log
 from posenc.train.rundir import check_trained_as, is_trained, load_run, steps_to_criterion
 from posenc.train.settings import TrainConfig
 from posenc.train.tracking import eval_metrics, task_metrics
-
-
-def span(preset: Preset) -> int:
-    """Every length scores the same text: the first (longest length) targets of each held-out work used."""
-    return max(eval_lengths(preset.model.train_length, preset.eval.multiples))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,13 +145,13 @@ class TextJob(_Trains):
         """(the preset, its tokens): bad input fails before anything is written; the
         held-out text must be long enough for the longest evaluation."""
         data = load_tokens(preset.train.corpus, preset.train.tokenizer)
-        window_starts(data.val_docs, span(preset), preset.eval.max_tokens, span=span(preset))
+        window_starts(data.val_docs, eval_span(preset), preset.eval.max_tokens, span=eval_span(preset))
         return preset, data
 
     @staticmethod
     def longest(preset: Preset) -> int:
         """The longest length a job evaluates."""
-        return span(preset)
+        return eval_span(preset)
 
     @staticmethod
     def report(plan: Plan, failures: dict[str, str], meta: dict) -> Path:
@@ -217,7 +213,7 @@ class TextJob(_Trains):
                     {"scheme": self.scheme, "seed": self.seed},
                     preset.eval.max_tokens,
                     preset.eval.batch_tokens,
-                    span=span(preset),
+                    span=eval_span(preset),
                     positions=randomized_max(tcfg.positions),
                 )
                 store.append(rec)
@@ -391,7 +387,9 @@ class _Evaluates(Job):
         ev, data = self.preset.eval, load_tokens(self.preset.train.corpus, self.preset.train.tokenizer)
         for L in self._missing(store):
             store.append(
-                evaluate_length(model, data.val_docs, L, fields, ev.max_tokens, ev.batch_tokens, span=span(self.preset))
+                evaluate_length(
+                    model, data.val_docs, L, fields, ev.max_tokens, ev.batch_tokens, span=eval_span(self.preset)
+                )
             )
 
 
@@ -598,8 +596,8 @@ def text_meta(preset: Preset, data, trained: dict[str, str] | None = None) -> di
         "seeds": preset.seeds,
         "eval": (
             "non-overlapping windows; every length scores the same text: "
-            f"the first {span(preset)} targets of each of the first "
-            f"{-(-preset.eval.max_tokens // span(preset))} held-out works"
+            f"the first {eval_span(preset)} targets of each of the first "
+            f"{-(-preset.eval.max_tokens // eval_span(preset))} held-out works"
         ),
         "descriptions": {s: encodings.describe(s, mcfg.dims(), **mcfg.encoding_params) for s in preset.schemes},
         "quantities": {q: {s: v[trained.get(s, s)] for s in preset.schemes} for q, v in values.items()},

@@ -370,17 +370,18 @@ ROWS = ("schemes", "seeds", "tasks", "eval_schedules", "eval_methods")  # what a
 
 def with_earlier_rows(preset: Preset, saved: Path) -> Preset:
     """``preset`` whose schemes, seeds, tasks and extension rows are those of the run's ``saved`` preset.json, in
-    their recorded order, then its own new ones (``preset`` unchanged when there is none): the records of an earlier
-    invocation stay described when a rerun names fewer. ``check_same_settings`` has read the file."""
+    their recorded order, then its own new ones, and whose evaluation lengths (``eval.multiples``) are both files'
+    (``preset`` unchanged when there is none): the records of an earlier invocation stay described when a rerun
+    names fewer. ``check_same_settings`` has read the file."""
     if not saved.exists():
         return preset
     earlier = read_json(saved)
-    return preset.model_copy(
-        update={
-            key: [*earlier.get(key, []), *(v for v in getattr(preset, key) if v not in earlier.get(key, []))]
-            for key in ROWS
-        }
-    )
+    rows = {
+        key: [*earlier.get(key, []), *(v for v in getattr(preset, key) if v not in earlier.get(key, []))]
+        for key in ROWS
+    }
+    multiples = sorted({*earlier.get("eval", {}).get("multiples", []), *preset.eval.multiples})
+    return preset.model_copy(update={**rows, "eval": preset.eval.model_copy(update={"multiples": multiples})})
 
 
 def finish_run(run_root: Path, stamp: dict, interrupted: bool = False) -> list[dict]:

@@ -256,11 +256,15 @@ def task_claims_markdown(text, task_runs: list[TaskRun]) -> str:
 
 def write_readme_block(path: Path, block: str) -> None:
     """Replace what lies between BEGIN and END in the file ``path`` by ``block`` (atomic). Raises PosencError when
-    the file is missing or lacks either marker."""
+    the file is missing, a directory, not UTF-8 text or lacks either marker."""
     path = Path(path)
     if not path.is_file():
-        raise PosencError(f"{path}: no such file to write the scoreboard into")
-    text = path.read_text(encoding="utf-8")
+        what = "a directory, not a file," if path.is_dir() else "no such file"
+        raise PosencError(f"{path}: {what} to write the scoreboard into")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise PosencError(f"{path} is not UTF-8 text: no README to write the scoreboard into") from None
     if BEGIN not in text or END not in text.partition(BEGIN)[2]:
         raise PosencError(f"{path} has no {BEGIN} ... {END} block to write the scoreboard into")
     before, _, rest = text.partition(BEGIN)

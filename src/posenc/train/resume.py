@@ -12,6 +12,7 @@ import torch
 
 from posenc.errors import PosencError
 from posenc.store.checkpoint import load_tensors, load_torch, read_jsonl, save_tensors, save_torch, write_jsonl
+from posenc.train.signals import held_signals
 
 
 @dataclasses.dataclass
@@ -30,9 +31,12 @@ class Checkpoint:
     metadata: dict[str, str] | None = None
 
     def save(self, step: int) -> None:
+        """Write ``state.pt`` and the weights of ``step``, Ctrl-C and SIGTERM held until both are written
+        (``posenc.train.signals.held_signals``)."""
         tensors = self.tensors()
-        save_torch(self.run_dir / "state.pt", {"step": step, self.key: tensors, "optimizer": self.opt.state_dict()})
-        save_tensors(self.run_dir / self.weights, tensors, self.metadata)
+        with held_signals():
+            save_torch(self.run_dir / "state.pt", {"step": step, self.key: tensors, "optimizer": self.opt.state_dict()})
+            save_tensors(self.run_dir / self.weights, tensors, self.metadata)
 
     def load(self) -> int:
         """Load ``state.pt`` into the tensors and the optimizer; returns its step (0 without one). Raises

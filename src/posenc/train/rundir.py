@@ -118,7 +118,8 @@ def load_text_run(run_dir: Path, command: str) -> tuple[LM, ModelConfig, TrainCo
     if not is_trained(run_dir):
         progress.note(
             f"posenc {command}: {run_dir} is unfinished: its weights are the checkpoint of step "
-            f"{checkpoint_step(run_dir)} of {tcfg.steps} (posenc train --resume resumes it)"
+            f"{checkpoint_step(run_dir)} of {tcfg.steps} (rerun what trained it to resume: posenc train --resume, "
+            "or its posenc compare)"
         )
     return model, mcfg, tcfg
 
