@@ -401,7 +401,7 @@ def check_same_settings(run_root: Path, preset: Preset) -> None:
     """Raise PosencError when ``run_root`` holds results made with other settings.
 
     Reruns skip what is finished, so mixing settings would label old results with
-    new settings; schemes, seeds, lengths and extension rows may be added.
+    new settings; schemes, seeds, lengths below the longest (``eval.span``) and extension rows may be added.
     """
     path = run_root / "preset.json"
     if not path.exists():
