@@ -196,7 +196,7 @@ def test_generate_rejects_an_empty_prompt_and_a_length_beyond_a_learned_table():
         model("rope").generate(torch.zeros(0, dtype=torch.long), 3)
     with pytest.raises(PosencError, match=f"exceed the learned position table of {T}"):
         model("learned").generate(torch.zeros(T - 2, dtype=torch.long), 3)
-    with pytest.raises(PosencError, match="integer token ids"):
+    with pytest.raises(PosencError, match="prompt token ids must be an int64 tensor, got torch.float32"):
         model("rope").generate(torch.ones(3), 2)
     with pytest.raises(PosencError, match=r"must lie in \[0, 256\), got \[-1, 300\]"):
         model("rope").generate(torch.tensor([-1, 300]), 2)

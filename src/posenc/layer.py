@@ -29,6 +29,7 @@ from posenc.encodings.base import (
     Inputs,
     batch_rows,
     check_crop_length,
+    check_int,
     check_pos,
     check_rows,
 )
@@ -233,9 +234,12 @@ def attend(
     v: (B, Hkv, T, Dv), unrotated; Hkv divides H (grouped-query attention: query
     head h uses key/value head h // (H / Hkv)). H and Dk must be those the scheme was
     prepared for (``prepared.encoding.dims``; partial rotary is the scheme's own
-    ``rotary_fraction``, not a wider head). ``block_size``: query rows per
-    bias tile. Raises PosencError for shapes that do not fit.
+    ``rotary_fraction``, not a wider head), and T the positions it was prepared at (``prepared.inp.pos``), Tq <= T.
+    ``block_size``: query rows per bias tile. Raises PosencError (one line) for a ``prepared`` that is not a
+    :class:`Prepared` (:func:`prepare`'s) and for shapes that do not fit.
     """
+    if not isinstance(prepared, Prepared):
+        raise PosencError(f"prepared must be a posenc.Prepared (posenc.prepare's), got {type(prepared).__name__}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
         raise PosencError(
             "q, k, v must be (B, H, T, D) with matching batch, heads and length; "
@@ -272,7 +276,14 @@ def bound_window(window: Window | None, offset: int, first: torch.Tensor | None)
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Prepared) -> None:
     """PosencError unless q has the heads and q, k (and v, for a scheme rotating values) the head dim that ``p``'s
-    phases and bias were built for: a wider head would silently rotate as partial rotary with other frequencies."""
+    phases and bias were built for (a wider head would silently rotate as partial rotary with other frequencies),
+    and k the positions they were built at, q at most as many (their last)."""
+    T = p.inp.pos.shape[0]
+    if k.shape[2] != T or q.shape[2] > T:
+        raise PosencError(
+            f"the scheme was prepared at {T} positions; got k, v of {k.shape[2]} and q of {q.shape[2]} (k, v need "
+            f"all {T}, q at most {T})"
+        )
     dims = p.encoding.dims
     given = {"q": q.shape[-1], "k": k.shape[-1], **({"v": v.shape[-1]} if p.rotate_v else {})}
     if set(given.values()) != {dims.head_dim}:
@@ -409,10 +420,19 @@ def _padding(attention_mask, positions: torch.Tensor | None, x: torch.Tensor) ->
     return padding_starts(attention_mask, x.shape[0], x.shape[1], x.device)
 
 
-def _check_x(x: torch.Tensor, d_model: int | None = None) -> torch.Tensor:
+def _check_x(x: torch.Tensor, d_model: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x as given; PosencError (one line) unless it is a floating (batch, T, d_model) tensor, T >= 1 (d_model: any
+    width where None), of ``dtype`` where given (a layer's weights': the projection would raise a raw dtype
+    mismatch; not checked under autocast, which casts)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise PosencError(
+            f"x must be a floating tensor, got {x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}"
+        )
     if x.dim() != 3 or x.shape[1] == 0 or (d_model is not None and x.shape[2] != d_model):
         want = d_model if d_model is not None else "d_model"
         raise PosencError(f"x must be (batch, T, {want}) with T >= 1, got shape {tuple(x.shape)}")
+    if dtype is not None and x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise PosencError(f"x is {x.dtype} but the layer's weights are {dtype}: cast x (x.to) or the layer (.to)")
     return x
 
 
@@ -452,8 +472,9 @@ class Attention(nn.Module):
     the entry of a per-layer pattern (``rope|nope``) and the random-step seed offset;
     block_size: query rows per bias tile; params: the scheme's parameters, with a spec
     (as its ``:k=v`` parts); seed: the run's seed, from which a scheme that draws at random
-    derives its draws (``Dims.seed``). Projections have no bias. Raises PosencError for sizes below 1
-    (``n_kv_head=0`` too) or that do not divide, an invalid spec, an additive scheme, params with an Encoding, or an
+    derives its draws (``Dims.seed``). Projections have no bias. Raises PosencError (one line) for sizes (d_model,
+    n_head, n_kv_head, block_size) that are not integers >= 1 (``n_kv_head=0`` too) or do not divide, an invalid
+    spec, an additive scheme, params that are not a dict or given with an Encoding, or an
     Encoding whose class's flags disagree with the hooks it implements
     (``posenc.encodings.registry.check_capabilities``, what ``register`` checks); at the first forward or cached
     step, for a hook that gives a value under its flag left False (a flag in ``instance_flags`` the constructor
@@ -476,8 +497,10 @@ class Attention(nn.Module):
     ):
         super().__init__()
         kv = n_head if n_kv_head is None else n_kv_head  # 0 is refused below, not taken for None
-        if min(d_model, n_head, kv) < 1:  # before the modulo below divides by them
-            raise PosencError(f"d_model, n_head and n_kv_head must be >= 1, got {d_model}, {n_head}, {kv}")
+        for name, value in (("d_model", d_model), ("n_head", n_head), ("n_kv_head", kv), ("block_size", block_size)):
+            check_int(value, name, 1)  # before the modulo below divides by them
+        if params is not None and not isinstance(params, dict):
+            raise PosencError(f"params must be a dict of the scheme's parameters, got {type(params).__name__}")
         if not isinstance(scheme, (str, Encoding)):
             raise PosencError(
                 f"scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got {type(scheme).__name__}"
@@ -601,10 +624,10 @@ class Attention(nn.Module):
         with it): a row's outputs at its tokens equal the row alone's, or PosencError
         (one line) where the layer cannot give them (an inference method, a
         length-dependent schedule over rows of different lengths). Raises
-        PosencError for bad shapes, positions that are not a tensor, a cache that is not a LayerCache, or a mask
-        ``padding_starts`` refuses.
+        PosencError for bad shapes, an x that is not floating or not of the layer's dtype (``_check_x``), positions
+        that are not a tensor, a cache that is not a LayerCache, or a mask ``padding_starts`` refuses.
         """
-        _check_x(x, self.d_model)
+        _check_x(x, self.d_model, self.qkv.weight.dtype)
         if cache is not None:
             return self.decode(x, cache, positions, tokens, attention_mask)
         first = _padding(attention_mask, positions, x)
@@ -629,8 +652,10 @@ class Attention(nn.Module):
         (``Encoding.length_key``: RoPE's dynamic NTK and LongRoPE schedules): past their switch every
         cached input of a deeper layer would be stale, and one layer cannot re-run the layers below it
         (``posenc.model.LM.decode`` does; or run the parallel forward over the whole sequence), and for a cache
-        that is not a :class:`LayerCache` (``posenc.model.Cache`` is a whole model's).
+        that is not a :class:`LayerCache` (``posenc.model.Cache`` is a whole model's), and for an x ``forward``
+        refuses.
         """
+        _check_x(x, self.d_model, self.qkv.weight.dtype)
         if not isinstance(cache, LayerCache):
             raise PosencError(f"cache must be a posenc.LayerCache (one per layer), got {type(cache).__name__}")
         if self.enc.length_key(cache.length + x.shape[1]) is not None:

@@ -163,8 +163,8 @@ def parse(spec: str, train_length: int) -> Method:
     ``sinks:n_sink=4,window=252``, ``dual-chunk:chunk=88,local=8``). Defaults: window = train_length // 2
     (Self-Extend), train_length (LM-Infinite: L_pretrain), train_length - n_sink (sinks: the cache holds the
     training length); dual-chunk local = L // 16 and chunk = 3L // 4 - local (ChunkLlama's). Raises PosencError
-    (one line) for an unknown name or parameter, or a value out of range (group, window, chunk >= 1 integers;
-    n_global, n_sink, local >= 0 integers)."""
+    (one line) for a spec that is not a str, an unknown name or parameter, or a value out of range (group, window,
+    chunk >= 1 integers; n_global, n_sink, local >= 0 integers)."""
     name, given = split_part(spec, "method")
     if name not in PARAMETERS:
         raise PosencError(f"unknown method {name!r} (methods: {', '.join(PARAMETERS)})")

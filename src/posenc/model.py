@@ -356,10 +356,15 @@ def _zero_padding(h: torch.Tensor, pos: torch.Tensor, first: torch.Tensor | None
 
 
 class LM(nn.Module):
-    """Decoder-only language model. ``forward(tokens)`` (B, T) int64 -> logits (B, T, vocab) (PosencError for
-    ids outside the vocabulary)."""
+    """Decoder-only language model of a ``ModelConfig`` (PosencError, one line, for another type: ``build_model``
+    takes a dict). ``forward(tokens)`` (B, T) int64 -> logits (B, T, vocab) (PosencError for ids outside the
+    vocabulary)."""
 
     def __init__(self, cfg: ModelConfig):
+        if not isinstance(cfg, ModelConfig):
+            raise PosencError(
+                f"LM takes a ModelConfig (build_model takes a dict of its settings too), got {type(cfg).__name__}"
+            )
         super().__init__()
         self.cfg = cfg
         encodings.check_layer_count(cfg.encoding, cfg.n_layer)  # no draw: the initial weights stay the same
@@ -477,13 +482,15 @@ class LM(nn.Module):
         old ones): exact, at the cost of a parallel forward of the prefix.
         attention_mask: (B, n) left padding of a batch of prompts (as ``forward``), at the first step only (the
         cache keeps it: later steps' tokens are each row's next ones); each row's logits equal the row alone's.
-        Raises PosencError for a bad shape, token ids outside the vocabulary, a
-        cache of another number of layers or batch size, a length beyond a learned position table, or a mask
-        ``forward`` refuses or given after the first step.
+        Raises PosencError for a bad shape, token ids that are not int64 or lie outside the vocabulary, a cache
+        that is not a :class:`Cache` or of another number of layers or batch size, a length beyond a learned
+        position table, or a mask ``forward`` refuses or given after the first step.
         """
         if tokens.dim() != 2 or tokens.shape[1] == 0:
             raise PosencError(f"tokens must be (batch, n) with n >= 1, got shape {tuple(tokens.shape)}")
         check_ids(tokens, self.cfg.vocab_size, "token ids")  # before the cache's prefix joins them
+        if not isinstance(cache, Cache):
+            raise PosencError(f"cache must be a posenc.model.Cache (one per model), got {type(cache).__name__}")
         if len(cache.layers) != len(self.blocks):
             raise PosencError(
                 f"the cache has {len(cache.layers)} layers, the model {len(self.blocks)}: use Cache({len(self.blocks)})"
@@ -539,8 +546,8 @@ class LM(nn.Module):
         seed: int | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The prompt (B, T) or (T,) int64 (a tensor or a list) followed by ``max_new_tokens`` sampled tokens:
-        (B, T + n) or (T + n,).
+        """The prompt (B, T) or (T,) int64 (a tensor, or a list of ints) followed by ``max_new_tokens`` sampled
+        tokens: (B, T + n) or (T + n,) int64.
 
         temperature 0 is greedy; top_k keeps the k most likely tokens; seed makes
         sampling reproducible. Runs in evaluation mode (fixed random draws) with
@@ -548,9 +555,10 @@ class LM(nn.Module):
         different lengths (``pad_left`` builds both), as ``forward``: each row's tokens
         are those it would get alone (greedy; sampled rows draw from one generator in
         batch order), its padding kept at the left of the result. Raises PosencError
-        for an empty prompt, a bad argument (a seed outside [0, 2^64)) or a mask ``forward`` refuses.
+        for an empty prompt, ids that are not int64 or lie outside the vocabulary (``check_ids``), a bad argument
+        (``check_sampling``: a seed that is not an integer in [0, 2^64)) or a mask ``forward`` refuses.
         """
-        check_sampling(max_new_tokens, temperature, top_k)
+        check_sampling(max_new_tokens, temperature, top_k, seed)
         if not isinstance(prompt_ids, torch.Tensor):  # a list of ids is as good as a tensor; checked below
             try:
                 prompt_ids = torch.as_tensor(prompt_ids, device=self.tok.weight.device)
@@ -560,21 +568,15 @@ class LM(nn.Module):
                 ) from None
         flat = prompt_ids.dim() == 1
         ids = prompt_ids[None] if flat else prompt_ids
-        if ids.dim() != 2 or ids.shape[1] == 0 or ids.is_floating_point() or ids.is_complex():
+        if ids.dim() != 2 or ids.shape[1] == 0:
             raise PosencError(
-                "the prompt must be (T,) or (batch, T) integer token ids, T >= 1; "
-                f"got shape {tuple(prompt_ids.shape)}, {prompt_ids.dtype}"
+                f"the prompt must be (T,) or (batch, T) token ids, T >= 1; got shape {tuple(prompt_ids.shape)}"
             )
-        if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
-            raise PosencError(
-                f"prompt token ids must lie in [0, {self.cfg.vocab_size}), got [{int(ids.min())}, {int(ids.max())}]"
-            )
+        check_ids(ids, self.cfg.vocab_size, "prompt token ids")
         mask = attention_mask[None] if flat and isinstance(attention_mask, torch.Tensor) else attention_mask
         first = padding_starts(mask, ids.shape[0], ids.shape[1], ids.device)
         self.check_length(ids.shape[1] - (0 if first is None else int(first.min())) + max_new_tokens)
         self._check_padded_steps(first, ids.shape[1], max_new_tokens)
-        if seed is not None and not 0 <= seed < 2**64:
-            raise PosencError(f"seed must be in [0, 2^64) (a torch generator's), got {seed}")
         gen = None if seed is None else torch.Generator(ids.device).manual_seed(seed)
         was_training, cache, out = self.training, Cache(len(self.blocks)), [ids]
         self.eval()
@@ -653,16 +655,23 @@ def pad_left(prompts: Sequence[Sequence[int] | torch.Tensor], pad_id: int = 0) -
     """Prompts of different lengths (token id lists or (T_i,) int64 tensors) as one left-padded batch, as
     transformers' tokenizers pad for generation: (ids (B, T) int64 with ``pad_id`` before each row's tokens,
     attention_mask (B, T) int64, 1 at the tokens), T the longest prompt, for ``LM.forward``, ``decode`` and
-    ``generate``. PosencError (one line) for no prompts, an empty one or a ``pad_id`` that is not an integer >= 0
-    (a token id)."""
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
-        raise PosencError(f"pad_id must be an integer >= 0 (a token id), got {pad_id!r}")
+    ``generate``. PosencError (one line) for no prompts, an empty one, one that is not 1-D or not ids ``check_ids``
+    takes (int64, >= 0: not floats, which would be truncated) or a ``pad_id`` that is not an integer in [0, 2^63)
+    (a token id, an int64)."""
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < 2**63:
+        raise PosencError(f"pad_id must be an integer in [0, 2^63) (a token id), got {pad_id!r}")
     try:
-        rows = [torch.as_tensor(p, dtype=torch.int64).reshape(-1) for p in prompts]
-    except (TypeError, ValueError, RuntimeError):
+        rows = [torch.as_tensor(p) for p in prompts]
+    except (TypeError, ValueError, RuntimeError, OverflowError):
         raise PosencError("pad_left takes a list of prompts, each a list of token ids (ints) or a tensor") from None
-    if not rows or min(len(r) for r in rows) == 0:
+    if not rows or any(r.dim() == 1 and len(r) == 0 for r in rows):
         raise PosencError("pad_left needs at least one prompt, each of at least one token")
+    for i, r in enumerate(rows):
+        if r.dim() != 1:
+            raise PosencError(
+                f"each prompt must be a (T,) list or tensor of token ids; prompt {i} has shape {tuple(r.shape)}"
+            )
+        check_ids(r, None, f"prompt {i}'s token ids")
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.int64)
     mask = torch.zeros(len(rows), T, dtype=torch.int64)
@@ -732,11 +741,11 @@ def build_model(config: ModelConfig | dict) -> LM:
 MAX_NEW_TOKENS = 1 << 20  # the most tokens one generate call produces (1,048,576): about a day on one CPU thread
 
 
-def check_sampling(max_new_tokens, temperature, top_k) -> None:
+def check_sampling(max_new_tokens, temperature, top_k, seed=None) -> None:
     """PosencError (one line) unless ``max_new_tokens`` is an integer in [0, ``MAX_NEW_TOKENS``], ``temperature`` a
-    number (an int or float, not a bool), finite and >= 0 (0: greedy) and ``top_k`` None or an integer >= 1 (not a
-    bool): the generation settings of ``LM.generate``, of pretrained models' (``posenc.hf.generation``) and of
-    ``posenc generate``."""
+    number (an int or float, not a bool), finite and >= 0 (0: greedy), ``top_k`` None or an integer >= 1 (not a
+    bool) and ``seed`` None or an integer in [0, 2^64) (what a torch generator takes; not a bool): the generation
+    settings of ``LM.generate``, of pretrained models' (``posenc.hf.generation``) and of ``posenc generate``."""
     if not (isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 0):
         raise PosencError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if max_new_tokens > MAX_NEW_TOKENS:
@@ -749,13 +758,15 @@ def check_sampling(max_new_tokens, temperature, top_k) -> None:
         raise PosencError(f"temperature must be finite and >= 0, got {temperature!r}")
     if top_k is not None and not (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1):
         raise PosencError(f"top_k must be an integer >= 1, got {top_k!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
+        raise PosencError(f"seed must be an integer in [0, 2^64) (a torch generator's) or None, got {seed!r}")
 
 
 def set_method(model: LM, spec: str | None) -> methods.Method | None:
     """Apply the inference method ``spec`` (``posenc.methods.parse``: ``self-extend:group=4,window=64``,
     ``lm-infinite``, ``sinks:n_sink=4,window=60``) to every layer of ``model`` in place (None: none); returns the
-    Method (``label()``: its spec with every parameter), or None. PosencError (one line) for a bad spec or a
-    scheme it does not apply to (every layer is checked before any changes)."""
+    Method (``label()``: its spec with every parameter), or None. PosencError (one line) for a bad spec (or one
+    that is not a str) or a scheme it does not apply to (every layer is checked before any changes)."""
     method = None if spec is None else methods.parse(spec, model.cfg.train_length)
     if method is not None:
         for block in model._blocks:

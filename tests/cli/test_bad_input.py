@@ -14,7 +14,7 @@ from posenc.attention import attention
 from posenc.cli.main import main
 from posenc.encodings.base import Dims
 from posenc.errors import PosencError
-from posenc.model import Cache, pad_left
+from posenc.model import Cache, pad_left, set_method
 
 DIMS = Dims(n_head=2, head_dim=8, d_model=16, vocab_size=256, train_length=16)
 
@@ -276,7 +276,7 @@ def decoded_cache(**config) -> Cache:
 @pytest.mark.parametrize(
     "make,message",
     [
-        (lambda: posenc.Attention(64, 0), "d_model, n_head and n_kv_head must be >= 1, got 64, 0, 0"),
+        (lambda: posenc.Attention(64, 0), "n_head must be an integer >= 1, got 0"),
         (
             lambda: posenc.Attention(64, 4, scheme=None),
             "scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got NoneType",
@@ -297,7 +297,7 @@ def decoded_cache(**config) -> Cache:
         ),
         (
             lambda: build_model({"n_layer": 1, "d_model": 16, "n_head": 2})(torch.zeros(1, 4)),  # RuntimeError
-            "token ids must be an integer tensor, got torch.float32",
+            "token ids must be an int64 tensor, got torch.float32",
         ),
         (lambda: build_model({"mlp": "relu"}), "invalid model config: mlp must be one of gelu, swiglu, got 'relu'"),
         (
@@ -380,7 +380,7 @@ def decoded_cache(**config) -> Cache:
         ),
         # accepted before (issue 59): n_kv_head 0 taken for None, caches of no layers or a negative capacity, a
         # reorder row outside a batch of 1 (kept unseen), a pattern's entry another layer takes
-        (lambda: posenc.Attention(32, 4, n_kv_head=0), "d_model, n_head and n_kv_head must be >= 1, got 32, 4, 0"),
+        (lambda: posenc.Attention(32, 4, n_kv_head=0), "n_kv_head must be an integer >= 1, got 0"),
         *[
             (lambda n=n: Cache(n), f"a Cache's n_layer must be an integer >= 1 (the model's layers), got {n}")
             for n in (-1, 0)
@@ -412,7 +412,7 @@ def decoded_cache(**config) -> Cache:
         ),
         # accepted before (issue 59): a negative pad id, a temperature that is no number (a raw TypeError from
         # math.isfinite) or a bool, a size past 2^31 (said "not divisible" by the heads, or taken)
-        (lambda: pad_left([[1, 2], [3]], pad_id=-1), "pad_id must be an integer >= 0 (a token id), got -1"),
+        (lambda: pad_left([[1, 2], [3]], pad_id=-1), "pad_id must be an integer in [0, 2^63) (a token id), got -1"),
         *[
             (
                 lambda t=t: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate([1, 2], 2, temperature=t),
@@ -427,6 +427,102 @@ def decoded_cache(**config) -> Cache:
             )
             for d in (10**23, 2**31)
         ],
+        # raw errors from deep inside torch before (issue 59, api pass): a seed of another type (a TypeError, a
+        # RuntimeError from manual_seed), ids the embedding cannot take, a pad id past int64 (an OverflowError) and
+        # prompts pad_left silently truncated (floats), flattened (2-D) or took (negative ids), Attention sizes that
+        # are no integers (a TypeError, a ValueError from range or torch.cat), an int or float64 x, attend over
+        # other positions (a RuntimeError from expand) or without prepared hooks, specs, caches and configs of
+        # another type (a TypeError or AttributeError), an empty reorder index (a cache of batch size 0)
+        *[
+            (
+                lambda s=s: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate([1, 2], 2, seed=s),
+                f"seed must be an integer in [0, 2^64) (a torch generator's) or None, got {s!r}",
+            )
+            for s in ("a", 1.5, True, -1)
+        ],
+        *[
+            (
+                lambda d=d: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).generate(
+                    torch.tensor([1, 2], dtype=d), 2
+                ),
+                f"prompt token ids must be an int64 tensor, got {d}",
+            )
+            for d in (torch.uint8, torch.int32, torch.float32)
+        ],
+        (
+            lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16})(torch.ones(1, 2, dtype=torch.uint8)),
+            "token ids must be an int64 tensor, got torch.uint8",
+        ),
+        (
+            lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).decode(
+                torch.ones(1, 2, dtype=torch.int16), Cache(1)
+            ),
+            "token ids must be an int64 tensor, got torch.int16",
+        ),
+        *[
+            (
+                lambda p=p: pad_left([[1, 2], [3]], pad_id=p),
+                f"pad_id must be an integer in [0, 2^63) (a token id), got {p}",
+            )
+            for p in (10**30, 2**63)
+        ],
+        (lambda: pad_left([[1.5, 2.7]]), "prompt 0's token ids must be an int64 tensor, got torch.float32"),
+        (
+            lambda: pad_left([[1], [[1, 2], [3, 4]]]),
+            "each prompt must be a (T,) list or tensor of token ids; prompt 1 has shape (2, 2)",
+        ),
+        (lambda: pad_left([1, 2]), "each prompt must be a (T,) list or tensor of token ids; prompt 0 has shape ()"),
+        (lambda: pad_left([[3], [-5, 2]]), "prompt 1's token ids must be >= 0, got [-5, 2]"),
+        *[(lambda d=d: posenc.Attention(d, 4), f"d_model must be an integer >= 1, got {d!r}") for d in ("64", 64.0)],
+        *[
+            (lambda b=b: posenc.Attention(64, 4, "alibi", block_size=b), f"block_size must be an integer >= 1, got {b}")
+            for b in (0, -1)
+        ],
+        (
+            lambda: posenc.Attention(64, 4, "rope", params=[1]),
+            "params must be a dict of the scheme's parameters, got list",
+        ),
+        (
+            lambda: posenc.Attention(32, 2, "rope")(torch.ones(1, 3, 32, dtype=torch.long)),
+            "x must be a floating tensor, got torch.int64",
+        ),
+        *[
+            (
+                lambda c=c: posenc.Attention(32, 2, "rope")(torch.randn(1, 3, 32, dtype=torch.float64), cache=c),
+                "x is torch.float64 but the layer's weights are torch.float32: cast x (x.to) or the layer (.to)",
+            )
+            for c in (None, posenc.LayerCache())
+        ],
+        (
+            lambda: posenc.attend(
+                *torch.randn(3, 1, 4, 5, 16), posenc.prepare("alibi", torch.randn(1, 4, 64), n_head=4)
+            ),
+            "the scheme was prepared at 4 positions; got k, v of 5 and q of 5 (k, v need all 4, q at most 4)",
+        ),
+        (
+            lambda: posenc.attend(*torch.randn(3, 1, 4, 4, 16), None),
+            "prepared must be a posenc.Prepared (posenc.prepare's), got NoneType",
+        ),
+        (
+            lambda: set_method(build_model({"n_layer": 1, "n_head": 2, "d_model": 16}), 123),
+            "a method spec is a string, got int 123",
+        ),
+        (
+            lambda: build_model({"n_layer": 1, "n_head": 2, "d_model": 16}).decode(torch.tensor([[1, 2]]), "x"),
+            "cache must be a posenc.model.Cache (one per model), got str",
+        ),
+        (
+            lambda: posenc.LM("rope"),
+            "LM takes a ModelConfig (build_model takes a dict of its settings too), got str",
+        ),
+        (
+            lambda: decoded_cache().reorder(torch.tensor([], dtype=torch.long)),
+            "a reorder index must select at least one row, got none",
+        ),
+        (
+            lambda: posenc.LayerCache().reorder(torch.tensor([], dtype=torch.long)),
+            "a reorder index must select at least one row, got none",
+        ),
     ],
 )
 def test_python_api_bad_arguments_are_one_line(make, message):

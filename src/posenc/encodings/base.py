@@ -94,9 +94,14 @@ class Dims:
             ("layer_index", 0),
             ("seed", 0),
         ):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
-                raise PosencError(f"{name} must be an integer >= {least}, got {value!r}")
+            check_int(getattr(self, name), name, least)
+
+
+def check_int(value, name: str, least: int) -> None:
+    """PosencError (one line) unless ``value`` is an int (not a bool) >= ``least``: a size or count of the public
+    API (``Dims``', ``posenc.Attention``'s)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise PosencError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 @dataclasses.dataclass
@@ -131,19 +136,21 @@ class Inputs:
         return None if self.first is None else self.pos[None] >= self.first[:, None]
 
 
-def check_ids(ids: torch.Tensor, vocab_size: int, what: str) -> None:
-    """PosencError unless every id lies in [0, vocab_size) (the embedding and the loss would raise a raw
-    IndexError, or assert on the device). One host sync; skipped while torch.compile traces, as a graph cannot
-    raise on a value (the eager forward checks); also for ids that are not an integer tensor (the embedding's
-    RuntimeError)."""
-    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+def check_ids(ids: torch.Tensor, vocab_size: int | None, what: str) -> None:
+    """PosencError (one line) unless ``ids`` is an int64 tensor (the only dtype both the embedding and the loss
+    take: another is a raw RuntimeError from one of them, and a uint8 index a mask to a scheme's table) of
+    ids in [0, vocab_size) (None: >= 0; the embedding and the loss would raise a raw IndexError, or assert on the
+    device). One host sync; the range is skipped while torch.compile traces, as a graph cannot raise on a value (the
+    eager forward checks)."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64:
         what_type = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise PosencError(f"{what} must be an integer tensor, got {what_type}")
+        raise PosencError(f"{what} must be an int64 tensor, got {what_type}")
     if torch.compiler.is_compiling() or ids.numel() == 0:
         return
     lo, hi = torch.stack(torch.aminmax(ids)).tolist()
-    if lo < 0 or hi >= vocab_size:
-        raise PosencError(f"{what} must lie in [0, {vocab_size}), got [{lo}, {hi}]")
+    if lo < 0 or (vocab_size is not None and hi >= vocab_size):
+        span = "be >= 0" if vocab_size is None else f"lie in [0, {vocab_size})"
+        raise PosencError(f"{what} must {span}, got [{lo}, {hi}]")
 
 
 def check_pos(pos, n: int | None = None) -> None:
@@ -176,13 +183,16 @@ def check_crop_length(length, held: int) -> None:
 
 
 def check_rows(index, batch: int | None) -> None:
-    """PosencError (one line) unless ``index`` is a (B',) integer tensor of rows of a batch of ``batch`` (None: no
-    batch yet, any row): what a cache's ``reorder`` checks before any part changes (a row past the batch would be
-    an IndexError, or kept unseen where a part broadcasts a batch of 1). One host sync."""
+    """PosencError (one line) unless ``index`` is a (B',) integer tensor, B' >= 1, of rows of a batch of ``batch``
+    (None: no batch yet, any row): what a cache's ``reorder`` checks before any part changes (a row past the batch
+    would be an IndexError, or kept unseen where a part broadcasts a batch of 1; no row, a cache of batch size 0
+    that the next step refuses). One host sync."""
     if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.dtype not in (torch.int64, torch.int32):
         what = f"shape {tuple(index.shape)} {index.dtype}" if isinstance(index, torch.Tensor) else type(index).__name__
         raise PosencError(f"a reorder index must be a (rows,) int64 tensor, got {what}")
-    if batch is not None and index.numel():
+    if index.numel() == 0:
+        raise PosencError("a reorder index must select at least one row, got none")
+    if batch is not None:
         lo, hi = torch.stack(torch.aminmax(index)).tolist()
         if lo < 0 or hi >= batch:
             raise PosencError(f"reorder index rows must lie in [0, {batch}) (the cached batch), got [{lo}, {hi}]")

@@ -287,7 +287,9 @@ def _value(text: str) -> Any:
 
 
 def split_part(part: str, kind: str = "scheme") -> tuple[str, dict[str, Any]]:
-    """``NAME:k=v,k=v`` -> (NAME, {k: v}); PosencError naming a ``kind`` spec (scheme, task) if malformed."""
+    """``NAME:k=v,k=v`` -> (NAME, {k: v}); PosencError naming a ``kind`` spec (scheme, task, method) if malformed
+    or not a str (``check_spec``)."""
+    check_spec(part, kind)
     if any(c.isspace() for c in part):
         raise PosencError(f"{kind} spec {part!r} contains whitespace")
     name, colon, args = part.partition(":")
@@ -308,10 +310,12 @@ def split_part(part: str, kind: str = "scheme") -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def check_spec(spec: Any) -> None:
-    """PosencError (one line) unless ``spec`` is a str: what every reading of a scheme spec checks first."""
+def check_spec(spec: Any, kind: str = "scheme") -> None:
+    """PosencError (one line) unless ``spec`` is a str: what every reading of a ``kind`` spec (scheme, method,
+    task) checks first."""
     if not isinstance(spec, str):
-        raise PosencError(f"a scheme spec is a string (see `posenc list`), got {type(spec).__name__} {spec!r}")
+        hint = " (see `posenc list`)" if kind == "scheme" else ""
+        raise PosencError(f"a {kind} spec is a string{hint}, got {type(spec).__name__} {spec!r}")
 
 
 def _split_spec(spec: str) -> list[str]:

@@ -47,14 +47,14 @@ def generate(
     from the ``top_k`` most likely tokens (None: all; no nucleus cut, no penalty: the model's generation
     defaults are not used), reproducibly with ``seed`` (torch's global generator). Stops after the first
     ``eos_token_id`` (an id or list; None or []: never, not the model's own EOS). KV cache as
-    :func:`exact_with_cache` says. Raises PosencError for bad settings (``posenc.model.check_sampling``, an
-    ``eos_token_id`` that is not ids) or an empty prompt, and as the adaptation's forward does.
+    :func:`exact_with_cache` says. Raises PosencError for bad settings (``posenc.model.check_sampling``: the seed
+    too, an ``eos_token_id`` that is not ids) or an empty prompt, and as the adaptation's forward does.
     """
     from transformers import GenerationConfig  # optional dependency (posenc[pretrained])
 
     from posenc.hf.sink_cache import sink_cache  # imports transformers
 
-    check_sampling(max_new_tokens, temperature, top_k)
+    check_sampling(max_new_tokens, temperature, top_k, seed)
     stop = _stop_ids(eos_token_id)
     if ids.dim() != 1 or ids.numel() == 0:
         raise PosencError(f"the prompt must be one non-empty row of token ids, got shape {tuple(ids.shape)}")
