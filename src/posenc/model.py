@@ -717,6 +717,52 @@ def check_fits(cfg: ModelConfig) -> None:
         )
 
 
+# Bytes one training step keeps per element of (batch rows, train_length, d_model) in each layer, at least: both
+# normalisations of a (pre-norm) layer keep their input, the float32 residual stream (float32 under bf16 autocast
+# too: the master weights are float32 and the residual sum promotes), for the backward. Two float32 copies; the
+# rest a step keeps (q, k, v, the attention output, the MLP's hidden units, the logits) is left out, so the bound
+# never refuses a batch that fits.
+ACTIVATION_BYTES = 2 * 4
+
+
+def device_memory(device: torch.device | None) -> float:
+    """Bytes of memory tensors on ``device`` live in: a CUDA device's own, else this machine's (:func:`physical_memory`;
+    MPS shares it)."""
+    if device is not None and device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    return physical_memory()
+
+
+def score_tile_bytes(cfg: ModelConfig) -> float:
+    """Bytes of the one score tile a training step of ``cfg`` surely holds at once: with a score bias and a
+    ``train_length`` past ``attn_block_size``, the chunked path (``posenc.attention.attention``) masks each query
+    block with a (B|1, n_head, block, keys) float32 tile, the first block's keys ``block`` (no batch factor: a bias
+    may broadcast over the rows); else 0 (SDPA's fused kernels, and the fused separable path, tile the scores
+    themselves, so no B x n_head x T x T tensor is sure to exist)."""
+    biased = any(cls.has_bias for entry in encodings.layer_pattern(cfg.encoding) for cls, _ in encodings.parts(entry))
+    block = cfg.attn_block_size
+    return 4.0 * cfg.n_head * block * block if biased and cfg.train_length > block else 0.0
+
+
+def check_batch_fits(cfg: ModelConfig, batch_size: int, rows: int, device: torch.device | None = None) -> None:
+    """PosencError (one line naming ``train.batch_size`` and the estimate) for a training batch whose activations
+    cannot fit the memory of ``device`` (:func:`device_memory`), judged by a lower bound of one step's: ``rows`` (this
+    process's rows of the global ``batch_size``) x train_length x d_model x n_layer x ``ACTIVATION_BYTES``, plus
+    :func:`score_tile_bytes`; before any is allocated, so the run is refused in a line, not killed for memory."""
+    tile = score_tile_bytes(cfg)
+    need = float(rows * cfg.train_length * cfg.d_model * cfg.n_layer) * ACTIVATION_BYTES + tile
+    have = device_memory(device)
+    if need > have:
+        where = "this machine" if device is None or device.type != "cuda" else str(device)
+        per = f"{rows:,} rows" if rows == batch_size else f"{rows:,} rows of it per process"
+        scores = f", and a {tile / 2**20:,.0f} MiB score tile" if tile else ""
+        raise PosencError(
+            f"train.batch_size={batch_size} needs at least {need / 2**30:,.1f} GiB of activations per training step "
+            f"({per} x train_length {cfg.train_length} x d_model {cfg.d_model} x n_layer {cfg.n_layer} x "
+            f"{ACTIVATION_BYTES} bytes{scores}); {where} has {have / 2**30:,.1f} GiB: lower train.batch_size"
+        )
+
+
 def build_model(config: ModelConfig | dict) -> LM:
     """Build an LM from a ModelConfig or a dict of its settings; a one-line PosencError if the dict is invalid
     (not a dict, an unknown key, a value ModelConfig refuses)."""

@@ -488,3 +488,77 @@ def test_an_output_at_a_broken_link_says_so(tmp_path, capsys):
     argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "1", "--out", str(link)]
     one_line_exit_2(capsys, argv, f"cannot create output directory {link}: {link} is a broken symbolic link")
     assert link.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+BATCH_ARGV = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "2", "--device", "cpu"]
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_batch_too_large_for_the_machine_is_refused_before_the_run_directory(tmp_path, capsys, monkeypatch, dry_run):
+    """train.batch_size=1e8 passed validation and was killed for memory (exit 137, no error line), leaving a run
+    directory of config.json and train.jsonl only."""
+    import posenc.model
+
+    monkeypatch.setattr(posenc.model, "physical_memory", lambda: 16.0 * 2**30)
+    out = tmp_path / "D"
+    one_line_exit_2(
+        capsys,
+        [*BATCH_ARGV, "--out", str(out), "--set", "train.batch_size=100000000", *dry_run],
+        # 1e8 rows x 32 tokens x 64 features x 2 layers x 8 bytes = 3,051.8 GiB
+        "train.batch_size=100000000 needs at least 3,051.8 GiB of activations per training step (100,000,000 rows x "
+        "train_length 32 x d_model 64 x n_layer 2 x 8 bytes); this machine has 16.0 GiB: lower train.batch_size",
+    )
+    assert not out.exists()
+
+
+def test_the_batch_check_of_the_library_counts_this_process_rows_and_a_bias_score_tile(monkeypatch):
+    """train() refuses as the command line does (torchrun: this process's rows of the global batch); a biased scheme
+    past its attention block adds the one score tile the chunked path surely holds."""
+    import posenc.model
+    from posenc.errors import PosencError
+    from posenc.model import ModelConfig, check_batch_fits
+
+    monkeypatch.setattr(posenc.model, "physical_memory", lambda: 2.0**30)
+    cfg = ModelConfig(encoding="alibi", n_layer=2, n_head=4, d_model=64, train_length=1024, attn_block_size=256)
+    # rows x 1024 x 64 x 2 x 8 bytes = rows MiB, and the tile 4 heads x 256 x 256 x 4 bytes = 1 MiB
+    check_batch_fits(cfg, 8192, 1023)  # 1 GiB exactly: a lower bound that fits
+    with pytest.raises(PosencError) as err:
+        check_batch_fits(cfg, 8192, 1024)
+    assert str(err.value) == (
+        "train.batch_size=8192 needs at least 1.0 GiB of activations per training step (1,024 rows of it per process "
+        "x train_length 1024 x d_model 64 x n_layer 2 x 8 bytes, and a 1 MiB score tile); this machine has 1.0 GiB: "
+        "lower train.batch_size"
+    )
+
+
+@pytest.mark.parametrize(
+    "scheme,precision,block",
+    [("rope", "fp32", 512), ("rope", "bf16", 512), ("alibi", "fp32", 16), ("t5", "bf16", 16), ("nope", "fp32", 512)],
+)
+def test_the_batch_bound_is_below_what_one_training_step_keeps(scheme, precision, block):
+    """The bound never refuses a batch that fits: a training forward keeps at least as many bytes for its backward
+    (its saved tensors, weights left out), at float32 and under bf16 autocast, on the fused and the chunked paths."""
+    import torch
+
+    from posenc.model import ACTIVATION_BYTES, LM, ModelConfig, score_tile_bytes
+    from posenc.train.precision import autocast
+
+    cfg = ModelConfig(
+        encoding=scheme, vocab_size=64, n_layer=2, n_head=2, d_model=32, train_length=48, attn_block_size=block
+    )
+    model, rows = LM(cfg), 3
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    x = torch.randint(0, 64, (rows, 48))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(precision, torch.device("cpu")):
+        model.token_nll(x, x).mean()
+    bound = rows * 48 * 32 * 2 * ACTIVATION_BYTES + score_tile_bytes(cfg)
+    assert score_tile_bytes(cfg) == (4 * 2 * 16 * 16 if block == 16 else 0)
+    assert sum(kept.values()) >= bound

@@ -19,6 +19,7 @@ from posenc.reports.render import plot_stream
 from posenc.rope import SCHEDULES, check_window
 from posenc.scoring import eval_lengths, plan
 from posenc.store.checkpoint import drop_torn_tail
+from posenc.store.lock import hold_run_dir
 from posenc.store.records import Ppl, append
 from posenc.train.batches import randomized_max
 from posenc.train.rundir import load_text_run, run_tokens
@@ -147,6 +148,7 @@ def run(args) -> int:
     args.max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
     once("--multiples", args.multiples)  # each length is scored once, and its record appended to eval.jsonl once
     model, mcfg, tcfg = load_text_run(args.run_dir, "eval")
+    hold_run_dir(args.run_dir, fix="", ancestors=True)  # its eval.jsonl: one writer at a time (posenc.store.lock)
     drop_torn_tail(Path(args.run_dir) / "eval.jsonl")  # a record a kill cut short must not swallow the next one
     lengths = eval_lengths(mcfg.train_length, args.multiples)
     scheme = mcfg.encoding

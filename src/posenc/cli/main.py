@@ -27,6 +27,7 @@ import posenc
 from posenc import encodings
 from posenc.errors import PosencError, sigterm_as_interrupt
 from posenc.eval import progress
+from posenc.store.lock import holding
 from posenc.store.stamp import git_commit
 
 # subcommand modules, in the order `posenc --help` lists them
@@ -142,7 +143,8 @@ def _run(argv: list[str], received: list[int], commands: Sequence[Callable] = ()
             progress.level()  # a bad $POSENC_PROGRESS: one line before any work
             for target in args.imports:
                 encodings.import_schemes(target)
-            return int(args.func(args) or 0)
+            with holding():  # the run directories the command writes into: this process's until it ends
+                return int(args.func(args) or 0)
     except PosencError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

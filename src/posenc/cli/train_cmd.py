@@ -17,7 +17,9 @@ from posenc.cli.common import (
 from posenc.config.plan import load_preset
 from posenc.data.corpora import check_data
 from posenc.errors import PosencError
+from posenc.model import check_batch_fits
 from posenc.store.checkpoint import check_run_dir, read_json
+from posenc.store.lock import hold_run_dir, holds
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
 from posenc.train.batches import check_positions
@@ -83,6 +85,8 @@ def run(args) -> int:
     mcfg = dataclasses.replace(preset.model, encoding=args.scheme)
     out = args.out or Path("runs") / "train" / args.scheme
     check_run_dir(out)  # a file in the way: refused before the work, by the dry run too
+    if not args.dry_run and distributed.rank() == 0:  # before reading what it holds; rank 0 holds it for all
+        hold_run_dir(out, ancestors=True)
     if (out / "preset.json").exists():  # the two would share one folder, each reading the other's files
         raise PosencError(f"{out} holds a posenc compare run (preset.json): give train another --out")
     if not args.resume and (out / "model.safetensors").exists():
@@ -96,6 +100,8 @@ def run(args) -> int:
     check_data(preset.train.corpus, preset.train.tokenizer)  # what the run refuses, before --dry-run prints it valid
     precision = resolve_precision(preset.train.precision, device)
     if args.dry_run:
+        batch = preset.train.batch_size  # a run checks it in train, after the model's size (check_fits)
+        check_batch_fits(mcfg, batch, max(1, batch // distributed.world_size()), device)
         if (
             args.resume and (out / "state.pt").exists()
         ):  # what train refuses on resume; the vocabulary is the recorded run's (corpus compared)
@@ -133,7 +139,7 @@ def run(args) -> int:
         ) as tracker:
             summary = train(out, mcfg, preset.train, resume=args.resume, tracker=tracker, device=device)
     except PosencError:
-        if fresh and not (out / "state.pt").exists():  # refused before its first checkpoint (e.g. by the tracker)
+        if fresh and holds(out) and not (out / "state.pt").exists():  # refused before its first checkpoint
             shutil.rmtree(out, ignore_errors=True)  # the folder this call made: nothing of a run is left half-made
         raise
     except (StopNow, KeyboardInterrupt) as exc:

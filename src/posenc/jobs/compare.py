@@ -20,6 +20,7 @@ from posenc.errors import PosencError
 from posenc.eval.progress import bar, note
 from posenc.jobs.job import Job, Plan
 from posenc.jobs.launcher import Launcher, finish_run, record_run
+from posenc.store.lock import hold_run_dir
 from posenc.store.records import RunStore
 from posenc.store.stamp import wall_line
 from posenc.train.tracking import check_kind
@@ -49,9 +50,10 @@ def compare(
     ``isolate``, ``parallel``, ``nproc_per_node`` (processes per job, torchrun; text only), ``launcher``, ``cluster``
     (default the preset's) and ``device``: how the jobs run (``posenc.jobs.launcher.Launcher``); ``log``: a tracker kind
     for every job (``posenc.train.tracking``). Raises PosencError before any work for bad input (``Plan.check``, the
-    launcher's settings, a missing tracker), when a run a job would report was trained with other settings than the
-    job's (``train.check_trained_as``: a run copied in from another budget), and, after the jobs, when none of the
-    jobs the report shows finished (each failure was said in one line; the records are kept).
+    launcher's settings, a missing tracker, a run root another posenc process holds: ``posenc.store.lock``), when a
+    run a job would report was trained with other settings than the job's (``train.check_trained_as``: a run copied
+    in from another budget), and, after the jobs, when none of the jobs the report shows finished (each failure was
+    said in one line; the records are kept).
     """
     check_kind(log)
     run_root = Path(out_root) / preset.name
@@ -66,6 +68,7 @@ def compare(
         f"posenc-{preset.name}",
     )
     plan = Plan(preset, out_root, log, nproc_per_node)
+    hold_run_dir(run_root)  # before its settings are read; record_run holds a new one (posenc.store.lock)
     plan.check()
     opened = [(point_root(run_root, p), record_run(point_root(run_root, p), plan.at(p))) for p in plan.points]
     if plan.points != [()]:  # the comparison's own directory, beside its grid points'

@@ -43,7 +43,8 @@ from posenc.reports import pretrained as report
 from posenc.reports.render import plot_stream
 from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
-from posenc.store.checkpoint import check_run_dir, drop_torn_tail, make_run_dir, read_json, write_json
+from posenc.store.checkpoint import check_run_dir, drop_torn_tail, read_json, write_json
+from posenc.store.lock import hold_run_dir, open_run_dir
 from posenc.store.presets import SHIPPED, Seed, distinct, load_flat
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, load, trial_key
@@ -534,10 +535,11 @@ def extend(cfg: ExtendConfig, out: Path | None = None) -> tuple[Path, str]:
         torch.set_num_threads(cfg.threads)
     out = Path(out or Path("runs") / "extend" / cfg.name)
     check_run_dir(out)  # before the model loads and the work; nothing is created yet
+    hold_run_dir(out)  # an existing one held before its records are read (posenc.store.lock)
     documents = held_out(cfg)  # a bad document name fails before the model loads
     loaded = loading.load(cfg.model, cfg.dtype)
     l0, docs, plan, bos_id = eval_inputs(cfg, loaded, documents)
-    make_run_dir(out)  # all input checked: only now touch the output directory
+    open_run_dir(out)  # all input checked: only now touch the output directory
     store = open_store(out, cfg, docs, l0, loaded.source)
     adapted = Adaptation(loaded.model)
     for name in cfg.schedules:

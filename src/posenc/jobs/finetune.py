@@ -47,6 +47,7 @@ from posenc.store.checkpoint import (
     refuse_broken_link,
     write_json,
 )
+from posenc.store.lock import hold_run_dir, open_run_dir, run_files
 from posenc.store.presets import SHIPPED, distinct, load_flat, validated
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PasskeyTrial, ScoredWindow
@@ -269,7 +270,7 @@ def check_resumable(out: Path, cfg: FinetuneConfig) -> None:
     made a directory (a file in the way: ``check_run_dir``)."""
     check_run_dir(out)
     if not (out / SETTINGS).exists():
-        if out.is_dir() and any(out.iterdir()):
+        if out.is_dir() and run_files(out):  # its lock file (posenc.store.lock) is no run's
             raise PosencError(
                 f"{out} holds files but no finetune run ({SETTINGS}); --out is the run directory itself: "
                 "give a new or empty one (default runs/finetune/<name>)"
@@ -415,6 +416,7 @@ def finetune(cfg: FinetuneConfig, out: Path | None = None, log: str = "none") ->
     check_kind(log)
     out = Path(out or Path("runs") / "finetune" / cfg.name)
     check_resumable(out, cfg)  # a run of other settings is refused before the model loads
+    hold_run_dir(out)  # an existing one held before its records are read (posenc.store.lock)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ecfg = eval_config(cfg)
@@ -425,7 +427,7 @@ def finetune(cfg: FinetuneConfig, out: Path | None = None, log: str = "none") ->
     model, tok = loaded.model, loaded.tokenizer
     adapted, label = adapt(model, cfg)
     params = trainable(model, cfg)  # LoRA starts at zero: the model is unchanged until it trains
-    make_run_dir(out)
+    open_run_dir(out)
     write_json(
         out / SETTINGS, _settings(cfg)
     )  # first: it marks out as this run's, also when the first scoring is interrupted

@@ -53,6 +53,7 @@ from posenc.store.checkpoint import (
     refuse_run_dir,
     write_json,
 )
+from posenc.store.lock import hold_run_dir, open_run_dir
 from posenc.store.presets import validated
 from posenc.store.stamp import WeightsDtype, resolve_dtype, run_stamp
 from posenc.train.rundir import load_text_run, run_tokens
@@ -521,6 +522,7 @@ def grid(
         )
     out = Path(out)
     check_run_dir(out)  # a file in the way: refused before any model loads
+    hold_run_dir(out)  # before its cells are read (posenc.store.lock)
     refuse_run_dir(out, "harness")
     for kept in sorted((out / "cells").glob("*.json")):
         if (other := read_json(kept).get("dtype", "float32")) != dtype:  # cells before the field were float32
@@ -530,6 +532,7 @@ def grid(
     def start() -> None:
         nonlocal started
         if not started:
+            open_run_dir(out)  # held from here (posenc.store.lock)
             make_run_dir(out / "cells")
             stamp = {"model": model, "tasks": tasks, "lengths": lengths, **run_stamp()}
             append_jsonl(out / "invocations.jsonl", stamp)

@@ -58,6 +58,7 @@ from posenc.reports.text import with_ratios, write_report
 from posenc.rope import schedule_label, schedule_params
 from posenc.scoring import eval_lengths, window_starts
 from posenc.store.checkpoint import read_json
+from posenc.store.lock import PARENT_VAR
 from posenc.store.records import FarMass, PasskeyCell, Ppl, Record, RunStore, Task
 from posenc.store.stamp import run_stamp, stamp_line
 from posenc.train.batches import check_positions, randomized_max
@@ -630,8 +631,10 @@ def train_under_torchrun(job: TextJob) -> None:
         "--out",
         str(out),
     ] + (["--resume"] if (out / "config.json").exists() else [])
-    # torchrun's own parser takes any "--log..." as an abbreviation of its --log-dir: the tracker goes by environment
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "POSENC_LOG": job.log})
+    # torchrun's own parser takes any "--log..." as an abbreviation of its --log-dir: the tracker goes by environment;
+    # the run directory is inside the run root this job's compare holds (posenc.store.lock.PARENT_VAR)
+    env = {**os.environ, "POSENC_LOG": job.log, PARENT_VAR: str(job.root)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:  # posenc's own error, else a rank's last exception line (torchrun's summary ends in "===")
         err = proc.stderr.splitlines()
         lines = (

@@ -34,7 +34,8 @@ from posenc import encodings
 from posenc.config.plan import ClusterConfig, Preset, settings
 from posenc.errors import PosencError, one_line, sigterm_as_interrupt
 from posenc.store import records
-from posenc.store.checkpoint import append_jsonl, drop_torn_tail, make_run_dir, read_json, read_jsonl, write_json
+from posenc.store.checkpoint import append_jsonl, drop_torn_tail, read_json, read_jsonl, write_json
+from posenc.store.lock import holding, open_run_dir
 from posenc.store.stamp import run_stamp, utc_now
 from posenc.train.distributed import check_device
 from posenc.train.loop import train, use_threads
@@ -86,8 +87,9 @@ def _entry(fn: Callable, args: tuple, modules: list[str], error_file: Path, env:
             torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
         for m in modules:
             importlib.import_module(m)
-        # a stop sent to the whole group (timeout) saves the job's checkpoint, as Ctrl-C does
-        with sigterm_as_interrupt():
+        # a stop sent to the whole group (timeout) saves the job's checkpoint, as Ctrl-C does; the run directory it
+        # trains is its own to hold (posenc.store.lock), inside the run root its parent holds
+        with sigterm_as_interrupt(), holding():
             fn(*args)
     except BaseException as exc:
         if interrupted(exc):
@@ -355,8 +357,9 @@ def record_run(run_root: Path, preset: Preset) -> dict:
     UTC) to ``invocations.jsonl``: a resumed run keeps every one. Returns the stamp (``finish_run`` closes it).
     ``preset.json`` keeps the rows earlier invocations added (``with_earlier_rows``): a rerun of some schemes still
     describes every result the directory holds. PosencError (one line) when ``invocations.jsonl`` is damaged
-    (``read_jsonl``)."""
-    make_run_dir(run_root)
+    (``read_jsonl``), or, in a command's scope, when another posenc process holds ``run_root`` (``posenc.store.lock``:
+    this process holds it from here)."""
+    open_run_dir(run_root)
     drop_torn_tail(run_root / "invocations.jsonl")  # a line a kill cut short must not swallow this stamp
     read_jsonl(run_root / "invocations.jsonl")  # a damaged file refused now, not at finish_run after the work
     write_json(run_root / "preset.json", with_earlier_rows(preset, run_root / "preset.json").model_dump())

@@ -15,7 +15,8 @@ import numpy as np
 
 from posenc.reports.claims import claim_sets
 from posenc.reports.render import MISSING, figure, log_scale, markdown_table, number, plot_lines, save_figure
-from posenc.store.checkpoint import atomic_write_bytes, make_run_dir
+from posenc.store.checkpoint import atomic_write_bytes
+from posenc.store.lock import open_run_dir
 from posenc.store.records import Diagnosis, write
 
 
@@ -160,7 +161,7 @@ def write_outputs(res: Diagnosis, out: Path) -> list[Path]:
     ``out``;
     returns the paths written."""
     out = Path(out)
-    make_run_dir(out)
+    open_run_dir(out)  # held while it writes (posenc.store.lock)
     paths = [out / "diagnose.md", out / "diagnose.jsonl"]
     atomic_write_bytes(paths[0], markdown(res).encode())
     write(paths[1], [res])

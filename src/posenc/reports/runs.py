@@ -45,7 +45,8 @@ from posenc.reports.render import (
 )
 from posenc.reports.scoreboard import TaskRun, is_task_run, load_task_run, scoreboard_markdown, task_claims_markdown
 from posenc.reports.text import with_ratios
-from posenc.store.checkpoint import atomic_write_bytes, make_run_dir, read_json
+from posenc.store.checkpoint import atomic_write_bytes, read_json
+from posenc.store.lock import open_run_dir
 from posenc.store.records import Ppl, load_ppl
 
 HEADER_KEYS = ("corpus", "tokenizer", "model", "budget", "eval")  # report.md header lines that describe the settings
@@ -304,7 +305,7 @@ def write_runs_report(paths: list[Path], out: Path) -> Path:
     """Read the compare runs at ``paths`` (text and task comparisons) and write ``out/report.md`` and, with text
     runs, ``out/ppl_ratio.png``; returns the report's path. Raises PosencError as :func:`load_runs`."""
     runs, task_runs = load_runs(paths)
-    make_run_dir(Path(out))
+    open_run_dir(Path(out))  # held while it writes (posenc.store.lock)
     if runs:
         save_figure(ratio_figure(runs), Path(out) / "ppl_ratio.png")
     report = Path(out) / "report.md"

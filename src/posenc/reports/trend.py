@@ -24,7 +24,8 @@ from posenc.reports.claims import t_quantile, text_claims
 from posenc.reports.render import RATIO, figure, log_scale, markdown_table, number, save_figure, write_csv_table
 from posenc.reports.runs import Run, load_runs, schemes, seed_grid
 from posenc.reports.scoreboard import shown_multiples
-from posenc.store.checkpoint import atomic_write_bytes, make_run_dir
+from posenc.store.checkpoint import atomic_write_bytes
+from posenc.store.lock import open_run_dir
 
 
 def multiples(runs: list[Run]) -> list[int]:
@@ -220,7 +221,7 @@ def write_trend_report(paths: list[Path], out: Path, key: str) -> Path:
     if task_runs or not runs:
         raise PosencError("a trend reads text comparisons only (posenc compare on a corpus): give their directories")
     runs = ordered(runs, key)
-    make_run_dir(Path(out))
+    open_run_dir(Path(out))  # held while it writes (posenc.store.lock)
     save_figure(trend_figure(runs, key), Path(out) / "trend.png")
     write_csv_table(
         Path(out) / "trend.csv",

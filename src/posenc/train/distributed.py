@@ -88,6 +88,11 @@ def rank() -> int:
 DEVICE_TYPES = ("cpu", "cuda", "mps")  # what --device takes: cpu, cuda, cuda:N, mps
 
 
+def world_size() -> int:
+    """Processes of the run under torchrun (``WORLD_SIZE``), 1 on a single process."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def check_device(name: str) -> torch.device:
     """``name`` (cpu, cuda, cuda:N, mps) as a torch device that exists here; PosencError (one line) for a bad name,
     another device type or an absent device."""
@@ -120,7 +125,7 @@ def setup(device: torch.device | None = None) -> Shard:
     Backend: NCCL with one GPU per process (``LOCAL_RANK``; a single process keeps a given ``cuda:N``) when the
     device is CUDA, gloo otherwise. Idempotent: a second call returns the same shard.
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size()
     device = default_device() if device is None else device
     if device.type == "cuda":
         index = device.index if world == 1 and device.index is not None else int(os.environ.get("LOCAL_RANK", "0"))

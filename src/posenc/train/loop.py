@@ -32,8 +32,9 @@ from posenc.data.corpora import TokenData, load_tokens
 from posenc.errors import PosencError
 from posenc.eval import progress
 from posenc.eval.tasks import id_accuracy
-from posenc.model import LM, ModelConfig, check_fits
-from posenc.store.checkpoint import append_jsonl, make_run_dir, read_json, write_json
+from posenc.model import LM, ModelConfig, check_batch_fits, check_fits
+from posenc.store.checkpoint import append_jsonl, read_json, write_json
+from posenc.store.lock import open_run_dir
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
 from posenc.train.batches import check_positions, check_trainable, mean_loss, training_batch, training_positions
@@ -266,7 +267,9 @@ def train(
     With ``train.until`` the summary's ``until`` holds its settings, ``reached`` (the step it met the criterion at,
     or None) and ``extended``: {"from": the cap, "to": ``extend_to``, "why": the falling loss in words} when the run
     trained on past its cap (:class:`UntilConfig`: at the schedule's final learning rate), else None. PosencError
-    (one line) for a checkpoint past the last step the settings allow.
+    (one line) for a checkpoint past the last step the settings allow, a model or batch too large for the machine
+    (``posenc.model.check_fits``, ``check_batch_fits``: before ``run_dir`` is made), and, in a command's scope,
+    a ``run_dir`` another posenc process holds (``posenc.store.lock``).
     """
     run_dir = Path(run_dir)
     shard = distributed.setup(device)
@@ -282,8 +285,10 @@ def train(
     mcfg = dataclasses.replace(mcfg, vocab_size=data.vocab_size, seed=tcfg.seed)
     check_trainable(data, mcfg, tcfg)
     check_fits(mcfg)  # before the folder: a model too large for the machine leaves nothing behind
+    # a batch too large for the device: refused in a line, not killed for memory
+    check_batch_fits(mcfg, tcfg.batch_size, rows.stop - rows.start, shard.device)
     if shard.is_main:  # after the corpus loads, so bad input leaves no empty run directory
-        make_run_dir(run_dir)
+        open_run_dir(run_dir)  # held by this process in a command's scope (posenc.store.lock)
     torch.manual_seed(tcfg.seed)
     model = LM(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
     # the weights name the model they belong to: load_run refuses a config.json edited since (check_weights_config)
