@@ -16,7 +16,7 @@ from posenc.model import sample
 from posenc.store.checkpoint import read_jsonl
 from posenc.train import tracking
 
-QUICK = ["--preset", "quick", "--steps", "2"]
+QUICK = ["--preset", "quick", "--steps", "2", "--set", "train.warmup=1"]  # warmup 5 > 2 steps would add a line
 COMPARE = ["compare", "--preset", "quick", "--set", "schemes=[rope]", "--set", "train.steps=2"]
 
 
