@@ -266,7 +266,13 @@ def test_a_ctrl_c_while_a_job_starts_stops_it_at_its_entry_without_a_traceback(t
     from posenc.jobs.launcher import finish_isolated, start_isolated
 
     stop, error_file, marker = multiprocessing.get_context("spawn").Event(), tmp_path / "e.txt", tmp_path / "ran"
-    proc = start_isolated(_write_marker, (marker,), error_file, [], stop=stop)
+    # Ctrl-C ours, as at a terminal: a suite started in the background (`pytest &`) inherits it ignored, and then
+    # start_isolated rightly leaves its jobs' Ctrl-C alone
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = start_isolated(_write_marker, (marker,), error_file, [], stop=stop)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     os.kill(proc.pid, signal.SIGINT)  # at once: the child is still starting Python
     stop.set()  # as run_pool does when the same Ctrl-C reaches it
     with pytest.raises(KeyboardInterrupt):
