@@ -232,16 +232,17 @@ def test_non_finite_weights_are_refused_not_scored(runs, capsys):
 
 
 @pytest.mark.slow
-def test_weights_cast_to_integers_are_refused_not_scored(runs, capsys):
-    """Weights cast to int64 loaded (load_state_dict casts back) and gave a perplexity of truncated weights."""
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float16])
+def test_weights_cast_to_another_type_are_refused_not_scored(runs, capsys, dtype):
+    """Weights cast to int64 or float16 loaded (load_state_dict casts back) and gave a perplexity of truncated
+    weights, with exit 0."""
     path = runs / "tr" / "model.safetensors"
-    save_file({k: v.to(torch.int64) for k, v in load_file(path).items()}, path)
+    save_file({k: v.to(dtype) for k, v in load_file(path).items()}, path)
     assert main(["eval", str(runs / "tr")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"posenc: error: {path} holds ") and err.count("\n") == 1
     assert err.endswith(
-        " as torch.int64 where the model has torch.float32: weights cast to another kind of number; "
-        "use the run's own file\n"
+        f" as {dtype} where the model has torch.float32: weights cast to another number type; use the run's own file\n"
     )
 
 

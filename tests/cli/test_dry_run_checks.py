@@ -244,3 +244,14 @@ def test_finetune_refuses_a_factor_without_a_schedule(tmp_path, capsys):
             "e.g. --scheme rope:factor=4)",
         )
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []])
+def test_answer_only_loss_on_text_is_refused_with_or_without_dry_run(tmp_path, capsys, dry_run):
+    """A dry run printed it valid (exit 0) while the run refused it after loading the corpus."""
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--steps", "3", "--set", "train.loss=answers"]
+    assert main([*argv, "--out", str(tmp_path / "r"), *dry_run]) == 2
+    assert capsys.readouterr().err == (
+        "posenc: error: train.loss 'answers' needs a synthetic task corpus (posenc.data.tasks), not 'shakespeare'\n"
+    )
+    assert not (tmp_path / "r").exists()

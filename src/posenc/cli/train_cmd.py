@@ -22,7 +22,7 @@ from posenc.store.checkpoint import check_run_dir, read_json
 from posenc.store.lock import hold_run_dir, holds
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
-from posenc.train.batches import check_positions
+from posenc.train.batches import check_positions, check_task_settings
 from posenc.train.loop import check_model_seed, train
 from posenc.train.precision import resolve_precision
 from posenc.train.resume import checkpoint_step
@@ -97,6 +97,7 @@ def run(args) -> int:
     device = distributed.check_device(args.device) if args.device else distributed.default_device()
     check_positions(mcfg, preset.train)
     check_model_seed(mcfg, preset.train)
+    check_task_settings(preset.train)
     check_data(preset.train.corpus, preset.train.tokenizer)  # what the run refuses, before --dry-run prints it valid
     precision = resolve_precision(preset.train.precision, device)
     if args.dry_run:

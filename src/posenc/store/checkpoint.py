@@ -233,17 +233,16 @@ def save_weights(path: Path, model: torch.nn.Module) -> None:
 
 def load_weights(path: Path, model: torch.nn.Module) -> None:
     """``path``'s tensors into ``model``; PosencError (one line) when they do not match its state dict (names,
-    shapes, or a floating tensor stored as integers: ``load_state_dict`` would cast it and drop its fractions) or
+    shapes, or dtypes: ``load_state_dict`` would cast a tensor stored as integers or float16 back, its lost digits
+    silently gone; posenc saves weights in the model's own dtype) or
     hold a value that is not finite (a diverged or damaged run: every number it would give is NaN)."""
     state = load_tensors(path)
     live = model.state_dict()
-    cast = next(
-        (n for n, t in state.items() if n in live and live[n].is_floating_point() != t.is_floating_point()), None
-    )
+    cast = next((n for n, t in state.items() if n in live and live[n].dtype != t.dtype), None)
     if cast is not None:
         raise PosencError(
             f"{path} holds {cast} as {state[cast].dtype} where the model has {live[cast].dtype}: weights cast to "
-            "another kind of number; use the run's own file"
+            "another number type; use the run's own file"
         )
     bad = next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
     if bad is not None:

@@ -13,7 +13,7 @@ import torch
 from posenc import encodings
 from posenc.data.corpora import TokenData
 from posenc.data.positions import TRAIN_STREAM, randomized_positions
-from posenc.data.tasks import TaskData
+from posenc.data.tasks import TaskData, is_task
 from posenc.errors import PosencError
 from posenc.model import ModelConfig
 from posenc.train.settings import TrainConfig
@@ -97,19 +97,27 @@ def mean_loss(nll: torch.Tensor, answers: torch.Tensor | None) -> torch.Tensor:
 SMALL_CORPUS = 100_000  # tokens; nanoGPT's smallest corpus (Shakespeare, characters) has 1M
 
 
+def check_task_settings(tcfg: TrainConfig) -> None:
+    """PosencError when ``train.until`` or answer-only loss is set on a corpus that is not a synthetic task (text has
+    no answer positions): decided from the corpus spec, so ``--dry-run`` refuses what the run refuses."""
+    if is_task(tcfg.corpus):
+        return
+    if tcfg.until is not None:
+        raise PosencError(f"train.until needs a synthetic task corpus (posenc.data.tasks), not {tcfg.corpus!r}")
+    if tcfg.loss == "answers":
+        raise PosencError(
+            f"train.loss 'answers' needs a synthetic task corpus (posenc.data.tasks), not {tcfg.corpus!r}"
+        )
+
+
 def check_trainable(data: TokenData | TaskData, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
     """PosencError when the data cannot train this model: a text stream shorter than a window, answer-only
     loss on text (it has no answer positions), a task whose training sequences do not fit the length, randomized
     positions the scheme cannot take (``check_positions``)."""
     check_positions(mcfg, tcfg)
+    check_task_settings(tcfg)
     if isinstance(data, TaskData):
         data.task.check_length(mcfg.train_length)
-    elif tcfg.until is not None:
-        raise PosencError(f"train.until needs a synthetic task corpus (posenc.data.tasks), not {tcfg.corpus!r}")
-    elif tcfg.loss == "answers":
-        raise PosencError(
-            f"train.loss 'answers' needs a synthetic task corpus (posenc.data.tasks), not {tcfg.corpus!r}"
-        )
     elif len(data.train) <= mcfg.train_length + 1:
         raise PosencError(f"training split has {len(data.train)} tokens, fewer than train_length {mcfg.train_length}")
     elif len(data.train) < SMALL_CORPUS:
