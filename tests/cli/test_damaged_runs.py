@@ -440,3 +440,16 @@ def test_an_unfinished_run_is_scored_from_its_checkpoint_and_says_so(runs, capsy
     assert main([command, str(runs / "tr"), "--multiples", "1"]) == 0
     said = f"posenc {command}: {runs / 'tr'} is unfinished: its weights are the checkpoint of step 2 of 2"
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("isolate", [[], ["--no-isolate"]])
+def test_a_file_where_a_scheme_folder_belongs_is_one_line(tmp_path, capsys, isolate):
+    """A file at the run's scheme folder gave a FileExistsError traceback from the job launcher."""
+    (tmp_path / "quick").mkdir()
+    (tmp_path / "quick" / "rope").write_text("mine")
+    one_line_exit_2(
+        capsys,
+        [*COMPARE, "--out", str(tmp_path), *isolate],
+        f"cannot create output directory {tmp_path / 'quick' / 'rope' / 'seed0'}: a file is in the way",
+    )
+    assert (tmp_path / "quick" / "rope").read_text() == "mine"

@@ -57,7 +57,7 @@ from posenc.reports.tasks import write_task_report
 from posenc.reports.text import with_ratios, write_report
 from posenc.rope import schedule_label, schedule_params
 from posenc.scoring import eval_lengths, window_starts
-from posenc.store.checkpoint import read_json
+from posenc.store.checkpoint import check_run_dir, read_json
 from posenc.store.lock import PARENT_VAR
 from posenc.store.records import FarMass, PasskeyCell, Ppl, Record, RunStore, Task
 from posenc.store.stamp import run_stamp, stamp_line
@@ -128,6 +128,7 @@ class _Trains(Job):
         return super().name() + (" (screening)" if self.screening else "")
 
     def check(self) -> None:
+        check_run_dir(self.run_dir)  # a file where its scheme's folder belongs: one line, before any job starts
         check_trained_as(self.run_dir, self.model, self.train, f"{self.preset.name}'s job {self.name()}")
 
 
