@@ -294,3 +294,28 @@ def test_a_later_run_of_two_known_tasks_gives_one_row_per_scheme(tmp_path):
         "| path | 8 | 8 |",
         "| path (b) | 16 | 16 |",
     ]
+
+
+def test_a_report_header_names_the_seeds_its_records_hold(tmp_path):
+    """A rerun with --seeds 1 beside seed 0's records headed its report "seeds: [1]" over means of both."""
+    from posenc.reports.tasks import write_task_report
+    from posenc.reports.text import markdown
+    from posenc.store.stamp import run_stamp
+
+    recs = with_ratios([Ppl(scheme="rope", seed=s, train_length=L0, eval_length=L0, ppl=8.0 + s) for s in (0, 1)])
+    assert "- **seeds**: [0, 1]\n" in markdown(recs, {}, {"name": "x", "seeds": [1]})
+    for seed in (0, 1):
+        append(tmp_path / "results.jsonl", _job("flipflop", "rope", seed, 1.0, {8: 1.0}))
+    meta = {
+        "name": "t",
+        "model": "m",
+        "budget": "b",
+        "seeds": [1],
+        "train_length": L0,
+        "text_results": None,
+        "tasks": {},
+    }
+    meta |= {"eval": {"answers": 1, "max_tokens": 1, "multiples": [1], "learned": 0.9, "horizon_tol": 0.05}}
+    meta |= {"stamp": run_stamp("fp32")}
+    write_task_report(tmp_path, meta)
+    assert "- seeds: [0, 1]\n" in (tmp_path / "report.md").read_text()

@@ -614,6 +614,7 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
     run_dir = Path(run_dir)
     records = [r for r in load(run_dir / "results.jsonl") if isinstance(r, Task)]
     write_csv(run_dir / "retrieval.csv", records)
+    meta = {**meta, "seeds": sorted({r.seed for r in records}) or meta["seeds"]}  # the records' (reruns add seeds)
     ev, L0, values = meta["eval"], meta["train_length"], meta.get("quantities") or {}
     registered = {q.label: q for q in claims.quantities() if q.label in values}
     text = meta.get("text_results")

@@ -137,6 +137,7 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
         s for s in seen if s not in meta.get("descriptions", {})
     ]
     L0 = meta.get("train_length")
+    meta = {**meta, "seeds": sorted({r.seed for r in records}) or meta.get("seeds")}  # the records' (reruns add seeds)
     out = io.StringIO()
     out.write(f"# posenc compare: {meta.get('name', '')}\n\n")
     for k in ("corpus", "tokenizer", "model", "budget", "seeds", "eval", "run", "wall", "notes"):
