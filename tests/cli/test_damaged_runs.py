@@ -450,6 +450,6 @@ def test_a_file_where_a_scheme_folder_belongs_is_one_line(tmp_path, capsys, isol
     one_line_exit_2(
         capsys,
         [*COMPARE, "--out", str(tmp_path), *isolate],
-        f"cannot create output directory {tmp_path / 'quick' / 'rope' / 'seed0'}: a file is in the way",
+        f"cannot create output directory {tmp_path / 'quick' / 'rope'}: a file is in the way",
     )
     assert (tmp_path / "quick" / "rope").read_text() == "mine"

@@ -128,7 +128,9 @@ class _Trains(Job):
         return super().name() + (" (screening)" if self.screening else "")
 
     def check(self) -> None:
-        check_run_dir(self.run_dir)  # a file where its scheme's folder belongs: one line, before any job starts
+        # a file where its scheme's folder belongs leaves no place for the job's error file: one line before any job
+        # starts (one at the seed's own folder fails that job alone, in its process)
+        check_run_dir(self.run_dir.parent)
         check_trained_as(self.run_dir, self.model, self.train, f"{self.preset.name}'s job {self.name()}")
 
 
