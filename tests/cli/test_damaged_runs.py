@@ -440,6 +440,9 @@ def test_an_unfinished_run_is_scored_from_its_checkpoint_and_says_so(runs, capsy
     assert main([command, str(runs / "tr"), "--multiples", "1"]) == 0
     said = f"posenc {command}: {runs / 'tr'} is unfinished: its weights are the checkpoint of step 2 of 2"
     assert said in capsys.readouterr().err
+    (runs / "tr" / "state.pt").unlink()  # the step is state.pt's: without it, not "step 0"
+    assert main([command, str(runs / "tr"), "--multiples", "1"]) == 0
+    assert "the checkpoint of an unknown step (no state.pt) of 2 (" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("isolate", [[], ["--no-isolate"]])

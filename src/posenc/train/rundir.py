@@ -116,10 +116,12 @@ def load_text_run(run_dir: Path, command: str) -> tuple[LM, ModelConfig, TrainCo
             f"{command} reads text runs: a task run is scored by posenc compare with a task preset"
         )
     if not is_trained(run_dir):
+        step = (
+            f"step {checkpoint_step(run_dir)}" if (run_dir / "state.pt").exists() else "an unknown step (no state.pt)"
+        )
         progress.note(
-            f"posenc {command}: {run_dir} is unfinished: its weights are the checkpoint of step "
-            f"{checkpoint_step(run_dir)} of {tcfg.steps} (rerun what trained it to resume: posenc train --resume, "
-            "or its posenc compare)"
+            f"posenc {command}: {run_dir} is unfinished: its weights are the checkpoint of {step} of {tcfg.steps} "
+            "(rerun what trained it to resume: posenc train --resume, or its posenc compare)"
         )
     return model, mcfg, tcfg
 
