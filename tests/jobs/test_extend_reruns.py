@@ -54,31 +54,22 @@ def test_extend_rerun_counts_each_passkey_trial_once(llama_dir):
     assert ",2," in cells.splitlines()[1]  # 2 trials per cell, not 4
 
 
-def test_passkey_schedules_outside_schedules_warn(llama_dir, capsys):
-    """A passkey length with no schedule of --schedules in --passkey-schedules runs no trial: said, not silent."""
+def test_passkey_schedules_outside_schedules(llama_dir, capsys):
+    """A given --passkey-schedules naming a schedule that --schedules leaves out is refused before anything runs; a
+    preset's passkey list that --schedules misses runs no trial and says so."""
     out = llama_dir / "w"
-    argv = [
-        "extend",
-        "--model",
-        str(llama_dir / "tiny"),
-        "--corpus",
-        str(llama_dir / "corpus.txt"),
-        "--out",
-        str(out),
-        "--schedules",
-        "none",
-        "--lengths",
-        "16",
-        "--max-windows",
-        "1",
-        "--passkey-lengths",
-        "120",
-        "--passkey-schedules",
-        "yarn",
+    common = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt"), "--out"]
+    common += [str(out), "--lengths", "16", "--max-windows", "1", "--passkey-lengths", "120"]
+    assert main([*common, "--schedules", "none", "--passkey-schedules", "none", "yarn"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "posenc: error: --passkey-schedules yarn: not in --schedules (none), so no passkey trial would run on it "
+        "(add it to --schedules)"
     ]
-    assert main(argv) == 0
+    assert not out.exists()
+    assert main([*common, "--schedules", "pi"]) == 0  # the default preset's passkey list: none, yarn
     assert (
-        "posenc: warning: no schedule of --schedules (none) is in --passkey-schedules (yarn)" in capsys.readouterr().err
+        "posenc: warning: no schedule of --schedules (pi) is in --passkey-schedules (none yarn)"
+        in capsys.readouterr().err
     )
     assert not any(json.loads(x)["kind"] == "passkey" for x in _lines(out))
 

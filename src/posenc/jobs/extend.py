@@ -213,10 +213,18 @@ def load_extend_config(name_or_path: str, overrides: dict[str, Any] | None = Non
     """An extend preset by name (package data) or YAML path; ``overrides`` (given flags) replace its keys.
 
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or
-    bad value, an unknown schedule, or a stride outside [1, shortest length - 1].
+    bad value, an unknown schedule, a stride outside [1, shortest length - 1], or a given ``passkey_schedules``
+    naming a schedule outside ``schedules`` (with passkey lengths).
     """
     cfg = load_flat(ExtendConfig, name_or_path, PRESETS, "extend preset", overrides)
     check_config(cfg)
+    given = (overrides or {}).get("passkey_schedules")
+    if given and cfg.passkey_lengths and (unscored := [s for s in given if s not in cfg.schedules]):
+        # a preset's list filters whatever --schedules picks; a given one names trials it wants run
+        raise PosencError(
+            f"--passkey-schedules {' '.join(unscored)}: not in --schedules ({' '.join(cfg.schedules)}), so no "
+            "passkey trial would run on it (add it to --schedules)"
+        )
     return cfg
 
 
