@@ -125,7 +125,7 @@ def test_wheel_holds_every_module_preset_and_py_typed(wheel):
     } <= shipped
     assert packed == shipped
     assert study == [], study  # a study's code (experiments/: its claims, its theory checks) is not the library's
-    assert "posenc = posenc.cli.main:main" in entry_points
+    assert "posenc = posenc.cli:run" in entry_points
 
 
 @pytest.mark.slow

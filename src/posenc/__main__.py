@@ -1,8 +1,8 @@
-"""``python -m posenc``: the ``posenc`` command (``posenc.cli.main.main``), for an environment whose scripts
+"""``python -m posenc``: the ``posenc`` command (``posenc.cli.run``), for an environment whose scripts
 directory is not on PATH."""
 
 import sys
 
-from posenc.cli.main import main
+from posenc.cli import run
 
-sys.exit(main())
+sys.exit(run())

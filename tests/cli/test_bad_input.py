@@ -248,6 +248,24 @@ def test_ctrl_c_while_the_command_modules_import_is_an_interrupt(monkeypatch, ca
     assert out.err == "posenc: interrupted\n" and out.out == ""
 
 
+def test_ctrl_c_while_torch_imports_is_an_interrupt(monkeypatch, capsys):
+    """The console script's entry imports the command (and torch) inside its own handling."""
+    import sys
+
+    from posenc.cli import run
+
+    class Interrupting:  # a finder that is reached only when posenc.cli.main is imported afresh
+        def find_spec(self, name, path=None, target=None):
+            if name == "posenc.cli.main":
+                raise KeyboardInterrupt
+
+    monkeypatch.delitem(sys.modules, "posenc.cli.main", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    assert run() == 130
+    out = capsys.readouterr()
+    assert out.err == "posenc: interrupted\n" and out.out == ""
+
+
 def test_a_preset_file_without_yaml_extension_is_read(tmp_path, monkeypatch, capsys):
     from posenc.config.plan import load_preset
     from posenc.store.presets import SHIPPED
