@@ -79,6 +79,25 @@ def test_the_plan_gives_every_kind_as_a_job_and_the_rows_after_the_training(tiny
     assert not train[0].done(store) and all(j.done(store) for j in rows)  # nothing trained: no rows to evaluate
 
 
+def test_a_method_that_skips_a_scheme_says_so_and_one_that_applies_to_none_is_refused(tiny_corpus, tmp_path, capsys):
+    argv = ["compare", "--preset", "quick", "--corpus", str(tiny_corpus), "--out", str(tmp_path / "runs"), "--dry-run"]
+    argv += ["--set", "eval_methods=[sinks]", "--schemes"]
+    assert main([*argv, "rope", "nope"]) == 0
+    out = capsys.readouterr()
+    assert out.err == (
+        "posenc: warning: eval_methods 'sinks': no row for nope "
+        "(method sinks applies to rope (fixed-frequency schedules), alibi, t5 and kerple)\n"
+    )
+    assert "  - rope+sinks (seed 0)\n" in out.out and "nope+sinks" not in out.out
+    assert out.out.endswith("jobs: 3  # per stage: jobs 2, rows 1\n")  # the row the run skips is not counted
+    assert main([*argv, "nope", "acc-rand-qk"]) == 2
+    assert capsys.readouterr().err == (
+        "posenc: error: eval_methods 'sinks': applies to none of the schemes "
+        "(method sinks applies to rope (fixed-frequency schedules), alibi, t5 and kerple)\n"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_dry_run_prints_each_stage_and_writes_nothing(tiny_corpus, tmp_path, capsys):
     argv = ["compare", "--preset", "quick", "--corpus", str(tiny_corpus), "--schemes", "rope", "alibi"]
     sets = ["--set", "sweep={grid: {train.lr: [0.001, 0.01]}}", "--set", "eval_schedules=[{schedule: pi, factor: 2}]"]

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
+import torch
+
 from posenc import encodings
 from posenc.config.plan import (
     Point,
@@ -492,6 +494,8 @@ class Plan:
         for g in self.points:
             if g:
                 check_same_settings(point_root(self.run_root, g), at_point(p, g))
+        if self.kind is TextJob:
+            check_methods_apply(p)
 
     def at(self, point: Point) -> Preset:
         """The preset of a grid point's directory: its settings, the schemes that train there."""
@@ -563,7 +567,7 @@ class Plan:
             out["chosen"] = [named(t, s, k, " at its chosen point") for t in units for s in p.schemes for k in p.seeds]
         if not self.tasks:
             rows = [f"{s}+{spec['schedule']}" for spec in p.eval_schedules for s in p.schemes if is_rope(s)]
-            rows += [f"{s}+{m}" for m in p.eval_methods for s in p.schemes]
+            rows += [f"{s}+{m}" for m in p.eval_methods for s in p.schemes if s not in refused_schemes(p, m)]
             if rows:  # a method row only where the method applies to the scheme
                 out["rows"] = [named(None, r, k) for r in rows for k in p.seeds]
         return out
@@ -576,6 +580,32 @@ class Plan:
         first, learned = self.preset.seeds[0], self.preset.task_eval.learned
         merge_chosen(stores, self.run_root, self.chosen, self.preset.schemes)
         return sweep_markdown(self.chosen, first, write_sensitivity(self.run_root, self.chosen, first, learned))
+
+
+def refused_schemes(preset: Preset, spec: str) -> dict[str, str]:
+    """The schemes of ``preset`` that method ``spec`` does not apply to, each with the reason: ``set_method`` on the
+    scheme's untrained model, the refusal that skips its :class:`MethodJob`."""
+    refused = {}
+    for scheme in preset.schemes:
+        with torch.random.fork_rng():  # the draws of building a model leave the caller's generator as it was
+            model = LM(dataclasses.replace(preset.model, encoding=scheme))
+        try:
+            set_method(model, spec)
+        except PosencError as exc:
+            refused[scheme] = str(exc).split("; ")[0]
+    return refused
+
+
+def check_methods_apply(preset: Preset) -> None:
+    """PosencError (one line) for an ``eval_methods`` entry that applies to none of the schemes; a warning naming
+    those it gets no row for."""
+    for spec in preset.eval_methods:
+        refused = refused_schemes(preset, spec)
+        why = next(iter(refused.values()), "")
+        if len(refused) == len(preset.schemes):
+            raise PosencError(f"eval_methods {spec!r}: applies to none of the schemes ({why})")
+        if refused:
+            print(f"posenc: warning: eval_methods {spec!r}: no row for {', '.join(refused)} ({why})", file=sys.stderr)
 
 
 def text_meta(preset: Preset, data, trained: dict[str, str] | None = None) -> dict:
