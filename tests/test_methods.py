@@ -2,6 +2,8 @@
 from the papers' definitions, the blockwise path against the full T x T reference (values and gradients),
 decoding against the parallel forward, and the sinks' bounded cache."""
 
+import re
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ from posenc.methods import (
     relative_positions,
     scheme_args,
 )
-from posenc.model import LM, Cache, ModelConfig, set_method
+from posenc.model import LM, Cache, ModelConfig, set_method, with_rope_schedule
 from posenc.rope import rope_inv_freq
 
 X = None  # hidden pair in a table
@@ -113,10 +115,17 @@ def _qkv(T=23, D=8, seed=0, dtype=torch.float64):
     return [torch.randn(2, 2, T, D, generator=g, dtype=dtype, requires_grad=True) for _ in range(3)]
 
 
-def _model(encoding, **kw):
+def _model(encoding, train_length=8, **kw):
     torch.manual_seed(0)
     cfg = ModelConfig(
-        vocab_size=32, n_layer=2, n_head=2, d_model=16, train_length=8, encoding=encoding, attn_block_size=5, **kw
+        vocab_size=32,
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        train_length=train_length,
+        encoding=encoding,
+        attn_block_size=5,
+        **kw,
     )
     return LM(cfg).double().eval()
 
@@ -506,12 +515,32 @@ def test_eval_stream_records_one_row_with_flat_cache(rope_run, capsys):
 )
 def test_a_window_past_the_text_is_the_plain_model(encoding, spec):
     """With W >= T every map is i - j and every key visible: the method's path equals the core's own forward."""
-    model = _model(encoding, n_kv_head=1)
+    model = _model(encoding, train_length=48, n_kv_head=1)  # the windows fit the trained length (check_reach)
     tokens = torch.randint(0, 32, (2, 21), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         plain = model(tokens)
         set_method(model, spec)
         torch.testing.assert_close(model(tokens), plain)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("self-extend:window=9", "method self-extend: window = 9 passes the trained length 8"),
+        ("lm-infinite:window=9", "method lm-infinite: window = 9 passes the trained length 8"),
+        ("sinks:n_sink=2,window=7", "method sinks: n_sink + window = 9 passes the trained length 8"),
+        ("dual-chunk:chunk=6,local=3", "method dual-chunk: chunk + local = 9 passes the trained length 8"),
+    ],
+)
+def test_a_method_keeping_exact_positions_past_the_trained_length_is_refused(spec, message):
+    """Up to its window a method is plain attention: past the training length those positions were never trained,
+    and below it the row would carry the method's name without its mechanism. A RoPE schedule's factor widens it."""
+    model = _model("rope")
+    with pytest.raises(PosencError, match="^" + re.escape(message) + ";"):
+        set_method(model, spec)
+    set_method(model, spec.replace("9", "8").replace("=7", "=6").replace("=3", "=2"))  # at the length: accepted
+    scaled, _ = with_rope_schedule(model, "pi", {"factor": 2.0})
+    assert set_method(scaled, spec).exact == 9
 
 
 def test_grouped_query_decoding_with_a_method():

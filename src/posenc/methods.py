@@ -94,6 +94,12 @@ class Method:
         """Keys a bounded cache holds: n_sink + W."""
         return self.n_sink + self.window
 
+    @property
+    def exact(self) -> int:
+        """The largest position the method keeps exact (tokens): Self-Extend's and LM-Infinite's window W, the sinks
+        cache's n_sink + W, dual-chunk's S + w; past it positions are grouped, capped, evicted or chunked."""
+        return self.n_sink + self.window + (self.local if self.name == "dual-chunk" else 0)
+
     def label(self) -> str:
         """The spec with every parameter, e.g. ``self-extend:group=4,window=64`` (recorded in eval records)."""
         return format_part(self.name, {k: getattr(self, k) for k in PARAMETERS[self.name]})
@@ -156,6 +162,18 @@ class Method:
         for r, (qp, kp) in enumerate(zip(self.query_positions(i), self.key_positions(j))):
             d = torch.where(region == r, qp - kp, d)
         return d
+
+
+def check_reach(method: Method, trained: int) -> None:
+    """PosencError (one line) for a method whose exact positions (``Method.exact``) pass the ``trained`` length (the
+    training length, times a RoPE schedule's factor): those positions were never trained, and up to that length
+    the method is plain attention, so its row would carry its name without its mechanism."""
+    if method.exact > trained:
+        what = {"sinks": "n_sink + window", "dual-chunk": "chunk + local"}.get(method.name, "window")
+        raise PosencError(
+            f"method {method.name}: {what} = {method.exact} passes the trained length {trained}; the method keeps "
+            "exact positions up to it (give a smaller one)"
+        )
 
 
 def parse(spec: str, train_length: int) -> Method:

@@ -812,11 +812,15 @@ def set_method(model: LM, spec: str | None) -> methods.Method | None:
     """Apply the inference method ``spec`` (``posenc.methods.parse``: ``self-extend:group=4,window=64``,
     ``lm-infinite``, ``sinks:n_sink=4,window=60``) to every layer of ``model`` in place (None: none); returns the
     Method (``label()``: its spec with every parameter), or None. PosencError (one line) for a bad spec (or one
-    that is not a str) or a scheme it does not apply to (every layer is checked before any changes)."""
+    that is not a str), a scheme it does not apply to (every layer is checked before any changes), or exact
+    positions past the trained length (``posenc.methods.check_reach``: the training length times a RoPE
+    schedule's factor)."""
     method = None if spec is None else methods.parse(spec, model.cfg.train_length)
     if method is not None:
         for block in model._blocks:
             methods.scheme_args(block.attn.enc, method, torch.zeros(1, 1, model.cfg.d_model))
+        factor = (model.cfg.encoding_params.get("schedule_params") or {}).get("factor", 1)  # a RoPE schedule's
+        methods.check_reach(method, int(model.cfg.train_length * factor))
     for block in model._blocks:
         block.attn.set_method(method)
     return method

@@ -290,7 +290,7 @@ def load_preset(name_or_path: str, overrides: dict[str, Any] | None = None, sche
     for label in {x for x in labels if labels.count(x) > 1}:  # one row would hold both, as a spread over seeds
         raise PosencError(f"preset {preset.name}: eval_schedules has two rows {label}: give each setting once")
     for spec in preset.eval_methods:
-        methods.parse(spec, preset.model.train_length)
+        methods.check_reach(methods.parse(spec, preset.model.train_length), preset.model.train_length)
     randomized_max(preset.train.positions)  # the spec (each scheme is checked where it trains: check_positions)
     for spec in task_specs(preset):
         get_task(spec).check_length(preset.model.train_length)
