@@ -403,9 +403,31 @@ def test_a_perplexity_record_given_twice_is_refused_not_taken_for_a_seed(runs, c
     cmp = runs / "cmp" / "quick"
     lines = (cmp / "results.jsonl").read_text().splitlines()
     first = json.loads(lines[0])
-    (cmp / "results.jsonl").write_text("\n".join([*lines, json.dumps({**first, "ppl": 500.0})]) + "\n")
+    other = {**first, "nll": 2 * first["nll"], "ppl": math.exp(2 * first["nll"] / first["scored_tokens"])}
+    (cmp / "results.jsonl").write_text("\n".join([*lines, json.dumps(other)]) + "\n")
     message = f"{cmp / 'results.jsonl'} holds two perplexity records of rope seed 0 at length {first['eval_length']}"
     one_line_exit_2(capsys, ["report", str(cmp), "--out", str(runs / "rep")], message)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"ppl": 5.0}, "(ppl 5.0 is not exp(nll / scored_tokens) = "),
+        ({"kind": "passkey", "accuracy": 0.9}, "(accuracy 0.9 is not correct / trials = "),
+        ({"kind": "passkey", "correct": 99}, "(correct 99 is not in [0, trials = "),
+    ],
+)
+def test_a_number_edited_apart_from_what_it_derives_from_is_refused(runs, capsys, edit, message):
+    """A ppl edited without its nll (and a passkey accuracy without its counts) was reported as measured."""
+    cmp = runs / "cmp" / "quick"
+    lines = (cmp / "results.jsonl").read_text().splitlines()
+    kind = edit.pop("kind", "ppl")
+    at = next(i for i, x in enumerate(lines) if json.loads(x)["kind"] == kind)
+    lines[at] = json.dumps({**json.loads(lines[at]), **edit})
+    (cmp / "results.jsonl").write_text("\n".join(lines) + "\n")
+    one_line_exit_2(
+        capsys, ["report", str(cmp), "--out", str(runs / "rep")], f"line {at + 1}: not a {kind} record {message}"
+    )
 
 
 def test_a_record_at_a_length_compare_never_scores_is_refused(runs, capsys):

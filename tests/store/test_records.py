@@ -2,6 +2,7 @@
 torn tails, the committed CSV tables."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ RUN_RECORDS = [
         windows=4,
         scored_tokens=1024,
         nll=2900.5,
-        ppl=17.0,
+        ppl=math.exp(2900.5 / 1024),
         bucket_edges=[0, 128, 256],
         bucket_ppl=[15.0, 19.0],
         seconds=1.5,
@@ -201,7 +202,7 @@ def test_a_version_1_file_loads(tmp_path):
             "windows": 2,
             "scored_tokens": 256,
             "nll": 700.0,
-            "ppl": 15.4,
+            "ppl": math.exp(700.0 / 256),
             "bucket_edges": [0, 128],
             "bucket_ppl": [15.4],
             "seconds": 1.0,
@@ -213,7 +214,7 @@ def test_a_version_1_file_loads(tmp_path):
             "windows": 1,
             "scored_tokens": 256,
             "nll": 710.0,
-            "ppl": 16.0,
+            "ppl": math.exp(710.0 / 256),
             "bucket_edges": [0, 256],
             "bucket_ppl": [16.0],
         },
@@ -222,7 +223,7 @@ def test_a_version_1_file_loads(tmp_path):
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     got = load(tmp_path / "results.jsonl")
     assert [type(r) for r in got] == [Ppl, Ppl, FarMass] and {r.schema_version for r in got} == {1}
-    assert (got[1].scheme, got[1].seed, got[1].ppl) == ("alibi", None, 16.0)
+    assert (got[1].scheme, got[1].seed, got[1].ppl) == ("alibi", None, math.exp(710.0 / 256))
 
 
 def test_a_line_with_a_field_renamed_before_the_first_release_is_refused_in_one_line(tmp_path):

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from posenc.errors import PosencError
 from posenc.store.checkpoint import append_jsonl, atomic_write_bytes, decode_record, is_json, jsonl_bytes, write_jsonl
@@ -77,6 +78,15 @@ class Ppl(Record):
     seconds: float | None = None
     ratio: float | None = None
 
+    @model_validator(mode="after")
+    def _ppl_of_its_nll(self) -> Ppl:  # an edited number would be reported as measured
+        if None not in (self.nll, self.ppl, self.scored_tokens) and self.scored_tokens > 0:
+            if not math.isclose(self.ppl, math.exp(self.nll / self.scored_tokens), rel_tol=1e-9):
+                raise ValueError(
+                    f"ppl {self.ppl} is not exp(nll / scored_tokens) = {math.exp(self.nll / self.scored_tokens)}"
+                )
+        return self
+
 
 class PasskeyCell(Record):
     """Passkey retrieval of one posenc model at one (length, depth): ``correct`` of ``trials``
@@ -97,6 +107,16 @@ class PasskeyCell(Record):
     accuracy: float | None = None  # None: not measurable (``note``)
     seconds: float | None = None
     note: str | None = None
+
+    @model_validator(mode="after")
+    def _accuracy_of_its_counts(self) -> PasskeyCell:
+        if not 0 <= self.correct <= self.trials:
+            raise ValueError(f"correct {self.correct} is not in [0, trials = {self.trials}]")
+        if self.accuracy is not None and not (
+            self.trials and math.isclose(self.accuracy, self.correct / self.trials, rel_tol=1e-9)
+        ):
+            raise ValueError(f"accuracy {self.accuracy} is not correct / trials = {self.correct}/{self.trials}")
+        return self
 
 
 class FarMass(Record):
@@ -301,7 +321,9 @@ def _parse(raw: dict, kinds: dict[str, type[Record]], where: str) -> Record:
         return kinds[kind].model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise PosencError(f"{where}: not a {kind} record ({'.'.join(map(str, err['loc']))}: {err['msg']})") from None
+        field = ".".join(map(str, err["loc"]))  # none for a check across fields (its message names them)
+        msg = err["msg"].removeprefix("Value error, ")
+        raise PosencError(f"{where}: not a {kind} record ({f'{field}: ' if field else ''}{msg})") from None
 
 
 def _lines(data: bytes, path: Path, first: int, kinds: dict[str, type[Record]]) -> tuple[list[Record], int]:
