@@ -109,8 +109,8 @@ def test_prepare_attend_equals_the_core_and_the_module():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: posenc.Attention(30, 4), "must divide"),
-        (lambda: posenc.Attention(32, 4, n_kv_head=3), "must divide"),
+        (lambda: posenc.Attention(30, 4), "^d_model 30 is not divisible by n_head 4$"),
+        (lambda: posenc.Attention(32, 4, n_kv_head=3), "^n_head 4 is not divisible by n_kv_head 3$"),
         (lambda: posenc.Attention(32, 4, "sinusoidal"), "additive input embedding"),
         (lambda: posenc.Attention(32, 4, "nosuch"), "unknown scheme"),
         (lambda: posenc.Attention(32, 4)(torch.randn(2, 5, 16)), r"x must be \(batch, T, 32\)"),

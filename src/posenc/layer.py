@@ -236,7 +236,9 @@ def attend(
     prepared for (``prepared.encoding.dims``; partial rotary is the scheme's own
     ``rotary_fraction``, not a wider head), and T the positions it was prepared at (``prepared.inp.pos``), Tq <= T.
     ``block_size``: query rows per bias tile. Raises PosencError (one line) for a ``prepared`` that is not a
-    :class:`Prepared` (:func:`prepare`'s) and for shapes that do not fit.
+    :class:`Prepared` (:func:`prepare`'s), for shapes that do not fit and for q, k, v of more than one dtype (float64
+    throughout is fine; a mix was silently cast under a rotation, a raw RuntimeError from the kernel under a bias;
+    not checked under autocast, which casts).
     """
     if not isinstance(prepared, Prepared):
         raise PosencError(f"prepared must be a posenc.Prepared (posenc.prepare's), got {type(prepared).__name__}")
@@ -246,6 +248,8 @@ def attend(
             f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     _check_heads(q, k, v, prepared)
+    if len({q.dtype, k.dtype, v.dtype}) > 1 and not torch.is_autocast_enabled(q.device.type):
+        raise PosencError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}: cast them (.to) to one")
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     p = prepared
     if p.encoding.replaces_attention:  # no query-suffix form: every query is given
@@ -422,15 +426,17 @@ def _padding(attention_mask, positions: torch.Tensor | None, x: torch.Tensor) ->
 
 def _check_x(x: torch.Tensor, d_model: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """x as given; PosencError (one line) unless it is a floating (batch, T, d_model) tensor, T >= 1 (d_model: any
-    width where None), of ``dtype`` where given (a layer's weights': the projection would raise a raw dtype
-    mismatch; not checked under autocast, which casts)."""
+    width where None: ``prepare``, whose empty batch gives ``attend`` an empty one; given, a layer's input, which also
+    needs batch >= 1 as ``LM``'s tokens do: its projection raised a raw RuntimeError), of ``dtype`` where given (a
+    layer's weights': the projection would raise a raw dtype mismatch; not checked under autocast, which casts)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise PosencError(
             f"x must be a floating tensor, got {x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}"
         )
-    if x.dim() != 3 or x.shape[1] == 0 or (d_model is not None and x.shape[2] != d_model):
-        want = d_model if d_model is not None else "d_model"
-        raise PosencError(f"x must be (batch, T, {want}) with T >= 1, got shape {tuple(x.shape)}")
+    rows = d_model is not None  # a layer's input: a batch of rows
+    if x.dim() != 3 or x.shape[1] == 0 or (rows and (x.shape[0] == 0 or x.shape[2] != d_model)):
+        want, batch = (d_model, "batch >= 1 and ") if rows else ("d_model", "")
+        raise PosencError(f"x must be (batch, T, {want}) with {batch}T >= 1, got shape {tuple(x.shape)}")
     if dtype is not None and x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
         raise PosencError(f"x is {x.dtype} but the layer's weights are {dtype}: cast x (x.to) or the layer (.to)")
     return x
@@ -505,10 +511,10 @@ class Attention(nn.Module):
             raise PosencError(
                 f"scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got {type(scheme).__name__}"
             )
-        if d_model % n_head or n_head % kv:
-            raise PosencError(
-                f"d_model {d_model} must divide into n_head {n_head} heads, and n_kv_head {kv} must divide n_head"
-            )
+        if d_model % n_head:  # one message per size at fault (one message named n_kv_head for either)
+            raise PosencError(f"d_model {d_model} is not divisible by n_head {n_head}")
+        if n_head % kv:
+            raise PosencError(f"n_head {n_head} is not divisible by n_kv_head {kv}")
         self.d_model, self.n_head, self.n_kv_head, self.head_dim, self.block = (
             d_model,
             n_head,

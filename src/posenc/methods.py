@@ -43,7 +43,7 @@ from collections.abc import Callable
 import torch
 
 from posenc.attention import Bias, _pad, merge_lse, nan_rows
-from posenc.encodings.base import Encoding, Inputs
+from posenc.encodings.base import Encoding, Inputs, check_int
 from posenc.encodings.bias import ALiBi
 from posenc.encodings.registry import format_part, split_part
 from posenc.encodings.relative import Kerple, T5Bias
@@ -534,6 +534,16 @@ def naive_method_attention(q, k, v, q_pos, k_pos, method, *, inv_freq=None, pair
     if bias_of is not None:
         scores = scores + distance_table(bias_of, int(d.max()) + 1, q.device)[..., d].to(scores.dtype)
     return scores.masked_fill(~visible, -math.inf).softmax(-1) @ v.to(scores.dtype)
+
+
+def check_stream(text, chunk) -> None:
+    """PosencError (one line) unless ``chunk`` is an integer >= 1 and ``text`` a (T,) tensor of T >= 2 token ids: what
+    a streaming perplexity through a sinks cache takes (``LM.streaming_nll``, ``posenc.hf.sink_cache.streaming_nll``;
+    a float chunk was a TypeError from range, True taken for 1, a list of ids an AttributeError)."""
+    check_int(chunk, "chunk", 1)
+    if not isinstance(text, torch.Tensor) or text.dim() != 1 or text.shape[0] < 2:
+        got = f"shape {tuple(text.shape)}" if isinstance(text, torch.Tensor) else type(text).__name__
+        raise PosencError(f"streaming needs a (T,) tensor of token ids, T >= 2, got {got}")
 
 
 def table_nbytes(enc: Encoding, method: Method, x: torch.Tensor) -> int:

@@ -355,6 +355,19 @@ def _zero_padding(h: torch.Tensor, pos: torch.Tensor, first: torch.Tensor | None
     return h if first is None else h * (pos[None, :, None] >= first[:, None, None])
 
 
+def check_tokens(tokens, n: str = "T") -> None:
+    """PosencError (one line) unless ``tokens`` is a tensor of shape (batch, ``n``), both >= 1: the token ids
+    ``LM.forward`` and ``decode`` take (``check_ids`` then checks their dtype and range). A list is refused, not
+    converted (``generate`` takes one: a prompt); a batch of 0 rows was a raw RuntimeError from a reshape."""
+    if not isinstance(tokens, torch.Tensor):
+        raise PosencError(
+            f"tokens must be a (batch, {n}) int64 tensor (torch.tensor(ids); generate takes a list too), "
+            f"got {type(tokens).__name__}"
+        )
+    if tokens.dim() != 2 or 0 in tokens.shape:
+        raise PosencError(f"tokens must be (batch, {n}) with batch >= 1 and {n} >= 1, got shape {tuple(tokens.shape)}")
+
+
 class LM(nn.Module):
     """Decoder-only language model of a ``ModelConfig`` (PosencError, one line, for another type: ``build_model``
     takes a dict). ``forward(tokens)`` (B, T) int64 -> logits (B, T, vocab) (PosencError for ids outside the
@@ -402,8 +415,7 @@ class LM(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token (and additive position) embeddings (B, T, d_model) and the positions (T,); ``first`` (B,): a
         left-padded batch's first real rows, whose additive embeddings take each row's own positions, pos - first."""
-        if tokens.dim() != 2 or tokens.shape[1] == 0:
-            raise PosencError(f"tokens must be (batch, T) with T >= 1, got shape {tuple(tokens.shape)}")
+        check_tokens(tokens)
         if pos is not None:
             check_pos(pos, tokens.shape[1])
         check_ids(tokens, self.cfg.vocab_size, "token ids")
@@ -433,8 +445,7 @@ class LM(nn.Module):
             return None
         if pos is not None:
             raise PosencError("give an attention_mask or positions, not both: the mask sets each row's positions")
-        if tokens.dim() != 2:
-            raise PosencError(f"tokens must be (batch, T) with T >= 1, got shape {tuple(tokens.shape)}")
+        check_tokens(tokens)
         first = padding_starts(attention_mask, tokens.shape[0], tokens.shape[1], tokens.device)
         for block in self._blocks:
             check_padding(block.attn.enc, block.attn.method, first, tokens.shape[1])
@@ -462,7 +473,8 @@ class LM(nn.Module):
         then 1s; ``pad_left`` builds it), without ``pos``: each row's positions count from its first token
         (cumsum(mask) - 1), no token attends to padding, and every scheme keeps the padding neutral, so a row's
         logits at its tokens equal the row alone's (float32 rounding; at the padding they mean nothing).
-        PosencError (one line) for positions ``check_pos`` refuses (not (T,) int64, or negative), a mask
+        PosencError (one line) for tokens that are not a (B, T) tensor with B, T >= 1 (``check_tokens``: a list too;
+        ``generate`` takes one), positions ``check_pos`` refuses (not (T,) int64, or negative), a mask
         ``posenc.layer.padding_starts`` refuses, under an inference method
         (``set_method``), or with a length-dependent RoPE schedule (dynamic NTK, LongRoPE) whose frequencies the
         rows' lengths would set apart.
@@ -482,12 +494,12 @@ class LM(nn.Module):
         old ones): exact, at the cost of a parallel forward of the prefix.
         attention_mask: (B, n) left padding of a batch of prompts (as ``forward``), at the first step only (the
         cache keeps it: later steps' tokens are each row's next ones); each row's logits equal the row alone's.
-        Raises PosencError for a bad shape, token ids that are not int64 or lie outside the vocabulary, a cache
-        that is not a :class:`Cache` or of another number of layers or batch size, a length beyond a learned
-        position table, or a mask ``forward`` refuses or given after the first step.
+        Raises PosencError for tokens that are not a (B, n) tensor with B, n >= 1 (``check_tokens``), token ids that
+        are not int64 or lie outside the vocabulary, a cache that is not a :class:`Cache` or of another number of
+        layers or batch size, a length beyond a learned position table, or a mask ``forward`` refuses or given after
+        the first step.
         """
-        if tokens.dim() != 2 or tokens.shape[1] == 0:
-            raise PosencError(f"tokens must be (batch, n) with n >= 1, got shape {tuple(tokens.shape)}")
+        check_tokens(tokens, "n")
         check_ids(tokens, self.cfg.vocab_size, "token ids")  # before the cache's prefix joins them
         if not isinstance(cache, Cache):
             raise PosencError(f"cache must be a posenc.model.Cache (one per model), got {type(cache).__name__}")
@@ -568,9 +580,10 @@ class LM(nn.Module):
                 ) from None
         flat = prompt_ids.dim() == 1
         ids = prompt_ids[None] if flat else prompt_ids
-        if ids.dim() != 2 or ids.shape[1] == 0:
+        if ids.dim() != 2 or 0 in ids.shape:
             raise PosencError(
-                f"the prompt must be (T,) or (batch, T) token ids, T >= 1; got shape {tuple(prompt_ids.shape)}"
+                "the prompt must be (T,) or (batch, T) token ids, batch >= 1 and T >= 1; "
+                f"got shape {tuple(prompt_ids.shape)}"
             )
         check_ids(ids, self.cfg.vocab_size, "prompt token ids")
         mask = attention_mask[None] if flat and isinstance(attention_mask, torch.Tensor) else attention_mask
@@ -613,17 +626,15 @@ class LM(nn.Module):
         text. Returns ((T-1,) float32, entry t predicting text[t + 1]; the peak bytes: the largest ``Cache.nbytes``
         seen plus the largest distance table a step builds, ``posenc.methods.table_nbytes``, flat too). Equals
         ``token_nll`` of the parallel forward under the method (tested: the streaming definition). Raises
-        PosencError without a bounded method, for chunk < 1 or a text of fewer than 2 tokens.
+        PosencError without a bounded method, for a chunk that is not an integer >= 1 or a text that is not a (T,)
+        tensor of T >= 2 token ids (``posenc.methods.check_stream``).
         """
         method = self.method
         if method is None or not method.bounded:
             raise PosencError(
                 "a streaming perplexity needs a bounded cache: apply a sinks method first (--method sinks:...)"
             )
-        if chunk < 1 or text.dim() != 1 or text.shape[0] < 2:
-            raise PosencError(
-                f"streaming needs chunk >= 1 and a text of >= 2 tokens, got chunk {chunk}, shape {tuple(text.shape)}"
-            )
+        methods.check_stream(text, chunk)
         was_training, cache, out, peak = self.training, Cache(len(self.blocks)), [], 0
         x = self.tok.weight.new_zeros(1, 1, self.cfg.d_model)
         table = max(methods.table_nbytes(block.attn.enc, method, x) for block in self._blocks)
@@ -812,9 +823,13 @@ def set_method(model: LM, spec: str | None) -> methods.Method | None:
     """Apply the inference method ``spec`` (``posenc.methods.parse``: ``self-extend:group=4,window=64``,
     ``lm-infinite``, ``sinks:n_sink=4,window=60``) to every layer of ``model`` in place (None: none); returns the
     Method (``label()``: its spec with every parameter), or None. PosencError (one line) for a bad spec (or one
-    that is not a str), a scheme it does not apply to (every layer is checked before any changes), or exact
-    positions past the trained length (``posenc.methods.check_reach``: the training length times a RoPE
-    schedule's factor)."""
+    that is not a str), a ``model`` that is not an :class:`LM` (the arguments swapped were an AttributeError), a
+    scheme it does not apply to (every layer is checked before any changes), or exact positions past the trained
+    length (``posenc.methods.check_reach``: the training length times a RoPE schedule's factor)."""
+    if not isinstance(model, LM):
+        swapped = " (the method spec comes second)" if isinstance(model, str) else ""
+        got = f"str {model!r}" if isinstance(model, str) else type(model).__name__
+        raise PosencError(f"set_method(model, spec) takes a posenc.LM first, got {got}{swapped}")
     method = None if spec is None else methods.parse(spec, model.cfg.train_length)
     if method is not None:
         for block in model._blocks:

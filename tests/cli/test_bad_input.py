@@ -291,6 +291,23 @@ def decoded_cache(**config) -> Cache:
     return cache
 
 
+def tiny() -> posenc.LM:
+    """A one-layer RoPE model of width 16 (two heads)."""
+    return build_model({"n_layer": 1, "n_head": 2, "d_model": 16})
+
+
+def streaming(method: str = "sinks:n_sink=2,window=6") -> posenc.LM:
+    """``tiny()`` under a bounded method, for ``streaming_nll``."""
+    model = tiny()
+    set_method(model, method)
+    return model
+
+
+def qkv(dtypes) -> list[torch.Tensor]:
+    """q, k, v (1, 4, 6, 16) in ``dtypes``, for ``posenc.attend`` of a scheme prepared at 6 positions, 4 heads."""
+    return [t.to(d) for t, d in zip(torch.randn(3, 1, 4, 6, 16), dtypes)]
+
+
 @pytest.mark.parametrize(
     "make,message",
     [
@@ -541,6 +558,92 @@ def decoded_cache(**config) -> Cache:
             lambda: posenc.LayerCache().reorder(torch.tensor([], dtype=torch.long)),
             "a reorder index must select at least one row, got none",
         ),
+        # new-user pass nine, the Python API (issue 59): a batch of 0 rows (a raw RuntimeError from a reshape), a list
+        # of ids where forward and decode take a tensor, set_method's arguments swapped (AttributeError), a chunk
+        # that is no integer (a TypeError from range; True taken for 1), q, k, v of two dtypes (silently cast under
+        # a rotation, a raw RuntimeError from the kernel under a bias), heads that do not divide d_model said to be
+        # n_kv_head's, and per-token-id steps given ids of another shape (a raw RuntimeError, or "phases do not fit")
+        (
+            lambda: tiny()(torch.zeros(0, 4, dtype=torch.long)),
+            "tokens must be (batch, T) with batch >= 1 and T >= 1, got shape (0, 4)",
+        ),
+        (
+            lambda: tiny().token_nll(torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, 4, dtype=torch.long)),
+            "tokens must be (batch, T) with batch >= 1 and T >= 1, got shape (0, 4)",
+        ),
+        (
+            lambda: tiny().decode(torch.zeros(0, 4, dtype=torch.long), Cache(1)),
+            "tokens must be (batch, n) with batch >= 1 and n >= 1, got shape (0, 4)",
+        ),
+        (
+            lambda: tiny().generate(torch.zeros(0, 4, dtype=torch.long), 2),
+            "the prompt must be (T,) or (batch, T) token ids, batch >= 1 and T >= 1; got shape (0, 4)",
+        ),
+        (
+            lambda: posenc.Attention(32, 2, "rope")(torch.randn(0, 3, 32)),
+            "x must be (batch, T, 32) with batch >= 1 and T >= 1, got shape (0, 3, 32)",
+        ),
+        (
+            lambda: posenc.Attention(32, 2, "rope").decode(torch.randn(0, 3, 32), posenc.LayerCache()),
+            "x must be (batch, T, 32) with batch >= 1 and T >= 1, got shape (0, 3, 32)",
+        ),
+        (
+            lambda: tiny()([[1, 2, 3]]),
+            "tokens must be a (batch, T) int64 tensor (torch.tensor(ids); generate takes a list too), got list",
+        ),
+        (
+            lambda: tiny()([[1, 2, 3]], attention_mask=torch.ones(1, 3)),
+            "tokens must be a (batch, T) int64 tensor (torch.tensor(ids); generate takes a list too), got list",
+        ),
+        (
+            lambda: tiny().decode([[1, 2, 3]], Cache(1)),
+            "tokens must be a (batch, n) int64 tensor (torch.tensor(ids); generate takes a list too), got list",
+        ),
+        (
+            lambda: set_method("self-extend", tiny()),
+            "set_method(model, spec) takes a posenc.LM first, got str 'self-extend' (the method spec comes second)",
+        ),
+        (
+            lambda: set_method(posenc.Attention(16, 2), "self-extend"),
+            "set_method(model, spec) takes a posenc.LM first, got Attention",
+        ),
+        *[
+            (
+                lambda c=c: streaming().streaming_nll(torch.arange(8), chunk=c),
+                f"chunk must be an integer >= 1, got {c!r}",
+            )
+            for c in (2.5, True, "3", 0)
+        ],
+        (
+            lambda: streaming().streaming_nll([1, 2, 3]),
+            "streaming needs a (T,) tensor of token ids, T >= 2, got list",
+        ),
+        (
+            lambda: streaming().streaming_nll(torch.tensor([1])),
+            "streaming needs a (T,) tensor of token ids, T >= 2, got shape (1,)",
+        ),
+        *[
+            (
+                lambda s=s, d=d: posenc.attend(*qkv(d), posenc.prepare(s, torch.randn(1, 6, 64), n_head=4)),
+                "q, k, v must share one dtype, got " + ", ".join(map(str, d)) + ": cast them (.to) to one",
+            )
+            for s in ("rope", "alibi")
+            for d in (
+                (torch.float64, torch.float32, torch.float32),
+                (torch.float32, torch.float32, torch.float64),
+            )
+        ],
+        (lambda: posenc.Attention(32, 3), "d_model 32 is not divisible by n_head 3"),
+        (lambda: posenc.Attention(32, 4, n_kv_head=3), "n_head 4 is not divisible by n_kv_head 3"),
+        *[
+            (
+                lambda b=b, t=t: posenc.Attention(32, 2, scheme="acc-token-qk", vocab_size=10)(
+                    torch.randn(b, 3, 32), tokens=torch.ones(t, dtype=torch.long)
+                ),
+                f"token ids must be (batch, T) = ({b}, 3), x's, got shape {t}",
+            )
+            for b, t in ((1, (3,)), (1, (1, 2)), (1, (1, 1, 3)), (1, (2, 3)), (2, (1, 3)))
+        ],
     ],
 )
 def test_python_api_bad_arguments_are_one_line(make, message):

@@ -384,8 +384,11 @@ def test_streaming_nll_equals_the_full_forward_under_sinks(chunk):
     per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
     assert nll.shape == (49,) and torch.allclose(nll, want, atol=1e-4)
     assert peak == 7 * per_position * 4  # float32 keys and values of the 7 kept positions
-    with pytest.raises(PosencError, match="chunk >= 1"):
-        streaming_nll(a.model, a.method, text, 0)
+    for bad in (0, 2.5, True):  # 2.5 was a TypeError from range, True taken for 1 (issue 59)
+        with pytest.raises(PosencError, match=rf"^chunk must be an integer >= 1, got {bad}$"):
+            streaming_nll(a.model, a.method, text, bad)
+    with pytest.raises(PosencError, match=r"^streaming needs a \(T,\) tensor of token ids, T >= 2, got list$"):
+        streaming_nll(a.model, a.method, text.tolist())
 
 
 def test_extend_streams_the_held_out_text_through_the_sinks_cache(llama_dir, tmp_path, capsys):

@@ -191,8 +191,9 @@ class Accumulated(Encoding):
         return self.width_b if self.log_a is None else self.width_b * self.log_a.float().exp()
 
     def _u(self, inp: Inputs) -> torch.Tensor:
-        """Unit steps u in [-1, 1]: (B|1, H, T, D/2) float32. Mode 'token': PosencError (one line) without token ids
-        or for an id outside [0, vocab_size)."""
+        """Unit steps u in [-1, 1]: (B|1, H, T, D/2) float32. Mode 'token': PosencError (one line) without token ids,
+        for an id outside [0, vocab_size) or ids of another shape than x's (B, T) (a raw RuntimeError, or "phases do
+        not fit", before)."""
         B, T = inp.x.shape[:2]
         H, half = self.dims.n_head, self.n_blocks
         if self.mode == "learned":
@@ -201,6 +202,10 @@ class Accumulated(Encoding):
             if inp.tokens is None:
                 raise PosencError("per-token-id steps (mode='token') need the token ids; this layer has none")
             check_ids(inp.tokens, self.dims.vocab_size, "token ids")  # a negative id would wrap around the table
+            if inp.tokens.shape != (B, T):
+                raise PosencError(
+                    f"token ids must be (batch, T) = ({B}, {T}), x's, got shape {tuple(inp.tokens.shape)}"
+                )
             return self.token_u[inp.tokens].transpose(1, 2)
         if not self.training:  # evaluation: one fixed draw per position, the same for every row and window
             key = torch.tensor(

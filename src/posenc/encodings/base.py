@@ -99,7 +99,7 @@ class Dims:
 
 def check_int(value, name: str, least: int) -> None:
     """PosencError (one line) unless ``value`` is an int (not a bool) >= ``least``: a size or count of the public
-    API (``Dims``', ``posenc.Attention``'s)."""
+    API (``Dims``', ``posenc.Attention``'s, a streaming perplexity's chunk)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise PosencError(f"{name} must be an integer >= {least}, got {value!r}")
 

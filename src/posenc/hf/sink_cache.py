@@ -72,12 +72,10 @@ def streaming_nll(model, method: methods.Method, text: torch.Tensor, chunk: int 
     ``model``: a Hugging Face causal LM under sinks ``method`` (``Adaptation.set_method("sinks:...")``); text
     (T,) int64, T >= 2. Returns ((T-1,) float32, entry t predicting text[t + 1]; the largest cache held between
     chunks, in bytes: n_sink + window - 1 keys and values per layer, flat however long the text).
-    Equals the full forward's NLL under the method (tested). PosencError for chunk < 1 or fewer than 2 tokens.
+    Equals the full forward's NLL under the method (tested). PosencError (``posenc.methods.check_stream``) for a
+    chunk that is not an integer >= 1 or a text that is not a (T,) tensor of T >= 2 token ids.
     """
-    if chunk < 1 or text.dim() != 1 or text.shape[0] < 2:
-        raise PosencError(
-            f"streaming needs chunk >= 1 and a text of >= 2 tokens, got chunk {chunk}, shape {tuple(text.shape)}"
-        )
+    methods.check_stream(text, chunk)
     cache, out, peak = sink_cache(model, method), [], 0
     for s in range(0, text.shape[0] - 1, chunk):
         ids = text[None, s : min(s + chunk, text.shape[0] - 1)]
