@@ -170,7 +170,10 @@ def bad_commands(run):
             ["eval", str(run), "--rope-schedule", "yarn", "--factor", "4", "--rope-param", "factor=8"],
             "--rope-param factor=8: factor is given twice",
         ),
-        (["extend", "--quick", "--dry-run", "--model", str(run.parent / "empty")], "holds neither config.json nor one"),
+        (
+            ["extend", "--quick", "--dry-run", "--model", str(run.parent / "empty")],
+            "holds no config.json (not a Hugging Face model directory)",
+        ),
         (["finetune", "--quick", "--dry-run", "--model", str(run)], "is a posenc train run, not a pretrained model"),
         (["extend", "--quick", "--model", str(run)], "is a posenc train run, not a pretrained model"),
         (["generate", "", "--prompt", "To be"], "argument MODEL: is empty"),

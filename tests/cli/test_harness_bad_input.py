@@ -33,7 +33,10 @@ def one_line_exit_2(capsys, code: int, message: str) -> None:
         # what needs the model's weights: refused when the first model is adapted, before out is made
         (["--adaptations", "scheme:gemma3"], "scheme 'gemma3' is a pattern of 6 layer entries for a model of 2 layers"),
         (["--model", "runs/nosuch"], "model path runs/nosuch does not exist (a Hugging Face hub id is ORG/NAME)"),
-        (["--model", "{empty}"], "holds neither config.json nor one .gguf file (0 found)"),
+        (
+            ["--model", "{empty}"],
+            "holds no config.json (not a Hugging Face model directory): give a Hugging Face model",
+        ),
         (["--tokenizer", "{empty}"], "--tokenizer {empty} holds no Hugging Face tokenizer transformers can load"),
         (["--tokenizer", "runs/nosuch"], "--tokenizer runs/nosuch does not exist"),
     ],

@@ -148,7 +148,8 @@ def run(args) -> int:
     args.max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
     once("--multiples", args.multiples)  # each length is scored once, and its record appended to eval.jsonl once
     model, mcfg, tcfg = load_text_run(args.run_dir, "eval")
-    hold_run_dir(args.run_dir, fix="", ancestors=True)  # its eval.jsonl: one writer at a time (posenc.store.lock)
+    # its eval.jsonl: one writer at a time (posenc.store.lock); a read-only run is refused naming the folder
+    hold_run_dir(args.run_dir, fix="", ancestors=True, writes="its records (eval.jsonl)")
     drop_torn_tail(Path(args.run_dir) / "eval.jsonl")  # a record a kill cut short must not swallow the next one
     lengths = eval_lengths(mcfg.train_length, args.multiples)
     scheme = mcfg.encoding

@@ -23,7 +23,14 @@ from posenc.cli.common import (
 )
 from posenc.hf.loading import check_pretrained
 from posenc.hf.schedules import WINDOW_DIVISOR
-from posenc.jobs.extend import ExtendConfig, extend, held_out, load_extend_config, preset_names
+from posenc.jobs.extend import (
+    ExtendConfig,
+    check_same_setting,
+    extend,
+    held_out,
+    load_extend_config,
+    preset_names,
+)
 from posenc.rope import NAMES
 from posenc.store.checkpoint import check_run_dir
 
@@ -247,10 +254,11 @@ def jobs(cfg: ExtendConfig) -> tuple[int, str]:
 def run(args) -> int:
     cfg = config(args)
     if args.dry_run:
-        held_out(cfg)  # the document names, as a run checks them before the model loads
+        documents = held_out(cfg)  # the document names, as a run checks them before the model loads
         check_pretrained(cfg.model)  # a missing path or a posenc run, as loading it refuses it
         out = args.out or Path("runs") / "extend" / cfg.name
         check_run_dir(out)  # a file in the way, as the run refuses it
+        check_same_setting(out, cfg, [d.name for d in documents])  # results of another setting, as the run
         return print_dry_run("posenc extend", {"out": out, **cfg.model_dump()}, *jobs(cfg))
     out, markdown = extend(cfg, args.out)
     print(markdown)

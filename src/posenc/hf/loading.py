@@ -64,19 +64,30 @@ def smollm2_gguf() -> Path:
     return dest
 
 
+def unnamed_gguf(path: Path) -> str:
+    """What to do when the directory ``path``, which holds no config.json, holds .gguf files: name one (``; to
+    load its .gguf file name it: PATH``); '' when it holds none. Only a GGUF file named is loaded: a folder such as
+    /tmp may hold a stray one, which was taken for the model."""
+    ggufs = sorted(Path(path).glob("*.gguf"))
+    if not ggufs:
+        return ""
+    if len(ggufs) == 1:
+        return f"; to load its .gguf file name it: {ggufs[0]}"
+    return f"; to load one of its {len(ggufs)} .gguf files name it (such as {ggufs[0]})"
+
+
 def check_model(spec: str) -> None:
     """PosencError (one line) for a model spec that ``load`` refuses before anything loads: a file that is no .gguf,
     a path that does not exist and is no hub id (``is_hub_id``: at once, where transformers would spend ~40 s in hub
-    retries), a directory with neither config.json nor one .gguf file. ``smollm2``, a model directory and a hub id
-    pass (they fail, if they do, when they load)."""
+    retries), a directory without config.json (a GGUF file in it is loaded only when named: :func:`unnamed_gguf`).
+    ``smollm2``, a model directory and a hub id pass (they fail, if they do, when they load)."""
     path = Path(spec).expanduser()
     if path.is_dir():
         refuse_broken_link(path / "config.json", "point it at the model's file")
-        ggufs = len(list(path.glob("*.gguf")))
-        if not (path / "config.json").exists() and ggufs != 1:
+        if not (path / "config.json").exists():
             raise PosencError(
-                f"model directory {spec} holds neither config.json nor one .gguf file ({ggufs} found): give a "
-                "Hugging Face model directory, a .gguf file or a hub id"
+                f"{spec} holds no config.json (not a Hugging Face model directory)"
+                + (unnamed_gguf(path) or ": give a Hugging Face model directory, a .gguf file or a hub id")
             )
         return
     if spec == DEFAULT_MODEL:
@@ -115,10 +126,7 @@ def _resolve(spec: str) -> tuple[str, str | None]:
     path = Path(spec).expanduser()
     if path.is_file():
         return str(path.parent), path.name
-    if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if not (path / "config.json").exists() and len(ggufs) == 1:
-            return str(path), ggufs[0].name
+    if path.is_dir():  # a model directory (check_model): its config.json, never a GGUF file lying there
         return str(path), None
     return spec, None  # a hub id
 

@@ -45,13 +45,13 @@ from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
 from posenc.store.checkpoint import check_run_dir, drop_torn_tail, read_json, write_json
 from posenc.store.lock import hold_run_dir, open_run_dir
-from posenc.store.presets import SHIPPED, Seed, distinct, load_flat
+from posenc.store.presets import SHIPPED, Seed, distinct, load_flat, refuse_other_settings
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, load, trial_key
 from posenc.store.stamp import WeightsDtype, resolve_dtype, run_stamp, stamp_line
 
 PRESETS = SHIPPED / "extend"
-# the setting: records of another setting in the same directory are kept, not shown (their tag differs)
+# the setting: one per run directory (check_same_setting refuses a rerun of another); its records carry its tag
 SETTING = (
     "model",
     "corpus",
@@ -459,27 +459,50 @@ def _passkey_points(adapted: Adaptation, tok, label: str, store: _Store, cfg: Ex
 
 
 def _write_config(path: Path, setting: dict, invocation: dict) -> None:
-    """config.json: the setting, and every invocation (lengths, schedules, ...) run on it in this directory."""
+    """config.json: the setting, and every invocation (lengths, schedules, ...) run on it in this directory (a
+    finetune run resumed with other scoring settings starts the list anew; ``posenc extend`` refuses another setting,
+    :func:`check_same_setting`)."""
     old = read_json(path) if path.exists() else {}
     calls = old.get("invocations", []) if {k: old.get(k) for k in setting} == setting else []
     write_json(path, {**setting, "invocations": calls + [invocation]})
 
 
-def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -> _Store:
-    """Record this call in ``config.json`` and open the records of its setting. Without ``cfg.bucket`` the bucket
-    width is the one ``config.json`` records, so that a run directory resumes on its own records (their setting
-    tag); in a new directory it stays None."""
+def run_setting(out: Path, cfg: ExtendConfig, docs: list[str]) -> dict:
+    """The setting of ``cfg``'s records in the run directory ``out`` (what their tag hashes): ``SETTING``, the
+    ``OPTIONAL_SETTING`` given, the weights' dtype unless float32, the held-out documents' names ``docs`` and the
+    bucket width. Without ``cfg.bucket`` the width is the one ``out/config.json`` records, so that a run directory
+    resumes on its own records; in a new directory it stays None."""
     config = out / "config.json"
     bucket = cfg.bucket if cfg.bucket is not None or not config.exists() else read_json(config).get("bucket")
     given = {k: getattr(cfg, k) for k in OPTIONAL_SETTING if getattr(cfg, k) is not None}
     weights = resolve_dtype(cfg.dtype)
     if weights != torch.float32:  # the default dtype, like an unset optional setting, stays out of the tag
         given["dtype"] = str(weights).removeprefix("torch.")
-    setting = {**{k: getattr(cfg, k) for k in SETTING}, **given, "bucket": bucket, "docs": [d for d, _ in docs]}
+    return {**{k: getattr(cfg, k) for k in SETTING}, **given, "bucket": bucket, "docs": list(docs)}
+
+
+def check_same_setting(out: Path, cfg: ExtendConfig, docs: list[str]) -> None:
+    """PosencError (``posenc.store.presets.refuse_other_settings``, compare's refusal) when the run directory ``out``
+    holds results of another setting than ``cfg``'s (:func:`run_setting`; ``docs``: the held-out documents'
+    names): a rerun would replace its config.json and report with the new setting's. Checked before the model
+    loads."""
+    config = out / "config.json"
+    if not config.exists():
+        return
+    old = read_json(config)
+    keys = (*SETTING, *OPTIONAL_SETTING, "dtype", "bucket", "docs")
+    now = json.loads(json.dumps(run_setting(out, cfg, docs)))  # as config.json holds it: tuples as lists
+    refuse_other_settings(out, {k: old[k] for k in keys if k in old}, now)
+
+
+def open_store(out: Path, cfg: ExtendConfig, docs: list, l0: int, source: str) -> _Store:
+    """Record this call in ``config.json`` and open the records of its setting (:func:`run_setting`)."""
+    setting = run_setting(out, cfg, [d for d, _ in docs])
     tag = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:12]
+    weights = resolve_dtype(cfg.dtype)
     invocation = {**{k: getattr(cfg, k) for k in INVOCATION}, "stamp": run_stamp(weights=weights)}
-    _write_config(config, {**setting, "native_context": l0, "source": source}, invocation)
-    return _Store(out / "records.jsonl", tag, cfg.bos, bucket)
+    _write_config(out / "config.json", {**setting, "native_context": l0, "source": source}, invocation)
+    return _Store(out / "records.jsonl", tag, cfg.bos, setting["bucket"])
 
 
 def eval_inputs(
@@ -537,7 +560,8 @@ def extend(cfg: ExtendConfig, out: Path | None = None) -> tuple[Path, str]:
     touched for an unknown document, a model posenc cannot load or extend, a ReRoPE window
     or leak invalid for the model's native context L0, a length longer than the held-out
     text, a length beyond factor x L0 that no schedule would score (``long_schedules``), ``bos: prepend`` without a
-    BOS token, or an ``out`` that cannot be made a directory (a file in the way: ``check_run_dir``).
+    BOS token, an ``out`` that cannot be made a directory (a file in the way: ``check_run_dir``), or one that holds
+    results of another setting (:func:`check_same_setting`).
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -545,6 +569,7 @@ def extend(cfg: ExtendConfig, out: Path | None = None) -> tuple[Path, str]:
     check_run_dir(out)  # before the model loads and the work; nothing is created yet
     hold_run_dir(out)  # an existing one held before its records are read (posenc.store.lock)
     documents = held_out(cfg)  # a bad document name fails before the model loads
+    check_same_setting(out, cfg, [d.name for d in documents])  # another setting's results: refused, kept
     loaded = loading.load(cfg.model, cfg.dtype)
     l0, docs, plan, bos_id = eval_inputs(cfg, loaded, documents)
     open_run_dir(out)  # all input checked: only now touch the output directory

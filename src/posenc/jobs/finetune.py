@@ -29,7 +29,7 @@ from typing import Annotated, Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 
 from posenc.data.corpora import load_corpus
 from posenc.errors import PosencError
@@ -48,7 +48,7 @@ from posenc.store.checkpoint import (
     write_json,
 )
 from posenc.store.lock import hold_run_dir, open_run_dir, run_files
-from posenc.store.presets import SHIPPED, distinct, load_flat, validated
+from posenc.store.presets import SHIPPED, StepCount, Steps, distinct, load_flat, validated
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PasskeyTrial, ScoredWindow
 from posenc.store.stamp import run_stamp
@@ -86,15 +86,15 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
     # the loop's defaults for a pretrained model: a short budget of small batches, a low rate, no decay
     batch_size: PositiveInt = 1
     """Sequences per optimiser step (a pretrained model's default: small batches)."""
-    steps: PositiveInt = 50
+    steps: Steps = 50
     """Optimiser steps."""
     lr: PositiveFloat = 2e-4
     """Peak learning rate (AdamW; low for a pretrained model)."""
-    warmup: NonNegativeInt = 5
+    warmup: StepCount = 5
     """Linear warmup steps."""
     weight_decay: NonNegativeFloat = 0.0
     """AdamW weight decay (none for a pretrained model)."""
-    ckpt_every: PositiveInt = 10
+    ckpt_every: Steps = 10
     """Steps between checkpoints."""
     scheme: str | None = None
     """A posenc scheme put into the model's attention (posenc.hf.scheme.apply_scheme)."""
@@ -492,8 +492,8 @@ def _header(cfg: FinetuneConfig, label: str, l0: int, params: dict, log: list[di
 def model_kind(spec: str) -> str:
     """What MODEL names: ``train`` (a directory whose config.json has posenc's model and train sections), ``finetune``
     (a directory with ``finetune.json``) or ``pretrained`` (anything else ``posenc.hf.loading`` takes: a model
-    directory with config.json or one .gguf file, a .gguf file, 'smollm2', a hub id; a missing path is its error).
-    PosencError for a directory that is none of these."""
+    directory with config.json, a .gguf file, 'smollm2', a hub id; a missing path is its error). PosencError for a
+    directory that is none of these (one holding a .gguf file: name the file, ``posenc.hf.loading.unnamed_gguf``)."""
     path = Path(spec).expanduser()
     if not path.is_dir():
         return "pretrained"
@@ -506,9 +506,7 @@ def model_kind(spec: str) -> str:
     if config.exists():
         cfg = read_json(config)
         return "train" if isinstance(cfg, dict) and "model_type" not in cfg and "train" in cfg else "pretrained"
-    if len(list(path.glob("*.gguf"))) == 1:
-        return "pretrained"
     raise PosencError(
         f"{spec} is neither a posenc train run (config.json, model.safetensors), a posenc finetune run "
-        f"({SETTINGS}) nor a model directory (config.json or one .gguf file)"
+        f"({SETTINGS}) nor a model directory (config.json)" + loading.unnamed_gguf(path)
     )

@@ -36,6 +36,7 @@ from posenc.errors import PosencError, one_line, sigterm_as_interrupt
 from posenc.store import records
 from posenc.store.checkpoint import append_jsonl, drop_torn_tail, read_json, read_jsonl, write_json
 from posenc.store.lock import holding, open_run_dir
+from posenc.store.presets import refuse_other_settings
 from posenc.store.stamp import run_stamp, utc_now
 from posenc.train.distributed import check_device
 from posenc.train.loop import train, use_threads
@@ -404,10 +405,17 @@ def check_same_settings(run_root: Path, preset: Preset) -> None:
     """Raise PosencError when ``run_root`` holds results made with other settings.
 
     Reruns skip what is finished, so mixing settings would label old results with
-    new settings; schemes, seeds, lengths below the longest (``eval.span``) and extension rows may be added.
+    new settings; schemes, seeds, lengths below the longest (``eval.span``) and extension rows may be added
+    (``posenc.store.presets.refuse_other_settings``). Results (``results.jsonl``) without a ``preset.json`` (deleted:
+    record_run writes it before any job) were made with settings no file records: refused as well.
     """
     path = run_root / "preset.json"
     if not path.exists():
+        if (run_root / "results.jsonl").exists():
+            raise PosencError(
+                f"{run_root} holds results (results.jsonl) but no preset.json recording their settings; "
+                "use another --name or --out"
+            )
         return
     try:
         saved = read_json(path)
@@ -415,12 +423,7 @@ def check_same_settings(run_root: Path, preset: Preset) -> None:
         old = settings(Preset(**saved))
     except (ValidationError, ValueError, TypeError) as exc:
         raise PosencError(f"{path} is unreadable ({one_line(exc)}); use another --name or --out") from None
-    now = settings(preset)
-    diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in now.items() if old.get(k) != v]
-    if diff:
-        raise PosencError(
-            f"{run_root} holds results made with other settings ({'; '.join(diff)}); use another --name or --out"
-        )
+    refuse_other_settings(run_root, old, settings(preset))
 
 
 def device_env(device: str | None) -> dict[str, str]:

@@ -63,14 +63,17 @@ def make_run_dir(path: Path) -> None:
 
 def check_run_dir(path: Path) -> None:
     """PosencError (as :func:`make_run_dir`'s) when ``path`` could not be made a directory because a file is in the
-    way (at it or at an ancestor); nothing is created, so a command can check its output before the work and still
-    leave nothing behind when it refuses its input."""
+    way (at it or at an ancestor) or the directory it would be made in cannot be written (a read-only folder);
+    nothing is created, so a command can check its output before the work and still leave nothing behind when it
+    refuses its input."""
     for p in [Path(path), *Path(path).parents]:
         if p.is_symlink() and not p.exists():  # exists() follows the link: a dangling one reads as nothing there
             raise PosencError(f"cannot create output directory {path}: {p} is a broken symbolic link")
         if p.exists():
             if not p.is_dir():
                 raise PosencError(f"cannot create output directory {path}: a file is in the way")
+            if p != Path(path) and not os.access(p, os.W_OK | os.X_OK):  # mkdir would fail there after the work
+                raise PosencError(f"cannot create output directory {path}: {p} is not writable (read-only)")
             return
 
 

@@ -2,7 +2,8 @@
 
 A command opens a scope (:func:`holding`; the command line opens one around every command) and takes the lock of
 each directory it writes into with :func:`hold_run_dir` (an existing directory: before it reads what the directory
-holds) or :func:`open_run_dir` (made where absent). The scope's end releases them and removes the lock files; a
+holds) or :func:`open_run_dir` (made where absent); one it only reads (a trained run whose model it loads) with
+:func:`hold_to_read`. The scope's end releases them and removes the lock files; a
 killed process releases its locks with its file descriptors, so a stale ``.lock`` never blocks (it holds a dead
 process's pid, rewritten by the next holder). Outside a scope nothing is locked: the library's functions called from
 Python (tests, notebooks) hold nothing that a later command would trip on.
@@ -14,6 +15,7 @@ results skip it (:func:`run_files`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import time
@@ -49,22 +51,48 @@ def holding() -> Iterator[None]:
             _release(path, fd)
 
 
-def hold_run_dir(path: Path, fix: str = "use another --out", ancestors: bool = False) -> None:
+def hold_run_dir(
+    path: Path, fix: str = "use another --out", ancestors: bool = False, writes: str = "its results"
+) -> None:
     """Take the lock of the existing directory ``path`` for the current scope (no-op outside a scope, when this
     process holds it already, or when ``path`` is not a directory). With ``ancestors``, also refuse a ``path``
     inside a directory another posenc process holds (a compare's run root; not under ``PARENT_VAR``). PosencError
     "PATH is in use by another posenc process (pid N); wait for it or FIX" (``fix`` empty: no "or") when another
-    process holds it."""
+    process holds it, and "PATH is read-only (...): posenc writes WRITES there; ..." when it cannot be written (the
+    lock file is the command's first write there)."""
     if _held is None:
         return
-    if ancestors and not os.environ.get(PARENT_VAR):
-        for parent in Path(path).resolve().parents:
-            if _held_by_other(parent):
-                raise PosencError(_in_use(_shown(parent), fix))
+    if ancestors:
+        _refuse_held_above(path, fix)
     key = Path(path).resolve()
     if key in _held or not key.is_dir():
         return
-    _held[key] = _acquire(Path(path), fix)
+    _held[key] = _acquire(Path(path), fix, writes)
+
+
+def hold_to_read(path: Path, fix: str = "") -> None:
+    """For a command that reads the run directory ``path`` and writes nothing into it (``posenc diagnose``): as
+    :func:`hold_run_dir` with ``ancestors`` (refused while another posenc process holds it or a directory above it,
+    such as a training, whose checkpoints would change under the reader; none starts there while it reads), except
+    that a directory this process cannot write (read-only) is only checked: no lock file can be made there."""
+    if _held is None:
+        return
+    if not Path(path).is_dir() or os.access(path, os.W_OK):
+        hold_run_dir(path, fix, ancestors=True)
+        return
+    _refuse_held_above(path, fix)
+    if _held_by_other(Path(path)):
+        raise PosencError(_in_use(path, fix))
+
+
+def _refuse_held_above(path: Path, fix: str) -> None:
+    """PosencError (:func:`_in_use`) when another posenc process holds a directory above ``path`` (a compare's run
+    root), unless this process runs under ``PARENT_VAR`` (a compare's job, inside the root its compare holds)."""
+    if os.environ.get(PARENT_VAR):
+        return
+    for parent in Path(path).resolve().parents:
+        if _held_by_other(parent):
+            raise PosencError(_in_use(_shown(parent), fix))
 
 
 def open_run_dir(path: Path, fix: str = "use another --out") -> None:
@@ -83,13 +111,19 @@ def run_files(path: Path) -> list[Path]:
     return [p for p in Path(path).iterdir() if p.name != LOCK_FILE]
 
 
-def _acquire(path: Path, fix: str) -> int:
+def _acquire(path: Path, fix: str, writes: str) -> int:
     """The descriptor of ``path/.lock``, locked, holding this process's pid. PosencError (:func:`_in_use`) when
-    another process holds it. A lock file removed by its releasing holder between our open and our lock is opened
-    anew (else two processes could each hold a file of their own)."""
+    another process holds it, or naming the directory as read-only (``writes``: what the command writes there) when
+    the lock file cannot be made because it is. A lock file removed by its releasing holder between our open and our
+    lock is opened anew (else two processes could each hold a file of their own)."""
     lock = path / LOCK_FILE
     for attempt in range(_TRIES):
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:  # the lock file is the command's first write there: say what refused it
+            if exc.errno == errno.EROFS or (exc.errno in (errno.EACCES, errno.EPERM) and not os.access(path, os.W_OK)):
+                raise PosencError(_read_only(path, exc.errno, fix, writes)) from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -148,6 +182,15 @@ def _in_use(path: Path, fix: str) -> str:
     except OSError:
         pid = "unknown"
     return f"{path} is in use by another posenc process (pid {pid}); wait for it" + (f" or {fix}" if fix else "")
+
+
+def _read_only(path: Path, code: int, fix: str, writes: str) -> str:
+    """The refusal of a directory the command writes ``writes`` into that is read-only (``code``: the errno that
+    said so)."""
+    reason = os.strerror(code).lower()
+    return f"{path} is read-only ({reason}): posenc writes {writes} there; make it writable" + (
+        f" or {fix}" if fix else ""
+    )
 
 
 def _release(path: Path, fd: int) -> None:

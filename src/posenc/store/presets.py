@@ -26,6 +26,12 @@ from posenc.errors import PosencError
 
 # a run's seed: numpy's generators take no negative one, and the model's draws are int32 counters (ModelConfig.seed)
 Seed = Annotated[int, Field(ge=0, lt=2**31)]
+# the most optimiser steps a run takes, and the bound of every step count (warmup, checkpoint and log intervals):
+# a scheme that draws per training step counts its draws in [0, 2^31), the last value kept for evaluation
+# (posenc.encodings.draw, posenc.encodings.accumulated.EVAL_DRAW); 10^20 steps ran at a schedule that long until killed
+MAX_STEPS = 2**31 - 1
+Steps = Annotated[int, Field(gt=0, le=MAX_STEPS)]  # a step count or interval, > 0
+StepCount = Annotated[int, Field(ge=0, le=MAX_STEPS)]  # one that may be 0 (warmup)
 SHIPPED = importlib.resources.files("posenc") / "presets"  # package data: works from a wheel too
 
 
@@ -133,8 +139,9 @@ def read_preset(
     itself resolved, under this file's settings merged by :func:`merge` over ``cls``'s sections (every key but
     ``OWN``'s is taken from the base unless given here).
 
-    Raises PosencError (one line, naming the ``kind``) for an unknown preset, invalid YAML, a file that is not a
-    mapping of settings, a ``base`` that is not a name or path, and a cycle of bases.
+    Raises PosencError (one line, naming the ``kind``) for an unknown preset, a path that is no regular file (a
+    directory, a device such as /dev/null, a broken link: each said), invalid YAML, a file that is not a mapping of
+    settings, a ``base`` that is not a name or path, and a cycle of bases.
     """
     path = Path(name_or_path)
     shipped = next(
@@ -149,7 +156,14 @@ def read_preset(
         if bare:
             studies = " (a study's presets load once posenc --import loads its module)" if folder is SHIPPED else ""
             raise PosencError(f"unknown {kind} {name_or_path!r}; valid: {valid}{studies}")
-        what = "is a directory, not a YAML file" if path.is_dir() else "does not exist"
+        if path.is_dir():
+            what = "is a directory, not a YAML file"
+        elif path.exists():  # /dev/null, a FIFO (reading one would block): there, but no file of settings
+            what = "is not a regular file (a device, FIFO or socket), not a YAML file"
+        elif path.is_symlink():  # exists() follows the link
+            what = "is a broken symbolic link"
+        else:
+            what = "does not exist"
         raise PosencError(f"{kind} file {name_or_path} {what} (shipped {kind}s: {valid})")
     if str(path) in _chain:
         names = [Path(p).name for p in (*_chain[_chain.index(str(path)) :], str(path))]
@@ -392,3 +406,16 @@ def load_flat(cls: type[BaseModel], name_or_path: str, folder, kind: str, overri
     path, data = read_preset(name_or_path, folder, kind, cls)
     where = f"{kind} {path.name}" + (" with command-line options" if overrides else "")
     return validated(cls, apply(cls, data, overrides), where, overrides)
+
+
+def refuse_other_settings(where: Path, old: dict[str, Any], now: dict[str, Any]) -> None:
+    """PosencError when ``now``, the settings of a rerun into the run directory ``where``, differ from ``old``, those
+    its results were made with (each flat, {key: JSON value}; a key one of them lacks reads as None there): a rerun
+    skips what is finished, so mixing settings would label old results with new settings. The one refusal of every
+    command that resumes in its output folder (``posenc compare``: ``posenc.jobs.launcher.check_same_settings``;
+    ``posenc extend``: ``posenc.jobs.extend.check_same_setting``)."""
+    diff = [f"{k} {old.get(k)!r} -> {now.get(k)!r}" for k in dict.fromkeys([*now, *old]) if old.get(k) != now.get(k)]
+    if diff:
+        raise PosencError(
+            f"{where} holds results made with other settings ({'; '.join(diff)}); use another --name or --out"
+        )

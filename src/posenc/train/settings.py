@@ -12,13 +12,12 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
-    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     model_validator,
 )
 
-from posenc.store.presets import Seed
+from posenc.store.presets import Seed, StepCount, Steps
 from posenc.train.curves import LOSS_FALLING
 
 Precision = Literal["auto", "bf16", "fp32"]  # the forward's compute dtype: posenc.train.precision
@@ -36,13 +35,13 @@ class LoopConfig(BaseModel):
 
     batch_size: PositiveInt = 16
     """Sequences per optimiser step (global: split over torchrun processes)."""
-    steps: PositiveInt = 1000
+    steps: Steps = 1000
     """Training budget (optimiser steps); with ``until``, the cap."""
     lr: PositiveFloat = 1e-3
     """Peak learning rate of AdamW, reached after ``warmup``."""
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
     """The cosine decay ends at ``min_lr_ratio * lr`` at ``steps``."""
-    warmup: NonNegativeInt = 50
+    warmup: StepCount = 50
     """Linear warmup (steps)."""
     weight_decay: NonNegativeFloat = 0.1
     """AdamW weight decay, on matrices only."""
@@ -50,7 +49,7 @@ class LoopConfig(BaseModel):
     """Gradient norm clip (global L2 norm)."""
     seed: Seed = 0
     """Seed of the initialisation and the batches, in [0, 2^31) (``posenc.store.presets.Seed``)."""
-    ckpt_every: PositiveInt = 100
+    ckpt_every: Steps = 100
     """Checkpoint interval (steps): a killed run resumes from the last one."""
     threads: PositiveInt | None = None
     """torch CPU threads; null: torch's choice."""
@@ -75,11 +74,11 @@ class UntilConfig(BaseModel):
     """What is checked: ``id_accuracy``, the in-distribution answer accuracy."""
     at_least: Annotated[float, Field(gt=0, le=1)]
     """Training stops at the first check where the metric is >= this (a fraction)."""
-    every: PositiveInt
+    every: Steps
     """Check interval (steps)."""
     answers: PositiveInt = 1000
     """Held-out answers per check (a 1-point standard error at 90% accuracy needs ~900)."""
-    extend_to: PositiveInt | None = None
+    extend_to: Steps | None = None
     """Unmet at the cap (``train.steps``) with the training loss still falling: train on up to this step, at the
     schedule's final learning rate; null: stop at the cap."""
 
@@ -105,7 +104,7 @@ class TrainConfig(LoopConfig):
     """``byte`` (256 entries) or ``bpeN`` (a byte-level BPE of N entries trained on the corpus)."""
     time_budget: float | None = Field(None, gt=0)
     """Stop after this many seconds of training (a later ``--resume`` continues); null: no limit."""
-    log_every: int = Field(10, gt=0)
+    log_every: Steps = 10
     """Loss log interval (steps)."""
     compile: bool = False
     """torch.compile the model's forward (same losses to float rounding; faster on GPU)."""
