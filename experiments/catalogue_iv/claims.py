@@ -48,6 +48,7 @@ SCHEMES = (
     "hope",
     "fope",
     "rnope-swa:window=64",
+    "gemma3:window=64",
     "rope:rope_theta=500000,pairing=adjacent,chunk=64|rope:rope_theta=500000,pairing=adjacent,chunk=64|"
     "rope:rope_theta=500000,pairing=adjacent,chunk=64|llama4-temp:floor_scale=64",
 )
