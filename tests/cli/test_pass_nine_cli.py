@@ -411,3 +411,40 @@ def test_the_count_bound_is_stated_and_every_count_accepts_it():
     preset = load_preset("quick", {key: MAX_COUNT for key in COUNTS})
     assert preset.eval.passkey.trials == preset.task_eval.answers == MAX_COUNT
 
+
+# ---------------------------------------------------------------- 11. generate and report honour the lock
+
+
+@pytest.mark.parametrize(
+    "held,read",
+    [
+        ("tr", ["generate", "{tr}", "--prompt", "hi", "--max-new-tokens", "2"]),
+        ("cmp/quick", ["generate", "{cmp}/quick/rope/seed0", "--prompt", "hi", "--max-new-tokens", "2"]),
+        ("cmp/quick", ["report", "{cmp}/quick", "--out", "{rep}"]),
+        ("cmp/quick", ["report", "{cmp}/quick", "--scoreboard"]),
+        ("cmp/quick/rope/seed0", ["report", "{cmp}/quick/rope/seed0", "--out", "{rep}"]),
+    ],
+)
+def test_generate_and_report_refuse_a_run_another_posenc_process_holds(runs, capsys, holder, held, read):
+    """A run being trained (or a compare being written) was read as it stood, exit 0."""
+    proc = holder(runs / held)
+    before = digest(runs)
+    argv = [a.format(tr=runs / "tr", cmp=runs / "cmp", rep=runs / "rep") for a in read]
+    err = one_line_exit_2(capsys, argv, f"{runs / held} is in use by another posenc process (pid {proc.pid}); wait")
+    assert "completion" not in capsys.readouterr().out and err
+    assert digest(runs) == before and not (runs / "rep").exists()
+
+
+def test_generate_and_report_read_a_run_nobody_holds_and_leave_no_lock(runs, capsys):
+    assert main(["generate", str(runs / "tr"), "--prompt", "hi", "--max-new-tokens", "2"]) == 0
+    assert main(["report", str(runs / "cmp" / "quick"), "--out", str(runs / "rep")]) == 0
+    assert not list(runs.rglob(lock.LOCK_FILE))
+
+
+def test_report_reads_a_read_only_results_folder(runs, capsys, read_only):
+    """A committed results/ folder that cannot be written: no lock can be held there, it is only checked."""
+    read_only(runs / "cmp" / "quick")
+    before = digest(runs / "cmp" / "quick")
+    assert main(["report", str(runs / "cmp" / "quick"), "--out", str(runs / "rep")]) == 0
+    assert (runs / "rep" / "report.md").is_file() and digest(runs / "cmp" / "quick") == before
+
