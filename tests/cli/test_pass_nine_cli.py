@@ -448,3 +448,40 @@ def test_report_reads_a_read_only_results_folder(runs, capsys, read_only):
     assert main(["report", str(runs / "cmp" / "quick"), "--out", str(runs / "rep")]) == 0
     assert (runs / "rep" / "report.md").is_file() and digest(runs / "cmp" / "quick") == before
 
+
+# ---------------------------------------------------------------- 12. diagnose past a learned table
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory):
+    """A 2-step run of a learned position table (as long as the training length, 32 tokens)."""
+    run = tmp_path_factory.mktemp("pass9-learned") / "learned"
+    assert main(["train", "--scheme", "learned", *QUICK, "--out", str(run), "-q"]) == 0
+    return run
+
+
+def test_diagnose_past_a_learned_table_says_why_in_each_cell(learned, tmp_path, capsys):
+    """The tables past the table's length were empty (no layer.head rows, or bare n/a cells), exit 0."""
+    out = tmp_path / "d"
+    assert main(["diagnose", str(learned), "--out", str(out), "--multiples", "2", "4", "--windows", "1", "-q"]) == 0
+    md = (out / "diagnose.md").read_text()
+    assert capsys.readouterr().out.startswith(md)
+    for table in md.split("## ")[1:]:  # far mass, its bound, entropy: each says why for every cell
+        rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| layer.head")]
+        assert rows and rows[0].startswith("| every layer.head |"), table
+        for row in rows:
+            assert row.split(" | ")[1:] == [
+                "n/a: learned positions cover 32 tokens, got 64",
+                "n/a: learned positions cover 32 tokens, got 128 |",
+            ], row
+
+
+def test_diagnose_of_a_learned_table_keeps_the_lengths_it_covers(learned, tmp_path, capsys):
+    out = tmp_path / "d"
+    assert main(["diagnose", str(learned), "--out", str(out), "--multiples", "1", "2", "--windows", "1", "-q"]) == 0
+    entropy = (out / "diagnose.md").read_text().split("## Attention entropy")[1]
+    rows = [line.split(" | ") for line in entropy.splitlines() if line.startswith(("| 0.", "| 1.", "| uniform"))]
+    assert len(rows) == 5  # 2 layers x 2 heads, uniform
+    for row in rows:
+        float(row[1])  # the 1x cell: measured
+        assert row[2] == "n/a: learned positions cover 32 tokens, got 64 |"
