@@ -313,3 +313,175 @@ def test_a_folder_with_a_stray_gguf_is_not_taken_for_a_model(tmp_path, capsys, c
     assert f"{what}; to load its .gguf file name it: {folder / 'old.gguf'}\n" in err
     (folder / "new.gguf").write_text("not a model either")
     err = one_line_exit_2(capsys, argv, f"; to load one of its 2 .gguf files name it (such as {folder / 'new.gguf'})")
+
+
+# ---------------------------------------------------------------- 9. absurd thread counts
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--scheme", "rope", *QUICK, "--set", f"train.threads={10**20}"],  # trained: a traceback, no dry run
+        ["train", "--scheme", "rope", "--preset", "quick", "--set", f"train.threads={2**31}", "--dry-run"],
+        ["compare", "--preset", "quick", "--set", f"train.threads={10**20}", "--dry-run"],
+        ["extend", "--threads", str(10**20), "--dry-run"],
+        ["finetune", "--quick", "--set", f"threads={10**20}", "--dry-run"],
+    ],
+)
+def test_a_thread_count_past_the_bound_is_refused(tmp_path, capsys, argv):
+    """threads=10^20 was taken, and training raised torch's "Overflow when unpacking long long" (a traceback);
+    2^31 - 1, which torch takes, aborted OpenMP at the first parallel op."""
+    err = one_line_exit_2(capsys, [*argv, "--out", str(tmp_path / "x")], "Input should be less than or equal to 1024")
+    assert "threads=" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_thread_bound_is_stated_and_itself_accepted(tmp_path, capsys):
+    from posenc.store.presets import MAX_THREADS
+    from posenc.train.settings import TrainConfig
+
+    assert MAX_THREADS == 1024 and TrainConfig(threads=MAX_THREADS).threads == MAX_THREADS
+    argv = ["train", "--scheme", "rope", "--preset", "quick", "--set", "train.threads=1025", "--dry-run"]
+    one_line_exit_2(
+        capsys,
+        [*argv, "--out", str(tmp_path / "x")],
+        "invalid train.threads=1025 (command line): Input should be less than or equal to 1024",
+    )
+
+
+# ---------------------------------------------------------------- 10. absurd evaluation counts
+
+COUNTS = [
+    "eval.max_tokens",
+    "eval.batch_tokens",
+    "eval.passkey.trials",
+    "eval.passkey.candidates",
+    "eval.far_mass.windows",
+    "task_eval.answers",
+    "task_eval.max_tokens",
+    "task_eval.batch_tokens",
+]
+
+
+@pytest.mark.parametrize("key", COUNTS)
+def test_an_evaluation_count_past_the_bound_is_refused(tmp_path, capsys, key):
+    """eval.passkey.trials=10^20 (and each count here) was taken: the evaluation would have run until killed."""
+    argv = [*COMPARE, "--set", f"{key}={10**20}", "--out", str(tmp_path / "x"), "--dry-run"]
+    one_line_exit_2(
+        capsys, argv, f"invalid {key}={10**20} (command line): Input should be less than or equal to 2147483647"
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_criterion_answers_are_bounded(tmp_path, capsys):
+    until = f"train.until={{at_least: 0.9, every: 10, answers: {10**20}}}"
+    argv = [*COMPARE, "--tasks", "flipflop", "--set", until, "--out", str(tmp_path / "x"), "--dry-run"]
+    one_line_exit_2(capsys, argv, "less than or equal to 2147483647")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["extend", "--set", f"trials={10**20}"],
+        ["extend", "--set", f"max_tokens={10**20}"],
+        ["extend", "--set", f"max_windows={10**20}"],
+        ["extend", "--set", f"stream={10**20}"],
+        ["finetune", "--quick", "--set", f"eval_windows={10**20}"],
+    ],
+)
+def test_a_scoring_count_of_extend_or_finetune_past_the_bound_is_refused(tmp_path, capsys, argv):
+    one_line_exit_2(capsys, [*argv, "--dry-run", "--out", str(tmp_path / "x")], "less than or equal to 2147483647")
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_negative_passkey_seed_is_refused_before_training(tmp_path, capsys):
+    """eval.passkey.seed=-1 trained, then numpy's "expected non-negative integer" at the passkey pass (a traceback)."""
+    argv = [*COMPARE, "--set", "eval.passkey.seed=-1", "--out", str(tmp_path / "x"), "--dry-run"]
+    one_line_exit_2(
+        capsys, argv, "invalid eval.passkey.seed=-1 (command line): Input should be greater than or equal to 0"
+    )
+
+
+def test_the_count_bound_is_stated_and_every_count_accepts_it():
+    from posenc.config.plan import load_preset
+    from posenc.store.presets import MAX_COUNT
+
+    assert MAX_COUNT == 2**31 - 1
+    preset = load_preset("quick", {key: MAX_COUNT for key in COUNTS})
+    assert preset.eval.passkey.trials == preset.task_eval.answers == MAX_COUNT
+
+
+# ---------------------------------------------------------------- 11. generate and report honour the lock
+
+
+@pytest.mark.parametrize(
+    "held,read",
+    [
+        ("tr", ["generate", "{tr}", "--prompt", "hi", "--max-new-tokens", "2"]),
+        ("cmp/quick", ["generate", "{cmp}/quick/rope/seed0", "--prompt", "hi", "--max-new-tokens", "2"]),
+        ("cmp/quick", ["report", "{cmp}/quick", "--out", "{rep}"]),
+        ("cmp/quick", ["report", "{cmp}/quick", "--scoreboard"]),
+        ("cmp/quick/rope/seed0", ["report", "{cmp}/quick/rope/seed0", "--out", "{rep}"]),
+    ],
+)
+def test_generate_and_report_refuse_a_run_another_posenc_process_holds(runs, capsys, holder, held, read):
+    """A run being trained (or a compare being written) was read as it stood, exit 0."""
+    proc = holder(runs / held)
+    before = digest(runs)
+    argv = [a.format(tr=runs / "tr", cmp=runs / "cmp", rep=runs / "rep") for a in read]
+    err = one_line_exit_2(capsys, argv, f"{runs / held} is in use by another posenc process (pid {proc.pid}); wait")
+    assert "completion" not in capsys.readouterr().out and err
+    assert digest(runs) == before and not (runs / "rep").exists()
+
+
+def test_generate_and_report_read_a_run_nobody_holds_and_leave_no_lock(runs, capsys):
+    assert main(["generate", str(runs / "tr"), "--prompt", "hi", "--max-new-tokens", "2"]) == 0
+    assert main(["report", str(runs / "cmp" / "quick"), "--out", str(runs / "rep")]) == 0
+    assert not list(runs.rglob(lock.LOCK_FILE))
+
+
+def test_report_reads_a_read_only_results_folder(runs, capsys, read_only):
+    """A committed results/ folder that cannot be written: no lock can be held there, it is only checked."""
+    read_only(runs / "cmp" / "quick")
+    before = digest(runs / "cmp" / "quick")
+    assert main(["report", str(runs / "cmp" / "quick"), "--out", str(runs / "rep")]) == 0
+    assert (runs / "rep" / "report.md").is_file() and digest(runs / "cmp" / "quick") == before
+
+
+# ---------------------------------------------------------------- 12. diagnose past a learned table
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory):
+    """A 2-step run of a learned position table (as long as the training length, 32 tokens)."""
+    run = tmp_path_factory.mktemp("pass9-learned") / "learned"
+    assert main(["train", "--scheme", "learned", *QUICK, "--out", str(run), "-q"]) == 0
+    return run
+
+
+def test_diagnose_past_a_learned_table_says_why_in_each_cell(learned, tmp_path, capsys):
+    """The tables past the table's length were empty (no layer.head rows, or bare n/a cells), exit 0."""
+    out = tmp_path / "d"
+    assert main(["diagnose", str(learned), "--out", str(out), "--multiples", "2", "4", "--windows", "1", "-q"]) == 0
+    md = (out / "diagnose.md").read_text()
+    assert capsys.readouterr().out.startswith(md)
+    for table in md.split("## ")[1:]:  # far mass, its bound, entropy: each says why for every cell
+        rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| layer.head")]
+        assert rows and rows[0].startswith("| every layer.head |"), table
+        for row in rows:
+            assert row.split(" | ")[1:] == [
+                "n/a: learned positions cover 32 tokens, got 64",
+                "n/a: learned positions cover 32 tokens, got 128 |",
+            ], row
+
+
+def test_diagnose_of_a_learned_table_keeps_the_lengths_it_covers(learned, tmp_path, capsys):
+    out = tmp_path / "d"
+    assert main(["diagnose", str(learned), "--out", str(out), "--multiples", "1", "2", "--windows", "1", "-q"]) == 0
+    entropy = (out / "diagnose.md").read_text().split("## Attention entropy")[1]
+    rows = [line.split(" | ") for line in entropy.splitlines() if line.startswith(("| 0.", "| 1.", "| uniform"))]
+    assert len(rows) == 5  # 2 layers x 2 heads, uniform
+    for row in rows:
+        float(row[1])  # the 1x cell: measured
+        assert row[2] == "n/a: learned positions cover 32 tokens, got 64 |"

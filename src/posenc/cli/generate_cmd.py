@@ -32,6 +32,7 @@ from posenc.hf.adaptation import Adaptation
 from posenc.jobs import extend, finetune
 from posenc.model import MAX_NEW_TOKENS, check_sampling, pad_left, set_method, with_rope_schedule
 from posenc.rope import SCHEDULES
+from posenc.store.lock import hold_to_read
 from posenc.store.presets import validated
 from posenc.train.rundir import load_text_run, run_tokens
 
@@ -215,6 +216,8 @@ def run(args) -> int:
             f"give a scheme or a RoPE schedule, not both (--scheme {args.scheme}, --schedule {args.schedule})"
         )
     kind = finetune.model_kind(args.model)
+    if kind != "pretrained":  # a run being trained is refused, and none starts while it is read (posenc.store.lock)
+        hold_to_read(Path(args.model))
     if args.dtype != "float32" and kind != "pretrained":
         raise PosencError(
             f"--dtype {args.dtype} is for pretrained models; {args.model} is a {kind} run, which generates in float32"

@@ -9,6 +9,7 @@ from posenc.reports.runs import scoreboard, write_runs_report
 from posenc.reports.scoreboard import write_readme_block
 from posenc.reports.trend import write_trend_report
 from posenc.store.checkpoint import refuse_run_dir
+from posenc.store.lock import hold_to_read
 
 
 def add_parser(sub):
@@ -50,6 +51,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    for run_dir in args.run_dirs:  # a compare being written is refused, and none starts while it is read
+        hold_to_read(run_dir)  # a read-only folder (a committed results/ one) only checked (posenc.store.lock)
     if args.scoreboard or args.readme:
         block = scoreboard(args.run_dirs)
         if args.readme:

@@ -24,7 +24,7 @@ from posenc.eval.passkey import PasskeyConfig
 from posenc.model import ModelConfig
 from posenc.rope import check_window, schedule_label, schedule_params
 from posenc.scoring import eval_lengths
-from posenc.store.presets import Seed, apply, distinct, read_preset, validated
+from posenc.store.presets import Count, Seed, apply, distinct, read_preset, validated
 from posenc.train.batches import randomized_max
 from posenc.train.precision import machine_precision
 from posenc.train.settings import TrainConfig
@@ -59,9 +59,9 @@ class EvalConfig(BaseModel):
 
     multiples: list[Annotated[int, Field(gt=0)]] = Field([1, 2, 4, 8, 16, 32, 64], min_length=1)
     """Evaluation lengths, as multiples of ``model.train_length`` (at least one)."""
-    max_tokens: int = Field(32768, gt=0)
+    max_tokens: Count = 32768
     """Targets scored per length (tokens; fewer windows at long lengths)."""
-    batch_tokens: int = Field(8192, gt=0)
+    batch_tokens: Count = 8192
     """Tokens per evaluation forward batch: memory and speed only."""
     passkey: PasskeyConfig = PasskeyConfig(trials=0)
     """Passkey retrieval cells (``posenc.eval.passkey``): off (``trials: 0``) unless a preset gives ``eval.passkey``; a
@@ -88,12 +88,12 @@ class TaskEvalConfig(BaseModel):
     def _distinct(cls, v: list) -> list:
         return distinct(v)
 
-    answers: int = Field(2000, gt=0)
+    answers: Count = 2000
     """Answers a cell holds at least (a 1-point standard error near 90% needs ~900; whole batches, so the last may
     pass it) ..."""
-    max_tokens: int = Field(65536, gt=0)
+    max_tokens: Count = 65536
     """... or tokens a cell has used at least, whichever comes first (likewise whole batches)."""
-    batch_tokens: int = Field(16384, gt=0)
+    batch_tokens: Count = 16384
     """Tokens per scoring forward batch: memory and speed only."""
     horizon_tol: float = Field(0.05, gt=0, lt=1)
     """The horizon: the longest distance whose accuracy is within this (a fraction) of the in-distribution accuracy."""

@@ -44,7 +44,7 @@ from posenc.errors import PosencError
 from posenc.layer import bound_window
 from posenc.model import LM, AttentionInputs
 from posenc.scoring import eval_lengths, window_starts
-from posenc.store.presets import distinct
+from posenc.store.presets import CountOrOff, distinct
 from posenc.store.records import Diagnosis, FarMass, LayerGap, LengthDiagnosis
 
 BLOCK_ELEMS = 2**23  # probabilities held at once per query block (32 MiB in float32)
@@ -61,7 +61,7 @@ class FarMassConfig(BaseModel):
     multiples: list[Annotated[int, Field(gt=0)]] = [2, 16]
     """Lengths diagnosed, as multiples of the training length (each once)."""
     _distinct = field_validator("multiples")(distinct)
-    windows: int = Field(1, ge=0)
+    windows: CountOrOff = 1
     """Held-out windows per length; 0 switches the pass off."""
 
 

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from posenc.errors import PosencError
 from posenc.model import LM
 from posenc.scoring import eval_lengths
-from posenc.store.presets import distinct
+from posenc.store.presets import MAX_COUNT, CountOrOff, Seed, distinct
 from posenc.store.records import PasskeyCell
 
 TASK = (
@@ -61,14 +61,14 @@ class PasskeyConfig(BaseModel):
     _distinct = field_validator("lengths_multiples")(distinct)
     depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.1, 0.5, 0.9]
     """Where the key sits in the prompt, as fractions of its length in [0, 1]."""
-    trials: int = Field(4, ge=0)
+    trials: CountOrOff = 4
     """Trials per (length, depth) cell; 0 switches passkey off."""
-    candidates: int = Field(5, ge=2)
+    candidates: int = Field(5, ge=2, le=MAX_COUNT)
     """Keys ranked per trial: the true key and ``candidates - 1`` others."""
     digits: int = Field(5, ge=1, le=18)
     """Digits of the key."""
-    seed: int = 0
-    """Seed of the keys (the true one and the candidates): every model sees the same."""
+    seed: Seed = 0
+    """Seed of the keys (the true one and the candidates), in [0, 2^31): every model sees the same."""
     mode: Literal["rank", "generate"] = "rank"
     """``rank``: the log-probability rank of the true key; ``generate``: exact greedy generation of it."""
 

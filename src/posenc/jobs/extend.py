@@ -45,7 +45,17 @@ from posenc.rope import NAMES, check_name
 from posenc.scoring import Window
 from posenc.store.checkpoint import check_run_dir, drop_torn_tail, read_json, write_json
 from posenc.store.lock import hold_run_dir, open_run_dir
-from posenc.store.presets import SHIPPED, Seed, distinct, load_flat, refuse_other_settings
+from posenc.store.presets import (
+    MAX_COUNT,
+    SHIPPED,
+    Count,
+    CountOrOff,
+    Seed,
+    Threads,
+    distinct,
+    load_flat,
+    refuse_other_settings,
+)
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PRETRAINED, PasskeyTrial, ScoredWindow, append, load, trial_key
 from posenc.store.stamp import WeightsDtype, resolve_dtype, run_stamp, stamp_line
@@ -153,7 +163,7 @@ class ScoringConfig(ScheduleSettings):
     """Corpus spec (posenc.data.corpora); its held-out documents are scored."""
     docs: list[str] = Field(["first"], min_length=1)
     """Held-out document names, 'all' or 'first'."""
-    max_tokens: int = Field(32768, ge=2)
+    max_tokens: int = Field(32768, ge=2, le=MAX_COUNT)
     """The first max_tokens tokens of each document."""
     bos: Literal["none", "prepend"] = "none"
     """``none``: windows of raw text; ``prepend``: BOS + length - 1 text tokens."""
@@ -161,7 +171,7 @@ class ScoringConfig(ScheduleSettings):
     """Prompt lengths; empty: no passkey."""
     passkey_depths: list[Annotated[float, Field(ge=0, le=1)]] = [0.5]
     """Passkey needle depths, fractions of the prompt (0: start, 1: end)."""
-    trials: int = Field(1, ge=1)
+    trials: Count = 1
     """Passkey trials per (length, depth) cell."""
 
     _distinct_scoring = field_validator("docs", "passkey_lengths", "passkey_depths")(distinct)
@@ -183,17 +193,17 @@ class ExtendConfig(ScoringConfig):
     """Posenc schemes put into the model's attention after the schedules (posenc.hf.scheme.apply_scheme)."""
     methods: list[str] = []
     """Long-context methods (posenc.methods) on native RoPE, or SCHEDULE+METHOD on a fixed-frequency schedule."""
-    stream: int = Field(0, ge=0)
+    stream: CountOrOff = 0
     """Targets of the held-out text (joined) streamed through each sinks method's bounded cache; 0: none."""
     lengths: list[Annotated[int, Field(ge=2)]] = Field(min_length=1)
     """Model positions per window."""
     long_schedules: list[str] | None = None
     """Only these at lengths > factor x L0; None: every schedule."""
-    max_windows: int = Field(0, ge=0)
+    max_windows: CountOrOff = 0
     """Windows per (adaptation, length); 0: all."""
     passkey_schedules: list[str] | None = None
     """The schedules of the passkey trials; None: every schedule."""
-    threads: int | None = Field(None, ge=1)
+    threads: Threads | None = None
     """Torch CPU threads; None: torch's choice."""
     dtype: WeightsDtype = "float32"
     """The weights' and compute's dtype (``posenc.store.stamp.resolve_dtype``; "auto": bfloat16 where the CPU has

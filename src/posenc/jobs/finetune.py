@@ -48,7 +48,7 @@ from posenc.store.checkpoint import (
     write_json,
 )
 from posenc.store.lock import hold_run_dir, open_run_dir, run_files
-from posenc.store.presets import SHIPPED, StepCount, Steps, distinct, load_flat, validated
+from posenc.store.presets import SHIPPED, CountOrOff, StepCount, Steps, distinct, load_flat, validated
 from posenc.store.presets import preset_names as shipped
 from posenc.store.records import PasskeyTrial, ScoredWindow
 from posenc.store.stamp import run_stamp
@@ -110,7 +110,7 @@ class FinetuneConfig(LoopConfig, extend.ScoringConfig):
     """The attention projections LoRA adapts."""
     eval_lengths: list[Annotated[int, Field(ge=2)]] = Field([1024], min_length=1)
     """Lengths (tokens) scored before and after training."""
-    eval_windows: int = Field(4, ge=0)
+    eval_windows: CountOrOff = 4
     """Windows per length; 0: all."""
 
     _distinct_finetune = field_validator("lora_targets", "eval_lengths")(distinct)

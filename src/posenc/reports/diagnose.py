@@ -17,11 +17,20 @@ from posenc.reports.claims import claim_sets
 from posenc.reports.render import MISSING, figure, log_scale, markdown_table, number, plot_lines, save_figure
 from posenc.store.checkpoint import atomic_write_bytes
 from posenc.store.lock import open_run_dir
-from posenc.store.records import Diagnosis, write
+from posenc.store.records import Diagnosis, LengthDiagnosis, write
 
 
 def _fmt(x, spec=".3f") -> str:
     return number(x, spec)
+
+
+def _cell(r: LengthDiagnosis, key: str, at: list[int]) -> str:
+    """Length ``r``'s cell of layer.head ``at`` (layer, head) in the table of ``key``: its note ("n/a: ...") when the
+    model cannot run the length, else the value (n/a when there is none: no query has far keys)."""
+    if r.note:
+        return r.note
+    values = getattr(r, key)
+    return _fmt(values[at[0]][at[1]] if values else None)
 
 
 def markdown(res: Diagnosis) -> str:
@@ -40,6 +49,9 @@ def markdown(res: Diagnosis) -> str:
     head = ["layer.head", *(f"{r.length} ({r.multiple:g}x)" for r in rows)]
     n_layer = max((len(r.entropy or []) for r in rows), default=0)
     n_head = max((len(r.entropy[0]) for r in rows if r.entropy), default=0)
+    # a length the model cannot run (a learned table shorter than it) shows its note in each cell, as posenc eval
+    # does; with no length run there are no layer.head rows to show it in: one row for them all
+    heads = [(f"{layer}.{h}", layer, h) for layer in range(n_layer) for h in range(n_head)] or [("every layer.head",)]
     for title, key, ref in (
         (
             "Far attention mass (keys at distance >= w; mean over queries that have such keys)",
@@ -54,12 +66,8 @@ def markdown(res: Diagnosis) -> str:
         ),
         ("Attention entropy (nats; mean over queries)", "entropy", "uniform_entropy"),
     ):
-        cells = [
-            [f"{layer}.{h}", *(_fmt(getattr(r, key)[layer][h]) if getattr(r, key) else MISSING for r in rows)]
-            for layer in range(n_layer)
-            for h in range(n_head)
-        ]
-        cells += [["uniform", *(_fmt(getattr(r, ref)) for r in rows)]] if ref else []
+        cells = [[label, *(_cell(r, key, at) for r in rows)] for label, *at in heads]
+        cells += [["uniform", *(r.note or _fmt(getattr(r, ref)) for r in rows)]] if ref else []
         lines += [f"## {title}", "", markdown_table(head, cells), ""]
     if res.spectral_gap:
         lines += _spectral_gap_section(res)

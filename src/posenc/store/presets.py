@@ -32,6 +32,17 @@ Seed = Annotated[int, Field(ge=0, lt=2**31)]
 MAX_STEPS = 2**31 - 1
 Steps = Annotated[int, Field(gt=0, le=MAX_STEPS)]  # a step count or interval, > 0
 StepCount = Annotated[int, Field(ge=0, le=MAX_STEPS)]  # one that may be 0 (warmup)
+# the most of every other count a setting gives (evaluation trials, windows, answers, keys per trial, tokens per
+# length or batch): as many as steps, past any run's by orders of magnitude; eval.passkey.trials=10^20 was taken, and
+# would have run until killed
+MAX_COUNT = 2**31 - 1
+Count = Annotated[int, Field(gt=0, le=MAX_COUNT)]  # a count, > 0
+CountOrOff = Annotated[int, Field(ge=0, le=MAX_COUNT)]  # one whose 0 switches the pass off (or means all)
+# torch CPU threads: torch.set_num_threads takes a C int (10^20 raised "Overflow when unpacking long long"), but OpenMP
+# allocates each thread's state at the first parallel op (2^31 - 1 aborted it: "Out of memory allocating 463856469096
+# bytes"); 1024 is more than any CPU has cores
+MAX_THREADS = 1024
+Threads = Annotated[int, Field(gt=0, le=MAX_THREADS)]
 SHIPPED = importlib.resources.files("posenc") / "presets"  # package data: works from a wheel too
 
 

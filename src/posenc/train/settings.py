@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from posenc.store.presets import Seed, StepCount, Steps
+from posenc.store.presets import Count, Seed, StepCount, Steps, Threads
 from posenc.train.curves import LOSS_FALLING
 
 Precision = Literal["auto", "bf16", "fp32"]  # the forward's compute dtype: posenc.train.precision
@@ -51,7 +51,7 @@ class LoopConfig(BaseModel):
     """Seed of the initialisation and the batches, in [0, 2^31) (``posenc.store.presets.Seed``)."""
     ckpt_every: Steps = 100
     """Checkpoint interval (steps): a killed run resumes from the last one."""
-    threads: PositiveInt | None = None
+    threads: Threads | None = None
     """torch CPU threads; null: torch's choice."""
 
 
@@ -76,7 +76,7 @@ class UntilConfig(BaseModel):
     """Training stops at the first check where the metric is >= this (a fraction)."""
     every: Steps
     """Check interval (steps)."""
-    answers: PositiveInt = 1000
+    answers: Count = 1000
     """Held-out answers per check (a 1-point standard error at 90% accuracy needs ~900)."""
     extend_to: Steps | None = None
     """Unmet at the cap (``train.steps``) with the training loss still falling: train on up to this step, at the
