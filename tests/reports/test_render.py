@@ -178,3 +178,17 @@ def test_a_long_spec_label_is_collapsed_and_wrapped_a_short_one_kept():
     assert short_label("rope|rope|rope|nope") == "rope|rope|rope|nope"  # short: as written
     assert all(len(line) <= 44 for line in short_label("a" * 10 + "," + "b" * 40 + ",c").splitlines())
     assert short_label("x" * 60) == "x" * 60  # one piece longer than the width stays whole
+
+
+def test_the_far_mass_section_says_why_a_cell_is_not_measured():
+    """A learned table's far-mass cells past its rows showed a bare n/a in compare's report; the reason was dropped."""
+    from posenc.reports.text import far_mass_markdown
+    from posenc.store.records import FarMass
+
+    why = "n/a: learned positions cover 32 tokens, got 64"
+    recs = [
+        FarMass(scheme="rope", seed=0, train_length=32, length=64, far_mass_mean=0.25, uniform_far_mass=0.5, w=32),
+        FarMass(scheme="learned", seed=0, train_length=32, length=64, note=why),
+    ]
+    out = far_mass_markdown(recs, 32)
+    assert "| learned | n/a |" in out and out.endswith(f"\n- learned at 64: {why}\n")

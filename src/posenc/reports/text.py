@@ -124,8 +124,8 @@ def far_mass_markdown(records: list, L0: int) -> str:
     rows = [[s, *(seed_cell(row[L], ".3f") for L in lengths)] for s, row in grid.items()]
     rows.append(["uniform", *(seed_cell([uniform.get(L)], ".3f") for L in lengths)])
     out += markdown_table(["scheme", *(f"{L} ({L / L0:g}x)" for L in lengths)], rows) + "\n"
-    notes = {r.note for r in recs if r.note and not r.note.startswith("n/a")}
-    return out + "".join(f"\n- {n}\n" for n in sorted(notes))
+    notes = {(f"{r.scheme} at {r.length}: " if r.note.startswith("n/a") else "") + r.note for r in recs if r.note}
+    return out + "".join(f"\n- {n}\n" for n in sorted(notes))  # an n/a cell's reason, by scheme and length
 
 
 def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: list[PasskeyCell | FarMass] = ()) -> str:
