@@ -57,6 +57,7 @@ def test_the_shipped_presets_share_blocks_through_base():
         "window": "default",
         "state-tracking": "retrieval",
         "retrieval-matched": "retrieval",
+        "retrieval-matched-mqar": "retrieval",
     }
 
 
