@@ -1,5 +1,8 @@
 import os
 import struct
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -140,3 +143,37 @@ def _wandb_records(run_dir):
 def wandb_records():
     """:func:`_wandb_records`, for tests of W&B tracking."""
     return _wandb_records
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys
+    from posenc.store.lock import hold_run_dir, holding
+    with holding():
+        hold_run_dir(sys.argv[1])
+        print("held", flush=True)
+        sys.stdin.read()  # until the test closes it (or kills this process)
+    """
+)
+
+
+@pytest.fixture
+def holder():
+    """Start another process that holds a directory's lock as a posenc command does; yields start(path) -> process
+    (its pid in the lock file). Each is ended after the test."""
+    procs = []
+
+    def start(path):
+        path.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        procs.append(proc)
+        assert proc.stdout.readline() == "held\n"
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.stdin.close()
+            proc.wait(timeout=30)

@@ -15,30 +15,7 @@ from posenc.cli.main import main
 from posenc.model import sample
 from posenc.store.checkpoint import read_jsonl
 from posenc.train import tracking
-
-QUICK = ["--preset", "quick", "--steps", "2", "--set", "train.warmup=1"]  # warmup 5 > 2 steps would add a line
-COMPARE = ["compare", "--preset", "quick", "--set", "schemes=[rope]", "--set", "train.steps=2"]
-
-
-def one_line_exit_2(capsys, argv, message):
-    code = main(list(argv))
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and err.startswith("posenc: error: ") and message in err, err
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A 2-step RoPE run and a one-scheme quick compare run, copied per test."""
-    root = tmp_path_factory.mktemp("damaged")
-    assert main(["train", "--scheme", "rope", *QUICK, "--out", str(root / "tr"), "-q"]) == 0
-    assert main([*COMPARE, "--out", str(root / "cmp"), "-q"]) == 0
-    return root
-
-
-@pytest.fixture
-def runs(trained, tmp_path):
-    shutil.copytree(trained, tmp_path, dirs_exist_ok=True)
-    return tmp_path
+from tests.cli.runs import COMPARE, QUICK, one_line_exit_2
 
 
 @pytest.mark.slow

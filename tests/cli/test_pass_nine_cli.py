@@ -5,26 +5,14 @@ import errno
 import hashlib
 import json
 import os
-import shutil
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from posenc.cli.main import main
 from posenc.store import lock
+from tests.cli.runs import COMPARE, QUICK, one_line_exit_2
 
-QUICK = ["--preset", "quick", "--steps", "2", "--set", "train.warmup=1"]
-COMPARE = ["compare", "--preset", "quick", "--set", "schemes=[rope]", "--set", "train.steps=2"]
 DIAGNOSE = ["--multiples", "1", "2", "--windows", "1", "-q"]
-
-
-def one_line_exit_2(capsys, argv, message):
-    code = main(list(argv))
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and err.startswith("posenc: error: ") and message in err, err
-    return err
 
 
 def digest(folder):
@@ -34,52 +22,6 @@ def digest(folder):
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A 2-step RoPE run and a one-scheme quick compare run, copied per test."""
-    root = tmp_path_factory.mktemp("pass9")
-    assert main(["train", "--scheme", "rope", *QUICK, "--out", str(root / "tr"), "-q"]) == 0
-    assert main([*COMPARE, "--out", str(root / "cmp"), "-q"]) == 0
-    return root
-
-
-@pytest.fixture
-def runs(trained, tmp_path):
-    shutil.copytree(trained, tmp_path, dirs_exist_ok=True)
-    return tmp_path
-
-
-HOLDER = textwrap.dedent(
-    """
-    import sys
-    from posenc.store.lock import hold_run_dir, holding
-    with holding():
-        hold_run_dir(sys.argv[1])
-        print("held", flush=True)
-        sys.stdin.read()  # until the test closes it
-    """
-)
-
-
-@pytest.fixture
-def holder():
-    """start(path) -> another process holding ``path``'s lock as a posenc command (a training) does."""
-    procs = []
-
-    def start(path):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        procs.append(proc)
-        assert proc.stdout.readline() == "held\n"
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.stdin.close()
-        proc.wait(timeout=30)
 
 
 # ---------------------------------------------------------------- 1. diagnose --out another run's folder
