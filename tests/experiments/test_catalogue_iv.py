@@ -72,16 +72,25 @@ def test_a_run_without_the_designs_gets_no_section(catalogue):
     assert any(cs.name == "catalogue IV" for cs in claim_sets())
 
 
-def test_the_committed_verdicts_are_what_the_code_prints_from_the_records(tmp_path, monkeypatch, catalogue):
-    """Rewrite with `posenc --import experiments/catalogue_iv/claims.py report results/catalogue-iv-text --out
-    results/catalogue-iv-text/verdicts`."""
+@pytest.mark.parametrize(
+    "run, verdict",
+    [
+        ("catalogue-iv-text", "(flat rope+selective) **holds**"),
+        ("catalogue-iv-gemma3", "(rope gemma3:window=64) **holds**"),
+    ],
+)
+def test_the_committed_verdicts_are_what_the_code_prints_from_the_records(
+    tmp_path, monkeypatch, catalogue, run, verdict
+):
+    """Rewrite with `posenc --import experiments/catalogue_iv/claims.py report results/RUN --out
+    results/RUN/verdicts`."""
     from pathlib import Path
 
     from posenc.reports.runs import write_runs_report
 
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)  # the report names the run by the path it was given
-    write_runs_report([Path("results/catalogue-iv-text")], tmp_path)
-    committed = root / "results" / "catalogue-iv-text" / "verdicts" / "report.md"
+    write_runs_report([Path("results") / run], tmp_path)
+    committed = root / "results" / run / "verdicts" / "report.md"
     assert (tmp_path / "report.md").read_text() == committed.read_text()
-    assert "(flat rope+selective) **holds**" in committed.read_text()
+    assert verdict in committed.read_text()
