@@ -122,8 +122,9 @@ def interrupted_message(exc: KeyboardInterrupt, argv: list[str], prog: str = "po
     return f"{prog}: interrupted: {where}\n{prog}: resume with: {shlex.join(['posenc', *argv, *extra])}"
 
 
-# the file system's refusals to write (read-only, full, over quota): the machine's, not posenc's bug, like EACCES
-MACHINE_REFUSALS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+# the file system's refusals (read-only, full, over quota; a path it cannot take: a name over its limit, a symlink
+# loop): the machine's or the input's, not posenc's bug, like EACCES
+MACHINE_REFUSALS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG, errno.ELOOP}
 
 
 def main(argv: list[str] | None = None, commands: Sequence[Callable] = (), prog: str = "posenc") -> int:

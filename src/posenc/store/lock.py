@@ -51,6 +51,15 @@ def holding() -> Iterator[None]:
             _release(path, fd)
 
 
+def resolved(path: Path) -> Path:
+    """``path`` made absolute, its links followed; a symlink loop is OSError ELOOP (Python before 3.13 raises a
+    RuntimeError there), which the command line reports in one line."""
+    try:
+        return Path(path).resolve()
+    except RuntimeError:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path)) from None
+
+
 def hold_run_dir(
     path: Path, fix: str = "use another --out", ancestors: bool = False, writes: str = "its results"
 ) -> None:
@@ -64,7 +73,7 @@ def hold_run_dir(
         return
     if ancestors:
         _refuse_held_above(path, fix)
-    key = Path(path).resolve()
+    key = resolved(path)
     if key in _held or not key.is_dir():
         return
     _held[key] = _acquire(Path(path), fix, writes)
@@ -90,7 +99,7 @@ def _refuse_held_above(path: Path, fix: str) -> None:
     root), unless this process runs under ``PARENT_VAR`` (a compare's job, inside the root its compare holds)."""
     if os.environ.get(PARENT_VAR):
         return
-    for parent in Path(path).resolve().parents:
+    for parent in resolved(path).parents:
         if _held_by_other(parent):
             raise PosencError(_in_use(_shown(parent), fix))
 
@@ -103,7 +112,7 @@ def open_run_dir(path: Path, fix: str = "use another --out") -> None:
 
 def holds(path: Path) -> bool:
     """Whether this process holds ``path``'s lock (in the current scope)."""
-    return _held is not None and Path(path).resolve() in _held
+    return _held is not None and resolved(path) in _held
 
 
 def run_files(path: Path) -> list[Path]:
@@ -152,7 +161,7 @@ def _same_file(fd: int, lock: Path) -> bool:
 
 def _held_by_other(path: Path) -> bool:
     """Whether another process holds ``path``'s lock: a shared lock taken and dropped at once (never blocks)."""
-    if _held is not None and path.resolve() in _held:
+    if _held is not None and resolved(path) in _held:
         return False
     try:
         fd = os.open(path / LOCK_FILE, os.O_RDONLY)
