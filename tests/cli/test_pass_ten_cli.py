@@ -3,6 +3,7 @@ nothing written; before, each printed a traceback or was taken without a word.""
 
 import pytest
 
+from posenc.errors import PosencError
 from tests.cli.runs import one_line_exit_2
 
 
@@ -30,3 +31,41 @@ def test_a_symlink_loop_given_to_report_is_one_line(tmp_path, capsys, monkeypatc
     (tmp_path / "loop2").symlink_to("loop1")
     (tmp_path / "loop1").symlink_to("loop2")
     one_line_exit_2(capsys, ["report", "loop1"], "too many levels of symbolic links: loop1")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--schedules", "rerope", "--rerope-window", "100000"],
+            "rerope window 100000 must be below the native context L0 = 256",
+        ),
+        (
+            ["--schedules", "none", "--method", "sinks:n_sink=2,window=100000"],
+            "method sinks: n_sink + window = 100002 passes the trained length 256",
+        ),
+        (
+            ["--schedules", "none", "--method", "pi+self-extend:window=600", "--factor", "2"],
+            "method self-extend: window = 600 passes the trained length 512",
+        ),
+    ],
+)
+def test_extend_refuses_a_window_that_never_acts_or_reads_untrained_positions(llama_dir, capsys, flags, message):
+    """A ReRoPE window or a sinks window past the native context (256) was scored and labelled as the method, with
+    the plain model's numbers (ppl 53.88 in both rows); posenc eval refused the same setting."""
+    argv = ["extend", "--model", str(llama_dir / "tiny"), "--corpus", str(llama_dir / "corpus.txt")]
+    argv += ["--out", str(llama_dir / "x"), "--lengths", "64", "--max-windows", "1", "--passkey-lengths", *flags]
+    one_line_exit_2(capsys, argv, message)
+    assert not (llama_dir / "x").exists()
+
+
+def test_a_pretrained_models_method_within_what_its_schedule_reaches_is_taken(llama_dir):
+    from posenc.hf.adaptation import Adaptation
+    from posenc.hf.loading import load
+    from posenc.hf.schedules import Extension
+
+    adapted = Adaptation(load(str(llama_dir / "tiny")).model)
+    with pytest.raises(PosencError, match="window = 300 passes the trained length 256"):
+        adapted.set_method("self-extend:window=300")
+    adapted.set_schedule(Extension("yarn", factor=2.0))
+    assert adapted.set_method("self-extend:window=300").window == 300  # yarn x2 reaches 512

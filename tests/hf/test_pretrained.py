@@ -121,7 +121,7 @@ def test_key_identifies_equal_forwards():
     plain = {L: adapted.key(L) for L in (1024, 4096)}
     adapted.set_schedule(Extension("dynamic"))
     assert adapted.key(1024) == plain[1024] and adapted.key(4096) != plain[4096]
-    adapted.set_schedule(Extension("rerope", window=2048))
+    adapted.set_schedule(Extension("rerope", window=1024))  # at most the window, ReRoPE is plain RoPE
     assert adapted.key(1024) == plain[1024] and adapted.key(4096) != plain[4096]
 
 
@@ -136,6 +136,7 @@ def test_rerope_params_and_bad_factor():
         Extension("leaky-rerope", 2.0, window=8192),
         Extension("leaky-rerope", 2.0, leak=0.5),
         Extension("rerope", 2.0, window=-3),
+        Extension("rerope", 2.0, window=8192),  # not below L0: plain RoPE at every length up to it
     ):
         with pytest.raises(PosencError):
             schedules.extension_params(bad, 8192)

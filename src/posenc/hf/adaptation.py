@@ -137,8 +137,9 @@ class Adaptation:
         window L0 // 2, LM-Infinite's L0) on top of the current schedule (native RoPE, or one :meth:`set_schedule`
         set: call it first, it undoes the method); returns the method. Its attention is
         :mod:`posenc.hf.long_context` (KV-cache decoding exact). Raises PosencError (one line), before the
-        model changes, for a bad spec, a method already set, a posenc scheme, ReRoPE or a schedule
-        whose frequencies switch with the length (dynamic NTK, LongRoPE)."""
+        model changes, for a bad spec, a method already set, a posenc scheme, ReRoPE, a schedule
+        whose frequencies switch with the length (dynamic NTK, LongRoPE), or exact positions past what the model
+        reaches (``posenc.methods.check_reach``: L0, times a fixed-frequency schedule's factor)."""
         method = methods.parse(spec, self.l0)
         if (
             self.method is not None
@@ -157,6 +158,8 @@ class Adaptation:
                 f"method {method.name} applies to native RoPE or a fixed-frequency schedule (pi, ntk, yarn, "
                 f"llama3); the model has {now}"
             )
+        factor = self.extension.factor if self.extension.schedule != "none" else 1  # the positions the model reaches
+        methods.check_reach(method, int(original_length(self.extension, self.l0) * factor))
         if (
             self.extension.schedule == "none"
         ):  # float32 frequencies also after a cast of the model (bf16: 40 rad off at 32K)

@@ -89,7 +89,7 @@ def extension_params(ext: Extension, l0: int) -> dict:
     """The validated ``posenc.rope`` parameters of ``ext`` for native context ``l0`` (replaced by
     ``ext.original_max_position_embeddings`` when given: :func:`original_length`).
 
-    Raises PosencError for an unknown or renamed schedule, factor < 1, a window < 1,
+    Raises PosencError for an unknown or renamed schedule, factor < 1, a window < 1 or >= L0,
     k <= 1, a default k with s = 1 or w >= L0, longrope without valid factor lists, an L0 < 2,
     or a ``TUNED`` parameter the schedule does not take or out of its range (``posenc.rope.schedule_params``).
     """
@@ -108,6 +108,11 @@ def extension_params(ext: Extension, l0: int) -> dict:
     if name not in rope.RELATIVE:
         return rope.schedule_params(name, l0, {"factor": float(ext.factor), **given})
     w = ext.window if ext.window is not None else l0 // WINDOW_DIVISOR  # 0 is refused below, not the default
+    if w >= l0:  # within the window positions stay exact: past L0 untrained, and below it plain RoPE
+        raise PosencError(
+            f"{name} window {w} must be below the native context L0 = {l0} (ReRoPE keeps exact positions "
+            "within it: a window past L0 reads untrained ones, and at every length up to it ReRoPE is plain RoPE)"
+        )
     given["window"] = w
     if name == "leaky-rerope":
         if ext.leak is None and not (w < l0 and ext.factor > 1):  # else the default k would be <= 1
