@@ -543,6 +543,28 @@ def test_a_method_keeping_exact_positions_past_the_trained_length_is_refused(spe
     assert set_method(scaled, spec).exact == 9
 
 
+@pytest.mark.parametrize("scheme", ["rope", "alibi"])
+@pytest.mark.parametrize("spec", ["sinks:n_sink=2,window=4", "self-extend:group=2,window=4", "lm-infinite"])
+def test_attention_set_method_takes_a_spec_as_the_method_it_parses(scheme, spec):
+    """A spec string was stored as is (the forward then raised AttributeError): it is parsed from the layer's
+    train_length and checked as ``posenc.model.set_method`` does; the output is the Method object's."""
+    import posenc
+
+    layer = posenc.Attention(16, 2, scheme, train_length=8)
+    x = torch.randn(1, 13, 16, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert layer.set_method(spec) == parse(spec, 8)
+        by_spec = layer(x)
+        layer.set_method(parse(spec, 8))
+        torch.testing.assert_close(layer(x), by_spec)
+        layer.set_method(None)
+        assert not torch.allclose(layer(x), by_spec)  # the method acts past its window
+    scaled = posenc.Attention(
+        16, 2, "rope", train_length=8, params={"schedule": "pi", "schedule_params": {"factor": 2.0}}
+    )
+    assert scaled.set_method("sinks:n_sink=2,window=14").exact == 16  # a RoPE schedule's factor widens the reach
+
+
 def test_grouped_query_decoding_with_a_method():
     model = _model("rope", n_kv_head=1)
     set_method(model, "self-extend:group=2,window=4")

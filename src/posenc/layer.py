@@ -36,7 +36,7 @@ from posenc.encodings.base import (
 from posenc.encodings.composite import Composite, sum_biases
 from posenc.encodings.registry import check_capabilities
 from posenc.errors import PosencError
-from posenc.methods import Method, method_attention, scheme_args
+from posenc.methods import Method, method_attention, parse_for, scheme_args
 
 
 @dataclasses.dataclass
@@ -199,12 +199,13 @@ def prepare(
     attention_mask: (B, T) left padding as transformers gives it (1: token, 0: padding;
     ``padding_starts``), the rows' positions counted from their first token (give no
     ``positions`` with it): each row's outputs at its tokens equal the row alone's.
-    Raises PosencError (one line) for bad shapes, n_head < 1, a d_model that n_head does
-    not divide (without head_dim), an invalid spec, an additive scheme (it acts at the
-    input embedding), a spec with learned parameters, or a mask ``padding_starts`` refuses
-    (or one with a length-dependent schedule that the rows' lengths set apart).
+    Raises PosencError (one line) for a scheme that is neither a spec nor an Encoding, bad shapes, n_head or
+    head_dim < 1 (head_dim None: the default), a d_model that n_head does not divide (without head_dim), an invalid
+    spec, an additive scheme (it acts at the input embedding), a spec with learned parameters, or a mask
+    ``padding_starts`` refuses (or one with a length-dependent schedule that the rows' lengths set apart).
     """
     x = _check_x(x)
+    _check_scheme_arg(scheme)
     if isinstance(scheme, str):
         if n_head is None:
             raise PosencError("prepare(spec, ...) needs n_head (or pass a built scheme)")
@@ -213,7 +214,7 @@ def prepare(
             raise PosencError(f"n_head must be an integer >= 1, got {n_head!r}")
         if head_dim is None and d % n_head:
             raise PosencError(f"d_model {d} does not divide into {n_head} heads (give head_dim)")
-        dims = Dims(n_head, head_dim or d // n_head, d, 0, train_length)
+        dims = Dims(n_head, d // n_head if head_dim is None else head_dim, d, 0, train_length)  # 0 is refused
         spec, scheme = scheme, encodings.get(scheme, dims)
         if any(True for _ in scheme.parameters()):
             raise PosencError(
@@ -236,12 +237,17 @@ def attend(
     prepared for (``prepared.encoding.dims``; partial rotary is the scheme's own
     ``rotary_fraction``, not a wider head), and T the positions it was prepared at (``prepared.inp.pos``), Tq <= T.
     ``block_size``: query rows per bias tile. Raises PosencError (one line) for a ``prepared`` that is not a
-    :class:`Prepared` (:func:`prepare`'s), for shapes that do not fit and for q, k, v of more than one dtype (float64
+    :class:`Prepared` (:func:`prepare`'s), for q, k, v that are not floating tensors, a ``block_size`` that is not an
+    integer >= 1, for shapes that do not fit and for q, k, v of more than one dtype (float64
     throughout is fine; a mix was silently cast under a rotation, a raw RuntimeError from the kernel under a bias;
     not checked under autocast, which casts).
     """
     if not isinstance(prepared, Prepared):
         raise PosencError(f"prepared must be a posenc.Prepared (posenc.prepare's), got {type(prepared).__name__}")
+    if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (q, k, v)):
+        got = ", ".join(str(t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (q, k, v))
+        raise PosencError(f"q, k, v must be floating tensors, got {got}")
+    check_int(block_size, "block_size", 1)  # a rotation ignored it, a bias raised a raw error
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
         raise PosencError(
             "q, k, v must be (B, H, T, D) with matching batch, heads and length; "
@@ -459,6 +465,15 @@ def _check_classes(enc: Encoding) -> None:
         check_capabilities(type(part))
 
 
+def _check_scheme_arg(scheme) -> None:
+    """PosencError (one line) unless ``scheme`` is a spec (str) or a built Encoding: ``Attention``'s and
+    ``prepare``'s scheme argument (an int was an AttributeError in ``prepare``)."""
+    if not isinstance(scheme, (str, Encoding)):
+        raise PosencError(
+            f"scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got {type(scheme).__name__}"
+        )
+
+
 def _check_scheme(enc: Encoding) -> None:
     if enc.additive:
         raise PosencError(
@@ -507,10 +522,7 @@ class Attention(nn.Module):
             check_int(value, name, 1)  # before the modulo below divides by them
         if params is not None and not isinstance(params, dict):
             raise PosencError(f"params must be a dict of the scheme's parameters, got {type(params).__name__}")
-        if not isinstance(scheme, (str, Encoding)):
-            raise PosencError(
-                f"scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got {type(scheme).__name__}"
-            )
+        _check_scheme_arg(scheme)
         if d_model % n_head:  # one message per size at fault (one message named n_kv_head for either)
             raise PosencError(f"d_model {d_model} is not divisible by n_head {n_head}")
         if n_head % kv:
@@ -583,12 +595,19 @@ class Attention(nn.Module):
         p = _prepare(self.enc, Inputs(x, pos, tokens, first))
         return AttentionInputs(**vars(p), q=q, k=repeat_kv(k, self.n_head), v=repeat_kv(v, self.n_head))
 
-    def set_method(self, method: Method | None) -> None:
-        """Attend under an inference method (``posenc.methods``) from now on, None to stop; PosencError (one line)
-        for a scheme the method does not apply to (``posenc.methods.scheme_args``)."""
-        if method is not None:
+    def set_method(self, method: Method | str | None) -> Method | None:
+        """Attend under an inference method (``posenc.methods``) from now on, None to stop; returns it. A spec string
+        (``"sinks:n_sink=4,window=60"``) is parsed and checked as ``posenc.model.set_method`` does
+        (``posenc.methods.parse_for``: defaults and reach from the layer's train_length, times a RoPE schedule's
+        factor). PosencError (one line) for a bad spec (or one of another type) and a scheme the method does not
+        apply to (``posenc.methods.scheme_args``); the layer is unchanged then."""
+        if isinstance(method, Method):
             scheme_args(self.enc, method, torch.zeros(1, 1, self.d_model))
+        elif method is not None:  # a spec, or a value parse refuses in one line (a str was stored, then raised)
+            factor = (getattr(self.enc, "schedule_params", None) or {}).get("factor", 1)
+            method = parse_for(method, [self.enc], self.d_model, self.enc.dims.train_length, factor)
         self.method = method
+        return method
 
     def output(self, a: AttentionInputs) -> torch.Tensor:
         """Attention of captured inputs, projected: (B, Tq, d_model)."""

@@ -176,6 +176,18 @@ def check_reach(method: Method, trained: int) -> None:
         )
 
 
+def parse_for(spec: str, encs: list[Encoding], d_model: int, train_length: int, factor: float = 1) -> Method:
+    """Method ``spec`` (:func:`parse`, defaults from ``train_length``) for layers of schemes ``encs`` and width
+    ``d_model``: PosencError (one line), before any layer changes, for a bad spec, a scheme it does not apply to
+    (:func:`scheme_args`, every layer) or exact positions past ``train_length`` times ``factor`` (a RoPE
+    schedule's; :func:`check_reach`). What ``posenc.model.set_method`` and ``posenc.Attention.set_method`` apply."""
+    method = parse(spec, train_length)
+    for enc in encs:
+        scheme_args(enc, method, torch.zeros(1, 1, d_model))
+    check_reach(method, int(train_length * factor))
+    return method
+
+
 def parse(spec: str, train_length: int) -> Method:
     """A method from its spec ``NAME:k=v,...`` (``self-extend:group=4,window=64``, ``lm-infinite:n_global=10``,
     ``sinks:n_sink=4,window=252``, ``dual-chunk:chunk=88,local=8``). Defaults: window = train_length // 2

@@ -830,12 +830,10 @@ def set_method(model: LM, spec: str | None) -> methods.Method | None:
         swapped = " (the method spec comes second)" if isinstance(model, str) else ""
         got = f"str {model!r}" if isinstance(model, str) else type(model).__name__
         raise PosencError(f"set_method(model, spec) takes a posenc.LM first, got {got}{swapped}")
-    method = None if spec is None else methods.parse(spec, model.cfg.train_length)
-    if method is not None:
-        for block in model._blocks:
-            methods.scheme_args(block.attn.enc, method, torch.zeros(1, 1, model.cfg.d_model))
-        factor = (model.cfg.encoding_params.get("schedule_params") or {}).get("factor", 1)  # a RoPE schedule's
-        methods.check_reach(method, int(model.cfg.train_length * factor))
+    cfg = model.cfg
+    factor = (cfg.encoding_params.get("schedule_params") or {}).get("factor", 1)  # a RoPE schedule's
+    encs = [block.attn.enc for block in model._blocks]
+    method = None if spec is None else methods.parse_for(spec, encs, cfg.d_model, cfg.train_length, factor)
     for block in model._blocks:
         block.attn.set_method(method)
     return method

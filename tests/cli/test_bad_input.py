@@ -647,6 +647,53 @@ def qkv(dtypes) -> list[torch.Tensor]:
             )
             for b, t in ((1, (3,)), (1, (1, 2)), (1, (1, 1, 3)), (1, (2, 3)), (2, (1, 3)))
         ],
+        # new-user pass ten, the Python API (issue 59): prepare of a scheme that is no spec (an AttributeError),
+        # attend over int q, k, v (a raw RuntimeError from the kernel) or lists (AttributeError), a block_size that
+        # is no integer >= 1 (a raw error under a bias, silently taken under a rotation), Attention.set_method of a
+        # spec string (stored, then an AttributeError at the forward) and prepare's head_dim=0 (taken for None)
+        (
+            lambda: posenc.prepare(5, torch.randn(1, 6, 16), n_head=2),
+            "scheme must be a scheme spec (str, see `posenc list`) or an Encoding, got int",
+        ),
+        *[
+            (
+                lambda s=s: posenc.attend(*qkv([torch.long] * 3), posenc.prepare(s, torch.randn(1, 6, 64), n_head=4)),
+                "q, k, v must be floating tensors, got torch.int64, torch.int64, torch.int64",
+            )
+            for s in ("rope", "alibi")
+        ],
+        (
+            lambda: posenc.attend([1], [1], [1], posenc.prepare("rope", torch.randn(1, 6, 64), n_head=4)),
+            "q, k, v must be floating tensors, got list, list, list",
+        ),
+        *[
+            (
+                lambda s=s, b=b: posenc.attend(
+                    *qkv([torch.float32] * 3), posenc.prepare(s, torch.randn(1, 6, 64), n_head=4), block_size=b
+                ),
+                f"block_size must be an integer >= 1, got {b!r}",
+            )
+            for s in ("rope", "alibi")
+            for b in (0, -1, 2.5, True)
+        ],
+        (
+            lambda: posenc.Attention(16, 2, "rope", train_length=8).set_method(5),
+            "a method spec is a string, got int 5",
+        ),
+        (
+            lambda: posenc.Attention(16, 2, "rope", train_length=8).set_method("sinks:n_sink=2,window=40"),
+            "method sinks: n_sink + window = 42 passes the trained length 8; the method keeps exact positions up to "
+            "it (give a smaller one)",
+        ),
+        (
+            lambda: posenc.Attention(16, 2, "nope").set_method("lm-infinite"),
+            "method lm-infinite applies to rope (fixed-frequency schedules), alibi, t5 and kerple; this layer uses "
+            "nope",
+        ),
+        (
+            lambda: posenc.prepare("rope", torch.randn(1, 6, 16), n_head=2, head_dim=0),
+            "head_dim must be an integer >= 1, got 0",
+        ),
     ],
 )
 def test_python_api_bad_arguments_are_one_line(make, message):
