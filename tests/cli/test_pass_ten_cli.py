@@ -69,3 +69,17 @@ def test_a_pretrained_models_method_within_what_its_schedule_reaches_is_taken(ll
         adapted.set_method("self-extend:window=300")
     adapted.set_schedule(Extension("yarn", factor=2.0))
     assert adapted.set_method("self-extend:window=300").window == 300  # yarn x2 reaches 512
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["tasks=[flipflop]", "sweep={grid: {train.lr: [0.001, 0.002]}}", "schemes=[alibi]", "eval.multiples=[1,3]"],
+)
+def test_train_refuses_a_setting_only_compare_reads(tmp_path, capsys, setting):
+    """train's dry run printed the resolved settings, exit 0, and the run trained rope on text without the task,
+    the grid or the lengths given."""
+    key = setting.split("=")[0].split(".")[0]
+    argv = ["train", "--preset", "quick", "--scheme", "rope", "--out", str(tmp_path / "r"), "--set", setting]
+    one_line_exit_2(capsys, [*argv, "--dry-run"], f"--set {key}: train reads the model and train settings only")
+    one_line_exit_2(capsys, argv, f"--set {key}: train reads the model and train settings only")
+    assert not (tmp_path / "r").exists()

@@ -81,6 +81,12 @@ FLAGS = {
 def run(args) -> int:
     settings = given_settings(args, FLAGS)
     refuse_derived_settings(settings, "train", "--scheme")
+    unread = sorted({key.split(".")[0] for key in settings} - {"model", "train"})
+    if unread:  # the preset's other sections are compare's: a value given there would change nothing
+        raise PosencError(
+            f"--set {unread[0]}: train reads the model and train settings only ({unread[0]} is posenc compare's; a "
+            "task trains with --corpus TASK)"
+        )
     preset = load_preset(args.preset, settings, schemes=[args.scheme])  # checks the scheme
     mcfg = dataclasses.replace(preset.model, encoding=args.scheme)
     out = args.out or Path("runs") / "train" / args.scheme
