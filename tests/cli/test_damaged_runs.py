@@ -317,6 +317,23 @@ def test_a_config_edited_after_training_is_refused(runs, capsys, command):
     assert main(["eval", str(runs / "tr"), "--multiples", "1", "--max-tokens", "64", "-q"]) == 0
 
 
+@pytest.mark.parametrize(
+    "edit, shown",
+    [
+        ({"corpus": "pystdlib"}, "train.corpus 'pystdlib' (trained 'shakespeare')"),
+        ({"tokenizer": "bpe512"}, "train.tokenizer"),
+    ],
+)
+def test_a_training_corpus_edited_after_training_is_refused(runs, capsys, edit, shown):
+    """eval scored 86 pystdlib documents as the run's held-out text (ppl 243.4) and recorded them, exit 0."""
+    path = runs / "tr" / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["train"].update(edit)
+    path.write_text(json.dumps(cfg))
+    one_line_exit_2(capsys, ["eval", str(runs / "tr"), "--multiples", "1"], shown)
+    assert not (runs / "tr" / "eval.jsonl").exists()
+
+
 @pytest.mark.parametrize("command", [["generate", "--prompt", "a", "{}"], ["finetune", "--dry-run", "--model", "{}"]])
 def test_a_config_at_a_broken_link_says_so_on_every_command(runs, capsys, command):
     config = runs / "tr" / "config.json"

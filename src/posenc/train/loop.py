@@ -291,8 +291,12 @@ def train(
         open_run_dir(run_dir)  # held by this process in a command's scope (posenc.store.lock)
     torch.manual_seed(tcfg.seed)
     model = LM(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
-    # the weights name the model they belong to: load_run refuses a config.json edited since (check_weights_config)
-    trained_as = {"model": json.dumps(dataclasses.asdict(mcfg))}
+    # the weights name the model and data they belong to: load_run refuses a config.json edited since
+    # (check_weights_config)
+    trained_as = {
+        "model": json.dumps(dataclasses.asdict(mcfg)),
+        "data": json.dumps({"corpus": tcfg.corpus, "tokenizer": tcfg.tokenizer}),  # the text it learned
+    }
     ckpt = Checkpoint(run_dir, model.state_dict, make_optimizer(model, tcfg), metadata=trained_as)
     step = 0
     if resume and (run_dir / "state.pt").exists():

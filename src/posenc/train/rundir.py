@@ -80,27 +80,29 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
         model = LM(mcfg)
     except PosencError as exc:  # a scheme or setting this posenc cannot build: the file that asked for it
         raise PosencError(f"{path}: {exc}") from None
-    check_weights_config(run_dir, cfg["model"])
+    check_weights_config(run_dir, cfg["model"], cfg.get("train", {}))
     load_weights(run_dir / "model.safetensors", model)
     return model.to(distributed.default_device()), mcfg, tcfg
 
 
-def check_weights_config(run_dir: Path, model: dict) -> None:
+def check_weights_config(run_dir: Path, model: dict, train: dict) -> None:
     """PosencError when ``model`` (config.json's model section) differs from the model config ``model.safetensors``
     was saved with (its header's ``model``: a config.json edited after training, say another encoding, would
-    evaluate the weights under a scheme they never learned); speed knobs (``MODEL_KNOBS``) may differ. Weights
-    saved without it (older runs) are not checked."""
-    trained = tensors_metadata(run_dir / "model.safetensors").get("model")
-    if trained is None:
-        return
-    trained, now = json.loads(trained), {**MODEL_ADDED, **model}
-    diff = [
-        f"{k} {now.get(k)!r} (trained {v!r})" for k, v in trained.items() if k not in MODEL_KNOBS and now.get(k) != v
-    ]
+    evaluate the weights under a scheme they never learned), or ``train``'s corpus or tokenizer from the header's
+    ``data`` (an edited corpus would be scored as the run's held-out text); speed knobs (``MODEL_KNOBS``) may
+    differ. Weights saved without them (older runs) are not checked."""
+    header = tensors_metadata(run_dir / "model.safetensors")
+    trained = {f"model.{k}": v for k, v in json.loads(header.get("model", "{}")).items() if k not in MODEL_KNOBS}
+    trained |= {f"train.{k}": v for k, v in json.loads(header.get("data", "{}")).items()}
+    now = {
+        **{f"model.{k}": v for k, v in {**MODEL_ADDED, **model}.items()},
+        **{f"train.{k}": v for k, v in train.items()},
+    }
+    diff = [f"{k} {now.get(k)!r} (trained {v!r})" for k, v in trained.items() if now.get(k) != v]
     if diff:
         raise PosencError(
-            f"{run_dir / 'config.json'} differs from the model its weights were trained as: "
-            f"model.{', model.'.join(diff)}; restore it (evaluation settings go on the command line)"
+            f"{run_dir / 'config.json'} differs from what its weights were trained as: {', '.join(diff)}; restore it "
+            "(evaluation settings, such as another corpus, go on the command line)"
         )
 
 
