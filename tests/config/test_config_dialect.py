@@ -112,6 +112,10 @@ def test_the_description_note_names_a_changed_grid():
     assert grid.description.endswith("[The preset as written; this run sets sweep.grid = {'train.lr': [0.001]}.]")
     assert load_preset("retrieval", {"sweep": None}).description.endswith("this run sets no sweep.]")
     assert "this run sets" not in load_preset("retrieval", {"sweep.grid": {"train.lr": [3e-4, 1e-3, 3e-3]}}).description
+    # the lengths are the run's, every invocation's together: a rerun's [2] said "this run sets" beside tables of 1x, 2x
+    assert (
+        "this run sets" not in load_preset("retrieval", {"eval.multiples": [2], "task_eval.multiples": [1]}).description
+    )
 
 
 def test_flags_and_set_are_one_mechanism_and_the_last_given_wins():

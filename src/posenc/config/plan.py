@@ -318,6 +318,9 @@ def check_scheme(model: ModelConfig, spec: str) -> None:
 
 SETTINGS = {"model", "train", "eval", "task_eval"}  # what a preset's description may state and a run override
 STATED = SETTINGS | {"sweep"}  # the grid too ("each learning rate of the grid"), though no run record holds it
+# the lengths: a rerun adds to a run's (posenc.jobs.launcher.with_earlier_rows) and its tables show them, so a note
+# of one invocation's would misdescribe the run
+LENGTHS = {"eval.multiples", "task_eval.multiples"}
 
 
 def _flag_overrides(preset: Preset, written: dict) -> None:
@@ -328,7 +331,7 @@ def _flag_overrides(preset: Preset, written: dict) -> None:
         f"{section}.{k} = {v!r}"
         for section in sorted(STATED)
         for k, v in (now[section] or {}).items()
-        if (written[section] or {}).get(k) != v
+        if (written[section] or {}).get(k) != v and f"{section}.{k}" not in LENGTHS
     ]
     if now["sweep"] is None and written["sweep"] is not None:
         changed.append("no sweep")
