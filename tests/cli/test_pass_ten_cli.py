@@ -83,3 +83,14 @@ def test_train_refuses_a_setting_only_compare_reads(tmp_path, capsys, setting):
     one_line_exit_2(capsys, [*argv, "--dry-run"], f"--set {key}: train reads the model and train settings only")
     one_line_exit_2(capsys, argv, f"--set {key}: train reads the model and train settings only")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("dry", [["--dry-run"], []])
+def test_a_tokenizer_on_a_task_corpus_is_refused(tmp_path, capsys, dry):
+    """The task's vocabulary (5 tokens) was used and config.json recorded train.tokenizer 'bpe300', exit 0."""
+    argv = ["train", "--preset", "quick", "--scheme", "rope", "--steps", "1", "--corpus", "flipflop"]
+    argv += ["--tokenizer", "bpe300", "--out", str(tmp_path / "r"), *dry]
+    one_line_exit_2(
+        capsys, argv, "train.tokenizer 'bpe300': the synthetic task 'flipflop' has its own token vocabulary"
+    )
+    assert not (tmp_path / "r").exists()

@@ -99,8 +99,14 @@ SMALL_CORPUS = 100_000  # tokens; nanoGPT's smallest corpus (Shakespeare, charac
 
 def check_task_settings(tcfg: TrainConfig) -> None:
     """PosencError when ``train.until`` or answer-only loss is set on a corpus that is not a synthetic task (text has
-    no answer positions): decided from the corpus spec, so ``--dry-run`` refuses what the run refuses."""
+    no answer positions), or a tokenizer other than the default on a task (its tokens are its own vocabulary): decided
+    from the corpus spec, so ``--dry-run`` refuses what the run refuses."""
     if is_task(tcfg.corpus):
+        if tcfg.tokenizer != "byte":  # was ignored, and recorded in config.json as if used
+            raise PosencError(
+                f"train.tokenizer {tcfg.tokenizer!r}: the synthetic task {tcfg.corpus!r} has its own token "
+                "vocabulary; a tokenizer applies to text only"
+            )
         return
     if tcfg.until is not None:
         raise PosencError(f"train.until needs a synthetic task corpus (posenc.data.tasks), not {tcfg.corpus!r}")

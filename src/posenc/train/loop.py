@@ -293,10 +293,9 @@ def train(
     model = LM(mcfg).to(shard.device)  # before the optimizer, so its state lives on the device
     # the weights name the model and data they belong to: load_run refuses a config.json edited since
     # (check_weights_config)
-    trained_as = {
-        "model": json.dumps(dataclasses.asdict(mcfg)),
-        "data": json.dumps({"corpus": tcfg.corpus, "tokenizer": tcfg.tokenizer}),  # the text it learned
-    }
+    # one header key: safetensors writes several in a hash map's order, and the file's bytes would vary between runs
+    trained = {"model": dataclasses.asdict(mcfg), "data": {"corpus": tcfg.corpus, "tokenizer": tcfg.tokenizer}}
+    trained_as = {"trained_as": json.dumps(trained)}
     ckpt = Checkpoint(run_dir, model.state_dict, make_optimizer(model, tcfg), metadata=trained_as)
     step = 0
     if resume and (run_dir / "state.pt").exists():

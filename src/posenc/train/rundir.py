@@ -87,13 +87,16 @@ def load_run(run_dir: Path) -> tuple[LM, ModelConfig, TrainConfig]:
 
 def check_weights_config(run_dir: Path, model: dict, train: dict) -> None:
     """PosencError when ``model`` (config.json's model section) differs from the model config ``model.safetensors``
-    was saved with (its header's ``model``: a config.json edited after training, say another encoding, would
-    evaluate the weights under a scheme they never learned), or ``train``'s corpus or tokenizer from the header's
-    ``data`` (an edited corpus would be scored as the run's held-out text); speed knobs (``MODEL_KNOBS``) may
-    differ. Weights saved without them (older runs) are not checked."""
+    was saved with (its header's ``trained_as``, ``model`` in older runs: a config.json edited after training, say
+    another encoding, would evaluate the weights under a scheme they never learned), or ``train``'s corpus or
+    tokenizer from the corpus and tokenizer it records (an edited corpus would be scored as the run's held-out text);
+    speed knobs (``MODEL_KNOBS``) may differ. Weights saved without them (older runs) are not checked."""
     header = tensors_metadata(run_dir / "model.safetensors")
-    trained = {f"model.{k}": v for k, v in json.loads(header.get("model", "{}")).items() if k not in MODEL_KNOBS}
-    trained |= {f"train.{k}": v for k, v in json.loads(header.get("data", "{}")).items()}
+    saved = (
+        json.loads(header["trained_as"]) if "trained_as" in header else {"model": json.loads(header.get("model", "{}"))}
+    )
+    trained = {f"model.{k}": v for k, v in saved["model"].items() if k not in MODEL_KNOBS}
+    trained |= {f"train.{k}": v for k, v in saved.get("data", {}).items()}  # weights saved before it: model only
     now = {
         **{f"model.{k}": v for k, v in {**MODEL_ADDED, **model}.items()},
         **{f"train.{k}": v for k, v in train.items()},
