@@ -570,7 +570,7 @@ class LM(nn.Module):
         for an empty prompt, ids that are not int64 or lie outside the vocabulary (``check_ids``), a bad argument
         (``check_sampling``: a seed that is not an integer in [0, 2^64)) or a mask ``forward`` refuses.
         """
-        check_sampling(max_new_tokens, temperature, top_k, seed)
+        check_sampling(max_new_tokens, temperature, top_k, seed, self.cfg.vocab_size)
         if not isinstance(prompt_ids, torch.Tensor):  # a list of ids is as good as a tensor; checked below
             try:
                 prompt_ids = torch.as_tensor(prompt_ids, device=self.tok.weight.device)
@@ -798,11 +798,12 @@ def build_model(config: ModelConfig | dict) -> LM:
 MAX_NEW_TOKENS = 1 << 20  # the most tokens one generate call produces (1,048,576): about a day on one CPU thread
 
 
-def check_sampling(max_new_tokens, temperature, top_k, seed=None) -> None:
+def check_sampling(max_new_tokens, temperature, top_k, seed=None, vocab_size: int | None = None) -> None:
     """PosencError (one line) unless ``max_new_tokens`` is an integer in [0, ``MAX_NEW_TOKENS``], ``temperature`` a
-    number (an int or float, not a bool), finite and >= 0 (0: greedy), ``top_k`` None or an integer >= 1 (not a
-    bool) and ``seed`` None or an integer in [0, 2^64) (what a torch generator takes; not a bool): the generation
-    settings of ``LM.generate``, of pretrained models' (``posenc.hf.generation``) and of ``posenc generate``."""
+    number (an int or float, not a bool), finite and >= 0 (0: greedy), ``top_k`` None or an integer in [1,
+    ``vocab_size``] (not a bool; past the vocabulary it would keep every token without a word) and ``seed`` None or
+    an integer in [0, 2^64) (what a torch generator takes; not a bool): the generation settings of ``LM.generate``,
+    of pretrained models' (``posenc.hf.generation``) and of ``posenc generate``."""
     if not (isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 0):
         raise PosencError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if max_new_tokens > MAX_NEW_TOKENS:
@@ -815,6 +816,8 @@ def check_sampling(max_new_tokens, temperature, top_k, seed=None) -> None:
         raise PosencError(f"temperature must be finite and >= 0, got {temperature!r}")
     if top_k is not None and not (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1):
         raise PosencError(f"top_k must be an integer >= 1, got {top_k!r}")
+    if top_k is not None and vocab_size is not None and top_k > vocab_size:
+        raise PosencError(f"top_k {top_k} exceeds the vocabulary ({vocab_size} tokens): it would keep every token")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
         raise PosencError(f"seed must be an integer in [0, 2^64) (a torch generator's) or None, got {seed!r}")
 

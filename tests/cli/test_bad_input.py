@@ -113,6 +113,10 @@ def bad_commands(run):
         (["generate", str(run), "--prompt", "To be", "--temperature", "nan"], "temperature must be"),
         (["generate", str(run), "--prompt", "To be", "--temperature", "-1"], "temperature must be"),
         (["generate", str(run), "--prompt", "To be", "--top-k", "0"], "top_k must be"),
+        (  # past the vocabulary it kept every token without a word (new-user pass eleven)
+            ["generate", str(run), "--prompt", "To be", "--top-k", "100000"],
+            "top_k 100000 exceeds the vocabulary (256 tokens): it would keep every token",
+        ),
         (
             ["generate", str(run), "--prompt", "x" * 30, "--max-new-tokens", "5"],
             "exceed the learned position table of 32",

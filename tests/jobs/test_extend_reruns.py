@@ -66,6 +66,11 @@ def test_passkey_schedules_outside_schedules(llama_dir, capsys):
         "(add it to --schedules)"
     ]
     assert not out.exists()
+    assert main([*common, "--passkey-lengths", "--schedules", "none", "--passkey-schedules", "none"]) == 2  # none
+    assert capsys.readouterr().err == (
+        "posenc: error: --passkey-schedules none: no passkey lengths (--passkey-lengths is empty), so no passkey trial "
+        "would run\n"
+    )
     assert main([*common, "--schedules", "pi"]) == 0  # the default preset's passkey list: none, yarn
     assert (
         "posenc: warning: no schedule of --schedules (pi) is in --passkey-schedules (none yarn)"

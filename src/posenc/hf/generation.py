@@ -54,7 +54,7 @@ def generate(
 
     from posenc.hf.sink_cache import sink_cache  # imports transformers
 
-    check_sampling(max_new_tokens, temperature, top_k, seed)
+    check_sampling(max_new_tokens, temperature, top_k, seed, adapted.model.config.vocab_size)
     stop = _stop_ids(eos_token_id)
     if ids.dim() != 1 or ids.numel() == 0:
         raise PosencError(f"the prompt must be one non-empty row of token ids, got shape {tuple(ids.shape)}")

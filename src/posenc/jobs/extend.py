@@ -224,12 +224,17 @@ def load_extend_config(name_or_path: str, overrides: dict[str, Any] | None = Non
 
     Raises PosencError (one line) for an unknown preset, invalid YAML, an unknown key or
     bad value, an unknown schedule, a stride outside [1, shortest length - 1], or a given ``passkey_schedules``
-    naming a schedule outside ``schedules`` (with passkey lengths).
+    naming a schedule outside ``schedules``, or given without passkey lengths.
     """
     cfg = load_flat(ExtendConfig, name_or_path, PRESETS, "extend preset", overrides)
     check_config(cfg)
     given = (overrides or {}).get("passkey_schedules")
-    if given and cfg.passkey_lengths and (unscored := [s for s in given if s not in cfg.schedules]):
+    if given and not cfg.passkey_lengths:
+        raise PosencError(
+            f"--passkey-schedules {' '.join(given)}: no passkey lengths (--passkey-lengths is empty), so no passkey "
+            "trial would run"
+        )
+    if given and (unscored := [s for s in given if s not in cfg.schedules]):
         # a preset's list filters whatever --schedules picks; a given one names trials it wants run
         raise PosencError(
             f"--passkey-schedules {' '.join(unscored)}: not in --schedules ({' '.join(cfg.schedules)}), so no "
