@@ -567,7 +567,8 @@ class Plan:
             out["chosen"] = [named(t, s, k, " at its chosen point") for t in units for s in p.schemes for k in p.seeds]
         if not self.tasks:
             rows = [f"{s}+{spec['schedule']}" for spec in p.eval_schedules for s in p.schemes if is_rope(s)]
-            rows += [f"{s}+{m}" for m in p.eval_methods for s in p.schemes if s not in refused_schemes(p, m)]
+            refused = {m: refused_schemes(p, m) for m in p.eval_methods}  # one model per scheme and method
+            rows += [f"{s}+{m}" for m in p.eval_methods for s in p.schemes if s not in refused[m]]
             if rows:  # a method row only where the method applies to the scheme
                 out["rows"] = [named(None, r, k) for r in rows for k in p.seeds]
         return out
