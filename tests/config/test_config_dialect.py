@@ -58,6 +58,7 @@ def test_the_shipped_presets_share_blocks_through_base():
         "state-tracking": "retrieval",
         "retrieval-matched": "retrieval",
         "retrieval-matched-mqar": "retrieval",
+        "retrieval-matched-far": "retrieval-matched",
     }
 
 

@@ -12,7 +12,7 @@ import torch
 from posenc.config.plan import load_preset
 from posenc.data.tasks import B0, B1, I, R, W, get_task, is_task
 from posenc.errors import PosencError
-from posenc.eval.tasks import bucket, score_batch
+from posenc.eval.tasks import bucket, precise, score_batch, score_test
 from posenc.reports.tasks import (
     accuracy_markdown,
     budget,
@@ -319,6 +319,34 @@ def test_score_batch_counts_per_bucket():
     assert out[8][2] == pytest.approx(-p[1].item())
 
 
+def test_precise_asks_each_bucket_for_its_answers_at_an_accuracy_moved_toward_one_half():
+    # at 50%: 625 answers give sqrt(.25 / 625) = 0.02 exactly; one fewer is above it
+    assert precise({8: [625, 312.5 - 2]}, 0.02) and not precise({8: [624, 310]}, 0.02)
+    # all right: (n + 2) / (n + 4) keeps the error above zero; n = 68 is the first within 2 points
+    assert precise({8: [68, 68]}, 0.02) and not precise({8: [67, 67]}, 0.02)
+    assert not precise({8: [16, 16]}, 0.02)  # 16 of 16: a plain standard error of 0, not the stop
+    assert not precise({8: [70, 70], 16: [624, 310]}, 0.02)  # every bucket of the cell
+    assert not precise({}, 0.02)
+
+
+def test_a_cell_with_a_standard_error_target_draws_until_its_bucket_is_that_precise():
+    from posenc import build_model
+
+    task = get_task("flipflop")
+    torch.manual_seed(0)
+    model = build_model({"vocab_size": task.vocab_size, "n_layer": 1, "n_head": 2, "d_model": 16, "train_length": 16})
+    test = next(t for t in task.tests(16, [1, 2]) if t.name == "gap")
+    one_row = test.length  # one probe, one answer, per batch
+    cell = score_test(model, task, test, 10**6, 10**9, one_row, se=0.05)
+    ((b, (n, c, _)),) = cell.items()
+    assert precise(cell, 0.05) and n > 10  # the untrained model is always wrong: 26 answers
+    shorter = score_test(model, task, test, int(n) - 1, 10**9, one_row)  # the same draws, one answer fewer
+    assert not precise(shorter, 0.05) and shorter[b][0] == n - 1
+    assert score_test(model, task, test, int(n), 10**9, one_row) == cell  # the stop changes the count, not a draw
+    capped = score_test(model, task, test, 10**6, 3 * one_row, one_row, se=0.05)
+    assert capped[b][0] == 3  # max_tokens still caps it
+
+
 def test_horizon():
     assert horizon({8: 0.99, 16: 0.97, 32: 0.92, 64: 0.99}, 0.98, 0.05) == 16
     assert horizon({8: 0.99, 16: 0.99}, 0.98, 0.05) == 16
@@ -386,6 +414,41 @@ def test_compare_tasks_end_to_end_resumes_and_refuses_other_settings(tmp_path):
     other = load_preset(str(_tiny_preset(tmp_path, task_eval={"multiples": [1, 2], "answers": 41, "max_tokens": 1024})))
     with pytest.raises(PosencError, match="other settings"):
         compare(other, tmp_path / "runs", isolate=False)
+
+
+def test_trained_from_scores_another_comparisons_models_anew_and_refuses_other_training(tmp_path, capsys):
+    from posenc.cli.main import main
+    from posenc.jobs.compare import compare
+
+    preset = load_preset(str(_tiny_preset(tmp_path, schemes=["rope"], tasks=["flipflop"])))
+    compare(preset, tmp_path / "runs", isolate=False)
+    first = tmp_path / "runs" / "tiny" / "flipflop" / "rope" / "seed0"
+    far = {"multiples": [1, 2], "answers": 10**6, "max_tokens": 10**6, "se": 0.02}
+    again = load_preset(str(_tiny_preset(tmp_path, name="again", schemes=["rope"], tasks=["flipflop"], task_eval=far)))
+    compare(again, tmp_path / "runs", isolate=False, trained_from=tmp_path / "runs" / "tiny")
+    taken = tmp_path / "runs" / "again" / "flipflop" / "rope" / "seed0"
+    assert "1 trained model(s) taken from" in capsys.readouterr().err
+    for name in ("model.safetensors", "train.jsonl", "train_summary.json"):  # copied, not trained again
+        assert (taken / name).read_bytes() == (first / name).read_bytes()
+    assert not (taken / "state.pt").exists()
+    (old,), (new,) = (read_jsonl(tmp_path / "runs" / n / "results.jsonl") for n in ("tiny", "again"))
+    gaps = [{c["bucket"]: [c["n"], c["correct"]] for c in r["cells"] if c["test"] == "gap"} for r in (old, new)]
+    assert gaps[0].keys() == gaps[1].keys() == {8, 16, 32, 64}
+    assert not all(precise({b: v}, 0.02) for b, v in gaps[0].items())  # one batch of probes each
+    assert all(precise({b: v}, 0.02) for b, v in gaps[1].items())  # scored anew, each to 2 points
+    assert new["train_seconds"] == old["train_seconds"]
+    # trained otherwise (4 steps there, 5 here): refused before any work, in one line
+    five = load_preset(
+        str(_tiny_preset(tmp_path, name="five", tasks=["flipflop"], schemes=["rope"])), {"train.steps": 5}
+    )
+    with pytest.raises(PosencError, match=r"was not trained with the settings of five's job .*steps"):
+        compare(five, tmp_path / "runs", isolate=False, trained_from=tmp_path / "runs" / "tiny")
+    assert not (tmp_path / "runs" / "five" / "flipflop").exists()
+    with pytest.raises(PosencError, match="no finished run at the place of any of this comparison's jobs"):
+        compare(again, tmp_path / "other", isolate=False, trained_from=tmp_path / "runs")
+    code = main(["compare", "--preset", "quick", "--trained-from", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--trained-from" in err and "not a directory" in err
 
 
 def test_repeated_seeds_schemes_or_tasks_are_refused():

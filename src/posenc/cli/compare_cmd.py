@@ -50,6 +50,14 @@ def add_parser(sub):
         "auto picks bf16 autocast where the device has bf16 units, else fp32",
     )
     p.add_argument("--name", help="run name (directory under --out)")
+    p.add_argument(
+        "--trained-from",
+        type=OUT,
+        metavar="RUN",
+        help="take each job's trained model from this earlier comparison's run directory (runs/NAME; trained with "
+        "the same settings, refused otherwise) instead of training: re-score it under this preset's evaluation "
+        "settings",
+    )
     add_set(p, "train.lr=3e-3 or eval.multiples=[1,4,16]")
     p.add_argument("--out", type=OUT, default=Path("runs"), help="output root (default runs/)")
     p.add_argument(
@@ -166,6 +174,16 @@ def dry_run(preset: Preset, out: Path) -> int:
     return print_dry_run("posenc compare", settings, sum(map(len, stages.values())), f"per stage: {detail}")
 
 
+def check_source(source: Path | None, run_root: Path) -> None:
+    """PosencError (one line) for a ``--trained-from`` that is not a directory or is this run's own."""
+    if source is None:
+        return
+    if not source.is_dir():
+        raise PosencError(f"--trained-from {source}: not a directory (give an earlier comparison's runs/NAME)")
+    if run_root.exists() and source.resolve() == run_root.resolve():
+        raise PosencError(f"--trained-from {source}: this run's own directory (give another --name)")
+
+
 def run(args) -> int:
     settings = given_settings(args, FLAGS)
     refuse_derived_settings(settings, "compare", "--schemes (or the preset's schemes)")
@@ -175,6 +193,7 @@ def run(args) -> int:
     if not task_specs(preset):  # the text every job loads, refused once before any job as --dry-run refuses it
         check_data(preset.train.corpus, preset.train.tokenizer)
     check_run_dir(args.out / preset.name)  # a file in the way, refused before any job (and by the dry run)
+    check_source(args.trained_from, args.out / preset.name)
     if args.dry_run:
         return dry_run(preset, args.out)
     try:
@@ -186,6 +205,7 @@ def run(args) -> int:
             launcher=args.launcher,
             cluster=cluster,
             device=args.device,
+            trained_from=args.trained_from,
         )
         if preset.trend:  # each rung a comparison, then the trend report
             report, failures = compare_trend(preset, args.out, **options)

@@ -93,6 +93,10 @@ class TaskEvalConfig(BaseModel):
     pass it) ..."""
     max_tokens: Count = 65536
     """... or tokens a cell has used at least, whichever comes first (likewise whole batches)."""
+    se: float | None = Field(None, gt=0, lt=0.5)
+    """... or, when set, a standard error (a fraction: 0.02 is 2 points) that every bucket of the cell has reached
+    (``posenc.eval.tasks.precise``): the controlled-gap probe's cell is one distance bucket, so its answers follow
+    its accuracy (625 at 50%, 68 all right); ``max_tokens`` still caps it. None: the first two caps only."""
     batch_tokens: Count = 16384
     """Tokens per scoring forward batch: memory and speed only."""
     horizon_tol: float = Field(0.05, gt=0, lt=1)

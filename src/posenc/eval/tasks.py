@@ -4,8 +4,9 @@ Each test cell (test, sequence length) is scored on sequences drawn from a seed 
 (:func:`cell_seed`): every scheme trained on seed k sees the same sequences, and two training seeds see different
 ones, so the spread over seeds includes the draw of the probes. Answers are counted per evidence-distance bucket
 (powers of two: bucket b holds distances in [b, 2b)). A cell draws whole batches (``batch_tokens`` tokens, at least
-one row) until it holds at least ``answers`` answers or has used at least ``max_tokens`` tokens, whichever is first:
-the last batch may pass either cap, and each record's ``n`` is the count actually scored.
+one row) until it holds at least ``answers`` answers or has used at least ``max_tokens`` tokens, or, given a target
+``se``, until every bucket it holds is that precise (:func:`precise`), whichever is first: the last batch may pass
+either cap, and each record's ``n`` is the count actually scored.
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ def score_test(
     base_seed: int = EVAL_SEED,
     positions: int | None = None,
     seed: int = 0,
+    se: float | None = None,
 ) -> dict[int, list[float]]:
     """{bucket: [answers, correct, nll sum]} of one test cell, drawn from :func:`cell_seed` of ``base_seed``, the
-    cell and ``seed`` (the run's training seed, >= 0). ``positions``: N of a model trained on randomized positions,
+    cell and ``seed`` (the run's training seed, >= 0); ``se``: also stop once :func:`precise` to it (None: never).
+    ``positions``: N of a model trained on randomized positions,
     scored on them (``posenc.data.positions``: one draw per batch, seeded by the cell's seed and the batch) unless a
     method or schedule is applied (``scored_max``); None: 0..length-1. LengthNotSupported when the length exceeds N."""
     seed, positions = cell_seed(base_seed, test, seed), scored_max(model, positions)
@@ -78,7 +81,7 @@ def score_test(
     rows_per_batch = max(1, batch_tokens // test.length)
     device = next(model.parameters()).device
     step, tokens, found = 0, 0, 0
-    while found < answers and tokens < max_tokens:
+    while found < answers and tokens < max_tokens and not (se is not None and precise(totals, se)):
         b = task.batch(seed, step, range(rows_per_batch), test.length, **test.settings)
         pos = eval_positions(positions, test.length, (seed, step), device)
         logits = model(b.inputs.to(device), pos).float().cpu()
@@ -103,14 +106,15 @@ def evaluate_task(
     done: list[dict] = (),
     only: tuple[str, ...] | None = None,
     seed: int = 0,
+    se: float | None = None,
 ) -> list[dict]:
     """One record per (test, length, bucket): ``n`` answers, ``correct``, ``nll`` (sum, nats). ``positions``: as
     ``score_test``'s. ``done``: records of an earlier evaluation of this model (fewer ``multiples``: a sweep's
     screening): their tests are not scored again but kept, in test order, so the result equals one evaluation of
     every test (each test's cells are drawn from a seed of its own, ``score_test``). ``only``: the names of the tests
     to score (None: every test; a sweep's screening scores ``("id",)`` at the training length). ``seed``: the run's
-    training seed (>= 0), from which every cell's sequences are drawn (:func:`cell_seed`). A bar of tests with an
-    ETA on stderr, as ``posenc.eval.progress`` shows bars."""
+    training seed (>= 0), from which every cell's sequences are drawn (:func:`cell_seed`); ``se``: as
+    ``score_test``'s. A bar of tests with an ETA on stderr, as ``posenc.eval.progress`` shows bars."""
     was_training = model.training
     model.eval()
     records, have = [], {}
@@ -124,7 +128,9 @@ def evaluate_task(
             if (test.name, test.length) in have:
                 records += have[(test.name, test.length)]
                 continue
-            cell = score_test(model, task, test, answers, max_tokens, batch_tokens, positions=positions, seed=seed)
+            cell = score_test(
+                model, task, test, answers, max_tokens, batch_tokens, positions=positions, seed=seed, se=se
+            )
             for b, (n, c, nll) in sorted(cell.items()):
                 records.append(
                     {"test": test.name, "length": test.length, "bucket": b, "n": int(n), "correct": int(c), "nll": nll}
@@ -169,6 +175,16 @@ def id_accuracy(
         model.train(was_training)
     n = sum(t[0] for t in totals.values())
     return sum(t[1] for t in totals.values()) / n
+
+
+def precise(totals: dict[int, list[float]], se: float) -> bool:
+    """Whether every bucket of a cell's ``totals`` ({bucket: [answers, correct, ...]}; none: False) has a standard
+    error at most ``se`` (a fraction), its accuracy first moved toward 1/2 as Agresti and Coull's (c + 2) / (n + 4)
+    does: never below the plain :func:`standard_error`, so that a few answers all right (or all wrong) do not end
+    the draw. At an accuracy of 1/2 and ``se`` 0.02 that is 625 answers; all right, 68."""
+    if not totals:
+        return False
+    return all(standard_error((c + 2) / (n + 4), int(n)) <= se for n, c, *_ in totals.values())
 
 
 def standard_error(p: float, n: int) -> float:

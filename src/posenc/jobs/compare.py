@@ -23,6 +23,7 @@ from posenc.jobs.launcher import Launcher, finish_run, record_run
 from posenc.store.lock import hold_run_dir
 from posenc.store.records import RunStore
 from posenc.store.stamp import wall_line
+from posenc.train.rundir import is_trained
 from posenc.train.tracking import check_kind
 
 
@@ -36,6 +37,7 @@ def compare(
     launcher: str = "pool",
     cluster: ClusterConfig | None = None,
     device: str | None = None,
+    trained_from: Path | None = None,
 ) -> tuple[Path, dict[str, str]]:
     """Run the whole comparison, on text or on synthetic tasks; returns the report path and the failed jobs
     ({job: one-line error}).
@@ -49,11 +51,13 @@ def compare(
 
     ``isolate``, ``parallel``, ``nproc_per_node`` (processes per job, torchrun; text only), ``launcher``, ``cluster``
     (default the preset's) and ``device``: how the jobs run (``posenc.jobs.launcher.Launcher``); ``log``: a tracker kind
-    for every job (``posenc.train.tracking``). Raises PosencError before any work for bad input (``Plan.check``, the
-    launcher's settings, a missing tracker, a run root another posenc process holds: ``posenc.store.lock``), when a
-    run a job would report was trained with other settings than the job's (``train.check_trained_as``: a run copied
-    in from another budget), and, after the jobs, when none of the jobs the report shows finished (each failure was
-    said in one line; the records are kept).
+    for every job (``posenc.train.tracking``). ``trained_from``: another comparison's run root whose trained models
+    the jobs take where they have none (``posenc.jobs.job._Trains.adopt``): scored anew under this preset's
+    evaluation settings; PosencError when the first stage finds none there. Raises PosencError before any work for
+    bad input (``Plan.check``, the launcher's settings, a missing tracker, a run root another posenc process holds:
+    ``posenc.store.lock``), when a run a job would report was trained with other settings than the job's
+    (``train.check_trained_as``: a run copied in from another budget), and, after the jobs, when none of the jobs
+    the report shows finished (each failure was said in one line; the records are kept).
     """
     check_kind(log)
     run_root = Path(out_root) / preset.name
@@ -83,6 +87,8 @@ def compare(
     try:
         seen, pending = set(), 0
         for i, stage in enumerate(plan.stages(stores), 1):
+            if trained_from is not None:
+                adopt(stage, run_root, trained_from, first=i == 1)
             for job in stage:
                 job.check()
             todo = [job for job in stage if not job.done(stores[job.root])]
@@ -105,3 +111,13 @@ def compare(
         )
     meta = {"sweep": plan.sweep_lines(stores), "wall": wall_line(calls[0])}  # the comparison's own invocations
     return plan.kind.report(plan, failures, meta), failures
+
+
+def adopt(stage: list[Job], run_root: Path, source: Path, first: bool) -> None:
+    """Each training job of ``stage`` takes its trained model from ``source`` (``_Trains.adopt``), said in one line;
+    PosencError when the first stage takes none and trains all (a wrong ``--trained-from``, caught before any work)."""
+    taken = sum(job.adopt(run_root, source) for job in stage)
+    if first and stage and not taken and not any(is_trained(job.run_dir) for job in stage):
+        raise PosencError(f"--trained-from {source}: no finished run at the place of any of this comparison's jobs")
+    if taken:
+        note(f"posenc: {taken} trained model(s) taken from {source}; scored under this preset's evaluation settings")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -113,6 +114,11 @@ class Job:
         """The jobs that evaluate this one's trained model further (none)."""
         return []
 
+    def adopt(self, run_root: Path, source: Path) -> bool:
+        """Whether it took a trained model from another comparison (``posenc compare --trained-from``): only a job
+        that trains does (:meth:`_Trains.adopt`)."""
+        return False
+
     def done(self, store: RunStore) -> bool:
         raise NotImplementedError
 
@@ -134,6 +140,30 @@ class _Trains(Job):
         # starts (one at the seed's own folder fails that job alone, in its process)
         check_run_dir(self.run_dir.parent)
         check_trained_as(self.run_dir, self.model, self.train, f"{self.preset.name}'s job {self.name()}")
+
+    def adopt(self, run_root: Path, source: Path) -> bool:
+        """Take the trained model at this job's place in another comparison (``source``: its run root; the place:
+        ``run_dir`` under ``run_root``) instead of training (``posenc compare --trained-from``): when this job's run
+        directory is absent and that one finished, its files (``TRAINED_FILES``) are copied in, one rename. Returns
+        whether it did. PosencError (one line) before the copy when that run was trained with other settings
+        (``check_trained_as``): evaluation settings may differ, training ones may not. Its config.json keeps the
+        stamp of the training; this job scores it anew."""
+        src = source / self.run_dir.relative_to(run_root)
+        if self.run_dir.exists() or not is_trained(src):
+            return False
+        check_trained_as(src, self.model, self.train, f"{self.preset.name}'s job {self.name()}")
+        part = self.run_dir.with_name(f".{self.run_dir.name}.adopting")
+        shutil.rmtree(part, ignore_errors=True)  # an earlier copy cut short
+        part.mkdir(parents=True)
+        for name in TRAINED_FILES:
+            if (src / name).exists():
+                shutil.copy2(src / name, part / name)
+        part.rename(self.run_dir)
+        return True
+
+
+# what a finished run directory holds that its evaluation reads (the resume state, state.pt, is left behind)
+TRAINED_FILES = ("config.json", "model.safetensors", "train_summary.json", "train.jsonl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,6 +357,7 @@ class TaskJob(_Trains):
                 done=[c.model_dump() for r in screened for c in r.cells],
                 only=("id",) if self.screening else None,
                 seed=self.seed,  # the probes are drawn from the run's seed (posenc.eval.tasks.cell_seed)
+                se=ev.se,
             )
             summary = read_json(self.run_dir / "train_summary.json")
             record = Task(
