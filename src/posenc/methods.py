@@ -164,10 +164,12 @@ class Method:
         return d
 
 
-def check_reach(method: Method, trained: int) -> None:
-    """PosencError (one line) for a method whose exact positions (``Method.exact``) pass the ``trained`` length (the
-    training length, times a RoPE schedule's factor): those positions were never trained, and up to that length
-    the method is plain attention, so its row would carry its name without its mechanism."""
+def check_reach(method: Method, train_length: int, factor: float = 1) -> None:
+    """PosencError (one line) for a method whose exact positions (``Method.exact``) pass the trained length: the
+    training (or native) length ``train_length`` in tokens times ``factor``, a fixed-frequency RoPE schedule's (1
+    without one). Those positions were never trained, and up to that length the method is plain attention, so its
+    row would carry its name without its mechanism."""
+    trained = int(train_length * factor)
     if method.exact > trained:
         what = {"sinks": "n_sink + window", "dual-chunk": "chunk + local"}.get(method.name, "window")
         raise PosencError(
@@ -184,7 +186,7 @@ def parse_for(spec: str, encs: list[Encoding], d_model: int, train_length: int, 
     method = parse(spec, train_length)
     for enc in encs:
         scheme_args(enc, method, torch.zeros(1, 1, d_model))
-    check_reach(method, int(train_length * factor))
+    check_reach(method, train_length, factor)
     return method
 
 

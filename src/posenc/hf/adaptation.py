@@ -159,7 +159,7 @@ class Adaptation:
                 f"llama3); the model has {now}"
             )
         factor = self.extension.factor if self.extension.schedule != "none" else 1  # the positions the model reaches
-        methods.check_reach(method, int(original_length(self.extension, self.l0) * factor))
+        methods.check_reach(method, original_length(self.extension, self.l0), factor)
         if (
             self.extension.schedule == "none"
         ):  # float32 frequencies also after a cast of the model (bf16: 40 rad off at 32K)

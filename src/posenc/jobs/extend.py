@@ -532,7 +532,7 @@ def eval_inputs(
         hf.layer_schemes(loaded.model, spec)
     for spec in cfg.methods:  # the defaults from L0; exact positions within what the schedule reaches (Adaptation's)
         schedule, method = split_method(spec)
-        methods.check_reach(methods.parse(method, l0), int(l0 * (cfg.factor if schedule != "none" else 1)))
+        methods.check_reach(methods.parse(method, l0), l0, cfg.factor if schedule != "none" else 1)
     tok = loaded.tokenizer
     docs = [(d.name, text_ids(tok, d.text)[: cfg.max_tokens]) for d in documents]
     bos_id = tok.bos_token_id if cfg.bos == "prepend" else None
