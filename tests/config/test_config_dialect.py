@@ -59,6 +59,8 @@ def test_the_shipped_presets_share_blocks_through_base():
         "retrieval-matched": "retrieval",
         "retrieval-matched-mqar": "retrieval",
         "retrieval-matched-far": "retrieval-matched",
+        "retrieval-matched-mqar-far": "retrieval-matched-mqar",
+        "state-tracking-far": "state-tracking",
     }
 
 
