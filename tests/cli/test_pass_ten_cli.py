@@ -25,6 +25,15 @@ def test_a_path_with_a_name_past_the_file_systems_limit_is_one_line(tmp_path, ca
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_dry_run_refuses_a_run_name_past_the_file_systems_limit_as_the_run_does(tmp_path, capsys):
+    """compare --dry-run --name <300 characters> into a folder not yet made said the run was valid; the run refused."""
+    out = tmp_path / "new"
+    for dry in (["--dry-run"], []):
+        argv = ["compare", "--preset", "quick", "--name", "c" * 300, "--out", str(out), *dry]
+        one_line_exit_2(capsys, argv, "a name of 300 bytes passes the file system's 255")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_symlink_loop_given_to_report_is_one_line(tmp_path, capsys, monkeypatch):
     """report on a link loop raised RuntimeError("Symlink loop from ...") from Path.resolve, exit 1."""
     monkeypatch.chdir(tmp_path)

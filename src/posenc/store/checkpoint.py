@@ -65,7 +65,8 @@ def check_run_dir(path: Path) -> None:
     """PosencError (as :func:`make_run_dir`'s) when ``path`` could not be made a directory because a file is in the
     way (at it or at an ancestor) or the directory it would be made in cannot be written (a read-only folder);
     nothing is created, so a command can check its output before the work and still leave nothing behind when it
-    refuses its input."""
+    refuses its input, or a name it would make is longer than the file system there allows."""
+    missing = []
     for p in [Path(path), *Path(path).parents]:
         if p.is_symlink() and not p.exists():  # exists() follows the link: a dangling one reads as nothing there
             raise PosencError(f"cannot create output directory {path}: {p} is a broken symbolic link")
@@ -74,7 +75,15 @@ def check_run_dir(path: Path) -> None:
                 raise PosencError(f"cannot create output directory {path}: a file is in the way")
             if p != Path(path) and not os.access(p, os.W_OK | os.X_OK):  # mkdir would fail there after the work
                 raise PosencError(f"cannot create output directory {path}: {p} is not writable (read-only)")
+            longest = os.pathconf(p, "PC_NAME_MAX")
+            for name in missing:
+                if len(os.fsencode(name)) > longest:
+                    raise PosencError(
+                        f"cannot create output directory {path}: a name of {len(os.fsencode(name))} bytes passes the "
+                        f"file system's {longest}"
+                    )
             return
+        missing.append(p.name)
 
 
 def refuse_run_dir(path: Path, command: str) -> None:
