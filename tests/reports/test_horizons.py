@@ -132,3 +132,33 @@ def test_a_horizon_of_no_bucket_reads_none_everywhere_never_0(tmp_path, accumula
     assert "| forget | | | | none | 300 ± 0 |" in report
     assert "forget seed 0: leak 0.0100 nats/token, w 100, band [25, 400], horizon none;" in report
     assert not re.search(r"horizon 0\b|bias there 0 ", report)
+
+
+def test_the_distance_table_gives_each_buckets_fewest_and_most_answers_and_its_largest_error():
+    """Cells drawn to a standard error (task_eval.se) hold different counts: the line gives their span and the largest
+    error, the accuracy moved toward 1/2 ((c + 2) / (n + 4)), so 68 of 68 right reads 2.0 points, not 0."""
+    from posenc.reports.tasks import TaskTable
+    from posenc.store.records import Task, TaskCell
+
+    def record(seed, n, correct):
+        cells = [TaskCell(test="id", length=128, bucket=8, n=1000, correct=1000, nll=0.0)]
+        cells.append(TaskCell(test="gap", length=8 + 129, bucket=8, n=n, correct=correct, nll=0.0))
+        return Task(
+            task="flipflop",
+            scheme="rope",
+            seed=seed,
+            train_length=128,
+            train_seconds=1,
+            eval_seconds=1,
+            threads=1,
+            cells=cells,
+        )
+
+    t = TaskTable([record(0, 68, 68), record(1, 625, 312)], "flipflop", 128, 0.05, 0.9)
+    assert (
+        "in brackets, the largest standard error among them (points; the accuracy moved toward 1/2 as (c + 2) / "
+        "(n + 4), so that a bucket all right is not read as exact): 8: 68-625 (2.0)."
+        in " ".join(distance_markdown(t, ["rope"], {}).split())
+    )
+    alone = TaskTable([record(0, 68, 68)], "flipflop", 128, 0.05, 0.9)
+    assert "8: 68 (2.0)." in distance_markdown(alone, ["rope"], {})

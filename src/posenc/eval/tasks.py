@@ -178,13 +178,19 @@ def id_accuracy(
 
 
 def precise(totals: dict[int, list[float]], se: float) -> bool:
-    """Whether every bucket of a cell's ``totals`` ({bucket: [answers, correct, ...]}; none: False) has a standard
-    error at most ``se`` (a fraction), its accuracy first moved toward 1/2 as Agresti and Coull's (c + 2) / (n + 4)
-    does: never below the plain :func:`standard_error`, so that a few answers all right (or all wrong) do not end
-    the draw. At an accuracy of 1/2 and ``se`` 0.02 that is 625 answers; all right, 68."""
+    """Whether every bucket of a cell's ``totals`` ({bucket: [answers, correct, ...]}; none: False) has a
+    :func:`bucket_error` at most ``se`` (a fraction). At an accuracy of 1/2 and ``se`` 0.02 that is 625 answers;
+    all right, 68."""
     if not totals:
         return False
-    return all(standard_error((c + 2) / (n + 4), int(n)) <= se for n, c, *_ in totals.values())
+    return all(bucket_error(int(n), c) <= se for n, c, *_ in totals.values())
+
+
+def bucket_error(n: int, correct: float) -> float:
+    """The standard error of a bucket of ``n`` answers, ``correct`` of them right, its accuracy first moved toward
+    1/2 as Agresti and Coull's (c + 2) / (n + 4) does: never below the plain :func:`standard_error`, so that a few
+    answers all right (or all wrong) do not read as exact. What ``task_eval.se`` stops at and the reports give."""
+    return standard_error((correct + 2) / (n + 4), n)
 
 
 def standard_error(p: float, n: int) -> float:

@@ -30,7 +30,7 @@ import numpy as np
 from posenc import encodings
 from posenc.data.tasks import get_task
 from posenc.errors import PosencError
-from posenc.eval.tasks import standard_error
+from posenc.eval.tasks import bucket_error, standard_error
 from posenc.reports import claims
 from posenc.reports.claims import Quantity
 from posenc.reports.render import (
@@ -400,15 +400,25 @@ def distance_markdown(t: TaskTable, schemes: list[str], quantities: dict[str, di
             + [pct_cell(t.values(s, "gap", bucket=b)[0]) for b in buckets]
             + [horizon_cell(t.horizon_data(s)) if t.learned(s) else "no verdict (did not learn)" + _seeds_learned(t, s)]
         )
-    counts = ", ".join(
-        f"{b:,}: {n:,} ({100 * standard_error(0.5, n):.1f})" for b in buckets for n in [first.acc("gap", bucket=b)[1]]
-    )
+    counts = ", ".join(f"{b:,}: {bucket_counts(t, schemes, b)}" for b in buckets)
     return (
         markdown_table(header, rows)
-        + f"\n\nAnswers per distance bucket (one seed) and, in brackets, the bucket's standard error at p = 0.5 "
-        f"(points): {counts}. Horizon: the median over seeds and the range; ≥ X: within the tolerance up to the "
-        "longest bucket probed (right-censored); none: the first bucket already falls short."
+        + "\n\nAnswers per distance bucket (the fewest and most over the schemes and seeds) and, in brackets, the "
+        "largest standard error among them (points; the accuracy moved toward 1/2 as (c + 2) / (n + 4), so that a "
+        f"bucket all right is not read as exact): {counts}. Horizon: the median over seeds and the range; ≥ X: "
+        "within the tolerance up to the longest bucket probed (right-censored); none: the first bucket already "
+        "falls short."
     )
+
+
+def bucket_counts(t: TaskTable, schemes: list[str], b: int) -> str:
+    """A gap bucket's answers over ``schemes`` and their seeds ("625" or "68-625") and its largest
+    :func:`posenc.eval.tasks.bucket_error` in points, "(2.0)"."""
+    pairs = [s.acc("gap", bucket=b) for x in schemes for s in t.scores[x].values()]
+    pairs = [(a, n) for a, n in pairs if n]
+    ns = sorted(n for _, n in pairs)
+    span = f"{ns[0]:,}" if ns[0] == ns[-1] else f"{ns[0]:,}-{ns[-1]:,}"
+    return f"{span} ({100 * max(bucket_error(n, a * n) for a, n in pairs):.1f})"
 
 
 def criterion_markdown(t: TaskTable, schemes: list[str]) -> str:
