@@ -1,6 +1,7 @@
 """Synthetic tasks: answer marks and evidence distances on hand-built and brute-force-checked sequences,
 seeded batches, bad specs, answer-only loss, scoring, horizons and the retrieval claims."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -437,18 +438,46 @@ def test_trained_from_scores_another_comparisons_models_anew_and_refuses_other_t
     assert not all(precise({b: v}, 0.02) for b, v in gaps[0].items())  # one batch of probes each
     assert all(precise({b: v}, 0.02) for b, v in gaps[1].items())  # scored anew, each to 2 points
     assert new["train_seconds"] == old["train_seconds"]
-    # trained otherwise (4 steps there, 5 here): refused before any work, in one line
+    report = (tmp_path / "runs" / "again" / "report.md").read_text()  # where the models came from, and the stop rule
+    assert f"- models: 1 of 1 models taken from {(tmp_path / 'runs' / 'tiny').resolve()}/flipflop/rope/seed0" in report
+    assert "or every bucket's standard error <= 2 points)" in report
+    # a rerun naming another source than the one its models came from
+    copy = tmp_path / "copy" / "tiny"
+    shutil.copytree(tmp_path / "runs" / "tiny", copy)
+    with pytest.raises(PosencError, match=r"took its model from .*runs/tiny/flipflop/rope/seed0, not .*copy"):
+        compare(again, tmp_path / "runs", isolate=False, trained_from=copy)
+    # trained otherwise (4 steps there, 5 here), a source with damaged weights, or none: refused, nothing written
     five = load_preset(
         str(_tiny_preset(tmp_path, name="five", tasks=["flipflop"], schemes=["rope"])), {"train.steps": 5}
     )
-    with pytest.raises(PosencError, match=r"was not trained with the settings of five's job .*steps"):
+    with pytest.raises(
+        PosencError, match=r"not trained with the settings of five's job .*steps.*; give --trained-from"
+    ):
         compare(five, tmp_path / "runs", isolate=False, trained_from=tmp_path / "runs" / "tiny")
-    assert not (tmp_path / "runs" / "five" / "flipflop").exists()
+    weights = copy / "flipflop" / "rope" / "seed0" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(PosencError, match="model.safetensors is damaged or unreadable"):
+        compare(again, tmp_path / "other", isolate=False, trained_from=copy)
     with pytest.raises(PosencError, match="no finished run at the place of any of this comparison's jobs"):
         compare(again, tmp_path / "other", isolate=False, trained_from=tmp_path / "runs")
+    assert not (tmp_path / "runs" / "five").exists() and not (tmp_path / "other").exists()
+    # an interrupted job of this run that saved no checkpoint takes the model; one that did is named
+    (tmp_path / "late" / "again" / "flipflop" / "rope" / "seed0").mkdir(parents=True)
+    compare(again, tmp_path / "late", isolate=False, trained_from=tmp_path / "runs" / "tiny")
+    assert read_jsonl(tmp_path / "late" / "again" / "results.jsonl")[0]["cells"] == new["cells"]
+    halfway = tmp_path / "half" / "again" / "flipflop" / "rope" / "seed0"
+    halfway.mkdir(parents=True)
+    (halfway / "state.pt").write_bytes(b"")
+    with pytest.raises(PosencError, match="holds an unfinished training of its own: move it away to take"):
+        compare(again, tmp_path / "half", isolate=False, trained_from=tmp_path / "runs" / "tiny")
+    capsys.readouterr()
     code = main(["compare", "--preset", "quick", "--trained-from", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--trained-from" in err and "not a directory" in err
+    dry = ["compare", "--preset", str(tmp_path / "tiny.yaml"), "--name", "five", "--set", "train.steps=5", "--dry-run"]
+    code = main([*dry, "--out", str(tmp_path / "runs"), "--trained-from", str(tmp_path / "runs" / "tiny")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "not trained with the settings of five's job" in err
 
 
 def test_repeated_seeds_schemes_or_tasks_are_refused():

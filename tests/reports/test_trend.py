@@ -104,6 +104,30 @@ def test_a_preset_trend_runs_each_rung_as_a_comparison_and_reports_it(tiny_corpu
     text = report.read_text()
     assert "| train.steps=2 | " in text and "| 0, 1 | 64 |" in text and "| train.steps=3 | " in text
     assert (tmp_path / "runs" / "t" / "trend.png").stat().st_size > 10_000
+    # each rung takes its models from the same rung of the earlier trend; a rung it lacks is refused before any work
+    rescored = load_preset("quick", {**settings, "name": "r", "eval": {**settings["eval"], "max_tokens": 48}})
+    compare_trend(rescored, tmp_path / "runs", isolate=False, trained_from=tmp_path / "runs" / "t")
+    for rung in ("train.steps-2", "train.steps-3"):
+        for seed in {"train.steps-2": [0, 1], "train.steps-3": [1]}[rung]:
+            run = f"{rung}/rope/seed{seed}"
+            assert (tmp_path / "runs" / "r" / run / "model.safetensors").read_bytes() == (
+                tmp_path / "runs" / "t" / run / "model.safetensors"
+            ).read_bytes()
+    longer = {**settings, "name": "l", "trend": {"key": "train.steps", "values": [2, 4]}}
+    with pytest.raises(PosencError, match=r"--trained-from .*t/train.steps-4: no finished run"):
+        compare_trend(
+            load_preset("quick", longer), tmp_path / "runs", isolate=False, trained_from=tmp_path / "runs" / "t"
+        )
+    assert not (tmp_path / "runs" / "l").exists()
+
+
+def test_a_trend_on_a_synthetic_task_is_refused_before_any_rung_runs():
+    from posenc.config.plan import load_preset
+
+    with pytest.raises(PosencError, match="a trend compares text runs only, not synthetic tasks"):
+        load_preset("quick", {"trend": {"key": "train.steps", "values": [2, 3]}, "tasks": ["flipflop"]})
+    with pytest.raises(PosencError, match=r"eval.multiples \[1\] has no length above 1x"):
+        load_preset("quick", {"trend": {"key": "train.steps", "values": [2, 3]}, "eval.multiples": [1]})
 
 
 @pytest.mark.parametrize(

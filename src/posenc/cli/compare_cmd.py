@@ -16,7 +16,7 @@ from posenc.config.plan import ClusterConfig, Preset, load_preset, rungs, task_s
 from posenc.data.corpora import check_data
 from posenc.data.tasks import TASKS
 from posenc.errors import PosencError
-from posenc.jobs.compare import compare
+from posenc.jobs.compare import check_source, compare
 from posenc.jobs.job import Plan
 from posenc.jobs.launcher import LAUNCHERS, check_options
 from posenc.jobs.trend import compare_trend
@@ -159,12 +159,16 @@ def cluster_config(args, preset: Preset) -> ClusterConfig | None:
     )
 
 
-def dry_run(preset: Preset, out: Path) -> int:
+def dry_run(preset: Preset, out: Path, trained_from: Path | None = None) -> int:
     """``--dry-run``: the resolved preset and each stage's jobs (``posenc.jobs.job.Plan.outline``; a trend's rungs
-    each), printed; nothing loaded, trained or written."""
+    each), printed; nothing trained or written, nothing loaded but, with ``trained_from``, the text corpus's
+    vocabulary the models it would take are checked against (``posenc.jobs.compare.check_source``)."""
     plans = {f"{r.name}/": Plan(r, out / preset.name) for r in rungs(preset)} or {"": Plan(preset, out)}
-    for plan in plans.values():  # a directory of other settings, refused as the run refuses it
+    for rung, plan in plans.items():  # a directory of other settings, refused as the run refuses it
         plan.check_settings()
+        if trained_from is not None:
+            plan.check()
+            check_source(plan, trained_from / rung if rung else trained_from)
     stages = {f"{rung}{stage}": jobs for rung, plan in plans.items() for stage, jobs in plan.outline().items()}
     detail = ", ".join(f"{stage} {len(jobs)}" for stage, jobs in stages.items())
     started = [p.run_root for p in plans.values() if (p.run_root / "results.jsonl").exists()]
@@ -174,7 +178,7 @@ def dry_run(preset: Preset, out: Path) -> int:
     return print_dry_run("posenc compare", settings, sum(map(len, stages.values())), f"per stage: {detail}")
 
 
-def check_source(source: Path | None, run_root: Path) -> None:
+def check_source_dir(source: Path | None, run_root: Path) -> None:
     """PosencError (one line) for a ``--trained-from`` that is not a directory or is this run's own."""
     if source is None:
         return
@@ -193,9 +197,9 @@ def run(args) -> int:
     if not task_specs(preset):  # the text every job loads, refused once before any job as --dry-run refuses it
         check_data(preset.train.corpus, preset.train.tokenizer)
     check_run_dir(args.out / preset.name)  # a file in the way, refused before any job (and by the dry run)
-    check_source(args.trained_from, args.out / preset.name)
+    check_source_dir(args.trained_from, args.out / preset.name)
     if args.dry_run:
-        return dry_run(preset, args.out)
+        return dry_run(preset, args.out, args.trained_from)
     try:
         options = dict(
             isolate=not args.no_isolate,

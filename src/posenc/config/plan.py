@@ -470,10 +470,18 @@ def rungs(preset: Preset) -> list[Preset]:
     """The comparisons of a preset's ``trend``: one per value, named ``<key>-<value>`` (its run directory under the
     preset's), the value set, the rung's own seeds where ``trend.seeds`` gives them, no trend of its own; [] without a
     trend. PosencError naming the rung when its settings are invalid, or for ``trend.seeds`` of a value not on the
-    axis."""
+    axis, a trend on synthetic tasks (the trend report reads text comparisons only) or without a length past the
+    training length (it plots the ratio there)."""
     if preset.trend is None:
         return []
     t = preset.trend
+    if task_specs(preset):
+        raise PosencError(f"preset {preset.name}: a trend compares text runs only, not synthetic tasks (tasks)")
+    if max(preset.eval.multiples) <= 1:
+        raise PosencError(
+            f"preset {preset.name}: a trend plots the perplexity ratio past the training length; eval.multiples "
+            f"{preset.eval.multiples} has no length above 1x"
+        )
     unknown = sorted(set(t.seeds) - {str(v) for v in t.values})
     if unknown:
         raise PosencError(f"preset {preset.name}: trend.seeds names {unknown[0]!r}, not a value of {t.key}")

@@ -18,7 +18,7 @@ from pathlib import Path
 from posenc.config.plan import ClusterConfig, Preset, point_root
 from posenc.errors import PosencError
 from posenc.eval.progress import bar, note
-from posenc.jobs.job import Job, Plan
+from posenc.jobs.job import Job, Plan, adopted_line
 from posenc.jobs.launcher import Launcher, finish_run, record_run
 from posenc.store.lock import hold_run_dir
 from posenc.store.records import RunStore
@@ -74,6 +74,8 @@ def compare(
     plan = Plan(preset, out_root, log, nproc_per_node)
     hold_run_dir(run_root)  # before its settings are read; record_run holds a new one (posenc.store.lock)
     plan.check()
+    if trained_from is not None:  # refused before anything is written
+        check_source(plan, trained_from)
     opened = [(point_root(run_root, p), record_run(point_root(run_root, p), plan.at(p))) for p in plan.points]
     if plan.points != [()]:  # the comparison's own directory, beside its grid points'
         opened.insert(0, (run_root, record_run(run_root, plan.preset)))
@@ -88,7 +90,7 @@ def compare(
         seen, pending = set(), 0
         for i, stage in enumerate(plan.stages(stores), 1):
             if trained_from is not None:
-                adopt(stage, run_root, trained_from, first=i == 1)
+                adopt(stage, run_root, trained_from)
             for job in stage:
                 job.check()
             todo = [job for job in stage if not job.done(stores[job.root])]
@@ -109,15 +111,21 @@ def compare(
         raise PosencError(
             f"no job finished ({len(failures)} failed, each said above); the records are kept in {run_root}"
         )
-    meta = {"sweep": plan.sweep_lines(stores), "wall": wall_line(calls[0])}  # the comparison's own invocations
+    meta = {"sweep": plan.sweep_lines(stores), "wall": wall_line(calls[0]), "trained": adopted_line(plan.final)}
     return plan.kind.report(plan, failures, meta), failures
 
 
-def adopt(stage: list[Job], run_root: Path, source: Path, first: bool) -> None:
-    """Each training job of ``stage`` takes its trained model from ``source`` (``_Trains.adopt``), said in one line;
-    PosencError when the first stage takes none and trains all (a wrong ``--trained-from``, caught before any work)."""
-    taken = sum(job.adopt(run_root, source) for job in stage)
-    if first and stage and not taken and not any(is_trained(job.run_dir) for job in stage):
+def check_source(plan: Plan, source: Path) -> None:
+    """PosencError (one line) before any work when ``source`` (``--trained-from``) holds a model the first stage's
+    jobs cannot take (``_Trains.source_of``), or none of them takes one and none is trained (a wrong path)."""
+    jobs = plan.first_stage()
+    found = [job.source_of(plan.run_root, source) for job in jobs]
+    if not any(found) and not any(is_trained(job.run_dir) for job in jobs):
         raise PosencError(f"--trained-from {source}: no finished run at the place of any of this comparison's jobs")
+
+
+def adopt(stage: list[Job], run_root: Path, source: Path) -> None:
+    """Each training job of ``stage`` takes its trained model from ``source`` (``_Trains.adopt``), said in one line."""
+    taken = sum(job.adopt(run_root, source) for job in stage)
     if taken:
         note(f"posenc: {taken} trained model(s) taken from {source}; scored under this preset's evaluation settings")

@@ -60,7 +60,7 @@ from posenc.reports.tasks import write_task_report
 from posenc.reports.text import with_ratios, write_report
 from posenc.rope import schedule_label, schedule_params
 from posenc.scoring import eval_lengths, window_starts
-from posenc.store.checkpoint import check_run_dir, read_json
+from posenc.store.checkpoint import check_run_dir, read_json, write_json
 from posenc.store.lock import PARENT_VAR
 from posenc.store.records import FarMass, PasskeyCell, Ppl, Record, RunStore, Task
 from posenc.store.stamp import run_stamp, stamp_line
@@ -68,7 +68,14 @@ from posenc.train.batches import check_positions, randomized_max
 from posenc.train.curves import loss_curve
 from posenc.train.precision import machine_precision
 from posenc.train.resume import read_log
-from posenc.train.rundir import check_trained_as, is_trained, load_run, steps_to_criterion
+from posenc.train.rundir import (
+    check_trained_as,
+    check_weights_config,
+    is_trained,
+    load_run,
+    read_run_config,
+    steps_to_criterion,
+)
 from posenc.train.settings import TrainConfig
 from posenc.train.tracking import eval_metrics, task_metrics
 
@@ -114,9 +121,14 @@ class Job:
         """The jobs that evaluate this one's trained model further (none)."""
         return []
 
+    def source_of(self, run_root: Path, source: Path) -> Path | None:
+        """The trained model it would take from another comparison (``posenc compare --trained-from``): only a job
+        that trains takes one (:meth:`_Trains.source_of`)."""
+        return None
+
     def adopt(self, run_root: Path, source: Path) -> bool:
-        """Whether it took a trained model from another comparison (``posenc compare --trained-from``): only a job
-        that trains does (:meth:`_Trains.adopt`)."""
+        """Whether it took a trained model from another comparison (:meth:`_Trains.adopt`); a job that trains
+        nothing takes none."""
         return False
 
     def done(self, store: RunStore) -> bool:
@@ -141,29 +153,67 @@ class _Trains(Job):
         check_run_dir(self.run_dir.parent)
         check_trained_as(self.run_dir, self.model, self.train, f"{self.preset.name}'s job {self.name()}")
 
-    def adopt(self, run_root: Path, source: Path) -> bool:
-        """Take the trained model at this job's place in another comparison (``source``: its run root; the place:
-        ``run_dir`` under ``run_root``) instead of training (``posenc compare --trained-from``): when this job's run
-        directory is absent and that one finished, its files (``TRAINED_FILES``) are copied in, one rename. Returns
-        whether it did. PosencError (one line) before the copy when that run was trained with other settings
-        (``check_trained_as``): evaluation settings may differ, training ones may not. Its config.json keeps the
-        stamp of the training; this job scores it anew."""
+    def source_of(self, run_root: Path, source: Path) -> Path | None:
+        """The finished run at this job's place in another comparison (``source``: its run root; the place:
+        ``run_dir`` under ``run_root``) that :meth:`adopt` takes, or None: this job's run directory already holds a
+        finished run, or ``source`` none there. PosencError (one line), nothing written, for one it cannot take:
+        trained with other settings (``check_trained_as``: evaluation settings may differ, training ones may not),
+        its weights damaged or not what its config.json says (``check_weights_config``), this job's run directory
+        holding an unfinished training of its own, or one taken from another source (:data:`ADOPTED`)."""
         src = source / self.run_dir.relative_to(run_root)
-        if self.run_dir.exists() or not is_trained(src):
+        taken = read_json(self.run_dir / ADOPTED)["run"] if (self.run_dir / ADOPTED).is_file() else None
+        if taken is not None and Path(taken) != src.resolve():
+            raise PosencError(f"{self.run_dir} took its model from {taken}, not {src}: give that --trained-from")
+        if is_trained(self.run_dir) or not is_trained(src):
+            return None
+        if (self.run_dir / "state.pt").exists() or (self.run_dir / "model.safetensors").exists():
+            raise PosencError(f"{self.run_dir} holds an unfinished training of its own: move it away to take {src}")
+        fix = "give --trained-from a comparison trained with this one's settings"
+        check_trained_as(src, self.model, self.train, f"{self.preset.name}'s job {self.name()}", fix)
+        if not (src / "config.json").is_file() or not (src / "model.safetensors").is_file():
+            raise PosencError(f"--trained-from: {src} has no config.json or model.safetensors")
+        recorded = read_run_config(src)
+        check_weights_config(src, recorded["model"], recorded["train"])
+        return src
+
+    def adopt(self, run_root: Path, source: Path) -> bool:
+        """Take the trained model :meth:`source_of` finds instead of training (``posenc compare --trained-from``):
+        its files (:data:`TRAINED_FILES`) and :data:`ADOPTED`, naming it and the commit it was trained at, are
+        copied in and renamed into place (a run directory without a checkpoint, an interrupted job's, replaced).
+        Returns whether it did. Its config.json keeps the stamp of the training; this job scores it anew."""
+        src = self.source_of(run_root, source)
+        if src is None:
             return False
-        check_trained_as(src, self.model, self.train, f"{self.preset.name}'s job {self.name()}")
         part = self.run_dir.with_name(f".{self.run_dir.name}.adopting")
         shutil.rmtree(part, ignore_errors=True)  # an earlier copy cut short
         part.mkdir(parents=True)
         for name in TRAINED_FILES:
             if (src / name).exists():
                 shutil.copy2(src / name, part / name)
+        commit = (read_run_config(src).get("stamp") or {}).get("commit")
+        write_json(part / ADOPTED, {"run": str(src.resolve()), "commit": commit})
+        shutil.rmtree(self.run_dir, ignore_errors=True)  # no checkpoint there (source_of)
         part.rename(self.run_dir)
         return True
 
 
 # what a finished run directory holds that its evaluation reads (the resume state, state.pt, is left behind)
 TRAINED_FILES = ("config.json", "model.safetensors", "train_summary.json", "train.jsonl")
+ADOPTED = "trained_from.json"  # in a run directory whose model was taken from another comparison: {run, commit}
+
+
+def adopted_line(jobs: list[Job]) -> str | None:
+    """The report's line for the models of ``jobs`` taken from other comparisons (their :data:`ADOPTED`), None
+    when every one trained here: how many, from where, trained at which commits."""
+    taken = [read_json(j.run_dir / ADOPTED) for j in jobs if (j.run_dir / ADOPTED).is_file()]
+    if not taken:
+        return None
+    runs = sorted({t["run"] for t in taken})
+    commits = sorted({str(t["commit"]) for t in taken})
+    return (
+        f"{len(taken)} of {len(jobs)} models taken from {', '.join(runs)} (trained at commit {', '.join(commits)}), "
+        "scored here (posenc compare --trained-from)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -555,14 +605,22 @@ class Plan:
         )
         return TaskJob(**common, task=task) if task else TextJob(**common, nproc=self.nproc)
 
+    def first_stage(self) -> list[Job]:
+        """The first stage's jobs, known before any job runs (after :meth:`check`): a sweep's screening, else every
+        training job."""
+        p, units = self.preset, self.tasks or [None]
+        if p.sweep is None:
+            return [self.job(t, s, seed) for t in units for s in p.schemes for seed in p.seeds]
+        return [self.job(t, s, p.seeds[0], g, screening=True) for t in units for s in p.schemes for g in self.grids[s]]
+
     def stages(self, stores: dict[Path, RunStore]) -> Iterator[list[Job]]:
         """The stages in order; each after the one before has run (``stores``: each grid point's records, read up
         to date by then)."""
         p, units, first = self.preset, self.tasks or [None], self.preset.seeds[0]
         if p.sweep is None:
-            final = [self.job(t, s, seed) for t in units for s in p.schemes for seed in p.seeds]
+            final = self.first_stage()
         else:
-            yield [self.job(t, s, first, g, screening=True) for t in units for s in p.schemes for g in self.grids[s]]
+            yield self.first_stage()
             L, bar = p.model.train_length, p.task_eval.learned
             self.chosen = choices(stores, self.run_root, units, self.grids, first, L, bar)
             final = [

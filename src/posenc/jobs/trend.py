@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from posenc.config.plan import Preset, rungs
-from posenc.jobs.compare import compare
+from posenc.jobs.compare import check_source, compare
+from posenc.jobs.job import Plan
 from posenc.reports.trend import write_trend_report
 
 
@@ -21,6 +22,11 @@ def compare_trend(
     root = Path(out_root) / preset.name
     failures: dict[str, str] = {}
     done = []
+    if trained_from is not None:  # every rung's models checked before any rung runs
+        for rung in rungs(preset):
+            plan = Plan(rung, root)
+            plan.check()
+            check_source(plan, trained_from / rung.name)
     for rung in rungs(preset):
         source = trained_from and trained_from / rung.name  # another trend's root: each rung takes from its own
         _, failed = compare(rung, root, **options, trained_from=source)

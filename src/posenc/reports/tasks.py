@@ -636,12 +636,14 @@ def write_task_report(run_dir: Path, meta: dict, failures: dict[str, str] | None
         f"- model: {meta['model']}",
         f"- budget: {meta['budget']}",
         f"- seeds: {meta['seeds']}",
-        f"- evaluation: whole batches per cell until >= {ev['answers']} answers (or >= {ev['max_tokens']} tokens), "
-        f"lengths {ev['multiples']} x {L0}; "
+        f"- evaluation: whole batches per cell until >= {ev['answers']} answers (or >= {ev['max_tokens']} tokens"
+        + (f", or every bucket's standard error <= {100 * ev['se']:g} points" if ev.get("se") else "")
+        + f"), lengths {ev['multiples']} x {L0}; "
         f"learned: id accuracy >= {100 * ev['learned']:.0f}%; "
         f"horizon: accuracy within {100 * ev['horizon_tol']:.0f} points of id",
         f"- run: {stamp_line(st)} (each invocation: `invocations.jsonl`; each job's threads: its record)",
         *([f"- wall time: {meta['wall']}"] if meta.get("wall") else []),
+        *([f"- models: {meta['trained']}"] if meta.get("trained") else []),
         f"- noise: a comparison is over seeds ({len(meta['seeds'])}) "
         "plus two binomial standard errors of the test sets; "
         + (

@@ -140,9 +140,9 @@ def markdown(records: list[Ppl], failures: dict[str, str], meta: dict, extras: l
     meta = {**meta, "seeds": sorted({r.seed for r in records}) or meta.get("seeds")}  # the records' (reruns add seeds)
     out = io.StringIO()
     out.write(f"# posenc compare: {meta.get('name', '')}\n\n")
-    for k in ("corpus", "tokenizer", "model", "budget", "seeds", "eval", "run", "wall", "notes"):
+    for k in ("corpus", "tokenizer", "model", "budget", "seeds", "eval", "run", "wall", "trained", "notes"):
         if meta.get(k) is not None:
-            out.write(f"- **{'wall time' if k == 'wall' else k}**: {meta[k]}\n")
+            out.write(f"- **{ {'wall': 'wall time', 'trained': 'models'}.get(k, k) }**: {meta[k]}\n")
     if meta.get("sweep"):  # posenc.jobs.sweep.sweep_markdown: each scheme's chosen setting and the sensitivity table
         out.write("\n" + "\n".join(meta["sweep"]))
     pk = passkey_grid(extras)

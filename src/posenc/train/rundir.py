@@ -196,13 +196,15 @@ def check_resume(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, step: int)
         raise PosencError(f"cannot resume {run_dir}: it has trained {step} steps, more than {most}={tcfg.last_step()}")
 
 
-def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: str) -> None:
+def check_trained_as(
+    run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: str, fix: str = "move it away or use another --out"
+) -> None:
     """Raise PosencError (one line naming each differing field) when the run in ``run_dir`` (if any: its config.json)
     was not trained with ``mcfg`` and ``tcfg`` (precision "auto" as this machine resolves it), the fields that may
     change on resume and the model's speed knobs (``MODEL_KNOBS``) excepted, or, finished, trained another number of
     steps than ``tcfg.steps`` (fewer only by meeting ``train.until`` or under a ``time_budget``, more only to the
     extension its summary records: ``train.until.extend_to``). ``what`` names who expects these settings (a sweep's
-    job)."""
+    job); ``fix`` ends the message."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").exists():
         return
@@ -219,10 +221,7 @@ def check_trained_as(run_dir: Path, mcfg: ModelConfig, tcfg: TrainConfig, what: 
         if steps != tcfg.steps and not early and steps != extended_to(summary):
             diff.append(f"trained steps {steps!r} -> {tcfg.steps!r}")
     if diff:
-        raise PosencError(
-            f"{run_dir} was not trained with the settings of {what} ({'; '.join(diff)}); "
-            "move it away or use another --out"
-        )
+        raise PosencError(f"{run_dir} was not trained with the settings of {what} ({'; '.join(diff)}); {fix}")
 
 
 def finished_at(summary: dict, step: int, tcfg: TrainConfig) -> bool:
