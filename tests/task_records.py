@@ -4,21 +4,31 @@ from posenc.reports.tasks import TaskTable
 from posenc.store.records import Task, TaskCell
 
 
+def task_record(cells, seed=0, scheme="rope", task="flipflop"):
+    """One job's record holding ``cells`` (TaskCell), trained at length 128."""
+    return Task(
+        task=task,
+        scheme=scheme,
+        seed=seed,
+        train_length=128,
+        train_seconds=1,
+        eval_seconds=1,
+        threads=1,
+        cells=cells,
+    )
+
+
 def task_records(task, table):
     """Records from {scheme: {seed: {(test, length, bucket): accuracy}}} with 1,000 answers a cell."""
     return [
-        Task(
-            task=task,
-            scheme=s,
-            seed=seed,
-            train_length=128,
-            train_seconds=1,
-            eval_seconds=1,
-            threads=1,
-            cells=[
+        task_record(
+            [
                 TaskCell(test=t, length=L, bucket=b, n=1000, correct=round(1000 * a), nll=0.0)
                 for (t, L, b), a in cells.items()
             ],
+            seed,
+            s,
+            task,
         )
         for s, seeds in table.items()
         for seed, cells in seeds.items()

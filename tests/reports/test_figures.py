@@ -10,8 +10,8 @@ from posenc.reports.claims import Quantity
 from posenc.reports.pretrained import position_figure, ppl_rows
 from posenc.reports.tasks import TaskTable, accuracy_markdown, distance_figure, length_figure, quantity_label
 from posenc.reports.text import buckets_figure
-from posenc.store.records import Ppl, ScoredWindow, Task, TaskCell
-from tests.task_records import task_table
+from posenc.store.records import Ppl, ScoredWindow, TaskCell
+from tests.task_records import task_record, task_table
 
 
 def test_buckets_sit_on_their_ticks_at_the_bucket_midpoints():
@@ -36,16 +36,7 @@ def _task(scheme, seed, id_acc, gap):
     cells += [
         TaskCell(test="gap", length=b + 129, bucket=b, n=1000, correct=round(1000 * a), nll=0.0) for b, a in gap.items()
     ]
-    return Task(
-        task="flipflop",
-        scheme=scheme,
-        seed=seed,
-        train_length=128,
-        train_seconds=1,
-        eval_seconds=1,
-        threads=1,
-        cells=cells,
-    )
+    return task_record(cells, seed, scheme)
 
 
 def test_distance_plot_dotted_means_did_not_learn_and_dash_dot_the_mixing_window():

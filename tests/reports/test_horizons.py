@@ -138,20 +138,13 @@ def test_the_distance_table_gives_each_buckets_fewest_and_most_answers_and_its_l
     """Cells drawn to a standard error (task_eval.se) hold different counts: the line gives their span and the largest
     error, the accuracy moved toward 1/2 ((c + 2) / (n + 4)), so 68 of 68 right reads 2.0 points, not 0."""
     from posenc.reports.tasks import TaskTable
-    from posenc.store.records import Task, TaskCell
+    from posenc.store.records import TaskCell
+    from tests.task_records import task_record
 
     def record(seed, n, correct):
         cells = [TaskCell(test="id", length=128, bucket=8, n=1000, correct=1000, nll=0.0)]
-        cells.append(TaskCell(test="gap", length=8 + 129, bucket=8, n=n, correct=correct, nll=0.0))
-        return Task(
-            task="flipflop",
-            scheme="rope",
-            seed=seed,
-            train_length=128,
-            train_seconds=1,
-            eval_seconds=1,
-            threads=1,
-            cells=cells,
+        return task_record(
+            [*cells, TaskCell(test="gap", length=8 + 129, bucket=8, n=n, correct=correct, nll=0.0)], seed
         )
 
     t = TaskTable([record(0, 68, 68), record(1, 625, 312)], "flipflop", 128, 0.05, 0.9)
