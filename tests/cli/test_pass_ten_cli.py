@@ -4,7 +4,7 @@ nothing written; before, each printed a traceback or was taken without a word.""
 import pytest
 
 from posenc.errors import PosencError
-from tests.cli.runs import one_line_exit_2
+from tests.cli.runs import QUICK, one_line_exit_2
 
 
 @pytest.mark.parametrize(
@@ -32,6 +32,15 @@ def test_a_dry_run_refuses_a_run_name_past_the_file_systems_limit_as_the_run_doe
         argv = ["compare", "--preset", "quick", "--name", "c" * 300, "--out", str(out), *dry]
         one_line_exit_2(capsys, argv, "a name of 300 bytes passes the file system's 255")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_train_refuses_a_folder_holding_other_files_as_finetune_does(tmp_path, capsys):
+    """train --out into a folder of unrelated files trained beside them (finetune refused it)."""
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "todo.txt").write_text("mine")
+    one_line_exit_2(capsys, ["train", "--scheme", "rope", *QUICK, "--out", str(out)], "holds files but no train run")
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == ["todo.txt"]
 
 
 def test_a_symlink_loop_given_to_report_is_one_line(tmp_path, capsys, monkeypatch):

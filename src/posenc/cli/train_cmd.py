@@ -19,7 +19,7 @@ from posenc.data.corpora import check_data
 from posenc.errors import PosencError
 from posenc.model import check_batch_fits
 from posenc.store.checkpoint import check_run_dir, read_json
-from posenc.store.lock import hold_run_dir, holds
+from posenc.store.lock import hold_run_dir, holds, run_files
 from posenc.store.stamp import run_stamp
 from posenc.train import distributed
 from posenc.train.batches import check_positions, check_task_settings
@@ -97,6 +97,11 @@ def run(args) -> int:
         raise PosencError(f"{out} holds a posenc compare run (preset.json): give train another --out")
     if not args.resume and (out / "model.safetensors").exists():
         raise PosencError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
+    if not args.resume and out.is_dir() and not (out / "config.json").exists() and run_files(out):  # as finetune
+        raise PosencError(
+            f"{out} holds files but no train run (config.json); --out is the run directory itself: give a new or "
+            "empty one"
+        )
     if args.resume and not (out / "config.json").exists():  # a mistyped --out would start a fresh run silently
         raise PosencError(f"--resume: {out} holds no run to resume (no config.json); drop --resume to start one there")
     check_kind(args.log)
