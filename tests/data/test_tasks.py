@@ -1,6 +1,7 @@
 """Synthetic tasks: answer marks and evidence distances on hand-built and brute-force-checked sequences,
 seeded batches, bad specs, answer-only loss, scoring, horizons and the retrieval claims."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -439,13 +440,33 @@ def test_trained_from_scores_another_comparisons_models_anew_and_refuses_other_t
     assert all(precise({b: v}, 0.02) for b, v in gaps[1].items())  # scored anew, each to 2 points
     assert new["train_seconds"] == old["train_seconds"]
     report = (tmp_path / "runs" / "again" / "report.md").read_text()  # where the models came from, and the stop rule
-    assert f"- models: 1 of 1 models taken from {(tmp_path / 'runs' / 'tiny').resolve()}/flipflop/rope/seed0" in report
+    assert f"- models: 1 of 1 models taken from {(tmp_path / 'runs' / 'tiny').resolve()}, trained at commit" in report
     assert "or every bucket's standard error <= 2 points)" in report
     # a rerun naming another source than the one its models came from
     copy = tmp_path / "copy" / "tiny"
     shutil.copytree(tmp_path / "runs" / "tiny", copy)
-    with pytest.raises(PosencError, match=r"took its model from .*runs/tiny/flipflop/rope/seed0, not .*copy"):
+    with pytest.raises(
+        PosencError, match=r"took its model from .*runs/tiny: give that --trained-from, or leave it out"
+    ):
         compare(again, tmp_path / "runs", isolate=False, trained_from=copy)
+    # models trained here, a source naming models there: refused (the command line would name it)
+    with pytest.raises(PosencError, match="holds a model trained here, not taken from .*copy/tiny: leave out"):
+        compare(preset, tmp_path / "runs", isolate=False, trained_from=copy)
+    # a model taken from a comparison that took it names the one that trained it; a damaged record is one line
+    compare(again, tmp_path / "chain", isolate=False, trained_from=tmp_path / "runs" / "again")
+    chained = (tmp_path / "chain" / "again" / "report.md").read_text()
+    assert (
+        f"taken from {(tmp_path / 'runs' / 'again').resolve()} (trained in {(tmp_path / 'runs' / 'tiny').resolve()})"
+        in chained
+    )
+    (taken / "trained_from.json").write_text("{}")
+    lines = (tmp_path / "runs" / "again" / "invocations.jsonl").read_text()
+    with pytest.raises(PosencError, match=r"trained_from.json is damaged \(from, trained_in and commit"):
+        compare(again, tmp_path / "runs", isolate=False)
+    assert (tmp_path / "runs" / "again" / "invocations.jsonl").read_text() == lines  # refused before any write
+    (taken / "trained_from.json").write_text(
+        json.dumps({"from": str((tmp_path / "runs" / "tiny").resolve()), "trained_in": "x", "commit": "y"})
+    )
     # trained otherwise (4 steps there, 5 here), a source with damaged weights, or none: refused, nothing written
     five = load_preset(
         str(_tiny_preset(tmp_path, name="five", tasks=["flipflop"], schemes=["rope"])), {"train.steps": 5}

@@ -18,7 +18,7 @@ from pathlib import Path
 from posenc.config.plan import ClusterConfig, Preset, point_root
 from posenc.errors import PosencError
 from posenc.eval.progress import bar, note
-from posenc.jobs.job import Job, Plan, adopted_line
+from posenc.jobs.job import ADOPTED, Job, Plan, adopted_line, read_adopted
 from posenc.jobs.launcher import Launcher, finish_run, record_run
 from posenc.store.lock import hold_run_dir
 from posenc.store.records import RunStore
@@ -74,6 +74,8 @@ def compare(
     plan = Plan(preset, out_root, log, nproc_per_node)
     hold_run_dir(run_root)  # before its settings are read; record_run holds a new one (posenc.store.lock)
     plan.check()
+    for marker in run_root.rglob(ADOPTED):  # a damaged record of where a model came from: before anything is written
+        read_adopted(marker.parent)
     if trained_from is not None:  # refused before anything is written
         check_source(plan, trained_from)
     opened = [(point_root(run_root, p), record_run(point_root(run_root, p), plan.at(p))) for p in plan.points]
@@ -117,10 +119,11 @@ def compare(
 
 def check_source(plan: Plan, source: Path) -> None:
     """PosencError (one line) before any work when ``source`` (``--trained-from``) holds a model the first stage's
-    jobs cannot take (``_Trains.source_of``), or none of them takes one and none is trained (a wrong path)."""
+    jobs cannot take (``_Trains.source_of``) or none at any of their places (a wrong path)."""
     jobs = plan.first_stage()
-    found = [job.source_of(plan.run_root, source) for job in jobs]
-    if not any(found) and not any(is_trained(job.run_dir) for job in jobs):
+    for job in jobs:
+        job.source_of(plan.run_root, source)
+    if not any(is_trained(source / job.run_dir.relative_to(plan.run_root)) for job in jobs):
         raise PosencError(f"--trained-from {source}: no finished run at the place of any of this comparison's jobs")
 
 

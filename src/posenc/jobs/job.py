@@ -159,12 +159,22 @@ class _Trains(Job):
         finished run, or ``source`` none there. PosencError (one line), nothing written, for one it cannot take:
         trained with other settings (``check_trained_as``: evaluation settings may differ, training ones may not),
         its weights damaged or not what its config.json says (``check_weights_config``), this job's run directory
-        holding an unfinished training of its own, or one taken from another source (:data:`ADOPTED`)."""
+        holding an unfinished training of its own, a model trained here where ``source`` has one, or one taken from
+        another source (:func:`read_adopted`)."""
         src = source / self.run_dir.relative_to(run_root)
-        taken = read_json(self.run_dir / ADOPTED)["run"] if (self.run_dir / ADOPTED).is_file() else None
-        if taken is not None and Path(taken) != src.resolve():
-            raise PosencError(f"{self.run_dir} took its model from {taken}, not {src}: give that --trained-from")
-        if is_trained(self.run_dir) or not is_trained(src):
+        taken = read_adopted(self.run_dir)
+        if taken is not None and Path(taken["from"]) != source.resolve():
+            raise PosencError(
+                f"{self.run_dir} took its model from {taken['from']}: give that --trained-from, or leave it out"
+            )
+        if is_trained(self.run_dir):
+            if taken is None and is_trained(src):
+                raise PosencError(
+                    f"{self.run_dir} holds a model trained here, not taken from {source}: leave out --trained-from "
+                    "or give another --out"
+                )
+            return None
+        if not is_trained(src):
             return None
         if (self.run_dir / "state.pt").exists() or (self.run_dir / "model.safetensors").exists():
             raise PosencError(f"{self.run_dir} holds an unfinished training of its own: move it away to take {src}")
@@ -174,13 +184,15 @@ class _Trains(Job):
             raise PosencError(f"--trained-from: {src} has no config.json or model.safetensors")
         recorded = read_run_config(src)
         check_weights_config(src, recorded["model"], recorded["train"])
+        read_adopted(src)  # damaged: refused before the copy
         return src
 
     def adopt(self, run_root: Path, source: Path) -> bool:
         """Take the trained model :meth:`source_of` finds instead of training (``posenc compare --trained-from``):
-        its files (:data:`TRAINED_FILES`) and :data:`ADOPTED`, naming it and the commit it was trained at, are
-        copied in and renamed into place (a run directory without a checkpoint, an interrupted job's, replaced).
-        Returns whether it did. Its config.json keeps the stamp of the training; this job scores it anew."""
+        its files (:data:`TRAINED_FILES`) and :data:`ADOPTED` (the comparison it came from, the one that trained it
+        and the commit it was trained at) are copied in and renamed into place (a run directory without a
+        checkpoint, an interrupted job's, replaced). Returns whether it did. Its config.json keeps the stamp of the
+        training; this job scores it anew."""
         src = self.source_of(run_root, source)
         if src is None:
             return False
@@ -190,8 +202,12 @@ class _Trains(Job):
         for name in TRAINED_FILES:
             if (src / name).exists():
                 shutil.copy2(src / name, part / name)
-        commit = (read_run_config(src).get("stamp") or {}).get("commit")
-        write_json(part / ADOPTED, {"run": str(src.resolve()), "commit": commit})
+        here = str(source.resolve())
+        first = read_adopted(src) or {  # a model the source itself took: the comparison that trained it
+            "trained_in": here,
+            "commit": str((read_run_config(src).get("stamp") or {}).get("commit")),
+        }
+        write_json(part / ADOPTED, {"from": here, "trained_in": first["trained_in"], "commit": first["commit"]})
         shutil.rmtree(self.run_dir, ignore_errors=True)  # no checkpoint there (source_of)
         part.rename(self.run_dir)
         return True
@@ -199,20 +215,34 @@ class _Trains(Job):
 
 # what a finished run directory holds that its evaluation reads (the resume state, state.pt, is left behind)
 TRAINED_FILES = ("config.json", "model.safetensors", "train_summary.json", "train.jsonl")
-ADOPTED = "trained_from.json"  # in a run directory whose model was taken from another comparison: {run, commit}
+ADOPTED = "trained_from.json"  # in a run directory whose model was taken from another comparison (read_adopted)
+
+
+def read_adopted(run_dir: Path) -> dict[str, str] | None:
+    """``run_dir``'s :data:`ADOPTED` ({"from": the comparison's run root its model was copied from, "trained_in":
+    the one that trained it, "commit": the commit it was trained at}), None without one; PosencError (one line)
+    when damaged."""
+    path = Path(run_dir) / ADOPTED
+    if not path.is_file():
+        return None
+    got = read_json(path)
+    if not all(isinstance(got.get(k), str) for k in ("from", "trained_in", "commit")):
+        raise PosencError(f"{path} is damaged (from, trained_in and commit, each a string); repair or remove it")
+    return got
 
 
 def adopted_line(jobs: list[Job]) -> str | None:
-    """The report's line for the models of ``jobs`` taken from other comparisons (their :data:`ADOPTED`), None
-    when every one trained here: how many, from where, trained at which commits."""
-    taken = [read_json(j.run_dir / ADOPTED) for j in jobs if (j.run_dir / ADOPTED).is_file()]
+    """The report's line for the models of ``jobs`` taken from other comparisons (:func:`read_adopted`), None when
+    every one trained here: how many, from where, trained where and at which commits."""
+    taken = [a for a in (read_adopted(j.run_dir) for j in jobs) if a]
     if not taken:
         return None
-    runs = sorted({t["run"] for t in taken})
-    commits = sorted({str(t["commit"]) for t in taken})
+    froms, trained = sorted({t["from"] for t in taken}), sorted({t["trained_in"] for t in taken})
+    commits = sorted({t["commit"] for t in taken})
+    where = "" if trained == froms else f" (trained in {', '.join(trained)})"
     return (
-        f"{len(taken)} of {len(jobs)} models taken from {', '.join(runs)} (trained at commit {', '.join(commits)}), "
-        "scored here (posenc compare --trained-from)"
+        f"{len(taken)} of {len(jobs)} models taken from {', '.join(froms)}{where}, trained at commit "
+        f"{', '.join(commits)}; scored here (posenc compare --trained-from)"
     )
 
 
