@@ -479,7 +479,7 @@ def test_trained_from_scores_another_comparisons_models_anew_and_refuses_other_t
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(PosencError, match="model.safetensors is damaged or unreadable"):
         compare(again, tmp_path / "other", isolate=False, trained_from=copy)
-    with pytest.raises(PosencError, match="no finished run at the place of any of this comparison's jobs"):
+    with pytest.raises(PosencError, match="no trained model where this comparison.s jobs would take one"):
         compare(again, tmp_path / "other", isolate=False, trained_from=tmp_path / "runs")
     assert not (tmp_path / "runs" / "five").exists() and not (tmp_path / "other").exists()
     # an interrupted job of this run that saved no checkpoint takes the model; one that did is named

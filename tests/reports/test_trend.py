@@ -114,7 +114,7 @@ def test_a_preset_trend_runs_each_rung_as_a_comparison_and_reports_it(tiny_corpu
                 tmp_path / "runs" / "t" / run / "model.safetensors"
             ).read_bytes()
     longer = {**settings, "name": "l", "trend": {"key": "train.steps", "values": [2, 4]}}
-    with pytest.raises(PosencError, match=r"--trained-from .*t/train.steps-4: no finished run"):
+    with pytest.raises(PosencError, match=r"--trained-from .*t/train.steps-4: no trained model where"):
         compare_trend(
             load_preset("quick", longer), tmp_path / "runs", isolate=False, trained_from=tmp_path / "runs" / "t"
         )

@@ -124,7 +124,10 @@ def check_source(plan: Plan, source: Path) -> None:
     for job in jobs:
         job.source_of(plan.run_root, source)
     if not any(is_trained(source / job.run_dir.relative_to(plan.run_root)) for job in jobs):
-        raise PosencError(f"--trained-from {source}: no finished run at the place of any of this comparison's jobs")
+        raise PosencError(
+            f"--trained-from {source}: no trained model where this comparison's jobs would take one (a committed "
+            "results/ folder holds records only: give the runs/NAME folder the comparison trained)"
+        )
 
 
 def adopt(stage: list[Job], run_root: Path, source: Path) -> None:
