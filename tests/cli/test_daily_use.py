@@ -313,7 +313,8 @@ def test_a_bad_batch_is_one_line(greedy, tmp_path, capsys, argv, text, message):
 def test_an_empty_batch_line_from_stdin_names_stdin(tmp_path, capsys, monkeypatch):
     """The message named --prompt, which was never given: the read text had replaced it."""
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a\n\nb\n")))
-    code, out, err = run_cli(capsys, "generate", str(tmp_path / "absent"), "--batch")  # refused before any load
+    (tmp_path / "empty.gguf").touch()  # never opened: refused before any load
+    code, out, err = run_cli(capsys, "generate", str(tmp_path / "empty.gguf"), "--batch")
     assert (code, out) == (
         2,
         "",
@@ -327,7 +328,8 @@ def test_generate_batch_refuses_a_hugging_face_model_before_loading_it(tmp_path,
         model.mkdir()
         (model / "finetune.json").write_text("{}")
     else:
-        model = tmp_path / "absent.gguf"  # never opened: the refusal comes first
+        model = tmp_path / "empty.gguf"  # never opened: the refusal comes first
+        model.touch()
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"To be\nor")))
     code, out, err = run_cli(capsys, "generate", str(model), "--batch")
     expected = (

@@ -43,6 +43,14 @@ def test_train_refuses_a_folder_holding_other_files_as_finetune_does(tmp_path, c
     assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == ["todo.txt"]
 
 
+def test_generate_names_a_missing_model_before_an_empty_prompt(tmp_path, capsys, monkeypatch):
+    """generate NOSUCH with nothing on stdin blamed the empty stdin, not the model path that does not exist."""
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    one_line_exit_2(capsys, ["generate", str(tmp_path / "nosuch")], f"model path {tmp_path / 'nosuch'} does not exist")
+
+
 def test_a_symlink_loop_given_to_report_is_one_line(tmp_path, capsys, monkeypatch):
     """report on a link loop raised RuntimeError("Symlink loop from ...") from Path.resolve, exit 1."""
     monkeypatch.chdir(tmp_path)

@@ -202,6 +202,8 @@ def show(args, tok_decode, prompt_ids: list[int], out_ids: list[int]) -> None:
 
 
 def run(args) -> int:
+    if not Path(args.model).expanduser().exists():  # no such path nor hub id: said before the prompt is read
+        loading.check_model(args.model)
     where = source(args)  # before the text read replaces --prompt
     args.prompt = read_prompt(args)
     args.prompts = batch_prompts(where, args.prompt) if args.batch else None  # before any model loads
