@@ -4,8 +4,8 @@ from posenc.reports.tasks import TaskTable
 from posenc.store.records import Task, TaskCell
 
 
-def task_record(cells, seed=0, scheme="rope", task="flipflop"):
-    """One job's record holding ``cells`` (TaskCell), trained at length 128."""
+def task_record(cells, seed=0, scheme="rope", task="flipflop", **fields):
+    """One job's record holding ``cells`` (TaskCell), trained at length 128; ``fields``: its other fields."""
     return Task(
         task=task,
         scheme=scheme,
@@ -15,6 +15,7 @@ def task_record(cells, seed=0, scheme="rope", task="flipflop"):
         eval_seconds=1,
         threads=1,
         cells=cells,
+        **fields,
     )
 
 

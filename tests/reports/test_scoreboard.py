@@ -13,7 +13,8 @@ from posenc.reports.scoreboard import BEGIN, END, load_task_run, readme_block, t
 from posenc.reports.tasks import TaskTable
 from posenc.reports.tasks import write_csv as write_task_csv
 from posenc.reports.text import with_ratios, write_csv
-from posenc.store.records import Ppl, Task, TaskCell, append
+from posenc.store.records import Ppl, TaskCell, append
+from tests.task_records import task_record
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
@@ -52,15 +53,11 @@ def _job(task, scheme, seed, id_acc, curve, step=None, criterion=True):
         TaskCell(test="gap", length=L0 + b + 1, bucket=b, n=1000, correct=round(1000 * a), nll=0.0)
         for b, a in curve.items()
     ]
-    return Task(
-        task=task,
-        scheme=scheme,
-        seed=seed,
-        train_length=L0,
-        train_seconds=1,
-        eval_seconds=1,
-        threads=1,
-        cells=cells,
+    return task_record(
+        cells,
+        seed,
+        scheme,
+        task,
         trained_steps=step or 600,
         criterion="id_accuracy >= 0.99" if criterion else None,
         criterion_step=step,
